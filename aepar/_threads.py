@@ -1,0 +1,42 @@
+"""Per-rank thread counts, set before NumPy/Numba are imported.
+
+Oversubscribed BLAS threads made MPI peers 2-7x slower on a busy 2-core box, so every
+rank gets (cores it may use) / (ranks on this node) threads unless the user chose.
+This module must not import numpy.
+"""
+import os
+
+_LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE",
+                    "SLURM_NTASKS_PER_NODE", "PMI_LOCAL_SIZE")
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
+def local_ranks() -> int:
+    """Number of ranks sharing this node, from the launcher's environment (1 if unknown)."""
+    for var in _LOCAL_SIZE_VARS:
+        value = os.environ.get(var, "").split("(")[0]
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_rank() -> int:
+    chosen = os.environ.get("AEPAR_THREADS")
+    if chosen:
+        return max(1, int(chosen))
+    return max(1, usable_cores() // local_ranks())
+
+
+def configure() -> int:
+    """Fill in thread variables the user left unset; returns the thread count used."""
+    n = threads_per_rank()
+    for var in _THREAD_VARS:
+        os.environ.setdefault(var, str(n))
+    return int(os.environ["OMP_NUM_THREADS"])

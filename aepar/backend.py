@@ -1,0 +1,69 @@
+"""The array module and kernel set, chosen once per run.
+
+Models receive a :class:`Backend` and use ``be.xp`` for arrays and ``be.K`` for kernels;
+they never ask which device they are on.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from aepar import kernels
+from aepar.errors import UserError
+
+
+@dataclass(frozen=True)
+class Backend:
+    device: str          # "cpu" | "gpu"
+    kernel_set: str      # "numpy" | "numba" | "cupy"
+    xp: object           # numpy or cupy
+    K: object            # the kernel module
+    dtype: object        # numpy dtype of parameters and activations
+
+    def asarray(self, a, dtype=None):
+        """Host or device array -> this backend's array of ``dtype`` (default: the run's)."""
+        return self.xp.asarray(a, dtype=self.dtype if dtype is None else dtype)
+
+    def to_host(self, a) -> np.ndarray:
+        return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+    def zeros(self, shape, dtype=None):
+        return self.xp.zeros(shape, dtype=self.dtype if dtype is None else dtype)
+
+    def synchronize(self):
+        """Wait for queued device work (timings must include it)."""
+        if self.device == "gpu":
+            self.xp.cuda.get_current_stream().synchronize()
+
+
+def select(device: str | None = None, kernel_set: str = "auto", dtype="float64",
+           local_rank: int | None = None) -> Backend:
+    """Pick xp and kernels once. GPU runs bind GPU = local rank % number of GPUs."""
+    device = device or os.environ.get("AEPAR_DEVICE", "cpu")
+    if device not in ("cpu", "gpu"):
+        raise UserError(f"--device must be cpu or gpu, not {device!r}")
+    if kernel_set == "auto":
+        kernel_set = "cupy" if device == "gpu" else "numba"
+    if (device == "gpu") != (kernel_set == "cupy"):
+        raise UserError(f"kernel set {kernel_set!r} does not run on device {device!r}")
+    if device == "gpu":
+        try:
+            import cupy as xp
+            ngpu = xp.cuda.runtime.getDeviceCount()
+        except Exception as exc:  # no cupy, no driver, no device
+            raise UserError(f"--device gpu: no usable GPU ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+        if ngpu == 0:
+            raise UserError("--device gpu: no GPU found")
+        xp.cuda.Device((local_rank if local_rank is not None else _local_rank()) % ngpu).use()
+    else:
+        xp = np
+    return Backend(device, kernel_set, xp, kernels.load(kernel_set), np.dtype(dtype))
+
+
+def _local_rank() -> int:
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0

@@ -1,0 +1,288 @@
+"""The one module that talks to MPI.
+
+Everything aepar sends between ranks goes through a :class:`Comm`: buffer collectives on
+NumPy arrays (and CuPy arrays, staged through host memory unless the MPI library is
+CUDA-aware), sub-communicators, small Python objects for configuration, and the error
+agreement that lets every rank end together with one line instead of hanging.
+
+Without mpi4py (or without a launcher) the same API runs as one process.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from aepar.errors import UserError
+
+try:  # the only import of mpi4py in aepar
+    from mpi4py import MPI
+except ImportError:  # serial fallback: one process, same API
+    MPI = None
+
+_OPS = {}
+if MPI is not None:
+    _OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+
+
+def _is_device_array(a) -> bool:
+    return hasattr(a, "__cuda_array_interface__")
+
+
+def cuda_aware() -> bool:
+    """True if device buffers may be handed to MPI directly.
+
+    AEPAR_CUDA_AWARE=0/1 overrides; otherwise ask Open MPI's MPIX query when mpi4py has it.
+    """
+    forced = os.environ.get("AEPAR_CUDA_AWARE")
+    if forced is not None:
+        return forced == "1"
+    query = getattr(MPI, "Query_cuda_support", None) if MPI is not None else None
+    try:
+        return bool(query()) if query else False
+    except Exception:  # an MPI without the extension
+        return False
+
+
+class Request:
+    """A pending point-to-point transfer; copies staged host data back on completion."""
+
+    def __init__(self, mpi_request, host=None, device=None):
+        self._req, self._host, self._device = mpi_request, host, device
+
+    def test(self) -> bool:
+        done = True if self._req is None else self._req.Test()
+        if done:
+            self._finish()
+        return done
+
+    def wait(self):
+        if self._req is not None:
+            self._req.Wait()
+        self._finish()
+
+    def cancel(self):
+        if self._req is not None:
+            self._req.Cancel()
+            self._req.Wait()
+            self._req = None
+        self._host = self._device = None
+
+    def _finish(self):
+        if self._device is not None:
+            self._device.set(self._host)  # staged receive into a CuPy array
+        self._host = self._device = None
+        self._req = None
+
+
+class Comm:
+    """A communicator. ``Comm()`` is MPI_COMM_WORLD, or a single process without MPI."""
+
+    def __init__(self, mpi_comm=None):
+        if mpi_comm is None and MPI is not None:
+            mpi_comm = MPI.COMM_WORLD
+        self._c = mpi_comm
+        self.rank = mpi_comm.Get_rank() if mpi_comm is not None else 0
+        self.size = mpi_comm.Get_size() if mpi_comm is not None else 1
+        self._cuda_aware = cuda_aware() if mpi_comm is not None else False
+        self.collectives = 0  # buffer collectives issued, for the reports
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def parallel(self) -> bool:
+        return self.size > 1
+
+    # ---- buffers ---------------------------------------------------------------------
+    def _stage(self, buf):
+        """(host array handed to MPI, device array to copy back into or None)."""
+        if _is_device_array(buf) and not self._cuda_aware:
+            import cupy  # only reached when the caller already holds CuPy arrays
+
+            return cupy.asnumpy(buf), buf
+        return buf, None
+
+    @staticmethod
+    def _unstage(host, device):
+        if device is not None:
+            device.set(host)
+
+    def bcast(self, buf, root: int = 0):
+        """Broadcast ``buf`` in place from ``root``; returns ``buf``."""
+        self.collectives += 1
+        if self.size > 1:
+            host, dev = self._stage(buf)
+            self._c.Bcast(host, root=root)
+            self._unstage(host, dev)
+        return buf
+
+    def allreduce(self, buf, op: str = "sum"):
+        """Reduce ``buf`` over all ranks in place; returns ``buf``."""
+        self.collectives += 1
+        if self.size > 1:
+            host, dev = self._stage(buf)
+            self._c.Allreduce(MPI.IN_PLACE, host, op=_OPS[op])
+            self._unstage(host, dev)
+        return buf
+
+    def reduce(self, buf, root: int = 0, op: str = "sum"):
+        """Reduce ``buf`` onto ``root`` in place there; other ranks' ``buf`` is unchanged.
+
+        Returns ``buf`` on the root and None elsewhere.
+        """
+        self.collectives += 1
+        if self.size > 1:
+            host, dev = self._stage(buf)
+            if self.rank == root:
+                self._c.Reduce(MPI.IN_PLACE, host, op=_OPS[op], root=root)
+                self._unstage(host, dev)
+            else:
+                self._c.Reduce(host, None, op=_OPS[op], root=root)
+                return None
+        return buf
+
+    def isend(self, buf, dest: int, tag: int = 0) -> Request:
+        host, _ = self._stage(buf)
+        if self.size == 1:
+            raise RuntimeError("isend needs more than one rank")
+        # The staged host copy must outlive the request: the Request holds it.
+        req = Request(self._c.Isend(host, dest=dest, tag=tag))
+        req._keepalive = host
+        return req
+
+    def irecv(self, buf, source: int, tag: int = 0) -> Request:
+        host, dev = self._stage(buf)
+        if self.size == 1:
+            raise RuntimeError("irecv needs more than one rank")
+        return Request(self._c.Irecv(host, source=source, tag=tag), host, dev)
+
+    def send(self, buf, dest: int, tag: int = 0):
+        self.isend(buf, dest, tag).wait()
+
+    def recv(self, buf, source: int, tag: int = 0):
+        self.irecv(buf, source, tag).wait()
+        return buf
+
+    def iprobe(self, source: int, tag: int = 0) -> bool:
+        return self.size > 1 and self._c.Iprobe(source=source, tag=tag)
+
+    # ---- structure -------------------------------------------------------------------
+    def split(self, color: int, key: int | None = None) -> "Comm":
+        """Sub-communicator of the ranks that pass the same ``color`` (ordered by ``key``)."""
+        if self._c is None:
+            return Comm.serial()
+        return Comm(self._c.Split(color, self.rank if key is None else key))
+
+    def barrier(self):
+        if self.size > 1:
+            self._c.Barrier()
+
+    def wtime(self) -> float:
+        return MPI.Wtime() if MPI is not None else time.perf_counter()
+
+    # ---- small objects (configuration, summaries: never per-step data) ---------------
+    def bcast_obj(self, obj, root: int = 0):
+        return self._c.bcast(obj, root=root) if self.size > 1 else obj
+
+    def gather_obj(self, obj, root: int = 0):
+        return self._c.gather(obj, root=root) if self.size > 1 else [obj]
+
+    def allgather_obj(self, obj):
+        return self._c.allgather(obj) if self.size > 1 else [obj]
+
+    def max(self, value: float) -> float:
+        """Largest value over ranks (timings are reported as the slowest rank's)."""
+        return self._c.allreduce(value, op=MPI.MAX) if self.size > 1 else value
+
+    # ---- errors ----------------------------------------------------------------------
+    def agree(self, fn, *args, **kwargs):
+        """Run ``fn`` on every rank; if it raised a UserError on any rank, raise it on all.
+
+        ``fn`` must not communicate. Use around set-up (options, reading data) so that a
+        bad input ends every rank with exit 2 and one message, never a hang.
+        """
+        error, result = None, None
+        try:
+            result = fn(*args, **kwargs)
+        except UserError as exc:
+            error = exc
+        messages = self.allgather_obj(None if error is None else str(error))
+        for message in messages:
+            if message is not None:
+                error = error if error is not None else UserError(message)
+                error.collective = True  # every rank raises it: exit 2 without MPI_Abort
+                raise error
+        return result
+
+    def check(self, ok: bool, message: str):
+        """Collective assertion: raise UserError(message) on every rank unless all are ok."""
+        flags = self.allgather_obj(bool(ok))
+        if not all(flags):
+            error = UserError(message)
+            error.collective = True
+            raise error
+
+    def abort(self, code: int = 1):
+        if self._c is not None and self.size > 1:
+            self._c.Abort(code)
+        sys.exit(code)
+
+    @staticmethod
+    def serial() -> "Comm":
+        comm = Comm.__new__(Comm)
+        comm._c, comm.rank, comm.size, comm._cuda_aware, comm.collectives = None, 0, 1, False, 0
+        return comm
+
+
+_WORLD = None
+
+
+def world() -> Comm:
+    """MPI_COMM_WORLD (created once)."""
+    global _WORLD
+    if _WORLD is None:
+        _WORLD = Comm()
+    return _WORLD
+
+
+def library() -> str:
+    """The MPI library in one line, for benchmark rows."""
+    if MPI is None:
+        return "none (serial)"
+    return MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
+
+
+def run_main(main, prog: str, argv=None) -> int:
+    """Run a CLI's ``main(argv, comm)`` so that failures end every rank.
+
+    - UserError raised on all ranks (set-up wrapped in ``comm.agree``): rank 0 prints
+      ``prog: error: message``, every rank exits 2.
+    - UserError on some ranks only: that rank prints the line and aborts the job with 2.
+    - Any other exception: the rank and traceback are printed and the job aborts with 1.
+    """
+    comm = world()
+    try:
+        main(argv, comm)
+    except SystemExit as exc:  # argparse: same on every rank
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        return code
+    except UserError as exc:
+        if getattr(exc, "collective", False) or comm.size == 1:
+            if comm.is_root:
+                print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+            return exc.exit_code
+        print(f"{prog}: error: {exc}" + (f" (rank {comm.rank})" if comm.parallel else ""),
+              file=sys.stderr, flush=True)
+        comm.abort(exc.exit_code)
+    except KeyboardInterrupt:
+        comm.abort(130)
+    except BaseException:
+        where = f"rank {comm.rank}/{comm.size}: " if comm.parallel else ""
+        print(f"{prog}: {where}internal error\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        comm.abort(1)
+    return 0

@@ -1,0 +1,66 @@
+"""Hand-written forward/backward kernels: math only (no MPI, no files).
+
+Installed as ``aepar.kernels``. Three kernel sets expose the same names:
+
+====== ===================== ================================================
+name   module                what
+====== ===================== ================================================
+numpy  aepar.kernels.ref     the reference oracle, plain NumPy
+numba  aepar.kernels.nb      CPU, @njit(cache=True), parallel where it pays
+cupy   aepar.kernels.cp      GPU, ElementwiseKernel/RawKernel + cuBLAS matmul
+====== ===================== ================================================
+
+Conventions (every set):
+
+- Row-major batches: a dense input ``x`` is (batch, in), ``W`` is (in, out), ``b`` (out,).
+  Images are NCHW.
+- ``*_forward`` returns outputs; ``*_backward`` takes the upstream gradient, *adds*
+  parameter gradients into arrays the caller zeroed (``dW += ...``), and returns the
+  gradient with respect to the input (a new array) when there is one.
+- Activations are given by name: ``"sigmoid"``, ``"relu"``, ``"identity"``; their
+  derivatives are computed from the activation output ``a``.
+- Random numbers are never drawn inside a kernel: the caller passes them in, so a seed
+  gives the same result on every kernel set.
+
+Families (module: functions):
+
+- dense: ``dense_forward(x, W, b, act) -> a``;
+  ``dense_backward(da, x, W, a, act, dW, db, need_dx=True) -> dx | None``
+- activation: ``sigmoid_forward(z)``, ``relu_forward(z)``, ``identity_forward(z)``;
+  ``sigmoid_backward(da, a)``, ``relu_backward(da, a)``, ``identity_backward(da, a)`` -> dz
+- loss: ``mse_forward(y, t, scale=None) -> float`` = scale * 0.5 * sum((y - t)**2),
+  scale defaulting to 1/batch; ``mse_backward(y, t, scale=None) -> dy``;
+  ``softmax_xent_forward(z, labels, scale=None) -> (loss, probs)`` (labels are ints,
+  loss = -scale * sum log p[label]); ``softmax_xent_backward(probs, labels, scale=None) -> dz``;
+  ``sigmoid_xent_forward(z, t, scale=None) -> (loss, y)`` (pixel cross-entropy from logits,
+  y = sigmoid(z)); ``sigmoid_xent_backward(y, t, scale=None) -> dz``
+- sparsity: ``kl_sparsity_forward(rho_hat, rho, beta) -> float`` = beta * sum KL(rho||rho_hat);
+  ``kl_sparsity_backward(rho_hat, rho, beta) -> d/d rho_hat``;
+  ``weight_decay_forward(W, lam) -> lam/2 * ||W||^2``; ``weight_decay_backward(W, lam, dW)``
+- rbm: ``rbm_free_energy(v, W, bv, bh, hidden) -> (batch,)``;
+  ``rbm_hidden(v, W, bh, hidden) -> probabilities (bernoulli) or means (gaussian)``;
+  ``rbm_visible(h, W, bv) -> probabilities``;
+  ``rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh) -> (h0, vk, sq_err)``
+  runs CD-k with k = noise.shape[0] (noise: uniforms for bernoulli hidden units, standard
+  normals for gaussian), adds the gradient of mean(F(v0) - F(vk)) with vk held fixed
+  (the negated CD update) into dW, dbv, dbh; h0 = hidden probabilities/means of v0,
+  sq_err = sum over the batch of squared error of the first reconstruction.
+- conv: ``conv2d_forward(x, W, b, stride=1, pad=0) -> y`` (W: Cout, Cin, kh, kw);
+  ``conv2d_backward(dy, x, W, stride, pad, dW, db) -> dx``;
+  ``conv2d_transpose_forward(x, W, b, stride=1, pad=0) -> y`` (W: Cin, Cout, kh, kw,
+  output (H-1)*stride - 2*pad + kh); ``conv2d_transpose_backward(dy, x, W, stride, pad, dW, db) -> dx``;
+  ``maxpool2x2_forward(x) -> (y, argmax)``; ``maxpool2x2_backward(dy, argmax, x_shape) -> dx``
+- update: ``sgd_momentum_update(p, g, v, lr, momentum)`` (v = momentum*v - lr*g; p += v);
+  ``adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8)``: in place.
+"""
+import importlib
+
+KERNEL_SETS = {"numpy": "aepar.kernels.ref", "numba": "aepar.kernels.nb", "cupy": "aepar.kernels.cp"}
+
+
+def load(name: str):
+    """The kernel set ``name`` (numpy | numba | cupy) as a module of functions."""
+    try:
+        return importlib.import_module(KERNEL_SETS[name])
+    except KeyError:
+        raise ValueError(f"unknown kernel set {name!r}; choose from {', '.join(KERNEL_SETS)}") from None
