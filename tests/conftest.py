@@ -53,7 +53,7 @@ def run_mpi(np_, args, timeout=300, env=None):
     if launcher is None:
         pytest.skip("no mpirun found")
     full_env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                    PYTHONPATH=str(ROOT), **(env or {}))
+                    **(env or {}))
     # one BLAS/Numba thread per rank: ranks x threads must not exceed the 2 cores
     full_env.setdefault("AEPAR_THREADS", "1")
     cmd = launcher + ["-np", str(np_), sys.executable] + [str(a) for a in args]

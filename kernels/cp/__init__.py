@@ -1,0 +1,8 @@
+"""GPU kernels in CuPy: fused element-wise kernels, RawKernels from sibling .cu files, cuBLAS."""
+from .activation import *  # noqa: F401,F403
+from .conv import *  # noqa: F401,F403
+from .dense import *  # noqa: F401,F403
+from .loss import *  # noqa: F401,F403
+from .rbm import *  # noqa: F401,F403
+from .sparsity import *  # noqa: F401,F403
+from .update import *  # noqa: F401,F403

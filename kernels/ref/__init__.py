@@ -1,0 +1,8 @@
+"""The NumPy reference kernels: the oracle every other set is checked against."""
+from .activation import *  # noqa: F401,F403
+from .conv import *  # noqa: F401,F403
+from .dense import *  # noqa: F401,F403
+from .loss import *  # noqa: F401,F403
+from .rbm import *  # noqa: F401,F403
+from .sparsity import *  # noqa: F401,F403
+from .update import *  # noqa: F401,F403
