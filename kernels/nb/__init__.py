@@ -5,4 +5,5 @@ from .dense import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403
 from .rbm import *  # noqa: F401,F403
 from .sparsity import *  # noqa: F401,F403
+from .sparse_ae import *  # noqa: F401,F403
 from .update import *  # noqa: F401,F403

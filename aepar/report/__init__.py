@@ -1,0 +1,1 @@
+"""Reports: tables, figures and summaries written into run directories."""
