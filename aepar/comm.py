@@ -102,9 +102,7 @@ class Comm:
     def _stage(self, buf):
         """(host array handed to MPI, device array to copy back into or None)."""
         if _is_device_array(buf) and not self._cuda_aware:
-            import cupy  # only reached when the caller already holds CuPy arrays
-
-            return cupy.asnumpy(buf), buf
+            return buf.get(), buf  # CuPy: device -> host copy; .set() copies back
         return buf, None
 
     @staticmethod

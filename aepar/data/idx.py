@@ -1,0 +1,153 @@
+"""MNIST-format IDX files (http://yann.lecun.com/exdb/mnist/), raw or gzip-compressed.
+
+Layout: two zero bytes, a type code, the number of dimensions, one big-endian uint32 per
+dimension, then the values in C order, big-endian. Compression is recognised by the gzip
+magic bytes (1f 8b), not by the file name, so a renamed file still reads.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import tempfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from aepar.errors import DataError
+
+__all__ = ["read_idx", "write_idx", "read_idx_pair"]
+
+# IDX type code -> big-endian dtype
+_CODES = {0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"),
+          0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(path, "missing (no such file)") from None
+    except IsADirectoryError:
+        raise DataError(path, "is a directory, not an IDX file") from None
+    except OSError as e:
+        raise DataError(path, f"cannot be read ({e.strerror or e})") from None
+    if raw[:2] == _GZIP_MAGIC:
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as e:
+            raise DataError(path, f"corrupt or truncated gzip stream ({e})") from None
+    return raw
+
+
+def read_idx(path) -> np.ndarray:
+    """Read an IDX file (raw or gzip) into an array of native byte order.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file, e.g. ``train-images-idx3-ubyte`` or ``train-images-idx3-ubyte.gz``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape given by the header; dtype uint8, int8, int16, int32, float32 or float64.
+
+    Raises
+    ------
+    DataError
+        Missing file, wrong magic number, unknown type code, truncated data or trailing bytes.
+    """
+    path = Path(path)
+    raw = _read_bytes(path)
+    if len(raw) < 4:
+        raise DataError(path, f"truncated: {len(raw)} bytes, an IDX header needs at least 4")
+    if raw[0] != 0 or raw[1] != 0:
+        raise DataError(path, f"wrong magic number 0x{raw[:4].hex()} (IDX files start with 00 00)")
+    code, ndim = raw[2], raw[3]
+    if code not in _CODES:
+        raise DataError(path, f"wrong magic number 0x{raw[:4].hex()}: unknown IDX type code 0x{code:02x}")
+    if ndim == 0:
+        raise DataError(path, "wrong magic number: IDX header declares 0 dimensions")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(path, f"truncated header: {len(raw)} bytes, {header} needed for {ndim} dimensions")
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    dtype = _CODES[code]
+    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    got = len(raw) - header
+    if got < expected:
+        raise DataError(path, f"truncated: {got} data bytes, header {dims} needs {expected}")
+    if got > expected:
+        raise DataError(path, f"{got - expected} trailing bytes after the {dims} {dtype.name} data")
+    data = np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
+    return data.astype(dtype.newbyteorder("="))
+
+
+def write_idx(path, array) -> Path:
+    """Write ``array`` as an IDX file; gzip-compressed when ``path`` ends in ``.gz``.
+
+    The file is written to a temporary sibling and renamed into place, so a failure never
+    leaves a partial file.
+
+    Parameters
+    ----------
+    path : str or Path
+    array : array_like
+        Any shape with 1 to 255 dimensions, dtype one of uint8, int8, int16, int32,
+        float32, float64.
+
+    Returns
+    -------
+    Path
+    """
+    path = Path(path)
+    a = np.asarray(array)
+    codes = {dt.newbyteorder("="): code for code, dt in _CODES.items()}
+    native = a.dtype.newbyteorder("=")
+    if native not in codes:
+        raise DataError(path, f"dtype {a.dtype} cannot be stored in IDX "
+                              "(uint8, int8, int16, int32, float32, float64)")
+    if not 1 <= a.ndim <= 255:
+        raise DataError(path, f"{a.ndim} dimensions cannot be stored in IDX (1..255)")
+    code = codes[native]
+    payload = (bytes([0, 0, code, a.ndim]) + np.asarray(a.shape, dtype=">u4").tobytes()
+               + np.ascontiguousarray(a, dtype=_CODES[code]).tobytes())
+    if path.suffix == ".gz":
+        payload = gzip.compress(payload, mtime=0)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_idx_pair(images_path, labels_path):
+    """Read an images file and its labels file and check they agree.
+
+    Returns
+    -------
+    images : numpy.ndarray
+        (N, ...) as stored.
+    labels : numpy.ndarray
+        (N,) int64.
+
+    Raises
+    ------
+    DataError
+        Either file unreadable, labels not 1-D integers, or N differs between the two.
+    """
+    images = read_idx(images_path)
+    labels = read_idx(labels_path)
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise DataError(labels_path, f"labels must be 1-D integers, got {labels.dtype} {labels.shape}")
+    if images.shape[0] != labels.shape[0]:
+        raise DataError(labels_path, f"shape mismatch: {labels.shape[0]} labels but {images_path} "
+                                     f"holds {images.shape[0]} images")
+    return images, labels.astype(np.int64)

@@ -1,0 +1,104 @@
+"""Per-rank checks of aepar.comm; asserts results that hold at every size."""
+import aepar  # noqa: F401  (threads before numpy)
+import numpy as np
+
+from aepar.comm import world
+from aepar.errors import UserError
+from aepar.parallel.data_parallel import GradientPacker, shard
+from aepar.backend import select
+
+
+class FakeDeviceArray:
+    """Stands in for a CuPy array: has __cuda_array_interface__, get() and set()."""
+
+    __cuda_array_interface__ = {}
+
+    def __init__(self, host):
+        self.host = host
+
+    def get(self):
+        return self.host.copy()
+
+    def set(self, host):
+        self.host[...] = host
+
+
+comm = world()
+r, n = comm.rank, comm.size
+
+# bcast overwrites every non-root buffer with the root's
+buf = np.full(5, float(r))
+comm.bcast(buf, root=0)
+assert np.all(buf == 0.0), buf
+if n > 1:
+    buf = np.full(3, float(r))
+    comm.bcast(buf, root=n - 1)
+    assert np.all(buf == n - 1)
+
+# allreduce: sum of ranks, any size
+buf = np.arange(4, dtype=np.float64) + r
+comm.allreduce(buf)
+assert np.allclose(buf, n * np.arange(4) + n * (n - 1) / 2), buf
+buf = np.array([r], dtype=np.int64)
+comm.allreduce(buf, op="max")
+assert buf[0] == n - 1
+
+# reduce: the root gets the sum, other ranks' input is not mutated
+mine = np.full(6, r + 1.0)
+out = comm.reduce(mine, root=0)
+if comm.is_root:
+    assert np.allclose(out, n * (n + 1) / 2)
+else:
+    assert out is None and np.all(mine == r + 1.0)
+
+# sub-communicators: even/odd ranks
+sub = comm.split(r % 2)
+assert sub.size == len([q for q in range(n) if q % 2 == r % 2])
+val = np.array([1.0])
+sub.allreduce(val)
+assert val[0] == sub.size
+
+# point to point ring with non-blocking requests
+if n > 1:
+    send = np.full(8, float(r))
+    recv = np.empty(8)
+    rreq = comm.irecv(recv, source=(r - 1) % n, tag=7)
+    sreq = comm.isend(send, dest=(r + 1) % n, tag=7)
+    sreq.wait()
+    rreq.wait()
+    assert np.all(recv == (r - 1) % n)
+
+# host staging of device buffers (CUDA-aware MPI absent)
+dev = FakeDeviceArray(np.full(4, float(r)))
+comm.bcast(dev, root=0)
+assert np.all(dev.host == 0.0)
+dev = FakeDeviceArray(np.ones(4))
+comm.allreduce(dev)
+assert np.all(dev.host == n)
+
+# agree: a UserError raised on one rank is raised on every rank
+try:
+    comm.agree(lambda: (_ for _ in ()).throw(UserError("bad on last rank")) if r == n - 1 else 1)
+    raise AssertionError("agree did not raise")
+except UserError as exc:
+    assert "bad on last rank" in str(exc) and exc.collective
+
+# shards cover the samples exactly, sizes differ by at most one
+for total in (n, 7 * n + 3, 1003):
+    parts = [shard(total, q, n) for q in range(n)]
+    assert parts[0].start == 0 and parts[-1].stop == total
+    assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+    sizes = [p.stop - p.start for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+
+# packed gradients: one collective sums every array and the extras
+be = select("cpu", "numpy")
+grads = [np.full((3, 2), float(r)), np.full(5, 1.0)]
+packer = GradientPacker(be, grads)
+before = comm.collectives
+extra = packer.allreduce(comm, grads, extra=[r, 1.0])
+assert comm.collectives - before == (1 if n > 1 else 0)
+assert np.allclose(grads[0], n * (n - 1) / 2) and np.allclose(grads[1], n)
+assert np.allclose(extra, [n * (n - 1) / 2, n])
+
+print(f"ok rank {r} of {n}", flush=True)

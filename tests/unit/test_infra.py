@@ -1,0 +1,94 @@
+"""Backend selection, thread policy, CLI parser and atomic run directories."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from aepar import _threads
+from aepar.backend import select
+from aepar.cli import ArgumentParser, RunDir, add_common
+from aepar.errors import UserError
+from tests.conftest import HAVE_GPU
+
+
+def test_cpu_backend_uses_numba_kernels_by_default():
+    be = select("cpu")
+    assert be.kernel_set == "numba" and be.xp is np and be.K.__name__ == "aepar.kernels.nb"
+    assert select("cpu", "numpy").K.__name__ == "aepar.kernels.ref"
+
+
+def test_kernel_set_must_fit_the_device():
+    with pytest.raises(UserError, match="does not run on device"):
+        select("cpu", "cupy")
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="this machine has a GPU")
+def test_gpu_without_gpu_is_a_one_line_user_error():
+    with pytest.raises(UserError) as err:
+        select("gpu")
+    assert "\n" not in str(err.value) and "--device gpu" in str(err.value)
+
+
+def test_every_kernel_set_exports_the_same_names():
+    import importlib
+
+    names = {}
+    for mod in ("ref", "nb"):
+        m = importlib.import_module(f"aepar.kernels.{mod}")
+        names[mod] = {n for n in dir(m) if n.endswith(("_forward", "_backward", "_update"))}
+    assert names["ref"] == names["nb"] and names["ref"]
+    # cupy's set is checked by source, since cupy cannot import without a GPU stack
+    import pathlib
+    import re
+
+    cp_dir = pathlib.Path(importlib.import_module("aepar.kernels").__file__).parent / "cp"
+    cp_names = set()
+    for f in cp_dir.glob("*.py"):
+        cp_names |= set(re.findall(r"^def (\w+_(?:forward|backward|update))\(", f.read_text(), re.M))
+    assert cp_names == names["ref"], sorted(cp_names ^ names["ref"])
+
+
+def test_threads_split_cores_between_local_ranks(monkeypatch):
+    monkeypatch.delenv("AEPAR_THREADS", raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4")
+    monkeypatch.setattr(_threads, "usable_cores", lambda: 16)
+    assert _threads.threads_per_rank() == 4
+    monkeypatch.setattr(_threads, "usable_cores", lambda: 2)
+    assert _threads.threads_per_rank() == 1  # never zero
+    monkeypatch.setenv("AEPAR_THREADS", "3")
+    assert _threads.threads_per_rank() == 3
+
+
+def test_threads_are_set_before_numpy_loads():
+    code = "import aepar, os; print(os.environ['OPENBLAS_NUM_THREADS'], os.environ['NUMBA_NUM_THREADS'])"
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS") and k != "AEPAR_THREADS"}
+    env["OMPI_COMM_WORLD_LOCAL_SIZE"] = str(len(os.sched_getaffinity(0)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["1", "1"]
+
+
+def test_bad_option_is_a_collective_user_error(capsys):
+    parser = ArgumentParser(prog="x")
+    add_common(parser, out_default="runs/x")
+    with pytest.raises(UserError) as err:
+        parser.parse_args(["--no-such-option"])
+    assert err.value.collective and "--no-such-option" in str(err.value)
+    with pytest.raises(UserError):
+        parser.parse_args(["--dtype", "float16"])
+
+
+def test_rundir_appears_whole_or_not_at_all(tmp_path):
+    final = tmp_path / "runs" / "demo"
+    with pytest.raises(RuntimeError):
+        with RunDir(final) as run:
+            run.file("half.csv").write_text("a,b\n")
+            raise RuntimeError("failed mid-run")
+    assert not final.exists() and list((tmp_path / "runs").iterdir()) == []
+    with RunDir(final) as run:
+        run.write_json("summary.json", {"cost": np.float64(1.5), "w": np.arange(2)})
+    assert (final / "summary.json").read_text().count("1.5") == 1
+    with RunDir(final) as run:  # a new run replaces the old one only when it completes
+        run.write_json("other.json", {})
+    assert sorted(p.name for p in final.iterdir()) == ["other.json"]
