@@ -16,7 +16,7 @@ import numpy as np
 
 from aepar.errors import DataError
 
-__all__ = ["read_idx", "write_idx", "read_idx_pair"]
+__all__ = ["read_idx", "write_idx", "read_idx_pair", "check_idx_pair"]
 
 # IDX type code -> big-endian dtype
 _CODES = {0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"),
@@ -143,8 +143,11 @@ def read_idx_pair(images_path, labels_path):
     DataError
         Either file unreadable, labels not 1-D integers, or N differs between the two.
     """
-    images = read_idx(images_path)
-    labels = read_idx(labels_path)
+    return check_idx_pair(read_idx(images_path), read_idx(labels_path), images_path, labels_path)
+
+
+def check_idx_pair(images, labels, images_path, labels_path):
+    """Check that ``labels`` are 1-D integers, one per image; return (images, int64 labels)."""
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
         raise DataError(labels_path, f"labels must be 1-D integers, got {labels.dtype} {labels.shape}")
     if images.shape[0] != labels.shape[0]:

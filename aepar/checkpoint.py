@@ -1,0 +1,311 @@
+"""Checkpoints: one HDF5 file per snapshot, written atomically.
+
+Layout::
+
+    /                attrs: format="aepar-checkpoint", version, scheme, epoch,
+                            config (JSON), rng_state (JSON, optional)
+    /params/<name>   one dataset per parameter (a name with "/" nests groups)
+    /opt_state/<name>  optimiser state (momentum, Adam moments, step), optional
+
+A checkpoint is written to a temporary file in the target directory, flushed and
+fsync'ed, then renamed over the target with os.replace: readers (and restarts after a
+crash) see the old checkpoint or the new one, never a partial file. Loading checks that
+the file belongs to the scheme and the parameter shapes of the model that asks for it.
+
+Only one rank should save (the root, after the collectives that make parameters equal).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from aepar.errors import CheckpointError
+
+__all__ = ["save", "load", "Checkpoint", "restore_rng", "FORMAT", "VERSION"]
+
+FORMAT = "aepar-checkpoint"
+VERSION = 1
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+
+
+@dataclass
+class Checkpoint:
+    """What :func:`load` returns.
+
+    Attributes
+    ----------
+    scheme : str
+        The scheme that wrote it (e.g. ``"sparse"``, ``"greedy"``, ``"eager"``).
+    params, opt_state : dict of str -> numpy.ndarray
+        Host arrays; ``opt_state`` is None when none was saved. 0-d entries come back as
+        0-d arrays.
+    rng_state : dict or None
+        As saved (a numpy ``bit_generator.state`` dict for a Generator); see
+        :func:`restore_rng`.
+    epoch : int
+    config : dict
+    path : Path
+    """
+
+    scheme: str
+    params: dict
+    opt_state: dict | None = None
+    rng_state: dict | None = None
+    epoch: int = 0
+    config: dict = field(default_factory=dict)
+    path: Path | None = None
+
+    def rng(self) -> np.random.Generator:
+        """A Generator that continues the stream saved in ``rng_state``."""
+        if self.rng_state is None:
+            raise CheckpointError(f"{self.path}: holds no random-generator state")
+        return restore_rng(self.rng_state, self.path)
+
+
+def restore_rng(state: dict, path=None) -> np.random.Generator:
+    """Rebuild a numpy Generator from ``Generator.bit_generator.state``."""
+    name = state.get("bit_generator") if isinstance(state, dict) else None
+    if name not in _BIT_GENERATORS:
+        raise CheckpointError(f"{path}: rng_state is not a numpy bit-generator state "
+                              f"(bit_generator={name!r})")
+    bit_generator = getattr(np.random, name)()
+    try:
+        bit_generator.state = state
+    except (TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{path}: rng_state does not restore a {name} ({e})") from None
+    return np.random.Generator(bit_generator)
+
+
+# ---- JSON for attributes: numpy arrays and scalars survive the round trip ----------------
+
+def _json_default(obj):
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": obj.tolist(), "dtype": obj.dtype.str}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def _json_hook(d):
+    if "__ndarray__" in d and "dtype" in d and len(d) == 2:
+        return np.array(d["__ndarray__"], dtype=np.dtype(d["dtype"]))
+    return d
+
+
+def _to_json(obj, what: str, path: Path) -> str:
+    try:
+        return json.dumps(obj, default=_json_default)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: {what} cannot be stored as JSON ({e})") from None
+
+
+def _host(value, what: str, path: Path) -> np.ndarray:
+    """A host numpy copy of a numpy/CuPy array or scalar."""
+    if hasattr(value, "get") and not isinstance(value, (np.ndarray, dict)):
+        value = value.get()  # CuPy -> numpy
+    a = np.asarray(value)
+    if a.dtype.kind not in "biufc":
+        raise CheckpointError(f"{path}: {what} has dtype {a.dtype}, not numbers")
+    return a
+
+
+def _host_dict(arrays, what: str, path: Path) -> dict:
+    if not isinstance(arrays, dict):
+        raise CheckpointError(f"{path}: {what} must be a dict of name -> array, got {type(arrays).__name__}")
+    out = {}
+    for name, value in arrays.items():
+        if not isinstance(name, str) or not name.strip("/") or name != name.strip("/") or "//" in name:
+            raise CheckpointError(f"{path}: {what} name {name!r} must be a non-empty path like 'W1' or 'layer1/W'")
+        out[name] = _host(value, f"{what} {name!r}", path)
+    return out
+
+
+def _write_group(f, group_name: str, arrays: dict):
+    group = f.create_group(group_name)
+    for name, array in arrays.items():
+        group.create_dataset(name, data=array)
+
+
+def _file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def save(path, *, scheme: str, params: dict, opt_state: dict | None = None,
+         rng_state=None, epoch: int = 0, config: dict | None = None) -> Path:
+    """Write a checkpoint atomically.
+
+    Parameters
+    ----------
+    path : str or Path
+        Target file (e.g. ``run/checkpoint.h5``); parent directories are created.
+    scheme : str
+        Name of the scheme writing it; :func:`load` can insist on it.
+    params : dict of str -> array
+        Model parameters; numpy or CuPy arrays (copied to the host).
+    opt_state : dict of str -> array, optional
+        Optimiser state (momentum buffers, Adam moments, step count).
+    rng_state : dict or numpy.random.Generator, optional
+        ``Generator.bit_generator.state`` (a Generator is converted), stored as JSON.
+    epoch : int
+        Epochs completed.
+    config : dict, optional
+        Run configuration, stored as JSON (numpy values and paths allowed).
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Raises
+    ------
+    CheckpointError
+        Unstorable input (bad names, non-numeric arrays, config not JSON-able). Any
+        failure while writing leaves no temporary file and the old checkpoint untouched.
+    """
+    import h5py
+
+    path = Path(path)
+    if not isinstance(scheme, str) or not scheme:
+        raise CheckpointError(f"{path}: scheme must be a non-empty string, got {scheme!r}")
+    if isinstance(epoch, bool) or int(epoch) != epoch or epoch < 0:
+        raise CheckpointError(f"{path}: epoch must be a non-negative integer, got {epoch!r}")
+    host_params = _host_dict(params, "parameter", path)
+    host_opt = None if opt_state is None else _host_dict(opt_state, "optimiser state", path)
+    if isinstance(rng_state, np.random.Generator):
+        rng_state = rng_state.bit_generator.state
+    rng_json = None if rng_state is None else _to_json(rng_state, "rng_state", path)
+    config_json = _to_json(config or {}, "config", path)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        # libver v110+ stores attributes of any size (a large config or MT19937 state)
+        with h5py.File(tmp, "w", libver=("v110", "latest")) as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["version"] = VERSION
+            f.attrs["scheme"] = scheme
+            f.attrs["epoch"] = int(epoch)
+            f.attrs["config"] = config_json
+            if rng_json is not None:
+                f.attrs["rng_state"] = rng_json
+            _write_group(f, "params", host_params)
+            if host_opt is not None:
+                _write_group(f, "opt_state", host_opt)
+            f.flush()
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.chmod(tmp, _file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(directory: Path):
+    # makes the rename itself durable; not possible on every OS/file system
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _read_group(group) -> dict:
+    import h5py
+
+    out = {}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            out[name] = obj[()] if obj.shape == () else obj[...]
+
+    group.visititems(visit)
+    # 0-d datasets read as numpy scalars: hand back 0-d arrays like every other entry
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def load(path, *, scheme: str | None = None, shapes: dict | None = None) -> Checkpoint:
+    """Read a checkpoint, refusing one that does not fit.
+
+    Parameters
+    ----------
+    path : str or Path
+    scheme : str, optional
+        Refuse a checkpoint written by another scheme.
+    shapes : dict of str -> tuple, optional
+        The model's parameter shapes: refuse a checkpoint that lacks one of these
+        parameters or stores it with another shape. Parameters in the file but not in
+        ``shapes`` are returned as well.
+
+    Returns
+    -------
+    Checkpoint
+
+    Raises
+    ------
+    CheckpointError
+        Missing, corrupt or foreign file; other scheme; missing parameter; other shape.
+        The message is one line naming the file and the mismatch.
+    """
+    import h5py
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (no such file)" if not path.exists() else f"{path}: not a file")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise CheckpointError(f"{path}: not an HDF5 checkpoint (corrupt or truncated: "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    with f:
+        try:
+            if f.attrs.get("format") != FORMAT or "params" not in f:
+                raise CheckpointError(f"{path}: not an aepar checkpoint (no '{FORMAT}' format mark)")
+            version = int(f.attrs.get("version", -1))
+            if version > VERSION:
+                raise CheckpointError(f"{path}: checkpoint format version {version} is newer than "
+                                      f"this aepar reads ({VERSION})")
+            file_scheme = str(f.attrs["scheme"])
+            if scheme is not None and file_scheme != scheme:
+                raise CheckpointError(f"{path}: written by scheme {file_scheme!r}, not {scheme!r}")
+            params = _read_group(f["params"])
+            opt_state = _read_group(f["opt_state"]) if "opt_state" in f else None
+            rng_state = (json.loads(f.attrs["rng_state"], object_hook=_json_hook)
+                         if "rng_state" in f.attrs else None)
+            config = json.loads(f.attrs.get("config", "{}"), object_hook=_json_hook)
+            epoch = int(f.attrs.get("epoch", 0))
+        except CheckpointError:
+            raise
+        except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
+            raise CheckpointError(f"{path}: corrupt checkpoint ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    for name, shape in (shapes or {}).items():
+        if name not in params:
+            raise CheckpointError(f"{path}: parameter {name!r} missing (the file has "
+                                  f"{', '.join(sorted(params)) or 'none'})")
+        if tuple(params[name].shape) != tuple(int(s) for s in shape):
+            raise CheckpointError(f"{path}: parameter {name!r} has shape {tuple(params[name].shape)}, "
+                                  f"the model needs {tuple(shape)}")
+    return Checkpoint(file_scheme, params, opt_state, rng_state, epoch, config, path)
