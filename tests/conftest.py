@@ -1,4 +1,5 @@
 """Shared fixtures: fixed seeds, the kernel sets to compare, an mpirun launcher."""
+import aepar  # noqa: F401  (first: BLAS/Numba threads per process before numpy loads)
 import os
 import shutil
 import subprocess
@@ -58,3 +59,30 @@ def run_mpi(np_, args, timeout=300, env=None):
     full_env.setdefault("AEPAR_THREADS", "1")
     cmd = launcher + ["-np", str(np_), sys.executable] + [str(a) for a in args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
+
+
+# ---- a per-family table of kernel checks at the end of the run -----------------------
+_KERNEL_CHECKS = {}
+
+
+def pytest_runtest_logreport(report):
+    name = report.nodeid.split("::")[-1]
+    for kind in ("gradcheck", "matches_reference", "adjoint"):
+        prefix = f"test_{kind}_"
+        if name.startswith(prefix) and (report.when == "call" or report.skipped):
+            family = name[len(prefix):].split("[")[0].split("_")[0]
+            counts = _KERNEL_CHECKS.setdefault(family, {}).setdefault(kind, [0, 0, 0])
+            counts[0 if report.passed else 1 if report.failed else 2] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _KERNEL_CHECKS:
+        return
+    tr = terminalreporter
+    tr.section("kernel checks per family (passed/failed/skipped)")
+    kinds = ("gradcheck", "matches_reference", "adjoint")
+    tr.write_line(f"{'family':<12}" + "".join(f"{k:>22}" for k in kinds))
+    for family in sorted(_KERNEL_CHECKS):
+        row = _KERNEL_CHECKS[family]
+        cells = ["/".join(map(str, row[k])) if k in row else "-" for k in kinds]
+        tr.write_line(f"{family:<12}" + "".join(f"{c:>22}" for c in cells))

@@ -1,1 +1,151 @@
-__all__ = []
+"""Fully connected layer a = act(x @ W + b), forward and backward (Numba).
+
+The products go to BLAS (numpy's matmul, scipy's gemm with beta = 1 so that dW
+accumulates without a temporary); the element-wise work around them is one fused,
+parallel pass each way: bias + activation in place on the matmul output, and
+da * act'(a) together with the column sums that make db.
+"""
+import math
+
+import numpy as np
+from numba import get_num_threads, njit, prange
+from scipy.linalg import blas
+
+from ..ref.dense import _check_backward_shapes, _check_shapes
+from .activation import IDENTITY, RELU, SIGMOID, act_code
+
+__all__ = ["dense_forward", "dense_backward"]
+
+_GEMM = {np.dtype(np.float32): blas.sgemm, np.dtype(np.float64): blas.dgemm}
+
+
+# The scalar activations are repeated from activation.py on purpose: Numba's on-disk
+# cache only notices edits to the file a kernel lives in, so a kernel that called
+# helpers from another module could keep running their old code after an edit.
+@njit(cache=True)
+def _sigmoid(v, one):
+    e = math.exp(-abs(v))  # never overflows
+    s = one / (one + e)
+    return s if v >= 0 else e * s
+
+
+@njit(cache=True)
+def _relu(v, zero):
+    return zero if v < zero else v
+
+
+@njit(cache=True)
+def _relu_grad(da, a, zero):
+    return da if a > zero else zero
+
+
+@njit(cache=True, parallel=True)
+def _bias_act(z, b, code, one):
+    """z = act(z + b) in place, rows in parallel."""
+    zero = one - one
+    n, m = z.shape
+    if code == SIGMOID:
+        for i in prange(n):
+            for j in range(m):
+                z[i, j] = _sigmoid(z[i, j] + b[j], one)
+    elif code == RELU:
+        for i in prange(n):
+            for j in range(m):
+                z[i, j] = _relu(z[i, j] + b[j], zero)
+    else:
+        for i in prange(n):
+            for j in range(m):
+                z[i, j] += b[j]
+
+
+@njit(cache=True, parallel=True)
+def _act_grad_colsum(da, a, code, one, nblock, dz, db):
+    """dz = da * act'(a) and db += column sums of dz, in one pass.
+
+    Each of ``nblock`` (>= 1) blocks of rows sums into its own float64 row, so threads
+    never race on db and dz is not read again. (The thread count comes from the caller:
+    asking Numba for it inside the kernel would stop the kernel from being cached.)
+    """
+    n, m = da.shape
+    zero = one - one
+    part = np.zeros((nblock, m), dtype=np.float64)
+    for c in prange(nblock):
+        lo, hi = c * n // nblock, (c + 1) * n // nblock
+        if code == SIGMOID:
+            for i in range(lo, hi):
+                for j in range(m):
+                    g = da[i, j] * a[i, j] * (one - a[i, j])
+                    dz[i, j] = g
+                    part[c, j] += g
+        else:
+            for i in range(lo, hi):
+                for j in range(m):
+                    g = _relu_grad(da[i, j], a[i, j], zero)
+                    dz[i, j] = g
+                    part[c, j] += g
+    for c in range(nblock):
+        for j in range(m):
+            db[j] += part[c, j]
+
+
+def _add_xt_dz(x, dz, dW):
+    """dW += x.T @ dz, with BLAS adding into dW where it lies (gemm, beta = 1).
+
+    gemm works on Fortran-ordered matrices: a C-ordered dW is the Fortran-ordered
+    (out, in) matrix dW.T, which receives dz.T @ x; a Fortran-ordered dW (a transposed
+    view) receives x.T @ dz directly. Any other layout or mixed dtypes: a temporary.
+    """
+    gemm = _GEMM.get(dW.dtype)
+    if gemm is None or not dW.flags.writeable or not x.dtype == dz.dtype == dW.dtype:
+        dW += x.T @ dz
+        return
+    if dW.flags.c_contiguous:
+        out = gemm(1.0, dz.T, x.T, 1.0, dW.T, trans_b=1, overwrite_c=1).T
+    elif dW.flags.f_contiguous:
+        out = gemm(1.0, x.T, dz.T, 1.0, dW, trans_b=1, overwrite_c=1)
+    else:
+        dW += x.T @ dz
+        return
+    if not np.shares_memory(out, dW):  # f2py copied after all: keep the result anyway
+        dW[...] = out
+
+
+def dense_forward(x, W, b, act):
+    """a = act(x @ W + b); bias and activation fused, in place on the matmul output.
+
+    Parameters
+    ----------
+    x : ndarray (batch, in)
+    W : ndarray (in, out)
+    b : ndarray (out,)
+    act : {"sigmoid", "relu", "identity"}
+
+    Returns
+    -------
+    ndarray (batch, out), a new array.
+    """
+    code = act_code(act)
+    _check_shapes(x, W, b)
+    z = np.matmul(x, W)
+    _bias_act(z, np.ascontiguousarray(b, dtype=z.dtype), code, z.dtype.type(1))
+    return z
+
+
+def dense_backward(da, x, W, a, act, dW, db, need_dx=True):
+    """Backward of :func:`dense_forward` from its output ``a``.
+
+    Adds x.T @ dz into ``dW`` and the column sums of dz into ``db`` (caller-zeroed),
+    with dz = da * act'(a). Returns dx = dz @ W.T, or None when ``need_dx`` is false.
+    """
+    code = act_code(act)
+    _check_backward_shapes(da, x, W, a, dW, db)
+    if code == IDENTITY:
+        dz = np.ascontiguousarray(da)  # act' = 1: no copy of da needed
+        db += dz.sum(axis=0, dtype=np.float64)
+    else:
+        dtype = np.result_type(da, a)
+        dz = np.empty(da.shape, dtype=dtype)
+        _act_grad_colsum(np.ascontiguousarray(da, dtype=dtype), np.ascontiguousarray(a, dtype=dtype),
+                         code, dtype.type(1), max(1, min(get_num_threads(), da.shape[0])), dz, db)
+    _add_xt_dz(x, dz, dW)
+    return np.matmul(dz, W.T) if need_dx else None

@@ -1,1 +1,138 @@
-__all__ = []
+"""Losses, forward and backward (Numba): one fused parallel pass each.
+
+Same conventions as the reference: ``scale`` defaults to 1/batch, scalar losses are
+summed in float64 and returned as Python floats, arrays keep the input dtype.
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ..ref.loss import check_labels, check_same_shape, default_scale
+from .activation import _flat
+
+__all__ = ["mse_forward", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
+           "sigmoid_xent_forward", "sigmoid_xent_backward"]
+
+
+@njit(cache=True, parallel=True)
+def _sq_diff_sum(y, t):
+    s = 0.0
+    for i in prange(y.size):
+        d = np.float64(y[i]) - np.float64(t[i])
+        s += d * d
+    return s
+
+
+@njit(cache=True, parallel=True)
+def _scaled_diff(y, t, scale, out):
+    for i in prange(y.size):
+        out[i] = scale * (y[i] - t[i])
+
+
+@njit(cache=True, parallel=True)
+def _softmax_xent(z, labels, probs):
+    """probs = softmax(z) row by row; returns -sum log p[label] (float64)."""
+    n, k = z.shape
+    total = 0.0
+    for i in prange(n):
+        m = z[i, 0]
+        for j in range(1, k):
+            if z[i, j] > m:
+                m = z[i, j]
+        s = 0.0
+        for j in range(k):
+            e = math.exp(z[i, j] - m)  # in z's dtype, as the reference
+            probs[i, j] = e
+            s += e
+        for j in range(k):
+            probs[i, j] = probs[i, j] / s
+        total += math.log(s) - (np.float64(z[i, labels[i]]) - np.float64(m))
+    return total
+
+
+@njit(cache=True, parallel=True)
+def _softmax_xent_grad(probs, labels, scale, dz):
+    n, k = probs.shape
+    for i in prange(n):
+        for j in range(k):
+            dz[i, j] = scale * probs[i, j]
+        dz[i, labels[i]] -= scale
+
+
+@njit(cache=True, parallel=True)
+def _sigmoid_xent(z, t, y):
+    """y = sigmoid(z); returns sum(max(z,0) - z t + log1p(exp(-|z|))) in float64.
+
+    One exp serves both: exp(-|z|) is the sigmoid's and the log1p's.
+    """
+    total = 0.0
+    for i in prange(z.size):
+        v = np.float64(z[i])
+        e = math.exp(-abs(v))
+        s = 1.0 / (1.0 + e)
+        y[i] = s if v >= 0 else e * s
+        total += max(v, 0.0) - v * np.float64(t[i]) + math.log1p(e)
+    return total
+
+
+def mse_forward(y, t, scale=None):
+    """scale * 0.5 * sum((y - t)**2) as a Python float (scale defaults to 1/batch)."""
+    check_same_shape("mse_forward", y, t)
+    return default_scale(y, scale) * 0.5 * float(_sq_diff_sum(_flat(y), _flat(t)))
+
+
+def mse_backward(y, t, scale=None):
+    """scale * (y - t) as a new array."""
+    check_same_shape("mse_backward", y, t)
+    return _scaled(y, t, default_scale(y, scale))
+
+
+def _scaled(y, t, scale):
+    dtype = np.result_type(y, t)
+    out = np.empty(y.shape, dtype=dtype)
+    _scaled_diff(_flat(y.astype(dtype, copy=False)), _flat(t.astype(dtype, copy=False)),
+                 scale, out.reshape(-1))
+    return out
+
+
+def softmax_xent_forward(z, labels, scale=None):
+    """Softmax cross-entropy from logits z (batch, classes) and int labels (batch,).
+
+    Returns (loss, probs): loss = -scale * sum log softmax(z)[label] by log-sum-exp,
+    probs = softmax(z) in z's dtype.
+    """
+    labels = np.asarray(labels)
+    check_labels("softmax_xent_forward", z, labels)  # the kernel indexes with them unchecked
+    z = np.ascontiguousarray(z)
+    probs = np.empty(z.shape, dtype=z.dtype)
+    total = _softmax_xent(z, np.ascontiguousarray(labels, dtype=np.int64), probs)
+    return default_scale(z, scale) * float(total), probs
+
+
+def softmax_xent_backward(probs, labels, scale=None):
+    """dz = scale * (probs - onehot(labels))."""
+    labels = np.asarray(labels)
+    check_labels("softmax_xent_backward", probs, labels)
+    probs = np.ascontiguousarray(probs)
+    dz = np.empty(probs.shape, dtype=probs.dtype)
+    _softmax_xent_grad(probs, np.ascontiguousarray(labels, dtype=np.int64),
+                       default_scale(probs, scale), dz)
+    return dz
+
+
+def sigmoid_xent_forward(z, t, scale=None):
+    """Pixel cross-entropy of targets t in [0, 1] against y = sigmoid(z), from logits.
+
+    Returns (loss, y): loss = -scale * sum(t log y + (1 - t) log(1 - y)), y in z's dtype.
+    """
+    check_same_shape("sigmoid_xent_forward", z, t)
+    y = np.empty(z.shape, dtype=z.dtype)
+    total = _sigmoid_xent(_flat(z), _flat(t), y.reshape(-1))
+    return default_scale(z, scale) * float(total), y
+
+
+def sigmoid_xent_backward(y, t, scale=None):
+    """d loss / d z from y = sigmoid(z): scale * (y - t)."""
+    check_same_shape("sigmoid_xent_backward", y, t)
+    return _scaled(y, t, default_scale(y, scale))

@@ -1,1 +1,56 @@
-__all__ = []
+"""Parameter updates in place (Numba): one fused parallel pass over each parameter."""
+import math
+
+from numba import njit, prange
+
+from ..ref import update as _ref
+
+__all__ = ["sgd_momentum_update", "adam_update"]
+
+
+@njit(cache=True, parallel=True)
+def _sgd(p, g, v, lr, momentum):
+    for i in prange(p.size):
+        vi = momentum * v[i] - lr * g[i]
+        v[i] = vi
+        p[i] += vi
+
+
+@njit(cache=True, parallel=True)
+def _adam(p, g, m, v, lr, beta1, beta2, eps, bc1, bc2):
+    for i in prange(p.size):
+        gi = g[i]
+        mi = beta1 * m[i] + (1.0 - beta1) * gi
+        vi = beta2 * v[i] + (1.0 - beta2) * gi * gi
+        m[i] = mi
+        v[i] = vi
+        p[i] -= lr * (mi / bc1) / (math.sqrt(vi / bc2) + eps)
+
+
+def _flat_views(*arrays):
+    """1-D views of C-contiguous writable arrays of one dtype, else None."""
+    dtype = arrays[0].dtype
+    if all(a.flags.c_contiguous and a.dtype == dtype for a in arrays):
+        return [a.reshape(-1) for a in arrays]
+    return None
+
+
+def sgd_momentum_update(p, g, v, lr, momentum):
+    """v = momentum * v - lr * g; p += v, in place. Returns None."""
+    _ref.check_update("sgd_momentum_update", p, g, v)
+    flat = _flat_views(p, g, v)
+    if flat is None or not (p.flags.writeable and v.flags.writeable):
+        return _ref.sgd_momentum_update(p, g, v, lr, momentum)  # odd layouts: same math
+    _sgd(flat[0], flat[1], flat[2], float(lr), float(momentum))
+
+
+def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
+    """One Adam step with bias correction at step t = 1, 2, ..., in place. Returns None."""
+    _ref.check_update("adam_update", p, g, m, v)
+    _ref.check_step(t)
+    flat = _flat_views(p, g, m, v)
+    if flat is None or not (p.flags.writeable and m.flags.writeable and v.flags.writeable):
+        return _ref.adam_update(p, g, m, v, t, lr, beta1, beta2, eps)
+    bc1 = 1.0 - float(beta1) ** int(t)
+    bc2 = 1.0 - float(beta2) ** int(t)
+    _adam(*flat, float(lr), float(beta1), float(beta2), float(eps), bc1, bc2)

@@ -1,1 +1,40 @@
-__all__ = []
+"""Parameter updates, in place (NumPy reference). Every array is updated where it lies."""
+import numpy as np
+
+__all__ = ["sgd_momentum_update", "adam_update"]
+
+
+def check_update(name, p, *others):
+    for a in others:
+        if a.shape != p.shape:
+            raise ValueError(f"{name}: every array must have the parameter's shape {p.shape}, got {a.shape}")
+
+
+def check_step(t):
+    if int(t) != t or t < 1:
+        raise ValueError(f"adam_update: step t counts from 1, got {t!r}")
+
+
+def sgd_momentum_update(p, g, v, lr, momentum):
+    """v = momentum * v - lr * g; p += v. Returns None."""
+    check_update("sgd_momentum_update", p, g, v)
+    v *= momentum
+    v -= lr * g
+    p += v
+
+
+def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
+    """One Adam step (Kingma & Ba, Algorithm 1) at step ``t`` (1, 2, ...), in place.
+
+    m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
+    p -= lr * m_hat / (sqrt(v_hat) + eps), m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t).
+    """
+    check_update("adam_update", p, g, m, v)
+    check_step(t)
+    m *= beta1
+    m += (1 - beta1) * g
+    v *= beta2
+    v += (1 - beta2) * (g * g)
+    m_hat = m / (1 - beta1 ** t)
+    v_hat = v / (1 - beta2 ** t)
+    p -= lr * m_hat / (np.sqrt(v_hat) + eps)

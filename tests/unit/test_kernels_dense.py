@@ -1,0 +1,209 @@
+"""Dense layer and activation kernels: float64 gradient checks for every set, agreement
+of the Numba/CuPy sets with the NumPy reference in float64 and float32, accumulation."""
+import numpy as np
+import pytest
+
+import aepar  # noqa: F401  (registers aepar.kernels in a checkout)
+from aepar import kernels
+from tests.conftest import kernel_set_params
+from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, to_host
+
+ALL_SETS = [pytest.param("numpy", id="numpy")] + kernel_set_params()
+ACTS = ["sigmoid", "relu", "identity"]
+# (batch, in, out): batch 1, odd sizes, one size past a SIMD/blocking boundary
+SHAPES = [(1, 7, 3), (5, 13, 17), (64, 65, 31)]
+DTYPES = [np.float64, np.float32]
+REF = kernels.load("numpy")
+
+
+def load(name):
+    """The kernel set and a host -> its-device array converter."""
+    if name == "cupy":
+        import cupy
+        return kernels.load(name), cupy.asarray
+    return kernels.load(name), np.asarray
+
+
+def dense_problem(rng, batch, n_in, n_out, dtype=np.float64):
+    x = rng.standard_normal((batch, n_in)).astype(dtype)
+    W = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(dtype)
+    b = rng.standard_normal(n_out).astype(dtype)
+    return x, W, b
+
+
+# ---------------------------------------------------------------- gradient checks
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_gradcheck_dense(kset, act, rng):
+    K, dev = load(kset)
+    x, W, b = dense_problem(rng, 4, 5, 3)
+    R = rng.standard_normal((4, 3))  # L = sum(a * R), so dL/da = R
+
+    def loss():
+        return float(to_host(K.dense_forward(dev(x), dev(W), dev(b), act)).ravel() @ R.ravel())
+
+    a = K.dense_forward(dev(x), dev(W), dev(b), act)
+    dW, db = dev(np.zeros_like(W)), dev(np.zeros_like(b))
+    dx = K.dense_backward(dev(R), dev(x), dev(W), a, act, dW, db)
+    assert_grad_close(to_host(dx), numerical_grad(loss, x), name=f"{kset} {act} dx")
+    assert_grad_close(to_host(dW), numerical_grad(loss, W), name=f"{kset} {act} dW")
+    assert_grad_close(to_host(db), numerical_grad(loss, b), name=f"{kset} {act} db")
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_gradcheck_activation(kset, act, rng):
+    K, dev = load(kset)
+    forward, backward = getattr(K, f"{act}_forward"), getattr(K, f"{act}_backward")
+    z = rng.standard_normal((3, 4)) * 3
+    R = rng.standard_normal(z.shape)
+
+    def loss():
+        return float(np.sum(to_host(forward(dev(z))) * R))
+
+    dz = backward(dev(R), forward(dev(z)))
+    assert_grad_close(to_host(dz), numerical_grad(loss, z), name=f"{kset} {act}")
+
+
+# ---------------------------------------------------------------- agreement with the reference
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("kset", kernel_set_params())
+def test_matches_reference_dense(kset, act, shape, dtype, rng):
+    K, dev = load(kset)
+    batch, n_in, n_out = shape
+    x, W, b = dense_problem(rng, batch, n_in, n_out, dtype)
+    da = rng.standard_normal((batch, n_out)).astype(dtype)
+
+    a_ref = REF.dense_forward(x, W, b, act)
+    a = K.dense_forward(dev(x), dev(W), dev(b), act)
+    assert a.dtype == dtype and a.shape == (batch, n_out)
+    assert_close(a, a_ref, dtype, work=n_in, name="a")
+
+    # both sets differentiate the same output a
+    dW_ref, db_ref = np.zeros_like(W), np.zeros_like(b)
+    dx_ref = REF.dense_backward(da, x, W, a_ref, act, dW_ref, db_ref)
+    dW, db = dev(np.zeros_like(W)), dev(np.zeros_like(b))
+    dx = K.dense_backward(dev(da), dev(x), dev(W), dev(a_ref), act, dW, db)
+    assert dx.dtype == dW.dtype == db.dtype == dtype
+    assert_close(dx, dx_ref, dtype, work=n_out, name="dx")
+    assert_close(dW, dW_ref, dtype, work=batch, name="dW")
+    assert_close(db, db_ref, dtype, work=batch, name="db")
+
+
+@pytest.mark.parametrize("kset", kernel_set_params())
+def test_matches_reference_dense_strided_inputs(kset, rng):
+    """Views (column slices, a transposed W) give the same result as contiguous copies."""
+    K, dev = load(kset)
+    xf = rng.standard_normal((6, 22))
+    Wt = rng.standard_normal((9, 11))
+    x, W, b = xf[:, ::2], Wt.T, rng.standard_normal(9)
+    da = rng.standard_normal((6, 9 * 2))[:, ::2]
+    for act in ACTS:
+        a_ref = REF.dense_forward(np.ascontiguousarray(x), np.ascontiguousarray(W), b, act)
+        assert_close(K.dense_forward(dev(x), dev(W), dev(b), act), a_ref, np.float64, work=11)
+        dW_ref, db_ref = np.zeros((11, 9)), np.zeros(9)
+        dx_ref = REF.dense_backward(np.ascontiguousarray(da), np.ascontiguousarray(x),
+                                    np.ascontiguousarray(W), a_ref, act, dW_ref, db_ref)
+        dW, db = dev(np.zeros((11, 9))), dev(np.zeros(9))
+        dx = K.dense_backward(dev(da), dev(x), dev(W), dev(a_ref), act, dW, db)
+        assert_close(dx, dx_ref, np.float64, work=9, name=f"{act} dx")
+        assert_close(dW, dW_ref, np.float64, work=6, name=f"{act} dW")
+        assert_close(db, db_ref, np.float64, work=6, name=f"{act} db")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("shape", [(1,), (7, 3), (5, 13, 17), (64, 65)], ids=str)
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("kset", kernel_set_params())
+def test_matches_reference_activation(kset, act, shape, dtype, rng):
+    K, dev = load(kset)
+    z = (rng.standard_normal(shape) * 4).astype(dtype)
+    da = rng.standard_normal(shape).astype(dtype)
+    forward, backward = getattr(K, f"{act}_forward"), getattr(K, f"{act}_backward")
+    a_ref = getattr(REF, f"{act}_forward")(z)
+    a = forward(dev(z))
+    assert a.dtype == dtype and a.shape == shape
+    assert_close(a, a_ref, dtype, name="forward")
+    dz = backward(dev(da), dev(a_ref))
+    assert dz.dtype == dtype
+    assert_close(dz, getattr(REF, f"{act}_backward")(da, a_ref), dtype, name="backward")
+
+
+# ---------------------------------------------------------------- properties
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_dense_backward_accumulates(kset, rng):
+    """Backward adds into dW/db: twice from zero doubles them, and a non-zero start is kept."""
+    K, dev = load(kset)
+    x, W, b = dense_problem(rng, 5, 6, 4)
+    da = rng.standard_normal((5, 4))
+    for act in ACTS:
+        a = K.dense_forward(dev(x), dev(W), dev(b), act)
+        dW1, db1 = dev(np.zeros_like(W)), dev(np.zeros_like(b))
+        dx1 = K.dense_backward(dev(da), dev(x), dev(W), a, act, dW1, db1)
+        dW2, db2 = dev(np.zeros_like(W)), dev(np.zeros_like(b))
+        K.dense_backward(dev(da), dev(x), dev(W), a, act, dW2, db2)
+        dx2 = K.dense_backward(dev(da), dev(x), dev(W), a, act, dW2, db2)
+        assert np.any(to_host(dW1) != 0) and np.any(to_host(db1) != 0)
+        assert_close(dW2, 2 * to_host(dW1), np.float64, name=f"{act} dW twice")
+        assert_close(db2, 2 * to_host(db1), np.float64, name=f"{act} db twice")
+        assert_close(dx2, dx1, np.float64, name=f"{act} dx does not accumulate")
+        # a Fortran-ordered dW with something already in it
+        start = rng.standard_normal(W.shape)
+        dW3 = dev(np.asfortranarray(start))
+        db3 = dev(np.ones_like(b))
+        assert K.dense_backward(dev(da), dev(x), dev(W), a, act, dW3, db3, need_dx=False) is None
+        assert_close(dW3, start + to_host(dW1), np.float64, name=f"{act} dW onto a start")
+        assert_close(db3, 1 + to_host(db1), np.float64, name=f"{act} db onto a start")
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_dense_does_not_mutate_inputs(kset, rng):
+    K, dev = load(kset)
+    x, W, b = dense_problem(rng, 3, 4, 5)
+    da = rng.standard_normal((3, 5))
+    for act in ACTS:
+        xs, Ws, bs, das = dev(x), dev(W), dev(b), dev(da)
+        a = K.dense_forward(xs, Ws, bs, act)
+        a_copy = to_host(a).copy()
+        K.dense_backward(das, xs, Ws, a, act, dev(np.zeros_like(W)), dev(np.zeros_like(b)))
+        for got, want in ((xs, x), (Ws, W), (bs, b), (das, da), (a, a_copy)):
+            np.testing.assert_array_equal(to_host(got), want)
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_sigmoid_stable_at_extremes(kset):
+    K, dev = load(kset)
+    for dtype in DTYPES:
+        z = np.array([-1e4, -100.0, -30.0, 0.0, 30.0, 100.0, 1e4], dtype=dtype)
+        with np.errstate(over="raise", invalid="raise"):
+            a = to_host(K.sigmoid_forward(dev(z)))
+        assert np.all(np.isfinite(a)) and np.all((a >= 0) & (a <= 1))
+        assert a[0] == 0 and a[3] == 0.5 and a[-1] == 1
+        # tiny tails stay relative-accurate: sigmoid(-30) = exp(-30) / (1 + exp(-30))
+        np.testing.assert_allclose(a[2], np.exp(-30.0) / (1 + np.exp(-30.0)), rtol=1e-6)
+        a_dense = to_host(K.dense_forward(dev(z[None, :]), dev(np.eye(7, dtype=dtype)),
+                                          dev(np.zeros(7, dtype=dtype)), "sigmoid"))
+        np.testing.assert_array_equal(a_dense[0], a)
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_dense_rejects_bad_arguments(kset, rng):
+    K, dev = load(kset)
+    x, W, b = dense_problem(rng, 2, 3, 4)
+    with pytest.raises(ValueError, match="activation"):
+        K.dense_forward(dev(x), dev(W), dev(b), "tanh")
+    with pytest.raises(ValueError, match="b has shape"):
+        K.dense_forward(dev(x), dev(W), dev(b[:3]), "relu")
+    a = K.dense_forward(dev(x), dev(W), dev(b), "relu")
+    with pytest.raises(ValueError, match="dW"):
+        K.dense_backward(a, dev(x), dev(W), a, "relu", dev(np.zeros((4, 3))), dev(np.zeros(4)))
+    with pytest.raises(ValueError, match="da"):
+        K.dense_backward(a[:1], dev(x), dev(W), a, "relu", dev(np.zeros_like(W)), dev(np.zeros(4)))

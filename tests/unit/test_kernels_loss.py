@@ -1,0 +1,208 @@
+"""Loss and regulariser kernels (loss, sparsity families): float64 gradient checks for
+every set, the reference against textbook formulas, Numba/CuPy against the reference."""
+import numpy as np
+import pytest
+
+import aepar  # noqa: F401  (registers aepar.kernels in a checkout)
+from aepar import kernels
+from tests.conftest import kernel_set_params
+from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, to_host
+
+ALL_SETS = [pytest.param("numpy", id="numpy")] + kernel_set_params()
+DTYPES = [np.float64, np.float32]
+SHAPES = [(1, 7), (5, 13), (64, 65)]
+REF = kernels.load("numpy")
+
+
+def load(name):
+    if name == "cupy":
+        import cupy
+        return kernels.load(name), cupy.asarray
+    return kernels.load(name), np.asarray
+
+
+def sigmoid(z):
+    return 1 / (1 + np.exp(-z))
+
+
+# ---------------------------------------------------------------- gradient checks (float64)
+
+
+@pytest.mark.parametrize("scale", [None, 0.3])
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_gradcheck_loss_mse(kset, scale, rng):
+    K, dev = load(kset)
+    y, t = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    num = numerical_grad(lambda: K.mse_forward(dev(y), dev(t), scale), y)
+    assert_grad_close(to_host(K.mse_backward(dev(y), dev(t), scale)), num, name="mse")
+
+
+@pytest.mark.parametrize("scale", [None, 0.3])
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_gradcheck_loss_softmax_xent(kset, scale, rng):
+    K, dev = load(kset)
+    z, labels = rng.standard_normal((4, 5)) * 2, np.array([0, 4, 2, 2])
+    num = numerical_grad(lambda: K.softmax_xent_forward(dev(z), dev(labels), scale)[0], z)
+    _, probs = K.softmax_xent_forward(dev(z), dev(labels), scale)
+    assert_grad_close(to_host(K.softmax_xent_backward(probs, dev(labels), scale)), num, name="softmax")
+
+
+@pytest.mark.parametrize("scale", [None, 0.3])
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_gradcheck_loss_sigmoid_xent(kset, scale, rng):
+    K, dev = load(kset)
+    z, t = rng.standard_normal((3, 4)) * 3, rng.uniform(0, 1, (3, 4))
+    num = numerical_grad(lambda: K.sigmoid_xent_forward(dev(z), dev(t), scale)[0], z)
+    _, y = K.sigmoid_xent_forward(dev(z), dev(t), scale)
+    assert_grad_close(to_host(K.sigmoid_xent_backward(y, dev(t), scale)), num, name="sigmoid_xent")
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_gradcheck_sparsity_kl(kset, rng):
+    K, dev = load(kset)
+    rho_hat = rng.uniform(0.05, 0.95, 6)
+    num = numerical_grad(lambda: K.kl_sparsity_forward(dev(rho_hat), 0.1, 3.0), rho_hat)
+    assert_grad_close(to_host(K.kl_sparsity_backward(dev(rho_hat), 0.1, 3.0)), num, name="kl")
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_gradcheck_sparsity_weight_decay(kset, rng):
+    K, dev = load(kset)
+    W = rng.standard_normal((4, 3))
+    num = numerical_grad(lambda: K.weight_decay_forward(dev(W), 1e-2), W)
+    start = rng.standard_normal(W.shape)
+    dW = dev(start.copy())
+    assert K.weight_decay_backward(dev(W), 1e-2, dW) is None
+    assert_grad_close(to_host(dW) - start, num, name="weight decay (added onto dW)")
+
+
+# ---------------------------------------------------------------- the reference, by formula
+
+
+def test_reference_losses_match_textbook_formulas(rng):
+    """The reference against the plain (unstable, but fine here) formulas."""
+    y, t = rng.standard_normal((6, 5)), rng.standard_normal((6, 5))
+    assert np.isclose(REF.mse_forward(y, t), 0.5 * np.sum((y - t) ** 2) / 6, rtol=1e-13)
+    assert np.isclose(REF.mse_forward(y, t, scale=2.0), np.sum((y - t) ** 2), rtol=1e-13)
+
+    z, labels = rng.standard_normal((6, 4)), rng.integers(0, 4, 6)
+    loss, probs = REF.softmax_xent_forward(z, labels)
+    p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(probs, p, rtol=1e-13)
+    assert np.isclose(loss, -np.mean(np.log(p[np.arange(6), labels])), rtol=1e-13)
+
+    tt = rng.uniform(0, 1, z.shape)
+    loss, yy = REF.sigmoid_xent_forward(z, tt, scale=1.0)
+    np.testing.assert_allclose(yy, sigmoid(z), rtol=1e-14)
+    assert np.isclose(loss, -np.sum(tt * np.log(sigmoid(z)) + (1 - tt) * np.log(1 - sigmoid(z))), rtol=1e-12)
+
+    rho_hat, rho = rng.uniform(0.01, 0.99, 7), 0.05
+    kl = rho * np.log(rho / rho_hat) + (1 - rho) * np.log((1 - rho) / (1 - rho_hat))
+    assert np.isclose(REF.kl_sparsity_forward(rho_hat, rho, 3.0), 3.0 * kl.sum(), rtol=1e-13)
+    assert np.isclose(REF.weight_decay_forward(z, 0.2), 0.1 * np.sum(z * z), rtol=1e-13)
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_losses_stable_at_extreme_logits(kset):
+    K, dev = load(kset)
+    for dtype in DTYPES:
+        z = np.array([[1000.0, 0.0, -1000.0], [0.0, 0.0, 0.0]], dtype=dtype)
+        loss, probs = K.softmax_xent_forward(dev(z), dev(np.array([1, 2])), scale=1.0)
+        probs = to_host(probs)
+        assert np.all(np.isfinite(probs)) and probs.dtype == dtype
+        # -log p: row 0 label 1 is 1000 below the max; row 1 is uniform
+        assert np.isclose(loss, 1000.0 + np.log(3.0), rtol=1e-6)
+        z = np.array([100.0, -100.0, 100.0, -100.0], dtype=dtype)
+        t = np.array([0.0, 1.0, 1.0, 0.0], dtype=dtype)
+        loss, y = K.sigmoid_xent_forward(dev(z), dev(t), scale=1.0)
+        assert np.isclose(loss, 200.0, rtol=1e-6)  # two confident misses of 100 nats each
+        assert np.all(np.isfinite(to_host(y)))
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_losses_return_python_floats(kset, rng):
+    K, dev = load(kset)
+    y, t = rng.standard_normal((3, 2)).astype(np.float32), rng.uniform(0, 1, (3, 2)).astype(np.float32)
+    values = [K.mse_forward(dev(y), dev(t)), K.softmax_xent_forward(dev(y), dev(np.array([0, 1, 1])))[0],
+              K.sigmoid_xent_forward(dev(y), dev(t))[0],
+              K.kl_sparsity_forward(dev(t[0] * 0.5 + 0.25), 0.1, 3.0), K.weight_decay_forward(dev(y), 0.1)]
+    assert all(type(v) is float for v in values)
+
+
+@pytest.mark.parametrize("kset", ["numpy", "numba"])
+def test_loss_rejects_bad_arguments(kset, rng):
+    K = kernels.load(kset)
+    z = rng.standard_normal((3, 4))
+    with pytest.raises(ValueError, match="labels"):
+        K.softmax_xent_forward(z, np.array([0, 4, 1]))
+    with pytest.raises(ValueError, match="labels"):
+        K.softmax_xent_backward(z, np.array([0, -1, 1]))
+    with pytest.raises(ValueError, match="labels"):
+        K.softmax_xent_forward(z, np.array([0, 1]))
+    with pytest.raises(ValueError, match="shape"):
+        K.mse_forward(z, z[:2])
+    with pytest.raises(ValueError, match="shape"):
+        K.sigmoid_xent_backward(z, z.T)
+
+
+# ---------------------------------------------------------------- agreement with the reference
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("kset", kernel_set_params())
+def test_matches_reference_loss(kset, shape, dtype, rng):
+    K, dev = load(kset)
+    n = int(np.prod(shape))
+    y = (rng.standard_normal(shape) * 3).astype(dtype)
+    t = rng.uniform(0, 1, shape).astype(dtype)
+    labels = rng.integers(0, shape[1], shape[0])
+
+    for scale in (None, 0.25):
+        assert np.isclose(K.mse_forward(dev(y), dev(t), scale), REF.mse_forward(y, t, scale),
+                          rtol=1e-12 * np.sqrt(n)), "mse (both sum in float64)"
+        assert_close(K.mse_backward(dev(y), dev(t), scale), REF.mse_backward(y, t, scale), dtype,
+                     name="mse_backward")
+
+        loss, probs = K.softmax_xent_forward(dev(y), dev(labels), scale)
+        loss_ref, probs_ref = REF.softmax_xent_forward(y, labels, scale)
+        assert probs.dtype == dtype
+        assert_close(probs, probs_ref, dtype, work=shape[1], name="probs")
+        assert_close(loss, loss_ref, dtype, work=n, name="softmax loss")
+        assert_close(K.softmax_xent_backward(dev(probs_ref), dev(labels), scale),
+                     REF.softmax_xent_backward(probs_ref, labels, scale), dtype, name="softmax_backward")
+
+        loss, yy = K.sigmoid_xent_forward(dev(y), dev(t), scale)
+        loss_ref, yy_ref = REF.sigmoid_xent_forward(y, t, scale)
+        assert yy.dtype == dtype
+        assert_close(yy, yy_ref, dtype, name="sigmoid_xent y")
+        assert np.isclose(loss, loss_ref, rtol=1e-12 * np.sqrt(n)), "sigmoid_xent (both in float64)"
+        assert_close(K.sigmoid_xent_backward(dev(yy_ref), dev(t), scale),
+                     REF.sigmoid_xent_backward(yy_ref, t, scale), dtype, name="sigmoid_xent_backward")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("size", [1, 25, 1000])
+@pytest.mark.parametrize("kset", kernel_set_params())
+def test_matches_reference_sparsity(kset, size, dtype, rng):
+    K, dev = load(kset)
+    rho_hat = rng.uniform(0.001, 0.999, size).astype(dtype)
+    assert_close(K.kl_sparsity_forward(dev(rho_hat), 0.01, 3.0), REF.kl_sparsity_forward(rho_hat, 0.01, 3.0),
+                 np.float64, work=size, name="kl")
+    g = K.kl_sparsity_backward(dev(rho_hat), 0.01, 3.0)
+    assert g.dtype == dtype
+    assert_close(g, REF.kl_sparsity_backward(rho_hat, 0.01, 3.0), dtype, name="kl backward")
+
+    W = rng.standard_normal((size, 7)).astype(dtype)
+    assert_close(K.weight_decay_forward(dev(W), 1e-4), REF.weight_decay_forward(W, 1e-4),
+                 np.float64, work=W.size, name="weight decay")
+    start = rng.standard_normal(W.shape).astype(dtype)
+    dW, dW_ref = dev(start.copy()), start.copy()
+    K.weight_decay_backward(dev(W), 1e-4, dW)
+    REF.weight_decay_backward(W, 1e-4, dW_ref)
+    assert dW.dtype == dtype
+    assert_close(dW, dW_ref, dtype, name="weight decay backward")
+    # a transposed (non-contiguous) dW is still updated where it lies
+    dWt = dev(start.T.copy()).T
+    K.weight_decay_backward(dev(W), 1e-4, dWt)
+    assert_close(dWt, dW_ref, dtype, name="weight decay backward, transposed dW")

@@ -1,0 +1,131 @@
+"""Update kernels (SGD with momentum, Adam): the reference against a direct formula over
+several steps, the Numba/CuPy sets against the reference, in-place semantics."""
+import numpy as np
+import pytest
+
+import aepar  # noqa: F401  (registers aepar.kernels in a checkout)
+from aepar import kernels
+from tests.conftest import kernel_set_params
+from tests.gradcheck import assert_close, to_host
+
+ALL_SETS = [pytest.param("numpy", id="numpy")] + kernel_set_params()
+DTYPES = [np.float64, np.float32]
+SHAPES = [(1,), (7, 3), (5, 13, 17), (64, 65)]
+REF = kernels.load("numpy")
+STEPS = 4
+
+
+def load(name):
+    if name == "cupy":
+        import cupy
+        return kernels.load(name), cupy.asarray
+    return kernels.load(name), np.asarray
+
+
+def test_reference_sgd_momentum_matches_formula(rng):
+    p, v = rng.standard_normal((4, 3)), np.zeros((4, 3))
+    p_direct, v_direct = p.copy(), v.copy()
+    for _ in range(STEPS):
+        g = rng.standard_normal(p.shape)
+        assert REF.sgd_momentum_update(p, g, v, 0.1, 0.9) is None
+        v_direct = 0.9 * v_direct - 0.1 * g
+        p_direct = p_direct + v_direct
+        np.testing.assert_allclose(v, v_direct, rtol=1e-14, atol=1e-15)
+        np.testing.assert_allclose(p, p_direct, rtol=1e-14, atol=1e-15)
+
+
+def test_reference_adam_matches_formula(rng):
+    lr, b1, b2, eps = 0.01, 0.8, 0.95, 1e-8
+    p, m, v = rng.standard_normal(6), np.zeros(6), np.zeros(6)
+    p_direct, m_direct, v_direct = p.copy(), m.copy(), v.copy()
+    for t in range(1, STEPS + 1):
+        g = rng.standard_normal(6)
+        assert REF.adam_update(p, g, m, v, t, lr, b1, b2, eps) is None
+        m_direct = b1 * m_direct + (1 - b1) * g
+        v_direct = b2 * v_direct + (1 - b2) * g ** 2
+        p_direct = p_direct - lr * (m_direct / (1 - b1 ** t)) / (np.sqrt(v_direct / (1 - b2 ** t)) + eps)
+        np.testing.assert_allclose(m, m_direct, rtol=1e-14)
+        np.testing.assert_allclose(v, v_direct, rtol=1e-14)
+        np.testing.assert_allclose(p, p_direct, rtol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_adam_bias_correction_at_first_step(kset, dtype, rng):
+    """From m = v = 0, the first corrected step is lr * g / (|g| + eps): lr per element.
+
+    Without the correction it would be lr * (1 - beta1) / sqrt(1 - beta2) ~ 3.16 lr.
+    """
+    K, dev = load(kset)
+    g = rng.standard_normal(50).astype(dtype)
+    g[np.abs(g) < 0.05] = 0.5  # |g| >> eps
+    p0 = rng.standard_normal(50).astype(dtype)
+    p, m, v = dev(p0.copy()), dev(np.zeros(50, dtype)), dev(np.zeros(50, dtype))
+    K.adam_update(p, dev(g), m, v, 1, 1e-3)
+    step = p0.astype(np.float64) - to_host(p)
+    tol = 1e-6 if dtype == np.float64 else 5e-3  # float32 p0 - p loses digits: |p| ~ 1000 lr
+    np.testing.assert_allclose(step, 1e-3 * np.sign(g), rtol=tol)
+    np.testing.assert_allclose(to_host(m), 0.1 * g, rtol=1e-6)
+    np.testing.assert_allclose(to_host(v), 0.001 * g.astype(np.float64) ** 2, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("kset", kernel_set_params())
+def test_matches_reference_update(kset, shape, dtype, rng):
+    K, dev = load(kset)
+    p0 = rng.standard_normal(shape).astype(dtype)
+    grads = [rng.standard_normal(shape).astype(dtype) for _ in range(STEPS)]
+
+    p_ref, v_ref = p0.copy(), np.zeros(shape, dtype)
+    p, v = dev(p0.copy()), dev(np.zeros(shape, dtype))
+    for g in grads:
+        REF.sgd_momentum_update(p_ref, g, v_ref, 0.05, 0.9)
+        assert K.sgd_momentum_update(p, dev(g), v, 0.05, 0.9) is None
+    assert p.dtype == v.dtype == dtype
+    assert_close(v, v_ref, dtype, work=STEPS, name="sgd v")
+    assert_close(p, p_ref, dtype, work=STEPS, name="sgd p")
+
+    p_ref, m_ref, v_ref = p0.copy(), np.zeros(shape, dtype), np.zeros(shape, dtype)
+    p, m, v = dev(p0.copy()), dev(np.zeros(shape, dtype)), dev(np.zeros(shape, dtype))
+    for t, g in enumerate(grads, start=1):
+        REF.adam_update(p_ref, g, m_ref, v_ref, t, 1e-2)
+        assert K.adam_update(p, dev(g), m, v, t, 1e-2) is None
+    assert p.dtype == m.dtype == v.dtype == dtype
+    assert_close(m, m_ref, dtype, work=STEPS, name="adam m")
+    assert_close(v, v_ref, dtype, work=STEPS, name="adam v")
+    assert_close(p, p_ref, dtype, work=STEPS, name="adam p")
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_updates_work_in_place_on_views(kset, rng):
+    """Transposed/strided parameters are updated where they lie, as contiguous ones."""
+    K, dev = load(kset)
+    base = rng.standard_normal((6, 4))
+    g = rng.standard_normal((4, 6))
+    want_p, want_v = base.T.copy(), np.zeros((4, 6))
+    REF.sgd_momentum_update(want_p, g, want_v, 0.1, 0.5)
+    P, V = dev(base.copy()), dev(np.zeros((6, 4)))
+    K.sgd_momentum_update(P.T, dev(g), V.T, 0.1, 0.5)
+    assert_close(P.T, want_p, np.float64, name="sgd p view")
+    assert_close(V.T, want_v, np.float64, name="sgd v view")
+
+    want_p, want_m, want_v = base[:, ::2].copy(), np.zeros((6, 2)), np.zeros((6, 2))
+    REF.adam_update(want_p, g[:2].T, want_m, want_v, 1, 0.1)
+    P, M, V = dev(base.copy()), dev(np.zeros((6, 4))), dev(np.zeros((6, 4)))
+    K.adam_update(P[:, ::2], dev(g[:2].T), M[:, ::2], V[:, ::2], 1, 0.1)
+    assert_close(P[:, ::2], want_p, np.float64, name="adam p view")
+    np.testing.assert_array_equal(to_host(P[:, 1::2]), base[:, 1::2])  # the rest untouched
+    assert_close(M[:, ::2], want_m, np.float64, name="adam m view")
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_updates_reject_bad_arguments(kset, rng):
+    K, dev = load(kset)
+    p, g = dev(rng.standard_normal(5)), dev(rng.standard_normal(5))
+    with pytest.raises(ValueError, match="step"):
+        K.adam_update(p, g, dev(np.zeros(5)), dev(np.zeros(5)), 0, 1e-3)
+    with pytest.raises(ValueError, match="shape"):
+        K.adam_update(p, g, dev(np.zeros(4)), dev(np.zeros(5)), 1, 1e-3)
+    with pytest.raises(ValueError, match="shape"):
+        K.sgd_momentum_update(p, dev(np.zeros(6)), dev(np.zeros(5)), 0.1, 0.9)
