@@ -39,4 +39,7 @@ def configure() -> int:
     n = threads_per_rank()
     for var in _THREAD_VARS:
         os.environ.setdefault(var, str(n))
+    # GNU OpenMP's idle threads (Numba's parallel loops) spin for milliseconds and starve
+    # OpenBLAS's threads between a parallel loop and the next matrix product.
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     return int(os.environ["OMP_NUM_THREADS"])

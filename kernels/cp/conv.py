@@ -1,1 +1,180 @@
-__all__ = []
+"""2-D convolution, transposed convolution and 2x2 max-pooling, NCHW (CuPy).
+
+im2col/col2im and pooling are RawKernels from the sibling ``conv.cu``; the GEMMs are one
+cuBLAS call per chunk of images (cupy.matmul). A chunk's columns are laid out
+``cols[(c*kh + i)*kw + j, b*P + p]`` so W2 (Cout, Cin*kh*kw) @ cols covers the whole chunk.
+Chunks bound cols to 2**26 elements. Semantics, shapes and argmax encoding are those of the
+reference, :mod:`kernels.ref.conv`.
+"""
+import os
+
+import cupy as cp
+import numpy as np
+
+from ..ref.conv import (check_bias, check_grad_shapes, check_nchw, conv_geometry,
+                        transpose_geometry)
+
+__all__ = ["conv2d_forward", "conv2d_backward", "conv2d_transpose_forward",
+           "conv2d_transpose_backward", "maxpool2x2_forward", "maxpool2x2_backward"]
+
+_NAMES = [f"{k}<{t}>" for k in ("im2col", "col2im", "maxpool_fwd", "maxpool_bwd")
+          for t in ("float", "double")]
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv.cu")) as _f:
+    _MODULE = cp.RawModule(code=_f.read(), options=("-std=c++14",), name_expressions=_NAMES)
+_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_COLS_ELEMENTS = 1 << 26
+_BLOCK = 256
+
+
+def conv2d_forward(x, W, b, stride=1, pad=0):
+    """y = conv2d(x, W) + b; see :func:`kernels.ref.conv.conv2d_forward`."""
+    Ho, Wo = conv_geometry(x.shape, W.shape, stride, pad)
+    check_bias(b, W.shape[0])
+    x, W2, dt = _prep(x, W)
+    y = cp.empty((x.shape[0], W.shape[0], Ho, Wo), dtype=dt)
+    _conv(x, W2, b.astype(dt, copy=False), W.shape[2], W.shape[3], stride, pad, y)
+    return y
+
+
+def conv2d_backward(dy, x, W, stride, pad, dW, db):
+    """Backward of :func:`conv2d_forward`: adds into ``dW``, ``db``; returns dx."""
+    Ho, Wo = conv_geometry(x.shape, W.shape, stride, pad)
+    check_grad_shapes(dy, (x.shape[0], W.shape[0], Ho, Wo), W, dW, db, W.shape[0])
+    x, W2, dt = _prep(x, W)
+    dy = cp.ascontiguousarray(dy, dtype=dt)
+    dx = cp.empty(x.shape, dtype=dt)
+    dW2 = cp.zeros((W2.shape[0], W2.shape[1]), dtype=dt)
+    _conv_grads(x, dy, W2, W.shape[2], W.shape[3], stride, pad, dW2, dx, transpose=False)
+    dW += dW2.reshape(dW.shape)
+    db += dy.sum(axis=(0, 2, 3))
+    return dx
+
+
+def conv2d_transpose_forward(x, W, b, stride=1, pad=0):
+    """y = conv2d_transpose(x, W) + b; see :func:`kernels.ref.conv.conv2d_transpose_forward`."""
+    yshape = transpose_geometry(x.shape, W.shape, stride, pad)
+    check_bias(b, W.shape[1])
+    x, W2, dt = _prep(x, W)
+    y = cp.empty(yshape, dtype=dt)
+    _conv_adjoint(x, W2, b.astype(dt, copy=False), W.shape[2], W.shape[3], stride, pad, y)
+    return y
+
+
+def conv2d_transpose_backward(dy, x, W, stride, pad, dW, db):
+    """Backward of :func:`conv2d_transpose_forward`: adds into ``dW``, ``db``; returns dx."""
+    yshape = transpose_geometry(x.shape, W.shape, stride, pad)
+    check_grad_shapes(dy, yshape, W, dW, db, W.shape[1])
+    x, W2, dt = _prep(x, W)
+    dy = cp.ascontiguousarray(dy, dtype=dt)
+    dx = cp.empty(x.shape, dtype=dt)
+    dW2 = cp.zeros((W2.shape[0], W2.shape[1]), dtype=dt)
+    # the adjoint's gradients are conv2d's with dy in the role of the convolved input
+    _conv_grads(dy, x, W2, W.shape[2], W.shape[3], stride, pad, dW2, dx, transpose=True)
+    dW += dW2.reshape(dW.shape)
+    db += dy.sum(axis=(0, 2, 3))
+    return dx
+
+
+def maxpool2x2_forward(x):
+    """2x2/stride-2 max-pooling; returns (y, argmax) as :func:`kernels.ref.conv.maxpool2x2_forward`."""
+    check_nchw(x.shape, "maxpool2x2 input")
+    N, C, H, W = x.shape
+    x = cp.ascontiguousarray(x)
+    y = cp.empty((N, C, H // 2, W // 2), dtype=x.dtype)
+    argmax = cp.empty(y.shape, dtype=cp.int8)
+    if y.size:
+        _launch("maxpool_fwd", x.dtype, y.size, x, y, argmax, np.int64(y.size),
+                np.int32(H), np.int32(W), np.int32(H // 2), np.int32(W // 2))
+    return y, argmax
+
+
+def maxpool2x2_backward(dy, argmax, x_shape):
+    """Backward of :func:`maxpool2x2_forward`; returns dx of shape ``x_shape``."""
+    check_nchw(x_shape, "maxpool2x2 x_shape")
+    N, C, H, W = x_shape
+    if dy.shape != (N, C, H // 2, W // 2) or argmax.shape != dy.shape:
+        raise ValueError(f"maxpool2x2_backward: dy {dy.shape} and argmax {argmax.shape} must be "
+                         f"{(N, C, H // 2, W // 2)} for x_shape {tuple(x_shape)}")
+    dy = cp.ascontiguousarray(dy)
+    dx = cp.zeros(tuple(x_shape), dtype=dy.dtype)
+    if dy.size:
+        _launch("maxpool_bwd", dy.dtype, dy.size, dy, cp.ascontiguousarray(argmax, dtype=cp.int8),
+                dx, np.int64(dy.size), np.int32(H), np.int32(W), np.int32(H // 2), np.int32(W // 2))
+    return dx
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+def _prep(x, W):
+    dt = np.result_type(x.dtype, W.dtype)
+    if dt not in _CTYPE:
+        raise ValueError(f"conv kernels run in float32 or float64, not {dt}")
+    W = cp.ascontiguousarray(W, dtype=dt)
+    return cp.ascontiguousarray(x, dtype=dt), W.reshape(W.shape[0], -1), dt
+
+
+def _launch(name, dtype, n, *args):
+    fn = _MODULE.get_function(f"{name}<{_CTYPE[np.dtype(dtype)]}>")
+    blocks = max(1, min((n + _BLOCK - 1) // _BLOCK, 1 << 16))
+    fn((blocks,), (_BLOCK,), args)
+
+
+def _chunks(N, rows_per_image):
+    step = max(1, _COLS_ELEMENTS // max(1, rows_per_image))
+    for n0 in range(0, N, step):
+        yield n0, min(step, N - n0)
+
+
+def _im2col(x, n0, nb, kh, kw, stride, pad, Ho, Wo):
+    C, H, W = x.shape[1:]
+    cols = cp.empty((C * kh * kw, nb * Ho * Wo), dtype=x.dtype)
+    _launch("im2col", x.dtype, cols.size, x, cols, *map(np.int32, (n0, nb, C, H, W, kh, kw,
+                                                                    stride, pad, Ho, Wo)))
+    return cols
+
+
+def _col2im(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, dx):
+    """dx[n0:n0+nb] = bias + scatter-add of dcols (a gather per dx element on the device)."""
+    C, H, W = dx.shape[1:]
+    _launch("col2im", dx.dtype, nb * C * H * W, dcols, bias, dx,
+            *map(np.int32, (n0, nb, C, H, W, kh, kw, stride, pad, Ho, Wo)))
+
+
+def _pack(g, n0, nb):
+    """(Co, nb*P) matrix G[o, b*P + p] = g[n0 + b, o, p]."""
+    Co = g.shape[1]
+    return cp.ascontiguousarray(g[n0:n0 + nb].reshape(nb, Co, -1).transpose(1, 0, 2)).reshape(Co, -1)
+
+
+def _unpack(Y, n0, nb, bias, y):
+    """y[n0 + b, o] = Y[o, b*P:(b+1)*P] + bias[o]."""
+    Co, Ho, Wo = y.shape[1:]
+    y[n0:n0 + nb] = Y.reshape(Co, nb, Ho, Wo).transpose(1, 0, 2, 3) + bias.reshape(1, Co, 1, 1)
+
+
+def _conv(x, W2, bias, kh, kw, stride, pad, y):
+    Ho, Wo = y.shape[2:]
+    for n0, nb in _chunks(x.shape[0], W2.shape[1] * Ho * Wo):
+        cols = _im2col(x, n0, nb, kh, kw, stride, pad, Ho, Wo)
+        _unpack(W2 @ cols, n0, nb, bias, y)
+
+
+def _conv_adjoint(g, W2, bias, kh, kw, stride, pad, y):
+    Ho, Wo = g.shape[2:]
+    for n0, nb in _chunks(g.shape[0], W2.shape[1] * Ho * Wo):
+        _col2im(W2.T @ _pack(g, n0, nb), n0, nb, kh, kw, stride, pad, Ho, Wo, bias, y)
+
+
+def _conv_grads(a, g, W2, kh, kw, stride, pad, dW2, da, transpose):
+    """dW2 += G @ cols(a).T and the input gradient into ``da``: conv2d^T(g) (conv2d
+    backward) or conv2d(a) (conv2d_transpose backward, where a is dy and g the input)."""
+    Ho, Wo = g.shape[2:]
+    zero = cp.zeros(da.shape[1], dtype=da.dtype)
+    for n0, nb in _chunks(g.shape[0], W2.shape[1] * Ho * Wo):
+        cols = _im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo)
+        G = _pack(g, n0, nb)
+        dW2 += G @ cols.T
+        if transpose:
+            _unpack(W2 @ cols, n0, nb, zero, da)
+        else:
+            _col2im(W2.T @ G, n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)

@@ -1,1 +1,130 @@
-__all__ = []
+"""Restricted Boltzmann machine: free energy, conditionals and CD-k (NumPy reference).
+
+Bernoulli (logistic) visible units; hidden units are ``"bernoulli"`` (logistic) or
+``"gaussian"`` (linear with unit-variance noise, Hinton & Salakhutdinov's code layer).
+The CD-k recipe (DESIGN.md, "Stacked autoencoder"): hidden *states* are sampled for the
+negative phase, reconstructions use probabilities, and statistics use hidden
+probabilities (or means). Noise comes from the caller, never from inside the kernel.
+"""
+import numpy as np
+
+__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward"]
+
+HIDDEN = ("bernoulli", "gaussian")
+
+
+def rbm_hidden(v, W, bh, hidden):
+    """Hidden probabilities sigmoid(v @ W + bh) ("bernoulli") or means v @ W + bh ("gaussian").
+
+    Parameters
+    ----------
+    v : ndarray (batch, n_visible)
+    W : ndarray (n_visible, n_hidden)
+    bh : ndarray (n_hidden,)
+    hidden : {"bernoulli", "gaussian"}
+
+    Returns
+    -------
+    ndarray (batch, n_hidden), a new array.
+    """
+    check_rbm(v, W, bh=bh, hidden=hidden)
+    z = v @ W
+    z += bh
+    return _sigmoid(z) if hidden == "bernoulli" else z
+
+
+def rbm_visible(h, W, bv):
+    """Visible probabilities sigmoid(h @ W.T + bv), shape (batch, n_visible)."""
+    if h.ndim != 2 or W.ndim != 2 or h.shape[1] != W.shape[1] or bv.shape != (W.shape[0],):
+        raise ValueError(f"rbm_visible: h {h.shape}, W {W.shape}, bv {bv.shape} do not fit "
+                         "(h: batch x n_hidden, W: n_visible x n_hidden, bv: n_visible)")
+    z = h @ W.T
+    z += bv
+    return _sigmoid(z)
+
+
+def rbm_free_energy(v, W, bv, bh, hidden):
+    """Free energy F(v) per row, up to a constant.
+
+    bernoulli hidden: F(v) = -v.bv - sum_j softplus((v W + bh)_j)
+    gaussian hidden (unit variance): F(v) = -v.bv - sum_j (v W + bh)_j^2 / 2
+
+    Returns
+    -------
+    ndarray (batch,)
+    """
+    check_rbm(v, W, bv=bv, bh=bh, hidden=hidden)
+    z = v @ W + bh
+    hid = np.logaddexp(0, z).sum(axis=1) if hidden == "bernoulli" else 0.5 * (z * z).sum(axis=1)
+    return -(v @ bv) - hid
+
+
+def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh):
+    """One CD-k step, k = ``noise.shape[0]``; adds the negated CD update into dW, dbv, dbh.
+
+    The chain: h0 = rbm_hidden(v0); for i < k: s = sample(h_i, noise[i]),
+    v_{i+1} = rbm_visible(s), h_{i+1} = rbm_hidden(v_{i+1}). A bernoulli state is
+    ``h > noise`` (uniforms in [0, 1)); a gaussian state is ``h + noise`` (standard normals).
+    Adds the gradient of mean_batch(F(v0) - F(vk)) with vk held fixed:
+    dW += (vk.T @ hk - v0.T @ h0) / batch, dbv += mean(vk - v0), dbh += mean(hk - h0),
+    so a minimiser (SGD subtracting lr * grad) performs the CD ascent.
+
+    Parameters
+    ----------
+    v0 : ndarray (batch, n_visible)
+    W, bv, bh : the RBM's parameters
+    noise : ndarray (k, batch, n_hidden)
+    hidden : {"bernoulli", "gaussian"}
+    dW, dbv, dbh : gradients to add into (caller-zeroed)
+
+    Returns
+    -------
+    h0 : ndarray (batch, n_hidden), hidden probabilities/means of v0 (the next layer's input)
+    vk : ndarray (batch, n_visible), the last reconstruction
+    sq_err : float, sum over the batch of ||v1 - v0||^2 for the first reconstruction
+    """
+    check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
+    check_cd(v0, W, noise, dW, dbv, dbh)
+    batch = v0.shape[0]
+    h0 = rbm_hidden(v0, W, bh, hidden)
+    h, sq_err = h0, 0.0
+    for i in range(noise.shape[0]):
+        u = noise[i]
+        state = (h > u).astype(h.dtype) if hidden == "bernoulli" else h + u.astype(h.dtype)
+        v = rbm_visible(state, W, bv)
+        if i == 0:
+            sq_err = float(np.sum((v - v0) ** 2, dtype=np.float64))
+        h = rbm_hidden(v, W, bh, hidden)
+    dW += (v.T @ h - v0.T @ h0) / batch
+    dbv += (v - v0).sum(axis=0) / batch
+    dbh += (h - h0).sum(axis=0) / batch
+    return h0, v, sq_err
+
+
+def _sigmoid(z):
+    # exp of a negative argument only: no overflow warnings for large |z|
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1 / (1 + e), e / (1 + e))
+
+
+# ---- shape checks shared with the numba and cupy sets ----------------------------------
+
+def check_rbm(v, W, bv=None, bh=None, hidden="bernoulli"):
+    if hidden not in HIDDEN:
+        raise ValueError(f"hidden units must be one of {', '.join(HIDDEN)}, not {hidden!r}")
+    if v.ndim != 2 or W.ndim != 2 or v.shape[1] != W.shape[0]:
+        raise ValueError(f"rbm: v {v.shape} and W {W.shape} do not fit (v: batch x n_visible, "
+                         "W: n_visible x n_hidden)")
+    if bv is not None and bv.shape != (W.shape[0],):
+        raise ValueError(f"rbm: bv must have shape ({W.shape[0]},), got {bv.shape}")
+    if bh is not None and bh.shape != (W.shape[1],):
+        raise ValueError(f"rbm: bh must have shape ({W.shape[1]},), got {bh.shape}")
+
+
+def check_cd(v0, W, noise, dW, dbv, dbh):
+    if noise.ndim != 3 or noise.shape[0] < 1 or noise.shape[1:] != (v0.shape[0], W.shape[1]):
+        raise ValueError(f"rbm_cd_backward: noise must be (k >= 1, batch, n_hidden) = "
+                         f"(k, {v0.shape[0]}, {W.shape[1]}), got {noise.shape}")
+    if dW.shape != W.shape or dbv.shape != (W.shape[0],) or dbh.shape != (W.shape[1],):
+        raise ValueError(f"rbm_cd_backward: dW {dW.shape}, dbv {dbv.shape}, dbh {dbh.shape} "
+                         f"must match W {W.shape}")

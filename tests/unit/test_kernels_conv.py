@@ -1,0 +1,281 @@
+"""conv family: conv2d, conv2d_transpose, maxpool2x2 on every kernel set.
+
+Float64 central differences for the backward kernels, dot-product adjoint tests for the
+linear maps (pylops ``dottest`` style), and agreement of numba/cupy with the NumPy oracle.
+"""
+import importlib
+
+import numpy as np
+import pytest
+
+import aepar  # noqa: F401  (registers aepar.kernels, fixes thread counts)
+from aepar import kernels
+from tests.conftest import kernel_set_params
+from tests.gradcheck import assert_close, assert_grad_close, numerical_grad
+
+REF = kernels.load("numpy")
+ALL_SETS = [pytest.param("numpy", id="numpy")] + kernel_set_params()
+CPU_SETS = ["numpy", "numba"]
+STRIDE_PAD = [(1, 0), (1, 1), (2, 0), (2, 1)]
+
+
+def kit(name):
+    """(kernel module, host->set array, set->host array) for kernel set ``name``."""
+    K = kernels.load(name)
+    if name == "cupy":
+        import cupy
+        return K, cupy.asarray, cupy.asnumpy
+    return K, np.asarray, np.asarray
+
+
+def randn(rng, *shape, dtype=np.float64):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# ---- gradient checks (float64 central differences) -------------------------------------
+
+@pytest.mark.parametrize("stride,pad", STRIDE_PAD)
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_gradcheck_conv2d(name, stride, pad, rng):
+    K = kernels.load(name)
+    x, W, b = randn(rng, 2, 2, 5, 6), randn(rng, 3, 2, 3, 2), randn(rng, 3)
+    R = randn(rng, *K.conv2d_forward(x, W, b, stride, pad).shape)   # L = <y, R>
+    loss = lambda: float(np.vdot(K.conv2d_forward(x, W, b, stride, pad), R))  # noqa: E731
+    dW, db = np.zeros_like(W), np.zeros_like(b)
+    dx = K.conv2d_backward(R, x, W, stride, pad, dW, db)
+    assert_grad_close(dx, numerical_grad(loss, x), name="dx")
+    assert_grad_close(dW, numerical_grad(loss, W), name="dW")
+    assert_grad_close(db, numerical_grad(loss, b), name="db")
+
+
+@pytest.mark.parametrize("stride,pad", STRIDE_PAD)
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_gradcheck_conv2dtranspose(name, stride, pad, rng):
+    K = kernels.load(name)
+    x, W, b = randn(rng, 2, 3, 3, 4), randn(rng, 3, 2, 3, 3), randn(rng, 2)
+    y = K.conv2d_transpose_forward(x, W, b, stride, pad)
+    assert y.shape == (2, 2, 2 * stride + 3 - 2 * pad, 3 * stride + 3 - 2 * pad)
+    R = randn(rng, *y.shape)
+    loss = lambda: float(np.vdot(K.conv2d_transpose_forward(x, W, b, stride, pad), R))  # noqa: E731
+    dW, db = np.zeros_like(W), np.zeros_like(b)
+    dx = K.conv2d_transpose_backward(R, x, W, stride, pad, dW, db)
+    assert_grad_close(dx, numerical_grad(loss, x), name="dx")
+    assert_grad_close(dW, numerical_grad(loss, W), name="dW")
+    assert_grad_close(db, numerical_grad(loss, b), name="db")
+
+
+def untied(rng, shape):
+    """Random values at least 0.01 apart: no ties, and no argmax flips under eps = 1e-6."""
+    n = int(np.prod(shape))
+    return (rng.permutation(n) * 0.01 + rng.uniform(0, 0.001, n)).reshape(shape) - n * 0.005
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 6), (1, 2, 5, 7)])   # even and odd H, W
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_gradcheck_maxpool2x2(name, shape, rng):
+    K = kernels.load(name)
+    x = untied(rng, shape)
+    y, argmax = K.maxpool2x2_forward(x)
+    assert y.shape == (shape[0], shape[1], shape[2] // 2, shape[3] // 2)
+    R = randn(rng, *y.shape)
+    loss = lambda: float(np.vdot(K.maxpool2x2_forward(x)[0], R))  # noqa: E731
+    dx = K.maxpool2x2_backward(R, argmax, x.shape)
+    assert_grad_close(dx, numerical_grad(loss, x), name="dx")
+
+
+def test_maxpool2x2_picks_window_maxima(rng):
+    x = untied(rng, (2, 2, 5, 7))
+    y, argmax = REF.maxpool2x2_forward(x)
+    want = x[:, :, :4, :6].reshape(2, 2, 2, 2, 3, 2).max(axis=(3, 5))
+    np.testing.assert_array_equal(y, want)
+    n, c, h, w = np.indices(y.shape)
+    np.testing.assert_array_equal(x[n, c, 2 * h + argmax // 2, 2 * w + argmax % 2], y)
+
+
+# ---- dot-product adjoint tests ---------------------------------------------------------
+
+ADJOINT_CASES = [  # (x shape, W shape, stride, pad); (H + 2 pad - kh) % stride == 0
+    ((2, 3, 7, 9), (4, 3, 3, 3), 1, 0),
+    ((2, 3, 7, 9), (4, 3, 3, 3), 2, 1),
+    ((1, 2, 8, 6), (3, 2, 2, 4), 2, 0),
+    ((3, 1, 10, 7), (2, 1, 4, 1), 3, 0),
+    ((2, 2, 9, 9), (2, 2, 5, 3), 2, 2),
+]
+
+
+def rel_gap(a, b):
+    return abs(a - b) / max(abs(a), abs(b), 1e-300)
+
+
+@pytest.mark.parametrize("xs,ws,stride,pad", ADJOINT_CASES)
+@pytest.mark.parametrize("name", ALL_SETS)
+def test_adjoint_conv2d(name, xs, ws, stride, pad, rng):
+    """<A x, y> = <x, A^T y> for A = conv2d(., W) and for A = conv2d(x, .)."""
+    K, dev, host = kit(name)
+    x, W = randn(rng, *xs), randn(rng, *ws)
+    zero = np.zeros(ws[0])
+    Ax = host(K.conv2d_forward(dev(x), dev(W), dev(zero), stride, pad))
+    y = randn(rng, *Ax.shape)
+    dW, db = dev(np.zeros_like(W)), dev(zero)
+    ATy = host(K.conv2d_backward(dev(y), dev(x), dev(W), stride, pad, dW, db))
+    lhs = np.vdot(Ax, y)
+    assert rel_gap(lhs, np.vdot(x, ATy)) < 1e-12
+    assert rel_gap(lhs, np.vdot(W, host(dW))) < 1e-12
+
+
+@pytest.mark.parametrize("xs,ws,stride,pad", ADJOINT_CASES)
+@pytest.mark.parametrize("name", ALL_SETS)
+def test_adjoint_conv2dtranspose_is_conv2d_adjoint(name, xs, ws, stride, pad, rng):
+    """conv2d_transpose(., W) (W read as (Cin_t, Cout_t, kh, kw)) is conv2d(., W)^T."""
+    K, dev, host = kit(name)
+    x, W = randn(rng, *xs), randn(rng, *ws)
+    Ax = host(K.conv2d_forward(dev(x), dev(W), dev(np.zeros(ws[0])), stride, pad))
+    y = randn(rng, *Ax.shape)
+    ATy = host(K.conv2d_transpose_forward(dev(y), dev(W), dev(np.zeros(ws[1])), stride, pad))
+    assert ATy.shape == x.shape
+    assert rel_gap(np.vdot(Ax, y), np.vdot(x, ATy)) < 1e-12
+
+
+@pytest.mark.parametrize("xs,ws,stride,pad", ADJOINT_CASES)
+@pytest.mark.parametrize("name", ALL_SETS)
+def test_adjoint_conv2dtranspose_backward(name, xs, ws, stride, pad, rng):
+    """<B u, z> = <u, B^T z> for B = conv2d_transpose(., W) and B = conv2d_transpose(u, .)."""
+    K, dev, host = kit(name)
+    W = randn(rng, *ws)
+    u = randn(rng, xs[0], ws[0], 3, 4)
+    zero = np.zeros(ws[1])
+    Bu = host(K.conv2d_transpose_forward(dev(u), dev(W), dev(zero), stride, pad))
+    z = randn(rng, *Bu.shape)
+    dW, db = dev(np.zeros_like(W)), dev(zero)
+    BTz = host(K.conv2d_transpose_backward(dev(z), dev(u), dev(W), stride, pad, dW, db))
+    lhs = np.vdot(Bu, z)
+    assert rel_gap(lhs, np.vdot(u, BTz)) < 1e-12
+    assert rel_gap(lhs, np.vdot(W, host(dW))) < 1e-12
+
+
+# ---- every kernel set equals the NumPy oracle ------------------------------------------
+
+def random_conv_case(seed):
+    """Random sizes (odd and even, non-square kernels, batch 1) with a valid output."""
+    g = np.random.default_rng(seed)
+    while True:
+        N = 1 if seed % 3 == 0 else int(g.integers(2, 5))
+        Cin, Cout = (int(c) for c in g.integers(1, 5, 2))
+        kh, kw = (int(k) for k in g.integers(1, 5, 2))
+        H, W = (int(s) for s in g.integers(1, 12, 2))
+        stride, pad = int(g.integers(1, 4)), int(g.integers(0, 3))
+        if (H + 2 * pad - kh) >= 0 and (W + 2 * pad - kw) >= 0 \
+                and (H - 1) * stride - 2 * pad + kh >= 1 and (W - 1) * stride - 2 * pad + kw >= 1:
+            return g, N, Cin, Cout, kh, kw, H, W, stride, pad
+
+
+SEEDS = range(6)
+DTYPES = [pytest.param(np.float64, id="f64"), pytest.param(np.float32, id="f32")]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_matches_reference_conv2d(name, dtype, seed):
+    K, dev, host = kit(name)
+    g, N, Cin, Cout, kh, kw, H, W, stride, pad = random_conv_case(seed)
+    x, Wt, b = randn(g, N, Cin, H, W, dtype=dtype), randn(g, Cout, Cin, kh, kw, dtype=dtype), \
+        randn(g, Cout, dtype=dtype)
+    want = REF.conv2d_forward(x, Wt, b, stride, pad)
+    got = K.conv2d_forward(dev(x), dev(Wt), dev(b), stride, pad)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert_close(got, want, dtype, work=Cin * kh * kw, name="y")
+    dy = randn(g, *want.shape, dtype=dtype)
+    rdW, rdb = np.zeros_like(Wt), np.zeros_like(b)
+    rdx = REF.conv2d_backward(dy, x, Wt, stride, pad, rdW, rdb)
+    dW, db = dev(np.ones_like(Wt)), dev(np.ones_like(b))   # backward must add, not assign
+    dx = K.conv2d_backward(dev(dy), dev(x), dev(Wt), stride, pad, dW, db)
+    assert dx.dtype == dtype
+    P = N * want.shape[2] * want.shape[3]
+    assert_close(dx, rdx, dtype, work=Cout * kh * kw, name="dx")
+    assert_close(host(dW) - 1, rdW, dtype, work=P, name="dW")
+    assert_close(host(db) - 1, rdb, dtype, work=P, name="db")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_matches_reference_conv2dtranspose(name, dtype, seed):
+    K, dev, host = kit(name)
+    g, N, Cin, Cout, kh, kw, H, W, stride, pad = random_conv_case(seed)
+    x, Wt, b = randn(g, N, Cin, H, W, dtype=dtype), randn(g, Cin, Cout, kh, kw, dtype=dtype), \
+        randn(g, Cout, dtype=dtype)
+    want = REF.conv2d_transpose_forward(x, Wt, b, stride, pad)
+    got = K.conv2d_transpose_forward(dev(x), dev(Wt), dev(b), stride, pad)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert_close(got, want, dtype, work=Cin * kh * kw, name="y")
+    dy = randn(g, *want.shape, dtype=dtype)
+    rdW, rdb = np.zeros_like(Wt), np.zeros_like(b)
+    rdx = REF.conv2d_transpose_backward(dy, x, Wt, stride, pad, rdW, rdb)
+    dW, db = dev(np.ones_like(Wt)), dev(np.ones_like(b))
+    dx = K.conv2d_transpose_backward(dev(dy), dev(x), dev(Wt), stride, pad, dW, db)
+    assert dx.dtype == dtype and dx.shape == x.shape
+    assert_close(dx, rdx, dtype, work=Cout * kh * kw, name="dx")
+    assert_close(host(dW) - 1, rdW, dtype, work=N * H * W, name="dW")
+    assert_close(host(db) - 1, rdb, dtype, work=want.size // Cout, name="db")
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 2, 2), (3, 2, 7, 5), (2, 4, 8, 10), (1, 3, 9, 1)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_matches_reference_maxpool2x2(name, dtype, shape, rng):
+    K, dev, host = kit(name)
+    x = np.round(2 * rng.standard_normal(shape)).astype(dtype)   # many ties: the first wins
+    y, argmax = REF.maxpool2x2_forward(x)
+    gy, gargmax = K.maxpool2x2_forward(dev(x))
+    assert gy.dtype == dtype and gy.shape == y.shape
+    np.testing.assert_array_equal(host(gy), y)
+    np.testing.assert_array_equal(host(gargmax), argmax)
+    dy = rng.standard_normal(y.shape).astype(dtype)
+    gdx = K.maxpool2x2_backward(dev(dy), gargmax, shape)
+    np.testing.assert_array_equal(host(gdx), REF.maxpool2x2_backward(dy, argmax, shape))
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["conv2d", "transpose"])
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_matches_reference_conv2d_chunked_strided_inputs(name, transpose, monkeypatch, rng):
+    """Several chunks of images (the last one short) and non-contiguous inputs."""
+    K, dev, host = kit(name)
+    # chunks of 6+1 images (conv2d) and 2+2+2+1 (transpose)
+    monkeypatch.setattr(importlib.import_module(K.__name__ + ".conv"), "_COLS_ELEMENTS", 750)
+    x = randn(rng, 7, 6, 3, 5)[:, ::2, :, ::-1]             # (7, 3, 3, 5), strided
+    W = randn(rng, 3, 4, 3, 2).transpose(1, 0, 2, 3)          # (4, 3, 3, 2), strided
+    fwd, bwd = ((REF.conv2d_transpose_forward, REF.conv2d_transpose_backward) if transpose
+                else (REF.conv2d_forward, REF.conv2d_backward))
+    if transpose:
+        W = W.transpose(1, 0, 2, 3)                           # (Cin, Cout) = (3, 4)
+    b = randn(rng, W.shape[1] if transpose else W.shape[0])
+    kf = K.conv2d_transpose_forward if transpose else K.conv2d_forward
+    kb = K.conv2d_transpose_backward if transpose else K.conv2d_backward
+    want = fwd(x, W, b, 2, 1)
+    assert_close(kf(dev(x), dev(W), dev(b), 2, 1), want, np.float64, work=24, name="y")
+    dy = randn(rng, *want.shape)
+    rdW, rdb = np.zeros_like(W), np.zeros_like(b)
+    rdx = bwd(dy, x, W, 2, 1, rdW, rdb)
+    dW, db = dev(np.zeros(W.shape[::-1]).T), dev(np.zeros_like(b))    # a strided dW too
+    assert_close(kb(dev(dy), dev(x), dev(W), 2, 1, dW, db), rdx, np.float64, work=24, name="dx")
+    assert_close(dW, rdW, np.float64, work=200, name="dW")
+    assert_close(db, rdb, np.float64, work=200, name="db")
+
+
+# ---- bad shapes are refused with a message ---------------------------------------------
+
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_conv_rejects_bad_shapes(name):
+    K = kernels.load(name)
+    x = np.zeros((1, 2, 5, 5))
+    with pytest.raises(ValueError, match="channels"):
+        K.conv2d_forward(x, np.zeros((3, 4, 3, 3)), np.zeros(3))
+    with pytest.raises(ValueError, match="larger than"):
+        K.conv2d_forward(x, np.zeros((3, 2, 7, 7)), np.zeros(3))
+    with pytest.raises(ValueError, match="bias"):
+        K.conv2d_forward(x, np.zeros((3, 2, 3, 3)), np.zeros(2))
+    with pytest.raises(ValueError, match="channels"):
+        K.conv2d_transpose_forward(x, np.zeros((3, 4, 3, 3)), np.zeros(4))
+    with pytest.raises(ValueError, match="4-D"):
+        K.maxpool2x2_forward(np.zeros((2, 5, 5)))

@@ -1,0 +1,219 @@
+"""rbm family: free energy, conditionals and CD-k on every kernel set.
+
+The CD gradient is checked by float64 central differences of mean(F(v0) - F(vk)) with the
+returned vk held fixed; the chain itself against the recipe written out step by step; the
+free energy against brute-force enumeration of hidden states; numba/cupy against the
+NumPy oracle with the same noise; and CD-1 + SGD must actually learn a toy dataset.
+"""
+import itertools
+
+import numpy as np
+import pytest
+
+import aepar  # noqa: F401  (registers aepar.kernels, fixes thread counts)
+from aepar import kernels
+from tests.conftest import kernel_set_params
+from tests.gradcheck import assert_close, assert_grad_close, numerical_grad
+
+REF = kernels.load("numpy")
+CPU_SETS = ["numpy", "numba"]
+HIDDEN = ["bernoulli", "gaussian"]
+
+
+def kit(name):
+    K = kernels.load(name)
+    if name == "cupy":
+        import cupy
+        return K, cupy.asarray, cupy.asnumpy
+    return K, np.asarray, np.asarray
+
+
+def rbm_problem(rng, hidden, k, batch=5, nv=6, nh=4, dtype=np.float64):
+    v0 = rng.random((batch, nv))
+    W = 0.5 * rng.standard_normal((nv, nh))
+    bv, bh = 0.3 * rng.standard_normal(nv), 0.3 * rng.standard_normal(nh)
+    shape = (k, batch, nh)
+    noise = rng.random(shape) if hidden == "bernoulli" else rng.standard_normal(shape)
+    return [a.astype(dtype) for a in (v0, W, bv, bh, noise)]
+
+
+def cd(K, v0, W, bv, bh, noise, hidden):
+    dW, dbv, dbh = np.zeros_like(W), np.zeros_like(bv), np.zeros_like(bh)
+    h0, vk, err = K.rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh)
+    return h0, vk, err, dW, dbv, dbh
+
+
+# ---- the CD gradient is the gradient of mean(F(v0) - F(vk)), vk fixed ------------------
+
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_gradcheck_rbm_cd(name, hidden, k, rng):
+    K = kernels.load(name)
+    v0, W, bv, bh, noise = rbm_problem(rng, hidden, k)
+    _, vk, _, dW, dbv, dbh = cd(K, v0, W, bv, bh, noise, hidden)
+
+    def objective():
+        return float(np.mean(REF.rbm_free_energy(v0, W, bv, bh, hidden)
+                             - REF.rbm_free_energy(vk, W, bv, bh, hidden)))
+    assert_grad_close(dW, numerical_grad(objective, W), name="dW")
+    assert_grad_close(dbv, numerical_grad(objective, bv), name="dbv")
+    assert_grad_close(dbh, numerical_grad(objective, bh), name="dbh")
+    assert np.abs(dW).max() > 1e-3   # not vacuous: vk differs from v0
+
+
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_gradcheck_rbm_free_energy(name, hidden, rng):
+    """dF/dv = -bv - W @ h(v): the free energy is consistent with rbm_hidden."""
+    K = kernels.load(name)
+    v, W, bv, bh, _ = rbm_problem(rng, hidden, 1, batch=3)
+    num = numerical_grad(lambda: float(K.rbm_free_energy(v, W, bv, bh, hidden).sum()), v)
+    assert_grad_close(-bv - K.rbm_hidden(v, W, bh, hidden) @ W.T, num, name="dF/dv")
+
+
+def test_free_energy_by_enumeration(rng):
+    """Bernoulli hidden: F(v) = -log sum_h exp(-E(v, h)), E = -v.bv - h.bh - v W h."""
+    v, W, bv, bh, _ = rbm_problem(rng, "bernoulli", 1, batch=4, nv=5, nh=4)
+    hs = np.array(list(itertools.product([0.0, 1.0], repeat=4)))           # (16, nh)
+    neg_energy = (v @ bv)[:, None] + (hs @ bh)[None, :] + v @ W @ hs.T     # (batch, 16)
+    want = -np.log(np.exp(neg_energy).sum(axis=1))
+    np.testing.assert_allclose(REF.rbm_free_energy(v, W, bv, bh, "bernoulli"), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_cd_chain_follows_recipe(name, hidden, k, rng):
+    """h0, vk and sq_err are the chain of the docstring, written out here by hand."""
+    K = kernels.load(name)
+    v0, W, bv, bh, noise = rbm_problem(rng, hidden, k)
+    sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
+    mean_h = (lambda v: sig(v @ W + bh)) if hidden == "bernoulli" else (lambda v: v @ W + bh)
+    h0 = h = mean_h(v0)
+    for i in range(k):
+        s = (h > noise[i]) * 1.0 if hidden == "bernoulli" else h + noise[i]
+        v = sig(s @ W.T + bv)
+        if i == 0:
+            err = ((v - v0) ** 2).sum()
+        h = mean_h(v)
+    got_h0, got_vk, got_err, dW, dbv, dbh = cd(K, v0, W, bv, bh, noise, hidden)
+    np.testing.assert_allclose(got_h0, h0, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got_vk, v, rtol=1e-12, atol=1e-14)
+    assert isinstance(got_err, float) and got_err == pytest.approx(err, rel=1e-12)
+    np.testing.assert_allclose(dbv, (v - v0).mean(axis=0), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(dbh, (h - h0).mean(axis=0), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(K.rbm_hidden(v0, W, bh, hidden), h0, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(K.rbm_visible(h0, W, bv), sig(h0 @ W.T + bv), rtol=1e-12)
+
+
+# ---- numba / cupy equal the NumPy oracle with the same noise ---------------------------
+
+def safe_noise(v0, W, bv, bh, noise, hidden, margin):
+    """Move uniforms that sit within ``margin`` of their probability (where rounding in
+    another kernel set could flip the sampled state) ``margin`` away from it."""
+    if hidden != "bernoulli":
+        return noise
+    noise = noise.copy()
+    h = REF.rbm_hidden(v0, W, bh, hidden)
+    for i in range(noise.shape[0]):
+        close = np.abs(h - noise[i]) < margin
+        noise[i][close] = np.where(h[close] > 0.5, h[close] - margin, h[close] + margin)
+        h = REF.rbm_hidden(REF.rbm_visible((h > noise[i]).astype(h.dtype), W, bv), W, bh, hidden)
+    return noise
+
+
+CASES = [(1, 1, 1, 1), (7, 13, 5, 1), (10, 33, 17, 2), (4, 20, 31, 3), (100, 64, 48, 1)]
+
+
+@pytest.mark.parametrize("batch,nv,nh,k", CASES)
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("dtype", [pytest.param(np.float64, id="f64"),
+                                   pytest.param(np.float32, id="f32")])
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_matches_reference_rbm(name, dtype, hidden, batch, nv, nh, k):
+    K, dev, host = kit(name)
+    g = np.random.default_rng(batch * 1000 + nv * 10 + k)
+    v0, W, bv, bh, noise = rbm_problem(g, hidden, k, batch, nv, nh, dtype)
+    noise = safe_noise(v0, W, bv, bh, noise, hidden, margin=1e-3)
+    want = cd(REF, v0, W, bv, bh, noise, hidden)
+    dW, dbv, dbh = (dev(np.full_like(a, 0.5)) for a in (W, bv, bh))   # backward must add
+    h0, vk, err = K.rbm_cd_backward(dev(v0), dev(W), dev(bv), dev(bh), dev(noise), hidden, dW, dbv, dbh)
+    assert h0.dtype == dtype and vk.dtype == dtype and isinstance(err, float)
+    work = max(nv, nh, batch)
+    for got, ref, what in [(h0, want[0], "h0"), (vk, want[1], "vk"), (host(dW) - 0.5, want[3], "dW"),
+                           (host(dbv) - 0.5, want[4], "dbv"), (host(dbh) - 0.5, want[5], "dbh")]:
+        assert_close(got, ref, dtype, work=work, name=what)
+    assert_close(np.array(err), np.array(want[2]), dtype, work=batch * nv, name="sq_err")
+    dv, dW_, dbv_, dbh_ = (dev(a) for a in (v0, W, bv, bh))
+    assert_close(K.rbm_hidden(dv, dW_, dbh_, hidden), REF.rbm_hidden(v0, W, bh, hidden), dtype, work=nv)
+    assert_close(K.rbm_visible(dev(want[0]), dW_, dbv_), REF.rbm_visible(want[0], W, bv), dtype, work=nh)
+    assert_close(K.rbm_free_energy(dv, dW_, dbv_, dbh_, hidden),
+                 REF.rbm_free_energy(v0, W, bv, bh, hidden), dtype, work=nv * nh)
+
+
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_matches_reference_rbm_sigmoid_extremes(name):
+    """Huge |pre-activations| give 0/1 probabilities, not NaN or overflow, in float32."""
+    K, dev, host = kit(name)
+    v = np.array([[1.0, 1.0], [0.0, 1.0]], dtype=np.float32)
+    W = np.array([[400.0, -400.0, 0.0], [400.0, -400.0, 1e-3]], dtype=np.float32)
+    bh = np.zeros(3, dtype=np.float32)
+    got = host(K.rbm_hidden(dev(v), dev(W), dev(bh), "bernoulli"))
+    assert np.all(np.isfinite(got))
+    assert_close(got, REF.rbm_hidden(v, W, bh, "bernoulli"), np.float32)
+    np.testing.assert_array_equal(got[:, :2], [[1, 0], [1, 0]])
+
+
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_rbm_keeps_float32_with_float64_noise(name, hidden, rng):
+    K = kernels.load(name)
+    v0, W, bv, bh, noise = rbm_problem(rng, hidden, 2, dtype=np.float32)
+    h0, vk, _, dW, _, _ = cd(K, v0, W, bv, bh, noise.astype(np.float64), hidden)
+    assert h0.dtype == vk.dtype == dW.dtype == np.float32
+    want = cd(REF, v0, W, bv, bh, noise, hidden)
+    assert_close(vk, want[1], np.float32, work=8, name="vk")
+
+
+# ---- CD-1 learns -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_cd1_sgd_reduces_reconstruction_error(name):
+    """300 CD-1 SGD steps (lr 0.1) on 4 noisy 16-bit prototypes: the reconstruction error
+    per image falls from ~3.8 to ~1.2 (the 5% bit-flip noise alone costs ~0.8)."""
+    K = kernels.load(name)
+    g = np.random.default_rng(0)
+    protos = (g.random((4, 16)) < 0.5).astype(float)
+    data = protos[g.integers(0, 4, 200)]
+    data = np.abs(data - (g.random(data.shape) < 0.05))
+    W, bv, bh = 0.1 * g.standard_normal((16, 8)), np.zeros(16), np.zeros(8)
+    errors = []
+    for _ in range(300):
+        v0 = data[g.choice(200, 20, replace=False)]
+        _, _, err, dW, dbv, dbh = cd(K, v0, W, bv, bh, g.random((1, 20, 8)), "bernoulli")
+        for p, d in ((W, dW), (bv, dbv), (bh, dbh)):   # SGD subtracts lr * grad
+            p -= 0.1 * d
+        errors.append(err / 20)
+    first, last = np.mean(errors[:10]), np.mean(errors[-30:])
+    assert last < 0.5 * first, f"reconstruction error per image {first:.2f} -> {last:.2f}"
+    assert last < 2.0
+
+
+# ---- bad input is refused with a message -----------------------------------------------
+
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_rbm_rejects_bad_input(name, rng):
+    K = kernels.load(name)
+    v0, W, bv, bh, noise = rbm_problem(rng, "bernoulli", 1)
+    z = [np.zeros_like(a) for a in (W, bv, bh)]
+    with pytest.raises(ValueError, match="hidden units"):
+        K.rbm_hidden(v0, W, bh, "relu")
+    with pytest.raises(ValueError, match="do not fit"):
+        K.rbm_hidden(v0[:, :-1], W, bh, "bernoulli")
+    with pytest.raises(ValueError, match="noise"):
+        K.rbm_cd_backward(v0, W, bv, bh, noise[0], "bernoulli", *z)
+    with pytest.raises(ValueError, match="noise"):
+        K.rbm_cd_backward(v0, W, bv, bh, noise[:, :, :-1], "bernoulli", *z)
+    with pytest.raises(ValueError, match="bv"):
+        K.rbm_free_energy(v0, W, bh, bh, "gaussian")
