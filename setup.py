@@ -9,6 +9,7 @@ setup(
     # kernels/ lives at the top of the repo but installs as aepar.kernels: a top-level
     # name `kernels` would collide with an existing PyPI package.
     packages=["aepar", "aepar.data", "aepar.models", "aepar.parallel",
+              "aepar.report",
               "aepar.kernels", "aepar.kernels.ref", "aepar.kernels.nb", "aepar.kernels.cp"],
     package_dir={"aepar": "aepar", "aepar.kernels": "kernels"},
     package_data={"aepar.kernels.cp": ["*.cu"]},

@@ -1,0 +1,150 @@
+"""The seed's Tables 2 and 3 for stacked-autoencoder runs, side by side for several schemes.
+
+Table 2: average squared reconstruction error per digit (Σ over pixels of (x − x̂)²,
+averaged over images), training and test, after fine-tuning (and before, i.e. the
+pre-trained stack alone), with the PCA baseline of the same data. Table 3: pre-training
+and fine-tuning wall times.
+
+Reads the ``summary.json`` that ``aepar.greedy`` and ``aepar.sync`` write: keys
+``scheme``, ``error`` {"pretrained": {"train", "test"}, "finetuned": {...} | None},
+``pca`` {"k", "train", "test"} (optional), ``pretrain_time_s``, ``finetune_time_s``.
+
+    python -m aepar.report.stacked runs/greedy/summary.json runs/sync/summary.json [--out tables.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["table2", "table3", "tables", "write_tables", "hms", "main"]
+
+TABLES_FILE = "tables.md"
+
+
+def hms(seconds) -> str:
+    """3h 14m 43s / 2m 05s / 4.21s (the seed writes its times this way)."""
+    if seconds is None:
+        return "–"
+    s = float(seconds)
+    if s < 60:
+        return f"{s:.2f}s"
+    m, sec = divmod(int(round(s)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h {m:02d}m {sec:02d}s" if h else f"{m}m {sec:02d}s"
+
+
+def _num(x, fmt="{:.2f}"):
+    return "–" if x is None else fmt.format(x)
+
+
+def _label(name, summary) -> str:
+    """"greedy pre-training" for the pre-training schemes (the seed's wording), else the name."""
+    return f"{name} pre-training" if summary.get("scheme") in ("greedy", "sync") else name
+
+
+def _recipe(ft) -> str:
+    """"sgd lr 0.001 / mse, 10 epochs" from a summary's fine-tuning part."""
+    if not ft or not ft.get("n_epochs"):
+        return "none"
+    return f"{ft.get('optimizer')} lr {ft.get('lr'):g} / {ft.get('loss')}, {ft.get('n_epochs')} epochs"
+
+
+def _row(cells):
+    return "| " + " | ".join(cells) + " |"
+
+
+def table2(summaries: dict) -> str:
+    """Markdown Table 2 for {scheme name: summary}."""
+    lines = ["Table 2. Average squared reconstruction error per digit",
+             "",
+             _row(["Algorithm", "Training error", "Test error", "Pre-trained only (train / test)",
+                   "Test vs PCA", "Fine-tuning"]),
+             _row(["---"] * 6)]
+    pca = None
+    for name, s in summaries.items():
+        err = s.get("error") or {}
+        pre = err.get("pretrained") or {}
+        fin = err.get("finetuned") or {}
+        test = fin.get("test", pre.get("test"))
+        p = s.get("pca")
+        pca = pca or p
+        ratio = f"{test / p['test']:.2f}x" if p and test is not None and p.get("test") else "–"
+        label = _label(name, s) + ("" if fin else " (no fine-tuning)")
+        lines.append(_row([label, _num(fin.get("train")), _num(fin.get("test")),
+                           f"{_num(pre.get('train'))} / {_num(pre.get('test'))}", ratio,
+                           _recipe(s.get("finetune"))]))
+    if pca:
+        lines.append(_row([f"PCA-{pca['k']} (same data)", _num(pca.get("train")), _num(pca.get("test")),
+                           "–", "1.00x", "–"]))
+    return "\n".join(lines)
+
+
+def table3(summaries: dict) -> str:
+    """Markdown Table 3 (execution times) for {scheme name: summary}."""
+    lines = ["Table 3. Execution times (wall clock, slowest rank)",
+             "",
+             _row(["Algorithm", "Pre-training time", "Fine-tuning time", "Ranks", "Device / dtype"]),
+             _row(["---"] * 5)]
+    for name, s in summaries.items():
+        ft = s.get("finetune") or {}
+        fine = s.get("finetune_time_s") if ft.get("n_epochs", 1) else None
+        lines.append(_row([_label(name, s), hms(s.get("pretrain_time_s")), hms(fine),
+                           str(s.get("ranks", "–")), f"{s.get('device', '–')} / {s.get('dtype', '–')}"]))
+    return "\n".join(lines)
+
+
+def _source_line(summaries: dict) -> str:
+    sources = sorted({s.get("source", "") for s in summaries.values() if s.get("source")})
+    return ("Data: " + "; ".join(sources)) if sources else ""
+
+
+def tables(summaries: dict) -> str:
+    """Both tables (and the data they were measured on) as one markdown text."""
+    parts = [table2(summaries), "", table3(summaries)]
+    src = _source_line(summaries)
+    if src:
+        parts += ["", src]
+    return "\n".join(parts) + "\n"
+
+
+def write_tables(run_dir, summaries: dict) -> str:
+    """Write :func:`tables` to ``run_dir/tables.md``; returns the text."""
+    text = tables(summaries)
+    Path(run_dir, TABLES_FILE).write_text(text)
+    return text
+
+
+def _load(path: str) -> tuple[str, dict]:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "summary.json"
+    try:
+        summary = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"aepar.report.stacked: error: {p}: {e}")
+    return summary.get("scheme", p.parent.name), summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m aepar.report.stacked",
+                                     description="Tables 2 and 3 of the seed from run summaries, side by side.")
+    parser.add_argument("summaries", nargs="+", help="summary.json files or run directories")
+    parser.add_argument("--out", help="also write the markdown here")
+    args = parser.parse_args(argv)
+    summaries = {}
+    for path in args.summaries:
+        name, s = _load(path)
+        while name in summaries:
+            name += "'"
+        summaries[name] = s
+    text = tables(summaries)
+    print(text, end="")
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

