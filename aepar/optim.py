@@ -64,5 +64,4 @@ def lbfgs(fun, theta0: np.ndarray, maxiter: int, callback=None):
     from scipy.optimize import minimize
 
     return minimize(fun, np.asarray(theta0, dtype=np.float64), jac=True, method="L-BFGS-B",
-                    callback=callback, options={"maxiter": maxiter, "maxfun": 2 * maxiter + 20,
-                                                "disp": False})
+                    callback=callback, options={"maxiter": maxiter, "maxfun": 2 * maxiter + 20})

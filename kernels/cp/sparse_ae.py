@@ -1,1 +1,121 @@
-__all__ = []
+"""Sparse autoencoder partials and assembly on the GPU (CuPy).
+
+Same names, layout and results as :mod:`aepar.kernels.ref.sparse_ae` (read its docstring
+for the formulation). The five products are cuBLAS GEMMs over the whole shard; the
+element-wise work is three fused ElementwiseKernels (bias + sigmoid; output sigmoid +
+error + δ3; s and δ2), the column sums are CuPy reductions written straight into the
+packed buffer. Scratch memory lives in a :class:`SparseAEWorkspace` made once per model.
+
+Assembly is O(vh) work on the root: the packed buffer (a few thousand numbers) is copied
+to the host once and assembled by the float64 reference.
+"""
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+
+from ..ref import sparse_ae as _ref
+from ..ref.sparse_ae import (sparse_ae_layout, sparse_ae_partials_size, sparse_ae_theta_layout,
+                             sparse_ae_theta_size)
+
+__all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
+           "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_partials",
+           "sparse_ae_assemble", "SparseAEWorkspace"]
+
+# a2 = σ(z + b) in place (b broadcasts over rows)
+_hidden_forward = cp.ElementwiseKernel(
+    "T b", "T a",
+    "a = (T)1 / ((T)1 + exp(-(a + b)))",
+    "aepar_sae_hidden_forward")
+
+# a3 = σ(z + b); diff = a3 − x; δ3 = diff a3 (1 − a3) (written over z); sq = diff²
+_output_delta = cp.ElementwiseKernel(
+    "T b, T x", "T z, T sq",
+    """
+    T a = (T)1 / ((T)1 + exp(-(z + b)));
+    T d = a - x;
+    sq = d * d;
+    z = d * a * ((T)1 - a);
+    """,
+    "aepar_sae_output_delta")
+
+# s = a (1 − a); es = e s
+_hidden_delta_split = cp.ElementwiseKernel(
+    "T e, T a", "T es, T s",
+    "s = a * ((T)1 - a); es = e * s",
+    "aepar_sae_hidden_delta_split")
+
+# δ2 = (e + k) a (1 − a), written over e (k broadcasts over rows)
+_hidden_delta_folded = cp.ElementwiseKernel(
+    "T k, T a", "T e",
+    "e = (e + k) * a * ((T)1 - a)",
+    "aepar_sae_hidden_delta_folded")
+
+
+class SparseAEWorkspace:
+    """Device scratch arrays for :func:`sparse_ae_partials` on ``m`` samples."""
+
+    def __init__(self, m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None):
+        dtype = np.dtype(dtype)
+        v, h = int(visible), int(hidden)
+        self.m, self.visible, self.hidden, self.dtype = int(m), v, h, dtype
+        m = max(self.m, 1)
+        self.a2 = cp.empty((m, h), dtype)
+        self.z3 = cp.empty((m, v), dtype)
+        self.sq = cp.empty((m, v), dtype)
+        self.e = cp.empty((m, h), dtype)
+        self.g = cp.empty((m, 2 * h), dtype)
+        self.t_vh = cp.empty((v, h), dtype)
+
+    def fits(self, x, W1) -> bool:
+        return x.shape[0] == self.m and W1.shape == (self.visible, self.hidden) and x.dtype == self.dtype
+
+
+def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None):
+    """A :class:`SparseAEWorkspace` (``block`` is ignored: the GPU takes the whole shard)."""
+    return SparseAEWorkspace(m, visible, hidden, dtype, block)
+
+
+def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None):
+    """Fill the CuPy array ``out`` with this shard's packed sums; returns ``out``."""
+    v, h = W1.shape
+    m = x.shape[0]
+    if ws is None or not ws.fits(x, W1):
+        ws = SparseAEWorkspace(m, v, h, x.dtype)
+    layout = sparse_ae_layout(v, h)
+    P = {name: out[o:o + int(np.prod(s))].reshape(s) for name, (o, s) in layout.items()}
+    a2, z3, e = ws.a2, ws.z3, ws.e
+    cp.matmul(x, W1, out=a2)
+    _hidden_forward(b1, a2)
+    cp.sum(a2, axis=0, out=P["act"])
+    cp.matmul(a2, W2, out=z3)
+    _output_delta(b2, x, z3, ws.sq)                    # z3 is now δ3
+    P["err"][...] = ws.sq.sum()
+    cp.sum(z3, axis=0, out=P["b2"])
+    cp.matmul(a2.T, z3, out=P["w2"])
+    cp.matmul(z3, W2.T, out=e)
+    if kl is None:
+        es, s = ws.g[:, :h], ws.g[:, h:]
+        _hidden_delta_split(e, a2, es, s)
+        cp.sum(ws.g, axis=0, out=P["b1"])
+        cp.matmul(x.T, ws.g, out=P["w1"])
+    else:
+        rho, beta = kl
+        rho_hat = P["act"].astype(cp.float64) / m
+        k = (beta * (-rho / rho_hat + (1.0 - rho) / (1.0 - rho_hat))).astype(e.dtype)
+        _hidden_delta_folded(k, a2, e)                 # e is now δ2
+        cp.matmul(x.T, e, out=ws.t_vh)
+        P["w1"][:, :h] = ws.t_vh
+        P["w1"][:, h:] = 0
+        cp.sum(e, axis=0, out=P["b1"][:h])
+        P["b1"][h:] = 0
+    return out
+
+
+def _host(a):
+    return a.get() if isinstance(a, cp.ndarray) else np.asarray(a)
+
+
+def sparse_ae_assemble(partials, W1, W2, m, rho, beta, lam, grad=None):
+    """Cost and float64 host gradient: one device-to-host copy, then the reference."""
+    return _ref.sparse_ae_assemble(_host(partials), _host(W1), _host(W2), m, rho, beta, lam, grad)

@@ -1,1 +1,168 @@
-__all__ = []
+"""Sparse autoencoder (Ng, CS294A / UFLDL) cost and gradient, split for data parallelism.
+
+J(θ) = (1/2m) Σ‖a3 − x‖² + (λ/2)(‖W1‖² + ‖W2‖²) + β Σ_j KL(ρ ‖ ρ̂_j),
+a2 = σ(x W1 + b1), a3 = σ(a2 W2 + b2), ρ̂ = mean of a2 over ALL m samples.
+
+The KL gradient k_j = β(−ρ/ρ̂_j + (1−ρ)/(1−ρ̂_j)) needs the global ρ̂, but it enters
+δ2 = (δ3 W2ᵀ + k) ⊙ s (s = a2(1 − a2)) linearly, so with e = δ3 W2ᵀ
+
+    ∂J/∂W1 = (P + Q·diag(k))/m + λW1,   P = xᵀ(e ⊙ s),  Q = xᵀ s
+    ∂J/∂b1 = (Σ e ⊙ s + k ⊙ Σ s)/m
+
+and a shard can send everything the root needs in ONE packed buffer (sums over its own
+samples only), reduced once per evaluation:
+
+    sparse_ae_partials(x, W1, b1, W2, b2, out)      per shard  -> packed sums
+    sparse_ae_assemble(partials, W1, W2, m, ...)    on the root -> (cost, ∂J/∂θ)
+
+Shapes follow the kernel conventions: x (m, v), W1 (v, h), b1 (h,), W2 (h, v), b2 (v,).
+
+Packed partials layout (``sparse_ae_layout``; offsets in this order, row-major blocks):
+
+====  ========  ==========================================================
+name  shape     sum over the shard's samples
+====  ========  ==========================================================
+w1    (v, 2h)   [P | Q]: columns :h hold xᵀ(e ⊙ s), columns h: hold xᵀ s
+b1    (2h,)     [Σ e ⊙ s | Σ s]
+w2    (h, v)    a2ᵀ δ3, δ3 = (a3 − x) ⊙ a3(1 − a3)
+b2    (v,)      Σ δ3
+act   (h,)      Σ a2   (ρ̂ = act / m)
+err   (1,)      Σ ‖a3 − x‖²
+====  ========  ==========================================================
+
+With ``kl=(rho, beta)`` the caller states that the shard holds all m samples (one
+process): k is then known before the backward pass, folded into δ2 directly, the P slots
+hold xᵀδ2 and Σδ2 and the Q slots are left zero. ``sparse_ae_assemble`` gives the same
+result either way (P + Q·diag(k) with Q = 0), and the fast kernels skip one GEMM.
+
+Parameter vector θ (``sparse_ae_theta_layout``): W1 (v×h, row-major), W2 (h×v,
+row-major), b1 (h), b2 (v); ``sparse_ae_assemble`` returns ∂J/∂θ in that order.
+
+This module is the NumPy reference: the textbook formulation, allocating freely.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
+           "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_partials",
+           "sparse_ae_assemble"]
+
+
+def sparse_ae_layout(visible: int, hidden: int) -> dict:
+    """Packed partials layout: name -> (offset, shape), in buffer order (module docstring)."""
+    v, h = int(visible), int(hidden)
+    layout, offset = {}, 0
+    for name, shape in (("w1", (v, 2 * h)), ("b1", (2 * h,)), ("w2", (h, v)), ("b2", (v,)),
+                        ("act", (h,)), ("err", (1,))):
+        layout[name] = (offset, shape)
+        offset += int(np.prod(shape))
+    return layout
+
+
+def sparse_ae_partials_size(visible: int, hidden: int) -> int:
+    """Length of the packed partials buffer: 3vh + 3h + v + 1."""
+    return 3 * visible * hidden + 3 * hidden + visible + 1
+
+
+def sparse_ae_theta_layout(visible: int, hidden: int) -> dict:
+    """θ layout: name -> (offset, shape) for W1 (v,h), W2 (h,v), b1 (h,), b2 (v,)."""
+    v, h = int(visible), int(hidden)
+    return {"W1": (0, (v, h)), "W2": (v * h, (h, v)), "b1": (2 * v * h, (h,)),
+            "b2": (2 * v * h + h, (v,))}
+
+
+def sparse_ae_theta_size(visible: int, hidden: int) -> int:
+    return 2 * visible * hidden + hidden + visible
+
+
+def _views(buf, layout):
+    return {name: buf[o:o + int(np.prod(shape))].reshape(shape) for name, (o, shape) in layout.items()}
+
+
+def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None):
+    """Scratch memory for ``sparse_ae_partials`` on ``m`` samples (the reference needs none)."""
+    return None
+
+
+def _sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def _kl_gradient(rho_hat, rho, beta):
+    """k = d/dρ̂ of β Σ KL(ρ‖ρ̂): the per-unit term added to δ2 (before ⊙ s)."""
+    return beta * (-rho / rho_hat + (1.0 - rho) / (1.0 - rho_hat))
+
+
+def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None):
+    """Fill ``out`` (packed, module docstring) with this shard's sums; returns ``out``.
+
+    Parameters
+    ----------
+    x : (m, v) array, the shard's samples (in the model dtype)
+    W1, b1, W2, b2 : parameters (model dtype)
+    out : (sparse_ae_partials_size(v, h),) array of the model dtype, overwritten
+    ws : workspace from ``sparse_ae_workspace`` (unused by the reference)
+    kl : (rho, beta) when the shard is the whole data set, else None
+    """
+    v, h = W1.shape
+    P = _views(out, sparse_ae_layout(v, h))
+    a2 = _sigmoid(x @ W1 + b1)
+    a3 = _sigmoid(a2 @ W2 + b2)
+    diff = a3 - x
+    d3 = diff * a3 * (1 - a3)
+    s = a2 * (1 - a2)
+    e = d3 @ W2.T
+    if kl is None:
+        es = e * s
+        P["w1"][:, :h] = x.T @ es
+        P["w1"][:, h:] = x.T @ s
+        P["b1"][:h] = es.sum(axis=0)
+        P["b1"][h:] = s.sum(axis=0)
+    else:
+        rho, beta = kl
+        k = _kl_gradient(a2.sum(axis=0, dtype=np.float64) / x.shape[0], rho, beta)
+        d2 = (e + k.astype(e.dtype)) * s
+        P["w1"][:, :h] = x.T @ d2
+        P["w1"][:, h:] = 0
+        P["b1"][:h] = d2.sum(axis=0)
+        P["b1"][h:] = 0
+    P["w2"][...] = a2.T @ d3
+    P["b2"][...] = d3.sum(axis=0)
+    P["act"][...] = a2.sum(axis=0)
+    P["err"][...] = np.sum(diff * diff)
+    return out
+
+
+def sparse_ae_assemble(partials, W1, W2, m, rho, beta, lam, grad=None):
+    """Cost and gradient from the summed partials (float64 on the host).
+
+    Parameters
+    ----------
+    partials : packed buffer summed over all shards (any float dtype)
+    W1, W2 : the weights (for the decay term; pass the optimiser's float64 values)
+    m : total number of samples over all shards
+    rho, beta, lam : sparsity target, sparsity weight, weight decay
+    grad : optional float64 (sparse_ae_theta_size(v, h),) array to fill
+
+    Returns
+    -------
+    (float, numpy.ndarray)
+        J(θ) and ∂J/∂θ packed as θ (W1, W2, b1, b2).
+    """
+    v, h = W1.shape
+    P = _views(np.asarray(partials, dtype=np.float64), sparse_ae_layout(v, h))
+    W1 = np.asarray(W1, dtype=np.float64)
+    W2 = np.asarray(W2, dtype=np.float64)
+    if grad is None:
+        grad = np.empty(sparse_ae_theta_size(v, h))
+    G = _views(grad, sparse_ae_theta_layout(v, h))
+    rho_hat = P["act"] / m
+    k = _kl_gradient(rho_hat, rho, beta)
+    kl = np.sum(rho * np.log(rho / rho_hat) + (1 - rho) * np.log((1 - rho) / (1 - rho_hat)))
+    cost = P["err"][0] / (2 * m) + 0.5 * lam * (np.sum(W1 * W1) + np.sum(W2 * W2)) + beta * kl
+    G["W1"][...] = (P["w1"][:, :h] + P["w1"][:, h:] * k) / m + lam * W1
+    G["W2"][...] = P["w2"] / m + lam * W2
+    G["b1"][...] = (P["b1"][:h] + k * P["b1"][h:]) / m
+    G["b2"][...] = P["b2"] / m
+    return float(cost), grad

@@ -1,0 +1,119 @@
+"""`python -m aepar.sparse` end to end on the embedded natural images, and its refusals."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, run_mpi
+
+PROG = "aepar.sparse"
+
+
+def run_cli(*args, timeout=180):
+    env = dict(os.environ, AEPAR_THREADS="1")
+    return subprocess.run([sys.executable, "-m", PROG, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_small_run_writes_every_output(tmp_path):
+    out = tmp_path / "sparse"
+    p = run_cli("--samples", 2000, "--iterations", 30, "--seed", 3, "--out", out)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith(f"{PROG}: 2000 patches 8x8") and "64-25-64" in lines[0]
+    progress = [l for l in lines if l.startswith("iteration")]
+    assert [int(l.split()[1]) for l in progress] == [25, 30]
+    assert "2.00 collectives/evaluation" in lines[-1] and "wrote" in lines[-1]
+    assert sorted(f.name for f in out.iterdir()) == ["features.png", "summary.csv", "summary.json", "weights.h5"]
+    assert not list(tmp_path.glob(".sparse.*"))  # the temporary directory was renamed away
+
+    summary = json.loads((out / "summary.json").read_text())
+    rows = list(csv.DictReader(open(out / "summary.csv")))
+    assert len(rows) == 1
+    for key in ("final_cost", "iterations", "evaluations", "processes", "samples", "hidden", "patch",
+                "dtype", "kernels", "seconds_total", "seconds_compute", "seconds_comm",
+                "collectives_per_evaluation", "seed", "source"):
+        assert key in rows[0] and str(summary[key]) == rows[0][key], key
+    assert summary["iterations"] == 30 and summary["evaluations"] >= 30 and summary["processes"] == 1
+    assert summary["collectives_per_evaluation"] == 2.0 and summary["kernels"] == "numba"
+    assert 0 < summary["seconds_compute"] <= summary["seconds_total"]
+    assert float(progress[-1].split()[3]) == pytest.approx(summary["final_cost"], rel=1e-6)
+    assert (out / "features.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # the saved weights give the reported cost on the same patches (drawn again from the seed)
+    from aepar import backend, checkpoint
+    from aepar.data.patches import sample_patches
+    from aepar.data.sources import natural_images
+    from aepar.models.sparse_ae import SparseAutoencoder, init_theta
+
+    ck = checkpoint.load(out / "weights.h5", scheme="sparse",
+                         shapes={"W1": (64, 25), "W2": (25, 64), "b1": (25,), "b2": (64,)})
+    theta = np.concatenate([ck.params[k].ravel() for k in ("W1", "W2", "b1", "b2")])
+    patches = sample_patches(natural_images()[0], 2000, 8, seed=3)
+    model = SparseAutoencoder(backend.select("cpu", "numpy", "float64"), 64, 25).attach(patches)
+    assert model.cost_grad(theta)[0] == pytest.approx(summary["final_cost"], rel=1e-10)
+    assert summary["final_cost"] < 0.5 * model.cost_grad(init_theta(64, 25, 3))[0]
+
+
+def test_help_explains_the_options():
+    p = run_cli("--help")
+    assert p.returncode == 0
+    for option in ("--samples", "--iterations", "--patch", "--hidden", "--rho", "--lam", "--beta",
+                   "--images", "--device", "--kernels", "--dtype", "--seed", "--data-dir", "--out", "--quiet"):
+        assert option in p.stdout
+
+
+def _malformed_mat(directory):
+    directory.mkdir()
+    path = directory / "IMAGES.mat"
+    path.write_bytes(b"MATLAB 5.0 MAT-file, but then nothing useful" + bytes(range(200)))
+    return path
+
+
+BAD = {  # case: (arguments, what the one error line must name)
+    "unknown-option": (["--bogus", "1"], "--bogus"),
+    "zero-hidden": (["--hidden", "0"], "--hidden"),
+    "negative-samples": (["--samples", "-5"], "--samples"),
+    "bad-rho": (["--rho", "1.5"], "--rho"),
+    "malformed-images": (["--images", "{bad}"], "IMAGES.mat"),
+    "malformed-data-dir": (["--data-dir", "{bad_dir}"], "IMAGES.mat"),
+    "missing-images": (["--images", "{missing}"], "IMAGES.mat"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_exits_2_with_one_line_and_no_run_dir(case, tmp_path):
+    bad = _malformed_mat(tmp_path / "data")
+    paths = {"bad": bad, "bad_dir": bad.parent, "missing": tmp_path / "nowhere" / "IMAGES.mat"}
+    args, names = BAD[case]
+    args = [a.format(**paths) for a in args]
+    out = tmp_path / "run"
+    defaults = ["--iterations", "2"] + ([] if "--samples" in args else ["--samples", "100"])
+    p = run_cli(*args, *defaults, "--out", out)
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    lines = error_lines(p.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"{PROG}: error: "), p.stderr
+    assert names in lines[0]
+    assert not out.exists() and not list(tmp_path.glob(".run.*"))
+    assert p.stdout == ""
+
+
+@pytest.mark.mpi
+def test_fewer_samples_than_processes_exits_2_on_every_rank(tmp_path):
+    out = tmp_path / "run"
+    p = run_mpi(2, ["-m", PROG, "--samples", 1, "--out", out], timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    # (mpirun adds its own note about the non-zero exit; the program says one line)
+    ours = [l for l in error_lines(p.stderr) if PROG in l or "Traceback" in l or "rank" in l]
+    assert ours == [f"{PROG}: error: --samples 1 is fewer than the 2 processes "
+                    "(every process needs at least one patch)"], p.stderr
+    assert p.stdout == ""
+    assert not out.exists() and not list(tmp_path.glob(".run.*"))

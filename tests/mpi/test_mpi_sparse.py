@@ -1,0 +1,49 @@
+"""The sparse autoencoder's root-optimiser scheme under mpirun -np 1, 2, 4 and 8."""
+import json
+
+import pytest
+
+from tests.conftest import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def final_costs():
+    return {}
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_same_cost_and_gradient_at_every_size(ranks, tmp_path, final_costs):
+    out = tmp_path / "run"
+    p = run_mpi(ranks, ["tests/mpi/mpi_sparse.py", "check", out], timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert sorted(l for l in lines if l.startswith("ok")) == sorted(f"ok rank {r} of {ranks}" for r in range(ranks))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["processes"] == ranks and summary["samples"] == 1003
+    assert summary["collectives_per_evaluation"] == 2.0
+    assert {"weights.h5", "features.png", "summary.json", "summary.csv"} <= {f.name for f in out.iterdir()}
+    cost = float(next(l for l in lines if l.startswith("cost ")).split()[1])
+    # 12 L-BFGS-B iterations from the same patches and θ0 give the same cost at any size
+    for other in final_costs.values():
+        assert abs(cost - other) <= 1e-9 * abs(other), (cost, final_costs)
+    final_costs[ranks] = cost
+
+
+def test_gradient_at_8_oversubscribed_ranks(tmp_path):
+    """Eight ranks on two cores: shards of 125 or 126 samples, same cost and gradient."""
+    p = run_mpi(8, ["tests/mpi/mpi_sparse.py", "grad", tmp_path / "run"], timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert sorted(p.stdout.splitlines()) == sorted(f"ok rank {r} of 8" for r in range(8))
+
+
+@pytest.mark.parametrize("ranks, where", [(2, "partials"), (4, "assemble")])
+def test_root_failure_ends_every_rank(ranks, where, tmp_path):
+    out = tmp_path / "run"
+    p = run_mpi(ranks, ["tests/mpi/mpi_sparse.py", f"fail-{where}", out], timeout=120)
+    assert p.returncode != 0
+    # the root's error, from the root or from a worker's RootFailure (whichever prints first)
+    assert f"RuntimeError: injected root failure in {where}" in p.stderr, p.stderr[-3000:]
+    assert "ok rank" not in p.stdout
+    assert not out.exists() and not any(tmp_path.glob(".run.*"))  # nothing half-written

@@ -1,0 +1,298 @@
+"""The sparse autoencoder kernels (partials + assembly), the model and the root optimiser
+in one process, and the report helpers."""
+import csv
+import json
+
+import numpy as np
+import pytest
+
+import aepar  # noqa: F401  (threads, kernels from the checkout)
+from aepar import backend, kernels
+from aepar.comm import Comm
+from aepar.models.sparse_ae import SparseAutoencoder, init_theta
+from aepar.parallel.data_parallel import shard
+from aepar.parallel.root_optimizer import FAILED, STOP, RootOptimizer
+from tests.conftest import kernel_set_params
+from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, tolerance
+
+RHO, BETA, LAM = 0.05, 3.0, 1e-3
+V, H, M = 16, 5, 30
+ref = kernels.load("numpy")
+
+
+def textbook(theta, x, v, h, rho=RHO, beta=BETA, lam=LAM):
+    """UFLDL sparseAutoencoderCost.m, transcribed (samples in columns), θ as aepar packs it."""
+    W1 = theta[:v * h].reshape(v, h).T
+    W2 = theta[v * h:2 * v * h].reshape(h, v).T
+    b1 = theta[2 * v * h:2 * v * h + h, None]
+    b2 = theta[2 * v * h + h:, None]
+    data, m = x.T, x.shape[0]
+    a2 = 1 / (1 + np.exp(-(W1 @ data + b1)))
+    a3 = 1 / (1 + np.exp(-(W2 @ a2 + b2)))
+    rho_hat = a2.mean(axis=1, keepdims=True)
+    cost = (0.5 / m * np.sum((a3 - data) ** 2) + lam / 2 * (np.sum(W1 ** 2) + np.sum(W2 ** 2))
+            + beta * np.sum(rho * np.log(rho / rho_hat) + (1 - rho) * np.log((1 - rho) / (1 - rho_hat))))
+    d3 = (a3 - data) * a3 * (1 - a3)
+    d2 = (W2.T @ d3 + beta * (-rho / rho_hat + (1 - rho) / (1 - rho_hat))) * a2 * (1 - a2)
+    grad = np.concatenate([(d2 @ data.T / m + lam * W1).T.ravel(), (d3 @ a2.T / m + lam * W2).T.ravel(),
+                           d2.mean(axis=1), d3.mean(axis=1)])
+    return cost, grad
+
+
+def data(rng, m=M, v=V):
+    return rng.uniform(0.1, 0.9, size=(m, v))
+
+
+def theta_for(rng, v=V, h=H, scale=1.0):
+    theta = init_theta(v, h, rng)
+    theta[2 * v * h:] = 0.1 * rng.standard_normal(h + v)  # non-zero biases test their gradients
+    return theta * scale
+
+
+def run_kernels(K, x, theta, v, h, kl, dtype=np.float64, shards=1, block=None):
+    """Cost and gradient through partials (per shard, summed) + assemble in kernel set K."""
+    m = x.shape[0]
+    th = theta.astype(dtype)
+    W1, W2 = th[:v * h].reshape(v, h), th[v * h:2 * v * h].reshape(h, v)
+    b1, b2 = th[2 * v * h:2 * v * h + h], th[2 * v * h + h:]
+    total = np.zeros(K.sparse_ae_partials_size(v, h), dtype=np.float64)
+    for r in range(shards):
+        xs = np.ascontiguousarray(x[shard(m, r, shards)], dtype=dtype)
+        out = np.full(K.sparse_ae_partials_size(v, h), np.nan, dtype=dtype)
+        ws = K.sparse_ae_workspace(xs.shape[0], v, h, dtype, block)
+        K.sparse_ae_partials(xs, W1, b1, W2, b2, out, ws, kl if shards == 1 else None)
+        total += out
+    return K.sparse_ae_assemble(total, theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v),
+                                m, RHO, BETA, LAM)
+
+
+# ---- the formulation ----------------------------------------------------------------------
+@pytest.mark.parametrize("shards, fold", [(1, False), (3, False), (1, True)],
+                         ids=["one-shard", "three-shards", "one-shard-folded"])
+def test_packed_reduction_equals_textbook(rng, shards, fold):
+    """Summed shard partials + P + diag(k)Q assembly = the textbook gradient: the KL
+    term needs no second reduction (and folding k in on one shard gives the same)."""
+    x, theta = data(rng, m=31), theta_for(rng)
+    cost, grad = run_kernels(ref, x, theta, V, H, (RHO, BETA) if fold else None, shards=shards)
+    want_cost, want_grad = textbook(theta, x, V, H)
+    assert_close(cost, want_cost, np.float64, work=x.size)
+    assert_close(grad, want_grad, np.float64, work=x.size)
+
+
+def test_partials_layout_and_size():
+    for v, h in ((64, 25), (16, 5), (1, 1)):
+        layout = ref.sparse_ae_layout(v, h)
+        end = max(o + int(np.prod(s)) for o, s in layout.values())
+        assert end == ref.sparse_ae_partials_size(v, h) == 3 * v * h + 3 * h + v + 1
+        assert list(layout) == ["w1", "b1", "w2", "b2", "act", "err"]
+        assert sum(int(np.prod(s)) for _, s in ref.sparse_ae_theta_layout(v, h).values()) \
+            == ref.sparse_ae_theta_size(v, h)
+
+
+# ---- gradients against finite differences ------------------------------------------------
+@pytest.mark.parametrize("fold", [False, True], ids=["split", "folded"])
+@pytest.mark.parametrize("kset", ["numpy", pytest.param("numba")])
+def test_gradcheck_sparse_ae(rng, kset, fold):
+    K = kernels.load(kset)
+    x, theta = data(rng), theta_for(rng)
+    kl = (RHO, BETA) if fold else None
+    _, grad = run_kernels(K, x, theta, V, H, kl, block=7)
+    numeric = numerical_grad(lambda: run_kernels(K, x, theta, V, H, kl, block=7)[0], theta)
+    assert_grad_close(grad, numeric, rtol=1e-6, atol=1e-8, name=f"{kset} dJ/dtheta")
+
+
+# ---- every kernel set against the NumPy oracle -------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("fold", [False, True], ids=["split", "folded"])
+@pytest.mark.parametrize("kset", kernel_set_params())
+def test_matches_reference_sparse_ae(rng, kset, fold, dtype):
+    K = kernels.load(kset)
+    xp = np
+    if kset == "cupy":
+        import cupy as xp
+    m, v, h = 203, 36, 7  # 203 rows: blocks of 64 leave a ragged last block
+    x = rng.uniform(0.1, 0.9, size=(m, v)).astype(dtype)
+    theta = theta_for(rng, v, h, scale=2.0).astype(dtype)
+    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
+    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    kl = (RHO, BETA) if fold else None
+    want = ref.sparse_ae_partials(x, W1, b1, W2, b2, np.empty(ref.sparse_ae_partials_size(v, h), dtype), kl=kl)
+    args = [xp.asarray(a) for a in (x, W1, b1, W2, b2)]
+    copies = [a.copy() for a in args]
+    out = xp.full(ref.sparse_ae_partials_size(v, h), np.nan, dtype=dtype)
+    ws = K.sparse_ae_workspace(m, v, h, dtype, 64)
+    got = K.sparse_ae_partials(*args, out, ws, kl)
+    got = got.get() if hasattr(got, "get") else got
+    assert got.dtype == dtype
+    # sums run over m samples of products of length v or h
+    assert_close(got, want, dtype, work=m * v, name=f"{kset} partials")
+    for a, c in zip(args, copies):  # inputs untouched
+        assert bool((a == c).all())
+    # a second call on the same workspace gives the same (accumulators are reset)
+    again = K.sparse_ae_partials(*args, out, ws, kl)
+    np.testing.assert_array_equal(again.get() if hasattr(again, "get") else again, got)
+    # assembly (float64 on the host) from the same partials
+    c_want, g_want = ref.sparse_ae_assemble(want.astype(np.float64), W1, W2, m, RHO, BETA, LAM)
+    c_got, g_got = K.sparse_ae_assemble(xp.asarray(want), xp.asarray(W1), xp.asarray(W2), m, RHO, BETA, LAM)
+    assert isinstance(g_got, np.ndarray) and g_got.dtype == np.float64
+    assert_close(c_got, c_want, np.float64, work=v * h)
+    assert_close(g_got, g_want, np.float64, work=v * h)
+
+
+def test_numba_blocks_do_not_matter(rng):
+    """Any block size (1, ragged, larger than m) gives the reference's numbers."""
+    nb = kernels.load("numba")
+    x, theta = data(rng, m=50), theta_for(rng)
+    want = run_kernels(ref, x, theta, V, H, None)[1]
+    for block in (1, 16, 49, 50, 1000):
+        for kl in (None, (RHO, BETA)):
+            got = run_kernels(nb, x, theta, V, H, kl, block=block)[1]
+            assert_close(got, want, np.float64, work=x.size, name=f"block {block} kl {kl}")
+
+
+def test_numba_sigmoid_exp_accuracy():
+    """The vectorised sigmoid of the numba kernels is within a few ulp of 1/(1 + np.exp(-z))."""
+    from aepar.kernels.nb.sparse_ae import _hidden_forward
+
+    z = np.concatenate([np.linspace(-700, 700, 40001), np.random.default_rng(0).normal(0, 3, 5000)])
+    a = z.copy()[None, :]
+    act = np.zeros(z.size)
+    _hidden_forward(a, np.zeros(z.size), act)
+    want = 1 / (1 + np.exp(-z))
+    np.testing.assert_allclose(a[0], want, rtol=4 * np.finfo(np.float64).eps, atol=0)
+    np.testing.assert_array_equal(act, a[0])
+    # saturation: no overflow, no NaN, limits reached
+    big = np.array([[-800.0, -709.0, 709.0, 800.0]])
+    _hidden_forward(big, np.zeros(4), np.zeros(4))
+    assert np.all(np.isfinite(big)) and big[0, 0] < 1e-300 and big[0, 3] == 1.0
+
+
+# ---- the model and the optimiser in one process ------------------------------------------
+@pytest.mark.parametrize("kset", ["numpy"] + kernel_set_params())
+def test_model_cost_grad_equals_textbook(rng, kset):
+    be = backend.select("gpu" if kset == "cupy" else "cpu", kset, "float64")
+    x, theta = data(rng, m=40), theta_for(rng)
+    model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(x)
+    assert model.whole
+    cost, grad = model.cost_grad(theta)
+    want_cost, want_grad = textbook(theta, x, V, H)
+    assert_close(cost, want_cost, np.float64, work=x.size)
+    assert_close(grad, want_grad, np.float64, work=x.size)
+    assert set(model.params(theta)) == {"W1", "W2", "b1", "b2"}
+    np.testing.assert_array_equal(model.params(theta)["W2"], theta[V * H:2 * V * H].reshape(H, V))
+
+
+def test_init_theta_is_seeded_and_in_range():
+    a, b, c = init_theta(64, 25, 3), init_theta(64, 25, 3), init_theta(64, 25, 4)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    r = np.sqrt(6) / np.sqrt(64 + 25 + 1)
+    assert a.shape == (2 * 64 * 25 + 25 + 64,)
+    assert np.all(np.abs(a[:3200]) <= r) and np.abs(a[:3200]).max() > 0.9 * r
+    assert np.all(a[3200:] == 0)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_short_optimisation_reduces_cost(rng, dtype):
+    be = backend.select("cpu", "numba", dtype)
+    x = data(rng, m=200)
+    model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(x)
+    opt = RootOptimizer(Comm.serial(), model.partials, model.assemble, model.n_theta,
+                        model.new_partials(), dtype=be.dtype)
+    theta0 = model.init_theta(0)
+    start = textbook(theta0, x, V, H)[0]
+    seen = []
+    res = opt.run(theta0, 25, callback=lambda it, cost, th: seen.append((it, cost)))
+    assert res.iterations == len(seen) <= 25 and res.evaluations >= res.iterations
+    assert res.cost < 0.5 * start
+    # the reported cost is the textbook cost at the returned θ (float32: to float32 accuracy)
+    assert_close(res.cost, textbook(res.theta, x, V, H)[0], np.dtype(dtype), work=x.size)
+    assert [it for it, _ in seen] == list(range(1, len(seen) + 1))
+    assert all(b <= a + 1e-12 for (_, a), (_, b) in zip(seen, seen[1:]))  # L-BFGS-B never goes up
+    assert res.collectives_per_evaluation == 2.0          # 1 bcast + 1 reduce
+    assert res.collectives_total == 2 * res.evaluations + 1  # + the stop broadcast
+    assert opt.buffer[0] == STOP
+
+
+def test_root_failure_sends_stop_and_raises(rng):
+    """An exception on the root still ends with the FAILED control word broadcast, and a
+    failure inside the root's own partials still joins that evaluation's reduce."""
+    be = backend.select("cpu", "numpy", "float64")
+    model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(data(rng))
+
+    class CountingComm:
+        """Comm.serial() that records the collectives in order."""
+
+        def __init__(self):
+            self.inner, self.log = Comm.serial(), []
+            self.rank, self.size, self.is_root, self.wtime = 0, 1, True, self.inner.wtime
+
+        @property
+        def collectives(self):
+            return len(self.log)
+
+        def bcast(self, buf, root=0):
+            self.log.append(("bcast", float(buf[0])))
+            return buf
+
+        def reduce(self, buf, root=0, op="sum"):
+            self.log.append(("reduce", None))
+            return buf
+
+        def bcast_obj(self, obj, root=0):
+            self.log.append(("bcast_obj", obj))
+            return obj
+
+    def failing(after, where):
+        calls = [0]
+
+        def fn(*args):
+            calls[0] += 1
+            if calls[0] > after:
+                raise RuntimeError(f"injected failure in {where}")
+            return (model.partials if where == "partials" else model.assemble)(*args)
+        return fn
+
+    for where in ("partials", "assemble"):
+        comm = CountingComm()
+        parts = failing(3, "partials") if where == "partials" else model.partials
+        assemble = failing(3, "assemble") if where == "assemble" else model.assemble
+        opt = RootOptimizer(comm, parts, assemble, model.n_theta, model.new_partials())
+        with pytest.raises(RuntimeError, match=f"injected failure in {where}"):
+            opt.run(model.init_theta(0), 50)
+        kinds = [k for k, _ in comm.log]
+        assert comm.log[-2:] == [("bcast", FAILED), ("bcast_obj", f"RuntimeError: injected failure in {where}")]
+        assert kinds[:-2] == ["bcast", "reduce"] * 4  # every broadcast θ got its reduce
+
+
+# ---- report helpers -------------------------------------------------------------------------
+def test_features_mosaic_tiles_are_normalised_columns(rng):
+    from aepar.report.sparse import features_mosaic
+
+    patch, hidden = 4, 7
+    W1 = rng.standard_normal((patch * patch, hidden))
+    img = features_mosaic(W1, patch, order="F", border=1)
+    assert img.shape == (1 + 3 * 5, 1 + 3 * 5)  # 3x3 grid for 7 units
+    centred = W1 - W1.mean()
+    for j in range(hidden):
+        r, c = divmod(j, 3)
+        tile = img[1 + 5 * r:1 + 5 * r + 4, 1 + 5 * c:1 + 5 * c + 4]
+        want = centred[:, j].reshape(4, 4, order="F")
+        np.testing.assert_allclose(tile, want / np.abs(want).max())
+    assert np.all(img[0] == -1) and np.all(img[-4:, 1 + 5 * 2:] == -1)  # border, empty cells
+
+
+def test_features_png_and_summary(tmp_path, rng):
+    from aepar.report.sparse import SUMMARY_FIELDS, features_png, write_summary
+
+    png = features_png(rng.standard_normal((64, 25)), 8, tmp_path / "f.png", title="t")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = {k: i for i, k in enumerate(SUMMARY_FIELDS)}
+    summary.update(final_cost=np.float64(0.25), source="a, \"quoted\" source", extra=[1, 2])
+    write_summary(tmp_path, summary)
+    rows = list(csv.reader(open(tmp_path / "summary.csv")))
+    assert rows[0] == list(SUMMARY_FIELDS) and len(rows) == 2
+    assert rows[1][0] == "0.25" and rows[1][-1] == "a, \"quoted\" source"
+    assert json.loads((tmp_path / "summary.json").read_text())["extra"] == [1, 2]
+    with pytest.raises(KeyError, match="final_cost"):
+        write_summary(tmp_path, {"iterations": 1})
