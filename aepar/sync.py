@@ -1,0 +1,562 @@
+"""Synchronized layer-wise pre-training (Santara et al. 2016, §3.1): ``mpirun -np P python -m aepar.sync``.
+
+Stage l trains layer l of the stacked autoencoder (784-1000-500-250-30 RBMs by default)
+on its own ranks. Stage l waits for stage l-1's first epoch; after every epoch l-1 hands
+a new version of l's input over; l trains each next epoch on the newest input; after its
+N_l epochs it sleeps and wakes for an extra epoch whenever its input changes, at most
+``--extra`` times (the seed: 0, 5, 20, 40 for layers 1-4); pre-training ends when every
+stage is done (or, ``--end-with-first``, no extra epoch starts after layer 1 is done, the
+seed's Table 3). Then the stack is unrolled and fine-tuned data-parallel over all ranks
+(:func:`aepar.finetune.finetune_and_evaluate`); ``--compare-greedy`` also runs greedy
+pre-training + fine-tuning on the same data and seed in the same job, so that Tables 2/3
+show both.
+
+Ranks. P = layers: one rank per layer. P > layers: the extra ranks become data-parallel
+replicas inside the stages, allotted by each stage's planned work (FLOPs x rows x epochs,
+extras included), so the 784x1000 layer gets the most: one rank per layer cannot beat
+~1.8x over greedy (layer 1 is ~55% of the work), replicas can. P < layers: consecutive
+layers share a rank (grouped by work), their epochs interleaved in plan order.
+P = 1 runs the same schedule in one process.
+
+Reproducibility. With real-time newest-wins the input version an epoch sees depends on
+timing. The default ``--handover plan`` first runs the schedule on a logical clock whose
+epoch costs are the layers' FLOP counts (:func:`aepar.parallel.pipeline.plan_schedule`):
+the plan says which input version every epoch of every stage trains on, and depends on the
+configuration only. Every rank layout executes that plan (a stage that is ahead waits,
+sleeping, for the planned version; versions the consumer does not use are not even sent),
+so one process, P < layers, P = layers and P > layers give the same weights for the same
+seed (bit for bit without replicas; to rounding of the Allreduce sums with replicas).
+``--handover newest`` is the paper's literal real-time newest-wins: not reproducible.
+
+Hand-over (``--handover-mode``). ``data``: the producer transforms its rows,
+h = transform(x_l), and sends the consumer replicas their rows of h (the paper's eq. 6).
+``weights``: the producer sends the (W, b_h) of every layer below (the chain that made the
+version) and the consumer recomputes its input from its own copy of the data, reusing the
+activations of the unchanged bottom of the chain. The weights come out identical.
+Measured (``python -m bench.stacked --quick``: mnist5k, 3,599 + 401 rows, float32,
+784-1000-500-250-30; bench/results/handover_quick.csv, makespan_quick.csv):
+
+- bytes per version out of layer 1: data 16 MB (its 1000 outputs per row), weights 3.1 MB;
+- data costs the producer a transform per version, 0.10-0.13 s = ~25% of layer 1's epoch,
+  on the pipeline's bottleneck; weights costs layer 1 ~1 ms, but its consumers recompute:
+  0.10-0.16 s at layer 2, 0.17-0.21 s at layers 3 and 4 (the chain below them changes),
+  about one whole epoch of layer 4 per version - more work in total;
+- wall time here (2 cores shared by all ranks, so total work decides): data faster,
+  np 2: 8.4 s vs 9.0 s, np 4: 7.5 s vs 8.6 s (greedy, one core: 7.7 s);
+- simulated with one core per rank (bench/makespan.py from the layer times measured on
+  Fashion-MNIST, the seed's 20 epochs + 0,5,20,40): one rank per layer, weights faster
+  (0.65 vs 0.67 of greedy's time with the plan; 0.55 vs 0.68 with real-time newest-wins
+  ending with layer 1) because it keeps the transform off layer 1; with replicas, data far
+  faster (8 ranks as 3,3,1,1: 0.32 vs 0.56 of greedy; 16 ranks: 0.16 vs 0.44) because
+  single-rank small stages would recompute the big layers below them.
+
+Hence the default ``auto``: data, unless every rank has a core of its own and replaying
+the plan on the FLOP clock predicts weights faster (:func:`aepar.parallel.pipeline.choose_mode`;
+in practice: one rank per layer).
+
+Time. Greedy pre-training is the sum of every layer's epochs; the pipeline cannot beat
+total / heaviest stage with one rank per layer (layer 1 is ~55% of the FLOPs: ~1.8x), and
+the extra epochs add work. Replicas lift that bound: simulated 0.32x greedy's time on 8
+ranks, 0.16x on 16 (Fashion-MNIST layer times). This machine has 2 cores; Table 3 of a run here measures what 2 cores
+do, and bench/makespan.py says which figures are simulated.
+
+Outputs (``--out``, default runs/sync, written only when the run succeeds): weights.h5
+(pre-trained layers as layer{i}/W|bv|bh - loadable by ``python -m aepar.finetune`` -,
+the fine-tuned network as finetuned/*, the greedy ones under greedy/), summary.json,
+tables.md (Tables 2 and 3, greedy vs sync), trace.json (Chrome trace of every rank's
+epochs, waits and hand-overs: open in https://ui.perfetto.dev), spacetime.png (Fig. 3).
+
+Examples
+--------
+    mpirun -np 4 python -m aepar.sync --preset quick
+    mpirun -np 8 python -m aepar.sync --dataset fashion --optimizer adam --loss xent
+    python -m aepar.sync --layers 784-64-32-8 --epochs 2 --extra 0,1,2 --limit 500
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from aepar import backend
+from aepar.cli import ArgumentParser, RunDir, add_common, progress
+from aepar.comm import run_main
+from aepar.errors import UserError
+from aepar.parallel.pipeline import (HANDOVERS, MODES, Pipeline, choose_mode, make_layout,
+                                     plan_schedule, replay_plan, stage_costs)
+
+__all__ = ["build_parser", "parse_args", "parse_extras", "default_extras", "split_validation",
+           "run_sync", "main", "PRESETS", "DEFAULT_HANDOVER_MODE"]
+
+PROG = "aepar.sync"
+
+# The seed's extra epochs for layers 1-4; deeper stacks repeat the last value.
+PAPER_EXTRAS = (0, 5, 20, 40)
+
+# Chosen from bench.stacked's measurements (module docstring): "auto" picks data (the least
+# work in total) unless replaying the plan predicts weights faster on cores of their own.
+DEFAULT_HANDOVER_MODE = "auto"
+
+PRESETS = {
+    # `make run`: the embedded 5,000 real MNIST digits, the real architecture, reduced
+    # epochs, Adam on cross-entropy for fine-tuning (the seed's plain SGD at lr 0.001
+    # barely moves the weights in 10 epochs, DESIGN.md "Reference figures").
+    "quick": dict(dataset="mnist5k", epochs=10, finetune_epochs=10, optimizer="adam", loss="xent",
+                  dtype="float32", compare_greedy=True),
+    # the seed's budget (20 pre-training epochs per layer, 10 of fine-tuning) on
+    # full-size data: Fashion-MNIST (apt-get install dataset-fashion-mnist)
+    "full": dict(dataset="fashion", epochs=20, finetune_epochs=10, optimizer="adam", loss="xent",
+                 dtype="float32", compare_greedy=True, val_fraction=1 / 6),
+}
+
+
+def default_extras(n_layers: int) -> list[int]:
+    """The seed's 0, 5, 20, 40, cut or extended (repeating 40) to ``n_layers``."""
+    return [PAPER_EXTRAS[min(i, len(PAPER_EXTRAS) - 1)] for i in range(n_layers)]
+
+
+def parse_extras(text, n_layers: int) -> list[int]:
+    """'0,5,20,40' -> [0, 5, 20, 40]; None -> :func:`default_extras`.
+
+    Raises
+    ------
+    UserError
+        Not one non-negative integer per layer, or a non-zero count for layer 1 (its
+        input, the data, never changes).
+    """
+    if text is None:
+        return default_extras(n_layers)
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise UserError(f"--extra {text!r}: give non-negative integers separated by commas") from None
+    if len(values) != n_layers:
+        raise UserError(f"--extra {text!r} has {len(values)} count(s) but there are {n_layers} layers")
+    if any(v < 0 for v in values):
+        raise UserError(f"--extra {text!r}: counts cannot be negative")
+    if values[0] != 0:
+        raise UserError(f"--extra {text!r}: layer 1's input never changes, its count must be 0")
+    return values
+
+
+def split_validation(labels, fraction: float, seed: int):
+    """Stratified hold-out: (train indices, validation indices), each sorted.
+
+    ``fraction`` of every class (rounded) goes to validation, like the seed's 1,000
+    digits per class; the same seed gives the same split.
+    """
+    labels = np.asarray(labels)
+    rng = np.random.default_rng((int(seed), 7919))
+    val = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        k = int(round(fraction * idx.size))
+        val.append(rng.permutation(idx)[:k])
+    val = np.sort(np.concatenate(val)) if val else np.empty(0, dtype=np.int64)
+    train = np.setdiff1d(np.arange(labels.size), val)
+    return train, val
+
+
+def _fraction(text):
+    value = float(text)
+    if not 0.0 <= value <= 0.5:
+        raise ValueError(text)
+    return value
+
+
+_fraction.__name__ = "fraction in [0, 0.5]"
+
+
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+_positive_int.__name__ = "positive integer"
+
+
+def build_parser():
+    from aepar.finetune import add_finetune_args
+    from aepar.pretrain import add_pretrain_args
+
+    parser = ArgumentParser(
+        prog=f"python -m {PROG}",
+        description="Synchronized layer-wise pre-training of a stacked autoencoder (Santara et al. 2016): "
+                    "every layer trains on its own MPI ranks, handing its output to the next layer after "
+                    "each epoch; then fine-tuning by backprop over all ranks. Rank 0 prints one line per "
+                    "epoch of every stage (layer, epoch, input version, reconstruction error). Writes "
+                    "weights.h5, summary.json, tables.md, trace.json and spacetime.png into --out.",
+        epilog="Examples: mpirun -np 4 python -m aepar.sync --preset quick;  "
+               "mpirun -np 8 python -m aepar.sync (extra ranks become data-parallel replicas of the "
+               "heavy layers);  python -m aepar.sync --layers 784-64-32-8 --epochs 2 --extra 0,1,2 --limit 500")
+    g = parser.add_argument_group("synchronized schedule")
+    g.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="quick: mnist5k, the real 784-1000-500-250-30, 10 epochs/layer + extras, 10 of "
+                        "fine-tuning (Adam, cross-entropy), float32, greedy comparison (`make run`, a few "
+                        "minutes on 2 cores); full: Fashion-MNIST, 20 + 10 epochs. Options given "
+                        "explicitly override the preset.")
+    g.add_argument("--extra", default=None,
+                   help="extra epochs per layer when its input changes after its --epochs, comma-separated, "
+                        "one per layer, the first 0 (default: the seed's 0,5,20,40)")
+    g.add_argument("--handover", choices=HANDOVERS, default="plan",
+                   help="plan (default): execute a schedule planned on a logical clock, so the same seed "
+                        "gives the same weights on any number of ranks; newest: the paper's real-time "
+                        "newest-wins, NOT reproducible (which version an epoch sees depends on timing)")
+    g.add_argument("--handover-mode", choices=("auto",) + MODES, default=DEFAULT_HANDOVER_MODE,
+                   help="what moves between ranks: data (the transformed rows), weights (the parameters "
+                        "of the layers below; the consumer recomputes its input), auto (default: data, "
+                        "unless each rank has a core of its own and replaying the plan predicts weights "
+                        "faster - one rank per layer). The weights are the same in every mode")
+    g.add_argument("--end-with-first", action="store_true",
+                   help="no extra epoch starts once layer 1 has finished (the seed's Table 3 run)")
+    g.add_argument("--val-fraction", type=_fraction, default=0.1,
+                   help="share of the training digits held out (stratified) for the validation "
+                        "curves of the space-time diagram (default 0.1; 0: none)")
+    g.add_argument("--compare-greedy", action=argparse.BooleanOptionalAction, default=False,
+                   help="also run greedy pre-training + fine-tuning on the same data and seed "
+                        "(default: on with --preset, off otherwise)")
+    g.add_argument("--dp-ranks", type=_positive_int, default=None,
+                   help="ranks for fine-tuning and the greedy comparison (default: all, or one per "
+                        "core when ranks outnumber cores - waiting collectives spin in MPI)")
+    g.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True,
+                   help="write spacetime.png (needs matplotlib; default on)")
+    add_pretrain_args(parser)
+    add_finetune_args(parser)
+    add_common(parser, out_default="runs/sync")
+    return parser
+
+
+def parse_args(argv=None):
+    """Parse with the chosen preset's values as defaults (explicit options win)."""
+    parser = build_parser()
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", default=None)
+    known, _ = pre.parse_known_args(argv)
+    if known.preset in PRESETS:
+        parser.set_defaults(**PRESETS[known.preset])
+    return parser.parse_args(argv)
+
+
+def _setup(args, comm):
+    """Every rank, no communication: backend, data, layer sizes, every check on the input."""
+    from aepar.data.sources import Digits, load_digits
+    from aepar.finetune import check_ranks
+    from aepar.pretrain import parse_layers
+
+    be = backend.select(args.device, args.kernels, args.dtype)
+    digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
+    n_in = digits.train_x.shape[1]
+    sizes = parse_layers(args.layers, n_in)
+    extras = parse_extras(args.extra, len(sizes) - 1)
+    train_idx, val_idx = split_validation(digits.train_y, args.val_fraction, args.seed)
+    if train_idx.size == 0:
+        raise UserError(f"--val-fraction {args.val_fraction} leaves no training digits")
+    check_ranks(comm, int(train_idx.size), args.batch)
+    if args.finetune_epochs:
+        check_ranks(comm, int(train_idx.size), args.finetune_batch)
+    note = f", {val_idx.size} of them held out for validation" if val_idx.size else ""
+    ft = Digits(digits.train_x[train_idx], digits.train_y[train_idx], digits.test_x, digits.test_y,
+                digits.source + note, digits.name)
+    return be, ft, digits.train_x[val_idx], sizes, extras
+
+
+def warm_up(be, args):
+    """Run every kernel once on a tiny stack, so that Numba's compilation (or loading
+    from its cache) happens before the timed pre-training and fine-tuning of either scheme."""
+    from aepar.finetune import make_optimizer
+    from aepar.models.stacked import StackedAutoencoder
+    from aepar.pretrain import make_layers
+
+    rng = np.random.default_rng(0)
+    x = be.asarray(rng.random((4, 6)))
+    tiny = make_layers(be, [6, 4, 3], args.pretrainer, seed=0, batch=2)
+    h = x
+    for layer in tiny:
+        layer.train_epoch(h, 0)
+        layer.recon_error(h)
+        h = layer.transform(h)
+    model = StackedAutoencoder.from_layers(be, tiny, loss=args.loss)
+    model.train_epoch(x, 0, make_optimizer(be, model.params, args), None, 2, 0)
+    model.error_per_digit(x)
+    be.synchronize()
+
+
+TAG_IDLE_DONE = 4201
+
+
+def data_parallel_ranks(comm, requested=None) -> list[int]:
+    """Ranks for the data-parallel phases (fine-tuning, the greedy comparison).
+
+    ``requested``: the first that many ranks. Default: every rank, except where a node
+    has more ranks x threads than cores - there only as many as fit. A collective's
+    waiting ranks spin inside MPI, so oversubscribed data parallelism (4 ranks on 2 cores:
+    `make run`) mostly times the spinning; the pipeline's waiting stages sleep instead.
+    Collective.
+    """
+    import socket
+
+    import aepar
+    from aepar import _threads
+
+    info = comm.allgather_obj((socket.gethostname(), _threads.usable_cores(), int(aepar.THREADS)))
+    if requested:
+        return list(range(min(int(requested), comm.size)))
+    used, members = {}, []
+    for rank, (host, cores, threads) in enumerate(info):
+        if used.get(host, 0) < max(1, cores // max(threads, 1)):
+            members.append(rank)
+            used[host] = used.get(host, 0) + 1
+    return members
+
+
+class Subset:
+    """Run work on some ranks (world rank 0 among them) while the others sleep.
+
+    The idle ranks poll for a message from rank 0 with sleeps backing off (MPI's own
+    waits would spin and take the cores the working ranks need).
+    """
+
+    def __init__(self, comm, members):
+        self.comm, self.members = comm, sorted(members)
+        if 0 not in self.members:
+            raise ValueError("rank 0 must be a member")
+        self.member = comm.rank in self.members
+        self.sub = comm.split(0 if self.member else 1, comm.rank)
+        self.size = len(self.members)
+
+    def run(self, fn):
+        """``fn(sub_comm)`` on the members; returns its result there, None elsewhere."""
+        from aepar.parallel.pipeline import wait_until
+
+        comm = self.comm
+        if self.member:
+            result = fn(self.sub)
+            if comm.is_root:
+                token = np.zeros(1)
+                reqs = [comm.isend(token, r, TAG_IDLE_DONE) for r in range(comm.size) if r not in self.members]
+                wait_until(lambda: all(r.test() for r in reqs))
+            return result
+        token = np.empty(1)
+        req = comm.irecv(token, 0, TAG_IDLE_DONE)
+        wait_until(req.test)
+        return None
+
+
+def _stage_line(layers):
+    def fmt(rec):
+        l = rec["stage"]
+        val = "" if rec.get("val_error") is None else f"  val {rec['val_error']:9.4f}"
+        tag = "extra" if rec["extra"] else "     "
+        return (f"sync  L{l + 1} ({layers[l].n_in}-{layers[l].n_out}) epoch {rec['epoch'] + 1:3d} {tag} "
+                f"input v{rec['version']:<3d} recon {rec['train_error']:9.4f}{val}  "
+                f"[{rec['start']:7.2f}-{rec['end']:7.2f}s]")
+    return fmt
+
+
+def handover_stats(result, n_stages: int) -> list[dict]:
+    """Per stage boundary: hand-overs, bytes and seconds per hand-over (producer side,
+    receiver's recompute included) against the producer's mean epoch time."""
+    out = []
+    for l in range(n_stages - 1):
+        hs = [h for h in result.handovers if h["stage"] == l]
+        rs = [r for r in result.receives if r["stage"] == l + 1]
+        es = [e["end"] - e["start"] for e in result.epochs if e["stage"] == l]
+        if not hs:
+            continue
+        send_s = float(np.mean([h["seconds"] for h in hs]))
+        recompute_s = float(np.mean([r["recompute_s"] for r in rs])) if rs else 0.0
+        epoch_s = float(np.mean(es)) if es else float("nan")
+        out.append({"from_layer": l + 1, "to_layer": l + 2, "handovers": len(hs), "remote": bool(hs[0]["remote"]),
+                    "bytes_per_handover": float(np.mean([h["bytes"] for h in hs])),
+                    "producer_s_per_handover": send_s, "consumer_recompute_s_per_handover": recompute_s,
+                    "producer_epoch_s": epoch_s,
+                    "handover_vs_epoch": (send_s + recompute_s) / epoch_s if es else None})
+    return out
+
+
+def run_sync(be, comm, args, digits, x_val, run=None) -> dict:
+    """Synchronized pre-training, fine-tuning, optionally greedy for comparison; writes the
+    run files on rank 0 when ``run`` is given. Returns the summary (rank 0's is complete)."""
+    from aepar import checkpoint
+    from aepar.finetune import finetune_and_evaluate, layers_to_params, shard_rows
+    from aepar.greedy import pca_error, pretrain_greedy
+    from aepar.pretrain import layers_from_args
+    from aepar.report.stacked import tables
+    from aepar.trace import Trace
+
+    quiet = args.quiet
+    x_train = digits.train_x
+    n_in = x_train.shape[1]
+    warm_up(be, args)
+    trace = Trace(comm)
+    layers = layers_from_args(be, args, n_in)
+    n = len(layers)
+    epochs = [layer.epochs for layer in layers]
+    extras = parse_extras(args.extra, n)
+    ec, hc = stage_costs(layers, x_train.shape[0], x_val.shape[0])
+    plan = plan_schedule(ec, hc, epochs, extras, args.end_with_first)
+    totals = [ec[l] * plan.epochs(l) for l in range(n)]
+    layout = make_layout(totals, comm.size, max_per_stage=args.batch)
+    greedy_cost = sum(c * e for c, e in zip(ec, epochs)) + sum(hc[:-1])
+    dp = Subset(comm, data_parallel_ranks(comm, args.dp_ranks))
+    oversubscribed = len(data_parallel_ranks(comm)) < comm.size
+    mode, predicted = choose_mode(plan, layout, ec, hc, oversubscribed)
+    if args.handover_mode != "auto":
+        mode = args.handover_mode
+    sizes = [layers[0].n_in] + [l.n_out for l in layers]
+    progress(comm, quiet, f"{PROG}: {'-'.join(map(str, sizes))}, {args.pretrainer}, {comm.size} rank(s): "
+                          f"{layout.describe()}; {be.device}/{be.kernel_set}/{be.dtype}")
+    why = f" (auto{': ranks outnumber cores' if oversubscribed else ''})" if args.handover_mode == "auto" else ""
+    progress(comm, quiet, f"{PROG}: epochs per layer {epochs} + extra up to {extras} -> "
+                          + ("planned " if args.handover == "plan" else "(FLOP-clock estimate) ")
+                          + f"{[plan.epochs(l) for l in range(n)]}; hand-over {args.handover}/{mode}{why}; "
+                          f"planned makespan {plan.makespan / greedy_cost:.2f}x greedy's work (FLOP clock, "
+                          "one core per stage)")
+    pipe = Pipeline(be, comm, layers, layout, x_train, x_val, epochs=epochs, extras=extras,
+                    mode=mode, handover=args.handover,
+                    plan=plan if args.handover == "plan" else None, end_with_first=args.end_with_first,
+                    trace=trace, on_epoch=None if quiet else (lambda r, f=_stage_line(layers): print(f(r), flush=True)))
+    result = pipe.run()
+    progress(comm, quiet, f"sync pre-training: {result.time_s:.1f}s")
+    summary = {"scheme": "sync", "source": digits.source, "n_train": int(x_train.shape[0]),
+               "n_val": int(x_val.shape[0]), "n_test": int(digits.test_x.shape[0]), "ranks": comm.size,
+               "device": be.device, "kernels": be.kernel_set, "dtype": str(be.dtype), "layers": sizes,
+               "pretrainer": args.pretrainer, "epochs_per_layer": epochs, "extra": extras, "batch": args.batch,
+               "seed": args.seed, "handover": args.handover, "handover_mode": mode,
+               "handover_mode_choice": {"asked": args.handover_mode, "oversubscribed": oversubscribed,
+                                        "predicted_flop_makespan": predicted},
+               "end_with_first": args.end_with_first, "layout": layout.to_dict(),
+               "plan": plan.to_dict(), "planned_vs_greedy": plan.makespan / greedy_cost,
+               "pretrain_time_s": result.time_s}
+    if comm.is_root:
+        summary["pretrain"] = {"time_s": result.time_s, "epochs": result.epochs,
+                               "handovers": result.handovers, "receives": result.receives,
+                               "waits": result.waits, "handover_stats": handover_stats(result, n)}
+        # what this run's measured epoch times would give with one core per stage
+        measured = [float(np.mean([e["end"] - e["start"] for e in result.epochs if e["stage"] == l]))
+                    for l in range(n)]
+        summary["measured_epoch_s"] = measured
+        if args.handover == "plan":
+            summary["replay_one_core_per_stage_s"] = replay_plan(plan, measured, [0.0] * n)["makespan"]
+    pca = comm.bcast_obj(pca_error(x_train, digits.test_x, k=sizes[-1]) if comm.is_root else None)
+    summary["pca"] = pca
+    progress(comm, quiet, f"PCA-{pca['k']} baseline: train error/digit {pca['train']:.3f}  test {pca['test']:.3f}")
+    summary["dp_ranks"] = dp.size
+    ft = dp.run(lambda sub: finetune_and_evaluate(be, sub, layers, digits, args, trace=trace))
+    model = ft.pop("model") if ft is not None else None
+    ft = comm.bcast_obj(ft)
+    summary.update(finetune=ft, finetune_time_s=ft["time_s"],
+                   error={"pretrained": ft["before"], "finetuned": ft["after"] if args.finetune_epochs else None})
+
+    greedy = gmodel = glayers = None
+    if args.compare_greedy:
+        progress(comm, quiet, f"{PROG}: greedy pre-training on the same data and seed, data-parallel over "
+                              f"{dp.size} rank(s)")
+        glayers = layers_from_args(be, args, n_in)
+
+        def greedy_run(sub):
+            train_sh, val_sh = shard_rows(be, x_train, sub), shard_rows(be, x_val, sub)
+            pre = pretrain_greedy(be, sub, glayers, train_sh, val_sh, quiet=quiet, trace=trace)
+            del train_sh, val_sh
+            return pre, finetune_and_evaluate(be, sub, glayers, digits, args, trace=trace)
+
+        result_g = dp.run(greedy_run)
+        gmodel = result_g[1].pop("model") if result_g is not None else None
+        pre, gft = comm.bcast_obj(result_g)
+        greedy = {"scheme": "greedy", "source": digits.source, "n_train": summary["n_train"],
+                  "n_test": summary["n_test"], "ranks": dp.size, "device": be.device,
+                  "kernels": be.kernel_set, "dtype": str(be.dtype), "layers": sizes, "pretrainer": args.pretrainer,
+                  "epochs_per_layer": epochs[0], "batch": args.batch, "seed": args.seed, "pretrain": pre,
+                  "pretrain_time_s": pre["time_s"], "pca": pca, "finetune": gft, "finetune_time_s": gft["time_s"],
+                  "error": {"pretrained": gft["before"],
+                            "finetuned": gft["after"] if args.finetune_epochs else None}}
+        summary["greedy"] = greedy
+        summary["speedup_vs_greedy"] = pre["time_s"] / result.time_s if result.time_s > 0 else None
+        ge, se = greedy["error"], summary["error"]
+        key = "finetuned" if args.finetune_epochs else "pretrained"
+        summary["test_error_vs_greedy"] = se[key]["test"] / ge[key]["test"]
+        progress(comm, quiet, f"{PROG}: pre-training greedy {pre['time_s']:.1f}s vs sync {result.time_s:.1f}s "
+                              f"({summary['speedup_vs_greedy']:.2f}x); test error/digit greedy "
+                              f"{ge[key]['test']:.3f} vs sync {se[key]['test']:.3f}")
+
+    trace_path = run.file("trace.json") if run is not None else None
+    if run is not None:
+        trace.to_chrome_json(trace_path, extra={"scheme": "sync", "layout": layout.describe()})
+    if run is not None and comm.is_root:
+        params = layers_to_params(be, layers)
+        if args.finetune_epochs:
+            params.update({f"finetuned/{k}": be.to_host(v) for k, v in model.params.items()})
+        if glayers is not None:
+            params.update({f"greedy/{k}": v for k, v in layers_to_params(be, glayers).items()})
+            if args.finetune_epochs:
+                params.update({f"greedy/finetuned/{k}": be.to_host(v) for k, v in gmodel.params.items()})
+        checkpoint.save(run.file("weights.h5"), scheme="sync", params=params, epoch=max(epochs),
+                        config={"sizes": sizes, "pretrainer": args.pretrainer, "epochs": epochs, "extra": extras,
+                                "handover": args.handover, "handover_mode": mode,
+                                "finetune_epochs": args.finetune_epochs, "loss": args.loss,
+                                "optimizer": args.optimizer, "seed": args.seed, "layout": layout.describe()})
+        run.write_json("summary.json", summary)
+        schemes = {"greedy": greedy, "sync": summary} if greedy else {"sync": summary}
+        text = tables(schemes) + "\n" + _extra_tables(summary)
+        (run.path / "tables.md").write_text(text)
+        if args.plot:
+            try:
+                from aepar.report.spacetime import plot_spacetime
+
+                plot_spacetime(result.epochs, result.handovers, run.file("spacetime.png"), n_stages=n,
+                               title=f"Synchronized pre-training, {'-'.join(map(str, sizes))}, "
+                                     f"{comm.size} rank(s): {layout.describe()}")
+            except ImportError as e:
+                print(f"{PROG}: no spacetime.png ({e})", file=sys.stderr, flush=True)
+        if not quiet:
+            print(text, flush=True)
+    return summary
+
+
+def _extra_tables(s: dict) -> str:
+    lines = ["Synchronized schedule", "",
+             f"Layout: {s['layout']['text']}; hand-over {s['handover']}/{s['handover_mode']}"
+             + ("; ended with layer 1" if s["end_with_first"] else ""), "",
+             "| Layer | Epochs (base + extra) | Mean epoch (s) | Hand-overs out | Bytes / hand-over | "
+             "Hand-over s (producer + consumer) | Hand-over / epoch |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    pre = s.get("pretrain", {})
+    stats = {h["from_layer"]: h for h in pre.get("handover_stats", [])}
+    for l, m in enumerate(s.get("measured_epoch_s", [])):
+        eps = [e for e in pre.get("epochs", []) if e["stage"] == l]
+        base = sum(not e["extra"] for e in eps)
+        h = stats.get(l + 1)
+        cells = [f"L{l + 1}", f"{base} + {len(eps) - base}", f"{m:.3f}"]
+        if h:
+            cells += [str(h["handovers"]), f"{h['bytes_per_handover'] / 1e6:.2f} MB",
+                      f"{h['producer_s_per_handover']:.4f} + {h['consumer_recompute_s_per_handover']:.4f}",
+                      f"{h['handover_vs_epoch']:.3f}"]
+        else:
+            cells += ["–"] * 4
+        lines.append("| " + " | ".join(cells) + " |")
+    if s.get("speedup_vs_greedy"):
+        g = s.get("greedy") or {}
+        lines += ["", f"Pre-training speed-up over greedy (measured: sync on {s['ranks']} rank(s), greedy "
+                      f"data-parallel on {g.get('ranks', '?')}): {s['speedup_vs_greedy']:.2f}x; "
+                      f"test error sync/greedy {s['test_error_vs_greedy']:.3f}"]
+    if s.get("replay_one_core_per_stage_s") is not None:
+        lines += [f"Simulated with one core per stage from these measured epoch times: "
+                  f"{s['replay_one_core_per_stage_s']:.1f}s (see bench/makespan.py)"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv, comm):
+    args = parse_args(argv)
+    be, digits, x_val, _, _ = comm.agree(_setup, args, comm)
+    progress(comm, args.quiet, f"{PROG}: {digits.source}")
+    with RunDir(args.out, comm) as run:
+        run_sync(be, comm, args, digits, x_val, run)
+    progress(comm, args.quiet, f"{PROG}: wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, PROG))
