@@ -81,7 +81,7 @@ def pytest_terminal_summary(terminalreporter):
     tr = terminalreporter
     tr.section("kernel checks per family (passed/failed/skipped)")
     kinds = ("gradcheck", "matches_reference", "adjoint")
-    tr.write_line(f"{"family":<18}" + "".join(f"{k:>22}" for k in kinds))
+    tr.write_line(f"{'family':<18}" + "".join(f"{k:>22}" for k in kinds))
     for family in sorted(_KERNEL_CHECKS):
         row = _KERNEL_CHECKS[family]
         cells = ["/".join(map(str, row[k])) if k in row else "-" for k in kinds]
