@@ -1,0 +1,138 @@
+"""What machine a benchmark row was measured on.
+
+Every scaling/peer row carries these columns so that a number is never separated from
+the hardware, BLAS build and thread setting that produced it (a DGEMM on this kind of
+CPU is 50 or 80 GFLOP/s depending on which OpenBLAS kernels were picked).
+
+Cheap to call: reads /proc and the environment, asks NumPy for its build configuration
+and, only if it is already installed, threadpoolctl for the OpenBLAS core type. The MPI
+library comes from :func:`aepar.comm.library` (pass ``mpi=`` to skip that import in a
+process that has no use for MPI).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+
+from aepar import _threads
+
+#: The columns :func:`describe` returns, in the order benchmark CSVs write them.
+FIELDS = ("hostname", "cores", "cpu_model", "blas", "blas_coretype", "threads", "mpi",
+          "python", "numpy", "numba")
+
+_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "AEPAR_THREADS")
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (platform.processor() elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                # x86: "model name"; some ARM kernels: "Model" or "Hardware"
+                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def threads_per_rank() -> int:
+    """BLAS threads each rank runs with, from the environment aepar set (or the user did)."""
+    for var in _THREAD_ENV:
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return _threads.threads_per_rank()
+
+
+def _threadpool_blas():
+    """threadpoolctl's record of the loaded BLAS, or None (threadpoolctl is optional)."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    for info in threadpool_info():
+        if info.get("user_api") == "blas":
+            return info
+    return None
+
+
+def blas_info() -> tuple[str, str]:
+    """(name and version of NumPy's BLAS, the OpenBLAS core type or '').
+
+    The core type is OPENBLAS_CORETYPE when the user forced one, else what the loaded
+    OpenBLAS reports (its runtime CPU dispatch), else ''.
+    """
+    import numpy as np
+
+    name = version = ""
+    try:
+        cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        name, version = cfg.get("name", ""), cfg.get("version", "")
+    except Exception:  # NumPy < 1.26 has no mode="dicts"; fall back to threadpoolctl below
+        pass
+    info = _threadpool_blas()
+    if info is not None:
+        name = name or info.get("internal_api", "")
+        version = version or info.get("version") or ""
+    coretype = os.environ.get("OPENBLAS_CORETYPE", "")
+    if not coretype and info is not None and info.get("internal_api") == "openblas":
+        coretype = info.get("architecture") or ""
+    blas = f"{name} {version}".strip() or "unknown"
+    return blas, coretype
+
+
+def _numba_version() -> str:
+    if "numba" in sys.modules:
+        return sys.modules["numba"].__version__
+    try:  # the distribution metadata, without importing numba (seconds of LLVM set-up)
+        from importlib.metadata import version
+        return version("numba")
+    except Exception:
+        return ""
+
+
+def describe(mpi: str | None = None, threads: int | None = None) -> dict:
+    """The machine columns for one benchmark row.
+
+    Parameters
+    ----------
+    mpi : str, optional
+        The MPI library line; default :func:`aepar.comm.library` (imports mpi4py, which
+        initialises MPI in a process that had not).
+    threads : int, optional
+        Threads per rank to record; default from the environment (see
+        :func:`threads_per_rank`).
+
+    Returns
+    -------
+    dict
+        Keys :data:`FIELDS`: hostname, cores (usable by this process), cpu_model, blas
+        (name + version), blas_coretype, threads (per rank), mpi, python, numpy, numba.
+    """
+    import numpy as np
+
+    if mpi is None:
+        from aepar.comm import library
+        mpi = library()
+    blas, coretype = blas_info()
+    return {
+        "hostname": socket.gethostname(),
+        "cores": _threads.usable_cores(),
+        "cpu_model": cpu_model(),
+        "blas": blas,
+        "blas_coretype": coretype,
+        "threads": int(threads) if threads is not None else threads_per_rank(),
+        "mpi": mpi,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": _numba_version(),
+    }
+
+
+if __name__ == "__main__":  # `python -m aepar.machine`: print the row as key: value
+    for key, value in describe().items():
+        print(f"{key}: {value}")

@@ -1,0 +1,281 @@
+"""aepar's sparse autoencoder side by side with the textbook NumPy one, in one process.
+
+The textbook implementation is the seed's serial code style (Agrawal's Python port of
+UFLDL, which Lewis & Canann parallelised): column-major samples (v, m), W1 (h, v), the
+cost and gradient written out formula by formula with new temporaries on every call, and
+scipy's L-BFGS-B. aepar's is :class:`aepar.models.sparse_ae.SparseAutoencoder` on the
+Numba kernel set (fused, blocked, no allocations per evaluation), driven by the same
+L-BFGS-B (:func:`aepar.optim.lbfgs`). Both run here, one after the other, on the same
+patches (aepar's sampler on the natural images) and the same initial θ, 400 iterations,
+one process, float64.
+
+    python -m bench.textbook_sparse [--samples 10000] [--iterations 400] [--threads 1]
+                                    [--out bench/results/peers.csv]
+
+FLOPs: each evaluation's five matrix products (x W1, a2 W2, δ3 W2ᵀ, a2ᵀ δ3, xᵀ δ2) cost
+2·m·v·h each, i.e. 10·m·v·h = 16,000·m for v = 64, h = 25 (element-wise work not
+counted). Achieved GFLOP/s = 16,000·m·evaluations / seconds / 1e9 over the whole run
+(L-BFGS-B's own work included; the time inside the cost/gradient is reported beside it),
+against the DGEMM rate of a 1000×1000 matrix product timed in the same run with the same
+thread count.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _set_threads(n: int):
+    """Fix BLAS/Numba threads before NumPy loads (aepar._threads reads AEPAR_THREADS)."""
+    if "numpy" in sys.modules:
+        return  # too late to change; describe() records what is in effect
+    for var in ("AEPAR_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "NUMBA_NUM_THREADS"):
+        os.environ[var] = str(n)
+
+
+# ---------------------------------------------------------------------------- textbook
+class TextbookSparseAutoencoder:
+    """UFLDL's sparse autoencoder as the seed's serial Python code writes it.
+
+    Samples are columns (v, m); θ = [W1 (h×v), W2 (v×h), b1, b2] flattened row-major.
+    Every call allocates its activations, deltas and gradients afresh.
+    """
+
+    def __init__(self, visible, hidden, rho=0.01, lamda=1e-4, beta=3.0):
+        self.visible_size, self.hidden_size = visible, hidden
+        self.rho, self.lamda, self.beta = rho, lamda, beta
+        self.limit0 = 0
+        self.limit1 = hidden * visible
+        self.limit2 = 2 * hidden * visible
+        self.limit3 = 2 * hidden * visible + hidden
+        self.limit4 = 2 * hidden * visible + hidden + visible
+
+    @staticmethod
+    def sigmoid(x):
+        import numpy
+        return 1 / (1 + numpy.exp(-x))
+
+    def cost(self, theta, input):
+        import numpy
+        W1 = theta[self.limit0:self.limit1].reshape(self.hidden_size, self.visible_size)
+        W2 = theta[self.limit1:self.limit2].reshape(self.visible_size, self.hidden_size)
+        b1 = theta[self.limit2:self.limit3].reshape(self.hidden_size, 1)
+        b2 = theta[self.limit3:self.limit4].reshape(self.visible_size, 1)
+        m = input.shape[1]
+
+        hidden_layer = self.sigmoid(numpy.dot(W1, input) + b1)
+        output_layer = self.sigmoid(numpy.dot(W2, hidden_layer) + b2)
+        rho_cap = numpy.sum(hidden_layer, axis=1) / m
+
+        diff = output_layer - input
+        sum_of_squares_error = 0.5 * numpy.sum(numpy.multiply(diff, diff)) / m
+        weight_decay = 0.5 * self.lamda * (numpy.sum(numpy.multiply(W1, W1))
+                                           + numpy.sum(numpy.multiply(W2, W2)))
+        kl_divergence = self.beta * numpy.sum(self.rho * numpy.log(self.rho / rho_cap)
+                                              + (1 - self.rho) * numpy.log((1 - self.rho) / (1 - rho_cap)))
+        cost = sum_of_squares_error + weight_decay + kl_divergence
+
+        kl_div_grad = self.beta * (-(self.rho / rho_cap) + ((1 - self.rho) / (1 - rho_cap)))
+        del_out = numpy.multiply(diff, numpy.multiply(output_layer, 1 - output_layer))
+        del_hid = numpy.multiply(numpy.dot(numpy.transpose(W2), del_out) + kl_div_grad.reshape(-1, 1),
+                                 numpy.multiply(hidden_layer, 1 - hidden_layer))
+
+        W1_grad = numpy.dot(del_hid, numpy.transpose(input))
+        W2_grad = numpy.dot(del_out, numpy.transpose(hidden_layer))
+        b1_grad = numpy.sum(del_hid, axis=1)
+        b2_grad = numpy.sum(del_out, axis=1)
+        W1_grad = W1_grad / m + self.lamda * W1
+        W2_grad = W2_grad / m + self.lamda * W2
+        b1_grad = b1_grad / m
+        b2_grad = b2_grad / m
+        theta_grad = numpy.concatenate((W1_grad.flatten(), W2_grad.flatten(),
+                                        b1_grad.flatten(), b2_grad.flatten()))
+        return [cost, theta_grad]
+
+
+def to_textbook_theta(theta, visible, hidden):
+    """aepar's θ (W1 v×h, W2 h×v, b1, b2) -> the textbook's (W1 h×v, W2 v×h, b1, b2)."""
+    import numpy as np
+    v, h = visible, hidden
+    W1 = theta[:v * h].reshape(v, h)
+    W2 = theta[v * h:2 * v * h].reshape(h, v)
+    return np.concatenate([W1.T.ravel(), W2.T.ravel(), theta[2 * v * h:]])
+
+
+# ---------------------------------------------------------------------------- measure
+def flops_per_evaluation(m: int, visible: int, hidden: int) -> int:
+    """The five matrix products of one cost/gradient evaluation: 10·m·v·h."""
+    return 10 * m * visible * hidden
+
+
+def dgemm_gflops(n: int = 1000, repeats: int = 5) -> float:
+    """Best-of-``repeats`` rate of an n×n float64 matrix product (2n³ FLOPs), in GFLOP/s."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    c = np.empty((n, n))
+    np.matmul(a, b, out=c)  # warm-up: thread pool, pages
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.matmul(a, b, out=c)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best / 1e9
+
+
+def _minimize(fun, theta0, iterations):
+    from aepar.optim import lbfgs
+    t0 = time.perf_counter()
+    res = lbfgs(fun, theta0, iterations)
+    return res, time.perf_counter() - t0
+
+
+def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numba", data_dir=None):
+    """Time both implementations; returns (rows, info). Rows are dicts for peers.csv."""
+    import numpy as np
+
+    from aepar.backend import select
+    from aepar.data.patches import sample_patches
+    from aepar.data.sources import natural_images
+    from aepar.models.sparse_ae import SparseAutoencoder, init_theta
+
+    images, source = natural_images(data_dir)
+    x = sample_patches(images, samples, patch, seed)           # (m, v) float64
+    v = patch * patch
+    theta0 = init_theta(v, hidden, seed)
+
+    # aepar: the model the scheme uses, in one process (the whole shard: KL folded in)
+    be = select("cpu", kernels, "float64")
+    model = SparseAutoencoder(be, v, hidden).attach(x)
+    # textbook: its own layout (samples as columns), the same θ0 permuted to it
+    tb = TextbookSparseAutoencoder(v, hidden)
+    xt = np.ascontiguousarray(x.T)
+    theta0_tb = to_textbook_theta(theta0, v, hidden)
+
+    # Same function: the cost at θ0 must agree before any timing means anything.
+    c_aepar, g_aepar = model.cost_grad(theta0)                  # also compiles/loads Numba
+    c_tb, g_tb = tb.cost(theta0_tb, xt)
+    if not np.isclose(c_aepar, c_tb, rtol=1e-10, atol=0):
+        raise RuntimeError(f"implementations disagree at theta0: {c_aepar!r} vs {c_tb!r}")
+    if not np.allclose(to_textbook_theta(g_aepar, v, hidden), g_tb, rtol=1e-7, atol=1e-12):
+        raise RuntimeError("implementations' gradients disagree at theta0")
+
+    counts = {"aepar": 0, "textbook": 0}
+    inside = {"aepar": 0.0, "textbook": 0.0}  # seconds inside the objective (rest: L-BFGS-B)
+
+    def f_aepar(theta):
+        counts["aepar"] += 1
+        t0 = time.perf_counter()
+        out = model.cost_grad(theta)
+        inside["aepar"] += time.perf_counter() - t0
+        return out
+
+    def f_textbook(theta):
+        counts["textbook"] += 1
+        t0 = time.perf_counter()
+        out = tb.cost(theta, xt)
+        inside["textbook"] += time.perf_counter() - t0
+        return out
+
+    peak = dgemm_gflops()
+    results = {}
+    # textbook first, then aepar: neither gets a warmer cache from the other's data
+    results["textbook"] = _minimize(f_textbook, theta0_tb, iterations)
+    results["aepar"] = _minimize(f_aepar, theta0, iterations)
+    peak = max(peak, dgemm_gflops())  # the better of before and after: a busy box varies
+
+    flop = flops_per_evaluation(samples, v, hidden)
+    rows = []
+    t_text = results["textbook"][1]
+    names = {"textbook": "textbook NumPy (seed style: UFLDL formulas, new temporaries, scipy L-BFGS-B)",
+             "aepar": f"aepar SparseAutoencoder ({be.kernel_set} kernels, scipy L-BFGS-B)"}
+    for key in ("textbook", "aepar"):
+        res, seconds = results[key]
+        evals = counts[key]
+        gflops = flop * evals / seconds / 1e9  # over the whole run, optimiser included
+        rows.append({
+            "implementation": key, "description": names[key], "samples": samples,
+            "iterations": int(res.nit), "evaluations": evals, "seconds": f"{seconds:.4f}",
+            "seconds_per_evaluation": f"{seconds / max(evals, 1):.6f}",
+            "seconds_in_cost_gradient": f"{inside[key]:.4f}",
+            "final_cost": f"{float(res.fun):.10g}",
+            "gflop_per_evaluation": f"{flop / 1e9:.4f}", "gflops": f"{gflops:.2f}",
+            "dgemm_peak_gflops": f"{peak:.2f}", "fraction_of_peak": f"{gflops / peak:.3f}",
+            "speedup_vs_textbook": f"{t_text / seconds:.2f}",
+        })
+    info = {"source": source, "peak": peak, "flop_per_evaluation": flop}
+    return rows, info
+
+
+PEER_COLUMNS = ("implementation", "samples", "iterations", "evaluations", "seconds",
+                "seconds_per_evaluation", "seconds_in_cost_gradient", "final_cost", "gflop_per_evaluation", "gflops",
+                "dgemm_peak_gflops", "fraction_of_peak", "speedup_vs_textbook", "description")
+
+
+def write(rows, path, machine):
+    from aepar.machine import FIELDS
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(PEER_COLUMNS) + list(FIELDS), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, **machine})
+    os.replace(tmp, path)
+
+
+def markdown(rows, info) -> str:
+    """A small markdown table of the comparison (bench.run appends it to scaling.md)."""
+    lines = [f"## Side by side at {rows[0]['samples']} patches, 1 process, float64", "",
+             f"FLOPs per evaluation = 10·m·v·h = {info['flop_per_evaluation'] / 1e9:.3f} GFLOP "
+             f"(five matrix products); DGEMM 1000×1000 in the same run: {info['peak']:.1f} GFLOP/s.",
+             "",
+             "| implementation | iterations | evaluations | seconds | in cost/gradient | GFLOP/s | of DGEMM | speedup | final cost |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['implementation']} | {r['iterations']} | {r['evaluations']} | {r['seconds']} | "
+                     f"{r['seconds_in_cost_gradient']} | "
+                     f"{r['gflops']} | {float(r['fraction_of_peak']):.0%} | {r['speedup_vs_textbook']}x | "
+                     f"{r['final_cost']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.textbook_sparse", description=__doc__.split("\n")[0])
+    p.add_argument("--samples", type=int, default=10000)
+    p.add_argument("--iterations", type=int, default=400)
+    p.add_argument("--hidden", type=int, default=25)
+    p.add_argument("--patch", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kernels", choices=["numba", "numpy"], default="numba")
+    p.add_argument("--threads", type=int, default=1, help="BLAS/Numba threads for both (default 1)")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--out", default=str(RESULTS / "peers.csv"))
+    p.add_argument("--md", default="", help="also write the markdown table here")
+    args = p.parse_args(argv)
+    _set_threads(args.threads)
+
+    from aepar.machine import describe
+    rows, info = run(args.samples, args.iterations, args.patch, args.hidden, args.seed,
+                     args.kernels, args.data_dir)
+    machine = describe(mpi="not used (one process)")
+    write(rows, args.out, machine)
+    md = markdown(rows, info)
+    if args.md:
+        Path(args.md).write_text(md)
+    print(f"data: {info['source']}")
+    print(md)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

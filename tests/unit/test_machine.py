@@ -1,0 +1,69 @@
+"""aepar.machine: the hardware/BLAS/MPI columns of every benchmark row."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from aepar import _threads, machine
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_describe_has_every_field_with_sane_values():
+    d = machine.describe(mpi="test-mpi")
+    assert tuple(d) == machine.FIELDS
+    assert d["cores"] == _threads.usable_cores() >= 1
+    assert d["mpi"] == "test-mpi"
+    assert d["numpy"] == np.__version__
+    assert d["python"].count(".") == 2
+    assert d["cpu_model"] and d["hostname"]
+    assert isinstance(d["threads"], int) and d["threads"] >= 1
+
+
+def test_cpu_model_comes_from_proc_cpuinfo():
+    if not os.path.exists("/proc/cpuinfo"):
+        pytest.skip("no /proc/cpuinfo on this system")
+    with open("/proc/cpuinfo") as f:
+        text = f.read()
+    assert machine.cpu_model() in text
+
+
+def test_blas_names_numpys_build():
+    blas, _ = machine.blas_info()
+    cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    assert blas.startswith(cfg["name"])
+    assert cfg.get("version", "") in blas
+
+
+def test_threads_follow_the_environment(monkeypatch):
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    assert machine.describe(mpi="x")["threads"] == 3
+    assert machine.describe(mpi="x", threads=5)["threads"] == 5
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "AEPAR_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    assert machine.threads_per_rank() == _threads.threads_per_rank()
+
+
+def test_forced_openblas_coretype_is_reported():
+    # OpenBLAS reads OPENBLAS_CORETYPE when it loads: a fresh process
+    code = "import aepar.machine as m; print(m.describe(mpi='x')['blas_coretype'])"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, OPENBLAS_CORETYPE="Haswell"), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "Haswell"
+
+
+def test_cheap_no_numba_or_mpi_import_when_mpi_given():
+    code = ("import sys, aepar.machine as m; m.describe(mpi='x'); "
+            "print('numba' in sys.modules, 'mpi4py.MPI' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_default_mpi_is_the_comm_library():
+    from aepar.comm import library
+    assert machine.describe()["mpi"] == library()
