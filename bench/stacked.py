@@ -2,10 +2,15 @@
 
 Writes into bench/results/ (every figure says whether it was MEASURED here or SIMULATED):
 
-- rbm_epoch.csv: one CD-1 epoch of the 784x1000 RBM (batch 100, float32, the seed's
-  recipe), aepar's RBM and a PyTorch peer (bench/torch_rbm.py) side by side in one
-  process with the same thread count, best of 3 after a warm-up; ratio = torch s / aepar s
-  (> 1: aepar faster). Measured.
+- rbm_epoch.csv: one CD-1 epoch of the stack's first layer, the 784x1000 Bernoulli RBM
+  (batch 100, float32, the seed's recipe, momentum 0.9), on the first 50,000
+  Fashion-MNIST training images when installed (else the run's own training rows, and
+  it says so): aepar's RBM and the PyTorch peers of bench/torch_rbm.py ("careful", the
+  comparison that counts, and "plain") side by side in one process per thread count (1
+  and 2: AEPAR_THREADS there, torch.set_num_threads), a warm-up epoch each, then the best
+  of 3 epochs taken in turns; ratio = this row's seconds / aepar's (> 1: aepar faster).
+  Rows carry the machine columns and the load average before/after. Measured.
+  ``--rbm-only`` runs just this part (``--rbm-threads``, ``--rbm-rows``, ``--rbm-repeats``).
 Files other than rbm_epoch.csv carry the configuration in their name (_quick, _full).
 
 - stage_times.json: every layer's epoch and transform time on one core (the greedy
@@ -83,38 +88,132 @@ def _write_csv(path, rows):
 
 
 # ---- one CD-1 epoch: aepar vs PyTorch ------------------------------------------------------
-def rbm_epoch(x, repeats=3) -> list[dict]:
-    from aepar import backend
-    from aepar.pretrain import make_layers
+RBM_ROWS = 50_000          # the issue's size: 50k Fashion-MNIST training images
+RBM_THREADS = (1, 2)
+AEPAR_NAME = "aepar (numba kernels)"
+TORCH_NAMES = {"careful": "pytorch careful (bench/torch_rbm.py)", "plain": "pytorch plain (bench/torch_rbm.py)"}
 
-    be = backend.select("cpu", "numba", "float32")
-    layer = make_layers(be, [784, 1000], "rbm", seed=0)[0]
-    xb = be.asarray(x)
-    layer.train_epoch(xb[:500], 0)  # warm-up: JIT and BLAS buffers
-    times = {}
-    for r in range(repeats):
-        t0 = time.perf_counter()
-        layer.train_epoch(xb, 6 + r)  # epochs past the momentum switch, like most of a run
-        times.setdefault("aepar (numba kernels)", []).append(time.perf_counter() - t0)
+
+def rbm_data(spec: str):
+    """(x float32, description) for a ``--rbm-child-data`` spec: ``fashion:N`` (the first N
+    Fashion-MNIST training images) or the path of a .npy file of rows."""
+    if spec.startswith("fashion:"):
+        from aepar.data.sources import load_digits
+
+        x = load_digits("fashion", seed=0, dtype=np.float32).train_x[:int(spec.split(":", 1)[1])]
+        return np.ascontiguousarray(x), f"fashion-mnist train[:{x.shape[0]}]"
+    return np.ascontiguousarray(np.load(spec), dtype=np.float32), None
+
+
+def fashion_installed() -> bool:
+    from aepar.data.sources import FASHION_DIR, _idx_set
+
+    return FASHION_DIR.is_dir() and _idx_set(FASHION_DIR, required=False) is not None
+
+
+def rbm_epoch_here(x, repeats=3, styles=("careful", "plain")) -> dict:
+    """One process, this process's thread count: aepar's 784x1000 Bernoulli RBM (the stack's
+    first layer, the seed's recipe) and the PyTorch peers, a warm-up epoch each on 500
+    rows, then ``repeats`` rounds of one epoch each, interleaved (aepar, torch, ...) so
+    that load from other users hits them alike. Returns {implementation: [seconds, ...]}."""
+    from aepar import backend
+    from aepar.models.rbm import RBM
     from bench import torch_rbm
 
+    be = backend.select("cpu", "numba", "float32")
+    layer = RBM(be, 784, 1000, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
+                momentum_switch_epoch=5, batch=100, seed=0, layer_index=0)
+    xb = be.asarray(x)
+    layer.train_epoch(xb[:500], 0)  # warm-up: JIT, BLAS buffers
+    peers = {}
     if torch_rbm.available():
-        peer = torch_rbm.TorchRBM(784, 1000, threads=aepar.THREADS, seed=0)
-        peer.train_epoch(x[:500])
-        for r in range(repeats):
-            times.setdefault("pytorch (bench/torch_rbm.py)", []).append(peer.time_epoch(x))
+        for style in styles:
+            peers[TORCH_NAMES[style]] = torch_rbm.TorchRBM(784, 1000, threads=aepar.THREADS, seed=0, style=style)
+            peers[TORCH_NAMES[style]].train_epoch(x[:500])
+    times = {AEPAR_NAME: [], **{name: [] for name in peers}}
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        layer.train_epoch(xb, 6 + r)  # epochs past the momentum switch (0.9), like most of a run
+        times[AEPAR_NAME].append(time.perf_counter() - t0)
+        for name, peer in peers.items():
+            times[name].append(peer.time_epoch(x))
+    return times
+
+
+def _rbm_child(args) -> int:
+    """``--rbm-child``: time this process's thread count (AEPAR_THREADS, read when aepar was
+    imported) and print the result as one JSON line for :func:`rbm_epoch`."""
+    x, what = rbm_data(args.rbm_child_data)
+    load_before = os.getloadavg()[0]
+    styles = [s for s in ("careful", "plain") if f"rbm-{s}" not in args.skip]
+    times = rbm_epoch_here(x, args.rbm_repeats, styles)
+    # thread-pool settings that change how the two runtimes share the cores (OpenBLAS's
+    # workers spin 2**OPENBLAS_THREAD_TIMEOUT cycles after each call, default 2**28)
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT") if k in os.environ)
     machine = machine_columns()
-    best = {k: min(v) for k, v in times.items()}
-    ours = best["aepar (numba kernels)"]
-    rows = []
-    for name, t in best.items():
-        rows.append({"implementation": name, "samples": int(x.shape[0]), "layer": "784x1000", "batch": 100,
-                     "dtype": "float32", "seconds": t, "ratio": t / ours, "repeats": repeats,
-                     "kind": "measured", **machine})
-    if not torch_rbm.available():
-        rows.append({"implementation": "pytorch (not installed: .venv/bin/pip install torch==2.13.0)",
-                     "samples": int(x.shape[0]), "kind": "missing", **machine})
-    return rows
+    if "torch" in sys.modules:
+        machine["torch"] = sys.modules["torch"].__version__
+    print("RBM-EPOCH " + json.dumps({"times": times, "data": what or args.rbm_child_what,
+                                     "samples": int(x.shape[0]), "load_1min": [load_before, os.getloadavg()[0]],
+                                     "env": env, "machine": machine}), flush=True)
+    return 0
+
+
+def rbm_epoch(fallback_x, fallback_name, threads=RBM_THREADS, repeats=3, rows=RBM_ROWS, skip="") -> list[dict]:
+    """CD-1 epochs of aepar and PyTorch side by side, one child process per thread count
+    (AEPAR_THREADS there, and torch.set_num_threads): rows for rbm_epoch.csv.
+
+    The data are the first ``rows`` Fashion-MNIST training images when installed, else
+    ``fallback_x`` (the run's own training rows), and the run says so."""
+    import tempfile
+
+    from bench import torch_rbm
+
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if fashion_installed():
+            spec = f"fashion:{rows}"
+        else:
+            spec = str(Path(tmp) / "x.npy")
+            np.save(spec, np.ascontiguousarray(fallback_x, dtype=np.float32))
+            print(f"bench.stacked: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist): the "
+                  f"rbm epoch runs on {fallback_name}, {fallback_x.shape[0]} rows, not {rows} Fashion rows", flush=True)
+        for t in threads:
+            env = dict(os.environ, AEPAR_THREADS=str(t))
+            for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+                env.pop(var, None)  # aepar sets them from AEPAR_THREADS
+            cmd = [sys.executable, "-m", "bench.stacked", "--rbm-child", "--rbm-repeats", str(repeats),
+                   "--rbm-child-data", spec, "--rbm-child-what", f"{fallback_name} ({fallback_x.shape[0]} rows)",
+                   "--skip", skip]
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+            lines = proc.stdout.splitlines()
+            found = [ln for ln in lines if ln.startswith("RBM-EPOCH ")]
+            sys.stdout.write("".join(ln + "\n" for ln in lines if not ln.startswith("RBM-EPOCH ")))
+            if proc.returncode != 0 or not found:
+                raise SystemExit(f"bench.stacked: the rbm epoch at {t} threads failed ({proc.returncode}):\n"
+                                 f"{proc.stderr[-3000:]}")
+            res = json.loads(found[-1][len("RBM-EPOCH "):])
+            ours = min(res["times"][AEPAR_NAME])
+            for name, ts in res["times"].items():
+                out.append({"implementation": name, "data": res["data"], "samples": res["samples"],
+                            "layer": "784x1000 bernoulli", "batch": 100, "dtype": "float32",
+                            "seconds": min(ts), "ratio": min(ts) / ours, "repeats": repeats,
+                            "all_seconds": " ".join(f"{v:.3f}" for v in ts),
+                            "load_1min": " ".join(f"{v:.2f}" for v in res["load_1min"]), "env": res["env"],
+                            "kind": "measured", **res["machine"]})
+            if not torch_rbm.available():
+                out.append({"implementation": "pytorch (not installed: .venv/bin/pip install torch==2.13.0)",
+                            "samples": res["samples"], "kind": "missing", **res["machine"]})
+    return out
+
+
+def rbm_table(rows) -> list[str]:
+    md = ["| threads | implementation | samples | seconds (best) | seconds / aepar's (> 1: aepar faster) |",
+          "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if "seconds" in r:
+            md.append(f"| {r['threads']} | {r['implementation']} | {r['samples']} | {r['seconds']:.3f} | {r['ratio']:.2f} |")
+    return md
 
 
 # ---- per-layer times on one core -------------------------------------------------------------
@@ -179,9 +278,21 @@ def main(argv=None) -> int:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="mnist5k (default)")
     g.add_argument("--full", action="store_true", help="Fashion-MNIST at the seed's epochs (about an hour)")
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: rbm,stages,measured,quality")
+    p.add_argument("--skip", default="",
+                   help="comma-separated parts to skip: rbm,stages,measured,quality; rbm-plain (the plain "
+                        "PyTorch peer of the rbm epoch)")
+    p.add_argument("--rbm-only", action="store_true", help="only the CD-1 epoch comparison (rbm_epoch.csv)")
+    p.add_argument("--rbm-threads", default=",".join(map(str, RBM_THREADS)),
+                   help="thread counts of the CD-1 epoch comparison (default %(default)s)")
+    p.add_argument("--rbm-rows", type=int, default=RBM_ROWS, help="Fashion-MNIST rows per epoch (default %(default)s)")
+    p.add_argument("--rbm-repeats", type=int, default=3, help="timed epochs per implementation (best counts)")
+    p.add_argument("--rbm-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rbm-child-data", help=argparse.SUPPRESS)
+    p.add_argument("--rbm-child-what", help=argparse.SUPPRESS)
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
+    if args.rbm_child:
+        return _rbm_child(args)
     which = "full" if args.full else "quick"
     cfg = CONFIGS[which]
     skip = set(filter(None, args.skip.split(",")))
@@ -200,17 +311,20 @@ def main(argv=None) -> int:
     epochs, extras = [cfg["epochs"]] * 4, default_extras(4)
     md = [f"# Stacked autoencoder benchmark ({which}: {digits.source})", ""]
 
-    if "rbm" not in skip:
-        rows = rbm_epoch(x_train)
+    if "rbm" not in skip or args.rbm_only:
+        threads = [int(t) for t in args.rbm_threads.split(",") if t.strip()]
+        rows = rbm_epoch(x_train, f"{cfg['dataset']} training split", threads, args.rbm_repeats, args.rbm_rows,
+                         ",".join(sorted(skip)))
         _write_csv(out / "rbm_epoch.csv", rows)
-        md += ["## One CD-1 epoch, 784x1000, batch 100, float32 (measured)", "",
-               "| implementation | samples | seconds | seconds / aepar's (> 1: aepar faster) |",
-               "| --- | --- | --- | --- |"]
-        for r in rows:
-            if "seconds" in r:
-                md.append(f"| {r['implementation']} | {r['samples']} | {r['seconds']:.3f} | {r['ratio']:.2f} |")
-        md.append("")
-        print("\n".join(md[-len(rows) - 4:]), flush=True)
+        data = rows[0].get("data", "") if rows else ""
+        md += [f"## One CD-1 epoch, 784x1000 Bernoulli RBM, batch 100, float32 (measured; {data})", "",
+               *rbm_table(rows), "",
+               "Side by side in one process per thread count, warm-up then best of "
+               f"{args.rbm_repeats} interleaved epochs; load average (1 min) before/after in rbm_epoch.csv.", ""]
+        print("\n".join(md[2:]), flush=True)
+        if args.rbm_only:
+            print(f"bench.stacked: wrote {out / 'rbm_epoch.csv'}", flush=True)
+            return 0
 
     st_path = out / f"stage_times_{which}.json"
     if "stages" not in skip or not st_path.exists():

@@ -1,10 +1,27 @@
 """The seed-002 CD-1 epoch in PyTorch on the CPU: a bench-only peer for aepar's RBM.
 
-Same recipe as :class:`aepar.models.rbm.RBM` (DESIGN.md "Stacked autoencoder"): batch 100,
-learning rate 0.1 for weights and biases, momentum, weight cost 2e-4 on W, hidden states
-sampled for the negative phase, reconstruction kept as probabilities, statistics from
-hidden probabilities; one shuffle per epoch. float32, ``torch.no_grad``, in-place BLAS
-calls (``addmm_``) - the way a careful PyTorch user writes it, no autograd.
+Same recipe as :class:`aepar.models.rbm.RBM` with Bernoulli hidden units (DESIGN.md
+"Stacked autoencoder", the 784-1000 layer): batch 100, learning rate 0.1 for weights and
+biases, momentum, weight cost 2e-4 on W, hidden states sampled for the negative phase,
+reconstruction kept as probabilities, statistics from hidden probabilities; one shuffle
+per epoch. float32, ``torch.no_grad``, no autograd.
+
+Two ways of writing it (``style``):
+
+- ``"careful"`` (the peer bench.stacked compares against): what a performance-minded
+  PyTorch user writes. Every buffer is allocated once; the GEMMs write in place
+  (``addmm(out=)``, and the momentum step is two ``addmm_`` into the velocity with
+  ``beta=momentum``); the shuffle gather is ``index_select(out=)``; the error is summed in
+  a tensor and read once per epoch; and, what matters most, no subnormal floats: once
+  the weights have grown, about a tenth of the hidden probabilities are below 1e-30 and
+  some below float32's smallest normal number (sigmoid of < -87), and the arithmetic
+  that meets subnormal numbers takes microcode assists: the plain version ran 3-4x
+  slower. So the epoch runs under ``torch.set_flush_denormal(True)`` (restored after),
+  which sets the mode of the calling thread only, and the probabilities below 2**-100
+  are stored as 0 (``torch.threshold_``), as aepar's float32 kernels store them; without
+  the latter the intra-op worker thread at 2 threads still met them (4x slower there).
+- ``"plain"``: the straightforward version, the bench's peer before: fresh tensors for
+  every intermediate, one ``float()`` per batch, the CPU's default subnormal handling.
 
 aepar itself never imports torch; ``bench.stacked`` times both side by side.
 Install: ``.venv/bin/pip install torch==2.13.0``.
@@ -13,7 +30,11 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["available", "TorchRBM"]
+__all__ = ["available", "TorchRBM", "STYLES"]
+
+STYLES = ("careful", "plain")
+# aepar's float32 kernels store probabilities below this as 0 (kernels/nb/rbm.py, _flush)
+FLUSH = 2.0 ** -100
 
 
 def available() -> bool:
@@ -25,50 +46,116 @@ def available() -> bool:
 
 
 class TorchRBM:
-    """A Bernoulli-Bernoulli RBM trained by CD-1 with PyTorch tensors on the CPU."""
+    """A Bernoulli-Bernoulli RBM trained by CD-1 with PyTorch tensors on the CPU.
+
+    Parameters
+    ----------
+    n_in, n_out : int
+    lr, weight_cost, momentum : float
+        The recipe (momentum 0.9: the epochs after the switch, most of a run).
+    batch, seed : int
+    threads : int
+        ``torch.set_num_threads`` (intra-op threads: MKL and the element-wise loops).
+    style : {"careful", "plain"}
+        See the module docstring.
+    """
 
     def __init__(self, n_in, n_out, *, lr=0.1, weight_cost=2e-4, momentum=0.9, batch=100, seed=0,
-                 threads=1):
+                 threads=1, style="careful"):
         import torch
 
+        if style not in STYLES:
+            raise ValueError(f"style must be one of {STYLES}, not {style!r}")
         torch.set_num_threads(int(threads))
-        self.torch = torch
+        self.torch, self.style = torch, style
         self.gen = torch.Generator().manual_seed(seed)
         self.W = 0.1 * torch.randn(n_in, n_out, generator=self.gen, dtype=torch.float32)
         self.bv = torch.zeros(n_in)
         self.bh = torch.zeros(n_out)
         self.vW, self.vbv, self.vbh = torch.zeros_like(self.W), torch.zeros_like(self.bv), torch.zeros_like(self.bh)
         self.lr, self.wc, self.m, self.batch = lr, weight_cost, momentum, batch
+        if style == "careful":
+            f32 = torch.float32
+            self._v0, self._v1, self._dv = (torch.empty(batch, n_in, dtype=f32) for _ in range(3))
+            self._h0, self._h1, self._hs, self._u, self._dh = (torch.empty(batch, n_out, dtype=f32) for _ in range(5))
+            self._on = torch.empty(batch, n_out, dtype=torch.bool)
 
     def train_epoch(self, data) -> float:
         """One CD-1 epoch over ``data`` (numpy or tensor, float32); mean squared error per sample."""
         torch = self.torch
         x = torch.as_tensor(data, dtype=torch.float32)
+        with torch.no_grad():
+            if self.style == "plain":
+                return self._epoch_plain(x)
+            flushing = torch.set_flush_denormal(True)
+            try:
+                return self._epoch_careful(x)
+            finally:
+                if flushing:  # leave the thread's floating-point mode as it was for the other peer
+                    torch.set_flush_denormal(False)
+
+    def _epoch_careful(self, x) -> float:
+        torch = self.torch
+        n, W, vW, m, lr = x.shape[0], self.W, self.vW, self.m, self.lr
+
+        def flush(p):  # probabilities below 2**-100 -> 0, as aepar's kernels store them
+            return torch.threshold_(p, FLUSH, 0.0)
+
+        err = torch.zeros((), dtype=torch.float64)
+        perm = torch.randperm(n, generator=self.gen)
+        for start in range(0, n, self.batch):
+            rows = perm[start:start + self.batch]
+            b = rows.shape[0]
+            v0, v1, dv = self._v0[:b], self._v1[:b], self._dv[:b]
+            h0, h1, hs, u, dh, on = self._h0[:b], self._h1[:b], self._hs[:b], self._u[:b], self._dh[:b], self._on[:b]
+            torch.index_select(x, 0, rows, out=v0)
+            flush(torch.addmm(self.bh, v0, W, out=h0).sigmoid_())
+            torch.rand(h0.shape, generator=self.gen, out=u)
+            torch.gt(h0, u, out=on)
+            hs.copy_(on)
+            flush(torch.addmm(self.bv, hs, W.t(), out=v1).sigmoid_())
+            flush(torch.addmm(self.bh, v1, W, out=h1).sigmoid_())
+            # vW = m vW + lr ((v0' h0 - v1' h1) / b - wc W); W += vW
+            vW.addmm_(v0.t(), h0, beta=m, alpha=lr / b)
+            vW.addmm_(v1.t(), h1, alpha=-lr / b)
+            vW.add_(W, alpha=-lr * self.wc)
+            W.add_(vW)
+            torch.sub(v0, v1, out=dv)
+            torch.sub(h0, h1, out=dh)
+            self.vbv.mul_(m).add_(dv.sum(0), alpha=lr / b)
+            self.vbh.mul_(m).add_(dh.sum(0), alpha=lr / b)
+            self.bv.add_(self.vbv)
+            self.bh.add_(self.vbh)
+            err += torch.dot(dv.view(-1), dv.view(-1))
+        return float(err) / n
+
+    def _epoch_plain(self, x) -> float:
+        torch = self.torch
         n = x.shape[0]
         err = 0.0
-        with torch.no_grad():
-            perm = torch.randperm(n, generator=self.gen)
-            for start in range(0, n, self.batch):
-                v0 = x[perm[start:start + self.batch]]
-                b = v0.shape[0]
-                h0 = torch.sigmoid(torch.addmm(self.bh, v0, self.W))
-                hs = (h0 > torch.rand(h0.shape, generator=self.gen)).to(torch.float32)
-                v1 = torch.sigmoid(torch.addmm(self.bv, hs, self.W.t()))
-                h1 = torch.sigmoid(torch.addmm(self.bh, v1, self.W))
-                # gradient ascent direction of CD-1, averaged over the batch
-                dW = torch.mm(v0.t(), h0)
-                dW.addmm_(v1.t(), h1, alpha=-1.0)
-                dW.mul_(1.0 / b).add_(self.W, alpha=-self.wc)
-                self.vW.mul_(self.m).add_(dW, alpha=self.lr)
-                self.vbv.mul_(self.m).add_((v0 - v1).mean(0), alpha=self.lr)
-                self.vbh.mul_(self.m).add_((h0 - h1).mean(0), alpha=self.lr)
-                self.W.add_(self.vW)
-                self.bv.add_(self.vbv)
-                self.bh.add_(self.vbh)
-                err += float(((v0 - v1) ** 2).sum())
+        perm = torch.randperm(n, generator=self.gen)
+        for start in range(0, n, self.batch):
+            v0 = x[perm[start:start + self.batch]]
+            b = v0.shape[0]
+            h0 = torch.sigmoid(torch.addmm(self.bh, v0, self.W))
+            hs = (h0 > torch.rand(h0.shape, generator=self.gen)).to(torch.float32)
+            v1 = torch.sigmoid(torch.addmm(self.bv, hs, self.W.t()))
+            h1 = torch.sigmoid(torch.addmm(self.bh, v1, self.W))
+            # gradient ascent direction of CD-1, averaged over the batch
+            dW = torch.mm(v0.t(), h0)
+            dW.addmm_(v1.t(), h1, alpha=-1.0)
+            dW.mul_(1.0 / b).add_(self.W, alpha=-self.wc)
+            self.vW.mul_(self.m).add_(dW, alpha=self.lr)
+            self.vbv.mul_(self.m).add_((v0 - v1).mean(0), alpha=self.lr)
+            self.vbh.mul_(self.m).add_((h0 - h1).mean(0), alpha=self.lr)
+            self.W.add_(self.vW)
+            self.bv.add_(self.vbv)
+            self.bh.add_(self.vbh)
+            err += float(((v0 - v1) ** 2).sum())
         return err / n
 
     def time_epoch(self, data) -> float:
+        """Seconds (wall clock) of one :meth:`train_epoch`."""
         t0 = time.perf_counter()
         self.train_epoch(data)
         return time.perf_counter() - t0

@@ -45,6 +45,10 @@ Families (module: functions):
   normals for gaussian), adds the gradient of mean(F(v0) - F(vk)) with vk held fixed
   (the negated CD update) into dW, dbv, dbh; h0 = hidden probabilities/means of v0,
   sq_err = sum over the batch of squared error of the first reconstruction.
+  ``rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost) -> sq_err``
+  is one whole CD-k step in place: that gradient plus ``weight_cost * W``, applied as
+  ``v = momentum*v - lr*g; p += v`` to W, bv, bh (the numba set stores float32
+  probabilities below 2**-100 as 0: subnormals take a slow path on x86).
 - conv: ``conv2d_forward(x, W, b, stride=1, pad=0) -> y`` (W: Cout, Cin, kh, kw);
   ``conv2d_backward(dy, x, W, stride, pad, dW, db) -> dx``;
   ``conv2d_transpose_forward(x, W, b, stride=1, pad=0) -> y`` (W: Cin, Cout, kh, kw,

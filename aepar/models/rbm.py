@@ -12,6 +12,12 @@ from ``np.random.default_rng((seed, layer_index, epoch))``, works on the rows of
 global batch that it holds, and one packed Allreduce per step sums the gradients. A given
 (seed, layer, epoch, data) therefore gives the same weights on 1, 2 or 4 ranks, up to the
 order of floating-point sums.
+
+Without a replica group (one process, or a pipeline stage of one rank) a step is one
+kernel call, :func:`rbm_cd_update` of the kernel set: CD-1 and the momentum step with the
+weight cost, no gradient arrays. With one, the gradient goes through
+``rbm_cd_backward``, the Allreduce and the optimiser; both are the same arithmetic up to
+the order of the floating-point operations.
 """
 from __future__ import annotations
 
@@ -23,6 +29,10 @@ from aepar.parallel.data_parallel import GradientPacker
 __all__ = ["RBM", "GlobalBatches", "chunked"]
 
 HIDDEN_UNITS = ("bernoulli", "gaussian")
+# The CD noise is drawn in float32 whatever the backend's dtype: one stream for float32
+# and float64 runs, at half the cost of float64 draws. Float32 uniforms are multiples of
+# 2**-24, so a state is on with its probability to within 6e-8.
+NOISE_DTYPE = np.float32
 # rows per call when transforming or evaluating a whole data set: bounds temporaries
 CHUNK = 4096
 
@@ -176,18 +186,28 @@ class RBM:
         rng = self._rng(epoch)
         batches = GlobalBatches(data.shape[0], self.batch, rng, comm)
         momentum = self.momentum_at(epoch)
-        p, g = self.params, self.grads
+        p, g, vel = self.params, self.grads, self.optimizer.velocity
+        # buffers for the epoch: the noise is drawn on the host (one stream for every backend)
+        noise = np.empty((1, self.batch, self.n_out), dtype=NOISE_DTYPE)
+        rows = xp.empty((self.batch, self.n_in), dtype=data.dtype)
         total_err = 0.0
         for nb, mine, idx in batches:
             # The whole global batch's noise, so row i sees the same numbers on any rank.
-            shape = (1, nb, self.n_out)
-            noise = rng.random(shape) if self.hidden == "bernoulli" else rng.standard_normal(shape)
+            u = self._draw(rng, noise[:, :nb])
+            if comm is None:
+                # one process: CD-1 and the momentum step in one kernel, no gradient arrays
+                v0 = xp.take(data, xp.asarray(idx), axis=0, out=rows[:nb])
+                err = K.rbm_cd_update(v0, p["W"], p["bv"], p["bh"], xp.asarray(u), self.hidden,
+                                      vel["W"], vel["bv"], vel["bh"], self.lr, momentum, self.weight_cost)
+                total_err += err
+                continue
             self._zero_grads()
             err = 0.0
             if idx.size:
-                v0 = data[xp.asarray(idx)]  # in batch order: row i meets noise row i
-                _, _, err = K.rbm_cd_backward(v0, p["W"], p["bv"], p["bh"], be.asarray(noise[:, mine, :]),
-                                              self.hidden, g["W"], g["bv"], g["bh"])
+                v0 = xp.take(data, xp.asarray(idx), axis=0, out=rows[:idx.size])  # batch order: row i meets noise row i
+                mine_u = u if idx.size == nb else u[:, mine, :]
+                _, _, err = K.rbm_cd_backward(v0, p["W"], p["bv"], p["bh"], xp.asarray(mine_u), self.hidden,
+                                              g["W"], g["bv"], g["bh"])
                 if idx.size != nb:  # the kernel averaged over our rows: weight to the global mean
                     for a in g.values():
                         a *= idx.size / nb
@@ -197,6 +217,14 @@ class RBM:
             total_err += err
         self.epochs_done = max(self.epochs_done, int(epoch) + 1)
         return total_err / batches.n_total
+
+    def _draw(self, rng, out):
+        """CD noise into ``out``: uniforms (bernoulli units) or standard normals (gaussian)."""
+        if self.hidden == "bernoulli":
+            rng.random(out=out, dtype=NOISE_DTYPE)
+        else:
+            rng.standard_normal(out=out, dtype=NOISE_DTYPE)
+        return out
 
     # ---- inference -----------------------------------------------------------------------
     def transform(self, data):

@@ -2,14 +2,17 @@
 
 Same semantics as :mod:`kernels.ref.rbm`. Bias + nonlinearity + sampling is one kernel
 per layer visit; the two statistics of the weight gradient are one GEMM over the stacked
-batch [vk; v0]^T @ [hk; -h0], added into dW by one fused kernel.
+batch [vk; v0]^T @ [hk; -h0], added into dW by one fused kernel (rbm_cd_backward) or,
+in rbm_cd_update, turned into the velocity, weight cost and step of W by one fused kernel.
+Subnormal probabilities are kept (GPUs take no assists for them; the numba set zeroes
+float32 ones below 2**-100).
 """
 import cupy as cp
 import numpy as np
 
 from ..ref.rbm import check_cd, check_rbm
 
-__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward"]
+__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_update"]
 
 # sigmoid from exp of a non-positive argument only: no overflow in float32
 _SIGMOID = "T e = exp(-fabs(a)); h = (a >= 0 ? (T)1 : e) / ((T)1 + e);"
@@ -29,6 +32,9 @@ _sq_err = cp.ReductionKernel(
     "T v, T v0", "float64 s", "((double)v - (double)v0) * ((double)v - (double)v0)",
     "a + b", "s = a", "0", "aepar_rbm_sq_err", reduce_type="double")
 _axpy = cp.ElementwiseKernel("T g, T alpha", "T d", "d += alpha * g;", "aepar_rbm_axpy")
+# vel = m vel + a G - c W; W += vel (G: the stacked statistics, a = -lr / batch, c = lr * weight cost)
+_momentum_step = cp.ElementwiseKernel(
+    "T g, T a, T m, T c", "T vel, T w", "vel = m * vel + a * g - c * w; w += vel;", "aepar_rbm_momentum_step")
 
 
 def rbm_hidden(v, W, bh, hidden):
@@ -66,11 +72,55 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh):
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, dW, dbv, dbh)
     v0, W, dt = _prep(v0, W)
-    bv, bh = bv.astype(dt, copy=False), bh.astype(dt, copy=False)
+    batch = v0.shape[0]
+    vs, hs, h0, sq_err = _chain(v0, W, bv.astype(dt, copy=False), bh.astype(dt, copy=False), noise, hidden)
+    _axpy(vs.T @ hs, dt.type(1.0 / batch), dW)
+    v, h = vs[:batch], hs[:batch]
+    dbv += (v.sum(axis=0) - v0.sum(axis=0)) / batch
+    dbh += (h.sum(axis=0) - h0.sum(axis=0)) / batch
+    return h0, v, float(sq_err)
+
+
+def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):
+    """CD-k and its SGD-with-momentum step, in place; see :func:`kernels.ref.rbm.rbm_cd_update`.
+
+    One GEMM for both statistics, then one fused kernel for the velocity, the weight cost
+    and the step of W. Returns sq_err (one device sync per call).
+    """
+    check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
+    check_cd(v0, W, noise, vW, vbv, vbh, names=("vW", "vbv", "vbh"))
+    dt = np.result_type(v0.dtype, W.dtype)
+    dt = dt if dt.kind == "f" else np.dtype(np.float64)
+    if not all(a.dtype == dt and a.flags.c_contiguous for a in (W, bv, bh, vW, vbv, vbh)):
+        # odd layouts or dtypes: the same step through the gradient
+        dW, dbv, dbh = cp.zeros(W.shape, vW.dtype), cp.zeros(bv.shape, vbv.dtype), cp.zeros(bh.shape, vbh.dtype)
+        _, _, sq_err = rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh)
+        dW += weight_cost * W
+        for p, g, v in ((W, dW, vW), (bv, dbv, vbv), (bh, dbh, vbh)):
+            v *= momentum
+            v -= lr * g
+            p += v
+        return sq_err
+    v0 = cp.ascontiguousarray(v0, dtype=dt)
+    batch = v0.shape[0]
+    vs, hs, h0, sq_err = _chain(v0, W, bv, bh, noise, hidden)
+    # vs.T @ hs = vk.T @ hk - v0.T @ h0 = batch * dW (without the weight cost)
+    _momentum_step(vs.T @ hs, dt.type(-lr / batch), dt.type(momentum), dt.type(lr * weight_cost), vW, W)
+    v, h = vs[:batch], hs[:batch]
+    for p, vel, g in ((bv, vbv, (v.sum(axis=0) - v0.sum(axis=0)) / batch),
+                      (bh, vbh, (h.sum(axis=0) - h0.sum(axis=0)) / batch)):
+        vel *= momentum
+        vel -= lr * g
+        p += vel
+    return float(sq_err)
+
+
+def _chain(v0, W, bv, bh, noise, hidden):
+    """The CD-k chain: (vs = [vk; v0], hs = [hk; -h0], h0, sq_err on the device); one GEMM
+    vs.T @ hs then gives vk.T @ hk - v0.T @ h0."""
     sample = _bern_hidden_sample if hidden == "bernoulli" else _gauss_hidden_sample
     hid = _bern_hidden if hidden == "bernoulli" else _gauss_hidden
-    batch, k = v0.shape[0], noise.shape[0]
-    # stacked [vk; v0] and [hk; -h0] so that one GEMM gives vk.T @ hk - v0.T @ h0
+    batch, k, dt = v0.shape[0], noise.shape[0], W.dtype
     vs = cp.empty((2 * batch, v0.shape[1]), dtype=dt)
     hs = cp.empty((2 * batch, W.shape[1]), dtype=dt)
     v, h = vs[:batch], hs[:batch]
@@ -86,10 +136,7 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh):
             hid(v @ W, bh, h)
     vs[batch:] = v0
     cp.negative(h0, out=hs[batch:])
-    _axpy(vs.T @ hs, dt.type(1.0 / batch), dW)
-    dbv += (v.sum(axis=0) - v0.sum(axis=0)) / batch
-    dbh += (h.sum(axis=0) - h0.sum(axis=0)) / batch
-    return h0, v, float(sq_err)
+    return vs, hs, h0, sq_err
 
 
 def _prep(a, W):

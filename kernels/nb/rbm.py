@@ -1,29 +1,42 @@
 """Restricted Boltzmann machine kernels (Numba): BLAS GEMMs + fused element-wise passes.
 
-Same semantics as :mod:`kernels.ref.rbm`. A CD-1 step on 784x1000, batch 100 is ~0.8 GFLOP
-in five GEMMs, so the GEMMs are called through scipy's BLAS wrappers on row-major arrays
-seen as their column-major transposes: results land in preallocated buffers, and the
-weight gradient accumulates straight into ``dW`` (beta = 1) with no temporaries. Bias,
-nonlinearity, sampling and the reconstruction error are one fused pass each, with a
-sigmoid LLVM can vectorise (libm's exp is a scalar call: the passes were 2.5x slower).
+Same semantics as :mod:`kernels.ref.rbm`, except that float32 probabilities below 2**-100
+are stored as 0 (see :func:`_flush`). A CD-1 step on 784x1000, batch 100 is ~0.8 GFLOP in
+five GEMMs (four calls), so the GEMMs are called through scipy's BLAS wrappers on
+row-major arrays seen as their column-major transposes: results land in preallocated
+buffers with no temporaries. The chain writes [v0; vk] and [h0; -hk] into stacked
+buffers, so that one GEMM with K = 2 batch gives both statistics: it accumulates into
+``dW`` (rbm_cd_backward), or it *is* the velocity update (rbm_cd_update: beta = momentum),
+after which one pass over W adds the weight cost and takes the step.
+
+Bias, nonlinearity, sampling and the reconstruction error are one fused pass each, with a
+sigmoid LLVM vectorises: float32 arithmetic for float32 arrays (float64 for float64), no
+libm call (libm's exp is scalar: 2.5x slower) and error_model="numpy" (Python's error
+model tests each division for zero, a branch that kept the loops scalar: 10x slower).
+Measured on one core of the 2-core box (Xeon, OpenBLAS SkylakeX), 784x1000, batch 100,
+float32: 6.9 ms a step, of which the four GEMM calls take 6.0 ms.
 
 The passes are serial on purpose: ~0.1 ms each at 100x1000, and a numba parallel region
 between BLAS calls cost more than it saved. With 2 threads a CD-1 step took the same time
 either way under OMP_WAIT_POLICY=passive, and with GNU OpenMP's default spinning each
 parallel-region-then-GEMM hand-over cost ~5 ms (the spinning OpenMP workers starve
-OpenBLAS's threads). scipy's BLAS is the one numba's np.dot uses too: one BLAS thread pool.
+OpenBLAS's threads); prange passes and update were again 15% slower at 2 threads here.
+scipy's BLAS is the one numba's np.dot uses too: one BLAS thread pool (NumPy's own
+OpenBLAS did the forward products 10% faster on one thread, but a second pool made a
+2-thread step 5x slower).
 """
 import math
+import threading
 
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 from scipy.linalg import blas
 
 from ..ref.rbm import check_cd, check_rbm
 
-__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward"]
+__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_update"]
 
 
 def rbm_hidden(v, W, bh, hidden):
@@ -32,7 +45,7 @@ def rbm_hidden(v, W, bh, hidden):
     v, W, dt = _prep(v, W)
     h = np.empty((v.shape[0], W.shape[1]), dtype=dt)
     _vW(v, W, h)
-    _hidden_pass(h, bh.astype(dt, copy=False), hidden == "gaussian", h, h, False)
+    _hidden_pass(h, bh.astype(dt, copy=False), hidden == "gaussian", h, h, False, _flush(dt), 1.0)
     return h
 
 
@@ -44,7 +57,7 @@ def rbm_visible(h, W, bv):
     h, W, dt = _prep(h, W)
     v = np.empty((h.shape[0], W.shape[0]), dtype=dt)
     _hWt(h, W, v)
-    _visible_pass(v, bv.astype(dt, copy=False), v, False)
+    _visible_pass(v, bv.astype(dt, copy=False), _flush(dt))
     return v
 
 
@@ -68,44 +81,119 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh):
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, dW, dbv, dbh)
     v0, W, dt = _prep(v0, W)
-    bv, bh = bv.astype(dt, copy=False), bh.astype(dt, copy=False)
-    gauss = hidden == "gaussian"
-    batch, k = v0.shape[0], noise.shape[0]
-    h0 = np.empty((batch, W.shape[1]), dtype=dt)
-    state = np.empty_like(h0)
-    h = np.empty_like(h0)
-    v = np.empty_like(v0)
-    sq_err = 0.0
-    _vW(v0, W, h0)
-    _hidden_pass(h0, bh, gauss, noise[0], state, True)
-    for i in range(k):
-        _hWt(state, W, v)
-        if i == 0:
-            sq_err = _visible_pass(v, bv, v0, True)
-        else:
-            _visible_pass(v, bv, v0, False)
-        _vW(v, W, h)
-        if i + 1 < k:
-            _hidden_pass(h, bh, gauss, noise[i + 1], state, True)
-        else:
-            _hidden_pass(h, bh, gauss, h, h, False)
-    # dW += (vk.T @ hk - v0.T @ h0) / batch as two accumulating GEMMs into dW itself
+    batch = v0.shape[0]
+    vs, hs = np.empty((2 * batch, W.shape[0]), dtype=dt), np.empty((2 * batch, W.shape[1]), dtype=dt)
+    sq_err = _chain(v0, W, bv.astype(dt, copy=False), bh.astype(dt, copy=False), noise, hidden,
+                    vs, hs, np.empty((batch, W.shape[1]), dtype=dt))
+    # dW += (vk.T @ hk - v0.T @ h0) / batch = -[v0; vk].T @ [h0; -hk] / batch: one GEMM into dW
     target = dW if dW.flags.c_contiguous and dW.dtype == dt else np.zeros(dW.shape, dtype=dt)
-    _gemm_into(target.T, 1.0 / batch, h.T, v.T, beta=1.0, trans_b=1)
-    _gemm_into(target.T, -1.0 / batch, h0.T, v0.T, beta=1.0, trans_b=1)
+    _gemm_into(target.T, -1.0 / batch, hs.T, vs.T, beta=1.0, trans_b=1)
     if target is not dW:
         dW += target
-    dbv += _mean_diff(v, v0)
-    dbh += _mean_diff(h, h0)
-    return h0, v, float(sq_err)
+    gv, gh = _bias_grads(vs, hs, batch)
+    dbv += gv
+    dbh += gh
+    return hs[:batch], vs[batch:], float(sq_err)
 
 
-# ---- GEMMs on row-major arrays through column-major BLAS -------------------------------
+def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):
+    """CD-k and its SGD-with-momentum step, in place; see :func:`kernels.ref.rbm.rbm_cd_update`.
+
+    The velocity update is the statistics GEMM itself (vW = momentum vW + lr/batch
+    [v0; vk].T @ [h0; -hk]), then one pass over W adds the weight cost and takes the step.
+    The chain's buffers are kept between calls (per thread and layer shape): allocating
+    them afresh cost page faults worth a twentieth of the step. Returns sq_err.
+    """
+    check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
+    check_cd(v0, W, noise, vW, vbv, vbh, names=("vW", "vbv", "vbh"))
+    dt = _prep_dtype(v0, W)
+    inplace = all(a.dtype == dt and a.flags.c_contiguous and a.flags.writeable for a in (W, bv, bh, vW, vbv, vbh))
+    if not inplace:  # odd layouts or dtypes: the same step through the gradient
+        return _ref_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost)
+    batch = v0.shape[0]
+    vs, hs, state = _workspace(batch, W.shape[0], W.shape[1], dt)
+    sq_err = _chain(np.ascontiguousarray(v0, dtype=dt), W, bv, bh, noise, hidden, vs, hs, state)
+    lr, momentum = float(lr), float(momentum)
+    _gemm_into(vW.T, lr / batch, hs.T, vs.T, beta=momentum, trans_b=1)
+    _decay_step(W.reshape(-1), vW.reshape(-1), lr * float(weight_cost))
+    gv, gh = _bias_grads(vs, hs, batch)
+    _bias_step(bv, vbv, gv, lr, momentum)
+    _bias_step(bh, vbh, gh, lr, momentum)
+    return float(sq_err)
+
+
+_work = threading.local()
+
+
+def _workspace(batch, nv, nh, dt):
+    """This thread's (vs, hs, state) buffers for a layer shape, at least ``batch`` rows."""
+    cache = _work.__dict__.setdefault("bufs", {})
+    key = (nv, nh, np.dtype(dt).str)
+    bufs = cache.get(key)
+    if bufs is None or bufs[2].shape[0] < batch:
+        bufs = cache[key] = (np.empty((2 * batch, nv), dt), np.empty((2 * batch, nh), dt), np.empty((batch, nh), dt))
+    return bufs[0][:2 * batch], bufs[1][:2 * batch], bufs[2][:batch]
+
+
+def _chain(v0, W, bv, bh, noise, hidden, vs, hs, state):
+    """The CD-k chain into stacked buffers: vs = [v0; vk], hs = [h0; -hk] (one GEMM then
+    gives both statistics); returns the first reconstruction's squared error."""
+    gauss = hidden == "gaussian"
+    flush = _flush(W.dtype)
+    batch, k = v0.shape[0], noise.shape[0]
+    vs[:batch] = v0
+    h0, v, hk = hs[:batch], vs[batch:], hs[batch:]
+    h = np.empty_like(h0) if k > 1 else hk
+    sq_err = 0.0
+    _vW(v0, W, h0)
+    _hidden_pass(h0, bh, gauss, noise[0], state, True, flush, 1.0)
+    for i in range(k):
+        _hWt(state, W, v)
+        _visible_pass(v, bv, flush)
+        if i == 0:
+            sq_err = _sq_err(v, v0)
+        last = i + 1 == k
+        _vW(v, W, hk if last else h)
+        if last:
+            _hidden_pass(hk, bh, gauss, hk, hk, False, flush, -1.0)
+        else:
+            _hidden_pass(h, bh, gauss, noise[i + 1], state, True, flush, 1.0)
+    return sq_err
+
+
+def _ref_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):
+    """rbm_cd_update through rbm_cd_backward and the reference SGD step (any layout)."""
+    dW, dbv, dbh = np.zeros(W.shape, vW.dtype), np.zeros(bv.shape, vbv.dtype), np.zeros(bh.shape, vbh.dtype)
+    _, _, sq_err = rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh)
+    dW += weight_cost * W
+    for p, g, vel in ((W, dW, vW), (bv, dbv, vbv), (bh, dbh, vbh)):
+        vel *= momentum
+        vel -= lr * g
+        p += vel
+    return sq_err
+
+
+def _flush(dt):
+    """Probabilities below this are stored as 0: in float32, 2**-100; float64 keeps every value.
+
+    After a few epochs about a tenth of the hidden probabilities are below 1e-30 (sigmoid
+    of < -69), their products with the data or the weights underflow, and x86 arithmetic
+    that meets subnormal numbers takes microcode assists: PyTorch's plain CD-1 epoch ran
+    3-4x slower here for it, this kernel set ~3% slower.
+    A thread's flush-to-zero mode would not reach OpenBLAS's worker threads; zeros in the
+    operands do. The change to any float32 result is 30 orders of magnitude below its
+    last digit.
+    """
+    return 2.0 ** -100 if dt == np.float32 else 0.0
+
+
+def _prep_dtype(a, W):
+    dt = np.result_type(a, W)
+    return dt if dt.kind == "f" else np.dtype(np.float64)
+
 
 def _prep(a, W):
-    dt = np.result_type(a, W)
-    if dt.kind != "f":
-        dt = np.dtype(np.float64)
+    dt = _prep_dtype(a, W)
     return np.ascontiguousarray(a, dtype=dt), np.ascontiguousarray(W, dtype=dt), dt
 
 
@@ -132,11 +220,13 @@ def _hWt(h, W, out):
 
 
 # ---- fused element-wise passes (one read and one write of each operand) ----------------
+# error_model="numpy": Python's error model tests every division for zero, a branch that
+# kept LLVM from vectorising the sigmoid (10 ns an element instead of 1).
 
-@njit(cache=True)
-def _hidden_pass(h, bh, gauss, noise, state, sample):
-    """h = sigmoid(h + bh) or h + bh in place; with ``sample`` also the state
-    (h > noise for bernoulli units, h + noise for gaussian units)."""
+@njit(cache=True, error_model="numpy", fastmath={"contract"})
+def _hidden_pass(h, bh, gauss, noise, state, sample, flush, sign):
+    """h = sign * (sigmoid(h + bh), 0 below ``flush``) or sign * (h + bh), in place; with
+    ``sample`` also the state (h > noise for bernoulli units, h + noise for gaussian)."""
     B, n = h.shape
     for r in range(B):
         if gauss:
@@ -147,26 +237,36 @@ def _hidden_pass(h, bh, gauss, noise, state, sample):
                     state[r, j] = h[r, j] + noise[r, j]
         else:
             for j in range(n):
-                h[r, j] = _sigmoid(np.float64(h[r, j]) + bh[j])
+                p = _sig(h[r, j] + bh[j])
+                h[r, j] = p if p >= flush else 0.0
             if sample:
                 for j in range(n):
                     state[r, j] = 1 if h[r, j] > noise[r, j] else 0
+        if sign != 1.0:
+            for j in range(n):
+                h[r, j] = -h[r, j]
 
 
-@njit(cache=True)
-def _visible_pass(v, bv, v0, err):
-    """v = sigmoid(v + bv) in place; with ``err`` returns sum((v - v0)^2) in float64."""
+@njit(cache=True, error_model="numpy", fastmath={"contract"})
+def _visible_pass(v, bv, flush):
+    """v = sigmoid(v + bv) in place, 0 below ``flush``."""
     B, n = v.shape
-    total = 0.0
     for r in range(B):
         for j in range(n):
-            v[r, j] = _sigmoid(np.float64(v[r, j]) + bv[j])
-        if err:
-            row = 0.0
-            for j in range(n):
-                d = np.float64(v[r, j]) - np.float64(v0[r, j])
-                row += d * d
-            total += row
+            p = _sig(v[r, j] + bv[j])
+            v[r, j] = p if p >= flush else 0.0
+
+
+@njit(cache=True, error_model="numpy", fastmath={"contract", "reassoc"})
+def _sq_err(v, v0):
+    """sum((v - v0)^2) in float64 (reassociated: a vectorised sum, the same on every run)."""
+    total = 0.0
+    for r in range(v.shape[0]):
+        row = 0.0
+        for j in range(v.shape[1]):
+            d = np.float64(v[r, j]) - np.float64(v0[r, j])
+            row += d * d
+        total += row
     return total
 
 
@@ -186,15 +286,34 @@ def _free_energy_pass(v, z, bv, bh, gauss, F):
         F[r] = s
 
 
-@njit(cache=True)
-def _mean_diff(a, b):
-    """Column means of a - b, accumulated in float64."""
-    B, n = a.shape
-    acc = np.zeros(n)
-    for r in range(B):
-        for j in range(n):
-            acc[j] += np.float64(a[r, j]) - np.float64(b[r, j])
-    return (acc / B).astype(a.dtype)
+@njit(cache=True, error_model="numpy")
+def _bias_grads(vs, hs, batch):
+    """(mean(vk - v0), mean(hk - h0)) from vs = [v0; vk] and hs = [h0; -hk], in float64 sums."""
+    gv = np.zeros(vs.shape[1])
+    gh = np.zeros(hs.shape[1])
+    for r in range(batch):
+        for j in range(vs.shape[1]):
+            gv[j] += np.float64(vs[batch + r, j]) - np.float64(vs[r, j])
+        for j in range(hs.shape[1]):
+            gh[j] -= np.float64(hs[batch + r, j]) + np.float64(hs[r, j])
+    return (gv / batch).astype(vs.dtype), (gh / batch).astype(hs.dtype)
+
+
+@njit(cache=True, error_model="numpy")
+def _decay_step(w, vel, c):
+    """vel -= c * w; w += vel (flat arrays): the weight cost and the step in one pass."""
+    for i in range(w.size):
+        v = vel[i] - c * w[i]
+        vel[i] = v
+        w[i] += v
+
+
+@njit(cache=True, error_model="numpy")
+def _bias_step(b, vel, g, lr, momentum):
+    for i in range(b.size):
+        v = momentum * vel[i] - lr * g[i]
+        vel[i] = v
+        b[i] += v
 
 
 # ---- a sigmoid that vectorises ---------------------------------------------------------
@@ -237,3 +356,51 @@ def _sigmoid(z):
     p = p * r + _C[0]
     e = p * _bits_to_f64((np.int64(n) + 1023) << 52)
     return (1.0 if z >= 0 else e) / (1.0 + e)
+
+
+@intrinsic
+def _bits_to_f32(typingctx, i):
+    """Reinterpret int32 bits as a float32."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return sig, codegen
+
+
+_F = np.float32
+_LOG2E_F = _F(_LOG2E)
+_LN2_HI_F, _LN2_LO_F = _F(0.693359375), _F(-2.12194440e-4)       # Cody-Waite split in float32
+# exp(r) = 1 + r + r^2 P(r) on |r| <= ln2/2 (Cephes expf's minimax polynomial, ~1 ulp)
+_P_F = tuple(_F(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                              1.6666665459e-1, 5.0000001201e-1))
+
+
+@njit(inline="always", fastmath={"contract"}, error_model="numpy")
+def _sigmoid_f32(z):
+    """1 / (1 + exp(-z)) in float32 arithmetic to ~2.5 ulp (twice the lanes of the float64
+    one, half its polynomial). |z| is capped at 72: exp(-72) < 2**-100 is flushed anyway,
+    so 2**n stays a normal float32."""
+    x = -min(abs(z), _F(72.0))
+    n = math.floor(x * _LOG2E_F + _F(0.5))
+    nf = _F(n)
+    r = (x - nf * _LN2_HI_F) - nf * _LN2_LO_F
+    p = _P_F[0]
+    p = p * r + _P_F[1]
+    p = p * r + _P_F[2]
+    p = p * r + _P_F[3]
+    p = p * r + _P_F[4]
+    p = p * r + _P_F[5]
+    e = (p * (r * r) + r + _F(1.0)) * _bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+    return (_F(1.0) if z >= 0 else e) / (_F(1.0) + e)
+
+
+def _sig(z):
+    """Sigmoid in the precision of ``z``: float32 arithmetic for float32, else float64."""
+
+
+@overload(_sig, inline="always")
+def _sig_impl(z):
+    if z == types.float32:
+        return lambda z: _sigmoid_f32(z)
+    return lambda z: _sigmoid(np.float64(z))

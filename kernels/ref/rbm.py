@@ -8,7 +8,7 @@ probabilities (or means). Noise comes from the caller, never from inside the ker
 """
 import numpy as np
 
-__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward"]
+__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_update"]
 
 HIDDEN = ("bernoulli", "gaussian")
 
@@ -101,6 +101,38 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh):
     return h0, v, sq_err
 
 
+def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):
+    """One CD-k training step of one process, in place: the CD update with an L2 weight cost
+    on W, applied by SGD with momentum.
+
+    The same as zeroing dW, dbv, dbh, calling :func:`rbm_cd_backward`, adding
+    ``weight_cost * W`` to dW, then for (p, g, v) in (W, dW, vW), (bv, dbv, vbv), (bh, dbh, vbh):
+    ``v = momentum * v - lr * g; p += v`` (:func:`kernels.ref.update.sgd_momentum_update`).
+    Compiled sets fuse it: the velocity update is the statistics GEMM itself and W is
+    read once more for the weight cost and the step, with no gradient array.
+
+    Parameters
+    ----------
+    v0, W, bv, bh, noise, hidden : as for :func:`rbm_cd_backward`; W, bv, bh are updated
+    vW, vbv, vbh : the velocities (shapes of W, bv, bh), updated
+    lr, momentum, weight_cost : float
+
+    Returns
+    -------
+    sq_err : float, as returned by :func:`rbm_cd_backward`
+    """
+    check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
+    check_cd(v0, W, noise, vW, vbv, vbh, names=("vW", "vbv", "vbh"))
+    dW, dbv, dbh = np.zeros(W.shape, vW.dtype), np.zeros(bv.shape, vbv.dtype), np.zeros(bh.shape, vbh.dtype)
+    _, _, sq_err = rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh)
+    dW += weight_cost * W
+    for p, g, v in ((W, dW, vW), (bv, dbv, vbv), (bh, dbh, vbh)):
+        v *= momentum
+        v -= lr * g
+        p += v
+    return sq_err
+
+
 def _sigmoid(z):
     # exp of a negative argument only: no overflow warnings for large |z|
     e = np.exp(-np.abs(z))
@@ -121,10 +153,12 @@ def check_rbm(v, W, bv=None, bh=None, hidden="bernoulli"):
         raise ValueError(f"rbm: bh must have shape ({W.shape[1]},), got {bh.shape}")
 
 
-def check_cd(v0, W, noise, dW, dbv, dbh):
+def check_cd(v0, W, noise, dW, dbv, dbh, names=("dW", "dbv", "dbh")):
+    """Shapes of a CD step's noise and of the arrays it adds into (``names`` for the message)."""
+    what = "rbm_cd_backward" if names[0] == "dW" else "rbm_cd_update"
     if noise.ndim != 3 or noise.shape[0] < 1 or noise.shape[1:] != (v0.shape[0], W.shape[1]):
-        raise ValueError(f"rbm_cd_backward: noise must be (k >= 1, batch, n_hidden) = "
+        raise ValueError(f"{what}: noise must be (k >= 1, batch, n_hidden) = "
                          f"(k, {v0.shape[0]}, {W.shape[1]}), got {noise.shape}")
     if dW.shape != W.shape or dbv.shape != (W.shape[0],) or dbh.shape != (W.shape[1],):
-        raise ValueError(f"rbm_cd_backward: dW {dW.shape}, dbv {dbv.shape}, dbh {dbh.shape} "
+        raise ValueError(f"{what}: {names[0]} {dW.shape}, {names[1]} {dbv.shape}, {names[2]} {dbh.shape} "
                          f"must match W {W.shape}")

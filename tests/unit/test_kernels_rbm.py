@@ -4,6 +4,9 @@ The CD gradient is checked by float64 central differences of mean(F(v0) - F(vk))
 returned vk held fixed; the chain itself against the recipe written out step by step; the
 free energy against brute-force enumeration of hidden states; numba/cupy against the
 NumPy oracle with the same noise; and CD-1 + SGD must actually learn a toy dataset.
+The fused training step rbm_cd_update is checked the same ways: its velocity step by
+central differences, against rbm_cd_backward + weight_decay_backward + sgd_momentum_update
+of the same set, and numba/cupy against the oracle.
 """
 import itertools
 
@@ -200,6 +203,120 @@ def test_cd1_sgd_reduces_reconstruction_error(name):
     assert last < 2.0
 
 
+# ---- rbm_cd_update: the CD gradient, the weight cost and the momentum step in one call -----
+
+LR, MOMENTUM, WEIGHT_COST = 0.1, 0.9, 0.05
+
+
+def velocities(rng, W, bv, bh):
+    return [0.01 * rng.standard_normal(a.shape).astype(a.dtype) for a in (W, bv, bh)]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_gradcheck_rbm_cd_update(name, hidden, k, rng):
+    """vel' = momentum vel - lr (dJ/dp + weight_cost W), p' = p + vel', J = mean(F(v0) - F(vk))
+    with vk held fixed; dJ/dp by central differences at the parameters before the step."""
+    K = kernels.load(name)
+    v0, W, bv, bh, noise = rbm_problem(rng, hidden, k)
+    vel = velocities(rng, W, bv, bh)
+    _, vk, err, *_ = cd(REF, v0, W, bv, bh, noise, hidden)   # the chain the step will run
+
+    def objective():
+        return float(np.mean(REF.rbm_free_energy(v0, W, bv, bh, hidden)
+                             - REF.rbm_free_energy(vk, W, bv, bh, hidden)))
+    num = [numerical_grad(objective, a) for a in (W, bv, bh)]
+    before = [a.copy() for a in (W, bv, bh)] + [a.copy() for a in vel]
+    got_err = K.rbm_cd_update(v0, W, bv, bh, noise, hidden, *vel, LR, MOMENTUM, WEIGHT_COST)
+    assert isinstance(got_err, float) and got_err == pytest.approx(err, rel=1e-12)
+    for i, what in enumerate(("W", "bv", "bh")):
+        decay = WEIGHT_COST * before[0] if what == "W" else 0.0
+        grad = (MOMENTUM * before[3 + i] - vel[i]) / LR - decay      # the gradient the step used
+        assert_grad_close(grad, num[i], name=f"d{what}")
+        np.testing.assert_allclose((W, bv, bh)[i], before[i] + vel[i], rtol=1e-13, atol=1e-15)
+    assert np.abs(W - before[0]).max() > 1e-4   # not vacuous
+
+
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_rbm_cd_update_is_backward_decay_and_sgd(name, hidden, rng):
+    """The fused step equals the three kernels it replaces, on the same kernel set."""
+    K, dev, host = kit(name)
+    v0, W, bv, bh, noise = rbm_problem(rng, hidden, 1, batch=12, nv=9, nh=7)
+    vel = velocities(rng, W, bv, bh)
+    fused = [dev(a.copy()) for a in (W, bv, bh, *vel)]
+    err = K.rbm_cd_update(dev(v0), *fused[:3], dev(noise), hidden, *fused[3:], LR, MOMENTUM, WEIGHT_COST)
+    params, vels = [dev(a.copy()) for a in (W, bv, bh)], [dev(a.copy()) for a in vel]
+    grads = [dev(np.zeros_like(a)) for a in (W, bv, bh)]
+    _, _, want_err = K.rbm_cd_backward(dev(v0), *params, dev(noise), hidden, *grads)
+    K.weight_decay_backward(params[0], WEIGHT_COST, grads[0])
+    for p, g, v in zip(params, grads, vels):
+        K.sgd_momentum_update(p, g, v, LR, MOMENTUM)
+    assert err == pytest.approx(want_err, rel=1e-12)
+    for got, want, what in zip(fused, params + vels, ("W", "bv", "bh", "vW", "vbv", "vbh")):
+        assert_close(host(got), host(want), np.float64, work=12, name=what)
+
+
+@pytest.mark.parametrize("batch,nv,nh,k", CASES)
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("dtype", [pytest.param(np.float64, id="f64"),
+                                   pytest.param(np.float32, id="f32")])
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_matches_reference_rbm_cd_update(name, dtype, hidden, batch, nv, nh, k):
+    K, dev, host = kit(name)
+    g = np.random.default_rng(batch * 1000 + nv * 10 + k + 7)
+    v0, W, bv, bh, noise = rbm_problem(g, hidden, k, batch, nv, nh, dtype)
+    noise = safe_noise(v0, W, bv, bh, noise, hidden, margin=1e-3)
+    vel = velocities(g, W, bv, bh)
+    want = [a.copy() for a in (W, bv, bh, *vel)]
+    want_err = REF.rbm_cd_update(v0, *want[:3], noise, hidden, *want[3:], LR, MOMENTUM, WEIGHT_COST)
+    got = [dev(a.copy()) for a in (W, bv, bh, *vel)]
+    err = K.rbm_cd_update(dev(v0), *got[:3], dev(noise), hidden, *got[3:], LR, MOMENTUM, WEIGHT_COST)
+    assert isinstance(err, float) and got[0].dtype == dtype and got[3].dtype == dtype
+    work = max(nv, nh, batch)
+    for a, b, what in zip(got, want, ("W", "bv", "bh", "vW", "vbv", "vbh")):
+        assert_close(host(a), b, dtype, work=work, name=what)
+    assert_close(np.array(err), np.array(want_err), dtype, work=batch * nv, name="sq_err")
+
+
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_rbm_cd_update_any_layout(name, rng):
+    """Fortran-ordered parameters and float64 data with float32 parameters: still the
+    reference step, applied to the caller's arrays."""
+    K = kernels.load(name)
+    v0, W, bv, bh, noise = rbm_problem(rng, "bernoulli", 1, batch=6, nv=5, nh=4)
+    vel = velocities(rng, W, bv, bh)
+    want = [a.copy() for a in (W, bv, bh, *vel)]
+    REF.rbm_cd_update(v0, *want[:3], noise, "bernoulli", *want[3:], LR, MOMENTUM, WEIGHT_COST)
+    got = [np.asfortranarray(W), bv.copy(), bh.copy(), np.asfortranarray(vel[0]), vel[1].copy(), vel[2].copy()]
+    K.rbm_cd_update(v0, *got[:3], noise, "bernoulli", *got[3:], LR, MOMENTUM, WEIGHT_COST)
+    for a, b in zip(got, want):
+        assert_close(a, b, np.float64, work=6)
+    W32, vel32 = W.astype(np.float32), [a.astype(np.float32) for a in vel]
+    bv32, bh32 = bv.astype(np.float32), bh.astype(np.float32)
+    K.rbm_cd_update(v0, W32, bv32, bh32, noise, "bernoulli", *vel32, LR, MOMENTUM, WEIGHT_COST)
+    assert W32.dtype == np.float32
+    assert_close(W32, want[0], np.float32, work=6, name="W float32")
+
+
+def test_numba_float32_probabilities_have_no_subnormals():
+    """The numba set stores a float32 probability below 2**-100 as 0 (subnormal operands
+    slow the GEMMs down); in float64 it keeps it, and larger ones are kept in both."""
+    K = kernels.load("numba")
+    v = np.ones((1, 1))
+    W = np.array([[-90.0, -60.0, 3.0]])
+    bh = np.zeros(3)
+    want = REF.rbm_hidden(v, W, bh, "bernoulli")[0]                  # ~8e-40, ~9e-27, ~0.95
+    np.testing.assert_allclose(K.rbm_hidden(v, W, bh, "bernoulli")[0], want, rtol=1e-12)
+    h32 = K.rbm_hidden(*(a.astype(np.float32) for a in (v, W, bh)), "bernoulli")[0]
+    assert h32[0] == 0.0 and want[0] > 0
+    np.testing.assert_allclose(h32[1:], want[1:], rtol=1e-5)
+    v32 = K.rbm_visible(np.ones((1, 1), np.float32), W.T.astype(np.float32), np.zeros(3, np.float32))[0]
+    np.testing.assert_allclose(v32, [0.0, *want[1:]], rtol=1e-5)
+    assert not np.any((h32 > 0) & (h32 < np.finfo(np.float32).tiny))
+
+
 # ---- bad input is refused with a message -----------------------------------------------
 
 @pytest.mark.parametrize("name", CPU_SETS)
@@ -217,3 +334,7 @@ def test_rbm_rejects_bad_input(name, rng):
         K.rbm_cd_backward(v0, W, bv, bh, noise[:, :, :-1], "bernoulli", *z)
     with pytest.raises(ValueError, match="bv"):
         K.rbm_free_energy(v0, W, bh, bh, "gaussian")
+    with pytest.raises(ValueError, match="vW"):
+        K.rbm_cd_update(v0, W, bv, bh, noise, "bernoulli", z[0][:, :-1], z[1], z[2], 0.1, 0.9, 0.0)
+    with pytest.raises(ValueError, match="noise"):
+        K.rbm_cd_update(v0, W, bv, bh, noise[0], "bernoulli", *z, 0.1, 0.9, 0.0)
