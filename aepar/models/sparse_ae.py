@@ -66,14 +66,15 @@ class SparseAutoencoder:
     def attach(self, x_local, m_total: int | None = None, block: int | None = None):
         """Give the model its shard ``x_local`` (m_local, v) of ``m_total`` samples in all.
 
-        The shard is copied to the backend in the model dtype; the kernels' workspace is
-        made here, once. When the shard is everything (one process), the KL gradient is
-        folded into the backward pass directly (one GEMM fewer).
+        The shard is copied to the backend in the model dtype (a private copy: the CPU
+        kernels keep it repacked in their workspace, which must not go stale); the
+        workspace is made here, once. When the shard is everything (one process), the KL
+        gradient is folded into the backward pass directly (one GEMM fewer).
         """
         x_local = np.asarray(x_local)
         if x_local.ndim != 2 or x_local.shape[1] != self.visible:
             raise ValueError(f"samples must be (m, {self.visible}), got {x_local.shape}")
-        self.x = self.be.xp.ascontiguousarray(self.be.asarray(x_local))
+        self.x = self.be.xp.array(self.be.asarray(x_local), order="C", copy=True)
         self.m_total = int(x_local.shape[0] if m_total is None else m_total)
         self.ws = self.K.sparse_ae_workspace(self.x.shape[0], self.visible, self.hidden,
                                              self.be.dtype, block)

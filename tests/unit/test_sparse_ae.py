@@ -167,6 +167,103 @@ def test_numba_sigmoid_exp_accuracy():
     assert np.all(np.isfinite(big)) and big[0, 0] < 1e-300 and big[0, 3] == 1.0
 
 
+
+def test_numba_vector_sigmoid_accuracy():
+    """The 8-lane sigmoid of the float64 panels: a few ulp from 1/(1 + np.exp(-z)), the
+    scalar kernel's numbers, saturation without overflow, and NaN kept NaN."""
+    from aepar.kernels.nb.sparse_ae import _hidden_forward, _vsigmoid_array, _zeros64
+
+    z = np.concatenate([np.linspace(-700, 700, 40000), np.random.default_rng(1).normal(0, 3, 4992),
+                        [-800.0, -709.0, 709.0, 800.0, -np.inf, np.inf, np.nan, 0.0]])
+    zz, out = _zeros64(z.size), _zeros64(z.size)
+    zz[:] = z
+    _vsigmoid_array(zz, out)
+    body = slice(0, -8)
+    eps = np.finfo(np.float64).eps
+    np.testing.assert_allclose(out[body], 1 / (1 + np.exp(-z[body])), rtol=4 * eps, atol=0)
+    scalar = z[None, body].copy()
+    _hidden_forward(scalar, np.zeros(scalar.shape[1]), np.zeros(scalar.shape[1]))
+    np.testing.assert_allclose(out[body], scalar[0], rtol=2 * eps, atol=0)
+    edge = out[-8:]
+    assert np.all(edge[[0, 1, 4]] < 1e-300) and np.all(edge[[2, 3, 5]] == 1.0)
+    assert np.isnan(edge[6]) and edge[7] == 0.5
+
+
+@pytest.mark.parametrize("fold", [False, True], ids=["split", "folded"])
+@pytest.mark.parametrize("m, v, h", [(1, 3, 2), (31, 16, 5), (65, 64, 25), (130, 40, 9)])
+def test_numba_float64_panels_match_reference(rng, m, v, h, fold):
+    """The float64 SIMD path at sizes that leave every kind of padding: samples past the
+    last full panel (m not a multiple of 32, or m < 32), visible units past a tile (v not
+    a multiple of 32), hidden units past a tile (h not a multiple of 5); several groups."""
+    nb = kernels.load("numba")
+    x = rng.uniform(0.1, 0.9, size=(m, v))
+    theta = theta_for(rng, v, h, scale=2.0)
+    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
+    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    kl = (RHO, BETA) if fold else None
+    want = ref.sparse_ae_partials(x, W1, b1, W2, b2, np.empty(ref.sparse_ae_partials_size(v, h)), kl=kl)
+    for block in (32, None, 10 ** 6):
+        ws = nb.sparse_ae_workspace(m, v, h, np.float64, block)
+        assert ws.simd
+        got = nb.sparse_ae_partials(x, W1, b1, W2, b2, np.full(want.size, np.nan), ws, kl)
+        assert_close(got, want, np.float64, work=m * v, name=f"m={m} v={v} h={h} block={block}")
+
+
+def test_numba_float64_saturation_and_nan(rng):
+    """Saturated units (|z| in the hundreds) give the reference's sums; a NaN weight
+    makes NaN partials, as in the reference, instead of a plausible-looking number."""
+    nb = kernels.load("numba")
+    m, v, h = 40, 16, 5
+    x = rng.uniform(0.1, 0.9, size=(m, v))
+    theta = theta_for(rng, v, h, scale=300.0)
+    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
+    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    size = ref.sparse_ae_partials_size(v, h)
+    with np.errstate(over="ignore"):
+        want = ref.sparse_ae_partials(x, W1, b1, W2, b2, np.empty(size))
+    got = nb.sparse_ae_partials(x, W1, b1, W2, b2, np.empty(size), nb.sparse_ae_workspace(m, v, h))
+    assert_close(got, want, np.float64, work=m * v)
+    W1 = W1.copy()
+    W1[3, 2] = np.nan
+    got = nb.sparse_ae_partials(x, W1, b1, W2, b2, np.empty(size), nb.sparse_ae_workspace(m, v, h))
+    assert np.isnan(got[-1])  # the squared error
+    assert np.isnan(got[ref.sparse_ae_layout(v, h)["w2"][0]:][:h * v]).any()
+
+
+def test_numba_workspace_repacks_new_or_changed_samples(rng):
+    """The float64 workspace keeps x packed between calls: the same array gives the same
+    bits, a different array or one rewritten in place is packed again."""
+    nb = kernels.load("numba")
+    m, v, h = 70, 16, 5
+    theta = theta_for(rng, v, h)
+    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
+    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    size = ref.sparse_ae_partials_size(v, h)
+    ws = nb.sparse_ae_workspace(m, v, h)
+
+    def run(x):
+        return nb.sparse_ae_partials(x, W1, b1, W2, b2, np.empty(size), ws, (RHO, BETA))
+
+    def want(x):
+        return ref.sparse_ae_partials(x, W1, b1, W2, b2, np.empty(size), kl=(RHO, BETA))
+
+    x = rng.uniform(0.1, 0.9, size=(m, v))
+    first = run(x)
+    np.testing.assert_array_equal(run(x), first)
+    x[:] = rng.uniform(0.1, 0.9, size=(m, v))  # the same object, new values
+    assert_close(run(x), want(x), np.float64, work=m * v)
+    assert not np.allclose(run(x), first)
+    y = rng.uniform(0.1, 0.9, size=(m, v))
+    assert_close(run(y), want(y), np.float64, work=m * v)
+
+
+def test_numba_workspace_buffers_are_cache_line_aligned():
+    """Vector loads that straddle two cache lines would halve the kernels' speed."""
+    nb = kernels.load("numba")
+    ws = nb.sparse_ae_workspace(1000, 64, 25)
+    for name in ("blocks", "zt", "d3", "d2", "gw1", "gw2", "act", "err", "db1", "db2", "mask"):
+        assert getattr(ws, name).ctypes.data % 64 == 0, name
+
 # ---- the model and the optimiser in one process ------------------------------------------
 @pytest.mark.parametrize("kset", ["numpy"] + kernel_set_params())
 def test_model_cost_grad_equals_textbook(rng, kset):
@@ -181,6 +278,20 @@ def test_model_cost_grad_equals_textbook(rng, kset):
     assert set(model.params(theta)) == {"W1", "W2", "b1", "b2"}
     np.testing.assert_array_equal(model.params(theta)["W2"], theta[V * H:2 * V * H].reshape(H, V))
 
+
+
+@pytest.mark.parametrize("kset", ["numpy", "numba"])
+def test_model_attach_keeps_a_private_copy(rng, kset):
+    """Rewriting the caller's array after attach() changes nothing: the model (and the
+    float64 kernels' packed copy of it) own their samples."""
+    be = backend.select("cpu", kset, "float64")
+    x, theta = data(rng, m=40), theta_for(rng)
+    model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(x)
+    cost, grad = model.cost_grad(theta)
+    x[:] = rng.uniform(0.1, 0.9, size=x.shape)
+    again, grad_again = model.cost_grad(theta)
+    assert again == cost
+    np.testing.assert_array_equal(grad_again, grad)
 
 def test_init_theta_is_seeded_and_in_range():
     a, b, c = init_theta(64, 25, 3), init_theta(64, 25, 3), init_theta(64, 25, 4)
