@@ -8,7 +8,7 @@ momentum, weight cost on W; batches, shuffling and data parallelism as in
 """
 from __future__ import annotations
 
-from aepar.models.rbm import RBM, GlobalBatches, _group, _mean_sq_error, chunked
+from aepar.models.rbm import RBM, GlobalBatches, _group
 
 __all__ = ["AELayer"]
 
@@ -68,26 +68,13 @@ class AELayer(RBM):
         self.epochs_done = max(self.epochs_done, int(epoch) + 1)
         return total_err / batches.n_total
 
-    def transform(self, data):
+    def _encode(self, x):
         """Code units σ(x W + bh) (identity for the code layer): the next layer's input."""
-        be = self.be
-        data = be.asarray(data)
-        out = be.xp.empty((data.shape[0], self.n_out), dtype=be.dtype)
-        for s in chunked(data.shape[0]):
-            out[s] = be.K.dense_forward(data[s], self.params["W"], self.params["bh"], self.code_act)
-        return out
+        return self.be.K.dense_forward(x, self.params["W"], self.params["bh"], self.code_act)
 
-    def reconstruct(self, data):
+    def _reconstruct(self, x):
         """x̂ = σ(h Wᵀ + bv)."""
-        be = self.be
-        data = be.asarray(data)
-        out = be.xp.empty_like(data)
-        for s in chunked(data.shape[0]):
-            out[s] = self._forward(data[s])[2]
-        return out
-
-    def recon_error(self, data, comm=None) -> float:
-        return _mean_sq_error(self.be, data, self.reconstruct, comm)
+        return self._forward(x)[2]
 
     def flops_per_sample(self) -> float:
         """Encoder and decoder products forward, three products backward."""

@@ -227,23 +227,28 @@ class RBM:
         return out
 
     # ---- inference -----------------------------------------------------------------------
+    def _encode(self, x):
+        """Hidden probabilities (bernoulli) or means (gaussian) of one chunk of rows."""
+        return self.be.K.rbm_hidden(x, self.params["W"], self.params["bh"], self.hidden)
+
+    def _reconstruct(self, x):
+        """Visible probabilities of one chunk after one deterministic up-down pass."""
+        return self.be.K.rbm_visible(self._encode(x), self.params["W"], self.params["bv"])
+
     def transform(self, data):
-        """Hidden probabilities (bernoulli) or means (gaussian) of ``data``: the next layer's input."""
-        be = self.be
-        data = be.asarray(data)
-        out = be.xp.empty((data.shape[0], self.n_out), dtype=be.dtype)
-        for s in chunked(data.shape[0]):
-            out[s] = be.K.rbm_hidden(data[s], self.params["W"], self.params["bh"], self.hidden)
-        return out
+        """The next layer's input: :meth:`_encode` of ``data``, chunk by chunk."""
+        return self._chunkwise(self._encode, data, self.n_out)
 
     def reconstruct(self, data):
-        """Visible probabilities after one deterministic up-down pass."""
-        be, p = self.be, self.params
+        """:meth:`_reconstruct` of ``data``, chunk by chunk."""
+        return self._chunkwise(self._reconstruct, data, self.n_in)
+
+    def _chunkwise(self, fn, data, width):
+        be = self.be
         data = be.asarray(data)
-        out = be.xp.empty_like(data)
+        out = be.xp.empty((data.shape[0], width), dtype=be.dtype)
         for s in chunked(data.shape[0]):
-            h = be.K.rbm_hidden(data[s], p["W"], p["bh"], self.hidden)
-            out[s] = be.K.rbm_visible(h, p["W"], p["bv"])
+            out[s] = fn(data[s])
         return out
 
     def recon_error(self, data, comm=None) -> float:
