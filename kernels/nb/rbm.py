@@ -34,7 +34,7 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 from scipy.linalg import blas
 
-from ..ref.rbm import check_cd, check_rbm
+from ..ref.rbm import cd_update_via, check_cd, check_rbm
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_update"]
 
@@ -109,7 +109,8 @@ def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weig
     dt = _prep_dtype(v0, W)
     inplace = all(a.dtype == dt and a.flags.c_contiguous and a.flags.writeable for a in (W, bv, bh, vW, vbv, vbh))
     if not inplace:  # odd layouts or dtypes: the same step through the gradient
-        return _ref_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost)
+        return cd_update_via(rbm_cd_backward, v0, W, bv, bh, noise, hidden, vW, vbv, vbh,
+                             lr, momentum, weight_cost)
     batch = v0.shape[0]
     vs, hs, state = _workspace(batch, W.shape[0], W.shape[1], dt)
     sq_err = _chain(np.ascontiguousarray(v0, dtype=dt), W, bv, bh, noise, hidden, vs, hs, state)
@@ -158,18 +159,6 @@ def _chain(v0, W, bv, bh, noise, hidden, vs, hs, state):
             _hidden_pass(hk, bh, gauss, hk, hk, False, flush, -1.0)
         else:
             _hidden_pass(h, bh, gauss, noise[i + 1], state, True, flush, 1.0)
-    return sq_err
-
-
-def _ref_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):
-    """rbm_cd_update through rbm_cd_backward and the reference SGD step (any layout)."""
-    dW, dbv, dbh = np.zeros(W.shape, vW.dtype), np.zeros(bv.shape, vbv.dtype), np.zeros(bh.shape, vbh.dtype)
-    _, _, sq_err = rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh)
-    dW += weight_cost * W
-    for p, g, vel in ((W, dW, vW), (bv, dbv, vbv), (bh, dbh, vbh)):
-        vel *= momentum
-        vel -= lr * g
-        p += vel
     return sq_err
 
 

@@ -123,8 +123,15 @@ def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weig
     """
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, vW, vbv, vbh, names=("vW", "vbv", "vbh"))
+    return cd_update_via(rbm_cd_backward, v0, W, bv, bh, noise, hidden, vW, vbv, vbh,
+                         lr, momentum, weight_cost)
+
+
+def cd_update_via(cd_backward, v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):
+    """rbm_cd_update spelled out with a set's own ``cd_backward`` (also the compiled sets'
+    fallback for layouts their fused step does not take)."""
     dW, dbv, dbh = np.zeros(W.shape, vW.dtype), np.zeros(bv.shape, vbv.dtype), np.zeros(bh.shape, vbh.dtype)
-    _, _, sq_err = rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh)
+    _, _, sq_err = cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh)
     dW += weight_cost * W
     for p, g, v in ((W, dW, vW), (bv, dbv, vbv), (bh, dbh, vbh)):
         v *= momentum
