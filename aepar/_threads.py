@@ -34,11 +34,27 @@ def threads_per_rank() -> int:
     return max(1, usable_cores() // local_ranks())
 
 
+# The variables aepar filled in, as "n:VAR,VAR": a child process (mpirun launched from a
+# Python driver that imported aepar) must recompute them for its own rank count, not
+# inherit the driver's one-rank share of the cores.
+_FILLED = "AEPAR_FILLED_THREADS"
+
+
+def _forget_inherited():
+    n, _, names = os.environ.get(_FILLED, "").partition(":")
+    for var in filter(None, names.split(",")):
+        if os.environ.get(var) == n:
+            del os.environ[var]
+
+
 def configure() -> int:
     """Fill in thread variables the user left unset; returns the thread count used."""
+    _forget_inherited()
     n = threads_per_rank()
-    for var in _THREAD_VARS:
-        os.environ.setdefault(var, str(n))
+    filled = [var for var in _THREAD_VARS if var not in os.environ]
+    for var in filled:
+        os.environ[var] = str(n)
+    os.environ[_FILLED] = f"{n}:{','.join(filled)}"
     # GNU OpenMP's idle threads (Numba's parallel loops) spin for milliseconds and starve
     # OpenBLAS's threads between a parallel loop and the next matrix product.
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")

@@ -69,6 +69,16 @@ def test_threads_are_set_before_numpy_loads():
     assert out.stdout.split() == ["1", "1"]
 
 
+def test_a_child_recomputes_what_its_parent_filled_in():
+    # a driver that imported aepar launches ranks: they must not inherit its one-rank share
+    code = "import aepar, os; print(os.environ['OPENBLAS_NUM_THREADS'], os.environ['MKL_NUM_THREADS'])"
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS") and k != "AEPAR_THREADS"}
+    env.update(OPENBLAS_NUM_THREADS="8", MKL_NUM_THREADS="3", AEPAR_FILLED_THREADS="8:OPENBLAS_NUM_THREADS",
+               AEPAR_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["1", "3"]  # the inherited 8 recomputed; the user's 3 kept
+
+
 def test_bad_option_is_a_collective_user_error(capsys):
     parser = ArgumentParser(prog="x")
     add_common(parser, out_default="runs/x")
