@@ -22,7 +22,16 @@ def test_spans_instants_and_chrome_json(tmp_path):
     epoch = events[0]
     assert epoch["ph"] == "X" and epoch["dur"] >= 9_000  # microseconds
     assert epoch["args"]["error"] == 1.5 and epoch["args"]["stage"] == 1
-    assert epoch["args"]["cpu_s"] < 0.01  # sleeping costs no CPU
+    # a span's CPU time is the rank's: busy work shows, sleeping does not (compared, so that
+    # BLAS threads still spinning from an earlier test add to both alike)
+    with tr.span("busy") as busy:
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.03:  # 30 ms of this thread's CPU, however busy the box
+            pass
+    with tr.span("asleep") as asleep:
+        time.sleep(0.03)
+    spans = {e["name"]: e for e in tr.events}
+    assert spans["busy"]["args"]["cpu_s"] - spans["asleep"]["args"]["cpu_s"] > 0.02
     assert events[1]["ph"] == "i" and events[1]["ts"] >= epoch["ts"] + epoch["dur"]
     assert events[2]["dur"] == 30_000 and events[2]["ts"] == 20_000
     names = [e for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"]
