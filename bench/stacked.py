@@ -5,8 +5,10 @@ Writes into bench/results/ (every figure says whether it was MEASURED here or SI
 - rbm_epoch.csv: one CD-1 epoch of the stack's first layer, the 784x1000 Bernoulli RBM
   (batch 100, float32, the seed's recipe, momentum 0.9), on the first 50,000
   Fashion-MNIST training images when installed (else the run's own training rows, and
-  it says so): aepar's RBM and the PyTorch peers of bench/torch_rbm.py ("careful", the
-  comparison that counts, and "plain") side by side in one process per thread count (1
+  it says so): aepar's RBM, the same model on aepar's NumPy reference kernels (the
+  straightforward NumPy version) and the PyTorch peers of bench/torch_rbm.py ("plain",
+  the same loop written plainly, and "careful", hand-tuned to be as hard to beat as we
+  could make it) side by side in one process per thread count (1
   and 2: AEPAR_THREADS there, torch.set_num_threads), a warm-up epoch each, then the best
   of 3 epochs taken in turns; ratio = this row's seconds / aepar's (> 1: aepar faster).
   Rows carry the machine columns and the load average before/after. Measured.
@@ -91,6 +93,7 @@ def _write_csv(path, rows):
 RBM_ROWS = 50_000          # the issue's size: 50k Fashion-MNIST training images
 RBM_THREADS = (1, 2)
 AEPAR_NAME = "aepar (numba kernels)"
+NUMPY_NAME = "numpy straightforward (aepar's reference kernels)"
 TORCH_NAMES = {"careful": "pytorch careful (bench/torch_rbm.py)", "plain": "pytorch plain (bench/torch_rbm.py)"}
 
 
@@ -111,30 +114,41 @@ def fashion_installed() -> bool:
     return FASHION_DIR.is_dir() and _idx_set(FASHION_DIR, required=False) is not None
 
 
-def rbm_epoch_here(x, repeats=3, styles=("careful", "plain")) -> dict:
+def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True) -> dict:
     """One process, this process's thread count: aepar's 784x1000 Bernoulli RBM (the stack's
-    first layer, the seed's recipe) and the PyTorch peers, a warm-up epoch each on 500
-    rows, then ``repeats`` rounds of one epoch each, interleaved (aepar, torch, ...) so
-    that load from other users hits them alike. Returns {implementation: [seconds, ...]}."""
+    first layer, the seed's recipe), the same model on aepar's NumPy reference kernels (the
+    issue's "straightforward NumPy version") and the PyTorch peers, a warm-up epoch each on
+    500 rows, then ``repeats`` rounds of one epoch each, interleaved (aepar, numpy, torch,
+    ...) so that load from other users hits them alike. Returns {implementation: [seconds]}."""
     from aepar import backend
     from aepar.models.rbm import RBM
     from bench import torch_rbm
 
-    be = backend.select("cpu", "numba", "float32")
-    layer = RBM(be, 784, 1000, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
-                momentum_switch_epoch=5, batch=100, seed=0, layer_index=0)
-    xb = be.asarray(x)
-    layer.train_epoch(xb[:500], 0)  # warm-up: JIT, BLAS buffers
+    def rbm(kernels):
+        be = backend.select("cpu", kernels, "float32")
+        layer = RBM(be, 784, 1000, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
+                    momentum_switch_epoch=5, batch=100, seed=0, layer_index=0)
+        xb = be.asarray(x)
+        layer.train_epoch(xb[:500], 0)  # warm-up: JIT, BLAS buffers
+
+        def time_epoch(epoch):
+            t0 = time.perf_counter()
+            layer.train_epoch(xb, epoch)
+            return time.perf_counter() - t0
+        return time_epoch
+
+    ours = {AEPAR_NAME: rbm("numba")}
+    if numpy_peer:
+        ours[NUMPY_NAME] = rbm("numpy")
     peers = {}
     if torch_rbm.available():
         for style in styles:
             peers[TORCH_NAMES[style]] = torch_rbm.TorchRBM(784, 1000, threads=aepar.THREADS, seed=0, style=style)
             peers[TORCH_NAMES[style]].train_epoch(x[:500])
-    times = {AEPAR_NAME: [], **{name: [] for name in peers}}
+    times = {name: [] for name in [*ours, *peers]}
     for r in range(repeats):
-        t0 = time.perf_counter()
-        layer.train_epoch(xb, 6 + r)  # epochs past the momentum switch (0.9), like most of a run
-        times[AEPAR_NAME].append(time.perf_counter() - t0)
+        for name, time_epoch in ours.items():
+            times[name].append(time_epoch(6 + r))  # past the momentum switch (0.9), like most of a run
         for name, peer in peers.items():
             times[name].append(peer.time_epoch(x))
     return times
@@ -146,7 +160,7 @@ def _rbm_child(args) -> int:
     x, what = rbm_data(args.rbm_child_data)
     load_before = os.getloadavg()[0]
     styles = [s for s in ("careful", "plain") if f"rbm-{s}" not in args.skip]
-    times = rbm_epoch_here(x, args.rbm_repeats, styles)
+    times = rbm_epoch_here(x, args.rbm_repeats, styles, numpy_peer="rbm-numpy" not in args.skip)
     # thread-pool settings that change how the two runtimes share the cores (OpenBLAS's
     # workers spin 2**OPENBLAS_THREAD_TIMEOUT cycles after each call, default 2**28)
     env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT") if k in os.environ)
@@ -279,8 +293,8 @@ def main(argv=None) -> int:
     g.add_argument("--quick", action="store_true", help="mnist5k (default)")
     g.add_argument("--full", action="store_true", help="Fashion-MNIST at the seed's epochs (about an hour)")
     p.add_argument("--skip", default="",
-                   help="comma-separated parts to skip: rbm,stages,measured,quality; rbm-plain (the plain "
-                        "PyTorch peer of the rbm epoch)")
+                   help="comma-separated parts to skip: rbm,stages,measured,quality; rbm-plain, rbm-careful, "
+                        "rbm-numpy (peers of the rbm epoch)")
     p.add_argument("--rbm-only", action="store_true", help="only the CD-1 epoch comparison (rbm_epoch.csv)")
     p.add_argument("--rbm-threads", default=",".join(map(str, RBM_THREADS)),
                    help="thread counts of the CD-1 epoch comparison (default %(default)s)")
