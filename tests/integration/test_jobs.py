@@ -183,5 +183,7 @@ def test_textbook_peer_agrees_and_writes_peers_csv(tmp_path):
         assert float(r["seconds"]) > 0 and float(r["dgemm_peak_gflops"]) > 0
         # 10·m·v·h FLOPs per evaluation at m = 1000, v = 64, h = 25
         assert float(r["gflop_per_evaluation"]) == pytest.approx(0.016)
+        runs = [float(t) for t in r["all_seconds"].split()]
+        assert len(runs) == int(r["repeats"]) == 3 and float(r["seconds"]) == pytest.approx(min(runs), abs=6e-4)
     # same function, same start, same optimiser: the same minimum to a few digits
     assert float(rows["aepar"]["final_cost"]) == pytest.approx(float(rows["textbook"]["final_cost"]), rel=1e-3)
