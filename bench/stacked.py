@@ -18,7 +18,7 @@ Files other than rbm_epoch.csv carry the configuration in their name (_quick, _f
 - stage_times.json: every layer's epoch and transform time on one core (the greedy
   schedule's pieces). Measured.
 - makespan.csv: greedy (sum) vs synchronized makespan for 1-16 ranks, both hand-over
-  modes (bench/makespan.py). Simulated from stage_times.json, because this 2-core
+  modes, and data-parallel greedy on the same ranks (bench/makespan.py). Simulated from stage_times.json, because this 2-core
   machine cannot give every stage its own core; plus the measured rows below.
 - sync_measured.csv and handover.csv: ``mpirun -np 2|4 python -m aepar.sync`` pre-training
   wall times here, and per hand-over bytes and seconds against epoch time, for both
