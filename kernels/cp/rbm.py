@@ -10,7 +10,7 @@ float32 ones below 2**-100).
 import cupy as cp
 import numpy as np
 
-from ..ref.rbm import check_cd, check_rbm
+from ..ref.rbm import cd_update_via, check_cd, check_rbm
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_update"]
 
@@ -93,14 +93,8 @@ def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weig
     dt = dt if dt.kind == "f" else np.dtype(np.float64)
     if not all(a.dtype == dt and a.flags.c_contiguous for a in (W, bv, bh, vW, vbv, vbh)):
         # odd layouts or dtypes: the same step through the gradient
-        dW, dbv, dbh = cp.zeros(W.shape, vW.dtype), cp.zeros(bv.shape, vbv.dtype), cp.zeros(bh.shape, vbh.dtype)
-        _, _, sq_err = rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh)
-        dW += weight_cost * W
-        for p, g, v in ((W, dW, vW), (bv, dbv, vbv), (bh, dbh, vbh)):
-            v *= momentum
-            v -= lr * g
-            p += v
-        return sq_err
+        return cd_update_via(rbm_cd_backward, v0, W, bv, bh, noise, hidden, vW, vbv, vbh,
+                             lr, momentum, weight_cost)
     v0 = cp.ascontiguousarray(v0, dtype=dt)
     batch = v0.shape[0]
     vs, hs, h0, sq_err = _chain(v0, W, bv, bh, noise, hidden)

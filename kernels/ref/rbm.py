@@ -129,8 +129,10 @@ def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weig
 
 def cd_update_via(cd_backward, v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):
     """rbm_cd_update spelled out with a set's own ``cd_backward`` (also the compiled sets'
-    fallback for layouts their fused step does not take)."""
-    dW, dbv, dbh = np.zeros(W.shape, vW.dtype), np.zeros(bv.shape, vbv.dtype), np.zeros(bh.shape, vbh.dtype)
+    fallback for layouts their fused step does not take). ``zeros_like`` keeps the
+    gradients on the parameters' device (CuPy arrays dispatch it to CuPy)."""
+    dW, dbv, dbh = (np.zeros_like(W, dtype=vW.dtype), np.zeros_like(bv, dtype=vbv.dtype),
+                    np.zeros_like(bh, dtype=vbh.dtype))
     _, _, sq_err = cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh)
     dW += weight_cost * W
     for p, g, v in ((W, dW, vW), (bv, dbv, vbv), (bh, dbh, vbh)):
