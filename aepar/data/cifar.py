@@ -17,11 +17,13 @@ import numpy as np
 
 from aepar.errors import DataError
 
-__all__ = ["read_cifar10_batch", "load_cifar10", "Cifar10", "CLASSES"]
+__all__ = ["read_cifar10_batch", "load_cifar10", "find_cifar10", "Cifar10", "CLASSES", "BATCHES"]
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
+BATCHES = TRAIN_BATCHES + (TEST_BATCH,)
+BATCH_DIR = "cifar-10-batches-py"
 
 # (module, name) a numpy array pickle may reference
 _ALLOWED = {
@@ -99,23 +101,45 @@ def read_cifar10_batch(path):
             or data.shape[1] != 3 * 32 * 32:
         desc = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
         raise DataError(path, f"not a CIFAR batch (data is {desc}, need uint8 (N, 3072))")
-    try:
-        labels = np.asarray(batch["labels"], dtype=np.int64)
-    except (TypeError, ValueError):
-        raise DataError(path, "not a CIFAR batch (labels are not integers)") from None
-    if labels.shape != (data.shape[0],):
-        raise DataError(path, f"shape mismatch: {labels.size} labels for {data.shape[0]} images")
-    if labels.size and (labels.min() < 0 or labels.max() > 9):
-        raise DataError(path, f"labels outside 0..9 (min {labels.min()}, max {labels.max()})")
-    return data.reshape(-1, 3, 32, 32), labels
+    if data.shape[0] == 0:
+        raise DataError(path, "holds no images (data is (0, 3072))")
+    return data.reshape(-1, 3, 32, 32), _labels(batch["labels"], data.shape[0], path)
 
 
-def _batch_dir(directory: Path) -> Path:
-    # accept the directory of batches or its parent (the tarball unpacks to cifar-10-batches-py/)
-    sub = directory / "cifar-10-batches-py"
-    if not (directory / TEST_BATCH).exists() and sub.is_dir():
-        return sub
-    return directory
+def _labels(raw, n: int, path: Path) -> np.ndarray:
+    """``raw`` as int64 labels 0..9, one per image, or DataError."""
+    if isinstance(raw, np.ndarray):
+        if raw.ndim != 1 or raw.dtype.kind not in "iu":
+            raise DataError(path, f"not a CIFAR batch (labels are {raw.dtype} {raw.shape}, need integers)")
+    elif isinstance(raw, (list, tuple)):
+        # checked one by one: np.asarray on nested or shared lists could build a huge array
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw):
+            raise DataError(path, "not a CIFAR batch (labels are not all integers)")
+    else:
+        raise DataError(path, f"not a CIFAR batch (labels are a {type(raw).__name__}, need a list of integers)")
+    if len(raw) != n:
+        raise DataError(path, f"shape mismatch: {len(raw)} labels for {n} images")
+    # compared before converting: a Python integer may not fit in int64
+    lo, hi = (int(raw.min()), int(raw.max())) if isinstance(raw, np.ndarray) else (min(raw), max(raw))
+    if lo < 0 or hi >= len(CLASSES):
+        raise DataError(path, f"labels outside 0..{len(CLASSES) - 1} (min {lo}, max {hi})")
+    return np.asarray(raw, dtype=np.int64)
+
+
+def find_cifar10(directory) -> Path | None:
+    """The directory holding CIFAR-10 batches: ``directory`` itself or the
+    ``cifar-10-batches-py`` directory inside it (the official tarball unpacks to it).
+
+    Returns
+    -------
+    Path or None
+        None when neither holds any of ``data_batch_1`` .. ``data_batch_5``, ``test_batch``.
+    """
+    directory = Path(directory)
+    for d in (directory, directory / BATCH_DIR):
+        if any((d / name).is_file() for name in BATCHES):
+            return d
+    return None
 
 
 def load_cifar10(directory) -> Cifar10:
@@ -131,8 +155,13 @@ def load_cifar10(directory) -> Cifar10:
     -------
     Cifar10
         50,000 training and 10,000 test images for the official files.
+
+    Raises
+    ------
+    DataError
+        A batch missing (all six are needed) or malformed.
     """
-    d = _batch_dir(Path(directory))
+    d = find_cifar10(directory) or Path(directory)
     parts = [read_cifar10_batch(d / name) for name in TRAIN_BATCHES]
     test_x, test_y = read_cifar10_batch(d / TEST_BATCH)
     train_x = np.concatenate([p[0] for p in parts])

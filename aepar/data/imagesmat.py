@@ -20,11 +20,22 @@ VARIABLE = "IMAGES"
 def _read_v73(path: Path, variable: str):
     import h5py
 
+    from aepar.data.hdf5 import storage_problem
+
     with h5py.File(path, "r") as f:
         if variable not in f:
             raise DataError(path, f"no {variable} variable (has: {', '.join(sorted(f)) or 'none'})")
+        dset = f[variable]
+        # checked from the header, before reading: a struct, cell, string or complex
+        # variable, or one whose data the file does not hold, allocates nothing
+        if not isinstance(dset, h5py.Dataset) or dset.dtype.kind not in "fiu":
+            what = f"{dset.dtype}" if isinstance(dset, h5py.Dataset) else "a group (struct or cell)"
+            raise DataError(path, f"{variable} is {what}, need real numbers")
+        problem = storage_problem(dset)
+        if problem:
+            raise DataError(path, f"{variable} {problem}")
         # MATLAB writes column-major: h5py sees (K, W, H)
-        return np.asarray(f[variable][()]).T
+        return np.asarray(dset[()]).T
 
 
 def read_images_mat(path, variable: str = VARIABLE) -> np.ndarray:

