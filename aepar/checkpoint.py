@@ -31,6 +31,7 @@ __all__ = ["save", "load", "Checkpoint", "restore_rng", "FORMAT", "VERSION"]
 FORMAT = "aepar-checkpoint"
 VERSION = 1
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+_MAX_JSON_ITEMSIZE = 4096  # bytes per element of an array stored in a JSON attribute
 
 
 @dataclass
@@ -97,7 +98,10 @@ def _json_default(obj):
 
 def _json_hook(d):
     if "__ndarray__" in d and "dtype" in d and len(d) == 2:
-        return np.array(d["__ndarray__"], dtype=np.dtype(d["dtype"]))
+        dtype = np.dtype(d["dtype"])
+        if dtype.itemsize > _MAX_JSON_ITEMSIZE:  # a corrupt dtype such as 'V4000000000'
+            raise ValueError(f"array dtype {dtype} in JSON is implausibly large")
+        return np.array(d["__ndarray__"], dtype=dtype)
     return d
 
 
@@ -232,18 +236,69 @@ def _fsync_dir(directory: Path):
         os.close(fd)
 
 
-def _read_group(group) -> dict:
+def _first_line(e: BaseException) -> str:
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+_REQUIRED = object()
+
+
+def _attr(f, name: str, path: Path, kind: str, default=_REQUIRED):
+    """Root attribute ``name`` as ``kind`` ("text", "int" or "json"); ``default`` when
+    absent (none: required); CheckpointError when present but not of that kind."""
+    if name not in f.attrs:
+        if default is _REQUIRED:
+            raise CheckpointError(f"{path}: corrupt checkpoint (attribute {name!r} missing)")
+        return default
+    value = f.attrs[name]
+    if isinstance(value, (bytes, np.bytes_)):
+        value = bytes(value).decode("utf-8")
+    if kind == "int":
+        if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+            raise CheckpointError(f"{path}: corrupt checkpoint (attribute {name!r} is "
+                                  f"{type(value).__name__} {value!r:.40}, need an integer)")
+        return int(value)
+    if not isinstance(value, str):
+        raise CheckpointError(f"{path}: corrupt checkpoint (attribute {name!r} is "
+                              f"{type(value).__name__}, need text)")
+    if kind == "json":
+        try:
+            return json.loads(value, object_hook=_json_hook)
+        except (ValueError, TypeError, RecursionError) as e:
+            raise CheckpointError(f"{path}: corrupt checkpoint (attribute {name!r} is not the "
+                                  f"JSON aepar writes: {_first_line(e)})") from None
+    return value
+
+
+def _read_group(group, what: str, path: Path, kinds: str) -> dict:
+    """Every dataset under ``group``, checked from its header before it is read: dtype
+    kind in ``kinds``, data really stored; then floating values must be finite."""
     import h5py
 
-    out = {}
+    from aepar.data.hdf5 import storage_problem
 
-    def visit(name, obj):
+    datasets = []
+
+    def collect(name, obj):
         if isinstance(obj, h5py.Dataset):
-            out[name] = obj[()] if obj.shape == () else obj[...]
+            datasets.append((name, obj))
 
-    group.visititems(visit)
-    # 0-d datasets read as numpy scalars: hand back 0-d arrays like every other entry
-    return {k: np.asarray(v) for k, v in out.items()}
+    group.visititems(collect)
+    out = {}
+    for name, dset in datasets:
+        if dset.dtype.kind not in kinds:
+            raise CheckpointError(f"{path}: {what} {name!r} has dtype {dset.dtype}, "
+                                  f"need {'floating point' if kinds == 'f' else 'numbers'}")
+        problem = storage_problem(dset)
+        if problem:
+            raise CheckpointError(f"{path}: {what} {name!r} {problem}")
+        # 0-d datasets read as numpy scalars: hand back 0-d arrays like every other entry
+        value = np.asarray(dset[()])
+        if value.dtype.kind in "fc" and not np.isfinite(value).all():
+            raise CheckpointError(f"{path}: {what} {name!r} holds NaN or infinite values")
+        out[name] = value
+    return out
 
 
 def load(path, *, scheme: str | None = None, shapes: dict | None = None) -> Checkpoint:
@@ -266,8 +321,10 @@ def load(path, *, scheme: str | None = None, shapes: dict | None = None) -> Chec
     Raises
     ------
     CheckpointError
-        Missing, corrupt or foreign file; other scheme; missing parameter; other shape.
-        The message is one line naming the file and the mismatch.
+        Missing, corrupt, truncated or foreign file; corrupt attributes; other scheme;
+        parameters that are not floating point or hold NaN/Inf (optimiser state may be
+        integer, never NaN/Inf); missing parameter; other shape. The message is one line
+        naming the file and the problem.
     """
     import h5py
 
@@ -276,31 +333,42 @@ def load(path, *, scheme: str | None = None, shapes: dict | None = None) -> Chec
         raise CheckpointError(f"{path}: missing (no such file)" if not path.exists() else f"{path}: not a file")
     try:
         f = h5py.File(path, "r")
-    except OSError as e:
+    except Exception as e:  # OSError mostly; h5py raises others on some damaged files
         raise CheckpointError(f"{path}: not an HDF5 checkpoint (corrupt or truncated: "
-                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+                              f"{_first_line(e)})") from None
     with f:
         try:
-            if f.attrs.get("format") != FORMAT or "params" not in f:
+            mark = f.attrs.get("format")
+            if not (isinstance(mark, str) and mark == FORMAT) or not isinstance(f.get("params"), h5py.Group):
                 raise CheckpointError(f"{path}: not an aepar checkpoint (no '{FORMAT}' format mark)")
-            version = int(f.attrs.get("version", -1))
+            version = _attr(f, "version", path, "int")
             if version > VERSION:
                 raise CheckpointError(f"{path}: checkpoint format version {version} is newer than "
                                       f"this aepar reads ({VERSION})")
-            file_scheme = str(f.attrs["scheme"])
+            if version < 1:
+                raise CheckpointError(f"{path}: corrupt checkpoint (format version {version})")
+            file_scheme = _attr(f, "scheme", path, "text")
+            if not file_scheme:
+                raise CheckpointError(f"{path}: corrupt checkpoint (empty scheme attribute)")
             if scheme is not None and file_scheme != scheme:
                 raise CheckpointError(f"{path}: written by scheme {file_scheme!r}, not {scheme!r}")
-            params = _read_group(f["params"])
-            opt_state = _read_group(f["opt_state"]) if "opt_state" in f else None
-            rng_state = (json.loads(f.attrs["rng_state"], object_hook=_json_hook)
-                         if "rng_state" in f.attrs else None)
-            config = json.loads(f.attrs.get("config", "{}"), object_hook=_json_hook)
-            epoch = int(f.attrs.get("epoch", 0))
+            epoch = _attr(f, "epoch", path, "int", default=0)
+            if epoch < 0:
+                raise CheckpointError(f"{path}: corrupt checkpoint (epoch {epoch})")
+            config = _attr(f, "config", path, "json", default={})
+            rng_state = _attr(f, "rng_state", path, "json", default=None)
+            if not isinstance(config, dict) or not isinstance(rng_state, (dict, type(None))):
+                bad = "config" if not isinstance(config, dict) else "rng_state"
+                raise CheckpointError(f"{path}: corrupt checkpoint (attribute {bad!r} is not a JSON object)")
+            params = _read_group(f["params"], "parameter", path, "f")
+            opt_group = f.get("opt_state")
+            if opt_group is not None and not isinstance(opt_group, h5py.Group):
+                raise CheckpointError(f"{path}: corrupt checkpoint ('opt_state' is not a group)")
+            opt_state = None if opt_group is None else _read_group(opt_group, "optimiser state", path, "biufc")
         except CheckpointError:
             raise
-        except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
-            raise CheckpointError(f"{path}: corrupt checkpoint ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        except Exception as e:  # h5py raises many types on a damaged file: all mean corrupt
+            raise CheckpointError(f"{path}: corrupt checkpoint ({_first_line(e)})") from None
     for name, shape in (shapes or {}).items():
         if name not in params:
             raise CheckpointError(f"{path}: parameter {name!r} missing (the file has "

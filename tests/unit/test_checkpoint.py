@@ -126,6 +126,85 @@ def test_refuses_corrupt_or_foreign_file(tmp_path, params, kind):
     _one_line(e, path)
 
 
+def _edit(path, change):
+    with h5py.File(path, "r+") as f:
+        change(f)
+
+
+def _replace(group, name, data=None, **kwargs):
+    del group[name]
+    group.create_dataset(name, data=data, **kwargs)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("nan", "NaN or infinite"), ("inf", "NaN or infinite"), ("int", "int64"), ("bool", "bool"),
+    ("complex", "complex"), ("text", "need floating point"), ("never_written", "never written"),
+    ("opt_nan", "optimiser state 'm' holds NaN"), ("opt_text", "optimiser state 'm'"),
+])
+def test_refuses_bad_parameters(tmp_path, params, case, match):
+    path = save(tmp_path / "ck.h5", scheme="s", params=params, opt_state={"m": np.ones(3), "step": 4})
+    edits = {
+        "nan": lambda f: f["params/W1"].__setitem__((0, 0), np.nan),
+        "inf": lambda f: f["params/layer2/W"].__setitem__((1, 1), -np.inf),
+        "int": lambda f: _replace(f["params"], "b1", np.zeros(25, np.int64)),
+        "bool": lambda f: _replace(f["params"], "b1", np.zeros(25, bool)),
+        "complex": lambda f: _replace(f["params"], "b1", np.zeros(25, np.complex128)),
+        "text": lambda f: _replace(f["params"], "b1", "not numbers"),
+        "never_written": lambda f: _replace(f["params"], "W1", shape=(10 ** 6, 10 ** 4), dtype="f8"),
+        "opt_nan": lambda f: f["opt_state/m"].__setitem__(1, np.nan),
+        "opt_text": lambda f: _replace(f["opt_state"], "m", "abc"),
+    }
+    _edit(path, edits[case])
+    with pytest.raises(CheckpointError, match=match) as e:
+        load(path)
+    _one_line(e, path)
+
+
+def test_integer_optimiser_state_is_kept(tmp_path, params):
+    path = save(tmp_path / "ck.h5", scheme="s", params=params, opt_state={"step": 4, "flags": np.array([True])})
+    c = load(path)
+    assert c.opt_state["step"] == 4 and c.opt_state["flags"].dtype == bool
+
+
+@pytest.mark.parametrize("case,match", [
+    ("no_version", "'version' missing"), ("version_text", "'version'"), ("version_zero", "version 0"),
+    ("version_new", "newer"), ("epoch_text", "'epoch'"), ("epoch_negative", "epoch -3"),
+    ("epoch_array", "'epoch'"), ("scheme_number", "'scheme'"), ("scheme_empty", "empty scheme"),
+    ("config_garbage", "'config'"), ("config_list", "'config' is not a JSON object"),
+    ("config_dtype", "'config'"), ("rng_list", "'rng_state' is not a JSON object"),
+    ("format_array", "not an aepar checkpoint"), ("params_dataset", "not an aepar checkpoint"),
+    ("opt_dataset", "'opt_state' is not a group"),
+])
+def test_refuses_corrupt_attributes(tmp_path, params, case, match):
+    path = save(tmp_path / "ck.h5", scheme="s", params=params, epoch=2)
+
+    def setattr_(name, value):
+        return lambda f: f.attrs.__setitem__(name, value)
+
+    edits = {
+        "no_version": lambda f: f.attrs.__delitem__("version"),
+        "version_text": setattr_("version", "one"),
+        "version_zero": setattr_("version", 0),
+        "version_new": setattr_("version", 99),
+        "epoch_text": setattr_("epoch", "2"),
+        "epoch_negative": setattr_("epoch", -3),
+        "epoch_array": setattr_("epoch", np.array([1, 2])),
+        "scheme_number": setattr_("scheme", 5),
+        "scheme_empty": setattr_("scheme", ""),
+        "config_garbage": setattr_("config", "{not json"),
+        "config_list": setattr_("config", "[1, 2]"),
+        "config_dtype": setattr_("config", json.dumps({"a": {"__ndarray__": [1], "dtype": "V4000000000"}})),
+        "rng_list": setattr_("rng_state", "[1]"),
+        "format_array": setattr_("format", np.array([1, 2])),
+        "params_dataset": lambda f: (f.__delitem__("params"), f.create_dataset("params", data=np.ones(2))),
+        "opt_dataset": lambda f: f.create_dataset("opt_state", data=np.ones(2)),
+    }
+    _edit(path, edits[case])
+    with pytest.raises(CheckpointError, match=match) as e:
+        load(path)
+    _one_line(e, path)
+
+
 class _FakeDeviceArray:
     """Stands in for a CuPy array: np.asarray on it fails, .get() gives the host copy."""
 
