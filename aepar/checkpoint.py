@@ -301,14 +301,14 @@ def _read_group(group, what: str, path: Path, kinds: str) -> dict:
     return out
 
 
-def load(path, *, scheme: str | None = None, shapes: dict | None = None) -> Checkpoint:
+def load(path, *, scheme: str | tuple | None = None, shapes: dict | None = None) -> Checkpoint:
     """Read a checkpoint, refusing one that does not fit.
 
     Parameters
     ----------
     path : str or Path
-    scheme : str, optional
-        Refuse a checkpoint written by another scheme.
+    scheme : str or tuple of str, optional
+        Refuse a checkpoint written by another scheme (by any other, for a tuple).
     shapes : dict of str -> tuple, optional
         The model's parameter shapes: refuse a checkpoint that lacks one of these
         parameters or stores it with another shape. Parameters in the file but not in
@@ -350,8 +350,10 @@ def load(path, *, scheme: str | None = None, shapes: dict | None = None) -> Chec
             file_scheme = _attr(f, "scheme", path, "text")
             if not file_scheme:
                 raise CheckpointError(f"{path}: corrupt checkpoint (empty scheme attribute)")
-            if scheme is not None and file_scheme != scheme:
-                raise CheckpointError(f"{path}: written by scheme {file_scheme!r}, not {scheme!r}")
+            allowed = (scheme,) if isinstance(scheme, str) else tuple(scheme or ())
+            if allowed and file_scheme not in allowed:
+                raise CheckpointError(f"{path}: written by scheme {file_scheme!r}, not "
+                                      f"{' or '.join(map(repr, allowed))}")
             epoch = _attr(f, "epoch", path, "int", default=0)
             if epoch < 0:
                 raise CheckpointError(f"{path}: corrupt checkpoint (epoch {epoch})")

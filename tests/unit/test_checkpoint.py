@@ -93,6 +93,10 @@ def test_refuses_other_scheme(tmp_path, params):
         load(path, scheme="sync")
     msg = _one_line(e, path)
     assert "'greedy'" in msg and "'sync'" in msg
+    assert load(path, scheme=("sync", "greedy")).scheme == "greedy"
+    with pytest.raises(CheckpointError) as e:
+        load(path, scheme=("sync", "finetune"))
+    assert "not 'sync' or 'finetune'" in _one_line(e, path)
 
 
 def test_refuses_other_shape_and_missing_parameter(tmp_path, params):
