@@ -4,8 +4,9 @@ The grid is data (bench/grid.json); the sweep that runs it is jobs/lib.sh, share
 ``sbatch jobs/sparse_scaling.sh``, the Grid Engine script and ``make bench``. This module
 is the sweep's Python side::
 
-    python -m bench.scaling points  --grid quick [--procs "1 2"] [--samples "..."] [--write RUN/grid.json]
-    python -m bench.scaling collect RUN      # RUN/points/*/summary.json -> RUN/strong.csv, RUN/weak.csv
+    python -m bench.scaling points  --grid quick [--procs "1 2"] [--samples "..."] [--write RUN/grid.json --run ID]
+    python -m bench.scaling eta     RUN --done K   # time left for RUN/plan.tsv after its first K points
+    python -m bench.scaling collect RUN      # RUN/sweep.csv + point summaries -> RUN/strong.csv, RUN/weak.csv
     python -m bench.scaling report  RUN [--out DIR] [--md FILE]   # speedup/efficiency PNGs + scaling.md
 
 Definitions (the paper's):
@@ -17,6 +18,10 @@ Definitions (the paper's):
 ``seconds`` is the scheme's own ``seconds_total`` from summary.json: timed after a warm-up
 and a Barrier, the slowest rank's time, written by rank 0. With several repeats of a point
 the fastest is kept. Machine columns come from :func:`aepar.machine.describe`.
+
+A sweep directory holds one run at a time: ``grid.json`` names it (``run``) and only the
+rows of ``sweep.csv`` from that run are collected, each from the point directory its row
+names (``dir``), so results from other runs or other parameters never mix into the tables.
 """
 from __future__ import annotations
 
@@ -87,8 +92,9 @@ def resolve(grid: dict, procs=None, samples=None, iterations=None, weak=None) ->
     ``samples`` when the sample sizes were overridden (10k at 1 process in the paper).
 
     Returns a dict with processes, samples, weak_samples_per_process, iterations,
-    strong [(P, S)], weak [(P, W*P)] and points (their union, sorted by samples per
-    process, then processes, so the cheap points run first).
+    strong [(P, S)], weak [(P, W*P)] and points (their union, small sample sizes first,
+    then fewer processes: a sweep cut short by its time limit still has whole rows of the
+    strong-scaling table, each with its one-process baseline).
     """
     processes = _ints(procs if procs else grid["processes"], "processes")
     sizes = _ints(samples if samples else grid["samples"], "samples")
@@ -104,7 +110,7 @@ def resolve(grid: dict, procs=None, samples=None, iterations=None, weak=None) ->
     bad = [(p, s) for p, s in strong + weak_points if s < p]
     if bad:
         raise GridError(f"fewer samples than processes at {bad[0][1]} samples on {bad[0][0]}")
-    points = sorted(set(strong) | set(weak_points), key=lambda ps: (ps[1] / ps[0], ps[0]))
+    points = sorted(set(strong) | set(weak_points), key=lambda ps: (ps[1], ps[0]))
     return {"processes": processes, "samples": sizes, "weak_samples_per_process": per,
             "iterations": iters, "strong": strong, "weak": weak_points, "points": points}
 
@@ -124,17 +130,32 @@ def _num(value, kind=float):
         return None
 
 
+def _run_id(run: Path):
+    """The run RUN/grid.json names, or None (a grid written without one: every row counts)."""
+    try:
+        with open(run / "grid.json") as f:
+            return json.load(f).get("run")
+    except (OSError, ValueError):
+        return None
+
+
+def _this_run(run: Path) -> list[dict]:
+    """RUN/sweep.csv rows of the run that RUN/grid.json names."""
+    rid = _run_id(run)
+    return [r for r in _read_csv(run / "sweep.csv") if rid is None or r.get("run") == rid]
+
+
 def measured_points(run: str | os.PathLike) -> dict:
     """{(processes, samples): best measurement} from RUN/sweep.csv and the point dirs.
 
     Each measurement merges the point's summary.json with the sweep's record of how it
     was launched (threads, launcher, nodes, wall time). A point that failed or was skipped
-    has no summary and is left out (collect says which).
+    has no summary and is left out (collect says which); so is every row of another run.
     """
     run = Path(run)
     best: dict = {}
-    for rec in _read_csv(run / "sweep.csv"):
-        summary_path = run / "points" / rec["name"] / "summary.json"
+    for rec in _this_run(run):
+        summary_path = run / (rec.get("dir") or f"points/{rec['name']}") / "summary.json"
         if rec.get("status") != "ok" or not summary_path.exists():
             continue
         with open(summary_path) as f:
@@ -240,12 +261,99 @@ def collect(run: str | os.PathLike, machine: dict | None = None) -> tuple[list, 
     write_csv(run / "strong.csv", strong)
     write_csv(run / "weak.csv", weak)
     got = {(r["processes"], r["samples"]) for r in strong + weak}
-    for rec in _read_csv(run / "sweep.csv"):
+    for rec in _this_run(run):
         key = (int(rec["processes"]), int(rec["samples"]))
         if key not in got and rec.get("status") != "ok":
             print(f"bench.scaling: no result for {key[0]} processes x {key[1]} samples "
                   f"({rec.get('status')})", file=sys.stderr)
     return strong, weak
+
+
+# ---------------------------------------------------------------------------- time left
+def _work(p: int, s: int, iterations: int, ranks_node: int, threads: int, cores: int):
+    """What a point's compute time grows with: one rank's share of the work (samples /
+    processes x iterations, stretched when the node's ranks x threads exceed its cores) and
+    the whole work (samples x iterations: what does not divide over the ranks)."""
+    stretch = max(1.0, ranks_node * threads / max(cores, 1))
+    return (s / p * iterations * stretch, float(s * iterations))
+
+
+def _fit(rows: list[tuple[tuple, float]], models: tuple) -> tuple:
+    """Non-negative coefficients of y = sum c_j x_j, least squares over (x, y) rows, with
+    the terms of one of ``models`` (tuples of term indices, simplest first). A model with
+    more terms than the rows can tell apart is not tried; the first of the best wins."""
+    import numpy as np
+
+    x = np.array([r for r, _ in rows], dtype=float)
+    y = np.array([t for _, t in rows], dtype=float)
+    scale = np.where(x.max(axis=0) > 0, x.max(axis=0), 1.0)
+    xs = x / scale
+    best = None
+    for terms in models:
+        if len(terms) > len(rows) or np.linalg.matrix_rank(xs[:, terms]) < len(terms):
+            continue
+        coef, *_ = np.linalg.lstsq(xs[:, terms], y, rcond=None)
+        if (coef < 0).any():
+            continue
+        residual = float(((xs[:, terms] @ coef - y) ** 2).sum())
+        if best is None or residual < best[0] * (1 - 1e-9) - 1e-12:
+            full = np.zeros(x.shape[1])
+            full[list(terms)] = coef
+            best = (residual, full / scale)
+    return tuple(best[1]) if best else (0.0,) * x.shape[1]
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def time_left(run: str | os.PathLike, done: int) -> tuple[float, int] | None:
+    """(seconds, points) still to run after the first ``done`` points of RUN/plan.tsv.
+
+    The plan (written by the sweep: name, processes, samples, iterations, ranks on the
+    busiest node, threads, cores) is this invocation's points in order. Each finished one
+    (an ok row of this run in sweep.csv) splits its wall time into the scheme's own
+    ``seconds_total`` (compute, fitted to :func:`_work`, non-negative least squares) and the
+    rest (start-up: launcher, imports, data; fitted to a constant plus a term in samples),
+    which price the points left. None before any point has finished.
+    """
+    run = Path(run)
+    plan = []
+    with open(run / "plan.tsv") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 7:
+                plan.append((parts[0], *(int(v) for v in parts[1:])))
+    measured = {}
+    for r in _this_run(run):
+        wall = _num(r.get("wall_seconds"))
+        if r.get("status") != "ok" or wall is None:
+            continue
+        compute = None
+        try:
+            with open(run / (r.get("dir") or f"points/{r['name']}") / "summary.json") as f:
+                compute = _num(json.load(f).get("seconds_total"))
+        except (OSError, ValueError):
+            pass
+        measured[r["name"]] = (wall, compute if compute is not None and 0 <= compute <= wall else None)
+    finished = [(pt, *measured[pt[0]]) for pt in plan[:done] if pt[0] in measured]
+    if not finished:
+        return None
+    if all(c is not None for _, _, c in finished):
+        compute = _fit([(_work(*pt[1:]), c) for pt, _, c in finished], ((0,), (0, 1), (1,)))
+        startup = _fit([((1.0, float(pt[2])), w - c) for pt, w, c in finished], ((0,), (0, 1)))
+    else:  # no compute time from the scheme: the whole wall time as work
+        compute = _fit([(_work(*pt[1:]), w) for pt, w, _ in finished], ((0,), (0, 1), (1,)))
+        startup = (0.0, 0.0)
+    rest = plan[done:]
+    seconds = sum(startup[0] + startup[1] * pt[2] + sum(c * x for c, x in zip(compute, _work(*pt[1:])))
+                  for pt in rest)
+    return seconds, len(rest)
 
 
 # ---------------------------------------------------------------------------- report
@@ -417,6 +525,10 @@ def main(argv=None) -> int:
     pts.add_argument("--iterations", default="", help="override iterations")
     pts.add_argument("--weak", default="", help="override weak-scaling samples per process")
     pts.add_argument("--write", default="", help="also write the resolved grid (JSON) here")
+    pts.add_argument("--run", default="", help="the run id recorded in the written grid")
+    eta = sub.add_parser("eta", help="time left for RUN/plan.tsv after its first K points")
+    eta.add_argument("run")
+    eta.add_argument("--done", type=int, required=True)
     col = sub.add_parser("collect", help="RUN/points -> RUN/strong.csv, RUN/weak.csv")
     col.add_argument("run")
     col.add_argument("--quiet", action="store_true")
@@ -437,9 +549,23 @@ def main(argv=None) -> int:
             return 2
         if args.write:
             Path(args.write).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.write).write_text(json.dumps({"grid": args.grid, **g}, indent=1) + "\n")
+            head = {"grid": args.grid, **({"run": args.run} if args.run else {})}
+            Path(args.write).write_text(json.dumps({**head, **g}, indent=1) + "\n")
         for p, s in g["points"]:
             print(p, s, g["iterations"])
+        return 0
+    if args.cmd == "eta":
+        try:
+            left = time_left(args.run, args.done)
+        except (OSError, ValueError) as exc:
+            print(f"bench.scaling: error: {exc}", file=sys.stderr)
+            return 2
+        if left is None:
+            pass  # no point has finished: nothing to go by
+        elif left[1] == 0:
+            print("no points left")
+        else:
+            print(f"about {_duration(left[0])} left ({left[1]} point{'s' if left[1] > 1 else ''})")
         return 0
     if args.cmd == "collect":
         if not (Path(args.run) / "grid.json").exists():
