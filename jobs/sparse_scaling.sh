@@ -1,8 +1,8 @@
 #!/bin/bash
 #SBATCH --job-name=aepar-sparse-scaling
-#SBATCH --nodes=1
 #SBATCH --ntasks=16
 #SBATCH --time=04:00:00
+#SBATCH --signal=B:USR1@120
 #SBATCH --output=sparse_scaling-%j.out
 #
 # Strong and weak scaling of the data-parallel sparse autoencoder (Lewis & Canann 2015,
@@ -10,13 +10,22 @@
 #
 #   sbatch jobs/sparse_scaling.sh                          # the paper's grid, 1-16 ranks
 #   sbatch -N 4 --ntasks-per-node=4 jobs/sparse_scaling.sh # across 4 nodes
-#   PROCS="1 2" SAMPLES="2000 4000" ITERS=20 sbatch jobs/sparse_scaling.sh
+#   sbatch -N 4 -n 4 jobs/sparse_scaling.sh                # one rank per node, as the paper
+#   PROCS="1 2" SAMPLES="2000 4000" ITERS=20 sbatch -n 2 jobs/sparse_scaling.sh
 #   GRID=quick bash jobs/sparse_scaling.sh                 # no SLURM: mpirun on this host
 #
-# Under SLURM each point is started with `srun --mpi=pmix|pmi2` when that starts this
-# MPI's ranks as one job, otherwise with mpirun on the allocation's hosts; points with more
-# processes than the allocation's tasks are skipped. Results: OUT/strong.csv, OUT/weak.csv
-# (+ speedup/efficiency PNGs and scaling.md), one directory per point under OUT/points/.
+# 16 tasks and no node count: SLURM spreads them over as many nodes as it takes, whatever
+# their size. A shape on the command line needs -n too (SLURM keeps this file's --ntasks
+# over --ntasks-per-node, and refuses -N 4 --ntasks-per-node=1 alone). Points with more
+# processes than the allocation has tasks are skipped, and the log says so up front.
+#
+# Under SLURM the points start with `srun --mpi=pmix|pmi2` when that starts the grid's
+# largest point as one job, otherwise (the reason is logged) with mpirun on the allocation's
+# hosts. Two minutes before the time limit SLURM sends SIGUSR1 (--signal above): the running
+# point checkpoints, what finished is collected, and the job exits 75; resubmit with
+# OUT=<its directory> and the same settings to run the rest. Results: OUT/strong.csv,
+# OUT/weak.csv (+ speedup/efficiency PNGs and scaling.md), one directory per point under
+# OUT/points/, a line per point in the job's output with the time left.
 # All knobs (GRID, PROCS, SAMPLES, WEAK, ITERS, OUT, PYTHON, MPIRUN, LAUNCHER, THREADS, ...)
 # are environment variables, documented in jobs/lib.sh; sbatch passes them on.
 set -uo pipefail
