@@ -50,8 +50,8 @@ test: venv  ## unit, MPI (mpirun -np 1/2/4) and end-to-end tests
 test-gpu: venv  ## the CuPy kernel tests only (needs a GPU and `pip install .[gpu]`)
 	$(BIN)/python -m pytest tests -m gpu
 
-test-cluster: venv  ## local SLURM: sbatch jobs/sparse_scaling.sh on a small grid, check CSVs
-	bash tests/cluster/test_slurm.sh
+test-cluster: venv  ## the job scripts as submitted to a private 4-node SLURM and a Grid Engine (root)
+	@rc=0; bash tests/cluster/test_slurm.sh || rc=1; bash tests/cluster/test_sge.sh || rc=1; exit $$rc
 
 bench: venv bench-peers  ## quick scaling grid, textbook and PyTorch peers -> bench/results/
 	$(BIN)/python -m bench.run --quick

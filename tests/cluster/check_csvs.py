@@ -1,6 +1,7 @@
 """Check a sweep's strong.csv / weak.csv (used by test_slurm.sh and test_sge.sh).
 
-    python tests/cluster/check_csvs.py RUN --strong 1:2000,2:2000 --weak 1:2000,2:4000 [--nodes-for-2 2]
+    python tests/cluster/check_csvs.py RUN --strong 1:2000,2:2000 --weak 1:2000,2:4000 \
+        [--launcher "srun --mpi=pmix"] [--nodes 2:2,4:4]
 
 Exits 1 with the reason if a row, column or time is wrong; prints a summary otherwise.
 """
@@ -32,7 +33,8 @@ def main():
     p.add_argument("run")
     p.add_argument("--strong", required=True, type=points)
     p.add_argument("--weak", required=True, type=points)
-    p.add_argument("--nodes-for-2", type=int, default=0, help="nodes the 2-rank points must span")
+    p.add_argument("--launcher", default="", help="launcher every row must name")
+    p.add_argument("--nodes", type=points, default=[], help="P:N,... nodes the P-rank points must span")
     p.add_argument("--scheme", default="aepar.sparse")
     a = p.parse_args()
     run = Path(a.run)
@@ -51,12 +53,12 @@ def main():
             assert (r["speedup"], r["efficiency"]) == ("1.000", "1.000"), f"{where}: {r['speedup']}"
         else:
             assert float(r["speedup"]) > 0 and float(r["efficiency"]) > 0, f"{where}: speedup"
-    two = [r for r in strong + weak if r["processes"] == "2"]
-    if a.nodes_for_2:
-        assert all(int(r["nodes"]) == a.nodes_for_2 for r in two), \
-            f"2-rank points ran on {[r['nodes'] for r in two]} nodes, expected {a.nodes_for_2}"
+        assert not a.launcher or r["launcher"] == a.launcher, f"{where}: launcher {r['launcher']!r}"
+    for p, n in a.nodes:
+        got = sorted({r["nodes"] for r in strong + weak if r["processes"] == str(p)})
+        assert got == [str(n)], f"{p}-rank points ran on {got} nodes, expected {n}"
     print(f"CSVs ok: {len(strong)} strong + {len(weak)} weak rows; launcher "
-          f"{two[0]['launcher'] if two else '-'!r}, mpi {strong[0]['mpi']!r}")
+          f"{strong[0]['launcher']!r}, mpi {strong[0]['mpi']!r}")
     for r in strong:
         print(f"    P={r['processes']} samples={r['samples']}: {r['seconds']} s, "
               f"speedup {r['speedup']}, nodes {r['nodes']}")

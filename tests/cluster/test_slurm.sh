@@ -1,35 +1,45 @@
 #!/usr/bin/env bash
-# tests/cluster/test_slurm.sh - `make test-cluster`: jobs/sparse_scaling.sh under a real SLURM.
+# tests/cluster/test_slurm.sh - jobs/sparse_scaling.sh under a real SLURM (`make test-cluster`).
 #
-# Brings up a single-host SLURM (tests/cluster/local-slurm.sh, root, Debian 12), submits
-# `sbatch jobs/sparse_scaling.sh` on a small grid, waits (with a time-out), checks the job
-# ended COMPLETED and that strong.csv / weak.csv have the expected rows, columns and
-# positive times, then tears SLURM down again, also when something failed. A SLURM that
-# was already up before the test is left running.
-#
-# Knobs: NNODES=4 (emulated nodes, one task on each), TIMEOUT=600 (seconds for the job),
-#        KEEP_SLURM=1 (leave the cluster up), LOCAL_SLURM_DIR (as local-slurm.sh).
+# Brings up a private SLURM of its own (tests/cluster/local-slurm.sh with its own directory,
+# ports and SLURM_CONF, /etc/slurm untouched) with NNODES emulated nodes of CPUS CPUs each,
+# so a SLURM already running on this host is neither used nor changed; tears the private
+# one down at the end, also when something failed. The jobs, each checked for how it ended
+# and what it wrote:
+#   A  `sbatch jobs/sparse_scaling.sh`, the README's command, on nodes smaller than its 16
+#      tasks: accepted and spread; a 32-process point clipped and said so; srun probed at
+#      the largest point (4 ranks on one node) and, where it fails, mpirun with the reason;
+#      a line per point with the time left, small points first.
+#   B  `sbatch -N 4 -n 4`: srun at 4 ranks over 4 nodes; then the same again into its OUT:
+#      every point kept, none run.
+#   C  `scancel --signal=USR1 --batch` while a point runs: no new point, the running one
+#      told (SIGUSR1 through srun), the job exits 75.
+#   D  LAUNCHER=srun with an --mpi plugin that cannot start this MPI: stops at once (exit 2)
+#      with the reason.
+# Knobs: NNODES=4, CPUS=4, TIMEOUT=300 (seconds per job), KEEP_SLURM=1 (leave it up).
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-NNODES=${NNODES:-1}
-TIMEOUT=${TIMEOUT:-600}
+NNODES=${NNODES:-4}
+CPUS=${CPUS:-4}
+TIMEOUT=${TIMEOUT:-300}
 PYTHON=${PYTHON:-$REPO/.venv/bin/python}
-export LOCAL_SLURM_DIR=${LOCAL_SLURM_DIR:-/tmp/local-slurm}
-WORK=$(mktemp -d /tmp/aepar-test-slurm.XXXXXX)
-JOB="" STARTED=0 RESULT=1
+WORK=$(mktemp -d /tmp/aepar-tslurm.XXXXXX)
+export LOCAL_SLURM_DIR=$WORK/s
+export SLURM_CONF=$LOCAL_SLURM_DIR/etc/slurm.conf
+unset SLURM_JOB_ID SLURM_JOBID
+JOB="" STARTED=0 RESULT=1 T0=$(date +%s)
 
-say() { echo "[test_slurm] $*"; }
+say() { echo "[test_slurm $(($(date +%s) - T0))s] $*"; }
 fail() { say "FAIL: $*"; exit 1; }
 
 cleanup() {
   local rc=$?
-  if [ -n "$JOB" ] && squeue -h -j "$JOB" 2>/dev/null | grep -q .; then
-    say "cancelling job $JOB"; scancel "$JOB" 2>/dev/null
-  fi
   if [ "$STARTED" = 1 ] && [ "${KEEP_SLURM:-0}" != 1 ]; then
-    bash "$HERE/local-slurm-teardown.sh" >"$WORK/teardown.log" 2>&1 && say "SLURM torn down" ||
+    bash "$HERE/local-slurm-teardown.sh" --purge >"$WORK/teardown.log" 2>&1 && say "private SLURM torn down" ||
       say "teardown reported problems, see $WORK/teardown.log"
+  elif [ "$STARTED" = 1 ]; then
+    say "KEEP_SLURM=1: left up; SLURM_CONF=$SLURM_CONF; stop with LOCAL_SLURM_DIR=$LOCAL_SLURM_DIR bash $HERE/local-slurm-teardown.sh"
   fi
   [ "$RESULT" = 0 ] && say "PASS ($WORK)" || say "FAILED (rc $rc; logs in $WORK)"
 }
@@ -39,41 +49,102 @@ trap 'exit 130' INT TERM
 [ "$(id -u)" = 0 ] || fail "needs root (it installs and starts SLURM on this host)"
 [ -x "$PYTHON" ] || fail "no $PYTHON: run 'make venv' first"
 
-# 1. bring up (or find up) a local SLURM with NNODES nodes
-if scontrol ping >/dev/null 2>&1 && [ "$(sinfo -h -N -o %N 2>/dev/null | sort -u | wc -l)" = "$NNODES" ]; then
-  say "SLURM already up with $NNODES node(s): using it, leaving it up"
-else
-  STARTED=1
-  say "bringing up SLURM with $NNODES node(s) (log: $WORK/bringup.log)"
-  NNODES=$NNODES bash "$HERE/local-slurm.sh" >"$WORK/bringup.log" 2>&1 || { tail -20 "$WORK/bringup.log"; fail "bring-up failed"; }
-  grep 'self-test' "$WORK/bringup.log" | sed 's/^/    /'
-fi
-
-# 2. submit a small grid: 1 and 2 processes (4 is skipped: the job has 2 tasks)
-if [ "$NNODES" -gt 1 ]; then ALLOC=(-N 2 -n 2 --ntasks-per-node=1); else ALLOC=(-n 2); fi
-cd "$REPO" || fail "no $REPO"
-JOB=$(PROCS="1 2 4" SAMPLES="2000 4000" ITERS=20 OUT="$WORK/run" \
-  sbatch --parsable "${ALLOC[@]}" -t 00:15:00 -o "$WORK/job-%j.out" jobs/sparse_scaling.sh) ||
-  fail "sbatch refused the job"
-JOB=${JOB%%;*}
-say "submitted job $JOB (${ALLOC[*]}), waiting up to ${TIMEOUT}s"
-t0=$(date +%s)
-while squeue -h -j "$JOB" 2>/dev/null | grep -q .; do
-  [ $(($(date +%s) - t0)) -gt "$TIMEOUT" ] && fail "job $JOB still running after ${TIMEOUT}s"
-  sleep 2
+# ports nothing listens on: the private slurmctld/slurmd/... and the emulated nodes' slurmds
+busy() { ss -Hltn 2>/dev/null | awk '{print $4}' | sed 's/.*://' | grep -qxE "$1"; }
+for PORT_BASE in 16817 26817 36817 46817; do
+  busy "$(seq -s'|' $PORT_BASE $((PORT_BASE + 3)))|$(seq -s'|' $((PORT_BASE + 10184)) $((PORT_BASE + 10184 + NNODES)))" || break
 done
-say "job $JOB left the queue after $(($(date +%s) - t0))s; its output:"
-sed 's/^/    /' "$WORK/job-$JOB.out"
+export PORT_BASE
+if pgrep -x slurmctld >/dev/null; then say "a SLURM is running here already: leaving it alone"; fi
 
-# 3. check how it ended and what it wrote
-STATE=$(scontrol show job "$JOB" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
-EXIT=$(scontrol show job "$JOB" 2>/dev/null | grep -o ' ExitCode=[0-9:]*' | cut -d= -f2)
-[ -z "$STATE" ] && STATE=$(sacct -n -X -j "$JOB" -o State 2>/dev/null | tr -d ' ')
-say "job state ${STATE:-unknown}, exit code ${EXIT:-unknown}"
-[ "${STATE:-COMPLETED}" = COMPLETED ] || fail "job $JOB ended $STATE"
-grep -q "skip 4 processes" "$WORK/job-$JOB.out" || fail "the 4-process points were not reported as skipped"
+# 1. the private cluster
+STARTED=1
+say "bringing up a private SLURM: $NNODES nodes x $CPUS CPUs, ports from $PORT_BASE (log: $WORK/bringup.log)"
+NNODES=$NNODES CPUS=$CPUS LINK_ETC=0 SELFTEST=0 CLUSTER=aepartest bash "$HERE/local-slurm.sh" >"$WORK/bringup.log" 2>&1 ||
+  { tail -20 "$WORK/bringup.log"; fail "bring-up failed"; }
+sinfo -h -N -o '%N %c %T' | sed 's/^/    /'
 
-NODES2=1; [ "$NNODES" -gt 1 ] && NODES2=2
-"$PYTHON" "$HERE/check_csvs.py" "$WORK/run" --strong 1:2000,1:4000,2:2000,2:4000 \
-  --weak 1:2000,2:4000 --nodes-for-2 "$NODES2" || fail "CSV check failed"
+cd "$REPO" || fail "no $REPO"
+# submit NAME SBATCH-OPTIONS... (environment before): sets JOB, waits, sets STATE, EXIT, LOG
+submit() {
+  local name=$1; shift
+  JOB=$(sbatch --parsable -t 00:15:00 -o "$WORK/$name-%j.out" "$@" jobs/sparse_scaling.sh 2>"$WORK/$name.sbatch") ||
+    fail "job $name: sbatch $* refused it: $(cat "$WORK/$name.sbatch")"
+  JOB=${JOB%%;*}
+  LOG=$WORK/$name-$JOB.out
+  say "job $name ($JOB): sbatch $*"
+  local t0
+  t0=$(date +%s)
+  while squeue -h -j "$JOB" 2>/dev/null | grep -q .; do
+    [ $(($(date +%s) - t0)) -gt "$TIMEOUT" ] && { scancel "$JOB"; fail "job $name ($JOB) still running after ${TIMEOUT}s"; }
+    [ -n "${ON_RUNNING:-}" ] && $ON_RUNNING
+    sleep 1
+  done
+  STATE=$(scontrol show job "$JOB" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+  EXIT=$(scontrol show job "$JOB" 2>/dev/null | grep -o ' ExitCode=[0-9:]*' | cut -d= -f2)
+  say "job $name ($JOB) ended $STATE, exit $EXIT, after $(($(date +%s) - t0))s; its output:"
+  sed 's/^/    /' "$LOG"
+}
+need() { grep -qE -- "$1" "$LOG" || fail "job $JOB: no line matching '$1' in its output"; }
+
+# 0. the README's commands are accepted on nodes of $CPUS CPUs (fewer than 16)
+for shape in "" "-N 4 --ntasks-per-node=4" "-N 4 -n 4" "-n 2"; do
+  # shellcheck disable=SC2086  # a list of options
+  sbatch --test-only $shape jobs/sparse_scaling.sh >"$WORK/test-only.txt" 2>&1 ||
+    fail "sbatch --test-only $shape jobs/sparse_scaling.sh: $(tail -1 "$WORK/test-only.txt")"
+  say "sbatch $shape jobs/sparse_scaling.sh accepted: $(grep -o 'using .*' "$WORK/test-only.txt")"
+done
+
+# A. the README's command
+PROCS="1 2 4 32" SAMPLES=2000 ITERS=10 OUT=$WORK/a REPORT=0 submit A
+[ "$STATE" = COMPLETED ] || fail "job A ended $STATE"
+need "16 tasks on n1 n2 n3 n4"
+need "clipped to the allocation's 16 tasks: 2 point\(s\) with 32 processes are skipped"
+need "\(the largest point\)"
+if grep -q "srun cannot start 4 rank(s) on 1 node(s)" "$LOG"; then
+  need "srun cannot start 4 rank\(s\) on 1 node\(s\) \(the largest point\): --mpi=pmix: .+"
+  need "falling back to mpirun"
+  LAUNCH_A=mpirun
+else
+  LAUNCH_A="srun --mpi=pmix"
+fi
+[ "$(grep -cE '\) ok: .*; about [0-9hms]+ left \(' "$LOG")" = 4 ] || fail "job A: not every point but the last said the time left"
+order=$(grep -oE 'p[0-9]+_s[0-9]+ \([0-9]/5\) ok' "$LOG" | cut -d' ' -f1 | paste -sd' ')
+[ "$order" = "p1_s2000 p2_s2000 p4_s2000 p2_s4000 p4_s8000" ] || fail "job A: points ran as $order"
+"$PYTHON" "$HERE/check_csvs.py" "$WORK/a" --strong 1:2000,2:2000,4:2000 --weak 1:2000,2:4000,4:8000 \
+  --launcher "$LAUNCH_A" || fail "job A: CSV check failed"
+
+# B. one rank per node: srun at 4 ranks over 4 nodes; then resubmitted into the same OUT
+PROCS="1 2 4" SAMPLES=2000 ITERS=10 OUT=$WORK/b REPORT=0 submit B -N 4 -n 4
+[ "$STATE" = COMPLETED ] || fail "job B ended $STATE"
+need "srun --mpi=pmix starts 4 rank\(s\) on 4 node\(s\) \(the largest point\): launching with srun"
+"$PYTHON" "$HERE/check_csvs.py" "$WORK/b" --strong 1:2000,2:2000,4:2000 --weak 1:2000,2:4000,4:8000 \
+  --launcher "srun --mpi=pmix" --nodes 2:2,4:4 || fail "job B: CSV check failed"
+PROCS="1 2 4" SAMPLES=2000 ITERS=10 OUT=$WORK/b REPORT=0 submit B2 -N 4 -n 4
+[ "$STATE" = COMPLETED ] || fail "job B2 ended $STATE"
+need "5 point run\(s\) already finished in run slurm-[0-9]+@[0-9-]+: kept"
+need "ran 0 of 0 point run"
+[ "$(ls "$WORK/b/points" | wc -l)" = 5 ] || fail "job B2 made point directories: $(ls "$WORK/b/points")"
+
+# C. SIGUSR1 to the batch shell (what --signal=B:USR1@120 sends before the time limit)
+usr1() {
+  [ -n "${SENT:-}" ] || [ ! -e "$WORK/c/logs/p1_s20000.log" ] && return
+  sleep 2; scancel --signal=USR1 --batch "$JOB" && SENT=1 && say "sent SIGUSR1 to job $JOB's batch shell"
+}
+SENT="" ON_RUNNING=usr1
+PROCS=1 SAMPLES="20000 40000" ITERS=3000 OUT=$WORK/c REPORT=0 submit C -n 1
+ON_RUNNING=""
+[ -n "$SENT" ] || fail "job C ended before its first point ran long enough to be signalled"
+[ "$EXIT" = 75:0 ] || fail "job C: exit $EXIT, expected 75:0 (stopped by a signal)"
+need "SIGUSR1: no new points; sending SIGUSR1 to the running point"
+need "p1_s20000 \(1/2\) INTERRUPTED"
+need "stopped by SIGUSR1: 2 point run\(s\) not finished; resubmit with OUT=$WORK/c"
+grep -q '^p1_s40000,' "$WORK/c/sweep.csv" && fail "job C started a point after SIGUSR1"
+
+# D. a launcher that cannot work, asked for by name: stop at once, saying why
+LAUNCHER=srun SRUN_MPI=pmi2 PROCS="1 2" SAMPLES=2000 ITERS=10 OUT=$WORK/d submit D -n 2
+[ "$EXIT" = 2:0 ] || fail "job D: exit $EXIT, expected 2:0"
+need "error: LAUNCHER=srun: srun cannot start 2 rank\(s\) on 1 node\(s\): --mpi=pmi2: .+"
+[ -z "$(ls "$WORK/d/points")" ] || fail "job D ran points"
+
 RESULT=0
