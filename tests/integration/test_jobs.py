@@ -1,10 +1,17 @@
 """Job scripts and the scaling harness, without a scheduler (`make test`).
 
-- every shell script parses (`bash -n`), and scheduler directives come before any command;
-- the grid expansion and the speedup/efficiency arithmetic of bench.scaling;
+- every shell script parses (`bash -n`), and scheduler directives come before any command
+  (16 SLURM tasks and no node count; the signal before the time limit);
+- the grid expansion (small points first), the time-left fit, and the speedup/efficiency
+  arithmetic of bench.scaling over the current run's rows only;
 - jobs/sparse_scaling.sh run as plain bash on a tiny grid, with the real aepar.sparse
   under mpirun (1 and 2 processes), writes strong.csv/weak.csv with the documented columns;
 - a failing point makes the sweep fail but is recorded, and the others are still collected;
+- with a stand-in scheme (seconds, no numerics): SIGUSR1 stops the sweep and reaches the
+  running point, a resubmission keeps the finished points and runs the rest in fresh
+  directories; other parameters or another scheduler reuse nothing; the default OUT of a
+  job is not another scheduler's; a directory that is not a sweep is refused; a launcher
+  that cannot start the largest point stops the sweep before any point;
 - bench.textbook_sparse agrees with aepar's model and writes peers.csv.
 
 The SLURM and Grid Engine runs are `make test-cluster` (tests/cluster/).
@@ -12,8 +19,11 @@ The SLURM and Grid Engine runs are `make test-cluster` (tests/cluster/).
 import csv
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +41,8 @@ DOCUMENTED = ["scheme", "processes", "samples", "iterations", "evaluations", "se
 def _env(**extra):
     env = dict(os.environ, AEPAR_THREADS="1", PYTHON=sys.executable, **extra)
     for var in ("SLURM_JOB_ID", "PE_HOSTFILE", "GRID", "PROCS", "SAMPLES", "WEAK", "ITERS", "OUT",
-                "SCHEME", "ARGS", "MAXPROCS", "THREADS", "LAUNCHER"):
+                "SCHEME", "ARGS", "MAXPROCS", "THREADS", "LAUNCHER", "RESUME", "REPEATS", "SEED",
+                "JOB_ID", "NSLOTS", "RESTARTED", "SLURM_RESTART_COUNT"):
         env.pop(var, None) if var not in extra else None
     return env
 
@@ -56,11 +67,16 @@ def test_directives_precede_the_first_command(script, prefix):
     directives = [i for i, l in enumerate(lines) if l.startswith(prefix)]
     assert directives and max(directives) < first_cmd
     header = "\n".join(lines[:first_cmd])
+    directives = "\n".join(lines[i] for i in directives)
     if prefix == "#SBATCH":
-        for option in ("--job-name", "--nodes", "--ntasks=16", "--time", "--output"):
-            assert option in header
+        for option in ("--job-name", "--ntasks=16", "--time", "--output", "--signal=B:USR1@"):
+            assert option in directives
+        # no node count: SLURM spreads the 16 tasks over nodes of any size
+        assert "--nodes" not in directives and "-N " not in directives
     else:
-        assert "#$ -pe orte" in header and "#$ -cwd" in header
+        assert "#$ -pe orte" in directives and "#$ -cwd" in directives
+        assert "s_rt=" in directives and "h_rt=" in directives  # SIGUSR1 before the kill
+    assert "--signal" in header or "s_rt" in header
 
 
 def test_grid_file_and_overrides():
@@ -77,20 +93,32 @@ def test_grid_file_and_overrides():
     assert set(g["points"]) == {(1, 2000), (2, 2000), (1, 4000), (2, 4000)}
     g = scaling.resolve(scaling.load_grid("full"), procs="1 2", samples="2000", weak="1000")
     assert set(g["points"]) == {(1, 2000), (2, 2000), (1, 1000)}
+    # small sample sizes first, then fewer processes: every row gets its baseline early
+    assert full["points"][:6] == [(1, 10000), (2, 10000), (4, 10000), (8, 10000), (16, 10000),
+                                  (1, 20000)]
+    assert full["points"][-1] == (16, 160000)
     with pytest.raises(scaling.GridError):
         scaling.resolve(scaling.load_grid("full"), procs="1 x")
     with pytest.raises(scaling.GridError):
         scaling.load_grid("nope")
 
 
-def _fake_point(run, p, s, seconds, status="ok"):
-    """A point as the sweep leaves it: a sweep.csv line and the scheme's summary.json."""
+SWEEP_HEADER = ("name,scheme,processes,samples,iterations,repeat,threads,launcher,nodes,"
+                "oversubscribed,status,wall_seconds,run,dir\n")
+
+
+def _fake_point(run, p, s, seconds, status="ok", run_id="R1", wall=1.0):
+    """A point as the sweep leaves it: a sweep.csv line and the scheme's summary.json in a
+    directory of its own."""
     name = f"p{p}_s{s}"
+    d, k = f"points/{name}", 2
+    while (run / d).exists():
+        d, k = f"points/{name}.{k}", k + 1
     with open(run / "sweep.csv", "a") as f:
-        f.write(f"{name},fake,{p},{s},10,1,1,mpirun,1,0,{status},1.0\n")
+        f.write(f"{name},fake,{p},{s},10,1,1,mpirun,1,0,{status},{wall},{run_id},{d}\n")
     if status == "ok":
-        (run / "points" / name).mkdir(parents=True)
-        (run / "points" / name / "summary.json").write_text(json.dumps({
+        (run / d).mkdir(parents=True)
+        (run / d / "summary.json").write_text(json.dumps({
             "final_cost": 0.5, "iterations": 10, "evaluations": 12, "processes": p, "samples": s,
             "seconds_total": seconds, "seconds_compute": seconds * 0.8, "seconds_comm": seconds * 0.2,
             "dtype": "float64", "kernels": "numba"}))
@@ -98,14 +126,15 @@ def _fake_point(run, p, s, seconds, status="ok"):
 
 def test_collect_computes_speedup_and_efficiency(tmp_path):
     subprocess.run([sys.executable, "-m", "bench.scaling", "points", "--procs", "1 2 4",
-                    "--samples", "100 200", "--write", str(tmp_path / "grid.json")],
+                    "--samples", "100 200", "--write", str(tmp_path / "grid.json"), "--run", "R1"],
                    cwd=REPO, check=True, capture_output=True)
-    (tmp_path / "sweep.csv").write_text("name,scheme,processes,samples,iterations,repeat,threads,"
-                                        "launcher,nodes,oversubscribed,status,wall_seconds\n")
+    (tmp_path / "sweep.csv").write_text(SWEEP_HEADER)
+    # an earlier run in the same directory, faster everywhere: not this run, never collected
+    for p, s in [(1, 100), (2, 100), (4, 100), (1, 200), (2, 200), (4, 200), (4, 400)]:
+        _fake_point(tmp_path, p, s, 0.5, run_id="R0")
     for p, s, t in [(1, 100, 8.0), (2, 100, 5.0), (4, 100, 4.0), (1, 200, 16.0), (2, 200, 8.0),
                     (2, 200, 9.0), (4, 400, 10.0)]:  # (2, 200) twice: the faster counts
-        if not (tmp_path / "points" / f"p{p}_s{s}").exists():
-            _fake_point(tmp_path, p, s, t)
+        _fake_point(tmp_path, p, s, t)
     _fake_point(tmp_path, 4, 200, 0, status="failed rc=1")
     strong, weak = scaling.collect(tmp_path, machine={"cores": 2, "threads": 1})
     by = {(r["processes"], r["samples"]): r for r in strong}
@@ -119,6 +148,41 @@ def test_collect_computes_speedup_and_efficiency(tmp_path):
     assert wk[4]["speedup"] == "3.200"
     header = _csv(tmp_path / "strong.csv")[0].keys()
     assert all(c in header for c in DOCUMENTED)
+    assert by[(2, 200)]["repeats"] == 2  # this run's two, not the earlier run's
+
+
+def test_time_left_fits_the_finished_points(tmp_path):
+    # start-up 2 s, compute 1e-4 s per sample per rank and iteration: the fit finds both
+    plan = [("p1_s1000", 1, 1000, 10), ("p2_s1000", 2, 1000, 10), ("p1_s4000", 1, 4000, 10),
+            ("p2_s4000", 2, 4000, 10), ("p4_s8000", 4, 8000, 10)]
+    (tmp_path / "plan.tsv").write_text("".join(f"{n} {p} {s} {i} {p} 1 8\n" for n, p, s, i in plan))
+    (tmp_path / "grid.json").write_text(json.dumps({"run": "R1"}))
+
+    def finished(k, compute):
+        (tmp_path / "sweep.csv").write_text(SWEEP_HEADER)
+        for n, p, s, i in plan[:k]:
+            _fake_point(tmp_path, p, s, compute(p, s, i), wall=2 + compute(p, s, i))
+        _fake_point(tmp_path, 4, 8000, 1.0, run_id="R0", wall=999)  # another run's: ignored
+
+    finished(0, None)
+    assert scaling.time_left(tmp_path, 0) is None
+    finished(3, lambda p, s, i: 1e-4 * s / p * i)
+    seconds, points = scaling.time_left(tmp_path, 3)
+    assert points == 2 and seconds == pytest.approx((2 + 2.0) + (2 + 2.0), rel=1e-6)
+    # one point is enough: its start-up is its wall time less the scheme's own
+    seconds, points = scaling.time_left(tmp_path, 1)
+    assert points == 4 and seconds == pytest.approx(4 * 2 + 1e-4 * 10 * (500 + 4000 + 2000 + 2000), rel=1e-6)
+    # two ranks no faster than one (a busy node): the whole-work term finds it
+    finished(3, lambda p, s, i: 1e-4 * s * i)
+    seconds, points = scaling.time_left(tmp_path, 3)
+    assert points == 2 and seconds == pytest.approx((2 + 4.0) + (2 + 8.0), rel=1e-6)
+    # ranks beyond the node's cores stretch a point: 4 ranks on 2 cores take twice as long
+    (tmp_path / "plan.tsv").write_text("p1_s1000 1 1000 10 1 1 2\np4_s4000 4 4000 10 4 1 2\n")
+    finished(1, lambda p, s, i: 1e-4 * s / p * i)
+    assert scaling.time_left(tmp_path, 1)[0] == pytest.approx(2 + 1.0 * 2, rel=1e-6)
+    out = subprocess.run([sys.executable, "-m", "bench.scaling", "eta", str(tmp_path), "--done", "1"],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "about 4s left (1 point)"
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +199,9 @@ def test_plain_bash_sweep_writes_the_csvs(tiny_run):
     proc, out = tiny_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "no scheduler: mpirun on" in proc.stdout
-    assert "skip 4 processes x 2000 samples" in proc.stdout  # MAXPROCS=2
+    # MAXPROCS=2: the grid is clipped up front, and the log says so
+    assert "clipped to the allocation's 2 tasks: 2 point(s) with 4 processes are skipped" in proc.stdout
+    assert "p1_s2000 (1/3) ok" in proc.stdout and "left (2 points)" in proc.stdout
     strong, weak = _csv(out / "strong.csv"), _csv(out / "weak.csv")
     assert all(c in strong[0] for c in DOCUMENTED)
     assert sorted((int(r["processes"]), int(r["samples"])) for r in strong) == [(1, 2000), (2, 2000)]
@@ -165,10 +231,176 @@ def test_a_failing_point_fails_the_sweep_but_is_recorded(tmp_path):
     proc = subprocess.run(["bash", str(REPO / "jobs" / "sparse_scaling.sh")], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert "p1_s2000 FAILED" in proc.stdout
+    assert "p1_s2000 (1/1) FAILED: rc=1" in proc.stdout
     rec = _csv(out / "sweep.csv")
     assert rec[0]["status"].startswith("failed")
     assert _csv(out / "strong.csv") == []
+
+
+# ------------------------------------------------------------------ with a stand-in scheme
+FAKE_SCHEME = '''"""Stand-in for aepar's schemes: sleeps --sleep x samples/1000/processes seconds, then
+writes summary.json into --out, which must not exist; on SIGUSR1 keeps --out with a
+checkpoint and exits 75, as aepar's schemes do."""
+import argparse, json, os, signal, sys, time
+from mpi4py import MPI
+
+p = argparse.ArgumentParser()
+for a in ("--samples", "--iterations", "--seed"):
+    p.add_argument(a, type=int, required=True)
+p.add_argument("--out", required=True)
+p.add_argument("--quiet", action="store_true")
+p.add_argument("--sleep", type=float, default=0.0)
+a = p.parse_args()
+comm = MPI.COMM_WORLD
+stop = []
+signal.signal(signal.SIGUSR1, lambda *_: stop.append(1))
+print("ready", flush=True)
+t0 = time.time()
+while time.time() < t0 + a.sleep * a.samples / 1000 / comm.size:
+    if stop:
+        if comm.rank == 0:
+            os.makedirs(a.out)
+            open(os.path.join(a.out, "checkpoint.h5"), "w").close()
+        sys.exit(75)
+    time.sleep(0.02)
+comm.Barrier()
+if comm.rank == 0:
+    os.makedirs(a.out)
+    t = time.time() - t0
+    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        json.dump({"final_cost": 0.5, "iterations": a.iterations, "evaluations": a.iterations + 1,
+                   "processes": comm.size, "samples": a.samples, "seconds_total": t,
+                   "seconds_compute": t, "seconds_comm": 0.0, "seed": a.seed}, f)
+'''
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """run(out, **env) -> CompletedProcess of the sweep with the stand-in scheme."""
+    (tmp_path / "fakescheme.py").write_text(FAKE_SCHEME)
+
+    def env(out, **extra):
+        extra = {"SCHEME": "fakescheme", "ARGS": "--sleep 0.2", "PROCS": "1 2", "SAMPLES": "1000",
+                 "ITERS": "10", "REPORT": "0", "OUT": str(out), **extra}
+        e = _env(**extra)
+        e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), e.get("PYTHONPATH")]))
+        return e
+
+    def run(out, **extra):
+        return subprocess.run(["bash", str(REPO / "jobs" / "sparse_scaling.sh")], cwd=REPO,
+                              env=env(out, **extra), capture_output=True, text=True, timeout=180)
+    run.env = env
+    return run
+
+
+def _rows(out):
+    run_id = json.loads((out / "grid.json").read_text())["run"]
+    return run_id, [r for r in _csv(out / "sweep.csv") if r["run"] == run_id]
+
+
+@pytest.mark.mpi
+def test_sigusr1_stops_the_sweep_and_a_resubmission_runs_the_rest(fake, tmp_path):
+    out = tmp_path / "run"
+    env = fake.env(out, PROCS="1", SAMPLES="1000 2000 4000", ARGS="--sleep 2")
+    sweep = subprocess.Popen(["bash", str(REPO / "jobs" / "sparse_scaling.sh")], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    log = out / "logs" / "p1_s2000.log"
+    while not (log.exists() and "ready" in log.read_text()):  # the second point is running
+        assert sweep.poll() is None and time.time() < deadline, "the second point never started"
+        time.sleep(0.1)
+    sweep.send_signal(signal.SIGUSR1)  # as SLURM's --signal=B:USR1@120 does
+    text = sweep.communicate(timeout=60)[0]
+    assert sweep.returncode == 75, text
+    assert "SIGUSR1: no new points; sending SIGUSR1 to the running point" in text
+    assert "p1_s2000 (2/3) INTERRUPTED: rc=75 (checkpoint saved)" in text
+    assert "resubmit with OUT=" in text
+    run_id, rows = _rows(out)
+    assert [(r["name"], r["status"].split()[0]) for r in rows] == [("p1_s1000", "ok"),
+                                                                  ("p1_s2000", "interrupted")]
+    assert (out / "points" / "p1_s2000" / "checkpoint.h5").exists()
+    assert [r["processes"] for r in _csv(out / "strong.csv")] == ["1"]  # what finished
+
+    # the same command again: the finished point is kept, the rest runs, the interrupted
+    # point in a directory of its own (its checkpoint stays)
+    proc = subprocess.run(["bash", str(REPO / "jobs" / "sparse_scaling.sh")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"OUT holds run {run_id} with these settings: its finished points are kept" in proc.stdout
+    assert "1 point run(s) already finished" in proc.stdout and "2 point run(s) to go" in proc.stdout
+    again, rows = _rows(out)
+    assert again == run_id
+    done = {r["name"]: r["dir"] for r in rows if r["status"] == "ok"}
+    assert done == {"p1_s1000": "points/p1_s1000", "p1_s2000": "points/p1_s2000.2",
+                    "p1_s4000": "points/p1_s4000"}
+    assert (out / "points" / "p1_s2000" / "checkpoint.h5").exists()
+    assert sorted(int(r["samples"]) for r in _csv(out / "strong.csv")) == [1000, 2000, 4000]
+
+
+@pytest.mark.mpi
+def test_other_parameters_or_scheduler_reuse_nothing(fake, tmp_path):
+    out = tmp_path / "run"
+    first = fake(out)
+    assert first.returncode == 0, first.stdout + first.stderr
+    run1, _ = _rows(out)
+    # ITERS=20 where ITERS=10 ran: a new run, every point again, only its rows collected
+    second = fake(out, ITERS="20")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "with other settings (iterations=10 -> iterations=20): a new run there" in second.stdout
+    run2, rows = _rows(out)
+    assert run2 != run1 and len(rows) == 3
+    assert {r["dir"] for r in rows} == {"points/p1_s1000.2", "points/p2_s1000.2", "points/p2_s2000.2"}
+    assert {r["iterations"] for r in _csv(out / "strong.csv") + _csv(out / "weak.csv")} == {"20"}
+    # the same settings under Grid Engine (job 4): another scheduler's run, reused nothing
+    hostfile = tmp_path / "pe_hostfile"
+    hostfile.write_text(f"{socket.gethostname()} 2 all.q@{socket.gethostname()} UNDEFINED\n")
+    third = fake(out, ITERS="20", PE_HOSTFILE=str(hostfile), NSLOTS="2", JOB_ID="4")
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "Grid Engine job 4: 2 slots" in third.stdout
+    assert "-> where=sge:" in third.stdout and "nothing of it reused" in third.stdout
+    assert "mpirun starts 2 rank(s) on 1 node(s) (the largest point)" in third.stdout
+    run3, rows = _rows(out)
+    assert run3.startswith("sge-4@") and len(rows) == 3
+    assert all(r["dir"].endswith(".3") for r in rows)
+    # RESUME=0: the same settings again, still a new run
+    fourth = fake(out, ITERS="20", PE_HOSTFILE=str(hostfile), NSLOTS="2", JOB_ID="4", RESUME="0",
+                  PROCS="1")
+    assert "RESUME=0: a new run" in fourth.stdout and _rows(out)[0] != run3
+
+
+def test_default_out_is_the_jobs_own(tmp_path):
+    (tmp_path / "sge-4").mkdir()  # SLURM's or an earlier cluster's job 4 is not this job 4
+
+    def default_out(jobtag, **env):
+        script = f". {REPO}/jobs/lib.sh; JOBTAG={jobtag}; aepar_default_out {tmp_path}"
+        return subprocess.run(["bash", "-c", script], env=_env(**env), capture_output=True,
+                              text=True, check=True).stdout.strip()
+    assert default_out("slurm-4") == f"{tmp_path}/slurm-4"
+    other = default_out("sge-4")
+    assert other.startswith(f"{tmp_path}/sge-4-") and not os.path.exists(other)
+    assert default_out("sge-4", RESTARTED="1") == f"{tmp_path}/sge-4"  # a restarted job comes back
+    assert default_out("slurm-4", SLURM_RESTART_COUNT="1") == f"{tmp_path}/slurm-4"
+
+
+def test_a_directory_that_is_not_a_sweep_is_refused(fake, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    proc = fake(out)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"sparse_scaling: error: OUT={out} exists and is not a sweep directory (no run.key): name a new one"]
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_a_launcher_that_cannot_start_the_largest_point_stops_the_sweep(fake, tmp_path):
+    hostfile = tmp_path / "pe_hostfile"
+    hostfile.write_text(f"{socket.gethostname()} 2 all.q@{socket.gethostname()} UNDEFINED\n")
+    out = tmp_path / "run"
+    proc = fake(out, PE_HOSTFILE=str(hostfile), NSLOTS="2", JOB_ID="5", MPIRUN="false")
+    assert proc.returncode == 2
+    assert "sparse_scaling: error: mpirun cannot start 2 rank(s) on" in proc.stderr
+    assert not any((out / "points").iterdir())
 
 
 def test_textbook_peer_agrees_and_writes_peers_csv(tmp_path):
