@@ -63,21 +63,22 @@ def rbm_free_energy(v, W, bv, bh, hidden):
     return -(v @ bv.astype(dt, copy=False)) - hid
 
 
-def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh):
+def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh, scale=None):
     """CD-k, k = noise.shape[0]; adds the negated CD update into dW, dbv, dbh.
 
-    See :func:`kernels.ref.rbm.rbm_cd_backward`. Returns (h0, vk, sq_err) with sq_err a
-    Python float (one device sync per call).
+    See :func:`kernels.ref.rbm.rbm_cd_backward` (``scale`` default 1/batch). Returns
+    (h0, vk, sq_err) with sq_err a Python float (one device sync per call).
     """
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, dW, dbv, dbh)
     v0, W, dt = _prep(v0, W)
     batch = v0.shape[0]
+    scale = 1.0 / batch if scale is None else float(scale)
     vs, hs, h0, sq_err = _chain(v0, W, bv.astype(dt, copy=False), bh.astype(dt, copy=False), noise, hidden)
-    _axpy(vs.T @ hs, dt.type(1.0 / batch), dW)
+    _axpy(vs.T @ hs, dt.type(scale), dW)
     v, h = vs[:batch], hs[:batch]
-    dbv += (v.sum(axis=0) - v0.sum(axis=0)) / batch
-    dbh += (h.sum(axis=0) - h0.sum(axis=0)) / batch
+    dbv += (v.sum(axis=0) - v0.sum(axis=0)) * scale
+    dbh += (h.sum(axis=0) - h0.sum(axis=0)) * scale
     return h0, v, float(sq_err)
 
 

@@ -15,7 +15,7 @@ import cupy as cp
 import numpy as np
 
 from ..ref import sparse_ae as _ref
-from ..ref.sparse_ae import (sparse_ae_layout, sparse_ae_partials_size, sparse_ae_theta_layout,
+from ..ref.sparse_ae import (leaf_rows, sparse_ae_layout, sparse_ae_partials_size, sparse_ae_theta_layout,
                              sparse_ae_theta_size)
 
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
@@ -55,8 +55,10 @@ _hidden_delta_folded = cp.ElementwiseKernel(
 class SparseAEWorkspace:
     """Device scratch arrays for :func:`sparse_ae_partials` on ``m`` samples."""
 
-    def __init__(self, m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None):
+    def __init__(self, m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None,
+                 leaf: int | None = None):
         dtype = np.dtype(dtype)
+        self.leaf = leaf
         v, h = int(visible), int(hidden)
         self.m, self.visible, self.hidden, self.dtype = int(m), v, h, dtype
         m = max(self.m, 1)
@@ -71,17 +73,25 @@ class SparseAEWorkspace:
         return x.shape[0] == self.m and W1.shape == (self.visible, self.hidden) and x.dtype == self.dtype
 
 
-def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None):
+def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None,
+                        leaf: int | None = None):
     """A :class:`SparseAEWorkspace` (``block`` is ignored: the GPU takes the whole shard)."""
-    return SparseAEWorkspace(m, visible, hidden, dtype, block)
+    return SparseAEWorkspace(m, visible, hidden, dtype, block, leaf)
 
 
-def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None):
-    """Fill the CuPy array ``out`` with this shard's packed sums; returns ``out``."""
+def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
+    """Fill the CuPy array ``out`` with this shard's packed sums; returns ``out``.
+
+    With ``leaf`` (see the reference), the element-wise work runs over the whole shard
+    and the sums are taken per leaf: batched GEMMs and reductions over the full leaves,
+    then the short last one, each leaf's order fixed by its shape alone.
+    """
     v, h = W1.shape
     m = x.shape[0]
     if ws is None or not ws.fits(x, W1):
         ws = SparseAEWorkspace(m, v, h, x.dtype)
+    if leaf is not None:
+        return _partials_per_leaf(x, W1, b1, W2, b2, leaf_rows(m, out, kl, leaf), ws, int(leaf))
     layout = sparse_ae_layout(v, h)
     P = {name: out[o:o + int(np.prod(s))].reshape(s) for name, (o, s) in layout.items()}
     a2, z3, e = ws.a2, ws.z3, ws.e
@@ -109,6 +119,37 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None):
         P["w1"][:, h:] = 0
         cp.sum(e, axis=0, out=P["b1"][:h])
         P["b1"][h:] = 0
+    return out
+
+
+def _partials_per_leaf(x, W1, b1, W2, b2, out, ws, leaf):
+    v, h = W1.shape
+    m = x.shape[0]
+    a2, z3, e, g = ws.a2[:m], ws.z3[:m], ws.e[:m], ws.g[:m]
+    cp.matmul(x, W1, out=a2)
+    _hidden_forward(b1, a2)
+    cp.matmul(a2, W2, out=z3)
+    _output_delta(b2, x, z3, ws.sq[:m])                # z3 is now δ3
+    cp.matmul(z3, W2.T, out=e)
+    _hidden_delta_split(e, a2, g[:, :h], g[:, h:])
+    layout = sparse_ae_layout(v, h)
+    n = out.shape[0]
+    P = {name: out[:, o:o + int(np.prod(s))].reshape((n,) + s) for name, (o, s) in layout.items()}
+    full = m // leaf
+    for lo, hi, rows in ((0, full, leaf), (full, n, m - full * leaf)):
+        if hi <= lo:
+            continue
+        sl = slice(lo * leaf, lo * leaf + (hi - lo) * rows)
+
+        def per_leaf(a):
+            return a[sl].reshape((hi - lo, rows) + a.shape[1:])
+        xl, al, zl, gl = per_leaf(x), per_leaf(a2), per_leaf(z3), per_leaf(g)
+        P["w1"][lo:hi] = cp.matmul(xl.transpose(0, 2, 1), gl)
+        P["b1"][lo:hi] = gl.sum(axis=1)
+        P["w2"][lo:hi] = cp.matmul(al.transpose(0, 2, 1), zl)
+        P["b2"][lo:hi] = zl.sum(axis=1)
+        P["act"][lo:hi] = al.sum(axis=1)
+        P["err"][lo:hi, 0] = per_leaf(ws.sq[:m]).sum(axis=(1, 2))
     return out
 
 

@@ -23,7 +23,7 @@ def act_code(act):
     return CODES[act]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sigmoid(v, one):
     # exp(-|v|) never overflows; for v < 0, e/(1+e) = e * (1/(1+e))
     e = math.exp(-abs(v))
@@ -31,17 +31,17 @@ def sigmoid(v, one):
     return s if v >= 0 else e * s
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def relu(v, zero):
     return zero if v < zero else v  # NaN propagates, as np.maximum
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def relu_grad(da, a, zero):
     return da if a > zero else zero
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _forward(z, out, code, one):
     zero = one - one
     if code == SIGMOID:
@@ -52,7 +52,7 @@ def _forward(z, out, code, one):
             out[i] = relu(z[i], zero)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _backward(da, a, out, code, one):
     zero = one - one
     if code == SIGMOID:

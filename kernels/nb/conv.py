@@ -186,7 +186,7 @@ def _conv_grads(a, g, W2, kh, kw, stride, pad, dW2, da, transpose, chunk):
 
 # ---- compiled GEMM blocks (BLAS; serial loops over the chunk's images) ------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _gemm_forward(W2, cols, nb, bias, y2):
     for b in range(nb):
         np.dot(W2, cols[b], y2[b])
@@ -195,13 +195,13 @@ def _gemm_forward(W2, cols, nb, bias, y2):
                 y2[b, o, p] += bias[o]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _gemm_adjoint(W2, g2, dcols):
     for b in range(g2.shape[0]):
         np.dot(W2.T, g2[b], dcols[b])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _gemm_grads(W2, g2, cols, dW2, transpose, da2, dcols):
     part = np.empty(dW2.shape, dtype=cols.dtype)
     for b in range(g2.shape[0]):
@@ -215,7 +215,7 @@ def _gemm_grads(W2, g2, cols, dW2, transpose, da2, dcols):
 
 # ---- compiled copies: prange over independent (image, channel) planes -------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _valid(n_out, stride, off, n_in):
     """Range [lo, hi) of output positions o with 0 <= o*stride + off < n_in."""
     lo = -(off // stride) if off < 0 else 0       # ceil(-off / stride)
@@ -291,14 +291,14 @@ def _compiled(py, suffix, **flags):
     function's name and bytecode, not on flags such as ``parallel``."""
     fn = types.FunctionType(py.__code__, py.__globals__, py.__name__ + suffix, py.__defaults__)
     fn.__qualname__ = fn.__name__
-    return njit(cache=True, **flags)(fn)
+    return njit(cache=True, nogil=True, **flags)(fn)
 
 
 _im2col_par, _col2im_par = (_compiled(f, "_par", parallel=True) for f in (_im2col_py, _col2im_py))
 _im2col, _col2im = (_compiled(f, "_serial") for f in (_im2col_py, _col2im_py))   # prange runs as range
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _maxpool_fwd(x, y, argmax):
     N, C, Ho, Wo = y.shape
     for r in prange(N * C):
@@ -317,7 +317,7 @@ def _maxpool_fwd(x, y, argmax):
                 argmax[n, c, h, w] = a
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _maxpool_bwd(dy, argmax, dx):
     N, C, Ho, Wo = dy.shape
     for r in prange(N * C):

@@ -8,7 +8,7 @@ da * act'(a) together with the column sums that make db.
 import math
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import njit, prange
 from scipy.linalg import blas
 
 from ..ref.dense import _check_backward_shapes, _check_shapes
@@ -22,24 +22,24 @@ _GEMM = {np.dtype(np.float32): blas.sgemm, np.dtype(np.float64): blas.dgemm}
 # The scalar activations are repeated from activation.py on purpose: Numba's on-disk
 # cache only notices edits to the file a kernel lives in, so a kernel that called
 # helpers from another module could keep running their old code after an edit.
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _sigmoid(v, one):
     e = math.exp(-abs(v))  # never overflows
     s = one / (one + e)
     return s if v >= 0 else e * s
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _relu(v, zero):
     return zero if v < zero else v
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _relu_grad(da, a, zero):
     return da if a > zero else zero
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _bias_act(z, b, code, one):
     """z = act(z + b) in place, rows in parallel."""
     zero = one - one
@@ -58,13 +58,17 @@ def _bias_act(z, b, code, one):
                 z[i, j] += b[j]
 
 
-@njit(cache=True, parallel=True)
+# row blocks of the bias gradient's column sums (a fixed split: the same sums on any threads)
+COLSUM_BLOCKS = 4
+
+
+@njit(cache=True, nogil=True, parallel=True)
 def _act_grad_colsum(da, a, code, one, nblock, dz, db):
     """dz = da * act'(a) and db += column sums of dz, in one pass.
 
     Each of ``nblock`` (>= 1) blocks of rows sums into its own float64 row, so threads
-    never race on db and dz is not read again. (The thread count comes from the caller:
-    asking Numba for it inside the kernel would stop the kernel from being cached.)
+    never race on db and dz is not read again. ``nblock`` depends on the rows alone
+    (:data:`COLSUM_BLOCKS`), never on the thread count: the sums must not change with it.
     """
     n, m = da.shape
     zero = one - one
@@ -146,6 +150,6 @@ def dense_backward(da, x, W, a, act, dW, db, need_dx=True):
         dtype = np.result_type(da, a)
         dz = np.empty(da.shape, dtype=dtype)
         _act_grad_colsum(np.ascontiguousarray(da, dtype=dtype), np.ascontiguousarray(a, dtype=dtype),
-                         code, dtype.type(1), max(1, min(get_num_threads(), da.shape[0])), dz, db)
+                         code, dtype.type(1), max(1, min(COLSUM_BLOCKS, da.shape[0])), dz, db)
     _add_xt_dz(x, dz, dW)
     return np.matmul(dz, W.T) if need_dx else None

@@ -15,7 +15,7 @@ __all__ = ["mse_forward", "mse_backward", "softmax_xent_forward", "softmax_xent_
            "sigmoid_xent_forward", "sigmoid_xent_backward"]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _sq_diff_sum(y, t):
     s = 0.0
     for i in prange(y.size):
@@ -24,13 +24,13 @@ def _sq_diff_sum(y, t):
     return s
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _scaled_diff(y, t, scale, out):
     for i in prange(y.size):
         out[i] = scale * (y[i] - t[i])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _softmax_xent(z, labels, probs):
     """probs = softmax(z) row by row; returns -sum log p[label] (float64)."""
     n, k = z.shape
@@ -51,7 +51,7 @@ def _softmax_xent(z, labels, probs):
     return total
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _softmax_xent_grad(probs, labels, scale, dz):
     n, k = probs.shape
     for i in prange(n):
@@ -60,7 +60,7 @@ def _softmax_xent_grad(probs, labels, scale, dz):
         dz[i, labels[i]] -= scale
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _sigmoid_xent(z, t, y):
     """y = sigmoid(z); returns sum(max(z,0) - z t + log1p(exp(-|z|))) in float64.
 

@@ -73,24 +73,26 @@ def rbm_free_energy(v, W, bv, bh, hidden):
     return F
 
 
-def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh):
+def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh, scale=None):
     """CD-k, k = noise.shape[0]; adds the negated CD update into dW, dbv, dbh.
 
-    See :func:`kernels.ref.rbm.rbm_cd_backward`. Returns (h0, vk, sq_err).
+    See :func:`kernels.ref.rbm.rbm_cd_backward` (``scale`` default 1/batch). Returns
+    (h0, vk, sq_err).
     """
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, dW, dbv, dbh)
     v0, W, dt = _prep(v0, W)
     batch = v0.shape[0]
+    scale = 1.0 / batch if scale is None else float(scale)
     vs, hs = np.empty((2 * batch, W.shape[0]), dtype=dt), np.empty((2 * batch, W.shape[1]), dtype=dt)
     sq_err = _chain(v0, W, bv.astype(dt, copy=False), bh.astype(dt, copy=False), noise, hidden,
                     vs, hs, np.empty((batch, W.shape[1]), dtype=dt))
-    # dW += (vk.T @ hk - v0.T @ h0) / batch = -[v0; vk].T @ [h0; -hk] / batch: one GEMM into dW
+    # dW += scale (vk.T @ hk - v0.T @ h0) = -scale [v0; vk].T @ [h0; -hk]: one GEMM into dW
     target = dW if dW.flags.c_contiguous and dW.dtype == dt else np.zeros(dW.shape, dtype=dt)
-    _gemm_into(target.T, -1.0 / batch, hs.T, vs.T, beta=1.0, trans_b=1)
+    _gemm_into(target.T, -scale, hs.T, vs.T, beta=1.0, trans_b=1)
     if target is not dW:
         dW += target
-    gv, gh = _bias_grads(vs, hs, batch)
+    gv, gh = _bias_grads(vs, hs, batch, scale)
     dbv += gv
     dbh += gh
     return hs[:batch], vs[batch:], float(sq_err)
@@ -117,7 +119,7 @@ def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weig
     lr, momentum = float(lr), float(momentum)
     _gemm_into(vW.T, lr / batch, hs.T, vs.T, beta=momentum, trans_b=1)
     _decay_step(W.reshape(-1), vW.reshape(-1), lr * float(weight_cost))
-    gv, gh = _bias_grads(vs, hs, batch)
+    gv, gh = _bias_grads(vs, hs, batch, 1.0 / batch)
     _bias_step(bv, vbv, gv, lr, momentum)
     _bias_step(bh, vbh, gh, lr, momentum)
     return float(sq_err)
@@ -212,7 +214,7 @@ def _hWt(h, W, out):
 # error_model="numpy": Python's error model tests every division for zero, a branch that
 # kept LLVM from vectorising the sigmoid (10 ns an element instead of 1).
 
-@njit(cache=True, error_model="numpy", fastmath={"contract"})
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 def _hidden_pass(h, bh, gauss, noise, state, sample, flush, sign):
     """h = sign * (sigmoid(h + bh), 0 below ``flush``) or sign * (h + bh), in place; with
     ``sample`` also the state (h > noise for bernoulli units, h + noise for gaussian)."""
@@ -236,7 +238,7 @@ def _hidden_pass(h, bh, gauss, noise, state, sample, flush, sign):
                 h[r, j] = -h[r, j]
 
 
-@njit(cache=True, error_model="numpy", fastmath={"contract"})
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 def _visible_pass(v, bv, flush):
     """v = sigmoid(v + bv) in place, 0 below ``flush``."""
     B, n = v.shape
@@ -246,7 +248,7 @@ def _visible_pass(v, bv, flush):
             v[r, j] = p if p >= flush else 0.0
 
 
-@njit(cache=True, error_model="numpy", fastmath={"contract", "reassoc"})
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract", "reassoc"})
 def _sq_err(v, v0):
     """sum((v - v0)^2) in float64 (reassociated: a vectorised sum, the same on every run)."""
     total = 0.0
@@ -259,7 +261,7 @@ def _sq_err(v, v0):
     return total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _free_energy_pass(v, z, bv, bh, gauss, F):
     B, nh = z.shape
     for r in range(B):
@@ -275,9 +277,9 @@ def _free_energy_pass(v, z, bv, bh, gauss, F):
         F[r] = s
 
 
-@njit(cache=True, error_model="numpy")
-def _bias_grads(vs, hs, batch):
-    """(mean(vk - v0), mean(hk - h0)) from vs = [v0; vk] and hs = [h0; -hk], in float64 sums."""
+@njit(cache=True, nogil=True, error_model="numpy")
+def _bias_grads(vs, hs, batch, scale):
+    """(scale Σ(vk - v0), scale Σ(hk - h0)) from vs = [v0; vk] and hs = [h0; -hk], in float64 sums."""
     gv = np.zeros(vs.shape[1])
     gh = np.zeros(hs.shape[1])
     for r in range(batch):
@@ -285,10 +287,10 @@ def _bias_grads(vs, hs, batch):
             gv[j] += np.float64(vs[batch + r, j]) - np.float64(vs[r, j])
         for j in range(hs.shape[1]):
             gh[j] -= np.float64(hs[batch + r, j]) + np.float64(hs[r, j])
-    return (gv / batch).astype(vs.dtype), (gh / batch).astype(hs.dtype)
+    return (gv * scale).astype(vs.dtype), (gh * scale).astype(hs.dtype)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _decay_step(w, vel, c):
     """vel -= c * w; w += vel (flat arrays): the weight cost and the step in one pass."""
     for i in range(w.size):
@@ -297,7 +299,7 @@ def _decay_step(w, vel, c):
         w[i] += v
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _bias_step(b, vel, g, lr, momentum):
     for i in range(b.size):
         v = momentum * vel[i] - lr * g[i]

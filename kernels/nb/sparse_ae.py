@@ -48,7 +48,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from ..ref.sparse_ae import (sparse_ae_layout, sparse_ae_partials_size, sparse_ae_theta_layout,
+from ..ref.sparse_ae import (leaf_rows, sparse_ae_layout, sparse_ae_partials_size, sparse_ae_theta_layout,
                              sparse_ae_theta_size)
 
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
@@ -59,7 +59,7 @@ DEFAULT_BLOCK = 256
 # error_model="numpy": no ZeroDivisionError branch in 1/(1 + e), which would stop LLVM
 # from vectorising the sigmoid; "contract" lets it use FMAs (no reassociation, so the
 # rounding trick in _sigmoid survives).
-_JIT = dict(cache=True, error_model="numpy", fastmath={"contract"})
+_JIT = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 
 
 @intrinsic
@@ -688,9 +688,10 @@ def _tile_prefetch(t, per, lines):
 
 
 @njit(**_JIT)
-def _sweeps(blocks, npan, m, v, h, vp, hp, w1, w2, w2t, b1p, b2p, cmask, kv, zt, d3, d2,
+def _sweeps(blocks, npan, p_lo, p_hi, m, v, h, vp, hp, w1, w2, w2t, b1p, b2p, cmask, kv, zt, d3, d2,
             gw1, gw2, act, err, db1, db2, mask, group, fold, rho, beta):
-    """The sweeps over the panels (all arrays as raw pointers; see _partials_panels)."""
+    """The sweeps over panels [p_lo, p_hi) of the npan packed ones (all arrays as raw
+    pointers; see _partials_panels)."""
     ao, so = vp * PW, (vp + hp) * PW       # a2 and sample-major x within a block
     blk = so + PW * vp
     nh = hp if fold else 2 * hp            # rows of d2 panels: δ2, or e·s then s
@@ -703,7 +704,7 @@ def _sweeps(blocks, npan, m, v, h, vp, hp, w1, w2, w2t, b1p, b2p, cmask, kv, zt,
     per2 = -(-(blk - ao) // (LANES * 2 * (PW // _SB))) * 2
     if fold:
         # sweep 1: a2 of every panel and ρ̂, so that k is known for sweep 2
-        for p in range(npan):
+        for p in range(p_lo, p_hi):
             base = p * blk
             lines = so // LANES if p + 1 < npan else 0
             for t in range(ht):
@@ -713,8 +714,8 @@ def _sweeps(blocks, npan, m, v, h, vp, hp, w1, w2, w2t, b1p, b2p, cmask, kv, zt,
         for j in range(h):
             rho_hat = _vhsum(_vload(act, j * LANES)) / m
             kv[j] = beta * (-rho / rho_hat + (1.0 - rho) / (1.0 - rho_hat))
-    for g0 in range(0, npan, group):
-        g1 = min(g0 + group, npan)
+    for g0 in range(p_lo, p_hi, group):
+        g1 = min(g0 + group, p_hi)
         for p in range(g0, g1):
             base = p * blk
             nxt = p + 1 < npan
@@ -761,7 +762,9 @@ def _sweeps(blocks, npan, m, v, h, vp, hp, w1, w2, w2t, b1p, b2p, cmask, kv, zt,
 
 @njit(**_JIT)
 def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv, zt, d3, d2,
-                     gw1, gw2, act, err, db1, db2, mask, group, fold, rho, beta, res):
+                     gw1, gw2, act, err, db1, db2, mask, group, fold, rho, beta, leaf_panels, res):
+    """res[L] = the packed sums over leaf L (panels [L leaf_panels, (L + 1) leaf_panels); one
+    leaf of every panel when leaf_panels is 0), each leaf summed alone."""
     v, h = W1.shape
     hp, vp = kv.size, b2p.size
     npan = blocks.size // ((2 * vp + hp) * PW)
@@ -774,13 +777,21 @@ def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv
             w1[i * hp + j] = W1[i, j]
             w2t[i * hp + j] = W2[j, i]
             w2[j * vp + i] = W2[j, i]
-    for arr in (gw1, gw2, act, err, db1, db2):
-        arr[:] = 0.0
     P = _dptr
-    _sweeps(P(blocks), npan, m, v, h, vp, hp, P(w1), P(w2), P(w2t), P(b1p), P(b2p), P(cmask), P(kv),
-            P(zt), P(d3), P(d2), P(gw1), P(gw2), P(act), P(err), P(db1), P(db2), P(mask), group, fold,
-            rho, beta)
-    # -> the packed partials (reference layout)
+    per = leaf_panels if leaf_panels > 0 else max(npan, 1)
+    for leaf in range(res.shape[0]):
+        for arr in (gw1, gw2, act, err, db1, db2):
+            arr[:] = 0.0
+        p_lo = leaf * per
+        _sweeps(P(blocks), npan, p_lo, min(p_lo + per, npan), m, v, h, vp, hp, P(w1), P(w2), P(w2t),
+                P(b1p), P(b2p), P(cmask), P(kv), P(zt), P(d3), P(d2), P(gw1), P(gw2), P(act), P(err),
+                P(db1), P(db2), P(mask), group, fold, rho, beta)
+        _unpad(gw1, gw2, act, err, db1, db2, v, h, vp, hp, fold, res[leaf])
+
+
+@njit(**_JIT)
+def _unpad(gw1, gw2, act, err, db1, db2, v, h, vp, hp, fold, res):
+    """The padded accumulators -> one packed partials vector (reference layout)."""
     o_b1 = 2 * v * h
     o_w2 = o_b1 + 2 * h
     o_b2 = o_w2 + v * h
@@ -825,10 +836,14 @@ class SparseAEWorkspace:
     shard's hidden activations (m, h) and per-block buffers of ``block`` rows (256).
     """
 
-    def __init__(self, m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None):
+    def __init__(self, m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None,
+                 leaf: int | None = None):
         dtype = np.dtype(dtype)
         v, h = int(visible), int(hidden)
         self.m, self.visible, self.hidden, self.dtype = int(m), v, h, dtype
+        self.leaf = None if leaf is None else int(leaf)
+        if self.leaf is not None and dtype == np.float64 and self.leaf % PW:
+            raise ValueError(f"leaf of {self.leaf} samples: the float64 kernel needs a multiple of {PW}")
         self.simd = dtype == np.float64
         self.acc = _zeros64(sparse_ae_partials_size(v, h))
         layout = sparse_ae_layout(v, h)
@@ -843,7 +858,7 @@ class SparseAEWorkspace:
         vp = _round_up(v, LANES * np.lcm(_TB, _OV))
         hp = _round_up(h, np.lcm(_RH, _OJ))
         npan = -(-self.m // PW)
-        self.block = int(block or DEFAULT_GROUP)
+        self.block = int(self.leaf or block or DEFAULT_GROUP)  # a leaf is one group
         self.group = max(1, -(-self.block // PW))
         g = min(self.group, max(npan, 1))
         z = _zeros64
@@ -876,8 +891,9 @@ class SparseAEWorkspace:
         self.W2t = np.empty((v, h), dtype)
         self.acc_err = np.zeros(v)  # per-column squared error, summed at the end
 
-    def fits(self, x, W1) -> bool:
-        return x.shape[0] == self.m and W1.shape == (self.visible, self.hidden) and x.dtype == self.dtype
+    def fits(self, x, W1, leaf=None) -> bool:
+        return (x.shape[0] == self.m and W1.shape == (self.visible, self.hidden) and x.dtype == self.dtype
+                and (leaf is None or self.leaf == int(leaf)))
 
     @staticmethod
     def _fingerprint(x):
@@ -894,40 +910,55 @@ class SparseAEWorkspace:
         self._packed = (x, self._fingerprint(x))
 
 
-def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None):
-    """A :class:`SparseAEWorkspace` for ``m`` samples of a ``visible``-``hidden`` model."""
-    return SparseAEWorkspace(m, visible, hidden, dtype, block)
+def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None,
+                        leaf: int | None = None):
+    """A :class:`SparseAEWorkspace` for ``m`` samples of a ``visible``-``hidden`` model
+    (``leaf``: the samples per leaf the partials will be asked for, a multiple of 32 in
+    float64)."""
+    return SparseAEWorkspace(m, visible, hidden, dtype, block, leaf)
 
 
-def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None):
+def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
     """Fill ``out`` with this shard's packed sums (see the reference); returns ``out``.
 
     ``ws`` should be a workspace made once for this shard (one is made per call if not,
-    which allocates); ``kl=(rho, beta)`` when the shard holds all samples. In float64
-    the workspace keeps x packed between calls: pass the same array again, or a new one
-    (an array changed in place is noticed only at the ~64 places it samples).
+    which allocates); ``kl=(rho, beta)`` when the shard holds all samples. With ``leaf``,
+    ``out`` is (ceil(m / leaf), size) and row L holds the sums over samples
+    [L leaf, (L + 1) leaf) alone. In float64 the workspace keeps x packed between calls:
+    pass the same array again, or a new one (an array changed in place is noticed only
+    at the ~64 places it samples).
     """
     v, h = W1.shape
-    if ws is None or not ws.fits(x, W1):
-        ws = SparseAEWorkspace(x.shape[0], v, h, x.dtype)
+    m = x.shape[0]
+    rows = _check_leaves(m, out, kl, leaf)
+    if ws is None or not ws.fits(x, W1, leaf):
+        ws = SparseAEWorkspace(m, v, h, x.dtype, leaf=leaf)
     c = np.ascontiguousarray
     fold = kl is not None
     rho, beta = (float(kl[0]), float(kl[1])) if fold else (0.0, 0.0)
     if ws.simd:
         x = c(x)
         ws.pack(x)
-        _partials_panels(ws.blocks, x.shape[0], c(W1), c(b1), c(W2), c(b2), ws.w1, ws.w2, ws.w2t,
+        _partials_panels(ws.blocks, m, c(W1), c(b1), c(W2), c(b2), ws.w1, ws.w2, ws.w2t,
                          ws.b1p, ws.b2p, ws.cmask, ws.kv, ws.zt, ws.d3, ws.d2,
                          ws.gw1, ws.gw2, ws.act, ws.err, ws.db1, ws.db2, ws.mask, ws.group, fold, rho,
-                         beta, ws.acc)
+                         beta, 0 if leaf is None else int(leaf) // PW, rows)
     else:
         V = ws.views
-        _partials_blas(c(x), c(W1), c(b1), c(W2), c(b2), ws.W2t, ws.a2, ws.z3, ws.e, ws.g, ws.t_vh,
-                       ws.t_v2h, ws.t_hv, V["w1"], V["b1"], V["w2"], V["b2"], V["act"], ws.acc_err,
-                       ws.block, fold, rho, beta)
-        V["err"][0] = ws.acc_err.sum()
-    out[...] = ws.acc
+        step = m if leaf is None else int(leaf)
+        for i, i0 in enumerate(range(0, max(m, 1), max(step, 1))):
+            i1 = min(i0 + step, m)
+            _partials_blas(c(x[i0:i1]), c(W1), c(b1), c(W2), c(b2), ws.W2t, ws.a2, ws.z3, ws.e, ws.g,
+                           ws.t_vh, ws.t_v2h, ws.t_hv, V["w1"], V["b1"], V["w2"], V["b2"], V["act"],
+                           ws.acc_err, ws.block, fold, rho, beta)
+            V["err"][0] = ws.acc_err.sum()
+            rows[i] = ws.acc
     return out
+
+
+def _check_leaves(m, out, kl, leaf):
+    """``out`` as rows (one per leaf; a 1-row view without ``leaf``), checked."""
+    return out.reshape(1, -1) if leaf is None else leaf_rows(m, out, kl, leaf)
 
 
 @njit(**_JIT)

@@ -12,7 +12,7 @@ __all__ = ["kl_sparsity_forward", "kl_sparsity_backward", "weight_decay_forward"
 
 
 # rho_hat has one entry per hidden unit (tens to a thousand): serial loops, no threads
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _kl(rho_hat, rho, beta):
     s = 0.0
     for j in range(rho_hat.size):
@@ -21,14 +21,14 @@ def _kl(rho_hat, rho, beta):
     return beta * s
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _kl_grad(rho_hat, rho, beta, out):
     for j in range(rho_hat.size):
         r = rho_hat[j]
         out[j] = beta * (-rho / r + (1.0 - rho) / (1.0 - r))
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _sum_sq(w):
     s = 0.0
     for i in prange(w.size):
@@ -37,7 +37,7 @@ def _sum_sq(w):
     return s
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _axpy(lam, w, dw):
     for i in prange(w.size):
         dw[i] += lam * w[i]

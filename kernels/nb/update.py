@@ -8,7 +8,7 @@ from ..ref import update as _ref
 __all__ = ["sgd_momentum_update", "adam_update"]
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _sgd(p, g, v, lr, momentum):
     for i in prange(p.size):
         vi = momentum * v[i] - lr * g[i]
@@ -16,7 +16,7 @@ def _sgd(p, g, v, lr, momentum):
         p[i] += vi
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _adam(p, g, m, v, lr, beta1, beta2, eps, bc1, bc2):
     for i in prange(p.size):
         gi = g[i]

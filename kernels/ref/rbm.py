@@ -59,7 +59,7 @@ def rbm_free_energy(v, W, bv, bh, hidden):
     return -(v @ bv) - hid
 
 
-def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh):
+def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh, scale=None):
     """One CD-k step, k = ``noise.shape[0]``; adds the negated CD update into dW, dbv, dbh.
 
     The chain: h0 = rbm_hidden(v0); for i < k: s = sample(h_i, noise[i]),
@@ -76,6 +76,9 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh):
     noise : ndarray (k, batch, n_hidden)
     hidden : {"bernoulli", "gaussian"}
     dW, dbv, dbh : gradients to add into (caller-zeroed)
+    scale : float, optional
+        Multiplies the summed statistics (default 1/batch; a block of a larger batch
+        passes 1/(global batch))
 
     Returns
     -------
@@ -85,7 +88,7 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh):
     """
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, dW, dbv, dbh)
-    batch = v0.shape[0]
+    scale = 1.0 / v0.shape[0] if scale is None else float(scale)
     h0 = rbm_hidden(v0, W, bh, hidden)
     h, sq_err = h0, 0.0
     for i in range(noise.shape[0]):
@@ -95,9 +98,9 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh):
         if i == 0:
             sq_err = float(np.sum((v - v0) ** 2, dtype=np.float64))
         h = rbm_hidden(v, W, bh, hidden)
-    dW += (v.T @ h - v0.T @ h0) / batch
-    dbv += (v - v0).sum(axis=0) / batch
-    dbh += (h - h0).sum(axis=0) / batch
+    dW += (v.T @ h - v0.T @ h0) * scale
+    dbv += (v - v0).sum(axis=0) * scale
+    dbh += (h - h0).sum(axis=0) * scale
     return h0, v, sq_err
 
 

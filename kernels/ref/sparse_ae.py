@@ -80,7 +80,8 @@ def _views(buf, layout):
     return {name: buf[o:o + int(np.prod(shape))].reshape(shape) for name, (o, shape) in layout.items()}
 
 
-def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None):
+def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None,
+                        leaf: int | None = None):
     """Scratch memory for ``sparse_ae_partials`` on ``m`` samples (the reference needs none)."""
     return None
 
@@ -94,17 +95,26 @@ def _kl_gradient(rho_hat, rho, beta):
     return beta * (-rho / rho_hat + (1.0 - rho) / (1.0 - rho_hat))
 
 
-def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None):
+def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
     """Fill ``out`` (packed, module docstring) with this shard's sums; returns ``out``.
 
     Parameters
     ----------
     x : (m, v) array, the shard's samples (in the model dtype)
     W1, b1, W2, b2 : parameters (model dtype)
-    out : (sparse_ae_partials_size(v, h),) array of the model dtype, overwritten
+    out : (sparse_ae_partials_size(v, h),) array of the model dtype, overwritten; with
+        ``leaf``, (ceil(m / leaf), size): row L holds the sums over samples
+        [L leaf, (L + 1) leaf) alone (the blocks a rank-independent sum adds up in a fixed
+        tree, aepar.parallel.blocks)
     ws : workspace from ``sparse_ae_workspace`` (unused by the reference)
-    kl : (rho, beta) when the shard is the whole data set, else None
+    kl : (rho, beta) when the shard is the whole data set, else None (not with ``leaf``)
+    leaf : samples per leaf, or None for one sum over the shard
     """
+    if leaf is not None:
+        rows = leaf_rows(x.shape[0], out, kl, leaf)
+        for i, i0 in enumerate(range(0, x.shape[0], int(leaf))):
+            sparse_ae_partials(x[i0:i0 + int(leaf)], W1, b1, W2, b2, rows[i], ws)
+        return out
     v, h = W1.shape
     P = _views(out, sparse_ae_layout(v, h))
     a2 = _sigmoid(x @ W1 + b1)
@@ -131,6 +141,16 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None):
     P["b2"][...] = d3.sum(axis=0)
     P["act"][...] = a2.sum(axis=0)
     P["err"][...] = np.sum(diff * diff)
+    return out
+
+
+def leaf_rows(m, out, kl, leaf):
+    """Check the per-leaf output of ``m`` samples; returns ``out``."""
+    if kl is not None:
+        raise ValueError("per-leaf partials cannot fold the KL term: it needs every sample's ρ̂")
+    n = -(-int(m) // int(leaf))
+    if out.ndim != 2 or out.shape[0] != n:
+        raise ValueError(f"{m} samples in leaves of {leaf} need out of shape ({n}, size), got {out.shape}")
     return out
 
 
