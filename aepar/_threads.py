@@ -1,8 +1,13 @@
 """Per-rank thread counts, set before NumPy/Numba are imported.
 
-Oversubscribed BLAS threads made MPI peers 2-7x slower on a busy 2-core box, so every
-rank gets (cores it may use) / (ranks on this node) threads unless the user chose.
-This module must not import numpy.
+Every rank uses (cores it may use) / (ranks on this node) threads (``AEPAR_THREADS``
+overrides): oversubscribed threads made MPI peers 2-7x slower on a busy 2-core box.
+Those threads are aepar's own, and each takes whole blocks of samples
+(aepar.parallel.blocks.parallel_map); BLAS and Numba run single-threaded inside them,
+because OpenBLAS's results change with its thread count (it splits the products
+differently) and aepar's results must not. Setting OPENBLAS_NUM_THREADS, OMP_NUM_THREADS,
+MKL_NUM_THREADS or NUMBA_NUM_THREADS yourself is respected, but then the results may
+depend on it. This module must not import numpy.
 """
 import os
 
@@ -48,14 +53,14 @@ def _forget_inherited():
 
 
 def configure() -> int:
-    """Fill in thread variables the user left unset; returns the thread count used."""
+    """Single-threaded BLAS/Numba where the user left them unset; returns aepar's own
+    thread count for this rank."""
     _forget_inherited()
-    n = threads_per_rank()
     filled = [var for var in _THREAD_VARS if var not in os.environ]
     for var in filled:
-        os.environ[var] = str(n)
-    os.environ[_FILLED] = f"{n}:{','.join(filled)}"
+        os.environ[var] = "1"
+    os.environ[_FILLED] = f"1:{','.join(filled)}"
     # GNU OpenMP's idle threads (Numba's parallel loops) spin for milliseconds and starve
-    # OpenBLAS's threads between a parallel loop and the next matrix product.
+    # the other threads between a parallel loop and the next matrix product.
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-    return int(os.environ["OMP_NUM_THREADS"])
+    return threads_per_rank()

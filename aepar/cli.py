@@ -1,17 +1,18 @@
-"""What every runnable scheme shares: an argument parser that speaks once per job,
-common options, and the run directory that is written atomically."""
+"""What every runnable scheme shares: an argument parser that speaks once per job, the
+argument types (so that an impossible value is one line and exit 2), and the options of
+every run (device, seed, data, run directory, checkpoints, watchdog)."""
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
-import shutil
-import sys
-import tempfile
-from pathlib import Path
 
 from aepar.comm import world
 from aepar.errors import UserError
+
+__all__ = ["ArgumentParser", "add_common", "progress", "positive_int", "non_negative_int", "seed",
+           "learning_rate", "momentum", "non_negative_float", "unit_interval", "fraction_to_half",
+           "positive_float"]
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -35,77 +36,72 @@ class ArgumentParser(argparse.ArgumentParser):
             super().print_usage(file)
 
 
-def add_common(parser: argparse.ArgumentParser, *, out_default: str):
-    """Options every scheme takes."""
-    g = parser.add_argument_group("run")
+# ---- argument types: argparse names the option and prints "invalid <__name__> value" -------
+def _typed(name, convert, ok):
+    def parse(text):
+        value = convert(text)
+        if not ok(value):
+            raise ValueError(text)
+        return value
+    parse.__name__ = name
+    return parse
+
+
+def _finite(text) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+positive_int = _typed("positive integer", int, lambda v: v >= 1)
+non_negative_int = _typed("non-negative integer", int, lambda v: v >= 0)
+seed = _typed("seed (a non-negative integer)", int, lambda v: v >= 0)
+learning_rate = _typed("learning rate (a finite number >= 0)", _finite, lambda v: v >= 0)
+non_negative_float = _typed("finite number >= 0", _finite, lambda v: v >= 0)
+positive_float = _typed("finite number > 0", _finite, lambda v: v > 0)
+momentum = _typed("momentum (a number in [0, 1))", _finite, lambda v: 0 <= v < 1)
+unit_interval = _typed("number strictly between 0 and 1", _finite, lambda v: 0 < v < 1)
+fraction_to_half = _typed("fraction in [0, 0.5]", _finite, lambda v: 0 <= v <= 0.5)
+
+
+def add_common(parser: argparse.ArgumentParser, *, scheme: str):
+    """Options every scheme takes: device and data, then the run directory, checkpoints and
+    the watchdog (see aepar.rundir and aepar.guard)."""
+    g = parser.add_argument_group("device and data")
     g.add_argument("--device", choices=["cpu", "gpu"], default=os.environ.get("AEPAR_DEVICE", "cpu"),
                    help="cpu: Numba kernels; gpu: CuPy kernels, one GPU per local rank "
                         "(default: $AEPAR_DEVICE or cpu)")
     g.add_argument("--kernels", choices=["auto", "numpy", "numba", "cupy"], default="auto",
                    help="force a kernel set (numpy = the reference oracle); auto follows --device")
     g.add_argument("--dtype", choices=["float64", "float32"], default="float64")
-    g.add_argument("--seed", type=int, default=0, help="one seed for data, weights and sampling")
+    g.add_argument("--seed", type=seed, default=0, help="one seed for data, weights and sampling (>= 0)")
     g.add_argument("--data-dir", default=os.environ.get("AEPAR_DATA"),
                    help="directory with your own data files (default: $AEPAR_DATA, else the "
                         "embedded real data)")
-    g.add_argument("--out", default=out_default,
-                   help=f"run directory for results (default: {out_default})")
     g.add_argument("--quiet", action="store_true", help="no progress lines")
+    r = parser.add_argument_group(
+        "run directory and checkpoints",
+        "A run writes only into its run directory. A path that exists and is not an aepar run "
+        "directory is never touched. On SIGTERM, SIGUSR1 or SIGINT the run saves a checkpoint at "
+        "the next step and exits with code 75; --resume DIR continues it (on any number of ranks) "
+        "with the same result as an uninterrupted run.")
+    r.add_argument("--out", default=None, metavar="DIR",
+                   help=f"the run directory, which must not exist yet (default: a new numbered "
+                        f"directory runs/{scheme}/NNN)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace the aepar run in --out DIR (only the files it wrote are deleted)")
+    r.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the interrupted run in DIR from its checkpoint, with its own options")
+    r.add_argument("--checkpoint-every", type=non_negative_int, default=0, metavar="N",
+                   help="also save a checkpoint every N epochs (iterations for L-BFGS); 0: only by "
+                        "time and on signals (default 0)")
+    r.add_argument("--checkpoint-minutes", type=non_negative_float, default=10.0, metavar="T",
+                   help="save a checkpoint every T minutes (default 10; 0: never by time)")
+    r.add_argument("--timeout", type=positive_float, default=None, metavar="SECONDS",
+                   help="end the job, naming the rank, if a rank makes no progress for this long "
+                        "(a stalled rank; default: no watchdog)")
     return g
-
-
-class RunDir:
-    """A run directory that appears whole or not at all.
-
-    Rank 0 writes into a hidden temporary sibling and renames it into place on
-    ``commit()``; on failure the temporary directory is removed, so a failed run leaves
-    nothing half-written where the README says results go.
-    """
-
-    def __init__(self, final: str | os.PathLike, comm=None):
-        self.comm = comm or world()
-        self.final = Path(final)
-        self.path = None
-        if self.comm.is_root:
-            self.final.parent.mkdir(parents=True, exist_ok=True)
-            self.path = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.", dir=self.final.parent))
-
-    def file(self, name: str) -> Path | None:
-        """Path to write ``name`` to (rank 0), None on other ranks."""
-        return None if self.path is None else self.path / name
-
-    def write_json(self, name: str, obj):
-        if self.path is not None:
-            (self.path / name).write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
-
-    def commit(self) -> Path:
-        if self.path is not None:
-            if self.final.exists():
-                shutil.rmtree(self.final)
-            os.replace(self.path, self.final)
-            self.path = None
-        return self.final
-
-    def discard(self):
-        if self.path is not None:
-            shutil.rmtree(self.path, ignore_errors=True)
-            self.path = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.commit()
-        else:
-            self.discard()
-        return False
-
-
-def _jsonable(obj):
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    return str(obj)
 
 
 def progress(comm, quiet: bool, message: str):

@@ -28,6 +28,39 @@ if MPI is not None:
     _OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
 
+# Which blocking communication this process is in, since when, and when it left the last
+# one: the stall watchdog (aepar.guard) tells a rank that waits for its peers from one
+# that stopped making progress by it.
+_WAIT = {"op": None, "since": 0.0, "left": 0.0}
+
+
+def waiting() -> tuple:
+    """(operation or None, monotonic time it began, time the last one ended)."""
+    return _WAIT["op"], _WAIT["since"], _WAIT["left"]
+
+
+class _Blocking:
+    __slots__ = ("op", "outer")
+
+    def __init__(self, op):
+        self.op = op
+
+    def __enter__(self):
+        self.outer = _WAIT["op"]
+        if self.outer is None:
+            _WAIT["op"], _WAIT["since"] = self.op, time.monotonic()
+
+    def __exit__(self, *exc):
+        if self.outer is None:
+            _WAIT["op"], _WAIT["left"] = None, time.monotonic()
+        return False
+
+
+def blocking(op: str):
+    """Mark a wait for other ranks (a context manager) for the stall watchdog."""
+    return _Blocking(op)
+
+
 def _is_device_array(a) -> bool:
     return hasattr(a, "__cuda_array_interface__")
 
@@ -61,7 +94,8 @@ class Request:
 
     def wait(self):
         if self._req is not None:
-            self._req.Wait()
+            with _Blocking("wait"):
+                self._req.Wait()
         self._finish()
 
     def cancel(self):
@@ -115,7 +149,8 @@ class Comm:
         self.collectives += 1
         if self.size > 1:
             host, dev = self._stage(buf)
-            self._c.Bcast(host, root=root)
+            with _Blocking("bcast"):
+                self._c.Bcast(host, root=root)
             self._unstage(host, dev)
         return buf
 
@@ -124,7 +159,8 @@ class Comm:
         self.collectives += 1
         if self.size > 1:
             host, dev = self._stage(buf)
-            self._c.Allreduce(MPI.IN_PLACE, host, op=_OPS[op])
+            with _Blocking("allreduce"):
+                self._c.Allreduce(MPI.IN_PLACE, host, op=_OPS[op])
             self._unstage(host, dev)
         return buf
 
@@ -136,12 +172,14 @@ class Comm:
         self.collectives += 1
         if self.size > 1:
             host, dev = self._stage(buf)
-            if self.rank == root:
-                self._c.Reduce(MPI.IN_PLACE, host, op=_OPS[op], root=root)
-                self._unstage(host, dev)
-            else:
-                self._c.Reduce(host, None, op=_OPS[op], root=root)
+            with _Blocking("reduce"):
+                if self.rank == root:
+                    self._c.Reduce(MPI.IN_PLACE, host, op=_OPS[op], root=root)
+                else:
+                    self._c.Reduce(host, None, op=_OPS[op], root=root)
+            if self.rank != root:
                 return None
+            self._unstage(host, dev)
         return buf
 
     def isend(self, buf, dest: int, tag: int = 0) -> Request:
@@ -178,24 +216,37 @@ class Comm:
 
     def barrier(self):
         if self.size > 1:
-            self._c.Barrier()
+            with _Blocking("barrier"):
+                self._c.Barrier()
 
     def wtime(self) -> float:
         return MPI.Wtime() if MPI is not None else time.perf_counter()
 
     # ---- small objects (configuration, summaries: never per-step data) ---------------
     def bcast_obj(self, obj, root: int = 0):
-        return self._c.bcast(obj, root=root) if self.size > 1 else obj
+        if self.size == 1:
+            return obj
+        with _Blocking("bcast"):
+            return self._c.bcast(obj, root=root)
 
     def gather_obj(self, obj, root: int = 0):
-        return self._c.gather(obj, root=root) if self.size > 1 else [obj]
+        if self.size == 1:
+            return [obj]
+        with _Blocking("gather"):
+            return self._c.gather(obj, root=root)
 
     def allgather_obj(self, obj):
-        return self._c.allgather(obj) if self.size > 1 else [obj]
+        if self.size == 1:
+            return [obj]
+        with _Blocking("allgather"):
+            return self._c.allgather(obj)
 
     def max(self, value: float) -> float:
         """Largest value over ranks (timings are reported as the slowest rank's)."""
-        return self._c.allreduce(value, op=MPI.MAX) if self.size > 1 else value
+        if self.size == 1:
+            return value
+        with _Blocking("allreduce"):
+            return self._c.allreduce(value, op=MPI.MAX)
 
     # ---- errors ----------------------------------------------------------------------
     def agree(self, fn, *args, **kwargs):
@@ -230,6 +281,13 @@ class Comm:
             self._c.Abort(code)
         sys.exit(code)
 
+    def abort_now(self, code: int):
+        """End the whole job from any thread (the watchdog): MPI_Abort, or _exit alone."""
+        sys.stderr.flush()
+        if self._c is not None and self.size > 1:
+            MPI.COMM_WORLD.Abort(code)
+        os._exit(code)
+
     @staticmethod
     def serial() -> "Comm":
         comm = Comm.__new__(Comm)
@@ -259,10 +317,20 @@ def run_main(main, prog: str, argv=None) -> int:
     """Run a CLI's ``main(argv, comm)`` so that failures end every rank.
 
     - UserError raised on all ranks (set-up wrapped in ``comm.agree``): rank 0 prints
-      ``prog: error: message``, every rank exits 2.
-    - UserError on some ranks only: that rank prints the line and aborts the job with 2.
+      ``prog: error: message``, every rank exits with its code (2; 3 diverged; 75
+      interrupted, printed as ``prog: stopped: ...``).
+    - UserError on some ranks only: that rank prints the line and aborts the job with its code.
     - Any other exception: the rank and traceback are printed and the job aborts with 1.
     """
+    import signal
+
+    from aepar import guard
+
+    # until the run's Guard takes over, SIGTERM/SIGUSR1 are remembered rather than fatal
+    # (SIGINT keeps stopping at once while a run sets up)
+    for name in ("SIGTERM", "SIGUSR1"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), guard.remember_early_signal)
     comm = world()
     try:
         main(argv, comm)
@@ -270,11 +338,12 @@ def run_main(main, prog: str, argv=None) -> int:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
         return code
     except UserError as exc:
+        label = "stopped" if exc.run_state == "interrupted" else "error"
         if getattr(exc, "collective", False) or comm.size == 1:
             if comm.is_root:
-                print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+                print(f"{prog}: {label}: {exc}", file=sys.stderr, flush=True)
             return exc.exit_code
-        print(f"{prog}: error: {exc}" + (f" (rank {comm.rank})" if comm.parallel else ""),
+        print(f"{prog}: {label}: {exc}" + (f" (rank {comm.rank})" if comm.parallel else ""),
               file=sys.stderr, flush=True)
         comm.abort(exc.exit_code)
     except KeyboardInterrupt:

@@ -1,10 +1,23 @@
-"""Errors a user can fix: reported as one line and exit code 2 by every CLI."""
+"""Errors a run ends with, and the exit codes they give.
+
+| exit | meaning |
+| --- | --- |
+| 0 | done |
+| 1 | internal error (a traceback names the rank) |
+| 2 | bad input or an impossible option: one line naming it (:class:`UserError`) |
+| 3 | diverged: NaN or Inf in a loss or the parameters (:class:`Diverged`) |
+| 75 | interrupted by a signal; a checkpoint was saved: ``--resume DIR`` (:class:`Interrupted`) |
+| 124 | a rank stopped making progress for ``--timeout`` seconds (the watchdog) |
+"""
+
+EXIT_INTERNAL, EXIT_USAGE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_STALLED = 1, 2, 3, 75, 124
 
 
 class UserError(Exception):
     """Bad input or an impossible option. The message is one line naming what is wrong."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
+    run_state = "failed"
 
 
 class DataError(UserError):
@@ -18,3 +31,18 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint that does not match the model or scheme asked for."""
+
+
+class Diverged(UserError):
+    """NaN or Inf in a loss or in the parameters: the run stops, its last good checkpoint
+    stays. The message names the scheme, the layer and the epoch (or iteration)."""
+
+    exit_code = EXIT_DIVERGED
+    run_state = "diverged"
+
+
+class Interrupted(UserError):
+    """A signal asked the run to stop; a checkpoint was saved (``--resume`` continues)."""
+
+    exit_code = EXIT_INTERRUPTED
+    run_state = "interrupted"

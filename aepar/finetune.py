@@ -7,10 +7,15 @@ the gradients each step. The seed's recipe is plain SGD, learning rate 0.001, 10
 on squared error; ``--optimizer adam --loss xent`` (Adam on pixel cross-entropy) gains far
 more in the same epochs (DESIGN.md, "Reference figures").
 
+Given a checkpoint that was fine-tuned already (``finetuned/*`` in a weights.h5 of any
+of these schemes), fine-tuning continues from the fine-tuned network (``--from-pretrained``
+starts again from its pre-trained layers). Like every scheme it saves checkpoints at safe
+points and ``--resume DIR`` continues an interrupted run bit for bit.
+
 Examples
 --------
-    python -m aepar.finetune --weights runs/greedy/weights.h5
-    mpirun -np 4 python -m aepar.finetune --weights runs/greedy/weights.h5 --optimizer adam --loss xent
+    python -m aepar.finetune --weights runs/greedy/001/weights.h5
+    mpirun -np 4 python -m aepar.finetune --weights runs/greedy/001/weights.h5 --optimizer adam --loss xent
 """
 from __future__ import annotations
 
@@ -21,59 +26,50 @@ from types import SimpleNamespace
 import numpy as np
 
 from aepar import backend
-from aepar.cli import ArgumentParser, RunDir, add_common, progress
+from aepar.cli import ArgumentParser, add_common, learning_rate, momentum, non_negative_int, positive_int, progress
 from aepar.comm import run_main
 from aepar.data.sources import DIGIT_SOURCES
 from aepar.errors import CheckpointError, UserError
 from aepar.models.stacked import LOSSES, StackedAutoencoder
 from aepar.optim import SGD, Adam
-from aepar.parallel.data_parallel import shard
+from aepar.parallel.data_parallel import DEFAULT_BLOCKS, EpochState, Shard
 
-__all__ = ["add_finetune_args", "default_float32", "make_optimizer", "finetune_and_evaluate", "shard_rows",
-           "layers_to_params", "layers_from_params", "span", "main"]
+__all__ = ["add_finetune_args", "default_float32", "make_optimizer", "finetune_and_evaluate",
+           "layers_to_params", "layers_from_params", "span", "main", "add_reduce_blocks"]
 
 PROG = "aepar.finetune"
 
 
-def _non_negative_int(text):
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
-
-
-def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-_non_negative_int.__name__ = "non-negative integer"
-_positive_int.__name__ = "positive integer"
+def add_reduce_blocks(group):
+    group.add_argument("--reduce-blocks", type=positive_int, default=DEFAULT_BLOCKS, metavar="R",
+                       help=f"fixed blocks the rows are cut into; a step adds the blocks' gradients in one "
+                            f"fixed tree, so up to R ranks (any number of threads) give bit-identical "
+                            f"results (default {DEFAULT_BLOCKS}; 1 is fastest on one process but allows one rank)")
 
 
 def add_finetune_args(parser, *, standalone=False):
     """Fine-tuning options. ``standalone`` (the finetune CLI) also accepts the short names
-    --epochs, --lr, --batch and --momentum."""
+    --epochs, --lr, --batch and --momentum, and --reduce-blocks."""
     g = parser.add_argument_group("fine-tuning (backprop through the unrolled autoencoder)")
 
     def names(long, short):
         return (long, short) if standalone else (long,)
 
-    g.add_argument(*names("--finetune-epochs", "--epochs"), dest="finetune_epochs", type=_non_negative_int,
+    g.add_argument(*names("--finetune-epochs", "--epochs"), dest="finetune_epochs", type=non_negative_int,
                    default=10, help="epochs of backprop (default 10; 0 skips fine-tuning)")
     g.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd",
                    help="sgd: the seed's plain SGD; adam: Adam (default sgd)")
     g.add_argument("--loss", choices=list(LOSSES), default="mse",
                    help="mse: squared error (the seed); xent: pixel cross-entropy from logits "
                         "(default mse)")
-    g.add_argument(*names("--finetune-lr", "--lr"), dest="finetune_lr", type=float, default=0.001,
+    g.add_argument(*names("--finetune-lr", "--lr"), dest="finetune_lr", type=learning_rate, default=0.001,
                    help="learning rate (default 0.001, for either optimizer)")
-    g.add_argument(*names("--finetune-momentum", "--momentum"), dest="finetune_momentum", type=float,
-                   default=0.0, help="SGD momentum (default 0: plain SGD, as the seed)")
-    g.add_argument(*names("--finetune-batch", "--batch"), dest="finetune_batch", type=_positive_int,
-                   default=100, help="global minibatch, split over the ranks (default 100)")
+    g.add_argument(*names("--finetune-momentum", "--momentum"), dest="finetune_momentum", type=momentum,
+                   default=0.0, help="SGD momentum in [0, 1) (default 0: plain SGD, as the seed)")
+    g.add_argument(*names("--finetune-batch", "--batch"), dest="finetune_batch", type=positive_int,
+                   default=100, help="global minibatch, drawn from every block of the data (default 100)")
+    if standalone:
+        add_reduce_blocks(g)
     return g
 
 
@@ -90,11 +86,6 @@ def make_optimizer(be, params, args):
     if args.optimizer == "adam":
         return Adam(be, params, lr=args.finetune_lr)
     return SGD(be, params, lr=args.finetune_lr, momentum=args.finetune_momentum)
-
-
-def shard_rows(be, x, comm):
-    """This rank's contiguous share of the rows of host array ``x``, as a backend array."""
-    return be.asarray(x[shard(x.shape[0], comm.rank, comm.size)])
 
 
 def span(trace, name, **meta):
@@ -116,14 +107,16 @@ def _warm_up(be, args):
     """One step of a tiny model with the same loss and optimiser: kernels compiled (or
     loaded from Numba's cache) before the first timed epoch."""
     tiny = StackedAutoencoder(be, [5, 3, 2], loss=args.loss)
-    x = be.asarray(np.random.default_rng(0).random((4, 5)))
+    x = Shard.of(be, np.random.default_rng(0).random((4, 5)), 1)
     tiny.train_epoch(x, 0, make_optimizer(be, tiny.params, args), batch=4)
     tiny.error_per_digit(x)
     be.synchronize()
 
 
-def finetune_and_evaluate(be, comm, layers, digits, args, trace=None) -> dict:
-    """Unroll ``layers``, report its error, fine-tune it data-parallel, report again.
+def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=None, resume=None,
+                          outer=None, model=None, guard=None, prefix="") -> dict:
+    """Unroll ``layers`` (or go on with ``model``), report its error, fine-tune it
+    data-parallel, report again.
 
     Parameters
     ----------
@@ -133,12 +126,24 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None) -> dict:
     layers : list
         Pre-trained layers: objects with ``params`` {"W", "bv", "bh"}, the same on every rank.
     digits : aepar.data.sources.Digits
-        The whole data set, on every rank (each takes its shard of the rows).
+        The whole data set, on every rank (each takes its blocks of the rows).
     args : namespace
         ``finetune_epochs, optimizer, loss, finetune_lr, finetune_momentum,
-        finetune_batch, seed, quiet`` (see :func:`add_finetune_args`).
+        finetune_batch, reduce_blocks, seed, quiet`` (see :func:`add_finetune_args`).
     trace : optional
         An aepar trace; each epoch is recorded as a span "finetune".
+    ckpt : aepar.resume.Checkpointer, optional
+        Safe points: checkpoints and stops inside fine-tuning.
+    resume : (params, opt_state, progress), optional
+        A checkpoint saved during this fine-tuning: go on from it.
+    outer : callable() -> (params, opt_state, progress), optional
+        What the calling scheme adds to every checkpoint (its pre-trained layers, ...).
+    model : StackedAutoencoder, optional
+        Continue fine-tuning this network instead of unrolling ``layers``.
+    guard : aepar.guard.Guard, optional
+    prefix : str
+        Before the checkpoint names of this network ("finetuned/...", "finetune/..."), when
+        a run fine-tunes two (aepar.sync's greedy comparison: "greedy/").
 
     Returns
     -------
@@ -151,43 +156,92 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None) -> dict:
     """
     quiet = getattr(args, "quiet", False)
     _warm_up(be, args)
-    train = shard_rows(be, digits.train_x, comm)
-    test = shard_rows(be, digits.test_x, comm)
-    model = StackedAutoencoder.from_layers(be, layers, loss=args.loss)
+    count = args.reduce_blocks
+    train = Shard.of(be, digits.train_x, count, comm.rank, comm.size)
+    test = Shard.of(be, digits.test_x, min(count, max(1, digits.test_x.shape[0])), comm.rank, comm.size)
+    if model is None:
+        model = StackedAutoencoder.from_layers(be, layers, loss=args.loss)
+    model.seed = int(args.seed)
     optimizer = make_optimizer(be, model.params, args)
-    eval_s = 0.0
-    (before_train, before_test), dt = _timed(comm, be, lambda: (model.error_per_digit(train, comm),
-                                                               model.error_per_digit(test, comm)))
-    eval_s += dt
+    record = {"epochs": [], "time_s": 0.0, "eval_s": 0.0}
+    first, state = 0, None
+    if resume is not None:
+        params, opt_state, prog = resume
+        for k, v in model.params.items():
+            v[...] = be.asarray(params[f"{prefix}finetuned/{k}"])
+        tag = f"{prefix}finetune/"
+        optimizer.load_state({k[len(tag):]: v for k, v in opt_state.items() if k.startswith(tag)})
+        record = dict(prog["finetune"])
+        first = int(prog["epoch"])
+        state = EpochState.from_dict(prog["state"]) if prog.get("state") else None
+        progress(comm, quiet, f"fine-tuning: resuming at epoch {first + 1}"
+                              + (f", batch {state.batch + 1}" if state else ""))
+    else:
+        (before_train, before_test), dt = _timed(comm, be, lambda: (model.error_per_digit(train, comm),
+                                                                   model.error_per_digit(test, comm)))
+        record["before"] = {"train": before_train, "test": before_test}
+        record["eval_s"] += dt
     progress(comm, quiet, f"fine-tuning {model!r}: {args.optimizer} lr {args.finetune_lr:g}, "
-                          f"{args.finetune_epochs} epochs, {comm.size} rank(s)")
-    progress(comm, quiet, f"  before: train error/digit {before_train:.3f}  test {before_test:.3f}")
-    epochs, time_s = [], 0.0
-    for epoch in range(args.finetune_epochs):
+                          f"{args.finetune_epochs} epochs, {comm.size} rank(s), {count} blocks")
+    progress(comm, quiet, f"  before: train error/digit {record['before']['train']:.3f}  "
+                          f"test {record['before']['test']:.3f}")
+
+    def train_one(epoch, resume_state):
         with span(trace, "finetune", epoch=epoch):
-            (loss, seen), dt = _timed(comm, be, model.train_epoch, train, epoch, optimizer, comm,
-                                      args.finetune_batch, args.seed)
-        time_s += dt
+            t0 = comm.wtime()
+            result = model.train_epoch(train, epoch, optimizer, comm, args.finetune_batch, guard=guard,
+                                       resume=resume_state)
+            be.synchronize()
+            record["time_s"] += comm.max(comm.wtime() - t0)
+        return result
+
+    def after_epoch(epoch, result):
+        loss, seen = result.means
+        if guard is not None:
+            where = f"fine-tuning epoch {epoch + 1}"
+            guard.check(loss, "the loss", where, ckpt.run if ckpt else None)
+            guard.check(sum(float(np.sum(v)) for v in model.params.values()), "a parameter", where,
+                        ckpt.run if ckpt else None)
         test_err, et = _timed(comm, be, model.error_per_digit, test, comm)
-        eval_s += et
-        epochs.append({"epoch": epoch + 1, "loss": loss, "train_error_seen": seen,
-                       "test_error": test_err, "seconds": dt})
+        record["eval_s"] += et
+        seconds = record["time_s"] - sum(e["seconds"] for e in record["epochs"])
+        record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_error_seen": seen,
+                                 "test_error": test_err, "seconds": seconds})
         progress(comm, quiet, f"  finetune epoch {epoch + 1:3d}/{args.finetune_epochs}  loss {loss:9.4f}  "
-                              f"train error {seen:8.3f}  test {test_err:8.3f}  {dt:7.2f}s")
+                              f"train error {seen:8.3f}  test {test_err:8.3f}  {seconds:7.2f}s")
+
+    def save(epochs_done, epoch_state, why):
+        params, opt_state, prog = outer() if outer is not None else ({}, {}, {})
+        if comm.is_root:
+            params = dict(params, **{f"{prefix}finetuned/{k}": be.to_host(v) for k, v in model.params.items()})
+            opt_state = dict(opt_state, **{f"{prefix}finetune/{k}": be.to_host(v)
+                                           for k, v in optimizer.state().items()})
+        label = (f"fine-tuning epoch {epochs_done + 1} batch {epoch_state.batch}" if epoch_state
+                 else f"fine-tuning, {epochs_done} epochs done")
+        ckpt.save(params, opt_state, dict(prog, phase="finetune", epoch=epochs_done,
+                                          state=epoch_state.to_dict() if epoch_state else None,
+                                          finetune=record), label, why, comm=comm)
+
+    if ckpt is not None:
+        with (guard.training("fine-tuning") if guard is not None else contextlib.nullcontext()):
+            ckpt.epochs(train_one, first, args.finetune_epochs, save=save, after_epoch=after_epoch,
+                        resume=state, comm=comm)
+    else:
+        for epoch in range(first, args.finetune_epochs):
+            after_epoch(epoch, train_one(epoch, state if epoch == first else None))
     if args.finetune_epochs:
         (after_train, after_test), dt = _timed(comm, be, lambda: (model.error_per_digit(train, comm),
                                                                  model.error_per_digit(test, comm)))
-        eval_s += dt
+        record["eval_s"] += dt
     else:
-        after_train, after_test = before_train, before_test
+        after_train, after_test = record["before"]["train"], record["before"]["test"]
     progress(comm, quiet, f"  after:  train error/digit {after_train:.3f}  test {after_test:.3f}  "
-                          f"({time_s:.1f}s fine-tuning)")
+                          f"({record['time_s']:.1f}s fine-tuning)")
     return {"optimizer": args.optimizer, "loss": args.loss, "lr": args.finetune_lr,
             "momentum": args.finetune_momentum if args.optimizer == "sgd" else None,
             "batch": args.finetune_batch, "n_epochs": args.finetune_epochs, "ranks": comm.size,
-            "before": {"train": before_train, "test": before_test},
-            "after": {"train": after_train, "test": after_test},
-            "epochs": epochs, "time_s": time_s, "eval_s": eval_s, "model": model}
+            "blocks": count, "before": record["before"], "after": {"train": after_train, "test": after_test},
+            "epochs": record["epochs"], "time_s": record["time_s"], "eval_s": record["eval_s"], "model": model}
 
 
 # ---- checkpoints of pre-trained stacks -----------------------------------------------------
@@ -200,24 +254,44 @@ def layers_to_params(be, layers) -> dict:
     return out
 
 
-def layers_from_params(be, params) -> list:
-    """Inverse of :func:`layers_to_params`: objects with ``params`` (backend arrays)."""
+def layers_from_params(be, params, path="checkpoint") -> list:
+    """Inverse of :func:`layers_to_params`: objects with ``params`` (backend arrays).
+
+    Raises CheckpointError naming ``path`` when the layers are missing or do not fit.
+    """
     layers, i = [], 1
     while f"layer{i}/W" in params:
         try:
             p = {k: be.asarray(np.asarray(params[f"layer{i}/{k}"])) for k in ("W", "bv", "bh")}
         except KeyError as e:
-            raise CheckpointError(f"layer {i} lacks {e.args[0]}") from None
+            raise CheckpointError(f"{path}: layer {i} lacks {e.args[0]}") from None
         if p["bv"].shape != (p["W"].shape[0],) or p["bh"].shape != (p["W"].shape[1],):
-            raise CheckpointError(f"layer {i}: biases {p['bv'].shape}, {p['bh'].shape} do not fit W {p['W'].shape}")
+            raise CheckpointError(f"{path}: layer {i}: biases {p['bv'].shape}, {p['bh'].shape} do not fit "
+                                  f"W {p['W'].shape}")
         if layers and layers[-1].params["W"].shape[1] != p["W"].shape[0]:
-            raise CheckpointError(f"layer {i} takes {p['W'].shape[0]} inputs but layer {i - 1} "
+            raise CheckpointError(f"{path}: layer {i} takes {p['W'].shape[0]} inputs but layer {i - 1} "
                                   f"gives {layers[-1].params['W'].shape[1]}")
         layers.append(SimpleNamespace(params=p))
         i += 1
     if not layers:
-        raise CheckpointError("no pre-trained layers (layer1/W, ...) in the checkpoint")
+        raise CheckpointError(f"{path}: no pre-trained layers (layer1/W, ...) in the checkpoint")
     return layers
+
+
+def finetuned_from_params(be, params, layers, loss, path="checkpoint"):
+    """The fine-tuned network stored as ``finetuned/W1..`` beside ``layers``, or None."""
+    if "finetuned/W1" not in params:
+        return None
+    model = StackedAutoencoder.from_layers(be, layers, loss=loss)
+    for k, v in model.params.items():
+        key = f"finetuned/{k}"
+        if key not in params:
+            raise CheckpointError(f"{path}: {key} missing (the fine-tuned network is incomplete)")
+        if tuple(np.shape(params[key])) != tuple(v.shape):
+            raise CheckpointError(f"{path}: {key} has shape {tuple(np.shape(params[key]))}, the layers "
+                                  f"make {tuple(v.shape)}")
+        v[...] = be.asarray(np.asarray(params[key]))
+    return model
 
 
 # ---- the CLI -----------------------------------------------------------------------------
@@ -225,16 +299,21 @@ def build_parser():
     parser = ArgumentParser(prog=f"python -m {PROG}",
                             description="Fine-tune a pre-trained stacked autoencoder by backpropagation, "
                                         "data-parallel over every MPI rank; prints the average squared "
-                                        "reconstruction error per digit on the training and test sets.",
-                            epilog="Example: mpirun -np 2 python -m aepar.finetune --weights "
-                                   "runs/greedy/weights.h5 --optimizer adam --loss xent")
+                                        "reconstruction error per digit on the training and test sets. "
+                                        "Weights that were fine-tuned already are fine-tuned further.",
+                            epilog="Exit codes: 0 done, 2 bad input, 3 diverged, 75 interrupted (checkpoint "
+                                   "saved: --resume DIR), 124 a rank stalled, 1 internal error. Example: "
+                                   "mpirun -np 2 python -m aepar.finetune --weights "
+                                   "runs/greedy/001/weights.h5 --optimizer adam --loss xent")
     parser.add_argument("--weights", required=True,
-                        help="checkpoint of a pre-trained stack (weights.h5 of aepar.greedy / aepar.sync)")
+                        help="weights.h5 of aepar.greedy / aepar.sync / aepar.finetune")
+    parser.add_argument("--from-pretrained", action="store_true",
+                        help="start from the pre-trained layers even if the file holds a fine-tuned network")
     parser.add_argument("--dataset", choices=list(DIGIT_SOURCES), default="auto",
-                        help="digits to fine-tune on, as for aepar.greedy (default: auto)")
-    parser.add_argument("--limit", type=_positive_int, default=None, help="use at most this many training digits")
+                        help="data to fine-tune on, as for aepar.greedy (default: auto)")
+    parser.add_argument("--limit", type=positive_int, default=None, help="use at most this many training digits")
     add_finetune_args(parser, standalone=True)
-    add_common(parser, out_default="runs/finetune")
+    add_common(parser, scheme="finetune")
     default_float32(parser)
     return parser
 
@@ -243,58 +322,70 @@ def _setup(args, comm):
     """Every rank, no communication: backend, checkpoint, data, checks."""
     from aepar import checkpoint
     from aepar.data.sources import load_digits
+    from aepar.pretrain import check_blocks
 
     be = backend.select(args.device, args.kernels, args.dtype)
-    ckpt = checkpoint.load(args.weights)
-    layers = layers_from_params(be, ckpt.params)
+    ckpt = checkpoint.load(args.weights, scheme=("greedy", "sync", "finetune"))
+    layers = layers_from_params(be, ckpt.params, args.weights)
+    model = None if args.from_pretrained else finetuned_from_params(be, ckpt.params, layers, args.loss, args.weights)
     digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
     n_in = layers[0].params["W"].shape[0]
     if digits.train_x.shape[1] != n_in:
-        raise UserError(f"{args.weights} takes {n_in} inputs but the digits have {digits.train_x.shape[1]} pixels")
-    check_ranks(comm, digits.train_x.shape[0], args.finetune_batch)
-    return be, layers, digits, ckpt
-
-
-def check_ranks(comm, n_train: int, batch: int):
-    """UserError if the ranks cannot each get rows of every batch."""
-    n_batches = -(-n_train // batch)
-    if comm.size > n_batches:
-        raise UserError(f"{comm.size} ranks but {n_train} training digits make only {n_batches} "
-                        f"batch(es) of {batch}: use at most {n_batches} ranks")
-    if comm.size > batch:
-        raise UserError(f"{comm.size} ranks cannot split a batch of {batch}: use at most {batch} ranks")
+        raise UserError(f"{args.weights} takes {n_in} inputs but the data have {digits.train_x.shape[1]}")
+    check_blocks(comm.size, args.reduce_blocks, digits.train_x.shape[0])
+    return be, layers, model, digits
 
 
 def main(argv, comm):
     from aepar import checkpoint
     from aepar.greedy import pca_error
-    from aepar.report.stacked import write_tables
+    from aepar.guard import Guard
+    from aepar.report.stacked import TABLES_FILE, tables
+    from aepar.resume import Checkpointer
+    from aepar.rundir import RunDir, fingerprint, resumed_args
 
-    args = build_parser().parse_args(argv)
-    be, layers, digits, ckpt = comm.agree(_setup, args, comm)
-    progress(comm, args.quiet, f"{PROG}: {digits.source}")
-    with RunDir(args.out, comm) as run:
-        result = finetune_and_evaluate(be, comm, layers, digits, args)
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run = RunDir.open(comm, "finetune", out=args.out, resume=args.resume, overwrite=args.overwrite,
+                      argv=argv, prog=PROG)
+    if run.resumed:
+        args = comm.agree(resumed_args, parser.parse_args, argv, run.previous)
+    with run, Guard.from_args(comm, PROG, args) as guard:
+        be, layers, model, digits = comm.agree(_setup, args, comm)
+        continued = model is not None
+        progress(comm, args.quiet, f"{PROG}: {digits.source}")
+        if continued:
+            progress(comm, args.quiet, f"{PROG}: {args.weights} holds a fine-tuned network: fine-tuning it further "
+                                       "(--from-pretrained starts from its pre-trained layers)")
+        ckpt = Checkpointer(run, comm, guard, "finetune",
+                            fingerprint(digits.train_x, digits.test_x) if comm.is_root else None,
+                            progress=lambda m: progress(comm, args.quiet, m))
+        resume = ckpt.load()
+        layer_params = layers_to_params(be, layers)
+        result = finetune_and_evaluate(be, comm, layers, digits, args, ckpt=ckpt, resume=resume,
+                                       outer=lambda: (layer_params, {}, {}), model=model, guard=guard)
         model = result.pop("model")
         summary = {"scheme": "finetune", "weights": str(args.weights), "source": digits.source,
                    "n_train": int(digits.train_x.shape[0]), "n_test": int(digits.test_x.shape[0]),
                    "ranks": comm.size, "device": be.device, "kernels": be.kernel_set,
                    "dtype": str(be.dtype), "layers": model.sizes, "finetune": result,
+                   "continued_finetuned": continued,
                    "error": {"pretrained": result["before"], "finetuned": result["after"]},
                    "finetune_time_s": result["time_s"], "pretrain_time_s": None}
         k = model.sizes[-1]
         summary["pca"] = comm.bcast_obj(pca_error(digits.train_x, digits.test_x, k) if comm.is_root else None)
         if comm.is_root:
-            params = layers_to_params(be, layers)
-            params.update({f"finetuned/{k}": be.to_host(v) for k, v in model.params.items()})
-            checkpoint.save(run.file("weights.h5"), scheme="finetune", params=params,
-                            epoch=args.finetune_epochs,
-                            config={"sizes": model.sizes, "loss": args.loss, "optimizer": args.optimizer})
-        run.write_json("summary.json", summary)
-        if comm.is_root:
-            text = write_tables(run.path, {f"{args.optimizer}/{args.loss}": summary})
+            params = dict(layer_params, **{f"finetuned/{k}": be.to_host(v) for k, v in model.params.items()})
+            with run.output("weights.h5") as path:
+                checkpoint.save(path, scheme="finetune", params=params, epoch=args.finetune_epochs,
+                                config={"sizes": model.sizes, "loss": args.loss, "optimizer": args.optimizer})
+            run.write_json("summary.json", summary)
+            text = tables({f"{args.optimizer}/{args.loss}": summary})
+            run.write_text(TABLES_FILE, text)
             progress(comm, args.quiet, text)
-    progress(comm, args.quiet, f"{PROG}: wrote {args.out}")
+        run.complete()
+    progress(comm, args.quiet, f"{PROG}: wrote {run.path}")
 
 
 if __name__ == "__main__":

@@ -4,13 +4,17 @@ The baseline of Santara et al. (2016), Hinton & Salakhutdinov's recipe: train th
 layer 1 (784-1000) for N epochs, turn the data into its hidden probabilities, train layer 2
 on them, and so on to the 30 linear code units; then unroll the stack into the deep
 autoencoder and fine-tune it by backpropagation. Every stage is data-parallel over all the
-ranks it is given (the global batch of 100 is split over them; one packed Allreduce of the
-gradients per step), and gives the same weights on any number of ranks.
+ranks it is given: the rows are cut into ``--reduce-blocks`` fixed blocks, each step adds
+the blocks' gradients in one fixed tree (aepar.parallel.data_parallel), so the weights are
+bit-identical on one process or any number of ranks up to that count. Checkpoints (every
+layer, the epoch and batch reached, the random streams) are saved at safe points;
+``--resume DIR`` continues an interrupted run to the same weights, on any number of ranks.
 
-Writes into the run directory (default runs/greedy): ``weights.h5`` (pre-trained layers
-and, after fine-tuning, the unrolled network), ``summary.json`` (per-layer epoch times and
-errors, pre-training and fine-tuning wall times, error per digit before and after
-fine-tuning, the PCA-30 baseline) and ``tables.md`` (the seed's Tables 2 and 3).
+Writes into the run directory (default a new runs/greedy/NNN): ``weights.h5`` (pre-trained
+layers and, after fine-tuning, the unrolled network), ``summary.json`` (per-layer epoch
+times and errors, pre-training and fine-tuning wall times, error per digit before and
+after fine-tuning, the PCA-30 baseline), ``tables.md`` (the seed's Tables 2 and 3) and
+``run.json``.
 
 Examples
 --------
@@ -24,13 +28,13 @@ import sys
 import numpy as np
 
 from aepar import backend
-from aepar.cli import ArgumentParser, RunDir, add_common, progress
+from aepar.cli import ArgumentParser, add_common, progress
 from aepar.comm import run_main
-from aepar.finetune import (add_finetune_args, check_ranks, default_float32, finetune_and_evaluate, layers_to_params,
-                            shard_rows, span)
-from aepar.pretrain import add_pretrain_args, layers_from_args, parse_layers, warm_up
+from aepar.finetune import add_finetune_args, default_float32, finetune_and_evaluate, layers_to_params, span
+from aepar.parallel.data_parallel import EpochState, Shard
+from aepar.pretrain import add_pretrain_args, check_blocks, layers_from_args, parse_layers, warm_up
 
-__all__ = ["pca_error", "pretrain_greedy", "build_parser", "main", "finetune_and_evaluate"]
+__all__ = ["pca_error", "pretrain_greedy", "build_parser", "main", "finetune_and_evaluate", "layer_state"]
 
 PROG = "aepar.greedy"
 
@@ -61,15 +65,43 @@ def pca_error(train_x, test_x, k=30) -> dict:
     return {"k": k, "train": error(train), "test": error(test_x)}
 
 
-def pretrain_greedy(be, comm, layers, train, test, *, quiet=False, trace=None) -> dict:
+def layer_state(be, layers, current=None, prefix="") -> tuple[dict, dict]:
+    """(params, opt_state) of a stack for a checkpoint: every layer's parameters and the
+    momentum of the layer being trained (``current``)."""
+    params = {f"{prefix}{k}": v for k, v in layers_to_params(be, layers).items()}
+    opt = {}
+    if current is not None:
+        opt = {f"{prefix}layer{current + 1}/{k}": be.to_host(v)
+               for k, v in layers[current].optimizer.state().items()}
+    return params, opt
+
+
+def restore_layers(be, layers, params, opt_state, current=None, prefix=""):
+    """Inverse of :func:`layer_state`."""
+    for i, layer in enumerate(layers):
+        for k in layer.params:
+            layer.params[k][...] = be.asarray(params[f"{prefix}layer{i + 1}/{k}"])
+    if current is not None:
+        tag = f"{prefix}layer{current + 1}/"
+        layers[current].optimizer.load_state({k[len(tag):]: v for k, v in opt_state.items() if k.startswith(tag)})
+
+
+def pretrain_greedy(be, comm, layers, train: Shard, test: Shard, *, quiet=False, trace=None, ckpt=None,
+                    guard=None, position=None, outer=None) -> dict:
     """Train ``layers`` one after another, each on the previous one's hidden probabilities.
 
     Parameters
     ----------
     layers : list of RBM or AELayer
         With ``layer.epochs`` set (see :func:`aepar.pretrain.make_layers`).
-    train, test : backend arrays
-        This rank's shard of the training and test rows (test only for reporting).
+    train, test : Shard
+        This rank's blocks of the training and test rows (test only for reporting).
+    ckpt : aepar.resume.Checkpointer, optional
+        Safe points: checkpoints, stops.
+    position : dict, optional
+        The progress record of a checkpoint taken during pre-training: go on from it.
+    outer : callable() -> (params, opt_state, progress), optional
+        What a calling scheme adds to every checkpoint.
 
     Returns
     -------
@@ -78,28 +110,70 @@ def pretrain_greedy(be, comm, layers, train, test, *, quiet=False, trace=None) -
         evaluation excluded); ``eval_s``; ``layers``: per layer the epoch times and the
         train (as seen while training) and test reconstruction errors per epoch.
     """
-    stats, time_s, eval_s = [], 0.0, 0.0
+    position = position or {}
+    record = position.get("pretrain") or {"time_s": 0.0, "eval_s": 0.0, "layers": []}
+    start_layer = int(position.get("layer", 0))
     for i, layer in enumerate(layers):
-        entry = {"layer": i + 1, "shape": f"{layer.n_in}-{layer.n_out}", "kind": layer.kind,
-                 "hidden": layer.hidden, "lr": layer.lr, "epoch_times_s": [], "train_error": [],
-                 "test_error": []}
-        for epoch in range(layer.epochs):
+        if i < start_layer:  # trained before the checkpoint: only its output is needed
+            train, test = layer.transform(train), layer.transform(test)
+            continue
+        if i == len(record["layers"]):
+            record["layers"].append({"layer": i + 1, "shape": f"{layer.n_in}-{layer.n_out}", "kind": layer.kind,
+                                     "hidden": layer.hidden, "lr": layer.lr, "epoch_times_s": [],
+                                     "train_error": [], "test_error": []})
+        entry = record["layers"][i]
+        first = len(entry["epoch_times_s"])
+        state = EpochState.from_dict(position["state"]) if i == start_layer and position.get("state") else None
+        if state is not None or first:
+            progress(comm, quiet, f"layer {i + 1}: resuming at epoch {first + 1}"
+                                  + (f", batch {state.batch + 1}" if state else ""))
+        clock = {"t": 0.0}
+
+        def train_one(epoch, resume, layer=layer, i=i, clock=clock):
             comm.barrier()
             t0 = comm.wtime()
             with span(trace, f"layer{i + 1}", epoch=epoch):
-                err = layer.train_epoch(train, epoch, comm)
+                result = layer.train_epoch(train, epoch, comm, guard=guard, resume=resume)
             be.synchronize()
-            dt = comm.max(comm.wtime() - t0)
+            clock["t"] += comm.max(comm.wtime() - t0)
+            return result
+
+        def after_epoch(epoch, result, layer=layer, i=i, entry=entry, clock=clock):
+            err = result.means[0]
+            if guard is not None:
+                where = f"greedy pre-training, layer {i + 1} ({entry['shape']}), epoch {epoch + 1}"
+                guard.check(err, "the reconstruction error", where, ckpt.run if ckpt else None)
+                guard.check(sum(float(np.sum(v)) for v in layer.params.values()), "a parameter", where,
+                            ckpt.run if ckpt else None)
             t0 = comm.wtime()
             test_err = layer.recon_error(test, comm)
-            eval_s += comm.wtime() - t0
-            time_s += dt
+            record["eval_s"] += comm.wtime() - t0
+            dt, clock["t"] = clock["t"], 0.0
+            record["time_s"] += dt
             entry["epoch_times_s"].append(dt)
             entry["train_error"].append(err)
             entry["test_error"].append(test_err)
             progress(comm, quiet, f"layer {i + 1}/{len(layers)} ({entry['shape']}, {layer.kind}) "
                                   f"epoch {epoch + 1:3d}/{layer.epochs}  recon error {err:9.4f}  "
                                   f"test {test_err:9.4f}  {dt:7.2f}s")
+
+        def save(epochs_done, epoch_state, why, i=i):
+            params, opt, prog = outer() if outer is not None else ({}, {}, {})
+            if comm.is_root:
+                lp, lo = layer_state(be, layers, current=i, prefix=prog.get("prefix", ""))
+                params, opt = dict(params, **lp), dict(opt, **lo)
+            label = (f"layer {i + 1} epoch {epochs_done + 1} batch {epoch_state.batch}" if epoch_state
+                     else f"layer {i + 1}, {epochs_done} epochs done")
+            ckpt.save(params, opt, dict(prog, phase="pretrain", layer=i, pretrain=record,
+                                        state=epoch_state.to_dict() if epoch_state else None), label, why, comm=comm)
+
+        if ckpt is not None:
+            with (guard.training(f"pre-training layer {i + 1}") if guard is not None else _nothing()):
+                ckpt.epochs(train_one, first, layer.epochs, save=save, after_epoch=after_epoch, resume=state,
+                            comm=comm)
+        else:
+            for epoch in range(first, layer.epochs):
+                after_epoch(epoch, train_one(epoch, None))
         t0 = comm.wtime()
         if i + 1 < len(layers):  # the code layer's output feeds nothing
             train, test = layer.transform(train), layer.transform(test)
@@ -107,9 +181,17 @@ def pretrain_greedy(be, comm, layers, train, test, *, quiet=False, trace=None) -
         dt = comm.max(comm.wtime() - t0)
         entry["transform_s"] = dt
         entry["time_s"] = sum(entry["epoch_times_s"]) + dt
-        time_s += dt
-        stats.append(entry)
-    return {"time_s": time_s, "eval_s": comm.max(eval_s), "layers": stats}
+        record["time_s"] += dt
+    record["eval_s"] = comm.max(record["eval_s"])
+    return record
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
 
 
 def build_parser():
@@ -117,14 +199,17 @@ def build_parser():
         prog=f"python -m {PROG}",
         description="Greedy layer-wise pre-training of a stacked autoencoder (RBMs trained by CD-1, "
                     "one layer after another, Hinton & Salakhutdinov 2006), then fine-tuning by "
-                    "backprop; data-parallel over all MPI ranks. Prints one line per epoch (layer, "
-                    "epoch, reconstruction error, seconds) and writes weights.h5, summary.json and "
-                    "tables.md (error per digit, times, PCA-30 baseline) into --out.",
-        epilog="Examples: python -m aepar.greedy --dataset mnist5k;  mpirun -np 2 python -m aepar.greedy "
-               "--layers 784-64-32-8 --epochs 2 --finetune-epochs 1 --limit 500")
+                    "backprop; data-parallel over all MPI ranks, with bit-identical results on any "
+                    "number of ranks up to --reduce-blocks. Prints one line per epoch (layer, epoch, "
+                    "reconstruction error, seconds) and writes weights.h5, summary.json and tables.md "
+                    "(error per digit, times, PCA-30 baseline) into the run directory.",
+        epilog="Exit codes: 0 done, 2 bad input, 3 diverged, 75 interrupted (checkpoint saved: "
+               "--resume DIR), 124 a rank stalled, 1 internal error. Examples: python -m aepar.greedy "
+               "--dataset mnist5k;  mpirun -np 2 python -m aepar.greedy --layers 784-64-32-8 --epochs 2 "
+               "--finetune-epochs 1 --limit 500")
     add_pretrain_args(parser)
     add_finetune_args(parser)
-    add_common(parser, out_default="runs/greedy")
+    add_common(parser, scheme="greedy")
     default_float32(parser)
     return parser
 
@@ -137,30 +222,45 @@ def _setup(args, comm):
     digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
     n_train, n_in = digits.train_x.shape
     sizes = parse_layers(args.layers, n_in)
-    check_ranks(comm, n_train, args.batch)
-    if args.finetune_epochs:
-        check_ranks(comm, n_train, args.finetune_batch)
+    check_blocks(comm.size, args.reduce_blocks, n_train)
     return be, digits, sizes
 
 
-def run_greedy(be, comm, args, digits, run=None, trace=None) -> dict:
-    """Pre-train, fine-tune, evaluate; returns the summary (and writes the run files on rank 0)."""
+def run_greedy(be, comm, args, digits, run, guard) -> dict:
+    """Pre-train, fine-tune, evaluate; returns the summary and writes the run files on rank 0."""
     from aepar import checkpoint
-    from aepar.report.stacked import write_tables
+    from aepar.report.stacked import TABLES_FILE, tables
+    from aepar.resume import Checkpointer
+    from aepar.rundir import fingerprint
 
+    ckpt = Checkpointer(run, comm, guard, "greedy",
+                        fingerprint(digits.train_x, digits.test_x) if comm.is_root else None,
+                        progress=lambda m: progress(comm, args.quiet, m))
+    loaded = ckpt.load()
     layers = layers_from_args(be, args, digits.train_x.shape[1])
-    train = shard_rows(be, digits.train_x, comm)
-    test = shard_rows(be, digits.test_x, comm)
+    count = args.reduce_blocks
+    train = Shard.of(be, digits.train_x, count, comm.rank, comm.size)
+    test = Shard.of(be, digits.test_x, min(count, digits.test_x.shape[0]), comm.rank, comm.size)
+    position = {}
+    if loaded is not None:
+        params, opt_state, position = loaded
+        current = int(position["layer"]) if position["phase"] == "pretrain" else None
+        restore_layers(be, layers, params, opt_state, current)
+        progress(comm, args.quiet, f"{PROG}: resuming from {run.checkpoint_path} ({run.checkpoint_progress})")
     progress(comm, args.quiet, f"{PROG}: {'-'.join(str(l.n_in) for l in layers)}-{layers[-1].n_out}, "
                                f"{args.pretrainer}, {args.epochs} epochs/layer, batch {args.batch}, "
-                               f"{comm.size} rank(s), {be.device}/{be.kernel_set}/{be.dtype}")
+                               f"{comm.size} rank(s), {count} blocks, {be.device}/{be.kernel_set}/{be.dtype}")
     warm_up(be, args.pretrainer)
-    pre = pretrain_greedy(be, comm, layers, train, test, quiet=args.quiet, trace=trace)
+    if position.get("phase", "pretrain") == "pretrain":
+        pre = pretrain_greedy(be, comm, layers, train, test, quiet=args.quiet, ckpt=ckpt, guard=guard,
+                              position=position)
+    else:
+        pre = position["pretrain"]
     progress(comm, args.quiet, f"pre-training: {pre['time_s']:.1f}s")
     del train, test
     summary = {"scheme": "greedy", "source": digits.source, "n_train": int(digits.train_x.shape[0]),
                "n_test": int(digits.test_x.shape[0]), "ranks": comm.size, "device": be.device,
-               "kernels": be.kernel_set, "dtype": str(be.dtype),
+               "kernels": be.kernel_set, "dtype": str(be.dtype), "blocks": count,
                "layers": [layers[0].n_in] + [l.n_out for l in layers], "pretrainer": args.pretrainer,
                "epochs_per_layer": args.epochs, "batch": args.batch, "seed": args.seed,
                "pretrain": pre, "pretrain_time_s": pre["time_s"]}
@@ -168,33 +268,48 @@ def run_greedy(be, comm, args, digits, run=None, trace=None) -> dict:
     summary["pca"] = pca
     progress(comm, args.quiet, f"PCA-{pca['k']} baseline: train error/digit {pca['train']:.3f}  "
                                f"test {pca['test']:.3f}")
-    ft = finetune_and_evaluate(be, comm, layers, digits, args, trace=trace)
+    layer_params = layers_to_params(be, layers)
+    ft = finetune_and_evaluate(be, comm, layers, digits, args, ckpt=ckpt, guard=guard,
+                               resume=loaded if position.get("phase") == "finetune" else None,
+                               outer=lambda: (layer_params, {}, {"pretrain": pre}))
     model = ft.pop("model")
     summary["finetune"] = ft
     summary["finetune_time_s"] = ft["time_s"]
     summary["error"] = {"pretrained": ft["before"], "finetuned": ft["after"] if args.finetune_epochs else None}
-    if run is not None and comm.is_root:
-        params = layers_to_params(be, layers)
+    if comm.is_root:
+        params = dict(layer_params)
         if args.finetune_epochs:
             params.update({f"finetuned/{k}": be.to_host(v) for k, v in model.params.items()})
-        checkpoint.save(run.file("weights.h5"), scheme="greedy", params=params, epoch=args.epochs,
-                        config={"sizes": summary["layers"], "pretrainer": args.pretrainer,
-                                "epochs": args.epochs, "finetune_epochs": args.finetune_epochs,
-                                "loss": args.loss, "optimizer": args.optimizer, "seed": args.seed})
+        with run.output("weights.h5") as path:
+            checkpoint.save(path, scheme="greedy", params=params, epoch=args.epochs,
+                            config={"sizes": summary["layers"], "pretrainer": args.pretrainer,
+                                    "epochs": args.epochs, "finetune_epochs": args.finetune_epochs,
+                                    "loss": args.loss, "optimizer": args.optimizer, "seed": args.seed})
         run.write_json("summary.json", summary)
-        text = write_tables(run.path, {"greedy": summary})
+        text = tables({"greedy": summary})
+        run.write_text(TABLES_FILE, text)
         if not args.quiet:
             print(text, flush=True)
     return summary
 
 
 def main(argv, comm):
-    args = build_parser().parse_args(argv)
-    be, digits, _ = comm.agree(_setup, args, comm)
-    progress(comm, args.quiet, f"{PROG}: {digits.source}")
-    with RunDir(args.out, comm) as run:
-        run_greedy(be, comm, args, digits, run)
-    progress(comm, args.quiet, f"{PROG}: wrote {args.out}")
+    from aepar.guard import Guard
+    from aepar.rundir import RunDir, resumed_args
+
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run = RunDir.open(comm, "greedy", out=args.out, resume=args.resume, overwrite=args.overwrite,
+                      argv=argv, prog=PROG)
+    if run.resumed:
+        args = comm.agree(resumed_args, parser.parse_args, argv, run.previous)
+    with run, Guard.from_args(comm, PROG, args) as guard:
+        be, digits, _ = comm.agree(_setup, args, comm)
+        progress(comm, args.quiet, f"{PROG}: {digits.source}")
+        run_greedy(be, comm, args, digits, run, guard)
+        run.complete()
+    progress(comm, args.quiet, f"{PROG}: wrote {run.path}")
 
 
 if __name__ == "__main__":

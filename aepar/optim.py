@@ -2,6 +2,8 @@
 driver (scipy) for full-batch objectives."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 
@@ -56,12 +58,160 @@ class Adam:
         self.t = int(state["t"])
 
 
-def lbfgs(fun, theta0: np.ndarray, maxiter: int, callback=None):
-    """Minimise ``fun(theta) -> (cost, grad)`` with scipy's L-BFGS-B (float64 on the host).
+class LBFGSB:
+    """L-BFGS-B (scipy's implementation, float64 on the host) whose whole state can be saved.
 
-    Returns scipy's OptimizeResult. ``callback(theta)`` runs after each iteration.
+    The loop of ``scipy.optimize.minimize(method="L-BFGS-B")`` with its defaults (10
+    corrections, ftol 2.2e-9, gtol 1e-5, 20 line-search steps), run over scipy's
+    ``setulb`` directly so that between iterations the optimiser's memory (its work
+    arrays) can go into a checkpoint and come back: a resumed run then takes exactly the
+    steps of an uninterrupted one. Where this scipy's ``setulb`` cannot be driven (a
+    private interface), :attr:`exact_resume` is False and a resumed run restarts the
+    optimiser's memory from the checkpointed θ (README, "Reliability").
+
+    Parameters
+    ----------
+    fun : callable(theta) -> (cost, grad)
+    theta0 : array
+    maxiter : int
+        Iterations; the evaluations are limited to 2 maxiter + 20, as before.
     """
-    from scipy.optimize import minimize
 
-    return minimize(fun, np.asarray(theta0, dtype=np.float64), jac=True, method="L-BFGS-B",
-                    callback=callback, options={"maxiter": maxiter, "maxfun": 2 * maxiter + 20})
+    MAXCOR, FTOL, GTOL, MAXLS = 10, 2.2204460492503131e-09, 1e-5, 20
+
+    def __init__(self, fun, theta0, maxiter: int):
+        self.fun = fun
+        self.maxiter, self.maxfun = int(maxiter), 2 * int(maxiter) + 20
+        n, m = np.size(theta0), self.MAXCOR
+        self.x = np.array(theta0, dtype=np.float64).reshape(-1)
+        self.f = np.array(0.0)
+        self.g = np.zeros(n)
+        self.wa = np.zeros(2 * m * n + 5 * n + 11 * m * m + 8 * m)
+        self.iwa = np.zeros(3 * n, dtype=np.int32)
+        self.task = np.zeros(2, dtype=np.int32)
+        self.ln_task = np.zeros(2, dtype=np.int32)
+        self.lsave = np.zeros(4, dtype=np.int32)
+        self.isave = np.zeros(44, dtype=np.int32)
+        self.dsave = np.zeros(29)
+        self.iterations = 0
+        self.evaluations = 0
+        self.exact_resume = _setulb() is not None
+
+    _STATE = ("x", "f", "g", "wa", "iwa", "task", "ln_task", "lsave", "isave", "dsave")
+
+    def state(self) -> dict:
+        """Everything needed to continue (between iterations), as arrays."""
+        out = {k: np.array(getattr(self, k)) for k in self._STATE}
+        out["counts"] = np.array([self.iterations, self.evaluations], dtype=np.int64)
+        out["exact"] = np.array(int(self.exact_resume))
+        return out
+
+    def load_state(self, state: dict):
+        """Continue from :meth:`state`; with an inexact driver, from its θ only."""
+        counts = np.asarray(state["counts"])
+        self.iterations, self.evaluations = int(counts[0]), int(counts[1])
+        if self.exact_resume and int(state.get("exact", 0)):
+            for k in self._STATE:
+                current = getattr(self, k)
+                value = np.asarray(state[k], dtype=current.dtype)
+                if value.shape != current.shape:
+                    raise ValueError(f"L-BFGS state {k} has shape {value.shape}, not {current.shape}")
+                setattr(self, k, value.copy())
+        else:
+            self.x = np.array(state["x"], dtype=np.float64).reshape(-1)
+            self.exact_resume = False
+            self._restarted = True
+
+    def run(self, callback=None):
+        """Iterate until done or until ``callback(iteration, cost, theta)`` returns True
+        (then :meth:`state` is the point to continue from; the callback also sees the last
+        iteration, where it cannot pause). Returns a scipy-like result with ``paused`` set
+        when the callback stopped it."""
+        setulb = _setulb()
+        if setulb is None or getattr(self, "_restarted", False):
+            return self._run_minimize(callback)
+        factr, pgtol = self.FTOL / np.finfo(float).eps, self.GTOL
+        n = self.x.size
+        nbd, bound = np.zeros(n, np.int32), np.zeros(n)
+        paused = False
+        while True:
+            self.g = self.g.astype(np.float64)
+            setulb(self.MAXCOR, self.x, bound, bound, nbd, self.f, self.g, factr, pgtol, self.wa, self.iwa,
+                   self.task, self.lsave, self.isave, self.dsave, self.MAXLS, self.ln_task)
+            if self.task[0] == 3:  # FG: evaluate at x
+                f, g = self.fun(self.x)
+                self.f, self.g = np.array(f, dtype=np.float64), np.asarray(g, dtype=np.float64)
+                self.evaluations += 1
+            elif self.task[0] == 1:  # NEW_X: an iteration ended
+                self.iterations += 1
+                done = self.iterations >= self.maxiter or self.evaluations > self.maxfun
+                if self.iterations >= self.maxiter:
+                    self.task[:] = (5, 504)
+                elif self.evaluations > self.maxfun:
+                    self.task[:] = (5, 502)
+                if callback is not None and callback(self.iterations, float(self.f), self.x) and not done:
+                    paused = True
+                    break
+            else:
+                break
+        return self._result(paused)
+
+    def _result(self, paused):
+        from scipy.optimize import OptimizeResult
+
+        status = {4: "CONVERGENCE", 5: "STOP", 6: "WARNING", 7: "ERROR", 8: "ABNORMAL"}.get(int(self.task[0]), "")
+        return OptimizeResult(x=self.x.copy(), fun=float(self.f), nit=self.iterations, nfev=self.evaluations,
+                              message=f"{status} ({int(self.task[1])})" if not paused else "paused",
+                              success=int(self.task[0]) == 4 or (int(self.task[0]) == 5 and
+                                                                  int(self.task[1]) in (502, 504)),
+                              paused=paused)
+
+    def _run_minimize(self, callback):
+        """The public scipy interface: no access to the memory, so it starts afresh from x."""
+        from scipy.optimize import minimize
+
+        done = self.iterations
+        paused = []
+
+        class Pause(Exception):
+            pass
+
+        def on_iteration(intermediate):
+            self.iterations += 1
+            self.x, self.f = np.array(intermediate.x), np.array(float(intermediate.fun))
+            if callback is not None and callback(self.iterations, float(intermediate.fun), intermediate.x) \
+                    and self.iterations < self.maxiter:
+                paused.append(True)
+                raise Pause
+
+        def fun(x):
+            self.evaluations += 1
+            return self.fun(x)
+        try:
+            res = minimize(fun, self.x, jac=True, method="L-BFGS-B", callback=on_iteration,
+                           options={"maxiter": self.maxiter - done, "maxfun": self.maxfun - self.evaluations,
+                                    "maxcor": self.MAXCOR, "ftol": self.FTOL, "gtol": self.GTOL,
+                                    "maxls": self.MAXLS})
+            self.x, self.f = np.array(res.x), np.array(float(res.fun))
+            self.task[:] = (4 if res.success else 5, 0)
+        except Pause:
+            pass
+        from scipy.optimize import OptimizeResult
+
+        return OptimizeResult(x=self.x.copy(), fun=float(self.f), nit=self.iterations, nfev=self.evaluations,
+                              message="paused" if paused else "restarted-memory driver",
+                              success=not paused, paused=bool(paused))
+
+
+def _setulb():
+    """scipy's ``setulb`` if it has the interface this driver knows (scipy >= 1.15), else None."""
+    if os.environ.get("AEPAR_LBFGS_PUBLIC"):  # the tests' way to exercise the fallback
+        return None
+    try:
+        from scipy.optimize import _lbfgsb
+        import scipy
+
+        major, minor = (int(p) for p in scipy.__version__.split(".")[:2])
+    except (ImportError, ValueError):
+        return None
+    return getattr(_lbfgsb, "setulb", None) if (major, minor) >= (1, 15) else None

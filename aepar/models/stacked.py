@@ -9,16 +9,15 @@ cross-entropy from the output logits (``loss="xent"``, Hinton's fine-tuning obje
 The reported figure is :meth:`StackedAutoencoder.error_per_digit`: Σ over the pixels of
 (x − x̂)², averaged over images, for either loss.
 
-Data parallelism: the global minibatch is split over the ranks as in
-:class:`aepar.models.rbm.GlobalBatches` (the same batches as one process), the gradients
-are scaled by 1/global batch and summed in one packed Allreduce per step.
+Data parallelism: :func:`aepar.parallel.data_parallel.train_epoch` - fixed blocks of
+rows, each block's gradient (scaled by 1/global batch) computed alone, the blocks added in
+one fixed tree: the same steps on 1 process or any number of ranks and threads.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from aepar.models.rbm import GlobalBatches, _group, chunked
-from aepar.parallel.data_parallel import GradientPacker
+from aepar.parallel.data_parallel import Shard, blockwise_sums, train_epoch
 
 __all__ = ["StackedAutoencoder", "LOSSES", "FINETUNE_STREAM"]
 
@@ -47,6 +46,8 @@ class StackedAutoencoder:
         Activation of each dense layer ("identity" for the code and, with xent, the logits).
     """
 
+    n_extra = 2  # a step reports Σ loss and Σ‖x̂ − x‖² over its rows
+
     def __init__(self, be, sizes, *, loss="mse", seed=0):
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, not {loss!r}")
@@ -65,8 +66,8 @@ class StackedAutoencoder:
         for i in range(self.n_layers):
             self.params[f"W{i + 1}"] = be.asarray(0.1 * rng.standard_normal((self.dims[i], self.dims[i + 1])))
             self.params[f"b{i + 1}"] = be.zeros(self.dims[i + 1])
-        self.grads = {k: be.xp.zeros_like(p) for k, p in self.params.items()}
-        self._packer = None
+        self.seed = int(seed)
+        self.optimizer = None  # set by the trainer: aepar.optim.SGD or Adam over self.params
 
     @classmethod
     def from_layers(cls, be, layers, *, loss="mse"):
@@ -97,36 +98,35 @@ class StackedAutoencoder:
             acts.append(K.dense_forward(acts[-1], p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i]))
         return acts
 
-    def reconstruct(self, x):
-        """x̂ in [0, 1] for the rows of ``x`` (chunked)."""
-        be = self.be
-        x = be.asarray(x)
-        out = be.xp.empty_like(x)
-        for s in chunked(x.shape[0]):
-            y = self.forward(x[s])[-1]
-            out[s] = y if self.loss == "mse" else be.K.sigmoid_forward(y)
-        return out
+    def _reconstruct(self, x):
+        """x̂ in [0, 1] for one chunk of rows."""
+        y = self.forward(x)[-1]
+        return y if self.loss == "mse" else self.be.K.sigmoid_forward(y)
 
-    def encode(self, x):
-        """The codes (linear units of the middle layer) of the rows of ``x``."""
-        be, K, p = self.be, self.be.K, self.params
-        x = be.asarray(x)
-        n = self.n_layers // 2
-        out = be.xp.empty((x.shape[0], self.sizes[-1]), dtype=be.dtype)
-        for s in chunked(x.shape[0]):
-            a = x[s]
-            for i in range(n):
-                a = K.dense_forward(a, p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i])
-            out[s] = a
-        return out
+    def _encode(self, x):
+        K, p = self.be.K, self.params
+        a = x
+        for i in range(self.n_layers // 2):
+            a = K.dense_forward(a, p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i])
+        return a
 
-    def loss_and_grad(self, x, scale=None):
-        """Loss of a batch and its gradients, *added* into ``self.grads`` (zero them first).
+    def reconstruct(self, shard: Shard) -> Shard:
+        """x̂ in [0, 1] for every row of ``shard``, block by block."""
+        return shard.map_rows(self._reconstruct, self.sizes[0], self.be.xp, self.be.dtype)
+
+    def encode(self, shard: Shard) -> Shard:
+        """The codes (linear units of the middle layer) of every row of ``shard``."""
+        return shard.map_rows(self._encode, self.sizes[-1], self.be.xp, self.be.dtype)
+
+    def loss_and_grad(self, x, grads, scale=None):
+        """Loss of a batch and its gradients, *added* into ``grads`` (zero them first).
 
         Parameters
         ----------
         x : array (batch, n_in)
             Inputs, also the targets.
+        grads : dict
+            Arrays of the parameters' shapes to add into.
         scale : float or None
             Multiplies the summed loss and the gradients (default 1/batch; data-parallel
             callers pass 1/global batch).
@@ -136,7 +136,7 @@ class StackedAutoencoder:
         (loss, sq_err) : floats
             The scaled loss and Σ (x − x̂)² over the batch.
         """
-        K, p, g = self.be.K, self.params, self.grads
+        K, p, g = self.be.K, self.params, grads
         scale = 1.0 / x.shape[0] if scale is None else float(scale)
         acts = self.forward(x)
         out = acts[-1]
@@ -153,58 +153,43 @@ class StackedAutoencoder:
                                   g[f"W{i + 1}"], g[f"b{i + 1}"], need_dx=i > 0)
         return loss, sq_err
 
-    def zero_grads(self):
-        for a in self.grads.values():
-            a.fill(0)
-
     # ---- training and evaluation ---------------------------------------------------------
-    def train_epoch(self, data, epoch, optimizer, comm=None, batch=100, seed=0):
-        """One epoch of minibatch backprop over ``data`` (this rank's rows).
+    def grad_shapes(self) -> dict:
+        return {k: tuple(p.shape) for k, p in self.params.items()}
 
-        The shuffle comes from ``default_rng((seed, FINETUNE_STREAM, epoch))`` over global
-        row numbers, so 1 or many ranks see the same batches; each step's gradients (scaled
-        by 1/global batch) are summed over ``comm`` in one packed Allreduce, then
-        ``optimizer.step(grads)`` runs identically on every rank.
+    def leaf_gradient(self, x, rng, scale, grads):
+        """One block's gradients (scaled by 1/global batch) into ``grads``; returns
+        (Σ loss, Σ‖x̂ − x‖²) over its rows."""
+        loss, sq_err = self.loss_and_grad(x, grads, scale=scale)
+        return loss / scale, sq_err
+
+    def apply(self, grads, epoch):
+        self.optimizer.step(grads)
+
+    @property
+    def key(self) -> tuple:
+        return (self.seed, FINETUNE_STREAM)
+
+    def train_epoch(self, shard: Shard, epoch, optimizer, comm=None, batch=100, *, guard=None, resume=None):
+        """One epoch of minibatch backprop over ``shard`` (this rank's blocks), stepping
+        ``optimizer``; see :func:`aepar.parallel.data_parallel.train_epoch` (shuffles from
+        ``default_rng((seed, FINETUNE_STREAM, epoch, block))``).
 
         Returns
         -------
-        (mean loss per sample, mean squared error per digit), both over the epoch's batches
-        as they were seen (before each step's update).
+        EpochResult
+            ``means``: (loss per sample, squared error per digit) over the epoch's batches
+            as they were seen (before each step's update).
         """
-        be, xp = self.be, self.be.xp
-        data = be.asarray(data)
-        if data.ndim != 2 or data.shape[1] != self.sizes[0]:
-            raise ValueError(f"data of shape {data.shape}, expected (rows, {self.sizes[0]})")
-        comm = _group(comm)
-        batches = GlobalBatches(data.shape[0], batch, np.random.default_rng((int(seed), FINETUNE_STREAM, int(epoch))),
-                                comm)
-        total = np.zeros(2)
-        for nb, _, idx in batches:
-            self.zero_grads()
-            sums = np.zeros(2)
-            if idx.size:
-                loss, sq_err = self.loss_and_grad(data[xp.asarray(idx)], scale=1.0 / nb)
-                sums[:] = (loss * nb, sq_err)
-            if comm is not None:
-                if self._packer is None:
-                    self._packer = GradientPacker(be, list(self.grads.values()))
-                sums = self._packer.allreduce(comm, list(self.grads.values()), extra=sums)
-            optimizer.step(self.grads)
-            total += sums
-        return float(total[0] / batches.n_total), float(total[1] / batches.n_total)
+        self.optimizer = optimizer
+        return train_epoch(self, shard, epoch, batch=batch, key=self.key, comm=comm, be=self.be,
+                           guard=guard, resume=resume)
 
-    def error_per_digit(self, x, comm=None) -> float:
+    def error_per_digit(self, shard: Shard, comm=None) -> float:
         """Mean over the images of all ranks of Σ_pixels (x − x̂)², pixels in [0, 1]."""
-        be = self.be
-        x = be.asarray(x)
-        sums = np.zeros(2)
-        for s in chunked(x.shape[0]):
-            sums[0] += be.K.mse_forward(self.reconstruct(x[s]), x[s], scale=2.0)
-        sums[1] = x.shape[0]
-        comm = _group(comm)
-        if comm is not None:
-            comm.allreduce(sums)
-        return float(sums[0] / max(sums[1], 1.0))
+        K = self.be.K
+        total = blockwise_sums(shard, lambda x: [K.mse_forward(self._reconstruct(x), x, scale=2.0)], comm)
+        return float(total[0] / max(shard.n, 1))
 
     def flops_per_sample(self) -> float:
         """One forward and backward pass: three products per weight matrix."""

@@ -1,46 +1,292 @@
-"""Data parallelism: shards of the samples per rank, gradients summed in one packed
-collective per step."""
+"""Data parallelism whose results do not depend on the number of ranks or threads.
+
+The rows of a data set are cut into ``count`` fixed blocks (aepar.parallel.blocks); a
+rank holds a contiguous run of whole blocks (a :class:`Shard`). One epoch of minibatch
+training (:func:`train_epoch`):
+
+- every block draws its own permutation from ``default_rng(key + (epoch, block))`` and
+  deals its rows out over the epoch's ceil(n / batch) batches (the block sizes and so the
+  batch sizes follow from n alone);
+- a step: each block's rows of the batch give that block's gradient, scaled by 1/(global
+  batch size), computed by whichever thread of whichever rank holds the block; the
+  blocks' gradients are added in the fixed tree and applied on every rank alike.
+
+So one process and any number of ranks up to ``count`` take bit-identical steps, and an
+epoch can stop after any step (a safe point: aepar.guard) and go on later - on another
+number of ranks - from its :class:`EpochState` as if it had not stopped.
+
+A model trained this way provides ``grad_shapes()`` (name -> shape of each gradient),
+``n_extra`` (sums a step reports, e.g. its loss), ``leaf_gradient(x, rng, scale, grads)``
+(adds one block's scaled gradient into ``grads``, returns its ``n_extra`` sums; ``rng``
+is the block's own stream for any noise) and ``apply(grads, epoch)`` (the optimiser's
+step).
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aepar.parallel.blocks import Blocks, TreeSum, block_bounds, parallel_map
+
+__all__ = ["Shard", "Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums", "shard",
+           "CHUNK", "DEFAULT_BLOCKS"]
+
+# Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
+DEFAULT_BLOCKS = 8
+# rows per call when a whole block is transformed or evaluated: bounds temporaries
+CHUNK = 4096
 
 
 def shard(n: int, rank: int, size: int) -> slice:
-    """Rank ``rank``'s contiguous share of ``n`` samples; sizes differ by at most one."""
-    base, extra = divmod(n, size)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (rank < extra))
+    """Rank ``rank``'s contiguous share of ``n`` items; sizes differ by at most one."""
+    b = block_bounds(n, size)
+    return slice(int(b[rank]), int(b[rank + 1]))
 
 
-class GradientPacker:
-    """One flat buffer for a list of gradient arrays, so a step costs one Allreduce.
+@dataclass
+class Shard:
+    """This rank's rows of a data set: whole blocks of the fixed decomposition.
 
-    ``pack`` copies the gradients into the buffer, ``allreduce`` sums it over ranks,
-    ``unpack`` copies the sums back. The buffer is allocated once.
+    Attributes
+    ----------
+    x : backend array (rows, features)
+        The rows of ``blocks.first`` .. ``blocks.stop``.
+    blocks : Blocks
     """
 
-    def __init__(self, be, arrays: list):
-        self.be = be
-        self.shapes = [a.shape for a in arrays]
-        self.sizes = [a.size for a in arrays]
-        self.buffer = be.xp.empty(sum(self.sizes), dtype=arrays[0].dtype)
+    x: object
+    blocks: Blocks
 
-    def allreduce(self, comm, arrays: list, extra=None):
-        """Sum ``arrays`` (and optional flat ``extra`` scalars) over ``comm`` in place.
+    @classmethod
+    def of(cls, be, x_all, count: int, rank: int = 0, size: int = 1) -> "Shard":
+        """Rank ``rank`` of ``size``'s blocks of the host array ``x_all`` (``count`` blocks)."""
+        blocks = Blocks.of(np.shape(x_all)[0], count, rank, size)
+        return cls(be.asarray(x_all[blocks.rows]), blocks)
 
-        Returns the summed ``extra`` values (a host NumPy array) or None.
-        """
-        if comm.size == 1:
-            return None if extra is None else self.be.to_host(self.be.xp.asarray(extra))
-        xp = self.be.xp
-        buf = self.buffer if extra is None else xp.empty(self.buffer.size + len(extra), self.buffer.dtype)
-        offset = 0
-        for a, n in zip(arrays, self.sizes):
-            buf[offset:offset + n] = a.reshape(-1)
-            offset += n
-        if extra is not None:
-            buf[offset:] = xp.asarray(extra, dtype=buf.dtype)
-        comm.allreduce(buf)
-        offset = 0
-        for a, n in zip(arrays, self.sizes):
-            a.reshape(-1)[...] = buf[offset:offset + n]
-            offset += n
-        return None if extra is None else self.be.to_host(buf[offset:])
+    @property
+    def n(self) -> int:
+        """Rows in all blocks of the data set (all ranks)."""
+        return self.blocks.n
+
+    def block(self, b: int):
+        """The rows of block ``b`` (one of this rank's)."""
+        return self.x[self.blocks.local(b)]
+
+    def map_rows(self, fn, width: int, xp, dtype) -> "Shard":
+        """``fn`` applied to every block in chunks of :data:`CHUNK` rows (so each row's result
+        is the same whoever computes it), as a Shard with the same blocks."""
+        out = xp.empty((self.x.shape[0], width), dtype=dtype)
+
+        def run(b):
+            rows = self.blocks.local(b)
+            for lo in range(rows.start, rows.stop, CHUNK):
+                hi = min(lo + CHUNK, rows.stop)
+                out[lo:hi] = fn(self.x[lo:hi])
+        parallel_map(run, self.blocks.mine)
+        return Shard(out, self.blocks)
+
+
+def blockwise_sums(shard: Shard, fn, comm) -> np.ndarray:
+    """Σ over all rows of all ranks of ``fn(rows) -> float64 vector``, taken per block in
+    chunks and added in the fixed tree: the same on any number of ranks."""
+    def run(b):
+        rows = shard.blocks.local(b)
+        total = None
+        for lo in range(rows.start, rows.stop, CHUNK):
+            part = np.asarray(fn(shard.x[lo:min(lo + CHUNK, rows.stop)]), dtype=np.float64)
+            total = part if total is None else total + part
+        return total
+    parts = parallel_map(run, shard.blocks.mine)
+    width = next((p.size for p in parts if p is not None), 0)
+    width = comm.max(width) if comm is not None and comm.size > 1 else width
+    parts = [np.zeros(width) if p is None else p for p in parts]
+    out = np.zeros(width)
+    return TreeSum(comm, shard.blocks.count).allreduce(parts, out) if comm is not None else _local_sum(parts)
+
+
+def _local_sum(parts):
+    from aepar.parallel.blocks import tree_sum
+
+    return tree_sum([p.copy() for p in parts])
+
+
+class Minibatches:
+    """The batches of one epoch over a shard's blocks (see the module docstring).
+
+    Parameters
+    ----------
+    blocks : Blocks
+    batch : int
+        Nominal global batch size; an epoch has ceil(n / batch) batches.
+    key : tuple of int
+        Random-stream key (e.g. (seed, layer)); block b of epoch e uses key + (e, b).
+    epoch : int
+    """
+
+    def __init__(self, blocks: Blocks, batch: int, key: tuple, epoch: int):
+        self.blocks = blocks
+        self.n_batches = max(1, -(-blocks.n // int(batch)))
+        bounds = blocks.bounds
+        sizes = np.diff(bounds)
+        # rows of every block (all ranks') in every batch: the batch sizes
+        self._cuts = {b: block_bounds(int(sizes[b]), self.n_batches) for b in range(blocks.count)}
+        self.sizes = np.sum([np.diff(c) for c in self._cuts.values()], axis=0)
+        self.rngs = {b: np.random.default_rng(tuple(int(k) for k in key) + (int(epoch), b)) for b in blocks.mine}
+        self.perms = {b: self.rngs[b].permutation(int(sizes[b])) for b in blocks.mine}
+
+    def rows(self, b: int, k: int) -> np.ndarray:
+        """Local row indices (within the shard) of block ``b``'s part of batch ``k``."""
+        c = self._cuts[b]
+        return self.blocks.local(b).start + self.perms[b][c[k]:c[k + 1]]
+
+    def states(self) -> dict:
+        """The blocks' random streams now (JSON-able), keyed by block."""
+        return {str(b): r.bit_generator.state for b, r in self.rngs.items()}
+
+    def restore(self, states: dict):
+        for b, r in self.rngs.items():
+            r.bit_generator.state = states[str(b)]
+
+
+@dataclass
+class EpochState:
+    """Where an epoch stopped: the next batch, the sums so far, every block's random stream
+    (gathered from all ranks by the caller before it is saved)."""
+
+    epoch: int
+    batch: int
+    sums: list
+    rng: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.batch, "sums": list(map(float, self.sums)), "rng": self.rng}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EpochState":
+        return cls(int(d["epoch"]), int(d["batch"]), [float(v) for v in d["sums"]], dict(d.get("rng", {})))
+
+
+@dataclass
+class EpochResult:
+    """The epoch's sums (per row: divide by ``n``) and, if it paused at a safe point, where."""
+
+    sums: np.ndarray
+    n: int
+    state: EpochState | None = None
+    checkpoint: bool = False
+    stop: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return self.state is None
+
+    @property
+    def means(self) -> list:
+        return [float(s) / self.n for s in self.sums]
+
+
+class _Buffers:
+    """One flat gradient vector per own block (+ the step's sums and the guard's flag), and
+    the fixed tree that adds them; made once per model and layout."""
+
+    def __init__(self, model, shard: Shard, comm, be):
+        shapes = model.grad_shapes()
+        self.names = list(shapes)
+        self.sizes = [int(np.prod(shapes[k])) for k in self.names]
+        self.shapes = [tuple(shapes[k]) for k in self.names]
+        self.n_grad = sum(self.sizes)
+        self.n_extra = int(model.n_extra)
+        width = self.n_grad + self.n_extra + 1
+        n_mine = shard.blocks.stop - shard.blocks.first
+        self.leaves = be.zeros((max(n_mine, 1), width))
+        self.total = be.zeros(width)
+        self.tree = TreeSum(_serial_if_none(comm), shard.blocks.count)
+        self.key = (shard.blocks, None if comm is None else (comm.rank, comm.size))
+
+    def views(self, flat) -> dict:
+        out, o = {}, 0
+        for name, size, shape in zip(self.names, self.sizes, self.shapes):
+            out[name] = flat[o:o + size].reshape(shape)
+            o += size
+        return out
+
+
+def _serial_if_none(comm):
+    if comm is not None:
+        return comm
+    from aepar.comm import Comm
+
+    return Comm.serial()
+
+
+def train_epoch(model, shard: Shard, epoch: int, *, batch: int, key: tuple, comm=None, be=None,
+                guard=None, resume: EpochState | None = None) -> EpochResult:
+    """One epoch of data-parallel minibatch training of ``model`` on ``shard`` (every rank of
+    ``comm`` calls it with its own shard of the same blocks).
+
+    Parameters
+    ----------
+    model : see the module docstring
+    shard : Shard
+    epoch : int
+        0-based; picks the random streams (and the model's schedule, in ``apply``).
+    batch : int
+    key : tuple of int
+        The model's random-stream key.
+    comm : aepar.comm.Comm or None
+        The ranks sharing the blocks (None: one process).
+    be : aepar.backend.Backend
+        Default ``model.be``.
+    guard : aepar.guard.Guard, optional
+        Per step: heartbeat, faults, and every rank's flags summed with the gradients; a
+        checkpoint or stop request pauses the epoch after that step.
+    resume : EpochState, optional
+        Continue an epoch that paused (this rank's blocks' streams must be in it).
+
+    Returns
+    -------
+    EpochResult
+        Paused (``state`` set) after a step whose flags asked for a checkpoint or a stop;
+        complete otherwise, with the flags of its last step in ``checkpoint``/``stop``.
+    """
+    be = be or model.be
+    buf = getattr(model, "_dp_buffers", None)
+    if buf is None or buf.key != (shard.blocks, None if comm is None else (comm.rank, comm.size)):
+        buf = model._dp_buffers = _Buffers(model, shard, comm, be)
+    mb = Minibatches(shard.blocks, batch, key, epoch)
+    start, sums = 0, np.zeros(buf.n_extra)
+    if resume is not None:
+        if resume.epoch != epoch:
+            raise ValueError(f"resuming epoch {resume.epoch} as epoch {epoch}")
+        mb.restore(resume.rng)
+        start, sums = resume.batch, np.array(resume.sums, dtype=np.float64)
+    mine = list(shard.blocks.mine)
+    leaves = buf.leaves
+    flag = buf.n_grad + buf.n_extra
+    checkpoint = stop = False
+    for k in range(start, mb.n_batches):
+        scale = 1.0 / float(mb.sizes[k])
+
+        def leaf(i, k=k, scale=scale):
+            b = mine[i]
+            row = leaves[i]
+            row.fill(0)
+            idx = mb.rows(b, k)
+            if idx.size:
+                x = shard.x[be.xp.asarray(idx)]
+                extra = model.leaf_gradient(x, mb.rngs[b], scale, buf.views(row))
+                row[buf.n_grad:flag] = be.xp.asarray(np.asarray(extra, dtype=np.float64), dtype=row.dtype)
+        parallel_map(leaf, range(len(mine)))
+        if guard is not None:
+            leaves[0, flag] = guard.flags()
+            guard.step(poison=leaves[0, :buf.n_grad])
+        total = buf.tree.allreduce(list(leaves[:len(mine)]), buf.total)
+        model.apply(buf.views(total), epoch)
+        sums += be.to_host(total[buf.n_grad:flag]).astype(np.float64)
+        if guard is not None:
+            checkpoint, stop = guard.decide(float(total[flag]))
+            if (checkpoint or stop) and k + 1 < mb.n_batches:
+                return EpochResult(sums, shard.n, EpochState(epoch, k + 1, list(sums), mb.states()), checkpoint, stop)
+    # a request in the last step is the caller's to serve, at the end of the epoch
+    return EpochResult(sums, shard.n, None, checkpoint, stop)

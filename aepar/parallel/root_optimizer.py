@@ -4,17 +4,19 @@ Lewis & Canann's scheme: every rank holds the parameters and a shard of the samp
 only the root runs the optimiser (L-BFGS-B). Each evaluation of J(θ) is
 
 1. root: ``Bcast`` of one preallocated buffer [control word, θ] (control: evaluate,
-   stop, or "the root failed");
-2. every rank: its shard's packed partial sums (``local_partials_fn``);
-3. ``Reduce`` of the packed buffer to the root;
-4. root: J and ∂J/∂θ from the summed buffer (``assemble_fn``).
+   stop, pause, or "the root failed");
+2. every rank: the packed partial sums of each of its blocks of samples
+   (``model.partials``), plus its safe-point flags (aepar.guard) in one extra column;
+3. the fixed-tree sum of all blocks to the root (:class:`aepar.parallel.blocks.TreeSum`):
+   the same bits on any number of ranks;
+4. root: J and ∂J/∂θ from the summed buffer (``model.assemble``).
 
-That is two collectives per evaluation (the seed issued 2 Bcast + 6 pickled reduces).
 The workers loop on the broadcast until the root says stop. An exception on the root (in
 the optimiser, in the assembly or in its own partials) never leaves the workers waiting:
-the root broadcasts "failed" and the error's one-line description, and the workers raise
-:class:`RootFailure` naming it; if the root fails between the broadcast and the reduce
-it still takes part in that reduce first, so the collectives stay matched.
+the root broadcasts "failed" and the error, and the workers raise the same kind of error
+(a user-facing one - divergence, an interruption - ends every rank with its exit code;
+anything else is :class:`RootFailure`). If the root fails between the broadcast and the
+reduction it still takes part in the reduction first, so the communications stay matched.
 """
 from __future__ import annotations
 
@@ -22,13 +24,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["RootOptimizer", "RootResult", "RootFailure", "EVALUATE", "STOP", "FAILED"]
+from aepar import errors
+from aepar.parallel.blocks import TreeSum
 
-EVALUATE, STOP, FAILED = 1.0, 0.0, -1.0
+__all__ = ["RootOptimizer", "RootResult", "RootFailure", "EVALUATE", "STOP", "PAUSE", "FAILED"]
+
+EVALUATE, STOP, PAUSE, FAILED = 1.0, 0.0, 2.0, -1.0
 
 
 class RootFailure(RuntimeError):
-    """Raised on the workers when the root stopped because of an error."""
+    """Raised on the workers when the root stopped because of an internal error."""
 
 
 @dataclass
@@ -36,21 +41,22 @@ class RootResult:
     """What :meth:`RootOptimizer.run` returns on every rank.
 
     ``theta``, ``cost``, ``iterations``, ``message`` and ``success`` are the optimiser's
-    (root only; None elsewhere). Times are this rank's own: take the max over ranks to
-    report them.
+    (root only; None elsewhere). ``paused``: the run stopped at a safe point on request.
+    Times are this rank's own: take the max over ranks to report them.
     """
 
     theta: np.ndarray | None
     cost: float | None
     iterations: int | None
     evaluations: int
-    collectives: int               # collectives issued during evaluations (this rank)
-    collectives_total: int         # including the final stop broadcast
+    collectives: int               # communications issued during evaluations (this rank)
+    collectives_total: int
     seconds_compute: float         # local partials (+ assembly on the root)
-    seconds_comm: float            # bcast + reduce, waiting included
+    seconds_comm: float            # bcast + tree reduction, waiting included
     seconds_total: float
     message: str = ""
     success: bool | None = None
+    paused: bool = False
 
     @property
     def collectives_per_evaluation(self) -> float:
@@ -58,43 +64,36 @@ class RootResult:
 
 
 class RootOptimizer:
-    """Broadcast θ, reduce packed partials, optimise on the root.
+    """Broadcast θ, sum the blocks' partials in the fixed tree, optimise on the root.
 
     Parameters
     ----------
     comm : aepar.comm.Comm
-    local_partials_fn : callable(theta, out)
-        Fills ``out`` with this rank's partial sums at ``theta`` (a view into the
-        broadcast buffer, in ``dtype`` on the backend).
-    assemble_fn : callable(partials, theta64) -> (cost, grad64)
-        Root only: the objective and its float64 gradient from the summed buffer.
-    n_theta : int
-        Length of θ.
-    partials : array
-        The packed buffer ``local_partials_fn`` fills and the reduction sums (allocated
-        once by the caller, on the backend).
+    model :
+        ``n_theta``, ``n_partials``, ``blocks`` (aepar.parallel.blocks.Blocks: every
+        block's samples, this rank's share), ``partials(theta, leaves)`` filling the
+        first ``n_partials`` columns of one row per own block, and on the root
+        ``assemble(total, theta64) -> (cost, grad64)``.
     xp, dtype :
-        Array module and dtype of the broadcast buffer (the model's).
-    minimize : callable(fun, theta0, maxiter, callback) -> scipy OptimizeResult
-        Default :func:`aepar.optim.lbfgs` (L-BFGS-B, float64 on the host).
+        Array module and dtype of the broadcast and partials buffers (the model's).
     synchronize : callable, optional
-        Waits for queued device work (``Backend.synchronize``) so that GPU compute time is
-        not booked as communication.
+        Waits for queued device work so that GPU compute is not booked as communication.
+    guard : aepar.guard.Guard, optional
+        Steps, flags and divergence checks.
     """
 
-    def __init__(self, comm, local_partials_fn, assemble_fn, n_theta: int, partials, *, xp=np,
-                 dtype=np.float64, minimize=None, synchronize=None):
-        self.comm = comm
-        self.local_partials_fn = local_partials_fn
-        self.assemble_fn = assemble_fn
-        self.n_theta = int(n_theta)
-        self.partials = partials
-        self.xp = xp
+    def __init__(self, comm, model, *, xp=np, dtype=np.float64, synchronize=None, guard=None, run=None):
+        self.comm, self.model, self.xp = comm, model, xp
+        self.n_theta = int(model.n_theta)
+        self.n = int(model.n_partials)
+        blocks = model.blocks
+        self.tree = TreeSum(comm, blocks.count)
+        self.leaves = xp.zeros((blocks.stop - blocks.first, self.n + 1), dtype=dtype)  # + the flags
         self.buffer = xp.zeros(self.n_theta + 1, dtype=dtype)  # [control, θ]
-        if minimize is None:
-            from aepar.optim import lbfgs as minimize
-        self.minimize = minimize
         self.synchronize = synchronize or (lambda: None)
+        self.guard, self.run_dir = guard, run
+        self.flags = 0.0
+        self.optimizer = None
         self._reset()
 
     def _reset(self):
@@ -102,83 +101,98 @@ class RootOptimizer:
         self.collectives = 0
         self.seconds_compute = 0.0
         self.seconds_comm = 0.0
-        self.last_cost = None
 
-    # ---- the root's objective ---------------------------------------------------------
+    # ---- one evaluation, every rank ----------------------------------------------------------
+    def _local(self, theta):
+        """This rank's blocks at θ, its flags in the extra column; returns the sum on the root."""
+        comm, wtime = self.comm, self.comm.wtime
+        t1 = wtime()
+        try:
+            self.model.partials(theta, self.leaves)
+            self.leaves[:, self.n] = 0
+            if self.guard is not None:
+                self.leaves[0, self.n] = self.guard.flags()
+                self.guard.step(poison=self.leaves[:, :self.n])
+            self.synchronize()
+        finally:  # the others are in (or on their way to) the reduction: always join it
+            t2 = wtime()
+            total = self.tree.reduce(list(self.leaves))
+            self.seconds_comm += wtime() - t2
+            self.seconds_compute += t2 - t1
+            self.collectives += 2  # the broadcast of θ and the tree reduction
+        return total
+
     def evaluate(self, theta64):
         """J(θ), ∂J/∂θ over every rank's samples (root only; workers must be serving)."""
-        comm, wtime = self.comm, self.comm.wtime
-        before = comm.collectives
+        wtime = self.comm.wtime
         t0 = wtime()
         self.buffer[0] = EVALUATE
         self.buffer[1:] = self.xp.asarray(theta64, dtype=self.buffer.dtype)
-        comm.bcast(self.buffer)
-        t1 = wtime()
-        try:
-            self.local_partials_fn(self.buffer[1:], self.partials)
-            self.synchronize()
-        finally:  # the workers are in (or on their way to) this reduce: always join it
-            t2 = wtime()
-            comm.reduce(self.partials)
-            t3 = wtime()
-            self.seconds_comm += (t1 - t0) + (t3 - t2)
-            self.seconds_compute += t2 - t1
-            self.collectives += comm.collectives - before
-        cost, grad = self.assemble_fn(self.partials, theta64)
+        self.comm.bcast(self.buffer)
+        self.seconds_comm += wtime() - t0
+        total = self._local(self.buffer[1:])
+        t3 = wtime()
+        total = self.xp.asarray(total)
+        self.flags = float(total[self.n])
+        cost, grad = self.model.assemble(total[:self.n], theta64)
         self.seconds_compute += wtime() - t3
         self.evaluations += 1
-        self.last_cost = cost
+        if self.guard is not None:
+            where = f"sparse autoencoder, iteration {self.optimizer.iterations + 1} (evaluation {self.evaluations})"
+            self.guard.check(cost, "the cost", where, self.run_dir)
+            self.guard.check(grad, "the gradient", where, self.run_dir)
         return cost, grad
 
-    def _send(self, code: float):
-        self.buffer[0] = code
-        self.comm.bcast(self.buffer)
-
-    # ---- the loop -----------------------------------------------------------------
-    def run(self, theta0=None, maxiter: int = 400, callback=None) -> RootResult:
+    # ---- the loop -----------------------------------------------------------------------
+    def run(self, theta0=None, maxiter: int = 400, on_iteration=None, state=None) -> RootResult:
         """Optimise from ``theta0`` (root) for at most ``maxiter`` iterations.
 
-        Every rank calls it; workers ignore ``theta0`` and serve evaluations until the
-        root stops. ``callback(iteration, cost, theta)`` runs on the root after each
-        iteration. Raises on the root whatever the optimisation raised, and
-        :class:`RootFailure` on the workers when that happened.
+        Every rank calls it; workers ignore the arguments and serve evaluations until the
+        root stops. ``on_iteration(optimizer, cost, flags) -> bool`` runs on the root after
+        each iteration (``flags``: every rank's guard flags summed); True pauses the run
+        there (``paused`` in the result, on every rank). ``state``: an
+        :meth:`aepar.optim.LBFGSB.state` to continue from (root).
         """
         self._reset()
         start = self.comm.wtime()
         total_before = self.comm.collectives
-        if self.comm.is_root:
-            res = self._run_root(theta0, maxiter, callback)
-        else:
-            res = self._serve()
+        res = self._run_root(theta0, maxiter, on_iteration, state) if self.comm.is_root else self._serve()
         return RootResult(
-            theta=None if res is None else np.asarray(res.x, dtype=np.float64),
-            cost=None if res is None else float(res.fun),
-            iterations=None if res is None else int(res.nit),
+            theta=None if res is None or res is PAUSE else np.asarray(res.x, dtype=np.float64),
+            cost=None if res is None or res is PAUSE else float(res.fun),
+            iterations=None if res is None or res is PAUSE else int(res.nit),
             evaluations=self.evaluations, collectives=self.collectives,
             collectives_total=self.comm.collectives - total_before,
             seconds_compute=self.seconds_compute, seconds_comm=self.seconds_comm,
             seconds_total=self.comm.wtime() - start,
-            message="" if res is None else str(res.message),
-            success=None if res is None else bool(res.success))
+            message="" if res is None or res is PAUSE else str(res.message),
+            success=None if res is None or res is PAUSE else bool(res.success),
+            paused=res is PAUSE or bool(getattr(res, "paused", False)))
 
-    def _run_root(self, theta0, maxiter, callback):
-        iteration = [0]
+    def _run_root(self, theta0, maxiter, on_iteration, state):
+        from aepar.optim import LBFGSB
 
-        def on_iteration(intermediate_result):
-            iteration[0] += 1
-            if callback is not None:
-                callback(iteration[0], float(intermediate_result.fun), intermediate_result.x)
+        self.optimizer = opt = LBFGSB(self.evaluate, theta0, maxiter)
+        if state is not None:
+            opt.load_state(state)
+
+        def callback(iteration, cost, theta):
+            return bool(on_iteration(opt, cost, self.flags)) if on_iteration is not None else False
 
         try:
-            res = self.minimize(self.evaluate, np.asarray(theta0, dtype=np.float64), maxiter,
-                                callback=on_iteration)
+            res = opt.run(callback)
         except BaseException as exc:  # stop the workers whatever happened, and tell them why
             self._send(FAILED)
-            self.comm.bcast_obj(f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc)
-                                else type(exc).__name__)
+            self.comm.bcast_obj(_describe(exc))
+            if isinstance(exc, errors.UserError) and self.comm.parallel:
+                exc.collective = True
             raise
-        self._send(STOP)
+        self._send(PAUSE if res.paused else STOP)
         return res
+
+    def _send(self, code: float):
+        self.buffer[0] = code
+        self.comm.bcast(self.buffer)
 
     def _serve(self):
         comm, wtime = self.comm, self.comm.wtime
@@ -186,21 +200,31 @@ class RootOptimizer:
         while True:
             t0 = wtime()
             comm.bcast(self.buffer)
-            t1 = wtime()
-            self.seconds_comm += t1 - t0
+            self.seconds_comm += wtime() - t0
             code = float(self.buffer[0])
             if code == STOP:
                 return None
+            if code == PAUSE:
+                return PAUSE
             if code != EVALUATE:
-                # the root's reason comes next: whichever rank's report survives the abort
-                # that follows names the real error
-                raise RootFailure(f"the root rank failed ({comm.bcast_obj(None)}); stopping")
-            before = comm.collectives - 1
-            self.local_partials_fn(theta, self.partials)
-            self.synchronize()
-            t2 = wtime()
-            comm.reduce(self.partials)
-            self.seconds_compute += t2 - t1
-            self.seconds_comm += wtime() - t2
-            self.collectives += comm.collectives - before
+                raise _rebuild(comm.bcast_obj(None))
+            self._local(theta)
             self.evaluations += 1
+
+
+def _describe(exc) -> tuple:
+    """(class name, message) of the root's error, for the workers."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return type(exc).__name__, text
+
+
+def _rebuild(described):
+    """The workers' copy of the root's error: the same user-facing kind, or RootFailure."""
+    name, text = described
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, errors.UserError):
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, text)
+        exc.collective = True
+        return exc
+    return RootFailure(f"the root rank failed ({name}: {text}); stopping")

@@ -3,13 +3,13 @@ Figure 1.1) and a one-row summary as JSON and CSV."""
 from __future__ import annotations
 
 import csv
-import json
+import io
 import math
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SUMMARY_FIELDS", "features_mosaic", "features_png", "write_summary"]
+__all__ = ["SUMMARY_FIELDS", "features_mosaic", "features_png", "summary_csv"]
 
 # The columns of summary.csv, in order (summary.json holds these and may hold more).
 SUMMARY_FIELDS = ("final_cost", "iterations", "evaluations", "processes", "samples", "hidden",
@@ -73,20 +73,17 @@ def features_png(W1, patch: int, path, *, order: str = "F", title: str | None = 
     return path
 
 
-def write_summary(directory, summary: dict, fields=SUMMARY_FIELDS) -> tuple[Path, Path]:
-    """``summary.json`` (everything in ``summary``) and ``summary.csv`` (one header row,
-    one value row, the columns ``fields``) in ``directory``."""
-    directory = Path(directory)
+def summary_csv(summary: dict, fields=SUMMARY_FIELDS) -> str:
+    """``summary.csv``: one header row and one value row, the columns ``fields``
+    (``summary.json`` holds everything)."""
     missing = [f for f in fields if f not in summary]
     if missing:
         raise KeyError(f"summary lacks {', '.join(missing)}")
-    json_path, csv_path = directory / "summary.json", directory / "summary.csv"
-    json_path.write_text(json.dumps(summary, indent=2, default=_plain) + "\n")
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(fields)
-        writer.writerow([_plain(summary[k]) for k in fields])
-    return json_path, csv_path
+    out = io.StringIO(newline="")
+    writer = csv.writer(out)
+    writer.writerow(fields)
+    writer.writerow([_plain(summary[k]) for k in fields])
+    return out.getvalue()
 
 
 def _plain(value):

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["table2", "table3", "tables", "write_tables", "hms", "main"]
+__all__ = ["table2", "table3", "tables", "hms", "main"]
 
 TABLES_FILE = "tables.md"
 
@@ -107,13 +107,6 @@ def tables(summaries: dict) -> str:
     if src:
         parts += ["", src]
     return "\n".join(parts) + "\n"
-
-
-def write_tables(run_dir, summaries: dict) -> str:
-    """Write :func:`tables` to ``run_dir/tables.md``; returns the text."""
-    text = tables(summaries)
-    Path(run_dir, TABLES_FILE).write_text(text)
-    return text
 
 
 def _load(path: str) -> tuple[str, dict]:

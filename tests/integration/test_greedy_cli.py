@@ -46,7 +46,8 @@ def test_greedy_writes_weights_summary_and_tables(greedy_run):
     epoch_lines = [l for l in lines if l.startswith("layer ")]
     assert len(epoch_lines) == 6 and "recon error" in epoch_lines[0] and epoch_lines[0].endswith("s")
     assert sum("finetune epoch" in l for l in lines) == 1
-    assert sorted(p.name for p in out.iterdir()) == ["summary.json", "tables.md", "weights.h5"]
+    assert sorted(p.name for p in out.iterdir()) == ["run.json", "summary.json", "tables.md", "weights.h5"]
+    assert json.loads((out / "run.json").read_text())["state"] == "complete"
     # nothing left behind next to the run directory
     assert [p.name for p in out.parent.iterdir()] == ["run"]
 
@@ -75,18 +76,26 @@ def test_greedy_writes_weights_summary_and_tables(greedy_run):
 
 @needs_digits
 def test_finetune_cli_continues_from_the_weights(greedy_run, tmp_path):
+    """A fine-tuned stack is fine-tuned further (not restarted from its pre-trained layers,
+    unless asked): its starting error is the one the greedy run ended with, bit for bit
+    although that ran on 2 ranks and this on 1."""
     out, result = greedy_run
     assert result.returncode == 0, result.stderr
-    before = json.loads((out / "summary.json").read_text())["error"]["pretrained"]
-    ft = _run("aepar.finetune", ["--weights", out / "weights.h5", "--dataset", "mnist5k", "--limit", "500",
-                                 "--optimizer", "adam", "--loss", "xent", "--epochs", "2", "--out", tmp_path / "ft"])
+    greedy = json.loads((out / "summary.json").read_text())["error"]
+    common = ["--weights", out / "weights.h5", "--dataset", "mnist5k", "--limit", "500", "--optimizer", "adam",
+              "--loss", "xent", "--epochs", "2"]
+    ft = _run("aepar.finetune", common + ["--out", tmp_path / "ft"])
     assert ft.returncode == 0, ft.stdout + ft.stderr
+    assert "holds a fine-tuned network: fine-tuning it further" in ft.stdout
     s = json.loads((tmp_path / "ft" / "summary.json").read_text())
-    # the same pre-trained stack on the same data: the same starting error
-    assert s["error"]["pretrained"]["test"] == pytest.approx(before["test"], rel=1e-9)
+    assert s["continued_finetuned"] and s["error"]["pretrained"]["test"] == greedy["finetuned"]["test"]
     assert len(s["finetune"]["epochs"]) == 2 and s["finetune"]["optimizer"] == "adam"
     assert s["error"]["finetuned"]["test"] < s["error"]["pretrained"]["test"]
     assert sum("finetune epoch" in l for l in ft.stdout.splitlines()) == 2
+    again = _run("aepar.finetune", common + ["--from-pretrained", "--epochs", "0", "--out", tmp_path / "ft0"])
+    assert again.returncode == 0, again.stdout + again.stderr
+    s0 = json.loads((tmp_path / "ft0" / "summary.json").read_text())
+    assert not s0["continued_finetuned"] and s0["error"]["pretrained"]["test"] == greedy["pretrained"]["test"]
 
 
 def _one_error_line(result, prog="aepar.greedy"):
@@ -107,12 +116,12 @@ def test_bad_layer_lists_exit_2_with_one_line(tmp_path, layers, fragment):
 
 
 @needs_digits
-def test_more_ranks_than_batches_exit_2_on_every_rank(tmp_path):
+def test_more_ranks_than_blocks_exit_2_on_every_rank(tmp_path):
     out = tmp_path / "run"
     result = run_mpi(4, ["-m", "aepar.greedy", "--dataset", "mnist5k", "--limit", "250", "--layers", "784-16-4",
-                         "--out", out], timeout=120)
+                         "--reduce-blocks", "3", "--out", out], timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "3 batch" in _one_error_line(result)
+    assert "--reduce-blocks 3 cannot be shared by 4 ranks" in _one_error_line(result)
     assert list(tmp_path.iterdir()) == []
 
 

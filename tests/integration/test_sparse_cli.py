@@ -31,9 +31,10 @@ def test_small_run_writes_every_output(tmp_path):
     assert lines[0].startswith(f"{PROG}: 2000 patches 8x8") and "64-25-64" in lines[0]
     progress = [l for l in lines if l.startswith("iteration")]
     assert [int(l.split()[1]) for l in progress] == [25, 30]
-    assert "2.00 collectives/evaluation" in lines[-1] and "wrote" in lines[-1]
-    assert sorted(f.name for f in out.iterdir()) == ["features.png", "summary.csv", "summary.json", "weights.h5"]
-    assert not list(tmp_path.glob(".sparse.*"))  # the temporary directory was renamed away
+    assert "2.00 communications/evaluation" in lines[-1] and "wrote" in lines[-1]
+    assert sorted(f.name for f in out.iterdir()) == ["features.png", "run.json", "summary.csv", "summary.json",
+                                                     "weights.h5"]
+    assert not list(tmp_path.glob(".sparse.*"))  # the staging directory was renamed away
 
     summary = json.loads((out / "summary.json").read_text())
     rows = list(csv.DictReader(open(out / "summary.csv")))
@@ -67,7 +68,8 @@ def test_help_explains_the_options():
     p = run_cli("--help")
     assert p.returncode == 0
     for option in ("--samples", "--iterations", "--patch", "--hidden", "--rho", "--lam", "--beta",
-                   "--images", "--device", "--kernels", "--dtype", "--seed", "--data-dir", "--out", "--quiet"):
+                   "--images", "--device", "--kernels", "--dtype", "--seed", "--data-dir", "--out", "--quiet",
+                   "--overwrite", "--resume", "--checkpoint-every", "--checkpoint-minutes", "--timeout"):
         assert option in p.stdout
 
 
@@ -83,6 +85,8 @@ BAD = {  # case: (arguments, what the one error line must name)
     "zero-hidden": (["--hidden", "0"], "--hidden"),
     "negative-samples": (["--samples", "-5"], "--samples"),
     "bad-rho": (["--rho", "1.5"], "--rho"),
+    "nan-lam": (["--lam", "nan"], "--lam"),
+    "negative-seed": (["--seed", "-1"], "--seed"),
     "malformed-images": (["--images", "{bad}"], "IMAGES.mat"),
     "malformed-data-dir": (["--data-dir", "{bad_dir}"], "IMAGES.mat"),
     "missing-images": (["--images", "{missing}"], "IMAGES.mat"),
@@ -113,7 +117,7 @@ def test_fewer_samples_than_processes_exits_2_on_every_rank(tmp_path):
     assert p.returncode == 2, p.stderr[-2000:]
     # (mpirun adds its own note about the non-zero exit; the program says one line)
     ours = [l for l in error_lines(p.stderr) if PROG in l or "Traceback" in l or "rank" in l]
-    assert ours == [f"{PROG}: error: --samples 1 is fewer than the 2 processes "
-                    "(every process needs at least one patch)"], p.stderr
+    assert ours == [f"{PROG}: error: --samples 1 make 1 block(s) of 128 patches, fewer than the 2 processes "
+                    "(every process needs a block): use at most 1 or at least 256 samples"], p.stderr
     assert p.stdout == ""
     assert not out.exists() and not list(tmp_path.glob(".run.*"))

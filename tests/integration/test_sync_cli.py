@@ -62,7 +62,9 @@ def test_one_process_and_three_ranks_agree(tmp_path):
     (["--layers", ""], 2, "--layers is empty"),
     (["--extra", "0,1"], 2, "has 2 count(s) but there are 3 layers"),
     (["--extra", "1,1,1"], 2, "layer 1's input never changes"),
-    (["--limit", "250", "--batch", "100"], 4, "make only 3 batch(es)"),
+    (["--limit", "5", "--reduce-blocks", "8"], 2, "rows cannot fill 8 blocks"),
+    (["--lr", "-0.1"], 2, "argument --lr: invalid learning rate"),
+    (["--momentum", "1.0"], 2, "argument --momentum: invalid momentum"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, args, np_, message):
     out = tmp_path / "run"

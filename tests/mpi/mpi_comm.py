@@ -4,7 +4,8 @@ import numpy as np
 
 from aepar.comm import world
 from aepar.errors import UserError
-from aepar.parallel.data_parallel import GradientPacker, shard
+from aepar.parallel.blocks import TreeSum, rank_blocks, tree_sum
+from aepar.parallel.data_parallel import shard
 from aepar.backend import select
 
 
@@ -91,14 +92,19 @@ for total in (n, 7 * n + 3, 1003):
     sizes = [p.stop - p.start for p in parts]
     assert max(sizes) - min(sizes) <= 1
 
-# packed gradients: one collective sums every array and the extras
-be = select("cpu", "numpy")
-grads = [np.full((3, 2), float(r)), np.full(5, 1.0)]
-packer = GradientPacker(be, grads)
-before = comm.collectives
-extra = packer.allreduce(comm, grads, extra=[r, 1.0])
-assert comm.collectives - before == (1 if n > 1 else 0)
-assert np.allclose(grads[0], n * (n - 1) / 2) and np.allclose(grads[1], n)
-assert np.allclose(extra, [n * (n - 1) / 2, n])
+# the fixed-tree sum: the same bits as one process adding all blocks, for every block count
+for count in sorted({n, n + 1, 2 * n + 3, 8, 13}):
+    if count < n:
+        continue
+    rng = np.random.default_rng(count)
+    every = [rng.standard_normal(7) * 10.0 ** rng.integers(-8, 8) for _ in range(count)]
+    want = tree_sum([v.copy() for v in every])
+    first, stop = rank_blocks(count, r, n)
+    mine = [every[b].copy() for b in range(first, stop)]
+    out = np.empty(7)
+    TreeSum(comm, count).allreduce([v.copy() for v in mine], out)
+    assert np.array_equal(out, want), (count, out - want)
+    got = TreeSum(comm, count).reduce([v.copy() for v in mine])
+    assert (np.array_equal(got, want) if comm.is_root else got is None), count
 
 print(f"ok rank {r} of {n}", flush=True)

@@ -1,11 +1,12 @@
 """Per-rank program for tests/mpi/test_mpi_sparse.py (not collected by pytest).
 
     mpi_sparse.py grad OUTDIR    the first half of check only, NumPy kernels only
-    mpi_sparse.py check OUTDIR   cost/gradient at a fixed θ over the ranks (1003 samples,
-                                 uneven shards) = the one-process reference to 1e-12, for
-                                 the numpy and numba kernels; then a short CLI run into
-                                 OUTDIR; every rank prints "ok rank R of N", rank 0 prints
-                                 "cost <final cost>"
+    mpi_sparse.py check OUTDIR   cost/gradient at a fixed θ over the ranks (1003 samples in
+                                 8 blocks, shared unevenly) = one process with the same
+                                 kernels bit for bit, and the one-process NumPy reference to
+                                 1e-12, for the numpy and numba kernels; then a short CLI run
+                                 into OUTDIR; every rank prints "ok rank R of N", rank 0
+                                 prints "cost <final cost>"
     mpi_sparse.py fail-partials OUTDIR | fail-assemble OUTDIR
                                  a short CLI run whose root raises at its 4th evaluation
                                  (inside its own partials, between the broadcast and the
@@ -18,25 +19,11 @@ import numpy as np
 
 from aepar import backend
 from aepar.comm import run_main
-from aepar.models.sparse_ae import SparseAutoencoder, init_theta
-from aepar.parallel.data_parallel import shard
-from aepar.parallel.root_optimizer import RootOptimizer
+from aepar.models.sparse_ae import LEAF, SparseAutoencoder, init_theta
+from aepar.parallel.blocks import Blocks, TreeSum
 
 V, H, M = 64, 25, 1003
 RHO, BETA, LAM = 0.01, 3.0, 1e-4
-
-
-def one_evaluation(theta):
-    """A 'minimiser' that evaluates once at θ and stops: the generic hook of RootOptimizer."""
-    seen = {}
-
-    def minimize(fun, theta0, maxiter, callback=None):
-        seen["cost"], seen["grad"] = fun(theta0)
-
-        class Result:
-            x, fun, nit, message, success = theta0, seen["cost"], 0, "one evaluation", True
-        return Result()
-    return minimize, seen
 
 
 def check_gradient(comm, kset):
@@ -45,24 +32,24 @@ def check_gradient(comm, kset):
     theta = init_theta(V, H, 11)
     theta[2 * V * H:] = 0.2 * rng.standard_normal(H + V)
     be = backend.select("cpu", kset, "float64")
-    local = np.ascontiguousarray(x[shard(M, comm.rank, comm.size)])
+    blocks = Blocks.fixed(M, LEAF, comm.rank, comm.size)
+    local = np.ascontiguousarray(x[blocks.rows])
     local_copy = local.copy()
-    model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(local, M)
-    assert model.whole == (comm.size == 1)
-    minimize, seen = one_evaluation(theta)
-    opt = RootOptimizer(comm, model.partials, model.assemble, model.n_theta, model.new_partials(),
-                        minimize=minimize)
-    res = opt.run(theta if comm.is_root else None, 1)
+    model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(local, blocks)
+    leaves = model.new_leaves()
+    model.partials(theta, leaves)
     np.testing.assert_array_equal(local, local_copy)       # the shard is not touched
-    assert res.evaluations == 1 and res.collectives == 2 and res.collectives_total == 3, res
-    # every rank received exactly the root's θ
-    np.testing.assert_array_equal(opt.buffer[1:], theta)
+    total = TreeSum(comm, blocks.count).reduce(list(leaves))
     if comm.is_root:
-        serial = SparseAutoencoder(backend.select("cpu", "numpy", "float64"), V, H,
-                                   rho=RHO, beta=BETA, lam=LAM).attach(x)
-        want_cost, want_grad = serial.cost_grad(theta)
-        rel = abs(seen["cost"] - want_cost) / abs(want_cost)
-        grel = np.max(np.abs(seen["grad"] - want_grad)) / np.max(np.abs(want_grad))
+        cost, grad = model.assemble(total, theta)
+        alone = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(x)
+        want_cost, want_grad = alone.cost_grad(theta)
+        assert cost == want_cost and np.array_equal(grad, want_grad), (kset, comm.size, cost - want_cost)
+        ref = SparseAutoencoder(backend.select("cpu", "numpy", "float64"), V, H, rho=RHO, beta=BETA,
+                                lam=LAM).attach(x)
+        ref_cost, ref_grad = ref.cost_grad(theta)
+        rel = abs(cost - ref_cost) / abs(ref_cost)
+        grel = np.max(np.abs(grad - ref_grad)) / np.max(np.abs(ref_grad))
         assert rel < 1e-12 and grel < 1e-12, (kset, comm.size, rel, grel)
 
 

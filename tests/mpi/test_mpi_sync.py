@@ -1,9 +1,10 @@
 """Synchronized pre-training across ranks (tests/mpi/mpi_sync.py under mpirun).
 
 The plan executed on 1 rank, 2 (fewer ranks than layers), 4 (one per layer) and 6 ranks
-(replicas inside stages) gives the weights of an independent sequential execution; both
-hand-over modes agree; the real-time newest-wins mode runs to completion everywhere; a
-rank waiting for its input sleeps instead of spinning.
+(replicas inside stages) gives the weights of an independent sequential execution, bit for
+bit, also when every stage pauses where it is and a new pipeline continues from the
+gathered state; both hand-over modes agree; the real-time newest-wins mode runs to
+completion everywhere; a rank waiting for its input sleeps instead of spinning.
 """
 import pytest
 
@@ -22,6 +23,12 @@ def _ok(result, expect):
 @pytest.mark.parametrize("np_", [1, 2, 4, 6])
 def test_plan_reproduces_the_sequential_weights(np_):
     _ok(run_mpi(np_, [PROG, "--mode", "data"], timeout=240), f"OK np={np_} mode=data handover=plan")
+
+
+@pytest.mark.parametrize("np_, mode, step", [(1, "data", 7), (2, "data", 5), (4, "weights", 4), (6, "data", 5)])
+def test_pause_mid_pipeline_and_continue_gives_the_same_weights(np_, mode, step):
+    _ok(run_mpi(np_, [PROG, "--mode", mode, "--pause", step], timeout=240),
+        f"OK np={np_} mode={mode} handover=plan")
 
 
 @pytest.mark.parametrize("np_", [2, 4, 6])

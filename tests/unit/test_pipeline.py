@@ -3,8 +3,9 @@ import itertools
 
 import pytest
 
+from aepar.parallel.executor import wait_until
 from aepar.parallel.pipeline import (Layout, allot_ranks, group_stages, make_layout, plan_schedule,
-                                     replay_plan, stage_costs, wait_until)
+                                     replay_plan, stage_costs)
 
 SIZES = [784, 1000, 500, 250, 30]
 FLOPS = [10.0 * a * b for a, b in zip(SIZES, SIZES[1:])]

@@ -6,7 +6,9 @@ import aepar  # noqa: F401  (threads before numpy work)
 from aepar import backend
 from aepar.errors import UserError
 from aepar.models.ae_layer import AELayer
-from aepar.models.rbm import RBM, GlobalBatches
+from aepar.models.rbm import RBM
+from aepar.parallel.blocks import Blocks
+from aepar.parallel.data_parallel import Minibatches, Shard
 from aepar.pretrain import make_layers, parse_layers
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close
@@ -15,6 +17,11 @@ from tests.gradcheck import assert_close
 def _be(kernels="numpy", dtype="float64"):
     device = "gpu" if kernels == "cupy" else "cpu"
     return backend.select(device, kernels, dtype)
+
+
+def S(x, be=None, count=1):
+    """The whole of ``x`` as one process's shard (``count`` fixed blocks)."""
+    return Shard.of(be or _be(), x, count)
 
 
 def _binary_data(n=400, d=36, seed=0):
@@ -74,35 +81,24 @@ def test_momentum_switches_after_five_epochs():
     assert [layer.momentum_at(e) for e in range(7)] == [0.5] * 5 + [0.9] * 2
 
 
-# ---- global batches ----------------------------------------------------------------------------
+# ---- minibatches over fixed blocks ---------------------------------------------------------------
 
-class _FakeComm:
-    """The parts of Comm that GlobalBatches uses, for rank ``rank`` of shards ``sizes``."""
-
-    def __init__(self, sizes, rank):
-        self.sizes, self.rank, self.size = sizes, rank, len(sizes)
-
-    def allgather_obj(self, obj):
-        assert obj == self.sizes[self.rank]
-        return list(self.sizes)
-
-
-@pytest.mark.parametrize("sizes", [[23], [12, 11], [6, 6, 6, 5], [0, 10, 13]])
-def test_global_batches_partition_each_batch_over_the_ranks(sizes):
-    n, batch = sum(sizes), 5
-    serial = list(GlobalBatches(n, batch, np.random.default_rng(3)))
-    assert len(serial) == -(-n // batch)
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    parts = [list(GlobalBatches(sizes[r], batch, np.random.default_rng(3), _FakeComm(sizes, r)))
-             for r in range(len(sizes))]
-    for b, (nb, mine, idx) in enumerate(serial):
-        assert mine.all() and sorted(idx) == sorted(set(idx))
-        rebuilt = np.full(nb, -1)
-        for r, part in enumerate(parts):
-            nb_r, mine_r, idx_r = part[b]
-            assert nb_r == nb
-            rebuilt[mine_r] = idx_r + offsets[r]  # local -> global row, in batch order
-        np.testing.assert_array_equal(rebuilt, idx)
+@pytest.mark.parametrize("n, count, batch", [(23, 1, 5), (23, 4, 5), (100, 8, 100), (37, 3, 10), (5, 8, 2)])
+def test_minibatches_cover_every_row_once_and_do_not_depend_on_the_ranks(n, count, batch):
+    serial = Minibatches(Blocks.of(n, count), batch, (7, 1), epoch=2)
+    assert serial.n_batches == -(-n // batch) and int(serial.sizes.sum()) == n
+    seen = np.concatenate([serial.rows(b, k) for k in range(serial.n_batches) for b in range(count)])
+    assert sorted(seen.tolist()) == list(range(n))
+    for size in range(1, count + 1):  # the same rows of every block in every batch, whoever holds it
+        for rank in range(size):
+            part = Minibatches(Blocks.of(n, count, rank, size), batch, (7, 1), epoch=2)
+            offset = part.blocks.rows.start
+            for b in part.blocks.mine:
+                for k in range(part.n_batches):
+                    np.testing.assert_array_equal(part.rows(b, k) + offset, serial.rows(b, k))
+    other = Minibatches(Blocks.of(n, count), batch, (7, 1), epoch=3)
+    if n > count:
+        assert any(not np.array_equal(other.rows(b, 0), serial.rows(b, 0)) for b in range(count))
 
 
 # ---- RBM ---------------------------------------------------------------------------------------
@@ -111,7 +107,7 @@ def test_rbm_epoch_is_deterministic_for_a_seed():
     be, x = _be(), _binary_data()
     a, b, c = (RBM(be, 36, 10, seed=s, layer_index=1) for s in (5, 5, 6))
     x_before = x.copy()
-    errs = [l.train_epoch(x, 0) for l in (a, b, c)]
+    errs = [l.train_epoch(S(x, be), 0).means[0] for l in (a, b, c)]
     np.testing.assert_array_equal(x, x_before)  # the data is not touched
     assert errs[0] == errs[1]
     for k in a.params:
@@ -119,21 +115,21 @@ def test_rbm_epoch_is_deterministic_for_a_seed():
     assert not np.allclose(a.params["W"], c.params["W"])
     # another epoch number draws another shuffle and other noise
     d = RBM(be, 36, 10, seed=5, layer_index=1)
-    d.train_epoch(x, 1)
+    d.train_epoch(S(x, be), 1)
     assert not np.allclose(a.params["W"], d.params["W"])
 
 
 def test_cd1_reduces_reconstruction_error():
     be, x = _be(), _binary_data()
     rbm = RBM(be, 36, 16, batch=20, seed=0)
-    before = rbm.recon_error(x)
-    errs = [rbm.train_epoch(x, e) for e in range(8)]
-    after = rbm.recon_error(x)
+    before = rbm.recon_error(S(x, be))
+    errs = [rbm.train_epoch(S(x, be, 4), e).means[0] for e in range(8)]
+    after = rbm.recon_error(S(x, be))
     assert errs[-1] < 0.5 * errs[0], errs
     assert after < 0.5 * before, (before, after)
-    h = rbm.transform(x)
+    h = rbm.transform(S(x, be)).x
     assert h.shape == (400, 16) and h.min() >= 0 and h.max() <= 1
-    r = rbm.reconstruct(x)
+    r = rbm.reconstruct(S(x, be)).x
     assert r.shape == x.shape and r.min() >= 0 and r.max() <= 1
 
 
@@ -144,11 +140,11 @@ def test_gaussian_code_layer_learns_real_valued_input():
     z = rng.standard_normal((300, 3))
     x = 1 / (1 + np.exp(-(z @ rng.standard_normal((3, 12)))))
     rbm = RBM(be, 12, 3, hidden="gaussian", lr=0.01, batch=20, seed=2)
-    before = rbm.recon_error(x)
+    before = rbm.recon_error(S(x, be))
     for e in range(15):
-        rbm.train_epoch(x, e)
-    assert rbm.recon_error(x) < 0.7 * before
-    codes = rbm.transform(x)
+        rbm.train_epoch(S(x, be), e)
+    assert rbm.recon_error(S(x, be)) < 0.7 * before
+    codes = rbm.transform(S(x, be)).x
     assert codes.shape == (300, 3) and (codes < 0).any()  # linear units: not squashed
 
 
@@ -156,8 +152,8 @@ def test_weight_cost_shrinks_weights_without_data_gradient():
     be = _be()
     x = np.full((10, 4), 0.5)
     plain, decayed = (RBM(be, 4, 3, weight_cost=wc, seed=1, lr=0.1, batch=10) for wc in (0.0, 0.5))
-    plain.train_epoch(x, 0)
-    decayed.train_epoch(x, 0)
+    plain.train_epoch(S(x, be), 0)
+    decayed.train_epoch(S(x, be), 0)
     assert np.abs(decayed.params["W"]).sum() < np.abs(plain.params["W"]).sum()
     # biases carry no weight cost
     np.testing.assert_allclose(decayed.params["bv"], plain.params["bv"], rtol=1e-12, atol=1e-12)
@@ -168,7 +164,7 @@ def test_weight_cost_shrinks_weights_without_data_gradient():
 def test_rbm_epoch_matches_the_reference_kernels(kernels, hidden):
     x = _binary_data(n=120, d=20)
     ref, other = (RBM(_be(k), 20, 7, hidden=hidden, lr=0.05, batch=30, seed=3) for k in ("numpy", kernels))
-    e_ref, e_other = ref.train_epoch(x, 0), other.train_epoch(x, 0)
+    e_ref, e_other = (r.train_epoch(S(x, r.be, 3), 0).means[0] for r in (ref, other))
     assert abs(e_ref - e_other) <= 1e-9 * max(1.0, e_ref)
     for k in ref.params:
         assert_close(other.params[k], ref.params[k], np.float64, work=120, name=k)
@@ -178,7 +174,7 @@ def test_rbm_float32_tracks_float64():
     x = _binary_data(n=200, d=20)
     r64, r32 = (RBM(_be("numpy", dt), 20, 8, batch=25, seed=4) for dt in ("float64", "float32"))
     for e in range(3):
-        e64, e32 = r64.train_epoch(x, e), r32.train_epoch(x, e)
+        e64, e32 = (r.train_epoch(S(x, r.be, 2), e).means[0] for r in (r64, r32))
     assert r32.params["W"].dtype == np.float32
     assert abs(e64 - e32) < 1e-3 * e64
     np.testing.assert_allclose(r32.params["W"], r64.params["W"], atol=1e-4)
@@ -197,12 +193,12 @@ def test_flops_per_sample_scales_with_the_weights():
 def test_ae_layer_reduces_its_error(hidden):
     be, x = _be(), _binary_data()
     layer = AELayer(be, 36, 8, hidden=hidden, lr=0.1 if hidden == "bernoulli" else 0.02, batch=20, seed=0)
-    before = layer.recon_error(x)
-    errs = [layer.train_epoch(x, e) for e in range(10)]
+    before = layer.recon_error(S(x, be))
+    errs = [layer.train_epoch(S(x, be, 4), e).means[0] for e in range(10)]
     assert errs[-1] < 0.6 * errs[0], errs
-    assert layer.recon_error(x) < 0.6 * before
+    assert layer.recon_error(S(x, be)) < 0.6 * before
     assert set(layer.params) == {"W", "bv", "bh"} and layer.params["W"].shape == (36, 8)
-    assert layer.transform(x).shape == (400, 8)
+    assert layer.transform(S(x, be)).x.shape == (400, 8)
 
 
 def test_ae_layer_gradient_is_exact():
@@ -215,10 +211,10 @@ def test_ae_layer_gradient_is_exact():
     p0 = {k: v.copy() for k, v in layer.params.items()}
 
     def loss():
-        y = layer.reconstruct(x)
+        y = layer._reconstruct(x)
         return 0.5 * float(((y - x) ** 2).sum()) / 6
 
     num = {k: numerical_grad(loss, layer.params[k]) for k in layer.params}
-    layer.train_epoch(x, 0)
+    layer.train_epoch(S(x, be), 0)
     for k in layer.params:
         assert_grad_close(p0[k] - layer.params[k], num[k], name=k)

@@ -1,6 +1,7 @@
 """The sparse autoencoder kernels (partials + assembly), the model and the root optimiser
 in one process, and the report helpers."""
 import csv
+import io
 import json
 
 import numpy as np
@@ -268,9 +269,9 @@ def test_numba_workspace_buffers_are_cache_line_aligned():
 @pytest.mark.parametrize("kset", ["numpy"] + kernel_set_params())
 def test_model_cost_grad_equals_textbook(rng, kset):
     be = backend.select("gpu" if kset == "cupy" else "cpu", kset, "float64")
-    x, theta = data(rng, m=40), theta_for(rng)
+    x, theta = data(rng, m=300), theta_for(rng)  # three blocks of 128 (the last short): the tree
     model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(x)
-    assert model.whole
+    assert (model.blocks.first, model.blocks.stop, model.blocks.count) == (0, 3, 3)
     cost, grad = model.cost_grad(theta)
     want_cost, want_grad = textbook(theta, x, V, H)
     assert_close(cost, want_cost, np.float64, work=x.size)
@@ -308,20 +309,19 @@ def test_short_optimisation_reduces_cost(rng, dtype):
     be = backend.select("cpu", "numba", dtype)
     x = data(rng, m=200)
     model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(x)
-    opt = RootOptimizer(Comm.serial(), model.partials, model.assemble, model.n_theta,
-                        model.new_partials(), dtype=be.dtype)
+    opt = RootOptimizer(Comm.serial(), model, dtype=be.dtype)
     theta0 = model.init_theta(0)
     start = textbook(theta0, x, V, H)[0]
     seen = []
-    res = opt.run(theta0, 25, callback=lambda it, cost, th: seen.append((it, cost)))
+    res = opt.run(theta0, 25, on_iteration=lambda o, cost, flags: seen.append((o.iterations, cost)))
     assert res.iterations == len(seen) <= 25 and res.evaluations >= res.iterations
     assert res.cost < 0.5 * start
     # the reported cost is the textbook cost at the returned θ (float32: to float32 accuracy)
     assert_close(res.cost, textbook(res.theta, x, V, H)[0], np.dtype(dtype), work=x.size)
     assert [it for it, _ in seen] == list(range(1, len(seen) + 1))
     assert all(b <= a + 1e-12 for (_, a), (_, b) in zip(seen, seen[1:]))  # L-BFGS-B never goes up
-    assert res.collectives_per_evaluation == 2.0          # 1 bcast + 1 reduce
-    assert res.collectives_total == 2 * res.evaluations + 1  # + the stop broadcast
+    assert res.collectives_per_evaluation == 2.0          # 1 bcast + 1 fixed-tree reduction
+    assert res.collectives_total == res.evaluations + 1   # the broadcasts + the stop broadcast
     assert opt.buffer[0] == STOP
 
 
@@ -354,26 +354,42 @@ def test_root_failure_sends_stop_and_raises(rng):
             self.log.append(("bcast_obj", obj))
             return obj
 
-    def failing(after, where):
-        calls = [0]
+    class Failing:
+        """The model, whose partials or assembly raise from their 4th call on."""
 
-        def fn(*args):
-            calls[0] += 1
-            if calls[0] > after:
-                raise RuntimeError(f"injected failure in {where}")
-            return (model.partials if where == "partials" else model.assemble)(*args)
-        return fn
+        def __init__(self, where):
+            self.where, self.calls = where, 0
+            self.n_theta, self.n_partials, self.blocks = model.n_theta, model.n_partials, model.blocks
+
+        def _count(self):
+            self.calls += 1
+            if self.calls > 3:
+                raise RuntimeError(f"injected failure in {self.where}")
+
+        def partials(self, *args):
+            if self.where == "partials":
+                self._count()
+            return model.partials(*args)
+
+        def assemble(self, *args):
+            if self.where == "assemble":
+                self._count()
+            return model.assemble(*args)
 
     for where in ("partials", "assemble"):
         comm = CountingComm()
-        parts = failing(3, "partials") if where == "partials" else model.partials
-        assemble = failing(3, "assemble") if where == "assemble" else model.assemble
-        opt = RootOptimizer(comm, parts, assemble, model.n_theta, model.new_partials())
+        opt = RootOptimizer(comm, Failing(where))
+        reduce = opt.tree.reduce
+
+        def spy(vectors, add=None, reduce=reduce, comm=comm):
+            comm.log.append(("reduce", None))
+            return reduce(vectors, add)
+        opt.tree.reduce = spy
         with pytest.raises(RuntimeError, match=f"injected failure in {where}"):
             opt.run(model.init_theta(0), 50)
         kinds = [k for k, _ in comm.log]
-        assert comm.log[-2:] == [("bcast", FAILED), ("bcast_obj", f"RuntimeError: injected failure in {where}")]
-        assert kinds[:-2] == ["bcast", "reduce"] * 4  # every broadcast θ got its reduce
+        assert comm.log[-2:] == [("bcast", FAILED), ("bcast_obj", ("RuntimeError", f"injected failure in {where}"))]
+        assert kinds[:-2] == ["bcast", "reduce"] * 4  # every broadcast θ got its reduction
 
 
 # ---- report helpers -------------------------------------------------------------------------
@@ -394,16 +410,14 @@ def test_features_mosaic_tiles_are_normalised_columns(rng):
 
 
 def test_features_png_and_summary(tmp_path, rng):
-    from aepar.report.sparse import SUMMARY_FIELDS, features_png, write_summary
+    from aepar.report.sparse import SUMMARY_FIELDS, features_png, summary_csv
 
     png = features_png(rng.standard_normal((64, 25)), 8, tmp_path / "f.png", title="t")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = {k: i for i, k in enumerate(SUMMARY_FIELDS)}
     summary.update(final_cost=np.float64(0.25), source="a, \"quoted\" source", extra=[1, 2])
-    write_summary(tmp_path, summary)
-    rows = list(csv.reader(open(tmp_path / "summary.csv")))
+    rows = list(csv.reader(io.StringIO(summary_csv(summary))))
     assert rows[0] == list(SUMMARY_FIELDS) and len(rows) == 2
     assert rows[1][0] == "0.25" and rows[1][-1] == "a, \"quoted\" source"
-    assert json.loads((tmp_path / "summary.json").read_text())["extra"] == [1, 2]
     with pytest.raises(KeyError, match="final_cost"):
-        write_summary(tmp_path, {"iterations": 1})
+        summary_csv({"iterations": 1})

@@ -8,13 +8,23 @@ from aepar.greedy import pca_error
 from aepar.models.stacked import StackedAutoencoder
 from aepar.optim import SGD, Adam
 from aepar.pretrain import make_layers
-from aepar.report.stacked import hms, tables, write_tables
+from aepar.parallel.data_parallel import Shard
+from aepar.report.stacked import hms, tables
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad
 
 
 def _be(kernels="numpy", dtype="float64"):
     return backend.select("gpu" if kernels == "cupy" else "cpu", kernels, dtype)
+
+
+def S(x, be, count=1):
+    """All of ``x`` as one process's shard (``count`` fixed blocks)."""
+    return Shard.of(be, x, count)
+
+
+def _zero_grads(model) -> dict:
+    return {k: np.zeros_like(p) for k, p in model.params.items()}
 
 
 def _random_model(be, sizes, loss, seed=0):
@@ -45,12 +55,12 @@ def test_gradient_matches_finite_differences(loss):
     model = _random_model(be, [6, 4, 3, 2], loss)
     assert model.acts == ["sigmoid", "sigmoid", "identity", "sigmoid", "sigmoid",
                           "sigmoid" if loss == "mse" else "identity"]
-    model.zero_grads()
-    value, sq_err = model.loss_and_grad(x)
+    grads = _zero_grads(model)
+    value, sq_err = model.loss_and_grad(x, grads)
     assert value == pytest.approx(_loss(model, x), rel=1e-12)
-    assert sq_err == pytest.approx(float(((model.reconstruct(x) - x) ** 2).sum()), rel=1e-12)
+    assert sq_err == pytest.approx(float(((model.reconstruct(S(x, be)).x - x) ** 2).sum()), rel=1e-12)
     for name, p in model.params.items():
-        assert_grad_close(model.grads[name], numerical_grad(lambda: _loss(model, x), p), rtol=1e-6,
+        assert_grad_close(grads[name], numerical_grad(lambda: _loss(model, x), p), rtol=1e-6,
                           atol=1e-8, name=name)
 
 
@@ -60,13 +70,12 @@ def test_compiled_kernels_give_the_reference_gradient(kernels, loss):
     rng = np.random.default_rng(2)
     x = rng.random((9, 12))
     ref, other = _random_model(_be(), [12, 7, 3], loss), _random_model(_be(kernels), [12, 7, 3], loss)
-    for m in (ref, other):
-        m.zero_grads()
-    l_ref, _ = ref.loss_and_grad(x)
-    l_other, _ = other.loss_and_grad(other.be.asarray(x))
+    g_ref, g_other = _zero_grads(ref), {k: other.be.xp.zeros_like(p) for k, p in other.params.items()}
+    l_ref, _ = ref.loss_and_grad(x, g_ref)
+    l_other, _ = other.loss_and_grad(other.be.asarray(x), g_other)
     assert l_other == pytest.approx(l_ref, rel=1e-10)
-    for name in ref.grads:
-        assert_close(other.grads[name], ref.grads[name], np.float64, work=100, name=name)
+    for name in g_ref:
+        assert_close(g_other[name], g_ref[name], np.float64, work=100, name=name)
 
 
 def test_unrolled_from_layers_then_untied():
@@ -88,20 +97,22 @@ def test_unrolled_from_layers_then_untied():
     np.testing.assert_array_equal(model.params["W1"], w1)
     np.testing.assert_array_equal(layers[0].params["W"], w1)
     # the code is the linear RBM's mean hidden activity pushed through the encoder
-    x = np.random.default_rng(0).random((5, 10))
+    x = S(np.random.default_rng(0).random((5, 10)), be)
     h = x
     for l in layers:
         h = l.transform(h)
-    np.testing.assert_allclose(model.encode(x), h, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(model.encode(x).x, h.x, rtol=1e-12, atol=1e-12)
 
 
 def test_error_per_digit_is_the_sum_over_pixels_averaged_over_images():
     be = _be()
     model = _random_model(be, [8, 5, 2], "xent", seed=4)
     x = np.random.default_rng(5).random((7, 8))
-    xh = model.reconstruct(x)
+    xh = model.reconstruct(S(x, be)).x
     assert xh.min() >= 0 and xh.max() <= 1
-    assert model.error_per_digit(x) == pytest.approx(float(((x - xh) ** 2).sum(axis=1).mean()), rel=1e-12)
+    want = float(((x - xh) ** 2).sum(axis=1).mean())
+    assert model.error_per_digit(S(x, be)) == pytest.approx(want, rel=1e-12)
+    assert model.error_per_digit(S(x, be, 3)) == pytest.approx(want, rel=1e-12)  # three blocks, one tree
 
 
 @pytest.mark.parametrize("loss, opt", [("mse", "sgd"), ("xent", "adam")])
@@ -112,10 +123,10 @@ def test_fine_tuning_reduces_the_error(loss, opt):
     x = np.repeat(x[:4], 30, axis=0)  # four patterns to memorise
     model = StackedAutoencoder(be, [16, 6], loss=loss, seed=1)
     optimizer = SGD(be, model.params, lr=0.5, momentum=0.9) if opt == "sgd" else Adam(be, model.params, lr=0.01)
-    before = model.error_per_digit(x)
+    before = model.error_per_digit(S(x, be))
     for epoch in range(10):
-        model.train_epoch(x, epoch, optimizer, batch=20, seed=0)
-    assert model.error_per_digit(x) < 0.2 * before
+        model.train_epoch(S(x, be, 4), epoch, optimizer, batch=20)
+    assert model.error_per_digit(S(x, be)) < 0.2 * before
 
 
 def test_fine_tuning_epoch_is_deterministic():
@@ -123,7 +134,7 @@ def test_fine_tuning_epoch_is_deterministic():
     x = np.random.default_rng(7).random((50, 6))
     a, b = StackedAutoencoder(be, [6, 3], seed=2), StackedAutoencoder(be, [6, 3], seed=2)
     for m in (a, b):
-        m.train_epoch(x, 0, SGD(be, m.params, lr=0.1), batch=10, seed=9)
+        m.train_epoch(S(x, be, 2), 0, SGD(be, m.params, lr=0.1), batch=10)
     for k in a.params:
         np.testing.assert_array_equal(a.params[k], b.params[k])
 
@@ -153,9 +164,8 @@ def test_tables_put_schemes_side_by_side(tmp_path):
                 "finetune": {"n_epochs": 10, "optimizer": "sgd", "lr": 0.001, "loss": "mse"},
                 "source": "mnist5k: test data"}
 
-    text = write_tables(tmp_path, {"greedy": summary("greedy", 8.0, 8.19, 11683.0, 8219.0),
-                                   "sync": summary("sync", 8.39, 8.57, 6551.0, 8142.0)})
-    assert (tmp_path / "tables.md").read_text() == text
+    text = tables({"greedy": summary("greedy", 8.0, 8.19, 11683.0, 8219.0),
+                   "sync": summary("sync", 8.39, 8.57, 6551.0, 8142.0)})
     assert "| greedy pre-training | 8.00 | 8.19 | 18.50 / 18.81 | 0.58x | sgd lr 0.001 / mse, 10 epochs |" in text
     assert "| sync pre-training | 8.39 | 8.57 |" in text
     assert "| PCA-30 (same data) | 13.00 | 14.14 |" in text

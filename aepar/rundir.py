@@ -1,0 +1,478 @@
+"""Run directories: the one place a run writes, claimed safely and never shared.
+
+A run directory holds ``run.json`` (the marker: scheme, options, state, the files aepar
+wrote there), the run's results and, while it is unfinished, ``checkpoint.h5``. The
+rules, checked on rank 0 for every rank before any data is read:
+
+- ``--out DIR`` that does not exist: a new run. It is built in a temporary hidden sibling
+  (``.DIR.aepar-HOST-PID``) and renamed into place at its first checkpoint or, for a run
+  that never needed one, when its results are complete: the directory appears whole.
+  After that every file is replaced atomically (temporary file, then rename).
+- An existing path that is not an aepar run directory is never touched: refused.
+- An existing aepar run directory: continued with ``--resume DIR``, replaced with
+  ``--overwrite`` (only the files its ``run.json`` lists are deleted, when the new run
+  first writes; anything else in it stays), otherwise refused.
+- ``.``, ``/``, the home directory and the directories containing the working directory
+  are refused always.
+- No ``--out``: a new numbered directory ``runs/<scheme>/NNN``.
+
+A run that fails before its first checkpoint leaves nothing behind (its staging
+directory is removed). A run with a checkpoint that fails, diverges or is interrupted
+keeps the directory, its checkpoint and a ``run.json`` saying why: ``--resume`` continues
+it. Directories and files follow the user's umask.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import numpy as np
+
+from aepar.errors import UserError
+
+__all__ = ["RunDir", "MARKER", "CHECKPOINT", "read_marker", "resumed_args", "fingerprint", "same_data"]
+
+MARKER = "run.json"
+CHECKPOINT = "checkpoint.h5"
+FORMAT = "aepar-run"
+VERSION = 1
+# options a resumed run may change; everything else must be what the run started with
+RUN_CONTROL = {"out", "resume", "overwrite", "quiet", "checkpoint_every", "checkpoint_minutes",
+               "timeout", "plot", "dp_ranks", "data_dir"}
+# options holding paths: made absolute against the directory the run started in
+PATH_OPTIONS = ("data_dir", "images", "weights")
+
+
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def read_marker(directory) -> dict | None:
+    """The ``run.json`` of an aepar run directory, None if there is none.
+
+    Raises
+    ------
+    UserError
+        A ``run.json`` that is not aepar's or cannot be read (the directory is then not
+        touched).
+    """
+    path = Path(directory) / MARKER
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: unreadable ({type(e).__name__}); not touching {directory}") from None
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        raise UserError(f"{path} is not an aepar run marker; not touching {directory}")
+    return info
+
+
+def _alive(info: dict) -> bool:
+    """True if the run that wrote ``info`` may still be running on this host."""
+    if info.get("state") != "running" or info.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(info.get("pid", -1)), 0)
+    except (ProcessLookupError, ValueError, OverflowError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _describe(info: dict) -> str:
+    ckpt = info.get("checkpoint") or {}
+    when = info.get("updated") or info.get("started") or "?"
+    text = f"an aepar.{info.get('scheme', '?')} run ({info.get('state', '?')}, {when}"
+    if ckpt.get("progress") and info.get("state") != "complete":
+        text += f", checkpoint at {ckpt['progress']}"
+    return text + ")"
+
+
+def _forbidden(path: Path) -> str | None:
+    """Why ``path`` may never be a run directory, or None."""
+    real = os.path.realpath(path)
+    cwd = os.path.realpath(os.getcwd())
+    home = os.path.realpath(os.path.expanduser("~"))
+    if real == os.path.realpath(os.sep):
+        return "is the root directory"
+    if real == home:
+        return "is your home directory"
+    if real == cwd:
+        return "is the working directory"
+    if cwd.startswith(real.rstrip(os.sep) + os.sep):
+        return "contains the working directory"
+    return None
+
+
+def _writable_ancestor(path: Path) -> str | None:
+    """Why the directories above ``path`` cannot receive it, or None."""
+    parent = path.parent
+    while not os.path.lexists(parent):
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    return None
+
+
+def _next_numbered(base: Path) -> Path:
+    """``base/NNN``, the first number after every one already there."""
+    used = [int(p.name) for p in base.iterdir() if p.name.isdigit()] if base.is_dir() else []
+    return base / f"{max(used, default=0) + 1:03d}"
+
+
+def _decide(scheme: str, out, resume, overwrite: bool) -> tuple[Path, dict | None, bool]:
+    """(run directory, previous marker or None, auto-numbered) for the options, or UserError.
+
+    No communication: rank 0 calls it and the others learn the answer.
+    """
+    if resume is not None and out is not None and os.path.abspath(out) != os.path.abspath(resume):
+        raise UserError(f"--resume {resume} and --out {out} name different directories; give one")
+    if resume is not None and overwrite:
+        raise UserError("--resume and --overwrite contradict each other; give one")
+    if resume is None and out is None:
+        if overwrite:
+            raise UserError("--overwrite needs --out DIR naming the run directory to replace")
+        base = Path("runs") / scheme
+        if os.path.lexists(base) and not base.is_dir():
+            raise UserError(f"{base} exists and is not a directory; give --out DIR")
+        path, auto = _next_numbered(base), True
+    else:
+        path, auto = Path(resume if resume is not None else out), False
+    why = _forbidden(path)
+    if why:
+        raise UserError(f"--out {path} {why}; name a new directory for the run")
+    if not os.path.lexists(path):
+        if resume is not None:
+            raise UserError(f"--resume {path}: no such run directory")
+        problem = _writable_ancestor(path)
+        if problem:
+            raise UserError(f"--out {path}: cannot be created ({problem})")
+        return path, None, auto
+    if os.path.islink(path) and not os.path.exists(path):
+        raise UserError(f"--out {path} is a dangling symbolic link; not touching it")
+    if not path.is_dir():
+        raise UserError(f"--out {path} exists and is not a directory; not touching it")
+    info = read_marker(path)
+    if info is None:
+        raise UserError(f"--out {path} exists and is not an aepar run directory; aepar writes only "
+                        "into a new directory or its own run directory: name a new one")
+    if _alive(info):
+        raise UserError(f"{path} is in use by a running aepar.{info.get('scheme')} "
+                        f"(pid {info.get('pid')} on {info.get('host')})")
+    if resume is not None:
+        if info.get("scheme") != scheme:
+            raise UserError(f"--resume {path} holds {_describe(info)}, not an aepar.{scheme} run")
+        if info.get("state") == "complete":
+            raise UserError(f"--resume {path}: the run is complete; nothing to resume "
+                            "(--out DIR --overwrite runs it again)")
+        if not (path / CHECKPOINT).is_file():
+            raise UserError(f"--resume {path}: no {CHECKPOINT} (the run ended before its first "
+                            "checkpoint); start it again with --overwrite")
+        return path, info, False
+    if overwrite:
+        return path, info, False
+    hint = ("continue it with --resume, replace it with --overwrite"
+            if info.get("state") != "complete" and (path / CHECKPOINT).is_file()
+            else "replace it with --overwrite")
+    raise UserError(f"--out {path} holds {_describe(info)}: {hint}, or name a new directory")
+
+
+def resumed_args(parse, argv: list, info: dict):
+    """The options of a resumed run: the ones it started with, then ``argv`` on top.
+
+    ``parse(list) -> namespace`` is the scheme's parser. Options other than the run
+    controls (:data:`RUN_CONTROL`) must not change; relative paths are taken from the
+    directory the run started in.
+
+    Raises
+    ------
+    UserError
+        An option that differs from the run being resumed.
+    """
+    old_argv = list(info.get("argv") or [])
+    old, new = parse(old_argv), parse(old_argv + list(argv))
+    for name, value in vars(old).items():
+        if name not in RUN_CONTROL and getattr(new, name, value) != value:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(new, name)} differs from the run being "
+                            f"resumed ({value}); a resumed run keeps its options")
+    start_dir = info.get("cwd")
+    for name in PATH_OPTIONS:
+        value = getattr(new, name, None)
+        if start_dir and value and not os.path.isabs(value) and value == getattr(old, name, None):
+            setattr(new, name, os.path.join(start_dir, value))
+    return new
+
+
+def fingerprint(*arrays) -> str:
+    """A short hash of arrays' shapes, dtypes and bytes: is a resumed run's data the same?"""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=12)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.shape}{a.dtype.str}".encode())
+        h.update(a.data)
+    return h.hexdigest()
+
+
+def same_data(saved: str | None, now: str, path):
+    """UserError if the data a resumed run found are not those it started with."""
+    if saved is not None and saved != now:
+        raise UserError(f"{path}: the data differ from the run being resumed (fingerprint {now}, "
+                        f"saved {saved}): resume with the same data files and options")
+
+
+def _rename_noreplace(src: Path, dst: Path):
+    """rename(2) that fails with FileExistsError instead of replacing an (empty) ``dst``."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        at_fdcwd, noreplace = -100, 1
+        if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), noreplace) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS):  # else: the file system cannot do it
+            raise OSError(err, os.strerror(err), str(dst))
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, "exists", str(dst))
+    os.rename(src, dst)
+
+
+class RunDir:
+    """This run's directory (see the module docstring). Make it with :meth:`open`.
+
+    Only the root rank touches the file system; on the other ranks every method is a
+    no-op and :meth:`output` yields None.
+
+    Attributes
+    ----------
+    path : Path
+        The run directory (it may not exist yet).
+    previous : dict or None
+        The ``run.json`` found there (a resumed or overwritten run).
+    resumed : bool
+    """
+
+    def __init__(self, comm, scheme: str, path: Path, previous: dict | None, resumed: bool, auto: bool,
+                 argv: list, prog: str):
+        self.comm, self.scheme, self.path = comm, scheme, Path(path)
+        self.previous, self.resumed, self.auto = previous, resumed, auto
+        self.argv, self.prog = list(argv), prog
+        self.is_root = comm.is_root
+        self._staging: Path | None = None
+        self._published = resumed
+        self._files: list[str] = []
+        self._checkpoint: dict | None = None
+        self._history: list = []
+        self._started = _now()
+        if resumed:
+            self._checkpoint = previous.get("checkpoint")
+        if resumed and self.is_root:
+            self._files = [f for f in previous.get("files", []) if isinstance(f, str)]
+            self._history = list(previous.get("history", []))
+            self._started = previous.get("started", self._started)
+            self._remove_stale_temporaries()
+            self._write_marker("running")
+
+    # ---- claiming -----------------------------------------------------------------------
+    @classmethod
+    def open(cls, comm, scheme: str, *, out=None, resume=None, overwrite=False, argv=(), prog=None) -> "RunDir":
+        """Check ``--out``/``--resume``/``--overwrite`` on the root for every rank.
+
+        Collective. Nothing is written here. Raises UserError on every rank when the
+        options are refused.
+        """
+        decision = comm.agree(lambda: _decide(scheme, out, resume, overwrite) if comm.is_root else None)
+        path, previous, auto = comm.bcast_obj(decision)
+        return cls(comm, scheme, path, previous, resume is not None, auto, list(argv),
+                   prog or f"aepar.{scheme}")
+
+    # ---- writing --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def output(self, name: str):
+        """Yield a path to write ``name`` to (root; None elsewhere); it appears in the run
+        directory, atomically, when the block ends without an exception."""
+        if not self.is_root:
+            yield None
+            return
+        if self._published:
+            final = self.path / name
+            tmp = self.path / f".{name}.{os.getpid()}.tmp"
+            try:
+                yield tmp
+                os.replace(tmp, final)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+        else:
+            yield self._stage() / name
+        if name not in self._files:
+            self._files.append(name)
+
+    def write_text(self, name: str, text: str):
+        with self.output(name) as path:
+            if path is not None:
+                path.write_text(text)
+
+    def write_json(self, name: str, obj):
+        self.write_text(name, json.dumps(obj, indent=2, default=_jsonable) + "\n")
+
+    def save_checkpoint(self, write, progress: str):
+        """``write(path)`` the checkpoint (root), record ``progress`` (e.g. "layer 2 epoch
+        5"), and make sure the directory exists under its final name from now on. Not
+        collective: call it on the root alone or on every rank."""
+        with self.output(CHECKPOINT) as path:
+            if path is not None:
+                write(path)
+        self._checkpoint = {"file": CHECKPOINT, "progress": progress, "saved": _now(),
+                            "ranks": self.comm.size}
+        if self.is_root:
+            if self._published:
+                self._write_marker("running")
+            else:
+                self._publish("running")
+
+    def complete(self):
+        """All results are written: mark the run complete (publishing it if need be) and
+        drop its checkpoint."""
+        if not self.is_root:
+            return
+        had_checkpoint = CHECKPOINT in self._files
+        if had_checkpoint:
+            self._files.remove(CHECKPOINT)
+        self._checkpoint = None
+        if self._published:
+            self._write_marker("complete")
+            if had_checkpoint:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path / CHECKPOINT)
+        else:
+            if had_checkpoint:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._stage() / CHECKPOINT)
+            self._publish("complete")
+
+    def abandon(self, state: str, reason: str):
+        """The run ends without results: keep a checkpoint (and say why), else leave nothing."""
+        if not self.is_root:
+            return
+        if self._staging is not None:
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
+        if self._published and (self.path / CHECKPOINT).is_file():
+            self._write_marker(state, reason=reason)
+
+    @property
+    def has_checkpoint(self) -> bool:
+        return self._checkpoint is not None
+
+    @property
+    def checkpoint_progress(self) -> str | None:
+        return None if self._checkpoint is None else self._checkpoint.get("progress")
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.path / CHECKPOINT
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            state = getattr(exc, "run_state", "failed")
+            self.abandon(state, f"{exc_type.__name__}: {exc}".splitlines()[0])
+        return False
+
+    # ---- internals ------------------------------------------------------------------------
+    def _stage(self) -> Path:
+        if self._staging is None:
+            parent = self.path.parent
+            parent.mkdir(parents=True, exist_ok=True)
+            name = f".{self.path.name}.aepar-{socket.gethostname()}-{os.getpid()}"
+            self._staging = parent / name
+            if self._staging.exists():  # a previous attempt of this very process
+                shutil.rmtree(self._staging)
+            os.mkdir(self._staging)  # mode 0777 & ~umask
+        return self._staging
+
+    def _marker(self, state: str, reason: str | None = None) -> dict:
+        entry = {"state": state, "at": _now(), "ranks": self.comm.size}
+        if reason:
+            entry["reason"] = reason
+        if not self._history or self._history[-1].get("state") != state or reason:
+            self._history.append(entry)
+        return {"format": FORMAT, "version": VERSION, "scheme": self.scheme, "prog": self.prog,
+                "state": state, "reason": reason, "argv": self.argv, "cwd": os.getcwd(),
+                "ranks": self.comm.size, "host": socket.gethostname(), "pid": os.getpid(),
+                "started": self._started, "updated": _now(), "checkpoint": self._checkpoint,
+                "files": list(self._files), "history": self._history}
+
+    def _write_marker(self, state: str, reason: str | None = None, directory: Path | None = None):
+        directory = directory or (self.path if self._published else self._stage())
+        tmp = directory / f".{MARKER}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(self._marker(state, reason), indent=2, default=_jsonable) + "\n")
+        os.replace(tmp, directory / MARKER)
+
+    def _publish(self, state: str):
+        """Give the staged directory its final name (or, over a run being replaced, move the
+        staged files in after deleting that run's own files)."""
+        staging = self._stage()
+        if os.path.lexists(self.path):
+            old = read_marker(self.path)
+            if old is None:
+                raise UserError(f"{self.path} appeared while this run was working and is not an aepar run "
+                                f"directory; the results stay in {staging}")
+            for name in set(old.get("files", [])) | {MARKER, CHECKPOINT}:
+                target = self.path / name
+                if isinstance(name, str) and "/" not in name and target.is_file():
+                    target.unlink()
+            for name in self._files:
+                os.replace(staging / name, self.path / name)
+            self._published = True
+            self._write_marker(state)
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            self._write_marker(state, directory=staging)
+            while True:
+                try:
+                    _rename_noreplace(staging, self.path)
+                    break
+                except FileExistsError:
+                    if not self.auto:
+                        raise UserError(f"{self.path} appeared while this run was working; the results "
+                                        f"stay in {staging}") from None
+                    self.path = _next_numbered(self.path.parent)
+            self._published = True
+        self._staging = None
+
+    def _remove_stale_temporaries(self):
+        """Temporary files a killed writer of this run left behind (aepar's own)."""
+        for p in self.path.glob(".*.tmp"):
+            if p.is_file():
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+
+def _jsonable(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    return str(obj)
