@@ -181,6 +181,9 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
                                                                    model.error_per_digit(test, comm)))
         record["before"] = {"train": before_train, "test": before_test}
         record["eval_s"] += dt
+        if guard is not None:
+            guard.check(before_train + before_test, "the error of the network before fine-tuning",
+                        "fine-tuning", ckpt.run if ckpt else None, comm)
     progress(comm, quiet, f"fine-tuning {model!r}: {args.optimizer} lr {args.finetune_lr:g}, "
                           f"{args.finetune_epochs} epochs, {comm.size} rank(s), {count} blocks")
     progress(comm, quiet, f"  before: train error/digit {record['before']['train']:.3f}  "
@@ -199,11 +202,12 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
         loss, seen = result.means
         if guard is not None:
             where = f"fine-tuning epoch {epoch + 1}"
-            guard.check(loss, "the loss", where, ckpt.run if ckpt else None)
-            guard.check(sum(float(np.sum(v)) for v in model.params.values()), "a parameter", where,
-                        ckpt.run if ckpt else None)
+            guard.check(loss, "the loss", where, ckpt.run if ckpt else None, comm)
+            guard.check_params(model.params, where, ckpt.run if ckpt else None, comm)
         test_err, et = _timed(comm, be, model.error_per_digit, test, comm)
         record["eval_s"] += et
+        if guard is not None:
+            guard.check(test_err, "the test error", f"fine-tuning epoch {epoch + 1}", ckpt.run if ckpt else None, comm)
         seconds = record["time_s"] - sum(e["seconds"] for e in record["epochs"])
         record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_error_seen": seen,
                                  "test_error": test_err, "seconds": seconds})
@@ -342,15 +346,10 @@ def main(argv, comm):
     from aepar.guard import Guard
     from aepar.report.stacked import TABLES_FILE, tables
     from aepar.resume import Checkpointer
-    from aepar.rundir import RunDir, fingerprint, resumed_args
+    from aepar.rundir import fingerprint, parse_and_open
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    run = RunDir.open(comm, "finetune", out=args.out, resume=args.resume, overwrite=args.overwrite,
-                      argv=argv, prog=PROG)
-    if run.resumed:
-        args = comm.agree(resumed_args, parser.parse_args, argv, run.previous)
+    args, run = parse_and_open(comm, "finetune", PROG, build_parser().parse_args, argv)
     with run, Guard.from_args(comm, PROG, args) as guard:
         be, layers, model, digits = comm.agree(_setup, args, comm)
         continued = model is not None

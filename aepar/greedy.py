@@ -142,12 +142,13 @@ def pretrain_greedy(be, comm, layers, train: Shard, test: Shard, *, quiet=False,
             err = result.means[0]
             if guard is not None:
                 where = f"greedy pre-training, layer {i + 1} ({entry['shape']}), epoch {epoch + 1}"
-                guard.check(err, "the reconstruction error", where, ckpt.run if ckpt else None)
-                guard.check(sum(float(np.sum(v)) for v in layer.params.values()), "a parameter", where,
-                            ckpt.run if ckpt else None)
+                guard.check(err, "the reconstruction error", where, ckpt.run if ckpt else None, comm)
+                guard.check_params(layer.params, where, ckpt.run if ckpt else None, comm)
             t0 = comm.wtime()
             test_err = layer.recon_error(test, comm)
             record["eval_s"] += comm.wtime() - t0
+            if guard is not None:
+                guard.check(test_err, "the test reconstruction error", where, ckpt.run if ckpt else None, comm)
             dt, clock["t"] = clock["t"], 0.0
             record["time_s"] += dt
             entry["epoch_times_s"].append(dt)
@@ -295,15 +296,10 @@ def run_greedy(be, comm, args, digits, run, guard) -> dict:
 
 def main(argv, comm):
     from aepar.guard import Guard
-    from aepar.rundir import RunDir, resumed_args
+    from aepar.rundir import parse_and_open
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    run = RunDir.open(comm, "greedy", out=args.out, resume=args.resume, overwrite=args.overwrite,
-                      argv=argv, prog=PROG)
-    if run.resumed:
-        args = comm.agree(resumed_args, parser.parse_args, argv, run.previous)
+    args, run = parse_and_open(comm, "greedy", PROG, build_parser().parse_args, argv)
     with run, Guard.from_args(comm, PROG, args) as guard:
         be, digits, _ = comm.agree(_setup, args, comm)
         progress(comm, args.quiet, f"{PROG}: {digits.source}")

@@ -20,8 +20,9 @@ communication for 2T + 10 seconds (a peer that cannot even report itself), exit 
 
 Injected faults, for the tests and for users trying their cluster:
 ``AEPAR_FAULT=RANK:STEP:KIND[,...]`` with KIND ``raise`` (an exception), ``kill``
-(SIGKILL), ``nan`` (the step's gradient or partial sums become NaN) or ``stall`` (the
-rank sleeps forever without dying).
+(SIGKILL), ``nan`` (the step's gradient or partial sums become NaN), ``stall`` (the
+rank sleeps forever without dying), or ``sigterm``/``sigusr1``/``sigint`` (the rank sends
+itself that signal, as a scheduler would).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from aepar.errors import EXIT_STALLED, Diverged, UserError
 __all__ = ["Guard", "Fault", "FAULT_ENV", "STOP", "CHECKPOINT"]
 
 FAULT_ENV = "AEPAR_FAULT"
-FAULT_KINDS = ("raise", "kill", "nan", "stall")
+FAULT_KINDS = ("raise", "kill", "nan", "stall", "sigterm", "sigusr1", "sigint")
 # flag values summed over the ranks: any STOP means stop (fewer than 2**20 ranks asking for a
 # checkpoint cannot add up to it), anything else a checkpoint
 CHECKPOINT, STOP = 1.0, float(2 ** 20)
@@ -140,11 +141,8 @@ class Guard:
     def _on_signal(self, signum, frame):
         if signum == signal.SIGINT and self.signum is not None:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
-        if self.signum is None:
+        if self.signum is None:  # the safe point reports what it saved
             self.signum = signum
-        if self.comm.is_root and self.signum == signum:
-            print(f"{self.prog}: rank {self.comm.rank} received {signal.Signals(signum).name}: saving a "
-                  "checkpoint at the next step, then exiting with 75", file=sys.stderr, flush=True)
 
     # ---- steps ------------------------------------------------------------------------------
     def training(self, where: str):
@@ -173,6 +171,9 @@ class Guard:
             print(f"{self.prog}: {FAULT_ENV}: stalling {where}", file=sys.stderr, flush=True)
             while True:
                 time.sleep(3600)
+        if fault.kind.startswith("sig"):
+            os.kill(os.getpid(), getattr(signal, fault.kind.upper()))
+            return
         if fault.kind == "nan":
             if poison is None:
                 self._poison_pending = True
@@ -229,11 +230,34 @@ class Guard:
         return None if self.signum is None else signal.Signals(self.signum).name
 
     # ---- divergence -------------------------------------------------------------------------
-    def check(self, value, what: str, where: str, run=None):
-        """Raise :class:`Diverged` unless ``value`` (a number or array) is all finite."""
+    def check(self, value, what: str, where: str, run=None, comm=None):
+        """Raise :class:`Diverged` unless ``value`` (a number or array) is all finite.
+
+        ``comm``: the ranks that hold the same value (a data-parallel group); when that is
+        every rank of the job the error is collective (one line, every rank exits 3).
+        """
         finite = math.isfinite(value) if np.ndim(value) == 0 else bool(np.isfinite(np.sum(value)))
         if not finite:
-            raise Diverged(f"diverged: {where}: {what} is {_show(value)}{_checkpoint_note(run or self.run)}")
+            err = Diverged(f"diverged: {where}: {what} is {_show(value)}{_checkpoint_note(run or self.run)}")
+            err.collective = comm is not None and comm.size == self.comm.size
+            raise err
+
+    def check_params(self, params: dict, where: str, run=None, comm=None):
+        """:meth:`check` every array of ``params`` (NumPy or CuPy), naming the first bad one.
+
+        Beyond √(largest float) a parameter's products overflow: that is divergence too,
+        caught before the NaNs it is about to make.
+        """
+        for name, value in params.items():
+            top = float(abs(value).max()) if value.size else 0.0
+            if not math.isfinite(top):
+                self.check(np.asarray(_host(value)), f"parameter {name}", where, run, comm)
+            limit = float(np.finfo(value.dtype).max) ** 0.5
+            if top > limit:
+                err = Diverged(f"diverged: {where}: parameter {name} reached {top:.3g}, beyond {limit:.3g} where "
+                               f"its products overflow (learning rate too high?){_checkpoint_note(run or self.run)}")
+                err.collective = comm is not None and comm.size == self.comm.size
+                raise err
 
     # ---- the watchdog -------------------------------------------------------------------------
     def _watch(self):
@@ -272,6 +296,10 @@ class _Armed:
     def __exit__(self, *exc):
         self.guard.where, self.guard._armed = self._before
         return False
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else a
 
 
 def _show(value) -> str:

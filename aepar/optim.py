@@ -176,11 +176,11 @@ class LBFGSB:
         class Pause(Exception):
             pass
 
-        def on_iteration(intermediate):
+        def on_iteration(intermediate_result):  # scipy passes the result object to this name
             self.iterations += 1
-            self.x, self.f = np.array(intermediate.x), np.array(float(intermediate.fun))
-            if callback is not None and callback(self.iterations, float(intermediate.fun), intermediate.x) \
-                    and self.iterations < self.maxiter:
+            x, fun = intermediate_result.x, float(intermediate_result.fun)
+            self.x, self.f = np.array(x), np.array(fun)
+            if callback is not None and callback(self.iterations, fun, x) and self.iterations < self.maxiter:
                 paused.append(True)
                 raise Pause
 

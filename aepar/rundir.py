@@ -36,7 +36,8 @@ import numpy as np
 
 from aepar.errors import UserError
 
-__all__ = ["RunDir", "MARKER", "CHECKPOINT", "read_marker", "resumed_args", "fingerprint", "same_data"]
+__all__ = ["RunDir", "MARKER", "CHECKPOINT", "read_marker", "resumed_args", "fingerprint", "same_data",
+           "parse_and_open"]
 
 MARKER = "run.json"
 CHECKPOINT = "checkpoint.h5"
@@ -230,6 +231,32 @@ def same_data(saved: str | None, now: str, path):
     if saved is not None and saved != now:
         raise UserError(f"{path}: the data differ from the run being resumed (fingerprint {now}, "
                         f"saved {saved}): resume with the same data files and options")
+
+
+def parse_and_open(comm, scheme: str, prog: str, parse, argv):
+    """A scheme's options and its run directory, checked on every rank (collective).
+
+    ``parse(list) -> namespace`` is the scheme's parser. A new run parses ``argv``; a
+    resumed one (``--resume DIR``) parses the options the run started with, ``argv`` on
+    top (:func:`resumed_args`), so ``--resume DIR`` alone is enough.
+
+    Returns
+    -------
+    (args, RunDir)
+    """
+    import argparse
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--out")
+    pre.add_argument("--resume")
+    pre.add_argument("--overwrite", action="store_true")
+    known, _ = pre.parse_known_args(argv)
+    args = parse(argv) if known.resume is None else None
+    run = RunDir.open(comm, scheme, out=known.out, resume=known.resume, overwrite=known.overwrite,
+                      argv=argv, prog=prog)
+    if run.resumed:
+        args = comm.agree(resumed_args, parse, argv, run.previous)
+    return args, run
 
 
 def _rename_noreplace(src: Path, dst: Path):

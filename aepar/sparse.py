@@ -250,18 +250,13 @@ def _write_outputs(run, model, theta, args, summary):
 
 def main(argv=None, comm=None):
     from aepar.guard import Guard
-    from aepar.rundir import RunDir, resumed_args
+    from aepar.rundir import parse_and_open
 
     if comm is None:
         from aepar.comm import world
         comm = world()
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    run = RunDir.open(comm, "sparse", out=args.out, resume=args.resume, overwrite=args.overwrite,
-                      argv=argv, prog=PROG)
-    if run.resumed:
-        args = comm.agree(resumed_args, parser.parse_args, argv, run.previous)
+    args, run = parse_and_open(comm, "sparse", PROG, build_parser().parse_args, argv)
     with run, Guard.from_args(comm, PROG, args) as guard:
         setup = comm.agree(_setup, args, comm.rank, comm.size)
         summary, model, theta = train(args, comm, setup, run, guard)

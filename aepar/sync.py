@@ -689,14 +689,10 @@ def _extra_tables(s: dict) -> str:
 
 def main(argv, comm):
     from aepar.guard import Guard
-    from aepar.rundir import RunDir, resumed_args
+    from aepar.rundir import parse_and_open
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    args = parse_args(argv)
-    run = RunDir.open(comm, "sync", out=args.out, resume=args.resume, overwrite=args.overwrite,
-                      argv=argv, prog=PROG)
-    if run.resumed:
-        args = comm.agree(resumed_args, parse_args, argv, run.previous)
+    args, run = parse_and_open(comm, "sync", PROG, parse_args, argv)
     with run, Guard.from_args(comm, PROG, args, run) as guard:
         be, digits, x_val, _, _ = comm.agree(_setup, args, comm)
         progress(comm, args.quiet, f"{PROG}: {digits.source}")

@@ -516,8 +516,8 @@ class Pipeline:
         end = self.trace.now()
         if self.guard is not None:
             where = f"sync pre-training, layer {stage + 1} ({layer.n_in}-{layer.n_out}), epoch {epoch + 1}"
-            self.guard.check(err, "the reconstruction error", where)
-            self.guard.check(sum(float(np.sum(v)) for v in layer.params.values()), "a parameter", where)
+            self.guard.check(err, "the reconstruction error", where, comm=self.stage_comm)
+            self.guard.check_params(layer.params, where, comm=self.stage_comm)
         val_err = None
         if self.n_val:
             with self.trace.span("eval", "eval", stage=stage + 1, epoch=epoch + 1):

@@ -139,8 +139,8 @@ class RootOptimizer:
         self.evaluations += 1
         if self.guard is not None:
             where = f"sparse autoencoder, iteration {self.optimizer.iterations + 1} (evaluation {self.evaluations})"
-            self.guard.check(cost, "the cost", where, self.run_dir)
-            self.guard.check(grad, "the gradient", where, self.run_dir)
+            self.guard.check(cost, "the cost", where, self.run_dir, self.comm)
+            self.guard.check(grad, "the gradient", where, self.run_dir, self.comm)
         return cost, grad
 
     # ---- the loop -----------------------------------------------------------------------

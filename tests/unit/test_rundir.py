@@ -1,0 +1,170 @@
+"""Run directories: what --out may name, what is never touched, how results appear."""
+import json
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from aepar.comm import Comm
+from aepar.errors import UserError
+from aepar.rundir import CHECKPOINT, MARKER, RunDir, _decide, fingerprint, resumed_args, same_data
+
+
+@pytest.fixture
+def cwd(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+def open_run(out=None, resume=None, overwrite=False, scheme="demo", argv=("--x", "1")):
+    return RunDir.open(Comm.serial(), scheme, out=out, resume=resume, overwrite=overwrite, argv=list(argv))
+
+
+def complete_run(path, files=("result.txt",), checkpoint=False, scheme="demo"):
+    run = open_run(out=path, scheme=scheme)
+    if checkpoint:
+        run.save_checkpoint(lambda p: p.write_text("ckpt"), "epoch 1")
+    for name in files:
+        run.write_text(name, f"{name}\n")
+    if not checkpoint:
+        run.complete()
+    return run
+
+
+def tree(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("name, why", [(".", "is the working directory"), ("..", "contains the working directory"),
+                                       ("/", "is the root directory"), ("~", "is your home directory")])
+def test_places_that_are_always_refused(cwd, name, why):
+    with pytest.raises(UserError, match=why):
+        _decide("demo", os.path.expanduser(name), None, False)
+    with pytest.raises(UserError, match=why):  # --overwrite changes nothing
+        _decide("demo", os.path.expanduser(name), None, True)
+
+
+def test_a_users_directory_and_file_are_never_touched(cwd):
+    (cwd / "thesis").mkdir()
+    (cwd / "thesis" / "thesis.tex").write_text("my thesis")
+    (cwd / "thesis" / "sub").mkdir()
+    (cwd / "thesis" / "sub" / "data.csv").write_text("1,2")
+    (cwd / "notes.txt").write_text("notes")
+    (cwd / "empty").mkdir()
+    before = tree(cwd)
+    for out, overwrite in (("thesis", False), ("thesis", True), ("notes.txt", False), ("notes.txt", True),
+                           ("empty", False), ("empty", True)):
+        with pytest.raises(UserError, match=out):
+            open_run(out=out, overwrite=overwrite)
+    with pytest.raises(UserError, match="no such run directory"):
+        open_run(resume="nowhere")
+    with pytest.raises(UserError, match="not an aepar run"):
+        open_run(resume="thesis")
+    assert tree(cwd) == before and (cwd / "thesis" / "thesis.tex").read_text() == "my thesis"
+
+
+def test_a_run_directory_appears_whole_when_complete_and_never_half(cwd):
+    run = open_run(out="runs/a")
+    run.write_text("result.txt", "42")
+    assert not (cwd / "runs" / "a").exists()  # still in its hidden staging sibling
+    staged = [p.name for p in (cwd / "runs").iterdir()]
+    assert len(staged) == 1 and staged[0].startswith(".a.aepar-")
+    run.complete()
+    assert sorted(p.name for p in (cwd / "runs").iterdir()) == ["a"]
+    marker = json.loads((cwd / "runs" / "a" / MARKER).read_text())
+    assert marker["state"] == "complete" and marker["files"] == ["result.txt"] and marker["argv"] == ["--x", "1"]
+    # a run that fails before its first checkpoint leaves nothing, staging included
+    with pytest.raises(RuntimeError):
+        with open_run(out="runs/b") as run:
+            run.write_text("half.csv", "a,b")
+            raise RuntimeError("failed mid-run")
+    assert sorted(p.name for p in (cwd / "runs").iterdir()) == ["a"]
+
+
+def test_a_second_run_is_refused_and_overwrite_deletes_only_aeparts_files(cwd):
+    complete_run("r", files=("result.txt", "old.png"))
+    (cwd / "r" / "my-notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="holds an aepar.demo run .complete.*--overwrite"):
+        open_run(out="r")
+    with pytest.raises(UserError, match="nothing to resume"):
+        open_run(resume="r")
+    run = open_run(out="r", overwrite=True)
+    assert (cwd / "r" / "old.png").exists()  # nothing is deleted before the new run writes
+    run.write_text("result.txt", "new")
+    run.complete()
+    assert sorted(p.name for p in (cwd / "r").iterdir()) == sorted(["my-notes.txt", MARKER, "result.txt"])
+    assert (cwd / "r" / "result.txt").read_text() == "new"
+
+
+def test_checkpoint_publishes_the_directory_and_resume_continues_it(cwd):
+    run = complete_run("r", checkpoint=True)
+    assert (cwd / "r" / CHECKPOINT).read_text() == "ckpt"
+    run.abandon("interrupted", "a signal")
+    marker = json.loads((cwd / "r" / MARKER).read_text())
+    assert marker["state"] == "interrupted" and marker["checkpoint"]["progress"] == "epoch 1"
+    with pytest.raises(UserError, match="continue it with --resume"):
+        open_run(out="r")
+    with pytest.raises(UserError, match="not an aepar.other run"):
+        open_run(resume="r", scheme="other")
+    with pytest.raises(UserError, match="contradict"):
+        open_run(resume="r", overwrite=True)
+    with pytest.raises(UserError, match="different directories"):
+        open_run(resume="r", out="elsewhere")
+    again = open_run(resume="r")
+    assert again.resumed and again.has_checkpoint and again.checkpoint_progress == "epoch 1"
+    again.write_text("result.txt", "done")
+    again.complete()
+    assert sorted(p.name for p in (cwd / "r").iterdir()) == sorted([MARKER, "result.txt"])  # checkpoint dropped
+
+
+def test_files_follow_the_users_umask(cwd):
+    old = os.umask(0o027)
+    try:
+        complete_run("shared", checkpoint=True)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((cwd / "shared").stat().st_mode) == 0o750
+    for name in ("result.txt", CHECKPOINT, MARKER):
+        assert stat.S_IMODE((cwd / "shared" / name).stat().st_mode) == 0o640, name
+
+
+def test_default_directories_are_numbered(cwd):
+    for _ in range(2):
+        run = open_run()
+        run.write_text("x", "1")
+        run.complete()
+    assert sorted(p.name for p in (cwd / "runs" / "demo").iterdir()) == ["001", "002"]
+    with pytest.raises(UserError, match="not an aepar run directory"):
+        open_run(out="runs/demo")
+
+
+def test_a_directory_in_use_is_refused_even_with_overwrite(cwd):
+    run = complete_run("busy", checkpoint=True)  # its marker says running, by this live process
+    with pytest.raises(UserError, match="in use by a running"):
+        open_run(out="busy", overwrite=True)
+    run.abandon("failed", "x")
+
+
+def test_resumed_options_must_be_the_runs_own():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--resume")
+    p.add_argument("--data-dir")
+    info = {"argv": ["--epochs", "5", "--data-dir", "data"], "cwd": "/start"}
+    args = resumed_args(p.parse_args, ["--resume", "r", "--quiet"], info)
+    assert args.epochs == 5 and args.quiet and args.data_dir == "/start/data"
+    with pytest.raises(UserError, match="--epochs 6 differs from the run being resumed"):
+        resumed_args(p.parse_args, ["--resume", "r", "--epochs", "6"], info)
+
+
+def test_a_resumed_run_must_find_the_same_data():
+    a = np.arange(12.0).reshape(3, 4)
+    same_data(fingerprint(a), fingerprint(a.copy()), "x")
+    with pytest.raises(UserError, match="the data differ"):
+        same_data(fingerprint(a), fingerprint(a[:2]), "ckpt.h5")
