@@ -19,10 +19,11 @@ import sys
 from aepar import _threads
 
 #: The columns :func:`describe` returns, in the order benchmark CSVs write them.
-FIELDS = ("hostname", "cores", "cpu_model", "blas", "blas_coretype", "threads", "mpi",
+FIELDS = ("hostname", "cores", "cpu_model", "isa", "blas", "blas_coretype", "threads", "blas_threads", "mpi",
           "python", "numpy", "numba")
 
-_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "AEPAR_THREADS")
+# the vector instruction sets that decide which kernels are fast (widest first)
+ISA_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx2", "fma", "avx", "sse4_2", "neon", "asimd", "sve")
 
 
 def cpu_model() -> str:
@@ -39,13 +40,32 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def isa() -> str:
+    """The CPU's vector instruction sets that matter to the kernels, e.g. "avx512f avx2 fma"."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    have = set(value.split())
+                    return " ".join(flag for flag in ISA_FLAGS if flag in have)
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def threads_per_rank() -> int:
-    """BLAS threads each rank runs with, from the environment aepar set (or the user did)."""
-    for var in _THREAD_ENV:
+    """aepar's threads per rank (each takes whole blocks; AEPAR_THREADS, else cores / ranks)."""
+    return _threads.threads_per_rank()
+
+
+def blas_threads() -> int:
+    """BLAS threads inside each of them (aepar leaves it at 1 unless the user set it)."""
+    for var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(var, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
-    return _threads.threads_per_rank()
+    return 1
 
 
 def _threadpool_blas():
@@ -110,8 +130,9 @@ def describe(mpi: str | None = None, threads: int | None = None) -> dict:
     Returns
     -------
     dict
-        Keys :data:`FIELDS`: hostname, cores (usable by this process), cpu_model, blas
-        (name + version), blas_coretype, threads (per rank), mpi, python, numpy, numba.
+        Keys :data:`FIELDS`: hostname, cores (usable by this process), cpu_model, isa (vector
+        instruction sets), blas (name + version), blas_coretype, threads (aepar's, per
+        rank), blas_threads (inside each), mpi, python, numpy, numba.
     """
     import numpy as np
 
@@ -123,9 +144,11 @@ def describe(mpi: str | None = None, threads: int | None = None) -> dict:
         "hostname": socket.gethostname(),
         "cores": _threads.usable_cores(),
         "cpu_model": cpu_model(),
+        "isa": isa(),
         "blas": blas,
         "blas_coretype": coretype,
         "threads": int(threads) if threads is not None else threads_per_rank(),
+        "blas_threads": blas_threads(),
         "mpi": mpi,
         "python": platform.python_version(),
         "numpy": np.__version__,

@@ -46,9 +46,8 @@ def scaling(grid: str, python: str, results: Path) -> int:
     """Run the sweep as plain bash on this host and publish its CSVs, plots and table."""
     from bench import scaling as sc
 
-    work = REPO / "runs" / f"bench-{grid}"
-    if work.exists():
-        shutil.rmtree(work)  # a benchmark is measured afresh, never resumed
+    # a benchmark is measured afresh, never resumed, into a directory of its own
+    work = REPO / "runs" / f"bench-{grid}-{time.strftime('%Y%m%d-%H%M%S')}"
     env = dict(os.environ, GRID=grid, OUT=str(work), PYTHON=python, REPORT="0", RESUME="0")
     # Waiting ranks yield the CPU instead of spinning: on a shared machine a spinning rank
     # steals the core its partner (or someone else's job) computes on.
@@ -103,7 +102,7 @@ def main(argv=None) -> int:
     size.add_argument("--full", dest="grid", action="store_const", const="full",
                       help="the paper's grid, 1-16 processes x 10k-160k patches")
     size.add_argument("--grid", dest="grid", help="any grid name in bench/grid.json")
-    p.add_argument("--skip", action="append", default=[], choices=["scaling", "peers", "stacked"],
+    p.add_argument("--skip", action="append", default=[], choices=["scaling", "peers", "stacked", "determinism"],
                    help="leave a stage out (repeatable)")
     p.add_argument("--results", default=str(RESULTS), help="where the results go (default bench/results)")
     args = p.parse_args(argv)
@@ -124,6 +123,9 @@ def main(argv=None) -> int:
             print(f"== bench: stacked: has only --quick and --full, stage skipped for grid {grid!r}")
         else:
             status["stacked"] = _stage("stacked", [python, "-m", "bench.stacked", f"--{grid}"])
+    if "determinism" not in args.skip:
+        status["determinism"] = _stage("determinism (what rank-independent sums cost)",
+                                       [python, "-m", "bench.determinism", "--out", str(results)])
     print("== bench: " + ", ".join(f"{k} exit {v}" for k, v in status.items()))
     return 0 if all(v == 0 for v in status.values()) else 1
 

@@ -92,7 +92,8 @@ def _write_csv(path, rows):
 # ---- one CD-1 epoch: aepar vs PyTorch ------------------------------------------------------
 RBM_ROWS = 50_000          # the size: 50k Fashion-MNIST training images
 RBM_THREADS = (1, 2)
-AEPAR_NAME = "aepar (numba kernels)"
+AEPAR_NAME = "aepar (numba kernels, 8 blocks: bit-identical on 1-8 ranks)"
+ONE_BLOCK_NAME = "aepar (numba kernels, 1 block: one process only)"
 NUMPY_NAME = "numpy straightforward (aepar's reference kernels)"
 TORCH_NAMES = {"careful": "pytorch careful (bench/torch_rbm.py)", "plain": "pytorch plain (bench/torch_rbm.py)"}
 
@@ -124,12 +125,14 @@ def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True) -
     from aepar.models.rbm import RBM
     from bench import torch_rbm
 
-    def rbm(kernels):
+    from aepar.parallel.data_parallel import DEFAULT_BLOCKS, Shard
+
+    def rbm(kernels, blocks=DEFAULT_BLOCKS):
         be = backend.select("cpu", kernels, "float32")
         layer = RBM(be, 784, 1000, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
                     momentum_switch_epoch=5, batch=100, seed=0, layer_index=0)
-        xb = be.asarray(x)
-        layer.train_epoch(xb[:500], 0)  # warm-up: JIT, BLAS buffers
+        layer.train_epoch(Shard.of(be, x[:500], blocks), 0)  # warm-up: JIT, BLAS buffers
+        xb = Shard.of(be, x, blocks)
 
         def time_epoch(epoch):
             t0 = time.perf_counter()
@@ -137,7 +140,8 @@ def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True) -
             return time.perf_counter() - t0
         return time_epoch
 
-    ours = {AEPAR_NAME: rbm("numba")}
+    # the price of rank-independent sums: the same epoch with the batch as one block
+    ours = {AEPAR_NAME: rbm("numba"), ONE_BLOCK_NAME: rbm("numba", 1)}
     if numpy_peer:
         ours[NUMPY_NAME] = rbm("numpy")
     peers = {}
@@ -236,12 +240,14 @@ def stage_times(x_train, x_val, sizes, epochs, extras, batch=100, repeats=2) -> 
     from aepar import backend
     from aepar.pretrain import make_layers
 
+    from aepar.parallel.data_parallel import DEFAULT_BLOCKS, Shard
+
     be = backend.select("cpu", "numba", "float32")
     layers = make_layers(be, sizes, "rbm", seed=0)
-    xt, xv = be.asarray(x_train), be.asarray(x_val)
+    xt, xv = Shard.of(be, x_train, DEFAULT_BLOCKS), Shard.of(be, x_val, DEFAULT_BLOCKS)
     out = []
     for i, layer in enumerate(layers):
-        layer.train_epoch(xt[:batch * 2], 0)  # warm-up
+        layer.train_epoch(Shard.of(be, be.to_host(xt.x[:batch * 2]), DEFAULT_BLOCKS), 0)  # warm-up
         ts = []
         for r in range(repeats):
             t0 = time.perf_counter()
@@ -252,7 +258,7 @@ def stage_times(x_train, x_val, sizes, epochs, extras, batch=100, repeats=2) -> 
         tr = time.perf_counter() - t0
         out.append({"layer": i + 1, "n_in": layer.n_in, "n_out": layer.n_out,
                     "flops_per_sample": layer.flops_per_sample(), "epoch_s": float(np.median(ts)),
-                    "transform_s": tr, "steps": -(-xt.shape[0] // batch),
+                    "transform_s": tr, "steps": -(-xt.n // batch),
                     "param_bytes": 4 * (layer.n_in * layer.n_out + layer.n_in + layer.n_out)})
         xt, xv = nt, nv
     return {"kind": "measured", "note": "single process, one thread, float32; epoch = median of "
@@ -276,7 +282,9 @@ def _mpirun() -> list[str]:
 def run_sync(np_, out: Path, args: list[str], log: Path) -> dict:
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env.pop("AEPAR_THREADS", None)  # aepar sets threads from the ranks per node
-    cmd = _mpirun() + ["-np", str(np_), sys.executable, "-m", "aepar.sync", "--out", str(out), "--quiet"] + args
+    # the benchmark's own run directories: replaced run after run (a foreign directory is still refused)
+    cmd = _mpirun() + ["-np", str(np_), sys.executable, "-m", "aepar.sync", "--out", str(out), "--overwrite",
+                       "--quiet"] + args
     t0 = time.perf_counter()
     with open(log, "w") as f:
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)

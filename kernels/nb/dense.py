@@ -1,7 +1,7 @@
 """Fully connected layer a = act(x @ W + b), forward and backward (Numba).
 
-The products go to BLAS (numpy's matmul, scipy's gemm with beta = 1 so that dW
-accumulates without a temporary); the element-wise work around them is one fused,
+The products go to BLAS (numpy's matmul, and gemm with beta = 1 so that dW accumulates
+without a temporary, both without holding the GIL); the element-wise work around them is one fused,
 parallel pass each way: bias + activation in place on the matmul output, and
 da * act'(a) together with the column sums that make db.
 """
@@ -9,15 +9,12 @@ import math
 
 import numpy as np
 from numba import njit, prange
-from scipy.linalg import blas
 
 from ..ref.dense import _check_backward_shapes, _check_shapes
 from .activation import IDENTITY, RELU, SIGMOID, act_code
+from .blas import gemm
 
 __all__ = ["dense_forward", "dense_backward"]
-
-_GEMM = {np.dtype(np.float32): blas.sgemm, np.dtype(np.float64): blas.dgemm}
-
 
 # The scalar activations are repeated from activation.py on purpose: Numba's on-disk
 # cache only notices edits to the file a kernel lives in, so a kernel that called
@@ -99,19 +96,14 @@ def _add_xt_dz(x, dz, dW):
     (out, in) matrix dW.T, which receives dz.T @ x; a Fortran-ordered dW (a transposed
     view) receives x.T @ dz directly. Any other layout or mixed dtypes: a temporary.
     """
-    gemm = _GEMM.get(dW.dtype)
-    if gemm is None or not dW.flags.writeable or not x.dtype == dz.dtype == dW.dtype:
+    if dW.dtype not in (np.float32, np.float64) or not dW.flags.writeable or not x.dtype == dz.dtype == dW.dtype:
         dW += x.T @ dz
-        return
-    if dW.flags.c_contiguous:
-        out = gemm(1.0, dz.T, x.T, 1.0, dW.T, trans_b=1, overwrite_c=1).T
+    elif dW.flags.c_contiguous:
+        gemm(1.0, dz.T, x.T, 1.0, dW.T, trans_b=1)
     elif dW.flags.f_contiguous:
-        out = gemm(1.0, x.T, dz.T, 1.0, dW, trans_b=1, overwrite_c=1)
+        gemm(1.0, x.T, dz.T, 1.0, dW, trans_b=1)
     else:
         dW += x.T @ dz
-        return
-    if not np.shares_memory(out, dW):  # f2py copied after all: keep the result anyway
-        dW[...] = out
 
 
 def dense_forward(x, W, b, act):

@@ -32,9 +32,9 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
-from scipy.linalg import blas
 
 from ..ref.rbm import cd_update_via, check_cd, check_rbm
+from .blas import gemm
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_update"]
 
@@ -188,16 +188,9 @@ def _prep(a, W):
     return np.ascontiguousarray(a, dtype=dt), np.ascontiguousarray(W, dtype=dt), dt
 
 
-def _gemm(dt):
-    return blas.sgemm if dt == np.float32 else blas.dgemm
-
-
 def _gemm_into(c, alpha, a, b, beta=0.0, trans_a=0, trans_b=0):
-    """c = alpha op(a) op(b) + beta c for column-major views; f2py writes c in place when it
-    is F-contiguous of the right dtype, and otherwise we copy the result back."""
-    r = _gemm(c.dtype)(alpha, a, b, beta=beta, c=c, trans_a=trans_a, trans_b=trans_b, overwrite_c=1)
-    if not np.may_share_memory(r, c):
-        c[...] = r
+    """c = alpha op(a) op(b) + beta c for column-major views, without the GIL (.blas)."""
+    gemm(alpha, a, b, beta, c, trans_a, trans_b)
 
 
 def _vW(v, W, out):

@@ -38,12 +38,22 @@ def test_blas_names_numpys_build():
 
 
 def test_threads_follow_the_environment(monkeypatch):
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
-    assert machine.describe(mpi="x")["threads"] == 3
+    monkeypatch.setenv("AEPAR_THREADS", "3")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    d = machine.describe(mpi="x")
+    assert d["threads"] == 3 and d["blas_threads"] == 2
     assert machine.describe(mpi="x", threads=5)["threads"] == 5
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "AEPAR_THREADS"):
         monkeypatch.delenv(var, raising=False)
-    assert machine.threads_per_rank() == _threads.threads_per_rank()
+    assert machine.threads_per_rank() == _threads.threads_per_rank() and machine.blas_threads() == 1
+
+
+def test_isa_lists_the_vector_instruction_sets():
+    if not os.path.exists("/proc/cpuinfo"):
+        pytest.skip("no /proc/cpuinfo on this system")
+    with open("/proc/cpuinfo") as f:
+        flags = next((l.split(":", 1)[1].split() for l in f if l.startswith(("flags", "Features"))), [])
+    assert machine.isa().split() == [x for x in machine.ISA_FLAGS if x in flags]
 
 
 def test_forced_openblas_coretype_is_reported():
