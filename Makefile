@@ -21,7 +21,7 @@ export MPIRUN
 NP     ?= 4
 RUN_ARGS ?=
 
-.PHONY: help venv run test test-gpu test-cluster bench bench-full bench-peers fashion clean distclean
+.PHONY: help venv run test test-gpu test-cluster bench bench-full bench-peers reliability fashion clean distclean
 
 help:  ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -44,7 +44,7 @@ $(STAMP): setup.py
 run: venv  ## the main job: synchronized pre-training on embedded real MNIST (NP ranks)
 	$(MPIRUN) -np $(NP) $(BIN)/python -m aepar.sync --preset quick $(RUN_ARGS)
 
-test: venv  ## unit, MPI (mpirun -np 1/2/4) and end-to-end tests
+test: venv  ## unit, MPI (mpirun -np 1-8), reliability and end-to-end tests
 	$(BIN)/python -m pytest tests
 
 test-gpu: venv  ## the CuPy kernel tests only (needs a GPU and `pip install .[gpu]`)
@@ -58,6 +58,9 @@ bench: venv bench-peers  ## quick scaling grid, textbook and PyTorch peers -> be
 
 bench-full: venv bench-peers  ## the paper's full grids (hours on 2 cores)
 	$(BIN)/python -m bench.run --full
+
+reliability: venv  ## every injected fault, bad file, impossible option and --out case run for real; counts -> bench/results/reliability.md (~20 min)
+	$(BIN)/python -m bench.reliability
 
 # PyTorch is a bench-only peer (aepar never imports it); without it that peer is skipped.
 bench-peers: venv

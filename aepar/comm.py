@@ -276,8 +276,15 @@ class Comm:
             error.collective = True
             raise error
 
+    # After a rank's last words and before MPI_Abort: the launcher forwards output
+    # asynchronously, and an abort that comes at once can kill the line on its way.
+    ABORT_GRACE_S = 0.5
+
     def abort(self, code: int = 1):
         if self._c is not None and self.size > 1:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            time.sleep(self.ABORT_GRACE_S)
             self._c.Abort(code)
         sys.exit(code)
 
@@ -285,6 +292,7 @@ class Comm:
         """End the whole job from any thread (the watchdog): MPI_Abort, or _exit alone."""
         sys.stderr.flush()
         if self._c is not None and self.size > 1:
+            time.sleep(self.ABORT_GRACE_S)
             MPI.COMM_WORLD.Abort(code)
         os._exit(code)
 

@@ -23,6 +23,7 @@ Examples
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import numpy as np
@@ -169,7 +170,8 @@ def pretrain_greedy(be, comm, layers, train: Shard, test: Shard, *, quiet=False,
                                         state=epoch_state.to_dict() if epoch_state else None), label, why, comm=comm)
 
         if ckpt is not None:
-            with (guard.training(f"pre-training layer {i + 1}") if guard is not None else _nothing()):
+            armed = guard.training(f"pre-training layer {i + 1}") if guard is not None else contextlib.nullcontext()
+            with armed:
                 ckpt.epochs(train_one, first, layer.epochs, save=save, after_epoch=after_epoch, resume=state,
                             comm=comm)
         else:
@@ -186,13 +188,6 @@ def pretrain_greedy(be, comm, layers, train: Shard, test: Shard, *, quiet=False,
     record["eval_s"] = comm.max(record["eval_s"])
     return record
 
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def build_parser():

@@ -162,13 +162,13 @@ class Guard:
 
     def _fire(self, fault: Fault, poison):
         where = f"rank {self.comm.rank}, step {self.steps} ({self.where})"
+        # the wall-clock time, so that a harness can measure how long the job takes to end
+        print(f"{self.prog}: {FAULT_ENV}: {fault.kind} on {where} at t={time.time():.3f}", file=sys.stderr, flush=True)
         if fault.kind == "raise":
             raise RuntimeError(f"fault injected by {FAULT_ENV} at {where}")
         if fault.kind == "kill":
-            print(f"{self.prog}: {FAULT_ENV}: killing {where}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind == "stall":
-            print(f"{self.prog}: {FAULT_ENV}: stalling {where}", file=sys.stderr, flush=True)
             while True:
                 time.sleep(3600)
         if fault.kind.startswith("sig"):

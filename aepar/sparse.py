@@ -28,6 +28,7 @@ Examples
 """
 from __future__ import annotations
 
+import contextlib
 import argparse
 import sys
 from dataclasses import dataclass
@@ -114,6 +115,9 @@ def _setup(args, rank: int, size: int) -> Setup:
         source = f"IMAGES.mat: {k} images {h}x{w} from {args.images}"
     else:
         images, source = natural_images(args.data_dir)
+    rows, cols = images.shape[:2]
+    if args.patch > min(rows, cols):
+        raise UserError(f"{args.images or source}: images of {rows}x{cols} are smaller than --patch {args.patch}")
     # the same patches whatever the number of processes: all are drawn, each keeps its blocks
     patches = sample_patches(images, args.samples, args.patch, seed=args.seed)
     digest = fingerprint(patches) if rank == 0 else None
@@ -184,7 +188,7 @@ def train(args, comm, setup: Setup, run=None, guard=None):
             save(o, "signal" if stop else "periodic")
         return stop
 
-    with (guard.training("L-BFGS iterations") if guard is not None else _nothing()):
+    with (guard.training("L-BFGS iterations") if guard is not None else contextlib.nullcontext()):
         result = opt.run(theta0, args.iterations, on_iteration,
                          state=resume.opt_state if resume is not None else None)
     if result.paused:
@@ -221,13 +225,6 @@ def _interrupted(comm, run, where):
     err.collective = True
     return err
 
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _write_outputs(run, model, theta, args, summary):

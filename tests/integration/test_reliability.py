@@ -245,7 +245,7 @@ FAULT_RUNS = {
     "sync": ("aepar.sync", ["--dataset", "mnist5k", "--layers", "784-64-32-16-8", "--epochs", "3", "--extra",
                             "0,1,1,1", "--limit", "800", "--finetune-epochs", "1", "--no-plot", "--quiet"]),
 }
-EXPECT = {"raise": (1, "rank 2/4: internal error"), "kill": (None, "killing rank 2"),
+EXPECT = {"raise": (1, "rank 2/4: internal error"), "kill": (None, "AEPAR_FAULT: kill on rank 2"),
           "nan": (3, "diverged:"), "stall": (124, "rank 2 stalled: no progress for")}
 
 
