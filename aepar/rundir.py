@@ -309,6 +309,9 @@ class RunDir:
         self._started = _now()
         if resumed:
             self._checkpoint = previous.get("checkpoint")
+            # the run's own options, whatever this resuming command line said (a run may be
+            # interrupted and resumed again and again)
+            self.argv = list(previous.get("argv") or [])
         if resumed and self.is_root:
             self._files = [f for f in previous.get("files", []) if isinstance(f, str)]
             self._history = list(previous.get("history", []))
@@ -443,8 +446,9 @@ class RunDir:
             entry["reason"] = reason
         if not self._history or self._history[-1].get("state") != state or reason:
             self._history.append(entry)
+        cwd = (self.previous or {}).get("cwd") if self.resumed else None
         return {"format": FORMAT, "version": VERSION, "scheme": self.scheme, "prog": self.prog,
-                "state": state, "reason": reason, "argv": self.argv, "cwd": os.getcwd(),
+                "state": state, "reason": reason, "argv": self.argv, "cwd": cwd or os.getcwd(),
                 "ranks": self.comm.size, "host": socket.gethostname(), "pid": os.getpid(),
                 "started": self._started, "updated": _now(), "checkpoint": self._checkpoint,
                 "files": list(self._files), "history": self._history}

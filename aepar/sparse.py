@@ -58,8 +58,8 @@ def build_parser() -> ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="outputs in the run directory: weights.h5, features.png (one tile per hidden unit),\n"
                "  summary.json, summary.csv (cost, iterations, times, communications/evaluation), run.json\n"
-               "images: --images FILE, else IMAGES.mat in --data-dir/$AEPAR_DATA, else whitened\n"
-               "  photographs from the scikit-image wheel\n"
+               "images: --images FILE, else IMAGES.mat or the first CIFAR-10 batch in --data-dir/$AEPAR_DATA\n"
+               "  (a directory with neither is refused), else whitened photographs from the scikit-image wheel\n"
                "progress: every 25 iterations on rank 0 (iteration, cost, seconds)\n"
                "exit codes: 0 done, 2 bad input, 3 diverged, 75 interrupted (checkpoint saved),\n"
                "  124 a rank stalled (--timeout), 1 internal error\n\n"
@@ -80,7 +80,7 @@ def build_parser() -> ArgumentParser:
     g.add_argument("--beta", type=non_negative_float, default=3.0, help="sparsity weight β >= 0 (default 3)")
     g.add_argument("--images", metavar="PATH",
                    help="an IMAGES.mat (variable IMAGES, rows x columns x images); default: "
-                        "IMAGES.mat in --data-dir, else the scikit-image photographs")
+                        "IMAGES.mat or the first CIFAR-10 batch in --data-dir, else the scikit-image photographs")
     add_common(p, scheme="sparse")
     return p
 

@@ -218,6 +218,21 @@ def test_sync_stopped_by_the_launchers_sigusr1_resumes_to_the_same_bits(referenc
     assert_same_bits(references["sync"], out)
 
 
+def test_a_run_interrupted_twice_resumes_twice_to_the_same_bits(references, tmp_path):
+    """The second resume reads the run's own options from run.json, not the first resume's."""
+    out = tmp_path / "run"
+    first = cli("aepar.greedy", [*GREEDY, "--out", out], 2, env={"AEPAR_FAULT": "0:20:sigterm"})
+    assert first.returncode == 75, first.stderr
+    second = cli("aepar.greedy", ["--resume", out, "--quiet"], 2, env={"AEPAR_FAULT": "1:30:sigusr1"})
+    assert second.returncode == 75, second.stderr
+    assert marker(out)["argv"][:2] == GREEDY[:2]
+    third = cli("aepar.greedy", ["--resume", out, "--quiet"], 1)
+    assert third.returncode == 0, third.stderr
+    assert_same_bits(references["greedy"], out)
+    states = [h["state"] for h in marker(out)["history"]]
+    assert states.count("interrupted") == 2 and states[-1] == "complete"
+
+
 def test_periodic_checkpoints_change_nothing(references, tmp_path):
     out = tmp_path / "run"
     r = cli("aepar.greedy", [*GREEDY, "--checkpoint-every", "1", "--out", out], 2)
