@@ -35,6 +35,7 @@ class AELayer(RBM):
         return h, Wt, K.dense_forward(h, Wt, p["bv"], "sigmoid")
 
     n_extra = 1  # a step reports Σ‖x̂ − x‖² over its rows
+    fused_step = None  # the RBM's fused step is CD-1: an autoencoder layer takes the general path
 
     def leaf_gradient(self, x, rng, scale, grads):
         """Add one block's gradient of ½ Σ(x̂ − x)², scaled by ``scale``, into ``grads``.

@@ -12,7 +12,8 @@ fixed blocks, every block shuffles its rows with its own stream
 from it, each block's CD gradient is computed alone and the blocks' gradients are added
 in one fixed tree, then one SGD-with-momentum step (weight cost on W) runs on every rank.
 A given (seed, layer, epoch, data, blocks) gives bit-identical weights on 1 process or
-any number of ranks and threads.
+any number of ranks and threads. With the data as one block (``--reduce-blocks 1``, one
+process) a step is one fused kernel instead, ``rbm_cd_update``.
 """
 from __future__ import annotations
 
@@ -93,6 +94,15 @@ class RBM:
         noise = self._draw(rng, np.empty((1, x.shape[0], self.n_out), dtype=NOISE_DTYPE))
         _, _, err = be.K.rbm_cd_backward(x, p["W"], p["bv"], p["bh"], be.xp.asarray(noise), self.hidden,
                                          grads["W"], grads["bv"], grads["bh"], scale)
+        return (err,)
+
+    def fused_step(self, x, rng, epoch):
+        """One whole batch on one process: CD-1, weight cost and the momentum step in one
+        kernel (no gradient arrays). Returns (Σ‖v1 − v0‖²,)."""
+        be, p, v = self.be, self.params, self.optimizer.velocity
+        noise = self._draw(rng, np.empty((1, x.shape[0], self.n_out), dtype=NOISE_DTYPE))
+        err = be.K.rbm_cd_update(x, p["W"], p["bv"], p["bh"], be.xp.asarray(noise), self.hidden, v["W"], v["bv"],
+                                 v["bh"], self.lr, self.momentum_at(epoch), self.weight_cost)
         return (err,)
 
     def apply(self, grads, epoch):

@@ -19,7 +19,8 @@ A model trained this way provides ``grad_shapes()`` (name -> shape of each gradi
 ``n_extra`` (sums a step reports, e.g. its loss), ``leaf_gradient(x, rng, scale, grads)``
 (adds one block's scaled gradient into ``grads``, returns its ``n_extra`` sums; ``rng``
 is the block's own stream for any noise) and ``apply(grads, epoch)`` (the optimiser's
-step).
+step). It may provide ``fused_step(x, rng, epoch)`` too: gradient and step in one kernel,
+taken when the data is one block on one process, where there is nothing to add up.
 """
 from __future__ import annotations
 
@@ -265,8 +266,22 @@ def train_epoch(model, shard: Shard, epoch: int, *, batch: int, key: tuple, comm
     leaves = buf.leaves
     flag = buf.n_grad + buf.n_extra
     checkpoint = stop = False
+    fused = getattr(model, "fused_step", None) if shard.blocks.count == 1 and (comm is None or comm.size == 1) \
+        else None
     for k in range(start, mb.n_batches):
         scale = 1.0 / float(mb.sizes[k])
+        if fused is not None:  # one block, one process: no sum to take, one fused kernel
+            x = shard.x[be.xp.asarray(mb.rows(0, k))]
+            if guard is not None:  # flags read before the step, as the blocked path's reduction does
+                flags = guard.flags()
+                guard.step(poison=x)
+            sums += np.asarray(fused(x, mb.rngs[0], epoch), dtype=np.float64)
+            if guard is not None:
+                checkpoint, stop = guard.decide(flags)
+                if (checkpoint or stop) and k + 1 < mb.n_batches:
+                    return EpochResult(sums, shard.n, EpochState(epoch, k + 1, list(sums), mb.states()),
+                                       checkpoint, stop)
+            continue
 
         def leaf(i, k=k, scale=scale):
             b = mine[i]

@@ -148,6 +148,31 @@ def test_gaussian_code_layer_learns_real_valued_input():
     assert codes.shape == (300, 3) and (codes < 0).any()  # linear units: not squashed
 
 
+@pytest.mark.parametrize("count", [1, 4])
+def test_an_epoch_paused_and_resumed_equals_one_run(count):
+    """A checkpoint request made after the 3rd step pauses the epoch after the next one; the
+    rest, from its state in another model (parameters, momenta, streams), ends where one
+    uninterrupted epoch does: the fused one-block path (count 1) and the blocked one alike."""
+    from aepar.comm import Comm
+    from aepar.guard import CHECKPOINT, Guard
+
+    class PauseAt3(Guard):
+        def local_request(self):
+            return CHECKPOINT if self.steps == 3 else 0.0
+
+    be, x = _be("numba", "float32"), _binary_data(n=500, d=20)
+    whole, first, second = (RBM(be, 20, 8, batch=50, seed=2) for _ in range(3))
+    for layer in (whole, first):
+        layer.train_epoch(S(x, be, count), 0)
+    whole.train_epoch(S(x, be, count), 6)
+    paused = first.train_epoch(S(x, be, count), 6, guard=PauseAt3(Comm.serial(), "t", faults=[]))
+    assert not paused.complete and paused.state.batch == 4
+    second.load_state(first.state())
+    second.train_epoch(S(x, be, count), 6, resume=paused.state)
+    for k in whole.params:
+        np.testing.assert_array_equal(second.params[k], whole.params[k])
+
+
 def test_weight_cost_shrinks_weights_without_data_gradient():
     be = _be()
     x = np.full((10, 4), 0.5)
