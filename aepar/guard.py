@@ -225,10 +225,6 @@ class Guard:
         if self._remote < STOP:
             self._remote = 0.0
 
-    @property
-    def signal_name(self) -> str | None:
-        return None if self.signum is None else signal.Signals(self.signum).name
-
     # ---- divergence -------------------------------------------------------------------------
     def check(self, value, what: str, where: str, run=None, comm=None):
         """Raise :class:`Diverged` unless ``value`` (a number or array) is all finite.

@@ -115,11 +115,11 @@ def _setup(args, rank: int, size: int) -> Setup:
         source = f"IMAGES.mat: {k} images {h}x{w} from {args.images}"
     else:
         images, source = natural_images(args.data_dir)
-    rows, cols = images.shape[:2]
-    if args.patch > min(rows, cols):
-        raise UserError(f"{args.images or source}: images of {rows}x{cols} are smaller than --patch {args.patch}")
     # the same patches whatever the number of processes: all are drawn, each keeps its blocks
-    patches = sample_patches(images, args.samples, args.patch, seed=args.seed)
+    try:
+        patches = sample_patches(images, args.samples, args.patch, seed=args.seed)
+    except UserError as e:  # the sampler cannot know which file the images came from
+        raise UserError(f"{args.images or source}: {e}") from None
     digest = fingerprint(patches) if rank == 0 else None
     return Setup(be, patches[blocks.rows].copy(), blocks, source, digest)  # .copy() frees the rest
 

@@ -62,7 +62,19 @@ _CIFAR_WANTED = f"the CIFAR-10 batches {', '.join(BATCHES)} (optionally in {BATC
 
 
 @dataclass
-class Images:
+class _Labelled:
+    """A labelled train/test split; its subclasses say how the samples are laid out."""
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    source: str
+    name: str = ""
+
+
+@dataclass
+class Images(_Labelled):
     """Labelled images with their channels, pixels in [0, 1].
 
     Attributes
@@ -78,16 +90,9 @@ class Images:
         ``"idx"``, ``"fashion"``, ``"mnist5k"`` or ``"cifar10"``.
     """
 
-    train_x: np.ndarray
-    train_y: np.ndarray
-    test_x: np.ndarray
-    test_y: np.ndarray
-    source: str
-    name: str = ""
-
 
 @dataclass
-class Digits:
+class Digits(_Labelled):
     """Images as rows of pixels in [0, 1] (:class:`Images` flattened).
 
     Attributes
@@ -96,20 +101,9 @@ class Digits:
         (N, C*H*W) float64 (or the dtype asked for), pixels in [0, 1]: (N, 784) rows of
         28x28 images in row-major order; (N, 3072) for CIFAR-10, the red, green and blue
         32x32 planes one after another, as in its batches.
-    train_y, test_y : numpy.ndarray
-        (N,) int64 labels 0..9.
-    source : str
-        What was loaded: source, path and counts.
-    name : str
-        ``"idx"``, ``"fashion"``, ``"mnist5k"`` or ``"cifar10"``.
+    train_y, test_y, source, name :
+        As for :class:`Images`.
     """
-
-    train_x: np.ndarray
-    train_y: np.ndarray
-    test_x: np.ndarray
-    test_y: np.ndarray
-    source: str
-    name: str = ""
 
 
 def data_dir_from_env(data_dir=None) -> Path | None:

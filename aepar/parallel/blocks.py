@@ -83,11 +83,6 @@ class Blocks:
         first, stop = rank_blocks(count, rank, size)
         return cls(int(n), count, first, stop, int(rows_per_block))
 
-    def share(self, rank: int, size: int) -> "Blocks":
-        """The same decomposition, another rank's share."""
-        first, stop = rank_blocks(self.count, rank, size)
-        return Blocks(self.n, self.count, first, stop, self.rows_per_block)
-
     @property
     def bounds(self) -> np.ndarray:
         if self.rows_per_block:
@@ -109,9 +104,6 @@ class Blocks:
         b = self.bounds
         return slice(int(b[block] - b[self.first]), int(b[block + 1] - b[self.first]))
 
-    def size_of(self, block: int) -> int:
-        b = self.bounds
-        return int(b[block + 1] - b[block])
 
 
 # ---- the tree ---------------------------------------------------------------------------

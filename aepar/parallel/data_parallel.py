@@ -30,19 +30,13 @@ import numpy as np
 
 from aepar.parallel.blocks import Blocks, TreeSum, block_bounds, parallel_map
 
-__all__ = ["Shard", "Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums", "shard",
+__all__ = ["Shard", "Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums",
            "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8
 # rows per call when a whole block is transformed or evaluated: bounds temporaries
 CHUNK = 4096
-
-
-def shard(n: int, rank: int, size: int) -> slice:
-    """Rank ``rank``'s contiguous share of ``n`` items; sizes differ by at most one."""
-    b = block_bounds(n, size)
-    return slice(int(b[rank]), int(b[rank + 1]))
 
 
 @dataclass
@@ -69,10 +63,6 @@ class Shard:
     def n(self) -> int:
         """Rows in all blocks of the data set (all ranks)."""
         return self.blocks.n
-
-    def block(self, b: int):
-        """The rows of block ``b`` (one of this rank's)."""
-        return self.x[self.blocks.local(b)]
 
     def map_rows(self, fn, width: int, xp, dtype) -> "Shard":
         """``fn`` applied to every block in chunks of :data:`CHUNK` rows (so each row's result
@@ -102,14 +92,7 @@ def blockwise_sums(shard: Shard, fn, comm) -> np.ndarray:
     width = next((p.size for p in parts if p is not None), 0)
     width = comm.max(width) if comm is not None and comm.size > 1 else width
     parts = [np.zeros(width) if p is None else p for p in parts]
-    out = np.zeros(width)
-    return TreeSum(comm, shard.blocks.count).allreduce(parts, out) if comm is not None else _local_sum(parts)
-
-
-def _local_sum(parts):
-    from aepar.parallel.blocks import tree_sum
-
-    return tree_sum([p.copy() for p in parts])
+    return TreeSum(_serial_if_none(comm), shard.blocks.count).allreduce(parts, np.zeros(width))
 
 
 class Minibatches:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from aepar.guard import STOP
 from aepar.parallel.blocks import Blocks
 from aepar.parallel.data_parallel import EpochState, Shard
 from aepar.parallel.pipeline import HANDOVERS, MODES, Layout, Plan
@@ -758,7 +759,7 @@ class Pipeline:
         elapsed = comm.wtime() - t0
         self._finish()
         paused = bool(comm.max(float(self._paused)))
-        stop = paused and bool(comm.max(float(self.guard is not None and self.guard.flags() >= _stop_value())))
+        stop = paused and bool(comm.max(float(self.guard is not None and self.guard.flags() >= STOP)))
         time_s = comm.max(elapsed)
         self._share_params()
         waits = comm.gather_obj({"rank": comm.rank, "wait_s": self.wait_wall, "wait_cpu_s": self.wait_cpu,
@@ -858,8 +859,3 @@ class Pipeline:
                             else self.epochs[s] + self.extras[s]) and s == self.my_stages[-1]:
                 self._send_final(False)
 
-
-def _stop_value() -> float:
-    from aepar.guard import STOP
-
-    return STOP

@@ -4,8 +4,7 @@ import numpy as np
 
 from aepar.comm import world
 from aepar.errors import UserError
-from aepar.parallel.blocks import TreeSum, rank_blocks, tree_sum
-from aepar.parallel.data_parallel import shard
+from aepar.parallel.blocks import TreeSum, block_bounds, rank_blocks, tree_sum
 from aepar.backend import select
 
 
@@ -84,13 +83,12 @@ try:
 except UserError as exc:
     assert "bad on last rank" in str(exc) and exc.collective
 
-# shards cover the samples exactly, sizes differ by at most one
+# blocks cover the samples exactly, sizes differ by at most one
 for total in (n, 7 * n + 3, 1003):
-    parts = [shard(total, q, n) for q in range(n)]
-    assert parts[0].start == 0 and parts[-1].stop == total
-    assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
-    sizes = [p.stop - p.start for p in parts]
-    assert max(sizes) - min(sizes) <= 1
+    bounds = block_bounds(total, n)
+    assert bounds[0] == 0 and bounds[-1] == total
+    sizes = np.diff(bounds)
+    assert sizes.min() >= 0 and sizes.max() - sizes.min() <= 1
 
 # the fixed-tree sum: the same bits as one process adding all blocks, for every block count
 for count in sorted({n, n + 1, 2 * n + 3, 8, 13}):

@@ -11,7 +11,7 @@ import aepar  # noqa: F401  (threads, kernels from the checkout)
 from aepar import backend, kernels
 from aepar.comm import Comm
 from aepar.models.sparse_ae import SparseAutoencoder, init_theta
-from aepar.parallel.data_parallel import shard
+from aepar.parallel.blocks import block_bounds
 from aepar.parallel.root_optimizer import FAILED, STOP, RootOptimizer
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, tolerance
@@ -58,7 +58,8 @@ def run_kernels(K, x, theta, v, h, kl, dtype=np.float64, shards=1, block=None):
     b1, b2 = th[2 * v * h:2 * v * h + h], th[2 * v * h + h:]
     total = np.zeros(K.sparse_ae_partials_size(v, h), dtype=np.float64)
     for r in range(shards):
-        xs = np.ascontiguousarray(x[shard(m, r, shards)], dtype=dtype)
+        b = block_bounds(m, shards)
+        xs = np.ascontiguousarray(x[b[r]:b[r + 1]], dtype=dtype)
         out = np.full(K.sparse_ae_partials_size(v, h), np.nan, dtype=dtype)
         ws = K.sparse_ae_workspace(xs.shape[0], v, h, dtype, block)
         K.sparse_ae_partials(xs, W1, b1, W2, b2, out, ws, kl if shards == 1 else None)
