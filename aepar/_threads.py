@@ -3,7 +3,7 @@
 Every rank uses (cores it may use) / (ranks on this node) threads (``AEPAR_THREADS``
 overrides): oversubscribed threads made MPI peers 2-7x slower on a busy 2-core box.
 Those threads are aepar's own, and each takes whole blocks of samples
-(aepar.parallel.blocks.parallel_map); BLAS and Numba run single-threaded inside them,
+(aepar.rows.parallel_map); BLAS and Numba run single-threaded inside them,
 because OpenBLAS's results change with its thread count (it splits the products
 differently) and aepar's results must not. Setting OPENBLAS_NUM_THREADS, OMP_NUM_THREADS,
 MKL_NUM_THREADS or NUMBA_NUM_THREADS yourself is respected, but then the results may

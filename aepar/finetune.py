@@ -32,7 +32,8 @@ from aepar.data.sources import DIGIT_SOURCES
 from aepar.errors import CheckpointError, UserError
 from aepar.models.stacked import LOSSES, StackedAutoencoder
 from aepar.optim import SGD, Adam
-from aepar.parallel.data_parallel import DEFAULT_BLOCKS, EpochState, Shard
+from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
+from aepar.rows import DEFAULT_BLOCKS, Shard
 
 __all__ = ["add_finetune_args", "default_float32", "make_optimizer", "finetune_and_evaluate",
            "layers_to_params", "layers_from_params", "span", "main", "add_reduce_blocks"]
@@ -108,7 +109,7 @@ def _warm_up(be, args):
     loaded from Numba's cache) before the first timed epoch."""
     tiny = StackedAutoencoder(be, [5, 3, 2], loss=args.loss)
     x = Shard.of(be, np.random.default_rng(0).random((4, 5)), 1)
-    tiny.train_epoch(x, 0, make_optimizer(be, tiny.params, args), batch=4)
+    train_epoch(tiny, x, 0, batch=4, optimizer=make_optimizer(be, tiny.params, args))
     tiny.error_per_digit(x)
     be.synchronize()
 
@@ -163,6 +164,7 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
         model = StackedAutoencoder.from_layers(be, layers, loss=args.loss)
     model.seed = int(args.seed)
     optimizer = make_optimizer(be, model.params, args)
+    reduce = reducer(comm)
     record = {"epochs": [], "time_s": 0.0, "eval_s": 0.0}
     first, state = 0, None
     if resume is not None:
@@ -177,8 +179,8 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
         progress(comm, quiet, f"fine-tuning: resuming at epoch {first + 1}"
                               + (f", batch {state.batch + 1}" if state else ""))
     else:
-        (before_train, before_test), dt = _timed(comm, be, lambda: (model.error_per_digit(train, comm),
-                                                                   model.error_per_digit(test, comm)))
+        (before_train, before_test), dt = _timed(comm, be, lambda: (model.error_per_digit(train, reduce),
+                                                                   model.error_per_digit(test, reduce)))
         record["before"] = {"train": before_train, "test": before_test}
         record["eval_s"] += dt
         if guard is not None:
@@ -192,8 +194,8 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
     def train_one(epoch, resume_state):
         with span(trace, "finetune", epoch=epoch):
             t0 = comm.wtime()
-            result = model.train_epoch(train, epoch, optimizer, comm, args.finetune_batch, guard=guard,
-                                       resume=resume_state)
+            result = train_epoch(model, train, epoch, comm, batch=args.finetune_batch, optimizer=optimizer,
+                                 guard=guard, resume=resume_state)
             be.synchronize()
             record["time_s"] += comm.max(comm.wtime() - t0)
         return result
@@ -204,7 +206,7 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
             where = f"fine-tuning epoch {epoch + 1}"
             guard.check(loss, "the loss", where, ckpt.run if ckpt else None, comm)
             guard.check_params(model.params, where, ckpt.run if ckpt else None, comm)
-        test_err, et = _timed(comm, be, model.error_per_digit, test, comm)
+        test_err, et = _timed(comm, be, model.error_per_digit, test, reduce)
         record["eval_s"] += et
         if guard is not None:
             guard.check(test_err, "the test error", f"fine-tuning epoch {epoch + 1}", ckpt.run if ckpt else None, comm)
@@ -234,8 +236,8 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
         for epoch in range(first, args.finetune_epochs):
             after_epoch(epoch, train_one(epoch, state if epoch == first else None))
     if args.finetune_epochs:
-        (after_train, after_test), dt = _timed(comm, be, lambda: (model.error_per_digit(train, comm),
-                                                                 model.error_per_digit(test, comm)))
+        (after_train, after_test), dt = _timed(comm, be, lambda: (model.error_per_digit(train, reduce),
+                                                                 model.error_per_digit(test, reduce)))
         record["eval_s"] += dt
     else:
         after_train, after_test = record["before"]["train"], record["before"]["test"]

@@ -32,8 +32,9 @@ from aepar import backend
 from aepar.cli import ArgumentParser, add_common, progress
 from aepar.comm import run_main
 from aepar.finetune import add_finetune_args, default_float32, finetune_and_evaluate, layers_to_params, span
-from aepar.parallel.data_parallel import EpochState, Shard
+from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
 from aepar.pretrain import add_pretrain_args, check_blocks, layers_from_args, parse_layers, warm_up
+from aepar.rows import Shard
 
 __all__ = ["pca_error", "pretrain_greedy", "build_parser", "main", "finetune_and_evaluate", "layer_state"]
 
@@ -134,7 +135,7 @@ def pretrain_greedy(be, comm, layers, train: Shard, test: Shard, *, quiet=False,
             comm.barrier()
             t0 = comm.wtime()
             with span(trace, f"layer{i + 1}", epoch=epoch):
-                result = layer.train_epoch(train, epoch, comm, guard=guard, resume=resume)
+                result = train_epoch(layer, train, epoch, comm, guard=guard, resume=resume)
             be.synchronize()
             clock["t"] += comm.max(comm.wtime() - t0)
             return result
@@ -146,7 +147,7 @@ def pretrain_greedy(be, comm, layers, train: Shard, test: Shard, *, quiet=False,
                 guard.check(err, "the reconstruction error", where, ckpt.run if ckpt else None, comm)
                 guard.check_params(layer.params, where, ckpt.run if ckpt else None, comm)
             t0 = comm.wtime()
-            test_err = layer.recon_error(test, comm)
+            test_err = layer.recon_error(test, reducer(comm))
             record["eval_s"] += comm.wtime() - t0
             if guard is not None:
                 guard.check(test_err, "the test reconstruction error", where, ckpt.run if ckpt else None, comm)

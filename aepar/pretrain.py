@@ -7,9 +7,9 @@ import numpy as np
 from aepar.cli import learning_rate, momentum, non_negative_float, non_negative_int, positive_int
 from aepar.data.sources import DIGIT_SOURCES
 from aepar.errors import UserError
-from aepar.parallel.data_parallel import DEFAULT_BLOCKS
 from aepar.models.ae_layer import AELayer
 from aepar.models.rbm import RBM
+from aepar.rows import DEFAULT_BLOCKS
 
 __all__ = ["parse_layers", "make_layers", "layers_from_args", "add_pretrain_args", "warm_up",
            "check_blocks", "PRETRAINERS", "DEFAULT_LAYERS"]
@@ -91,12 +91,13 @@ def layers_from_args(be, args, n_input: int) -> list:
 def warm_up(be, pretrainer="rbm"):
     """Run every kernel the layers use once on a few rows, so that compiling (or loading
     compiled) kernels is not charged to the first timed epoch."""
-    from aepar.parallel.data_parallel import Shard
+    from aepar.parallel.data_parallel import train_epoch
+    from aepar.rows import Shard
 
     x = Shard.of(be, np.random.default_rng(0).random((3, 5)), 1)
     for hidden in ("bernoulli", "gaussian"):
         layer = PRETRAINERS[pretrainer](be, 5, 2, hidden=hidden, batch=3, seed=0)
-        layer.train_epoch(x, 0)
+        train_epoch(layer, x, 0)
         layer.recon_error(x)
         layer.transform(x)
     be.synchronize()

@@ -8,7 +8,7 @@ broadcast of θ and one reduction of a packed buffer of partial sums (the KL spa
 term is folded in so that one reduction is enough; see aepar.kernels.ref.sparse_ae).
 
 Same answer on any number of ranks: the patches are cut into fixed blocks of 128 and the
-blocks' sums are added in one fixed tree (aepar.parallel.blocks), so 1, 2, 4 or 8
+blocks' sums are added in one fixed tree (aepar.rows), so 1, 2, 4 or 8
 processes (and any number of threads) take bit-identical L-BFGS steps. A run saves a
 checkpoint (θ and the whole L-BFGS memory) every ``--checkpoint-minutes``, every
 ``--checkpoint-every`` iterations and on SIGTERM/SIGUSR1/SIGINT (then exits 75);
@@ -89,7 +89,7 @@ def build_parser() -> ArgumentParser:
 class Setup:
     be: object
     patches: np.ndarray   # this rank's blocks of patches, float64
-    blocks: object        # aepar.parallel.blocks.Blocks
+    blocks: object        # aepar.rows.Blocks
     source: str
     fingerprint: str | None  # of all patches (root)
 
@@ -100,7 +100,7 @@ def _setup(args, rank: int, size: int) -> Setup:
     from aepar.data.patches import sample_patches
     from aepar.data.sources import natural_images
     from aepar.models.sparse_ae import LEAF
-    from aepar.parallel.blocks import Blocks
+    from aepar.rows import Blocks
     from aepar.rundir import fingerprint
 
     blocks = Blocks.fixed(args.samples, LEAF, rank, size)

@@ -246,19 +246,19 @@ def warm_up(be, args):
     from its cache) happens before the timed pre-training and fine-tuning of either scheme."""
     from aepar.finetune import make_optimizer
     from aepar.models.stacked import StackedAutoencoder
+    from aepar.parallel.data_parallel import train_epoch
     from aepar.pretrain import make_layers
-
-    from aepar.parallel.data_parallel import Shard
+    from aepar.rows import Shard
 
     x = Shard.of(be, np.random.default_rng(0).random((4, 6)), 1)
     tiny = make_layers(be, [6, 4, 3], args.pretrainer, seed=0, batch=2)
     h = x
     for layer in tiny:
-        layer.train_epoch(h, 0)
+        train_epoch(layer, h, 0)
         layer.recon_error(h)
         h = layer.transform(h)
     model = StackedAutoencoder.from_layers(be, tiny, loss=args.loss)
-    model.train_epoch(x, 0, make_optimizer(be, model.params, args), None, 2)
+    train_epoch(model, x, 0, batch=2, optimizer=make_optimizer(be, model.params, args))
     model.error_per_digit(x)
     be.synchronize()
 
@@ -469,10 +469,10 @@ def run_sync(be, comm, args, digits, x_val, run, guard) -> dict:
     from aepar import checkpoint
     from aepar.finetune import finetune_and_evaluate, layers_to_params
     from aepar.greedy import pca_error, pretrain_greedy, restore_layers
-    from aepar.parallel.data_parallel import Shard
     from aepar.pretrain import layers_from_args
     from aepar.report.stacked import TABLES_FILE, tables
     from aepar.resume import Checkpointer
+    from aepar.rows import Shard
     from aepar.rundir import fingerprint
     from aepar.trace import Trace
 

@@ -10,7 +10,7 @@ Example
 -------
 >>> tr = Trace(comm)
 >>> with tr.span("epoch", stage=1, epoch=3):
-...     layer.train_epoch(x, 3)
+...     train_epoch(layer, x, 3)
 >>> tr.instant("handover", stage=1, version=4)
 >>> events = tr.gather()            # all ranks' events on rank 0, None elsewhere
 >>> tr.to_chrome_json("trace.json")  # rank 0 writes; other ranks do nothing

@@ -57,7 +57,8 @@ def child(args) -> int:
     from aepar.models.rbm import RBM
     from aepar.models.sparse_ae import SparseAutoencoder, init_theta
     from aepar.models.stacked import StackedAutoencoder
-    from aepar.parallel.data_parallel import DEFAULT_BLOCKS, Shard
+    from aepar.parallel.data_parallel import train_epoch
+    from aepar.rows import DEFAULT_BLOCKS, Shard
 
     rows = []
     machine = describe(mpi="none (one process)")
@@ -98,7 +99,7 @@ def child(args) -> int:
         epoch = [6]
 
         def rbm_epoch():
-            rbm.train_epoch(shard, epoch[0])
+            train_epoch(rbm, shard, epoch[0])
             epoch[0] += 1
         s, ts = _best(rbm_epoch, args.repeats)
         row("RBM CD-1 epoch 784x1000, batch 100, float32", f"{count} block{'s' if count > 1 else ''}", s, ts,
@@ -109,7 +110,7 @@ def child(args) -> int:
         fine = Shard.of(be32, data[:args.finetune_rows], count)
 
         def finetune_epoch():
-            net.train_epoch(fine, 0, opt, batch=100)
+            train_epoch(net, fine, 0, batch=100, optimizer=opt)
         s, ts = _best(finetune_epoch, args.repeats)
         row("fine-tuning epoch 784-1000-500-250-30 unrolled, batch 100, Adam, float32",
             f"{count} block{'s' if count > 1 else ''}", s, ts, samples=fine.n)
@@ -124,7 +125,8 @@ def comm_child(args) -> int:
 
     from aepar.comm import library, world
     from aepar.machine import describe
-    from aepar.parallel.blocks import TreeSum, rank_blocks
+    from aepar.parallel.blocks import TreeSum
+    from aepar.rows import rank_blocks
 
     comm = world()
     rows = []

@@ -125,18 +125,19 @@ def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True) -
     from aepar.models.rbm import RBM
     from bench import torch_rbm
 
-    from aepar.parallel.data_parallel import DEFAULT_BLOCKS, Shard
+    from aepar.parallel.data_parallel import train_epoch
+    from aepar.rows import DEFAULT_BLOCKS, Shard
 
     def rbm(kernels, blocks=DEFAULT_BLOCKS):
         be = backend.select("cpu", kernels, "float32")
         layer = RBM(be, 784, 1000, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
                     momentum_switch_epoch=5, batch=100, seed=0, layer_index=0)
-        layer.train_epoch(Shard.of(be, x[:500], blocks), 0)  # warm-up: JIT, BLAS buffers
+        train_epoch(layer, Shard.of(be, x[:500], blocks), 0)  # warm-up: JIT, BLAS buffers
         xb = Shard.of(be, x, blocks)
 
         def time_epoch(epoch):
             t0 = time.perf_counter()
-            layer.train_epoch(xb, epoch)
+            train_epoch(layer, xb, epoch)
             return time.perf_counter() - t0
         return time_epoch
 
@@ -240,18 +241,19 @@ def stage_times(x_train, x_val, sizes, epochs, extras, batch=100, repeats=2) -> 
     from aepar import backend
     from aepar.pretrain import make_layers
 
-    from aepar.parallel.data_parallel import DEFAULT_BLOCKS, Shard
+    from aepar.parallel.data_parallel import train_epoch
+    from aepar.rows import DEFAULT_BLOCKS, Shard
 
     be = backend.select("cpu", "numba", "float32")
     layers = make_layers(be, sizes, "rbm", seed=0)
     xt, xv = Shard.of(be, x_train, DEFAULT_BLOCKS), Shard.of(be, x_val, DEFAULT_BLOCKS)
     out = []
     for i, layer in enumerate(layers):
-        layer.train_epoch(Shard.of(be, be.to_host(xt.x[:batch * 2]), DEFAULT_BLOCKS), 0)  # warm-up
+        train_epoch(layer, Shard.of(be, be.to_host(xt.x[:batch * 2]), DEFAULT_BLOCKS), 0)  # warm-up
         ts = []
         for r in range(repeats):
             t0 = time.perf_counter()
-            layer.train_epoch(xt, r)
+            train_epoch(layer, xt, r)
             ts.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         nt, nv = layer.transform(xt), layer.transform(xv)

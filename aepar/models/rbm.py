@@ -6,7 +6,8 @@ W ~ 0.1 N(0, 1), zero biases, hidden *states* sampled for the negative phase, th
 reconstruction kept as probabilities, the next layer trained on hidden probabilities.
 The code layer uses linear hidden units with unit-variance Gaussian noise (lr 0.001).
 
-Training runs on :func:`aepar.parallel.data_parallel.train_epoch`: the rows are cut into
+The model provides the pieces of a step (a block's gradient, the optimiser's step, a fused
+step); the trainer is :func:`aepar.parallel.data_parallel.train_epoch`: the rows are cut into
 fixed blocks, every block shuffles its rows with its own stream
 ``default_rng((seed, layer_index, epoch, block))`` and draws the CD noise of its rows
 from it, each block's CD gradient is computed alone and the blocks' gradients are added
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from aepar.optim import SGD
-from aepar.parallel.data_parallel import Shard, blockwise_sums, train_epoch
+from aepar.rows import Shard, local_sums
 
 __all__ = ["RBM"]
 
@@ -118,22 +119,6 @@ class RBM:
             rng.standard_normal(out=out, dtype=NOISE_DTYPE)
         return out
 
-    def train_epoch(self, shard: Shard, epoch: int, comm=None, *, guard=None, resume=None):
-        """One CD-1 epoch over ``shard`` (this rank's blocks; ``comm``: the ranks sharing
-        the data, None for one process). See :func:`aepar.parallel.data_parallel.train_epoch`.
-
-        Returns
-        -------
-        EpochResult
-            ``means[0]``: mean squared reconstruction error per row over the epoch (as
-            seen while training); ``state`` set if it paused at a safe point.
-        """
-        result = train_epoch(self, shard, epoch, batch=self.batch, key=self.key, comm=comm, be=self.be,
-                             guard=guard, resume=resume)
-        if result.complete:
-            self.epochs_done = max(self.epochs_done, int(epoch) + 1)
-        return result
-
     # ---- checkpoints -----------------------------------------------------------------------
     def state(self) -> dict:
         """Parameters and velocities (host arrays) for a checkpoint."""
@@ -162,10 +147,15 @@ class RBM:
     def reconstruct(self, shard: Shard) -> Shard:
         return shard.map_rows(self._reconstruct, self.n_in, self.be.xp, self.be.dtype)
 
-    def recon_error(self, shard: Shard, comm=None) -> float:
-        """Mean over all ranks' rows of the squared error (summed over units) of :meth:`_reconstruct`."""
+    def recon_error(self, shard: Shard, reduce=None) -> float:
+        """Mean over all rows of the squared error (summed over units) of :meth:`_reconstruct`.
+
+        ``reduce(shard, fn) -> vector`` sums ``fn`` over every rank's rows
+        (aepar.parallel.data_parallel.reducer); None: this process holds every block
+        (:func:`aepar.rows.local_sums`).
+        """
         K = self.be.K
-        total = blockwise_sums(shard, lambda x: [K.mse_forward(self._reconstruct(x), x, scale=2.0)], comm)
+        total = (reduce or local_sums)(shard, lambda x: [K.mse_forward(self._reconstruct(x), x, scale=2.0)])
         return float(total[0] / max(shard.n, 1))
 
     def flops_per_sample(self) -> float:

@@ -3,7 +3,7 @@
 J(θ) = (1/2m) Σ‖a3 − x‖² + (λ/2)(‖W1‖² + ‖W2‖²) + β Σ_j KL(ρ ‖ ρ̂_j),
 
 with ρ̂ the mean hidden activation over all m samples on all ranks. The samples are cut
-into fixed blocks of :data:`LEAF` (aepar.parallel.blocks); a model holds some of the
+into fixed blocks of :data:`LEAF` (aepar.rows); a model holds some of the
 blocks, :meth:`SparseAutoencoder.partials` fills one packed buffer of sums per block,
 which one fixed-tree reduction turns into the global ones (the same bits on any number
 of ranks and threads), and :meth:`SparseAutoencoder.assemble` (on the root) turns the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aepar.parallel.blocks import Blocks, block_bounds, parallel_map, threads, tree_sum
+from aepar.rows import Blocks, block_bounds, parallel_map, threads, tree_sum
 
 __all__ = ["SparseAutoencoder", "init_theta", "LEAF"]
 

@@ -9,15 +9,17 @@ cross-entropy from the output logits (``loss="xent"``, Hinton's fine-tuning obje
 The reported figure is :meth:`StackedAutoencoder.error_per_digit`: Σ over the pixels of
 (x − x̂)², averaged over images, for either loss.
 
-Data parallelism: :func:`aepar.parallel.data_parallel.train_epoch` - fixed blocks of
-rows, each block's gradient (scaled by 1/global batch) computed alone, the blocks added in
-one fixed tree: the same steps on 1 process or any number of ranks and threads.
+The model provides the pieces of a step (a block's gradient, the optimiser's step); the
+trainer is :func:`aepar.parallel.data_parallel.train_epoch` - fixed blocks of rows, each
+block's gradient (scaled by 1/global batch) computed alone, the blocks added in one fixed
+tree: the same steps on 1 process or any number of ranks and threads; shuffles from
+``default_rng((seed, FINETUNE_STREAM, epoch, block))``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from aepar.parallel.data_parallel import Shard, blockwise_sums, train_epoch
+from aepar.rows import Shard, local_sums
 
 __all__ = ["StackedAutoencoder", "LOSSES", "FINETUNE_STREAM"]
 
@@ -37,6 +39,8 @@ class StackedAutoencoder:
     seed : int
         For the random initialisation used when no pre-trained layers are given
         (0.1·N(0,1) weights, zero biases).
+    batch : int
+        Global minibatch of fine-tuning unless the trainer is given another (the seed's 100).
 
     Attributes
     ----------
@@ -48,7 +52,7 @@ class StackedAutoencoder:
 
     n_extra = 2  # a step reports Σ loss and Σ‖x̂ − x‖² over its rows
 
-    def __init__(self, be, sizes, *, loss="mse", seed=0):
+    def __init__(self, be, sizes, *, loss="mse", seed=0, batch=100):
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, not {loss!r}")
         if len(sizes) < 2:
@@ -66,7 +70,7 @@ class StackedAutoencoder:
         for i in range(self.n_layers):
             self.params[f"W{i + 1}"] = be.asarray(0.1 * rng.standard_normal((self.dims[i], self.dims[i + 1])))
             self.params[f"b{i + 1}"] = be.zeros(self.dims[i + 1])
-        self.seed = int(seed)
+        self.seed, self.batch = int(seed), int(batch)
         self.optimizer = None  # set by the trainer: aepar.optim.SGD or Adam over self.params
 
     @classmethod
@@ -170,25 +174,15 @@ class StackedAutoencoder:
     def key(self) -> tuple:
         return (self.seed, FINETUNE_STREAM)
 
-    def train_epoch(self, shard: Shard, epoch, optimizer, comm=None, batch=100, *, guard=None, resume=None):
-        """One epoch of minibatch backprop over ``shard`` (this rank's blocks), stepping
-        ``optimizer``; see :func:`aepar.parallel.data_parallel.train_epoch` (shuffles from
-        ``default_rng((seed, FINETUNE_STREAM, epoch, block))``).
+    def error_per_digit(self, shard: Shard, reduce=None) -> float:
+        """Mean over all images of Σ_pixels (x − x̂)², pixels in [0, 1].
 
-        Returns
-        -------
-        EpochResult
-            ``means``: (loss per sample, squared error per digit) over the epoch's batches
-            as they were seen (before each step's update).
+        ``reduce(shard, fn) -> vector`` sums ``fn`` over every rank's rows
+        (aepar.parallel.data_parallel.reducer); None: this process holds every block
+        (:func:`aepar.rows.local_sums`).
         """
-        self.optimizer = optimizer
-        return train_epoch(self, shard, epoch, batch=batch, key=self.key, comm=comm, be=self.be,
-                           guard=guard, resume=resume)
-
-    def error_per_digit(self, shard: Shard, comm=None) -> float:
-        """Mean over the images of all ranks of Σ_pixels (x − x̂)², pixels in [0, 1]."""
         K = self.be.K
-        total = blockwise_sums(shard, lambda x: [K.mse_forward(self._reconstruct(x), x, scale=2.0)], comm)
+        total = (reduce or local_sums)(shard, lambda x: [K.mse_forward(self._reconstruct(x), x, scale=2.0)])
         return float(total[0] / max(shard.n, 1))
 
     def flops_per_sample(self) -> float:

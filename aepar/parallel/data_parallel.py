@@ -1,7 +1,7 @@
 """Data parallelism whose results do not depend on the number of ranks or threads.
 
-The rows of a data set are cut into ``count`` fixed blocks (aepar.parallel.blocks); a
-rank holds a contiguous run of whole blocks (a :class:`Shard`). One epoch of minibatch
+The rows of a data set are cut into ``count`` fixed blocks (aepar.rows); a rank holds a
+contiguous run of whole blocks (a :class:`aepar.rows.Shard`). One epoch of minibatch
 training (:func:`train_epoch`):
 
 - every block draws its own permutation from ``default_rng(key + (epoch, block))`` and
@@ -9,18 +9,29 @@ training (:func:`train_epoch`):
   batch sizes follow from n alone);
 - a step: each block's rows of the batch give that block's gradient, scaled by 1/(global
   batch size), computed by whichever thread of whichever rank holds the block; the
-  blocks' gradients are added in the fixed tree and applied on every rank alike.
+  blocks' gradients are added in the fixed tree (aepar.parallel.blocks.TreeSum) and
+  applied on every rank alike.
 
 So one process and any number of ranks up to ``count`` take bit-identical steps, and an
 epoch can stop after any step (a safe point: aepar.guard) and go on later - on another
 number of ranks - from its :class:`EpochState` as if it had not stopped.
 
-A model trained this way provides ``grad_shapes()`` (name -> shape of each gradient),
-``n_extra`` (sums a step reports, e.g. its loss), ``leaf_gradient(x, rng, scale, grads)``
-(adds one block's scaled gradient into ``grads``, returns its ``n_extra`` sums; ``rng``
-is the block's own stream for any noise) and ``apply(grads, epoch)`` (the optimiser's
-step). It may provide ``fused_step(x, rng, epoch)`` too: gradient and step in one kernel,
-taken when the data is one block on one process, where there is nothing to add up.
+``allreduce=True`` trades that for speed (the 15-618 "data" scheme): each rank adds its
+own blocks' gradients in block order and one MPI Allreduce sums the ranks' totals, so
+the steps are the same on any number of threads but round differently on different
+numbers of ranks.
+
+A model trained this way provides ``be`` (its backend), ``batch`` (the default global
+minibatch), ``key`` (its random-stream key), ``grad_shapes()`` (name -> shape of each
+gradient), ``n_extra`` (sums a step reports, e.g. its loss), ``leaf_gradient(x, rng,
+scale, grads)`` (adds one block's scaled gradient into ``grads``, returns its ``n_extra``
+sums; ``rng`` is the block's own stream for any noise) and ``apply(grads, epoch)`` (the
+optimiser's step). It may provide ``fused_step(x, rng, epoch)`` too: gradient and step in
+one kernel, taken when the data is one block on one process, where there is nothing to
+add up; and ``epochs_done``, which a completed epoch advances.
+
+Models never see ranks: where one needs a sum over all ranks' rows (an evaluation) it is
+handed ``reducer(comm)``.
 """
 from __future__ import annotations
 
@@ -28,71 +39,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aepar.parallel.blocks import Blocks, TreeSum, block_bounds, parallel_map
+from aepar.parallel.blocks import TreeSum
+from aepar.rows import Blocks, Shard, block_bounds, parallel_map
 
-__all__ = ["Shard", "Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums",
-           "CHUNK", "DEFAULT_BLOCKS"]
-
-# Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
-DEFAULT_BLOCKS = 8
-# rows per call when a whole block is transformed or evaluated: bounds temporaries
-CHUNK = 4096
-
-
-@dataclass
-class Shard:
-    """This rank's rows of a data set: whole blocks of the fixed decomposition.
-
-    Attributes
-    ----------
-    x : backend array (rows, features)
-        The rows of ``blocks.first`` .. ``blocks.stop``.
-    blocks : Blocks
-    """
-
-    x: object
-    blocks: Blocks
-
-    @classmethod
-    def of(cls, be, x_all, count: int, rank: int = 0, size: int = 1) -> "Shard":
-        """Rank ``rank`` of ``size``'s blocks of the host array ``x_all`` (``count`` blocks)."""
-        blocks = Blocks.of(np.shape(x_all)[0], count, rank, size)
-        return cls(be.asarray(x_all[blocks.rows]), blocks)
-
-    @property
-    def n(self) -> int:
-        """Rows in all blocks of the data set (all ranks)."""
-        return self.blocks.n
-
-    def map_rows(self, fn, width: int, xp, dtype) -> "Shard":
-        """``fn`` applied to every block in chunks of :data:`CHUNK` rows (so each row's result
-        is the same whoever computes it), as a Shard with the same blocks."""
-        out = xp.empty((self.x.shape[0], width), dtype=dtype)
-
-        def run(b):
-            rows = self.blocks.local(b)
-            for lo in range(rows.start, rows.stop, CHUNK):
-                hi = min(lo + CHUNK, rows.stop)
-                out[lo:hi] = fn(self.x[lo:hi])
-        parallel_map(run, self.blocks.mine)
-        return Shard(out, self.blocks)
+__all__ = ["Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums", "reducer"]
 
 
 def blockwise_sums(shard: Shard, fn, comm) -> np.ndarray:
     """Σ over all rows of all ranks of ``fn(rows) -> float64 vector``, taken per block in
-    chunks and added in the fixed tree: the same on any number of ranks."""
-    def run(b):
-        rows = shard.blocks.local(b)
-        total = None
-        for lo in range(rows.start, rows.stop, CHUNK):
-            part = np.asarray(fn(shard.x[lo:min(lo + CHUNK, rows.stop)]), dtype=np.float64)
-            total = part if total is None else total + part
-        return total
-    parts = parallel_map(run, shard.blocks.mine)
+    chunks and added in the fixed tree: the same on any number of ranks (on one process,
+    :func:`aepar.rows.local_sums`)."""
+    parts = shard.block_sums(fn)
     width = next((p.size for p in parts if p is not None), 0)
     width = comm.max(width) if comm is not None and comm.size > 1 else width
     parts = [np.zeros(width) if p is None else p for p in parts]
     return TreeSum(_serial_if_none(comm), shard.blocks.count).allreduce(parts, np.zeros(width))
+
+
+def reducer(comm):
+    """The sum over the ranks of ``comm`` that a model takes where it needs one (e.g.
+    ``RBM.recon_error(shard, reduce=reducer(comm))``): ``reduce(shard, fn) -> vector``."""
+    return lambda shard, fn: blockwise_sums(shard, fn, comm)
 
 
 class Minibatches:
@@ -174,7 +141,7 @@ class _Buffers:
     """One flat gradient vector per own block (+ the step's sums and the guard's flag), and
     the fixed tree that adds them; made once per model and layout."""
 
-    def __init__(self, model, shard: Shard, comm, be):
+    def __init__(self, model, shard: Shard, comm, be, allreduce: bool):
         shapes = model.grad_shapes()
         self.names = list(shapes)
         self.sizes = [int(np.prod(shapes[k])) for k in self.names]
@@ -185,8 +152,8 @@ class _Buffers:
         n_mine = shard.blocks.stop - shard.blocks.first
         self.leaves = be.zeros((max(n_mine, 1), width))
         self.total = be.zeros(width)
-        self.tree = TreeSum(_serial_if_none(comm), shard.blocks.count)
-        self.key = (shard.blocks, None if comm is None else (comm.rank, comm.size))
+        self.tree = None if allreduce else TreeSum(_serial_if_none(comm), shard.blocks.count)
+        self.key = _buffers_key(shard, comm, allreduce)
 
     def views(self, flat) -> dict:
         out, o = {}, 0
@@ -194,6 +161,10 @@ class _Buffers:
             out[name] = flat[o:o + size].reshape(shape)
             o += size
         return out
+
+
+def _buffers_key(shard: Shard, comm, allreduce: bool):
+    return shard.blocks, None if comm is None else (comm.rank, comm.size), bool(allreduce)
 
 
 def _serial_if_none(comm):
@@ -204,8 +175,8 @@ def _serial_if_none(comm):
     return Comm.serial()
 
 
-def train_epoch(model, shard: Shard, epoch: int, *, batch: int, key: tuple, comm=None, be=None,
-                guard=None, resume: EpochState | None = None) -> EpochResult:
+def train_epoch(model, shard: Shard, epoch: int, comm=None, *, batch: int | None = None, key: tuple | None = None,
+                guard=None, resume: EpochState | None = None, optimizer=None, allreduce: bool = False) -> EpochResult:
     """One epoch of data-parallel minibatch training of ``model`` on ``shard`` (every rank of
     ``comm`` calls it with its own shard of the same blocks).
 
@@ -215,29 +186,57 @@ def train_epoch(model, shard: Shard, epoch: int, *, batch: int, key: tuple, comm
     shard : Shard
     epoch : int
         0-based; picks the random streams (and the model's schedule, in ``apply``).
-    batch : int
-    key : tuple of int
-        The model's random-stream key.
     comm : aepar.comm.Comm or None
         The ranks sharing the blocks (None: one process).
-    be : aepar.backend.Backend
-        Default ``model.be``.
+    batch : int, optional
+        Global minibatch; default ``model.batch``.
+    key : tuple of int, optional
+        The random-stream key; default ``model.key``.
     guard : aepar.guard.Guard, optional
         Per step: heartbeat, faults, and every rank's flags summed with the gradients; a
         checkpoint or stop request pauses the epoch after that step.
     resume : EpochState, optional
         Continue an epoch that paused (this rank's blocks' streams must be in it).
+    optimizer : optional
+        Set as ``model.optimizer`` before the epoch (the stacked autoencoder's SGD or Adam).
+    allreduce : bool
+        False (default): the blocks' gradients are added in the fixed tree, the same bits on
+        any number of ranks. True: each rank adds its own blocks' rows of the packed buffer
+        (gradients, the step's sums, the guard's flag) in block order, and one Allreduce of
+        that row per step sums the ranks: faster, but the rounding depends on the number of
+        ranks.
 
     Returns
     -------
     EpochResult
         Paused (``state`` set) after a step whose flags asked for a checkpoint or a stop;
         complete otherwise, with the flags of its last step in ``checkpoint``/``stop``.
+        A complete epoch sets ``model.epochs_done`` to at least ``epoch + 1`` when the
+        model keeps that count.
     """
-    be = be or model.be
+    be = model.be
+    batch = model.batch if batch is None else batch
+    key = model.key if key is None else key
+    if optimizer is not None:
+        model.optimizer = optimizer
     buf = getattr(model, "_dp_buffers", None)
-    if buf is None or buf.key != (shard.blocks, None if comm is None else (comm.rank, comm.size)):
-        buf = model._dp_buffers = _Buffers(model, shard, comm, be)
+    if buf is None or buf.key != _buffers_key(shard, comm, allreduce):
+        buf = model._dp_buffers = _Buffers(model, shard, comm, be, allreduce)
+    result = _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume)
+    if result.complete and hasattr(model, "epochs_done"):
+        model.epochs_done = max(model.epochs_done, int(epoch) + 1)
+    return result
+
+
+def _local_total(leaves, n_rows, out):
+    """This rank's own rows of ``leaves`` added in order into ``out`` (the allreduce path)."""
+    out[...] = leaves[0]
+    for i in range(1, n_rows):
+        out += leaves[i]
+    return out
+
+
+def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) -> EpochResult:
     mb = Minibatches(shard.blocks, batch, key, epoch)
     start, sums = 0, np.zeros(buf.n_extra)
     if resume is not None:
@@ -279,7 +278,12 @@ def train_epoch(model, shard: Shard, epoch: int, *, batch: int, key: tuple, comm
         if guard is not None:
             leaves[0, flag] = guard.flags()
             guard.step(poison=leaves[0, :buf.n_grad])
-        total = buf.tree.allreduce(list(leaves[:len(mine)]), buf.total)
+        if buf.tree is not None:
+            total = buf.tree.allreduce(list(leaves[:len(mine)]), buf.total)
+        else:  # a rank without blocks still sends its row 0: zeros and its guard flag
+            total = _local_total(leaves, max(len(mine), 1), buf.total)
+            if comm is not None:
+                comm.allreduce(total)
         model.apply(buf.views(total), epoch)
         sums += be.to_host(total[buf.n_grad:flag]).astype(np.float64)
         if guard is not None:

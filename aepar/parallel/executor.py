@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aepar.guard import STOP
-from aepar.parallel.blocks import Blocks
-from aepar.parallel.data_parallel import EpochState, Shard
+from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
 from aepar.parallel.pipeline import HANDOVERS, MODES, Layout, Plan
+from aepar.rows import Blocks, Shard
 
 __all__ = ["Pipeline", "PipelineResult", "InputRecord", "wait_until", "TAG_HDR", "TAG_PAY", "TAG_PROGRESS",
            "TAG_DECIDE", "TAG_CTRL"]
@@ -508,7 +508,7 @@ class Pipeline:
         start = self.trace.now()
         with self.trace.span("epoch", "train", stage=stage + 1, epoch=epoch + 1, version=record.version,
                              extra=extra) as info:
-            result = layer.train_epoch(record.train, epoch, self.stage_comm, guard=self.guard, resume=resume)
+            result = train_epoch(layer, record.train, epoch, self.stage_comm, guard=self.guard, resume=resume)
             be.synchronize()
         if not result.complete:
             return None, result
@@ -522,7 +522,7 @@ class Pipeline:
         val_err = None
         if self.n_val:
             with self.trace.span("eval", "eval", stage=stage + 1, epoch=epoch + 1):
-                val_err = layer.recon_error(record.val, comm=self.stage_comm)
+                val_err = layer.recon_error(record.val, reducer(self.stage_comm))
         rec = {"stage": stage, "epoch": epoch, "version": record.version, "extra": bool(extra),
                "train_error": float(err), "val_error": val_err, "start": start, "end": end,
                "rank": self.comm.rank}

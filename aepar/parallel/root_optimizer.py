@@ -70,7 +70,7 @@ class RootOptimizer:
     ----------
     comm : aepar.comm.Comm
     model :
-        ``n_theta``, ``n_partials``, ``blocks`` (aepar.parallel.blocks.Blocks: every
+        ``n_theta``, ``n_partials``, ``blocks`` (aepar.rows.Blocks: every
         block's samples, this rank's share), ``partials(theta, leaves)`` filling the
         first ``n_partials`` columns of one row per own block, and on the root
         ``assemble(total, theta64) -> (cost, grad64)``.

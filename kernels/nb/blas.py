@@ -1,7 +1,7 @@
 """General matrix products that let other threads run: BLAS ?gemm without the GIL.
 
 ``scipy.linalg.blas.sgemm`` (f2py) holds the interpreter lock for the whole product, so
-threads that take different blocks of rows (aepar.parallel.blocks.parallel_map) would
+threads that take different blocks of rows (aepar.rows.parallel_map) would
 queue behind one another. The same Fortran routine is reached here through scipy's Cython
 BLAS table and called with ctypes, which releases the lock for the call: the same library,
 the same results, and the blocks' products run side by side.

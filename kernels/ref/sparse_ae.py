@@ -105,7 +105,7 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
     out : (sparse_ae_partials_size(v, h),) array of the model dtype, overwritten; with
         ``leaf``, (ceil(m / leaf), size): row L holds the sums over samples
         [L leaf, (L + 1) leaf) alone (the blocks a rank-independent sum adds up in a fixed
-        tree, aepar.parallel.blocks)
+        tree, aepar.rows)
     ws : workspace from ``sparse_ae_workspace`` (unused by the reference)
     kl : (rho, beta) when the shard is the whole data set, else None (not with ``leaf``)
     leaf : samples per leaf, or None for one sum over the shard

@@ -20,7 +20,8 @@ import numpy as np
 from aepar import backend
 from aepar.comm import run_main
 from aepar.models.sparse_ae import LEAF, SparseAutoencoder, init_theta
-from aepar.parallel.blocks import Blocks, TreeSum
+from aepar.parallel.blocks import TreeSum
+from aepar.rows import Blocks
 
 V, H, M = 64, 25, 1003
 RHO, BETA, LAM = 0.01, 3.0, 1e-4

@@ -30,10 +30,11 @@ from aepar import backend  # noqa: E402
 from aepar.comm import world  # noqa: E402
 from aepar.data.sources import load_digits  # noqa: E402
 from aepar.guard import CHECKPOINT, Guard  # noqa: E402
-from aepar.parallel.data_parallel import Shard  # noqa: E402
+from aepar.parallel.data_parallel import train_epoch  # noqa: E402
 from aepar.parallel.executor import Pipeline  # noqa: E402
 from aepar.parallel.pipeline import make_layout, plan_schedule, stage_costs  # noqa: E402
 from aepar.pretrain import make_layers  # noqa: E402
+from aepar.rows import Shard  # noqa: E402
 
 BLOCKS = 8
 
@@ -60,7 +61,7 @@ def sequential_reference(be, sizes, plan, x_train, x_val, seed):
     for e in plan.order:
         train, val = inputs[e.stage][e.version]
         layer = layers[e.stage]
-        layer.train_epoch(train, e.epoch)  # one process: all blocks
+        train_epoch(layer, train, e.epoch)  # one process: all blocks
         if (e.epoch + 1) in plan.needed(e.stage):
             inputs.setdefault(e.stage + 1, {})[e.epoch + 1] = (layer.transform(train), layer.transform(val))
     return layers

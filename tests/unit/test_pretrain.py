@@ -7,9 +7,9 @@ from aepar import backend
 from aepar.errors import UserError
 from aepar.models.ae_layer import AELayer
 from aepar.models.rbm import RBM
-from aepar.parallel.blocks import Blocks
-from aepar.parallel.data_parallel import Minibatches, Shard
+from aepar.parallel.data_parallel import Minibatches, train_epoch
 from aepar.pretrain import make_layers, parse_layers
+from aepar.rows import Blocks, Shard
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close
 
@@ -107,7 +107,7 @@ def test_rbm_epoch_is_deterministic_for_a_seed():
     be, x = _be(), _binary_data()
     a, b, c = (RBM(be, 36, 10, seed=s, layer_index=1) for s in (5, 5, 6))
     x_before = x.copy()
-    errs = [l.train_epoch(S(x, be), 0).means[0] for l in (a, b, c)]
+    errs = [train_epoch(l, S(x, be), 0).means[0] for l in (a, b, c)]
     np.testing.assert_array_equal(x, x_before)  # the data is not touched
     assert errs[0] == errs[1]
     for k in a.params:
@@ -115,7 +115,7 @@ def test_rbm_epoch_is_deterministic_for_a_seed():
     assert not np.allclose(a.params["W"], c.params["W"])
     # another epoch number draws another shuffle and other noise
     d = RBM(be, 36, 10, seed=5, layer_index=1)
-    d.train_epoch(S(x, be), 1)
+    train_epoch(d, S(x, be), 1)
     assert not np.allclose(a.params["W"], d.params["W"])
 
 
@@ -123,7 +123,7 @@ def test_cd1_reduces_reconstruction_error():
     be, x = _be(), _binary_data()
     rbm = RBM(be, 36, 16, batch=20, seed=0)
     before = rbm.recon_error(S(x, be))
-    errs = [rbm.train_epoch(S(x, be, 4), e).means[0] for e in range(8)]
+    errs = [train_epoch(rbm, S(x, be, 4), e).means[0] for e in range(8)]
     after = rbm.recon_error(S(x, be))
     assert errs[-1] < 0.5 * errs[0], errs
     assert after < 0.5 * before, (before, after)
@@ -142,7 +142,7 @@ def test_gaussian_code_layer_learns_real_valued_input():
     rbm = RBM(be, 12, 3, hidden="gaussian", lr=0.01, batch=20, seed=2)
     before = rbm.recon_error(S(x, be))
     for e in range(15):
-        rbm.train_epoch(S(x, be), e)
+        train_epoch(rbm, S(x, be), e)
     assert rbm.recon_error(S(x, be)) < 0.7 * before
     codes = rbm.transform(S(x, be)).x
     assert codes.shape == (300, 3) and (codes < 0).any()  # linear units: not squashed
@@ -163,12 +163,12 @@ def test_an_epoch_paused_and_resumed_equals_one_run(count):
     be, x = _be("numba", "float32"), _binary_data(n=500, d=20)
     whole, first, second = (RBM(be, 20, 8, batch=50, seed=2) for _ in range(3))
     for layer in (whole, first):
-        layer.train_epoch(S(x, be, count), 0)
-    whole.train_epoch(S(x, be, count), 6)
-    paused = first.train_epoch(S(x, be, count), 6, guard=PauseAt3(Comm.serial(), "t", faults=[]))
+        train_epoch(layer, S(x, be, count), 0)
+    train_epoch(whole, S(x, be, count), 6)
+    paused = train_epoch(first, S(x, be, count), 6, guard=PauseAt3(Comm.serial(), "t", faults=[]))
     assert not paused.complete and paused.state.batch == 4
     second.load_state(first.state())
-    second.train_epoch(S(x, be, count), 6, resume=paused.state)
+    train_epoch(second, S(x, be, count), 6, resume=paused.state)
     for k in whole.params:
         np.testing.assert_array_equal(second.params[k], whole.params[k])
 
@@ -177,8 +177,8 @@ def test_weight_cost_shrinks_weights_without_data_gradient():
     be = _be()
     x = np.full((10, 4), 0.5)
     plain, decayed = (RBM(be, 4, 3, weight_cost=wc, seed=1, lr=0.1, batch=10) for wc in (0.0, 0.5))
-    plain.train_epoch(S(x, be), 0)
-    decayed.train_epoch(S(x, be), 0)
+    train_epoch(plain, S(x, be), 0)
+    train_epoch(decayed, S(x, be), 0)
     assert np.abs(decayed.params["W"]).sum() < np.abs(plain.params["W"]).sum()
     # biases carry no weight cost
     np.testing.assert_allclose(decayed.params["bv"], plain.params["bv"], rtol=1e-12, atol=1e-12)
@@ -189,7 +189,7 @@ def test_weight_cost_shrinks_weights_without_data_gradient():
 def test_rbm_epoch_matches_the_reference_kernels(kernels, hidden):
     x = _binary_data(n=120, d=20)
     ref, other = (RBM(_be(k), 20, 7, hidden=hidden, lr=0.05, batch=30, seed=3) for k in ("numpy", kernels))
-    e_ref, e_other = (r.train_epoch(S(x, r.be, 3), 0).means[0] for r in (ref, other))
+    e_ref, e_other = (train_epoch(r, S(x, r.be, 3), 0).means[0] for r in (ref, other))
     assert abs(e_ref - e_other) <= 1e-9 * max(1.0, e_ref)
     for k in ref.params:
         assert_close(other.params[k], ref.params[k], np.float64, work=120, name=k)
@@ -199,7 +199,7 @@ def test_rbm_float32_tracks_float64():
     x = _binary_data(n=200, d=20)
     r64, r32 = (RBM(_be("numpy", dt), 20, 8, batch=25, seed=4) for dt in ("float64", "float32"))
     for e in range(3):
-        e64, e32 = (r.train_epoch(S(x, r.be, 2), e).means[0] for r in (r64, r32))
+        e64, e32 = (train_epoch(r, S(x, r.be, 2), e).means[0] for r in (r64, r32))
     assert r32.params["W"].dtype == np.float32
     assert abs(e64 - e32) < 1e-3 * e64
     np.testing.assert_allclose(r32.params["W"], r64.params["W"], atol=1e-4)
@@ -219,7 +219,7 @@ def test_ae_layer_reduces_its_error(hidden):
     be, x = _be(), _binary_data()
     layer = AELayer(be, 36, 8, hidden=hidden, lr=0.1 if hidden == "bernoulli" else 0.02, batch=20, seed=0)
     before = layer.recon_error(S(x, be))
-    errs = [layer.train_epoch(S(x, be, 4), e).means[0] for e in range(10)]
+    errs = [train_epoch(layer, S(x, be, 4), e).means[0] for e in range(10)]
     assert errs[-1] < 0.6 * errs[0], errs
     assert layer.recon_error(S(x, be)) < 0.6 * before
     assert set(layer.params) == {"W", "bv", "bh"} and layer.params["W"].shape == (36, 8)
@@ -240,6 +240,6 @@ def test_ae_layer_gradient_is_exact():
         return 0.5 * float(((y - x) ** 2).sum()) / 6
 
     num = {k: numerical_grad(loss, layer.params[k]) for k in layer.params}
-    layer.train_epoch(S(x, be), 0)
+    train_epoch(layer, S(x, be), 0)
     for k in layer.params:
         assert_grad_close(p0[k] - layer.params[k], num[k], name=k)

@@ -11,7 +11,7 @@ import aepar  # noqa: F401  (threads, kernels from the checkout)
 from aepar import backend, kernels
 from aepar.comm import Comm
 from aepar.models.sparse_ae import SparseAutoencoder, init_theta
-from aepar.parallel.blocks import block_bounds
+from aepar.rows import block_bounds
 from aepar.parallel.root_optimizer import FAILED, STOP, RootOptimizer
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, tolerance

@@ -7,9 +7,10 @@ from aepar import backend
 from aepar.greedy import pca_error
 from aepar.models.stacked import StackedAutoencoder
 from aepar.optim import SGD, Adam
+from aepar.parallel.data_parallel import train_epoch
 from aepar.pretrain import make_layers
-from aepar.parallel.data_parallel import Shard
 from aepar.report.stacked import hms, tables
+from aepar.rows import Shard
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad
 
@@ -125,7 +126,7 @@ def test_fine_tuning_reduces_the_error(loss, opt):
     optimizer = SGD(be, model.params, lr=0.5, momentum=0.9) if opt == "sgd" else Adam(be, model.params, lr=0.01)
     before = model.error_per_digit(S(x, be))
     for epoch in range(10):
-        model.train_epoch(S(x, be, 4), epoch, optimizer, batch=20)
+        train_epoch(model, S(x, be, 4), epoch, batch=20, optimizer=optimizer)
     assert model.error_per_digit(S(x, be)) < 0.2 * before
 
 
@@ -134,7 +135,7 @@ def test_fine_tuning_epoch_is_deterministic():
     x = np.random.default_rng(7).random((50, 6))
     a, b = StackedAutoencoder(be, [6, 3], seed=2), StackedAutoencoder(be, [6, 3], seed=2)
     for m in (a, b):
-        m.train_epoch(S(x, be, 2), 0, SGD(be, m.params, lr=0.1), batch=10)
+        train_epoch(m, S(x, be, 2), 0, batch=10, optimizer=SGD(be, m.params, lr=0.1))
     for k in a.params:
         np.testing.assert_array_equal(a.params[k], b.params[k])
 

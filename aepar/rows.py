@@ -1,0 +1,246 @@
+"""The fixed decomposition of a data set's rows, and sums that do not depend on it.
+
+Floating-point addition is not associative, so a sum over samples depends on how the
+samples are split: an MPI_Allreduce over 2 ranks and over 4 ranks round differently, and
+after 400 L-BFGS iterations the difference shows in the fourth digit. aepar therefore
+fixes the decomposition first and the hardware second:
+
+- the samples (rows) are cut into ``count`` **blocks** that depend only on the data size
+  (:func:`block_bounds`); a rank owns a contiguous run of whole blocks
+  (:func:`rank_blocks`, :class:`Blocks`; its rows are a :class:`Shard`), so any number
+  of ranks up to ``count`` can share the work;
+- every per-sample sum is first taken per block (each block computed alone, with
+  single-threaded BLAS, so its value does not depend on who computes it), then the blocks
+  are combined in **one fixed binary tree** over the block indices: node
+  [a, a + 2^j) = node [a, a + 2^(j-1)) + node [a + 2^(j-1), a + 2^j), a missing right half
+  leaving the left one as it is (:func:`tree_node`, :func:`tree_sum`, :func:`local_sums`).
+
+Threads take whole blocks (:func:`parallel_map`). This module knows no ranks: where the
+blocks are spread over ranks, :class:`aepar.parallel.blocks.TreeSum` adds the same tree's
+nodes across them, so the result is bitwise the same on 1 rank or on any number up to
+``count``, with any number of threads per rank.
+"""
+from __future__ import annotations
+
+import operator
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node", "tree_sum",
+           "local_sums", "parallel_map", "threads", "CHUNK", "DEFAULT_BLOCKS"]
+
+# Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
+DEFAULT_BLOCKS = 8
+# rows per call when a whole block is transformed or evaluated: bounds temporaries
+CHUNK = 4096
+
+
+def block_bounds(n: int, count: int) -> np.ndarray:
+    """Offsets (count + 1,) of ``count`` contiguous blocks of ``n`` rows; sizes differ by
+    at most one, the larger ones first."""
+    n, count = int(n), int(count)
+    if count < 1:
+        raise ValueError(f"need at least one block, got {count}")
+    base, extra = divmod(n, count)
+    sizes = np.full(count, base, dtype=np.int64)
+    sizes[:extra] += 1
+    return np.concatenate([[0], np.cumsum(sizes)])
+
+
+def rank_blocks(count: int, rank: int, size: int) -> tuple[int, int]:
+    """(first, stop): the blocks of ``rank`` among ``size`` ranks, contiguous, the counts
+    differing by at most one."""
+    b = block_bounds(count, size)
+    return int(b[rank]), int(b[rank + 1])
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """The fixed decomposition of ``n`` rows into ``count`` blocks, and this rank's share.
+
+    Attributes
+    ----------
+    n, count : int
+    first, stop : int
+        This rank's blocks [first, stop).
+    rows_per_block : int
+        0: ``count`` blocks of near-equal size (:func:`block_bounds`); else blocks of
+        exactly this many rows, the last one shorter.
+    """
+
+    n: int
+    count: int
+    first: int
+    stop: int
+    rows_per_block: int = 0
+
+    @classmethod
+    def of(cls, n: int, count: int, rank: int = 0, size: int = 1) -> "Blocks":
+        """``count`` near-equal blocks; this rank's share among ``size``."""
+        first, stop = rank_blocks(count, rank, size)
+        return cls(int(n), int(count), first, stop)
+
+    @classmethod
+    def fixed(cls, n: int, rows_per_block: int, rank: int = 0, size: int = 1) -> "Blocks":
+        """Blocks of ``rows_per_block`` rows (the last shorter); this rank's share."""
+        count = max(1, -(-int(n) // int(rows_per_block)))
+        first, stop = rank_blocks(count, rank, size)
+        return cls(int(n), count, first, stop, int(rows_per_block))
+
+    @property
+    def bounds(self) -> np.ndarray:
+        if self.rows_per_block:
+            return np.minimum(np.arange(self.count + 1, dtype=np.int64) * self.rows_per_block, self.n)
+        return block_bounds(self.n, self.count)
+
+    @property
+    def rows(self) -> slice:
+        """This rank's rows of the whole data set."""
+        b = self.bounds
+        return slice(int(b[self.first]), int(b[self.stop]))
+
+    @property
+    def mine(self) -> range:
+        return range(self.first, self.stop)
+
+    @property
+    def whole(self) -> bool:
+        """Whether this share is every block (one process holding the data set)."""
+        return self.first == 0 and self.stop == self.count
+
+    def local(self, block: int) -> slice:
+        """Rows of ``block`` (one of mine) within this rank's rows."""
+        b = self.bounds
+        return slice(int(b[block] - b[self.first]), int(b[block + 1] - b[self.first]))
+
+
+@dataclass
+class Shard:
+    """This rank's rows of a data set: whole blocks of the fixed decomposition.
+
+    Attributes
+    ----------
+    x : backend array (rows, features)
+        The rows of ``blocks.first`` .. ``blocks.stop``.
+    blocks : Blocks
+    """
+
+    x: object
+    blocks: Blocks
+
+    @classmethod
+    def of(cls, be, x_all, count: int, rank: int = 0, size: int = 1) -> "Shard":
+        """Rank ``rank`` of ``size``'s blocks of the host array ``x_all`` (``count`` blocks)."""
+        blocks = Blocks.of(np.shape(x_all)[0], count, rank, size)
+        return cls(be.asarray(x_all[blocks.rows]), blocks)
+
+    @property
+    def n(self) -> int:
+        """Rows in all blocks of the data set (all ranks)."""
+        return self.blocks.n
+
+    def map_rows(self, fn, width: int, xp, dtype) -> "Shard":
+        """``fn`` applied to every block in chunks of :data:`CHUNK` rows (so each row's result
+        is the same whoever computes it), as a Shard with the same blocks."""
+        out = xp.empty((self.x.shape[0], width), dtype=dtype)
+
+        def run(b):
+            rows = self.blocks.local(b)
+            for lo in range(rows.start, rows.stop, CHUNK):
+                hi = min(lo + CHUNK, rows.stop)
+                out[lo:hi] = fn(self.x[lo:hi])
+        parallel_map(run, self.blocks.mine)
+        return Shard(out, self.blocks)
+
+    def block_sums(self, fn) -> list:
+        """Per own block, Σ over its rows of ``fn(rows) -> float64 vector`` (in chunks of
+        :data:`CHUNK` rows, added in order), every vector of the same width; the leaves of
+        :func:`local_sums` and of the sums over ranks (aepar.parallel.data_parallel)."""
+        def run(b):
+            rows = self.blocks.local(b)
+            total = None
+            for lo in range(rows.start, rows.stop, CHUNK):
+                part = np.asarray(fn(self.x[lo:min(lo + CHUNK, rows.stop)]), dtype=np.float64)
+                total = part if total is None else total + part
+            return total
+        return parallel_map(run, self.blocks.mine)
+
+
+# ---- the tree ---------------------------------------------------------------------------
+def tree_top(count: int) -> int:
+    """Level of the root of the tree over ``count`` blocks: the smallest L with 2^L >= count."""
+    return max(0, int(count - 1).bit_length())
+
+
+def tree_node(level: int, start: int, leaves, count: int, add=operator.iadd):
+    """Value of node (level, start) of the tree over ``count`` blocks, from ``leaves``
+    (block index -> vector: all the blocks under the node), computed into its leftmost
+    leaf with ``add(a, b)`` (a += b)."""
+    if level == 0:
+        return leaves[start]
+    half = 1 << (level - 1)
+    left = tree_node(level - 1, start, leaves, count, add)
+    if start + half < count:
+        add(left, tree_node(level - 1, start + half, leaves, count, add))
+    return left
+
+
+def tree_sum(vectors, add=None):
+    """The fixed-tree sum of a full list of block vectors in one process (into the first)."""
+    count = len(vectors)
+    return tree_node(tree_top(count), 0, dict(enumerate(vectors)), count, add or operator.iadd)
+
+
+def local_sums(shard: Shard, fn) -> np.ndarray:
+    """Σ over all rows of ``fn(rows) -> float64 vector``, taken per block in chunks and added
+    in the fixed tree, in one process (the shard must hold every block): the same bits as
+    the sum over any number of ranks (aepar.parallel.data_parallel.blockwise_sums)."""
+    if not shard.blocks.whole:
+        raise ValueError(f"a local sum needs every block on this process; this shard holds blocks "
+                         f"[{shard.blocks.first}, {shard.blocks.stop}) of {shard.blocks.count} "
+                         f"(sum over the ranks instead)")
+    parts = shard.block_sums(fn)
+    width = next((p.size for p in parts if p is not None), 0)
+    parts = [np.zeros(width) if p is None else p for p in parts]
+    out = np.zeros(width)
+    out[...] = tree_sum(parts)
+    return out
+
+
+# ---- threads take whole blocks ------------------------------------------------------------
+_POOL = None
+
+
+def threads() -> int:
+    """Threads this rank uses for its blocks (aepar.THREADS: cores / ranks on the node)."""
+    import aepar
+
+    return max(1, int(getattr(aepar, "THREADS", 1)))
+
+
+def parallel_map(fn, items) -> list:
+    """``[fn(x) for x in items]``, the items spread over this rank's threads.
+
+    BLAS runs single-threaded (aepar._threads), so each item's arithmetic is the same
+    whichever thread runs it: results do not depend on the number of threads.
+    """
+    items = list(items)
+    n = threads()
+    if n == 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    global _POOL
+    if _POOL is None or _POOL._max_workers != n:
+        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="aepar-block")
+    return list(_POOL.map(fn, items))
+
+
+def _fork_safe():
+    global _POOL
+    _POOL = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fork_safe)

@@ -1,0 +1,183 @@
+"""The rows' fixed decomposition (aepar.rows) and the data-parallel trainer on one process:
+local sums, the reducer handed to models, train_epoch's defaults and its allreduce mode."""
+import numpy as np
+import pytest
+
+import aepar  # noqa: F401  (threads before numpy work)
+from aepar import backend
+from aepar.comm import Comm
+from aepar.models.ae_layer import AELayer
+from aepar.models.rbm import RBM
+from aepar.models.stacked import StackedAutoencoder
+from aepar.optim import Adam
+from aepar.parallel.data_parallel import blockwise_sums, reducer, train_epoch
+from aepar.rows import Blocks, Shard, local_sums, tree_sum
+
+
+def _be(kernels="numpy", dtype="float64"):
+    return backend.select("cpu", kernels, dtype)
+
+
+def _data(n=230, d=12, seed=0):
+    return np.random.default_rng(seed).random((n, d))
+
+
+def _sums(rows):
+    """Three sums whose rounding depends on the order of addition."""
+    return [float((rows ** 2).sum()), float(np.sin(rows).sum()), float(rows[:, 0].sum()) * 1e-3]
+
+
+# ---- local sums -------------------------------------------------------------------------------
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 8, 13])
+def test_local_sums_equal_the_serial_blockwise_sums_bitwise(count):
+    be, x = _be(), _data(n=9000)  # more than CHUNK rows: blocks are summed in chunks too
+    shard = Shard.of(be, x, count)
+    got, want = local_sums(shard, _sums), blockwise_sums(shard, _sums, None)
+    assert got.dtype == want.dtype == np.float64
+    assert got.tobytes() == want.tobytes()
+    assert got.tobytes() == reducer(None)(shard, _sums).tobytes()
+    np.testing.assert_allclose(got, np.sum([_sums(x[i:i + 1]) for i in range(0, 9000, 1)], axis=0), rtol=1e-9)
+
+
+def test_local_sums_are_the_fixed_tree_over_the_blocks():
+    be, x = _be(), _data(n=50)
+    shard = Shard.of(be, x, 5)
+    leaves = [np.asarray(_sums(x[shard.blocks.local(b)]), dtype=np.float64) for b in range(5)]
+    want = (leaves[0] + leaves[1]) + (leaves[2] + leaves[3]) + leaves[4]
+    assert local_sums(shard, _sums).tobytes() == want.tobytes()
+    assert tree_sum([v.copy() for v in leaves]).tobytes() == want.tobytes()
+
+
+def test_local_sums_need_every_block():
+    be, x = _be(), _data(n=40)
+    part = Shard.of(be, x, 4, rank=1, size=2)
+    assert not part.blocks.whole and Blocks.of(40, 4).whole
+    with pytest.raises(ValueError, match="every block"):
+        local_sums(part, _sums)
+
+
+def test_models_take_a_reducer_and_default_to_local_sums():
+    be, x = _be(), _data(n=60)
+    rbm = RBM(be, 12, 5, seed=1)
+    net = StackedAutoencoder(be, [12, 4], seed=1)
+    calls = []
+
+    def reduce(shard, fn):
+        calls.append(shard.blocks.count)
+        return local_sums(shard, fn)
+    for count in (1, 4):
+        shard = Shard.of(be, x, count)
+        assert rbm.recon_error(shard) == rbm.recon_error(shard, reduce) == rbm.recon_error(shard, reducer(None))
+        assert net.error_per_digit(shard) == net.error_per_digit(shard, reduce)
+    assert calls == [1, 1, 4, 4]
+
+
+# ---- train_epoch ------------------------------------------------------------------------------
+def test_train_epoch_defaults_come_from_the_model():
+    be, x = _be(), _data()
+    a, b = (RBM(be, 12, 5, batch=30, seed=2, layer_index=1) for _ in range(2))
+    ra = train_epoch(a, Shard.of(be, x, 3), 0)
+    rb = train_epoch(b, Shard.of(be, x, 3), 0, batch=30, key=(2, 1))
+    assert ra.means == rb.means and a.epochs_done == b.epochs_done == 1
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k])
+    c = RBM(be, 12, 5, batch=30, seed=2, layer_index=1)
+    train_epoch(c, Shard.of(be, x, 3), 0, batch=20)  # another batch size: other steps
+    assert not np.array_equal(a.params["W"], c.params["W"])
+
+
+def test_train_epoch_counts_complete_epochs_only():
+    from aepar.guard import CHECKPOINT, Guard
+
+    class PauseAt2(Guard):
+        def local_request(self):
+            return CHECKPOINT if self.steps == 2 else 0.0
+
+    be, x = _be(), _data()
+    layer = AELayer(be, 12, 5, batch=40, seed=3)
+    train_epoch(layer, Shard.of(be, x, 2), 4)
+    assert layer.epochs_done == 5
+    paused = train_epoch(layer, Shard.of(be, x, 2), 7, guard=PauseAt2(Comm.serial(), "t", faults=[]))
+    assert not paused.complete and layer.epochs_done == 5
+    train_epoch(layer, Shard.of(be, x, 2), 7, resume=paused.state)
+    assert layer.epochs_done == 8
+    train_epoch(layer, Shard.of(be, x, 2), 1)
+    assert layer.epochs_done == 8  # never goes back
+
+
+def test_train_epoch_sets_the_optimizer_given():
+    be, x = _be(), _data(d=8)
+    net = StackedAutoencoder(be, [8, 3], seed=4)
+    assert net.batch == 100
+    opt = Adam(be, net.params, lr=0.01)
+    before = net.params["W1"].copy()
+    result = train_epoch(net, Shard.of(be, x, 2), 0, batch=50, optimizer=opt)
+    assert net.optimizer is opt and opt.t == 5 and result.complete  # ceil(230 / 50) steps
+    assert not np.array_equal(before, net.params["W1"])
+    assert not hasattr(net, "epochs_done")
+
+
+class _Recording(Comm):
+    """One process that records the collectives it is asked for."""
+
+    def __init__(self):
+        serial = Comm.serial()
+        self.__dict__.update(serial.__dict__)
+        self.calls = []
+
+    def allreduce(self, buf, op="sum"):
+        self.calls.append("allreduce")
+        return super().allreduce(buf, op)
+
+    def bcast(self, buf, root=0):
+        self.calls.append("bcast")
+        return super().bcast(buf, root)
+
+
+@pytest.mark.parametrize("make", [lambda be: RBM(be, 12, 5, batch=40, seed=5),
+                                  lambda be: StackedAutoencoder(be, [12, 4], seed=5, batch=40)],
+                         ids=["rbm", "stacked"])
+def test_allreduce_mode_is_one_allreduce_per_step_of_the_rank_s_own_sum(make):
+    be, x = _be(), _data()
+    steps = -(-230 // 40)
+    results, models = {}, {}
+    for mode, count in (("tree", 2), ("allreduce", 2), ("tree", 4), ("allreduce", 4)):
+        model = make(be)
+        if isinstance(model, StackedAutoencoder):
+            model.optimizer = Adam(be, model.params, lr=0.01)
+        comm = _Recording()
+        results[mode, count] = train_epoch(model, Shard.of(be, x, count), 0, comm, allreduce=mode == "allreduce")
+        models[mode, count] = model
+        assert comm.calls == (["allreduce"] if mode == "allreduce" else ["bcast"]) * steps
+    # two blocks: a + b either way, the same bits
+    assert results["tree", 2].means == results["allreduce", 2].means
+    for k, v in models["tree", 2].params.items():
+        np.testing.assert_array_equal(models["allreduce", 2].params[k], v)
+    # four blocks: ((a + b) + c) + d against (a + b) + (c + d): the same steps up to rounding
+    for k, v in models["tree", 4].params.items():
+        np.testing.assert_allclose(models["allreduce", 4].params[k], v, rtol=1e-9, atol=1e-12)
+
+
+def test_allreduce_mode_keeps_the_guard_flags_and_the_fused_path():
+    from aepar.guard import CHECKPOINT, Guard
+
+    class PauseAt3(Guard):
+        def local_request(self):
+            return CHECKPOINT if self.steps == 3 else 0.0
+
+    be, x = _be(), _data()
+    for count in (1, 3):
+        whole, first, second = (RBM(be, 12, 5, batch=40, seed=6) for _ in range(3))
+        train_epoch(whole, Shard.of(be, x, count), 0, allreduce=True)
+        paused = train_epoch(first, Shard.of(be, x, count), 0, guard=PauseAt3(Comm.serial(), "t", faults=[]),
+                             allreduce=True)
+        assert not paused.complete and paused.state.batch == 4 and paused.checkpoint
+        second.load_state(first.state())
+        train_epoch(second, Shard.of(be, x, count), 0, resume=paused.state, allreduce=True)
+        for k in whole.params:
+            np.testing.assert_array_equal(second.params[k], whole.params[k])
+        if count == 1:  # one block, one process: the fused step, whichever mode
+            tree = RBM(be, 12, 5, batch=40, seed=6)
+            train_epoch(tree, Shard.of(be, x, 1), 0)
+            for k in whole.params:
+                np.testing.assert_array_equal(tree.params[k], whole.params[k])
