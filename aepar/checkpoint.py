@@ -21,12 +21,15 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from aepar.errors import CheckpointError
+from aepar.models.stacked import StackedAutoencoder
 
-__all__ = ["save", "load", "Checkpoint", "restore_rng", "FORMAT", "VERSION"]
+__all__ = ["save", "load", "Checkpoint", "restore_rng", "FORMAT", "VERSION", "layers_to_params",
+           "layers_from_params", "finetuned_from_params", "layer_state", "restore_layers"]
 
 FORMAT = "aepar-checkpoint"
 VERSION = 1
@@ -379,3 +382,74 @@ def load(path, *, scheme: str | tuple | None = None, shapes: dict | None = None)
             raise CheckpointError(f"{path}: parameter {name!r} has shape {tuple(params[name].shape)}, "
                                   f"the model needs {tuple(shape)}")
     return Checkpoint(file_scheme, params, opt_state, rng_state, epoch, config, path)
+
+
+# ---- pre-trained stacks ------------------------------------------------------------------
+def layers_to_params(be, layers) -> dict:
+    """{"layer1/W": ..., "layer1/bv": ..., ...} as host arrays, for :func:`save`."""
+    out = {}
+    for i, layer in enumerate(layers):
+        for k, v in layer.params.items():
+            out[f"layer{i + 1}/{k}"] = be.to_host(v)
+    return out
+
+
+def layers_from_params(be, params, path="checkpoint") -> list:
+    """Inverse of :func:`layers_to_params`: objects with ``params`` (backend arrays).
+
+    Raises CheckpointError naming ``path`` when the layers are missing or do not fit.
+    """
+    layers, i = [], 1
+    while f"layer{i}/W" in params:
+        try:
+            p = {k: be.asarray(np.asarray(params[f"layer{i}/{k}"])) for k in ("W", "bv", "bh")}
+        except KeyError as e:
+            raise CheckpointError(f"{path}: layer {i} lacks {e.args[0]}") from None
+        if p["bv"].shape != (p["W"].shape[0],) or p["bh"].shape != (p["W"].shape[1],):
+            raise CheckpointError(f"{path}: layer {i}: biases {p['bv'].shape}, {p['bh'].shape} do not fit "
+                                  f"W {p['W'].shape}")
+        if layers and layers[-1].params["W"].shape[1] != p["W"].shape[0]:
+            raise CheckpointError(f"{path}: layer {i} takes {p['W'].shape[0]} inputs but layer {i - 1} "
+                                  f"gives {layers[-1].params['W'].shape[1]}")
+        layers.append(SimpleNamespace(params=p))
+        i += 1
+    if not layers:
+        raise CheckpointError(f"{path}: no pre-trained layers (layer1/W, ...) in the checkpoint")
+    return layers
+
+
+def finetuned_from_params(be, params, layers, loss, path="checkpoint"):
+    """The fine-tuned network stored as ``finetuned/W1..`` beside ``layers``, or None."""
+    if "finetuned/W1" not in params:
+        return None
+    model = StackedAutoencoder.from_layers(be, layers, loss=loss)
+    for k, v in model.params.items():
+        key = f"finetuned/{k}"
+        if key not in params:
+            raise CheckpointError(f"{path}: {key} missing (the fine-tuned network is incomplete)")
+        if tuple(np.shape(params[key])) != tuple(v.shape):
+            raise CheckpointError(f"{path}: {key} has shape {tuple(np.shape(params[key]))}, the layers "
+                                  f"make {tuple(v.shape)}")
+        v[...] = be.asarray(np.asarray(params[key]))
+    return model
+
+
+def layer_state(be, layers, current=None, prefix="") -> tuple[dict, dict]:
+    """(params, opt_state) of a stack for a checkpoint: every layer's parameters and the
+    momentum of the layer being trained (``current``)."""
+    params = {f"{prefix}{k}": v for k, v in layers_to_params(be, layers).items()}
+    opt = {}
+    if current is not None:
+        opt = {f"{prefix}layer{current + 1}/{k}": be.to_host(v)
+               for k, v in layers[current].optimizer.state().items()}
+    return params, opt
+
+
+def restore_layers(be, layers, params, opt_state, current=None, prefix=""):
+    """Inverse of :func:`layer_state`."""
+    for i, layer in enumerate(layers):
+        for k in layer.params:
+            layer.params[k][...] = be.asarray(params[f"{prefix}layer{i + 1}/{k}"])
+    if current is not None:
+        tag = f"{prefix}layer{current + 1}/"
+        layers[current].optimizer.load_state({k[len(tag):]: v for k, v in opt_state.items() if k.startswith(tag)})

@@ -9,8 +9,9 @@ import os
 
 from aepar.comm import world
 from aepar.errors import UserError
+from aepar.rows import DEFAULT_BLOCKS
 
-__all__ = ["ArgumentParser", "add_common", "progress", "positive_int", "non_negative_int", "seed",
+__all__ = ["ArgumentParser", "add_common", "add_reduce_blocks", "progress", "positive_int", "non_negative_int", "seed",
            "learning_rate", "momentum", "non_negative_float", "unit_interval", "fraction_to_half",
            "positive_float"]
 
@@ -102,6 +103,14 @@ def add_common(parser: argparse.ArgumentParser, *, scheme: str):
                    help="end the job, naming the rank, if a rank makes no progress for this long "
                         "(a stalled rank; default: no watchdog)")
     return g
+
+
+def add_reduce_blocks(group):
+    """--reduce-blocks R: how many fixed blocks the rows are cut into (aepar.rows)."""
+    group.add_argument("--reduce-blocks", type=positive_int, default=DEFAULT_BLOCKS, metavar="R",
+                       help=f"fixed blocks the rows are cut into; a step adds the blocks' gradients in one "
+                            f"fixed tree, so up to R ranks (any number of threads) give bit-identical "
+                            f"results (default {DEFAULT_BLOCKS}; 1 is fastest on one process but allows one rank)")
 
 
 def progress(comm, quiet: bool, message: str):

@@ -21,31 +21,26 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 
 from aepar import backend
-from aepar.cli import ArgumentParser, add_common, learning_rate, momentum, non_negative_int, positive_int, progress
+from aepar.checkpoint import finetuned_from_params, layers_from_params, layers_to_params
+from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, learning_rate, momentum, non_negative_int,
+                       positive_int, progress)
 from aepar.comm import run_main
 from aepar.data.sources import DIGIT_SOURCES
-from aepar.errors import CheckpointError, UserError
+from aepar.errors import UserError
 from aepar.models.stacked import LOSSES, StackedAutoencoder
 from aepar.optim import SGD, Adam
 from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
-from aepar.rows import DEFAULT_BLOCKS, Shard
+from aepar.rows import Shard
+from aepar.trace import span
 
-__all__ = ["add_finetune_args", "default_float32", "make_optimizer", "finetune_and_evaluate",
-           "layers_to_params", "layers_from_params", "span", "main", "add_reduce_blocks"]
+__all__ = ["add_finetune_args", "default_float32", "make_optimizer", "finetune_and_evaluate", "build_parser",
+           "main"]
 
 PROG = "aepar.finetune"
-
-
-def add_reduce_blocks(group):
-    group.add_argument("--reduce-blocks", type=positive_int, default=DEFAULT_BLOCKS, metavar="R",
-                       help=f"fixed blocks the rows are cut into; a step adds the blocks' gradients in one "
-                            f"fixed tree, so up to R ranks (any number of threads) give bit-identical "
-                            f"results (default {DEFAULT_BLOCKS}; 1 is fastest on one process but allows one rank)")
 
 
 def add_finetune_args(parser, *, standalone=False):
@@ -87,13 +82,6 @@ def make_optimizer(be, params, args):
     if args.optimizer == "adam":
         return Adam(be, params, lr=args.finetune_lr)
     return SGD(be, params, lr=args.finetune_lr, momentum=args.finetune_momentum)
-
-
-def span(trace, name, **meta):
-    """A trace span when tracing, else nothing (the trace object's ``span`` context manager)."""
-    if trace is None or not hasattr(trace, "span"):
-        return contextlib.nullcontext()
-    return trace.span(name, **meta)
 
 
 def _timed(comm, be, fn, *args):
@@ -250,56 +238,6 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
             "epochs": record["epochs"], "time_s": record["time_s"], "eval_s": record["eval_s"], "model": model}
 
 
-# ---- checkpoints of pre-trained stacks -----------------------------------------------------
-def layers_to_params(be, layers) -> dict:
-    """{"layer1/W": ..., "layer1/bv": ..., ...} as host arrays, for aepar.checkpoint."""
-    out = {}
-    for i, layer in enumerate(layers):
-        for k, v in layer.params.items():
-            out[f"layer{i + 1}/{k}"] = be.to_host(v)
-    return out
-
-
-def layers_from_params(be, params, path="checkpoint") -> list:
-    """Inverse of :func:`layers_to_params`: objects with ``params`` (backend arrays).
-
-    Raises CheckpointError naming ``path`` when the layers are missing or do not fit.
-    """
-    layers, i = [], 1
-    while f"layer{i}/W" in params:
-        try:
-            p = {k: be.asarray(np.asarray(params[f"layer{i}/{k}"])) for k in ("W", "bv", "bh")}
-        except KeyError as e:
-            raise CheckpointError(f"{path}: layer {i} lacks {e.args[0]}") from None
-        if p["bv"].shape != (p["W"].shape[0],) or p["bh"].shape != (p["W"].shape[1],):
-            raise CheckpointError(f"{path}: layer {i}: biases {p['bv'].shape}, {p['bh'].shape} do not fit "
-                                  f"W {p['W'].shape}")
-        if layers and layers[-1].params["W"].shape[1] != p["W"].shape[0]:
-            raise CheckpointError(f"{path}: layer {i} takes {p['W'].shape[0]} inputs but layer {i - 1} "
-                                  f"gives {layers[-1].params['W'].shape[1]}")
-        layers.append(SimpleNamespace(params=p))
-        i += 1
-    if not layers:
-        raise CheckpointError(f"{path}: no pre-trained layers (layer1/W, ...) in the checkpoint")
-    return layers
-
-
-def finetuned_from_params(be, params, layers, loss, path="checkpoint"):
-    """The fine-tuned network stored as ``finetuned/W1..`` beside ``layers``, or None."""
-    if "finetuned/W1" not in params:
-        return None
-    model = StackedAutoencoder.from_layers(be, layers, loss=loss)
-    for k, v in model.params.items():
-        key = f"finetuned/{k}"
-        if key not in params:
-            raise CheckpointError(f"{path}: {key} missing (the fine-tuned network is incomplete)")
-        if tuple(np.shape(params[key])) != tuple(v.shape):
-            raise CheckpointError(f"{path}: {key} has shape {tuple(np.shape(params[key]))}, the layers "
-                                  f"make {tuple(v.shape)}")
-        v[...] = be.asarray(np.asarray(params[key]))
-    return model
-
-
 # ---- the CLI -----------------------------------------------------------------------------
 def build_parser():
     parser = ArgumentParser(prog=f"python -m {PROG}",
@@ -344,9 +282,8 @@ def _setup(args, comm):
 
 def main(argv, comm):
     from aepar import checkpoint
-    from aepar.greedy import pca_error
     from aepar.guard import Guard
-    from aepar.report.stacked import TABLES_FILE, tables
+    from aepar.report.stacked import TABLES_FILE, pca_error, tables
     from aepar.resume import Checkpointer
     from aepar.rundir import fingerprint, parse_and_open
 

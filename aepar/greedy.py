@@ -26,66 +26,19 @@ from __future__ import annotations
 import contextlib
 import sys
 
-import numpy as np
-
 from aepar import backend
+from aepar.checkpoint import layer_state, layers_to_params, restore_layers
 from aepar.cli import ArgumentParser, add_common, progress
 from aepar.comm import run_main
-from aepar.finetune import add_finetune_args, default_float32, finetune_and_evaluate, layers_to_params, span
+from aepar.finetune import add_finetune_args, default_float32, finetune_and_evaluate
 from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
 from aepar.pretrain import add_pretrain_args, check_blocks, layers_from_args, parse_layers, warm_up
 from aepar.rows import Shard
+from aepar.trace import span
 
-__all__ = ["pca_error", "pretrain_greedy", "build_parser", "main", "finetune_and_evaluate", "layer_state"]
+__all__ = ["pretrain_greedy", "run_greedy", "build_parser", "main"]
 
 PROG = "aepar.greedy"
-
-
-def pca_error(train_x, test_x, k=30) -> dict:
-    """Error per digit of reconstructing from the first ``k`` principal components.
-
-    The components and the mean come from the training set (float64 SVD); the error is
-    Σ_pixels (x − x̂)² averaged over images, as for the autoencoder.
-
-    Returns
-    -------
-    dict
-        {"k": k, "train": error on train_x, "test": error on test_x}
-    """
-    train = np.asarray(train_x, dtype=np.float64)
-    mean = train.mean(axis=0)
-    k = int(min(k, *train.shape))
-    # right singular vectors of the centred data = principal directions
-    _, _, vt = np.linalg.svd(train - mean, full_matrices=False)
-    basis = vt[:k].T
-
-    def error(x):
-        c = np.asarray(x, dtype=np.float64) - mean
-        r = c - (c @ basis) @ basis.T
-        return float(np.einsum("ij,ij->", r, r) / max(c.shape[0], 1))
-
-    return {"k": k, "train": error(train), "test": error(test_x)}
-
-
-def layer_state(be, layers, current=None, prefix="") -> tuple[dict, dict]:
-    """(params, opt_state) of a stack for a checkpoint: every layer's parameters and the
-    momentum of the layer being trained (``current``)."""
-    params = {f"{prefix}{k}": v for k, v in layers_to_params(be, layers).items()}
-    opt = {}
-    if current is not None:
-        opt = {f"{prefix}layer{current + 1}/{k}": be.to_host(v)
-               for k, v in layers[current].optimizer.state().items()}
-    return params, opt
-
-
-def restore_layers(be, layers, params, opt_state, current=None, prefix=""):
-    """Inverse of :func:`layer_state`."""
-    for i, layer in enumerate(layers):
-        for k in layer.params:
-            layer.params[k][...] = be.asarray(params[f"{prefix}layer{i + 1}/{k}"])
-    if current is not None:
-        tag = f"{prefix}layer{current + 1}/"
-        layers[current].optimizer.load_state({k[len(tag):]: v for k, v in opt_state.items() if k.startswith(tag)})
 
 
 def pretrain_greedy(be, comm, layers, train: Shard, test: Shard, *, quiet=False, trace=None, ckpt=None,
@@ -226,7 +179,7 @@ def _setup(args, comm):
 def run_greedy(be, comm, args, digits, run, guard) -> dict:
     """Pre-train, fine-tune, evaluate; returns the summary and writes the run files on rank 0."""
     from aepar import checkpoint
-    from aepar.report.stacked import TABLES_FILE, tables
+    from aepar.report.stacked import TABLES_FILE, pca_error, tables
     from aepar.resume import Checkpointer
     from aepar.rundir import fingerprint
 

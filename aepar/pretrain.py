@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from aepar.cli import learning_rate, momentum, non_negative_float, non_negative_int, positive_int
+from aepar.cli import add_reduce_blocks, learning_rate, momentum, non_negative_float, non_negative_int, positive_int
 from aepar.data.sources import DIGIT_SOURCES
 from aepar.errors import UserError
 from aepar.models.ae_layer import AELayer
 from aepar.models.rbm import RBM
-from aepar.rows import DEFAULT_BLOCKS
 
 __all__ = ["parse_layers", "make_layers", "layers_from_args", "add_pretrain_args", "warm_up",
            "check_blocks", "PRETRAINERS", "DEFAULT_LAYERS"]
@@ -114,10 +113,7 @@ def add_pretrain_args(parser):
     g.add_argument("--epochs", type=positive_int, default=20, help="epochs per layer (default 20)")
     g.add_argument("--batch", type=positive_int, default=100,
                    help="global minibatch, drawn from every block of the data (default 100)")
-    g.add_argument("--reduce-blocks", type=positive_int, default=DEFAULT_BLOCKS, metavar="R",
-                   help=f"fixed blocks the rows are cut into; a step adds the blocks' gradients in one "
-                        f"fixed tree, so up to R ranks (any number of threads) give bit-identical results "
-                        f"(default {DEFAULT_BLOCKS}; 1 is fastest on one process but allows one rank)")
+    add_reduce_blocks(g)
     g.add_argument("--lr", type=learning_rate, default=0.1,
                    help="learning rate of the sigmoid layers' weights and biases (default 0.1)")
     g.add_argument("--code-lr", type=learning_rate, default=0.001,

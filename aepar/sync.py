@@ -384,7 +384,7 @@ def handover_stats(records: dict, n_stages: int) -> list[dict]:
 
 def _pipeline_checkpoint(layers, state, be) -> tuple[dict, dict, dict]:
     """(params, opt_state, skeleton) of a paused pipeline's :meth:`Pipeline.state` (root)."""
-    from aepar.finetune import layers_to_params
+    from aepar.checkpoint import layers_to_params
 
     params, opt, stages = layers_to_params(be, layers), {}, []
     for s, st in enumerate(state["stages"]):
@@ -467,10 +467,11 @@ def run_sync(be, comm, args, digits, x_val, run, guard) -> dict:
     """Synchronized pre-training, fine-tuning, optionally greedy for comparison, each part
     resumable; writes the run files on rank 0. Returns the summary (rank 0's is complete)."""
     from aepar import checkpoint
-    from aepar.finetune import finetune_and_evaluate, layers_to_params
-    from aepar.greedy import pca_error, pretrain_greedy, restore_layers
+    from aepar.checkpoint import layers_to_params, restore_layers
+    from aepar.finetune import finetune_and_evaluate
+    from aepar.greedy import pretrain_greedy
     from aepar.pretrain import layers_from_args
-    from aepar.report.stacked import TABLES_FILE, tables
+    from aepar.report.stacked import TABLES_FILE, pca_error, tables
     from aepar.resume import Checkpointer
     from aepar.rows import Shard
     from aepar.rundir import fingerprint

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-__all__ = ["Trace", "chrome_events", "validate_chrome"]
+__all__ = ["Trace", "span", "chrome_events", "validate_chrome"]
 
 
 class Trace:
@@ -112,6 +112,13 @@ class Trace:
         path = Path(path)
         path.write_text(json.dumps(doc, default=_plain) + "\n")
         return path
+
+
+def span(trace, name, **meta):
+    """A trace span when tracing, else nothing (the trace object's ``span`` context manager)."""
+    if trace is None or not hasattr(trace, "span"):
+        return nullcontext()
+    return trace.span(name, **meta)
 
 
 def chrome_events(parts) -> list[dict]:

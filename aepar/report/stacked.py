@@ -7,7 +7,8 @@ and fine-tuning wall times.
 
 Reads the ``summary.json`` that ``aepar.greedy`` and ``aepar.sync`` write: keys
 ``scheme``, ``error`` {"pretrained": {"train", "test"}, "finetuned": {...} | None},
-``pca`` {"k", "train", "test"} (optional), ``pretrain_time_s``, ``finetune_time_s``.
+``pca`` {"k", "train", "test"} (optional: :func:`pca_error`), ``pretrain_time_s``,
+``finetune_time_s``.
 
     python -m aepar.report.stacked runs/greedy/summary.json runs/sync/summary.json [--out tables.md]
 """
@@ -18,9 +19,37 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["table2", "table3", "tables", "hms", "main"]
+import numpy as np
+
+__all__ = ["pca_error", "table2", "table3", "tables", "hms", "main"]
 
 TABLES_FILE = "tables.md"
+
+
+def pca_error(train_x, test_x, k=30) -> dict:
+    """Error per digit of reconstructing from the first ``k`` principal components.
+
+    The components and the mean come from the training set (float64 SVD); the error is
+    Σ_pixels (x − x̂)² averaged over images, as for the autoencoder.
+
+    Returns
+    -------
+    dict
+        {"k": k, "train": error on train_x, "test": error on test_x}
+    """
+    train = np.asarray(train_x, dtype=np.float64)
+    mean = train.mean(axis=0)
+    k = int(min(k, *train.shape))
+    # right singular vectors of the centred data = principal directions
+    _, _, vt = np.linalg.svd(train - mean, full_matrices=False)
+    basis = vt[:k].T
+
+    def error(x):
+        c = np.asarray(x, dtype=np.float64) - mean
+        r = c - (c @ basis) @ basis.T
+        return float(np.einsum("ij,ij->", r, r) / max(c.shape[0], 1))
+
+    return {"k": k, "train": error(train), "test": error(test_x)}
 
 
 def hms(seconds) -> str:

@@ -4,12 +4,11 @@ import pytest
 
 import aepar  # noqa: F401
 from aepar import backend
-from aepar.greedy import pca_error
 from aepar.models.stacked import StackedAutoencoder
 from aepar.optim import SGD, Adam
 from aepar.parallel.data_parallel import train_epoch
 from aepar.pretrain import make_layers
-from aepar.report.stacked import hms, tables
+from aepar.report.stacked import hms, pca_error, tables
 from aepar.rows import Shard
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad
