@@ -321,6 +321,20 @@ def library() -> str:
     return MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
 
 
+_EARLY = []  # stop signals that came before the run's Guard existed
+
+
+def remember_early_signal(signum, frame):
+    """Signal handler of a CLI's first moments (:func:`run_main`): keep the signal for the
+    run's Guard (aepar.guard) to act on at its first safe point."""
+    _EARLY.append(signum)
+
+
+def early_signal():
+    """The first stop signal :func:`remember_early_signal` kept, or None."""
+    return _EARLY[0] if _EARLY else None
+
+
 def run_main(main, prog: str, argv=None) -> int:
     """Run a CLI's ``main(argv, comm)`` so that failures end every rank.
 
@@ -332,13 +346,11 @@ def run_main(main, prog: str, argv=None) -> int:
     """
     import signal
 
-    from aepar import guard
-
     # until the run's Guard takes over, SIGTERM/SIGUSR1 are remembered rather than fatal
     # (SIGINT keeps stopping at once while a run sets up)
     for name in ("SIGTERM", "SIGUSR1"):
         if hasattr(signal, name):
-            signal.signal(getattr(signal, name), guard.remember_early_signal)
+            signal.signal(getattr(signal, name), remember_early_signal)
     comm = world()
     try:
         main(argv, comm)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aepar.comm import early_signal, waiting
 from aepar.errors import EXIT_STALLED, Diverged, UserError
 
 __all__ = ["Guard", "Fault", "FAULT_ENV", "STOP", "CHECKPOINT"]
@@ -46,13 +47,6 @@ FAULT_KINDS = ("raise", "kill", "nan", "stall", "sigterm", "sigusr1", "sigint")
 # checkpoint cannot add up to it), anything else a checkpoint
 CHECKPOINT, STOP = 1.0, float(2 ** 20)
 SIGNAL_NAMES = ("SIGTERM", "SIGUSR1", "SIGINT")
-_EARLY = []  # stop signals that came before the run's Guard existed
-
-
-def remember_early_signal(signum, frame):
-    """Signal handler of a CLI's first moments (aepar.comm.run_main): keep the signal for
-    the Guard to act on at its first safe point."""
-    _EARLY.append(signum)
 
 
 @dataclass(frozen=True)
@@ -119,8 +113,9 @@ class Guard:
 
     # ---- lifetime ---------------------------------------------------------------------------
     def __enter__(self):
-        if _EARLY and self.signum is None:
-            self.signum = _EARLY[0]
+        early = early_signal()  # a stop signal that came while the CLI set up (aepar.comm.run_main)
+        if early is not None and self.signum is None:
+            self.signum = early
         if threading.current_thread() is threading.main_thread():
             for name in SIGNAL_NAMES:
                 sig = getattr(signal, name, None)
@@ -257,8 +252,6 @@ class Guard:
 
     # ---- the watchdog -------------------------------------------------------------------------
     def _watch(self):
-        from aepar.comm import waiting
-
         period = max(0.05, min(1.0, self.timeout / 10.0))
         while not self._stop.wait(period):
             if not self._armed:
