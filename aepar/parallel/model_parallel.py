@@ -1,0 +1,270 @@
+"""Model-parallel layer-wise pre-training (CMU 15-618): one layer per rank.
+
+Layer n starts one epoch after layer n-1 and trains every epoch on its input through
+frozen copies of the layers below it, refreshed once per epoch: after each epoch *slot*
+the ranks swap the weights their layers reached, and every rank recomputes its layer's
+input from the data through its copies. With more layers than ranks, groups of G = ranks
+consecutive layers train this way one group after another (the next group starts when the
+group is done); the layers below a group are final, so their output is computed once per
+group. There are no extra epochs: layer n trains its own ``epochs``, so a group takes
+G - 1 + max(epochs) slots instead of the sum of its layers' epochs.
+
+Reproducible: an epoch depends only on (seed, layer, epoch, data, blocks) and the copies
+of the layers below, which follow from the group size alone, not from timing. A run on P
+ranks therefore gives the same weights, bit for bit, as one process run with ``group=P``
+(which trains the slot's layers in turn), and ``group=1`` is greedy pre-training.
+
+Safe points are the slot boundaries: there every rank's flags are summed, and a
+checkpoint (every layer's weights and momentum, the group and slot reached) is written.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from aepar.parallel.data_parallel import train_epoch
+
+__all__ = ["schedule", "owner", "pretrain_model_parallel"]
+
+
+def schedule(epochs: list[int], group: int) -> list[list[list[tuple[int, int]]]]:
+    """The slots of every group: ``groups[g][t]`` lists the (layer, epoch) pairs that train
+    in slot t of group g (layers and epochs count from 0).
+
+    >>> schedule([2, 2, 2], 2)
+    [[[(0, 0)], [(0, 1), (1, 0)], [(1, 1)]], [[(2, 0)], [(2, 1)]]]
+    """
+    group = int(group)
+    if group < 1:
+        raise ValueError(f"a group holds at least one layer, not {group}")
+    out = []
+    for first in range(0, len(epochs), group):
+        members = range(first, min(first + group, len(epochs)))
+        n_slots = max(j - first + int(epochs[j]) for j in members)
+        out.append([[(j, t - (j - first)) for j in members if 0 <= t - (j - first) < int(epochs[j])]
+                    for t in range(n_slots)])
+    return out
+
+
+def owner(layer: int, group: int, size: int) -> int:
+    """The rank that trains ``layer``: its place in its group, modulo the ranks (with fewer
+    ranks than the group, one rank trains several of the slot's layers in turn)."""
+    return (int(layer) % int(group)) % int(size)
+
+
+class _StepsOnly:
+    """The guard as a layer's epoch sees it here: heartbeat and faults at every step, but
+    no pause inside the epoch - the slot boundary is the safe point, where the flags of
+    every rank are summed."""
+
+    def __init__(self, guard):
+        self._guard = guard
+
+    def step(self, poison=None):
+        self._guard.step(poison)
+
+    @staticmethod
+    def flags() -> float:
+        return 0.0
+
+    @staticmethod
+    def decide(summed) -> tuple[bool, bool]:
+        return False, False
+
+
+def _flat(be, layer):
+    return be.xp.concatenate([layer.params[k].ravel() for k in ("W", "bv", "bh")])
+
+
+def _unflat(be, layer, flat):
+    o = 0
+    for k in ("W", "bv", "bh"):
+        p = layer.params[k]
+        p[...] = flat[o:o + p.size].reshape(p.shape)
+        o += p.size
+
+
+def _span(trace, name, **meta):
+    return trace.span(name, **meta) if trace is not None else contextlib.nullcontext()
+
+
+def pretrain_model_parallel(be, comm, layers, train, test, *, group: int, ckpt=None, guard=None,
+                            position=None, outer=None, trace=None, say=None) -> dict:
+    """Pre-train ``layers`` model-parallel over the ranks of ``comm``.
+
+    Parameters
+    ----------
+    layers : list of RBM or AELayer
+        With ``layer.epochs`` set; the same initial weights on every rank.
+    train, test : Shard
+        All the training and test rows on every rank, each as one process's shard of the
+        fixed blocks (an epoch of one layer runs on one rank).
+    group : int
+        Layers that train at once (default in the schemes: the number of ranks).
+    ckpt : aepar.resume.Checkpointer, optional
+    guard : aepar.guard.Guard, optional
+    position : dict, optional
+        The progress record of a checkpoint taken here: go on from its group and slot.
+    outer : callable() -> (params, opt_state, progress), optional
+        What a calling scheme adds to every checkpoint.
+    say : callable(str), optional
+        Progress lines (the caller prints on rank 0 only).
+
+    Returns
+    -------
+    dict
+        ``time_s`` (wall time of the slowest rank), ``slots`` (per slot: group, layers
+        trained, seconds), ``layers`` (per layer: epoch times, reconstruction errors as
+        seen while training, final test error), ``group``.
+    """
+    n = len(layers)
+    groups = schedule([l.epochs for l in layers], group)
+    position = position or {}
+    record = position.get("pretrain") or {
+        "time_s": 0.0, "group": int(group), "slots": [],
+        "layers": [{"layer": i + 1, "shape": f"{l.n_in}-{l.n_out}", "kind": l.kind, "hidden": l.hidden,
+                    "lr": l.lr, "epoch_times_s": [], "refresh_s": [], "train_error": [], "test_error": []}
+                   for i, l in enumerate(layers)]}
+    start_group, start_slot = int(position.get("group", 0)), int(position.get("slot", 0))
+    steps = _StepsOnly(guard) if guard is not None else None
+    # epochs each layer has done: the version of the copy the ranks hold
+    done = [0] * n
+    for g, slots in enumerate(groups):
+        for t, slot in enumerate(slots):
+            if (g, t) < (start_group, start_slot):
+                for j, e in slot:
+                    done[j] = e + 1
+    first = 0
+    below = train  # the output of the final layers below the current group
+    for g, slots in enumerate(groups):
+        members = sorted({j for slot in slots for j, _ in slot})
+        if g < start_group:
+            for j in members:
+                below = layers[j].transform(below) if j + 1 < n else below
+            first += len(members)
+            continue
+        cache = {}  # layer -> (versions of the copies below it, its input)
+
+        def input_of(j, first=first, below=below, cache=cache):
+            """Layer j's input through the copies of its group's layers below it, as they are now."""
+            versions = tuple(done[first:j])
+            hit = cache.get(j)
+            if hit is not None and hit[0] == versions:
+                return hit[1], False
+            x = below
+            for i in range(first, j):
+                x = layers[i].transform(x)
+            cache[j] = (versions, x)
+            return x, True
+
+        for t in range(start_slot if g == start_group else 0, len(slots)):
+            active = slots[t]
+            mine = [(j, e) for j, e in active if owner(j, group, comm.size) == comm.rank]
+            t0 = comm.wtime()
+            stats = []
+            # every input first: the copies are those of the previous slot's end
+            inputs = {}
+            for j, _ in mine:
+                r0 = comm.wtime()
+                inputs[j], fresh = input_of(j)
+                be.synchronize()
+                inputs[j] = (inputs[j], comm.wtime() - r0 if fresh else 0.0)
+            for j, e in mine:
+                layer, (x, refresh) = layers[j], inputs[j]
+                e0 = comm.wtime()
+                with _span(trace, f"layer{j + 1}", epoch=e):
+                    result = train_epoch(layer, x, e, comm=None, batch=layer.batch, key=layer.key, guard=steps)
+                be.synchronize()
+                err = result.means[0]
+                bad = None
+                if guard is not None:
+                    from aepar.errors import Diverged
+
+                    where = f"model-parallel pre-training, layer {j + 1}, epoch {e + 1}"
+                    try:
+                        guard.check(err, "the reconstruction error", where)
+                        guard.check_params(layer.params, where)
+                    except Diverged as exc:
+                        bad = str(exc)
+                stats.append((j, e, err, comm.wtime() - e0, refresh, bad))
+            # the hand-over: every layer trained in this slot goes from its rank to all
+            for j, _ in active:
+                buf = _flat(be, layers[j])
+                comm.bcast(buf, root=owner(j, group, comm.size))
+                _unflat(be, layers[j], buf)
+                done[j] = dict(active)[j] + 1
+            flags = np.array([guard.flags() if guard is not None else 0.0])
+            comm.allreduce(flags)
+            gathered = [s for part in comm.allgather_obj(stats) for s in part]
+            dt = comm.max(comm.wtime() - t0)
+            bad = next((s[5] for s in gathered if s[5]), None)
+            if bad is not None:
+                from aepar.errors import Diverged
+
+                err = Diverged(bad)
+                err.collective = True
+                raise err
+            for j, e, err, sec, refresh, _ in sorted(gathered):
+                entry = record["layers"][j]
+                entry["epoch_times_s"].append(sec)
+                entry["refresh_s"].append(refresh)
+                entry["train_error"].append(err)
+            record["slots"].append({"group": g + 1, "slot": t + 1, "layers": [j + 1 for j, _ in active],
+                                    "time_s": dt})
+            record["time_s"] += dt
+            if say is not None:
+                say(f"model-parallel group {g + 1}/{len(groups)} slot {t + 1}/{len(slots)}: "
+                    + ", ".join(f"L{j + 1} epoch {e + 1}/{layers[j].epochs} recon {err:.4f}"
+                                for j, e, err, *_ in sorted(gathered)) + f"  {dt:6.2f}s")
+            if ckpt is not None:
+                checkpoint, stop = guard.decide(float(flags[0])) if guard is not None else (False, False)
+                ckpt.epochs_run += 1
+                if checkpoint or stop or (guard is not None and guard.epoch_due(ckpt.epochs_run)):
+                    _save(be, comm, layers, group, record, g, t + 1, ckpt, outer, "signal" if stop else "periodic")
+                    if stop:
+                        raise ckpt.interrupted(comm)
+        # the group is final: its test errors, then its output feeds the next group
+        x_test = test
+        for i in range(first):
+            x_test = layers[i].transform(x_test)
+        for j in members:
+            record["layers"][j]["test_error"].append(layers[j].recon_error(x_test))
+            x_test = layers[j].transform(x_test) if j + 1 < n else x_test
+            below = layers[j].transform(below) if j + 1 < n else below
+        first += len(members)
+    for entry in record["layers"]:
+        entry["time_s"] = float(sum(entry["epoch_times_s"]) + sum(entry["refresh_s"]))
+    return record
+
+
+def _save(be, comm, layers, group, record, g, next_slot, ckpt, outer, why):
+    """Every layer's weights (the same on every rank after the hand-over) and each layer's
+    momentum from the rank that trains it."""
+    from aepar.checkpoint import layer_state
+
+    params, opt, prog = outer() if outer is not None else ({}, {}, {})
+    prefix = prog.get("prefix", "")
+    velocities = {j: {k: be.to_host(v) for k, v in layers[j].optimizer.state().items()}
+                  for j in range(len(layers)) if owner(j, group, comm.size) == comm.rank}
+    parts = comm.gather_obj(velocities)
+    if comm.is_root:
+        lp, _ = layer_state(be, layers, prefix=prefix)
+        params = dict(params, **lp)
+        opt = dict(opt)
+        for part in parts:
+            for j, state in part.items():
+                opt.update({f"{prefix}layer{j + 1}/{k}": v for k, v in state.items()})
+    label = f"model-parallel group {g + 1}, {next_slot} slot(s) done"
+    ckpt.save(params, opt, dict(prog, phase="pretrain", scheme="model", group=g, slot=next_slot,
+                                pretrain=record), label, why, comm=comm)
+
+
+def restore_velocities(be, layers, opt_state: dict, prefix=""):
+    """Every layer's momentum from a model-parallel checkpoint (each rank keeps them all;
+    only a layer's owner uses its own)."""
+    for j, layer in enumerate(layers):
+        tag = f"{prefix}layer{j + 1}/"
+        state = {k[len(tag):]: v for k, v in opt_state.items() if k.startswith(tag)}
+        if state:
+            layer.optimizer.load_state(state)
