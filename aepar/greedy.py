@@ -32,23 +32,23 @@ from aepar.cli import ArgumentParser, add_common, progress
 from aepar.comm import run_main
 from aepar.finetune import add_finetune_args, default_float32, finetune_and_evaluate
 from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
-from aepar.pretrain import add_pretrain_args, check_blocks, layers_from_args, parse_layers, warm_up
+from aepar.stack import add_pretrain_args, check_blocks, layers_from_args, parse_layers, warm_up
 from aepar.rows import Shard
 from aepar.trace import span
 
-__all__ = ["pretrain_greedy", "run_greedy", "build_parser", "main"]
+__all__ = ["pretrain_greedy", "run_layerwise", "lr_rule", "build_parser", "main", "LAYERWISE"]
 
 PROG = "aepar.greedy"
 
 
 def pretrain_greedy(be, comm, layers, train: Shard, test: Shard, *, quiet=False, trace=None, ckpt=None,
-                    guard=None, position=None, outer=None) -> dict:
+                    guard=None, position=None, outer=None, allreduce=False, lr_at=None) -> dict:
     """Train ``layers`` one after another, each on the previous one's hidden probabilities.
 
     Parameters
     ----------
     layers : list of RBM or AELayer
-        With ``layer.epochs`` set (see :func:`aepar.pretrain.make_layers`).
+        With ``layer.epochs`` set (see :func:`aepar.stack.make_layers`).
     train, test : Shard
         This rank's blocks of the training and test rows (test only for reporting).
     ckpt : aepar.resume.Checkpointer, optional
@@ -57,6 +57,12 @@ def pretrain_greedy(be, comm, layers, train: Shard, test: Shard, *, quiet=False,
         The progress record of a checkpoint taken during pre-training: go on from it.
     outer : callable() -> (params, opt_state, progress), optional
         What a calling scheme adds to every checkpoint.
+    allreduce : bool
+        Sum each step's gradients with one MPI Allreduce of the packed buffer (15-618's
+        ``data`` scheme: fast, but the rounding depends on the ranks) instead of the fixed
+        tree (the same weights on any number of ranks).
+    lr_at : callable(layer, epoch) -> float, optional
+        The learning rate of an epoch (large-batch scaling and warm-up); default the layer's own.
 
     Returns
     -------
@@ -88,7 +94,9 @@ def pretrain_greedy(be, comm, layers, train: Shard, test: Shard, *, quiet=False,
             comm.barrier()
             t0 = comm.wtime()
             with span(trace, f"layer{i + 1}", epoch=epoch):
-                result = train_epoch(layer, train, epoch, comm, guard=guard, resume=resume)
+                if lr_at is not None:
+                    layer.optimizer.lr = lr_at(layer, epoch)
+                result = train_epoch(layer, train, epoch, comm, guard=guard, resume=resume, allreduce=allreduce)
             be.synchronize()
             clock["t"] += comm.max(comm.wtime() - t0)
             return result
@@ -176,67 +184,136 @@ def _setup(args, comm):
     return be, digits, sizes
 
 
-def run_greedy(be, comm, args, digits, run, guard) -> dict:
-    """Pre-train, fine-tune, evaluate; returns the summary and writes the run files on rank 0."""
+def lr_rule(args):
+    """The learning rate of a layer's epoch, or None for the layers' own: the ``data`` scheme's
+    large-batch rule (``--lr-scaling``: the rate times batch/100 (linear) or its square root,
+    reached by a linear warm-up over ``--warmup-epochs``)."""
+    rule = getattr(args, "lr_scaling", "none")
+    warmup = int(getattr(args, "warmup_epochs", 0) or 0)
+    if rule == "none" and not warmup:
+        return None
+    ratio = args.batch / BASE_BATCH
+    factor = {"none": 1.0, "linear": ratio, "sqrt": ratio ** 0.5}[rule]
+
+    def lr_at(layer, epoch):
+        ramp = min(1.0, (epoch + 1) / warmup) if warmup else 1.0
+        return layer.lr * (1.0 + (factor - 1.0) * ramp)  # from the base rate, which works, to the scaled one
+    return lr_at
+
+
+# The batch the layers' learning rates were chosen for (Hinton & Salakhutdinov's recipe).
+BASE_BATCH = 100
+# What each layer-wise scheme saves its checkpoints as (a resumed run insists on it).
+LAYERWISE = ("greedy", "data", "model")
+
+
+def run_layerwise(be, comm, args, digits, run, guard, *, scheme="greedy", prog=PROG, ckpt_name="greedy",
+                  extra=None) -> dict:
+    """Pre-train with a layer-wise scheme (greedy, data or model), then fine-tune the unrolled
+    autoencoder (``args.task`` "reconstruct") or a classifier on the encoder ("classify");
+    returns the summary and writes the run files on rank 0. ``extra``: summary entries of
+    the caller (e.g. the planner's predictions)."""
     from aepar import checkpoint
+    from aepar.parallel.model_parallel import pretrain_model_parallel, restore_velocities
     from aepar.report.stacked import TABLES_FILE, pca_error, tables
     from aepar.resume import Checkpointer
     from aepar.rundir import fingerprint
 
-    ckpt = Checkpointer(run, comm, guard, "greedy",
-                        fingerprint(digits.train_x, digits.test_x) if comm.is_root else None,
-                        progress=lambda m: progress(comm, args.quiet, m))
+    task = getattr(args, "task", "reconstruct")
+    say = lambda m: progress(comm, args.quiet, m)  # noqa: E731
+    ckpt = Checkpointer(run, comm, guard, ckpt_name,
+                        fingerprint(digits.train_x, digits.test_x) if comm.is_root else None, progress=say)
     loaded = ckpt.load()
     layers = layers_from_args(be, args, digits.train_x.shape[1])
-    count = args.reduce_blocks
-    train = Shard.of(be, digits.train_x, count, comm.rank, comm.size)
-    test = Shard.of(be, digits.test_x, min(count, digits.test_x.shape[0]), comm.rank, comm.size)
+    # data: one block per rank, the batch split over them; model: every rank holds all the rows
+    count = comm.size if scheme == "data" else args.reduce_blocks
     position = {}
     if loaded is not None:
         params, opt_state, position = loaded
-        current = int(position["layer"]) if position["phase"] == "pretrain" else None
-        restore_layers(be, layers, params, opt_state, current)
-        progress(comm, args.quiet, f"{PROG}: resuming from {run.checkpoint_path} ({run.checkpoint_progress})")
-    progress(comm, args.quiet, f"{PROG}: {'-'.join(str(l.n_in) for l in layers)}-{layers[-1].n_out}, "
-                               f"{args.pretrainer}, {args.epochs} epochs/layer, batch {args.batch}, "
-                               f"{comm.size} rank(s), {count} blocks, {be.device}/{be.kernel_set}/{be.dtype}")
+        pretraining = position["phase"] == "pretrain"
+        if scheme == "model":
+            restore_layers(be, layers, params, {})
+            if pretraining:
+                restore_velocities(be, layers, opt_state)
+        else:
+            restore_layers(be, layers, params, opt_state, int(position["layer"]) if pretraining else None)
+        say(f"{prog}: resuming from {run.checkpoint_path} ({run.checkpoint_progress})")
+    group = min(getattr(args, "group", None) or comm.size, len(layers))
+    how = {"greedy": f"{'one rank' if comm.size == 1 else f'data-parallel over {comm.size} ranks'}, "
+                     f"{count} blocks summed in a fixed tree",
+           "data": f"data-parallel over {comm.size} rank(s), one Allreduce per step"
+                   + (f", learning rate scaled {args.lr_scaling} from batch {BASE_BATCH}"
+                      if getattr(args, "lr_scaling", "none") != "none" else "")
+                   + (f", {args.warmup_epochs} warm-up epochs" if getattr(args, "warmup_epochs", 0) else ""),
+           "model": f"model-parallel, groups of {group} layer(s) on {comm.size} rank(s)"}[scheme]
+    say(f"{prog}: {scheme}: {'-'.join(str(l.n_in) for l in layers)}-{layers[-1].n_out}, {args.pretrainer}, "
+        f"{args.epochs} epochs/layer, batch {args.batch}, {how}; {be.device}/{be.kernel_set}/{be.dtype}")
     warm_up(be, args.pretrainer)
     if position.get("phase", "pretrain") == "pretrain":
-        pre = pretrain_greedy(be, comm, layers, train, test, quiet=args.quiet, ckpt=ckpt, guard=guard,
-                              position=position)
+        if scheme == "model":
+            train = Shard.of(be, digits.train_x, count)
+            test = Shard.of(be, digits.test_x, min(count, digits.test_x.shape[0]))
+            pre = pretrain_model_parallel(be, comm, layers, train, test, group=group, ckpt=ckpt, guard=guard,
+                                          position=position, say=None if args.quiet else say)
+        else:
+            train = Shard.of(be, digits.train_x, count, comm.rank, comm.size)
+            test = Shard.of(be, digits.test_x, min(count, digits.test_x.shape[0]), comm.rank, comm.size)
+            pre = pretrain_greedy(be, comm, layers, train, test, quiet=args.quiet, ckpt=ckpt, guard=guard,
+                                  position=position, allreduce=scheme == "data",
+                                  lr_at=lr_rule(args) if scheme == "data" else None)
+        del train, test
     else:
         pre = position["pretrain"]
-    progress(comm, args.quiet, f"pre-training: {pre['time_s']:.1f}s")
-    del train, test
-    summary = {"scheme": "greedy", "source": digits.source, "n_train": int(digits.train_x.shape[0]),
+    say(f"pre-training ({scheme}): {pre['time_s']:.1f}s")
+    summary = {"scheme": scheme, "task": task, "source": digits.source, "n_train": int(digits.train_x.shape[0]),
                "n_test": int(digits.test_x.shape[0]), "ranks": comm.size, "device": be.device,
                "kernels": be.kernel_set, "dtype": str(be.dtype), "blocks": count,
                "layers": [layers[0].n_in] + [l.n_out for l in layers], "pretrainer": args.pretrainer,
                "epochs_per_layer": args.epochs, "batch": args.batch, "seed": args.seed,
-               "pretrain": pre, "pretrain_time_s": pre["time_s"]}
-    pca = comm.bcast_obj(pca_error(digits.train_x, digits.test_x, k=layers[-1].n_out) if comm.is_root else None)
-    summary["pca"] = pca
-    progress(comm, args.quiet, f"PCA-{pca['k']} baseline: train error/digit {pca['train']:.3f}  "
-                               f"test {pca['test']:.3f}")
+               "pretrain": pre, "pretrain_time_s": pre["time_s"], **(extra or {})}
+    if scheme == "model":
+        summary["group"] = group
+    if scheme == "data":
+        summary.update(lr_scaling=getattr(args, "lr_scaling", "none"), warmup_epochs=getattr(args, "warmup_epochs", 0))
     layer_params = layers_to_params(be, layers)
-    ft = finetune_and_evaluate(be, comm, layers, digits, args, ckpt=ckpt, guard=guard,
-                               resume=loaded if position.get("phase") == "finetune" else None,
-                               outer=lambda: (layer_params, {}, {"pretrain": pre}))
-    model = ft.pop("model")
-    summary["finetune"] = ft
-    summary["finetune_time_s"] = ft["time_s"]
-    summary["error"] = {"pretrained": ft["before"], "finetuned": ft["after"] if args.finetune_epochs else None}
-    if comm.is_root:
-        params = dict(layer_params)
+    resume = loaded if position.get("phase") in ("finetune", "classify") else None
+    outer = lambda: (layer_params, {}, {"pretrain": pre})  # noqa: E731
+    ft_params = {}
+    if task == "classify":
+        from aepar.classify import classify_and_evaluate
+
+        cl = classify_and_evaluate(be, comm, layers, digits, args, ckpt=ckpt, guard=guard, resume=resume,
+                                   outer=outer, reduce_blocks=args.reduce_blocks)
+        model = cl.pop("model")
+        summary.update(classify=cl, finetune_time_s=cl["time_s"],
+                       accuracy={"pretrained": cl["before"], "finetuned": cl["after"]})
+        ft_params = {f"classifier/{k}": be.to_host(v) for k, v in model.params.items()}
+    else:
+        pca = comm.bcast_obj(pca_error(digits.train_x, digits.test_x, k=layers[-1].n_out) if comm.is_root else None)
+        summary["pca"] = pca
+        say(f"PCA-{pca['k']} baseline: train error/digit {pca['train']:.3f}  test {pca['test']:.3f}")
+        ft = finetune_and_evaluate(be, comm, layers, digits, args, ckpt=ckpt, guard=guard, resume=resume, outer=outer)
+        model = ft.pop("model")
+        summary.update(finetune=ft, finetune_time_s=ft["time_s"],
+                       error={"pretrained": ft["before"], "finetuned": ft["after"] if args.finetune_epochs else None})
         if args.finetune_epochs:
-            params.update({f"finetuned/{k}": be.to_host(v) for k, v in model.params.items()})
+            ft_params = {f"finetuned/{k}": be.to_host(v) for k, v in model.params.items()}
+    if comm.is_root:
+        from aepar.machine import describe
+
+        summary["machine"] = describe()
         with run.output("weights.h5") as path:
-            checkpoint.save(path, scheme="greedy", params=params, epoch=args.epochs,
-                            config={"sizes": summary["layers"], "pretrainer": args.pretrainer,
-                                    "epochs": args.epochs, "finetune_epochs": args.finetune_epochs,
+            checkpoint.save(path, scheme=ckpt_name, params=dict(layer_params, **ft_params), epoch=args.epochs,
+                            config={"sizes": summary["layers"], "pretrainer": args.pretrainer, "scheme": scheme,
+                                    "epochs": args.epochs, "task": task, "finetune_epochs": args.finetune_epochs,
                                     "loss": args.loss, "optimizer": args.optimizer, "seed": args.seed})
         run.write_json("summary.json", summary)
-        text = tables({"greedy": summary})
+        if task == "classify":
+            from aepar.classify import table
+
+            text = table(dict(summary, classify=dict(summary["classify"], init="pretrained")))
+        else:
+            text = tables({scheme: summary})
         run.write_text(TABLES_FILE, text)
         if not args.quiet:
             print(text, flush=True)
@@ -252,7 +329,7 @@ def main(argv, comm):
     with run, Guard.from_args(comm, PROG, args) as guard:
         be, digits, _ = comm.agree(_setup, args, comm)
         progress(comm, args.quiet, f"{PROG}: {digits.source}")
-        run_greedy(be, comm, args, digits, run, guard)
+        run_layerwise(be, comm, args, digits, run, guard)
         run.complete()
     progress(comm, args.quiet, f"{PROG}: wrote {run.path}")
 

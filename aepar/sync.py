@@ -159,26 +159,9 @@ def split_validation(labels, fraction: float, seed: int):
     return train, val
 
 
-def build_parser():
-    from aepar.finetune import add_finetune_args
-    from aepar.pretrain import add_pretrain_args
-
-    parser = ArgumentParser(
-        prog=f"python -m {PROG}",
-        description="Synchronized layer-wise pre-training of a stacked autoencoder (Santara et al. 2016): "
-                    "every layer trains on its own MPI ranks, handing its output to the next layer after "
-                    "each epoch; then fine-tuning by backprop over all ranks. Rank 0 prints one line per "
-                    "epoch of every stage (layer, epoch, input version, reconstruction error). Writes "
-                    "weights.h5, summary.json, tables.md, trace.json and spacetime.png into --out.",
-        epilog="Examples: mpirun -np 4 python -m aepar.sync --preset quick;  "
-               "mpirun -np 8 python -m aepar.sync (extra ranks become data-parallel replicas of the "
-               "heavy layers);  python -m aepar.sync --layers 784-64-32-8 --epochs 2 --extra 0,1,2 --limit 500")
-    g = parser.add_argument_group("synchronized schedule")
-    g.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="quick: mnist5k, the real 784-1000-500-250-30, 10 epochs/layer + extras, 10 of "
-                        "fine-tuning (Adam, cross-entropy), float32, greedy comparison (`make run`, a few "
-                        "minutes on 2 cores); full: Fashion-MNIST, 20 + 10 epochs. Options given "
-                        "explicitly override the preset.")
+def add_sync_args(parser):
+    """Options of the synchronized pipeline (the sync and hybrid schemes)."""
+    g = parser.add_argument_group("synchronized schedule (sync, hybrid)")
     g.add_argument("--extra", default=None,
                    help="extra epochs per layer when its input changes after its --epochs, comma-separated, "
                         "one per layer, the first 0 (default: the seed's 0,5,20,40)")
@@ -204,9 +187,34 @@ def build_parser():
                         "core when ranks outnumber cores - waiting collectives spin in MPI)")
     g.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True,
                    help="write spacetime.png (needs matplotlib; default on)")
+    return g
+
+
+def build_parser():
+    from aepar.finetune import add_finetune_args, default_float32
+    from aepar.stack import add_pretrain_args
+
+    parser = ArgumentParser(
+        prog=f"python -m {PROG}",
+        description="Synchronized layer-wise pre-training of a stacked autoencoder (Santara et al. 2016): "
+                    "every layer trains on its own MPI ranks, handing its output to the next layer after "
+                    "each epoch; then fine-tuning by backprop over all ranks. Rank 0 prints one line per "
+                    "epoch of every stage (layer, epoch, input version, reconstruction error). Writes "
+                    "weights.h5, summary.json, tables.md, trace.json and spacetime.png into --out.",
+        epilog="Examples: mpirun -np 4 python -m aepar.sync --preset quick;  "
+               "mpirun -np 8 python -m aepar.sync (extra ranks become data-parallel replicas of the "
+               "heavy layers);  python -m aepar.sync --layers 784-64-32-8 --epochs 2 --extra 0,1,2 --limit 500")
+    g = parser.add_argument_group("synchronized schedule")
+    g.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="quick: mnist5k, the real 784-1000-500-250-30, 10 epochs/layer + extras, 10 of "
+                        "fine-tuning (Adam, cross-entropy), float32, greedy comparison (`make run`, a few "
+                        "minutes on 2 cores); full: Fashion-MNIST, 20 + 10 epochs. Options given "
+                        "explicitly override the preset.")
+    add_sync_args(parser)
     add_pretrain_args(parser)
     add_finetune_args(parser)
     add_common(parser, scheme="sync")
+    default_float32(parser)
     return parser
 
 
@@ -224,7 +232,7 @@ def parse_args(argv=None):
 def _setup(args, comm):
     """Every rank, no communication: backend, data, layer sizes, every check on the input."""
     from aepar.data.sources import Digits, load_digits
-    from aepar.pretrain import check_blocks, parse_layers
+    from aepar.stack import check_blocks, parse_layers
 
     be = backend.select(args.device, args.kernels, args.dtype)
     digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
@@ -247,7 +255,7 @@ def warm_up(be, args):
     from aepar.finetune import make_optimizer
     from aepar.models.stacked import StackedAutoencoder
     from aepar.parallel.data_parallel import train_epoch
-    from aepar.pretrain import make_layers
+    from aepar.stack import make_layers
     from aepar.rows import Shard
 
     x = Shard.of(be, np.random.default_rng(0).random((4, 6)), 1)
@@ -463,14 +471,16 @@ def _run_pipeline(be, comm, args, layers, layout, x_train, x_val, plan, mode, ep
         state = comm.bcast_obj(state)
 
 
-def run_sync(be, comm, args, digits, x_val, run, guard) -> dict:
-    """Synchronized pre-training, fine-tuning, optionally greedy for comparison, each part
-    resumable; writes the run files on rank 0. Returns the summary (rank 0's is complete)."""
+def run_sync(be, comm, args, digits, x_val, run, guard, *, scheme="sync", extra=None) -> dict:
+    """Synchronized pre-training, fine-tuning (or, ``args.task`` "classify", a classifier on
+    the encoder), optionally greedy for comparison, each part resumable; writes the run files
+    on rank 0. Returns the summary (rank 0's is complete). ``scheme``: its name in the
+    summary (sync, or hybrid with replicas); ``extra``: summary entries of the caller."""
     from aepar import checkpoint
     from aepar.checkpoint import layers_to_params, restore_layers
     from aepar.finetune import finetune_and_evaluate
     from aepar.greedy import pretrain_greedy
-    from aepar.pretrain import layers_from_args
+    from aepar.stack import layers_from_args
     from aepar.report.stacked import TABLES_FILE, pca_error, tables
     from aepar.resume import Checkpointer
     from aepar.rows import Shard
@@ -528,7 +538,7 @@ def run_sync(be, comm, args, digits, x_val, run, guard) -> dict:
         segments = position["segments"]
     time_s = comm.bcast_obj(segments["time_s"] if comm.is_root else None)
     progress(comm, quiet, f"sync pre-training: {time_s:.1f}s")
-    summary = {"scheme": "sync", "source": digits.source, "n_train": int(x_train.shape[0]),
+    summary = {"scheme": scheme, "task": getattr(args, "task", "reconstruct"), "source": digits.source, "n_train": int(x_train.shape[0]),
                "n_val": int(x_val.shape[0]), "n_test": int(digits.test_x.shape[0]), "ranks": comm.size,
                "device": be.device, "kernels": be.kernel_set, "dtype": str(be.dtype), "layers": sizes,
                "pretrainer": args.pretrainer, "epochs_per_layer": epochs, "extra": extras, "batch": args.batch,
@@ -537,7 +547,7 @@ def run_sync(be, comm, args, digits, x_val, run, guard) -> dict:
                                         "predicted_flop_makespan": predicted},
                "end_with_first": args.end_with_first, "layout": layout.to_dict(),
                "plan": plan.to_dict(), "planned_vs_greedy": plan.makespan / greedy_cost,
-               "pretrain_time_s": time_s}
+               "pretrain_time_s": time_s, **(extra or {})}
     if comm.is_root:
         summary["pretrain"] = {"time_s": time_s, "epochs": segments["epochs"], "handovers": segments["handovers"],
                                "receives": segments["receives"], "waits": segments["waits"],
@@ -558,7 +568,18 @@ def run_sync(be, comm, args, digits, x_val, run, guard) -> dict:
     def outer_sync():
         return sync_params, {}, {"part": "finetune", "segments": segments}
 
-    if part in ("sync", "finetune"):
+    if getattr(args, "task", "reconstruct") == "classify":
+        from aepar.classify import classify_and_evaluate
+
+        cl = dp.run(lambda sub: classify_and_evaluate(
+            be, sub, layers, digits, args, trace=trace, ckpt=ckpt, guard=guard, outer=outer_sync,
+            prefix="classify/", resume=loaded if position.get("phase") == "classify" else None))
+        model = cl.pop("model") if cl is not None else None
+        cl = comm.bcast_obj(cl)
+        ft_params = {f"classifier/{k}": be.to_host(v) for k, v in model.params.items()} if model is not None else {}
+        summary.update(classify=cl, finetune_time_s=cl["time_s"],
+                       accuracy={"pretrained": cl["before"], "finetuned": cl["after"]})
+    elif part in ("sync", "finetune"):
         ft = dp.run(lambda sub: finetune_and_evaluate(
             be, sub, layers, digits, args, trace=trace, ckpt=ckpt, guard=guard, outer=outer_sync,
             resume=loaded if part == "finetune" else None))
@@ -568,13 +589,14 @@ def run_sync(be, comm, args, digits, x_val, run, guard) -> dict:
     else:
         ft = position["sync_finetune"]
         ft_params = {k: v for k, v in loaded[0].items() if k.startswith("finetuned/")}
-    summary.update(finetune=ft, finetune_time_s=ft["time_s"],
-                   error={"pretrained": ft["before"], "finetuned": ft["after"] if args.finetune_epochs else None})
+    if "classify" not in summary:
+        summary.update(finetune=ft, finetune_time_s=ft["time_s"],
+                       error={"pretrained": ft["before"], "finetuned": ft["after"] if args.finetune_epochs else None})
 
     # ---- 3. greedy pre-training and fine-tuning on the same data, for comparison ------------------
     greedy = glayers = None
     greedy_params = {}
-    if args.compare_greedy:
+    if args.compare_greedy and "classify" not in summary:
         progress(comm, quiet, f"{PROG}: greedy pre-training on the same data and seed, data-parallel over "
                               f"{dp.size} rank(s)")
         glayers = layers_from_args(be, args, n_in)
@@ -638,8 +660,14 @@ def run_sync(be, comm, args, digits, x_val, run, guard) -> dict:
                                     "finetune_epochs": args.finetune_epochs, "loss": args.loss,
                                     "optimizer": args.optimizer, "seed": args.seed, "layout": layout.describe()})
         run.write_json("summary.json", summary)
-        schemes = {"greedy": greedy, "sync": summary} if greedy else {"sync": summary}
-        text = tables(schemes) + "\n" + _extra_tables(summary)
+        schemes = {"greedy": greedy, scheme: summary} if greedy else {scheme: summary}
+        if "classify" in summary:
+            from aepar.classify import table
+
+            text = table(dict(summary, classify=dict(summary["classify"], init="pretrained")))
+        else:
+            text = tables(schemes)
+        text += "\n" + _extra_tables(summary)
         run.write_text(TABLES_FILE, text)
         if args.plot:
             try:

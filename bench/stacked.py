@@ -239,7 +239,7 @@ def rbm_table(rows) -> list[str]:
 def stage_times(x_train, x_val, sizes, epochs, extras, batch=100, repeats=2) -> dict:
     """Epoch and transform time of every layer on one core (float32, the greedy schedule)."""
     from aepar import backend
-    from aepar.pretrain import make_layers
+    from aepar.stack import make_layers
 
     from aepar.parallel.data_parallel import train_epoch
     from aepar.rows import DEFAULT_BLOCKS, Shard

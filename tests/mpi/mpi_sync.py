@@ -33,7 +33,7 @@ from aepar.guard import CHECKPOINT, Guard  # noqa: E402
 from aepar.parallel.data_parallel import train_epoch  # noqa: E402
 from aepar.parallel.executor import Pipeline  # noqa: E402
 from aepar.parallel.pipeline import make_layout, plan_schedule, stage_costs  # noqa: E402
-from aepar.pretrain import make_layers  # noqa: E402
+from aepar.stack import make_layers  # noqa: E402
 from aepar.rows import Shard  # noqa: E402
 
 BLOCKS = 8

@@ -8,7 +8,7 @@ from aepar import backend
 from aepar.comm import Comm
 from aepar.greedy import pretrain_greedy
 from aepar.parallel.model_parallel import owner, pretrain_model_parallel, schedule
-from aepar.pretrain import make_layers
+from aepar.stack import make_layers
 from aepar.rows import Shard
 
 

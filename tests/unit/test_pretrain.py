@@ -8,7 +8,7 @@ from aepar.errors import UserError
 from aepar.models.ae_layer import AELayer
 from aepar.models.rbm import RBM
 from aepar.parallel.data_parallel import Minibatches, train_epoch
-from aepar.pretrain import make_layers, parse_layers
+from aepar.stack import make_layers, parse_layers
 from aepar.rows import Blocks, Shard
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close

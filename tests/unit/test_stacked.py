@@ -7,7 +7,7 @@ from aepar import backend
 from aepar.models.stacked import StackedAutoencoder
 from aepar.optim import SGD, Adam
 from aepar.parallel.data_parallel import train_epoch
-from aepar.pretrain import make_layers
+from aepar.stack import make_layers
 from aepar.report.stacked import hms, pca_error, tables
 from aepar.rows import Shard
 from tests.conftest import kernel_set_params
