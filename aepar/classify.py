@@ -1,0 +1,551 @@
+"""Supervised fine-tuning to a classifier: ``python -m aepar.classify``.
+
+CMU 15-618's last figure: the encoder of a pre-trained stack (``weights.h5`` of
+``aepar.greedy``, ``aepar.sync`` or ``aepar.finetune``; 784-1000-500-250-30) with a
+softmax layer of 10 classes on top, trained by backprop on the labels; the project
+reported 96.62% test accuracy after fine-tuning. ``--random-init`` trains the same
+network from random weights (what pre-training is worth), ``--floors`` also trains
+softmax regression on the raw pixels and on PCA-30 features (what any network must beat).
+
+Training is data-parallel over every rank exactly as fine-tuning is
+(aepar.parallel.data_parallel): the rows, each carrying its label as a trailing column
+(aepar.models.classifier.with_labels), are cut into ``--reduce-blocks`` fixed blocks,
+each block's gradient is computed alone and the blocks are added in one fixed tree, so
+1, 2, 4, ... ranks take bit-identical steps. Checkpoints at safe points; ``--resume DIR``
+continues an interrupted run bit for bit, on any number of ranks.
+
+Examples
+--------
+    python -m aepar.classify --weights runs/greedy/001/weights.h5 --floors
+    mpirun -np 2 python -m aepar.classify --weights runs/greedy/001/weights.h5 --random-init
+    python -m aepar.classify --dataset mnist5k --layers 784-2000-2000-2000-2000 --classify-epochs 30
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+import numpy as np
+
+from aepar import backend
+from aepar.cli import (ArgumentParser, add_common, learning_rate, momentum, non_negative_int, positive_int,
+                       progress)
+from aepar.comm import run_main
+from aepar.data.sources import CLASSES, DIGIT_SOURCES
+from aepar.errors import CheckpointError, UserError
+from aepar.finetune import add_reduce_blocks, default_float32, layers_from_params, span
+from aepar.models.classifier import UNIT_ACTS, Classifier, with_labels
+from aepar.optim import SGD, Adam
+from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
+
+try:
+    from aepar.rows import Shard
+except ImportError:  # before Shard moved out of data_parallel
+    from aepar.parallel.data_parallel import Shard
+
+__all__ = ["add_classify_args", "make_optimizer", "check_labels", "classify_and_evaluate", "floors",
+           "pca_features", "pca_basis", "table", "build_model", "build_parser", "main", "FLOOR_PCA", "CMU_15618_ACCURACY"]
+
+PROG = "aepar.classify"
+# the floors' PCA features: as many as the 784-1000-500-250-30 stack's code units
+FLOOR_PCA = 30
+# CMU 15-618's test accuracy after fine-tuning (MNIST), for the table
+CMU_15618_ACCURACY = 0.9662
+DEFAULT_LAYERS = "784-1000-500-250-30"
+
+
+def add_classify_args(parser):
+    """Options of supervised fine-tuning (every name starts with --classify-)."""
+    g = parser.add_argument_group("classification (supervised fine-tuning)")
+    g.add_argument("--classify-epochs", type=non_negative_int, default=10,
+                   help="epochs of backprop on the labels (default 10; 0: evaluate only)")
+    g.add_argument("--classify-lr", type=learning_rate, default=1e-3, help="learning rate (default 0.001)")
+    g.add_argument("--classify-batch", type=positive_int, default=100,
+                   help="global minibatch, drawn from every block of the data (default 100)")
+    g.add_argument("--classify-optimizer", choices=["adam", "sgd"], default="adam",
+                   help="adam: Adam (default); sgd: SGD with --classify-momentum")
+    g.add_argument("--classify-momentum", type=momentum, default=0.9,
+                   help="SGD momentum in [0, 1) (default 0.9; Adam ignores it)")
+    return g
+
+
+def make_optimizer(be, params, args):
+    if args.classify_optimizer == "adam":
+        return Adam(be, params, lr=args.classify_lr)
+    return SGD(be, params, lr=args.classify_lr, momentum=getattr(args, "classify_momentum", 0.0))
+
+
+def check_labels(digits, n_classes: int = CLASSES, what: str = "the data"):
+    """UserError (one line) unless train and test have one integer label in
+    [0, n_classes) per row."""
+    for part in ("train", "test"):
+        x, y = getattr(digits, f"{part}_x"), getattr(digits, f"{part}_y", None)
+        if y is None:
+            raise UserError(f"{what}: no {part} labels (classification needs one label per image)")
+        y = np.asarray(y)
+        if y.ndim != 1 or y.shape[0] != np.shape(x)[0]:
+            raise UserError(f"{what}: {np.shape(x)[0]} {part} images but {y.shape[0] if y.ndim else 0} labels")
+        if y.size and (y.dtype.kind not in "iu" or y.min() < 0 or y.max() >= n_classes):
+            raise UserError(f"{what}: {part} labels must be integers in [0, {n_classes}), got "
+                            f"{y.dtype} in [{y.min()}, {y.max()}]")
+
+
+def _timed(comm, be, fn, *args):
+    """(result, seconds of the slowest rank) of ``fn(*args)``."""
+    t0 = comm.wtime()
+    result = fn(*args)
+    be.synchronize()
+    return result, comm.max(comm.wtime() - t0)
+
+
+def _warm_up(be, args):
+    """One step of a tiny classifier with the same optimiser: kernels compiled (or loaded
+    from Numba's cache) before the first timed epoch."""
+    tiny = Classifier(be, [5, 3], 2)
+    rng = np.random.default_rng(0)
+    x = Shard.of(be, with_labels(rng.random((4, 5)), np.array([0, 1, 1, 0]), be.dtype), 1)
+    train_epoch(tiny, x, 0, batch=4, optimizer=make_optimizer(be, tiny.params, args))
+    tiny.evaluate(x)
+    be.synchronize()
+
+
+def _shards(be, comm, train_x, train_y, test_x, test_y, count):
+    """This rank's blocks of the labelled training and test rows."""
+    train = Shard.of(be, with_labels(train_x, train_y, be.dtype), count, comm.rank, comm.size)
+    test = Shard.of(be, with_labels(test_x, test_y, be.dtype), min(count, max(1, len(test_y))),
+                    comm.rank, comm.size)
+    return train, test
+
+
+def _pct(a) -> str:
+    return f"{100.0 * a:.2f}%"
+
+
+def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, resume=None, outer=None,
+         guard=None, prefix="") -> dict:
+    """Evaluate ``model``, train it for ``args.classify_epochs`` through the safe points,
+    evaluate again (what :func:`classify_and_evaluate` and :func:`floors` share)."""
+    quiet = getattr(args, "quiet", False)
+    epochs = args.classify_epochs
+    optimizer = make_optimizer(be, model.params, args)
+    reduce = reducer(comm)
+    run = ckpt.run if ckpt is not None else None
+    record = {"epochs": [], "time_s": 0.0, "eval_s": 0.0}
+    first, state = 0, None
+
+    def evaluate():
+        (tr, tr_loss), (te, te_loss) = model.evaluate(train, reduce), model.evaluate(test, reduce)
+        return {"train": tr, "test": te, "train_loss": tr_loss, "test_loss": te_loss}
+
+    if resume is not None:
+        params, opt_state, prog = resume
+        for k, v in model.params.items():
+            v[...] = be.asarray(params[f"{prefix}classifier/{k}"])
+        tag = f"{prefix}classify/"
+        optimizer.load_state({k[len(tag):]: v for k, v in opt_state.items() if k.startswith(tag)})
+        record = dict(prog["classify"])
+        first = int(prog["epoch"])
+        state = EpochState.from_dict(prog["state"]) if prog.get("state") else None
+        progress(comm, quiet, f"{what}: resuming at epoch {first + 1}" + (f", batch {state.batch + 1}" if state else ""))
+    else:
+        record["before"], dt = _timed(comm, be, evaluate)
+        record["eval_s"] += dt
+        if guard is not None:
+            guard.check(record["before"]["train_loss"] + record["before"]["test_loss"],
+                        "the loss before training", what, run, comm)
+    progress(comm, quiet, f"{what}: {model!r}, {args.classify_optimizer} lr {args.classify_lr:g}, batch "
+                          f"{args.classify_batch}, {epochs} epochs, {comm.size} rank(s), {train.blocks.count} blocks")
+    progress(comm, quiet, f"  before: train accuracy {_pct(record['before']['train'])}  "
+                          f"test {_pct(record['before']['test'])}")
+
+    def train_one(epoch, resume_state):
+        with span(trace, "classify", epoch=epoch, part=prefix or "classifier"):
+            t0 = comm.wtime()
+            result = train_epoch(model, train, epoch, comm=comm, batch=args.classify_batch, key=model.key,
+                                 guard=guard, resume=resume_state)
+            be.synchronize()
+            record["time_s"] += comm.max(comm.wtime() - t0)
+        return result
+
+    def after_epoch(epoch, result):
+        loss, seen = result.means
+        where = f"{what} epoch {epoch + 1}"
+        if guard is not None:
+            guard.check(loss, "the loss", where, run, comm)
+            guard.check_params(model.params, where, run, comm)
+        (test_acc, test_loss), et = _timed(comm, be, model.evaluate, test, reduce)
+        record["eval_s"] += et
+        seconds = record["time_s"] - sum(e["seconds"] for e in record["epochs"])
+        record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_accuracy_seen": seen,
+                                 "test_accuracy": test_acc, "test_loss": test_loss, "seconds": seconds})
+        progress(comm, quiet, f"  classify epoch {epoch + 1:3d}/{epochs}  loss {loss:8.4f}  train accuracy seen "
+                              f"{_pct(seen):>7}  test {_pct(test_acc):>7}  {seconds:7.2f}s")
+
+    def save(epochs_done, epoch_state, why):
+        params, opt_state, prog = outer() if outer is not None else ({}, {}, {})
+        if comm.is_root:
+            params = dict(params, **{f"{prefix}classifier/{k}": be.to_host(v) for k, v in model.params.items()})
+            opt_state = dict(opt_state, **{f"{prefix}classify/{k}": be.to_host(v)
+                                           for k, v in optimizer.state().items()})
+        label = (f"{what} epoch {epochs_done + 1} batch {epoch_state.batch}" if epoch_state
+                 else f"{what}, {epochs_done} epochs done")
+        ckpt.save(params, opt_state, dict(prog, phase="classify", part=prefix, epoch=epochs_done,
+                                          state=epoch_state.to_dict() if epoch_state else None,
+                                          classify=record), label, why, comm=comm)
+
+    model.optimizer = optimizer
+    if ckpt is not None:
+        with (guard.training(what) if guard is not None else contextlib.nullcontext()):
+            ckpt.epochs(train_one, first, epochs, save=save, after_epoch=after_epoch, resume=state, comm=comm)
+    else:  # nowhere to save: a pause only ends where the epoch goes on
+        for epoch in range(first, epochs):
+            result = train_one(epoch, state if epoch == first else None)
+            while not result.complete:
+                result = train_one(epoch, result.state)
+            after_epoch(epoch, result)
+    if epochs:
+        after, dt = _timed(comm, be, evaluate)
+        record["eval_s"] += dt
+    else:
+        after = record["before"]
+    progress(comm, quiet, f"  after:  train accuracy {_pct(after['train'])}  test {_pct(after['test'])}  "
+                          f"({record['time_s']:.1f}s training)")
+    return {"sizes": model.dims, "acts": model.acts, "optimizer": args.classify_optimizer, "lr": args.classify_lr,
+            "momentum": getattr(args, "classify_momentum", 0.0) if args.classify_optimizer == "sgd" else None,
+            "batch": args.classify_batch, "n_epochs": epochs, "ranks": comm.size, "blocks": train.blocks.count,
+            "before": record["before"], "after": after, "epochs": record["epochs"], "time_s": record["time_s"],
+            "eval_s": record["eval_s"], "flops_per_sample": model.flops_per_sample(), "model": model}
+
+
+def _sizes(args, n_in: int) -> list:
+    """Layer sizes of a randomly initialised network from ``args.layers`` ("784-...")."""
+    from aepar.stack import parse_layers
+
+    layers = getattr(args, "layers", None) or DEFAULT_LAYERS
+    return list(layers) if not isinstance(layers, str) else parse_layers(layers, n_in)
+
+
+def build_model(be, layers, n_in: int, args, n_classes: int = CLASSES) -> Classifier:
+    """The network :func:`classify_and_evaluate` trains: ``layers`` as its encoder, or (None)
+    random weights of ``args.layers`` sizes, with ``args.acts`` (default sigmoid) hidden units."""
+    if layers is not None:
+        return Classifier.from_layers(be, layers, n_classes, seed=args.seed, batch=args.classify_batch)
+    return Classifier(be, _sizes(args, n_in), n_classes, getattr(args, "acts", None), seed=args.seed,
+                      batch=args.classify_batch)
+
+
+def classify_and_evaluate(be, comm, layers, digits, args, *, trace=None, ckpt=None, resume=None, outer=None,
+                          guard=None, prefix="", reduce_blocks=None) -> dict:
+    """Put a softmax layer on ``layers`` (or random weights), report its accuracy, train it on
+    the labels data-parallel, report again.
+
+    Parameters
+    ----------
+    be : aepar.backend.Backend
+    comm : aepar.comm.Comm
+        All ranks that train together (data parallel).
+    layers : list or None
+        Pre-trained layers: objects with ``params`` {"W", "bv", "bh"} and ``hidden``
+        (aepar.models.classifier.Classifier.from_layers), the same on every rank. None: a
+        randomly initialised network of ``args.layers`` sizes (default 784-1000-500-250-30,
+        sigmoid units, or ``args.acts``).
+    digits : aepar.data.sources.Digits
+        The whole labelled data set, on every rank (each takes its blocks of the rows).
+    args : namespace
+        ``classify_epochs, classify_lr, classify_batch, classify_optimizer,
+        classify_momentum, reduce_blocks, seed, quiet`` (see :func:`add_classify_args`).
+    trace : optional
+        An aepar trace; each epoch is recorded as a span "classify".
+    ckpt : aepar.resume.Checkpointer, optional
+        Safe points: checkpoints and stops inside training.
+    resume : (params, opt_state, progress), optional
+        A checkpoint saved during this training: go on from it.
+    outer : callable() -> (params, opt_state, progress), optional
+        What the calling scheme adds to every checkpoint.
+    guard : aepar.guard.Guard, optional
+    prefix : str
+        Before this network's checkpoint names ("classifier/...", "classify/...").
+    reduce_blocks : int, optional
+        Fixed blocks of the rows (default ``args.reduce_blocks``).
+
+    Returns
+    -------
+    dict
+        JSON-ready: ``before`` and ``after`` {"train", "test"} accuracy (and mean losses),
+        ``epochs`` (per epoch: loss, training accuracy seen while training, test accuracy,
+        seconds), ``time_s`` (training wall time, slowest rank, evaluation excluded),
+        ``eval_s``, ``init`` ("pretrained" or "random"), the settings; plus ``"model"``,
+        the trained :class:`Classifier` (pop it before writing the dict as JSON).
+
+    Raises
+    ------
+    UserError
+        Labels missing, not one per row or outside [0, 10); layers that do not take the
+        data's inputs.
+    """
+    check_labels(digits)
+    n_in = int(digits.train_x.shape[1])
+    if layers is not None and int(layers[0].params["W"].shape[0]) != n_in:
+        raise UserError(f"the first layer takes {layers[0].params['W'].shape[0]} inputs but the data have {n_in}")
+    _warm_up(be, args)
+    count = int(reduce_blocks or args.reduce_blocks)
+    model = build_model(be, layers, n_in, args)
+    train, test = _shards(be, comm, digits.train_x, digits.train_y, digits.test_x, digits.test_y, count)
+    result = _fit(be, comm, model, train, test, args, what="classification", trace=trace, ckpt=ckpt,
+                  resume=resume, outer=outer, guard=guard, prefix=prefix)
+    result["init"] = "random" if layers is None else "pretrained"
+    return result
+
+
+def pca_features(train_x, test_x, k: int = FLOOR_PCA):
+    """Projections (float64) of train and test rows on the first ``k`` principal directions
+    of the training rows (centred by the training mean; float64 SVD, as the PCA baseline
+    of the reconstruction tables, pca_error), without whitening."""
+    mean, basis = pca_basis(train_x, k)
+    return _project(train_x, mean, basis), _project(test_x, mean, basis)
+
+
+def pca_basis(train_x, k: int = FLOOR_PCA):
+    """(mean (d,), basis (d, k)): the training rows' mean and first ``k`` principal directions."""
+    train = np.asarray(train_x, dtype=np.float64)
+    mean = train.mean(axis=0)
+    k = int(min(k, *train.shape))
+    # right singular vectors of the centred data = principal directions
+    _, _, vt = np.linalg.svd(train - mean, full_matrices=False)
+    return mean, np.ascontiguousarray(vt[:k].T)
+
+
+def _project(x, mean, basis):
+    return (np.asarray(x, dtype=np.float64) - mean) @ basis
+
+
+def floors(be, comm, digits, args, *, trace=None, ckpt=None, resume=None, outer=None, guard=None,
+           prefix="floors/", reduce_blocks=None, k: int = FLOOR_PCA) -> dict:
+    """Softmax regression on the raw pixels and on PCA-``k`` features, with the same
+    optimiser, batch and epochs as the network: the accuracy any network must beat.
+
+    The principal directions come from the training rows (float64 SVD on rank 0, sent
+    to every rank). Checkpoints and ``resume`` as for :func:`classify_and_evaluate`
+    (names under ``prefix``; the progress record's ``floors_done`` holds the finished
+    floors).
+
+    Returns
+    -------
+    dict
+        {"raw": result, "pca": result with "k"}, each result as :func:`classify_and_evaluate`'s
+        (without the model).
+    """
+    check_labels(digits)
+    _warm_up(be, args)
+    count = int(reduce_blocks or args.reduce_blocks)
+    done = dict(resume[2].get("floors_done", {})) if resume is not None else {}
+    part = resume[2].get("part") if resume is not None else None
+    basis = None
+    out = {}
+    for name in ("raw", "pca"):
+        if name in done:
+            out[name] = done[name]
+            continue
+        if name == "raw":
+            train_x, test_x = digits.train_x, digits.test_x
+        else:
+            if basis is None:  # computed once, on rank 0: every rank projects with the same bits
+                basis = comm.bcast_obj(pca_basis(digits.train_x, k) if comm.is_root else None)
+            mean, vecs = basis
+            train_x, test_x = _project(digits.train_x, mean, vecs), _project(digits.test_x, mean, vecs)
+        model = Classifier(be, [train_x.shape[1]], CLASSES, seed=args.seed, batch=args.classify_batch)
+        train, test = _shards(be, comm, train_x, digits.train_y, test_x, digits.test_y, count)
+        here = f"{prefix}{name}/"
+
+        def part_outer():
+            params, opt_state, prog = outer() if outer is not None else ({}, {}, {})
+            return params, opt_state, dict(prog, floors_done=dict(done))
+        what = "floor: softmax regression on " + ("raw pixels" if name == "raw" else f"PCA-{vecs.shape[1]}")
+        result = _fit(be, comm, model, train, test, args, what=what, trace=trace, ckpt=ckpt,
+                      resume=resume if part == here else None, outer=part_outer, guard=guard, prefix=here)
+        result.pop("model")
+        result["features"] = "raw pixels" if name == "raw" else f"PCA-{vecs.shape[1]}"
+        if name == "pca":
+            result["k"] = int(vecs.shape[1])
+        done[name] = out[name] = result
+    return out
+
+
+# ---- the report --------------------------------------------------------------------------------
+def table(summary: dict) -> str:
+    """Markdown accuracy table of a classify summary (higher is better)."""
+    from aepar.report.stacked import hms
+
+    rows = []
+    c = summary["classify"]
+    name = "-".join(map(str, c["sizes"]))
+    init = "pre-trained layers" if c["init"] == "pretrained" else "random init"
+    rows.append((f"{name} ({init})", c))
+    for key in ("raw", "pca"):
+        f = (summary.get("floors") or {}).get(key)
+        if f:
+            rows.append((f"softmax regression on {f['features']} (floor)", f))
+    lines = [f"Classification accuracy (higher is better): {summary['source']}", "",
+             "| model | optimizer | epochs | train before | test before | train after | test after | time |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for label, r in rows:
+        lines.append(f"| {label} | {r['optimizer']} lr {r['lr']:g} | {r['n_epochs']} | {_pct(r['before']['train'])} "
+                     f"| {_pct(r['before']['test'])} | {_pct(r['after']['train'])} | {_pct(r['after']['test'])} "
+                     f"| {hms(r['time_s'])} |")
+    lines += ["", f"CMU 15-618 reported {_pct(CMU_15618_ACCURACY)} test accuracy on MNIST after fine-tuning "
+                  f"(a different split and size; for orientation only).", ""]
+    return "\n".join(lines)
+
+
+# ---- the CLI -----------------------------------------------------------------------------
+def build_parser():
+    parser = ArgumentParser(
+        prog=f"python -m {PROG}",
+        description="Supervised fine-tuning: the encoder of a pre-trained stacked autoencoder (--weights, the "
+                    "weights.h5 of aepar.greedy / aepar.sync / aepar.finetune) with a softmax layer of 10 "
+                    "classes on top, trained by backprop on the labels (softmax cross-entropy), data-parallel "
+                    "over every MPI rank with bit-identical results on any number of ranks up to "
+                    "--reduce-blocks. Prints one line per epoch (loss, training accuracy seen while training, "
+                    "test accuracy, seconds) and the train/test accuracy before and after; writes weights.h5, "
+                    "summary.json and tables.md (accuracy: higher is better) into the run directory. "
+                    "--random-init trains the same network from random weights; without --weights, --layers "
+                    "gives a randomly initialised sigmoid network; --floors adds softmax regression on raw "
+                    "pixels and on PCA-30 features.",
+        epilog="Exit codes: 0 done, 2 bad input (missing or mismatched labels, a weights file whose first "
+               "layer does not take the data), 3 diverged, 75 interrupted (checkpoint saved: --resume DIR), "
+               "124 a rank stalled, 1 internal error. Examples: python -m aepar.classify --weights "
+               "runs/greedy/001/weights.h5 --floors;  mpirun -np 2 python -m aepar.classify --dataset mnist5k "
+               "--layers 784-2000-2000-2000-2000 --classify-epochs 30")
+    parser.add_argument("--weights", default=None,
+                        help="weights.h5 of aepar.greedy / aepar.sync / aepar.finetune: its pre-trained layers are "
+                             "the encoder (Bernoulli layers -> sigmoid units, the last, linear code layer -> "
+                             "identity)")
+    parser.add_argument("--from-finetuned", action="store_true",
+                        help="take the encoder half of the fine-tuned autoencoder in --weights instead of the "
+                             "pre-trained layers")
+    parser.add_argument("--random-init", action="store_true",
+                        help="train the same network from random weights (0.1·N(0,1), softmax layer 0.01·N(0,1)) instead")
+    parser.add_argument("--layers", default=None,
+                        help=f"sizes of a randomly initialised network without --weights, e.g. "
+                             f"784-2000-2000-2000-2000 (default {DEFAULT_LAYERS}); sigmoid units")
+    parser.add_argument("--floors", action="store_true",
+                        help=f"also train softmax regression on raw pixels and on PCA-{FLOOR_PCA} features "
+                             f"(same optimizer and epochs) and report their accuracy")
+    parser.add_argument("--dataset", choices=list(DIGIT_SOURCES), default="auto",
+                        help="labelled data, as for aepar.greedy (default: auto)")
+    parser.add_argument("--limit", type=positive_int, default=None, help="use at most this many training images")
+    g = add_classify_args(parser)
+    add_reduce_blocks(g)
+    add_common(parser, scheme="classify")
+    default_float32(parser)
+    return parser
+
+
+def _load_layers(be, args):
+    """The encoder layers of ``args.weights`` (with their hidden-unit kinds), or None."""
+    from aepar import checkpoint
+
+    if args.weights is None:
+        if args.from_finetuned or args.random_init:
+            raise UserError("--from-finetuned and --random-init need --weights (or give --layers alone)")
+        return None
+    if args.layers is not None:
+        raise UserError("--layers is for a network without --weights (the weights file sets the sizes)")
+    ckpt = checkpoint.load(args.weights, scheme=("greedy", "sync", "finetune"))
+    layers = layers_from_params(be, ckpt.params, args.weights)
+    for i, layer in enumerate(layers):  # the stack's convention (aepar.stack.make_layers)
+        layer.hidden = "gaussian" if i == len(layers) - 1 else "bernoulli"
+    if args.from_finetuned:
+        if "finetuned/W1" not in ckpt.params:
+            raise CheckpointError(f"{args.weights}: holds no fine-tuned network (finetuned/W1, ...) for "
+                                  f"--from-finetuned")
+        for i, layer in enumerate(layers):
+            for mine, theirs in (("W", f"finetuned/W{i + 1}"), ("bh", f"finetuned/b{i + 1}")):
+                if theirs not in ckpt.params:
+                    raise CheckpointError(f"{args.weights}: {theirs} missing (the fine-tuned network is incomplete)")
+                value = np.asarray(ckpt.params[theirs])
+                if value.shape != tuple(layer.params[mine].shape):
+                    raise CheckpointError(f"{args.weights}: {theirs} has shape {value.shape}, layer {i + 1} "
+                                          f"{tuple(layer.params[mine].shape)}")
+                layer.params[mine] = be.asarray(value)
+    return layers
+
+
+def _setup(args, comm):
+    """Every rank, no communication: backend, weights, data, checks."""
+    from aepar.data.sources import load_digits
+    from aepar.stack import check_blocks
+
+    be = backend.select(args.device, args.kernels, args.dtype)
+    layers = _load_layers(be, args)
+    digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
+    check_labels(digits, CLASSES, digits.source.split(":")[0])
+    n_in = int(digits.train_x.shape[1])
+    if layers is not None and int(layers[0].params["W"].shape[0]) != n_in:
+        raise UserError(f"{args.weights}: the first layer takes {layers[0].params['W'].shape[0]} inputs but the "
+                        f"data have {n_in}")
+    if layers is None:
+        _sizes(args, n_in)  # a bad --layers is one line here, on every rank
+    check_blocks(comm.size, args.reduce_blocks, digits.train_x.shape[0])
+    return be, layers, digits
+
+
+def main(argv, comm):
+    from aepar import checkpoint
+    from aepar.guard import Guard
+    from aepar.resume import Checkpointer
+    from aepar.rundir import fingerprint, parse_and_open
+
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    args, run = parse_and_open(comm, "classify", PROG, build_parser().parse_args, argv)
+    with run, Guard.from_args(comm, PROG, args) as guard:
+        be, layers, digits = comm.agree(_setup, args, comm)
+        progress(comm, args.quiet, f"{PROG}: {digits.source}")
+        encoder = None if args.random_init else layers
+        if args.random_init:  # the same network, random weights
+            args = argparse.Namespace(**dict(vars(args), layers=[int(layers[0].params["W"].shape[0])] +
+                                             [int(l.params["W"].shape[1]) for l in layers],
+                                             acts=[UNIT_ACTS[l.hidden] for l in layers]))
+        ckpt = Checkpointer(run, comm, guard, "classify",
+                            fingerprint(digits.train_x, digits.train_y, digits.test_x, digits.test_y)
+                            if comm.is_root else None, progress=lambda m: progress(comm, args.quiet, m))
+        loaded = ckpt.load()
+        part = loaded[2].get("part") if loaded is not None else None
+        if loaded is None or part == "":
+            result = classify_and_evaluate(be, comm, encoder, digits, args, ckpt=ckpt, resume=loaded,
+                                           outer=lambda: ({}, {}, {}), guard=guard)
+            model = result.pop("model")
+        else:  # interrupted in the floors: the network is finished and in the checkpoint
+            result = loaded[2]["classify_result"]
+            model = build_model(be, encoder, int(digits.train_x.shape[1]), args)
+            for k, v in model.params.items():
+                v[...] = be.asarray(loaded[0][f"classifier/{k}"])
+        params = {f"classifier/{k}": be.to_host(v) for k, v in model.params.items()}
+        summary = {"scheme": "classify", "weights": None if args.weights is None else str(args.weights),
+                   "encoder": None if encoder is None else ("finetuned" if args.from_finetuned else "pretrained"),
+                   "source": digits.source, "n_train": int(digits.train_x.shape[0]),
+                   "n_test": int(digits.test_x.shape[0]), "ranks": comm.size, "device": be.device,
+                   "kernels": be.kernel_set, "dtype": str(be.dtype), "seed": args.seed, "classify": result,
+                   "accuracy": {"before": {"train": result["before"]["train"], "test": result["before"]["test"]},
+                                "after": {"train": result["after"]["train"], "test": result["after"]["test"]}},
+                   "time_s": result["time_s"], "floors": None}
+        if args.floors:
+            summary["floors"] = floors(be, comm, digits, args, ckpt=ckpt, guard=guard,
+                                       resume=loaded if part not in (None, "") else None,
+                                       outer=lambda: (params, {}, {"classify_result": result}))
+        if comm.is_root:
+            with run.output("weights.h5") as path:
+                checkpoint.save(path, scheme="classify", params=params, epoch=args.classify_epochs,
+                                config={"sizes": model.dims, "acts": model.acts, "init": result["init"],
+                                        "weights": summary["weights"], "optimizer": args.classify_optimizer})
+            run.write_json("summary.json", summary)
+            text = table(summary)
+            run.write_text("tables.md", text)
+            progress(comm, args.quiet, text)
+        run.complete()
+    progress(comm, args.quiet, f"{PROG}: wrote {run.path}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, PROG))
