@@ -201,6 +201,18 @@ def lr_rule(args):
     return lr_at
 
 
+def task_lr_scaled(args):
+    """``args`` with the fine-tuning and classification learning rates scaled by the same
+    rule as the layers' (``--lr-scaling``, each from its own batch), for large batches."""
+    import argparse
+
+    power = {"linear": 1.0, "sqrt": 0.5}[args.lr_scaling]
+    out = argparse.Namespace(**vars(args))
+    out.finetune_lr = args.finetune_lr * (args.finetune_batch / BASE_BATCH) ** power
+    out.classify_lr = args.classify_lr * (args.classify_batch / BASE_BATCH) ** power
+    return out
+
+
 # The batch the layers' learning rates were chosen for (Hinton & Salakhutdinov's recipe).
 BASE_BATCH = 100
 # What each layer-wise scheme saves its checkpoints as (a resumed run insists on it).
@@ -275,6 +287,9 @@ def run_layerwise(be, comm, args, digits, run, guard, *, scheme="greedy", prog=P
         summary["group"] = group
     if scheme == "data":
         summary.update(lr_scaling=getattr(args, "lr_scaling", "none"), warmup_epochs=getattr(args, "warmup_epochs", 0))
+    if scheme == "data" and getattr(args, "lr_scaling", "none") != "none":
+        args = task_lr_scaled(args)
+        summary.update(classify_lr=args.classify_lr, finetune_lr=args.finetune_lr)
     layer_params = layers_to_params(be, layers)
     resume = loaded if position.get("phase") in ("finetune", "classify") else None
     outer = lambda: (layer_params, {}, {"pretrain": pre})  # noqa: E731

@@ -107,7 +107,8 @@ def build_parser(scheme=None):
                         "train the slot's layers in turn, so one process reproduces a P-rank run with --group P)")
     g.add_argument("--lr-scaling", choices=["none", "linear", "sqrt"], default="none",
                    help=f"data: the layers' learning rate times batch/{BASE_BATCH} (linear) or its square root, "
-                        "for large batches (default none: 15-618's plain average)")
+                        "for large batches, and the fine-tuning / classifier rate likewise from its own batch "
+                        "(default none: 15-618's plain average)")
     g.add_argument("--warmup-epochs", type=non_negative_int, default=0,
                    help="data: epochs over which the learning rate rises linearly from the base rate to the "
                         "scaled one (default 0)")
