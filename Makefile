@@ -21,7 +21,7 @@ export MPIRUN
 NP     ?= 4
 RUN_ARGS ?=
 
-.PHONY: help venv run test test-gpu test-cluster bench bench-full bench-peers reliability fashion clean distclean
+.PHONY: help venv run test test-gpu test-cluster bench bench-full bench-peers bench-pretrain reliability fashion clean distclean
 
 help:  ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ bench: venv bench-peers  ## quick scaling grid, textbook and PyTorch peers -> be
 
 bench-full: venv bench-peers  ## the paper's full grids (hours on 2 cores)
 	$(BIN)/python -m bench.run --full
+
+bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per scheme, large batches, batch sweep, speed-ups (~40 min)
+	$(BIN)/python -m bench.pretrain
 
 reliability: venv  ## every injected fault, bad file, impossible option and --out case run for real; counts -> bench/results/reliability.md (~20 min)
 	$(BIN)/python -m bench.reliability

@@ -303,14 +303,21 @@ class Comm:
         return comm
 
 
+# Every point-to-point tag aepar uses, in one place (on aepar's own duplicate of the world
+# communicator, so user code on MPI_COMM_WORLD cannot match them).
+TAG_HDR, TAG_PAY, TAG_PROGRESS, TAG_DECIDE, TAG_CTRL = 4101, 4102, 4103, 4104, 4105  # the sync pipeline
+TAG_IDLE_DONE, TAG_IDLE_NOTE = 4201, 4202  # a data-parallel subset tells the idle ranks it is done (and why)
+TAG_TREE = 5001  # the fixed-tree sums (aepar.parallel.blocks)
+
 _WORLD = None
 
 
 def world() -> Comm:
-    """MPI_COMM_WORLD (created once)."""
+    """aepar's duplicate of MPI_COMM_WORLD (made once, collectively, by every rank's first
+    call): the same ranks, a separate message space."""
     global _WORLD
     if _WORLD is None:
-        _WORLD = Comm()
+        _WORLD = Comm(MPI.COMM_WORLD.Dup()) if MPI is not None else Comm()
     return _WORLD
 
 

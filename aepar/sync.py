@@ -81,7 +81,7 @@ import numpy as np
 
 from aepar import backend
 from aepar.cli import ArgumentParser, add_common, fraction_to_half, positive_int, progress
-from aepar.comm import run_main
+from aepar.comm import TAG_IDLE_DONE, TAG_IDLE_NOTE, run_main
 from aepar.errors import UserError
 from aepar.parallel.pipeline import (HANDOVERS, MODES, choose_mode, make_layout,
                                      plan_schedule, replay_plan, stage_costs)
@@ -271,7 +271,6 @@ def warm_up(be, args):
     be.synchronize()
 
 
-TAG_IDLE_DONE = 4201
 
 
 def data_parallel_ranks(comm, requested=None) -> list[int]:
@@ -341,7 +340,7 @@ class Subset:
                 token = np.array([float(error is not None), note.size])
                 reqs = [comm.isend(token, r, TAG_IDLE_DONE) for r in idle]
                 if error is not None:
-                    reqs += [comm.isend(note, r, TAG_IDLE_DONE + 1) for r in idle]
+                    reqs += [comm.isend(note, r, TAG_IDLE_NOTE) for r in idle]
                 wait_until(lambda: all(r.test() for r in reqs))
             if error is not None:
                 raise error
@@ -351,7 +350,7 @@ class Subset:
         wait_until(req.test)
         if token[0]:
             note = np.empty(int(token[1]), dtype=np.uint8)
-            req = comm.irecv(note, 0, TAG_IDLE_DONE + 1)
+            req = comm.irecv(note, 0, TAG_IDLE_NOTE)
             wait_until(req.test)
             raise _rebuild(pickle.loads(note.tobytes()))
         return None

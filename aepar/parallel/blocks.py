@@ -14,11 +14,12 @@ import operator
 
 import numpy as np
 
+from aepar.comm import TAG_TREE
+
 from aepar.rows import rank_blocks, tree_node, tree_top
 
-__all__ = ["TreeSum", "TAG_TREE"]
+__all__ = ["TreeSum"]
 
-TAG_TREE = 5001
 
 
 def _decompose(first: int, stop: int, count: int) -> list[tuple[int, int]]:

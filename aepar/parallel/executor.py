@@ -35,17 +35,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from aepar.comm import TAG_CTRL, TAG_DECIDE, TAG_HDR, TAG_PAY, TAG_PROGRESS
 from aepar.guard import STOP
 from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
 from aepar.parallel.pipeline import HANDOVERS, MODES, Layout, Plan
 from aepar.rows import Blocks, Shard
 
-__all__ = ["Pipeline", "PipelineResult", "InputRecord", "wait_until", "TAG_HDR", "TAG_PAY", "TAG_PROGRESS",
-           "TAG_DECIDE", "TAG_CTRL"]
+__all__ = ["Pipeline", "PipelineResult", "InputRecord", "wait_until"]
 
 # message tags on the world communicator; one (source, destination) pair carries one
 # stage boundary only, so these do not collide
-TAG_HDR, TAG_PAY, TAG_PROGRESS, TAG_DECIDE, TAG_CTRL = 4101, 4102, 4103, 4104, 4105
 KIND_VERSION, KIND_FINAL = 0, 1
 
 
