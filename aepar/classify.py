@@ -29,20 +29,19 @@ import sys
 import numpy as np
 
 from aepar import backend
-from aepar.cli import (ArgumentParser, add_common, learning_rate, momentum, non_negative_int, positive_int,
+from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, learning_rate, momentum, non_negative_int, positive_int,
                        progress)
 from aepar.comm import run_main
 from aepar.data.sources import CLASSES, DIGIT_SOURCES
 from aepar.errors import CheckpointError, UserError
-from aepar.finetune import add_reduce_blocks, default_float32, layers_from_params, span
+from aepar.checkpoint import layers_from_params
+from aepar.finetune import default_float32
+from aepar.trace import span
 from aepar.models.classifier import UNIT_ACTS, Classifier, with_labels
 from aepar.optim import SGD, Adam
 from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
 
-try:
-    from aepar.rows import Shard
-except ImportError:  # before Shard moved out of data_parallel
-    from aepar.parallel.data_parallel import Shard
+from aepar.rows import Shard
 
 __all__ = ["add_classify_args", "make_optimizer", "check_labels", "classify_and_evaluate", "floors",
            "pca_features", "pca_basis", "table", "build_model", "build_parser", "main", "FLOOR_PCA", "CMU_15618_ACCURACY"]

@@ -13,10 +13,7 @@ from aepar.stack import make_layers
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad
 
-try:
-    from aepar.rows import Shard
-except ImportError:  # before the move out of data_parallel
-    from aepar.parallel.data_parallel import Shard
+from aepar.rows import Shard
 
 ALL_SETS = [pytest.param("numpy", id="numpy")] + kernel_set_params()
 
@@ -342,10 +339,7 @@ def test_floors_train_softmax_regression_on_pixels_and_pca():
 
 def test_pca_features_are_the_projections_pca_error_measures():
     from aepar.classify import pca_features
-    try:
-        from aepar.report.stacked import pca_error
-    except ImportError:  # before it moved there
-        from aepar.greedy import pca_error
+    from aepar.report.stacked import pca_error
 
     rng = np.random.default_rng(10)
     train = rng.random((50, 8)) @ np.diag(np.linspace(1, 0.1, 8))
