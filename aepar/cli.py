@@ -117,3 +117,14 @@ def progress(comm, quiet: bool, message: str):
     """One progress line, rank 0 only."""
     if comm.is_root and not quiet:
         print(message, flush=True)
+
+
+def parse_with_preset(parser, presets: dict, argv=None):
+    """Parse ``argv`` with the values of its ``--preset`` (a key of ``presets``) as the
+    defaults, so that options given explicitly win."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", default=None)
+    known, _ = pre.parse_known_args(argv)
+    if known.preset in presets:
+        parser.set_defaults(**presets[known.preset])
+    return parser.parse_args(argv)

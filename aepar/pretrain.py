@@ -27,10 +27,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
 
 from aepar import backend
-from aepar.cli import ArgumentParser, add_common, non_negative_int, positive_int, progress
+from aepar.cli import ArgumentParser, add_common, non_negative_int, parse_with_preset, positive_int, progress
 from aepar.classify import add_classify_args
 from aepar.comm import run_main
 from aepar.errors import UserError
@@ -123,13 +122,7 @@ def build_parser(scheme=None):
 
 def parse_args(argv=None, scheme=None):
     """Parse with the chosen preset's values as defaults (explicit options win)."""
-    parser = build_parser(scheme)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--preset", default=None)
-    known, _ = pre.parse_known_args(argv)
-    if known.preset in PRESETS:
-        parser.set_defaults(**PRESETS[known.preset])
-    return parser.parse_args(argv)
+    return parse_with_preset(build_parser(scheme), PRESETS, argv)
 
 
 def _check(args, comm, n_layers, n_train, scheme):

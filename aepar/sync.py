@@ -80,7 +80,7 @@ import sys
 import numpy as np
 
 from aepar import backend
-from aepar.cli import ArgumentParser, add_common, fraction_to_half, positive_int, progress
+from aepar.cli import ArgumentParser, add_common, fraction_to_half, parse_with_preset, positive_int, progress
 from aepar.comm import TAG_IDLE_DONE, TAG_IDLE_NOTE, run_main
 from aepar.errors import UserError
 from aepar.parallel.pipeline import (HANDOVERS, MODES, choose_mode, make_layout,
@@ -220,13 +220,7 @@ def build_parser():
 
 def parse_args(argv=None):
     """Parse with the chosen preset's values as defaults (explicit options win)."""
-    parser = build_parser()
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--preset", default=None)
-    known, _ = pre.parse_known_args(argv)
-    if known.preset in PRESETS:
-        parser.set_defaults(**PRESETS[known.preset])
-    return parser.parse_args(argv)
+    return parse_with_preset(build_parser(), PRESETS, argv)
 
 
 def _setup(args, comm):
