@@ -542,6 +542,9 @@ def run_sync(be, comm, args, digits, x_val, run, guard, *, scheme="sync", extra=
                "plan": plan.to_dict(), "planned_vs_greedy": plan.makespan / greedy_cost,
                "pretrain_time_s": time_s, **(extra or {})}
     if comm.is_root:
+        from aepar.machine import describe
+
+        summary["machine"] = describe()
         summary["pretrain"] = {"time_s": time_s, "epochs": segments["epochs"], "handovers": segments["handovers"],
                                "receives": segments["receives"], "waits": segments["waits"],
                                "handover_stats": handover_stats(segments, n)}
