@@ -379,9 +379,10 @@ def newest_s(costs: LayerCosts, mode="data", end_with_first=False) -> float:
 
 
 # ==== prediction, choice, table =============================================================
-def _cannot_run_dp(costs, ranks):
-    """Why data-parallel layer-wise training cannot use ``ranks`` (None if it can)."""
-    if costs.blocks is not None and ranks > costs.blocks:
+def _cannot_run_dp(costs, ranks, blocks=True):
+    """Why data-parallel layer-wise training cannot use ``ranks`` (None if it can);
+    ``blocks``: the fixed blocks limit the ranks (greedy; data cuts one block per rank)."""
+    if blocks and costs.blocks is not None and ranks > costs.blocks:
         return f"{ranks} ranks > {costs.blocks} blocks: each rank needs a whole block"
     if costs.batch is not None and ranks > costs.batch:
         return f"{ranks} ranks > batch {costs.batch}: each rank needs a row of every batch"
@@ -426,16 +427,13 @@ def predict(costs: LayerCosts, ranks: int, *, cores=None, alpha=5e-6, beta=5e9, 
 
     out = {}
     why = _cannot_run_dp(costs, p)
-    if why:
-        out["greedy"] = {"seconds": None, "note": why}
-        out["data"] = {"seconds": None, "note": why}
-    else:
-        out["greedy"] = {"seconds": greedy_dp_s(costs, p, **kw),
-                         "note": ("one rank" if p == 1 else f"layer by layer, fixed-tree gradient sum ({comm})")
-                         + over(p)}
-        out["data"] = {"seconds": data_parallel_s(costs, p, **kw),
-                       "note": ("one rank: greedy" if p == 1 else f"layer by layer, Allreduce per step ({comm})")
-                       + over(p)}
+    out["greedy"] = {"seconds": None, "note": why} if why else {
+        "seconds": greedy_dp_s(costs, p, **kw),
+        "note": ("one rank" if p == 1 else f"layer by layer, fixed-tree gradient sum ({comm})") + over(p)}
+    why = _cannot_run_dp(costs, p, blocks=False)
+    out["data"] = {"seconds": None, "note": why} if why else {
+        "seconds": data_parallel_s(costs, p, **kw),
+        "note": ("one rank: greedy" if p == 1 else f"layer by layer, Allreduce per step ({comm})") + over(p)}
     if min(p, n) < 2:
         out["model"] = {"seconds": None, "note": "needs 2+ ranks and 2+ layers (a group of 1 is greedy)"}
     else:

@@ -133,7 +133,9 @@ def test_predict_refuses_what_the_data_cannot_feed():
     pred = predict(c, 6)
     assert pred["data"]["seconds"] is None and "batch 4" in pred["data"]["note"]
     assert pred["greedy"]["seconds"] is None
-    assert "blocks" in predict(costs([2.0, 1.0], epochs=3, batch=100, blocks=8), 16)["data"]["note"]
+    # greedy's fixed blocks limit its ranks; data cuts one block per rank
+    wide = predict(costs([2.0, 1.0], epochs=3, batch=100, blocks=8), 16)
+    assert "blocks" in wide["greedy"]["note"] and wide["data"]["seconds"] is not None
     assert choose(pred) not in ("data", "greedy")
 
 
@@ -251,7 +253,8 @@ def test_predictions_are_non_negative_and_choose_never_loses_to_data(c, ranks, c
     assert pred[pick]["seconds"] == min(runnable) or pick == "data"
     if pred["data"]["seconds"] is not None:
         assert pred[pick]["seconds"] <= pred["data"]["seconds"]
-        assert pred["data"]["seconds"] <= pred["greedy"]["seconds"] * (1 + 1e-12)  # Allreduce <= tree
+        if pred["greedy"]["seconds"] is not None:  # greedy's blocks may not feed these ranks
+            assert pred["data"]["seconds"] <= pred["greedy"]["seconds"] * (1 + 1e-12)  # Allreduce <= tree
     if ranks <= c.n_layers:
         assert pred["hybrid"]["seconds"] is None
 
