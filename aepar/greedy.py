@@ -237,8 +237,9 @@ def run_layerwise(be, comm, args, digits, run, guard, *, scheme="greedy", prog=P
                         fingerprint(digits.train_x, digits.test_x) if comm.is_root else None, progress=say)
     loaded = ckpt.load()
     layers = layers_from_args(be, args, digits.train_x.shape[1])
-    # data: one block per rank, the batch split over them; model: every rank holds all the rows
-    count = comm.size if scheme == "data" else args.reduce_blocks
+    # data: one block per rank, the batch split over them; model: a layer's epochs run on one
+    # rank with nothing to add up, so its rows are one block (the fused one-process step)
+    count = {"data": comm.size, "model": 1}.get(scheme, args.reduce_blocks)
     position = {}
     if loaded is not None:
         params, opt_state, position = loaded
