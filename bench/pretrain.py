@@ -166,7 +166,7 @@ def sweep(work):
             ("model", 2, []))
     for batch in (100, 500, 1000, 2000):
         for scheme, np_, extra in runs:
-            blocks = 1 if extra else (np_ if scheme == "data" else 8)
+            blocks = 1 if extra else {"data": np_, "model": 1}.get(scheme, 8)
             s = launch("aepar.pretrain", ["--scheme", scheme, *net, "--batch", batch, *extra], np_, work,
                        f"sw-{scheme}-{np_}-{batch}" + ("-1block" if extra else ""))
             rows.append(dict(machine_fields(), scheme=scheme, ranks=np_, blocks=blocks, batch=batch,
@@ -186,7 +186,7 @@ def sweep(work):
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for scheme, np_, extra in runs:
-            blocks = 1 if extra else (np_ if scheme == "data" else 8)
+            blocks = 1 if extra else {"data": np_, "model": 1}.get(scheme, 8)
             pts = [(r["batch"], r["epoch_s"]) for r in rows
                    if r["scheme"] == scheme and r["ranks"] == np_ and r["blocks"] == blocks]
             ax.plot(*zip(*pts), marker="o", label=f"{scheme}, {np_} rank(s), {blocks} block(s)")
@@ -200,8 +200,10 @@ def sweep(work):
     except ImportError:
         pass
     # speed-ups over greedy on one rank: measured on 2 ranks, predicted for 1-16 by the planner
-    by = {(r["scheme"], r["ranks"], r["batch"]): r["epoch_s"] for r in rows
-          if not (r["scheme"] == "greedy" and r["ranks"] == 1 and r["blocks"] != 1)}
+    by = {}
+    for r in rows:  # greedy on one process: the faster of one block (fused) and 8 (two threads)
+        key = (r["scheme"], r["ranks"], r["batch"])
+        by[key] = min(by.get(key, float("inf")), r["epoch_s"])
     out = []
     for batch in (100, 2000):
         s = launch("aepar.pretrain", ["--scheme", "greedy", *net, "--batch", batch, "--reduce-blocks", 1], 1, work,
@@ -221,8 +223,8 @@ def sweep(work):
                 out.append(dict(machine_fields(), scheme=scheme, batch=batch, ranks=p,
                                 measured_speedup=base / measured if measured else None,
                                 predicted_speedup=greedy_s(costs) / sec if sec else None))
-    write(out, "pretrain_speedup", "Speed-up of pre-training over greedy on one process with one block "
-          "(its fastest path; higher is better)",
+    write(out, "pretrain_speedup", "Speed-up of pre-training over greedy on one process (the faster of its "
+          "one-block and 8-block paths; higher is better)",
           [("scheme", lambda r: r["scheme"]), ("batch", lambda r: str(r["batch"])), ("ranks", lambda r: str(r["ranks"])),
            ("measured", lambda r: f"{r['measured_speedup']:.2f}x" if r["measured_speedup"] else "–"),
            ("predicted (planner, one core per rank)", lambda r: f"{r['predicted_speedup']:.2f}x"
