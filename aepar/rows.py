@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node", "tree_sum",
+__all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node", "tree_sum",
            "local_sums", "parallel_map", "threads", "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
@@ -244,3 +244,11 @@ def _fork_safe():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fork_safe)
+
+
+def mean_squared_error(shard: Shard, reconstruct, mse_forward, reduce=None) -> float:
+    """Mean over all rows of Σ_units (x − reconstruct(x))², the error every layer and stack
+    reports. ``reduce(shard, fn) -> vector`` sums over every rank's rows; None: this process
+    holds every block (:func:`local_sums`)."""
+    total = (reduce or local_sums)(shard, lambda x: [mse_forward(reconstruct(x), x, scale=2.0)])
+    return float(total[0] / max(shard.n, 1))

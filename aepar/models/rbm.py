@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from aepar.optim import SGD
-from aepar.rows import Shard, local_sums
+from aepar.rows import Shard, mean_squared_error
 
 __all__ = ["RBM"]
 
@@ -154,9 +154,7 @@ class RBM:
         (aepar.parallel.data_parallel.reducer); None: this process holds every block
         (:func:`aepar.rows.local_sums`).
         """
-        K = self.be.K
-        total = (reduce or local_sums)(shard, lambda x: [K.mse_forward(self._reconstruct(x), x, scale=2.0)])
-        return float(total[0] / max(shard.n, 1))
+        return mean_squared_error(shard, self._reconstruct, self.be.K.mse_forward, reduce)
 
     def flops_per_sample(self) -> float:
         """Floating-point operations of one CD-1 step per sample (the five n_in x n_out

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aepar.rows import Shard, local_sums
+from aepar.rows import Shard, mean_squared_error
 
 __all__ = ["StackedAutoencoder", "LOSSES", "FINETUNE_STREAM"]
 
@@ -181,9 +181,7 @@ class StackedAutoencoder:
         (aepar.parallel.data_parallel.reducer); None: this process holds every block
         (:func:`aepar.rows.local_sums`).
         """
-        K = self.be.K
-        total = (reduce or local_sums)(shard, lambda x: [K.mse_forward(self._reconstruct(x), x, scale=2.0)])
-        return float(total[0] / max(shard.n, 1))
+        return mean_squared_error(shard, self._reconstruct, self.be.K.mse_forward, reduce)
 
     def flops_per_sample(self) -> float:
         """One forward and backward pass: three products per weight matrix."""
