@@ -23,7 +23,6 @@ Examples
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 
 import numpy as np
@@ -36,10 +35,10 @@ from aepar.data.sources import CLASSES, DIGIT_SOURCES
 from aepar.errors import CheckpointError, UserError
 from aepar.checkpoint import layers_from_params
 from aepar.finetune import default_float32
-from aepar.trace import span
 from aepar.models.classifier import UNIT_ACTS, Classifier, with_labels
 from aepar.optim import SGD, Adam
-from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
+from aepar.parallel.data_parallel import reducer, train_epoch
+from aepar.resume import BackpropRun
 
 from aepar.rows import Shard
 
@@ -127,26 +126,21 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
     evaluate again (what :func:`classify_and_evaluate` and :func:`floors` share)."""
     quiet = getattr(args, "quiet", False)
     epochs = args.classify_epochs
-    optimizer = make_optimizer(be, model.params, args)
     reduce = reducer(comm)
     run = ckpt.run if ckpt is not None else None
-    record = {"epochs": [], "time_s": 0.0, "eval_s": 0.0}
-    first, state = 0, None
+    fit = BackpropRun(be, comm, model, make_optimizer(be, model.params, args), train, batch=args.classify_batch,
+                      what=what, params_tag=f"{prefix}classifier/", opt_tag=f"{prefix}classify/",
+                      record_key="classify", fields={"phase": "classify", "part": prefix}, ckpt=ckpt, guard=guard,
+                      outer=outer, trace=trace, span="classify")
+    record = fit.record
 
     def evaluate():
         (tr, tr_loss), (te, te_loss) = model.evaluate(train, reduce), model.evaluate(test, reduce)
         return {"train": tr, "test": te, "train_loss": tr_loss, "test_loss": te_loss}
 
-    if resume is not None:
-        params, opt_state, prog = resume
-        for k, v in model.params.items():
-            v[...] = be.asarray(params[f"{prefix}classifier/{k}"])
-        tag = f"{prefix}classify/"
-        optimizer.load_state({k[len(tag):]: v for k, v in opt_state.items() if k.startswith(tag)})
-        record = dict(prog["classify"])
-        first = int(prog["epoch"])
-        state = EpochState.from_dict(prog["state"]) if prog.get("state") else None
-        progress(comm, quiet, f"{what}: resuming at epoch {first + 1}" + (f", batch {state.batch + 1}" if state else ""))
+    if fit.restore(resume):
+        record = fit.record
+        progress(comm, quiet, f"{what}: resuming at {fit.resuming_at}")
     else:
         record["before"], dt = _timed(comm, be, evaluate)
         record["eval_s"] += dt
@@ -158,15 +152,6 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
     progress(comm, quiet, f"  before: train accuracy {_pct(record['before']['train'])}  "
                           f"test {_pct(record['before']['test'])}")
 
-    def train_one(epoch, resume_state):
-        with span(trace, "classify", epoch=epoch, part=prefix or "classifier"):
-            t0 = comm.wtime()
-            result = train_epoch(model, train, epoch, comm=comm, batch=args.classify_batch, key=model.key,
-                                 guard=guard, resume=resume_state)
-            be.synchronize()
-            record["time_s"] += comm.max(comm.wtime() - t0)
-        return result
-
     def after_epoch(epoch, result):
         loss, seen = result.means
         where = f"{what} epoch {epoch + 1}"
@@ -175,34 +160,13 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
             guard.check_params(model.params, where, run, comm)
         (test_acc, test_loss), et = _timed(comm, be, model.evaluate, test, reduce)
         record["eval_s"] += et
-        seconds = record["time_s"] - sum(e["seconds"] for e in record["epochs"])
+        seconds = fit.epoch_seconds()
         record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_accuracy_seen": seen,
                                  "test_accuracy": test_acc, "test_loss": test_loss, "seconds": seconds})
         progress(comm, quiet, f"  classify epoch {epoch + 1:3d}/{epochs}  loss {loss:8.4f}  train accuracy seen "
                               f"{_pct(seen):>7}  test {_pct(test_acc):>7}  {seconds:7.2f}s")
 
-    def save(epochs_done, epoch_state, why):
-        params, opt_state, prog = outer() if outer is not None else ({}, {}, {})
-        if comm.is_root:
-            params = dict(params, **{f"{prefix}classifier/{k}": be.to_host(v) for k, v in model.params.items()})
-            opt_state = dict(opt_state, **{f"{prefix}classify/{k}": be.to_host(v)
-                                           for k, v in optimizer.state().items()})
-        label = (f"{what} epoch {epochs_done + 1} batch {epoch_state.batch}" if epoch_state
-                 else f"{what}, {epochs_done} epochs done")
-        ckpt.save(params, opt_state, dict(prog, phase="classify", part=prefix, epoch=epochs_done,
-                                          state=epoch_state.to_dict() if epoch_state else None,
-                                          classify=record), label, why, comm=comm)
-
-    model.optimizer = optimizer
-    if ckpt is not None:
-        with (guard.training(what) if guard is not None else contextlib.nullcontext()):
-            ckpt.epochs(train_one, first, epochs, save=save, after_epoch=after_epoch, resume=state, comm=comm)
-    else:  # nowhere to save: a pause only ends where the epoch goes on
-        for epoch in range(first, epochs):
-            result = train_one(epoch, state if epoch == first else None)
-            while not result.complete:
-                result = train_one(epoch, result.state)
-            after_epoch(epoch, result)
+    fit.run(epochs, after_epoch)
     if epochs:
         after, dt = _timed(comm, be, evaluate)
         record["eval_s"] += dt

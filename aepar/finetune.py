@@ -19,7 +19,6 @@ Examples
 """
 from __future__ import annotations
 
-import contextlib
 import sys
 
 import numpy as np
@@ -33,9 +32,9 @@ from aepar.data.sources import DIGIT_SOURCES
 from aepar.errors import UserError
 from aepar.models.stacked import LOSSES, StackedAutoencoder
 from aepar.optim import SGD, Adam
-from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
+from aepar.parallel.data_parallel import reducer, train_epoch
+from aepar.resume import BackpropRun
 from aepar.rows import Shard
-from aepar.trace import span
 
 __all__ = ["add_finetune_args", "default_float32", "make_optimizer", "finetune_and_evaluate", "build_parser",
            "main"]
@@ -152,21 +151,15 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
     if model is None:
         model = StackedAutoencoder.from_layers(be, layers, loss=args.loss)
     model.seed = int(args.seed)
-    optimizer = make_optimizer(be, model.params, args)
     reduce = reducer(comm)
-    record = {"epochs": [], "time_s": 0.0, "eval_s": 0.0}
-    first, state = 0, None
-    if resume is not None:
-        params, opt_state, prog = resume
-        for k, v in model.params.items():
-            v[...] = be.asarray(params[f"{prefix}finetuned/{k}"])
-        tag = f"{prefix}finetune/"
-        optimizer.load_state({k[len(tag):]: v for k, v in opt_state.items() if k.startswith(tag)})
-        record = dict(prog["finetune"])
-        first = int(prog["epoch"])
-        state = EpochState.from_dict(prog["state"]) if prog.get("state") else None
-        progress(comm, quiet, f"fine-tuning: resuming at epoch {first + 1}"
-                              + (f", batch {state.batch + 1}" if state else ""))
+    fit = BackpropRun(be, comm, model, make_optimizer(be, model.params, args), train, batch=args.finetune_batch,
+                      what="fine-tuning", params_tag=f"{prefix}finetuned/", opt_tag=f"{prefix}finetune/",
+                      record_key="finetune", fields={"phase": "finetune"}, ckpt=ckpt, guard=guard, outer=outer,
+                      trace=trace, span="finetune")
+    record = fit.record
+    if fit.restore(resume):
+        record = fit.record
+        progress(comm, quiet, f"fine-tuning: resuming at {fit.resuming_at}")
     else:
         (before_train, before_test), dt = _timed(comm, be, lambda: (model.error_per_digit(train, reduce),
                                                                    model.error_per_digit(test, reduce)))
@@ -180,15 +173,6 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
     progress(comm, quiet, f"  before: train error/digit {record['before']['train']:.3f}  "
                           f"test {record['before']['test']:.3f}")
 
-    def train_one(epoch, resume_state):
-        with span(trace, "finetune", epoch=epoch):
-            t0 = comm.wtime()
-            result = train_epoch(model, train, epoch, comm, batch=args.finetune_batch, optimizer=optimizer,
-                                 guard=guard, resume=resume_state)
-            be.synchronize()
-            record["time_s"] += comm.max(comm.wtime() - t0)
-        return result
-
     def after_epoch(epoch, result):
         loss, seen = result.means
         if guard is not None:
@@ -199,31 +183,13 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
         record["eval_s"] += et
         if guard is not None:
             guard.check(test_err, "the test error", f"fine-tuning epoch {epoch + 1}", ckpt.run if ckpt else None, comm)
-        seconds = record["time_s"] - sum(e["seconds"] for e in record["epochs"])
+        seconds = fit.epoch_seconds()
         record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_error_seen": seen,
                                  "test_error": test_err, "seconds": seconds})
         progress(comm, quiet, f"  finetune epoch {epoch + 1:3d}/{args.finetune_epochs}  loss {loss:9.4f}  "
                               f"train error {seen:8.3f}  test {test_err:8.3f}  {seconds:7.2f}s")
 
-    def save(epochs_done, epoch_state, why):
-        params, opt_state, prog = outer() if outer is not None else ({}, {}, {})
-        if comm.is_root:
-            params = dict(params, **{f"{prefix}finetuned/{k}": be.to_host(v) for k, v in model.params.items()})
-            opt_state = dict(opt_state, **{f"{prefix}finetune/{k}": be.to_host(v)
-                                           for k, v in optimizer.state().items()})
-        label = (f"fine-tuning epoch {epochs_done + 1} batch {epoch_state.batch}" if epoch_state
-                 else f"fine-tuning, {epochs_done} epochs done")
-        ckpt.save(params, opt_state, dict(prog, phase="finetune", epoch=epochs_done,
-                                          state=epoch_state.to_dict() if epoch_state else None,
-                                          finetune=record), label, why, comm=comm)
-
-    if ckpt is not None:
-        with (guard.training("fine-tuning") if guard is not None else contextlib.nullcontext()):
-            ckpt.epochs(train_one, first, args.finetune_epochs, save=save, after_epoch=after_epoch,
-                        resume=state, comm=comm)
-    else:
-        for epoch in range(first, args.finetune_epochs):
-            after_epoch(epoch, train_one(epoch, state if epoch == first else None))
+    fit.run(args.finetune_epochs, after_epoch)
     if args.finetune_epochs:
         (after_train, after_test), dt = _timed(comm, be, lambda: (model.error_per_digit(train, reduce),
                                                                  model.error_per_digit(test, reduce)))

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from aepar.errors import CheckpointError, Diverged, Interrupted
-from aepar.parallel.data_parallel import EpochState
+from aepar.parallel.data_parallel import EpochState, train_epoch
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "BackpropRun"]
 
 
 class Checkpointer:
@@ -144,3 +144,88 @@ def _note(run) -> str:
     progress = run.checkpoint_progress
     return (f"; the last good checkpoint ({progress}) stays in {run.checkpoint_path}" if progress
             else "; no checkpoint had been saved")
+
+
+class BackpropRun:
+    """The epochs of one network trained by backprop, data-parallel, through the safe points:
+    what fine-tuning (aepar.finetune) and classification (aepar.classify) share.
+
+    Checkpoint names: the parameters under ``params_tag`` + name, the optimiser's state under
+    ``opt_tag`` + name; the progress record holds ``fields`` (e.g. the phase), the epochs
+    done, a paused epoch's state and the statistics under ``record_key``.
+    """
+
+    def __init__(self, be, comm, model, optimizer, train, *, batch, what, params_tag, opt_tag, record_key,
+                 fields, ckpt=None, guard=None, outer=None, trace=None, span=None):
+        self.be, self.comm, self.model, self.optimizer, self.train = be, comm, model, optimizer, train
+        self.batch, self.what, self.params_tag, self.opt_tag = batch, what, params_tag, opt_tag
+        self.record_key, self.fields = record_key, dict(fields)
+        self.ckpt, self.guard, self.outer, self.trace, self.span = ckpt, guard, outer, trace, span
+        self.record = {"epochs": [], "time_s": 0.0, "eval_s": 0.0}
+        self.first, self.state = 0, None
+
+    def restore(self, resume) -> bool:
+        """Go on from a checkpoint saved by this run (``resume``: (params, opt_state,
+        progress) or None). Returns whether it did."""
+        if resume is None:
+            return False
+        params, opt_state, prog = resume
+        for k, v in self.model.params.items():
+            v[...] = self.be.asarray(params[f"{self.params_tag}{k}"])
+        tag = self.opt_tag
+        self.optimizer.load_state({k[len(tag):]: v for k, v in opt_state.items() if k.startswith(tag)})
+        self.record = dict(prog[self.record_key])
+        self.first = int(prog["epoch"])
+        self.state = EpochState.from_dict(prog["state"]) if prog.get("state") else None
+        return True
+
+    @property
+    def resuming_at(self) -> str:
+        return f"epoch {self.first + 1}" + (f", batch {self.state.batch + 1}" if self.state else "")
+
+    def _train_one(self, epoch, resume_state):
+        from aepar.trace import span
+
+        comm = self.comm
+        with span(self.trace, self.span, epoch=epoch):
+            t0 = comm.wtime()
+            result = train_epoch(self.model, self.train, epoch, comm, batch=self.batch, optimizer=self.optimizer,
+                                 guard=self.guard, resume=resume_state)
+            self.be.synchronize()
+            self.record["time_s"] += comm.max(comm.wtime() - t0)
+        return result
+
+    def _save(self, epochs_done, epoch_state, why):
+        be, comm = self.be, self.comm
+        params, opt_state, prog = self.outer() if self.outer is not None else ({}, {}, {})
+        if comm.is_root:
+            params = dict(params, **{f"{self.params_tag}{k}": be.to_host(v) for k, v in self.model.params.items()})
+            opt_state = dict(opt_state, **{f"{self.opt_tag}{k}": be.to_host(v)
+                                           for k, v in self.optimizer.state().items()})
+        label = (f"{self.what} epoch {epochs_done + 1} batch {epoch_state.batch}" if epoch_state
+                 else f"{self.what}, {epochs_done} epochs done")
+        self.ckpt.save(params, opt_state, dict(prog, **self.fields, epoch=epochs_done,
+                                               state=epoch_state.to_dict() if epoch_state else None,
+                                               **{self.record_key: self.record}), label, why, comm=comm)
+
+    def epoch_seconds(self) -> float:
+        """Training seconds of the epoch just finished (the record holds the earlier ones)."""
+        return self.record["time_s"] - sum(e["seconds"] for e in self.record["epochs"])
+
+    def run(self, epochs: int, after_epoch):
+        """Epochs ``first`` .. ``epochs - 1``; ``after_epoch(epoch, EpochResult)`` records
+        and reports each."""
+        import contextlib
+
+        self.model.optimizer = self.optimizer
+        if self.ckpt is not None:
+            armed = self.guard.training(self.what) if self.guard is not None else contextlib.nullcontext()
+            with armed:
+                self.ckpt.epochs(self._train_one, self.first, epochs, save=self._save, after_epoch=after_epoch,
+                                 resume=self.state, comm=self.comm)
+            return
+        for epoch in range(self.first, epochs):  # nowhere to save: a pause only ends where the epoch goes on
+            result = self._train_one(epoch, self.state if epoch == self.first else None)
+            while not result.complete:
+                result = self._train_one(epoch, result.state)
+            after_epoch(epoch, result)
