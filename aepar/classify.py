@@ -42,7 +42,7 @@ from aepar.resume import BackpropRun
 
 from aepar.rows import Shard
 
-__all__ = ["add_classify_args", "make_optimizer", "check_labels", "classify_and_evaluate", "floors",
+__all__ = ["add_classify_args", "make_optimizer", "check_labels", "classify_and_evaluate", "fit_on_features", "floors",
            "pca_features", "pca_basis", "table", "build_model", "build_parser", "main", "FLOOR_PCA", "CMU_15618_ACCURACY"]
 
 PROG = "aepar.classify"
@@ -261,6 +261,36 @@ def classify_and_evaluate(be, comm, layers, digits, args, *, trace=None, ckpt=No
     return result
 
 
+def fit_on_features(be, comm, train, test, args, *, what, hidden=(), count=None, trace=None, ckpt=None, resume=None,
+                    outer=None, guard=None, prefix="", n_classes: int = CLASSES) -> dict:
+    """Train a classifier on feature rows: softmax regression, or with ``hidden`` sizes a
+    small MLP (ReLU) below the softmax layer; data-parallel over ``comm`` as
+    :func:`classify_and_evaluate`, with the same options (``args.classify_*``, ``seed``).
+
+    Parameters
+    ----------
+    train, test : (features (n, d), labels (n,))
+        The whole labelled sets, on every rank (each takes its blocks).
+    hidden : sequence of int
+        Hidden layer sizes (none: softmax regression).
+    count : int, optional
+        Fixed blocks of the rows (default ``args.reduce_blocks``).
+
+    Returns
+    -------
+    dict
+        As :func:`classify_and_evaluate` (``before``, ``after``, ``epochs``, ``time_s``, ...,
+        ``"model"``); "test" there is ``test``'s accuracy.
+    """
+    _warm_up(be, args)
+    sizes = [int(np.shape(train[0])[1])] + [int(h) for h in hidden]
+    model = Classifier(be, sizes, n_classes, ["relu"] * len(hidden), seed=args.seed, batch=args.classify_batch)
+    count = int(count or args.reduce_blocks)
+    train_shard, test_shard = _shards(be, comm, train[0], train[1], test[0], test[1], count)
+    return _fit(be, comm, model, train_shard, test_shard, args, what=what, trace=trace, ckpt=ckpt, resume=resume,
+                outer=outer, guard=guard, prefix=prefix)
+
+
 def pca_features(train_x, test_x, k: int = FLOOR_PCA):
     """Projections (float64) of train and test rows on the first ``k`` principal directions
     of the training rows (centred by the training mean; float64 SVD, as the PCA baseline
@@ -300,7 +330,6 @@ def floors(be, comm, digits, args, *, trace=None, ckpt=None, resume=None, outer=
         (without the model).
     """
     check_labels(digits)
-    _warm_up(be, args)
     count = int(reduce_blocks or args.reduce_blocks)
     done = dict(resume[2].get("floors_done", {})) if resume is not None else {}
     part = resume[2].get("part") if resume is not None else None
@@ -317,16 +346,15 @@ def floors(be, comm, digits, args, *, trace=None, ckpt=None, resume=None, outer=
                 basis = comm.bcast_obj(pca_basis(digits.train_x, k) if comm.is_root else None)
             mean, vecs = basis
             train_x, test_x = _project(digits.train_x, mean, vecs), _project(digits.test_x, mean, vecs)
-        model = Classifier(be, [train_x.shape[1]], CLASSES, seed=args.seed, batch=args.classify_batch)
-        train, test = _shards(be, comm, train_x, digits.train_y, test_x, digits.test_y, count)
         here = f"{prefix}{name}/"
 
         def part_outer():
             params, opt_state, prog = outer() if outer is not None else ({}, {}, {})
             return params, opt_state, dict(prog, floors_done=dict(done))
         what = "floor: softmax regression on " + ("raw pixels" if name == "raw" else f"PCA-{vecs.shape[1]}")
-        result = _fit(be, comm, model, train, test, args, what=what, trace=trace, ckpt=ckpt,
-                      resume=resume if part == here else None, outer=part_outer, guard=guard, prefix=here)
+        result = fit_on_features(be, comm, (train_x, digits.train_y), (test_x, digits.test_y), args, what=what,
+                                 count=count, trace=trace, ckpt=ckpt, resume=resume if part == here else None,
+                                 outer=part_outer, guard=guard, prefix=here)
         result.pop("model")
         result["features"] = "raw pixels" if name == "raw" else f"PCA-{vecs.shape[1]}"
         if name == "pca":

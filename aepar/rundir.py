@@ -362,6 +362,11 @@ class RunDir:
     def write_json(self, name: str, obj):
         self.write_text(name, json.dumps(obj, indent=2, default=_jsonable) + "\n")
 
+    def written(self, name: str) -> Path:
+        """Where the file ``name`` this run wrote lies now (root): in the run directory, or
+        in its staging directory before the run is published."""
+        return (self.path if self._published else self._stage()) / name
+
     def save_checkpoint(self, write, progress: str):
         """``write(path)`` the checkpoint (root), record ``progress`` (e.g. "layer 2 epoch
         5"), and make sure the directory exists under its final name from now on. Not
