@@ -62,6 +62,10 @@ bench-full: venv bench-peers  ## the paper's full grids (hours on 2 cores)
 bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per scheme, large batches, batch sweep, speed-ups (~40 min)
 	$(BIN)/python -m bench.pretrain
 
+.PHONY: bench-cae-speed
+bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs PyTorch at 1 and 2 threads -> peers.csv, cae_speed.md (~1 min)
+	$(BIN)/python -m bench.cae_speed
+
 reliability: venv  ## every injected fault, bad file, impossible option and --out case run for real; counts -> bench/results/reliability.md (~20 min)
 	$(BIN)/python -m bench.reliability
 

@@ -1,0 +1,394 @@
+"""One CAE epoch, aepar's Numba kernels against PyTorch on the CPU: ``python -m bench.cae_speed``.
+
+The network of :class:`aepar.models.cae.ConvAutoencoder` (1x28x28; conv 3x3 1->16, ReLU,
+max-pool; conv 3x3 16->32, ReLU, max-pool; transposed conv 2x2/2 32->16, ReLU; transposed
+conv 2x2/2 16->1, sigmoid; loss Σ_pixels (x − x̂)² averaged over the images; Adam lr 1e-3),
+float32, batch 100, one epoch over 4,800 real MNIST digits (the embedded 5k subset, train
+then test rows). The PyTorch peer is the same network written with ``torch.nn.Conv2d`` /
+``ConvTranspose2d`` (PyTorch's own CPU convolutions), starting from aepar's initial
+weights (the layouts are PyTorch's), ``torch.optim.Adam``, the same batch size and epoch
+length (its own shuffle).
+
+Each thread count runs in its own child process (AEPAR_THREADS there, and
+``torch.set_num_threads``): aepar's threads take whole blocks of each batch (8 blocks,
+single-threaded BLAS inside), PyTorch's are its intra-op threads. A warm-up epoch each,
+then ``--repeats`` epochs each, taken in turns (aepar, torch, aepar, ...); the best
+counts, all are recorded. The child also measures the machine's float32 GEMM rate at
+that thread count (an n x n product, best of 5, OpenBLAS threads set by threadpoolctl),
+before and after the epochs (the better counts); GFLOP/s = ``flops_per_sample()`` ·
+samples / seconds, against that rate.
+
+With ``--profile`` (default on) the 1-thread child also times every kernel of one
+block's step (13 images) on its exact shapes, and the part of the first convolution's
+backward that only makes its input gradient, which the model does not use.
+
+Rows go to bench/results/peers.csv (the columns it lacks are added; rows of an earlier
+run of this benchmark on the same host and CPU are replaced); bench/results/cae_speed.md
+gets the table. Needs PyTorch (``make bench-peers``); without it only aepar's rows are
+written and the file says the peer is missing.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("AEPAR_THREADS", "1")
+
+import aepar  # noqa: E402,F401  (threads before numpy)
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+BENCHMARK = "cae_epoch"
+AEPAR_NAME = "aepar CAE (numba kernels, 8 blocks)"
+TORCH_NAME = "pytorch CAE (torch.nn Conv2d/ConvTranspose2d, torch.optim.Adam)"
+NETWORK = "1x28x28 conv3x3 16, pool, conv3x3 32, pool, tconv2x2/2 16, tconv2x2/2 1"
+CHILD_TAG = "CAE-SPEED "
+
+
+# ---- measurements inside one child ---------------------------------------------------------------
+def load_rows(rows: int) -> tuple[np.ndarray, str]:
+    """The first ``rows`` of the embedded MNIST 5k subset (train, then test), float32 rows."""
+    from aepar.data.sources import load_digits
+
+    d = load_digits("mnist5k", seed=0, dtype=np.float32)
+    x = np.concatenate([d.train_x, d.test_x])
+    if rows > x.shape[0]:
+        raise SystemExit(f"bench.cae_speed: --rows {rows}: the mnist5k subset has {x.shape[0]} images")
+    return np.ascontiguousarray(x[:rows], dtype=np.float32), f"mnist5k train+test[:{rows}]"
+
+
+def sgemm_gflops(threads: int, n: int = 2000, repeats: int = 5) -> tuple[float, str]:
+    """Best-of-``repeats`` rate of an n x n float32 product at ``threads`` BLAS threads.
+
+    threadpoolctl sets OpenBLAS's threads for the measurement (aepar keeps them at 1);
+    without it, ``threads`` Python threads run one single-threaded product each at once,
+    aepar's own way of using the cores, and their rates add up. Returns (GFLOP/s, method).
+    """
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+
+    def best_of(fn):
+        fn()  # warm-up: thread pool, pages
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        threadpool_limits = None
+    if threadpool_limits is not None or threads == 1:
+        c = np.empty((n, n), dtype=np.float32)
+        if threadpool_limits is None:
+            return 2.0 * n ** 3 / best_of(lambda: np.matmul(a, b, out=c)) / 1e9, "numpy matmul, 1 thread"
+        with threadpool_limits(limits=threads, user_api="blas"):
+            seconds = best_of(lambda: np.matmul(a, b, out=c))
+        return 2.0 * n ** 3 / seconds / 1e9, f"numpy matmul {n}x{n}, {threads} BLAS threads (threadpoolctl)"
+    from concurrent.futures import ThreadPoolExecutor
+
+    outs = [np.empty((n, n), dtype=np.float32) for _ in range(threads)]
+    with ThreadPoolExecutor(threads) as pool:
+        seconds = best_of(lambda: list(pool.map(lambda c: np.matmul(a, b, out=c), outs)))
+    return threads * 2.0 * n ** 3 / seconds / 1e9, f"{threads} concurrent 1-thread numpy matmuls {n}x{n}"
+
+
+class TorchCAE:
+    """The same network, loss and optimiser in PyTorch, from the aepar model's weights."""
+
+    def __init__(self, model, threads: int, seed: int = 0):
+        import torch
+        from torch import nn
+
+        torch.set_num_threads(int(threads))
+        self.torch = torch
+        c = model.shape[0]
+        f1, f2 = model.filters
+        self.net = nn.Sequential(
+            nn.Conv2d(c, f1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(f1, f2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.ConvTranspose2d(f2, f1, 2, stride=2), nn.ReLU(),
+            nn.ConvTranspose2d(f1, c, 2, stride=2), nn.Sigmoid())
+        layers = [m for m in self.net if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d))]
+        host = {k: model.be.to_host(v) for k, v in model.params.items()}
+        with torch.no_grad():
+            for i, layer in enumerate(layers, 1):  # aepar keeps PyTorch's layouts
+                layer.weight.copy_(torch.from_numpy(np.asarray(host[f"W{i}"], dtype=np.float32)))
+                layer.bias.copy_(torch.from_numpy(np.asarray(host[f"b{i}"], dtype=np.float32)))
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=1e-3)
+        self.shape, self.batch = model.shape, model.batch
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def train_epoch(self, x) -> float:
+        """One epoch over rows ``x``; mean over images of Σ_pixels (x − x̂)²."""
+        torch = self.torch
+        xt = torch.from_numpy(x).reshape((x.shape[0],) + self.shape)
+        n, total = xt.shape[0], torch.zeros((), dtype=torch.float64)
+        perm = torch.randperm(n, generator=self.gen)
+        for start in range(0, n, self.batch):
+            xb = xt[perm[start:start + self.batch]]
+            self.opt.zero_grad(set_to_none=True)
+            sq = torch.nn.functional.mse_loss(self.net(xb), xb, reduction="sum")
+            (sq / xb.shape[0]).backward()
+            self.opt.step()
+            total += sq.detach()
+        return float(total) / n
+
+    def time_epoch(self, x) -> float:
+        t0 = time.perf_counter()
+        self.train_epoch(x)
+        return time.perf_counter() - t0
+
+
+def aepar_epoch(x, blocks=8):
+    """(model, time_epoch(epoch) -> seconds) of aepar's CAE on ``x``."""
+    from aepar import backend
+    from aepar.models.cae import ConvAutoencoder
+    from aepar.optim import Adam
+    from aepar.parallel.data_parallel import train_epoch
+    from aepar.rows import Shard
+
+    be = backend.select("cpu", "numba", "float32")
+    model = ConvAutoencoder(be, (1, 28, 28), seed=0)
+    opt = Adam(be, model.params, lr=1e-3)
+    shard = Shard.of(be, x, blocks)
+
+    def time_epoch(epoch):
+        t0 = time.perf_counter()
+        train_epoch(model, shard, epoch, optimizer=opt)
+        return time.perf_counter() - t0
+    return model, time_epoch
+
+
+def kernel_profile(model, block_rows: int, reps: int = 30) -> list[tuple[str, float]]:
+    """Seconds per call of every kernel of one block's step (``block_rows`` images), on the
+    exact shapes of the model's forward/backward, and the conv1 input gradient alone."""
+    from aepar.kernels.nb import conv as nbconv
+
+    K, p = model.be.K, model.params
+    rng = np.random.default_rng(0)
+    x = rng.random((block_rows, 784), dtype=np.float32)
+    t = model.forward(x)
+    g = {k: np.zeros_like(v) for k, v in p.items()}
+
+    def like(a):
+        return rng.standard_normal(a.shape, dtype=np.float32) * np.float32(0.01)
+    dy, da3, da2, da1 = like(t["y"]), like(t["a3"]), like(t["a2"]), like(t["a1"])
+    dp2, dp1 = like(t["p2"]), like(t["p1"])
+    cases = [
+        ("conv1 forward", lambda: K.conv2d_forward(t["x"], p["W1"], p["b1"], 1, 1)),
+        ("conv2 forward", lambda: K.conv2d_forward(t["p1"], p["W2"], p["b2"], 1, 1)),
+        ("tconv3 forward", lambda: K.conv2d_transpose_forward(t["p2"], p["W3"], p["b3"], 2, 0)),
+        ("tconv4 forward", lambda: K.conv2d_transpose_forward(t["a3"], p["W4"], p["b4"], 2, 0)),
+        ("tconv4 backward", lambda: K.conv2d_transpose_backward(dy, t["a3"], p["W4"], 2, 0, g["W4"], g["b4"])),
+        ("tconv3 backward", lambda: K.conv2d_transpose_backward(da3, t["p2"], p["W3"], 2, 0, g["W3"], g["b3"])),
+        ("conv2 backward", lambda: K.conv2d_backward(da2, t["p1"], p["W2"], 1, 1, g["W2"], g["b2"])),
+        ("conv1 backward", lambda: K.conv2d_backward(da1, t["x"], p["W1"], 1, 1, g["W1"], g["b1"])),
+        ("maxpool forward (both)", lambda: (K.maxpool2x2_forward(t["a1"]), K.maxpool2x2_forward(t["a2"]))),
+        ("maxpool backward (both)", lambda: (K.maxpool2x2_backward(dp1, t["i1"], t["a1"].shape),
+                                             K.maxpool2x2_backward(dp2, t["i2"], t["a2"].shape))),
+        ("relu forward (three)", lambda: (K.relu_forward(da1), K.relu_forward(da2), K.relu_forward(da3))),
+        ("relu backward (three)", lambda: (K.relu_backward(da1, t["a1"]), K.relu_backward(da2, t["a2"]),
+                                           K.relu_backward(da3, t["a3"]))),
+        ("sigmoid + loss, forward and backward", lambda: (
+            K.sigmoid_backward(K.mse_backward(K.sigmoid_forward(dy), t["x"], scale=0.02), t["y"]),
+            K.mse_forward(t["y"], t["x"], scale=2.0))),
+    ]
+    # conv1's input gradient: the W1ᵀ·dy products and col2im of conv2d_backward, which the
+    # model discards (its input is the data)
+    W2 = np.ascontiguousarray(p["W1"]).reshape(p["W1"].shape[0], -1)
+    g2 = da1.reshape(block_rows, W2.shape[0], -1)
+    dcols = np.empty((block_rows, W2.shape[1], g2.shape[2]), dtype=np.float32)
+    dx = np.empty(t["x"].shape, dtype=np.float32)
+    zero = np.zeros(1, dtype=np.float32)
+
+    def conv1_dx():
+        nbconv._gemm_adjoint(W2, g2, dcols)
+        nbconv._col2im(dcols, 0, block_rows, 3, 3, 1, 1, 28, 28, zero, dx)
+    cases.append(("  of which conv1 input gradient (unused)", conv1_dx))
+    cases.append(("whole block step (loss_and_grad)", lambda: model.loss_and_grad(x, g)))
+    out = []
+    for name, fn in cases:
+        fn()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            best = min(best, (time.perf_counter() - t0) / reps)
+        out.append((name, best))
+    return out
+
+
+def child(args) -> int:
+    """Time this process's thread count (AEPAR_THREADS) and print one JSON line."""
+    from aepar.machine import describe
+
+    threads = aepar.THREADS
+    x, what = load_rows(args.rows)
+    load_before = os.getloadavg()[0]
+    peak0, method = sgemm_gflops(threads)
+    model, ours = aepar_epoch(x)
+    ours(0)  # warm-up: JIT (cached), scratch buffers, BLAS
+    peer = None
+    if args.torch:
+        try:
+            peer = TorchCAE(model, threads)
+        except ImportError:
+            peer = None
+    if peer is not None:
+        peer.train_epoch(x)  # warm-up
+    times = {AEPAR_NAME: [], **({TORCH_NAME: []} if peer is not None else {})}
+    for r in range(args.repeats):
+        times[AEPAR_NAME].append(ours(1 + r))
+        if peer is not None:
+            times[TORCH_NAME].append(peer.time_epoch(x))
+    peak1, _ = sgemm_gflops(threads)
+    profile = kernel_profile(model, -(-model.batch // 8)) if args.profile else []
+    machine = describe(mpi="not used (one process)", threads=threads)
+    if "torch" in sys.modules:
+        machine["torch"] = sys.modules["torch"].__version__
+        machine["torch_threads"] = sys.modules["torch"].get_num_threads()
+    print(CHILD_TAG + json.dumps({
+        "times": times, "data": what, "samples": int(x.shape[0]), "threads": threads,
+        "flops_per_sample": model.flops_per_sample(), "sgemm": max(peak0, peak1), "sgemm_method": method,
+        "load_1min": [load_before, os.getloadavg()[0]], "profile": profile, "machine": machine,
+        "torch_missing": args.torch and peer is None}), flush=True)
+    return 0
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+def run_child(threads: int, args) -> dict:
+    env = dict(os.environ, AEPAR_THREADS=str(threads))
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        env.pop(var, None)  # aepar sets them from AEPAR_THREADS
+    cmd = [sys.executable, "-m", "bench.cae_speed", "--child", "--rows", str(args.rows),
+           "--repeats", str(args.repeats)]
+    if args.no_torch:
+        cmd.append("--no-torch")
+    if args.profile and threads == 1:
+        cmd.append("--profile-child")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    found = [ln for ln in proc.stdout.splitlines() if ln.startswith(CHILD_TAG)]
+    if proc.returncode != 0 or not found:
+        raise SystemExit(f"bench.cae_speed: the child at {threads} thread(s) failed ({proc.returncode}):\n"
+                         f"{proc.stderr[-3000:]}")
+    return json.loads(found[-1][len(CHILD_TAG):])
+
+
+def rows_of(res: dict) -> list[dict]:
+    names = {AEPAR_NAME: "aepar", TORCH_NAME: "pytorch"}
+    flop = res["flops_per_sample"] * res["samples"]
+    best = {name: min(ts) for name, ts in res["times"].items()}
+    out = []
+    for name, ts in res["times"].items():
+        gflops = flop / best[name] / 1e9
+        out.append({
+            "benchmark": BENCHMARK, "implementation": names[name], "description": name, "network": NETWORK,
+            "data": res["data"], "samples": res["samples"], "batch": 100, "dtype": "float32",
+            "seconds": f"{best[name]:.4f}", "median_seconds": f"{float(np.median(ts)):.4f}",
+            "repeats": len(ts), "all_seconds": " ".join(f"{v:.3f}" for v in ts),
+            "gflop_per_epoch": f"{flop / 1e9:.3f}", "gflops": f"{gflops:.2f}",
+            "sgemm_peak_gflops": f"{res['sgemm']:.2f}", "fraction_of_peak": f"{gflops / res['sgemm']:.3f}",
+            "sgemm_method": res["sgemm_method"],
+            "seconds_over_aepar": f"{best[name] / best[AEPAR_NAME]:.3f}",
+            "load_1min": " ".join(f"{v:.2f}" for v in res["load_1min"]), **res["machine"]})
+    return out
+
+
+def write_peers(rows: list[dict], path: Path) -> None:
+    """Append ``rows`` to peers.csv, adding the columns it lacks (existing rows get them
+    empty); rows of an earlier run of this benchmark on the same host and CPU are replaced."""
+    old, fields = [], []
+    if path.exists():
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            fields = list(reader.fieldnames or [])
+            old = list(reader)
+    mine = {(r["hostname"], r["cpu_model"]) for r in rows}
+    old = [r for r in old if not (r.get("benchmark") == BENCHMARK and (r.get("hostname"), r.get("cpu_model")) in mine)]
+    for r in rows:
+        fields += [k for k in r if k not in fields]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, restval="")
+        w.writeheader()
+        for r in old + rows:
+            w.writerow(r)
+    os.replace(tmp, path)
+
+
+def markdown(results: list[dict], rows: list[dict]) -> str:
+    m = rows[0]
+    lines = [
+        "# One CAE epoch: aepar (Numba kernels) vs PyTorch on the CPU", "",
+        f"Measured by `python -m bench.cae_speed` on {m['cpu_model']} ({m['isa']}), {m['cores']} cores, "
+        f"{m['blas']} ({m['blas_coretype'] or 'core type unknown'}), numba {m['numba']}"
+        + (f", torch {m['torch']}" if m.get("torch") else "") + ".", "",
+        f"Network: {NETWORK}; float32, batch 100, Adam lr 1e-3, {m['data']} ({m['samples']} images). "
+        f"FLOPs per epoch {float(m['gflop_per_epoch']):.2f} GFLOP (`flops_per_sample()`: 2 forward + 4 backward "
+        "per multiply-add of each convolution, conv1's input gradient included; PyTorch skips that one, "
+        "so its GFLOP/s is slightly flattered).", "",
+        f"Each thread count in its own process; warm-up epoch each, then {m['repeats']} epochs each in turns; "
+        "best shown (all in peers.csv). SGEMM: float32 2000x2000 product at the same thread count, same run.", "",
+        "| threads | implementation | seconds / epoch (best) | median | GFLOP/s | SGEMM GFLOP/s | of SGEMM | seconds / aepar's |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['threads']} | {r['implementation']} | {r['seconds']} | {r['median_seconds']} | "
+                     f"{r['gflops']} | {r['sgemm_peak_gflops']} | {float(r['fraction_of_peak']):.1%} | "
+                     f"{r['seconds_over_aepar']} |")
+    if any(res.get("torch_missing") for res in results):
+        lines += ["", "PyTorch is not installed (`make bench-peers`): its rows are missing."]
+    prof = next((res for res in results if res["profile"]), None)
+    if prof is not None:
+        blocks = -(-prof["samples"] // 100) * 8
+        lines += ["", f"Per kernel, 1 thread, one block of one step ({-(-100 // 8)} images; "
+                      f"{blocks} blocks per epoch), best of 3 x 30 calls:", "",
+                  "| kernel | µs per block | s per epoch (x blocks) |", "| --- | --- | --- |"]
+        for name, s in prof["profile"]:
+            lines.append(f"| {name} | {s * 1e6:.1f} | {s * blocks:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.cae_speed", description=__doc__.splitlines()[0])
+    p.add_argument("--threads", default="1,2", help="thread counts, one process each (default %(default)s)")
+    p.add_argument("--rows", type=int, default=4800, help="images per epoch (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=5, help="timed epochs per implementation (default %(default)s)")
+    p.add_argument("--no-torch", action="store_true", help="aepar only")
+    p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the per-kernel table")
+    p.add_argument("--out", default=str(RESULTS / "peers.csv"), help="CSV to append to (default %(default)s)")
+    p.add_argument("--md", default=str(RESULTS / "cae_speed.md"), help="markdown table (default %(default)s)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--profile-child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        args.torch, args.profile = not args.no_torch, args.profile_child
+        return child(args)
+    results = []
+    for t in (int(v) for v in args.threads.split(",")):
+        res = run_child(t, args)
+        results.append(res)
+        for name, ts in res["times"].items():
+            print(f"{t} thread(s)  {name:70s} best {min(ts):.3f} s  ({' '.join(f'{v:.3f}' for v in ts)})", flush=True)
+    rows = [r for res in results for r in rows_of(res)]
+    write_peers(rows, Path(args.out))
+    md = markdown(results, rows)
+    Path(args.md).write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
