@@ -104,6 +104,18 @@ def _rule(text: str) -> tuple:
     return k, delta
 
 
+def _epochs_list(text: str):
+    if text == "all":
+        return text
+    try:
+        epochs = sorted({int(t) for t in text.split(",")})
+    except ValueError:
+        epochs = [0]
+    if epochs[0] < 1:
+        raise argparse.ArgumentTypeError(f"--curve wants 'all' or epochs like 1,2,5,10, got {text!r}")
+    return tuple(epochs)
+
+
 def build_parser():
     from aepar.classify import add_classify_args
     from aepar.data.sources import DIGIT_SOURCES
@@ -152,9 +164,9 @@ def build_parser():
     c.add_argument("--combine-hidden", type=non_negative_int, default=0, metavar="H",
                    help="a hidden ReLU layer of H units in the combining classifier (default 0: softmax "
                         "regression)")
-    c.add_argument("--curve", action="store_true",
-                   help="also classify after every epoch: accuracy against epochs and wall time "
-                        "(curve.csv, curve.png; the paper's Figures 8-9)")
+    c.add_argument("--curve", type=_epochs_list, nargs="?", const="all", default=None, metavar="E1,E2,...",
+                   help="also classify after every epoch (or after the epochs listed): accuracy against "
+                        "epochs and wall time (curve.csv, curve.png; the paper's Figures 8-9)")
     c.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True, help="write the PNGs")
     add_classify_args(parser)
     add_common(parser, scheme=SCHEME)
@@ -299,11 +311,11 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
     for m in ens.mine:
         name, model = make(m)
         member = Member(name, model, Adam(be, model.params, lr=args.lr), new_record())
+        model.optimizer = member.optimizer
         if saved and name in saved:
             model.load_state({**{f"params/{k}": v for k, v in saved[name]["params"].items()},
                               **{f"opt/{k}": v for k, v in saved[name]["opt"].items()}})
             member.record = saved[name]["record"]
-        model.optimizer = member.optimizer
         members[m] = member
     train = Shard.of(be, split.train_x, count, sub.rank, sub.size)
     val = Shard.of(be, split.val_x, min(count, len(split.val_y)), sub.rank, sub.size)
@@ -608,8 +620,9 @@ def _evaluate(be, comm, run, split, args, states, groups, cae, mono, say) -> dic
     out = {"records": records, "final": final}
     if args.curve:
         longest = max(len(r["epochs"]) for r in records.values())
+        wanted = range(1, longest + 1) if args.curve == "all" else [e for e in args.curve if e <= longest]
         out["curve"] = []
-        for e in range(1, longest + 1):
+        for e in wanted:
             say(f"{PROG}: accuracy after epoch {e}")
             row = at(lambda r, e=e: min(e, len(r["epochs"])))
             out["curve"].append({"epoch": e, **row})
