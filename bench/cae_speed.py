@@ -43,6 +43,8 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
+from bench.peers_csv import merge_rows  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 BENCHMARK = "cae_epoch"
@@ -306,29 +308,6 @@ def rows_of(res: dict) -> list[dict]:
     return out
 
 
-def write_peers(rows: list[dict], path: Path) -> None:
-    """Append ``rows`` to peers.csv, adding the columns it lacks (existing rows get them
-    empty); rows of an earlier run of this benchmark on the same host and CPU are replaced."""
-    old, fields = [], []
-    if path.exists():
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            fields = list(reader.fieldnames or [])
-            old = list(reader)
-    mine = {(r["hostname"], r["cpu_model"]) for r in rows}
-    old = [r for r in old if not (r.get("benchmark") == BENCHMARK and (r.get("hostname"), r.get("cpu_model")) in mine)]
-    for r in rows:
-        fields += [k for k in r if k not in fields]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, restval="")
-        w.writeheader()
-        for r in old + rows:
-            w.writerow(r)
-    os.replace(tmp, path)
-
-
 def markdown(results: list[dict], rows: list[dict]) -> str:
     m = rows[0]
     lines = [
@@ -383,7 +362,7 @@ def main(argv=None) -> int:
         for name, ts in res["times"].items():
             print(f"{t} thread(s)  {name:70s} best {min(ts):.3f} s  ({' '.join(f'{v:.3f}' for v in ts)})", flush=True)
     rows = [r for res in results for r in rows_of(res)]
-    write_peers(rows, Path(args.out))
+    merge_rows(rows, Path(args.out), BENCHMARK)
     md = markdown(results, rows)
     Path(args.md).write_text(md)
     print(md)

@@ -219,22 +219,16 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numb
     return rows, info
 
 
+BENCHMARK = "sparse_ae"  # its rows in peers.csv
 PEER_COLUMNS = ("implementation", "samples", "iterations", "evaluations", "seconds", "repeats", "all_seconds",
                 "seconds_per_evaluation", "seconds_in_cost_gradient", "final_cost", "gflop_per_evaluation", "gflops",
                 "dgemm_peak_gflops", "fraction_of_peak", "speedup_vs_textbook", "description")
 
 
 def write(rows, path, machine):
-    from aepar.machine import FIELDS
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(PEER_COLUMNS) + list(FIELDS), extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({**r, **machine})
-    os.replace(tmp, path)
+    """The rows (with the machine) into peers.csv, beside the other benchmarks' rows."""
+    from bench.peers_csv import merge_rows
+    merge_rows([{k: r[k] for k in PEER_COLUMNS if k in r} | machine for r in rows], path, BENCHMARK, legacy=True)
 
 
 def markdown(rows, info) -> str:

@@ -1,0 +1,40 @@
+"""bench/results/peers.csv: the side-by-side rows of every peer benchmark in one file.
+
+Each benchmark names itself in the ``benchmark`` column; writing its rows replaces only
+its own earlier rows from the same host and CPU, and the columns of all benchmarks are
+kept (a row lacking one leaves it empty).
+"""
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+__all__ = ["merge_rows"]
+
+
+def merge_rows(rows: list[dict], path, benchmark: str, *, legacy: bool = False) -> None:
+    """Write ``rows`` (each gets ``benchmark``) into the CSV at ``path``, replacing that
+    benchmark's earlier rows from the same (hostname, cpu_model). ``legacy``: rows with
+    no benchmark name (written before the column existed) count as this benchmark's."""
+    path = Path(path)
+    rows = [{"benchmark": benchmark, **r} for r in rows]
+    old, fields = [], ["benchmark"]
+    if path.exists():
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            fields += [k for k in (reader.fieldnames or []) if k not in fields]
+            old = list(reader)
+    mine = {(r.get("hostname"), r.get("cpu_model")) for r in rows}
+    ours = {benchmark, ""} if legacy else {benchmark}
+    old = [r for r in old if not ((r.get("benchmark") or "") in ours and (r.get("hostname"), r.get("cpu_model")) in mine)]
+    for r in rows:
+        fields += [k for k in r if k not in fields]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, restval="", extrasaction="ignore")
+        w.writeheader()
+        for r in old + rows:
+            w.writerow(r)
+    os.replace(tmp, path)
