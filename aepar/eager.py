@@ -60,7 +60,7 @@ from aepar import backend
 from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, learning_rate, non_negative_int,
                        parse_with_preset, positive_float, positive_int, progress)
 from aepar.comm import run_main
-from aepar.errors import UserError
+from aepar.errors import Diverged, UserError
 
 __all__ = ["PRESETS", "build_parser", "parse", "load_split", "train_members", "combine", "main"]
 
@@ -327,9 +327,9 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
     with guard.training(SCHEME):
         while not ens.comm.bcast_obj(all(s["record"]["stopped"] for s in latest.values())
                                      and len(latest) == ens.n_models if ens.comm.is_root else None):
-            out = {}
+            out, failed = {}, None
             for m, mb in members.items():
-                if mb.done or len(mb.record["epochs"]) > epoch:
+                if failed or mb.done or len(mb.record["epochs"]) > epoch:
                     continue
                 t0 = sub.wtime()
                 result = train_epoch(mb.model, train, epoch, sub, optimizer=mb.optimizer, guard=steps)
@@ -337,14 +337,22 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
                 seconds = sub.max(sub.wtime() - t0)
                 val_loss = mb.model.recon_error(val, reduce)
                 where = f"{mb.name} epoch {epoch + 1}"
-                guard.check(val_loss, "the validation loss", where, run, sub)
-                guard.check_params(mb.model.params, where, run, sub)
+                try:
+                    guard.check(val_loss, "the validation loss", where, run, sub)
+                    guard.check_params(mb.model.params, where, run, sub)
+                except Diverged as e:  # every rank ends with it at the round's end
+                    failed = str(e)
+                    continue
                 cum = (mb.record["epochs"][-1]["cum_seconds"] if mb.record["epochs"] else 0.0) + seconds
                 mb.record["epochs"].append({"epoch": epoch + 1, "train_loss": result.means[0], "val_loss": val_loss,
                                             "seconds": seconds, "cum_seconds": cum})
                 mb.record["stopped"] = stop_reason(mb.record, **rules)
                 out[mb.name] = _host_state(be, mb)
-            merged, summed = ens.collect(out, guard.flags())
+            merged, summed, failed = ens.collect(out, guard.flags(), failed)
+            if failed:
+                err = Diverged(failed)
+                err.collective = True
+                raise err
             epoch += 1
             if ens.comm.is_root and merged:
                 latest.update(merged)

@@ -75,7 +75,7 @@ class Ensemble:
     def ranks_per_group(self) -> list[int]:
         return [len(r) for r in group_ranks(self.comm.size, self.n_groups)]
 
-    def collect(self, states: dict, flag: float) -> tuple[dict | None, float]:
+    def collect(self, states: dict, flag: float, error: str | None = None) -> tuple[dict | None, float, str | None]:
         """A round's end, collective over every rank.
 
         Parameters
@@ -84,18 +84,22 @@ class Ensemble:
             model -> what rank 0 should have of it (on a group's root; others pass {}).
         flag : float
             This rank's guard flags (aepar.guard.Guard.flags).
+        error : str, optional
+            Why this rank's group cannot go on (e.g. its model diverged).
 
         Returns
         -------
-        (merged, summed) : the states of every model (rank 0; None elsewhere), and the
-        flags summed over every rank (each rank's :meth:`Guard.decide` reads the same).
+        (merged, summed, error) : the states of every model (rank 0; None elsewhere), the
+        flags summed over every rank (each rank's :meth:`Guard.decide` reads the same), and
+        the first group's error, on every rank, so that all of them end together.
         """
-        parts = self.comm.gather_obj((states if self.sub.is_root else {}, float(flag)))
-        summed = None
+        parts = self.comm.gather_obj((states if self.sub.is_root else {}, float(flag), error))
+        verdict = None
         merged = None
         if self.comm.is_root:
             merged = {}
-            for states_part, _ in parts:
+            for states_part, _, _ in parts:
                 merged.update(states_part)
-            summed = sum(f for _, f in parts)
-        return merged, self.comm.bcast_obj(summed)
+            verdict = (sum(f for _, f, _ in parts), next((e for _, _, e in parts if e), None))
+        summed, error = self.comm.bcast_obj(verdict)
+        return merged, summed, error

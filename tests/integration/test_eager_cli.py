@@ -140,3 +140,14 @@ def test_help_explains_the_scheme():
     assert r.returncode == 0
     for word in ("--models", "--eager-rule", "--pick-by-budget", "--mono-width", "--preset", "monolithic"):
         assert word in r.stdout
+
+
+@pytest.mark.parametrize("fault, code, fragment", [
+    ("1:3:raise", 1, "fault injected"),   # an exception on one rank ends the job
+    ("1:13:nan", 3, "diverged"),           # a NaN gradient in epoch 2: every rank ends at the round end
+])
+def test_faults_on_one_rank_end_the_job(tmp_path, fault, code, fragment):
+    r = cli(PROG, [*TINY, "--models", "2", "--out", tmp_path / "f"], np_=2, env={"AEPAR_FAULT": fault})
+    assert r.returncode == code, r.stdout[-2000:] + r.stderr[-2000:]
+    assert fragment in r.stderr
+    assert not list(tmp_path.iterdir())  # no checkpoint yet: nothing left behind, staging included
