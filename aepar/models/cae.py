@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from aepar.rows import mean_squared_error
+from aepar.models.trained import TrainedState
 
 __all__ = ["ConvAutoencoder", "CAE_STREAM", "DEFAULT_FILTERS", "check_image_shape"]
 
@@ -40,7 +41,7 @@ def check_image_shape(shape) -> tuple:
     return c, h, w
 
 
-class ConvAutoencoder:
+class ConvAutoencoder(TrainedState):
     """Parameters and cost/gradient of one CAE (see the module docstring).
 
     Parameters
@@ -171,31 +172,12 @@ class ConvAutoencoder:
     def key(self) -> tuple:
         return (self.seed, CAE_STREAM)
 
-    # ---- evaluation and checkpoints ------------------------------------------------------------
+    # ---- evaluation ------------------------------------------------------------------------------
     def recon_error(self, shard, reduce=None) -> float:
         """The paper's loss over every row of ``shard`` (all ranks'): mean over images of
         Σ_pixels (x − x̂)². ``reduce(shard, fn) -> vector`` sums over the ranks
         (aepar.parallel.data_parallel.reducer); None: this process holds every block."""
         return mean_squared_error(shard, self.reconstruct, self.be.K.mse_forward, reduce)
-
-    def state(self) -> dict:
-        """Parameters (``params/W1`` ...) and, with an optimiser set, its state (``opt/...``),
-        as host arrays."""
-        out = {f"params/{k}": self.be.to_host(v) for k, v in self.params.items()}
-        if self.optimizer is not None:
-            out.update({f"opt/{k}": self.be.to_host(v) for k, v in self.optimizer.state().items()})
-        return out
-
-    def load_state(self, state: dict):
-        """Inverse of :meth:`state`; the optimiser's part is loaded when both have one."""
-        for k, v in self.params.items():
-            value = np.asarray(state[f"params/{k}"])
-            if value.shape != tuple(v.shape):
-                raise ValueError(f"params/{k} has shape {value.shape}, this CAE {tuple(v.shape)}")
-            v[...] = self.be.asarray(value)
-        opt = {k[4:]: v for k, v in state.items() if k.startswith("opt/")}
-        if opt and self.optimizer is not None:
-            self.optimizer.load_state(opt)
 
     def flops_per_sample(self) -> float:
         """One forward and backward pass: each convolution's multiply-adds, times 2 for the

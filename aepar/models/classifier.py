@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from aepar.rows import local_sums
+from aepar.models.trained import TrainedState
 
 __all__ = ["Classifier", "with_labels", "split_labels", "CLASSIFY_STREAM", "HIDDEN_ACTS", "UNIT_ACTS", "HIDDEN_INIT",
            "OUTPUT_INIT"]
@@ -79,7 +80,7 @@ def split_labels(rows):
     return rows[:, :-1].copy(), rows[:, -1].astype(np.int64)
 
 
-class Classifier:
+class Classifier(TrainedState):
     """Dense layers ``sizes`` = [n_in, h1, ..., hk] and a softmax layer of ``n_classes``.
 
     Rows given to :meth:`leaf_gradient`, :meth:`accuracy` and :meth:`evaluate` carry the
@@ -257,26 +258,6 @@ class Classifier:
         """Fraction of the labelled rows of ``shard`` (all ranks') classified right (see
         :meth:`evaluate` for ``reduce``)."""
         return self.evaluate(shard, reduce)[0]
-
-    # ---- checkpoints ---------------------------------------------------------------------------
-    def state(self) -> dict:
-        """Parameters (``params/W1`` ...) and, with an optimiser set, its state (``opt/...``),
-        as host arrays for a checkpoint."""
-        out = {f"params/{k}": self.be.to_host(v) for k, v in self.params.items()}
-        if self.optimizer is not None:
-            out.update({f"opt/{k}": self.be.to_host(v) for k, v in self.optimizer.state().items()})
-        return out
-
-    def load_state(self, state: dict):
-        """Inverse of :meth:`state`; the optimiser's part is loaded when both have one."""
-        for k, v in self.params.items():
-            value = np.asarray(state[f"params/{k}"])
-            if value.shape != tuple(v.shape):
-                raise ValueError(f"params/{k} has shape {value.shape}, the classifier {tuple(v.shape)}")
-            v[...] = self.be.asarray(value)
-        opt = {k[4:]: v for k, v in state.items() if k.startswith("opt/")}
-        if opt and self.optimizer is not None:
-            self.optimizer.load_state(opt)
 
     def flops_per_sample(self) -> float:
         """One forward and backward pass: three products per weight matrix."""
