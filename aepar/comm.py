@@ -5,7 +5,8 @@ NumPy arrays (and CuPy arrays, staged through host memory unless the MPI library
 CUDA-aware), sub-communicators, small Python objects for configuration, and the error
 agreement that lets every rank end together with one line instead of hanging.
 
-Without mpi4py (or without a launcher) the same API runs as one process.
+Without mpi4py, or without a launcher (then MPI is not even initialised: see
+:func:`under_launcher`), the same API runs as one process.
 """
 from __future__ import annotations
 
@@ -18,10 +19,30 @@ import numpy as np
 
 from aepar.errors import UserError
 
-try:  # the only import of mpi4py in aepar
-    from mpi4py import MPI
-except ImportError:  # serial fallback: one process, same API
-    MPI = None
+# What MPI launchers (mpirun/mpiexec of Open MPI, MPICH, Intel MPI, MVAPICH; srun; Cray's
+# aprun/PALS) put in every rank's environment. Without any of them this is one process, and
+# MPI_Init (about 1 s of every start-up) is skipped; AEPAR_MPI=1 forces MPI, AEPAR_MPI=0
+# forbids it.
+MPI_ENV = "AEPAR_MPI"
+LAUNCHER_HINTS = ("OMPI_COMM_WORLD_", "PMI_", "PMIX_", "MPI_LOCALNRANKS", "MPI_LOCALRANKID", "HYDRA_",
+                  "MV2_COMM_WORLD_", "SLURM_PROCID", "ALPS_APP_", "PALS_")
+
+
+def under_launcher(environ=None) -> bool:
+    """Whether this process was started by an MPI launcher (or ``AEPAR_MPI`` says so)."""
+    environ = os.environ if environ is None else environ
+    forced = environ.get(MPI_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    return any(name.startswith(LAUNCHER_HINTS) for name in environ)
+
+
+MPI = None
+if under_launcher():
+    try:  # the only import of mpi4py in aepar
+        from mpi4py import MPI
+    except ImportError:  # serial fallback: one process, same API
+        MPI = None
 
 _OPS = {}
 if MPI is not None:
