@@ -274,10 +274,9 @@ def stop_reason(record: dict, *, epochs: int, budget=None, rule=None, patience=N
     return None
 
 
-def _host_state(be, member) -> dict:
-    return {"params": {k: be.to_host(v) for k, v in member.model.params.items()},
-            "opt": {k: be.to_host(v) for k, v in member.optimizer.state().items()},
-            "record": member.record}
+def _host_state(member) -> dict:
+    """What rank 0 keeps of a member: its model's state (``params/...``, ``opt/...``) and record."""
+    return {"state": member.model.state(), "record": member.record}
 
 
 def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, saved=None, outer=None,
@@ -313,8 +312,7 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
         member = Member(name, model, Adam(be, model.params, lr=args.lr), new_record())
         model.optimizer = member.optimizer
         if saved and name in saved:
-            model.load_state({**{f"params/{k}": v for k, v in saved[name]["params"].items()},
-                              **{f"opt/{k}": v for k, v in saved[name]["opt"].items()}})
+            model.load_state(saved[name]["state"])
             member.record = saved[name]["record"]
         members[m] = member
     train = Shard.of(be, split.train_x, count, sub.rank, sub.size)
@@ -347,7 +345,7 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
                 mb.record["epochs"].append({"epoch": epoch + 1, "train_loss": result.means[0], "val_loss": val_loss,
                                             "seconds": seconds, "cum_seconds": cum})
                 mb.record["stopped"] = stop_reason(mb.record, **rules)
-                out[mb.name] = _host_state(be, mb)
+                out[mb.name] = _host_state(mb)
             merged, summed, failed = ens.collect(out, guard.flags(), failed)
             if failed:
                 err = Diverged(failed)
@@ -375,7 +373,7 @@ def _snapshot(run, name, state, args):
 
     epoch = len(state["record"]["epochs"])
     with run.output(snapshot_name(name, epoch)) as path:
-        checkpoint.save(path, scheme=SCHEME, params=state["params"], epoch=epoch,
+        checkpoint.save(path, scheme=SCHEME, params=_part(state["state"], "params/"), epoch=epoch,
                         config={"model": name, "record": state["record"]["epochs"][-1], "lr": args.lr})
 
 
@@ -383,16 +381,26 @@ def snapshot_name(name: str, epoch: int) -> str:
     return f"{name}_epoch{epoch:03d}.h5"
 
 
+def _part(state: dict, prefix: str) -> dict:
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def _flat_states(states) -> tuple:
+    """(params, opt_state, progress) of a checkpoint holding ``states`` (name -> host state)."""
+    params, opt, records = {}, {}, {}
+    for name, s in (states or {}).items():
+        params.update({f"{name}/{k}": v for k, v in s["state"].items() if k.startswith("params/")})
+        opt.update({f"{name}/{k}": v for k, v in s["state"].items() if k.startswith("opt/")})
+        records[name] = s["record"]
+    return params, opt, {"records": records}
+
+
 def _save(ckpt, latest, outer, label, why):
     """The run's checkpoint: every member's latest state (rank 0's), plus ``outer()``."""
     params, opt, prog = outer() if outer is not None else ({}, {}, {})
-    params, opt = dict(params), dict(opt)
-    records = {}
-    for name, s in (latest or {}).items():
-        params.update({f"{name}/{k}": v for k, v in s["params"].items()})
-        opt.update({f"{name}/{k}": v for k, v in s["opt"].items()})
-        records[name] = s["record"]
-    ckpt.save(params, opt, dict(prog, records=dict(prog.get("records", {}), **records)), label, why)
+    mine = _flat_states(latest)
+    ckpt.save({**params, **mine[0]}, {**opt, **mine[1]},
+              dict(prog, records={**prog.get("records", {}), **mine[2]["records"]}), label, why)
 
 
 def saved_states(resume) -> dict:
@@ -400,12 +408,9 @@ def saved_states(resume) -> dict:
     if resume is None:
         return {}
     params, opt, prog = resume
-    out = {}
-    for name, record in prog.get("records", {}).items():
-        pre = f"{name}/"
-        out[name] = {"params": {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)},
-                     "opt": {k[len(pre):]: v for k, v in opt.items() if k.startswith(pre)}, "record": record}
-    return out
+    both = {**params, **opt}
+    return {name: {"state": _part(both, f"{name}/"), "record": record}
+            for name, record in prog.get("records", {}).items()}
 
 
 # ---- combination ------------------------------------------------------------------------------
@@ -420,12 +425,18 @@ def pick_epoch(record: dict, args) -> int:
     return len(ep)
 
 
-def _load_snapshot(run, comm, name, epoch):
-    """A snapshot's parameters on every rank (read on rank 0)."""
+def load_snapshot(model, run, name, epoch, comm=None):
+    """Give ``model`` the weights of its snapshot after ``epoch`` (read on rank 0, sent to
+    every rank of ``comm``; None: rank 0 alone). Returns the model."""
     from aepar import checkpoint
 
-    params = checkpoint.load(run.written(snapshot_name(name, epoch)), scheme=SCHEME).params if comm.is_root else None
-    return comm.bcast_obj(params)
+    params = None
+    if comm is None or comm.is_root:
+        params = checkpoint.load(run.written(snapshot_name(name, epoch)), scheme=SCHEME).params
+    if comm is not None:
+        params = comm.bcast_obj(params)
+    model.load_state({f"params/{k}": v for k, v in params.items()})
+    return model
 
 
 def _codes(be, model, x):
@@ -575,22 +586,11 @@ def main(argv, comm):
     say(f"{PROG}: wrote {run.path}")
 
 
-def _flat_states(states) -> tuple:
-    params, opt, records = {}, {}, {}
-    for name, s in (states or {}).items():
-        params.update({f"{name}/{k}": v for k, v in s["params"].items()})
-        opt.update({f"{name}/{k}": v for k, v in s["opt"].items()})
-        records[name] = s["record"]
-    return params, opt, {"records": records}
-
-
 def _picked_models(be, comm, run, states, names, args, make, pick):
     models = {}
     for name in names:
         epoch = pick(states[name]["record"])
-        _, model = make(name)
-        model.load_state({f"params/{k}": v for k, v in _load_snapshot(run, comm, name, epoch).items()})
-        models[name] = (model, epoch)
+        models[name] = (load_snapshot(make(name)[1], run, name, epoch, comm), epoch)
     return models
 
 
@@ -659,10 +659,7 @@ def _write(run, summary, args, split, be, cae, mono, say):
     for name in ["model0"] + ([MONO] if MONO in summary["records"] else []):
         last = len(summary["records"][name]["epochs"])
         for epoch in sorted({1, min(10, last), last}):
-            from aepar import checkpoint
-            _, model = (mono(0) if name == MONO else cae(0))
-            params = checkpoint.load(run.written(snapshot_name(name, epoch)), scheme=SCHEME).params
-            model.load_state({f"params/{k}": v for k, v in params.items()})
+            model = load_snapshot((mono(0) if name == MONO else cae(0))[1], run, name, epoch)
             rows.append((f"{name} epoch {epoch}", be.to_host(model.reconstruct(be.asarray(shown)))))
     with run.output("reconstructions.png") as path:
         report.reconstructions_png(shown, rows, split.shape, path)
