@@ -343,10 +343,17 @@ def world() -> Comm:
 
 
 def library() -> str:
-    """The MPI library in one line, for benchmark rows."""
-    if MPI is None:
-        return "none (serial)"
-    return MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
+    """The MPI library in one line, for benchmark rows: the one in use, or in a single
+    process the one a launcher would use (MPI_Get_library_version needs no MPI_Init)."""
+    mpi = MPI
+    if mpi is None:
+        try:
+            import mpi4py
+            mpi4py.rc.initialize = mpi4py.rc.finalize = False  # this process stays serial
+            from mpi4py import MPI as mpi
+        except ImportError:
+            return "none (serial)"
+    return mpi.Get_library_version().splitlines()[0].split(",")[0].strip()
 
 
 _EARLY = []  # stop signals that came before the run's Guard existed

@@ -116,6 +116,11 @@ def simulate_grid(st, ranks=(1, 2, 3, 4, 5, 6, 8, 16), alpha=5e-6, beta=5e9) -> 
 
 
 def write_csv(rows, path):
+    """Rows to ``path``, each with the machine columns (a row's own values win)."""
+    from aepar.machine import describe
+
+    machine = describe()
+    rows = [{**r, **{k: v for k, v in machine.items() if k not in r}} for r in rows]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:

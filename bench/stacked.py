@@ -77,6 +77,9 @@ def machine_columns() -> dict:
 
 
 def _write_csv(path, rows):
+    """Rows to ``path``, each with the machine columns (a row's own values win)."""
+    machine = machine_columns()
+    rows = [{**r, **{k: v for k, v in machine.items() if k not in r}} for r in rows]
     path.parent.mkdir(parents=True, exist_ok=True)
     keys = []
     for r in rows:
