@@ -53,11 +53,11 @@ test-gpu: venv  ## the CuPy kernel tests only (needs a GPU and `pip install .[gp
 test-cluster: venv  ## the job scripts as submitted to a private 4-node SLURM and a Grid Engine (root)
 	@rc=0; bash tests/cluster/test_slurm.sh || rc=1; bash tests/cluster/test_sge.sh || rc=1; exit $$rc
 
-bench: venv bench-peers  ## quick scaling grid, textbook and PyTorch peers -> bench/results/
-	$(BIN)/python -m bench.run --quick
+bench: venv bench-peers  ## quick scaling grid, textbook and PyTorch peers -> runs/bench/<date-time>/ (PUBLISH=1: bench/results/)
+	$(BIN)/python -m bench.run --quick $(if $(PUBLISH),--publish)
 
 bench-full: venv bench-peers  ## the paper's full grids (hours on 2 cores)
-	$(BIN)/python -m bench.run --full
+	$(BIN)/python -m bench.run --full $(if $(PUBLISH),--publish)
 
 bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per scheme, large batches, batch sweep, speed-ups (~40 min)
 	$(BIN)/python -m bench.pretrain
@@ -65,6 +65,10 @@ bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per schem
 .PHONY: bench-cae-speed
 bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs PyTorch at 1 and 2 threads -> peers.csv, cae_speed.md (~1 min)
 	$(BIN)/python -m bench.cae_speed
+
+.PHONY: study-eager
+study-eager: venv  ## Bhargava & Surana's eager parallel CAEs: small regime 3 seeds + Fashion-MNIST 1 seed, 5 epochs classified after 1,2,3,5 -> eager_study.md (~35 min on 2 cores)
+	$(BIN)/python -m bench.eager --work runs/bench-eager --large-seeds 0 --large-epochs 5 --large-mono-epochs 5 --large-curve 1,2,3
 
 reliability: venv  ## every injected fault, bad file, impossible option and --out case run for real; counts -> bench/results/reliability.md (~20 min)
 	$(BIN)/python -m bench.reliability

@@ -12,6 +12,9 @@ Stages, each reported with its exit status:
 2. peers: ``python -m bench.textbook_sparse`` -> bench/results/peers.csv (aepar vs the
    textbook NumPy implementation at 10k patches, 400 iterations, 1 process).
 3. stacked: ``python -m bench.stacked --quick|--full`` when bench/stacked.py exists.
+
+Results go to a new directory runs/bench/<date-time>/ (the committed bench/results stay as
+they are); ``--publish`` writes them into bench/results instead, ``--results DIR`` anywhere.
 """
 from __future__ import annotations
 
@@ -104,11 +107,17 @@ def main(argv=None) -> int:
     size.add_argument("--grid", dest="grid", help="any grid name in bench/grid.json")
     p.add_argument("--skip", action="append", default=[], choices=["scaling", "peers", "stacked", "determinism"],
                    help="leave a stage out (repeatable)")
-    p.add_argument("--results", default=str(RESULTS), help="where the results go (default bench/results)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--results", default=None,
+                       help="where the results go (default: a new runs/bench/<date-time>/)")
+    where.add_argument("--publish", action="store_true",
+                       help="write into bench/results, replacing the committed figures")
     args = p.parse_args(argv)
     grid = args.grid or "quick"
     python = sys.executable
-    results = Path(args.results).resolve()
+    results = Path(RESULTS if args.publish else args.results or
+                   REPO / "runs" / "bench" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    print(f"== bench: results go to {results}", flush=True)
     results.mkdir(parents=True, exist_ok=True)
 
     status = {}
@@ -122,7 +131,7 @@ def main(argv=None) -> int:
         elif grid not in ("quick", "full"):
             print(f"== bench: stacked: has only --quick and --full, stage skipped for grid {grid!r}")
         else:
-            status["stacked"] = _stage("stacked", [python, "-m", "bench.stacked", f"--{grid}"])
+            status["stacked"] = _stage("stacked", [python, "-m", "bench.stacked", f"--{grid}", "--out", str(results)])
     if "determinism" not in args.skip:
         status["determinism"] = _stage("determinism (what rank-independent sums cost)",
                                        [python, "-m", "bench.determinism", "--out", str(results)])
