@@ -457,10 +457,14 @@ def standardized_codes(be, model, split) -> list:
     steps oscillated (measured on the embedded digits: 87.2% after 10 epochs for 5
     concatenated codes, swinging between 87% and 93% from one epoch to the next, against
     94.3% steady when standardized)."""
-    parts = [_codes(be, model, x).astype(np.float64) for x in (split.train_x, split.val_x, split.test_x)]
-    mean, std = parts[0].mean(axis=0), parts[0].std(axis=0)
+    parts = [_codes(be, model, x) for x in (split.train_x, split.val_x, split.test_x)]
+    mean = parts[0].mean(axis=0, dtype=np.float64)
+    std = np.sqrt(np.mean(np.square(parts[0] - mean.astype(parts[0].dtype), dtype=np.float64), axis=0))
     scale = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 0.0)
-    return [((p - mean) * scale).astype(be.dtype) for p in parts]
+    for p in parts:  # in place, in the run's dtype: the codes of 60k images are gigabytes
+        p -= mean.astype(p.dtype)
+        p *= scale.astype(p.dtype)
+    return parts
 
 
 def combine(be, comm, split, models: dict, args, *, quiet=False) -> dict:
@@ -600,12 +604,9 @@ def main(argv, comm):
     say(f"{PROG}: wrote {run.path}")
 
 
-def _picked_models(be, comm, run, states, names, args, make, pick):
-    models = {}
-    for name in names:
-        epoch = pick(states[name]["record"])
-        models[name] = (load_snapshot(make(name)[1], run, name, epoch, comm), epoch)
-    return models
+def _picked_models(comm, run, names, make, picks) -> dict:
+    """name -> its CAE with the weights of snapshot ``picks[name]``, on every rank."""
+    return {name: load_snapshot(make(name)[1], run, name, picks[name], comm) for name in names}
 
 
 def _evaluate(be, comm, run, split, args, states, groups, cae, mono, say) -> dict:
@@ -622,19 +623,25 @@ def _evaluate(be, comm, run, split, args, states, groups, cae, mono, say) -> dic
                          for m in models_of(g, args.models, groups)) for g in range(groups)]
         return max(per_group)
 
+    combined, alone = {}, {}  # classifiers already trained, by the snapshots they used
+
     def at(pick) -> dict:
-        chosen = _picked_models(be, comm, run, states, names, args, make, pick)
-        picks = {n: e for n, (_, e) in chosen.items()}
-        acc = combine(be, comm, split, {n: m for n, (m, _) in chosen.items()}, args, quiet=args.quiet)
+        picks = {n: pick(records[n]) for n in names}
+        key = tuple(picks[n] for n in names)
+        if key not in combined:  # past the parallel CAEs' last epoch the curve repeats them
+            chosen = _picked_models(comm, run, names, make, picks)
+            combined[key] = combine(be, comm, split, chosen, args, quiet=args.quiet)
+        acc = combined[key]
         train_s = effective(picks)
         row = {"picked_epochs": picks, "train_s": train_s, **acc,
                "effective_s": train_s + acc["combined"]["time_s"]}
         if MONO in records:
-            (m, e), = _picked_models(be, comm, run, states, [MONO], args, make,
-                                     lambda r: min(pick(r), len(r["epochs"]))).values()
-            macc = combine(be, comm, split, {MONO: m}, args, quiet=True)["combined"]
+            e = min(pick(records[MONO]), len(records[MONO]["epochs"]))
+            if e not in alone:
+                alone[e] = combine(be, comm, split, _picked_models(comm, run, [MONO], make, {MONO: e}), args,
+                                   quiet=True)["combined"]
             mono_s = records[MONO]["epochs"][e - 1]["cum_seconds"]
-            row[MONO] = {"epoch": e, **macc, "train_s": mono_s, "effective_s": mono_s + macc["time_s"]}
+            row[MONO] = {"epoch": e, **alone[e], "train_s": mono_s, "effective_s": mono_s + alone[e]["time_s"]}
         return row
 
     say(f"{PROG}: combining")
