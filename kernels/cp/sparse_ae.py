@@ -17,6 +17,7 @@ import numpy as np
 from ..ref import sparse_ae as _ref
 from ..ref.sparse_ae import (leaf_rows, sparse_ae_layout, sparse_ae_partials_size, sparse_ae_theta_layout,
                              sparse_ae_theta_size)
+from .sparsity import kl_sparsity_backward
 
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
            "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_partials",
@@ -112,7 +113,7 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
     else:
         rho, beta = kl
         rho_hat = P["act"].astype(cp.float64) / m
-        k = (beta * (-rho / rho_hat + (1.0 - rho) / (1.0 - rho_hat))).astype(e.dtype)
+        k = kl_sparsity_backward(rho_hat, rho, beta).astype(e.dtype)
         _hidden_delta_folded(k, a2, e)                 # e is now δ2
         cp.matmul(x.T, e, out=ws.t_vh)
         P["w1"][:, :h] = ws.t_vh

@@ -1,9 +1,40 @@
-"""CPU kernels compiled with Numba (@njit, cache=True); BLAS for the matrix products."""
-from .activation import *  # noqa: F401,F403
-from .conv import *  # noqa: F401,F403
-from .dense import *  # noqa: F401,F403
-from .loss import *  # noqa: F401,F403
-from .rbm import *  # noqa: F401,F403
-from .sparsity import *  # noqa: F401,F403
-from .sparse_ae import *  # noqa: F401,F403
-from .update import *  # noqa: F401,F403
+"""CPU kernels compiled with Numba (@njit, cache=True); BLAS for the matrix products.
+
+Numba checks a cached kernel against its own file's time stamp only, so a kernel that
+inlines a helper from another file (nbmath, simd, sparse_tiles) would load stale machine
+code after that helper changed. The kernels are therefore cached in a directory named
+after a hash of every source file here: any change starts a fresh cache. The directory
+lies under NUMBA_CACHE_DIR when the user set one, else in this package's __pycache__
+(Numba falls back to its user-wide cache when that is not writable).
+"""
+import hashlib
+import os
+from pathlib import Path
+
+from numba.core import config as _numba_config
+
+
+def _keyed_cache_dir() -> str:
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(here.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    base = os.environ.get("NUMBA_CACHE_DIR") or str(here / "__pycache__")
+    return os.path.join(base, "aepar-kernels-" + digest.hexdigest()[:16])
+
+
+# Numba picks a function's cache directory when it is decorated: set it for these
+# modules only and give the user's setting back afterwards.
+_user_cache_dir = _numba_config.CACHE_DIR
+_numba_config.CACHE_DIR = _keyed_cache_dir()
+try:
+    from .activation import *  # noqa: F401,F403,E402
+    from .conv import *  # noqa: F401,F403,E402
+    from .dense import *  # noqa: F401,F403,E402
+    from .loss import *  # noqa: F401,F403,E402
+    from .rbm import *  # noqa: F401,F403,E402
+    from .sparsity import *  # noqa: F401,F403,E402
+    from .sparse_ae import *  # noqa: F401,F403,E402
+    from .update import *  # noqa: F401,F403,E402
+finally:
+    _numba_config.CACHE_DIR = _user_cache_dir

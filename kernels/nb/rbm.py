@@ -29,12 +29,11 @@ import math
 import threading
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic, overload
+from numba import njit
 
 from ..ref.rbm import cd_update_via, check_cd, check_rbm
 from .blas import gemm
+from .nbmath import sig as _sig
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_update"]
 
@@ -298,93 +297,3 @@ def _bias_step(b, vel, g, lr, momentum):
         v = momentum * vel[i] - lr * g[i]
         vel[i] = v
         b[i] += v
-
-
-# ---- a sigmoid that vectorises ---------------------------------------------------------
-
-@intrinsic
-def _bits_to_f64(typingctx, i):
-    """Reinterpret int64 bits as a float64 (builds 2**n without a libm call)."""
-    sig = types.float64(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-    return sig, codegen
-
-
-_LOG2E = 1.4426950408889634
-_LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10   # Cody-Waite split
-_C = tuple(1.0 / math.factorial(k) for k in range(14))   # |r| <= ln2/2: error < 1e-17
-
-
-@njit(inline="always", fastmath={"contract"})
-def _sigmoid(z):
-    """1 / (1 + exp(-z)) in float64 to ~1.5 ulp: exp(-|z|) = 2**n * exp(r), r by Cody-Waite,
-    exp(r) by its degree-13 Taylor polynomial; no branches, so loops over it vectorise."""
-    x = -min(abs(z), 708.0)           # exp(-708) is still a normal double
-    n = math.floor(x * _LOG2E + 0.5)
-    r = (x - n * _LN2_HI) - n * _LN2_LO
-    p = _C[13]
-    p = p * r + _C[12]
-    p = p * r + _C[11]
-    p = p * r + _C[10]
-    p = p * r + _C[9]
-    p = p * r + _C[8]
-    p = p * r + _C[7]
-    p = p * r + _C[6]
-    p = p * r + _C[5]
-    p = p * r + _C[4]
-    p = p * r + _C[3]
-    p = p * r + _C[2]
-    p = p * r + _C[1]
-    p = p * r + _C[0]
-    e = p * _bits_to_f64((np.int64(n) + 1023) << 52)
-    return (1.0 if z >= 0 else e) / (1.0 + e)
-
-
-@intrinsic
-def _bits_to_f32(typingctx, i):
-    """Reinterpret int32 bits as a float32."""
-    sig = types.float32(types.int32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-    return sig, codegen
-
-
-_F = np.float32
-_LOG2E_F = _F(_LOG2E)
-_LN2_HI_F, _LN2_LO_F = _F(0.693359375), _F(-2.12194440e-4)       # Cody-Waite split in float32
-# exp(r) = 1 + r + r^2 P(r) on |r| <= ln2/2 (Cephes expf's minimax polynomial, ~1 ulp)
-_P_F = tuple(_F(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-                              1.6666665459e-1, 5.0000001201e-1))
-
-
-@njit(inline="always", fastmath={"contract"}, error_model="numpy")
-def _sigmoid_f32(z):
-    """1 / (1 + exp(-z)) in float32 arithmetic to ~2.5 ulp (twice the lanes of the float64
-    one, half its polynomial). |z| is capped at 72: exp(-72) < 2**-100 is flushed anyway,
-    so 2**n stays a normal float32."""
-    x = -min(abs(z), _F(72.0))
-    n = math.floor(x * _LOG2E_F + _F(0.5))
-    nf = _F(n)
-    r = (x - nf * _LN2_HI_F) - nf * _LN2_LO_F
-    p = _P_F[0]
-    p = p * r + _P_F[1]
-    p = p * r + _P_F[2]
-    p = p * r + _P_F[3]
-    p = p * r + _P_F[4]
-    p = p * r + _P_F[5]
-    e = (p * (r * r) + r + _F(1.0)) * _bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
-    return (_F(1.0) if z >= 0 else e) / (_F(1.0) + e)
-
-
-def _sig(z):
-    """Sigmoid in the precision of ``z``: float32 arithmetic for float32, else float64."""
-
-
-@overload(_sig, inline="always")
-def _sig_impl(z):
-    if z == types.float32:
-        return lambda z: _sigmoid_f32(z)
-    return lambda z: _sigmoid(np.float64(z))

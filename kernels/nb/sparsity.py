@@ -12,8 +12,9 @@ __all__ = ["kl_sparsity_forward", "kl_sparsity_backward", "weight_decay_forward"
 
 
 # rho_hat has one entry per hidden unit (tens to a thousand): serial loops, no threads
+# kl_sum and kl_grad_into are also called from the sparse autoencoder's kernels
 @njit(cache=True, nogil=True)
-def _kl(rho_hat, rho, beta):
+def kl_sum(rho_hat, rho, beta):
     s = 0.0
     for j in range(rho_hat.size):
         r = np.float64(rho_hat[j])
@@ -22,7 +23,7 @@ def _kl(rho_hat, rho, beta):
 
 
 @njit(cache=True, nogil=True)
-def _kl_grad(rho_hat, rho, beta, out):
+def kl_grad_into(rho_hat, rho, beta, out):
     for j in range(rho_hat.size):
         r = rho_hat[j]
         out[j] = beta * (-rho / r + (1.0 - rho) / (1.0 - r))
@@ -45,13 +46,13 @@ def _axpy(lam, w, dw):
 
 def kl_sparsity_forward(rho_hat, rho, beta):
     """beta * sum_j KL(rho || rho_hat_j) as a Python float."""
-    return float(_kl(_flat(rho_hat), float(rho), float(beta)))
+    return float(kl_sum(_flat(rho_hat), float(rho), float(beta)))
 
 
 def kl_sparsity_backward(rho_hat, rho, beta):
     """beta * (-rho/rho_hat + (1-rho)/(1-rho_hat)), a new array of rho_hat's dtype."""
     out = np.empty(rho_hat.shape, dtype=rho_hat.dtype)
-    _kl_grad(_flat(rho_hat), float(rho), float(beta), out.reshape(-1))
+    kl_grad_into(_flat(rho_hat), float(rho), float(beta), out.reshape(-1))
     return out
 
 

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .sparsity import kl_sparsity_backward, kl_sparsity_forward
+
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
            "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_partials",
            "sparse_ae_assemble"]
@@ -90,11 +92,6 @@ def _sigmoid(z):
     return 1.0 / (1.0 + np.exp(-z))
 
 
-def _kl_gradient(rho_hat, rho, beta):
-    """k = d/dρ̂ of β Σ KL(ρ‖ρ̂): the per-unit term added to δ2 (before ⊙ s)."""
-    return beta * (-rho / rho_hat + (1.0 - rho) / (1.0 - rho_hat))
-
-
 def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
     """Fill ``out`` (packed, module docstring) with this shard's sums; returns ``out``.
 
@@ -131,7 +128,8 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
         P["b1"][h:] = s.sum(axis=0)
     else:
         rho, beta = kl
-        k = _kl_gradient(a2.sum(axis=0, dtype=np.float64) / x.shape[0], rho, beta)
+        # k = d/dρ̂ of β Σ KL(ρ‖ρ̂): the per-unit term added to δ2 (before ⊙ s)
+        k = kl_sparsity_backward(a2.sum(axis=0, dtype=np.float64) / x.shape[0], rho, beta)
         d2 = (e + k.astype(e.dtype)) * s
         P["w1"][:, :h] = x.T @ d2
         P["w1"][:, h:] = 0
@@ -178,9 +176,9 @@ def sparse_ae_assemble(partials, W1, W2, m, rho, beta, lam, grad=None):
         grad = np.empty(sparse_ae_theta_size(v, h))
     G = _views(grad, sparse_ae_theta_layout(v, h))
     rho_hat = P["act"] / m
-    k = _kl_gradient(rho_hat, rho, beta)
-    kl = np.sum(rho * np.log(rho / rho_hat) + (1 - rho) * np.log((1 - rho) / (1 - rho_hat)))
-    cost = P["err"][0] / (2 * m) + 0.5 * lam * (np.sum(W1 * W1) + np.sum(W2 * W2)) + beta * kl
+    k = kl_sparsity_backward(rho_hat, rho, beta)
+    cost = (P["err"][0] / (2 * m) + 0.5 * lam * (np.sum(W1 * W1) + np.sum(W2 * W2))
+            + kl_sparsity_forward(rho_hat, rho, beta))
     G["W1"][...] = (P["w1"][:, :h] + P["w1"][:, h:] * k) / m + lam * W1
     G["W2"][...] = P["w2"] / m + lam * W2
     G["b1"][...] = (P["b1"][:h] + k * P["b1"][h:]) / m

@@ -1,0 +1,108 @@
+"""Scalar math the Numba kernels share: sigmoids that vectorise, and bit casts.
+
+libm's exp is scalar (a call per element: 2.5x slower than these in the RBM passes, as
+slow as all five products of the sparse autoencoder together), so exp is built here from
+a polynomial and 2^n written into the exponent bits. Loops over these functions
+vectorise when compiled with ``error_model="numpy"`` (Python's error model tests each
+division for zero, a branch that kept LLVM's loops scalar) and ``fastmath={"contract"}``
+(FMAs, no reassociation, so the rounding trick below survives).
+
+Kernels in other files inline these: the package keys Numba's cache on a hash of every
+file here (kernels/nb/__init__.py), so a change in this file recompiles them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, overload
+
+__all__ = ["sigmoid64", "sigmoid32", "sig", "bits_as_f64", "bits_as_f32"]
+
+
+@intrinsic
+def bits_as_f64(typingctx, bits):
+    """Reinterpret an int64 as the float64 with the same bits (builds 2^n without libm);
+    other integers are converted to int64 first."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
+@intrinsic
+def bits_as_f32(typingctx, bits):
+    """Reinterpret an int32 as the float32 with the same bits (Numba's integer arithmetic
+    gives int64: converted to int32 first)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+LOG2E = 1.4426950408889634
+SHIFTER = 6755399441055744.0  # 1.5 * 2**52: adding it rounds to an integer in the low bits
+LN2_HI = 6.93147180369123816490e-01  # fdlibm's split of ln 2: n * LN2_HI is exact
+LN2_LO = 1.90821492927058770002e-10
+# Padé [6/6] of exp: exp(r) ~ P(r)/P(-r), P(r) = E(r²) + r O(r²); relative error < 1e-18
+# for |r| <= ln2/2
+C1, C2, C3, C4, C5, C6 = 1 / 2, 5 / 44, 1 / 66, 1 / 792, 1 / 15840, 1 / 665280
+
+_JIT = dict(inline="always", error_model="numpy", fastmath={"contract"})
+
+
+@njit(**_JIT)
+def sigmoid64(z):
+    """1 / (1 + exp(-z)) in float64 to ~2 ulp, branch-free: exp(-z) = 2^n P(r)/P(-r), and
+    then σ = P(-r) / (P(-r) + 2^n P(r)) costs a single division. |z| is clamped at 708
+    (σ is then 1 or below 1e-307 anyway)."""
+    t = min(max(-z, -708.0), 708.0)
+    n = (t * LOG2E + SHIFTER) - SHIFTER
+    r = (t - n * LN2_HI) - n * LN2_LO
+    s = r * r
+    even = ((C6 * s + C4) * s + C2) * s + 1.0
+    odd = ((C5 * s + C3) * s + C1) * r
+    den = even - odd
+    return den / (den + (even + odd) * bits_as_f64((np.int64(n) + 1023) << 52))
+
+
+_F = np.float32
+_LOG2E_F = _F(LOG2E)
+_LN2_HI_F, _LN2_LO_F = _F(0.693359375), _F(-2.12194440e-4)       # Cody-Waite split in float32
+# exp(r) = 1 + r + r^2 P(r) on |r| <= ln2/2 (Cephes expf's minimax polynomial, ~1 ulp)
+_P_F = tuple(_F(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                              1.6666665459e-1, 5.0000001201e-1))
+
+
+@njit(**_JIT)
+def sigmoid32(z):
+    """1 / (1 + exp(-z)) in float32 arithmetic to ~2.5 ulp (twice the lanes of the float64
+    one, half its polynomial). |z| is capped at 72: exp(-72) < 2**-100 is flushed anyway,
+    so 2^n stays a normal float32."""
+    x = -min(abs(z), _F(72.0))
+    n = math.floor(x * _LOG2E_F + _F(0.5))
+    nf = _F(n)
+    r = (x - nf * _LN2_HI_F) - nf * _LN2_LO_F
+    p = _P_F[0]
+    p = p * r + _P_F[1]
+    p = p * r + _P_F[2]
+    p = p * r + _P_F[3]
+    p = p * r + _P_F[4]
+    p = p * r + _P_F[5]
+    e = (p * (r * r) + r + _F(1.0)) * bits_as_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+    return (_F(1.0) if z >= 0 else e) / (_F(1.0) + e)
+
+
+def sig(z):
+    """Sigmoid in the precision of ``z``: float32 arithmetic for float32, else float64."""
+
+
+@overload(sig, inline="always")
+def _sig_impl(z):
+    if z == types.float32:
+        return lambda z: sigmoid32(z)
+    return lambda z: sigmoid64(np.float64(z))

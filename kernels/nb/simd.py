@@ -1,0 +1,323 @@
+"""Explicit 8-lane float64 vectors for Numba kernels: a type and its intrinsics.
+
+Numba has no vector type, so :data:`f64x8` is a Numba type whose LLVM value is
+<8 x double> (one AVX-512 register; LLVM splits it in two on AVX2), used through the
+intrinsics below. Kernels written with them keep their register tiles in registers,
+which auto-vectorised loops do not; the tile shapes that fit each CPU's registers are
+chosen in :mod:`.sparse_tiles`. Loads and stores take raw pointers (:func:`dptr`) as well
+as flat arrays, because Numba's reference counting of array arguments (atomic) cost more
+than a small tile.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from llvmlite.binding import llvm_version_info
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+from .nbmath import C1, C2, C3, C4, C5, C6, LN2_HI, LN2_LO, LOG2E, SHIFTER
+
+__all__ = ["LANES", "f64x8", "dptr", "vload", "vstore", "vbcast", "prefetch", "vsplat", "vfma", "vfnma",
+           "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vpow2n", "vsigmoid", "vsigmoid_array",
+           "store_transposed", "zeros_aligned", "JIT"]
+
+# error_model="numpy": no ZeroDivisionError branch, which would stop LLVM from
+# vectorising; "contract" lets it use FMAs (no reassociation, so rounding tricks survive).
+JIT = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
+
+LANES = 8
+
+
+class _F64x8(types.Type):
+    def __init__(self):
+        super().__init__(name="f64x8")
+
+
+f64x8 = _F64x8()
+_VEC = ir.VectorType(ir.DoubleType(), LANES)
+_IVEC = ir.VectorType(ir.IntType(64), LANES)
+
+
+@register_model(_F64x8)
+class _F64x8Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VEC)
+
+
+def _flat_f64(a):
+    """A flat C-contiguous float64 array, or a raw float64 pointer (see :func:`dptr`)."""
+    if isinstance(a, types.CPointer):
+        return a.dtype == types.float64
+    return isinstance(a, types.Array) and a.dtype == types.float64 and a.ndim == 1 and a.layout == "C"
+
+
+def _data(context, builder, ty, val):
+    """The float64* behind an array or pointer argument."""
+    if isinstance(ty, types.CPointer):
+        return val
+    return context.make_array(ty)(context, builder, value=val).data
+
+
+def _vec_ptr(context, builder, arrty, arr, idx, idxty):
+    data = _data(context, builder, arrty, arr)
+    idx = context.cast(builder, idx, idxty, types.intp)
+    return builder.bitcast(builder.gep(data, [idx]), _VEC.as_pointer())
+
+
+@intrinsic
+def dptr(typingctx, a):
+    """The data pointer of a flat float64 array. Kernels take pointers, not arrays: an
+    array argument costs atomic reference-count updates on every call where Numba
+    cannot prove them redundant, which cost more than a small tile's arithmetic."""
+    if not (isinstance(a, types.Array) and a.dtype == types.float64 and a.ndim == 1 and a.layout == "C"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return context.make_array(sig.args[0])(context, builder, value=args[0]).data
+
+    return types.CPointer(types.float64)(a), codegen
+
+
+def _splat_ir(builder, x):
+    v = builder.insert_element(ir.Constant(_VEC, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(v, ir.Constant(_VEC, ir.Undefined),
+                                  ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+
+
+@intrinsic
+def vload(typingctx, a, i):
+    """a[i:i + 8] of a flat float64 array (no bounds check, any alignment)."""
+    if not (_flat_f64(a) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_vec_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), align=8)
+
+    return f64x8(a, i), codegen
+
+
+@intrinsic
+def vstore(typingctx, a, i, v):
+    """a[i:i + 8] = v."""
+    if not (_flat_f64(a) and isinstance(i, types.Integer) and v == f64x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _vec_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]),
+                      align=8)
+        return context.get_dummy_value()
+
+    return types.none(a, i, v), codegen
+
+
+@intrinsic
+def vbcast(typingctx, a, i):
+    """a[i] in every lane (a plain load: no negative-index wraparound code)."""
+    if not (_flat_f64(a) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = _data(context, builder, sig.args[0], args[0])
+        idx = context.cast(builder, args[1], sig.args[1], types.intp)
+        return _splat_ir(builder, builder.load(builder.gep(data, [idx])))
+
+    return f64x8(a, i), codegen
+
+
+# llvm.prefetch is overloaded on the pointer type: "p0" with opaque pointers (LLVM >= 15)
+_PREFETCH = "llvm.prefetch.p0" if llvm_version_info >= (15,) else "llvm.prefetch.p0i8"
+
+
+@intrinsic
+def prefetch(typingctx, a, i):
+    """Ask for the cache line holding a[i] (a hint: never faults, even past the end)."""
+    if not (_flat_f64(a) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = _data(context, builder, sig.args[0], args[0])
+        idx = context.cast(builder, args[1], sig.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(data, [idx]), ir.PointerType(ir.IntType(8)))
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]), _PREFETCH)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(a, i), codegen
+
+
+@intrinsic
+def vsplat(typingctx, x):
+    """x in every lane."""
+    if not isinstance(x, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _splat_ir(builder, context.cast(builder, args[0], sig.args[0], types.float64))
+
+    return f64x8(x), codegen
+
+
+@intrinsic
+def vfma(typingctx, a, b, c):
+    """a * b + c, rounded once."""
+    if not (a == b == c == f64x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
+                                             "llvm.fma.v8f64")
+        return builder.call(fma, args)
+
+    return f64x8(a, b, c), codegen
+
+
+def _binary(op):
+    @intrinsic
+    def _op(typingctx, a, b):
+        if not (a == b == f64x8):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
+
+        return f64x8(a, b), codegen
+
+    return _op
+
+
+vadd, vsub, vmul, vdiv = (_binary(op) for op in ("fadd", "fsub", "fmul", "fdiv"))
+
+
+@intrinsic
+def vclamp(typingctx, a, lo, hi):
+    """min(max(a, lo), hi) per lane; NaN stays NaN."""
+    if not (a == f64x8 and isinstance(lo, types.Float) and isinstance(hi, types.Float)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a, lo, hi = args[0], _splat_ir(builder, args[1]), _splat_ir(builder, args[2])
+        a = builder.select(builder.fcmp_ordered("<", a, lo), lo, a)
+        return builder.select(builder.fcmp_ordered(">", a, hi), hi, a)
+
+    return f64x8(a, lo, hi), codegen
+
+
+@intrinsic
+def vhsum(typingctx, v):
+    """Lane 0 + lane 1 + ... + lane 7, in that order (the same result every call)."""
+    if v != f64x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        s = builder.extract_element(args[0], ir.Constant(ir.IntType(32), 0))
+        for i in range(1, LANES):
+            s = builder.fadd(s, builder.extract_element(args[0], ir.Constant(ir.IntType(32), i)))
+        return s
+
+    return types.float64(v), codegen
+
+
+@intrinsic
+def vpow2n(typingctx, kd):
+    """2^n for kd = n + 1023 + 1.5·2^52 (n + 1023 sits in kd's low mantissa bits: the
+    shift moves it into the exponent field and drops the rest)."""
+    if kd != f64x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        bits = builder.shl(builder.bitcast(args[0], _IVEC), ir.Constant(_IVEC, [52] * LANES))
+        return builder.bitcast(bits, _VEC)
+
+    return f64x8(kd), codegen
+
+
+@intrinsic
+def vfnma(typingctx, a, b, c):
+    """c − a·b, rounded once."""
+    if not (a == b == c == f64x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
+                                             "llvm.fma.v8f64")
+        return builder.call(fma, [builder.fneg(args[0]), args[1], args[2]])
+
+    return f64x8(a, b, c), codegen
+
+
+@njit(**JIT, inline="always")
+def vsigmoid(z):
+    """:func:`.nbmath.sigmoid64` on 8 lanes in two instructions fewer: with u = clamp(z) and
+    r = u + n ln2 = −(−u − n ln2), P(∓r) swap, so −z is never formed; the shifter carries
+    the exponent bias, so 2^n is one shift. (Results differ from the scalar one only
+    if u·log2 e is exactly halfway between integers: n is then rounded the other way.)"""
+    u = vclamp(z, -708.0, 708.0)
+    kd = vfma(u, vsplat(-LOG2E), vsplat(SHIFTER + 1023.0))
+    n = vsub(kd, vsplat(SHIFTER + 1023.0))
+    r = vfma(n, vsplat(LN2_LO), vfma(n, vsplat(LN2_HI), u))
+    s = vmul(r, r)
+    even = vfma(vfma(vfma(vsplat(C6), s, vsplat(C4)), s, vsplat(C2)), s, vsplat(1.0))
+    odd = vmul(vfma(vfma(vsplat(C5), s, vsplat(C3)), s, vsplat(C1)), r)
+    den = vadd(even, odd)
+    return vdiv(den, vfma(vsub(even, odd), vpow2n(kd), den))
+
+
+@njit(**JIT)
+def vsigmoid_array(z, out):
+    """out = σ(z) through the 8-lane kernel (z.size a multiple of 8; for tests)."""
+    for i in range(0, z.size, LANES):
+        vstore(out, i, vsigmoid(vload(z, i)))
+
+
+def _transpose_ir(builder, rows):
+    """The 8×8 transpose of 8 <8 x double> values (24 shuffles): out[c][r] = rows[r][c]."""
+    def shuf(a, b, mask):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), LANES), mask))
+
+    t = []
+    for r in range(0, LANES, 2):
+        t += [shuf(rows[r], rows[r + 1], [0, 8, 2, 10, 4, 12, 6, 14]),
+              shuf(rows[r], rows[r + 1], [1, 9, 3, 11, 5, 13, 7, 15])]
+    u = [None] * LANES
+    for g in (0, 4):
+        for k, (x, y) in enumerate(((0, 2), (1, 3))):
+            u[g + k] = shuf(t[g + x], t[g + y], [0, 1, 8, 9, 4, 5, 12, 13])
+            u[g + k + 2] = shuf(t[g + x], t[g + y], [2, 3, 10, 11, 6, 7, 14, 15])
+    out = [None] * LANES
+    for c in range(4):
+        out[c] = shuf(u[c], u[c + 4], [0, 1, 2, 3, 8, 9, 10, 11])
+        out[c + 4] = shuf(u[c], u[c + 4], [4, 5, 6, 7, 12, 13, 14, 15])
+    return out
+
+
+@intrinsic
+def store_transposed(typingctx, dst, do, dld, v0, v1, v2, v3, v4, v5, v6, v7):
+    """dst[do + c·dld + r] = v_r[c] for r, c < 8: 8 vectors stored as the columns of a
+    block (one register transpose)."""
+    vs = (v0, v1, v2, v3, v4, v5, v6, v7)
+    if not (_flat_f64(dst) and isinstance(do, types.Integer) and isinstance(dld, types.Integer)
+            and all(v == f64x8 for v in vs)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = _data(context, builder, sig.args[0], args[0])
+        do = context.cast(builder, args[1], sig.args[1], types.intp)
+        dld = context.cast(builder, args[2], sig.args[2], types.intp)
+        for c, col in enumerate(_transpose_ir(builder, list(args[3:]))):
+            off = builder.add(do, builder.mul(dld, ir.Constant(ir.IntType(64), c)))
+            builder.store(col, builder.bitcast(builder.gep(data, [off]), _VEC.as_pointer()), align=8)
+        return context.get_dummy_value()
+
+    return types.none(dst, do, dld, *vs), codegen
+
+
+def zeros_aligned(n):
+    """Zeros whose data starts on a 64-byte boundary: a vector load that straddles two
+    cache lines costs two, which halved the speed of every tile."""
+    buf = np.zeros(n + LANES)
+    start = (-buf.ctypes.data % 64) // 8
+    return buf[start:start + n]

@@ -1,0 +1,219 @@
+"""Register-tile kernels of the float64 sparse autoencoder, generated for the target CPU.
+
+Each tile keeps its accumulators in named variables (so that they live in registers) and
+runs its layer's element-wise epilogue on them; the generators below write the source
+for one tile shape and :func:`_define` compiles it. A tile must fit the register file:
+32 vector registers with AVX-512, where an f64x8 is one register, and 16 with AVX2,
+where it is two. The shapes were timed per ISA and are chosen once, from the features
+Numba compiles for (which are part of Numba's cache key, so a cache built for one CPU is
+never loaded on the other):
+
+=========  ======================================  ================  ===============
+ISA        tile                                    AVX-512           AVX2
+=========  ======================================  ================  ===============
+PV         vectors per panel row (PW = 8 PV)       4 (32 samples)    2 (16 samples)
+RH         x W1, δ3 W2ᵀ: hidden units × PW         5                 2
+SB × TB    a2 W2: samples × vectors of units       8 × 2             8 × 1
+OJ × OV    weight gradients: units × vectors       5 × 4             2 × 2
+=========  ======================================  ================  ===============
+"""
+from __future__ import annotations
+
+from llvmlite import binding as ll
+from numba import njit
+from numba.core import config
+
+from .simd import (JIT, LANES, prefetch, store_transposed, vadd, vbcast, vfma, vfnma, vload,  # noqa: F401
+                   vmul, vsigmoid, vsplat, vstore, vsub)
+
+# CPUs LLVM knows by name whose default features include AVX-512F
+_AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
+                "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
+                "graniterapids", "znver4", "znver5", "x86-64-v4", "knl", "knm")
+
+
+def target_isa() -> str:
+    """"avx512" if the code Numba generates may use AVX-512 registers, else "avx2".
+
+    Numba compiles for NUMBA_CPU_NAME (default: this host) with NUMBA_CPU_FEATURES
+    (default: this host's features, even when NUMBA_CPU_NAME names another CPU: on an
+    AVX-512 host, NUMBA_CPU_NAME=haswell alone still emits AVX-512 code;
+    NUMBA_CPU_FEATURES=-avx512f is needed as well)."""
+    features = config.CPU_FEATURES
+    if features is None:
+        features = ll.get_host_cpu_features().flatten()
+    if "+avx512f" in features:
+        return "avx512"
+    if "-avx512f" in features:
+        return "avx2"
+    name = (config.CPU_NAME or ll.get_host_cpu_name()).lower()
+    return "avx512" if name in _AVX512_CPUS else "avx2"
+
+
+TILE_SHAPES = {"avx512": dict(PV=4, RH=5, SB=8, TB=2, OJ=5, OV=4),
+               "avx2": dict(PV=2, RH=2, SB=8, TB=1, OJ=2, OV=2)}
+ISA = target_isa()
+PV, RH, SB, TB, OJ, OV = (TILE_SHAPES[ISA][k] for k in ("PV", "RH", "SB", "TB", "OJ", "OV"))
+PW = LANES * PV            # samples per panel
+
+
+def _hidden_source(rows):
+    """x W1 for hidden units n0 .. n0 + rows of a panel, then the layer's epilogue:
+    z[zo + n·PW + lanes] = b1[n] + Σ_k w1[k·ldw + n] · x[xo + k·PW + lanes] (weights
+    broadcast, panel rows as vectors); for n < h, a2 = σ(z) in place and act[n] += a2 on
+    the valid lanes (mask at mo); padding units keep z (= 0). Iteration k also prefetches
+    two cache lines at pf[pfo + 16k] while k < npf."""
+    name = f"_hidden{rows}"
+    cols = range(PV)
+    src = [f"def {name}(w, ldw, n0, bias, x, xo, K, z, zo, pf, pfo, npf, h, act, mask, mo):"]
+    src += [f"    a{r}_{c} = vbcast(bias, n0 + {r})" for r in range(rows) for c in cols]
+    src += ["    for k in range(K):",
+            "        if k < npf:",
+            "            prefetch(pf, pfo + 16 * k)",
+            "            prefetch(pf, pfo + 16 * k + 8)",
+            f"        xb = xo + k * {PW}",
+            "        wb = k * ldw + n0"]
+    src += [f"        x{c} = vload(x, xb + {LANES * c})" for c in cols]
+    for r in range(rows):
+        src.append(f"        w{r} = vbcast(w, wb + {r})")
+        src += [f"        a{r}_{c} = vfma(w{r}, x{c}, a{r}_{c})" for c in cols]
+    for r in range(rows):
+        src += [f"    if n0 + {r} < h:",
+                f"        s = vload(act, (n0 + {r}) * {LANES})"]
+        for c in cols:
+            src += [f"        a{r}_{c} = vsigmoid(a{r}_{c})",
+                    f"        s = vfma(a{r}_{c}, vload(mask, mo + {LANES * c}), s)"]
+        src += [f"        vstore(act, (n0 + {r}) * {LANES}, s)"]
+        src += [f"    vstore(z, zo + (n0 + {r}) * {PW} + {LANES * c}, a{r}_{c})" for c in cols]
+    return name, "\n".join(src)
+
+
+def _output_source(ns, nv, masked):
+    """The output layer for ns = 8 samples of a panel: for each tile of 8·nv visible
+    units (c0 = 0, 8·nv, ... < ldw), z = b2 + Σ_k a[ao + k·PW + r] · w2[k·ldw + c0 + ..]
+    (a2 broadcast, weight rows as vectors); then, in registers, a3 = σ(z) and δ3 =
+    (a3 − x)(a3 − a3²) into d3 (sample-major rows of ldw) and, transposed, into the
+    feature-major panel zt (columns zto..) that δ3 W2ᵀ reads; err += (a3 − x)², db2 +=
+    δ3 per visible unit. masked: padding columns (cmask) and rows >= nval count zero.
+    Iteration i over all tiles prefetches like _hidden's k-th."""
+    assert ns == LANES, "the register transpose takes 8 rows"
+    name = f"_output{ns}x{nv}{'m' if masked else ''}"
+    cs = range(nv)
+    src = [f"def {name}(a, ao, w, ldw, bias, K, pf, pfo, npf, x, xo, d3, do, zt, zto, err, db2, cmask,"
+           " nval):",
+           "    i = 0",
+           f"    for c0 in range(0, ldw, {LANES * nv}):"]
+    src += [f"        s{r}_{c} = vload(bias, c0 + {LANES * c})" for r in range(ns) for c in cs]
+    src += ["        for k in range(K):",
+            "            if i < npf:",
+            "                prefetch(pf, pfo + 16 * i)",
+            "                prefetch(pf, pfo + 16 * i + 8)",
+            "            i += 1",
+            "            wb = k * ldw + c0",
+            f"            ab = ao + k * {PW}"]
+    src += [f"            w{c} = vload(w, wb + {LANES * c})" for c in cs]
+    for r in range(ns):
+        src.append(f"            b = vbcast(a, ab + {r})")
+        src += [f"            s{r}_{c} = vfma(b, w{c}, s{r}_{c})" for c in cs]
+    for c in cs:
+        src += [f"        cc = c0 + {LANES * c}",
+                "        se = vload(err, cc)",
+                "        sd = vload(db2, cc)"]
+        if masked:
+            src.append("        mk = vload(cmask, cc)")
+        for r in range(ns):
+            src += [f"        y = vsigmoid(s{r}_{c})",
+                    f"        d = vsub(y, vload(x, xo + {r} * ldw + cc))"]
+            if masked:
+                src.append(f"        d = vmul(d, vmul(mk, vsplat(1.0 if {r} < nval else 0.0)))")
+            src += ["        se = vfma(d, d, se)",
+                    f"        t{r} = vmul(d, vfnma(y, y, y))",
+                    f"        vstore(d3, do + {r} * ldw + cc, t{r})",
+                    f"        sd = vadd(sd, t{r})"]
+        rows = ", ".join(f"t{r}" for r in range(ns))
+        src += [f"        store_transposed(zt, zto + cc * {PW}, {PW}, {rows})",
+                "        vstore(err, cc, se)",
+                "        vstore(db2, cc, sd)"]
+    return name, "\n".join(src)
+
+
+def _backward_source(rows, fold):
+    """e = δ3 W2ᵀ for hidden units n0 .. n0 + rows of a panel (x: the feature-major δ3
+    panel, K rows; weights broadcast), then the hidden layer's backward epilogue: for
+    j < h, s = a2 − a2² (a2 rows of the panel at ao; zero on padding lanes); folded: d2
+    row j = δ2 = (e + k_j) s; split: d2 row j = e s and row ldw + j = s. db1 gets the
+    row sums per lane."""
+    name = f"_backward{rows}{'f' if fold else 's'}"
+    cols = range(PV)
+    src = [f"def {name}(w, ldw, n0, x, K, a2, ao, k, h, d2, do, db1, mask, mo):"]
+    src += [f"    a{r}_{c} = vsplat(0.0)" for r in range(rows) for c in cols]
+    src += ["    for kk in range(K):",
+            f"        xb = kk * {PW}",
+            "        wb = kk * ldw + n0"]
+    src += [f"        x{c} = vload(x, xb + {LANES * c})" for c in cols]
+    for r in range(rows):
+        src.append(f"        w{r} = vbcast(w, wb + {r})")
+        src += [f"        a{r}_{c} = vfma(w{r}, x{c}, a{r}_{c})" for c in cols]
+    src += [f"    mk{c} = vload(mask, mo + {LANES * c})" for c in cols]
+    for r in range(rows):
+        src += [f"    j = n0 + {r}",
+                "    if j < h:",
+                f"        s1 = vload(db1, j * {LANES})",
+                "        kj = vbcast(k, j)" if fold else f"        s2 = vload(db1, (ldw + j) * {LANES})"]
+        for c in cols:
+            src += [f"        y = vload(a2, ao + j * {PW} + {LANES * c})",
+                    f"        s = vmul(vfnma(y, y, y), mk{c})"]
+            if fold:
+                src.append(f"        d = vmul(vadd(a{r}_{c}, kj), s)")
+            else:
+                src += [f"        d = vmul(a{r}_{c}, s)",
+                        f"        vstore(d2, do + (ldw + j) * {PW} + {LANES * c}, s)",
+                        "        s2 = vadd(s2, s)"]
+            src += [f"        vstore(d2, do + j * {PW} + {LANES * c}, d)",
+                    "        s1 = vadd(s1, d)"]
+        src.append(f"        vstore(db1, j * {LANES}, s1)")
+        if not fold:
+            src.append(f"        vstore(db1, (ldw + j) * {LANES}, s2)")
+    return name, "\n".join(src)
+
+
+def _outer_source(nj, nv):
+    """A weight-gradient tile: acc[co + j·lda + 8c] += Σ_q Σ_s a[ao + q·sa + j·PW + s] ·
+    b[bo + q·sb + s·ldb + 8c] for j < nj rows of panels (a broadcast per sample) and nv
+    vectors of sample-major rows, over npan panels q of PW samples s: a sum over samples
+    as outer products, the accumulators in registers."""
+    name = f"_outer{nj}x{nv}"
+    src = [f"def {name}(a, ao, sa, b, bo, sb, ldb, npan, acc, co, lda):"]
+    src += [f"    s{j}_{c} = vload(acc, co + {j} * lda + {LANES * c})"
+            for j in range(nj) for c in range(nv)]
+    src += ["    for q in range(npan):",
+            "        aq = ao + q * sa",
+            "        bq = bo + q * sb",
+            f"        for s in range({PW}):",
+            "            bs = bq + s * ldb"]
+    src += [f"            b{c} = vload(b, bs + {LANES * c})" for c in range(nv)]
+    for j in range(nj):
+        src.append(f"            w = vbcast(a, aq + {j * PW} + s)")
+        src += [f"            s{j}_{c} = vfma(w, b{c}, s{j}_{c})" for c in range(nv)]
+    src += [f"    vstore(acc, co + {j} * lda + {LANES * c}, s{j}_{c})"
+            for j in range(nj) for c in range(nv)]
+    return name, "\n".join(src)
+
+
+def _define(name_source):
+    """Compile generated source as if written in this file (so Numba caches it here)."""
+    name, source = name_source
+    scope = {}
+    exec(compile(source, __file__, "exec"), globals(), scope)
+    fn = njit(**JIT)(scope[name])
+    globals()[name] = fn
+    return fn
+
+
+hidden_tile = _define(_hidden_source(RH))
+output_full = _define(_output_source(SB, TB, False))
+output_masked = _define(_output_source(SB, TB, True))
+backward_fold = _define(_backward_source(RH, True))
+backward_split = _define(_backward_source(RH, False))
+outer_tile = _define(_outer_source(OJ, OV))
+
