@@ -21,7 +21,7 @@ export MPIRUN
 NP     ?= 4
 RUN_ARGS ?=
 
-.PHONY: help venv run test test-gpu test-cluster bench bench-full bench-peers bench-pretrain reliability fashion clean distclean
+.PHONY: help venv run test test-gpu test-cluster bench bench-full bench-peers bench-pretrain bench-kernels reliability fashion clean distclean
 
 help:  ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -65,6 +65,9 @@ bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per schem
 .PHONY: bench-cae-speed
 bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs PyTorch at 1 and 2 threads -> peers.csv, cae_speed.md (~1 min)
 	$(BIN)/python -m bench.cae_speed
+
+bench-kernels: venv  ## each kernel set checked against the NumPy reference, then timed at the models' shapes vs SGEMM/DGEMM/copy peaks -> kernels.{csv,md}, kernels_roofline.png (~2 min)
+	$(BIN)/python -m bench.kernels
 
 .PHONY: study-eager
 study-eager: venv  ## Bhargava & Surana's eager parallel CAEs: small regime 3 seeds + Fashion-MNIST 1 seed, 5 epochs classified after 1,3,5 -> eager_study.md (~40 min on 2 cores)

@@ -1,0 +1,61 @@
+"""bench.kernels: every kernel set checked against the oracle, rows that carry the machine,
+a wrong kernel reported as a failure, and the CSV merge keeping other machines' rows."""
+import aepar  # noqa: F401  (first: threads before numpy)
+import csv
+
+import numpy as np
+
+from aepar import kernels
+from aepar.machine import FIELDS
+from bench import kernels as bench
+
+EXTRA = ("numba_cpu_name", "numba_cpu_features", "numba_isa", "openblas_coretype", "openblas_arch")
+
+
+def read(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_quick_run_checks_every_family_and_records_the_machine(tmp_path):
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    rows = read(tmp_path / "kernels.csv")
+    kern = [r for r in rows if r["family"] != "peak"]
+    assert {r["family"] for r in kern} == set(bench.FAMILIES)
+    assert {"numba", "numpy"} <= {r["set"] for r in kern}
+    bad = [(r["kernel"], r["set"], r["check"]) for r in kern if r["check"] != "ok"]
+    assert not bad, bad
+    assert {r["kernel"] for r in rows if r["family"] == "peak"} == {"sgemm", "dgemm", "copy"}
+    for col in FIELDS + EXTRA:
+        assert col in rows[0], col
+    assert all(r["cpu_model"] and r["numba_cpu_name"] and r["hostname"] for r in rows)
+    timed = [r for r in kern if int(r["flops"]) > 0]
+    assert all(float(r["gflops"]) > 0 and float(r["intensity"]) > 0 and float(r["frac_compute_peak"]) > 0
+               for r in timed)
+    assert (tmp_path / "kernels.md").read_text().count("| sparse_ae_partials |") == 2
+    assert (tmp_path / "kernels_roofline.png").stat().st_size > 10_000
+
+
+def test_wrong_kernel_fails_and_merge_keeps_other_rows(tmp_path, monkeypatch):
+    other = {name: "" for name in bench.ROW_FIELDS}
+    other.update(family="dense", kernel="dense_forward", set="numba", shape="8x24x16 sigmoid", dtype="float32",
+                 check="ok", threads="1", numba_cpu_name="haswell", cpu_model="Some Other CPU")
+    bench.merge_csv(tmp_path / "kernels.csv", [other])
+
+    nb, ref = kernels.load("numba"), kernels.load("numpy")
+    monkeypatch.setattr(nb, "relu_forward", lambda z: ref.relu_forward(z) * np.float32(1.001))
+    argv = ["--quick", "--only", "activation", "--sets", "numba", "--out", str(tmp_path)]
+    assert bench.main(argv) == 1
+    assert bench.main(argv) == 1  # a second run replaces its rows, it does not add to them
+    rows = read(tmp_path / "kernels.csv")
+    checks = {r["kernel"]: r["check"] for r in rows if r["family"] == "activation"}
+    assert checks["relu_forward"].startswith("FAIL: a:"), checks
+    assert all(c == "ok" for k, c in checks.items() if k != "relu_forward")
+    assert sum(r["family"] == "activation" for r in rows) == 4
+    assert any(r["cpu_model"] == "Some Other CPU" for r in rows)
+    assert "FAIL" in (tmp_path / "kernels.md").read_text()
+
+
+def test_conv_flops_count_only_taps_on_the_image():
+    assert bench._taps(28, 28, 3, 1, 1) == 28 * 3 - 2   # the two border outputs lose one tap each
+    assert bench._taps(7, 14, 2, 2, 0) == 7 * 2          # a 2x2/2 transposed conv (7 -> 14): every tap
