@@ -69,6 +69,10 @@ bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs Py
 bench-kernels: venv  ## each kernel set checked against the NumPy reference, then timed at the models' shapes vs SGEMM/DGEMM/copy peaks -> kernels.{csv,md}, kernels_roofline.png (~2 min)
 	$(BIN)/python -m bench.kernels
 
+.PHONY: bench-model
+bench-model: venv  ## scaling model: alpha-beta fits of the collectives at np 2 + per-layer compute, validated on bench/results, predicted 1-1024 ranks on 10/25/100 GbE and IB HDR -> scaling_model.{csv,md,png} (~5 min)
+	$(BIN)/python -m bench.scaling_model
+
 .PHONY: study-eager
 study-eager: venv  ## Bhargava & Surana's eager parallel CAEs: small regime 3 seeds + Fashion-MNIST 1 seed, 5 epochs classified after 1,3,5 -> eager_study.md (~40 min on 2 cores)
 	$(BIN)/python -m bench.eager --work runs/bench-eager --large-seeds 0 --large-epochs 5 --large-mono-epochs 5 --large-curve 1,3

@@ -1,0 +1,182 @@
+"""bench.scaling_model: the pure model functions (no MPI, no timing)."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench.scaling_model import (OPS, Compute, Link, Network, Stack, collective_s, efficiency, fit_alpha_beta,
+                                 free_network, layer_key, layerwise_s, sparse_eval_s, sparse_run_s, stops_scaling,
+                                 tree_allreduce_s, tree_reduce_s)
+
+PROPS = settings(max_examples=100, deadline=None, derandomize=True, database=None)
+POW2 = [2 ** k for k in range(11)]
+
+
+def net(alpha=5e-6, beta=5e9, inter=None, ranks_per_node=2, gamma=1e-10):
+    return Network("test", {op: Link(alpha, beta) for op in OPS}, inter, ranks_per_node, gamma)
+
+
+def sparse_compute(block_s=1e-4, serial_s=1e-3):
+    return Compute(sparse={"block_s": block_s, "serial_s": serial_s, "evals_per_iter": 1.05, "cg_10k_s": 1e-2})
+
+
+def linear_layer_compute(stack, per_row=1e-5):
+    """Layers whose block gradient costs exactly per_row x rows; nothing else costs anything."""
+    layers = {}
+    for key in stack.keys():
+        table = {1: per_row, 1024: per_row * 1024}
+        layers[key] = {"leaf": table, "fused": table, "apply": 0.0, "transform_row": 0.0, "recon_row": 0.0,
+                       "grad_bytes": 4e6, "param_bytes": 4e6, "flops": 1e6}
+    return Compute(layers=layers)
+
+
+# ---- the fit ------------------------------------------------------------------------------------
+@PROPS
+@given(alpha=st.floats(1e-7, 1e-3), beta=st.floats(1e8, 1e11))
+def test_fit_recovers_exact_parameters(alpha, beta):
+    n = np.array([2.0 ** k for k in range(3, 27)])
+    link, resid = fit_alpha_beta(n, alpha + n / beta)
+    assert link.alpha == pytest.approx(alpha, rel=1e-6)
+    assert link.beta == pytest.approx(beta, rel=1e-6)
+    assert resid < 1e-6
+
+
+@PROPS
+@given(alpha=st.floats(1e-6, 1e-4), beta=st.floats(1e9, 5e10), seed=st.integers(0, 2 ** 16))
+def test_fit_tolerates_small_relative_noise(alpha, beta, seed):
+    n = np.array([2.0 ** k for k in range(3, 27)])
+    noise = np.random.default_rng(seed).uniform(0.97, 1.03, n.size)
+    link, resid = fit_alpha_beta(n, (alpha + n / beta) * noise)
+    assert link.alpha == pytest.approx(alpha, rel=0.1)
+    assert link.beta == pytest.approx(beta, rel=0.1)
+    assert resid < 0.1
+
+
+def test_fit_keeps_parameters_non_negative():
+    # times that fall with size would want a negative bandwidth term: clipped to infinite beta
+    link, _ = fit_alpha_beta([8, 1024, 65536], [3e-6, 2e-6, 1e-6])
+    assert link.alpha >= 0 and link.beta > 0
+    with pytest.raises(ValueError):
+        fit_alpha_beta([8], [1e-6])
+
+
+# ---- collectives --------------------------------------------------------------------------------
+def test_collectives_cost_nothing_on_one_rank_and_the_fit_on_two():
+    n = net()
+    for op in ("bcast", "reduce", "allreduce"):
+        assert collective_s(n, op, 1e6, 1) == 0.0
+        assert collective_s(n, op, 1e6, 2) == pytest.approx(5e-6 + 1e6 / 5e9)
+    # the fixed tree over two ranks: one message and one add
+    assert tree_reduce_s(n, 1e6, 2, 2) == pytest.approx(5e-6 + 1e6 / 5e9 + 1e6 * 1e-10)
+    assert tree_reduce_s(n, 1e6, 1, 8) == 0.0
+    with pytest.raises(ValueError):
+        tree_reduce_s(n, 1e6, 4, 2)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
+@given(nbytes=st.floats(8, 6.4e7), count_extra=st.integers(0, 300))
+def test_collectives_never_cheaper_with_more_ranks(nbytes, count_extra):
+    n = net(inter=Link(30e-6, 1.1e9))
+    for op in ("bcast", "allreduce"):
+        times = [collective_s(n, op, nbytes, p) for p in POW2]
+        assert all(b >= a - 1e-15 for a, b in zip(times, times[1:]))
+    # the fixed tree: blocks aligned with the ranks give one message per level, the node's
+    # pairs first (intra), then across nodes; unaligned ones need at least as many hops
+    intra, inter, add = 5e-6 + nbytes / 5e9, 30e-6 + nbytes / 1.1e9, nbytes * 1e-10
+    for k, p in enumerate(POW2):
+        aligned = tree_reduce_s(n, nbytes, p, 1024)
+        assert aligned == pytest.approx(min(k, 1) * intra + max(k - 1, 0) * inter + k * add)
+        assert tree_reduce_s(n, nbytes, p, 1024 + count_extra) >= aligned * (1 - 1e-12)
+    assert tree_allreduce_s(n, nbytes, 8, 64) >= tree_reduce_s(n, nbytes, 8, 64)
+
+
+def test_slower_network_costs_more():
+    fast, slow = net(inter=Link(1.5e-6, 23e9)), net(inter=Link(30e-6, 1.1e9))
+    for p in (4, 64, 1024):
+        assert collective_s(slow, "allreduce", 3e6, p) > collective_s(fast, "allreduce", 3e6, p)
+
+
+# ---- schemes ------------------------------------------------------------------------------------
+@PROPS
+@given(block_s=st.floats(1e-6, 1e-2), serial_s=st.floats(0.0, 1e-2), alpha=st.floats(0.0, 1e-4),
+       beta=st.floats(1e8, 1e11), samples=st.integers(128 * 1024, 400_000))
+def test_root_optimiser_efficiency_never_rises_with_ranks(block_s, serial_s, alpha, beta, samples):
+    comp, n = sparse_compute(block_s, serial_s), net(alpha, beta, inter=Link(alpha * 3, beta / 2))
+    times = {p: sparse_eval_s(comp, n, p, samples)["seconds"] for p in POW2}
+    eff = efficiency(times)
+    assert eff[1] == pytest.approx(1.0)
+    values = [eff[p] for p in POW2]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(values, values[1:]))
+
+
+@PROPS
+@given(per_row=st.floats(1e-7, 1e-3), batch_exp=st.integers(3, 10))
+def test_data_parallel_efficiency_never_rises_with_ranks(per_row, batch_exp):
+    stack = Stack("t", "ae", (64, 32, 8), n_train=4096, batch=2 ** batch_exp, epochs=1)
+    comp = linear_layer_compute(stack, per_row)
+    for key in comp.layers:  # a fixed cost per block, as measured: small blocks lose efficiency
+        comp.layers[key]["leaf"] = {1: 1e-4 + per_row, 1024: 1e-4 + per_row * 1024}
+    times = {p: (lambda r: r["seconds"] if r else None)(layerwise_s(comp, net(), stack, p, scheme="data"))
+             for p in POW2}
+    eff = [e for _, e in sorted(efficiency(times).items())]
+    assert all(b <= a * (1 + 1e-12) for a, b in zip(eff, eff[1:]))
+
+
+def test_zero_communication_gives_ideal_speedup():
+    comp = sparse_compute(block_s=1e-4, serial_s=0.0)
+    free = free_network()
+    samples = 128 * 1024  # blocks divide evenly over every power of two up to 1024
+    t1 = sparse_eval_s(comp, free, 1, samples)["seconds"]
+    for p in POW2:
+        assert t1 / sparse_eval_s(comp, free, p, samples)["seconds"] == pytest.approx(p)
+    stack = Stack("t", "ae", (64, 32, 8), n_train=8192, batch=1024, epochs=2)
+    comp = linear_layer_compute(stack)
+    t1 = layerwise_s(comp, free, stack, 1, scheme="data")["seconds"]
+    for p in (2, 4, 8, 64, 1024):
+        assert t1 / layerwise_s(comp, free, stack, p, scheme="data")["seconds"] == pytest.approx(p)
+
+
+def test_serial_part_bounds_the_speedup():
+    comp, free = sparse_compute(block_s=1e-4, serial_s=1e-3), free_network()
+    samples = 128 * 1024
+    t1 = sparse_eval_s(comp, free, 1, samples)["seconds"]
+    bound = t1 / 1e-3  # Amdahl: never faster than the root's serial part
+    assert all(t1 / sparse_eval_s(comp, free, p, samples)["seconds"] < bound for p in POW2)
+
+
+def test_schemes_refuse_what_the_code_refuses():
+    comp = sparse_compute()
+    assert sparse_eval_s(comp, net(), 128, 10000) is None  # 79 blocks of 128
+    assert sparse_eval_s(comp, net(), 64, 10000) is not None
+    stack = Stack("t", "ae", (64, 32, 8), n_train=4096, batch=100, epochs=1)
+    assert layerwise_s(linear_layer_compute(stack), net(), stack, 128, scheme="data") is None  # batch < ranks
+    assert layerwise_s(linear_layer_compute(stack), net(), stack, 16, scheme="greedy") is None  # 8 blocks
+
+
+def test_run_multiplies_the_evaluation():
+    comp = sparse_compute()
+    e = sparse_eval_s(comp, net(), 4, 40000)
+    r = sparse_run_s(comp, net(), 4, 40000, 400)
+    assert r["seconds"] == pytest.approx(e["seconds"] * 400 * 1.05)
+    assert r["per_iteration"] == pytest.approx(e["seconds"] * 1.05)
+    assert sparse_run_s(comp, net(), 4, 40000, 400, evaluations=10)["seconds"] == pytest.approx(10 * e["seconds"])
+
+
+def test_compute_scale_and_oversubscription_multiply_compute_only():
+    comp = sparse_compute(serial_s=0.0)
+    a = sparse_eval_s(comp, net(), 2, 40000)
+    b = sparse_eval_s(comp, net(), 2, 40000, scale=2.0)
+    c = sparse_eval_s(comp, net(), 4, 40000, cores=2)
+    assert b["compute_s"] == pytest.approx(2 * a["compute_s"]) and b["comm_s"] == a["comm_s"]
+    assert c["compute_s"] == pytest.approx(2 * sparse_eval_s(comp, net(), 4, 40000)["compute_s"])
+
+
+def test_stops_scaling():
+    times = {1: 100.0, 2: 50.0, 4: 30.0, 8: 20.0, 16: 25.0, 32: None}
+    below, best, still = stops_scaling(times)
+    assert (below, best, still) == (16, 8, False)  # efficiency 100 / (16 x 25) = 0.25
+    assert stops_scaling({1: 8.0, 2: 4.0, 4: 2.0}) == (None, 4, True)
+    assert layer_key("rbm", 784, 1000, "bernoulli") == "rbm:784-1000:bernoulli:float32"
+    assert math.isclose(efficiency({1: 10.0, 2: 10.0})[2], 0.5)
