@@ -52,9 +52,27 @@ def _forget_inherited():
             del os.environ[var]
 
 
+# AEPAR_ISA=avx2 on an AVX-512 machine: the code an AVX2-only CPU would run. Numba needs
+# the feature list too (NUMBA_CPU_NAME=haswell alone keeps the host's AVX-512 features),
+# and OpenBLAS its Haswell kernels.
+_ISA_EMULATION = {"avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "-avx512f",
+                           "OPENBLAS_CORETYPE": "Haswell"}}
+
+
+def _emulate_isa():
+    isa = os.environ.get("AEPAR_ISA", "")
+    if not isa or isa == "host":
+        return
+    if isa not in _ISA_EMULATION:
+        raise SystemExit(f"AEPAR_ISA={isa!r}: choose host or {', '.join(_ISA_EMULATION)}")
+    for var, value in _ISA_EMULATION[isa].items():
+        os.environ.setdefault(var, value)
+
+
 def configure() -> int:
     """Single-threaded BLAS/Numba where the user left them unset; returns aepar's own
     thread count for this rank."""
+    _emulate_isa()
     _forget_inherited()
     filled = [var for var in _THREAD_VARS if var not in os.environ]
     for var in filled:

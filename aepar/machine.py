@@ -41,17 +41,21 @@ def cpu_model() -> str:
 
 
 def isa() -> str:
-    """The CPU's vector instruction sets that matter to the kernels, e.g. "avx512f avx2 fma"."""
+    """The CPU's vector instruction sets that matter to the kernels, e.g. "avx512f avx2 fma",
+    and the code Numba was told to generate when that is not the host's (NUMBA_CPU_NAME /
+    NUMBA_CPU_FEATURES, e.g. "avx512f avx2 fma [numba target: haswell -avx512f]")."""
+    target = " ".join(os.environ.get(var, "") for var in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")).strip()
+    suffix = f" [numba target: {target}]" if target else ""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
                 if key.strip() in ("flags", "Features"):
                     have = set(value.split())
-                    return " ".join(flag for flag in ISA_FLAGS if flag in have)
+                    return " ".join(flag for flag in ISA_FLAGS if flag in have) + suffix
     except OSError:
         pass
-    return platform.machine()
+    return platform.machine() + suffix
 
 
 def threads_per_rank() -> int:
