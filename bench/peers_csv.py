@@ -1,7 +1,8 @@
 """bench/results/peers.csv: the side-by-side rows of every peer benchmark in one file.
 
 Each benchmark names itself in the ``benchmark`` column; writing its rows replaces only
-its own earlier rows from the same host and CPU, and the columns of all benchmarks are
+its own earlier rows from the same host, CPU and code path (ISA Numba compiled for, OpenBLAS
+core type), and the columns of all benchmarks are
 kept (a row lacking one leaves it empty).
 """
 from __future__ import annotations
@@ -10,12 +11,14 @@ import csv
 import os
 from pathlib import Path
 
-__all__ = ["merge_rows"]
+__all__ = ["merge_rows", "KEY"]
+
+KEY = ("hostname", "cpu_model", "isa", "blas_coretype")
 
 
 def merge_rows(rows: list[dict], path, benchmark: str, *, legacy: bool = False) -> None:
     """Write ``rows`` (each gets ``benchmark``) into the CSV at ``path``, replacing that
-    benchmark's earlier rows from the same (hostname, cpu_model). ``legacy``: rows with
+    benchmark's earlier rows from the same machine and code path (:data:`KEY`). ``legacy``: rows with
     no benchmark name (written before the column existed) count as this benchmark's."""
     path = Path(path)
     rows = [{"benchmark": benchmark, **r} for r in rows]
@@ -25,9 +28,9 @@ def merge_rows(rows: list[dict], path, benchmark: str, *, legacy: bool = False) 
             reader = csv.DictReader(f)
             fields += [k for k in (reader.fieldnames or []) if k not in fields]
             old = list(reader)
-    mine = {(r.get("hostname"), r.get("cpu_model")) for r in rows}
+    mine = {tuple(r.get(k) or "" for k in KEY) for r in rows}
     ours = {benchmark, ""} if legacy else {benchmark}
-    old = [r for r in old if not ((r.get("benchmark") or "") in ours and (r.get("hostname"), r.get("cpu_model")) in mine)]
+    old = [r for r in old if not ((r.get("benchmark") or "") in ours and tuple(r.get(k) or "" for k in KEY) in mine)]
     for r in rows:
         fields += [k for k in r if k not in fields]
     path.parent.mkdir(parents=True, exist_ok=True)
