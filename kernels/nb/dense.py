@@ -5,36 +5,20 @@ without a temporary, both without holding the GIL); the element-wise work around
 parallel pass each way: bias + activation in place on the matmul output, and
 da * act'(a) together with the column sums that make db.
 """
-import math
 
 import numpy as np
 from numba import njit, prange
 
 from ..ref.dense import _check_backward_shapes, _check_shapes
+# the scalar activations are activation.py's: the package keys Numba's cache on every file
+# here (kernels/nb/__init__.py), so an edit there recompiles these kernels too
 from .activation import IDENTITY, RELU, SIGMOID, act_code
+from .activation import relu as _relu
+from .activation import relu_grad as _relu_grad
+from .activation import sigmoid as _sigmoid
 from .blas import gemm
 
 __all__ = ["dense_forward", "dense_backward"]
-
-# The scalar activations are repeated from activation.py on purpose: Numba's on-disk
-# cache only notices edits to the file a kernel lives in, so a kernel that called
-# helpers from another module could keep running their old code after an edit.
-@njit(cache=True, nogil=True)
-def _sigmoid(v, one):
-    e = math.exp(-abs(v))  # never overflows
-    s = one / (one + e)
-    return s if v >= 0 else e * s
-
-
-@njit(cache=True, nogil=True)
-def _relu(v, zero):
-    return zero if v < zero else v
-
-
-@njit(cache=True, nogil=True)
-def _relu_grad(da, a, zero):
-    return da if a > zero else zero
-
 
 @njit(cache=True, nogil=True, parallel=True)
 def _bias_act(z, b, code, one):
