@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from aepar.report.png import gray_png
+
 __all__ = ["SUMMARY_FIELDS", "features_mosaic", "features_png", "summary_csv"]
 
 # The columns of summary.csv, in order (summary.json holds these and may hold more).
@@ -56,21 +58,10 @@ def features_mosaic(W1, patch: int, order: str = "F", border: int = 1) -> np.nda
 
 
 def features_png(W1, patch: int, path, *, order: str = "F", title: str | None = None) -> Path:
-    """Write the features mosaic of ``W1`` to ``path`` (PNG, matplotlib's Agg canvas)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
+    """Write the features mosaic of ``W1`` to ``path``: a grayscale PNG about 480 pixels wide,
+    -1 black and 1 white, ``title`` in its Title text."""
     image = features_mosaic(W1, patch, order)
-    fig = Figure(figsize=(5, 5.4 if title else 5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_axes([0.02, 0.02, 0.96, 0.88 if title else 0.96])
-    ax.imshow(image, cmap="gray", vmin=-1, vmax=1, interpolation="nearest")
-    ax.set_axis_off()
-    if title:
-        fig.suptitle(title, fontsize=10)
-    path = Path(path)
-    fig.savefig(path, format="png")
-    return path
+    return gray_png(image, path, lo=-1.0, hi=1.0, scale=max(1, 480 // max(image.shape)), title=title)
 
 
 def summary_csv(summary: dict, fields=SUMMARY_FIELDS) -> str:
