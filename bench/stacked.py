@@ -53,6 +53,8 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
+from bench.peers_csv import merge_rows  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
@@ -342,7 +344,9 @@ def main(argv=None) -> int:
         threads = [int(t) for t in args.rbm_threads.split(",") if t.strip()]
         rows = rbm_epoch(x_train, f"{cfg['dataset']} training split", threads, args.rbm_repeats, args.rbm_rows,
                          ",".join(sorted(skip)))
-        _write_csv(out / "rbm_epoch.csv", rows)
+        # rows from other machines and code paths stay (bench.peers_csv's key)
+        merge_rows([{k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
+                   out / "rbm_epoch.csv", "rbm_epoch", legacy=True)
         data = rows[0].get("data", "") if rows else ""
         md += [f"## One CD-1 epoch, 784x1000 Bernoulli RBM, batch 100, float32 (measured; {data})", "",
                *rbm_table(rows), "",
