@@ -1,0 +1,28 @@
+"""bench.stacked --rbm-only: rows land in rbm_epoch.csv beside other machines' rows."""
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(out):
+    cmd = [sys.executable, "-m", "bench.stacked", "--rbm-only", "--rbm-threads", "1", "--rbm-repeats", "1",
+           "--rbm-rows", "1000", "--skip", "rbm-numpy,rbm-careful,rbm-plain", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_rbm_rows_replace_this_machines_and_keep_others(tmp_path):
+    csv_path = tmp_path / "rbm_epoch.csv"
+    csv_path.write_text("implementation,seconds,hostname,cpu_model,blas_coretype\n"
+                        "aepar (numba kernels),3.7,vm,Some Other CPU,SkylakeX\n")
+    _run(tmp_path)
+    _run(tmp_path)
+    rows = list(csv.DictReader(open(csv_path)))
+    assert rows[0]["cpu_model"] == "Some Other CPU" and rows[0]["seconds"] == "3.7"
+    ours = [r for r in rows[1:] if r["kind"] == "measured"]
+    names = sorted(r["implementation"] for r in ours)
+    assert len(names) == 2 and all(n.startswith("aepar (numba kernels, ") for n in names)  # 8 blocks, 1 block
+    assert all(float(r["seconds"]) > 0 and r["benchmark"] == "rbm_epoch" and r["isa"] for r in ours)
