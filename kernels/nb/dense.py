@@ -20,7 +20,7 @@ from .blas import gemm
 
 __all__ = ["dense_forward", "dense_backward"]
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy", fastmath={"contract"})
 def _bias_act(z, b, code, one):
     """z = act(z + b) in place, rows in parallel."""
     zero = one - one

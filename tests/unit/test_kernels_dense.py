@@ -192,6 +192,8 @@ def test_sigmoid_stable_at_extremes(kset):
         a_dense = to_host(K.dense_forward(dev(z[None, :]), dev(np.eye(7, dtype=dtype)),
                                           dev(np.zeros(7, dtype=dtype)), "sigmoid"))
         np.testing.assert_array_equal(a_dense[0], a)
+        # a NaN stays NaN (the divergence guard looks for it), whatever the sigmoid's clamps
+        assert np.isnan(to_host(K.sigmoid_forward(dev(np.array([np.nan, 1.0], dtype=dtype))))[0])
 
 
 @pytest.mark.parametrize("kset", ALL_SETS)
