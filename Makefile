@@ -66,6 +66,10 @@ bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per schem
 bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs PyTorch at 1 and 2 threads -> peers.csv, cae_speed.md (~1 min)
 	$(BIN)/python -m bench.cae_speed
 
+.PHONY: bench-finetune-speed
+bench-finetune-speed: venv bench-peers  ## one fine-tuning epoch of the unrolled 784-...-30 autoencoder, aepar (8 blocks and 1) vs PyTorch at 1 and 2 threads -> peers.csv, finetune_speed.md (~2 min)
+	$(BIN)/python -m bench.finetune_speed
+
 bench-kernels: venv  ## each kernel set checked against the NumPy reference, then timed at the models' shapes vs SGEMM/DGEMM/copy peaks -> kernels.{csv,md}, kernels_roofline.png (~2 min)
 	$(BIN)/python -m bench.kernels
 
