@@ -30,10 +30,8 @@ written and the file says the peer is missing.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,13 +41,14 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
+from bench.epoch_peers import aepar_timer, peer_rows, run_child, sgemm_gflops, table_head  # noqa: E402
 from bench.peers_csv import merge_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 BENCHMARK = "cae_epoch"
-AEPAR_NAME = "aepar CAE (numba kernels, 8 blocks)"
-TORCH_NAME = "pytorch CAE (torch.nn Conv2d/ConvTranspose2d, torch.optim.Adam)"
+NAMES = {"aepar": "aepar CAE (numba kernels, 8 blocks)",
+         "pytorch": "pytorch CAE (torch.nn Conv2d/ConvTranspose2d, torch.optim.Adam)"}
 NETWORK = "1x28x28 conv3x3 16, pool, conv3x3 32, pool, tconv2x2/2 16, tconv2x2/2 1"
 CHILD_TAG = "CAE-SPEED "
 
@@ -64,45 +63,6 @@ def load_rows(rows: int) -> tuple[np.ndarray, str]:
     if rows > x.shape[0]:
         raise SystemExit(f"bench.cae_speed: --rows {rows}: the mnist5k subset has {x.shape[0]} images")
     return np.ascontiguousarray(x[:rows], dtype=np.float32), f"mnist5k train+test[:{rows}]"
-
-
-def sgemm_gflops(threads: int, n: int = 2000, repeats: int = 5) -> tuple[float, str]:
-    """Best-of-``repeats`` rate of an n x n float32 product at ``threads`` BLAS threads.
-
-    threadpoolctl sets OpenBLAS's threads for the measurement (aepar keeps them at 1);
-    without it, ``threads`` Python threads run one single-threaded product each at once,
-    aepar's own way of using the cores, and their rates add up. Returns (GFLOP/s, method).
-    """
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-
-    def best_of(fn):
-        fn()  # warm-up: thread pool, pages
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-        return best
-
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        threadpool_limits = None
-    if threadpool_limits is not None or threads == 1:
-        c = np.empty((n, n), dtype=np.float32)
-        if threadpool_limits is None:
-            return 2.0 * n ** 3 / best_of(lambda: np.matmul(a, b, out=c)) / 1e9, "numpy matmul, 1 thread"
-        with threadpool_limits(limits=threads, user_api="blas"):
-            seconds = best_of(lambda: np.matmul(a, b, out=c))
-        return 2.0 * n ** 3 / seconds / 1e9, f"numpy matmul {n}x{n}, {threads} BLAS threads (threadpoolctl)"
-    from concurrent.futures import ThreadPoolExecutor
-
-    outs = [np.empty((n, n), dtype=np.float32) for _ in range(threads)]
-    with ThreadPoolExecutor(threads) as pool:
-        seconds = best_of(lambda: list(pool.map(lambda c: np.matmul(a, b, out=c), outs)))
-    return threads * 2.0 * n ** 3 / seconds / 1e9, f"{threads} concurrent 1-thread numpy matmuls {n}x{n}"
 
 
 class TorchCAE:
@@ -157,19 +117,10 @@ def aepar_epoch(x, blocks=8):
     from aepar import backend
     from aepar.models.cae import ConvAutoencoder
     from aepar.optim import Adam
-    from aepar.parallel.data_parallel import train_epoch
-    from aepar.rows import Shard
 
     be = backend.select("cpu", "numba", "float32")
     model = ConvAutoencoder(be, (1, 28, 28), seed=0)
-    opt = Adam(be, model.params, lr=1e-3)
-    shard = Shard.of(be, x, blocks)
-
-    def time_epoch(epoch):
-        t0 = time.perf_counter()
-        train_epoch(model, shard, epoch, optimizer=opt)
-        return time.perf_counter() - t0
-    return model, time_epoch
+    return model, aepar_timer(model, Adam(be, model.params, lr=1e-3), x, blocks)
 
 
 def kernel_profile(model, block_rows: int, reps: int = 30) -> list[tuple[str, float]]:
@@ -250,11 +201,11 @@ def child(args) -> int:
             peer = None
     if peer is not None:
         peer.train_epoch(x)  # warm-up
-    times = {AEPAR_NAME: [], **({TORCH_NAME: []} if peer is not None else {})}
+    times = {"aepar": [], **({"pytorch": []} if peer is not None else {})}
     for r in range(args.repeats):
-        times[AEPAR_NAME].append(ours(1 + r))
+        times["aepar"].append(ours(1 + r))
         if peer is not None:
-            times[TORCH_NAME].append(peer.time_epoch(x))
+            times["pytorch"].append(peer.time_epoch(x))
     peak1, _ = sgemm_gflops(threads)
     profile = kernel_profile(model, -(-model.batch // 8)) if args.profile else []
     machine = describe(mpi="not used (one process)", threads=threads)
@@ -270,51 +221,9 @@ def child(args) -> int:
 
 
 # ---- the driver ----------------------------------------------------------------------------------
-def run_child(threads: int, args) -> dict:
-    env = dict(os.environ, AEPAR_THREADS=str(threads))
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        env.pop(var, None)  # aepar sets them from AEPAR_THREADS
-    cmd = [sys.executable, "-m", "bench.cae_speed", "--child", "--rows", str(args.rows),
-           "--repeats", str(args.repeats)]
-    if args.no_torch:
-        cmd.append("--no-torch")
-    if args.profile and threads == 1:
-        cmd.append("--profile-child")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    found = [ln for ln in proc.stdout.splitlines() if ln.startswith(CHILD_TAG)]
-    if proc.returncode != 0 or not found:
-        raise SystemExit(f"bench.cae_speed: the child at {threads} thread(s) failed ({proc.returncode}):\n"
-                         f"{proc.stderr[-3000:]}")
-    return json.loads(found[-1][len(CHILD_TAG):])
-
-
-def rows_of(res: dict) -> list[dict]:
-    names = {AEPAR_NAME: "aepar", TORCH_NAME: "pytorch"}
-    flop = res["flops_per_sample"] * res["samples"]
-    best = {name: min(ts) for name, ts in res["times"].items()}
-    out = []
-    for name, ts in res["times"].items():
-        gflops = flop / best[name] / 1e9
-        out.append({
-            "benchmark": BENCHMARK, "implementation": names[name], "description": name, "network": NETWORK,
-            "data": res["data"], "samples": res["samples"], "batch": 100, "dtype": "float32",
-            "seconds": f"{best[name]:.4f}", "median_seconds": f"{float(np.median(ts)):.4f}",
-            "repeats": len(ts), "all_seconds": " ".join(f"{v:.3f}" for v in ts),
-            "gflop_per_epoch": f"{flop / 1e9:.3f}", "gflops": f"{gflops:.2f}",
-            "sgemm_peak_gflops": f"{res['sgemm']:.2f}", "fraction_of_peak": f"{gflops / res['sgemm']:.3f}",
-            "sgemm_method": res["sgemm_method"],
-            "seconds_over_aepar": f"{best[name] / best[AEPAR_NAME]:.3f}",
-            "load_1min": " ".join(f"{v:.2f}" for v in res["load_1min"]), **res["machine"]})
-    return out
-
-
 def markdown(results: list[dict], rows: list[dict]) -> str:
     m = rows[0]
-    lines = [
-        "# One CAE epoch: aepar (Numba kernels) vs PyTorch on the CPU", "",
-        f"Measured by `python -m bench.cae_speed` on {m['cpu_model']} ({m['isa']}), {m['cores']} cores, "
-        f"{m['blas']} ({m['blas_coretype'] or 'core type unknown'}), numba {m['numba']}"
-        + (f", torch {m['torch']}" if m.get("torch") else "") + ".", "",
+    lines = table_head("One CAE epoch: aepar (Numba kernels) vs PyTorch on the CPU", "bench.cae_speed", m) + [
         f"Network: {NETWORK}; float32, batch 100, Adam lr 1e-3, {m['data']} ({m['samples']} images). "
         f"FLOPs per epoch {float(m['gflop_per_epoch']):.2f} GFLOP (`flops_per_sample()`: 2 forward + 4 backward "
         "per multiply-add of each convolution, conv1's input gradient included; PyTorch skips that one, "
@@ -357,11 +266,14 @@ def main(argv=None) -> int:
         return child(args)
     results = []
     for t in (int(v) for v in args.threads.split(",")):
-        res = run_child(t, args)
+        extra = ["--rows", str(args.rows), "--repeats", str(args.repeats)]
+        extra += (["--no-torch"] if args.no_torch else []) + (["--profile-child"] if args.profile and t == 1 else [])
+        res = run_child("bench.cae_speed", CHILD_TAG, t, extra)
         results.append(res)
-        for name, ts in res["times"].items():
-            print(f"{t} thread(s)  {name:70s} best {min(ts):.3f} s  ({' '.join(f'{v:.3f}' for v in ts)})", flush=True)
-    rows = [r for res in results for r in rows_of(res)]
+        for key, ts in res["times"].items():
+            print(f"{t} thread(s)  {NAMES[key]:70s} best {min(ts):.3f} s  ({' '.join(f'{v:.3f}' for v in ts)})",
+                  flush=True)
+    rows = [r for res in results for r in peer_rows(res, BENCHMARK, NAMES, NETWORK, "aepar")]
     merge_rows(rows, Path(args.out), BENCHMARK)
     md = markdown(results, rows)
     Path(args.md).write_text(md)

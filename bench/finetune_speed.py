@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
-from bench.cae_speed import sgemm_gflops  # noqa: E402
+from bench.epoch_peers import aepar_timer, peer_rows, run_child, sgemm_gflops, table_head  # noqa: E402
 from bench.peers_csv import merge_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,19 +117,10 @@ def aepar_epoch(x, blocks: int):
     from aepar import backend
     from aepar.models.stacked import StackedAutoencoder
     from aepar.optim import Adam
-    from aepar.parallel.data_parallel import train_epoch
-    from aepar.rows import Shard
 
     be = backend.select("cpu", "numba", "float32")
     model = StackedAutoencoder(be, SIZES, loss="xent", seed=0)
-    opt = Adam(be, model.params, lr=1e-3)
-    shard = Shard.of(be, x, blocks)
-
-    def time_epoch(epoch):
-        t0 = time.perf_counter()
-        train_epoch(model, shard, epoch, optimizer=opt)
-        return time.perf_counter() - t0
-    return model, time_epoch
+    return model, aepar_timer(model, Adam(be, model.params, lr=1e-3), x, blocks)
 
 
 def child(args) -> int:
@@ -170,45 +160,10 @@ def child(args) -> int:
     return 0
 
 
-def run_child(threads: int, args) -> dict:
-    env = dict(os.environ, AEPAR_THREADS=str(threads))
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        env.pop(var, None)  # aepar sets them from AEPAR_THREADS
-    cmd = [sys.executable, "-m", "bench.finetune_speed", "--child", "--rows", str(args.rows),
-           "--repeats", str(args.repeats)] + (["--no-torch"] if args.no_torch else [])
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    found = [ln for ln in proc.stdout.splitlines() if ln.startswith(CHILD_TAG)]
-    if proc.returncode != 0 or not found:
-        raise SystemExit(f"bench.finetune_speed: the child at {threads} thread(s) failed ({proc.returncode}):\n"
-                         f"{proc.stderr[-3000:]}")
-    return json.loads(found[-1][len(CHILD_TAG):])
-
-
-def rows_of(res: dict) -> list[dict]:
-    flop = res["flops_per_sample"] * res["samples"]
-    best = {k: min(ts) for k, ts in res["times"].items()}
-    out = []
-    for k, ts in res["times"].items():
-        gflops = flop / best[k] / 1e9
-        out.append({
-            "benchmark": BENCHMARK, "implementation": k, "description": NAMES[k], "network": NETWORK,
-            "data": res["data"], "samples": res["samples"], "batch": 100, "dtype": "float32",
-            "seconds": f"{best[k]:.4f}", "median_seconds": f"{float(np.median(ts)):.4f}",
-            "repeats": len(ts), "all_seconds": " ".join(f"{v:.3f}" for v in ts),
-            "gflop_per_epoch": f"{flop / 1e9:.3f}", "gflops": f"{gflops:.2f}",
-            "sgemm_peak_gflops": f"{res['sgemm']:.2f}", "fraction_of_peak": f"{gflops / res['sgemm']:.3f}",
-            "sgemm_method": res["sgemm_method"], "seconds_over_aepar": f"{best[k] / best['aepar8']:.3f}",
-            "load_1min": " ".join(f"{v:.2f}" for v in res["load_1min"]), **res["machine"]})
-    return out
-
-
 def markdown(results: list[dict], rows: list[dict]) -> str:
     m = rows[0]
-    lines = [
-        "# One fine-tuning epoch: aepar (Numba kernels) vs PyTorch on the CPU", "",
-        f"Measured by `python -m bench.finetune_speed` on {m['cpu_model']} ({m['isa']}), {m['cores']} cores, "
-        f"{m['blas']} ({m['blas_coretype'] or 'core type unknown'}), numba {m['numba']}"
-        + (f", torch {m['torch']}" if m.get("torch") else "") + ".", "",
+    lines = table_head("One fine-tuning epoch: aepar (Numba kernels) vs PyTorch on the CPU",
+                       "bench.finetune_speed", m) + [
         f"Network: {NETWORK}; float32, batch 100, Adam lr 1e-3, {m['data']}. "
         f"{float(m['gflop_per_epoch']):.1f} GFLOP per epoch (three products per weight matrix).", "",
         f"Each thread count in its own process; warm-up epoch each, then {m['repeats']} epochs each in turns; "
@@ -238,12 +193,13 @@ def main(argv=None) -> int:
         return child(args)
     results = []
     for t in (int(v) for v in args.threads.split(",")):
-        res = run_child(t, args)
+        extra = ["--rows", str(args.rows), "--repeats", str(args.repeats)] + (["--no-torch"] if args.no_torch else [])
+        res = run_child("bench.finetune_speed", CHILD_TAG, t, extra)
         results.append(res)
         for k, ts in res["times"].items():
             print(f"{t} thread(s)  {NAMES[k]:78s} best {min(ts):.3f} s  ({' '.join(f'{v:.3f}' for v in ts)})",
                   flush=True)
-    rows = [r for res in results for r in rows_of(res)]
+    rows = [r for res in results for r in peer_rows(res, BENCHMARK, NAMES, NETWORK, "aepar8")]
     merge_rows(rows, Path(args.out), BENCHMARK)
     md = markdown(results, rows)
     Path(args.md).write_text(md)

@@ -1,0 +1,120 @@
+"""What the epoch-against-PyTorch benchmarks share (bench.cae_speed, bench.finetune_speed):
+aepar's epoch as a timer, one child process per thread count, the SGEMM rate measured
+beside the epochs, and the rows they merge into peers.csv.
+
+Each benchmark's child prints one line ``TAG {json}`` with ``times`` ({key: [seconds]}),
+``flops_per_sample``, ``samples``, ``data``, ``sgemm``, ``sgemm_method``, ``load_1min`` and
+``machine``; the driver turns it into rows with :func:`peer_rows`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+__all__ = ["sgemm_gflops", "aepar_timer", "run_child", "peer_rows", "table_head"]
+
+
+def sgemm_gflops(threads: int, n: int = 2000, repeats: int = 5) -> tuple[float, str]:
+    """Best-of-``repeats`` rate of an n x n float32 product at ``threads`` BLAS threads.
+
+    threadpoolctl sets OpenBLAS's threads for the measurement (aepar keeps them at 1);
+    without it, ``threads`` Python threads run one single-threaded product each at once,
+    aepar's own way of using the cores, and their rates add up. Returns (GFLOP/s, method).
+    """
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+
+    def best_of(fn):
+        fn()  # warm-up: thread pool, pages
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        threadpool_limits = None
+    if threadpool_limits is not None or threads == 1:
+        c = np.empty((n, n), dtype=np.float32)
+        if threadpool_limits is None:
+            return 2.0 * n ** 3 / best_of(lambda: np.matmul(a, b, out=c)) / 1e9, "numpy matmul, 1 thread"
+        with threadpool_limits(limits=threads, user_api="blas"):
+            seconds = best_of(lambda: np.matmul(a, b, out=c))
+        return 2.0 * n ** 3 / seconds / 1e9, f"numpy matmul {n}x{n}, {threads} BLAS threads (threadpoolctl)"
+    from concurrent.futures import ThreadPoolExecutor
+
+    outs = [np.empty((n, n), dtype=np.float32) for _ in range(threads)]
+    with ThreadPoolExecutor(threads) as pool:
+        seconds = best_of(lambda: list(pool.map(lambda c: np.matmul(a, b, out=c), outs)))
+    return threads * 2.0 * n ** 3 / seconds / 1e9, f"{threads} concurrent 1-thread numpy matmuls {n}x{n}"
+
+
+def aepar_timer(model, optimizer, x, blocks: int):
+    """``time_epoch(epoch) -> seconds``: one data-parallel epoch of ``model`` on the rows
+    ``x`` cut into ``blocks`` blocks, in this process."""
+    from aepar.parallel.data_parallel import train_epoch
+    from aepar.rows import Shard
+
+    shard = Shard.of(model.be, x, blocks)
+
+    def time_epoch(epoch):
+        t0 = time.perf_counter()
+        train_epoch(model, shard, epoch, optimizer=optimizer)
+        return time.perf_counter() - t0
+    return time_epoch
+
+
+def run_child(module: str, tag: str, threads: int, extra: list[str]) -> dict:
+    """Run ``python -m module --child *extra`` at ``threads`` threads (AEPAR_THREADS) and
+    return the JSON of its ``tag`` line."""
+    env = dict(os.environ, AEPAR_THREADS=str(threads))
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        env.pop(var, None)  # aepar sets them from AEPAR_THREADS
+    proc = subprocess.run([sys.executable, "-m", module, "--child", *extra], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    found = [ln for ln in proc.stdout.splitlines() if ln.startswith(tag)]
+    if proc.returncode != 0 or not found:
+        raise SystemExit(f"{module}: the child at {threads} thread(s) failed ({proc.returncode}):\n"
+                         f"{proc.stderr[-3000:]}")
+    return json.loads(found[-1][len(tag):])
+
+
+def peer_rows(res: dict, benchmark: str, names: dict, network: str, reference: str) -> list[dict]:
+    """peers.csv rows of one child's result: best and median seconds, GFLOP/s against the
+    SGEMM rate, and seconds over aepar's default (the ``reference`` key's) in
+    ``seconds_over_aepar``."""
+    flop = res["flops_per_sample"] * res["samples"]
+    best = {k: min(ts) for k, ts in res["times"].items()}
+    out = []
+    for k, ts in res["times"].items():
+        gflops = flop / best[k] / 1e9
+        out.append({
+            "benchmark": benchmark, "implementation": k, "description": names[k], "network": network,
+            "data": res["data"], "samples": res["samples"], "batch": 100, "dtype": "float32",
+            "seconds": f"{best[k]:.4f}", "median_seconds": f"{float(np.median(ts)):.4f}",
+            "repeats": len(ts), "all_seconds": " ".join(f"{v:.3f}" for v in ts),
+            "gflop_per_epoch": f"{flop / 1e9:.3f}", "gflops": f"{gflops:.2f}",
+            "sgemm_peak_gflops": f"{res['sgemm']:.2f}", "fraction_of_peak": f"{gflops / res['sgemm']:.3f}",
+            "sgemm_method": res["sgemm_method"], "seconds_over_aepar": f"{best[k] / best[reference]:.3f}",
+            "load_1min": " ".join(f"{v:.2f}" for v in res["load_1min"]), **res["machine"]})
+    return out
+
+
+def table_head(title: str, module: str, row: dict) -> list[str]:
+    """The first lines of a benchmark's markdown: title and the machine it ran on."""
+    return [f"# {title}", "",
+            f"Measured by `python -m {module}` on {row['cpu_model']} ({row['isa']}), {row['cores']} cores, "
+            f"{row['blas']} ({row['blas_coretype'] or 'core type unknown'}), numba {row['numba']}"
+            + (f", torch {row['torch']}" if row.get("torch") else "") + ".", ""]
