@@ -41,8 +41,7 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
-from bench.epoch_peers import aepar_timer, peer_rows, run_child, sgemm_gflops, table_head  # noqa: E402
-from bench.peers_csv import merge_rows  # noqa: E402
+from bench.epoch_peers import TorchPeer, aepar_timer, run_and_publish, sgemm_gflops, table_head  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -65,7 +64,7 @@ def load_rows(rows: int) -> tuple[np.ndarray, str]:
     return np.ascontiguousarray(x[:rows], dtype=np.float32), f"mnist5k train+test[:{rows}]"
 
 
-class TorchCAE:
+class TorchCAE(TorchPeer):
     """The same network, loss and optimiser in PyTorch, from the aepar model's weights."""
 
     def __init__(self, model, threads: int, seed: int = 0):
@@ -91,25 +90,9 @@ class TorchCAE:
         self.shape, self.batch = model.shape, model.batch
         self.gen = torch.Generator().manual_seed(seed)
 
-    def train_epoch(self, x) -> float:
-        """One epoch over rows ``x``; mean over images of Σ_pixels (x − x̂)²."""
-        torch = self.torch
-        xt = torch.from_numpy(x).reshape((x.shape[0],) + self.shape)
-        n, total = xt.shape[0], torch.zeros((), dtype=torch.float64)
-        perm = torch.randperm(n, generator=self.gen)
-        for start in range(0, n, self.batch):
-            xb = xt[perm[start:start + self.batch]]
-            self.opt.zero_grad(set_to_none=True)
-            sq = torch.nn.functional.mse_loss(self.net(xb), xb, reduction="sum")
-            (sq / xb.shape[0]).backward()
-            self.opt.step()
-            total += sq.detach()
-        return float(total) / n
-
-    def time_epoch(self, x) -> float:
-        t0 = time.perf_counter()
-        self.train_epoch(x)
-        return time.perf_counter() - t0
+    def summed_loss(self, xb):
+        """Σ_pixels (x − x̂)² summed over the images."""
+        return self.torch.nn.functional.mse_loss(self.net(xb), xb, reduction="sum")
 
 
 def aepar_epoch(x, blocks=8):
@@ -264,21 +247,13 @@ def main(argv=None) -> int:
     if args.child:
         args.torch, args.profile = not args.no_torch, args.profile_child
         return child(args)
-    results = []
-    for t in (int(v) for v in args.threads.split(",")):
-        extra = ["--rows", str(args.rows), "--repeats", str(args.repeats)]
-        extra += (["--no-torch"] if args.no_torch else []) + (["--profile-child"] if args.profile and t == 1 else [])
-        res = run_child("bench.cae_speed", CHILD_TAG, t, extra)
-        results.append(res)
-        for key, ts in res["times"].items():
-            print(f"{t} thread(s)  {NAMES[key]:70s} best {min(ts):.3f} s  ({' '.join(f'{v:.3f}' for v in ts)})",
-                  flush=True)
-    rows = [r for res in results for r in peer_rows(res, BENCHMARK, NAMES, NETWORK, "aepar")]
-    merge_rows(rows, Path(args.out), BENCHMARK)
-    md = markdown(results, rows)
-    Path(args.md).write_text(md)
-    print(md)
-    return 0
+    threads = [int(v) for v in args.threads.split(",")]
+
+    def extra_for(t):
+        extra = ["--rows", str(args.rows), "--repeats", str(args.repeats)] + (["--no-torch"] if args.no_torch else [])
+        return extra + (["--profile-child"] if args.profile and t == 1 else [])
+    return run_and_publish("bench.cae_speed", CHILD_TAG, threads, extra_for, benchmark=BENCHMARK, names=NAMES,
+                           network=NETWORK, reference="aepar", out=args.out, md=args.md, markdown=markdown)
 
 
 if __name__ == "__main__":

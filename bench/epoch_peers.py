@@ -19,7 +19,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["sgemm_gflops", "aepar_timer", "run_child", "peer_rows", "table_head"]
+__all__ = ["sgemm_gflops", "aepar_timer", "TorchPeer", "run_child", "peer_rows", "table_head", "run_and_publish"]
 
 
 def sgemm_gflops(threads: int, n: int = 2000, repeats: int = 5) -> tuple[float, str]:
@@ -76,6 +76,37 @@ def aepar_timer(model, optimizer, x, blocks: int):
     return time_epoch
 
 
+class TorchPeer:
+    """A PyTorch model trained the way aepar trains its own: minibatches of ``batch`` rows
+    in a shuffled order, the summed loss divided by the batch, one optimiser step each.
+    Subclasses set ``torch``, ``opt``, ``batch``, ``gen`` and ``shape`` (a row's shape as
+    the network takes it) and give :meth:`summed_loss`."""
+
+    def summed_loss(self, xb):
+        """The loss of a batch summed over its images (targets are the inputs)."""
+        raise NotImplementedError
+
+    def train_epoch(self, x) -> float:
+        """One epoch over rows ``x``; the mean over images of the summed loss."""
+        torch = self.torch
+        xt = torch.from_numpy(x).reshape((x.shape[0],) + tuple(self.shape))
+        n, total = xt.shape[0], torch.zeros((), dtype=torch.float64)
+        perm = torch.randperm(n, generator=self.gen)
+        for start in range(0, n, self.batch):
+            xb = xt[perm[start:start + self.batch]]
+            self.opt.zero_grad(set_to_none=True)
+            loss = self.summed_loss(xb)
+            (loss / xb.shape[0]).backward()
+            self.opt.step()
+            total += loss.detach()
+        return float(total) / n
+
+    def time_epoch(self, x) -> float:
+        t0 = time.perf_counter()
+        self.train_epoch(x)
+        return time.perf_counter() - t0
+
+
 def run_child(module: str, tag: str, threads: int, extra: list[str]) -> dict:
     """Run ``python -m module --child *extra`` at ``threads`` threads (AEPAR_THREADS) and
     return the JSON of its ``tag`` line."""
@@ -118,3 +149,25 @@ def table_head(title: str, module: str, row: dict) -> list[str]:
             f"Measured by `python -m {module}` on {row['cpu_model']} ({row['isa']}), {row['cores']} cores, "
             f"{row['blas']} ({row['blas_coretype'] or 'core type unknown'}), numba {row['numba']}"
             + (f", torch {row['torch']}" if row.get("torch") else "") + ".", ""]
+
+
+def run_and_publish(module: str, tag: str, threads: list[int], extra_for, *, benchmark: str, names: dict,
+                    network: str, reference: str, out, md, markdown) -> int:
+    """The driver: a child per thread count (``extra_for(t)``: its arguments), a line per
+    implementation as each ends, then the rows merged into ``out`` (peers.csv) and
+    ``markdown(results, rows)`` written to ``md``."""
+    from bench.peers_csv import merge_rows
+
+    results = []
+    for t in threads:
+        res = run_child(module, tag, t, extra_for(t))
+        results.append(res)
+        for key, ts in res["times"].items():
+            print(f"{t} thread(s)  {names[key]:78s} best {min(ts):.3f} s  ({' '.join(f'{v:.3f}' for v in ts)})",
+                  flush=True)
+    rows = [r for res in results for r in peer_rows(res, benchmark, names, network, reference)]
+    merge_rows(rows, Path(out), benchmark)
+    text = markdown(results, rows)
+    Path(md).write_text(text)
+    print(text)
+    return 0

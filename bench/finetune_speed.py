@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("AEPAR_THREADS", "1")
@@ -34,8 +33,7 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
-from bench.epoch_peers import aepar_timer, peer_rows, run_child, sgemm_gflops, table_head  # noqa: E402
-from bench.peers_csv import merge_rows  # noqa: E402
+from bench.epoch_peers import TorchPeer, aepar_timer, run_and_publish, sgemm_gflops, table_head  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -62,7 +60,7 @@ def load_rows(rows: int) -> tuple[np.ndarray, str]:
     return np.ascontiguousarray(x[:rows]), f"{name} train[:{rows}]"
 
 
-class TorchUnrolled:
+class TorchUnrolled(TorchPeer):
     """The same network, loss and optimiser in PyTorch, from the aepar model's weights."""
 
     def __init__(self, model, threads: int, seed: int = 0):
@@ -81,7 +79,7 @@ class TorchUnrolled:
             self.linears.append(lin)
         self.acts = list(model.acts)
         self.opt = torch.optim.Adam([p for lin in self.linears for p in lin.parameters()], lr=1e-3)
-        self.batch = model.batch
+        self.batch, self.shape = model.batch, (model.dims[0],)
         self.gen = torch.Generator().manual_seed(seed)
 
     def _logits(self, x):
@@ -91,25 +89,9 @@ class TorchUnrolled:
                 x = self.torch.sigmoid(x)
         return x
 
-    def train_epoch(self, x) -> float:
-        """One epoch over rows ``x``; mean over images of the summed pixel cross-entropy."""
-        torch = self.torch
-        xt = torch.from_numpy(x)
-        n, total = xt.shape[0], torch.zeros((), dtype=torch.float64)
-        perm = torch.randperm(n, generator=self.gen)
-        for start in range(0, n, self.batch):
-            xb = xt[perm[start:start + self.batch]]
-            self.opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(self._logits(xb), xb, reduction="sum")
-            (loss / xb.shape[0]).backward()
-            self.opt.step()
-            total += loss.detach()
-        return float(total) / n
-
-    def time_epoch(self, x) -> float:
-        t0 = time.perf_counter()
-        self.train_epoch(x)
-        return time.perf_counter() - t0
+    def summed_loss(self, xb):
+        """Pixel cross-entropy from the logits, summed over the images."""
+        return self.torch.nn.functional.binary_cross_entropy_with_logits(self._logits(xb), xb, reduction="sum")
 
 
 def aepar_epoch(x, blocks: int):
@@ -191,20 +173,12 @@ def main(argv=None) -> int:
     if args.child:
         args.torch = not args.no_torch
         return child(args)
-    results = []
-    for t in (int(v) for v in args.threads.split(",")):
-        extra = ["--rows", str(args.rows), "--repeats", str(args.repeats)] + (["--no-torch"] if args.no_torch else [])
-        res = run_child("bench.finetune_speed", CHILD_TAG, t, extra)
-        results.append(res)
-        for k, ts in res["times"].items():
-            print(f"{t} thread(s)  {NAMES[k]:78s} best {min(ts):.3f} s  ({' '.join(f'{v:.3f}' for v in ts)})",
-                  flush=True)
-    rows = [r for res in results for r in peer_rows(res, BENCHMARK, NAMES, NETWORK, "aepar8")]
-    merge_rows(rows, Path(args.out), BENCHMARK)
-    md = markdown(results, rows)
-    Path(args.md).write_text(md)
-    print(md)
-    return 0
+    threads = [int(v) for v in args.threads.split(",")]
+
+    def extra_for(t):
+        return ["--rows", str(args.rows), "--repeats", str(args.repeats)] + (["--no-torch"] if args.no_torch else [])
+    return run_and_publish("bench.finetune_speed", CHILD_TAG, threads, extra_for, benchmark=BENCHMARK, names=NAMES,
+                           network=NETWORK, reference="aepar8", out=args.out, md=args.md, markdown=markdown)
 
 
 if __name__ == "__main__":
