@@ -11,7 +11,7 @@ import csv
 import os
 from pathlib import Path
 
-__all__ = ["merge_rows", "KEY"]
+__all__ = ["merge_rows", "write_rows", "KEY"]
 
 KEY = ("hostname", "cpu_model", "isa", "blas_coretype")
 
@@ -41,3 +41,19 @@ def merge_rows(rows: list[dict], path, benchmark: str, *, legacy: bool = False) 
         for r in old + rows:
             w.writerow(r)
     os.replace(tmp, path)
+
+
+def write_rows(path, rows: list[dict], *, digits: int = 6) -> Path:
+    """``rows`` to the CSV at ``path``, replacing it: every key as a column, in the order
+    they first appear; floats to ``digits`` significant digits."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.{digits}g}" if isinstance(v, float) else v) for k, v in r.items()})
+    return path

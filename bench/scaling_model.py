@@ -59,6 +59,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.peers_csv import write_rows
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 MPI_CSV = RESULTS / "scaling_model_mpi.csv"
@@ -648,24 +650,10 @@ def measure_mpi(out: Path, quick: bool = False, target_s: float = 0.15) -> int:
                              "max_seconds": max(got), "reps": per[(op, nbytes, "reps")], "trials": len(got),
                              "ranks": comm.size, "load_1min": os.getloadavg()[0], **machine})
     if comm.is_root:
-        _write_rows(out, rows)
+        write_rows(out, rows)
         print(f"measure-mpi: {len(rows)} rows -> {out}", flush=True)
     comm.barrier()
     return 0
-
-
-def _write_rows(path: Path, rows: list, fields=None):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keys = list(fields or [])
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    return path
 
 
 def _best(fn, budget: float, min_reps: int = 3, max_reps: int = 200, between=None) -> float:
@@ -812,7 +800,7 @@ def measure_compute(out: Path, quick: bool = False) -> int:
     t0 = time.perf_counter()
     train_epoch(layer, shard, 0)
     row("rbm_epoch_50k", "rbm:784-1000:bernoulli:float32", 50000, (time.perf_counter() - t0) * 50000 / n)
-    _write_rows(out, rows)
+    write_rows(out, rows)
     print(f"measure-compute: {len(rows)} rows -> {out}", flush=True)
     return 0
 
@@ -910,7 +898,7 @@ def measure_sparse(out: Path, samples=(10000, 40000, 160000), procs=(1, 2), iter
                          "seconds_compute": best["seconds_compute"], "seconds_comm": best["seconds_comm"],
                          "repeats": repeats, "wall_seconds": best["_wall"], "load_1min": os.getloadavg()[0],
                          **machine})
-    _write_rows(out, rows)
+    write_rows(out, rows)
     print(f"measure-sparse: {len(rows)} rows -> {out} (runs in {work})", flush=True)
     return 0
 
@@ -957,7 +945,7 @@ def measure_stacked(out: Path, repeats: int = 3) -> int:
                      "load_1min": os.getloadavg()[0], **machine})
         print(f"measure-stacked: {scheme} np {p} batch {batch} {' '.join(extra)}: {summ['pretrain_time_s']:.3f} s",
               flush=True)
-    _write_rows(out, rows)
+    write_rows(out, rows)
     print(f"measure-stacked: {len(rows)} rows -> {out} (runs in {work})", flush=True)
     return 0
 
@@ -1475,9 +1463,9 @@ def report(mpi_csv=MPI_CSV, compute_csv=COMPUTE_CSV, ranks_per_node: int = 2, co
     gamma = comp.gamma()
     here = Network("this machine", links, None, ranks_per_node, gamma)
     valid = validate(comp, here, mpi_rows, _csv(SPARSE_CSV), machine)
-    _write_rows(VALID_CSV, valid)
+    write_rows(VALID_CSV, valid)
     pred = predict_all(comp, networks(links, gamma, ranks_per_node), machine)
-    _write_rows(PRED_CSV, pred)
+    write_rows(PRED_CSV, pred)
     plot(PNG, valid, pred)
     write_markdown(MD, links, resid, mpi_rows, valid, pred, comp, machine, contended, xeon_scales(comp),
                    ranks_per_node, how)

@@ -37,7 +37,6 @@ dataset-fashion-mnist``) takes about an hour.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import shutil
@@ -53,7 +52,7 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
-from bench.peers_csv import merge_rows  # noqa: E402
+from bench.peers_csv import merge_rows, write_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -81,17 +80,7 @@ def machine_columns() -> dict:
 def _write_csv(path, rows):
     """Rows to ``path``, each with the machine columns (a row's own values win)."""
     machine = machine_columns()
-    rows = [{**r, **{k: v for k, v in machine.items() if k not in r}} for r in rows]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keys = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in r.items()})
-    return path
+    return write_rows(path, [{**r, **{k: v for k, v in machine.items() if k not in r}} for r in rows], digits=5)
 
 
 # ---- one CD-1 epoch: aepar vs PyTorch ------------------------------------------------------
