@@ -17,6 +17,7 @@ from .activation import relu as _relu
 from .activation import relu_grad as _relu_grad
 from .activation import sigmoid as _sigmoid
 from .blas import gemm
+from .rowprod import rows_times, rows_times_t, thin, thin_t
 
 __all__ = ["dense_forward", "dense_backward"]
 
@@ -106,7 +107,7 @@ def dense_forward(x, W, b, act):
     """
     code = act_code(act)
     _check_shapes(x, W, b)
-    z = np.matmul(x, W)
+    z = _times(x, W)
     _bias_act(z, np.ascontiguousarray(b, dtype=z.dtype), code, z.dtype.type(1))
     return z
 
@@ -128,4 +129,15 @@ def dense_backward(da, x, W, a, act, dW, db, need_dx=True):
         _act_grad_colsum(np.ascontiguousarray(da, dtype=dtype), np.ascontiguousarray(a, dtype=dtype),
                          code, dtype.type(1), max(1, min(COLSUM_BLOCKS, da.shape[0])), dz, db)
     _add_xt_dz(x, dz, dW)
-    return np.matmul(dz, W.T) if need_dx else None
+    if not need_dx:
+        return None
+    dx = np.empty((dz.shape[0], W.shape[0]), dtype=np.result_type(dz, W))
+    if thin_t(dz, W, dx):
+        return rows_times_t(dz, W, dx)
+    return np.matmul(dz, W.T, out=dx)
+
+
+def _times(x, W):
+    """x @ W as a new array: a block's few float32 rows through :mod:`.rowprod`, else BLAS."""
+    out = np.empty((x.shape[0], W.shape[1]), dtype=np.result_type(x, W))
+    return rows_times(x, W, out) if thin(x, W, out) else np.matmul(x, W, out=out)

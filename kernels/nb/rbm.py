@@ -34,6 +34,7 @@ from numba import njit
 from ..ref.rbm import cd_update_via, check_cd, check_rbm
 from .blas import gemm
 from .nbmath import sig as _sig
+from .rowprod import rows_times, rows_times_t, thin, thin_t
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_update"]
 
@@ -193,13 +194,21 @@ def _gemm_into(c, alpha, a, b, beta=0.0, trans_a=0, trans_b=0):
 
 
 def _vW(v, W, out):
-    """out = v @ W, i.e. out.T = W.T @ v.T (all three column-major views, no copies)."""
-    _gemm_into(out.T, 1.0, W.T, v.T)
+    """out = v @ W: a block's few rows through :mod:`.rowprod`, else BLAS with
+    out.T = W.T @ v.T (all three column-major views, no copies)."""
+    if thin(v, W, out):
+        rows_times(v, W, out)
+    else:
+        _gemm_into(out.T, 1.0, W.T, v.T)
 
 
 def _hWt(h, W, out):
-    """out = h @ W.T, i.e. out.T = W @ h.T."""
-    _gemm_into(out.T, 1.0, W.T, h.T, trans_a=1)
+    """out = h @ W.T: a block's few rows through :mod:`.rowprod`, else BLAS with
+    out.T = W @ h.T."""
+    if thin_t(h, W, out):
+        rows_times_t(h, W, out)
+    else:
+        _gemm_into(out.T, 1.0, W.T, h.T, trans_a=1)
 
 
 # ---- fused element-wise passes (one read and one write of each operand) ----------------

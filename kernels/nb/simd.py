@@ -1,4 +1,5 @@
-"""Explicit 8-lane float64 vectors for Numba kernels: a type and its intrinsics.
+"""Explicit vectors for Numba kernels: 8-lane float64 and 16-lane float32 types and their
+intrinsics, and the vector ISA Numba compiles for.
 
 Numba has no vector type, so :data:`f64x8` is a Numba type whose LLVM value is
 <8 x double> (one AVX-512 register; LLVM splits it in two on AVX2), used through the
@@ -12,16 +13,18 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
+from llvmlite import binding as ll
 from llvmlite.binding import llvm_version_info
 from numba import njit, types
-from numba.core import cgutils
+from numba.core import cgutils, config
 from numba.extending import intrinsic, models, register_model
 
 from .nbmath import C1, C2, C3, C4, C5, C6, LN2_HI, LN2_LO, LOG2E, SHIFTER
 
 __all__ = ["LANES", "f64x8", "dptr", "vload", "vstore", "vbcast", "prefetch", "vsplat", "vfma", "vfnma",
            "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vpow2n", "vsigmoid", "vsigmoid_array",
-           "store_transposed", "zeros_aligned", "JIT"]
+           "store_transposed", "zeros_aligned", "JIT", "target_isa", "LANES32", "f32x16", "vzero32", "vload32",
+           "vload32m", "vstore32", "vstore32m", "vbcast32", "vfma32", "vhsum32"]
 
 # error_model="numpy": no ZeroDivisionError branch, which would stop LLVM from
 # vectorising; "contract" lets it use FMAs (no reassociation, so rounding tricks survive).
@@ -321,3 +324,185 @@ def zeros_aligned(n):
     buf = np.zeros(n + LANES)
     start = (-buf.ctypes.data % 64) // 8
     return buf[start:start + n]
+
+
+# CPUs LLVM knows by name whose default features include AVX-512F
+_AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
+                "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
+                "graniterapids", "znver4", "znver5", "x86-64-v4", "knl", "knm")
+
+
+def target_isa() -> str:
+    """"avx512" if the code Numba generates may use AVX-512 registers, else "avx2".
+
+    Numba compiles for NUMBA_CPU_NAME (default: this host) with NUMBA_CPU_FEATURES
+    (default: this host's features, even when NUMBA_CPU_NAME names another CPU: on an
+    AVX-512 host, NUMBA_CPU_NAME=haswell alone still emits AVX-512 code;
+    NUMBA_CPU_FEATURES=-avx512f is needed as well)."""
+    features = config.CPU_FEATURES
+    if features is None:
+        features = ll.get_host_cpu_features().flatten()
+    if "+avx512f" in features:
+        return "avx512"
+    if "-avx512f" in features:
+        return "avx2"
+    name = (config.CPU_NAME or ll.get_host_cpu_name()).lower()
+    return "avx512" if name in _AVX512_CPUS else "avx2"
+
+
+# ---- 16-lane float32 ---------------------------------------------------------------------------
+# One AVX-512 register (two with AVX2). Same conventions as f64x8, on flat float32 arrays;
+# the masked forms touch only the first n lanes' memory, for rows whose length is not a
+# multiple of 16.
+
+LANES32 = 16
+
+
+class _F32x16(types.Type):
+    def __init__(self):
+        super().__init__(name="f32x16")
+
+
+f32x16 = _F32x16()
+_VEC32 = ir.VectorType(ir.FloatType(), LANES32)
+_I32 = ir.IntType(32)
+_IVEC32 = ir.VectorType(_I32, LANES32)
+
+
+@register_model(_F32x16)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VEC32)
+
+
+def _flat_f32(a):
+    return isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1 and a.layout == "C"
+
+
+def _ptr32(context, builder, sig, args):
+    """&a[i] as a <16 x float>* for the (array, index, ...) arguments."""
+    data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+    idx = context.cast(builder, args[1], sig.args[1], types.intp)
+    return builder.bitcast(builder.gep(data, [idx]), _VEC32.as_pointer())
+
+
+def _lanes_below(context, builder, n, nty):
+    """<16 x i1>: lane < n."""
+    n32 = context.cast(builder, n, nty, types.int32)
+    splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_IVEC32, ir.Undefined), n32, ir.Constant(_I32, 0)),
+                                   ir.Constant(_IVEC32, ir.Undefined), ir.Constant(_IVEC32, [0] * LANES32))
+    return builder.icmp_signed("<", ir.Constant(_IVEC32, list(range(LANES32))), splat)
+
+
+@intrinsic
+def vzero32(typingctx):
+    """Zeros in 16 float32 lanes."""
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_VEC32, [0.0] * LANES32)
+
+    return f32x16(), codegen
+
+
+@intrinsic
+def vload32(typingctx, a, i):
+    """a[i:i + 16] of a flat float32 array (no bounds check, any alignment)."""
+    if not (_flat_f32(a) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_ptr32(context, builder, sig, args), align=4)
+
+    return f32x16(a, i), codegen
+
+
+@intrinsic
+def vload32m(typingctx, a, i, n):
+    """a[i:i + n] in the first n lanes (0 < n <= 16), zeros in the rest; memory past
+    a[i + n - 1] is not read."""
+    if not (_flat_f32(a) and isinstance(i, types.Integer) and isinstance(n, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr32(context, builder, sig, args)
+        mask = _lanes_below(context, builder, args[2], sig.args[2])
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_VEC32, [ptr.type, _I32, mask.type, _VEC32]),
+            "llvm.masked.load.v16f32." + ("p0" if llvm_version_info >= (15,) else "p0v16f32"))
+        return builder.call(fn, [ptr, ir.Constant(_I32, 4), mask, ir.Constant(_VEC32, [0.0] * LANES32)])
+
+    return f32x16(a, i, n), codegen
+
+
+@intrinsic
+def vstore32(typingctx, a, i, v):
+    """a[i:i + 16] = v."""
+    if not (_flat_f32(a) and isinstance(i, types.Integer) and v == f32x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _ptr32(context, builder, sig, args), align=4)
+        return context.get_dummy_value()
+
+    return types.none(a, i, v), codegen
+
+
+@intrinsic
+def vstore32m(typingctx, a, i, v, n):
+    """a[i:i + n] = the first n lanes of v (0 < n <= 16); nothing past them is written."""
+    if not (_flat_f32(a) and isinstance(i, types.Integer) and v == f32x16 and isinstance(n, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr32(context, builder, sig, args)
+        mask = _lanes_below(context, builder, args[3], sig.args[3])
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [_VEC32, ptr.type, _I32, mask.type]),
+            "llvm.masked.store.v16f32." + ("p0" if llvm_version_info >= (15,) else "p0v16f32"))
+        builder.call(fn, [args[2], ptr, ir.Constant(_I32, 4), mask])
+        return context.get_dummy_value()
+
+    return types.none(a, i, v, n), codegen
+
+
+@intrinsic
+def vbcast32(typingctx, a, i):
+    """a[i] in every lane."""
+    if not (_flat_f32(a) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+        x = builder.load(builder.gep(data, [context.cast(builder, args[1], sig.args[1], types.intp)]))
+        v = builder.insert_element(ir.Constant(_VEC32, ir.Undefined), x, ir.Constant(_I32, 0))
+        return builder.shuffle_vector(v, ir.Constant(_VEC32, ir.Undefined), ir.Constant(_IVEC32, [0] * LANES32))
+
+    return f32x16(a, i), codegen
+
+
+@intrinsic
+def vfma32(typingctx, a, b, c):
+    """a * b + c, rounded once per lane."""
+    if not (a == b == c == f32x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC32, [_VEC32] * 3),
+                                             "llvm.fma.v16f32")
+        return builder.call(fma, args)
+
+    return f32x16(a, b, c), codegen
+
+
+@intrinsic
+def vhsum32(typingctx, v):
+    """Lane 0 + lane 1 + ... + lane 15 in float32, in that order (the same result every call)."""
+    if v != f32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        s = builder.extract_element(args[0], ir.Constant(_I32, 0))
+        for i in range(1, LANES32):
+            s = builder.fadd(s, builder.extract_element(args[0], ir.Constant(_I32, i)))
+        return s
+
+    return types.float32(v), codegen

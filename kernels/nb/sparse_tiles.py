@@ -23,36 +23,10 @@ output tiles or 2×3 gradient tiles spilled and took 6.7-10.7 ms.
 """
 from __future__ import annotations
 
-from llvmlite import binding as ll
 from numba import njit
-from numba.core import config
 
-from .simd import (JIT, LANES, prefetch, store_transposed, vadd, vbcast, vfma, vfnma, vload,  # noqa: F401
-                   vmul, vsigmoid, vsplat, vstore, vsub)
-
-# CPUs LLVM knows by name whose default features include AVX-512F
-_AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
-                "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
-                "graniterapids", "znver4", "znver5", "x86-64-v4", "knl", "knm")
-
-
-def target_isa() -> str:
-    """"avx512" if the code Numba generates may use AVX-512 registers, else "avx2".
-
-    Numba compiles for NUMBA_CPU_NAME (default: this host) with NUMBA_CPU_FEATURES
-    (default: this host's features, even when NUMBA_CPU_NAME names another CPU: on an
-    AVX-512 host, NUMBA_CPU_NAME=haswell alone still emits AVX-512 code;
-    NUMBA_CPU_FEATURES=-avx512f is needed as well)."""
-    features = config.CPU_FEATURES
-    if features is None:
-        features = ll.get_host_cpu_features().flatten()
-    if "+avx512f" in features:
-        return "avx512"
-    if "-avx512f" in features:
-        return "avx2"
-    name = (config.CPU_NAME or ll.get_host_cpu_name()).lower()
-    return "avx512" if name in _AVX512_CPUS else "avx2"
-
+from .simd import (JIT, LANES, prefetch, store_transposed, target_isa, vadd, vbcast, vfma, vfnma,  # noqa: F401
+                   vload, vmul, vsigmoid, vsplat, vstore, vsub)
 
 TILE_SHAPES = {"avx512": dict(PV=4, RH=5, SB=8, TB=2, OJ=5, OV=4),
                "avx2": dict(PV=2, RH=2, SB=8, TB=1, OJ=2, OV=2)}

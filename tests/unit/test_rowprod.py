@@ -1,0 +1,92 @@
+"""kernels.nb.rowprod: the float32 row-product kernels the blocks' products use.
+
+Against float64 products within float32 rounding; each row's result the same whatever
+other rows share the call (what makes it safe for the fixed blocks of aepar.rows); no
+memory past a row's end read or written (masked last vectors); refusals."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import aepar  # noqa: F401  (registers aepar.kernels in a checkout)
+from aepar.kernels.nb.rowprod import MAX_ROWS, MIN_DOT, rows_times, rows_times_t, thin, thin_t
+
+EPS32 = np.finfo(np.float32).eps
+
+
+def _padded(rng, shape, pad_rows=1):
+    """A C-contiguous float32 array that is the first rows of a larger one whose extra
+    rows are NaN: a read past its end would show in the result."""
+    buf = np.full((shape[0] + pad_rows, shape[1]), np.nan, dtype=np.float32)
+    buf[:shape[0]] = rng.standard_normal(shape, dtype=np.float32)
+    return buf[:shape[0]], buf
+
+
+def _bound(a, b):
+    """Sequential float32 sums of K products: |error| <= K eps Σ|terms| (a loose bound)."""
+    k = a.shape[1]
+    return (k + 2) * EPS32 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))) + 1e-30
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 20), k=st.integers(1, 70), n=st.integers(1, 90), seed=st.integers(0, 2**16))
+def test_rows_times_is_the_product_row_by_row(m, k, n, seed):
+    rng = np.random.default_rng(seed)
+    v, _ = _padded(rng, (m, k))
+    W, _ = _padded(rng, (k, n))
+    out, obuf = _padded(rng, (m, n))
+    obuf[m:] = 7.0  # the row past out: must stay
+    rows_times(v, W, out)
+    want = v.astype(np.float64) @ W.astype(np.float64)
+    assert np.all(np.abs(out - want) <= _bound(v, W))
+    assert np.all(obuf[m:] == 7.0)
+    for a, b in ((0, 1), (m // 2, m), (1, m)):
+        if a < b:  # a row's result does not depend on the other rows of the call
+            part = np.empty((b - a, n), np.float32)
+            np.testing.assert_array_equal(rows_times(np.ascontiguousarray(v[a:b]), W, part), out[a:b])
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 20), k=st.integers(1, 30), n=st.integers(1, 90), seed=st.integers(0, 2**16))
+def test_rows_times_t_is_the_product_with_the_transpose_row_by_row(m, k, n, seed):
+    rng = np.random.default_rng(seed)
+    h, _ = _padded(rng, (m, n))
+    W, _ = _padded(rng, (k, n))
+    out, obuf = _padded(rng, (m, k))
+    obuf[m:] = 7.0
+    rows_times_t(h, W, out)
+    want = h.astype(np.float64) @ W.astype(np.float64).T
+    assert np.all(np.abs(out - want) <= _bound(h, W.T))
+    assert np.all(obuf[m:] == 7.0)
+    for a, b in ((0, 1), (m // 2, m), (1, m)):
+        if a < b:
+            part = np.empty((b - a, k), np.float32)
+            np.testing.assert_array_equal(rows_times_t(np.ascontiguousarray(h[a:b]), W, part), out[a:b])
+
+
+def test_the_models_block_shapes_and_empty_sums():
+    rng = np.random.default_rng(0)
+    for m, k, n in ((13, 784, 1000), (12, 1000, 500), (13, 250, 30)):
+        v = rng.random((m, k), dtype=np.float32)
+        W = rng.standard_normal((k, n), dtype=np.float32) * np.float32(0.1)
+        out = rows_times(v, W, np.empty((m, n), np.float32))
+        assert np.all(np.abs(out - v.astype(np.float64) @ W) <= _bound(v, W))
+        back = rows_times_t(out, W, np.empty((m, k), np.float32))
+        assert np.all(np.abs(back - out.astype(np.float64) @ W.T.astype(np.float64)) <= _bound(out, W.T))
+    out = np.full((2, 3), np.nan, np.float32)
+    assert not rows_times(np.empty((2, 0), np.float32), np.empty((0, 3), np.float32), out).any()
+
+
+def test_refusals_and_which_products_it_takes():
+    f32 = np.zeros((4, 5), np.float32)
+    with pytest.raises(TypeError, match="float32"):
+        rows_times(f32.astype(np.float64), np.zeros((5, 2), np.float32), np.zeros((4, 2), np.float32))
+    with pytest.raises(ValueError, match="do not match"):
+        rows_times(f32, np.zeros((6, 2), np.float32), np.zeros((4, 2), np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        rows_times_t(np.zeros((5, 4), np.float32).T, np.zeros((3, 5), np.float32), np.zeros((4, 3), np.float32))
+    W = np.zeros((5, MIN_DOT), np.float32)
+    assert thin(f32, np.zeros((5, 2), np.float32), np.zeros((4, 2), np.float32))
+    assert not thin(np.zeros((MAX_ROWS + 1, 5), np.float32), W, np.zeros((MAX_ROWS + 1, MIN_DOT), np.float32))
+    assert not thin(f32.astype(np.float64), W.astype(np.float64), np.zeros((4, MIN_DOT)))
+    assert thin_t(np.zeros((4, MIN_DOT), np.float32), W, np.zeros((4, 5), np.float32))
+    assert not thin_t(np.zeros((4, MIN_DOT - 1), np.float32), W[:, 1:].copy(), np.zeros((4, 5), np.float32))
