@@ -366,6 +366,16 @@ def _taps(n_out, n_in, k, stride, pad):
     return sum(1 for o in range(n_out) for i in range(k) if 0 <= o * stride - pad + i < n_in)
 
 
+def _conv_arrays(rng, dt, xs, wsh, ys, bias_len):
+    """Inputs of a conv or transposed-conv case: x, PyTorch-style uniform W and b (bound
+    1/sqrt(fan-in) from W's last three sides), an upstream gradient dy, zeroed dW and db."""
+    import numpy as np
+    bound = 1 / math.sqrt(wsh[1] * wsh[2] * wsh[3])
+    return {"x": rng.random(xs, dtype=dt), "W": rng.uniform(-bound, bound, wsh).astype(dt),
+            "b": rng.uniform(-bound, bound, bias_len).astype(dt), "dy": rng.standard_normal(ys).astype(dt),
+            "dW": np.zeros(wsh, dt), "db": np.zeros(bias_len, dt)}
+
+
 def _conv_cases(convs, tconvs, pools, dt):
     import numpy as np
     from aepar.kernels import ref
@@ -378,10 +388,7 @@ def _conv_cases(convs, tconvs, pools, dt):
         nx, ny, nw = N * C * H * Wd, N * Co * Ho * Wo, Co * C * k * k
 
         def make(rng, xs=(N, C, H, Wd), wsh=(Co, C, k, k), ys=(N, Co, Ho, Wo)):
-            bound = 1 / math.sqrt(wsh[1] * wsh[2] * wsh[3])
-            return {"x": rng.random(xs, dtype=dt), "W": rng.uniform(-bound, bound, wsh).astype(dt),
-                    "b": rng.uniform(-bound, bound, wsh[0]).astype(dt), "dy": rng.standard_normal(ys).astype(dt),
-                    "dW": np.zeros(wsh, dt), "db": np.zeros(wsh[0], dt)}
+            return _conv_arrays(rng, dt, xs, wsh, ys, bias_len=wsh[0])
 
         def run_bwd(K, a, stride=stride, pad=pad):
             dx = K.conv2d_backward(a["dy"], a["x"], a["W"], stride, pad, a["dW"], a["db"])
@@ -400,10 +407,7 @@ def _conv_cases(convs, tconvs, pools, dt):
         nx, ny, nw = N * Ci * H * Wd, N * Co * Ho * Wo, Ci * Co * k * k
 
         def make(rng, xs=(N, Ci, H, Wd), wsh=(Ci, Co, k, k), ys=(N, Co, Ho, Wo)):
-            bound = 1 / math.sqrt(wsh[1] * wsh[2] * wsh[3])
-            return {"x": rng.random(xs, dtype=dt), "W": rng.uniform(-bound, bound, wsh).astype(dt),
-                    "b": rng.uniform(-bound, bound, wsh[1]).astype(dt), "dy": rng.standard_normal(ys).astype(dt),
-                    "dW": np.zeros(wsh, dt), "db": np.zeros(wsh[1], dt)}
+            return _conv_arrays(rng, dt, xs, wsh, ys, bias_len=wsh[1])
 
         def run_bwd(K, a, stride=stride, pad=pad):
             dx = K.conv2d_transpose_backward(a["dy"], a["x"], a["W"], stride, pad, a["dW"], a["db"])

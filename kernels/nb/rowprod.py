@@ -110,20 +110,30 @@ _dot = _define(*_dispatch_source("_dot", "_dot_", _DOTS, "h, ho, ldh, w, wo, ldw
 
 
 @njit(**JIT)
+def _row_tiles(M, most):
+    """Bounds of the row tiles: as few tiles of at most ``most`` rows as will do, of
+    nearly equal size (13 rows with 6 at most: 5, 4, 4)."""
+    ntile = (M + most - 1) // most
+    bounds = np.empty(ntile + 1, np.int64)
+    bounds[0] = 0
+    for t in range(ntile):
+        bounds[t + 1] = bounds[t] + (M - bounds[t] + ntile - t - 1) // (ntile - t)
+    return bounds
+
+
+@njit(**JIT)
 def _rows_times(v, W, out):
     M, K = v.shape
     N = W.shape[1]
     vf, wf, of = v.reshape(-1), W.reshape(-1), out.reshape(-1)
-    ntile = (M + RT - 1) // RT
+    tiles = _row_tiles(M, RT)
     j = 0
     while j < N:
         vecs = min(CT, (N - j + LANES32 - 1) // LANES32)
         nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
-        r = 0
-        for t in range(ntile):  # tiles of nearly equal rows: 13 rows with RT 6 -> 5, 4, 4
-            rows = (M - r + ntile - t - 1) // (ntile - t)
-            _tile(rows, vecs, vf, r * K, K, wf, j, N, of, r * N + j, N, K, nlast)
-            r += rows
+        for t in range(tiles.size - 1):
+            r = tiles[t]
+            _tile(tiles[t + 1] - r, vecs, vf, r * K, K, wf, j, N, of, r * N + j, N, K, nlast)
         j += vecs * LANES32
 
 
@@ -132,16 +142,12 @@ def _rows_times_t(h, W, out):
     M, N = h.shape
     K = W.shape[0]
     hf, wf, of = h.reshape(-1), W.reshape(-1), out.reshape(-1)
-    ntile = (M + DR - 1) // DR
-    i = 0
-    while i < K:
+    tiles = _row_tiles(M, DR)
+    for i in range(0, K, DI):
         wrows = min(DI, K - i)
-        r = 0
-        for t in range(ntile):
-            rows = (M - r + ntile - t - 1) // (ntile - t)
-            _dot(rows, wrows, hf, r * N, N, wf, i * N, N, of, r * K + i, K, N)
-            r += rows
-        i += wrows
+        for t in range(tiles.size - 1):
+            r = tiles[t]
+            _dot(tiles[t + 1] - r, wrows, hf, r * N, N, wf, i * N, N, of, r * K + i, K, N)
 
 
 def _check(name, a, W, out, shape):

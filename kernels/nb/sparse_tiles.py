@@ -35,6 +35,16 @@ PV, RH, SB, TB, OJ, OV = (TILE_SHAPES[ISA][k] for k in ("PV", "RH", "SB", "TB", 
 PW = LANES * PV            # samples per panel
 
 
+def _panel_fma(rows):
+    """The body both x·W tiles share: the panel row's PV vectors loaded at xb, then for
+    each of ``rows`` hidden units its weight at wb broadcast into the accumulators."""
+    src = [f"        x{c} = vload(x, xb + {LANES * c})" for c in range(PV)]
+    for r in range(rows):
+        src.append(f"        w{r} = vbcast(w, wb + {r})")
+        src += [f"        a{r}_{c} = vfma(w{r}, x{c}, a{r}_{c})" for c in range(PV)]
+    return src
+
+
 def _hidden_source(rows):
     """x W1 for hidden units n0 .. n0 + rows of a panel, then the layer's epilogue:
     z[zo + n·PW + lanes] = b1[n] + Σ_k w1[k·ldw + n] · x[xo + k·PW + lanes] (weights
@@ -51,10 +61,7 @@ def _hidden_source(rows):
             "            prefetch(pf, pfo + 16 * k + 8)",
             f"        xb = xo + k * {PW}",
             "        wb = k * ldw + n0"]
-    src += [f"        x{c} = vload(x, xb + {LANES * c})" for c in cols]
-    for r in range(rows):
-        src.append(f"        w{r} = vbcast(w, wb + {r})")
-        src += [f"        a{r}_{c} = vfma(w{r}, x{c}, a{r}_{c})" for c in cols]
+    src += _panel_fma(rows)
     for r in range(rows):
         src += [f"    if n0 + {r} < h:",
                 f"        s = vload(act, (n0 + {r}) * {LANES})"]
@@ -128,10 +135,7 @@ def _backward_source(rows, fold):
     src += ["    for kk in range(K):",
             f"        xb = kk * {PW}",
             "        wb = kk * ldw + n0"]
-    src += [f"        x{c} = vload(x, xb + {LANES * c})" for c in cols]
-    for r in range(rows):
-        src.append(f"        w{r} = vbcast(w, wb + {r})")
-        src += [f"        a{r}_{c} = vfma(w{r}, x{c}, a{r}_{c})" for c in cols]
+    src += _panel_fma(rows)
     src += [f"    mk{c} = vload(mask, mo + {LANES * c})" for c in cols]
     for r in range(rows):
         src += [f"    j = n0 + {r}",

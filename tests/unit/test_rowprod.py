@@ -27,22 +27,29 @@ def _bound(a, b):
     return (k + 2) * EPS32 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))) + 1e-30
 
 
+def _check_rows(kernel, a, W, Wt, out_shape):
+    """``kernel(a, W, out)`` against a @ Wt in float64 within float32 rounding, with the row
+    past ``out`` untouched and every run of rows sliced out of the call giving the same bits."""
+    m = out_shape[0]
+    out, obuf = _padded(np.random.default_rng(1), out_shape)
+    obuf[m:] = 7.0  # the row past out: must stay
+    kernel(a, W, out)
+    want = a.astype(np.float64) @ Wt.astype(np.float64)
+    assert np.all(np.abs(out - want) <= _bound(a, Wt))
+    assert np.all(obuf[m:] == 7.0)
+    for lo, hi in ((0, 1), (m // 2, m), (1, m)):
+        if lo < hi:  # a row's result does not depend on the other rows of the call
+            part = np.empty((hi - lo, out_shape[1]), np.float32)
+            np.testing.assert_array_equal(kernel(np.ascontiguousarray(a[lo:hi]), W, part), out[lo:hi])
+
+
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(1, 20), k=st.integers(1, 70), n=st.integers(1, 90), seed=st.integers(0, 2**16))
 def test_rows_times_is_the_product_row_by_row(m, k, n, seed):
     rng = np.random.default_rng(seed)
     v, _ = _padded(rng, (m, k))
     W, _ = _padded(rng, (k, n))
-    out, obuf = _padded(rng, (m, n))
-    obuf[m:] = 7.0  # the row past out: must stay
-    rows_times(v, W, out)
-    want = v.astype(np.float64) @ W.astype(np.float64)
-    assert np.all(np.abs(out - want) <= _bound(v, W))
-    assert np.all(obuf[m:] == 7.0)
-    for a, b in ((0, 1), (m // 2, m), (1, m)):
-        if a < b:  # a row's result does not depend on the other rows of the call
-            part = np.empty((b - a, n), np.float32)
-            np.testing.assert_array_equal(rows_times(np.ascontiguousarray(v[a:b]), W, part), out[a:b])
+    _check_rows(rows_times, v, W, W, (m, n))
 
 
 @settings(max_examples=40, deadline=None)
@@ -51,16 +58,7 @@ def test_rows_times_t_is_the_product_with_the_transpose_row_by_row(m, k, n, seed
     rng = np.random.default_rng(seed)
     h, _ = _padded(rng, (m, n))
     W, _ = _padded(rng, (k, n))
-    out, obuf = _padded(rng, (m, k))
-    obuf[m:] = 7.0
-    rows_times_t(h, W, out)
-    want = h.astype(np.float64) @ W.astype(np.float64).T
-    assert np.all(np.abs(out - want) <= _bound(h, W.T))
-    assert np.all(obuf[m:] == 7.0)
-    for a, b in ((0, 1), (m // 2, m), (1, m)):
-        if a < b:
-            part = np.empty((b - a, k), np.float32)
-            np.testing.assert_array_equal(rows_times_t(np.ascontiguousarray(h[a:b]), W, part), out[a:b])
+    _check_rows(rows_times_t, h, W, W.T, (m, k))
 
 
 def test_the_models_block_shapes_and_empty_sums():
