@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node", "tree_sum",
+__all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node", "tree_merges", "tree_sum",
            "local_sums", "parallel_map", "threads", "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
@@ -186,6 +186,25 @@ def tree_node(level: int, start: int, leaves, count: int, add=operator.iadd):
     if start + half < count:
         add(left, tree_node(level - 1, start + half, leaves, count, add))
     return left
+
+
+def tree_merges(level: int, start: int, count: int) -> list[int]:
+    """Node (level, start)'s tree in postfix, for one call that adds its blocks' values
+    (kernels' ``block_outer_sum``): for each of its blocks in order, how many additions of
+    the two newest partial sums follow it, so that the result is :func:`tree_node`'s."""
+    merges: list[int] = []
+
+    def visit(level, start):
+        if level == 0:
+            merges.append(0)
+            return
+        half = 1 << (level - 1)
+        visit(level - 1, start)
+        if start + half < count:
+            visit(level - 1, start + half)
+            merges[-1] += 1
+    visit(level, start)
+    return merges
 
 
 def tree_sum(vectors, add=None):

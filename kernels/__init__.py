@@ -54,6 +54,12 @@ Families (module: functions):
   ``conv2d_transpose_forward(x, W, b, stride=1, pad=0) -> y`` (W: Cin, Cout, kh, kw,
   output (H-1)*stride - 2*pad + kh); ``conv2d_transpose_backward(dy, x, W, stride, pad, dW, db) -> dx``;
   ``maxpool2x2_forward(x) -> (y, argmax)``; ``maxpool2x2_backward(dy, argmax, x_shape) -> dx``
+- blocksum: ``block_outer_sum(A, D, starts, merges, alphas, out)``: out = Σ alphas[b]
+  A_b.T @ D_b over the blocks of rows ``starts[b]:starts[b+1]``, added in the postfix tree
+  ``merges`` (aepar.rows.tree_merges): a batch's weight gradient from its blocks, the same
+  bits as each block's product added in that tree. ``rbm_cd_factors(v0, W, bv, bh, noise,
+  hidden, dbv, dbh, scale) -> (A, D, alpha, sq_err)`` is rbm_cd_backward with its W
+  gradient left as alpha * A.T @ D for it.
 - update: ``sgd_momentum_update(p, g, v, lr, momentum)`` (v = momentum*v - lr*g; p += v);
   ``adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8)``: in place.
 """

@@ -35,7 +35,8 @@ class AELayer(RBM):
         return h, Wt, K.dense_forward(h, Wt, p["bv"], "sigmoid")
 
     n_extra = 1  # a step reports Σ‖x̂ − x‖² over its rows
-    fused_step = None  # the RBM's fused step is CD-1: an autoencoder layer takes the general path
+    # the RBM's fused step and factors are CD-1's: an autoencoder layer takes the general path
+    fused_step = leaf_factors = None
 
     def leaf_gradient(self, x, rng, scale, grads):
         """Add one block's gradient of ½ Σ(x̂ − x)², scaled by ``scale``, into ``grads``.

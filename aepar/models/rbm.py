@@ -97,6 +97,18 @@ class RBM:
                                          grads["W"], grads["bv"], grads["bh"], scale)
         return (err,)
 
+    factored = ("W",)  # the trainer adds the blocks' W gradients from leaf_factors' factors
+
+    def leaf_factors(self, x, rng, scale, grads):
+        """:meth:`leaf_gradient` with the W gradient left as factors: adds the bias
+        gradients into ``grads`` and returns ((Σ‖v1 − v0‖²,), {"W": (A, D, alpha)}), the
+        block's W gradient being alpha * A.T @ D (the same noise as leaf_gradient)."""
+        be, p = self.be, self.params
+        noise = self._draw(rng, np.empty((1, x.shape[0], self.n_out), dtype=NOISE_DTYPE))
+        a, d, alpha, err = be.K.rbm_cd_factors(x, p["W"], p["bv"], p["bh"], be.xp.asarray(noise), self.hidden,
+                                               grads["bv"], grads["bh"], scale)
+        return (err,), {"W": (a, d, alpha)}
+
     def fused_step(self, x, rng, epoch):
         """One whole batch on one process: CD-1, weight cost and the momentum step in one
         kernel (no gradient arrays). Returns (Σ‖v1 − v0‖²,)."""

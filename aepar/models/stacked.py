@@ -122,7 +122,7 @@ class StackedAutoencoder:
         """The codes (linear units of the middle layer) of every row of ``shard``."""
         return shard.map_rows(self._encode, self.sizes[-1], self.be.xp, self.be.dtype)
 
-    def loss_and_grad(self, x, grads, scale=None):
+    def loss_and_grad(self, x, grads, scale=None, factors=None):
         """Loss of a batch and its gradients, *added* into ``grads`` (zero them first).
 
         Parameters
@@ -134,6 +134,9 @@ class StackedAutoencoder:
         scale : float or None
             Multiplies the summed loss and the gradients (default 1/batch; data-parallel
             callers pass 1/global batch).
+        factors : dict, optional
+            Given, the weight gradients are not added: ``factors[f"W{i}"]`` gets (A, D, 1)
+            with the gradient A.T @ D (the trainer adds many blocks' at once).
 
         Returns
         -------
@@ -153,8 +156,12 @@ class StackedAutoencoder:
             sq_err = K.mse_forward(y, x, scale=2.0)
             da = K.sigmoid_xent_backward(y, x, scale=scale)  # d/dlogits: through "identity"
         for i in reversed(range(self.n_layers)):
-            da = K.dense_backward(da, acts[i], p[f"W{i + 1}"], acts[i + 1], self.acts[i],
-                                  g[f"W{i + 1}"], g[f"b{i + 1}"], need_dx=i > 0)
+            W, act = p[f"W{i + 1}"], self.acts[i]
+            if factors is None:
+                da = K.dense_backward(da, acts[i], W, acts[i + 1], act, g[f"W{i + 1}"], g[f"b{i + 1}"], need_dx=i > 0)
+            else:
+                da, dz = K.dense_backward_factors(da, acts[i], W, acts[i + 1], act, g[f"b{i + 1}"], need_dx=i > 0)
+                factors[f"W{i + 1}"] = (acts[i], dz, 1.0)
         return loss, sq_err
 
     # ---- training and evaluation ---------------------------------------------------------
@@ -166,6 +173,18 @@ class StackedAutoencoder:
         (Σ loss, Σ‖x̂ − x‖²) over its rows."""
         loss, sq_err = self.loss_and_grad(x, grads, scale=scale)
         return loss / scale, sq_err
+
+    @property
+    def factored(self) -> tuple:
+        """The weights whose block gradients the trainer adds from :meth:`leaf_factors`."""
+        return tuple(f"W{i + 1}" for i in range(self.n_layers))
+
+    def leaf_factors(self, x, rng, scale, grads):
+        """:meth:`leaf_gradient` with the weight gradients left as factors (x.T @ dz per
+        layer); the biases' are added into ``grads``."""
+        factors = {}
+        loss, sq_err = self.loss_and_grad(x, grads, scale=scale, factors=factors)
+        return (loss / scale, sq_err), factors
 
     def apply(self, grads, epoch):
         self.optimizer.step(grads)

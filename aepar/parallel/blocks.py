@@ -79,12 +79,24 @@ class TreeSum:
         self._ops.append((level, start, left, right))
         return left
 
-    def _combine(self, vectors, add):
+    @property
+    def nodes(self) -> list[tuple[int, int]]:
+        """The tree nodes (level, start) that this rank's blocks make up, left to right:
+        what it adds alone before any message."""
+        return list(self._local)
+
+    def node_values(self, vectors, add=None) -> dict:
+        """{node: value} for :attr:`nodes`, added from this rank's block vectors (in block
+        order) into the first vector of each node."""
         if len(vectors) != self.stop - self.first:
             raise ValueError(f"rank {self.comm.rank} owns {self.stop - self.first} blocks, got "
                              f"{len(vectors)} vectors")
         leaves = {self.first + i: v for i, v in enumerate(vectors)}
-        values = {node: tree_node(*node, leaves, self.count, add) for node in self._local}
+        return {node: tree_node(*node, leaves, self.count, add or operator.iadd) for node in self._local}
+
+    def _combine(self, values, add):
+        """The sum on rank 0 from every rank's :meth:`node_values` (messages between ranks)."""
+        values = dict(values)
         me = self.comm.rank
         for level, start, left, right in self._ops:
             half = 1 << (level - 1)
@@ -110,11 +122,18 @@ class TreeSum:
 
     def reduce(self, vectors, add=None):
         """The sum on rank 0 (a vector there, clobbering its first block's vector), None elsewhere."""
-        return self._combine(vectors, add or operator.iadd)
+        add = add or operator.iadd
+        return self._combine(self.node_values(vectors, add), add)
 
     def allreduce(self, vectors, out, add=None):
         """The sum in ``out`` on every rank."""
-        total = self._combine(vectors, add or operator.iadd)
+        return self.allreduce_nodes(self.node_values(vectors, add), out, add)
+
+    def allreduce_nodes(self, values, out, add=None):
+        """The sum in ``out`` on every rank, from this rank's ``{node: value}`` for
+        :attr:`nodes` (:meth:`node_values`, or the nodes' sums taken some other way in the
+        same tree)."""
+        total = self._combine(values, add or operator.iadd)
         if self.comm.is_root:
             out[...] = total
         self.comm.bcast(out)

@@ -28,7 +28,12 @@ scale, grads)`` (adds one block's scaled gradient into ``grads``, returns its ``
 sums; ``rng`` is the block's own stream for any noise) and ``apply(grads, epoch)`` (the
 optimiser's step). It may provide ``fused_step(x, rng, epoch)`` too: gradient and step in
 one kernel, taken when the data is one block on one process, where there is nothing to
-add up; and ``epochs_done``, which a completed epoch advances.
+add up; and ``epochs_done``, which a completed epoch advances. A model whose weight
+gradients are products ``alpha * A.T @ D`` of a block's rows may name them in
+``factored`` and provide ``leaf_factors(x, rng, scale, grads) -> (sums, {name: (A, D,
+alpha)})``, filling only the other gradients: each tree node's sum of those is then one
+``block_outer_sum`` call from its blocks' factors, the same bits as the blocks' own
+products added in the tree, without writing them out.
 
 Models never see ranks: where one needs a sum over all ranks' rows (an evaluation) it is
 handed ``reducer(comm)``.
@@ -40,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aepar.parallel.blocks import TreeSum
-from aepar.rows import Blocks, Shard, block_bounds, parallel_map
+from aepar.rows import Blocks, Shard, block_bounds, parallel_map, threads, tree_merges
 
 __all__ = ["Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums", "reducer"]
 
@@ -139,7 +144,12 @@ class EpochResult:
 
 class _Buffers:
     """One flat gradient vector per own block (+ the step's sums and the guard's flag), and
-    the fixed tree that adds them; made once per model and layout."""
+    the fixed tree that adds them; made once per model and layout.
+
+    A model's ``factored`` gradients (see :func:`train_epoch`) have no place filled in a
+    block's vector: ``block_outer_sum`` writes each tree node's sum of them straight into
+    the vector that holds the node; ``added`` are the slices the blocks fill and NumPy adds.
+    """
 
     def __init__(self, model, shard: Shard, comm, be, allreduce: bool):
         shapes = model.grad_shapes()
@@ -149,10 +159,20 @@ class _Buffers:
         self.n_grad = sum(self.sizes)
         self.n_extra = int(model.n_extra)
         width = self.n_grad + self.n_extra + 1
+        self.factored = [k for k in getattr(model, "factored", ()) if k in shapes] \
+            if getattr(model, "leaf_factors", None) is not None else []
+        offsets = np.cumsum([0] + self.sizes)
+        self.added = [slice(int(offsets[i]), int(offsets[i + 1])) for i, k in enumerate(self.names)
+                      if k not in self.factored] + [slice(self.n_grad, width)]
         n_mine = shard.blocks.stop - shard.blocks.first
         self.leaves = be.zeros((max(n_mine, 1), width))
         self.total = be.zeros(width)
         self.tree = None if allreduce else TreeSum(_serial_if_none(comm), shard.blocks.count)
+        # the sums this rank takes alone: (tree node or None, its first own block, its
+        # postfix tree); with allreduce, its blocks in order
+        count, first = shard.blocks.count, shard.blocks.first
+        self.groups = [(None, 0, [0] + [1] * (max(n_mine, 1) - 1))] if allreduce else \
+            [(node, node[1] - first, tree_merges(*node, count)) for node in self.tree.nodes]
         self.key = _buffers_key(shard, comm, allreduce)
 
     def views(self, flat) -> dict:
@@ -228,11 +248,39 @@ def train_epoch(model, shard: Shard, epoch: int, comm=None, *, batch: int | None
     return result
 
 
-def _local_total(leaves, n_rows, out):
-    """This rank's own rows of ``leaves`` added in order into ``out`` (the allreduce path)."""
-    out[...] = leaves[0]
-    for i in range(1, n_rows):
-        out += leaves[i]
+def _local_sum(be, buf, factors, first, merges, out):
+    """This rank's blocks ``first``.. added in the postfix tree ``merges`` into the row
+    ``out``: the slices the blocks filled by NumPy in the leftmost block's row, the
+    factored gradients by ``block_outer_sum`` from the blocks' factors (an empty block's
+    are none: a zero product)."""
+    leaves, stack = buf.leaves, []
+    for i, m in zip(range(first, first + len(merges)), merges):
+        right = leaves[i]
+        for _ in range(m):
+            left = stack.pop()
+            for part in buf.added:
+                left[part] += right[part]
+            right = left
+        stack.append(right)
+    if stack[0] is not out:
+        for part in buf.added:
+            out[part] = stack[0][part]
+    grads = buf.views(out)
+    for name in buf.factored:
+        m, n = grads[name].shape
+        parts = [f[name] if f is not None else None for f in factors[first:first + len(merges)]]
+        xp = be.xp
+        a = xp.concatenate([p[0] if p else xp.empty((0, m), be.dtype) for p in parts])
+        d = xp.concatenate([p[1] if p else xp.empty((0, n), be.dtype) for p in parts])
+        starts = np.cumsum([0] + [p[0].shape[0] if p else 0 for p in parts])
+        alphas = [p[2] if p else 1.0 for p in parts]
+        # the threads take a band of rows each: an element's sums are the same in any band
+        bands = block_bounds(m, max(1, min(threads(), m)))
+
+        def band(i, a=a, d=d, starts=starts, alphas=alphas, g=grads[name]):
+            lo, hi = int(bands[i]), int(bands[i + 1])
+            be.K.block_outer_sum(a[:, lo:hi], d, starts, merges, alphas, g[lo:hi])
+        parallel_map(band, range(len(bands) - 1))
     return out
 
 
@@ -265,23 +313,34 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
                                        checkpoint, stop)
             continue
 
+        factors = [None] * max(len(mine), 1)
+
         def leaf(i, k=k, scale=scale):
             b = mine[i]
             row = leaves[i]
-            row.fill(0)
+            for part in buf.added:
+                row[part] = 0
             idx = mb.rows(b, k)
             if idx.size:
                 x = shard.x[be.xp.asarray(idx)]
-                extra = model.leaf_gradient(x, mb.rngs[b], scale, buf.views(row))
+                if buf.factored:
+                    extra, factors[i] = model.leaf_factors(x, mb.rngs[b], scale, buf.views(row))
+                else:
+                    extra = model.leaf_gradient(x, mb.rngs[b], scale, buf.views(row))
                 row[buf.n_grad:flag] = be.xp.asarray(np.asarray(extra, dtype=np.float64), dtype=row.dtype)
         parallel_map(leaf, range(len(mine)))
+        # this rank's sums: its tree nodes, or (allreduce) its blocks in order; a rank
+        # without blocks still sends a row: zeros and its guard flag
+        values = {node: _local_sum(be, buf, factors, first, merges, buf.total if node is None else leaves[first])
+                  for node, first, merges in buf.groups}
         if guard is not None:
-            leaves[0, flag] = guard.flags()
-            guard.step(poison=leaves[0, :buf.n_grad])
+            head = next(iter(values.values()))
+            head[flag] = guard.flags()
+            guard.step(poison=head[:buf.n_grad])
         if buf.tree is not None:
-            total = buf.tree.allreduce(list(leaves[:len(mine)]), buf.total)
-        else:  # a rank without blocks still sends its row 0: zeros and its guard flag
-            total = _local_total(leaves, max(len(mine), 1), buf.total)
+            total = buf.tree.allreduce_nodes(values, buf.total)
+        else:
+            total = buf.total
             if comm is not None:
                 comm.allreduce(total)
         model.apply(buf.views(total), epoch)

@@ -1,5 +1,6 @@
 """GPU kernels in CuPy: fused element-wise kernels, RawKernels from sibling .cu files, cuBLAS."""
 from .activation import *  # noqa: F401,F403
+from .blocksum import *  # noqa: F401,F403
 from .conv import *  # noqa: F401,F403
 from .dense import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403

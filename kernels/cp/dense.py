@@ -9,7 +9,7 @@ from ..ref.activation import check_act
 from ..ref.dense import _check_backward_shapes, _check_shapes
 from .activation import RELU_BODY, SIGMOID_BODY, _relu_grad, _sigmoid_grad
 
-__all__ = ["dense_forward", "dense_backward"]
+__all__ = ["dense_forward", "dense_backward", "dense_backward_factors"]
 
 # z is read and written: an output argument of an ElementwiseKernel may be read
 _BIAS_ACT = {
@@ -37,9 +37,17 @@ def dense_backward(da, x, W, a, act, dW, db, need_dx=True):
     Adds x.T @ dz into ``dW`` and the column sums of dz into ``db`` (caller-zeroed),
     with dz = da * act'(a). Returns dx = dz @ W.T, or None when ``need_dx`` is false.
     """
-    check_act(act)
     _check_backward_shapes(da, x, W, a, dW, db)
-    dz = da if act == "identity" else _ACT_GRAD[act](da, a)
+    dx, dz = dense_backward_factors(da, x, W, a, act, db, need_dx)
     dW += cp.matmul(x.T, dz)
+    return dx
+
+
+def dense_backward_factors(da, x, W, a, act, db, need_dx=True):
+    """:func:`dense_backward` without its weight product: adds into ``db``, returns
+    (dx or None, dz) with the W gradient x.T @ dz (see kernels.ref.dense)."""
+    check_act(act)
+    _check_backward_shapes(da, x, W, a, W, db)
+    dz = da if act == "identity" else _ACT_GRAD[act](da, a)
     db += dz.sum(axis=0, dtype=cp.float64).astype(db.dtype, copy=False)
-    return cp.matmul(dz, W.T) if need_dx else None
+    return (cp.matmul(dz, W.T) if need_dx else None), dz

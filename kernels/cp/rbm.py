@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ref.rbm import cd_update_via, check_cd, check_rbm
 
-__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_update"]
+__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors", "rbm_cd_update"]
 
 # sigmoid from exp of a non-positive argument only: no overflow in float32
 _SIGMOID = "T e = exp(-fabs(a)); h = (a >= 0 ? (T)1 : e) / ((T)1 + e);"
@@ -71,15 +71,26 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh, scale=None):
     """
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, dW, dbv, dbh)
+    vs, hs, alpha, sq_err = rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale)
+    _axpy(vs.T @ hs, vs.dtype.type(alpha), dW)
+    batch = v0.shape[0]
+    return -hs[batch:], vs[:batch], sq_err
+
+
+def rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale=None):
+    """The chain of :func:`rbm_cd_backward` and its bias gradients (added into dbv, dbh);
+    returns (vs, hs, alpha, sq_err) with the W gradient alpha * vs.T @ hs, vs = [vk; v0],
+    hs = [hk; -h0], alpha = scale. See :func:`kernels.ref.rbm.rbm_cd_factors`."""
+    check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
+    check_cd(v0, W, noise, W, dbv, dbh, ("W", "dbv", "dbh"), "rbm_cd_factors")
     v0, W, dt = _prep(v0, W)
     batch = v0.shape[0]
     scale = 1.0 / batch if scale is None else float(scale)
     vs, hs, h0, sq_err = _chain(v0, W, bv.astype(dt, copy=False), bh.astype(dt, copy=False), noise, hidden)
-    _axpy(vs.T @ hs, dt.type(scale), dW)
     v, h = vs[:batch], hs[:batch]
     dbv += (v.sum(axis=0) - v0.sum(axis=0)) * scale
     dbh += (h.sum(axis=0) - h0.sum(axis=0)) * scale
-    return h0, v, float(sq_err)
+    return vs, hs, scale, float(sq_err)
 
 
 def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):

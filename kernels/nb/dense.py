@@ -19,7 +19,7 @@ from .activation import sigmoid as _sigmoid
 from .blas import gemm
 from .rowprod import rows_times, rows_times_t, thin, thin_t
 
-__all__ = ["dense_forward", "dense_backward"]
+__all__ = ["dense_forward", "dense_backward", "dense_backward_factors"]
 
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy", fastmath={"contract"})
 def _bias_act(z, b, code, one):
@@ -118,8 +118,17 @@ def dense_backward(da, x, W, a, act, dW, db, need_dx=True):
     Adds x.T @ dz into ``dW`` and the column sums of dz into ``db`` (caller-zeroed),
     with dz = da * act'(a). Returns dx = dz @ W.T, or None when ``need_dx`` is false.
     """
-    code = act_code(act)
     _check_backward_shapes(da, x, W, a, dW, db)
+    dx, dz = dense_backward_factors(da, x, W, a, act, db, need_dx)
+    _add_xt_dz(x, dz, dW)
+    return dx
+
+
+def dense_backward_factors(da, x, W, a, act, db, need_dx=True):
+    """:func:`dense_backward` without its weight product: adds the column sums of dz into
+    ``db``, returns (dx or None, dz) with the W gradient x.T @ dz (see kernels.ref.dense)."""
+    code = act_code(act)
+    _check_backward_shapes(da, x, W, a, W, db)
     if code == IDENTITY:
         dz = np.ascontiguousarray(da)  # act' = 1: no copy of da needed
         db += dz.sum(axis=0, dtype=np.float64)
@@ -128,13 +137,12 @@ def dense_backward(da, x, W, a, act, dW, db, need_dx=True):
         dz = np.empty(da.shape, dtype=dtype)
         _act_grad_colsum(np.ascontiguousarray(da, dtype=dtype), np.ascontiguousarray(a, dtype=dtype),
                          code, dtype.type(1), max(1, min(COLSUM_BLOCKS, da.shape[0])), dz, db)
-    _add_xt_dz(x, dz, dW)
     if not need_dx:
-        return None
+        return None, dz
     dx = np.empty((dz.shape[0], W.shape[0]), dtype=np.result_type(dz, W))
     if thin_t(dz, W, dx):
-        return rows_times_t(dz, W, dx)
-    return np.matmul(dz, W.T, out=dx)
+        return rows_times_t(dz, W, dx), dz
+    return np.matmul(dz, W.T, out=dx), dz
 
 
 def _times(x, W):

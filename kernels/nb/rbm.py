@@ -38,7 +38,7 @@ from .blas import gemm
 from .nbmath import sig as _sig
 from .rowprod import rows_times, rows_times_t, thin, thin_t
 
-__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_update"]
+__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors", "rbm_cd_update"]
 
 
 def rbm_hidden(v, W, bh, hidden):
@@ -83,21 +83,33 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh, scale=None):
     """
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, dW, dbv, dbh)
+    vs, hs, alpha, sq_err = rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale)
+    # dW += scale (vk.T @ hk - v0.T @ h0) = alpha [v0; vk].T @ [h0; -hk]: one GEMM into dW
+    dt = vs.dtype
+    target = dW if dW.flags.c_contiguous and dW.dtype == dt else np.zeros(dW.shape, dtype=dt)
+    _gemm_into(target.T, alpha, hs.T, vs.T, beta=1.0, trans_b=1)
+    if target is not dW:
+        dW += target
+    batch = v0.shape[0]
+    return hs[:batch], vs[batch:], sq_err
+
+
+def rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale=None):
+    """The chain of :func:`rbm_cd_backward` and its bias gradients (added into dbv, dbh);
+    returns (vs, hs, alpha, sq_err) with the W gradient alpha * vs.T @ hs, vs = [v0; vk],
+    hs = [h0; -hk], alpha = -scale. See :func:`kernels.ref.rbm.rbm_cd_factors`."""
+    check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
+    check_cd(v0, W, noise, W, dbv, dbh, ("W", "dbv", "dbh"), "rbm_cd_factors")
     v0, W, dt = _prep(v0, W)
     batch = v0.shape[0]
     scale = 1.0 / batch if scale is None else float(scale)
     vs, hs = np.empty((2 * batch, W.shape[0]), dtype=dt), np.empty((2 * batch, W.shape[1]), dtype=dt)
     sq_err = _chain(v0, W, bv.astype(dt, copy=False), bh.astype(dt, copy=False), noise, hidden,
                     vs, hs, np.empty((batch, W.shape[1]), dtype=dt))
-    # dW += scale (vk.T @ hk - v0.T @ h0) = -scale [v0; vk].T @ [h0; -hk]: one GEMM into dW
-    target = dW if dW.flags.c_contiguous and dW.dtype == dt else np.zeros(dW.shape, dtype=dt)
-    _gemm_into(target.T, -scale, hs.T, vs.T, beta=1.0, trans_b=1)
-    if target is not dW:
-        dW += target
     gv, gh = _bias_grads(vs, hs, batch, scale)
     dbv += gv
     dbh += gh
-    return hs[:batch], vs[batch:], float(sq_err)
+    return vs, hs, -scale, float(sq_err)
 
 
 def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):

@@ -1,5 +1,6 @@
 """The NumPy reference kernels: the oracle every other set is checked against."""
 from .activation import *  # noqa: F401,F403
+from .blocksum import *  # noqa: F401,F403
 from .conv import *  # noqa: F401,F403
 from .dense import *  # noqa: F401,F403
 from .loss import *  # noqa: F401,F403

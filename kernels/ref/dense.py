@@ -3,7 +3,7 @@ import numpy as np
 
 from .activation import BACKWARD, FORWARD, check_act
 
-__all__ = ["dense_forward", "dense_backward"]
+__all__ = ["dense_forward", "dense_backward", "dense_backward_factors"]
 
 
 def dense_forward(x, W, b, act):
@@ -38,12 +38,21 @@ def dense_backward(da, x, W, a, act, dW, db, need_dx=True):
     ndarray (batch, in) or None
         dx = dz @ W.T, or None when ``need_dx`` is false (the first layer).
     """
-    check_act(act)
     _check_backward_shapes(da, x, W, a, dW, db)
-    dz = BACKWARD[act](da, a)
+    dx, dz = dense_backward_factors(da, x, W, a, act, db, need_dx)
     dW += x.T @ dz
+    return dx
+
+
+def dense_backward_factors(da, x, W, a, act, db, need_dx=True):
+    """:func:`dense_backward` without its weight product, for a caller that adds many
+    blocks' products at once (``block_outer_sum``): adds the column sums of dz into ``db``
+    and returns (dx or None, dz), the W gradient being x.T @ dz."""
+    check_act(act)
+    _check_backward_shapes(da, x, W, a, W, db)
+    dz = BACKWARD[act](da, a)
     db += dz.sum(axis=0, dtype=np.float64)
-    return dz @ W.T if need_dx else None
+    return (dz @ W.T if need_dx else None), dz
 
 
 def _check_shapes(x, W, b):

@@ -8,7 +8,7 @@ probabilities (or means). Noise comes from the caller, never from inside the ker
 """
 import numpy as np
 
-__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_update"]
+__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors", "rbm_cd_update"]
 
 HIDDEN = ("bernoulli", "gaussian")
 
@@ -89,6 +89,30 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh, scale=None):
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, dW, dbv, dbh)
     scale = 1.0 / v0.shape[0] if scale is None else float(scale)
+    h0, v, h, sq_err = _cd_chain(v0, W, bv, bh, noise, hidden)
+    dW += (v.T @ h - v0.T @ h0) * scale
+    dbv += (v - v0).sum(axis=0) * scale
+    dbh += (h - h0).sum(axis=0) * scale
+    return h0, v, sq_err
+
+
+def rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale=None):
+    """:func:`rbm_cd_backward` without its weight product, for a caller that adds many
+    blocks' products at once (``block_outer_sum``): adds the bias gradients into dbv, dbh
+    and returns (A, D, alpha, sq_err) such that the W gradient is ``alpha * A.T @ D``
+    (here A = [v0; vk], D = [-h0; hk], alpha = scale; other sets may factor it otherwise).
+    """
+    check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
+    check_cd(v0, W, noise, W, dbv, dbh, ("W", "dbv", "dbh"), "rbm_cd_factors")
+    scale = 1.0 / v0.shape[0] if scale is None else float(scale)
+    h0, v, h, sq_err = _cd_chain(v0, W, bv, bh, noise, hidden)
+    dbv += (v - v0).sum(axis=0) * scale
+    dbh += (h - h0).sum(axis=0) * scale
+    return np.concatenate([v0, v]), np.concatenate([-h0, h]), scale, sq_err
+
+
+def _cd_chain(v0, W, bv, bh, noise, hidden):
+    """(h0, vk, hk, sq_err) of the CD-k chain (see :func:`rbm_cd_backward`)."""
     h0 = rbm_hidden(v0, W, bh, hidden)
     h, sq_err = h0, 0.0
     for i in range(noise.shape[0]):
@@ -98,10 +122,7 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh, scale=None):
         if i == 0:
             sq_err = float(np.sum((v - v0) ** 2, dtype=np.float64))
         h = rbm_hidden(v, W, bh, hidden)
-    dW += (v.T @ h - v0.T @ h0) * scale
-    dbv += (v - v0).sum(axis=0) * scale
-    dbh += (h - h0).sum(axis=0) * scale
-    return h0, v, sq_err
+    return h0, v, h, sq_err
 
 
 def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):
@@ -165,9 +186,10 @@ def check_rbm(v, W, bv=None, bh=None, hidden="bernoulli"):
         raise ValueError(f"rbm: bh must have shape ({W.shape[1]},), got {bh.shape}")
 
 
-def check_cd(v0, W, noise, dW, dbv, dbh, names=("dW", "dbv", "dbh")):
-    """Shapes of a CD step's noise and of the arrays it adds into (``names`` for the message)."""
-    what = "rbm_cd_backward" if names[0] == "dW" else "rbm_cd_update"
+def check_cd(v0, W, noise, dW, dbv, dbh, names=("dW", "dbv", "dbh"), what=None):
+    """Shapes of a CD step's noise and of the arrays it adds into (``names`` and ``what``
+    for the message)."""
+    what = what or ("rbm_cd_backward" if names[0] == "dW" else "rbm_cd_update")
     if noise.ndim != 3 or noise.shape[0] < 1 or noise.shape[1:] != (v0.shape[0], W.shape[1]):
         raise ValueError(f"{what}: noise must be (k >= 1, batch, n_hidden) = "
                          f"(k, {v0.shape[0]}, {W.shape[1]}), got {noise.shape}")

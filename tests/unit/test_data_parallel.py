@@ -181,3 +181,28 @@ def test_allreduce_mode_keeps_the_guard_flags_and_the_fused_path():
             train_epoch(tree, Shard.of(be, x, 1), 0)
             for k in whole.params:
                 np.testing.assert_array_equal(tree.params[k], whole.params[k])
+
+
+@pytest.mark.parametrize("kernels,dtype,tol", [("numpy", "float64", 1e-12), ("numba", "float32", 1e-5)])
+@pytest.mark.parametrize("kind", ["rbm", "stacked"])
+def test_factored_gradients_take_the_steps_of_the_blocks_own_gradients(kind, kernels, dtype, tol):
+    """Weight gradients added from the blocks' factors in one call per tree node (and in
+    order, with allreduce) against each block's own gradient added by NumPy."""
+    be = _be(kernels, dtype)
+    x = _data(n=300, d=40).astype(dtype)
+
+    def make():
+        if kind == "rbm":
+            return RBM(be, 40, 24, batch=100, seed=3)
+        model = StackedAutoencoder(be, [40, 24, 6], seed=3, batch=100)
+        model.optimizer = Adam(be, model.params, lr=0.01)
+        return model
+    for allreduce in (False, True):
+        factored, plain = make(), make()
+        plain.leaf_factors = None
+        for model in (factored, plain):
+            train_epoch(model, Shard.of(be, x, 8), 0, allreduce=allreduce)
+        assert factored._dp_buffers.factored == list(factored.factored) and plain._dp_buffers.factored == []
+        for k, v in plain.params.items():
+            np.testing.assert_allclose(factored.params[k], v, rtol=tol, atol=tol)
+        assert not np.array_equal(plain.params[k], make().params[k])

@@ -209,3 +209,19 @@ def test_dense_rejects_bad_arguments(kset, rng):
         K.dense_backward(a, dev(x), dev(W), a, "relu", dev(np.zeros((4, 3))), dev(np.zeros(4)))
     with pytest.raises(ValueError, match="da"):
         K.dense_backward(a[:1], dev(x), dev(W), a, "relu", dev(np.zeros_like(W)), dev(np.zeros(4)))
+
+
+@pytest.mark.parametrize("act", ["sigmoid", "relu", "identity"])
+@pytest.mark.parametrize("name", ["numpy", "numba"])
+def test_dense_backward_factors_are_the_backward_without_its_product(name, act, rng):
+    """dense_backward_factors: the same dx and db as dense_backward, and x.T @ dz its dW."""
+    K = kernels.load(name)
+    x, W, b = rng.standard_normal((7, 5)), rng.standard_normal((5, 4)), rng.standard_normal(4)
+    a = K.dense_forward(x, W, b, act)
+    da = rng.standard_normal(a.shape)
+    dW, db, db_f = np.zeros_like(W), np.zeros_like(b), np.zeros_like(b)
+    dx = K.dense_backward(da, x, W, a, act, dW, db)
+    dx_f, dz = K.dense_backward_factors(da, x, W, a, act, db_f)
+    assert np.array_equal(dx_f, dx) and np.array_equal(db_f, db)
+    np.testing.assert_allclose(x.T @ dz, dW, rtol=1e-12, atol=1e-14)
+    assert K.dense_backward_factors(da, x, W, a, act, db_f, need_dx=False)[0] is None

@@ -338,3 +338,18 @@ def test_rbm_rejects_bad_input(name, rng):
         K.rbm_cd_update(v0, W, bv, bh, noise, "bernoulli", z[0][:, :-1], z[1], z[2], 0.1, 0.9, 0.0)
     with pytest.raises(ValueError, match="noise"):
         K.rbm_cd_update(v0, W, bv, bh, noise[0], "bernoulli", *z, 0.1, 0.9, 0.0)
+
+
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_rbm_cd_factors_are_the_backward_without_its_product(name, hidden, rng):
+    """alpha * A.T @ D is rbm_cd_backward's dW; the bias gradients and the error are its own."""
+    K = kernels.load(name)
+    v0, W, bv, bh, noise = rbm_problem(rng, hidden, 2)
+    _, _, err, dW, dbv, dbh = cd(K, v0, W, bv, bh, noise, hidden)
+    gbv, gbh = np.zeros_like(bv), np.zeros_like(bh)
+    A, D, alpha, err_f = K.rbm_cd_factors(v0, W, bv, bh, noise, hidden, gbv, gbh, 1.0 / v0.shape[0])
+    np.testing.assert_allclose(alpha * (A.T @ D), dW, rtol=1e-12, atol=1e-14)
+    assert np.array_equal(gbv, dbv) and np.array_equal(gbh, dbh) and err_f == err
+    with pytest.raises(ValueError, match="rbm_cd_factors: noise"):
+        K.rbm_cd_factors(v0, W, bv, bh, noise[:, :2], hidden, gbv, gbh)

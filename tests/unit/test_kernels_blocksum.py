@@ -1,0 +1,122 @@
+"""blocksum family: block_outer_sum, the blocks' weight products added in the fixed tree.
+
+The reference against the definition (each block's product apart, then aepar.rows'
+tree_sum: the postfix merges must be that tree), float64 central differences of its
+linear map, the numba set against the oracle, and what the data-parallel trainer relies
+on: one numba call over a node's blocks gives the same bits as the blocks' products one
+call each added by NumPy in the tree (so a rank may add its blocks alone and send the
+sum), in one call or in bands of rows, and no memory past ``out`` is written.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import aepar  # noqa: F401  (registers aepar.kernels, fixes thread counts)
+from aepar import kernels
+from aepar.rows import tree_merges, tree_sum, tree_top
+from tests.conftest import kernel_set_params
+from tests.gradcheck import assert_close, assert_grad_close, numerical_grad
+
+REF = kernels.load("numpy")
+NB = kernels.load("numba")
+
+
+def problem(rng, sizes, m, n, dtype=np.float32):
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    A = rng.standard_normal((int(starts[-1]), m)).astype(dtype)
+    D = rng.standard_normal((int(starts[-1]), n)).astype(dtype)
+    alphas = list(rng.standard_normal(len(sizes)))
+    return A, D, starts, alphas
+
+
+def apart(K, A, D, starts, alphas):
+    """Each block's product by its own call (one block: no merges)."""
+    m, n = A.shape[1], D.shape[1]
+    return [K.block_outer_sum(A[s:e], D[s:e], [0, e - s], [0], [a], np.empty((m, n), A.dtype))
+            for s, e, a in zip(starts[:-1], starts[1:], alphas)]
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 8])
+def test_reference_is_the_tree_sum_of_the_blocks(count, rng):
+    # magnitudes far apart, so that another order of additions would round differently
+    A, D, starts, alphas = problem(rng, rng.integers(0, 6, count), 7, 9, np.float64)
+    alphas = [a * 10.0 ** e for a, e in zip(alphas, rng.integers(-8, 8, count))]
+    got = REF.block_outer_sum(A, D, starts, tree_merges(tree_top(count), 0, count), alphas, np.empty((7, 9)))
+    assert np.array_equal(got, tree_sum(apart(REF, A, D, starts, alphas)))
+
+
+def test_gradcheck_block_outer_sum(rng):
+    """d <G, out> / dA and / dD in float64 by central differences (the map is bilinear)."""
+    A, D, starts, alphas = problem(rng, [2, 0, 3], 4, 5, np.float64)
+    G = rng.standard_normal((4, 5))
+    merges = tree_merges(2, 0, 3)
+
+    def objective():
+        return float(np.sum(G * NB.block_outer_sum(A, D, starts, merges, alphas, np.empty((4, 5)))))
+    rows = np.repeat(alphas, np.diff(starts))[:, None]
+    assert_grad_close(rows * (D @ G.T), numerical_grad(objective, A), name="dA")
+    assert_grad_close(rows * (A @ G), numerical_grad(objective, D), name="dD")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_matches_reference_block_outer_sum(name, dtype, rng):
+    K = kernels.load(name)
+    xp = np
+    if name == "cupy":
+        import cupy as xp
+    A, D, starts, alphas = problem(rng, [13, 12, 13, 0, 12, 13, 12, 13], 70, 100, dtype)
+    merges = tree_merges(3, 0, 8)
+    want = REF.block_outer_sum(A, D, starts, merges, alphas, np.empty((70, 100), dtype))
+    got = K.block_outer_sum(xp.asarray(A), xp.asarray(D), starts, merges, alphas, xp.empty((70, 100), dtype))
+    assert_close(got, want, dtype, work=A.shape[0], name="block_outer_sum")
+
+
+@settings(max_examples=40, deadline=None)
+@given(count=st.integers(1, 9), m=st.integers(1, 40), n=st.integers(1, 90), seed=st.integers(0, 2 ** 16),
+       fold=st.booleans())
+def test_one_call_is_the_blocks_apart_added_in_the_tree(count, m, n, seed, fold):
+    """The bits the trainer needs: a node's blocks in one call, on one or two threads, are
+    the blocks' own products added in the tree (or in order: the allreduce path)."""
+    rng = np.random.default_rng(seed)
+    A, D, starts, alphas = problem(rng, rng.integers(0, 30, count), m, n)
+    merges = [0] + [1] * (count - 1) if fold else tree_merges(tree_top(count), 0, count)
+    buf = np.full((m + 1, n), 7.0, np.float32)  # a row past out: must stay
+    out = buf[:m]
+    NB.block_outer_sum(A, D, starts, merges, alphas, out)
+    leaves = apart(NB, A, D, starts, alphas)
+    want = leaves[0].copy()
+    if fold:
+        for leaf in leaves[1:]:
+            want += leaf
+    else:
+        want = tree_sum(leaves)
+    assert np.array_equal(out, want)
+    assert np.all(buf[m] == 7.0)
+    # the trainer's threads take bands of rows (A's columns): the same bits as one call
+    cut = m // 2
+    bands = np.empty((m, n), np.float32)
+    for lo, hi in ((0, cut), (cut, m)):
+        NB.block_outer_sum(A[:, lo:hi], D, starts, merges, alphas, bands[lo:hi])
+    assert np.array_equal(bands, out)
+    exact = sum(np.float64(a) * (A[s:e].astype(np.float64).T @ D[s:e].astype(np.float64))
+                for s, e, a in zip(starts[:-1], starts[1:], alphas))
+    bound = (A.shape[0] + count + 2) * np.finfo(np.float32).eps * sum(
+        abs(a) * (np.abs(A[s:e].astype(np.float64)).T @ np.abs(D[s:e].astype(np.float64)))
+        for s, e, a in zip(starts[:-1], starts[1:], alphas))
+    assert np.all(np.abs(out - exact) <= bound + 1e-30)
+
+
+@pytest.mark.parametrize("K", [REF, NB], ids=["numpy", "numba"])
+def test_refusals(K):
+    A, D = np.zeros((4, 3), np.float32), np.zeros((4, 5), np.float32)
+    out = np.zeros((3, 5), np.float32)
+    with pytest.raises(ValueError, match="do not match"):
+        K.block_outer_sum(A, D[:3], [0, 4], [0], [1.0], out)
+    with pytest.raises(ValueError, match="starts"):
+        K.block_outer_sum(A, D, [0, 3], [0], [1.0], out)
+    with pytest.raises(ValueError, match="need 3 starts"):
+        K.block_outer_sum(A, D, [0, 4], [0, 1], [1.0, 1.0], out)
+    for merges in ([0, 2], [0, 0], [1, 0]):
+        with pytest.raises(ValueError, match="postfix tree"):
+            K.block_outer_sum(A, D, [0, 2, 4], merges, [1.0, 1.0], out)
