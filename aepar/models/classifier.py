@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from aepar.rows import local_sums
-from aepar.models.trained import TrainedState
+from aepar.models.trained import DenseBackprop, TrainedState
 
 __all__ = ["Classifier", "with_labels", "split_labels", "CLASSIFY_STREAM", "HIDDEN_ACTS", "UNIT_ACTS", "HIDDEN_INIT",
            "OUTPUT_INIT"]
@@ -80,7 +80,7 @@ def split_labels(rows):
     return rows[:, :-1].copy(), rows[:, -1].astype(np.int64)
 
 
-class Classifier(TrainedState):
+class Classifier(TrainedState, DenseBackprop):
     """Dense layers ``sizes`` = [n_in, h1, ..., hk] and a softmax layer of ``n_classes``.
 
     Rows given to :meth:`leaf_gradient`, :meth:`accuracy` and :meth:`evaluate` carry the
@@ -188,7 +188,7 @@ class Classifier(TrainedState):
         """Class of each feature row (argmax of the logits), int array on the backend's device."""
         return self.forward(x)[-1].argmax(axis=1)
 
-    def loss_and_grad(self, x, labels, grads, scale=None):
+    def loss_and_grad(self, x, labels, grads, scale=None, factors=None):
         """Softmax cross-entropy of a batch and its gradients, *added* into ``grads``.
 
         Parameters
@@ -201,20 +201,20 @@ class Classifier(TrainedState):
         scale : float or None
             Multiplies the summed loss and the gradients (default 1/batch; data-parallel
             callers pass 1/global batch).
+        factors : dict, optional
+            Given, the weight gradients are left as factors there (:meth:`backprop`).
 
         Returns
         -------
         (loss, correct) : (float, int)
             The scaled loss and how many rows the network (before this step) classifies right.
         """
-        K, p, g = self.be.K, self.params, grads
+        K = self.be.K
         acts = self.forward(x)
         loss, probs = K.softmax_xent_forward(acts[-1], labels, scale=scale)
         correct = int((probs.argmax(axis=1) == labels).sum())
         da = K.softmax_xent_backward(probs, labels, scale=scale)  # d/dlogits: through "identity"
-        for i in reversed(range(self.n_layers)):
-            da = K.dense_backward(da, acts[i], p[f"W{i + 1}"], acts[i + 1], self.acts[i],
-                                  g[f"W{i + 1}"], g[f"b{i + 1}"], need_dx=i > 0)
+        self.backprop(acts, da, grads, factors)
         return loss, correct
 
     # ---- the trainer's protocol ------------------------------------------------------------
@@ -227,6 +227,14 @@ class Classifier(TrainedState):
         feats, labels = split_labels(x)
         loss, correct = self.loss_and_grad(feats, labels, grads, scale=scale)
         return loss / scale, float(correct)
+
+    def leaf_factors(self, x, rng, scale, grads):
+        """:meth:`leaf_gradient` with the weight gradients left as factors (x.T @ dz per
+        layer); the biases' are added into ``grads``."""
+        feats, labels = split_labels(x)
+        factors = {}
+        loss, correct = self.loss_and_grad(feats, labels, grads, scale=scale, factors=factors)
+        return (loss / scale, float(correct)), factors
 
     def apply(self, grads, epoch):
         self.optimizer.step(grads)

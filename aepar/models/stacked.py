@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aepar.models.trained import DenseBackprop
 from aepar.rows import Shard, mean_squared_error
 
 __all__ = ["StackedAutoencoder", "LOSSES", "FINETUNE_STREAM"]
@@ -28,7 +29,7 @@ LOSSES = ("mse", "xent")
 FINETUNE_STREAM = 1000
 
 
-class StackedAutoencoder:
+class StackedAutoencoder(DenseBackprop):
     """Encoder sizes ``sizes`` = [n_in, h1, ..., code], unrolled into 2(len(sizes)-1) dense layers.
 
     Parameters
@@ -143,7 +144,7 @@ class StackedAutoencoder:
         (loss, sq_err) : floats
             The scaled loss and Σ (x − x̂)² over the batch.
         """
-        K, p, g = self.be.K, self.params, grads
+        K = self.be.K
         scale = 1.0 / x.shape[0] if scale is None else float(scale)
         acts = self.forward(x)
         out = acts[-1]
@@ -155,13 +156,7 @@ class StackedAutoencoder:
             loss, y = K.sigmoid_xent_forward(out, x, scale=scale)
             sq_err = K.mse_forward(y, x, scale=2.0)
             da = K.sigmoid_xent_backward(y, x, scale=scale)  # d/dlogits: through "identity"
-        for i in reversed(range(self.n_layers)):
-            W, act = p[f"W{i + 1}"], self.acts[i]
-            if factors is None:
-                da = K.dense_backward(da, acts[i], W, acts[i + 1], act, g[f"W{i + 1}"], g[f"b{i + 1}"], need_dx=i > 0)
-            else:
-                da, dz = K.dense_backward_factors(da, acts[i], W, acts[i + 1], act, g[f"b{i + 1}"], need_dx=i > 0)
-                factors[f"W{i + 1}"] = (acts[i], dz, 1.0)
+        self.backprop(acts, da, grads, factors)
         return loss, sq_err
 
     # ---- training and evaluation ---------------------------------------------------------
@@ -173,11 +168,6 @@ class StackedAutoencoder:
         (Σ loss, Σ‖x̂ − x‖²) over its rows."""
         loss, sq_err = self.loss_and_grad(x, grads, scale=scale)
         return loss / scale, sq_err
-
-    @property
-    def factored(self) -> tuple:
-        """The weights whose block gradients the trainer adds from :meth:`leaf_factors`."""
-        return tuple(f"W{i + 1}" for i in range(self.n_layers))
 
     def leaf_factors(self, x, rng, scale, grads):
         """:meth:`leaf_gradient` with the weight gradients left as factors (x.T @ dz per

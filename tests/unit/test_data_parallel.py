@@ -7,6 +7,7 @@ import aepar  # noqa: F401  (threads before numpy work)
 from aepar import backend
 from aepar.comm import Comm
 from aepar.models.ae_layer import AELayer
+from aepar.models.classifier import Classifier
 from aepar.models.rbm import RBM
 from aepar.models.stacked import StackedAutoencoder
 from aepar.optim import Adam
@@ -184,17 +185,23 @@ def test_allreduce_mode_keeps_the_guard_flags_and_the_fused_path():
 
 
 @pytest.mark.parametrize("kernels,dtype,tol", [("numpy", "float64", 1e-12), ("numba", "float32", 1e-5)])
-@pytest.mark.parametrize("kind", ["rbm", "stacked"])
+@pytest.mark.parametrize("kind", ["rbm", "stacked", "classifier"])
 def test_factored_gradients_take_the_steps_of_the_blocks_own_gradients(kind, kernels, dtype, tol):
     """Weight gradients added from the blocks' factors in one call per tree node (and in
     order, with allreduce) against each block's own gradient added by NumPy."""
     be = _be(kernels, dtype)
     x = _data(n=300, d=40).astype(dtype)
 
+    if kind == "classifier":  # the last column: labels 0-2
+        x[:, -1] = np.floor(3 * x[:, 0])
+
     def make():
         if kind == "rbm":
             return RBM(be, 40, 24, batch=100, seed=3)
-        model = StackedAutoencoder(be, [40, 24, 6], seed=3, batch=100)
+        if kind == "classifier":
+            model = Classifier(be, [39, 16], 3, seed=3, batch=100)
+        else:
+            model = StackedAutoencoder(be, [40, 24, 6], seed=3, batch=100)
         model.optimizer = Adam(be, model.params, lr=0.01)
         return model
     for allreduce in (False, True):
