@@ -48,27 +48,42 @@ MAX_ROWS = 32
 MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS
 
 
-def _tile_source(rows, vecs):
-    """rows x vecs vectors of out at row offset vo (v), column offset wo (W), out offset oo;
-    the last vector holds ``nlast`` (1..16) columns."""
-    name = f"_tile_{rows}x{vecs}"
+def _fma_lines(rows, vecs, pad):
+    """One step k of a rows x vecs tile: the vectors of w's row at ``wb`` (the last one
+    masked to ``nlast`` columns), each times v at ``vb + r * ldv`` added into a{r}_{c}."""
     last = vecs - 1
-    src = [f"def {name}(v, vo, ldv, w, wo, ldw, o, oo, ldo, K, nlast):"]
-    src += [f"    a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
-    src += ["    for k in range(K):",
-            "        wb = wo + k * ldw"]
-    src += [f"        w{c} = vload32(w, wb + {LANES32 * c})" for c in range(last)]
-    src += [f"        w{last} = vload32(w, wb + {LANES32 * last}) if nlast == {LANES32} "
+    src = [f"{pad}w{c} = vload32(w, wb + {LANES32 * c})" for c in range(last)]
+    src += [f"{pad}w{last} = vload32(w, wb + {LANES32 * last}) if nlast == {LANES32} "
             f"else vload32m(w, wb + {LANES32 * last}, nlast)"]
     for r in range(rows):
-        src += [f"        x = vbcast32(v, vo + {r} * ldv + k)"]
-        src += [f"        a{r}_{c} = vfma32(x, w{c}, a{r}_{c})" for c in range(vecs)]
+        src += [f"{pad}x = vbcast32(v, vb + {r} * ldv)"]
+        src += [f"{pad}a{r}_{c} = vfma32(x, w{c}, a{r}_{c})" for c in range(vecs)]
+    return src
+
+
+def _store_lines(rows, vecs):
+    """The tile's a{r}_{c} into o at ``oo`` (rows ``ldo`` apart), the last vector masked."""
+    last, src = vecs - 1, []
     for r in range(rows):
         src += [f"    vstore32(o, oo + {r} * ldo + {LANES32 * c}, a{r}_{c})" for c in range(last)]
         src += [f"    if nlast == {LANES32}:",
                 f"        vstore32(o, oo + {r} * ldo + {LANES32 * last}, a{r}_{last})",
                 "    else:",
                 f"        vstore32m(o, oo + {r} * ldo + {LANES32 * last}, a{r}_{last}, nlast)"]
+    return src
+
+
+def _tile_source(rows, vecs):
+    """rows x vecs vectors of out at row offset vo (v), column offset wo (W), out offset oo;
+    the last vector holds ``nlast`` (1..16) columns."""
+    name = f"_tile_{rows}x{vecs}"
+    src = [f"def {name}(v, vo, ldv, w, wo, ldw, o, oo, ldo, K, nlast):"]
+    src += [f"    a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
+    src += ["    for k in range(K):",
+            "        wb = wo + k * ldw",
+            "        vb = vo + k"]
+    src += _fma_lines(rows, vecs, " " * 8)
+    src += _store_lines(rows, vecs)
     return name, "\n".join(src)
 
 
@@ -95,30 +110,24 @@ def _dot_source(rows, wrows):
 
 
 def _outer_source(rows, vecs):
-    """rows x vecs vectors of out = the tree over blocks b of alphas[b] * A_b.T @ D_b, at
-    column offset xo of A (x: the rows of out) and do of D (d: its columns): per block an FMA
+    """rows x vecs vectors of out = the tree over blocks b of alphas[b] * A_b.T @ D_b, from
+    A transposed (v, row vo: the rows of out) and D (w, column wo: its columns): per block an FMA
     chain over the block's rows in order, one multiply by alphas[b], then the postfix
     tree's additions (``merges[b]`` of them) against the partial sums on ``stack``. The
     multiply and the additions are FMAs with 0 and 1 (rounded once, as a plain * and +),
     so that no contraction can change them."""
     name = f"_outer_{rows}x{vecs}"
-    last = vecs - 1
     size = rows * vecs * LANES32
     acc = [(r, c) for r in range(rows) for c in range(vecs)]
-    src = [f"def {name}(x, ldx, xo, d, ldd, do, starts, merges, alphas, stack, o, oo, ldo, nlast):"]
+    src = [f"def {name}(v, ldv, vo, w, ldw, wo, starts, merges, alphas, stack, o, oo, ldo, nlast):"]
     src += ["    zero = vzero32()", "    one = vbcast32(alphas, alphas.size - 1)"]  # alphas ends with a 1
     src += [f"    a{r}_{c} = zero" for r, c in acc]
     src += ["    top = 0", "    for b in range(merges.size):"]
     src += [f"        a{r}_{c} = zero" for r, c in acc]
     src += ["        for k in range(starts[b], starts[b + 1]):",
-            "            db = k * ldd + do",
-            "            xb = xo * ldx + k"]
-    src += [f"            w{c} = vload32(d, db + {LANES32 * c})" for c in range(last)]
-    src += [f"            w{last} = vload32(d, db + {LANES32 * last}) if nlast == {LANES32} "
-            f"else vload32m(d, db + {LANES32 * last}, nlast)"]
-    for r in range(rows):
-        src += [f"            y = vbcast32(x, xb + {r} * ldx)"]
-        src += [f"            a{r}_{c} = vfma32(y, w{c}, a{r}_{c})" for c in range(vecs)]
+            "            wb = k * ldw + wo",
+            "            vb = vo * ldv + k"]
+    src += _fma_lines(rows, vecs, " " * 12)
     src += ["        s = vbcast32(alphas, b)"]
     src += [f"        a{r}_{c} = vfma32(a{r}_{c}, s, zero)" for r, c in acc]
     src += ["        for m in range(merges[b]):",
@@ -127,12 +136,7 @@ def _outer_source(rows, vecs):
             for r, c in acc]
     src += [f"        vstore32(stack, top + {(r * vecs + c) * LANES32}, a{r}_{c})" for r, c in acc]
     src += [f"        top += {size}"]
-    for r in range(rows):
-        src += [f"    vstore32(o, oo + {r} * ldo + {LANES32 * c}, a{r}_{c})" for c in range(last)]
-        src += [f"    if nlast == {LANES32}:",
-                f"        vstore32(o, oo + {r} * ldo + {LANES32 * last}, a{r}_{last})",
-                "    else:",
-                f"        vstore32m(o, oo + {r} * ldo + {LANES32 * last}, a{r}_{last}, nlast)"]
+    src += _store_lines(rows, vecs)
     return name, "\n".join(src)
 
 
@@ -161,7 +165,7 @@ _DOTS = {(r, i): _define(*_dot_source(r, i)) for r in range(1, DR + 1) for i in 
 _OUTERS = {(r, c): _define(*_outer_source(r, c)) for r in range(1, OR + 1) for c in range(1, OC + 1)}
 _tile = _define(*_dispatch_source("_tile", "_tile_", _TILES, "v, vo, ldv, w, wo, ldw, o, oo, ldo, K, nlast"))
 _dot = _define(*_dispatch_source("_dot", "_dot_", _DOTS, "h, ho, ldh, w, wo, ldw, o, oo, ldo, N"))
-_outer = _define(*_dispatch_source("_outer", "_outer_", _OUTERS, "x, ldx, xo, d, ldd, do, starts, merges, alphas, "
+_outer = _define(*_dispatch_source("_outer", "_outer_", _OUTERS, "v, ldv, vo, w, ldw, wo, starts, merges, alphas, "
                                    "stack, o, oo, ldo, nlast"))
 
 
