@@ -159,8 +159,9 @@ class _Buffers:
         self.n_grad = sum(self.sizes)
         self.n_extra = int(model.n_extra)
         width = self.n_grad + self.n_extra + 1
+        # one block (one process) has nothing to add: BLAS's product into its vector is faster
         self.factored = [k for k in getattr(model, "factored", ()) if k in shapes] \
-            if getattr(model, "leaf_factors", None) is not None else []
+            if getattr(model, "leaf_factors", None) is not None and shard.blocks.count > 1 else []
         offsets = np.cumsum([0] + self.sizes)
         self.added = [slice(int(offsets[i]), int(offsets[i + 1])) for i, k in enumerate(self.names)
                       if k not in self.factored] + [slice(self.n_grad, width)]

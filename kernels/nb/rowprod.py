@@ -21,7 +21,7 @@ OpenBLAS's 0.47-0.68 ms. For 100 rows OpenBLAS is faster: :data:`MAX_ROWS` picks
 
 :func:`block_outer_sum` is the weight gradient of those blocks: Σ_b alpha_b A_b.T @ D_b
 added in the fixed tree, one call per tree node. Each block's FMA chain runs over its
-own rows in a register tile (OR x OC: 4 x 4 on AVX-512, 4 x 1 on AVX2), the tree's
+own rows in a register tile (OR x OC: 8 x 3 on AVX-512, 6 x 1 on AVX2), the tree's
 additions against a small stack in cache, so the blocks' gradients are never written
 out: eight blocks' 784 x 1000 gradients were 8 zeroed 3 MB vectors, 8 GEMMs of K = 26
 and 7 NumPy additions per step. Zen 4, 1 thread, 8 blocks of 26 rows: 3.6-4.1 ms
@@ -40,7 +40,9 @@ from .simd import (JIT, LANES32, target_isa, vbcast32, vfma32, vhsum32, vload32,
 
 __all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum"]
 
-TILE_SHAPES = {"avx512": dict(RT=6, CT=4, DR=4, DI=4, OR=4, OC=4), "avx2": dict(RT=4, CT=1, DR=2, DI=2, OR=4, OC=1)}
+# OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1 measured best on Zen 4 among 4-8
+# shapes each, 1-block and 8-block sums of the stack's eight weight shapes)
+TILE_SHAPES = {"avx512": dict(RT=6, CT=4, DR=4, DI=4, OR=8, OC=3), "avx2": dict(RT=4, CT=1, DR=2, DI=2, OR=6, OC=1)}
 RT, CT, DR, DI, OR, OC = (TILE_SHAPES[target_isa()][k] for k in ("RT", "CT", "DR", "DI", "OR", "OC"))
 # products with at most this many rows go through these kernels, larger ones through BLAS
 # (a choice made from the shapes alone: a block's rows get the same kernel on any rank)
@@ -114,13 +116,16 @@ def _outer_source(rows, vecs):
     A transposed (v, row vo: the rows of out) and D (w, column wo: its columns): per block an FMA
     chain over the block's rows in order, one multiply by alphas[b], then the postfix
     tree's additions (``merges[b]`` of them) against the partial sums on ``stack``. The
-    multiply and the additions are FMAs with 0 and 1 (rounded once, as a plain * and +),
-    so that no contraction can change them."""
+    multiply and the additions are FMAs with -0 and 1 (rounded once, exactly a plain * and
+    +), so that no contraction can change them."""
     name = f"_outer_{rows}x{vecs}"
     size = rows * vecs * LANES32
     acc = [(r, c) for r in range(rows) for c in range(vecs)]
     src = [f"def {name}(v, ldv, vo, w, ldw, wo, starts, merges, alphas, stack, o, oo, ldo, nlast):"]
-    src += ["    zero = vzero32()", "    one = vbcast32(alphas, alphas.size - 1)"]  # alphas ends with a 1
+    # alphas ends with 1 and -0: a + 1 b and a b + (-0) are exactly a + b and a b
+    src += ["    zero = vzero32()",
+            "    one = vbcast32(alphas, alphas.size - 2)",
+            "    minus0 = vbcast32(alphas, alphas.size - 1)"]
     src += [f"    a{r}_{c} = zero" for r, c in acc]
     src += ["    top = 0", "    for b in range(merges.size):"]
     src += [f"        a{r}_{c} = zero" for r, c in acc]
@@ -128,8 +133,9 @@ def _outer_source(rows, vecs):
             "            wb = k * ldw + wo",
             "            vb = vo * ldv + k"]
     src += _fma_lines(rows, vecs, " " * 12)
-    src += ["        s = vbcast32(alphas, b)"]
-    src += [f"        a{r}_{c} = vfma32(a{r}_{c}, s, zero)" for r, c in acc]
+    src += ["        if alphas[b] != 1:",
+            "            s = vbcast32(alphas, b)"]
+    src += [f"            a{r}_{c} = vfma32(a{r}_{c}, s, minus0)" for r, c in acc]
     src += ["        for m in range(merges[b]):",
             f"            top -= {size}"]
     src += [f"            a{r}_{c} = vfma32(vload32(stack, top + {(r * vecs + c) * LANES32}), one, a{r}_{c})"
@@ -269,7 +275,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
         return _ref_block_outer_sum(A, D, starts, merges, alphas, out)
     if out.size:
         stack = np.empty(stack_depth(merges) * OR * OC * LANES32, np.float32)
-        scales = np.append(np.asarray(alphas, np.float32), np.float32(1))  # the 1 the additions use
+        scales = np.append(np.asarray(alphas, np.float32), np.float32([1, -0.0]))  # see _outer_source
         _block_outer_sum(np.ascontiguousarray(A.T), D, starts, merges, scales, out, stack)
     return out
 
