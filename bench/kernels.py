@@ -5,7 +5,7 @@
 
 In the spirit of llm.c's ``dev/cuda`` programs: for each kernel family (dense,
 activation, loss, sparsity, rbm, conv with transposed conv and max-pooling, update,
-sparse_ae) and each kernel set (numba ``aepar.kernels.nb``; cupy ``aepar.kernels.cp``
+blocksum, sparse_ae) and each kernel set (numba ``aepar.kernels.nb``; cupy ``aepar.kernels.cp``
 when CuPy and a GPU are there; numpy ``aepar.kernels.ref``, the oracle, timed as a row
 of its own), the kernel is FIRST run at the bench shape and compared with the
 reference (every output, and every array it updates in place), THEN timed at that
@@ -108,7 +108,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 QUICK_OUT = ROOT / "runs" / "bench-kernels-quick"
-FAMILIES = ("dense", "activation", "loss", "sparsity", "rbm", "conv", "update", "sparse_ae")
+FAMILIES = ("dense", "activation", "loss", "sparsity", "rbm", "conv", "update", "blocksum", "sparse_ae")
 SETS = ("numba", "cupy", "numpy")
 KEY = ("kernel", "set", "shape", "dtype", "threads", "numba_cpu_name", "numba_cpu_features",
        "openblas_coretype", "cpu_model")
@@ -459,6 +459,28 @@ def _update_cases(shape, dt):
                  mutates=("p", "m"))]
 
 
+def _blocksum_cases(shapes, dt):
+    """block_outer_sum: (rows, m, n, blocks) = a batch's weight gradient from its blocks in
+    the fixed tree (the trainer's call per tree node)."""
+    import numpy as np
+    from aepar.rows import block_bounds, tree_merges, tree_top
+    s = np.dtype(dt).itemsize
+    cases = []
+    for rows, m, n, count in shapes:
+        starts = block_bounds(rows, count)
+        merges = tree_merges(tree_top(count), 0, count)
+
+        def make(rng, rows=rows, m=m, n=n):
+            return {"A": rng.random((rows, m)).astype(dt), "D": (0.01 * rng.standard_normal((rows, n))).astype(dt),
+                    "out": np.zeros((m, n), dt)}
+
+        def run(K, a, starts=starts, merges=merges, count=count):
+            return [K.block_outer_sum(a["A"], a["D"], starts, merges, [-0.01] * count, a["out"])]
+        cases.append(Case("blocksum", "block_outer_sum", f"{rows}x{m}x{n} {count} blocks", dt, 2 * rows * m * n,
+                          s * (rows * (m + n) + m * n), rows, ("out",), make, run))
+    return cases
+
+
 def _sparse_ae_cases(m, v, h, leaf):
     import numpy as np
     from aepar.kernels import ref
@@ -504,6 +526,7 @@ def catalog(quick: bool) -> list:
                              [((2, 4, 2, 2), (4, 3, 2, 2), 2, 0), ((2, 3, 4, 4), (3, 1, 2, 2), 2, 0)],
                              [(2, 3, 8, 8), (2, 4, 4, 4)], f32)
         cases += _update_cases((6, 5), f32)
+        cases += _blocksum_cases([(20, 12, 40, 3)], f32)
         cases += _sparse_ae_cases(96, 8, 5, 32)
         return cases
     # 784-1000-500-250-30 (linear code layer) at batch 100, then the classifier head on the CAE
@@ -523,6 +546,8 @@ def catalog(quick: bool) -> list:
                          [((100, 32, 7, 7), (32, 16, 2, 2), 2, 0), ((100, 16, 14, 14), (16, 1, 2, 2), 2, 0)],
                          [(100, 16, 28, 28), (100, 32, 14, 14)], f32)
     cases += _update_cases((784, 1000), f32)
+    # the CD-1 statistics ([v0; vk] of 8 blocks) and fine-tuning's first and code layers
+    cases += _blocksum_cases([(200, 784, 1000, 8), (100, 784, 1000, 8), (100, 250, 30, 8)], f32)
     cases += _sparse_ae_cases(10000, 64, 25, 128)
     return cases
 
