@@ -21,7 +21,8 @@ OpenBLAS's 0.47-0.68 ms. For 100 rows OpenBLAS is faster: :data:`MAX_ROWS` picks
 
 :func:`block_outer_sum` is the weight gradient of those blocks: Σ_b alpha_b A_b.T @ D_b
 added in the fixed tree, one call per tree node. Each block's FMA chain runs over its
-own rows in a register tile (OR x OC: 8 x 3 on AVX-512, 6 x 1 on AVX2), the tree's
+own rows in a register tile (OR x OC: 8 x 3 on AVX-512, 6 x 1 on AVX2; OR - 1 and single
+rows where M is not a fit), the tree's
 additions against a small stack in cache, so the blocks' gradients are never written
 out: eight blocks' 784 x 1000 gradients were 8 zeroed 3 MB vectors, 8 GEMMs of K = 26
 and 7 NumPy additions per step. Zen 4, 1 thread, 8 blocks of 26 rows: 3.6-4.1 ms
@@ -168,7 +169,10 @@ def _dispatch_source(name, prefix, tiles, args):
 
 
 _DOTS = {(r, i): _define(*_dot_source(r, i)) for r in range(1, DR + 1) for i in range(1, DI + 1)}
-_OUTERS = {(r, c): _define(*_outer_source(r, c)) for r in range(1, OR + 1) for c in range(1, OC + 1)}
+# three row counts only (see _outer_row_tiles): each generated tile costs about 1.5 s of
+# compiling on first use, and every rank of a first run compiles them at once
+_OUTER_ROWS = sorted({1, OR - 1, OR})
+_OUTERS = {(r, c): _define(*_outer_source(r, c)) for r in _OUTER_ROWS for c in range(1, OC + 1)}
 _tile = _define(*_dispatch_source("_tile", "_tile_", _TILES, "v, vo, ldv, w, wo, ldw, o, oo, ldo, K, nlast"))
 _dot = _define(*_dispatch_source("_dot", "_dot_", _DOTS, "h, ho, ldh, w, wo, ldw, o, oo, ldo, N"))
 _outer = _define(*_dispatch_source("_outer", "_outer_", _OUTERS, "v, ldv, vo, w, ldw, wo, starts, merges, alphas, "
@@ -184,6 +188,19 @@ def _row_tiles(M, most):
     bounds[0] = 0
     for t in range(ntile):
         bounds[t + 1] = bounds[t] + (M - bounds[t] + ntile - t - 1) // (ntile - t)
+    return bounds
+
+
+@njit(**JIT)
+def _outer_row_tiles(M):
+    """Row tiles of OR or OR - 1 rows (balanced) where M allows, else OR-row tiles and
+    single rows: the row counts :data:`_OUTERS` has."""
+    if M >= OR * (OR - 1):
+        return _row_tiles(M, OR)
+    full = M // OR
+    bounds = np.empty(full + M % OR + 1, np.int64)
+    for t in range(bounds.size):
+        bounds[t] = OR * t if t <= full else OR * full + (t - full)
     return bounds
 
 
@@ -222,7 +239,7 @@ def _block_outer_sum(At, D, starts, merges, alphas, out, stack):
     that a tile's broadcasts read along its rows."""
     M, N = out.shape
     af, df, of = At.reshape(-1), D.reshape(-1), out.reshape(-1)
-    tiles = _row_tiles(M, OR)
+    tiles = _outer_row_tiles(M)
     j = 0
     while j < N:  # a column panel of D stays in cache while the row tiles pass over it
         vecs = min(OC, (N - j + LANES32 - 1) // LANES32)
