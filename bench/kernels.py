@@ -1013,6 +1013,9 @@ def build_parser():
     p.add_argument("--out", type=Path, default=None,
                    help=f"directory for kernels.csv/.md/_roofline.png (default {RESULTS.relative_to(ROOT)})")
     p.add_argument("--list", action="store_true", help="print the cases (kernel, shape, dtype, FLOPs, bytes) and exit")
+    p.add_argument("--warm", action="store_true",
+                   help="run every numba kernel once at small shapes so that Numba caches its machine code, and exit "
+                        "(make venv does this; nothing is checked, timed or written)")
     return p
 
 
@@ -1022,6 +1025,23 @@ def _split(value, allowed, what, parser):
     if bad:
         parser.error(f"unknown {what} {', '.join(bad)}; choose from {', '.join(allowed)}")
     return items
+
+
+def warm(log) -> int:
+    """``--warm``: run every kernel of the numba set once at the small shapes, so that Numba
+    compiles and caches them now (``make venv`` does this once), not in every rank of a
+    first run at the same moment. No checks, no timings, no files."""
+    from aepar import kernels
+    K = kernels.load("numba")
+    started = time.perf_counter()
+    cases = catalog(quick=True)
+    for case in cases:
+        a = case.make(_rng(case.name))
+        if case.prep:
+            case.prep(K, a)
+        case.run(K, a)
+    log(f"bench.kernels --warm: {len(cases)} kernel cases compiled and cached in {time.perf_counter() - started:.0f} s")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -1044,6 +1064,8 @@ def main(argv=None) -> int:
     def log(msg):
         print(msg, flush=True)
 
+    if args.warm:
+        return warm(log)
     cases = [c for c in catalog(args.quick) if c.family in families]
     if args.list:
         for c in cases:

@@ -59,3 +59,10 @@ def test_wrong_kernel_fails_and_merge_keeps_other_rows(tmp_path, monkeypatch):
 def test_conv_flops_count_only_taps_on_the_image():
     assert bench._taps(28, 28, 3, 1, 1) == 28 * 3 - 2   # the two border outputs lose one tap each
     assert bench._taps(7, 14, 2, 2, 0) == 7 * 2          # a 2x2/2 transposed conv (7 -> 14): every tap
+
+
+def test_warm_runs_every_small_case_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["--warm"]) == 0
+    assert list(tmp_path.iterdir()) == []
+    assert f"{len(bench.catalog(quick=True))} kernel cases compiled" in capsys.readouterr().out
