@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node", "tree_merges", "tree_sum",
-           "local_sums", "parallel_map", "threads", "CHUNK", "DEFAULT_BLOCKS"]
+           "local_sums", "parallel_map", "each", "threads", "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8
@@ -254,6 +254,12 @@ def parallel_map(fn, items) -> list:
     if _POOL is None or _POOL._max_workers != n:
         _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="aepar-block")
     return list(_POOL.map(fn, items))
+
+
+def each(fn, *columns) -> list:
+    """``[fn(*args) for args in zip(*columns)]`` through :func:`parallel_map`: one step of
+    several blocks at once (e.g. one layer of every block), the blocks spread over the threads."""
+    return parallel_map(lambda args: fn(*args), list(zip(*columns)))
 
 
 def _fork_safe():

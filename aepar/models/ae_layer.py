@@ -36,7 +36,7 @@ class AELayer(RBM):
 
     n_extra = 1  # a step reports Σ‖x̂ − x‖² over its rows
     # the RBM's fused step and factors are CD-1's: an autoencoder layer takes the general path
-    fused_step = leaf_factors = None
+    fused_step = block_factors = None
 
     def leaf_gradient(self, x, rng, scale, grads):
         """Add one block's gradient of ½ Σ(x̂ − x)², scaled by ``scale``, into ``grads``.

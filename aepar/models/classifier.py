@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aepar.rows import local_sums
+from aepar.rows import each, local_sums
 from aepar.models.trained import DenseBackprop, TrainedState
 
 __all__ = ["Classifier", "with_labels", "split_labels", "CLASSIFY_STREAM", "HIDDEN_ACTS", "UNIT_ACTS", "HIDDEN_INIT",
@@ -176,19 +176,11 @@ class Classifier(TrainedState, DenseBackprop):
         return model
 
     # ---- forward / backward --------------------------------------------------------------
-    def forward(self, x):
-        """Activations [x, a1, ..., logits] of feature rows ``x``."""
-        K, p = self.be.K, self.params
-        acts = [x]
-        for i in range(self.n_layers):
-            acts.append(K.dense_forward(acts[-1], p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i]))
-        return acts
-
     def predict(self, x):
         """Class of each feature row (argmax of the logits), int array on the backend's device."""
         return self.forward(x)[-1].argmax(axis=1)
 
-    def loss_and_grad(self, x, labels, grads, scale=None, factors=None):
+    def loss_and_grad(self, x, labels, grads, scale=None):
         """Softmax cross-entropy of a batch and its gradients, *added* into ``grads``.
 
         Parameters
@@ -201,21 +193,28 @@ class Classifier(TrainedState, DenseBackprop):
         scale : float or None
             Multiplies the summed loss and the gradients (default 1/batch; data-parallel
             callers pass 1/global batch).
-        factors : dict, optional
-            Given, the weight gradients are left as factors there (:meth:`backprop`).
 
         Returns
         -------
         (loss, correct) : (float, int)
             The scaled loss and how many rows the network (before this step) classifies right.
         """
+        return self._blocks_loss_and_grad([x], [labels], [grads], scale)[0]
+
+    def _blocks_loss_and_grad(self, xs, labels, grads, scale, factors=None):
+        """:meth:`loss_and_grad` of every block in ``xs`` at once, layer by layer; with
+        ``factors`` (one dict per block) the weight gradients are left there
+        (:meth:`backprop`). Returns [(loss, correct)] per block."""
         K = self.be.K
-        acts = self.forward(x)
-        loss, probs = K.softmax_xent_forward(acts[-1], labels, scale=scale)
-        correct = int((probs.argmax(axis=1) == labels).sum())
-        da = K.softmax_xent_backward(probs, labels, scale=scale)  # d/dlogits: through "identity"
-        self.backprop(acts, da, grads, factors)
-        return loss, correct
+        acts = self.forward_blocks(xs)
+
+        def head(logits, y):
+            loss, probs = K.softmax_xent_forward(logits, y, scale=scale)
+            correct = int((probs.argmax(axis=1) == y).sum())
+            return loss, correct, K.softmax_xent_backward(probs, y, scale=scale)  # d/dlogits: through "identity"
+        heads = each(head, acts[-1], labels)
+        self.backprop(acts, [da for _, _, da in heads], grads, factors)
+        return [(loss, correct) for loss, correct, _ in heads]
 
     # ---- the trainer's protocol ------------------------------------------------------------
     def grad_shapes(self) -> dict:
@@ -228,13 +227,14 @@ class Classifier(TrainedState, DenseBackprop):
         loss, correct = self.loss_and_grad(feats, labels, grads, scale=scale)
         return loss / scale, float(correct)
 
-    def leaf_factors(self, x, rng, scale, grads):
-        """:meth:`leaf_gradient` with the weight gradients left as factors (x.T @ dz per
-        layer); the biases' are added into ``grads``."""
-        feats, labels = split_labels(x)
-        factors = {}
-        loss, correct = self.loss_and_grad(feats, labels, grads, scale=scale, factors=factors)
-        return (loss / scale, float(correct)), factors
+    def block_factors(self, xs, rngs, scale, grads):
+        """:meth:`leaf_gradient` of several blocks at once, their weight gradients left as
+        factors (x.T @ dz per layer) and their biases' added into ``grads`` (one dict per
+        block). Returns ([(Σ loss, Σ correct)], [{name: factors}]), one entry per block."""
+        feats, labels = zip(*map(split_labels, xs))
+        factors = [{} for _ in xs]
+        sums = self._blocks_loss_and_grad(feats, labels, grads, scale, factors)
+        return [(loss / scale, float(correct)) for loss, correct in sums], factors
 
     def apply(self, grads, epoch):
         self.optimizer.step(grads)

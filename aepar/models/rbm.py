@@ -12,7 +12,7 @@ fixed blocks, every block shuffles its rows with its own stream
 ``default_rng((seed, layer_index, epoch, block))`` and draws the CD noise of its rows
 from it, each block's CD gradient is computed alone and the blocks' gradients are added
 in one fixed tree, then one SGD-with-momentum step (weight cost on W) runs on every rank.
-The W gradients are added from the blocks' chains (``leaf_factors``: [v0; vk] and
+The W gradients are added from the blocks' chains (``block_factors``: [v0; vk] and
 [h0; -hk]) by one ``block_outer_sum`` per tree node, never written out block by block.
 A given (seed, layer, epoch, data, blocks) gives bit-identical weights on 1 process or
 any number of ranks and threads. With the data as one block (``--reduce-blocks 1``, one
@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from aepar.optim import SGD
-from aepar.rows import Shard, mean_squared_error
+from aepar.rows import Shard, each, mean_squared_error
 
 __all__ = ["RBM"]
 
@@ -99,17 +99,23 @@ class RBM:
                                          grads["W"], grads["bv"], grads["bh"], scale)
         return (err,)
 
-    factored = ("W",)  # the trainer adds the blocks' W gradients from leaf_factors' factors
+    factored = ("W",)  # the trainer adds the blocks' W gradients from block_factors' factors
 
-    def leaf_factors(self, x, rng, scale, grads):
-        """:meth:`leaf_gradient` with the W gradient left as factors: adds the bias
-        gradients into ``grads`` and returns ((Σ‖v1 − v0‖²,), {"W": (A, D, alpha)}), the
-        block's W gradient being alpha * A.T @ D (the same noise as leaf_gradient)."""
+    def block_factors(self, xs, rngs, scale, grads):
+        """:meth:`leaf_gradient` of several blocks, their W gradients left as factors: adds
+        each block's bias gradients into its ``grads`` dict and returns ([(Σ‖v1 − v0‖²,)],
+        [{"W": (A, D, alpha)}]), one entry per block, the block's W gradient being
+        alpha * A.T @ D (the same noise as leaf_gradient). One CD kernel call per block:
+        its one weight matrix stays in cache from block to block."""
         be, p = self.be, self.params
-        noise = self._draw(rng, np.empty((1, x.shape[0], self.n_out), dtype=NOISE_DTYPE))
-        a, d, alpha, err = be.K.rbm_cd_factors(x, p["W"], p["bv"], p["bh"], be.xp.asarray(noise), self.hidden,
-                                               grads["bv"], grads["bh"], scale)
-        return (err,), {"W": (a, d, alpha)}
+
+        def chain(x, rng, g):
+            noise = self._draw(rng, np.empty((1, x.shape[0], self.n_out), dtype=NOISE_DTYPE))
+            a, d, alpha, err = be.K.rbm_cd_factors(x, p["W"], p["bv"], p["bh"], be.xp.asarray(noise), self.hidden,
+                                                   g["bv"], g["bh"], scale)
+            return (err,), {"W": (a, d, alpha)}
+        out = each(chain, xs, rngs, grads)
+        return [sums for sums, _ in out], [f for _, f in out]
 
     def fused_step(self, x, rng, epoch):
         """One whole batch on one process: CD-1, weight cost and the momentum step in one

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from aepar.models.trained import DenseBackprop
-from aepar.rows import Shard, mean_squared_error
+from aepar.rows import Shard, each, mean_squared_error
 
 __all__ = ["StackedAutoencoder", "LOSSES", "FINETUNE_STREAM"]
 
@@ -95,14 +95,6 @@ class StackedAutoencoder(DenseBackprop):
         return model
 
     # ---- forward / backward --------------------------------------------------------------
-    def forward(self, x):
-        """Activations [x, a1, ..., a_{2n}] of a batch; with xent the last one is the logits."""
-        K, p = self.be.K, self.params
-        acts = [x]
-        for i in range(self.n_layers):
-            acts.append(K.dense_forward(acts[-1], p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i]))
-        return acts
-
     def _reconstruct(self, x):
         """x̂ in [0, 1] for one chunk of rows."""
         y = self.forward(x)[-1]
@@ -123,7 +115,7 @@ class StackedAutoencoder(DenseBackprop):
         """The codes (linear units of the middle layer) of every row of ``shard``."""
         return shard.map_rows(self._encode, self.sizes[-1], self.be.xp, self.be.dtype)
 
-    def loss_and_grad(self, x, grads, scale=None, factors=None):
+    def loss_and_grad(self, x, grads, scale=None):
         """Loss of a batch and its gradients, *added* into ``grads`` (zero them first).
 
         Parameters
@@ -135,29 +127,33 @@ class StackedAutoencoder(DenseBackprop):
         scale : float or None
             Multiplies the summed loss and the gradients (default 1/batch; data-parallel
             callers pass 1/global batch).
-        factors : dict, optional
-            Given, the weight gradients are not added: ``factors[f"W{i}"]`` gets (A, D, 1)
-            with the gradient A.T @ D (the trainer adds many blocks' at once).
 
         Returns
         -------
         (loss, sq_err) : floats
             The scaled loss and Σ (x − x̂)² over the batch.
         """
-        K = self.be.K
         scale = 1.0 / x.shape[0] if scale is None else float(scale)
-        acts = self.forward(x)
-        out = acts[-1]
-        if self.loss == "mse":
-            loss = K.mse_forward(out, x, scale=scale)
-            sq_err = loss * 2.0 / scale if scale else K.mse_forward(out, x, scale=2.0)
-            da = K.mse_backward(out, x, scale=scale)
-        else:
+        return self._blocks_loss_and_grad([x], [grads], scale)[0]
+
+    def _blocks_loss_and_grad(self, xs, grads, scale, factors=None):
+        """:meth:`loss_and_grad` of every block in ``xs`` (one ``grads`` dict each) at once,
+        layer by layer; with ``factors`` (one dict per block) the weight gradients are left
+        there (:meth:`backprop`). Returns [(loss, sq_err)] per block."""
+        K = self.be.K
+        acts = self.forward_blocks(xs)
+
+        def head(out, x):
+            if self.loss == "mse":
+                loss = K.mse_forward(out, x, scale=scale)
+                sq_err = loss * 2.0 / scale if scale else K.mse_forward(out, x, scale=2.0)
+                return loss, sq_err, K.mse_backward(out, x, scale=scale)
             loss, y = K.sigmoid_xent_forward(out, x, scale=scale)
-            sq_err = K.mse_forward(y, x, scale=2.0)
-            da = K.sigmoid_xent_backward(y, x, scale=scale)  # d/dlogits: through "identity"
-        self.backprop(acts, da, grads, factors)
-        return loss, sq_err
+            # d/dlogits: through "identity"
+            return loss, K.mse_forward(y, x, scale=2.0), K.sigmoid_xent_backward(y, x, scale=scale)
+        heads = each(head, acts[-1], xs)
+        self.backprop(acts, [da for _, _, da in heads], grads, factors)
+        return [(loss, sq_err) for loss, sq_err, _ in heads]
 
     # ---- training and evaluation ---------------------------------------------------------
     def grad_shapes(self) -> dict:
@@ -169,12 +165,13 @@ class StackedAutoencoder(DenseBackprop):
         loss, sq_err = self.loss_and_grad(x, grads, scale=scale)
         return loss / scale, sq_err
 
-    def leaf_factors(self, x, rng, scale, grads):
-        """:meth:`leaf_gradient` with the weight gradients left as factors (x.T @ dz per
-        layer); the biases' are added into ``grads``."""
-        factors = {}
-        loss, sq_err = self.loss_and_grad(x, grads, scale=scale, factors=factors)
-        return (loss / scale, sq_err), factors
+    def block_factors(self, xs, rngs, scale, grads):
+        """:meth:`leaf_gradient` of several blocks at once, their weight gradients left as
+        factors (x.T @ dz per layer) and their biases' added into ``grads`` (one dict per
+        block). Returns ([(Σ loss, Σ‖x̂ − x‖²)], [{name: factors}]), one entry per block."""
+        factors = [{} for _ in xs]
+        sums = self._blocks_loss_and_grad(xs, grads, scale, factors)
+        return [(loss / scale, sq_err) for loss, sq_err in sums], factors
 
     def apply(self, grads, epoch):
         self.optimizer.step(grads)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from aepar.rows import each
+
 __all__ = ["TrainedState", "DenseBackprop"]
 
 
@@ -32,25 +34,50 @@ class TrainedState:
 
 
 class DenseBackprop:
-    """The backward pass of a model with dense layers ``W1, b1 .. W{n}, b{n}`` (``be``,
-    ``params``, ``n_layers``, ``acts``: the layers' activation names)."""
+    """The forward and backward passes of a model with dense layers ``W1, b1 .. W{n}, b{n}``
+    (``be``, ``params``, ``n_layers``, ``acts``: the layers' activation names), on one
+    block of rows or on several at once.
+
+    Several blocks go through the network together, layer by layer (:func:`aepar.rows.each`):
+    each block's products are still its own kernel calls, so its bits are those of the block
+    alone, but a layer's weights are read for every block in turn while they are in cache,
+    not once per block after the other layers have pushed them out (the fine-tuning stack's
+    weights are 11 MB)."""
 
     @property
     def factored(self) -> tuple:
         """The weights whose block gradients the data-parallel trainer adds from the
-        blocks' factors (``leaf_factors``) rather than from filled gradients."""
+        blocks' factors (``block_factors``) rather than from filled gradients."""
         return tuple(f"W{i + 1}" for i in range(self.n_layers))
 
-    def backprop(self, acts, da, grads, factors=None):
-        """From d/d(last output) ``da`` back through every layer (``acts``: the forward's
-        activations, input first): bias gradients added into ``grads``, and weight
-        gradients too, unless ``factors`` is given: then ``factors[f"W{i}"]`` gets (layer
-        input, dz, 1.0), the gradient being input.T @ dz."""
+    def forward(self, x):
+        """Activations [x, a1, ..., a_n] of rows ``x`` (a_n: logits when the last layer is linear)."""
+        return [a[0] for a in self.forward_blocks([x])]
+
+    def forward_blocks(self, xs):
+        """:meth:`forward` of every block in ``xs``, layer by layer: ``acts[layer][block]``."""
+        K, p = self.be.K, self.params
+        acts = [list(xs)]
+        for i in range(self.n_layers):
+            W, b, act = p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i]
+            acts.append(each(lambda a: K.dense_forward(a, W, b, act), acts[-1]))
+        return acts
+
+    def backprop(self, acts, das, grads, factors=None):
+        """From d/d(last output) back through every layer, for the blocks of
+        :meth:`forward_blocks`' ``acts``: ``das``, ``grads`` (dicts) and ``factors`` hold one
+        entry per block. Bias gradients are added into ``grads``, and weight gradients too,
+        unless ``factors`` is given: then each block's ``factors[b][f"W{i}"]`` gets (layer
+        input, dz, 1.0), its gradient being input.T @ dz."""
         K, p = self.be.K, self.params
         for i in reversed(range(self.n_layers)):
-            W, b, act = p[f"W{i + 1}"], grads[f"b{i + 1}"], self.acts[i]
+            W, name, act, need_dx = p[f"W{i + 1}"], f"W{i + 1}", self.acts[i], i > 0
             if factors is None:
-                da = K.dense_backward(da, acts[i], W, acts[i + 1], act, grads[f"W{i + 1}"], b, need_dx=i > 0)
+                das = each(lambda da, x, a, g: K.dense_backward(da, x, W, a, act, g[name], g[f"b{i + 1}"],
+                                                                need_dx=need_dx), das, acts[i], acts[i + 1], grads)
             else:
-                da, dz = K.dense_backward_factors(da, acts[i], W, acts[i + 1], act, b, need_dx=i > 0)
-                factors[f"W{i + 1}"] = (acts[i], dz, 1.0)
+                out = each(lambda da, x, a, g: K.dense_backward_factors(da, x, W, a, act, g[f"b{i + 1}"],
+                                                                        need_dx=need_dx), das, acts[i], acts[i + 1], grads)
+                for f, x, (_, dz) in zip(factors, acts[i], out):
+                    f[name] = (x, dz, 1.0)
+                das = [dx for dx, _ in out]

@@ -30,10 +30,13 @@ optimiser's step). It may provide ``fused_step(x, rng, epoch)`` too: gradient an
 one kernel, taken when the data is one block on one process, where there is nothing to
 add up; and ``epochs_done``, which a completed epoch advances. A model whose weight
 gradients are products ``alpha * A.T @ D`` of a block's rows may name them in
-``factored`` and provide ``leaf_factors(x, rng, scale, grads) -> (sums, {name: (A, D,
-alpha)})``, filling only the other gradients: each tree node's sum of those is then one
-``block_outer_sum`` call from its blocks' factors, the same bits as the blocks' own
-products added in the tree, without writing them out.
+``factored`` and provide ``block_factors(xs, rngs, scale, grads) -> ([sums], [{name: (A,
+D, alpha)}])``: all of a rank's blocks of a step at once (lists with one entry per block,
+``grads`` its dicts to fill), every block's result the bits it would have alone, the
+factored gradients left out. The model is free to take them layer by layer, so that a
+layer's weights are read once for all the blocks. Each tree node's sum of the factored
+gradients is then one ``block_outer_sum`` call from its blocks' factors, the same bits as
+the blocks' own products added in the tree, without writing them out.
 
 Models never see ranks: where one needs a sum over all ranks' rows (an evaluation) it is
 handed ``reducer(comm)``.
@@ -161,7 +164,7 @@ class _Buffers:
         width = self.n_grad + self.n_extra + 1
         # one block (one process) has nothing to add: BLAS's product into its vector is faster
         self.factored = [k for k in getattr(model, "factored", ()) if k in shapes] \
-            if getattr(model, "leaf_factors", None) is not None and shard.blocks.count > 1 else []
+            if getattr(model, "block_factors", None) is not None and shard.blocks.count > 1 else []
         offsets = np.cumsum([0] + self.sizes)
         self.added = [slice(int(offsets[i]), int(offsets[i + 1])) for i, k in enumerate(self.names)
                       if k not in self.factored] + [slice(self.n_grad, width)]
@@ -314,22 +317,28 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
                                        checkpoint, stop)
             continue
 
+        idx = [mb.rows(b, k) for b in mine]
         factors = [None] * max(len(mine), 1)
 
-        def leaf(i, k=k, scale=scale):
-            b = mine[i]
-            row = leaves[i]
+        def rows_of(i):  # block i's rows of the batch, its row of sums cleared (an empty block's stays zero)
             for part in buf.added:
-                row[part] = 0
-            idx = mb.rows(b, k)
-            if idx.size:
-                x = shard.x[be.xp.asarray(idx)]
-                if buf.factored:
-                    extra, factors[i] = model.leaf_factors(x, mb.rngs[b], scale, buf.views(row))
-                else:
-                    extra = model.leaf_gradient(x, mb.rngs[b], scale, buf.views(row))
-                row[buf.n_grad:flag] = be.xp.asarray(np.asarray(extra, dtype=np.float64), dtype=row.dtype)
-        parallel_map(leaf, range(len(mine)))
+                leaves[i][part] = 0
+            return shard.x[be.xp.asarray(idx[i])] if idx[i].size else None
+        if buf.factored:  # all of this rank's blocks at once
+            xs = [rows_of(i) for i in range(len(mine))]
+            live = [i for i, x in enumerate(xs) if x is not None]
+            extras, found = model.block_factors([xs[i] for i in live], [mb.rngs[mine[i]] for i in live], scale,
+                                                [buf.views(leaves[i]) for i in live])
+            for i, f in zip(live, found):
+                factors[i] = f
+        else:
+            def leaf(i):
+                x = rows_of(i)
+                return None if x is None else model.leaf_gradient(x, mb.rngs[mine[i]], scale, buf.views(leaves[i]))
+            extras = [e for e in parallel_map(leaf, range(len(mine))) if e is not None]
+            live = [i for i in range(len(mine)) if idx[i].size]
+        for i, extra in zip(live, extras):
+            leaves[i][buf.n_grad:flag] = be.xp.asarray(np.asarray(extra, dtype=np.float64), dtype=leaves.dtype)
         # this rank's sums: its tree nodes, or (allreduce) its blocks in order; a rank
         # without blocks still sends a row: zeros and its guard flag
         values = {node: _local_sum(be, buf, factors, first, merges, buf.total if node is None else leaves[first])
@@ -338,7 +347,9 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
             head = next(iter(values.values()))
             head[flag] = guard.flags()
             guard.step(poison=head[:buf.n_grad])
-        if buf.tree is not None:
+        if buf.tree is not None and buf.tree.comm.size == 1 and len(values) == 1:
+            total = next(iter(values.values()))  # one process: its one node is the whole tree, no copy
+        elif buf.tree is not None:
             total = buf.tree.allreduce_nodes(values, buf.total)
         else:
             total = buf.total

@@ -149,7 +149,8 @@ def test_allreduce_mode_is_one_allreduce_per_step_of_the_rank_s_own_sum(make):
         comm = _Recording()
         results[mode, count] = train_epoch(model, Shard.of(be, x, count), 0, comm, allreduce=mode == "allreduce")
         models[mode, count] = model
-        assert comm.calls == (["allreduce"] if mode == "allreduce" else ["bcast"]) * steps
+        # tree mode on one process: its one tree node is the whole sum, nothing to send
+        assert comm.calls == (["allreduce"] * steps if mode == "allreduce" else [])
     # two blocks: a + b either way, the same bits
     assert results["tree", 2].means == results["allreduce", 2].means
     for k, v in models["tree", 2].params.items():
@@ -206,10 +207,48 @@ def test_factored_gradients_take_the_steps_of_the_blocks_own_gradients(kind, ker
         return model
     for allreduce in (False, True):
         factored, plain = make(), make()
-        plain.leaf_factors = None
+        plain.block_factors = None
         for model in (factored, plain):
             train_epoch(model, Shard.of(be, x, 8), 0, allreduce=allreduce)
         assert factored._dp_buffers.factored == list(factored.factored) and plain._dp_buffers.factored == []
         for k, v in plain.params.items():
             np.testing.assert_allclose(factored.params[k], v, rtol=tol, atol=tol)
         assert not np.array_equal(plain.params[k], make().params[k])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kernels,dtype", [("numpy", "float64"), ("numba", "float32")])
+@pytest.mark.parametrize("kind", ["rbm", "stacked", "classifier"])
+def test_block_factors_of_several_blocks_are_each_blocks_own_bits(kind, kernels, dtype, threads, monkeypatch):
+    """A rank's blocks go through the model together (layer by layer, over the threads):
+    every block's sums, bias gradients and factors are the bits of that block alone."""
+    monkeypatch.setattr(aepar, "THREADS", threads)
+    be = _be(kernels, dtype)
+    x = _data(n=60, d=40, seed=4).astype(dtype)
+    if kind == "classifier":
+        x[:, -1] = np.floor(3 * x[:, 0])
+        model = Classifier(be, [39, 16, 8], 3, seed=3, batch=60)
+    elif kind == "rbm":
+        model = RBM(be, 40, 24, batch=60, seed=3)
+    else:
+        model = StackedAutoencoder(be, [40, 24, 6], loss="xent", seed=3, batch=60)
+    blocks = [x[0:13], x[13:26], x[26:38], x[38:39], x[39:60]]
+
+    def grads():
+        return {k: be.xp.zeros(s, dtype) for k, s in model.grad_shapes().items()}
+
+    def streams():
+        return [np.random.default_rng((5, b)) for b in range(len(blocks))]
+    together = [grads() for _ in blocks]
+    sums, factors = model.block_factors(blocks, streams(), 1 / 60, together)
+    for b, rng in enumerate(streams()):
+        alone = grads()
+        (s,), (f,) = model.block_factors([blocks[b]], [rng], 1 / 60, [alone])
+        assert np.asarray(sums[b]).tobytes() == np.asarray(s).tobytes()
+        for k in alone:
+            assert be.to_host(together[b][k]).tobytes() == be.to_host(alone[k]).tobytes(), k
+        assert sorted(f) == sorted(factors[b]) == sorted(model.factored)
+        for k in f:
+            for mine, own in zip(factors[b][k][:2], f[k][:2]):
+                assert be.to_host(mine).tobytes() == be.to_host(own).tobytes(), k
+            assert factors[b][k][2] == f[k][2]
