@@ -93,7 +93,7 @@ def _tile_source(rows, vecs):
 def _dot_source(rows, wrows):
     """out[r, i] = Σ_j h[r, j] W[i, j] for rows x wrows outputs: 16 lanes each sum every
     16th j in order, the masked last vector adds its columns, then the lanes are added in
-    order (:func:`vhsum32`)."""
+    a fixed tree (:func:`vhsum32`)."""
     name = f"_dot_{rows}x{wrows}"
     src = [f"def {name}(h, ho, ldh, w, wo, ldw, o, oo, ldo, N):"]
     src += [f"    a{r}_{i} = vzero32()" for r in range(rows) for i in range(wrows)]

@@ -88,3 +88,20 @@ def test_refusals_and_which_products_it_takes():
     assert not thin(f32.astype(np.float64), W.astype(np.float64), np.zeros((4, MIN_DOT)))
     assert thin_t(np.zeros((4, MIN_DOT), np.float32), W, np.zeros((4, 5), np.float32))
     assert not thin_t(np.zeros((4, MIN_DOT - 1), np.float32), W[:, 1:].copy(), np.zeros((4, 5), np.float32))
+
+
+def test_rows_times_t_adds_its_16_lanes_in_a_fixed_tree():
+    """h @ W.T's last step adds the 16 lane sums as the tree (i + i+8), (i + i+4), (i + i+2),
+    (i + i+1): the order is part of the bits. Lane values whose float32 sums differ between
+    that tree and a left-to-right chain (checked here, so the test can tell them apart)."""
+    lanes = np.float32([1e8, 1, 1, 1, 1, 1, 1, 1, -1e8, 3, 3, 3, 3, 3, 3, 3])
+    h = np.ones((1, 16), np.float32)
+    out = rows_times_t(h, lanes[None, :].copy(), np.empty((1, 1), np.float32))
+    s = lanes.copy()
+    while s.size > 1:  # float32 arithmetic, correctly rounded
+        s = s[:s.size // 2] + s[s.size // 2:]
+    chain = np.float32(0)
+    for v in lanes:
+        chain = np.float32(chain + v)
+    assert s[0] != chain
+    assert out[0, 0] == s[0]
