@@ -1,6 +1,7 @@
 """Parameter updates in place (Numba): one fused parallel pass over each parameter."""
 import math
 
+import numpy as np
 from numba import njit, prange
 
 from ..ref import update as _ref
@@ -16,15 +17,18 @@ def _sgd(p, g, v, lr, momentum):
         p[i] += vi
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _adam(p, g, m, v, lr, beta1, beta2, eps, bc1, bc2):
+@njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
+def _adam(p, g, m, v, beta1, rest1, beta2, rest2, step, root_bc2, eps):
+    """The scalars come in the arrays' dtype, so float32 parameters are updated in float32
+    arithmetic: with float64 scalars the division and square root ran in float64 and made
+    this pass compute-bound (4.3 ms against 1.4 ms per step of the 2.8M-weight stack)."""
     for i in prange(p.size):
         gi = g[i]
-        mi = beta1 * m[i] + (1.0 - beta1) * gi
-        vi = beta2 * v[i] + (1.0 - beta2) * gi * gi
+        mi = beta1 * m[i] + rest1 * gi
+        vi = beta2 * v[i] + rest2 * gi * gi
         m[i] = mi
         v[i] = vi
-        p[i] -= lr * (mi / bc1) / (math.sqrt(vi / bc2) + eps)
+        p[i] -= step * mi / (np.sqrt(vi) * root_bc2 + eps)
 
 
 def _flat_views(*arrays):
@@ -53,4 +57,7 @@ def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
         return _ref.adam_update(p, g, m, v, t, lr, beta1, beta2, eps)
     bc1 = 1.0 - float(beta1) ** int(t)
     bc2 = 1.0 - float(beta2) ** int(t)
-    _adam(*flat, float(lr), float(beta1), float(beta2), float(eps), bc1, bc2)
+    # lr m / bc1 / (sqrt(v / bc2) + eps), the bias corrections folded into two scalars
+    dt = p.dtype.type
+    _adam(*flat, dt(beta1), dt(1.0 - beta1), dt(beta2), dt(1.0 - beta2), dt(lr / bc1), dt(1.0 / math.sqrt(bc2)),
+          dt(eps))
