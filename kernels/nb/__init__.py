@@ -5,7 +5,10 @@ inlines a helper from another file (nbmath, simd, sparse_tiles) would load stale
 code after that helper changed. The kernels are therefore cached in a directory named
 after a hash of every source file here: any change starts a fresh cache. The directory
 lies under NUMBA_CACHE_DIR when the user set one, else in this package's __pycache__
-(Numba falls back to its user-wide cache when that is not writable).
+(Numba falls back to its user-wide cache when that is not writable). The package's import
+name is part of the hash: a cached kernel records the module it came from, and one cached
+by ``import kernels.nb`` from a checkout's root could not be loaded as ``aepar.kernels.nb``
+(ModuleNotFoundError: No module named 'kernels').
 """
 import hashlib
 import os
@@ -16,7 +19,7 @@ from numba.core import config as _numba_config
 
 def _keyed_cache_dir() -> str:
     here = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(__name__.encode() + b"\0")
     for path in sorted(here.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     base = os.environ.get("NUMBA_CACHE_DIR") or str(here / "__pycache__")
