@@ -318,25 +318,28 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
             continue
 
         idx = [mb.rows(b, k) for b in mine]
+        live = [i for i in range(len(mine)) if idx[i].size]  # an empty block's row stays zero
         factors = [None] * max(len(mine), 1)
 
-        def rows_of(i):  # block i's rows of the batch, its row of sums cleared (an empty block's stays zero)
+        def clear(i):
             for part in buf.added:
                 leaves[i][part] = 0
-            return shard.x[be.xp.asarray(idx[i])] if idx[i].size else None
+
+        def rows(i):
+            return shard.x[be.xp.asarray(idx[i])]
         if buf.factored:  # all of this rank's blocks at once
-            xs = [rows_of(i) for i in range(len(mine))]
-            live = [i for i, x in enumerate(xs) if x is not None]
-            extras, found = model.block_factors([xs[i] for i in live], [mb.rngs[mine[i]] for i in live], scale,
+            for i in range(len(mine)):
+                clear(i)
+            extras, found = model.block_factors([rows(i) for i in live], [mb.rngs[mine[i]] for i in live], scale,
                                                 [buf.views(leaves[i]) for i in live])
             for i, f in zip(live, found):
                 factors[i] = f
         else:
             def leaf(i):
-                x = rows_of(i)
-                return None if x is None else model.leaf_gradient(x, mb.rngs[mine[i]], scale, buf.views(leaves[i]))
+                clear(i)
+                return model.leaf_gradient(rows(i), mb.rngs[mine[i]], scale, buf.views(leaves[i])) if idx[i].size \
+                    else None
             extras = [e for e in parallel_map(leaf, range(len(mine))) if e is not None]
-            live = [i for i in range(len(mine)) if idx[i].size]
         for i, extra in zip(live, extras):
             leaves[i][buf.n_grad:flag] = be.xp.asarray(np.asarray(extra, dtype=np.float64), dtype=leaves.dtype)
         # this rank's sums: its tree nodes, or (allreduce) its blocks in order; a rank
