@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node", "tree_merges", "tree_sum",
-           "local_sums", "parallel_map", "each", "threads", "CHUNK", "DEFAULT_BLOCKS"]
+__all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node",
+           "tree_merges", "tree_sum", "local_sums", "parallel_map", "each", "threads", "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8

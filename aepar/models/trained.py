@@ -71,13 +71,16 @@ class DenseBackprop:
         input, dz, 1.0), its gradient being input.T @ dz."""
         K, p = self.be.K, self.params
         for i in reversed(range(self.n_layers)):
-            W, name, act, need_dx = p[f"W{i + 1}"], f"W{i + 1}", self.acts[i], i > 0
+            W, act, need_dx = p[f"W{i + 1}"], self.acts[i], i > 0
+            w_name, b_name = f"W{i + 1}", f"b{i + 1}"
             if factors is None:
-                das = each(lambda da, x, a, g: K.dense_backward(da, x, W, a, act, g[name], g[f"b{i + 1}"],
-                                                                need_dx=need_dx), das, acts[i], acts[i + 1], grads)
+                def step(da, x, a, g):
+                    return K.dense_backward(da, x, W, a, act, g[w_name], g[b_name], need_dx=need_dx)
+                das = each(step, das, acts[i], acts[i + 1], grads)
             else:
-                out = each(lambda da, x, a, g: K.dense_backward_factors(da, x, W, a, act, g[f"b{i + 1}"],
-                                                                        need_dx=need_dx), das, acts[i], acts[i + 1], grads)
+                def step(da, x, a, g):
+                    return K.dense_backward_factors(da, x, W, a, act, g[b_name], need_dx=need_dx)
+                out = each(step, das, acts[i], acts[i + 1], grads)
                 for f, x, (_, dz) in zip(factors, acts[i], out):
-                    f[name] = (x, dz, 1.0)
+                    f[w_name] = (x, dz, 1.0)
                 das = [dx for dx, _ in out]
