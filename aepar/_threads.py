@@ -54,9 +54,12 @@ def _forget_inherited():
 
 # AEPAR_ISA=avx2 on an AVX-512 machine: the code an AVX2-only CPU would run. Numba needs
 # the feature list too (NUMBA_CPU_NAME=haswell alone keeps the host's AVX-512 features),
-# and OpenBLAS its Haswell kernels.
+# and OpenBLAS its Haswell kernels. The last three hold the benchmarks' PyTorch peers to
+# AVX2 as well (ATen's own loops, MKL, oneDNN), so that both sides of a ratio run what
+# that CPU would; aepar itself never loads them.
 _ISA_EMULATION = {"avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "-avx512f",
-                           "OPENBLAS_CORETYPE": "Haswell"}}
+                           "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2",
+                           "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 
 
 def _emulate_isa():

@@ -119,6 +119,16 @@ def _numba_version() -> str:
         return ""
 
 
+def torch_peer() -> str:
+    """The PyTorch a benchmark's peer ran on, when that process loaded it: version and the
+    vector ISA of ATen's own loops ("2.13.0+cpu AVX2"); "" without it. aepar never
+    imports PyTorch: this only reads what the benchmark loaded."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ""
+    return f"{torch.__version__} {torch.backends.cpu.get_cpu_capability()}"
+
+
 def describe(mpi: str | None = None, threads: int | None = None) -> dict:
     """The machine columns for one benchmark row.
 

@@ -168,7 +168,7 @@ def kernel_profile(model, block_rows: int, reps: int = 30) -> list[tuple[str, fl
 
 def child(args) -> int:
     """Time this process's thread count (AEPAR_THREADS) and print one JSON line."""
-    from aepar.machine import describe
+    from aepar.machine import describe, torch_peer
 
     threads = aepar.THREADS
     x, what = load_rows(args.rows)
@@ -193,7 +193,7 @@ def child(args) -> int:
     profile = kernel_profile(model, -(-model.batch // 8)) if args.profile else []
     machine = describe(mpi="not used (one process)", threads=threads)
     if "torch" in sys.modules:
-        machine["torch"] = sys.modules["torch"].__version__
+        machine["torch"] = torch_peer()
         machine["torch_threads"] = sys.modules["torch"].get_num_threads()
     print(CHILD_TAG + json.dumps({
         "times": times, "data": what, "samples": int(x.shape[0]), "threads": threads,

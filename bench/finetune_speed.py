@@ -107,7 +107,7 @@ def aepar_epoch(x, blocks: int):
 
 def child(args) -> int:
     """Time this process's thread count (AEPAR_THREADS) and print one JSON line."""
-    from aepar.machine import describe
+    from aepar.machine import describe, torch_peer
 
     threads = aepar.THREADS
     x, what = load_rows(args.rows)
@@ -133,7 +133,7 @@ def child(args) -> int:
     peak1, _ = sgemm_gflops(threads)
     machine = describe(mpi="not used (one process)", threads=threads)
     if "torch" in sys.modules:
-        machine["torch"] = sys.modules["torch"].__version__
+        machine["torch"] = torch_peer()
     print(CHILD_TAG + json.dumps({
         "times": times, "data": what, "samples": int(x.shape[0]), "threads": threads,
         "flops_per_sample": model.flops_per_sample(), "sgemm": max(peak0, peak1), "sgemm_method": method,

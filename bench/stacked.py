@@ -163,9 +163,10 @@ def _rbm_child(args) -> int:
     # thread-pool settings that change how the two runtimes share the cores (OpenBLAS's
     # workers spin 2**OPENBLAS_THREAD_TIMEOUT cycles after each call, default 2**28)
     env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT") if k in os.environ)
+    from aepar.machine import torch_peer
     machine = machine_columns()
     if "torch" in sys.modules:
-        machine["torch"] = sys.modules["torch"].__version__
+        machine["torch"] = torch_peer()
     print("RBM-EPOCH " + json.dumps({"times": times, "data": what or args.rbm_child_what,
                                      "samples": int(x.shape[0]), "load_1min": [load_before, os.getloadavg()[0]],
                                      "env": env, "machine": machine}), flush=True)

@@ -135,8 +135,9 @@ _PREFETCH = "llvm.prefetch.p0" if llvm_version_info >= (15,) else "llvm.prefetch
 
 @intrinsic
 def prefetch(typingctx, a, i):
-    """Ask for the cache line holding a[i] (a hint: never faults, even past the end)."""
-    if not (_flat_f64(a) and isinstance(i, types.Integer)):
+    """Ask for the cache line holding a[i] of a flat float64 or float32 array (a hint:
+    never faults, even past the end)."""
+    if not ((_flat_f64(a) or _flat_f32(a)) and isinstance(i, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):

@@ -77,3 +77,27 @@ def test_cheap_no_numba_or_mpi_import_when_mpi_given():
 def test_default_mpi_is_the_comm_library():
     from aepar.comm import library
     assert machine.describe()["mpi"] == library()
+
+
+def test_avx2_path_holds_every_library_to_avx2():
+    # the benchmarks' ratios on the AVX2 path compare code an AVX2-only CPU would run on
+    # both sides: Numba's, OpenBLAS's and the PyTorch peers' (ATen, MKL, oneDNN)
+    names = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "OPENBLAS_CORETYPE", "ATEN_CPU_CAPABILITY",
+             "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+    code = f"import os, aepar; print(*[os.environ.get(k, '-') for k in {names!r}])"
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env=dict(env, AEPAR_ISA="avx2"), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["haswell", "-avx512f", "Haswell", "avx2", "AVX2", "AVX2"]
+
+
+def test_torch_peer_names_version_and_isa_only_when_loaded(monkeypatch):
+    import types
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert machine.torch_peer() == ""
+    fake = types.SimpleNamespace(__version__="9.9.9+cpu",
+                                 backends=types.SimpleNamespace(cpu=types.SimpleNamespace(
+                                     get_cpu_capability=lambda: "AVX2")))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert machine.torch_peer() == "9.9.9+cpu AVX2"
