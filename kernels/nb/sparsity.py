@@ -67,4 +67,4 @@ def weight_decay_backward(W, lam, dW):
         raise ValueError(f"weight_decay_backward: dW {dW.shape} and W {W.shape} differ in shape")
     if not (dW.flags.c_contiguous and dW.flags.writeable):
         return _ref.weight_decay_backward(W, lam, dW)  # a flat view of dW would be a copy
-    _axpy(float(lam), _flat(W), dW.reshape(-1))
+    _axpy(dW.dtype.type(lam), _flat(W), dW.reshape(-1))  # float32 arithmetic for float32 dW, as NumPy's

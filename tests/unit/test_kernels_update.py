@@ -49,6 +49,21 @@ def test_reference_adam_matches_formula(rng):
         np.testing.assert_allclose(p, p_direct, rtol=1e-14)
 
 
+def test_numba_sgd_and_weight_cost_round_as_numpy_does_in_float32(rng):
+    # the scalars go in in the arrays' dtype: float32 arithmetic, each operation rounded as
+    # NumPy rounds it (with float64 scalars the pass ran in float64: other bits, 2x slower)
+    K = kernels.load("numba")
+    p0, v0, g, W = (rng.standard_normal(1000).astype(np.float32) for _ in range(4))
+    p, v, p_ref, v_ref = p0.copy(), v0.copy(), p0.copy(), v0.copy()
+    K.sgd_momentum_update(p, g, v, 0.1, 0.9)
+    REF.sgd_momentum_update(p_ref, g, v_ref, 0.1, 0.9)
+    assert p.tobytes() == p_ref.tobytes() and v.tobytes() == v_ref.tobytes()
+    dW, dW_ref = g.copy(), g.copy()
+    K.weight_decay_backward(W, 2e-4, dW)
+    REF.weight_decay_backward(W, 2e-4, dW_ref)
+    assert dW.tobytes() == dW_ref.tobytes()
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 @pytest.mark.parametrize("kset", ALL_SETS)
 def test_adam_bias_correction_at_first_step(kset, dtype, rng):
