@@ -156,6 +156,8 @@ def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True) -
 def _rbm_child(args) -> int:
     """``--rbm-child``: time this process's thread count (AEPAR_THREADS, read when aepar was
     imported) and print the result as one JSON line for :func:`rbm_epoch`."""
+    from aepar.machine import torch_peer
+
     x, what = rbm_data(args.rbm_child_data)
     load_before = os.getloadavg()[0]
     styles = [s for s in ("careful", "plain") if f"rbm-{s}" not in args.skip]
@@ -163,7 +165,6 @@ def _rbm_child(args) -> int:
     # thread-pool settings that change how the two runtimes share the cores (OpenBLAS's
     # workers spin 2**OPENBLAS_THREAD_TIMEOUT cycles after each call, default 2**28)
     env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT") if k in os.environ)
-    from aepar.machine import torch_peer
     machine = machine_columns()
     if "torch" in sys.modules:
         machine["torch"] = torch_peer()
