@@ -62,7 +62,8 @@ def _fma_lines(rows, vecs, pad, masked=True):
     masked to ``nlast`` columns unless ``masked`` is False: w's rows padded to whole
     vectors), each times v at ``vb + r * ldv`` added into a{r}_{c}."""
     last = vecs - 1
-    src = [f"{pad}w{c} = vload32(w, wb + {LANES32 * c})" for c in range(last + (not masked))]
+    whole = last if masked else vecs  # the vectors loaded whole
+    src = [f"{pad}w{c} = vload32(w, wb + {LANES32 * c})" for c in range(whole)]
     if masked:
         src += [f"{pad}w{last} = vload32(w, wb + {LANES32 * last}) if nlast == {LANES32} "
                 f"else vload32m(w, wb + {LANES32 * last}, nlast)"]
