@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from aepar import kernels
+from aepar.kernels import memory
 from aepar.errors import UserError
 
 
@@ -23,14 +24,19 @@ class Backend:
     dtype: object        # numpy dtype of parameters and activations
 
     def asarray(self, a, dtype=None):
-        """Host or device array -> this backend's array of ``dtype`` (default: the run's)."""
-        return self.xp.asarray(a, dtype=self.dtype if dtype is None else dtype)
+        """Host or device array -> this backend's array of ``dtype`` (default: the run's).
+        On the CPU a C-contiguous one on a 64-byte boundary (:mod:`aepar.kernels.memory`):
+        ``a`` itself when it is one, else a copy."""
+        dtype = self.dtype if dtype is None else dtype
+        return memory.aligned(a, dtype) if self.xp is np else self.xp.asarray(a, dtype=dtype)
 
     def to_host(self, a) -> np.ndarray:
         return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
 
     def zeros(self, shape, dtype=None):
-        return self.xp.zeros(shape, dtype=self.dtype if dtype is None else dtype)
+        """Zeros of ``dtype`` (default: the run's); on the CPU on a 64-byte boundary."""
+        dtype = self.dtype if dtype is None else dtype
+        return memory.zeros(shape, dtype) if self.xp is np else self.xp.zeros(shape, dtype=dtype)
 
     def synchronize(self):
         """Wait for queued device work (timings must include it)."""

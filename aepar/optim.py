@@ -12,7 +12,7 @@ class SGD:
 
     def __init__(self, be, params: dict, lr: float, momentum: float = 0.0):
         self.be, self.params, self.lr, self.momentum = be, params, lr, momentum
-        self.velocity = {k: be.xp.zeros_like(p) for k, p in params.items()}
+        self.velocity = {k: be.zeros(p.shape, p.dtype) for k, p in params.items()}
 
     def step(self, grads: dict, lr: float | None = None, momentum: float | None = None):
         lr = self.lr if lr is None else lr
@@ -34,8 +34,8 @@ class Adam:
     def __init__(self, be, params: dict, lr: float = 1e-3, beta1=0.9, beta2=0.999, eps=1e-8):
         self.be, self.params = be, params
         self.lr, self.beta1, self.beta2, self.eps = lr, beta1, beta2, eps
-        self.m = {k: be.xp.zeros_like(p) for k, p in params.items()}
-        self.v = {k: be.xp.zeros_like(p) for k, p in params.items()}
+        self.m = {k: be.zeros(p.shape, p.dtype) for k, p in params.items()}
+        self.v = {k: be.zeros(p.shape, p.dtype) for k, p in params.items()}
         self.t = 0
 
     def step(self, grads: dict, lr: float | None = None):

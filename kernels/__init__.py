@@ -19,6 +19,8 @@ Conventions (every set):
   gradient with respect to the input (a new array) when there is one.
 - Activations are given by name: ``"sigmoid"``, ``"relu"``, ``"identity"``; their
   derivatives are computed from the activation output ``a``.
+- Any layout works; the numba set runs fastest on C-contiguous arrays that start on a
+  64-byte line (``aepar.kernels.memory``), as the CPU backend allocates parameters and buffers.
 - Random numbers are never drawn inside a kernel: the caller passes them in, so a seed
   gives the same result on every kernel set.
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from aepar.kernels import memory
 from aepar.parallel.blocks import TreeSum
 from aepar.rows import Blocks, Shard, block_bounds, parallel_map, threads, tree_merges
 
@@ -159,14 +160,19 @@ class _Buffers:
         self.names = list(shapes)
         self.sizes = [int(np.prod(shapes[k])) for k in self.names]
         self.shapes = [tuple(shapes[k]) for k in self.names]
-        self.n_grad = sum(self.sizes)
+        # every gradient and every row on a cache line's boundary, as the kernels want their
+        # arrays (aepar.kernels.memory); the gaps stay zero
+        line = max(1, memory.ALIGNMENT // np.dtype(be.dtype).itemsize)
+        self.offsets = [0]
+        for size in self.sizes:
+            self.offsets.append(_round_up(self.offsets[-1] + size, line))
+        self.n_grad = self.offsets.pop()  # the step's sums start here
         self.n_extra = int(model.n_extra)
-        width = self.n_grad + self.n_extra + 1
+        width = _round_up(self.n_grad + self.n_extra + 1, line)
         # one block (one process) has nothing to add: BLAS's product into its vector is faster
         self.factored = [k for k in getattr(model, "factored", ()) if k in shapes] \
             if getattr(model, "block_factors", None) is not None and shard.blocks.count > 1 else []
-        offsets = np.cumsum([0] + self.sizes)
-        self.added = [slice(int(offsets[i]), int(offsets[i + 1])) for i, k in enumerate(self.names)
+        self.added = [slice(o, o + size) for o, size, k in zip(self.offsets, self.sizes, self.names)
                       if k not in self.factored] + [slice(self.n_grad, width)]
         n_mine = shard.blocks.stop - shard.blocks.first
         self.leaves = be.zeros((max(n_mine, 1), width))
@@ -180,11 +186,12 @@ class _Buffers:
         self.key = _buffers_key(shard, comm, allreduce)
 
     def views(self, flat) -> dict:
-        out, o = {}, 0
-        for name, size, shape in zip(self.names, self.sizes, self.shapes):
-            out[name] = flat[o:o + size].reshape(shape)
-            o += size
-        return out
+        return {name: flat[o:o + size].reshape(shape)
+                for name, o, size, shape in zip(self.names, self.offsets, self.sizes, self.shapes)}
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
 
 
 def _buffers_key(shard: Shard, comm, allreduce: bool):

@@ -9,6 +9,7 @@ da * act'(a) together with the column sums that make db.
 import numpy as np
 from numba import njit, prange
 
+from ..memory import empty
 from ..ref.dense import _check_backward_shapes, _check_shapes
 # the scalar activations are activation.py's: the package keys Numba's cache on every file
 # here (kernels/nb/__init__.py), so an edit there recompiles these kernels too
@@ -134,7 +135,7 @@ def dense_backward_factors(da, x, W, a, act, db, need_dx=True):
         db += dz.sum(axis=0, dtype=np.float64)
     else:
         dtype = np.result_type(da, a)
-        dz = np.empty(da.shape, dtype=dtype)
+        dz = empty(da.shape, dtype)  # rows_times_t and block_outer_sum load it as vectors
         _act_grad_colsum(np.ascontiguousarray(da, dtype=dtype), np.ascontiguousarray(a, dtype=dtype),
                          code, dtype.type(1), max(1, min(COLSUM_BLOCKS, da.shape[0])), dz, db)
     if not need_dx:

@@ -33,6 +33,7 @@ import threading
 import numpy as np
 from numba import njit
 
+from ..memory import empty
 from ..ref.rbm import cd_update_via, check_cd, check_rbm
 from .blas import gemm
 from .nbmath import sig as _sig
@@ -103,9 +104,9 @@ def rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale=None):
     v0, W, dt = _prep(v0, W)
     batch = v0.shape[0]
     scale = 1.0 / batch if scale is None else float(scale)
-    vs, hs = np.empty((2 * batch, W.shape[0]), dtype=dt), np.empty((2 * batch, W.shape[1]), dtype=dt)
+    vs, hs = empty((2 * batch, W.shape[0]), dt), empty((2 * batch, W.shape[1]), dt)
     sq_err = _chain(v0, W, bv.astype(dt, copy=False), bh.astype(dt, copy=False), noise, hidden,
-                    vs, hs, np.empty((batch, W.shape[1]), dtype=dt))
+                    vs, hs, empty((batch, W.shape[1]), dt))
     gv, gh = _bias_grads(vs, hs, batch, scale)
     dbv += gv
     dbh += gh
@@ -150,7 +151,7 @@ def _workspace(batch, nv, nh, dt):
     key = (nv, nh, np.dtype(dt).str)
     bufs = cache.get(key)
     if bufs is None or bufs[2].shape[0] < batch:
-        bufs = cache[key] = (np.empty((2 * batch, nv), dt), np.empty((2 * batch, nh), dt), np.empty((batch, nh), dt))
+        bufs = cache[key] = (empty((2 * batch, nv), dt), empty((2 * batch, nh), dt), empty((batch, nh), dt))
     return bufs[0][:2 * batch], bufs[1][:2 * batch], bufs[2][:batch]
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..memory import empty, is_aligned, zeros
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
 from ..ref.blocksum import check_block_outer_sum, stack_depth
 from .simd import (JIT, LANES32, prefetch, target_isa, vbcast32, vfma32, vhsum32, vload32, vload32m, vstore32,
@@ -303,21 +304,22 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     if not (A.dtype == D.dtype == out.dtype == np.float32 and D.flags.c_contiguous and out.flags.c_contiguous):
         return _ref_block_outer_sum(A, D, starts, merges, alphas, out)
     if out.size:
-        stack = np.empty(stack_depth(merges) * OR * OC * LANES32, np.float32)
+        stack = empty(stack_depth(merges) * OR * OC * LANES32, np.float32)
         scales = np.append(np.asarray(alphas, np.float32), np.float32([1, -0.0]))  # see _outer_source
         _block_outer_sum(np.ascontiguousarray(A.T), _padded(D), starts, merges, scales, out, stack)
     return out
 
 
 def _padded(D):
-    """D with its rows padded by zeros to whole vectors of 16 (D itself if they are): the
-    tiles then load every vector whole. A masked last vector, tested inside the k loop
-    (LLVM did not hoist it there), cost 10-20% on the AVX2 path (8 blocks of 13 rows x 784 x
-    1008: 52 -> 61 GFLOP/s; the AVX-512 tiles ran the same either way)."""
+    """D with its rows padded by zeros to whole vectors of 16, from a cache line's start
+    (D itself if it is so): the tiles then load every vector whole and within one line. A
+    masked last vector, tested inside the k loop (LLVM did not hoist it there), cost 10-20%
+    on the AVX2 path (8 blocks of 13 rows x 784 x 1008: 52 -> 61 GFLOP/s; the AVX-512 tiles
+    ran the same either way)."""
     n = D.shape[1]
-    if n % LANES32 == 0:
+    if n % LANES32 == 0 and is_aligned(D):
         return D
-    out = np.zeros((D.shape[0], n + LANES32 - n % LANES32), np.float32)
+    out = zeros((D.shape[0], -(-n // LANES32) * LANES32), np.float32)
     out[:, :n] = D
     return out
 
