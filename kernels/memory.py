@@ -10,7 +10,8 @@ array is then aligned as far as its length allows: every row of 784 or 1000 floa
 every fourth of 500.
 
 Plain NumPy (no Numba): the CPU backend allocates a run's parameters and gradient buffers
-here, and the numba kernels the arrays they hand on to be loaded as vectors.
+here, and the numba kernels the arrays they hand on to be loaded as vectors and the sparse
+autoencoder's float64 workspace (whose tiles ran at half speed unaligned).
 """
 from __future__ import annotations
 

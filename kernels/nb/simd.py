@@ -11,7 +11,6 @@ than a small tile.
 """
 from __future__ import annotations
 
-import numpy as np
 from llvmlite import ir
 from llvmlite import binding as ll
 from llvmlite.binding import llvm_version_info
@@ -23,7 +22,7 @@ from .nbmath import C1, C2, C3, C4, C5, C6, LN2_HI, LN2_LO, LOG2E, SHIFTER
 
 __all__ = ["LANES", "f64x8", "dptr", "vload", "vstore", "vbcast", "prefetch", "vsplat", "vfma", "vfnma",
            "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vpow2n", "vsigmoid", "vsigmoid_array",
-           "store_transposed", "zeros_aligned", "JIT", "target_isa", "LANES32", "f32x16", "vzero32", "vload32",
+           "store_transposed", "JIT", "target_isa", "LANES32", "f32x16", "vzero32", "vload32",
            "vload32m", "vstore32", "vstore32m", "vbcast32", "vfma32", "vhsum32"]
 
 # error_model="numpy": no ZeroDivisionError branch, which would stop LLVM from
@@ -317,14 +316,6 @@ def store_transposed(typingctx, dst, do, dld, v0, v1, v2, v3, v4, v5, v6, v7):
         return context.get_dummy_value()
 
     return types.none(dst, do, dld, *vs), codegen
-
-
-def zeros_aligned(n):
-    """Zeros whose data starts on a 64-byte boundary: a vector load that straddles two
-    cache lines costs two, which halved the speed of every tile."""
-    buf = np.zeros(n + LANES)
-    start = (-buf.ctypes.data % 64) // 8
-    return buf[start:start + n]
 
 
 # CPUs LLVM knows by name whose default features include AVX-512F

@@ -44,10 +44,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..memory import zeros
 from ..ref.sparse_ae import (leaf_rows, sparse_ae_layout, sparse_ae_partials_size, sparse_ae_theta_layout,
                              sparse_ae_theta_size)
 from .nbmath import sigmoid64
-from .simd import JIT, LANES, dptr, vhsum, vload, zeros_aligned
+from .simd import JIT, LANES, dptr, vhsum, vload
 from .sparse_tiles import (OJ, OV, PW, RH, SB, TB, backward_fold, backward_split, hidden_tile, outer_tile,
                            output_full, output_masked)
 from .sparsity import kl_grad_into, kl_sum
@@ -343,7 +344,7 @@ class SparseAEWorkspace:
         if self.leaf is not None and dtype == np.float64 and self.leaf % PW:
             raise ValueError(f"leaf of {self.leaf} samples: the float64 kernel needs a multiple of {PW}")
         self.simd = dtype == np.float64
-        self.acc = zeros_aligned(sparse_ae_partials_size(v, h))
+        self.acc = zeros(sparse_ae_partials_size(v, h))
         layout = sparse_ae_layout(v, h)
         self.views = {name: self.acc[o:o + int(np.prod(s))].reshape(s) for name, (o, s) in layout.items()}
         if self.simd:
@@ -359,7 +360,7 @@ class SparseAEWorkspace:
         self.block = int(self.leaf or block or DEFAULT_GROUP)  # a leaf is one group
         self.group = max(1, -(-self.block // PW))
         g = min(self.group, max(npan, 1))
-        z = zeros_aligned
+        z = zeros
         self.blocks = z(npan * (2 * vp + hp) * PW)
         self.zt = z(vp * PW)
         self.d3, self.d2 = z(g * PW * vp), z(g * 2 * hp * PW)

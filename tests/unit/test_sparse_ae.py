@@ -173,12 +173,13 @@ def test_numba_sigmoid_exp_accuracy():
 def test_numba_vector_sigmoid_accuracy():
     """The 8-lane sigmoid of the float64 panels: a few ulp from 1/(1 + np.exp(-z)), the
     scalar kernel's numbers, saturation without overflow, and NaN kept NaN."""
-    from aepar.kernels.nb.simd import vsigmoid_array, zeros_aligned
+    from aepar.kernels.memory import zeros
+    from aepar.kernels.nb.simd import vsigmoid_array
     from aepar.kernels.nb.sparse_ae import _hidden_forward
 
     z = np.concatenate([np.linspace(-700, 700, 40000), np.random.default_rng(1).normal(0, 3, 4992),
                         [-800.0, -709.0, 709.0, 800.0, -np.inf, np.inf, np.nan, 0.0]])
-    zz, out = zeros_aligned(z.size), zeros_aligned(z.size)
+    zz, out = zeros(z.size), zeros(z.size)
     zz[:] = z
     vsigmoid_array(zz, out)
     body = slice(0, -8)
