@@ -567,6 +567,7 @@ class KernelSet:
 def load_sets(names, log) -> list:
     import numpy as np
     from aepar import kernels
+    from aepar.kernels import memory
     out = []
     for name in names:
         if name == "cupy":
@@ -585,7 +586,8 @@ def load_sets(names, log) -> list:
                 cupy.cuda.get_current_stream().synchronize()
             out.append(KernelSet("cupy", K, cupy.asarray, cupy.asnumpy, sync, gpu))
         else:
-            out.append(KernelSet(name, kernels.load(name), lambda a: a, np.asarray, lambda: None, "cpu"))
+            # host inputs laid out as the CPU backend lays out a run's arrays (on cache lines)
+            out.append(KernelSet(name, kernels.load(name), memory.aligned, np.asarray, lambda: None, "cpu"))
     return out
 
 
