@@ -153,8 +153,9 @@ def _outer_source(rows, vecs):
             f"            top -= {size}"]
     src += [f"            a{r}_{c} = vfma32(vload32(stack, top + {(r * vecs + c) * LANES32}), one, a{r}_{c})"
             for r, c in acc]
-    src += [f"        vstore32(stack, top + {(r * vecs + c) * LANES32}, a{r}_{c})" for r, c in acc]
-    src += [f"        top += {size}"]
+    src += ["        if b + 1 < merges.size:  # the root's sum stays in registers for the store below"]
+    src += [f"            vstore32(stack, top + {(r * vecs + c) * LANES32}, a{r}_{c})" for r, c in acc]
+    src += [f"            top += {size}"]
     src += _store_lines(rows, vecs)
     return name, "\n".join(src)
 
