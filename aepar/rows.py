@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import operator
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -245,15 +245,31 @@ def parallel_map(fn, items) -> list:
 
     BLAS runs single-threaded (aepar._threads), so each item's arithmetic is the same
     whichever thread runs it: results do not depend on the number of threads.
+    Thread k takes items k, k + n, ... (n threads; the calling thread is thread 0): one
+    hand-off per helper thread and call rather than one per item (a fine-tuning step on 2
+    threads made 152), and blocks of 13 and 12 rows shared evenly.
     """
     items = list(items)
-    n = threads()
-    if n == 1 or len(items) <= 1:
+    n = min(threads(), len(items))
+    if n <= 1:
         return [fn(x) for x in items]
     global _POOL
-    if _POOL is None or _POOL._max_workers != n:
-        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="aepar-block")
-    return list(_POOL.map(fn, items))
+    if _POOL is None or _POOL._max_workers != threads() - 1:
+        _POOL = ThreadPoolExecutor(max_workers=threads() - 1, thread_name_prefix="aepar-block")
+    helpers = [_POOL.submit(_map_list, fn, items[k::n]) for k in range(1, n)]
+    try:
+        mine = _map_list(fn, items[::n])
+    finally:
+        wait(helpers)  # none still writes into shared buffers when an error goes up
+    out = [None] * len(items)
+    out[::n] = mine
+    for k, helper in enumerate(helpers, start=1):
+        out[k::n] = helper.result()
+    return out
+
+
+def _map_list(fn, items) -> list:
+    return [fn(x) for x in items]
 
 
 def each(fn, *columns) -> list:

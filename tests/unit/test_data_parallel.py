@@ -2,6 +2,7 @@
 local sums, the reducer handed to models, train_epoch's defaults and its allreduce mode."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (threads before numpy work)
 from aepar import backend
@@ -252,3 +253,43 @@ def test_block_factors_of_several_blocks_are_each_blocks_own_bits(kind, kernels,
             for mine, own in zip(factors[b][k][:2], f[k][:2]):
                 assert be.to_host(mine).tobytes() == be.to_host(own).tobytes(), k
             assert factors[b][k][2] == f[k][2]
+
+
+@settings(max_examples=30, deadline=None)
+@given(n_items=st.integers(0, 11), n_threads=st.integers(1, 4))
+def test_parallel_map_is_the_list_in_order_on_any_number_of_threads(n_items, n_threads):
+    import threading
+
+    from aepar.rows import parallel_map
+    old = aepar.THREADS
+    aepar.THREADS = n_threads
+    try:
+        names = set()
+
+        def square(x):
+            names.add(threading.current_thread().name)
+            return x * x
+        assert parallel_map(square, range(n_items)) == [x * x for x in range(n_items)]
+        assert threading.current_thread().name in names or n_items == 0  # the caller takes a share
+    finally:
+        aepar.THREADS = old
+
+
+def test_parallel_map_waits_for_its_helpers_before_an_error_goes_up(monkeypatch):
+    """An item failing in the calling thread must not leave a helper still writing."""
+    import threading
+    import time
+
+    from aepar.rows import parallel_map
+    monkeypatch.setattr(aepar, "THREADS", 2)
+    done = []
+    caller = threading.current_thread()
+
+    def item(x):
+        if threading.current_thread() is caller:
+            raise RuntimeError("item failed")
+        time.sleep(0.2)
+        done.append(x)
+    with pytest.raises(RuntimeError, match="item failed"):
+        parallel_map(item, range(4))
+    assert sorted(done) == [1, 3]  # the helper's items, finished before the error came up
