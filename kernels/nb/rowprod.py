@@ -139,6 +139,9 @@ def _outer_source(rows, vecs):
     src += ["    zero = vzero32()",
             "    one = vbcast32(alphas, alphas.size - 2)",
             "    minus0 = vbcast32(alphas, alphas.size - 1)"]
+    # ask for out's lines now: the tile's stores come after all its blocks' FMAs, and a
+    # gradient row is seldom in cache (a store that misses stalled the tile's stack stores)
+    src += [f"    prefetch(o, oo + {r} * ldo + {LANES32 * c + e})" for r, c in acc for e in (0, LANES32 - 1)]
     src += [f"    a{r}_{c} = zero" for r, c in acc]
     src += ["    top = 0", "    for b in range(merges.size):"]
     src += [f"        a{r}_{c} = zero" for r, c in acc]
