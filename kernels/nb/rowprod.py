@@ -37,15 +37,19 @@ from numba import njit
 from ..memory import empty, is_aligned, zeros
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
 from ..ref.blocksum import check_block_outer_sum, stack_depth
-from .simd import (JIT, LANES32, prefetch, target_isa, vbcast32, vfma32, vhsum32, vload32, vload32m, vstore32,
-                   vstore32m, vzero32)
+from .simd import (JIT, LANES32, prefetch, target_isa, vbcast32, vfma32, vhsum32, vhsum32h, vload32, vload32h,
+                   vload32hm, vload32m, vstore32, vstore32m, vzero32, vzero32h)
 
 __all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum"]
 
 # OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1 measured best on Zen 4 among 4-8
-# shapes each, 1-block and 8-block sums of the stack's eight weight shapes)
-TILE_SHAPES = {"avx512": dict(RT=6, CT=4, DR=4, DI=4, OR=8, OC=3), "avx2": dict(RT=6, CT=1, DR=2, DI=2, OR=6, OC=1)}
-RT, CT, DR, DI, OR, OC = (TILE_SHAPES[target_isa()][k] for k in ("RT", "CT", "DR", "DI", "OR", "OC"))
+# shapes each, 1-block and 8-block sums of the stack's eight weight shapes). HALVES: the
+# dot tiles hold each 16-lane sum as two 8-lane halves and load half by half (AVX2: the
+# 2 x 3 tiles fit its 16 registers only so; 13 x 784 x 1000 on Zen 4: 74-76 GFLOP/s as
+# 2 x 2 tiles of 16 lanes, 88 as 2 x 3 in halves, 47-53 as 3 x 2; the same sums)
+TILE_SHAPES = {"avx512": dict(RT=6, CT=4, DR=4, DI=4, OR=8, OC=3, HALVES=False),
+               "avx2": dict(RT=6, CT=1, DR=2, DI=3, OR=6, OC=1, HALVES=True)}
+RT, CT, DR, DI, OR, OC, HALVES = (TILE_SHAPES[target_isa()][k] for k in ("RT", "CT", "DR", "DI", "OR", "OC", "HALVES"))
 # products with at most this many rows go through these kernels, larger ones through BLAS
 # (a choice made from the shapes alone: a block's rows get the same kernel on any rank)
 MAX_ROWS = 32
@@ -101,25 +105,38 @@ def _tile_source(rows, vecs):
     return name, "\n".join(src)
 
 
-def _dot_source(rows, wrows):
+def _dot_source(rows, wrows, halves=False):
     """out[r, i] = Σ_j h[r, j] W[i, j] for rows x wrows outputs: 16 lanes each sum every
     16th j in order, the masked last vector adds its columns, then the lanes are added in
-    a fixed tree (:func:`vhsum32`)."""
+    a fixed tree (:func:`vhsum32`). With ``halves`` each sum is kept as lanes 0-7 and
+    8-15, and the loads go half by half (h's rows, then W's one at a time): the same sums."""
     name = f"_dot_{rows}x{wrows}"
+    parts = [("", 0, LANES32)] if not halves else [("_0", 0, LANES32 // 2), ("_1", LANES32 // 2, LANES32 // 2)]
+    zero, load, loadm, hsum = ("vzero32h", "vload32h", "vload32hm", "vhsum32h") if halves else \
+        ("vzero32", "vload32", "vload32m", "vhsum32")
     src = [f"def {name}(h, ho, ldh, w, wo, ldw, o, oo, ldo, N):"]
-    src += [f"    a{r}_{i} = vzero32()" for r in range(rows) for i in range(wrows)]
-    src += [f"    j = 0",
-            f"    while j < N:",
+    src += [f"    a{r}_{i}{q} = {zero}()" for r in range(rows) for i in range(wrows) for q, _, _ in parts]
+
+    def step(pad, masked):  # one vector of 16 columns (n of them when masked)
+        lines = []
+        for q, lo, _ in parts:
+            ld = (lambda a, at: f"{loadm}({a}, {at} + j + {lo}, n - {lo})") if masked else \
+                (lambda a, at: f"{load}({a}, {at} + j + {lo})")
+            lines += [f"{pad}x{r} = {ld('h', f'ho + {r} * ldh')}" for r in range(rows)]
+            for i in range(wrows):
+                lines += [f"{pad}y = {ld('w', f'wo + {i} * ldw')}"]
+                lines += [f"{pad}a{r}_{i}{q} = vfma32(x{r}, y, a{r}_{i}{q})" for r in range(rows)]
+        return lines
+    src += ["    j = 0",
+            "    while j < N:",
             f"        n = min({LANES32}, N - j)",
             f"        if n == {LANES32}:"]
-    src += [f"            x{r} = vload32(h, ho + {r} * ldh + j)" for r in range(rows)]
-    src += [f"            y{i} = vload32(w, wo + {i} * ldw + j)" for i in range(wrows)]
+    src += step(" " * 12, False)
     src += ["        else:"]
-    src += [f"            x{r} = vload32m(h, ho + {r} * ldh + j, n)" for r in range(rows)]
-    src += [f"            y{i} = vload32m(w, wo + {i} * ldw + j, n)" for i in range(wrows)]
-    src += [f"        a{r}_{i} = vfma32(x{r}, y{i}, a{r}_{i})" for r in range(rows) for i in range(wrows)]
+    src += step(" " * 12, True)
     src += [f"        j += {LANES32}"]
-    src += [f"    o[oo + {r} * ldo + {i}] = vhsum32(a{r}_{i})" for r in range(rows) for i in range(wrows)]
+    sums = ", ".join(f"a{{r}}_{{i}}{q}" for q, _, _ in parts)
+    src += [f"    o[oo + {r} * ldo + {i}] = {hsum}({sums.format(r=r, i=i)})" for r in range(rows) for i in range(wrows)]
     return name, "\n".join(src)
 
 
@@ -184,7 +201,7 @@ def _dispatch_source(name, prefix, tiles, args):
     return name, "\n".join(src)
 
 
-_DOTS = {(r, i): _define(*_dot_source(r, i)) for r in range(1, DR + 1) for i in range(1, DI + 1)}
+_DOTS = {(r, i): _define(*_dot_source(r, i, HALVES)) for r in range(1, DR + 1) for i in range(1, DI + 1)}
 # three row counts only (see _outer_row_tiles): each generated tile costs about 1.5 s of
 # compiling on first use, and every rank of a first run compiles them at once
 _OUTER_ROWS = sorted({1, OR - 1, OR})

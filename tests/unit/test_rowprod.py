@@ -3,6 +3,11 @@
 Against float64 products within float32 rounding; each row's result the same whatever
 other rows share the call (what makes it safe for the fixed blocks of aepar.rows); no
 memory past a row's end read or written (masked last vectors); refusals."""
+import os
+import platform
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -11,6 +16,7 @@ import aepar  # noqa: F401  (registers aepar.kernels in a checkout)
 from aepar.kernels.nb.rowprod import MAX_ROWS, MIN_DOT, rows_times, rows_times_t, thin, thin_t
 
 EPS32 = np.finfo(np.float32).eps
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _padded(rng, shape, pad_rows=1):
@@ -105,3 +111,51 @@ def test_rows_times_t_adds_its_16_lanes_in_a_fixed_tree():
         chain = np.float32(chain + v)
     assert s[0] != chain
     assert out[0, 0] == s[0]
+
+
+# Odd shapes on purpose: masked last vectors (n % 16 of 4, 8 and 11 columns: a tail in
+# the first half only, exactly one half, and both halves), row counts that leave short tiles.
+_ISA_SHAPES = ((13, 70, 37), (12, 75, 100), (7, 88, 72), (13, 130, 1000))
+_ISA_SCRIPT = """
+import sys, numpy as np
+import aepar
+from aepar.kernels.nb.rowprod import block_outer_sum, rows_times, rows_times_t
+from aepar.kernels.nb.simd import target_isa
+from aepar.rows import tree_merges
+out = {"isa": np.array(target_isa())}
+for m, k, n in %r:
+    rng = np.random.default_rng(m * k * n)
+    v, W = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
+    h = rng.standard_normal((m, n), np.float32)
+    out[f"vW{m}x{k}x{n}"] = rows_times(v, W, np.empty((m, n), np.float32))
+    out[f"hWt{m}x{k}x{n}"] = rows_times_t(h, W, np.empty((m, k), np.float32))
+    sizes = [m, m - 1, m, 2]
+    starts = np.cumsum([0] + sizes)
+    A, D = rng.standard_normal((starts[-1], k), np.float32), rng.standard_normal((starts[-1], n), np.float32)
+    out[f"AtD{m}x{k}x{n}"] = block_outer_sum(A, D, starts, tree_merges(2, 0, 4), [0.5, -1.0, 1.0, 3.0],
+                                             np.empty((k, n), np.float32))
+np.savez(sys.argv[1], **out)
+""" % (_ISA_SHAPES,)
+
+
+def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
+    """Every output's sums are in one fixed order whatever tiles the CPU's registers get
+    (AVX-512: 16-lane dot tiles, AVX2: 8-lane halves), so a run gives the same weights on
+    either kind of CPU: the AVX2 build (AEPAR_ISA=avx2, in a child) against this one."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the AVX2 build is an x86-64 target")
+    runs = {}
+    for isa in ("host", "avx2"):
+        env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "AEPAR_ISA")}
+        if isa == "avx2":
+            env["AEPAR_ISA"] = "avx2"
+        path = tmp_path / f"{isa}.npz"
+        done = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, str(path)], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs[isa] = dict(np.load(path))
+    assert str(runs["avx2"].pop("isa")) == "avx2"
+    runs["host"].pop("isa")
+    assert runs["host"].keys() == runs["avx2"].keys()
+    for name, want in runs["host"].items():
+        np.testing.assert_array_equal(runs["avx2"][name].view(np.int32), want.view(np.int32), err_msg=name)
