@@ -14,6 +14,7 @@ last vector of a row is masked, so no memory past a row's end is read or written
 ISA         tile                        AVX-512  AVX2
 ==========  ==========================  =======  ======
 RT x CT     rows x 16-column vectors    6 x 4    6 x 1
+DR x DI     h @ W.T: h rows x W rows    4 x 4    2 x 3 (in 8-lane halves)
 ==========  ==========================  =======  ======
 
 Measured on a Zen 4 EPYC, 1 thread, 13 x 784 x 1000: 0.20 ms (94 GFLOP/s) against
@@ -157,7 +158,8 @@ def _outer_source(rows, vecs):
             "    one = vbcast32(alphas, alphas.size - 2)",
             "    minus0 = vbcast32(alphas, alphas.size - 1)"]
     # ask for out's lines now: the tile's stores come after all its blocks' FMAs, and a
-    # gradient row is seldom in cache (a store that misses stalled the tile's stack stores)
+    # gradient row is seldom in cache (a store that misses stalled the tile's stack stores);
+    # both ends of each vector, which straddles two lines where a row is not whole lines
     src += [f"    prefetch(o, oo + {r} * ldo + {LANES32 * c + e})" for r, c in acc for e in (0, LANES32 - 1)]
     src += [f"    a{r}_{c} = zero" for r, c in acc]
     src += ["    top = 0", "    for b in range(merges.size):"]
