@@ -112,15 +112,15 @@ def _dot_source(rows, wrows, halves=False):
     a fixed tree (:func:`vhsum32`). With ``halves`` each sum is kept as lanes 0-7 and
     8-15, and the loads go half by half (h's rows, then W's one at a time): the same sums."""
     name = f"_dot_{rows}x{wrows}"
-    parts = [("", 0, LANES32)] if not halves else [("_0", 0, LANES32 // 2), ("_1", LANES32 // 2, LANES32 // 2)]
+    parts = [("_0", 0), ("_1", LANES32 // 2)] if halves else [("", 0)]  # (name suffix, first lane)
     zero, load, loadm, hsum = ("vzero32h", "vload32h", "vload32hm", "vhsum32h") if halves else \
         ("vzero32", "vload32", "vload32m", "vhsum32")
     src = [f"def {name}(h, ho, ldh, w, wo, ldw, o, oo, ldo, N):"]
-    src += [f"    a{r}_{i}{q} = {zero}()" for r in range(rows) for i in range(wrows) for q, _, _ in parts]
+    src += [f"    a{r}_{i}{q} = {zero}()" for r in range(rows) for i in range(wrows) for q, _ in parts]
 
     def step(pad, masked):  # one vector of 16 columns (n of them when masked)
         lines = []
-        for q, lo, _ in parts:
+        for q, lo in parts:
             ld = (lambda a, at: f"{loadm}({a}, {at} + j + {lo}, n - {lo})") if masked else \
                 (lambda a, at: f"{load}({a}, {at} + j + {lo})")
             lines += [f"{pad}x{r} = {ld('h', f'ho + {r} * ldh')}" for r in range(rows)]
@@ -136,7 +136,7 @@ def _dot_source(rows, wrows, halves=False):
     src += ["        else:"]
     src += step(" " * 12, True)
     src += [f"        j += {LANES32}"]
-    sums = ", ".join(f"a{{r}}_{{i}}{q}" for q, _, _ in parts)
+    sums = ", ".join(f"a{{r}}_{{i}}{q}" for q, _ in parts)
     src += [f"    o[oo + {r} * ldo + {i}] = {hsum}({sums.format(r=r, i=i)})" for r in range(rows) for i in range(wrows)]
     return name, "\n".join(src)
 
