@@ -523,8 +523,9 @@ def vhsum32(typingctx, v):
 # ---- 8-lane float32: the halves of a 16-lane vector -------------------------------------------
 # One AVX2 register. A kernel that holds a 16-lane sum as its two halves (lanes 0-7 and
 # 8-15) can order its loads half by half, which LLVM does not do for a 16-lane vector it
-# splits itself: rows_times_t's 2 x 3 dot tiles spilled as 16-lane code and ran 15-20%
-# faster than its 2 x 2 ones as halves, with the same sums (:func:`vhsum32h`).
+# splits itself: rows_times_t's tiles larger than 2 x 2 spilled as 16-lane code, while as
+# halves its 2 x 3 tiles ran 15-20% faster than the 2 x 2 ones, with the same sums
+# (:func:`vhsum32h`).
 
 LANES32H = 8
 
