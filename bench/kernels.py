@@ -89,8 +89,9 @@ lets it emit AVX-512 on an AVX-512 host; add NUMBA_CPU_FEATURES=-avx512f for AVX
 loaded OpenBLAS reports). Rows of earlier runs are kept; a row is replaced only by one
 with the same (kernel, set, shape, dtype, threads, numba_cpu_name, numba_cpu_features,
 openblas_coretype, cpu_model). ``kernels.md``: the table for this CPU and thread count,
-one column per code path found in the CSV. ``kernels_roofline.png``: this run's rows on
-log-log axes against the measured roofs (kernels with no FLOPs are not drawn).
+one column per code path found in the CSV. ``kernels_roofline.png``: the CSV's rows of this
+run's code path (so a run of a few families keeps the others' points) on log-log axes
+against the roofs measured in this run (kernels with no FLOPs are not drawn).
 """
 from __future__ import annotations
 
@@ -921,8 +922,21 @@ def _short(row):
     return f"{k} {words[0]}" + (f" {words[-1]}" if row["family"] == "sparse_ae" else "")
 
 
+PATH_KEY = ("device", "threads", "numba_cpu_name", "numba_cpu_features", "openblas_coretype", "cpu_model", "quick")
+
+
+def _on_this_path(merged: list, rows: list) -> list:
+    """The kernel rows of the CSV measured on the code paths of this run's ``rows``: a run
+    of a few families still draws the others' latest points."""
+    paths = {tuple(str(r.get(k, "")) for k in PATH_KEY) for r in rows}
+    sets = {r["set"] for r in rows}
+    return [r for r in merged if r["family"] != "peak" and r["set"] in sets
+            and tuple(str(r.get(k, "")) for k in PATH_KEY) in paths]
+
+
 def write_roofline(path: Path, rows: list, sets: list):
-    """This run's kernels on log-log axes (intensity, GFLOP/s) under the measured roofs."""
+    """The kernels of this run's code path on log-log axes (intensity, GFLOP/s) under the
+    roofs measured in this run."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -1151,7 +1165,7 @@ def main(argv=None) -> int:
                          if k in os.environ)
     argv_line = (argv_line + " python -m bench.kernels " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     write_markdown(out / "kernels.md", merged, machine, argv_line)
-    write_roofline(out / "kernels_roofline.png", [r for r in rows if r["family"] != "peak"], sets)
+    write_roofline(out / "kernels_roofline.png", _on_this_path(merged, rows), sets)
     elapsed = time.perf_counter() - started
     log("peaks (best of before/after): " + "; ".join(
         f"{d}: SGEMM {p['sgemm'][0]:.1f}, DGEMM {p['dgemm'][0]:.1f} GFLOP/s, copy {p['copy'][0]:.1f} GB/s"

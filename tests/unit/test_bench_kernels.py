@@ -66,3 +66,18 @@ def test_warm_runs_every_small_case_and_writes_nothing(tmp_path, monkeypatch, ca
     assert bench.main(["--warm"]) == 0
     assert list(tmp_path.iterdir()) == []
     assert f"{len(bench.catalog(quick=True))} kernel cases compiled" in capsys.readouterr().out
+
+
+def test_roofline_draws_every_family_of_this_code_path_from_the_csv():
+    def row(family, kernel, **kw):
+        r = {name: "" for name in bench.ROW_FIELDS}
+        r.update(family=family, kernel=kernel, set="numba", device="cpu", threads="1", numba_cpu_name="host",
+                 cpu_model="EPYC", quick="0")
+        r.update(kw)
+        return r
+    earlier = row("dense", "dense_forward")
+    other_path = row("dense", "dense_forward", numba_cpu_name="haswell")
+    other_cpu = row("dense", "dense_forward", cpu_model="Xeon")
+    this_run = [row("blocksum", "block_outer_sum"), row("peak", "sgemm")]
+    drawn = bench._on_this_path([earlier, other_path, other_cpu] + this_run, this_run)
+    assert drawn == [earlier, this_run[0]]
