@@ -10,6 +10,7 @@ from numba import njit, prange
 
 from ..ref.loss import check_labels, check_same_shape, default_scale
 from .activation import _flat
+from .nbmath import exp_parts, log1p_unit
 
 __all__ = ["mse_forward", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
            "sigmoid_xent_forward", "sigmoid_xent_backward"]
@@ -60,19 +61,26 @@ def _softmax_xent_grad(probs, labels, scale, dz):
         dz[i, labels[i]] -= scale
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy", fastmath={"contract"})
 def _sigmoid_xent(z, t, y):
     """y = sigmoid(z); returns sum(max(z,0) - z t + log1p(exp(-|z|))) in float64.
 
-    One exp serves both: exp(-|z|) is the sigmoid's and the log1p's.
+    One exp serves both: exp(-|z|) is the sigmoid's and the log1p's. Both are nbmath's,
+    so the pass vectorises (libm's were 11 ns an element, 4% of a fine-tuning epoch); the
+    terms are then added in index order, the same sum on any number of threads.
     """
-    total = 0.0
+    terms = np.empty(z.size)
     for i in prange(z.size):
         v = np.float64(z[i])
-        e = math.exp(-abs(v))
+        a = abs(v)
+        p, q, two_n = exp_parts(-(708.0 if a > 708.0 else a))  # NaN stays NaN; e(708) is 3e-308
+        e = p * two_n / q
         s = 1.0 / (1.0 + e)
         y[i] = s if v >= 0 else e * s
-        total += max(v, 0.0) - v * np.float64(t[i]) + math.log1p(e)
+        terms[i] = max(v, 0.0) - v * np.float64(t[i]) + log1p_unit(e)
+    total = 0.0
+    for i in range(z.size):
+        total += terms[i]
     return total
 
 

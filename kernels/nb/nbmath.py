@@ -19,7 +19,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-__all__ = ["sigmoid64", "sigmoid32", "sig", "bits_as_f64", "bits_as_f32"]
+__all__ = ["sigmoid64", "sigmoid32", "sig", "exp_parts", "log1p_unit", "bits_as_f64", "bits_as_f32",
+           "f64_bits"]
 
 
 @intrinsic
@@ -31,6 +32,16 @@ def bits_as_f64(typingctx, bits):
         return builder.bitcast(args[0], ir.DoubleType())
 
     return types.float64(types.int64), codegen
+
+
+@intrinsic
+def f64_bits(typingctx, x):
+    """The bits of a float64 as an int64 (the integer a shifter left in the low bits)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(types.float64), codegen
 
 
 @intrinsic
@@ -51,8 +62,27 @@ LN2_LO = 1.90821492927058770002e-10
 # Padé [6/6] of exp: exp(r) ~ P(r)/P(-r), P(r) = E(r²) + r O(r²); relative error < 1e-18
 # for |r| <= ln2/2
 C1, C2, C3, C4, C5, C6 = 1 / 2, 5 / 44, 1 / 66, 1 / 792, 1 / 15840, 1 / 665280
+# n + SHIFTER's bits less this are n's biased exponent: an integer subtraction, which AVX2
+# has for four lanes, where converting a double to an int64 it has not
+_SHIFTER_BITS_LESS_BIAS = int(np.float64(SHIFTER).view(np.int64)) - 1023
+# log1p(e) = 2 atanh(u), u = e / (2 + e) <= 1/3 for e in [0, 1]: the series' terms 1/(2k+1)
+# u^(2k+1) to k = 16, beyond which they are below 2e-18 of the sum
+A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15, A16 = (1 / (2 * k + 1) for k in range(1, 17))
 
 _JIT = dict(inline="always", error_model="numpy", fastmath={"contract"})
+
+
+@njit(**_JIT)
+def exp_parts(t):
+    """exp(t) = 2^n P(r) / P(-r) for |t| <= 708, r = t - n ln 2: returns (P(r), P(-r), 2^n),
+    so that callers choose where the one division goes."""
+    shifted = t * LOG2E + SHIFTER
+    n = shifted - SHIFTER
+    r = (t - n * LN2_HI) - n * LN2_LO
+    s = r * r
+    even = ((C6 * s + C4) * s + C2) * s + 1.0
+    odd = ((C5 * s + C3) * s + C1) * r
+    return even + odd, even - odd, bits_as_f64((f64_bits(shifted) - _SHIFTER_BITS_LESS_BIAS) << 52)
 
 
 @njit(**_JIT)
@@ -60,14 +90,19 @@ def sigmoid64(z):
     """1 / (1 + exp(-z)) in float64 to ~2 ulp, branch-free: exp(-z) = 2^n P(r)/P(-r), and
     then σ = P(-r) / (P(-r) + 2^n P(r)) costs a single division. |z| is clamped at 708
     (σ is then 1 or below 1e-307 anyway)."""
-    t = min(max(-z, -708.0), 708.0)
-    n = (t * LOG2E + SHIFTER) - SHIFTER
-    r = (t - n * LN2_HI) - n * LN2_LO
-    s = r * r
-    even = ((C6 * s + C4) * s + C2) * s + 1.0
-    odd = ((C5 * s + C3) * s + C1) * r
-    den = even - odd
-    return den / (den + (even + odd) * bits_as_f64((np.int64(n) + 1023) << 52))
+    p, q, two_n = exp_parts(min(max(-z, -708.0), 708.0))
+    return q / (q + p * two_n)
+
+
+@njit(**_JIT)
+def log1p_unit(e):
+    """log(1 + e) for e in [0, 1] to ~1 ulp, from one division and an odd series (libm's
+    log1p is a scalar call per element)."""
+    u = e / (2.0 + e)
+    w = u * u
+    p = ((((((((((((((A16 * w + A15) * w + A14) * w + A13) * w + A12) * w + A11) * w + A10) * w + A9) * w
+                + A8) * w + A7) * w + A6) * w + A5) * w + A4) * w + A3) * w + A2) * w + A1
+    return 2.0 * u + (2.0 * u) * (w * p)
 
 
 _F = np.float32
