@@ -212,7 +212,7 @@ class Classifier(TrainedState, DenseBackprop):
             loss, probs = K.softmax_xent_forward(logits, y, scale=scale)
             correct = int((probs.argmax(axis=1) == y).sum())
             return loss, correct, K.softmax_xent_backward(probs, y, scale=scale)  # d/dlogits: through "identity"
-        heads = each(head, acts[-1], labels)
+        heads = each(head, acts.blocks(acts.layers[-1]), labels)
         self.backprop(acts, [da for _, _, da in heads], grads, factors)
         return [(loss, correct) for loss, correct, _ in heads]
 

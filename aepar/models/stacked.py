@@ -151,7 +151,7 @@ class StackedAutoencoder(DenseBackprop):
             loss, y = K.sigmoid_xent_forward(out, x, scale=scale)
             # d/dlogits: through "identity"
             return loss, K.mse_forward(y, x, scale=2.0), K.sigmoid_xent_backward(y, x, scale=scale)
-        heads = each(head, acts[-1], xs)
+        heads = each(head, acts.blocks(acts.layers[-1]), xs)
         self.backprop(acts, [da for _, _, da in heads], grads, factors)
         return [(loss, sq_err) for loss, sq_err, _ in heads]
 

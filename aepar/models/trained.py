@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from aepar.rows import each
+from aepar.rows import block_bounds, each, threads
 
-__all__ = ["TrainedState", "DenseBackprop"]
+__all__ = ["TrainedState", "DenseBackprop", "BlockActivations"]
 
 
 class TrainedState:
@@ -33,16 +33,44 @@ class TrainedState:
             self.optimizer.load_state(opt)
 
 
+class BlockActivations:
+    """Several blocks of rows through the layers, stacked by groups: the blocks are split
+    into one group of consecutive blocks per thread, and ``layers[l][g]`` holds the rows of
+    group g's blocks at layer l in one array (its block k: rows ``starts[g][k]`` to
+    ``starts[g][k + 1]``), so that a layer is one kernel call per group."""
+
+    def __init__(self, xs, xp):
+        bounds = block_bounds(len(xs), min(threads(), len(xs))) if len(xs) else [0]
+        self.groups = list(zip(bounds[:-1], bounds[1:]))
+        self.starts = [np.cumsum([0] + [x.shape[0] for x in xs[lo:hi]]) for lo, hi in self.groups]
+        self.xp = xp
+        self.layers = [self.stack(xs)]
+
+    def stack(self, items) -> list:
+        """Per-block arrays (block order) stacked per group, C-contiguous also where a group
+        is one block: a kernel then takes a block's rows the same way alone or stacked."""
+        return [self.xp.ascontiguousarray(items[lo]) if hi - lo == 1 else self.xp.concatenate(items[lo:hi])
+                for lo, hi in self.groups]
+
+    def split(self, items) -> list:
+        """Per-block items (block order) listed per group."""
+        return [items[lo:hi] for lo, hi in self.groups]
+
+    def blocks(self, stacked) -> list:
+        """Each block's rows of per-group arrays (``layers[l]``, or dz), in block order."""
+        return [a[s[k]:s[k + 1]] for a, s in zip(stacked, self.starts) for k in range(len(s) - 1)]
+
+
 class DenseBackprop:
     """The forward and backward passes of a model with dense layers ``W1, b1 .. W{n}, b{n}``
     (``be``, ``params``, ``n_layers``, ``acts``: the layers' activation names), on one
     block of rows or on several at once.
 
-    Several blocks go through the network together, layer by layer (:func:`aepar.rows.each`):
-    each block's products are still its own kernel calls, so its bits are those of the block
-    alone, but a layer's weights are read for every block in turn while they are in cache,
-    not once per block after the other layers have pushed them out (the fine-tuning stack's
-    weights are 11 MB)."""
+    Several blocks go through the network together, layer by layer (:class:`BlockActivations`):
+    a layer's weights are read for every block while they are in cache, not once per block
+    after the other layers have pushed them out (the fine-tuning stack's weights are 11 MB),
+    and a group's blocks are one kernel call (``dense_forward_blocks``), whose bits are
+    still those of each block alone."""
 
     @property
     def factored(self) -> tuple:
@@ -52,35 +80,39 @@ class DenseBackprop:
 
     def forward(self, x):
         """Activations [x, a1, ..., a_n] of rows ``x`` (a_n: logits when the last layer is linear)."""
-        return [a[0] for a in self.forward_blocks([x])]
+        return [layer[0] for layer in self.forward_blocks([x]).layers]
 
-    def forward_blocks(self, xs):
-        """:meth:`forward` of every block in ``xs``, layer by layer: ``acts[layer][block]``."""
+    def forward_blocks(self, xs) -> BlockActivations:
+        """:meth:`forward` of every block in ``xs``, layer by layer."""
         K, p = self.be.K, self.params
-        acts = [list(xs)]
+        acts = BlockActivations(list(xs), self.be.xp)
         for i in range(self.n_layers):
             W, b, act = p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i]
-            acts.append(each(lambda a: K.dense_forward(a, W, b, act), acts[-1]))
+            acts.layers.append(each(lambda a, s: K.dense_forward_blocks(a, W, b, act, s), acts.layers[-1],
+                                    acts.starts))
         return acts
 
-    def backprop(self, acts, das, grads, factors=None):
+    def backprop(self, acts: BlockActivations, das, grads, factors=None):
         """From d/d(last output) back through every layer, for the blocks of
         :meth:`forward_blocks`' ``acts``: ``das``, ``grads`` (dicts) and ``factors`` hold one
         entry per block. Bias gradients are added into ``grads``, and weight gradients too,
         unless ``factors`` is given: then each block's ``factors[b][f"W{i}"]`` gets (layer
         input, dz, 1.0), its gradient being input.T @ dz."""
-        K, p = self.be.K, self.params
+        K, p, xp = self.be.K, self.params, self.be.xp
+        das, grads = acts.stack(das), acts.split(grads)
         for i in reversed(range(self.n_layers)):
             W, act, need_dx = p[f"W{i + 1}"], self.acts[i], i > 0
             w_name, b_name = f"W{i + 1}", f"b{i + 1}"
             if factors is None:
-                def step(da, x, a, g):
-                    return K.dense_backward(da, x, W, a, act, g[w_name], g[b_name], need_dx=need_dx)
-                das = each(step, das, acts[i], acts[i + 1], grads)
+                def step(da, x, a, s, gs):
+                    dxs = [K.dense_backward(da[lo:hi], x[lo:hi], W, a[lo:hi], act, g[w_name], g[b_name],
+                                            need_dx=need_dx) for lo, hi, g in zip(s[:-1], s[1:], gs)]
+                    return (dxs[0] if len(dxs) == 1 else xp.concatenate(dxs)) if need_dx else None
+                das = each(step, das, acts.layers[i], acts.layers[i + 1], acts.starts, grads)
             else:
-                def step(da, x, a, g):
-                    return K.dense_backward_factors(da, x, W, a, act, g[b_name], need_dx=need_dx)
-                out = each(step, das, acts[i], acts[i + 1], grads)
-                for f, x, (_, dz) in zip(factors, acts[i], out):
+                def step(da, x, a, s, gs):
+                    return K.dense_backward_blocks(da, x, W, a, act, [g[b_name] for g in gs], s, need_dx=need_dx)
+                out = each(step, das, acts.layers[i], acts.layers[i + 1], acts.starts, grads)
+                for f, x, dz in zip(factors, acts.blocks(acts.layers[i]), acts.blocks([dz for _, dz in out])):
                     f[w_name] = (x, dz, 1.0)
                 das = [dx for dx, _ in out]

@@ -6,10 +6,11 @@ applied in place on the matmul output (b broadcast along the rows).
 import cupy as cp
 
 from ..ref.activation import check_act
-from ..ref.dense import _check_backward_shapes, _check_shapes
+from ..ref.dense import _check_backward_shapes, _check_shapes, backward_by_block, forward_by_block
 from .activation import RELU_BODY, SIGMOID_BODY, _relu_grad, _sigmoid_grad
 
-__all__ = ["dense_forward", "dense_backward", "dense_backward_factors"]
+__all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
+           "dense_backward_blocks"]
 
 # z is read and written: an output argument of an ElementwiseKernel may be read
 _BIAS_ACT = {
@@ -51,3 +52,13 @@ def dense_backward_factors(da, x, W, a, act, db, need_dx=True):
     dz = da if act == "identity" else _ACT_GRAD[act](da, a)
     db += dz.sum(axis=0, dtype=cp.float64).astype(db.dtype, copy=False)
     return (cp.matmul(dz, W.T) if need_dx else None), dz
+
+
+def dense_forward_blocks(x, W, b, act, starts):
+    """:func:`dense_forward` block by block, stacked (see kernels.ref.dense)."""
+    return forward_by_block(dense_forward, cp, x, W, b, act, starts)
+
+
+def dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=True):
+    """:func:`dense_backward_factors` block by block, stacked (see kernels.ref.dense)."""
+    return backward_by_block(dense_backward_factors, cp, da, x, W, a, act, dbs, starts, need_dx)

@@ -347,14 +347,16 @@ def _padded(D):
     return out
 
 
-def thin(a, W, out) -> bool:
+def thin(a, W, out, rows=None) -> bool:
     """Whether :func:`rows_times` takes ``out = a @ W``: float32, C-contiguous, at most
-    :data:`MAX_ROWS` rows."""
-    return (a.dtype == W.dtype == out.dtype == np.float32 and a.ndim == 2 and a.shape[0] <= MAX_ROWS
+    :data:`MAX_ROWS` rows. ``rows``: ``a`` stacks blocks of at most this many rows, each of
+    which would take it alone; one call then gives every block its own bits."""
+    rows = a.shape[0] if rows is None else rows
+    return (a.dtype == W.dtype == out.dtype == np.float32 and a.ndim == 2 and rows <= MAX_ROWS
             and a.flags.c_contiguous and W.flags.c_contiguous and out.flags.c_contiguous)
 
 
-def thin_t(h, W, out) -> bool:
+def thin_t(h, W, out, rows=None) -> bool:
     """Whether :func:`rows_times_t` takes ``out = h @ W.T`` (as :func:`thin`, and rows of
     at least :data:`MIN_DOT` columns)."""
-    return thin(h, W, out) and h.shape[1] >= MIN_DOT
+    return thin(h, W, out, rows) and h.shape[1] >= MIN_DOT

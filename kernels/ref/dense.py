@@ -3,7 +3,8 @@ import numpy as np
 
 from .activation import BACKWARD, FORWARD, check_act
 
-__all__ = ["dense_forward", "dense_backward", "dense_backward_factors"]
+__all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
+           "dense_backward_blocks"]
 
 
 def dense_forward(x, W, b, act):
@@ -53,6 +54,49 @@ def dense_backward_factors(da, x, W, a, act, db, need_dx=True):
     dz = BACKWARD[act](da, a)
     db += dz.sum(axis=0, dtype=np.float64)
     return (dz @ W.T if need_dx else None), dz
+
+
+def dense_forward_blocks(x, W, b, act, starts):
+    """:func:`dense_forward` of each block of rows x[starts[k]:starts[k + 1]], returned
+    stacked as one array with the bits of the blocks one by one (a compiled set runs them
+    in one call where its kernel's rows do not depend on one another)."""
+    return forward_by_block(dense_forward, np, x, W, b, act, starts)
+
+
+def dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=True):
+    """:func:`dense_backward_factors` of each block of stacked rows (as
+    :func:`dense_forward_blocks`), block k's column sums of dz added into ``dbs[k]``.
+    Returns (dx or None, dz), both stacked."""
+    return backward_by_block(dense_backward_factors, np, da, x, W, a, act, dbs, starts, need_dx)
+
+
+def forward_by_block(forward, xp, x, W, b, act, starts):
+    """``forward`` (a set's dense_forward) block by block, the results stacked by ``xp``."""
+    _check_starts(x, starts)
+    if len(starts) == 2:
+        return forward(x, W, b, act)
+    return xp.concatenate([forward(x[lo:hi], W, b, act) for lo, hi in zip(starts[:-1], starts[1:])])
+
+
+def backward_by_block(backward_factors, xp, da, x, W, a, act, dbs, starts, need_dx):
+    """``backward_factors`` (a set's dense_backward_factors) block by block, stacked."""
+    _check_starts(x, starts, dbs)
+    if len(starts) == 2:
+        return backward_factors(da, x, W, a, act, dbs[0], need_dx)
+    parts = [backward_factors(da[lo:hi], x[lo:hi], W, a[lo:hi], act, db, need_dx)
+             for lo, hi, db in zip(starts[:-1], starts[1:], dbs)]
+    dz = xp.concatenate([p[1] for p in parts])
+    return (xp.concatenate([p[0] for p in parts]) if need_dx else None), dz
+
+
+def _check_starts(x, starts, dbs=None):
+    """The blocks' offsets must run from 0 to every row of ``x``, never back; one bias
+    gradient per block."""
+    s = np.asarray(starts)
+    if s.ndim != 1 or s.size < 2 or s[0] != 0 or s[-1] != x.shape[0] or np.any(np.diff(s) < 0):
+        raise ValueError(f"dense blocks: offsets {list(s)} do not split {x.shape[0]} rows into blocks")
+    if dbs is not None and len(dbs) != s.size - 1:
+        raise ValueError(f"dense blocks: {len(dbs)} bias gradients for {s.size - 1} blocks")
 
 
 def _check_shapes(x, W, b):

@@ -2,6 +2,7 @@
 of the Numba/CuPy sets with the NumPy reference in float64 and float32, accumulation."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (registers aepar.kernels in a checkout)
 from aepar import kernels
@@ -225,3 +226,41 @@ def test_dense_backward_factors_are_the_backward_without_its_product(name, act, 
     assert np.array_equal(dx_f, dx) and np.array_equal(db_f, db)
     np.testing.assert_allclose(x.T @ dz, dW, rtol=1e-12, atol=1e-14)
     assert K.dense_backward_factors(da, x, W, a, act, db_f, need_dx=False)[0] is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6), act=st.sampled_from(ACTS),
+       shape=st.sampled_from([(70, 96), (100, 40), (40, 20)]), f32=st.booleans(), seed=st.integers(0, 2**16))
+@pytest.mark.parametrize("name", ["numpy", "numba"])
+def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, seed):
+    """dense_forward_blocks / dense_backward_blocks on stacked rows: bit for bit the blocks
+    one by one (the Numba set runs them in one call of the row kernel when every block has
+    at most MAX_ROWS rows: 40 crosses it; 20 columns are too few for rows_times_t)."""
+    K, dtype = kernels.load(name), np.float32 if f32 else np.float64
+    rng = np.random.default_rng(seed)
+    starts = np.cumsum([0] + sizes)
+    x, W, b = dense_problem(rng, int(starts[-1]), *shape, dtype=dtype)
+    a = K.dense_forward_blocks(x, W, b, act, starts)
+    alone = [K.dense_forward(x[lo:hi], W, b, act) for lo, hi in zip(starts[:-1], starts[1:])]
+    assert a.dtype == dtype and np.array_equal(a, np.concatenate(alone))
+
+    da = rng.standard_normal(a.shape).astype(dtype)
+    dbs = [np.zeros(shape[1]) for _ in sizes]
+    dx, dz = K.dense_backward_blocks(da, x, W, a, act, dbs, starts)
+    for k, (lo, hi) in enumerate(zip(starts[:-1], starts[1:])):
+        db = np.zeros(shape[1])
+        dx_k, dz_k = K.dense_backward_factors(da[lo:hi], x[lo:hi], W, a[lo:hi], act, db)
+        assert np.array_equal(dx[lo:hi], dx_k) and np.array_equal(dz[lo:hi], dz_k) and np.array_equal(dbs[k], db)
+    assert K.dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=False)[0] is None
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_dense_blocks_reject_offsets_that_do_not_split_the_rows(kset, rng):
+    K, dev = load(kset)
+    x, W, b = dense_problem(rng, 6, 3, 4)
+    for starts in ([0, 4], [1, 6], [0, 4, 3, 6], []):
+        with pytest.raises(ValueError, match="offsets"):
+            K.dense_forward_blocks(dev(x), dev(W), dev(b), "relu", starts)
+    a = K.dense_forward_blocks(dev(x), dev(W), dev(b), "relu", [0, 2, 6])
+    with pytest.raises(ValueError, match="2 bias gradients for 1 blocks"):
+        K.dense_backward_blocks(a, dev(x), dev(W), a, "relu", [dev(np.zeros(4))] * 2, [0, 6])
