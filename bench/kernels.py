@@ -203,6 +203,38 @@ def _dense_cases(shapes, dt):
     return cases
 
 
+def _dense_blocks_cases(shapes, dt):
+    """dense_forward_blocks / dense_backward_blocks: a batch as the trainer's blocks of
+    rows, stacked (the Numba set's one call against the reference's call per block)."""
+    import numpy as np
+    from aepar.kernels import ref
+    from aepar.rows import block_bounds
+    s = np.dtype(dt).itemsize
+    cases = []
+    for B, I, O, act, count in shapes:
+        shape, starts = f"{B}x{I}x{O} {act} {count} blocks", block_bounds(B, count)
+
+        def make(rng, B=B, I=I, O=O, act=act, count=count):
+            a = {"x": rng.random((B, I), dtype=dt), "W": (rng.standard_normal((I, O)) / math.sqrt(I)).astype(dt),
+                 "b": (0.1 * rng.standard_normal(O)).astype(dt)}
+            a["a"] = ref.dense_forward(a["x"], a["W"], a["b"], act)
+            a["da"] = (0.01 * rng.standard_normal((B, O))).astype(dt)
+            a["db"] = np.zeros((count, O), dt)  # block k's bias gradient: row k
+            return a
+        cases.append(Case("dense", "dense_forward_blocks", shape, dt, 2 * B * I * O + (1 + FLOP_ACT[act]) * B * O,
+                          s * (B * I + I * O + O + B * O), I, ("a",), make,
+                          lambda K, a, act=act, starts=starts: [K.dense_forward_blocks(a["x"], a["W"], a["b"], act,
+                                                                                       starts)]))
+
+        def run_bwd(K, a, act=act, starts=starts):
+            dx, dz = K.dense_backward_blocks(a["da"], a["x"], a["W"], a["a"], act, list(a["db"]), starts)
+            return [dx, dz, a["db"]]
+        cases.append(Case("dense", "dense_backward_blocks", shape, dt,
+                          FLOP_ACT[act] * B * O + B * O + 2 * B * I * O, s * (3 * B * O + I * O + B * I + count * O),
+                          max(B, I, O), ("dx", "dz", "db"), make, run_bwd, mutates=("db",)))
+    return cases
+
+
 def _activation_cases(sig_shape, relu_shape, dt):
     import numpy as np
     from aepar.kernels import ref
@@ -519,6 +551,7 @@ def catalog(quick: bool) -> list:
     if quick:
         dense = [(8, 24, 16, "sigmoid", False), (8, 16, 12, "sigmoid", True), (8, 12, 4, "identity", True)]
         cases = _dense_cases(dense, f32)
+        cases += _dense_blocks_cases([(9, 16, 12, "sigmoid", 3)], f32)
         cases += _activation_cases((4, 10), (2, 3, 4, 4), f32)
         cases += _loss_cases((4, 12), (4, 3), f32)
         cases += _sparsity_cases(5, (6, 4), f32)
@@ -536,6 +569,8 @@ def catalog(quick: bool) -> list:
              (100, 500, 250, "sigmoid", True), (100, 250, 30, "identity", True),
              (100, 1568, 10, "identity", False)]
     cases = _dense_cases(dense, f32)
+    # fine-tuning's blocks: the first layer forward, a middle layer backward (both ways each)
+    cases += _dense_blocks_cases([(100, 784, 1000, "sigmoid", 8), (100, 1000, 500, "sigmoid", 8)], f32)
     cases += _activation_cases((100, 1000), (100, 16, 28, 28), f32)
     cases += _loss_cases((100, 784), (100, 10), f32)
     cases += _sparsity_cases(25, (784, 1000), f32)
