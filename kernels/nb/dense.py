@@ -140,8 +140,8 @@ def dense_backward_factors(da, x, W, a, act, db, need_dx=True):
 def dense_forward_blocks(x, W, b, act, starts):
     """:func:`kernels.ref.dense.dense_forward_blocks`: every block's rows in one call of the
     row kernel when each block alone would take it (a row's sums do not depend on the other
-    rows of the call: 8 blocks' Python and call costs were 15% of a fine-tuning epoch),
-    else block by block."""
+    rows of the call; eight calls per layer cost 1.5-2.4 of the 13.6-13.9 ms of a batch's
+    fine-tuning passes), else block by block."""
     _check_starts(x, starts)
     z = np.empty((x.shape[0], W.shape[1]), dtype=np.result_type(x, W))
     if not thin(x, W, z, _most_rows(starts)):
