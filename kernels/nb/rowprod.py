@@ -14,7 +14,7 @@ last vector of a row is masked, so no memory past a row's end is read or written
 ISA         tile                        AVX-512  AVX2
 ==========  ==========================  =======  ======
 RT x CT     rows x 16-column vectors    6 x 4    6 x 1
-DR x DI     h @ W.T: h rows x W rows    4 x 4    2 x 3 (in 8-lane halves)
+DR x DI     h @ W.T: h rows x W rows    4 x 6    2 x 3 (in 8-lane halves)
 ==========  ==========================  =======  ======
 
 Measured on a Zen 4 EPYC, 1 thread, 13 x 784 x 1000: 0.20 ms (94 GFLOP/s) against
@@ -48,7 +48,11 @@ __all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_ou
 # dot tiles hold each 16-lane sum as two 8-lane halves and load half by half (AVX2: the
 # 2 x 3 tiles fit its 16 registers only so; 13 x 784 x 1000 on Zen 4: 74-76 GFLOP/s as
 # 2 x 2 tiles of 16 lanes, 88 as 2 x 3 in halves, 47-53 as 3 x 2; the same sums)
-TILE_SHAPES = {"avx512": dict(RT=6, CT=4, DR=4, DI=4, OR=8, OC=3, HALVES=False),
+# AVX-512 dot tiles 4 x 6 (29 of the 32 registers; 10 loads per 24 FMAs, 4 x 4 took 8 per
+# 16): on an Intel Xeon, h @ W.T at 100 x 1000 -> 784 went 106-112 -> 118-122 GFLOP/s,
+# 100 x 500 -> 1000 80-82 -> 96-99, 100 x 250 -> 500 70-72 -> 77-82 (5 x 5 about the same,
+# 6 x 4 and 8 x 3 slower); not yet measured on Zen 4, where 4 x 4 was chosen
+TILE_SHAPES = {"avx512": dict(RT=6, CT=4, DR=4, DI=6, OR=8, OC=3, HALVES=False),
                "avx2": dict(RT=6, CT=1, DR=2, DI=3, OR=6, OC=1, HALVES=True)}
 RT, CT, DR, DI, OR, OC, HALVES = (TILE_SHAPES[target_isa()][k] for k in ("RT", "CT", "DR", "DI", "OR", "OC", "HALVES"))
 # products with at most this many rows go through these kernels, larger ones through BLAS
