@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aepar.models.trained import BlockActivations
 from aepar.optim import SGD
 from aepar.rows import Shard, each, mean_squared_error
 
@@ -105,16 +106,23 @@ class RBM:
         """:meth:`leaf_gradient` of several blocks, their W gradients left as factors: adds
         each block's bias gradients into its ``grads`` dict and returns ([(Σ‖v1 − v0‖²,)],
         [{"W": (A, D, alpha)}]), one entry per block, the block's W gradient being
-        alpha * A.T @ D (the same noise as leaf_gradient). One CD kernel call per block:
-        its one weight matrix stays in cache from block to block."""
+        alpha * A.T @ D (the same noise as leaf_gradient). The blocks are stacked in one
+        group per thread and each group's chains are one kernel call
+        (``rbm_cd_factors_blocks``), with each block's own bits."""
         be, p = self.be, self.params
+        acts = BlockActivations(list(xs), be.xp)
 
-        def chain(x, rng, g):
-            noise = self._draw(rng, np.empty((1, x.shape[0], self.n_out), dtype=NOISE_DTYPE))
-            a, d, alpha, err = be.K.rbm_cd_factors(x, p["W"], p["bv"], p["bh"], be.xp.asarray(noise), self.hidden,
-                                                   g["bv"], g["bh"], scale)
-            return (err,), {"W": (a, d, alpha)}
-        out = each(chain, xs, rngs, grads)
+        def chain(x, starts, rngs, grads):
+            noise = np.empty((1, x.shape[0], self.n_out), dtype=NOISE_DTYPE)
+            for lo, hi, rng in zip(starts[:-1], starts[1:], rngs):
+                self._draw(rng, noise[:, lo:hi])  # each block's draws from its own stream, as alone
+            a, d, alpha, errs = be.K.rbm_cd_factors_blocks(
+                x, p["W"], p["bv"], p["bh"], be.xp.asarray(noise), self.hidden, [g["bv"] for g in grads],
+                [g["bh"] for g in grads], starts, scale)
+            return [((err,), {"W": (a[2 * lo:2 * hi], d[2 * lo:2 * hi], alpha)})
+                    for lo, hi, err in zip(starts[:-1], starts[1:], errs)]
+        out = [block for group in each(chain, acts.layers[0], acts.starts, acts.split(list(rngs)),
+                                       acts.split(list(grads))) for block in group]
         return [sums for sums, _ in out], [f for _, f in out]
 
     def fused_step(self, x, rng, epoch):

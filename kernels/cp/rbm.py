@@ -10,9 +10,10 @@ float32 ones below 2**-100).
 import cupy as cp
 import numpy as np
 
-from ..ref.rbm import cd_update_via, check_cd, check_rbm
+from ..ref.rbm import cd_factors_by_block, cd_update_via, check_cd, check_rbm
 
-__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors", "rbm_cd_update"]
+__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
+           "rbm_cd_factors_blocks", "rbm_cd_update"]
 
 # sigmoid from exp of a non-positive argument only: no overflow in float32
 _SIGMOID = "T e = exp(-fabs(a)); h = (a >= 0 ? (T)1 : e) / ((T)1 + e);"
@@ -91,6 +92,12 @@ def rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale=None):
     dbv += (v.sum(axis=0) - v0.sum(axis=0)) * scale
     dbh += (h.sum(axis=0) - h0.sum(axis=0)) * scale
     return vs, hs, scale, float(sq_err)
+
+
+def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale=None):
+    """:func:`rbm_cd_factors` block by block, stacked; see :func:`kernels.ref.rbm.rbm_cd_factors_blocks`
+    (cuBLAS's rows may depend on the rows beside them: no stacked chain here)."""
+    return cd_factors_by_block(rbm_cd_factors, cp, v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale)
 
 
 def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):

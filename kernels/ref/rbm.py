@@ -8,7 +8,8 @@ probabilities (or means). Noise comes from the caller, never from inside the ker
 """
 import numpy as np
 
-__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors", "rbm_cd_update"]
+__all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
+           "rbm_cd_factors_blocks", "rbm_cd_update"]
 
 HIDDEN = ("bernoulli", "gaussian")
 
@@ -109,6 +110,43 @@ def rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale=None):
     dbv += (v - v0).sum(axis=0) * scale
     dbh += (h - h0).sum(axis=0) * scale
     return np.concatenate([v0, v]), np.concatenate([-h0, h]), scale, sq_err
+
+
+def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale=None):
+    """:func:`rbm_cd_factors` of each block of stacked rows v0[starts[b]:starts[b + 1]] (its
+    noise the same rows of ``noise``), block b's bias gradients added into ``dbvs[b]``,
+    ``dbhs[b]``, with the bits of the blocks one by one (a compiled set runs them in one
+    call where its kernels' rows do not depend on one another).
+
+    Returns (A, D, alpha, sq_errs): block b's factors are rows ``2 starts[b]`` to
+    ``2 starts[b + 1]`` of A and D (its W gradient alpha * A_b.T @ D_b), its error
+    ``sq_errs[b]``. ``scale`` defaults to 1 / all rows (the blocks make one batch).
+    """
+    return cd_factors_by_block(rbm_cd_factors, np, v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale)
+
+
+def cd_factors_by_block(cd_factors, xp, v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale):
+    """``cd_factors`` (a set's rbm_cd_factors) block by block, the factors stacked by ``xp``."""
+    starts = check_cd_blocks(v0, noise, dbvs, dbhs, starts)
+    scale = 1.0 / v0.shape[0] if scale is None else float(scale)
+    parts = [cd_factors(v0[lo:hi], W, bv, bh, noise[:, lo:hi], hidden, dbv, dbh, scale)
+             for lo, hi, dbv, dbh in zip(starts[:-1], starts[1:], dbvs, dbhs)]
+    return (xp.concatenate([p[0] for p in parts]), xp.concatenate([p[1] for p in parts]), parts[0][2],
+            [p[3] for p in parts])
+
+
+def check_cd_blocks(v0, noise, dbvs, dbhs, starts):
+    """The blocks' offsets (an int64 array) must run from 0 to every row of ``v0``, never
+    back, with one pair of bias gradients per block."""
+    s = np.asarray(starts, dtype=np.int64)
+    if s.ndim != 1 or s.size < 2 or s[0] != 0 or s[-1] != v0.shape[0] or np.any(np.diff(s) < 0):
+        raise ValueError(f"rbm_cd_factors_blocks: offsets {list(s)} do not split {v0.shape[0]} rows into blocks")
+    if len(dbvs) != s.size - 1 or len(dbhs) != s.size - 1:
+        raise ValueError(f"rbm_cd_factors_blocks: {len(dbvs)} and {len(dbhs)} bias gradients for "
+                         f"{s.size - 1} blocks")
+    if noise.ndim != 3 or noise.shape[1] != v0.shape[0]:
+        raise ValueError(f"rbm_cd_factors_blocks: noise must be (k, {v0.shape[0]}, n_hidden), got {noise.shape}")
+    return s
 
 
 def _cd_chain(v0, W, bv, bh, noise, hidden):

@@ -12,6 +12,7 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (registers aepar.kernels, fixes thread counts)
 from aepar import kernels
@@ -353,3 +354,41 @@ def test_rbm_cd_factors_are_the_backward_without_its_product(name, hidden, rng):
     assert np.array_equal(gbv, dbv) and np.array_equal(gbh, dbh) and err_f == err
     with pytest.raises(ValueError, match="rbm_cd_factors: noise"):
         K.rbm_cd_factors(v0, W, bv, bh, noise[:, :2], hidden, gbv, gbh)
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6), hidden=st.sampled_from(HIDDEN),
+       nh=st.sampled_from([20, 96]), k=st.sampled_from([1, 1, 2]), f32=st.booleans(), seed=st.integers(0, 2**16))
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_rbm_cd_factors_blocks_give_each_blocks_own_bits(name, sizes, hidden, nh, k, f32, seed):
+    """rbm_cd_factors_blocks on stacked rows: bit for bit each block's rbm_cd_factors (the
+    numba set runs CD-1 on every block at once when each block has at most MAX_ROWS rows:
+    40 crosses it; 20 hidden units are too few for rows_times_t; CD-2 goes block by block)."""
+    K, dtype = kernels.load(name), np.float32 if f32 else np.float64
+    rng = np.random.default_rng(seed)
+    starts = np.cumsum([0] + sizes)
+    v0, W, bv, bh, noise = rbm_problem(rng, hidden, k, int(starts[-1]), 70, nh, dtype)
+    scale = 1.0 / max(int(starts[-1]), 1)
+    dbvs, dbhs = [np.zeros_like(bv) for _ in sizes], [np.zeros_like(bh) for _ in sizes]
+    A, D, alpha, errs = K.rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale)
+    assert A.shape == (2 * starts[-1], 70) and D.shape == (2 * starts[-1], nh) and len(errs) == len(sizes)
+    for b, (lo, hi) in enumerate(zip(starts[:-1], starts[1:])):
+        dbv, dbh = np.zeros_like(bv), np.zeros_like(bh)
+        A_b, D_b, alpha_b, err_b = K.rbm_cd_factors(v0[lo:hi], W, bv, bh, noise[:, lo:hi], hidden, dbv, dbh, scale)
+        assert np.array_equal(A[2 * lo:2 * hi], A_b) and np.array_equal(D[2 * lo:2 * hi], D_b)
+        assert alpha == alpha_b and errs[b] == err_b
+        assert np.array_equal(dbvs[b], dbv) and np.array_equal(dbhs[b], dbh)
+
+
+@pytest.mark.parametrize("name", CPU_SETS + kernel_set_params())
+def test_rbm_cd_factors_blocks_reject_what_does_not_split_the_rows(name, rng):
+    K, dev, _ = kit(name)
+    v0, W, bv, bh, noise = (dev(a) for a in rbm_problem(rng, "bernoulli", 1, batch=6))
+    g = [dev(np.zeros(6)), dev(np.zeros(4))]
+    for starts in ([0, 4], [1, 6], [0, 4, 3, 6], []):
+        with pytest.raises(ValueError, match="offsets"):
+            K.rbm_cd_factors_blocks(v0, W, bv, bh, noise, "bernoulli", [g[0]], [g[1]], starts)
+    with pytest.raises(ValueError, match="1 and 1 bias gradients for 2 blocks"):
+        K.rbm_cd_factors_blocks(v0, W, bv, bh, noise, "bernoulli", [g[0]], [g[1]], [0, 2, 6])
+    with pytest.raises(ValueError, match="noise"):
+        K.rbm_cd_factors_blocks(v0, W, bv, bh, noise[:, :5], "bernoulli", [g[0]], [g[1]], [0, 6])
