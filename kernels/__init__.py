@@ -61,7 +61,10 @@ Families (module: functions):
   ``merges`` (aepar.rows.tree_merges): a batch's weight gradient from its blocks, the same
   bits as each block's product added in that tree. ``rbm_cd_factors(v0, W, bv, bh, noise,
   hidden, dbv, dbh, scale) -> (A, D, alpha, sq_err)`` is rbm_cd_backward with its W
-  gradient left as alpha * A.T @ D for it.
+  gradient left as alpha * A.T @ D for it; ``rbm_cd_factors_blocks(v0, W, bv, bh, noise,
+  hidden, dbvs, dbhs, starts, scale) -> (A, D, alpha, sq_errs)`` does so for each block of
+  stacked rows, with each block's own bits (block b's factors: rows 2 starts[b] to
+  2 starts[b+1] of A and D).
 - update: ``sgd_momentum_update(p, g, v, lr, momentum)`` (v = momentum*v - lr*g; p += v);
   ``adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8)``: in place.
 """
