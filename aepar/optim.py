@@ -6,6 +6,21 @@ import os
 
 import numpy as np
 
+from aepar.rows import block_bounds, parallel_map, threads
+
+
+def in_bands(update, *arrays_per_param):
+    """``update(*arrays)`` on every parameter's arrays, each cut into one band of rows per
+    thread and the bands spread over this rank's threads in one hand-off: the updates
+    are element-wise, so a band gives the bits the whole array would (the 2-thread
+    fine-tuning epoch's Adam had run on one thread: 0.33 of 1.74 s)."""
+    bands = []
+    for arrays in zip(*arrays_per_param):
+        rows = arrays[0].shape[0]
+        bounds = block_bounds(rows, max(1, min(threads(), rows)))
+        bands += [tuple(a[lo:hi] for a in arrays) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    parallel_map(lambda band: update(*band), bands)
+
 
 class SGD:
     """SGD with momentum: v = momentum*v - lr*g; p += v (the RBM/backprop recipe)."""
@@ -17,8 +32,9 @@ class SGD:
     def step(self, grads: dict, lr: float | None = None, momentum: float | None = None):
         lr = self.lr if lr is None else lr
         momentum = self.momentum if momentum is None else momentum
-        for k, p in self.params.items():
-            self.be.K.sgd_momentum_update(p, grads[k], self.velocity[k], lr, momentum)
+        names = list(self.params)
+        in_bands(lambda p, g, v: self.be.K.sgd_momentum_update(p, g, v, lr, momentum),
+                 [self.params[k] for k in names], [grads[k] for k in names], [self.velocity[k] for k in names])
 
     def state(self) -> dict:
         return {f"velocity/{k}": v for k, v in self.velocity.items()}
@@ -41,9 +57,10 @@ class Adam:
     def step(self, grads: dict, lr: float | None = None):
         self.t += 1
         lr = self.lr if lr is None else lr
-        for k, p in self.params.items():
-            self.be.K.adam_update(p, grads[k], self.m[k], self.v[k], self.t, lr,
-                                  self.beta1, self.beta2, self.eps)
+        names = list(self.params)
+        in_bands(lambda p, g, m, v: self.be.K.adam_update(p, g, m, v, self.t, lr, self.beta1, self.beta2, self.eps),
+                 [self.params[k] for k in names], [grads[k] for k in names], [self.m[k] for k in names],
+                 [self.v[k] for k in names])
 
     def state(self) -> dict:
         out = {f"m/{k}": a for k, a in self.m.items()}

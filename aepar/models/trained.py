@@ -83,13 +83,22 @@ class DenseBackprop:
         return [layer[0] for layer in self.forward_blocks([x]).layers]
 
     def forward_blocks(self, xs) -> BlockActivations:
-        """:meth:`forward` of every block in ``xs``, layer by layer."""
+        """:meth:`forward` of every block in ``xs``, layer by layer: each thread takes its
+        group through all the layers, one hand-off per pass (a thread pool's hand-off took
+        ~90 us on a 2-vCPU VM; a layer at a time made eight per pass and left 2 threads no
+        faster than one)."""
         K, p = self.be.K, self.params
         acts = BlockActivations(list(xs), self.be.xp)
-        for i in range(self.n_layers):
-            W, b, act = p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i]
-            acts.layers.append(each(lambda a, s: K.dense_forward_blocks(a, W, b, act, s), acts.layers[-1],
-                                    acts.starts))
+        layers = [(p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i]) for i in range(self.n_layers)]
+
+        def through(a, s):
+            out = []
+            for W, b, act in layers:
+                a = K.dense_forward_blocks(a, W, b, act, s)
+                out.append(a)
+            return out
+        per_group = each(through, acts.layers[0], acts.starts)
+        acts.layers += [[outs[i] for outs in per_group] for i in range(self.n_layers)]
         return acts
 
     def backprop(self, acts: BlockActivations, das, grads, factors=None):
@@ -97,22 +106,28 @@ class DenseBackprop:
         :meth:`forward_blocks`' ``acts``: ``das``, ``grads`` (dicts) and ``factors`` hold one
         entry per block. Bias gradients are added into ``grads``, and weight gradients too,
         unless ``factors`` is given: then each block's ``factors[b][f"W{i}"]`` gets (layer
-        input, dz, 1.0), its gradient being input.T @ dz."""
+        input, dz, 1.0), its gradient being input.T @ dz. Each thread takes its group back
+        through all the layers (one hand-off, as in :meth:`forward_blocks`)."""
         K, p, xp = self.be.K, self.params, self.be.xp
-        das, grads = acts.stack(das), acts.split(grads)
-        for i in reversed(range(self.n_layers)):
-            W, act, need_dx = p[f"W{i + 1}"], self.acts[i], i > 0
-            w_name, b_name = f"W{i + 1}", f"b{i + 1}"
-            if factors is None:
-                def step(da, x, a, s, gs):
-                    dxs = [K.dense_backward(da[lo:hi], x[lo:hi], W, a[lo:hi], act, g[w_name], g[b_name],
-                                            need_dx=need_dx) for lo, hi, g in zip(s[:-1], s[1:], gs)]
-                    return (dxs[0] if len(dxs) == 1 else xp.concatenate(dxs)) if need_dx else None
-                das = each(step, das, acts.layers[i], acts.layers[i + 1], acts.starts, grads)
-            else:
-                def step(da, x, a, s, gs):
-                    return K.dense_backward_blocks(da, x, W, a, act, [g[b_name] for g in gs], s, need_dx=need_dx)
-                out = each(step, das, acts.layers[i], acts.layers[i + 1], acts.starts, grads)
-                for f, x, dz in zip(factors, acts.blocks(acts.layers[i]), acts.blocks([dz for _, dz in out])):
+
+        def back(g, da, gs):
+            """Group g from its output back; returns its dz per layer (factors) or {}."""
+            s, dzs = acts.starts[g], {}
+            for i in reversed(range(self.n_layers)):
+                W, act, need_dx = p[f"W{i + 1}"], self.acts[i], i > 0
+                w_name, b_name = f"W{i + 1}", f"b{i + 1}"
+                x, a = acts.layers[i][g], acts.layers[i + 1][g]
+                if factors is None:
+                    dxs = [K.dense_backward(da[lo:hi], x[lo:hi], W, a[lo:hi], act, gb[w_name], gb[b_name],
+                                            need_dx=need_dx) for lo, hi, gb in zip(s[:-1], s[1:], gs)]
+                    da = (dxs[0] if len(dxs) == 1 else xp.concatenate(dxs)) if need_dx else None
+                else:
+                    da, dzs[w_name] = K.dense_backward_blocks(da, x, W, a, act, [gb[b_name] for gb in gs], s,
+                                                              need_dx=need_dx)
+            return dzs
+        dzs = each(back, range(len(acts.groups)), acts.stack(das), acts.split(grads))
+        if factors is not None:
+            for i in range(self.n_layers):
+                w_name = f"W{i + 1}"
+                for f, x, dz in zip(factors, acts.blocks(acts.layers[i]), acts.blocks([d[w_name] for d in dzs])):
                     f[w_name] = (x, dz, 1.0)
-                das = [dx for dx, _ in out]

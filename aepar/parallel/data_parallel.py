@@ -277,6 +277,7 @@ def _local_sum(be, buf, factors, first, merges, out):
         for part in buf.added:
             out[part] = stack[0][part]
     grads = buf.views(out)
+    bands = []  # (A, D, starts, alphas, rows of the gradient): every factored weight's bands at once
     for name in buf.factored:
         m, n = grads[name].shape
         parts = [f[name] if f is not None else None for f in factors[first:first + len(merges)]]
@@ -286,12 +287,10 @@ def _local_sum(be, buf, factors, first, merges, out):
         starts = np.cumsum([0] + [p[0].shape[0] if p else 0 for p in parts])
         alphas = [p[2] if p else 1.0 for p in parts]
         # the threads take a band of rows each: an element's sums are the same in any band
-        bands = block_bounds(m, max(1, min(threads(), m)))
-
-        def band(i, a=a, d=d, starts=starts, alphas=alphas, g=grads[name]):
-            lo, hi = int(bands[i]), int(bands[i + 1])
-            be.K.block_outer_sum(a[:, lo:hi], d, starts, merges, alphas, g[lo:hi])
-        parallel_map(band, range(len(bands) - 1))
+        bounds = block_bounds(m, max(1, min(threads(), m)))
+        bands += [(a[:, lo:hi], d, starts, alphas, grads[name][lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    # one hand-off for all of them (thread k takes every k-th band: its band of each weight)
+    parallel_map(lambda band: be.K.block_outer_sum(band[0], band[1], band[2], merges, band[3], band[4]), bands)
     return out
 
 

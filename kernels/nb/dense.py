@@ -1,13 +1,13 @@
 """Fully connected layer a = act(x @ W + b), forward and backward (Numba).
 
 The products go to BLAS (numpy's matmul, and gemm with beta = 1 so that dW accumulates
-without a temporary, both without holding the GIL); the element-wise work around them is one fused,
-parallel pass each way: bias + activation in place on the matmul output, and
+without a temporary, both without holding the GIL); the element-wise work around them is one fused
+pass each way: bias + activation in place on the matmul output, and
 da * act'(a) together with the column sums that make db.
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ..memory import empty
 from ..ref.dense import _check_backward_shapes, _check_shapes, _check_starts, forward_by_block
@@ -23,21 +23,23 @@ from .rowprod import rows_times, rows_times_t, thin, thin_t
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
            "dense_backward_blocks"]
 
-@njit(cache=True, nogil=True, parallel=True, error_model="numpy", fastmath={"contract"})
+@njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 def _bias_act(z, b, code, one):
-    """z = act(z + b) in place, rows in parallel."""
+    """z = act(z + b) in place. Serial, as every pass here: aepar's own threads take whole
+    groups of blocks (aepar.rows) and Numba runs one thread in each (aepar._threads), so a
+    parallel region would only add its launch."""
     zero = one - one
     n, m = z.shape
     if code == SIGMOID:
-        for i in prange(n):
+        for i in range(n):
             for j in range(m):
                 z[i, j] = _sigmoid(z[i, j] + b[j], one)
     elif code == RELU:
-        for i in prange(n):
+        for i in range(n):
             for j in range(m):
                 z[i, j] = _relu(z[i, j] + b[j], zero)
     else:
-        for i in prange(n):
+        for i in range(n):
             for j in range(m):
                 z[i, j] += b[j]
 
@@ -46,18 +48,18 @@ def _bias_act(z, b, code, one):
 COLSUM_BLOCKS = 4
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True)
 def _act_grad_colsum(da, a, code, one, nblock, dz, db):
     """dz = da * act'(a) and db += column sums of dz, in one pass.
 
-    Each of ``nblock`` (>= 1) blocks of rows sums into its own float64 row, so threads
-    never race on db and dz is not read again. ``nblock`` depends on the rows alone
-    (:data:`COLSUM_BLOCKS`), never on the thread count: the sums must not change with it.
+    Each of ``nblock`` (>= 1) blocks of rows sums into its own float64 row, then the rows
+    are added: the order of the sums, which depends on the rows alone
+    (:data:`COLSUM_BLOCKS`), never on threads (the loop was parallel once; kept so).
     """
     n, m = da.shape
     zero = one - one
     part = np.zeros((nblock, m), dtype=np.float64)
-    for c in prange(nblock):
+    for c in range(nblock):
         lo, hi = c * n // nblock, (c + 1) * n // nblock
         if code == SIGMOID:
             for i in range(lo, hi):
