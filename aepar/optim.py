@@ -9,16 +9,18 @@ import numpy as np
 from aepar.rows import block_bounds, parallel_map, threads
 
 
-def in_bands(update, *arrays_per_param):
-    """``update(*arrays)`` on every parameter's arrays, each cut into one band of rows per
-    thread and the bands spread over this rank's threads in one hand-off: the updates
-    are element-wise, so a band gives the bits the whole array would (the 2-thread
-    fine-tuning epoch's Adam had run on one thread: 0.33 of 1.74 s)."""
+def in_bands(update, *arrays_per_param, extras=None):
+    """``update(*arrays, *extra)`` on every parameter's arrays, each cut into one band of
+    rows per thread and the bands spread over this rank's threads in one hand-off (``extras``:
+    one tuple of arguments per parameter). The updates are element-wise, so a band gives the
+    bits the whole array would (the 2-thread fine-tuning epoch's Adam had run on one thread:
+    0.33 of 1.74 s)."""
+    extras = extras or [()] * len(arrays_per_param[0])
     bands = []
-    for arrays in zip(*arrays_per_param):
+    for arrays, extra in zip(zip(*arrays_per_param), extras):
         rows = arrays[0].shape[0]
         bounds = block_bounds(rows, max(1, min(threads(), rows)))
-        bands += [tuple(a[lo:hi] for a in arrays) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        bands += [tuple(a[lo:hi] for a in arrays) + tuple(extra) for lo, hi in zip(bounds[:-1], bounds[1:])]
     parallel_map(lambda band: update(*band), bands)
 
 
@@ -29,12 +31,17 @@ class SGD:
         self.be, self.params, self.lr, self.momentum = be, params, lr, momentum
         self.velocity = {k: be.zeros(p.shape, p.dtype) for k, p in params.items()}
 
-    def step(self, grads: dict, lr: float | None = None, momentum: float | None = None):
+    def step(self, grads: dict, lr: float | None = None, momentum: float | None = None,
+             weight_decay: dict | None = None):
+        """One step; ``weight_decay`` (name -> coefficient) adds coefficient * p to those
+        gradients inside the step (the arrays in ``grads`` are left as they were)."""
         lr = self.lr if lr is None else lr
         momentum = self.momentum if momentum is None else momentum
         names = list(self.params)
-        in_bands(lambda p, g, v: self.be.K.sgd_momentum_update(p, g, v, lr, momentum),
-                 [self.params[k] for k in names], [grads[k] for k in names], [self.velocity[k] for k in names])
+        decay = [(float((weight_decay or {}).get(k, 0.0)),) for k in names]
+        in_bands(lambda p, g, v, c: self.be.K.sgd_momentum_update(p, g, v, lr, momentum, c),
+                 [self.params[k] for k in names], [grads[k] for k in names], [self.velocity[k] for k in names],
+                 extras=decay)
 
     def state(self) -> dict:
         return {f"velocity/{k}": v for k, v in self.velocity.items()}

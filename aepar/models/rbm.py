@@ -135,9 +135,9 @@ class RBM:
         return (err,)
 
     def apply(self, grads, epoch):
-        """The step: weight cost into the W gradient, then SGD with the epoch's momentum."""
-        self.be.K.weight_decay_backward(self.params["W"], self.weight_cost, grads["W"])
-        self.optimizer.step(grads, momentum=self.momentum_at(epoch))
+        """The step: SGD with the epoch's momentum, the weight cost added to W's gradient
+        inside it (one pass over W)."""
+        self.optimizer.step(grads, momentum=self.momentum_at(epoch), weight_decay={"W": self.weight_cost})
 
     def _draw(self, rng, out):
         """CD noise into ``out``: uniforms (bernoulli units) or standard normals (gaussian)."""

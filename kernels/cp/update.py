@@ -7,8 +7,8 @@ __all__ = ["sgd_momentum_update", "adam_update"]
 
 # p and v are outputs that are also read: updated where they lie
 _sgd = cp.ElementwiseKernel(
-    "T g, T lr, T momentum", "T p, T v",
-    "v = momentum * v - lr * g; p += v;", "aepar_sgd_momentum")
+    "T g, T lr, T momentum, T decay", "T p, T v",
+    "v = momentum * v - lr * (g + decay * p); p += v;", "aepar_sgd_momentum")
 # 1 - beta comes from the host in double: 1 - (float)0.999 is off by 1e-5 relative
 _adam = cp.ElementwiseKernel(
     "T g, T lr, T beta1, T c1, T beta2, T c2, T eps, T bc1, T bc2", "T p, T m, T v",
@@ -17,11 +17,11 @@ _adam = cp.ElementwiseKernel(
     p -= lr * (m / bc1) / (sqrt(v / bc2) + eps);""", "aepar_adam")
 
 
-def sgd_momentum_update(p, g, v, lr, momentum):
-    """v = momentum * v - lr * g; p += v, in place. Returns None."""
+def sgd_momentum_update(p, g, v, lr, momentum, weight_decay=0.0):
+    """v = momentum * v - lr * (g + weight_decay * p); p += v, in place. Returns None."""
     check_update("sgd_momentum_update", p, g, v)
     t = p.dtype.type
-    _sgd(g.astype(p.dtype, copy=False), t(lr), t(momentum), p, v)
+    _sgd(g.astype(p.dtype, copy=False), t(lr), t(momentum), t(weight_decay), p, v)
 
 
 def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):

@@ -19,6 +19,17 @@ def _sgd(p, g, v, lr, momentum):
         p[i] += vi
 
 
+@njit(cache=True, nogil=True)
+def _sgd_decay(p, g, v, lr, momentum, decay):
+    """:func:`_sgd` of g + decay * p: the roundings of weight_decay_backward (float32 dW +=
+    decay * W, no contraction) then the step, in one pass over W instead of two."""
+    for i in range(p.size):
+        gi = g[i] + decay * p[i]
+        vi = momentum * v[i] - lr * gi
+        v[i] = vi
+        p[i] += vi
+
+
 @njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
 def _adam(p, g, m, v, beta1, rest1, beta2, rest2, step, root_bc2, eps):
     """The scalars come in the arrays' dtype, so float32 parameters are updated in float32
@@ -41,14 +52,17 @@ def _flat_views(*arrays):
     return None
 
 
-def sgd_momentum_update(p, g, v, lr, momentum):
-    """v = momentum * v - lr * g; p += v, in place. Returns None."""
+def sgd_momentum_update(p, g, v, lr, momentum, weight_decay=0.0):
+    """v = momentum * v - lr * (g + weight_decay * p); p += v, in place. Returns None."""
     _ref.check_update("sgd_momentum_update", p, g, v)
     flat = _flat_views(p, g, v)
     if flat is None or not (p.flags.writeable and v.flags.writeable):
-        return _ref.sgd_momentum_update(p, g, v, lr, momentum)  # odd layouts: same math
+        return _ref.sgd_momentum_update(p, g, v, lr, momentum, weight_decay)  # odd layouts: same math
     dt = p.dtype.type
-    _sgd(flat[0], flat[1], flat[2], dt(lr), dt(momentum))
+    if weight_decay:
+        _sgd_decay(flat[0], flat[1], flat[2], dt(lr), dt(momentum), dt(weight_decay))
+    else:
+        _sgd(flat[0], flat[1], flat[2], dt(lr), dt(momentum))
 
 
 def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):

@@ -15,9 +15,12 @@ def check_step(t):
         raise ValueError(f"adam_update: step t counts from 1, got {t!r}")
 
 
-def sgd_momentum_update(p, g, v, lr, momentum):
-    """v = momentum * v - lr * g; p += v. Returns None."""
+def sgd_momentum_update(p, g, v, lr, momentum, weight_decay=0.0):
+    """v = momentum * v - lr * (g + weight_decay * p); p += v. Returns None. The weight
+    decay is sparsity's weight_decay_backward folded in: g itself is left as it was."""
     check_update("sgd_momentum_update", p, g, v)
+    if weight_decay:
+        g = g + weight_decay * p
     v *= momentum
     v -= lr * g
     p += v

@@ -85,6 +85,23 @@ def test_adam_bias_correction_at_first_step(kset, dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("name", ["numpy", "numba"])
+def test_sgd_weight_decay_is_the_weight_cost_then_the_step_bit_for_bit(name, dtype, rng):
+    """sgd_momentum_update(..., weight_decay=c) gives the bits of weight_decay_backward(p, c,
+    g) then the step (what the RBM did in two passes), and leaves g as it was."""
+    K = kernels.load(name)
+    p0, v0, g0 = (rng.standard_normal((33, 17)).astype(dtype) for _ in range(3))
+    p, v, g = p0.copy(), v0.copy(), g0.copy()
+    K.sgd_momentum_update(p, g, v, 0.1, 0.9, weight_decay=2e-4)
+    assert g.tobytes() == g0.tobytes()
+    p_two, v_two, g_two = p0.copy(), v0.copy(), g0.copy()
+    K.weight_decay_backward(p_two, 2e-4, g_two)
+    K.sgd_momentum_update(p_two, g_two, v_two, 0.1, 0.9)
+    assert p.tobytes() == p_two.tobytes() and v.tobytes() == v_two.tobytes()
+    assert p.tobytes() != p0.tobytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("kset", kernel_set_params())
 def test_matches_reference_update(kset, shape, dtype, rng):
@@ -95,8 +112,8 @@ def test_matches_reference_update(kset, shape, dtype, rng):
     p_ref, v_ref = p0.copy(), np.zeros(shape, dtype)
     p, v = dev(p0.copy()), dev(np.zeros(shape, dtype))
     for g in grads:
-        REF.sgd_momentum_update(p_ref, g, v_ref, 0.05, 0.9)
-        assert K.sgd_momentum_update(p, dev(g), v, 0.05, 0.9) is None
+        REF.sgd_momentum_update(p_ref, g, v_ref, 0.05, 0.9, weight_decay=1e-2)
+        assert K.sgd_momentum_update(p, dev(g), v, 0.05, 0.9, weight_decay=1e-2) is None
     assert p.dtype == v.dtype == dtype
     assert_close(v, v_ref, dtype, work=STEPS, name="sgd v")
     assert_close(p, p_ref, dtype, work=STEPS, name="sgd p")
