@@ -64,6 +64,8 @@ rbm_cd_backward (CD-1)      10BVH (five products) + (2f_h + 3) BH + 9BV + 3VH + 
                             f_h = 4 bernoulli (bias, sigmoid) or 1 gaussian (bias)
 rbm_cd_update (CD-1)        as cd_backward, with 8VH + 8(V + H) for gradient, weight cost,
                             velocity and step instead of 3VH + 2V + 2H
+rbm_cd_factors_blocks       the chain's three products 6BVH + (2f_h + 4) BH + 6BV (the W
+                            gradient is block_outer_sum's)
 conv2d_forward              2 Cout Cin N T + N Cout Ho Wo
 conv2d_backward             4 Cout Cin N T (dW and dx) + Cout Cin kh kw + N Cout Ho Wo
 conv2d_transpose fwd, bwd   the same with the roles of input and output exchanged
@@ -355,6 +357,7 @@ def _rbm_make(B, V, H, hidden, dt):
 
 def _rbm_cases(first, layers, dt):
     import numpy as np
+    from aepar.rows import block_bounds
     s = np.dtype(dt).itemsize
     B, V, H, hidden = first
     make = _rbm_make(B, V, H, hidden, dt)
@@ -378,6 +381,22 @@ def _rbm_cases(first, layers, dt):
                       10 * B * V * H + (2 * fh + 3) * B * H + 9 * B * V + 3 * V * H + 2 * V + 2 * H,
                       s * (B * V + 3 * V * H + 3 * V + 3 * H + B * H + B * V) + 4 * B * H, max(B, V, H),
                       ("h0", "vk", "sq_err", "dW", "dbv", "dbh"), make, run_cd, mutates=("dW", "dbv", "dbh")))
+    # the trainer's 8 blocks of a batch, their chains stacked (the Numba set's one call of
+    # each row kernel against the reference's calls block by block); A and alpha D, whose
+    # sign convention differs between the sets
+    def make_blocks(rng, V=V, H=H):
+        a = make(rng)
+        a["dbvs"], a["dbhs"] = np.zeros((8, V), dt), np.zeros((8, H), dt)
+        return a
+
+    def run_blocks(K, a, hidden=hidden, B=B):
+        A, D, alpha, errs = K.rbm_cd_factors_blocks(a["v0"], a["W"], a["bv"], a["bh"], a["noise"], hidden,
+                                                    list(a["dbvs"]), list(a["dbhs"]), block_bounds(B, 8), 1.0 / B)
+        return [A, alpha * D, np.asarray(errs), a["dbvs"], a["dbhs"]]
+    cases.append(Case("rbm", "rbm_cd_factors_blocks", f"{lab} 8 blocks", dt,
+                      6 * B * V * H + (2 * fh + 4) * B * H + 6 * B * V,
+                      s * (B * V + V * H + V + H + 4 * B * V + 4 * B * H) + 4 * B * H, max(B, V, H),
+                      ("A", "alpha D", "sq_errs", "dbvs", "dbhs"), make_blocks, run_blocks, mutates=("dbvs", "dbhs")))
     for B, V, H, hidden in layers:
         fh = 4 if hidden == "bernoulli" else 1
 
