@@ -120,8 +120,8 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
     take the row kernels alone runs every block's chain in one call of each product: a
     row's sums do not depend on the other rows of the call, so every block keeps its own
     bits, and W is read once per product instead of once per block (8 blocks of 12-13
-    rows x 784 x 1000 on an Intel Xeon, whose L3 feeds a core at a fraction of Zen 4's
-    rate: v @ W 1.64-1.70 -> 1.06 ms, h @ W.T 1.94 -> 1.49 ms). Anything else: block by block.
+    rows x 784 x 1000 on an Intel Xeon with 2 MB of L2, which W does not fit: v @ W
+    1.64-1.70 -> 1.06 ms, h @ W.T 1.94 -> 1.49 ms). Anything else: block by block.
     """
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     starts = check_cd_blocks(v0, noise, dbvs, dbhs, starts)

@@ -13,6 +13,15 @@ import numpy as np
 __all__ = ["block_outer_sum"]
 
 
+def check_starts(what, rows, starts):
+    """A batch's blocks as offsets (returned as int64): from 0 to every one of ``rows`` rows,
+    never back (the stacked-blocks kernels of the dense and rbm families)."""
+    s = np.asarray(starts, dtype=np.int64)
+    if s.ndim != 1 or s.size < 2 or s[0] != 0 or s[-1] != rows or np.any(np.diff(s) < 0):
+        raise ValueError(f"{what}: offsets {list(s)} do not split {rows} rows into blocks")
+    return s
+
+
 def check_block_outer_sum(A, D, starts, merges, alphas, out):
     """Shared by every kernel set; returns (starts, merges) as int64 arrays."""
     starts = np.asarray(starts, dtype=np.int64)

@@ -2,6 +2,7 @@
 import numpy as np
 
 from .activation import BACKWARD, FORWARD, check_act
+from .blocksum import check_starts
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
            "dense_backward_blocks"]
@@ -92,9 +93,7 @@ def backward_by_block(backward_factors, xp, da, x, W, a, act, dbs, starts, need_
 def _check_starts(x, starts, dbs=None):
     """The blocks' offsets must run from 0 to every row of ``x``, never back; one bias
     gradient per block."""
-    s = np.asarray(starts)
-    if s.ndim != 1 or s.size < 2 or s[0] != 0 or s[-1] != x.shape[0] or np.any(np.diff(s) < 0):
-        raise ValueError(f"dense blocks: offsets {list(s)} do not split {x.shape[0]} rows into blocks")
+    s = check_starts("dense blocks", x.shape[0], starts)
     if dbs is not None and len(dbs) != s.size - 1:
         raise ValueError(f"dense blocks: {len(dbs)} bias gradients for {s.size - 1} blocks")
 

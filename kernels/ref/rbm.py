@@ -8,6 +8,8 @@ probabilities (or means). Noise comes from the caller, never from inside the ker
 """
 import numpy as np
 
+from .blocksum import check_starts
+
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
            "rbm_cd_factors_blocks", "rbm_cd_update"]
 
@@ -136,11 +138,9 @@ def cd_factors_by_block(cd_factors, xp, v0, W, bv, bh, noise, hidden, dbvs, dbhs
 
 
 def check_cd_blocks(v0, noise, dbvs, dbhs, starts):
-    """The blocks' offsets (an int64 array) must run from 0 to every row of ``v0``, never
-    back, with one pair of bias gradients per block."""
-    s = np.asarray(starts, dtype=np.int64)
-    if s.ndim != 1 or s.size < 2 or s[0] != 0 or s[-1] != v0.shape[0] or np.any(np.diff(s) < 0):
-        raise ValueError(f"rbm_cd_factors_blocks: offsets {list(s)} do not split {v0.shape[0]} rows into blocks")
+    """The blocks' offsets (:func:`.blocksum.check_starts`, returned as int64), one pair of
+    bias gradients per block, noise for every row."""
+    s = check_starts("rbm_cd_factors_blocks", v0.shape[0], starts)
     if len(dbvs) != s.size - 1 or len(dbhs) != s.size - 1:
         raise ValueError(f"rbm_cd_factors_blocks: {len(dbvs)} and {len(dbhs)} bias gradients for "
                          f"{s.size - 1} blocks")
