@@ -163,10 +163,11 @@ def _outer_source(nj, nv):
     """A weight-gradient tile: acc[co + j·lda + 8c] += Σ_q Σ_s a[ao + q·sa + j·PW + s] ·
     b[bo + q·sb + s·ldb + 8c] for j < nj rows of panels (a broadcast per sample) and nv
     vectors of sample-major rows, over npan panels q of PW samples s: a sum over samples
-    as outer products, the accumulators in registers."""
+    as outer products, the accumulators in registers; ``fresh``: acc holds nothing yet
+    (the sums start from zero, so acc need not be cleared)."""
     name = f"_outer{nj}x{nv}"
-    src = [f"def {name}(a, ao, sa, b, bo, sb, ldb, npan, acc, co, lda):"]
-    src += [f"    s{j}_{c} = vload(acc, co + {j} * lda + {LANES * c})"
+    src = [f"def {name}(a, ao, sa, b, bo, sb, ldb, npan, acc, co, lda, fresh):"]
+    src += [f"    s{j}_{c} = vsplat(0.0) if fresh else vload(acc, co + {j} * lda + {LANES * c})"
             for j in range(nj) for c in range(nv)]
     src += ["    for q in range(npan):",
             "        aq = ao + q * sa",
