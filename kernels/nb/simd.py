@@ -20,7 +20,7 @@ from numba.extending import intrinsic, models, register_model
 
 from .nbmath import C1, C2, C3, C4, C5, C6, LN2_HI, LN2_LO, LOG2E, SHIFTER
 
-__all__ = ["LANES", "f64x8", "dptr", "vload", "vstore", "vbcast", "prefetch", "vsplat", "vfma", "vfnma",
+__all__ = ["LANES", "f64x8", "dptr", "rowptr", "vload", "vstore", "vbcast", "prefetch", "vsplat", "vfma", "vfnma",
            "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vpow2n", "vsigmoid", "vsigmoid_array",
            "store_transposed", "JIT", "target_isa", "LANES32", "f32x16", "vzero32", "vload32",
            "vload32m", "vstore32", "vstore32m", "vbcast32", "vfma32", "vhsum32", "f32x8", "vzero32h", "vload32h",
@@ -81,6 +81,25 @@ def dptr(typingctx, a):
         return context.make_array(sig.args[0])(context, builder, value=args[0]).data
 
     return types.CPointer(types.float64)(a), codegen
+
+
+@intrinsic
+def rowptr(typingctx, a, i):
+    """The data pointer of row i of a 2-D float64 array of any layout (for rows of a
+    column slice, which Numba types as non-contiguous): the caller makes sure that the
+    row's elements are adjacent (strides[1] == 8)."""
+    if not (isinstance(a, types.Array) and a.dtype == types.float64 and a.ndim == 2
+            and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        arr = context.make_array(sig.args[0])(context, builder, value=args[0])
+        row = context.cast(builder, args[1], sig.args[1], types.intp)
+        stride = builder.extract_value(arr.strides, 0)
+        base = builder.ptrtoint(arr.data, ir.IntType(64))
+        return builder.inttoptr(builder.add(base, builder.mul(row, stride)), arr.data.type)
+
+    return types.CPointer(types.float64)(a, i), codegen
 
 
 def _splat_ir(builder, x):

@@ -48,7 +48,7 @@ from ..memory import zeros
 from ..ref.sparse_ae import (leaf_rows, sparse_ae_layout, sparse_ae_partials_size, sparse_ae_theta_layout,
                              sparse_ae_theta_size)
 from .nbmath import sigmoid64
-from .simd import JIT, LANES, dptr, store_transposed, vhsum, vload, vstore
+from .simd import JIT, LANES, dptr, rowptr, store_transposed, vhsum, vload, vstore
 from .sparse_tiles import (OJ, OV, PW, RH, SB, TB, backward_fold, backward_split, hidden_tile, outer_tile,
                            output_full, output_masked)
 from .sparsity import kl_grad_into, kl_sum
@@ -277,6 +277,8 @@ def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv
             w2t[i * hp + j] = W2[j, i]
             w2[j * vp + i] = W2[j, i]
     P = dptr
+    if res.shape[1] > 1 and res.strides[1] != 8:
+        raise ValueError("sparse_ae_partials: each output row must be contiguous")
     per = leaf_panels if leaf_panels > 0 else max(npan, 1)
     for leaf in range(res.shape[0]):
         for arr in (act, err, db1, db2):  # gw1, gw2: the first group's tiles start them
@@ -285,23 +287,24 @@ def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv
         _sweeps(P(blocks), npan, p_lo, min(p_lo + per, npan), m, v, h, vp, hp, P(w1), P(w2), P(w2t),
                 P(b1p), P(b2p), P(cmask), P(kv), P(zt), P(d3), P(d2), P(gw1), P(gw2), P(act), P(err),
                 P(db1), P(db2), P(mask), group, fold, rho, beta)
-        _unpad(gw1, gw2, act, err, db1, db2, v, h, vp, hp, fold, offsets, res[leaf])
+        _unpad(P(gw1), P(gw2), P(act), P(err), P(db1), P(db2), v, h, vp, hp, fold, offsets,
+               rowptr(res, leaf))
 
 
 @njit(**JIT)
-def _transpose_into(src, ld, rows, res, ro, ldr, cols):
-    """res[ro + i·ldr + j] = src[j·ld + i] for j < rows, i < cols (8 × 8 blocks transposed
-    in registers: a scalar loop here became gathers, 3x slower)."""
+def _transpose_into(src, ld, rows, res, ro, ldr, cols, so):
+    """res[ro + i·ldr + j] = src[so + j·ld + i] for j < rows, i < cols (8 × 8 blocks
+    transposed in registers: a scalar loop here became gathers, 3x slower)."""
     j8 = rows - rows % LANES
     for i0 in range(0, cols - cols % LANES, LANES):
         for j0 in range(0, j8, LANES):
-            b = j0 * ld + i0
+            b = so + j0 * ld + i0
             store_transposed(res, ro + i0 * ldr + j0, ldr, vload(src, b), vload(src, b + ld),
                              vload(src, b + 2 * ld), vload(src, b + 3 * ld), vload(src, b + 4 * ld),
                              vload(src, b + 5 * ld), vload(src, b + 6 * ld), vload(src, b + 7 * ld))
     for i in range(cols):
         for j in range(j8 if i < cols - cols % LANES else 0, rows):
-            res[ro + i * ldr + j] = src[j * ld + i]
+            res[ro + i * ldr + j] = src[so + j * ld + i]
 
 
 @njit(**JIT)
@@ -309,13 +312,13 @@ def _unpad(gw1, gw2, act, err, db1, db2, v, h, vp, hp, fold, offsets, res):
     """The padded accumulators -> one packed partials vector (``offsets``: the
     reference layout's w1, b1, w2, b2, act, err)."""
     o_w1, o_b1, o_w2, o_b2, o_act, o_err = offsets
-    _transpose_into(gw1, vp, h, res, o_w1, 2 * h, v)
+    _transpose_into(gw1, vp, h, res, o_w1, 2 * h, v, 0)
     if fold:
         for i in range(v):
             for j in range(h):
                 res[o_w1 + i * 2 * h + h + j] = 0.0
     else:
-        _transpose_into(gw1[hp * vp:], vp, h, res, o_w1 + h, 2 * h, v)
+        _transpose_into(gw1, vp, h, res, o_w1 + h, 2 * h, v, hp * vp)
     v8 = v - v % LANES
     for j in range(h):  # explicit vectors: the scalar loop took 0.9 us (aliasing checks)
         for i in range(0, v8, LANES):

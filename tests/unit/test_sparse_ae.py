@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (threads, kernels from the checkout)
 from aepar import backend, kernels
@@ -211,6 +212,33 @@ def test_numba_float64_panels_match_reference(rng, m, v, h, fold):
         assert ws.simd
         got = nb.sparse_ae_partials(x, W1, b1, W2, b2, np.full(want.size, np.nan), ws, kl)
         assert_close(got, want, np.float64, work=m * v, name=f"m={m} v={v} h={h} block={block}")
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 300), v=st.integers(1, 70), h=st.integers(1, 30), leaf=st.sampled_from([32, 64, 128]),
+       seed=st.integers(0, 2 ** 31))
+def test_numba_float64_leaves_are_each_leaf_alone(m, v, h, leaf, seed):
+    """Per-leaf partials (the model's rank-independent blocks): row L holds, bit for bit,
+    the sums over leaf L's samples taken alone; the same into a C-contiguous buffer and into
+    the first columns of a wider one (the root optimiser's, a flags column after them, whose
+    rows Numba sees as non-contiguous)."""
+    nb = kernels.load("numba")
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.1, 0.9, size=(m, v))
+    theta = theta_for(rng, v, h, scale=2.0)
+    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
+    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    size, n = nb.sparse_ae_partials_size(v, h), -(-m // leaf)
+    alone = np.stack([nb.sparse_ae_partials(x[i:i + leaf], W1, b1, W2, b2, np.full(size, np.nan))
+                      for i in range(0, m, leaf)])
+    flat = np.full((n, size), np.nan)
+    wide = np.full((n, size + 1), np.nan)
+    ws = nb.sparse_ae_workspace(m, v, h, leaf=leaf)
+    nb.sparse_ae_partials(x, W1, b1, W2, b2, flat, ws, None, leaf)
+    nb.sparse_ae_partials(x, W1, b1, W2, b2, wide[:, :size], ws, None, leaf)
+    np.testing.assert_array_equal(flat, alone)
+    np.testing.assert_array_equal(wide[:, :size], alone)
+    assert np.isnan(wide[:, size]).all()  # the column after them untouched
 
 
 def test_numba_float64_saturation_and_nan(rng):
