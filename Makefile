@@ -68,6 +68,10 @@ bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per schem
 bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs PyTorch at 1 and 2 threads -> peers.csv, cae_speed.md (~1 min)
 	$(BIN)/python -m bench.cae_speed
 
+.PHONY: bench-sparse-command
+bench-sparse-command: venv  ## python -m aepar.sparse vs the textbook program as whole commands (start-up included), and aepar's start-up alone -> peers.csv (~1 min)
+	$(BIN)/python -m bench.sparse_command
+
 .PHONY: bench-finetune-speed
 bench-finetune-speed: venv bench-peers  ## one fine-tuning epoch of the unrolled 784-...-30 autoencoder, aepar (8 blocks and 1) vs PyTorch at 1 and 2 threads -> peers.csv, finetune_speed.md (~2 min)
 	$(BIN)/python -m bench.finetune_speed

@@ -164,7 +164,8 @@ def train(args, comm, setup: Setup, run=None, guard=None):
     # warm-up (not timed, not counted): loads the compiled kernels and touches every buffer
     model.partials(opt.buffer[1:], opt.leaves)
     if comm.is_root:
-        import scipy.optimize  # noqa: F401  (its import is not training time either)
+        from aepar.optim import _setulb
+        _setulb()  # loading the optimiser is not training time either
     comm.barrier()
     start = comm.wtime()
     config = {"samples": args.samples, "patch": args.patch, "hidden": h, "rho": args.rho, "lam": args.lam,

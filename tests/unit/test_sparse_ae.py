@@ -3,6 +3,9 @@ in one process, and the report helpers."""
 import csv
 import io
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +23,7 @@ from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, tol
 RHO, BETA, LAM = 0.05, 3.0, 1e-3
 V, H, M = 16, 5, 30
 ref = kernels.load("numpy")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def textbook(theta, x, v, h, rho=RHO, beta=BETA, lam=LAM):
@@ -333,6 +337,24 @@ def test_init_theta_is_seeded_and_in_range():
     assert a.shape == (2 * 64 * 25 + 25 + 64,)
     assert np.all(np.abs(a[:3200]) <= r) and np.abs(a[:3200]).max() > 0.9 * r
     assert np.all(a[3200:] == 0)
+
+
+def test_lbfgsb_loads_setulb_without_scipy_optimize_and_matches_scipy():
+    """The optimiser's setulb comes from its extension file without scipy.optimize's
+    package (0.1-0.2 s of start-up), and the driver still takes scipy's own steps."""
+    code = ("import sys, numpy as np\n"
+            "from aepar.optim import LBFGSB, _setulb\n"
+            "assert _setulb() is not None and 'scipy.optimize' not in sys.modules\n"
+            "f = lambda x: (float(((x - np.arange(5.0)) ** 4).sum()), 4 * (x - np.arange(5.0)) ** 3)\n"
+            "res = LBFGSB(f, np.zeros(5), 30).run()\n"
+            "assert 'scipy.optimize' not in sys.modules\n"
+            "from scipy.optimize import minimize\n"
+            "ref = minimize(f, np.zeros(5), jac=True, method='L-BFGS-B', options={'maxiter': 30})\n"
+            "assert res.nit == ref.nit and res.nfev == ref.nfev, (res.nit, ref.nit, res.nfev, ref.nfev)\n"
+            "np.testing.assert_array_equal(res.x, ref.x)\n"
+            "assert res.fun == ref.fun and res['fun'] == res.fun and res.success\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

@@ -1,0 +1,32 @@
+"""bench.sparse_command times the three whole commands and writes their rows and table."""
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_three_commands_timed_from_the_same_images(tmp_path):
+    out, md = tmp_path / "peers.csv", tmp_path / "command.md"
+    cmd = [sys.executable, "-m", "bench.sparse_command", "--samples", "300", "--iterations", "5", "--repeats", "1",
+           "--out", str(out), "--md", str(md)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["implementation"]: r for r in csv.DictReader(open(out))}
+    assert sorted(rows) == ["aepar command", "aepar start-up (1 iteration)", "textbook command"]
+    for r in rows.values():
+        assert r["benchmark"] == "sparse_command" and r["samples"] == "300" and r["cpu_model"]
+        assert float(r["seconds"]) > 0 and len(r["all_seconds"].split()) == 1
+    assert rows["textbook command"]["iterations"] == rows["aepar command"]["iterations"] == "5"
+    assert rows["aepar start-up (1 iteration)"]["iterations"] == "1"
+    # the same problem on both sides: a cost of the same size after the same iterations
+    assert 0.5 < float(rows["aepar command"]["final_cost"]) / float(rows["textbook command"]["final_cost"]) < 2
+    assert float(rows["textbook command"]["speedup_vs_textbook"]) == 1.0
+    assert "| aepar command | 5 |" in md.read_text()
+
+
+def test_bad_options_exit_2_with_one_line():
+    proc = subprocess.run([sys.executable, "-m", "bench.sparse_command", "--repeats", "0"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--repeats" in proc.stderr.strip().splitlines()[-1]
