@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -115,11 +116,12 @@ def simulate_grid(st, ranks=(1, 2, 3, 4, 5, 6, 8, 16), alpha=5e-6, beta=5e9) -> 
     return rows
 
 
-def write_csv(rows, path):
-    """Rows to ``path``, each with the machine columns (a row's own values win)."""
+def write_csv(rows, path, machine=None):
+    """Rows to ``path``, each with the machine columns (a row's own values win): ``machine``,
+    the one the layer times were measured on, else this one."""
     from aepar.machine import describe
 
-    machine = describe()
+    machine = machine or describe()
     rows = [{**r, **{k: v for k, v in machine.items() if k not in r}} for r in rows]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -171,8 +173,8 @@ def main(argv=None) -> int:
     ranks = [int(r) for r in args.ranks.split(",")]
     rows = simulate_grid(costs, ranks, args.alpha, args.beta)
     print(format_rows(rows))
-    if args.out:
-        write_csv(rows, args.out)
+    if args.out:  # the machine the layer times came from, where the file says
+        write_csv(rows, args.out, json.loads(Path(args.stage_times).read_text()).get("machine"))
         print(f"wrote {args.out}")
     if args.predict or args.tables:
         tables = [planner.format_table(planner.predict(costs, r, cores=args.cores, alpha=args.alpha, beta=args.beta))

@@ -1,4 +1,5 @@
 """aepar.parallel.planner: hand-computable makespans, the choice rule, the two input paths."""
+import csv
 import json
 import math
 from types import SimpleNamespace
@@ -314,3 +315,12 @@ def test_bench_makespan_rows_come_from_the_planner(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "SIMULATED" in text and text.count("lower is better") == 3
     assert "SIMULATED" in md.read_text() and md.read_text().count("lower is better") == 3
+    # the rows name the machine the layer times were measured on, where the file says
+    rows = list(csv.DictReader(open(out)))
+    assert rows and all(r["cpu_model"] for r in rows)
+    data = json.loads(path.read_text())
+    data["machine"] = {"cpu_model": "the measuring CPU", "hostname": "elsewhere"}
+    path.write_text(json.dumps(data))
+    assert makespan.main([str(path), "--ranks", "1,2", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert {(r["cpu_model"], r["hostname"]) for r in rows} == {("the measuring CPU", "elsewhere")}
