@@ -38,8 +38,8 @@ from numba import njit
 from ..memory import empty, is_aligned, zeros
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
 from ..ref.blocksum import check_block_outer_sum, stack_depth
-from .simd import (JIT, LANES32, prefetch, target_isa, vbcast32, vfma32, vhsum32, vhsum32h, vload32, vload32h,
-                   vload32hm, vload32m, vstore32, vstore32m, vzero32, vzero32h)
+from .simd import (JIT, LANES32, prefetch, target_isa, vbcast32, vfma32, vhsum32, vhsum32h, vhsum32x16, vload32,
+                   vload32h, vload32hm, vload32m, vstore32, vstore32m, vupper32, vzero32, vzero32h)
 
 __all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum"]
 
@@ -51,7 +51,11 @@ __all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_ou
 # AVX-512 dot tiles 4 x 6 (29 of the 32 registers; 10 loads per 24 FMAs, 4 x 4 took 8 per
 # 16): on an Intel Xeon, h @ W.T at 100 x 1000 -> 784 went 106-112 -> 118-122 GFLOP/s,
 # 100 x 500 -> 1000 80-82 -> 96-99, 100 x 250 -> 500 70-72 -> 77-82 (5 x 5 about the same,
-# 6 x 4 and 8 x 3 slower); not yet measured on Zen 4, where 4 x 4 was chosen
+# 6 x 4 and 8 x 3 slower); not yet measured on Zen 4, where 4 x 4 was chosen. Their 24 lane
+# sums end as two rows at a time through simd.vhsum32x16 (the same tree per output, 45
+# instructions per 16 sums instead of 128) and vector stores: on the Intel Xeon, best of 3
+# alternations, 100 x 500 -> 1000 108 -> 120 GFLOP/s, 100 x 250 -> 500 87 -> 93, 100 x
+# 1000 -> 784 129 -> 136, 100 x 784 -> 1000 132 -> 141 (the same bits)
 TILE_SHAPES = {"avx512": dict(RT=6, CT=4, DR=4, DI=6, OR=8, OC=3, HALVES=False),
                "avx2": dict(RT=6, CT=1, DR=2, DI=3, OR=6, OC=1, HALVES=True)}
 RT, CT, DR, DI, OR, OC, HALVES = (TILE_SHAPES[target_isa()][k] for k in ("RT", "CT", "DR", "DI", "OR", "OC", "HALVES"))
@@ -140,8 +144,23 @@ def _dot_source(rows, wrows, halves=False):
     src += ["        else:"]
     src += step(" " * 12, True)
     src += [f"        j += {LANES32}"]
-    sums = ", ".join(f"a{{r}}_{{i}}{q}" for q, _ in parts)
-    src += [f"    o[oo + {r} * ldo + {i}] = {hsum}({sums.format(r=r, i=i)})" for r in range(rows) for i in range(wrows)]
+    if halves or wrows > LANES32 // 2:
+        sums = ", ".join(f"a{{r}}_{{i}}{q}" for q, _ in parts)
+        src += [f"    o[oo + {r} * ldo + {i}] = {hsum}({sums.format(r=r, i=i)})" for r in range(rows)
+                for i in range(wrows)]
+        return name, "\n".join(src)
+    # two rows' sums at once, each row in 8 lanes (vhsum32x16: the same tree, a third of
+    # the instructions), stored as vectors of wrows lanes
+    src += ["    z = vzero32()"]
+    for r0 in range(0, rows, 2):
+        slots = []
+        for r in (r0, r0 + 1):
+            row = [f"a{r}_{i}" for i in range(wrows)] if r < rows else []
+            slots += row + ["z"] * (LANES32 // 2 - len(row))
+        src += [f"    t = vhsum32x16({', '.join(slots)})",
+                f"    vstore32m(o, oo + {r0} * ldo, t, {wrows})"]
+        if r0 + 1 < rows:
+            src += [f"    vstore32m(o, oo + {r0 + 1} * ldo, vupper32(t), {wrows})"]
     return name, "\n".join(src)
 
 

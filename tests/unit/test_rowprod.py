@@ -113,6 +113,54 @@ def test_rows_times_t_adds_its_16_lanes_in_a_fixed_tree():
     assert out[0, 0] == s[0]
 
 
+def _tree16(lanes):
+    """float32 sum of 16 lanes in the kernels' tree: (i + i+8), (i + i+4), (i + i+2), (i + i+1)."""
+    s = np.asarray(lanes, np.float32).copy()
+    while s.size > 1:
+        s = s[:s.size // 2] + s[s.size // 2:]
+    return s[0]
+
+
+def test_every_output_of_a_dot_tile_adds_its_lanes_in_the_tree():
+    """The AVX-512 dot tiles sum two rows' outputs at once (vhsum32x16): each output of
+    every tile position (4 x 6 tiles and the short ones at the edges) is its own lanes'
+    tree sum. Each W row holds lanes whose tree and chain sums differ, shuffled per row."""
+    rng = np.random.default_rng(5)
+    base = np.float32([1e8, 1, 1, 1, 1, 1, 1, 1, -1e8, 3, 3, 3, 3, 3, 3, 3])
+    W = np.stack([rng.permutation(base) * np.float32(1 + i) for i in range(15)]).astype(np.float32)
+    h = np.ones((7, 16), np.float32)
+    out = rows_times_t(h, W, np.empty((7, 15), np.float32))
+    want = np.float32([_tree16(w) for w in W])
+    for r in range(7):
+        np.testing.assert_array_equal(out[r].view(np.int32), want.view(np.int32))
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_sixteen_lane_sums_at_once_are_each_lanes_tree(seed):
+    """simd.vhsum32x16 against vhsum32 vector by vector, bit for bit, on values spread over
+    16 decades (where the order of additions shows in the last bits)."""
+    from numba import njit
+
+    from aepar.kernels.nb.simd import JIT, vhsum32, vhsum32x16, vload32, vstore32
+
+    @njit(**{k: v for k, v in JIT.items() if k != "cache"})
+    def both(x, out, ref):
+        s = vhsum32x16(vload32(x, 0), vload32(x, 16), vload32(x, 32), vload32(x, 48), vload32(x, 64),
+                       vload32(x, 80), vload32(x, 96), vload32(x, 112), vload32(x, 128), vload32(x, 144),
+                       vload32(x, 160), vload32(x, 176), vload32(x, 192), vload32(x, 208), vload32(x, 224),
+                       vload32(x, 240))
+        vstore32(out, 0, s)
+        for k in range(16):
+            ref[k] = vhsum32(vload32(x, 16 * k))
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(256) * 10.0 ** rng.integers(-8, 8, 256)).astype(np.float32)
+    out, ref = np.zeros(16, np.float32), np.zeros(16, np.float32)
+    both(x, out, ref)
+    np.testing.assert_array_equal(out.view(np.int32), ref.view(np.int32))
+    assert np.array_equal(ref, np.float32([_tree16(x[16 * k:16 * k + 16]) for k in range(16)]))
+
+
 # Odd shapes on purpose: masked last vectors (n % 16 of 4, 8 and 11 columns: a tail in
 # the first half only, exactly one half, and both halves), row counts that leave short tiles.
 _ISA_SHAPES = ((13, 70, 37), (12, 75, 100), (7, 88, 72), (13, 130, 1000))
