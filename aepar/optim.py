@@ -246,17 +246,17 @@ def _setulb():
 
 @functools.lru_cache(maxsize=None)
 def _load_setulb():
-    """Its extension module is loaded from its file, without scipy.optimize's package: that
-    package imports every solver and parses their docstrings, 0.2 of the 0.9 s that
-    ``python -m aepar.sparse --iterations 1`` took on an Intel Xeon. Where the file is not
-    found or does not load so, the package import is the fallback."""
+    """``setulb`` from scipy's ``_lbfgsb`` extension, loaded from its file without
+    scipy.optimize's package: that package imports every solver and parses their
+    docstrings, 0.2 of the 0.9 s that ``python -m aepar.sparse --iterations 1`` took on an
+    Intel Xeon. Where the file is not found or does not load so, the package import."""
     try:
         major, minor = (int(p) for p in importlib.metadata.version("scipy").split(".")[:2])
     except (importlib.metadata.PackageNotFoundError, ValueError):
         return None
     if (major, minor) < (1, 15):
         return None
-    module = sys.modules.get("scipy.optimize._lbfgsb") or _extension("scipy", "optimize", "_lbfgsb")
+    module = sys.modules.get("scipy.optimize._lbfgsb") or _lbfgsb_from_file()
     if module is None:
         try:
             from scipy.optimize import _lbfgsb as module
@@ -265,18 +265,16 @@ def _load_setulb():
     return getattr(module, "setulb", None)
 
 
-def _extension(package, *path):
-    """The compiled module ``package.path...`` loaded from its file alone (no package
-    ``__init__`` run), or None."""
+def _lbfgsb_from_file():
+    """scipy.optimize._lbfgsb loaded from its file alone (no package ``__init__`` run), or None."""
     import importlib.machinery
     import importlib.util
 
     try:
-        spec = importlib.util.find_spec(package)
-        folder = os.path.join(spec.submodule_search_locations[0], *path[:-1])
-        files = [os.path.join(folder, path[-1] + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES]
-        found = next(f for f in files if os.path.isfile(f))
-        spec = importlib.util.spec_from_file_location(".".join((package,) + path), found)
+        folder = os.path.join(importlib.util.find_spec("scipy").submodule_search_locations[0], "optimize")
+        files = [os.path.join(folder, "_lbfgsb" + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+        spec = importlib.util.spec_from_file_location("scipy.optimize._lbfgsb",
+                                                      next(f for f in files if os.path.isfile(f)))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module

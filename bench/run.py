@@ -87,20 +87,19 @@ def scaling(grid: str, python: str, results: Path) -> int:
 
 
 def peers(python: str, results: Path) -> int:
+    """The sparse autoencoder side by side with the textbook version: in one process, then
+    as whole commands (start-up included); each table appended to scaling.md."""
     md = results / "peers.md.tmp"
-    rc = _stage("peers (textbook vs aepar, 10k patches)",
-                [python, "-m", "bench.textbook_sparse", "--out", str(results / "peers.csv"),
-                 "--md", str(md)])
-    if rc == 0 and md.exists() and (results / "scaling.md").exists():
-        with open(results / "scaling.md", "a") as f:
-            f.write("\n" + md.read_text())
-    # the whole commands, start-up included, each a fresh process
-    rc_command = _stage("peers (whole commands: python -m aepar.sparse vs the textbook program)",
-                        [python, "-m", "bench.sparse_command", "--out", str(results / "peers.csv"), "--md", str(md)])
-    if rc_command == 0 and md.exists() and (results / "scaling.md").exists():
-        with open(results / "scaling.md", "a") as f:
-            f.write("\n" + md.read_text())
-    rc = rc or rc_command
+    rc = 0
+    for name, module in (("peers (textbook vs aepar, 10k patches)", "bench.textbook_sparse"),
+                         ("peers (whole commands: python -m aepar.sparse vs the textbook program)",
+                          "bench.sparse_command")):
+        md.unlink(missing_ok=True)
+        status = _stage(name, [python, "-m", module, "--out", str(results / "peers.csv"), "--md", str(md)])
+        if status == 0 and md.exists() and (results / "scaling.md").exists():
+            with open(results / "scaling.md", "a") as f:
+                f.write("\n" + md.read_text())
+        rc = rc or status
     md.unlink(missing_ok=True)
     return rc
 

@@ -27,6 +27,7 @@ and code path replaced).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -35,10 +36,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.textbook_sparse import THREAD_VARS, _set_threads
+
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARK = "sparse_command"
-THREAD_VARS = ("AEPAR_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 COLUMNS = ("implementation", "samples", "iterations", "evaluations", "seconds", "repeats", "all_seconds",
            "final_cost", "speedup_vs_textbook", "description")
 
@@ -108,16 +110,14 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, threads=1, re
     mat = str(Path(work) / "IMAGES.mat")
     env, py = _env(threads), sys.executable
     sizes = ["--samples", str(samples), "--patch", str(patch), "--hidden", str(hidden), "--seed", str(seed)]
-    runs = [0]
+    runs = itertools.count(1)  # each run writes into a directory of its own
 
     def aepar_cmd(its):
-        runs[0] += 1
         return [py, "-m", "aepar.sparse", *sizes, "--iterations", str(its), "--images", mat, "--quiet",
-                "--out", str(Path(work) / f"aepar-{runs[0]}")]
+                "--out", str(Path(work) / f"aepar-{next(runs)}")]
 
     def textbook_cmd():
-        runs[0] += 1
-        out = Path(work) / f"textbook-{runs[0]}"
+        out = Path(work) / f"textbook-{next(runs)}"
         out.mkdir()
         return [py, "-m", "bench.sparse_command", "--textbook-child", mat, *sizes, "--iterations", str(iterations),
                 "--child-out", str(out)]
@@ -189,8 +189,7 @@ def main(argv=None) -> int:
         return 0
     if args.repeats < 1 or args.samples < 1 or args.iterations < 1:
         p.error("--samples, --iterations and --repeats must be at least 1")
-    for var in THREAD_VARS:  # this process's own NumPy (the IMAGES.mat it writes) as the children
-        os.environ.setdefault(var, str(args.threads))
+    _set_threads(args.threads)  # this process's own NumPy (the IMAGES.mat it writes) as the children
 
     import aepar  # noqa: F401  (threads before numpy)
     from aepar.machine import describe

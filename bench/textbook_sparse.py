@@ -31,12 +31,15 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+# aepar's, BLAS's and Numba's thread counts (bench.sparse_command sets them in its children too)
+THREAD_VARS = ("AEPAR_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+
 def _set_threads(n: int):
     """Fix BLAS/Numba threads before NumPy loads (aepar._threads reads AEPAR_THREADS)."""
     if "numpy" in sys.modules:
         return  # too late to change; describe() records what is in effect
-    for var in ("AEPAR_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                "NUMBA_NUM_THREADS"):
+    for var in THREAD_VARS:
         os.environ[var] = str(n)
 
 
