@@ -16,9 +16,10 @@ __all__ = ["merge_rows", "write_rows", "KEY"]
 KEY = ("hostname", "cpu_model", "isa", "blas_coretype")
 
 
-def merge_rows(rows: list[dict], path, benchmark: str, *, legacy: bool = False) -> None:
+def merge_rows(rows: list[dict], path, benchmark: str, *, legacy: bool = False, key=KEY) -> None:
     """Write ``rows`` (each gets ``benchmark``) into the CSV at ``path``, replacing that
-    benchmark's earlier rows from the same machine and code path (:data:`KEY`). ``legacy``: rows with
+    benchmark's earlier rows from the same machine and code path (:data:`KEY`, or the columns
+    ``key`` names: a benchmark of several shapes adds them). ``legacy``: rows with
     no benchmark name (written before the column existed) count as this benchmark's."""
     path = Path(path)
     rows = [{"benchmark": benchmark, **r} for r in rows]
@@ -28,9 +29,9 @@ def merge_rows(rows: list[dict], path, benchmark: str, *, legacy: bool = False) 
             reader = csv.DictReader(f)
             fields += [k for k in (reader.fieldnames or []) if k not in fields]
             old = list(reader)
-    mine = {tuple(r.get(k) or "" for k in KEY) for r in rows}
+    mine = {tuple(str(r.get(k) or "") for k in key) for r in rows}
     ours = {benchmark, ""} if legacy else {benchmark}
-    old = [r for r in old if not ((r.get("benchmark") or "") in ours and tuple(r.get(k) or "" for k in KEY) in mine)]
+    old = [r for r in old if not ((r.get("benchmark") or "") in ours and tuple(r.get(k) or "" for k in key) in mine)]
     for r in rows:
         fields += [k for k in r if k not in fields]
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@ Writes into bench/results/ (every figure says whether it was MEASURED here or SI
   and 2: AEPAR_THREADS there, torch.set_num_threads), a warm-up epoch each, then the best
   of 3 epochs taken in turns; ratio = this row's seconds / aepar's (> 1: aepar faster).
   Rows carry the machine columns and the load average before/after. Measured.
-  ``--rbm-only`` runs just this part (``--rbm-threads``, ``--rbm-rows``, ``--rbm-repeats``).
+  ``--rbm-only`` runs just this part (``--rbm-threads``, ``--rbm-rows``, ``--rbm-repeats``;
+  ``--rbm-hidden`` and ``--rbm-batch`` for the issue's other shapes, 784x2000 and batch 5000).
 Files other than rbm_epoch.csv carry the configuration in their name (_quick, _full).
 
 - stage_times.json: every layer's epoch and transform time on one core (the greedy
@@ -52,7 +53,7 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
-from bench.peers_csv import merge_rows, write_rows  # noqa: E402
+from bench.peers_csv import KEY, merge_rows, write_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -86,6 +87,7 @@ def _write_csv(path, rows):
 # ---- one CD-1 epoch: aepar vs PyTorch ------------------------------------------------------
 RBM_ROWS = 50_000          # the issue's size: 50k Fashion-MNIST training images
 RBM_THREADS = (1, 2)
+RBM_HIDDEN, RBM_BATCH = 1000, 100  # the stack's first layer and the seed's batch
 AEPAR_NAME = "aepar (numba kernels, 8 blocks: bit-identical on 1-8 ranks)"
 ONE_BLOCK_NAME = "aepar (numba kernels, 1 block: one process only)"
 NUMPY_NAME = "numpy straightforward (aepar's reference kernels)"
@@ -109,9 +111,10 @@ def fashion_installed() -> bool:
     return FASHION_DIR.is_dir() and _idx_set(FASHION_DIR, required=False) is not None
 
 
-def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True) -> dict:
-    """One process, this process's thread count: aepar's 784x1000 Bernoulli RBM (the stack's
-    first layer, the seed's recipe), the same model on aepar's NumPy reference kernels (the
+def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True, hidden=RBM_HIDDEN,
+                   batch=RBM_BATCH) -> dict:
+    """One process, this process's thread count: aepar's 784 x ``hidden`` Bernoulli RBM (by
+    default the stack's first layer) trained with the seed's recipe at ``batch``, the same model on aepar's NumPy reference kernels (the
     issue's "straightforward NumPy version") and the PyTorch peers, a warm-up epoch each on
     500 rows, then ``repeats`` rounds of one epoch each, interleaved (aepar, numpy, torch,
     ...) so that load from other users hits them alike. Returns {implementation: [seconds]}."""
@@ -124,9 +127,9 @@ def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True) -
 
     def rbm(kernels, blocks=DEFAULT_BLOCKS):
         be = backend.select("cpu", kernels, "float32")
-        layer = RBM(be, 784, 1000, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
-                    momentum_switch_epoch=5, batch=100, seed=0, layer_index=0)
-        train_epoch(layer, Shard.of(be, x[:500], blocks), 0)  # warm-up: JIT, BLAS buffers
+        layer = RBM(be, 784, hidden, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
+                    momentum_switch_epoch=5, batch=batch, seed=0, layer_index=0)
+        train_epoch(layer, Shard.of(be, x[:warm], blocks), 0)  # warm-up: JIT, BLAS buffers
         xb = Shard.of(be, x, blocks)
 
         def time_epoch(epoch):
@@ -135,6 +138,7 @@ def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True) -
             return time.perf_counter() - t0
         return time_epoch
 
+    warm = min(x.shape[0], max(500, 2 * batch))  # at least two full steps
     # the price of rank-independent sums: the same epoch with the batch as one block
     ours = {AEPAR_NAME: rbm("numba"), ONE_BLOCK_NAME: rbm("numba", 1)}
     if numpy_peer:
@@ -142,8 +146,9 @@ def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True) -
     peers = {}
     if torch_rbm.available():
         for style in styles:
-            peers[TORCH_NAMES[style]] = torch_rbm.TorchRBM(784, 1000, threads=aepar.THREADS, seed=0, style=style)
-            peers[TORCH_NAMES[style]].train_epoch(x[:500])
+            peers[TORCH_NAMES[style]] = torch_rbm.TorchRBM(784, hidden, batch=batch, threads=aepar.THREADS, seed=0,
+                                                           style=style)
+            peers[TORCH_NAMES[style]].train_epoch(x[:warm])
     times = {name: [] for name in [*ours, *peers]}
     for r in range(repeats):
         for name, time_epoch in ours.items():
@@ -161,7 +166,8 @@ def _rbm_child(args) -> int:
     x, what = rbm_data(args.rbm_child_data)
     load_before = os.getloadavg()[0]
     styles = [s for s in ("careful", "plain") if f"rbm-{s}" not in args.skip]
-    times = rbm_epoch_here(x, args.rbm_repeats, styles, numpy_peer="rbm-numpy" not in args.skip)
+    times = rbm_epoch_here(x, args.rbm_repeats, styles, numpy_peer="rbm-numpy" not in args.skip,
+                           hidden=args.rbm_hidden, batch=args.rbm_batch)
     # thread-pool settings that change how the two runtimes share the cores (OpenBLAS's
     # workers spin 2**OPENBLAS_THREAD_TIMEOUT cycles after each call, default 2**28)
     env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT") if k in os.environ)
@@ -174,7 +180,8 @@ def _rbm_child(args) -> int:
     return 0
 
 
-def rbm_epoch(fallback_x, fallback_name, threads=RBM_THREADS, repeats=3, rows=RBM_ROWS, skip="") -> list[dict]:
+def rbm_epoch(fallback_x, fallback_name, threads=RBM_THREADS, repeats=3, rows=RBM_ROWS, skip="", hidden=RBM_HIDDEN,
+              batch=RBM_BATCH) -> list[dict]:
     """CD-1 epochs of aepar and PyTorch side by side, one child process per thread count
     (AEPAR_THREADS there, and torch.set_num_threads): rows for rbm_epoch.csv.
 
@@ -199,7 +206,7 @@ def rbm_epoch(fallback_x, fallback_name, threads=RBM_THREADS, repeats=3, rows=RB
                 env.pop(var, None)  # aepar sets them from AEPAR_THREADS
             cmd = [sys.executable, "-m", "bench.stacked", "--rbm-child", "--rbm-repeats", str(repeats),
                    "--rbm-child-data", spec, "--rbm-child-what", f"{fallback_name} ({fallback_x.shape[0]} rows)",
-                   "--skip", skip]
+                   "--skip", skip, "--rbm-hidden", str(hidden), "--rbm-batch", str(batch)]
             proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             lines = proc.stdout.splitlines()
             found = [ln for ln in lines if ln.startswith("RBM-EPOCH ")]
@@ -211,7 +218,7 @@ def rbm_epoch(fallback_x, fallback_name, threads=RBM_THREADS, repeats=3, rows=RB
             ours = min(res["times"][AEPAR_NAME])
             for name, ts in res["times"].items():
                 out.append({"implementation": name, "data": res["data"], "samples": res["samples"],
-                            "layer": "784x1000 bernoulli", "batch": 100, "dtype": "float32",
+                            "layer": f"784x{hidden} bernoulli", "batch": batch, "dtype": "float32",
                             "seconds": min(ts), "ratio": min(ts) / ours, "repeats": repeats,
                             "all_seconds": " ".join(f"{v:.3f}" for v in ts),
                             "load_1min": " ".join(f"{v:.2f}" for v in res["load_1min"]), "env": res["env"],
@@ -306,11 +313,17 @@ def main(argv=None) -> int:
                    help="thread counts of the CD-1 epoch comparison (default %(default)s)")
     p.add_argument("--rbm-rows", type=int, default=RBM_ROWS, help="Fashion-MNIST rows per epoch (default %(default)s)")
     p.add_argument("--rbm-repeats", type=int, default=3, help="timed epochs per implementation (best counts)")
+    p.add_argument("--rbm-hidden", type=int, default=RBM_HIDDEN,
+                   help="hidden units of the timed 784 x N layer (default %(default)s; the issue also asks for 2000)")
+    p.add_argument("--rbm-batch", type=int, default=RBM_BATCH,
+                   help="minibatch of the timed epoch (default %(default)s; the issue also asks for 5000)")
     p.add_argument("--rbm-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rbm-child-data", help=argparse.SUPPRESS)
     p.add_argument("--rbm-child-what", help=argparse.SUPPRESS)
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
+    if args.rbm_hidden < 1 or args.rbm_batch < 1:
+        p.error(f"--rbm-hidden and --rbm-batch must be positive, got {args.rbm_hidden} and {args.rbm_batch}")
     if args.rbm_child:
         return _rbm_child(args)
     which = "full" if args.full else "quick"
@@ -334,12 +347,13 @@ def main(argv=None) -> int:
     if "rbm" not in skip or args.rbm_only:
         threads = [int(t) for t in args.rbm_threads.split(",") if t.strip()]
         rows = rbm_epoch(x_train, f"{cfg['dataset']} training split", threads, args.rbm_repeats, args.rbm_rows,
-                         ",".join(sorted(skip)))
-        # rows from other machines and code paths stay (bench.peers_csv's key)
+                         ",".join(sorted(skip)), args.rbm_hidden, args.rbm_batch)
+        # rows from other machines, code paths and shapes stay (bench.peers_csv's key, the layer, the batch)
         merge_rows([{k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
-                   out / "rbm_epoch.csv", "rbm_epoch", legacy=True)
+                   out / "rbm_epoch.csv", "rbm_epoch", legacy=True, key=KEY + ("layer", "batch"))
         data = rows[0].get("data", "") if rows else ""
-        md += [f"## One CD-1 epoch, 784x1000 Bernoulli RBM, batch 100, float32 (measured; {data})", "",
+        md += [f"## One CD-1 epoch, 784x{args.rbm_hidden} Bernoulli RBM, batch {args.rbm_batch}, float32 "
+               f"(measured; {data})", "",
                *rbm_table(rows), "",
                "Side by side in one process per thread count, warm-up then best of "
                f"{args.rbm_repeats} interleaved epochs; load average (1 min) before/after in rbm_epoch.csv.", ""]
