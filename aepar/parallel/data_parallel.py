@@ -94,11 +94,12 @@ class Minibatches:
         self.sizes = np.sum([np.diff(c) for c in self._cuts.values()], axis=0)
         self.rngs = {b: np.random.default_rng(tuple(int(k) for k in key) + (int(epoch), b)) for b in blocks.mine}
         self.perms = {b: self.rngs[b].permutation(int(sizes[b])) for b in blocks.mine}
+        self._first_row = {b: int(bounds[b] - bounds[blocks.first]) for b in blocks.mine}
 
     def rows(self, b: int, k: int) -> np.ndarray:
         """Local row indices (within the shard) of block ``b``'s part of batch ``k``."""
         c = self._cuts[b]
-        return self.blocks.local(b).start + self.perms[b][c[k]:c[k + 1]]
+        return self._first_row[b] + self.perms[b][c[k]:c[k + 1]]
 
     def states(self) -> dict:
         """The blocks' random streams now (JSON-able), keyed by block."""
