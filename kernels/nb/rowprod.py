@@ -28,7 +28,12 @@ additions against a small stack in cache, so the blocks' gradients are never wri
 out: eight blocks' 784 x 1000 gradients were 8 zeroed 3 MB vectors, 8 GEMMs of K = 26
 and 7 NumPy additions per step. Zen 4, 1 thread, 8 blocks of 26 rows: 3.6-4.1 ms
 (77-89 GFLOP/s) against 3.2 ms for OpenBLAS's one K = 208 product (which would give
-other bits on other ranks).
+other bits on other ranks). Blocks longer than :data:`SEGMENT_ROWS` (batch 5000: 8 blocks
+of 1250 rows of [v0; vk]) go a stretch of rows at a time, every tile taking the stretch
+before the next one, the tiles' unfinished sums waiting on their stacks: the same bits,
+but D's panel no longer comes from L3 for every tile. Intel Xeon, 1 thread, 8 blocks of
+1250 rows x 784 x 1000: 41-45 -> 95 GFLOP/s (the transposed copy of A included before,
+not needed after: the stretches read A as it is).
 """
 from __future__ import annotations
 
@@ -69,12 +74,19 @@ MAX_ROWS = 32
 # panel sits in L2 and gained nothing)
 PREFETCH_ROWS = 16
 MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS
+SLOT = OR * OC * LANES32  # floats of one partial sum of a block_outer_sum tile on its stack
+# block_outer_sum takes blocks longer than this in stretches of as many rows (see
+# _segment_source; 64, 128, 256 and 512 ran within the noise, 90-103 GFLOP/s, at batch 5000)
+SEGMENT_ROWS = 128
+# the stretches ask for the stack slots of the tile this many tiles ahead (12 MB of slots
+# at batch 5000 sit in L3; about +5%, within the noise)
+PREFETCH_TILES = 2
 
 
-def _fma_lines(rows, vecs, pad, masked=True):
+def _fma_lines(rows, vecs, pad, masked=True, vstep="ldv"):
     """One step k of a rows x vecs tile: the vectors of w's row at ``wb`` (the last one
     masked to ``nlast`` columns unless ``masked`` is False: w's rows padded to whole
-    vectors), each times v at ``vb + r * ldv`` added into a{r}_{c}."""
+    vectors), each times v at ``vb + r * vstep`` added into a{r}_{c}."""
     last = vecs - 1
     whole = last if masked else vecs  # the vectors loaded whole
     src = [f"{pad}w{c} = vload32(w, wb + {LANES32 * c})" for c in range(whole)]
@@ -82,7 +94,7 @@ def _fma_lines(rows, vecs, pad, masked=True):
         src += [f"{pad}w{last} = vload32(w, wb + {LANES32 * last}) if nlast == {LANES32} "
                 f"else vload32m(w, wb + {LANES32 * last}, nlast)"]
     for r in range(rows):
-        src += [f"{pad}x = vbcast32(v, vb + {r} * ldv)"]
+        src += [f"{pad}x = vbcast32(v, vb + {r} * {vstep})"]
         src += [f"{pad}a{r}_{c} = vfma32(x, w{c}, a{r}_{c})" for c in range(vecs)]
     return src
 
@@ -191,16 +203,61 @@ def _outer_source(rows, vecs):
             "            wb = k * ldw + wo",
             "            vb = vo * ldv + k"]
     src += _fma_lines(rows, vecs, " " * 12, masked=False)
-    src += ["        if alphas[b] != 1:",
-            "            s = vbcast32(alphas, b)"]
-    src += [f"            a{r}_{c} = vfma32(a{r}_{c}, s, minus0)" for r, c in acc]
-    src += ["        for m in range(merges[b]):",
-            f"            top -= {size}"]
-    src += [f"            a{r}_{c} = vfma32(vload32(stack, top + {(r * vecs + c) * LANES32}), one, a{r}_{c})"
-            for r, c in acc]
+    src += _scale_merge_lines(rows, vecs, " " * 8, "b", "merges[b]", size)
     src += ["        if b + 1 < merges.size:  # the root's sum stays in registers for the store below"]
-    src += [f"            vstore32(stack, top + {(r * vecs + c) * LANES32}, a{r}_{c})" for r, c in acc]
+    src += _stack_lines(rows, vecs, " " * 12, "vstore32")
     src += [f"            top += {size}"]
+    src += _store_lines(rows, vecs)
+    return name, "\n".join(src)
+
+
+def _scale_merge_lines(rows, vecs, pad, b, merges, size):
+    """A block's finished sums times alphas[b] (unless 1), then ``merges`` additions of
+    the partial sums below ``top`` on the stack (slots ``size`` floats apart)."""
+    acc = [(r, c) for r in range(rows) for c in range(vecs)]
+    src = [f"{pad}if alphas[{b}] != 1:", f"{pad}    s = vbcast32(alphas, {b})"]
+    src += [f"{pad}    a{r}_{c} = vfma32(a{r}_{c}, s, minus0)" for r, c in acc]
+    src += [f"{pad}for m in range({merges}):", f"{pad}    top -= {size}"]
+    src += [f"{pad}    a{r}_{c} = vfma32(vload32(stack, top + {(r * vecs + c) * LANES32}), one, a{r}_{c})"
+            for r, c in acc]
+    return src
+
+
+def _stack_lines(rows, vecs, pad, op):
+    """The tile's sums stored to (``vstore32``) or loaded from (``vload32``) the stack at ``top``."""
+    at = [(r, c, f"top + {(r * vecs + c) * LANES32}") for r in range(rows) for c in range(vecs)]
+    if op == "vstore32":
+        return [f"{pad}vstore32(stack, {a}, a{r}_{c})" for r, c, a in at]
+    return [f"{pad}a{r}_{c} = vload32(stack, {a})" for r, c, a in at]
+
+
+def _segment_source(rows, vecs):
+    """:func:`_outer_source`'s tile for one stretch of rows k0..k1 of one block b, for
+    blocks longer than :data:`SEGMENT_ROWS`: D's panel rows of a stretch stay in L1 while
+    every row tile passes over them (a 625-row block's whole panel, 1.9 MB, had to come
+    from L3 for every tile). The unfinished sums wait on the stack at ``top`` (fresh: the
+    block's first stretch starts from zero), so each out[i, j] is the FMA chain of the
+    whole block in order, as in one call; with ``block`` >= 0 the stretch ends that block, which
+    is then scaled and merged as there (``merges`` additions, slots :data:`SLOT` floats
+    apart) and stored to the stack, or to out at the root."""
+    name = f"_segment_{rows}x{vecs}"
+    src = [f"def {name}(v, ldv, vo, w, ldw, wo, k0, k1, fresh, block, merges, root, alphas, stack, top, o, oo, ldo, "
+           "nlast):",
+           "    one = vbcast32(alphas, alphas.size - 2)",
+           "    minus0 = vbcast32(alphas, alphas.size - 1)",
+           "    if fresh:"]
+    src += [f"        a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
+    src += ["    else:"]
+    src += _stack_lines(rows, vecs, " " * 8, "vload32")
+    src += ["    for k in range(k0, k1):",
+            "        wb = k * ldw + wo",
+            "        vb = k * ldv + vo"]
+    src += _fma_lines(rows, vecs, " " * 8, masked=False, vstep="1")
+    src += ["    if block >= 0:"]
+    src += _scale_merge_lines(rows, vecs, " " * 8, "block", "merges", SLOT)
+    src += ["    if block < 0 or not root:"]
+    src += _stack_lines(rows, vecs, " " * 8, "vstore32")
+    src += ["        return"]
     src += _store_lines(rows, vecs)
     return name, "\n".join(src)
 
@@ -231,10 +288,13 @@ _DOTS = {(r, i): _define(*_dot_source(r, i, HALVES)) for r in range(1, DR + 1) f
 # compiling on first use, and every rank of a first run compiles them at once
 _OUTER_ROWS = sorted({1, OR - 1, OR})
 _OUTERS = {(r, c): _define(*_outer_source(r, c)) for r in _OUTER_ROWS for c in range(1, OC + 1)}
+_SEGMENTS = {(r, c): _define(*_segment_source(r, c)) for r in _OUTER_ROWS for c in range(1, OC + 1)}
 _tile = _define(*_dispatch_source("_tile", "_tile_", _TILES, "v, vo, ldv, w, wo, ldw, o, oo, ldo, K, nlast"))
 _dot = _define(*_dispatch_source("_dot", "_dot_", _DOTS, "h, ho, ldh, w, wo, ldw, o, oo, ldo, N"))
 _outer = _define(*_dispatch_source("_outer", "_outer_", _OUTERS, "v, ldv, vo, w, ldw, wo, starts, merges, alphas, "
                                    "stack, o, oo, ldo, nlast"))
+_segment = _define(*_dispatch_source("_segment", "_segment_", _SEGMENTS, "v, ldv, vo, w, ldw, wo, k0, k1, fresh, block, "
+                                     "merges, root, alphas, stack, top, o, oo, ldo, nlast"))
 
 
 @njit(**JIT)
@@ -310,6 +370,41 @@ def _block_outer_sum(At, D, starts, merges, alphas, out, stack):
         j += vecs * LANES32
 
 
+@njit(**JIT)
+def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack):
+    """:func:`_block_outer_sum` for long blocks: each block in stretches of
+    :data:`SEGMENT_ROWS` rows, every tile of out taking a stretch before the next one
+    (``stack``: :func:`stack_depth` slots of :data:`SLOT` floats per tile)."""
+    M, N = out.shape
+    af, df, of = A.reshape(-1), D.reshape(-1), out.reshape(-1)
+    tiles = _outer_row_tiles(M)
+    ntile = tiles.size - 1
+    panel = OC * LANES32
+    region = stack.size // (ntile * ((N + panel - 1) // panel))
+    depth = 0  # finished partial sums on every tile's stack
+    for b in range(merges.size):
+        k0, end = starts[b], starts[b + 1]
+        while True:  # a stretch's rows of A and D stay in cache while every tile takes them
+            k1 = min(end, k0 + SEGMENT_ROWS)
+            last = b if k1 == end else -1
+            slot = depth * SLOT
+            lo = -merges[b] * SLOT if last >= 0 else 0  # the stack a tile reads and writes: slot + lo ...
+            for j in range(0, N, panel):
+                vecs = min(OC, (N - j + LANES32 - 1) // LANES32)
+                nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
+                for t in range(ntile):
+                    r = tiles[t]
+                    for i in range(lo, SLOT, LANES32):  # a later tile's stack (in L3 by then)
+                        prefetch(stack, slot + PREFETCH_TILES * region + i)
+                    _segment(tiles[t + 1] - r, vecs, af, A.shape[1], r, df, D.shape[1], j, k0, k1, k0 == starts[b],
+                             last, merges[b], b + 1 == merges.size, alphas, stack, slot, of, r * N + j, N, nlast)
+                    slot += region
+            if last >= 0:
+                break
+            k0 = k1
+        depth += 1 - merges[b]
+
+
 def _check(name, a, W, out, shape):
     if not (a.dtype == W.dtype == out.dtype == np.float32):
         raise TypeError(f"{name} takes float32 arrays, got {a.dtype}, {W.dtype}, {out.dtype}")
@@ -350,9 +445,14 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     if not (A.dtype == D.dtype == out.dtype == np.float32 and D.flags.c_contiguous and out.flags.c_contiguous):
         return _ref_block_outer_sum(A, D, starts, merges, alphas, out)
     if out.size:
-        stack = empty(stack_depth(merges) * OR * OC * LANES32, np.float32)
         scales = np.append(np.asarray(alphas, np.float32), np.float32([1, -0.0]))  # see _outer_source
-        _block_outer_sum(np.ascontiguousarray(A.T), _padded(D), starts, merges, scales, out, stack)
+        if int(np.max(np.diff(starts))) > SEGMENT_ROWS:
+            tiles = (len(_outer_row_tiles(out.shape[0])) - 1) * -(-out.shape[1] // (OC * LANES32))
+            stack = empty(tiles * stack_depth(merges) * SLOT, np.float32)
+            _block_outer_sum_segments(np.ascontiguousarray(A), _padded(D), starts, merges, scales, out, stack)
+        else:
+            stack = empty(stack_depth(merges) * SLOT, np.float32)
+            _block_outer_sum(np.ascontiguousarray(A.T), _padded(D), starts, merges, scales, out, stack)
     return out
 
 

@@ -120,3 +120,33 @@ def test_refusals(K):
     for merges in ([0, 2], [0, 0], [1, 0]):
         with pytest.raises(ValueError, match="postfix tree"):
             K.block_outer_sum(A, D, [0, 2, 4], merges, [1.0, 1.0], out)
+
+
+@settings(max_examples=25, deadline=None)
+@given(count=st.integers(1, 5), m=st.integers(1, 40), n=st.integers(1, 90), seed=st.integers(0, 2 ** 16),
+       fold=st.booleans(), data=st.data())
+def test_long_blocks_in_stretches_are_the_whole_blocks_bits(count, m, n, seed, fold, data):
+    """Blocks longer than SEGMENT_ROWS are taken a stretch of rows at a time (every tile's
+    sums kept on its stack between stretches): the same bits as the kernel that takes each
+    block whole, and nothing written past out."""
+    from aepar.kernels.memory import empty
+    from aepar.kernels.nb import rowprod
+    from aepar.kernels.ref.blocksum import stack_depth
+
+    most = 3 * rowprod.SEGMENT_ROWS
+    sizes = data.draw(st.lists(st.integers(0, most), min_size=count, max_size=count))
+    sizes[data.draw(st.integers(0, count - 1))] = data.draw(st.integers(rowprod.SEGMENT_ROWS + 1, most))
+    rng = np.random.default_rng(seed)
+    A, D, starts, alphas = problem(rng, sizes, m, n)
+    alphas[0] = 1.0  # the multiply is skipped for 1
+    merges = np.array([0] + [1] * (count - 1) if fold else tree_merges(tree_top(count), 0, count), np.int64)
+    buf = np.full((m + 1, n), 7.0, np.float32)  # a row past out: must stay
+    NB.block_outer_sum(A, D, starts, merges, alphas, buf[:m])
+    whole = np.empty((m, n), np.float32)
+    scales = np.append(np.float32(alphas), np.float32([1, -0.0]))
+    rowprod._block_outer_sum(np.ascontiguousarray(A.T), rowprod._padded(D), starts, merges, scales, whole,
+                             empty(stack_depth(merges) * rowprod.SLOT, np.float32))
+    assert np.array_equal(buf[:m].view(np.int32), whole.view(np.int32))
+    assert np.all(buf[m] == 7.0)
+    assert_close(buf[:m], REF.block_outer_sum(A, D, starts, merges, alphas, np.empty((m, n), np.float32)),
+                 np.float32, work=A.shape[0], name="block_outer_sum in stretches")
