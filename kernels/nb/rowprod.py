@@ -33,7 +33,8 @@ of 1250 rows of [v0; vk]) go a stretch of rows at a time, every tile taking the 
 before the next one, the tiles' unfinished sums waiting on their stacks: the same bits,
 but D's panel no longer comes from L3 for every tile. Intel Xeon, 1 thread, 8 blocks of
 1250 rows x 784 x 1000: 41-45 -> 95 GFLOP/s (the transposed copy of A included before,
-not needed after: the stretches read A as it is).
+not needed after: each stretch's rows of A are copied transposed into a small buffer
+first, 93-95 -> 101-104 GFLOP/s against reading A as it is; 1000 x 500: 74-77 -> 92-99).
 """
 from __future__ import annotations
 
@@ -251,8 +252,8 @@ def _segment_source(rows, vecs):
     src += _stack_lines(rows, vecs, " " * 8, "vload32")
     src += ["    for k in range(k0, k1):",
             "        wb = k * ldw + wo",
-            "        vb = k * ldv + vo"]
-    src += _fma_lines(rows, vecs, " " * 8, masked=False, vstep="1")
+            "        vb = vo * ldv + k - k0"]
+    src += _fma_lines(rows, vecs, " " * 8, masked=False)
     src += ["    if block >= 0:"]
     src += _scale_merge_lines(rows, vecs, " " * 8, "block", "merges", SLOT)
     src += ["    if block < 0 or not root:"]
@@ -371,12 +372,16 @@ def _block_outer_sum(At, D, starts, merges, alphas, out, stack):
 
 
 @njit(**JIT)
-def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack):
+def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack, packed):
     """:func:`_block_outer_sum` for long blocks: each block in stretches of
     :data:`SEGMENT_ROWS` rows, every tile of out taking a stretch before the next one
-    (``stack``: :func:`stack_depth` slots of :data:`SLOT` floats per tile)."""
+    (``stack``: :func:`stack_depth` slots of :data:`SLOT` floats per tile). A stretch's rows
+    of A are first copied transposed into ``packed`` (m x SEGMENT_ROWS), so that a tile's
+    broadcasts read along its rows (A as it is: 100 GFLOP/s, a transposed copy of all of A
+    cost 20% of the call; packed per stretch: see the module docstring)."""
     M, N = out.shape
-    af, df, of = A.reshape(-1), D.reshape(-1), out.reshape(-1)
+    m = A.shape[1]
+    df, of = D.reshape(-1), out.reshape(-1)
     tiles = _outer_row_tiles(M)
     ntile = tiles.size - 1
     panel = OC * LANES32
@@ -387,6 +392,9 @@ def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack):
         while True:  # a stretch's rows of A and D stay in cache while every tile takes them
             k1 = min(end, k0 + SEGMENT_ROWS)
             last = b if k1 == end else -1
+            for k in range(k0, k1):
+                for i in range(m):
+                    packed[i, k - k0] = A[k, i]
             slot = depth * SLOT
             lo = -merges[b] * SLOT if last >= 0 else 0  # the stack a tile reads and writes: slot + lo ...
             for j in range(0, N, panel):
@@ -396,7 +404,7 @@ def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack):
                     r = tiles[t]
                     for i in range(lo, SLOT, LANES32):  # a later tile's stack (in L3 by then)
                         prefetch(stack, slot + PREFETCH_TILES * region + i)
-                    _segment(tiles[t + 1] - r, vecs, af, A.shape[1], r, df, D.shape[1], j, k0, k1, k0 == starts[b],
+                    _segment(tiles[t + 1] - r, vecs, packed.reshape(-1), SEGMENT_ROWS, r, df, D.shape[1], j, k0, k1, k0 == starts[b],
                              last, merges[b], b + 1 == merges.size, alphas, stack, slot, of, r * N + j, N, nlast)
                     slot += region
             if last >= 0:
@@ -449,7 +457,8 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
         if int(np.max(np.diff(starts))) > SEGMENT_ROWS:
             tiles = (len(_outer_row_tiles(out.shape[0])) - 1) * -(-out.shape[1] // (OC * LANES32))
             stack = empty(tiles * stack_depth(merges) * SLOT, np.float32)
-            _block_outer_sum_segments(np.ascontiguousarray(A), _padded(D), starts, merges, scales, out, stack)
+            _block_outer_sum_segments(A, _padded(D), starts, merges, scales, out, stack,
+                                      empty((A.shape[1], SEGMENT_ROWS), np.float32))
         else:
             stack = empty(stack_depth(merges) * SLOT, np.float32)
             _block_outer_sum(np.ascontiguousarray(A.T), _padded(D), starts, merges, scales, out, stack)
