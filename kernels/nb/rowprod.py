@@ -32,9 +32,12 @@ other bits on other ranks). Blocks longer than :data:`SEGMENT_ROWS` (batch 5000:
 of 1250 rows of [v0; vk]) go a stretch of rows at a time, every tile taking the stretch
 before the next one, the tiles' unfinished sums waiting on their stacks: the same bits,
 but D's panel no longer comes from L3 for every tile. Intel Xeon, 1 thread, 8 blocks of
-1250 rows x 784 x 1000: 41-45 -> 95 GFLOP/s (the transposed copy of A included before,
-not needed after: each stretch's rows of A are copied transposed into a small buffer
-first, 93-95 -> 101-104 GFLOP/s against reading A as it is; 1000 x 500: 74-77 -> 92-99).
+1250 rows x 784 x 1000: 41-45 -> 124-128 GFLOP/s (OpenBLAS's one product: 150-160; the
+transposed copy of A and the padded D included before,
+not needed after): each stretch's rows of A are copied transposed, and of D padded, into
+small buffers that stay in cache, instead of whole copies of A.T and padded D (two
+alternations, the copies included: reading A as it is 93-95, A's stretch copied 101-111,
+D's too 124-128 GFLOP/s; 1000 x 500: 74-77, 92-103, 101-108).
 """
 from __future__ import annotations
 
@@ -251,7 +254,7 @@ def _segment_source(rows, vecs):
     src += ["    else:"]
     src += _stack_lines(rows, vecs, " " * 8, "vload32")
     src += ["    for k in range(k0, k1):",
-            "        wb = k * ldw + wo",
+            "        wb = (k - k0) * ldw + wo",
             "        vb = vo * ldv + k - k0"]
     src += _fma_lines(rows, vecs, " " * 8, masked=False)
     src += ["    if block >= 0:"]
@@ -372,20 +375,22 @@ def _block_outer_sum(At, D, starts, merges, alphas, out, stack):
 
 
 @njit(**JIT)
-def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack, packed):
+def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack, at, dp):
     """:func:`_block_outer_sum` for long blocks: each block in stretches of
     :data:`SEGMENT_ROWS` rows, every tile of out taking a stretch before the next one
     (``stack``: :func:`stack_depth` slots of :data:`SLOT` floats per tile). A stretch's rows
-    of A are first copied transposed into ``packed`` (m x SEGMENT_ROWS), so that a tile's
-    broadcasts read along its rows (A as it is: 100 GFLOP/s, a transposed copy of all of A
-    cost 20% of the call; packed per stretch: see the module docstring)."""
+    are first copied into small buffers that stay in cache: A's transposed into ``at`` (m x
+    SEGMENT_ROWS), so that a tile's broadcasts read along its rows, and D's into ``dp``
+    (SEGMENT_ROWS x n padded to whole vectors, the padding zero), instead of whole
+    transposed and padded copies of A and D (see the module docstring)."""
     M, N = out.shape
-    m = A.shape[1]
-    df, of = D.reshape(-1), out.reshape(-1)
+    m, ldd = A.shape[1], dp.shape[1]
     tiles = _outer_row_tiles(M)
     ntile = tiles.size - 1
     panel = OC * LANES32
     region = stack.size // (ntile * ((N + panel - 1) // panel))
+    atf, dpf, of = at.reshape(-1), dp.reshape(-1), out.reshape(-1)
+    dp[:, N:] = 0
     depth = 0  # finished partial sums on every tile's stack
     for b in range(merges.size):
         k0, end = starts[b], starts[b + 1]
@@ -394,7 +399,9 @@ def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack, packed):
             last = b if k1 == end else -1
             for k in range(k0, k1):
                 for i in range(m):
-                    packed[i, k - k0] = A[k, i]
+                    at[i, k - k0] = A[k, i]
+                for i in range(N):
+                    dp[k - k0, i] = D[k, i]
             slot = depth * SLOT
             lo = -merges[b] * SLOT if last >= 0 else 0  # the stack a tile reads and writes: slot + lo ...
             for j in range(0, N, panel):
@@ -404,8 +411,8 @@ def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack, packed):
                     r = tiles[t]
                     for i in range(lo, SLOT, LANES32):  # a later tile's stack (in L3 by then)
                         prefetch(stack, slot + PREFETCH_TILES * region + i)
-                    _segment(tiles[t + 1] - r, vecs, packed.reshape(-1), SEGMENT_ROWS, r, df, D.shape[1], j, k0, k1, k0 == starts[b],
-                             last, merges[b], b + 1 == merges.size, alphas, stack, slot, of, r * N + j, N, nlast)
+                    _segment(tiles[t + 1] - r, vecs, atf, SEGMENT_ROWS, r, dpf, ldd, j, k0, k1, k0 == starts[b], last,
+                             merges[b], b + 1 == merges.size, alphas, stack, slot, of, r * N + j, N, nlast)
                     slot += region
             if last >= 0:
                 break
@@ -457,8 +464,9 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
         if int(np.max(np.diff(starts))) > SEGMENT_ROWS:
             tiles = (len(_outer_row_tiles(out.shape[0])) - 1) * -(-out.shape[1] // (OC * LANES32))
             stack = empty(tiles * stack_depth(merges) * SLOT, np.float32)
-            _block_outer_sum_segments(A, _padded(D), starts, merges, scales, out, stack,
-                                      empty((A.shape[1], SEGMENT_ROWS), np.float32))
+            at = empty((A.shape[1], SEGMENT_ROWS), np.float32)
+            dp = empty((SEGMENT_ROWS, -(-D.shape[1] // LANES32) * LANES32), np.float32)
+            _block_outer_sum_segments(A, D, starts, merges, scales, out, stack, at, dp)
         else:
             stack = empty(stack_depth(merges) * SLOT, np.float32)
             _block_outer_sum(np.ascontiguousarray(A.T), _padded(D), starts, merges, scales, out, stack)
