@@ -28,16 +28,16 @@ additions against a small stack in cache, so the blocks' gradients are never wri
 out: eight blocks' 784 x 1000 gradients were 8 zeroed 3 MB vectors, 8 GEMMs of K = 26
 and 7 NumPy additions per step. Zen 4, 1 thread, 8 blocks of 26 rows: 3.6-4.1 ms
 (77-89 GFLOP/s) against 3.2 ms for OpenBLAS's one K = 208 product (which would give
-other bits on other ranks). Blocks longer than :data:`SEGMENT_ROWS` (batch 5000: 8 blocks
-of 1250 rows of [v0; vk]) go a stretch of rows at a time, every tile taking the stretch
-before the next one, the tiles' unfinished sums waiting on their stacks: the same bits,
-but D's panel no longer comes from L3 for every tile. Intel Xeon, 1 thread, 8 blocks of
-1250 rows x 784 x 1000: 41-45 -> 124-128 GFLOP/s (OpenBLAS's one product: 150-160; the
-transposed copy of A and the padded D included before,
-not needed after): each stretch's rows of A are copied transposed, and of D padded, into
-small buffers that stay in cache, instead of whole copies of A.T and padded D (two
-alternations, the copies included: reading A as it is 93-95, A's stretch copied 101-111,
-D's too 124-128 GFLOP/s; 1000 x 500: 74-77, 92-103, 101-108).
+other bits on other ranks).
+
+Blocks longer than :data:`SEGMENT_ROWS` (batch 5000: 8 blocks of 1250 rows of [v0; vk]) go
+a stretch of rows at a time, every tile taking the stretch before the next one, the tiles'
+unfinished sums waiting on their stacks: the same bits, but D's panel no longer comes from
+L3 for every tile. Each stretch's rows of A are copied transposed, and of D padded, into
+small buffers that stay in cache (instead of whole copies of A.T and of D padded). Intel
+Xeon, 1 thread, 8 blocks of 1250 rows x 784 x 1000, the copies included: 41-45 GFLOP/s
+whole blocks; 93-95 in stretches reading A as it is, 101-111 with A's stretch copied,
+124-128 with D's too (1000 x 500: 74-77, 92-103, 101-108); OpenBLAS's one product 150-160.
 """
 from __future__ import annotations
 
