@@ -182,6 +182,11 @@ for m, k, n in %r:
     A, D = rng.standard_normal((starts[-1], k), np.float32), rng.standard_normal((starts[-1], n), np.float32)
     out[f"AtD{m}x{k}x{n}"] = block_outer_sum(A, D, starts, tree_merges(2, 0, 4), [0.5, -1.0, 1.0, 3.0],
                                              np.empty((k, n), np.float32))
+# blocks longer than SEGMENT_ROWS: taken in stretches
+starts = np.cumsum([0, 300, 0, 140, 129])
+A, D = rng.standard_normal((starts[-1], 70), np.float32), rng.standard_normal((starts[-1], 37), np.float32)
+out["AtD_long"] = block_outer_sum(A, D, starts, tree_merges(2, 0, 4), [0.5, -1.0, 1.0, 3.0],
+                                  np.empty((70, 37), np.float32))
 np.savez(sys.argv[1], **out)
 """ % (_ISA_SHAPES,)
 
