@@ -34,10 +34,12 @@ Blocks longer than :data:`SEGMENT_ROWS` (batch 5000: 8 blocks of 1250 rows of [v
 a stretch of rows at a time, every tile taking the stretch before the next one, the tiles'
 unfinished sums waiting on their stacks: the same bits, but D's panel no longer comes from
 L3 for every tile. Each stretch's rows of A are copied transposed, and of D padded, into
-small buffers that stay in cache (instead of whole copies of A.T and of D padded). Intel
-Xeon, 1 thread, 8 blocks of 1250 rows x 784 x 1000, the copies included: 41-45 GFLOP/s
-whole blocks; 93-95 in stretches reading A as it is, 101-111 with A's stretch copied,
-124-128 with D's too (1000 x 500: 74-77, 92-103, 101-108); OpenBLAS's one product 150-160.
+small buffers that stay in cache (instead of whole copies of A.T and of D padded), and a
+run of tiles of one row count is one call. Intel Xeon, 1 thread, 8 blocks of 1250 rows x
+784 x 1000, the copies included: 41-45 GFLOP/s whole blocks; 93-95 in stretches reading A
+as it is, 101-111 with A's stretch copied, 124-128 with D's too, and 134 -> 139-147 with
+the runs of tiles against a call per tile (1000 x 500: 74-77, 92-103, 101-108, 110 ->
+121-127); OpenBLAS's one product 150-172 in the same runs.
 """
 from __future__ import annotations
 
@@ -103,15 +105,15 @@ def _fma_lines(rows, vecs, pad, masked=True, vstep="ldv"):
     return src
 
 
-def _store_lines(rows, vecs):
+def _store_lines(rows, vecs, pad="    "):
     """The tile's a{r}_{c} into o at ``oo`` (rows ``ldo`` apart), the last vector masked."""
     last, src = vecs - 1, []
     for r in range(rows):
-        src += [f"    vstore32(o, oo + {r} * ldo + {LANES32 * c}, a{r}_{c})" for c in range(last)]
-        src += [f"    if nlast == {LANES32}:",
-                f"        vstore32(o, oo + {r} * ldo + {LANES32 * last}, a{r}_{last})",
-                "    else:",
-                f"        vstore32m(o, oo + {r} * ldo + {LANES32 * last}, a{r}_{last}, nlast)"]
+        src += [f"{pad}vstore32(o, oo + {r} * ldo + {LANES32 * c}, a{r}_{c})" for c in range(last)]
+        src += [f"{pad}if nlast == {LANES32}:",
+                f"{pad}    vstore32(o, oo + {r} * ldo + {LANES32 * last}, a{r}_{last})",
+                f"{pad}else:",
+                f"{pad}    vstore32m(o, oo + {r} * ldo + {LANES32 * last}, a{r}_{last}, nlast)"]
     return src
 
 
@@ -236,33 +238,43 @@ def _stack_lines(rows, vecs, pad, op):
 
 
 def _segment_source(rows, vecs):
-    """:func:`_outer_source`'s tile for one stretch of rows k0..k1 of one block b, for
-    blocks longer than :data:`SEGMENT_ROWS`: D's panel rows of a stretch stay in L1 while
-    every row tile passes over them (a 625-row block's whole panel, 1.9 MB, had to come
-    from L3 for every tile). The unfinished sums wait on the stack at ``top`` (fresh: the
-    block's first stretch starts from zero), so each out[i, j] is the FMA chain of the
-    whole block in order, as in one call; with ``block`` >= 0 the stretch ends that block, which
-    is then scaled and merged as there (``merges`` additions, slots :data:`SLOT` floats
-    apart) and stored to the stack, or to out at the root."""
+    """:func:`_outer_source`'s tiles for one stretch of rows k0..k1 of one block, for
+    blocks longer than :data:`SEGMENT_ROWS`: row tiles t0..t1 of out (all of ``rows`` rows,
+    starting at rows ``tiles[t]``), one column panel (``wo``); the stretch's rows of A
+    transposed in ``v`` (rows ``ldv`` apart) and of D padded in ``w``. D's panel rows of a
+    stretch stay in L1 while every row tile passes over them (a 625-row block's whole
+    panel, 1.9 MB, had to come from L3 for every tile). Each tile's unfinished sums wait on
+    its stack (at ``top0``, then ``region`` floats apart; fresh: the block's first stretch
+    starts from zero), so each out[i, j] is the FMA chain of the whole block in order, as
+    in one call; with ``block`` >= 0 the stretch ends that block, which is then scaled and
+    merged as there (``merges`` additions, slots :data:`SLOT` floats apart) and stored to
+    the stack, or to out at the root. One call takes a run of tiles: a call per tile cost
+    about a fifth of the time."""
     name = f"_segment_{rows}x{vecs}"
-    src = [f"def {name}(v, ldv, vo, w, ldw, wo, k0, k1, fresh, block, merges, root, alphas, stack, top, o, oo, ldo, "
-           "nlast):",
+    src = [f"def {name}(v, ldv, w, ldw, wo, k0, k1, fresh, block, merges, root, alphas, stack, top0, region, lo, "
+           "o, ldo, nlast, tiles, t0, t1):",
            "    one = vbcast32(alphas, alphas.size - 2)",
            "    minus0 = vbcast32(alphas, alphas.size - 1)",
-           "    if fresh:"]
-    src += [f"        a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
-    src += ["    else:"]
-    src += _stack_lines(rows, vecs, " " * 8, "vload32")
-    src += ["    for k in range(k0, k1):",
-            "        wb = (k - k0) * ldw + wo",
-            "        vb = vo * ldv + k - k0"]
-    src += _fma_lines(rows, vecs, " " * 8, masked=False)
-    src += ["    if block >= 0:"]
-    src += _scale_merge_lines(rows, vecs, " " * 8, "block", "merges", SLOT)
-    src += ["    if block < 0 or not root:"]
-    src += _stack_lines(rows, vecs, " " * 8, "vstore32")
-    src += ["        return"]
-    src += _store_lines(rows, vecs)
+           "    for t in range(t0, t1):",
+           "        vo = tiles[t]",
+           "        oo = vo * ldo + wo",
+           "        top = top0 + (t - t0) * region",
+           f"        for i in range(lo, {SLOT}, {LANES32}):  # a later tile's stack (in L3 by then)",
+           f"            prefetch(stack, top + {PREFETCH_TILES} * region + i)",
+           "        if fresh:"]
+    src += [f"            a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
+    src += ["        else:"]
+    src += _stack_lines(rows, vecs, " " * 12, "vload32")
+    src += ["        for k in range(k0, k1):",
+            "            wb = (k - k0) * ldw + wo",
+            "            vb = vo * ldv + k - k0"]
+    src += _fma_lines(rows, vecs, " " * 12, masked=False)
+    src += ["        if block >= 0:"]
+    src += _scale_merge_lines(rows, vecs, " " * 12, "block", "merges", SLOT)
+    src += ["        if block < 0 or not root:"]
+    src += _stack_lines(rows, vecs, " " * 12, "vstore32")
+    src += ["        else:"]
+    src += _store_lines(rows, vecs, " " * 12)
     return name, "\n".join(src)
 
 
@@ -297,8 +309,8 @@ _tile = _define(*_dispatch_source("_tile", "_tile_", _TILES, "v, vo, ldv, w, wo,
 _dot = _define(*_dispatch_source("_dot", "_dot_", _DOTS, "h, ho, ldh, w, wo, ldw, o, oo, ldo, N"))
 _outer = _define(*_dispatch_source("_outer", "_outer_", _OUTERS, "v, ldv, vo, w, ldw, wo, starts, merges, alphas, "
                                    "stack, o, oo, ldo, nlast"))
-_segment = _define(*_dispatch_source("_segment", "_segment_", _SEGMENTS, "v, ldv, vo, w, ldw, wo, k0, k1, fresh, block, "
-                                     "merges, root, alphas, stack, top, o, oo, ldo, nlast"))
+_segment = _define(*_dispatch_source("_segment", "_segment_", _SEGMENTS, "v, ldv, w, ldw, wo, k0, k1, fresh, block, "
+                                     "merges, root, alphas, stack, top0, region, lo, o, ldo, nlast, tiles, t0, t1"))
 
 
 @njit(**JIT)
@@ -408,13 +420,17 @@ def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack, at, dp):
             for j in range(0, N, panel):
                 vecs = min(OC, (N - j + LANES32 - 1) // LANES32)
                 nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
-                for t in range(ntile):
-                    r = tiles[t]
-                    for i in range(lo, SLOT, LANES32):  # a later tile's stack (in L3 by then)
-                        prefetch(stack, slot + PREFETCH_TILES * region + i)
-                    _segment(tiles[t + 1] - r, vecs, atf, SEGMENT_ROWS, r, dpf, ldd, j, k0, k1, k0 == starts[b], last,
-                             merges[b], b + 1 == merges.size, alphas, stack, slot, of, r * N + j, N, nlast)
-                    slot += region
+                t = 0
+                while t < ntile:  # each run of tiles of one row count in one call
+                    rows = tiles[t + 1] - tiles[t]
+                    u = t + 1
+                    while u < ntile and tiles[u + 1] - tiles[u] == rows:
+                        u += 1
+                    _segment(rows, vecs, atf, SEGMENT_ROWS, dpf, ldd, j, k0, k1, k0 == starts[b], last, merges[b],
+                             b + 1 == merges.size, alphas, stack, slot + t * region, region, lo, of, N, nlast, tiles,
+                             t, u)
+                    t = u
+                slot += ntile * region
             if last >= 0:
                 break
             k0 = k1
