@@ -121,15 +121,14 @@ def _tile_source(rows, vecs):
     """rows x vecs vectors of out at row offset vo (v), column offset wo (W), out offset oo;
     the last vector holds ``nlast`` (1..16) columns."""
     name = f"_tile_{rows}x{vecs}"
-    src = [f"def {name}(v, vo, ldv, w, wo, ldw, o, oo, ldo, K, nlast):"]
-    src += [f"    a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
+    src = [f"    a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
     src += ["    for k in range(K):",
             "        wb = wo + k * ldw",
             "        vb = vo + k"]
     src += [f"        prefetch(w, wb + {PREFETCH_ROWS} * ldw + {LANES32 * c})" for c in range(vecs)]
     src += _fma_lines(rows, vecs, " " * 8)
     src += _store_lines(rows, vecs)
-    return name, "\n".join(src)
+    return name, _over_tiles(name, "v, ldv, w, wo, ldw, o, ldo, K, nlast", ["vo = r0 * ldv", "oo = r0 * ldo + wo"], src)
 
 
 def _dot_source(rows, wrows, halves=False):
@@ -141,8 +140,7 @@ def _dot_source(rows, wrows, halves=False):
     parts = [("_0", 0), ("_1", LANES32 // 2)] if halves else [("", 0)]  # (name suffix, first lane)
     zero, load, loadm, hsum = ("vzero32h", "vload32h", "vload32hm", "vhsum32h") if halves else \
         ("vzero32", "vload32", "vload32m", "vhsum32")
-    src = [f"def {name}(h, ho, ldh, w, wo, ldw, o, oo, ldo, N):"]
-    src += [f"    a{r}_{i}{q} = {zero}()" for r in range(rows) for i in range(wrows) for q, _ in parts]
+    src = [f"    a{r}_{i}{q} = {zero}()" for r in range(rows) for i in range(wrows) for q, _ in parts]
 
     def step(pad, masked):  # one vector of 16 columns (n of them when masked)
         lines = []
@@ -166,7 +164,7 @@ def _dot_source(rows, wrows, halves=False):
         sums = ", ".join(f"a{{r}}_{{i}}{q}" for q, _ in parts)
         src += [f"    o[oo + {r} * ldo + {i}] = {hsum}({sums.format(r=r, i=i)})" for r in range(rows)
                 for i in range(wrows)]
-        return name, "\n".join(src)
+        return name, _over_tiles(name, "h, ldh, w, wo, ldw, o, oi, ldo, N", ["ho = r0 * ldh", "oo = r0 * ldo + oi"], src)
     # two rows' sums at once, each row in 8 lanes (vhsum32x16: the same tree, a third of
     # the instructions), stored as vectors of wrows lanes
     src += ["    z = vzero32()"]
@@ -179,7 +177,21 @@ def _dot_source(rows, wrows, halves=False):
                 f"    vstore32m(o, oo + {r0} * ldo, t, {wrows})"]
         if r0 + 1 < rows:
             src += [f"    vstore32m(o, oo + {r0 + 1} * ldo, vupper32(t), {wrows})"]
-    return name, "\n".join(src)
+    return name, _over_tiles(name, "h, ldh, w, wo, ldw, o, oi, ldo, N", ["ho = r0 * ldh", "oo = r0 * ldo + oi"], src)
+
+
+def _over_tiles(name, args, setup, body):
+    """The source of ``name(args, tiles, t0, t1)``: the tile code ``body`` (lines of a
+    function body) once for each row tile t0..t1, starting at row ``r0 = tiles[tile]``,
+    after ``setup``. One call per run of tiles of one row count, not one per tile (each
+    call passes every array's fields through the dispatcher and the tile). Intel Xeon, 1
+    thread, best of 3 alternations, GFLOP/s: h @ W.T 100 x 1000 -> 784 111-123 -> 120-138,
+    100 x 500 -> 1000 108-116 -> 130-132, 100 x 250 -> 500 92-93 -> 116-120; block_outer_sum
+    of 8 blocks, 200 x 784 x 1000 125-126 -> 137-139, 200 x 1000 x 500 117-126 -> 131-135, in
+    stretches at batch 5000 134 -> 139-147; v @ W unchanged (a few calls per product)."""
+    src = [f"def {name}({args}, tiles, t0, t1):", "    for tile in range(t0, t1):", "        r0 = tiles[tile]"]
+    src += [f"        {line}" for line in setup]
+    return "\n".join(src + ["    " + line for line in body])
 
 
 def _outer_source(rows, vecs):
@@ -193,9 +205,8 @@ def _outer_source(rows, vecs):
     name = f"_outer_{rows}x{vecs}"
     size = rows * vecs * LANES32
     acc = [(r, c) for r in range(rows) for c in range(vecs)]
-    src = [f"def {name}(v, ldv, vo, w, ldw, wo, starts, merges, alphas, stack, o, oo, ldo, nlast):"]
     # alphas ends with 1 and -0: a + 1 b and a b + (-0) are exactly a + b and a b
-    src += ["    zero = vzero32()",
+    src = ["    zero = vzero32()",
             "    one = vbcast32(alphas, alphas.size - 2)",
             "    minus0 = vbcast32(alphas, alphas.size - 1)"]
     # ask for out's lines now: the tile's stores come after all its blocks' FMAs, and a
@@ -214,7 +225,8 @@ def _outer_source(rows, vecs):
     src += _stack_lines(rows, vecs, " " * 12, "vstore32")
     src += [f"            top += {size}"]
     src += _store_lines(rows, vecs)
-    return name, "\n".join(src)
+    return name, _over_tiles(name, "v, ldv, w, ldw, wo, starts, merges, alphas, stack, o, ldo, nlast",
+                             ["vo = r0", "oo = r0 * ldo + wo"], src)
 
 
 def _scale_merge_lines(rows, vecs, pad, b, merges, size):
@@ -248,34 +260,29 @@ def _segment_source(rows, vecs):
     starts from zero), so each out[i, j] is the FMA chain of the whole block in order, as
     in one call; with ``block`` >= 0 the stretch ends that block, which is then scaled and
     merged as there (``merges`` additions, slots :data:`SLOT` floats apart) and stored to
-    the stack, or to out at the root. One call takes a run of tiles: a call per tile cost
-    about a fifth of the time."""
+    the stack, or to out at the root."""
     name = f"_segment_{rows}x{vecs}"
-    src = [f"def {name}(v, ldv, w, ldw, wo, k0, k1, fresh, block, merges, root, alphas, stack, top0, region, lo, "
-           "o, ldo, nlast, tiles, t0, t1):",
-           "    one = vbcast32(alphas, alphas.size - 2)",
+    src = ["    one = vbcast32(alphas, alphas.size - 2)",
            "    minus0 = vbcast32(alphas, alphas.size - 1)",
-           "    for t in range(t0, t1):",
-           "        vo = tiles[t]",
-           "        oo = vo * ldo + wo",
-           "        top = top0 + (t - t0) * region",
-           f"        for i in range(lo, {SLOT}, {LANES32}):  # a later tile's stack (in L3 by then)",
-           f"            prefetch(stack, top + {PREFETCH_TILES} * region + i)",
-           "        if fresh:"]
-    src += [f"            a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
-    src += ["        else:"]
-    src += _stack_lines(rows, vecs, " " * 12, "vload32")
-    src += ["        for k in range(k0, k1):",
-            "            wb = (k - k0) * ldw + wo",
-            "            vb = vo * ldv + k - k0"]
-    src += _fma_lines(rows, vecs, " " * 12, masked=False)
-    src += ["        if block >= 0:"]
-    src += _scale_merge_lines(rows, vecs, " " * 12, "block", "merges", SLOT)
-    src += ["        if block < 0 or not root:"]
-    src += _stack_lines(rows, vecs, " " * 12, "vstore32")
-    src += ["        else:"]
-    src += _store_lines(rows, vecs, " " * 12)
-    return name, "\n".join(src)
+           "    if fresh:"]
+    src += [f"        a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
+    src += ["    else:"]
+    src += _stack_lines(rows, vecs, " " * 8, "vload32")
+    src += ["    for k in range(k0, k1):",
+            "        wb = (k - k0) * ldw + wo",
+            "        vb = vo * ldv + k - k0"]
+    src += _fma_lines(rows, vecs, " " * 8, masked=False)
+    src += ["    if block >= 0:"]
+    src += _scale_merge_lines(rows, vecs, " " * 8, "block", "merges", SLOT)
+    src += ["    if block < 0 or not root:"]
+    src += _stack_lines(rows, vecs, " " * 8, "vstore32")
+    src += ["    else:"]
+    src += _store_lines(rows, vecs, " " * 8)
+    setup = ["vo = r0", "oo = r0 * ldo + wo", "top = top0 + (tile - t0) * region",
+             f"for i in range(lo, {SLOT}, {LANES32}):  # a later tile's stack (in L3 by then)",
+             f"    prefetch(stack, top + {PREFETCH_TILES} * region + i)"]
+    return name, _over_tiles(name, "v, ldv, w, ldw, wo, k0, k1, fresh, block, merges, root, alphas, stack, top0, "
+                             "region, lo, o, ldo, nlast", setup, src)
 
 
 def _define(name, source):
@@ -305,10 +312,10 @@ _DOTS = {(r, i): _define(*_dot_source(r, i, HALVES)) for r in range(1, DR + 1) f
 _OUTER_ROWS = sorted({1, OR - 1, OR})
 _OUTERS = {(r, c): _define(*_outer_source(r, c)) for r in _OUTER_ROWS for c in range(1, OC + 1)}
 _SEGMENTS = {(r, c): _define(*_segment_source(r, c)) for r in _OUTER_ROWS for c in range(1, OC + 1)}
-_tile = _define(*_dispatch_source("_tile", "_tile_", _TILES, "v, vo, ldv, w, wo, ldw, o, oo, ldo, K, nlast"))
-_dot = _define(*_dispatch_source("_dot", "_dot_", _DOTS, "h, ho, ldh, w, wo, ldw, o, oo, ldo, N"))
-_outer = _define(*_dispatch_source("_outer", "_outer_", _OUTERS, "v, ldv, vo, w, ldw, wo, starts, merges, alphas, "
-                                   "stack, o, oo, ldo, nlast"))
+_tile = _define(*_dispatch_source("_tile", "_tile_", _TILES, "v, ldv, w, wo, ldw, o, ldo, K, nlast, tiles, t0, t1"))
+_dot = _define(*_dispatch_source("_dot", "_dot_", _DOTS, "h, ldh, w, wo, ldw, o, oi, ldo, N, tiles, t0, t1"))
+_outer = _define(*_dispatch_source("_outer", "_outer_", _OUTERS, "v, ldv, w, ldw, wo, starts, merges, alphas, "
+                                   "stack, o, ldo, nlast, tiles, t0, t1"))
 _segment = _define(*_dispatch_source("_segment", "_segment_", _SEGMENTS, "v, ldv, w, ldw, wo, k0, k1, fresh, block, "
                                      "merges, root, alphas, stack, top0, region, lo, o, ldo, nlast, tiles, t0, t1"))
 
@@ -323,6 +330,21 @@ def _row_tiles(M, most):
     for t in range(ntile):
         bounds[t + 1] = bounds[t] + (M - bounds[t] + ntile - t - 1) // (ntile - t)
     return bounds
+
+
+@njit(**JIT)
+def _tile_runs(tiles):
+    """Where the runs of row tiles of one row count start (and the end): each run is one
+    call of a generated tile function (see :func:`_over_tiles`)."""
+    ntile = tiles.size - 1
+    runs = np.empty(ntile + 1, np.int64)
+    count = 0
+    for t in range(ntile):
+        if t == 0 or tiles[t + 1] - tiles[t] != tiles[t] - tiles[t - 1]:
+            runs[count] = t
+            count += 1
+    runs[count] = ntile
+    return runs[:count + 1]
 
 
 @njit(**JIT)
@@ -344,13 +366,14 @@ def _rows_times(v, W, out):
     N = W.shape[1]
     vf, wf, of = v.reshape(-1), W.reshape(-1), out.reshape(-1)
     tiles = _row_tiles(M, RT)
+    runs = _tile_runs(tiles)
     j = 0
     while j < N:
         vecs = min(CT, (N - j + LANES32 - 1) // LANES32)
         nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
-        for t in range(tiles.size - 1):
-            r = tiles[t]
-            _tile(tiles[t + 1] - r, vecs, vf, r * K, K, wf, j, N, of, r * N + j, N, K, nlast)
+        for q in range(runs.size - 1):
+            t = runs[q]
+            _tile(tiles[t + 1] - tiles[t], vecs, vf, K, wf, j, N, of, N, K, nlast, tiles, t, runs[q + 1])
         j += vecs * LANES32
 
 
@@ -360,11 +383,12 @@ def _rows_times_t(h, W, out):
     K = W.shape[0]
     hf, wf, of = h.reshape(-1), W.reshape(-1), out.reshape(-1)
     tiles = _row_tiles(M, DR)
+    runs = _tile_runs(tiles)
     for i in range(0, K, DI):
         wrows = min(DI, K - i)
-        for t in range(tiles.size - 1):
-            r = tiles[t]
-            _dot(tiles[t + 1] - r, wrows, hf, r * N, N, wf, i * N, N, of, r * K + i, K, N)
+        for q in range(runs.size - 1):
+            t = runs[q]
+            _dot(tiles[t + 1] - tiles[t], wrows, hf, N, wf, i * N, N, of, i, K, N, tiles, t, runs[q + 1])
 
 
 @njit(**JIT)
@@ -375,14 +399,15 @@ def _block_outer_sum(At, D, starts, merges, alphas, out, stack):
     M, N = out.shape
     af, df, of = At.reshape(-1), D.reshape(-1), out.reshape(-1)
     tiles = _outer_row_tiles(M)
+    runs = _tile_runs(tiles)
     j = 0
     while j < N:  # a column panel of D stays in cache while the row tiles pass over it
         vecs = min(OC, (N - j + LANES32 - 1) // LANES32)
         nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
-        for t in range(tiles.size - 1):
-            r = tiles[t]
-            _outer(tiles[t + 1] - r, vecs, af, At.shape[1], r, df, D.shape[1], j, starts, merges, alphas,
-                   stack, of, r * N + j, N, nlast)
+        for q in range(runs.size - 1):
+            t = runs[q]
+            _outer(tiles[t + 1] - tiles[t], vecs, af, At.shape[1], df, D.shape[1], j, starts, merges, alphas,
+                   stack, of, N, nlast, tiles, t, runs[q + 1])
         j += vecs * LANES32
 
 
@@ -399,6 +424,7 @@ def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack, at, dp):
     M, N = out.shape
     m, ldd = A.shape[1], dp.shape[1]
     tiles = _outer_row_tiles(M)
+    runs = _tile_runs(tiles)
     ntile = tiles.size - 1
     panel = OC * LANES32
     region = stack.size // (ntile * ((N + panel - 1) // panel))
@@ -420,16 +446,11 @@ def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack, at, dp):
             for j in range(0, N, panel):
                 vecs = min(OC, (N - j + LANES32 - 1) // LANES32)
                 nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
-                t = 0
-                while t < ntile:  # each run of tiles of one row count in one call
-                    rows = tiles[t + 1] - tiles[t]
-                    u = t + 1
-                    while u < ntile and tiles[u + 1] - tiles[u] == rows:
-                        u += 1
-                    _segment(rows, vecs, atf, SEGMENT_ROWS, dpf, ldd, j, k0, k1, k0 == starts[b], last, merges[b],
-                             b + 1 == merges.size, alphas, stack, slot + t * region, region, lo, of, N, nlast, tiles,
-                             t, u)
-                    t = u
+                for q in range(runs.size - 1):
+                    t = runs[q]
+                    _segment(tiles[t + 1] - tiles[t], vecs, atf, SEGMENT_ROWS, dpf, ldd, j, k0, k1, k0 == starts[b],
+                             last, merges[b], b + 1 == merges.size, alphas, stack, slot + t * region, region, lo, of,
+                             N, nlast, tiles, t, runs[q + 1])
                 slot += ntile * region
             if last >= 0:
                 break
