@@ -37,10 +37,11 @@ def _softmax_xent(z, labels, probs):
     n, k = z.shape
     total = 0.0
     for i in prange(n):
+        # max() and the row's own variable: an `if` updating m, or the sum added in one
+        # expression, made Numba 0.68.0 under Python 3.12 fail ("unexpected cycle in lookup()")
         m = z[i, 0]
         for j in range(1, k):
-            if z[i, j] > m:
-                m = z[i, j]
+            m = max(m, z[i, j])
         s = 0.0
         for j in range(k):
             e = math.exp(z[i, j] - m)  # in z's dtype, as the reference
@@ -48,7 +49,8 @@ def _softmax_xent(z, labels, probs):
             s += e
         for j in range(k):
             probs[i, j] = probs[i, j] / s
-        total += math.log(s) - (np.float64(z[i, labels[i]]) - np.float64(m))
+        row = math.log(s) - (np.float64(z[i, labels[i]]) - np.float64(m))
+        total += row
     return total
 
 
