@@ -21,8 +21,9 @@ Conventions (every set):
   derivatives are computed from the activation output ``a``.
 - Any layout works; the numba set runs fastest on C-contiguous arrays that start on a
   64-byte line (``aepar.kernels.memory``), as the CPU backend allocates parameters and buffers.
-- Random numbers are never drawn inside a kernel: the caller passes them in, so a seed
-  gives the same result on every kernel set.
+- Random numbers are never drawn inside a compute kernel: the caller passes them in, so a
+  seed gives the same result on every kernel set. The caller makes them with the draws
+  family, which gives NumPy's own bits on every set (the GPU set computes them there).
 
 Families (module: functions):
 
@@ -65,6 +66,10 @@ Families (module: functions):
   hidden, dbvs, dbhs, starts, scale) -> (A, D, alpha, sq_errs)`` does so for each block of
   stacked rows, with each block's own bits (block b's factors: rows 2 starts[b] to
   2 starts[b+1] of A and D).
+- draws: ``uniform_rows(rngs, starts, out)``: rows ``starts[i]:starts[i+1]`` of the float32
+  matrix ``out`` get ``rngs[i].random(dtype=np.float32)`` (NumPy Generators on PCG64), each
+  generator left where that call leaves it; the numpy and numba sets draw on the host, the
+  cupy set jumps each PCG64 stream ahead on the GPU (no host draws, no copy).
 - update: ``sgd_momentum_update(p, g, v, lr, momentum)`` (v = momentum*v - lr*g; p += v);
   ``adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8)``: in place.
 """

@@ -95,8 +95,8 @@ class RBM:
         """Add one block's CD-1 gradient, scaled by ``scale`` (1/global batch), into
         ``grads``; its noise from the block's stream ``rng``. Returns (Σ‖v1 − v0‖²,)."""
         be, p = self.be, self.params
-        noise = self._draw(rng, np.empty((1, x.shape[0], self.n_out), dtype=NOISE_DTYPE))
-        _, _, err = be.K.rbm_cd_backward(x, p["W"], p["bv"], p["bh"], be.xp.asarray(noise), self.hidden,
+        noise = self._noise([rng], [0, x.shape[0]])
+        _, _, err = be.K.rbm_cd_backward(x, p["W"], p["bv"], p["bh"], noise, self.hidden,
                                          grads["W"], grads["bv"], grads["bh"], scale)
         return (err,)
 
@@ -113,11 +113,9 @@ class RBM:
         acts = BlockActivations(list(xs), be.xp)
 
         def chain(x, starts, rngs, grads):
-            noise = np.empty((1, x.shape[0], self.n_out), dtype=NOISE_DTYPE)
-            for lo, hi, rng in zip(starts[:-1], starts[1:], rngs):
-                self._draw(rng, noise[:, lo:hi])  # each block's draws from its own stream, as alone
+            noise = self._noise(rngs, starts)  # each block's draws from its own stream, as alone
             a, d, alpha, errs = be.K.rbm_cd_factors_blocks(
-                x, p["W"], p["bv"], p["bh"], be.xp.asarray(noise), self.hidden, [g["bv"] for g in grads],
+                x, p["W"], p["bv"], p["bh"], noise, self.hidden, [g["bv"] for g in grads],
                 [g["bh"] for g in grads], starts, scale)
             return [((err,), {"W": (a[2 * lo:2 * hi], d[2 * lo:2 * hi], alpha)})
                     for lo, hi, err in zip(starts[:-1], starts[1:], errs)]
@@ -129,8 +127,8 @@ class RBM:
         """One whole batch on one process: CD-1, weight cost and the momentum step in one
         kernel (no gradient arrays). Returns (Σ‖v1 − v0‖²,)."""
         be, p, v = self.be, self.params, self.optimizer.velocity
-        noise = self._draw(rng, np.empty((1, x.shape[0], self.n_out), dtype=NOISE_DTYPE))
-        err = be.K.rbm_cd_update(x, p["W"], p["bv"], p["bh"], be.xp.asarray(noise), self.hidden, v["W"], v["bv"],
+        noise = self._noise([rng], [0, x.shape[0]])
+        err = be.K.rbm_cd_update(x, p["W"], p["bv"], p["bh"], noise, self.hidden, v["W"], v["bv"],
                                  v["bh"], self.lr, self.momentum_at(epoch), self.weight_cost)
         return (err,)
 
@@ -139,13 +137,19 @@ class RBM:
         inside it (one pass over W)."""
         self.optimizer.step(grads, momentum=self.momentum_at(epoch), weight_decay={"W": self.weight_cost})
 
-    def _draw(self, rng, out):
-        """CD noise into ``out``: uniforms (bernoulli units) or standard normals (gaussian)."""
+    def _noise(self, rngs, starts):
+        """The chain's noise (1, rows, n_out) on the backend, rows starts[i]:starts[i+1] from
+        the stream ``rngs[i]``: uniforms (bernoulli units), made by the kernel set where its
+        arrays live, or standard normals (gaussian), drawn on the host."""
+        be, rows = self.be, int(starts[-1])
         if self.hidden == "bernoulli":
-            rng.random(out=out, dtype=NOISE_DTYPE)
-        else:
-            rng.standard_normal(out=out, dtype=NOISE_DTYPE)
-        return out
+            noise = be.xp.empty((1, rows, self.n_out), dtype=NOISE_DTYPE)
+            be.K.uniform_rows(rngs, starts, noise[0])
+            return noise
+        noise = np.empty((1, rows, self.n_out), dtype=NOISE_DTYPE)
+        for lo, hi, rng in zip(starts[:-1], starts[1:], rngs):
+            rng.standard_normal(out=noise[:, lo:hi], dtype=NOISE_DTYPE)
+        return be.xp.asarray(noise)
 
     # ---- checkpoints -----------------------------------------------------------------------
     def state(self) -> dict:
