@@ -68,6 +68,10 @@ bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per schem
 bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs PyTorch at 1 and 2 threads -> peers.csv, cae_speed.md (~1 min)
 	$(BIN)/python -m bench.cae_speed
 
+.PHONY: bench-gpu-epoch
+bench-gpu-epoch: venv bench-peers  ## one CD-1 epoch of the 784x1000 layer on the GPU, aepar's CuPy kernels vs PyTorch CUDA, batches 100/1000/5000 -> gpu/gpu_epoch.csv (needs a GPU, CuPy, CUDA PyTorch)
+	$(BIN)/python -m bench.gpu_epoch --batches 100,1000,5000 --out bench/results/gpu
+
 .PHONY: bench-sparse-command
 bench-sparse-command: venv  ## python -m aepar.sparse vs the textbook program as whole commands (start-up included), and aepar's start-up alone -> peers.csv (~1 min)
 	$(BIN)/python -m bench.sparse_command

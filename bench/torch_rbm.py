@@ -1,4 +1,4 @@
-"""The seed-002 CD-1 epoch in PyTorch on the CPU: a bench-only peer for aepar's RBM.
+"""The seed-002 CD-1 epoch in PyTorch on the CPU (or a CUDA GPU, for bench.gpu_epoch): a bench-only peer for aepar's RBM.
 
 Same recipe as :class:`aepar.models.rbm.RBM` with Bernoulli hidden units (DESIGN.md
 "Stacked autoencoder", the 784-1000 layer): batch 100, learning rate 0.1 for weights and
@@ -61,29 +61,31 @@ class TorchRBM:
     """
 
     def __init__(self, n_in, n_out, *, lr=0.1, weight_cost=2e-4, momentum=0.9, batch=100, seed=0,
-                 threads=1, style="careful"):
+                 threads=1, style="careful", device="cpu"):
         import torch
 
         if style not in STYLES:
             raise ValueError(f"style must be one of {STYLES}, not {style!r}")
         torch.set_num_threads(int(threads))
-        self.torch, self.style = torch, style
-        self.gen = torch.Generator().manual_seed(seed)
-        self.W = 0.1 * torch.randn(n_in, n_out, generator=self.gen, dtype=torch.float32)
-        self.bv = torch.zeros(n_in)
-        self.bh = torch.zeros(n_out)
+        self.torch, self.style, self.device = torch, style, torch.device(device)
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.W = 0.1 * torch.randn(n_in, n_out, generator=self.gen, dtype=torch.float32, device=self.device)
+        self.bv = torch.zeros(n_in, device=self.device)
+        self.bh = torch.zeros(n_out, device=self.device)
         self.vW, self.vbv, self.vbh = torch.zeros_like(self.W), torch.zeros_like(self.bv), torch.zeros_like(self.bh)
         self.lr, self.wc, self.m, self.batch = lr, weight_cost, momentum, batch
         if style == "careful":
             f32 = torch.float32
-            self._v0, self._v1, self._dv = (torch.empty(batch, n_in, dtype=f32) for _ in range(3))
-            self._h0, self._h1, self._hs, self._u, self._dh = (torch.empty(batch, n_out, dtype=f32) for _ in range(5))
-            self._on = torch.empty(batch, n_out, dtype=torch.bool)
+            dev = self.device
+            self._v0, self._v1, self._dv = (torch.empty(batch, n_in, dtype=f32, device=dev) for _ in range(3))
+            self._h0, self._h1, self._hs, self._u, self._dh = (torch.empty(batch, n_out, dtype=f32, device=dev)
+                                                               for _ in range(5))
+            self._on = torch.empty(batch, n_out, dtype=torch.bool, device=dev)
 
     def train_epoch(self, data) -> float:
         """One CD-1 epoch over ``data`` (numpy or tensor, float32); mean squared error per sample."""
         torch = self.torch
-        x = torch.as_tensor(data, dtype=torch.float32)
+        x = torch.as_tensor(data, dtype=torch.float32, device=self.device)
         with torch.no_grad():
             if self.style == "plain":
                 return self._epoch_plain(x)
@@ -101,8 +103,8 @@ class TorchRBM:
         def flush(p):  # probabilities below 2**-100 -> 0, as aepar's kernels store them
             return torch.threshold_(p, FLUSH, 0.0)
 
-        err = torch.zeros((), dtype=torch.float64)
-        perm = torch.randperm(n, generator=self.gen)
+        err = torch.zeros((), dtype=torch.float64, device=self.device)
+        perm = torch.randperm(n, generator=self.gen, device=self.device)
         for start in range(0, n, self.batch):
             rows = perm[start:start + self.batch]
             b = rows.shape[0]
@@ -133,12 +135,12 @@ class TorchRBM:
         torch = self.torch
         n = x.shape[0]
         err = 0.0
-        perm = torch.randperm(n, generator=self.gen)
+        perm = torch.randperm(n, generator=self.gen, device=self.device)
         for start in range(0, n, self.batch):
             v0 = x[perm[start:start + self.batch]]
             b = v0.shape[0]
             h0 = torch.sigmoid(torch.addmm(self.bh, v0, self.W))
-            hs = (h0 > torch.rand(h0.shape, generator=self.gen)).to(torch.float32)
+            hs = (h0 > torch.rand(h0.shape, generator=self.gen, device=self.device)).to(torch.float32)
             v1 = torch.sigmoid(torch.addmm(self.bv, hs, self.W.t()))
             h1 = torch.sigmoid(torch.addmm(self.bh, v1, self.W))
             # gradient ascent direction of CD-1, averaged over the batch
@@ -155,7 +157,12 @@ class TorchRBM:
         return err / n
 
     def time_epoch(self, data) -> float:
-        """Seconds (wall clock) of one :meth:`train_epoch`."""
+        """Seconds (wall clock) of one :meth:`train_epoch` (the GPU drained before and after)."""
+        cuda = self.device.type == "cuda"
+        if cuda:
+            self.torch.cuda.synchronize()
         t0 = time.perf_counter()
         self.train_epoch(data)
+        if cuda:
+            self.torch.cuda.synchronize()
         return time.perf_counter() - t0

@@ -1,0 +1,155 @@
+"""One CD-1 epoch of the stack's first layer on the GPU: aepar's CuPy kernels vs PyTorch CUDA.
+
+    python -m bench.gpu_epoch [--rows 50000] [--batches 100,5000] [--repeats 3]
+                              [--data-dir DIR] [--out DIR]
+
+The 784x1000 Bernoulli RBM of bench.stacked's rbm_epoch.csv (the seed's recipe, float32,
+momentum 0.9), trained on the GPU: aepar's model on ``backend.select("gpu", "cupy")`` with
+8 blocks per batch (the bits of 1-8 ranks) and with 1, against bench/torch_rbm.py's
+"careful" and "plain" loops on ``torch.device("cuda")``. The data are put on the GPU
+before any timing; each implementation gets a warm-up epoch on 500 rows (compilation,
+cuBLAS handles, the memory pools), then ``--repeats`` rounds of one epoch each taken in
+turns, the device drained before and after each; best of the rounds counts.
+ratio = this row's seconds / aepar's 8-block seconds (> 1: aepar faster).
+
+Data: the first ``--rows`` training images of the IDX files in ``--data-dir`` (Fashion-
+MNIST's, say), else of Debian's Fashion-MNIST, else of the embedded mnist5k repeated to
+``--rows`` (the rows say which). Rows go to OUT/gpu_epoch.csv (default bench/results),
+replacing this benchmark's earlier rows from the same host and GPU, with the machine
+columns, the GPU's name and the CuPy, CUDA and PyTorch versions.
+Exits 2 when there is no usable GPU (nothing written).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("AEPAR_THREADS", "1")
+
+import aepar  # noqa: E402,F401  (threads before numpy)
+import numpy as np  # noqa: E402
+
+from bench.peers_csv import merge_rows  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+HIDDEN = 1000
+AEPAR_8 = "aepar (cupy kernels, 8 blocks: bit-identical on 1-8 ranks)"
+AEPAR_1 = "aepar (cupy kernels, 1 block)"
+TORCH = {"careful": "pytorch cuda careful (bench/torch_rbm.py)", "plain": "pytorch cuda plain (bench/torch_rbm.py)"}
+KEY = ("hostname", "gpu", "batch")
+
+
+def load_rows(rows: int, data_dir: str | None):
+    """(x float32 of ``rows`` rows, where they came from)."""
+    from aepar.data.sources import load_digits
+
+    for name, where in (("idx", data_dir), ("fashion", None)):
+        if name == "idx" and not data_dir:
+            continue
+        try:
+            x = load_digits(name, data_dir=where, seed=0, dtype=np.float32).train_x
+        except Exception:  # not installed here: try the next source
+            continue
+        if x.shape[0] >= rows:
+            return np.ascontiguousarray(x[:rows]), f"{name} {where or ''} train[:{rows}]".replace("  ", " ")
+    x = load_digits("mnist5k", seed=0, dtype=np.float32).train_x
+    reps = -(-rows // x.shape[0])
+    return np.ascontiguousarray(np.tile(x, (reps, 1))[:rows]), f"embedded mnist5k train x{reps}, first {rows} rows"
+
+
+def gpu_columns() -> dict:
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return {"gpu": name, "cupy": cupy.__version__, "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion()}
+
+
+def epochs(x, batch: int, repeats: int) -> dict:
+    """{implementation: [seconds]} for one batch size, the implementations taken in turns."""
+    from aepar import backend
+    from aepar.models.rbm import RBM
+    from aepar.parallel.data_parallel import train_epoch
+    from aepar.rows import Shard
+    from bench import torch_rbm
+
+    be = backend.select("gpu", "cupy", "float32")
+    warm = min(x.shape[0], max(500, 2 * batch))
+
+    def ours(blocks):
+        layer = RBM(be, 784, HIDDEN, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
+                    momentum_switch_epoch=5, batch=batch, seed=0, layer_index=0)
+        train_epoch(layer, Shard.of(be, x[:warm], blocks), 0)
+        xb = Shard.of(be, x, blocks)
+
+        def time_epoch(epoch):
+            be.synchronize()
+            t0 = time.perf_counter()
+            train_epoch(layer, xb, epoch)
+            be.synchronize()
+            return time.perf_counter() - t0
+        return time_epoch
+
+    impls = {AEPAR_8: ours(8), AEPAR_1: ours(1)}
+    if torch_rbm.available():
+        import torch
+
+        xt = torch.as_tensor(x, device="cuda")
+        for style, name in TORCH.items():
+            peer = torch_rbm.TorchRBM(784, HIDDEN, batch=batch, seed=0, style=style, device="cuda")
+            peer.train_epoch(xt[:warm])
+            impls[name] = lambda epoch, peer=peer: peer.time_epoch(xt)
+    times = {name: [] for name in impls}
+    for r in range(repeats):
+        for name, time_epoch in impls.items():
+            times[name].append(time_epoch(6 + r))  # past the momentum switch, like most of a run
+    return times
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu_epoch", description=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=50_000, help="training rows per epoch (default %(default)s)")
+    p.add_argument("--batches", default="100,5000", help="batch sizes, comma-separated (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="timed epochs per implementation (best counts)")
+    p.add_argument("--data-dir", default=None, help="a directory with the four IDX files (Fashion-MNIST's)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where gpu_epoch.csv goes (default bench/results)")
+    args = p.parse_args(argv)
+    try:
+        batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    except ValueError:
+        p.error(f"--batches must be integers separated by commas, not {args.batches!r}")
+    if args.rows < 1 or args.repeats < 1 or not batches or min(batches) < 1:
+        p.error("--rows, --repeats and every batch must be at least 1")
+    try:
+        gpu = gpu_columns()
+    except Exception as e:  # no CuPy, no driver, no device
+        print(f"bench.gpu_epoch: error: no usable GPU ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
+              file=sys.stderr)
+        return 2
+    from aepar.machine import describe, torch_peer
+
+    x, what = load_rows(args.rows, args.data_dir)
+    print(f"bench.gpu_epoch: {gpu['gpu']}, {what}", flush=True)
+    out = []
+    for batch in batches:
+        times = epochs(x, batch, args.repeats)
+        machine = {**describe(mpi=""), **gpu, "torch": torch_peer()}
+        ours = min(times[AEPAR_8])
+        for name, ts in times.items():
+            out.append({"implementation": name, "data": what, "samples": int(x.shape[0]),
+                        "layer": f"784x{HIDDEN} bernoulli", "batch": batch, "dtype": "float32",
+                        "seconds": round(min(ts), 5), "ratio": round(min(ts) / ours, 4), "repeats": args.repeats,
+                        "all_seconds": " ".join(f"{v:.4f}" for v in ts), "kind": "measured", **machine})
+            print(f"  batch {batch:5d}  {name:62s} {min(ts):8.3f} s  ratio {min(ts) / ours:5.2f}", flush=True)
+    merge_rows(out, args.out / "gpu_epoch.csv", "gpu_epoch", key=KEY)
+    print(f"bench.gpu_epoch: wrote {args.out / 'gpu_epoch.csv'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
