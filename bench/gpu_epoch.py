@@ -47,9 +47,7 @@ def load_rows(rows: int, data_dir: str | None):
     """(x float32 of ``rows`` rows, where they came from)."""
     from aepar.data.sources import load_digits
 
-    for name, where in (("idx", data_dir), ("fashion", None)):
-        if name == "idx" and not data_dir:
-            continue
+    for name, where in ([("idx", data_dir)] if data_dir else []) + [("fashion", None)]:
         try:
             x = load_digits(name, data_dir=where, seed=0, dtype=np.float32).train_x
         except Exception:  # not installed here: try the next source

@@ -1,7 +1,8 @@
 """NumPy's PCG64 float32 uniforms made on the GPU (see :mod:`kernels.ref.draws` for the math).
 
-Drawing on the host and copying was most of a GPU CD-1 step at large batches (5000 x 1000
-uniforms: about 20 ms against a 1 ms step). Here each generator's state goes to the
+Drawing on the host and copying was most of a GPU CD-1 step at large batches: on an H200,
+the 784x1000 epoch of 50k rows at batch 5000 took 0.206 s that way and 0.053 s with these
+(batch 100: 0.516 -> 0.425 s; one block). Here each generator's state goes to the
 device, thread t of a stream jumps to output t and then strides by the grid's thread
 count T (s_{k+T} = A_T s_k + C_T), so neighbouring threads write neighbouring pairs; the
 host then moves each generator on by the same count. Same bits as the host draws.
@@ -87,7 +88,7 @@ def uniform_rows(rngs, starts, out):
         st[i] = (state >> 64, state & _M64, inc >> 64, inc & _M64)
         job[i] = (int(lo) * width, count, buffered if count else 0, uinteger)
         most = max(most, (count + 1) // 2)
-    if most and len(rngs):
+    if most:
         grid = (max(1, -(-most // (_THREADS * _PER_THREAD))), len(rngs))
         _KERNEL(grid, (_THREADS,), (cp.asarray(st), cp.asarray(job), out, np.uint64(MULT >> 64),
                                     np.uint64(MULT & _M64)))
