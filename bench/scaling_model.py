@@ -581,6 +581,14 @@ def _machine() -> dict:
     return describe(mpi=library())
 
 
+def _measured_on(compute_csv: Path) -> dict:
+    """The machine columns of the compute measurements (``--reuse`` on another machine
+    still describes, and validates against, the one that measured them)."""
+    rows = _csv(compute_csv)
+    here = _machine()
+    return {k: rows[0].get(k) or v for k, v in here.items()} if rows else here
+
+
 def measure_mpi(out: Path, quick: bool = False, target_s: float = 0.15) -> int:
     """Under mpirun: every op of :data:`OPS` through aepar.comm for 8 B .. 64 MB (float64
     buffers), each operation timed alone between barriers; rank 0 writes one row per (op,
@@ -970,17 +978,35 @@ def xeon_scales(comp: Compute) -> dict:
     machine: the same kernels measured there (bench/results, one thread) and here.
 
     ``sparse``: aepar's cost+gradient of 10k patches per evaluation (peers.csv); ``rbm``:
-    one fused CD-1 epoch 784x1000 over 50,000 rows, batch 100, float32 (rbm_epoch.csv).
+    one fused CD-1 epoch 784x1000 over 50,000 rows, batch 100, float32 (rbm_epoch.csv). The
+    latest row of each on the host's own code path (not the other shapes, not AEPAR_ISA's).
     """
     out = {}
-    for r in _csv(RESULTS / "peers.csv"):
-        if r["implementation"] == "aepar" and "Xeon" in r["cpu_model"] and int(r["samples"]) == 10000:
-            out["sparse"] = float(r["seconds_in_cost_gradient"]) / int(r["evaluations"]) / comp.sparse["cg_10k_s"]
+    sparse = sparse_scale(RESULTS / "peers.csv", comp, "Xeon")
+    if sparse is not None:
+        out["sparse"] = sparse
     for r in _csv(RESULTS / "rbm_epoch.csv"):
-        if r["implementation"].startswith("aepar") and "Xeon" in r["cpu_model"] and r["threads"] == "1" \
-                and comp.rbm_epoch_50k:
+        fused = r["implementation"] == "aepar (numba kernels)" or "1 block" in r["implementation"]
+        if r["implementation"].startswith("aepar") and fused and "Xeon" in r["cpu_model"] and r["threads"] == "1" \
+                and r.get("layer", "784x1000 bernoulli") in ("", "784x1000 bernoulli") \
+                and r.get("batch") in (None, "", "100") and "[" not in r.get("isa", "") and comp.rbm_epoch_50k:
             out["rbm"] = float(r["seconds"]) * 50000 / int(r["samples"]) / comp.rbm_epoch_50k
     return out
+
+
+def sparse_scale(peers_csv: Path, comp: Compute, cpu: str = "") -> float | None:
+    """aepar's cost+gradient of 10k patches per evaluation in ``peers_csv`` (one thread, the
+    last such row whose CPU names ``cpu``, on the host's own code path: not an ``AEPAR_ISA``
+    row, whose isa column says "[numba target ...]") over the same measured here."""
+    out = None
+    for r in _csv(peers_csv):
+        if r.get("implementation") == "aepar" and cpu in r.get("cpu_model", "") and int(r["samples"]) == 10000 \
+                and "[" not in r.get("isa", ""):
+            out = float(r["seconds_in_cost_gradient"]) / int(r["evaluations"]) / comp.sparse["cg_10k_s"]
+    return out
+
+
+SIXTEEN = "scaling_16core"  # the seed's grid on the GPU machine's 16 vCPUs (its own peers.csv)
 
 
 def validate(comp: Compute, net: Network, mpi_rows: list, sparse_rows: list, here: dict) -> list:
@@ -989,33 +1015,40 @@ def validate(comp: Compute, net: Network, mpi_rows: list, sparse_rows: list, her
     out = []
 
     def add(source, point, scheme, ranks, measured, pred, *, kind="run", machine_match, scale=1.0, over=False,
-            duplicate="", note="", series=None, cpu=""):
+            duplicate="", note="", series=None, cpu="", machine=""):
         rel = (pred - measured) / measured if pred is not None and measured else None
+        machine = machine or ("same as here" if machine_match else "Xeon (scaled)")
         out.append({"source": source, "point": point, "series": series or f"{source}: {point}", "scheme": scheme,
-                    "ranks": ranks, "kind": kind, "measured_cpu": cpu or here["cpu_model"],
+                    "ranks": ranks, "kind": kind, "machine": machine, "measured_cpu": cpu or here["cpu_model"],
                     "measured": measured, "predicted": pred, "rel_error": rel,
                     "abs_rel_error": abs(rel) if rel is not None else None,
                     "machine_match": machine_match, "compute_scale": scale, "oversubscribed": over,
                     "duplicate_of": duplicate, "note": note})
 
-    # ---- the sparse autoencoder: strong.csv, weak.csv (Xeon), this session's runs (here) ----
+    # ---- the sparse autoencoder: strong.csv, weak.csv (Xeon), this session's runs (here), and the
+    # 16-vCPU grid (its compute scaled by the cost+gradient timed there, bench/results/scaling_16core/peers.csv)
     seen = set()
-    for src in ("strong.csv", "weak.csv", SPARSE_CSV.name):
+    sixteen = sparse_scale(RESULTS / SIXTEEN / "peers.csv", comp)
+    for src in ("strong.csv", "weak.csv", SPARSE_CSV.name, f"{SIXTEEN}/strong.csv", f"{SIXTEEN}/weak.csv"):
+        other = src.startswith(SIXTEEN)
         for r in _csv(RESULTS / src):
             p, s_, ev = int(r["processes"]), int(r["samples"]), int(r["evaluations"])
-            match = _same_cpu(r, here)
-            sc = 1.0 if match else scales.get("sparse")
+            match = not other and _same_cpu(r, here)
+            sc = sixteen if other else 1.0 if match else scales.get("sparse")
             if sc is None:
                 continue
             cores = int(r.get("cores") or 2)
             pred = sparse_run_s(comp, net, p, s_, int(r["iterations"]), evaluations=ev, scale=sc, cores=cores)
-            key = (src != SPARSE_CSV.name, p, s_)
-            dup = "strong.csv" if src == "weak.csv" and key in seen else ""
+            key = (src.rsplit("/", 1)[0] if other else src != SPARSE_CSV.name, p, s_)
+            dup = src.replace("weak", "strong") if src.endswith("weak.csv") and key in seen else ""
             seen.add(key)
             add(src, f"aepar.sparse {s_} patches, {r['iterations']} iterations ({ev} evaluations)", "root", p,
                 float(r["seconds"]), pred["seconds"], machine_match=match, scale=sc, duplicate=dup,
                 series=f"{src}: aepar.sparse {s_} patches", cpu=r.get("cpu_model", ""),
-                note="compute scaled by the sparse cost+gradient measured on both machines" if not match else
+                machine=f"{cores}-vCPU Xeon (scaled)" if other else "",
+                note=("compute scaled by the cost+gradient timed on that machine; communication from the "
+                      "np 2 fit here") if other else
+                "compute scaled by the sparse cost+gradient measured on both machines" if not match else
                 "this session's run")
 
     # ---- the synchronized pipeline on the Xeon (sync_measured_quick.csv; makespan_quick's copies) ----
@@ -1314,7 +1347,12 @@ def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, con
           "784x1000, rbm_epoch.csv vs here): one factor per kernel family, because the two CPUs' "
           "ratio differs by kernel (a DGEMM or clock ratio would give one number for both); their "
           "communication still uses this machine's "
-          "fit (both ran Open MPI's shared memory on a 2-core VM). The EPYC points use factor 1.", "",
+          "fit (both ran Open MPI's shared memory on a 2-core VM). The EPYC points use factor 1. "
+          f"{SIXTEEN}/ holds the seed's grid on the 16 vCPUs of the GPU machine (an Intel Xeon): its compute is "
+          "scaled by aepar's cost+gradient timed there (its peers.csv)"
+          + (f", factor {sixteen:.3f}" if (sixteen := sparse_scale(RESULTS / SIXTEEN / 'peers.csv', comp)) else "")
+          + "; its communication uses this machine's np 2 fit: the model knows nothing of that machine's "
+          "memory bandwidth or of ranks sharing it.", "",
           "Time drift: the pretrain_*.csv points were measured earlier in the day by bench.pretrain; "
           "scaling_model_stacked.csv re-measures the same engine runs here now (fastest of 3), up to 2x "
           "faster than those records. On this VM the same `mpirun -np 2 ... --scheme data --batch 2000` run took "
@@ -1327,7 +1365,7 @@ def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, con
             if not rs:
                 continue
             n, mx, md = _stats(rs)
-            mach = "same as here" if all(r["machine_match"] for r in rs) else "Xeon (scaled)"
+            mach = rs[0]["machine"]
             L.append(f"| {src} | {kind} | {n} | {mach} | {_pct(mx)} | {_pct(md)} |")
     uniq = [r for r in valid if not r["duplicate_of"]]
     lines = []
@@ -1460,7 +1498,7 @@ def report(mpi_csv=MPI_CSV, compute_csv=COMPUTE_CSV, ranks_per_node: int = 2, co
            how: str = "python -m bench.scaling_model") -> int:
     links, resid, mpi_rows = load_mpi(Path(mpi_csv))
     comp = load_compute(Path(compute_csv))
-    machine = _machine()
+    machine = _measured_on(Path(compute_csv))
     gamma = comp.gamma()
     here = Network("this machine", links, None, ranks_per_node, gamma)
     valid = validate(comp, here, mpi_rows, _csv(SPARSE_CSV), machine)

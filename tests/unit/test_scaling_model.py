@@ -180,3 +180,26 @@ def test_stops_scaling():
     assert stops_scaling({1: 8.0, 2: 4.0, 4: 2.0}) == (None, 4, True)
     assert layer_key("rbm", 784, 1000, "bernoulli") == "rbm:784-1000:bernoulli:float32"
     assert math.isclose(efficiency({1: 10.0, 2: 10.0})[2], 0.5)
+
+
+def test_machine_scales_come_from_the_hosts_own_code_path(tmp_path):
+    """A peer row of another code path (AEPAR_ISA's, "[numba target ...]" in isa) or of
+    another CPU never sets the compute factor; the last host row does."""
+    from bench.scaling_model import sparse_scale
+
+    head = "implementation,samples,evaluations,seconds_in_cost_gradient,cpu_model,isa\n"
+    rows = ["aepar,10000,100,2.0,Intel Xeon,avx512f avx2\n",
+            "aepar,10000,100,9.0,Intel Xeon,avx512f avx2 [numba target: haswell -avx512f]\n",
+            "aepar,10000,100,7.0,AMD EPYC,avx512f avx2\n", "textbook,10000,100,5.0,Intel Xeon,avx512f avx2\n"]
+    (tmp_path / "peers.csv").write_text(head + "".join(rows))
+    assert sparse_scale(tmp_path / "peers.csv", sparse_compute(), "Xeon") == pytest.approx(2.0 / 100 / 1e-2)
+    assert sparse_scale(tmp_path / "missing.csv", sparse_compute()) is None
+
+
+def test_reuse_describes_the_machine_that_measured(tmp_path):
+    from bench.scaling_model import _measured_on
+
+    (tmp_path / "compute.csv").write_text("what,cpu_model,isa,cores,threads\nmem,AMD EPYC,avx512f,2,1\n")
+    m = _measured_on(tmp_path / "compute.csv")
+    assert (m["cpu_model"], m["isa"], m["cores"], m["threads"]) == ("AMD EPYC", "avx512f", "2", "1")
+    assert "hostname" in m  # columns the CSV lacks come from this machine
