@@ -1350,7 +1350,7 @@ def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, con
           "fit (both ran Open MPI's shared memory on a 2-core VM). The EPYC points use factor 1. "
           f"{SIXTEEN}/ holds the seed's grid on the 16 vCPUs of the GPU machine (an Intel Xeon): its compute is "
           "scaled by aepar's cost+gradient timed there (its peers.csv)"
-          + (f", factor {sixteen:.3f}" if (sixteen := sparse_scale(RESULTS / SIXTEEN / 'peers.csv', comp)) else "")
+          + next((f", factor {r['compute_scale']:.3f}" for r in valid if r["source"].startswith(SIXTEEN)), "")
           + "; its communication uses this machine's np 2 fit: the model knows nothing of that machine's "
           "memory bandwidth or of ranks sharing it.", "",
           "Time drift: the pretrain_*.csv points were measured earlier in the day by bench.pretrain; "
