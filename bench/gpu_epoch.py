@@ -133,10 +133,10 @@ def main(argv=None) -> int:
 
     x, what = load_rows(args.rows, args.data_dir)
     print(f"bench.gpu_epoch: {gpu['gpu']}, {what}", flush=True)
-    out = []
+    out, machine = [], None
     for batch in batches:
         times = epochs(x, batch, args.repeats)
-        machine = {**describe(mpi=""), **gpu, "torch": torch_peer()}
+        machine = machine or {**describe(mpi=""), **gpu, "torch": torch_peer()}  # torch is loaded by now
         ours = min(times[AEPAR_8])
         for name, ts in times.items():
             out.append({"implementation": name, "data": what, "samples": int(x.shape[0]),

@@ -92,6 +92,6 @@ def uniform_rows(rngs, starts, out):
         grid = (max(1, -(-most // (_THREADS * _PER_THREAD))), len(rngs))
         _KERNEL(grid, (_THREADS,), (cp.asarray(st), cp.asarray(job), out, np.uint64(MULT >> 64),
                                     np.uint64(MULT & _M64)))
-    for rng, lo, hi in zip(rngs, starts[:-1], starts[1:]):
-        pcg64_skip(rng, (int(hi) - int(lo)) * width)
+    for rng, state, lo, hi in zip(rngs, states, starts[:-1], starts[1:]):
+        pcg64_skip(rng, (int(hi) - int(lo)) * width, state)
     return out

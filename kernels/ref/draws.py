@@ -66,9 +66,10 @@ def pcg64_state(rng):
     return st["state"]["state"], st["state"]["inc"], int(st["has_uint32"]), int(st["uinteger"])
 
 
-def pcg64_skip(rng, count: int) -> None:
-    """Leave ``rng`` (PCG64) where drawing ``count`` float32 uniforms would."""
-    state, inc, buffered, uinteger = pcg64_state(rng)
+def pcg64_skip(rng, count: int, state=None) -> None:
+    """Leave ``rng`` (PCG64) where drawing ``count`` float32 uniforms would; ``state``: its
+    :func:`pcg64_state`, when the caller has read it already."""
+    state, inc, buffered, uinteger = state or pcg64_state(rng)
     if count <= 0:
         return
     fresh = count - buffered  # 32-bit halves taken from new outputs

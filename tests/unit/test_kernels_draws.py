@@ -120,3 +120,16 @@ def test_uniform_rows_refuses_what_does_not_fit():
         REF.uniform_rows(g, [0, 2], np.empty((2, 3)))
     with pytest.raises(ValueError, match="do not split"):
         REF.uniform_rows(g, [0, 1], np.empty((2, 3), np.float32))
+
+
+@settings(max_examples=20, deadline=None)
+@given(lead=st.integers(0, 9), count=st.integers(0, 300))
+def test_skipping_from_a_state_read_before_is_the_same(lead, count):
+    """The GPU set reads each state once, before its kernel, and skips from it."""
+    read, again = (np.random.default_rng(5) for _ in range(2))
+    for g in (read, again):
+        g.random(lead, dtype=np.float32)
+    state = draws.pcg64_state(read)
+    draws.pcg64_skip(read, count, state)
+    draws.pcg64_skip(again, count)
+    assert read.bit_generator.state == again.bit_generator.state
