@@ -74,12 +74,13 @@ def test_the_gpu_schedule_replayed_gives_numpys_draws(lead, count, threads):
 @settings(max_examples=40, deadline=None)
 @given(lead=st.integers(0, 9), count=st.integers(0, 300))
 def test_skipping_leaves_the_generator_where_drawing_would(lead, count):
-    drawn, skipped = (np.random.default_rng(7) for _ in range(2))
-    for g in (drawn, skipped):
+    drawn, skipped, read = (np.random.default_rng(7) for _ in range(3))
+    for g in (drawn, skipped, read):
         g.random(lead, dtype=np.float32)
     drawn.random(count, dtype=np.float32)
     draws.pcg64_skip(skipped, count)
-    assert skipped.bit_generator.state == drawn.bit_generator.state
+    draws.pcg64_skip(read, count, draws.pcg64_state(read))  # as the GPU set: from the state read before
+    assert skipped.bit_generator.state == drawn.bit_generator.state == read.bit_generator.state
     assert np.array_equal(skipped.random(5, dtype=np.float32), drawn.random(5, dtype=np.float32))
 
 
@@ -121,15 +122,3 @@ def test_uniform_rows_refuses_what_does_not_fit():
     with pytest.raises(ValueError, match="do not split"):
         REF.uniform_rows(g, [0, 1], np.empty((2, 3), np.float32))
 
-
-@settings(max_examples=20, deadline=None)
-@given(lead=st.integers(0, 9), count=st.integers(0, 300))
-def test_skipping_from_a_state_read_before_is_the_same(lead, count):
-    """The GPU set reads each state once, before its kernel, and skips from it."""
-    read, again = (np.random.default_rng(5) for _ in range(2))
-    for g in (read, again):
-        g.random(lead, dtype=np.float32)
-    state = draws.pcg64_state(read)
-    draws.pcg64_skip(read, count, state)
-    draws.pcg64_skip(again, count)
-    assert read.bit_generator.state == again.bit_generator.state
