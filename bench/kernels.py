@@ -394,7 +394,7 @@ def _rbm_cases(first, layers, dt):
     def run_blocks(K, a, hidden=hidden, B=B):
         A, D, alpha, errs = K.rbm_cd_factors_blocks(a["v0"], a["W"], a["bv"], a["bh"], a["noise"], hidden,
                                                     list(a["dbvs"]), list(a["dbhs"]), block_bounds(B, 8), 1.0 / B)
-        return [A, alpha * D, np.asarray(errs), a["dbvs"], a["dbhs"]]
+        return [A, alpha * D, np.array([float(e) for e in errs]), a["dbvs"], a["dbhs"]]
 
     def block_gradients(outs, B=B):
         A, aD, *rest = outs

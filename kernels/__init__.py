@@ -47,7 +47,8 @@ Families (module: functions):
   runs CD-k with k = noise.shape[0] (noise: uniforms for bernoulli hidden units, standard
   normals for gaussian), adds the gradient of mean(F(v0) - F(vk)) with vk held fixed
   (the negated CD update) into dW, dbv, dbh; h0 = hidden probabilities/means of v0,
-  sq_err = sum over the batch of squared error of the first reconstruction.
+  sq_err = sum over the batch of squared error of the first reconstruction (a float; the
+  cupy set leaves it on the GPU as a 0-d float64 array: ``float()`` reads it and waits).
   ``rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost) -> sq_err``
   is one whole CD-k step in place: that gradient plus ``weight_cost * W``, applied as
   ``v = momentum*v - lr*g; p += v`` to W, bv, bh (the numba set stores float32

@@ -96,10 +96,17 @@ class Minibatches:
         self.perms = {b: self.rngs[b].permutation(int(sizes[b])) for b in blocks.mine}
         self._first_row = {b: int(bounds[b] - bounds[blocks.first]) for b in blocks.mine}
 
-    def rows(self, b: int, k: int) -> np.ndarray:
-        """Local row indices (within the shard) of block ``b``'s part of batch ``k``."""
+    def rows(self, b: int, k: int | None = None) -> np.ndarray:
+        """Local row indices (within the shard) of block ``b``'s part of batch ``k``; all
+        its batches' rows in order if ``k`` is None (batch k's are ``cuts(b)[k]:cuts(b)[k + 1]``)."""
+        if k is None:
+            return self._first_row[b] + self.perms[b]
         c = self._cuts[b]
         return self._first_row[b] + self.perms[b][c[k]:c[k + 1]]
+
+    def cuts(self, b: int) -> np.ndarray:
+        """Where block ``b``'s batches start and end in its :meth:`rows`."""
+        return self._cuts[b]
 
     def states(self) -> dict:
         """The blocks' random streams now (JSON-able), keyed by block."""
@@ -297,31 +304,39 @@ def _local_sum(be, buf, factors, first, merges, out):
 
 def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) -> EpochResult:
     mb = Minibatches(shard.blocks, batch, key, epoch)
-    start, sums = 0, np.zeros(buf.n_extra)
+    # the steps' sums stay where the kernels run: on a GPU, reading them each step would
+    # make the host wait for every step's kernels before it queues the next step's
+    start, sums = 0, be.xp.zeros(buf.n_extra, dtype=np.float64)
     if resume is not None:
         if resume.epoch != epoch:
             raise ValueError(f"resuming epoch {resume.epoch} as epoch {epoch}")
         mb.restore(resume.rng)
-        start, sums = resume.batch, np.array(resume.sums, dtype=np.float64)
+        start, sums = resume.batch, be.xp.asarray(np.array(resume.sums, dtype=np.float64))
+
+    def paused(k):
+        host = be.to_host(sums)
+        return EpochResult(host, shard.n, EpochState(epoch, k + 1, list(host), mb.states()), checkpoint, stop)
     mine = list(shard.blocks.mine)
     leaves = buf.leaves
     flag = buf.n_grad + buf.n_extra
     checkpoint = stop = False
     fused = getattr(model, "fused_step", None) if shard.blocks.count == 1 and (comm is None or comm.size == 1) \
         else None
+    if fused is not None:  # the epoch's row order on the device once, not a copy per step
+        order, cuts = be.xp.asarray(mb.rows(0)), mb.cuts(0)
     for k in range(start, mb.n_batches):
         scale = 1.0 / float(mb.sizes[k])
         if fused is not None:  # one block, one process: no sum to take, one fused kernel
-            x = shard.x[be.xp.asarray(mb.rows(0, k))]
+            x = shard.x[order[cuts[k]:cuts[k + 1]]]
             if guard is not None:  # flags read before the step, as the blocked path's reduction does
                 flags = guard.flags()
                 guard.step(poison=x)
-            sums += np.asarray(fused(x, mb.rngs[0], epoch), dtype=np.float64)
+            for j, value in enumerate(fused(x, mb.rngs[0], epoch)):
+                sums[j:j + 1] += value
             if guard is not None:
                 checkpoint, stop = guard.decide(flags)
                 if (checkpoint or stop) and k + 1 < mb.n_batches:
-                    return EpochResult(sums, shard.n, EpochState(epoch, k + 1, list(sums), mb.states()),
-                                       checkpoint, stop)
+                    return paused(k)
             continue
 
         idx = [mb.rows(b, k) for b in mine]
@@ -348,7 +363,8 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
                     else None
             extras = [e for e in parallel_map(leaf, range(len(mine))) if e is not None]
         for i, extra in zip(live, extras):
-            leaves[i][buf.n_grad:flag] = be.xp.asarray(np.asarray(extra, dtype=np.float64), dtype=leaves.dtype)
+            for j, value in enumerate(extra):  # floats, or values on the device
+                leaves[i][buf.n_grad + j] = value
         # this rank's sums: its tree nodes, or (allreduce) its blocks in order; a rank
         # without blocks still sends a row: zeros and its guard flag
         values = {node: _local_sum(be, buf, factors, first, merges, buf.total if node is None else leaves[first])
@@ -366,10 +382,10 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
             if comm is not None:
                 comm.allreduce(total)
         model.apply(buf.views(total), epoch)
-        sums += be.to_host(total[buf.n_grad:flag]).astype(np.float64)
+        sums += total[buf.n_grad:flag]
         if guard is not None:
             checkpoint, stop = guard.decide(float(total[flag]))
             if (checkpoint or stop) and k + 1 < mb.n_batches:
-                return EpochResult(sums, shard.n, EpochState(epoch, k + 1, list(sums), mb.states()), checkpoint, stop)
+                return paused(k)
     # a request in the last step is the caller's to serve, at the end of the epoch
-    return EpochResult(sums, shard.n, None, checkpoint, stop)
+    return EpochResult(be.to_host(sums), shard.n, None, checkpoint, stop)

@@ -3,7 +3,7 @@
 Drawing on the host and copying was most of a GPU CD-1 step at large batches: on an H200,
 the 784x1000 epoch of 50k rows at batch 5000 took 0.206 s that way and 0.053 s with these
 (batch 100: 0.516 -> 0.425 s; one block). Here each generator's state goes to the
-device, thread t of a stream jumps to output t and then strides by the grid's thread
+device (the first one's in the launch's parameters), thread t of a stream jumps to output t and then strides by the grid's thread
 count T (s_{k+T} = A_T s_k + C_T), so neighbouring threads write neighbouring pairs; the
 host then moves each generator on by the same count. Same bits as the host draws.
 """
@@ -34,22 +34,26 @@ __device__ void jump(u64 n, u128 mult, u128 plus, u128 *am, u128 *ap) {
     }
     *am = m; *ap = p;
 }
-// per stream i: st[4i..4i+3] = state hi, lo, inc hi, lo; job[4i..4i+3] = first element,
-// count, buffered (0/1), the buffered 32 bits
-extern "C" __global__ void pcg64_uniform_f32(const u64 *st, const long long *job, float *out,
-                                             u64 mult_hi, u64 mult_lo) {
+// per stream: state hi, lo, inc hi, lo, first element, count, buffered (0/1), the
+// buffered 32 bits. Stream 0's come as the launch's parameters (one stream, the usual
+// case, needs no copy to the device: a copy from pageable memory cost 70 us a call);
+// stream i > 0's are more[8(i-1)..8(i-1)+7].
+extern "C" __global__ void pcg64_uniform_f32(u64 s0, u64 s1, u64 s2, u64 s3, u64 s4, u64 s5, u64 s6, u64 s7,
+                                             const u64 *more, float *out, u64 mult_hi, u64 mult_lo) {
     const int i = blockIdx.y;
-    const long long first = job[4 * i], count = job[4 * i + 1];
-    const int buffered = (int)job[4 * i + 2];
+    const u64 stream0[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    const u64 *st = i == 0 ? stream0 : more + 8 * (i - 1);
+    const long long first = (long long)st[4], count = (long long)st[5];
+    const int buffered = (int)st[6];
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long T = (long long)gridDim.x * blockDim.x;
     const float scale = 1.0f / 16777216.0f;
     if (count <= 0) return;
-    if (t == 0 && buffered) out[first] = (float)((unsigned)job[4 * i + 3] >> 8) * scale;
+    if (t == 0 && buffered) out[first] = (float)((unsigned)st[7] >> 8) * scale;
     const long long fresh = count - buffered, steps = (fresh + 1) / 2;
     if (t >= steps) return;
-    const u128 mult = {mult_hi, mult_lo}, inc = {st[4 * i + 2], st[4 * i + 3]};
-    u128 s = {st[4 * i], st[4 * i + 1]}, a, c, aT, cT;
+    const u128 mult = {mult_hi, mult_lo}, inc = {st[2], st[3]};
+    u128 s = {st[0], st[1]}, a, c, aT, cT;
     jump((u64)(t + 1), mult, inc, &a, &c);
     s = add(mul(a, s), c);
     jump((u64)T, mult, inc, &aT, &cT);
@@ -80,18 +84,17 @@ def uniform_rows(rngs, starts, out):
         out[...] = cp.asarray(host)
         return out
     width = out.shape[1]
-    st = np.empty((len(rngs), 4), dtype=np.uint64)
-    job = np.empty((len(rngs), 4), dtype=np.int64)
+    job = np.empty((len(rngs), 8), dtype=np.uint64)
     most = 0
     for i, ((state, inc, buffered, uinteger), lo, hi) in enumerate(zip(states, starts[:-1], starts[1:])):
         count = (int(hi) - int(lo)) * width
-        st[i] = (state >> 64, state & _M64, inc >> 64, inc & _M64)
-        job[i] = (int(lo) * width, count, buffered if count else 0, uinteger)
+        job[i] = (state >> 64, state & _M64, inc >> 64, inc & _M64, int(lo) * width, count,
+                  buffered if count else 0, uinteger)
         most = max(most, (count + 1) // 2)
     if most:
         grid = (max(1, -(-most // (_THREADS * _PER_THREAD))), len(rngs))
-        _KERNEL(grid, (_THREADS,), (cp.asarray(st), cp.asarray(job), out, np.uint64(MULT >> 64),
-                                    np.uint64(MULT & _M64)))
+        more = cp.asarray(job[1:]) if len(rngs) > 1 else out  # (one stream: not read)
+        _KERNEL(grid, (_THREADS,), (*job[0], more, out, np.uint64(MULT >> 64), np.uint64(MULT & _M64)))
     for rng, state, lo, hi in zip(rngs, states, starts[:-1], starts[1:]):
         pcg64_skip(rng, (int(hi) - int(lo)) * width, state)
     return out

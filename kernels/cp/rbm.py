@@ -4,8 +4,13 @@ Same semantics as :mod:`kernels.ref.rbm`. Bias + nonlinearity + sampling is one 
 per layer visit; the two statistics of the weight gradient are one GEMM over the stacked
 batch [vk; v0]^T @ [hk; -h0], added into dW by one fused kernel (rbm_cd_backward) or,
 in rbm_cd_update, turned into the velocity, weight cost and step of W by one fused kernel.
-Subnormal probabilities are kept (GPUs take no assists for them; the numba set zeroes
-float32 ones below 2**-100).
+Both bias gradients (and their steps) and the squared error are one more kernel over the
+stacked chain. Subnormal probabilities are kept (GPUs take no assists for them; the
+numba set zeroes float32 ones below 2**-100).
+
+sq_err comes back as a 0-d float64 array on the device, not a Python float: reading it
+waits for the GPU, and a step that waited each time ran at the speed of its launches
+plus its kernels instead of the larger of the two (the caller sums it where it lives).
 """
 import cupy as cp
 import numpy as np
@@ -23,6 +28,12 @@ _bern_hidden = cp.ElementwiseKernel(
 _bern_hidden_sample = cp.ElementwiseKernel(
     "T z, T b, U u", "T h, T s", f"T a = z + b; {_SIGMOID} s = h > u ? (T)1 : (T)0;",
     "aepar_rbm_bern_hidden_sample")
+# the chain's first visit: -h0 (the stacked statistics' sign) and the sampled states
+_bern_first = cp.ElementwiseKernel(
+    "T z, T b, U u", "T nh, T s", f"T a = z + b; T h; {_SIGMOID} nh = -h; s = h > u ? (T)1 : (T)0;",
+    "aepar_rbm_bern_first")
+_gauss_first = cp.ElementwiseKernel(
+    "T z, T b, U eps", "T nh, T s", "T h = z + b; nh = -h; s = h + (T)eps;", "aepar_rbm_gauss_first")
 _gauss_hidden = cp.ElementwiseKernel(
     "T z, T b", "T h", "h = z + b;", "aepar_rbm_gauss_hidden")
 _gauss_hidden_sample = cp.ElementwiseKernel(
@@ -36,6 +47,87 @@ _axpy = cp.ElementwiseKernel("T g, T alpha", "T d", "d += alpha * g;", "aepar_rb
 # vel = m vel + a G - c W; W += vel (G: the stacked statistics, a = -lr / batch, c = lr * weight cost)
 _momentum_step = cp.ElementwiseKernel(
     "T g, T a, T m, T c", "T vel, T w", "vel = m * vel + a * g - c * w; w += vel;", "aepar_rbm_momentum_step")
+
+# The biases' column sums over the stacked chain vs = [vk; v0] (2b x nv), hs = [hk; -h0]
+# (2b x nh): gv = sum_r (vk - v0)[r], gh = sum_r hs[r], and the squared error
+# sum (vk - v0)^2. A block is 32 columns x 32 row strides; the strides' partial sums meet
+# in shared memory in a fixed order, in double. Each visible block leaves its error in
+# err[block]; the last to finish (a counter, reset by it) adds them in block order into
+# err[tiles_v]: the same bits every run, and no reduction kernel to launch after it.
+# mode 0 (a gradient): p += scale * g; mode 1 (a step, scale = lr / batch):
+# vel = momentum * vel - scale * g; p += vel.
+_BIAS_SOURCE = r"""
+extern "C" __global__ void aepar_rbm_cd_bias_NAME(const T *vs, const T *hs, long long b, int nv, int nh,
+        T *pv, T *velv, T *ph, T *velh, double scale, double momentum, int mode,
+        double *err, unsigned int *done) {
+    __shared__ double part[2][32][33];
+    const int tx = threadIdx.x, ty = threadIdx.y, tiles_v = (nv + 31) / 32;
+    const bool visible = blockIdx.x < tiles_v;
+    const int n = visible ? nv : nh;
+    const int j = (visible ? blockIdx.x : blockIdx.x - tiles_v) * 32 + tx;
+    double g = 0.0, e = 0.0;
+    if (j < n) {
+        if (visible) {
+            for (long long r = ty; r < b; r += 32) {
+                const double d = (double)vs[r * nv + j] - (double)vs[(r + b) * nv + j];
+                g += d; e += d * d;
+            }
+        } else {
+            for (long long r = ty; r < 2 * b; r += 32) g += (double)hs[r * nh + j];
+        }
+    }
+    part[0][ty][tx] = g; part[1][ty][tx] = e;
+    __syncthreads();
+    if (ty == 0) {
+        for (int k = 1; k < 32; ++k) { g += part[0][k][tx]; e += part[1][k][tx]; }
+        if (j < n) {
+            T *p = visible ? pv : ph, *vel = visible ? velv : velh;
+            if (mode == 0) {
+                p[j] += (T)(scale * g);
+            } else {
+                const T v = (T)momentum * vel[j] - (T)(scale * g);
+                vel[j] = v; p[j] += v;
+            }
+        }
+        part[1][0][tx] = e;
+    }
+    if (!visible) return;  // the same for the whole block
+    __syncthreads();
+    if (tx == 0 && ty == 0) {
+        double s = 0.0;
+        for (int k = 0; k < 32; ++k) s += part[1][0][k];
+        err[blockIdx.x] = s;
+        __threadfence();
+        if (atomicAdd(done, 1u) == (unsigned)tiles_v - 1) {
+            double total = 0.0;
+            for (int k = 0; k < tiles_v; ++k) total += ((volatile double *)err)[k];
+            err[tiles_v] = total;
+            *done = 0u;
+        }
+    }
+}
+"""
+_bias_kernels = {np.dtype(dt): cp.RawKernel(f"typedef {name} T;" + _BIAS_SOURCE.replace("NAME", name),
+                                            f"aepar_rbm_cd_bias_{name}")
+                 for dt, name in ((np.float32, "float"), (np.float64, "double"))}
+_BIAS_BLOCK = (32, 32)
+_done_counters = {}  # per device: the bias kernel's count of finished visible blocks (left at 0)
+
+
+def _bias_sums(vs, hs, batch, pv, velv, ph, velh, scale, momentum, mode):
+    """One launch of the bias kernel; returns sum (vk - v0)^2 as a 0-d float64 device array.
+    ``velv``/``velh`` are ignored in mode 0 (pass the parameters again)."""
+    nv, nh = vs.shape[1], hs.shape[1]
+    tiles_v = -(-nv // 32)
+    device = cp.cuda.Device().id
+    done = _done_counters.get(device)
+    if done is None:
+        done = _done_counters[device] = cp.zeros(1, dtype=np.uint32)
+    err = cp.empty(tiles_v + 1, dtype=np.float64)
+    _bias_kernels[vs.dtype]((tiles_v - (-nh // 32),), _BIAS_BLOCK, (
+        vs, hs, np.int64(batch), np.int32(nv), np.int32(nh), pv, velv, ph, velh, np.float64(scale),
+        np.float64(momentum), np.int32(mode), err, done))
+    return err[tiles_v]
 
 
 def rbm_hidden(v, W, bh, hidden):
@@ -68,7 +160,7 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh, scale=None):
     """CD-k, k = noise.shape[0]; adds the negated CD update into dW, dbv, dbh.
 
     See :func:`kernels.ref.rbm.rbm_cd_backward` (``scale`` default 1/batch). Returns
-    (h0, vk, sq_err) with sq_err a Python float (one device sync per call).
+    (h0, vk, sq_err) with sq_err a 0-d float64 device array.
     """
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, dW, dbv, dbh)
@@ -81,17 +173,22 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh, scale=None):
 def rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale=None):
     """The chain of :func:`rbm_cd_backward` and its bias gradients (added into dbv, dbh);
     returns (vs, hs, alpha, sq_err) with the W gradient alpha * vs.T @ hs, vs = [vk; v0],
-    hs = [hk; -h0], alpha = scale. See :func:`kernels.ref.rbm.rbm_cd_factors`."""
+    hs = [hk; -h0], alpha = scale, sq_err a 0-d float64 device array. See
+    :func:`kernels.ref.rbm.rbm_cd_factors`."""
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, W, dbv, dbh, ("W", "dbv", "dbh"), "rbm_cd_factors")
     v0, W, dt = _prep(v0, W)
     batch = v0.shape[0]
     scale = 1.0 / batch if scale is None else float(scale)
-    vs, hs, h0, sq_err = _chain(v0, W, bv.astype(dt, copy=False), bh.astype(dt, copy=False), noise, hidden)
-    v, h = vs[:batch], hs[:batch]
-    dbv += (v.sum(axis=0) - v0.sum(axis=0)) * scale
-    dbh += (h.sum(axis=0) - h0.sum(axis=0)) * scale
-    return vs, hs, scale, float(sq_err)
+    vs, hs, first_err = _chain(v0, W, bv.astype(dt, copy=False), bh.astype(dt, copy=False), noise, hidden)
+    if _fits(dt, dbv, dbh):
+        err = _bias_sums(vs, hs, batch, dbv, dbv, dbh, dbh, scale, 0.0, 0)
+    else:  # other dtypes or layouts: the same sums by CuPy
+        v, h = vs[:batch], hs[:batch]
+        dbv += (v.sum(axis=0) - vs[batch:].sum(axis=0)) * scale
+        dbh += (h.sum(axis=0) + hs[batch:].sum(axis=0)) * scale
+        err = None
+    return vs, hs, scale, _sq_err_of(first_err, err, vs, batch)
 
 
 def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale=None):
@@ -104,52 +201,64 @@ def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weig
     """CD-k and its SGD-with-momentum step, in place; see :func:`kernels.ref.rbm.rbm_cd_update`.
 
     One GEMM for both statistics, then one fused kernel for the velocity, the weight cost
-    and the step of W. Returns sq_err (one device sync per call).
+    and the step of W, and one for the biases' gradients and steps. Returns sq_err, a 0-d
+    float64 device array (no wait for the GPU).
     """
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, vW, vbv, vbh, names=("vW", "vbv", "vbh"))
     dt = np.result_type(v0.dtype, W.dtype)
     dt = dt if dt.kind == "f" else np.dtype(np.float64)
-    if not all(a.dtype == dt and a.flags.c_contiguous for a in (W, bv, bh, vW, vbv, vbh)):
+    if not (_fits(dt, W, bv, bh, vW, vbv, vbh)):
         # odd layouts or dtypes: the same step through the gradient
         return cd_update_via(rbm_cd_backward, v0, W, bv, bh, noise, hidden, vW, vbv, vbh,
                              lr, momentum, weight_cost)
     v0 = cp.ascontiguousarray(v0, dtype=dt)
     batch = v0.shape[0]
-    vs, hs, h0, sq_err = _chain(v0, W, bv, bh, noise, hidden)
+    vs, hs, first_err = _chain(v0, W, bv, bh, noise, hidden)
     # vs.T @ hs = vk.T @ hk - v0.T @ h0 = batch * dW (without the weight cost)
     _momentum_step(vs.T @ hs, dt.type(-lr / batch), dt.type(momentum), dt.type(lr * weight_cost), vW, W)
-    v, h = vs[:batch], hs[:batch]
-    for p, vel, g in ((bv, vbv, (v.sum(axis=0) - v0.sum(axis=0)) / batch),
-                      (bh, vbh, (h.sum(axis=0) - h0.sum(axis=0)) / batch)):
-        vel *= momentum
-        vel -= lr * g
-        p += vel
-    return float(sq_err)
+    err = _bias_sums(vs, hs, batch, bv, vbv, bh, vbh, lr / batch, momentum, 1)
+    return _sq_err_of(first_err, err, vs, batch)
+
+
+def _fits(dt, *arrays):
+    """Whether the fused kernels take these arrays as they are (dtype ``dt``, C order)."""
+    return all(a.dtype == dt and a.flags.c_contiguous for a in arrays)
+
+
+def _sq_err_of(first_err, bias_err, vs, batch):
+    """sq_err of the first reconstruction: the bias kernel's when the chain is one step long
+    (its vk is that reconstruction), else the chain's own (CD-k, k > 1)."""
+    if first_err is not None:
+        return first_err
+    return bias_err if bias_err is not None else _sq_err(vs[:batch], vs[batch:])
 
 
 def _chain(v0, W, bv, bh, noise, hidden):
-    """The CD-k chain: (vs = [vk; v0], hs = [hk; -h0], h0, sq_err on the device); one GEMM
+    """The CD-k chain: (vs = [vk; v0], hs = [hk; -h0], sq_err of the first reconstruction
+    on the device for k > 1, None for k = 1: the bias kernel sums it then); one GEMM
     vs.T @ hs then gives vk.T @ hk - v0.T @ h0."""
-    sample = _bern_hidden_sample if hidden == "bernoulli" else _gauss_hidden_sample
-    hid = _bern_hidden if hidden == "bernoulli" else _gauss_hidden
+    bern = hidden == "bernoulli"
+    first = _bern_first if bern else _gauss_first
+    sample = _bern_hidden_sample if bern else _gauss_hidden_sample
+    hid = _bern_hidden if bern else _gauss_hidden
     batch, k, dt = v0.shape[0], noise.shape[0], W.dtype
     vs = cp.empty((2 * batch, v0.shape[1]), dtype=dt)
     hs = cp.empty((2 * batch, W.shape[1]), dtype=dt)
     v, h = vs[:batch], hs[:batch]
-    h0, state = sample(v0 @ W, bh, noise[0])
+    vs[batch:] = v0
+    state = cp.empty((batch, W.shape[1]), dtype=dt)
+    first(v0 @ W, bh, noise[0], hs[batch:], state)  # a kernel's outputs: all or none
     sq_err = None
     for i in range(k):
         _visible(state @ W.T, bv, v)
-        if i == 0:
+        if i == 0 and k > 1:
             sq_err = _sq_err(v, v0)
         if i + 1 < k:
             h, state = sample(v @ W, bh, noise[i + 1], h, state)
         else:
             hid(v @ W, bh, h)
-    vs[batch:] = v0
-    cp.negative(h0, out=hs[batch:])
-    return vs, hs, h0, sq_err
+    return vs, hs, sq_err
 
 
 def _prep(a, W):

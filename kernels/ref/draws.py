@@ -12,6 +12,8 @@ then its high half (NumPy keeps the high half in ``uinteger`` with ``has_uint32`
 until the next draw); the float is (u >> 8) * 2**-24. Jumping n steps ahead is the LCG
 raised to the n-th power: s_n = A_n * s + C_n, found by squaring in O(log n).
 """
+import functools
+
 import numpy as np
 
 __all__ = ["uniform_rows"]
@@ -38,6 +40,7 @@ def check_uniform_rows(rngs, starts, out):
                          f"{len(rngs)} generators")
 
 
+@functools.lru_cache(maxsize=256)  # a run skips its streams by the same few counts, step after step
 def jump(n: int, inc: int) -> tuple[int, int]:
     """(A, C) with s_{k+n} = A * s_k + C (mod 2**128) for the LCG of increment ``inc``."""
     acc_mult, acc_plus, mult, plus = 1, 0, MULT, inc

@@ -186,10 +186,12 @@ def test_weight_cost_shrinks_weights_without_data_gradient():
 
 @pytest.mark.parametrize("kernels", kernel_set_params())
 @pytest.mark.parametrize("hidden", ["bernoulli", "gaussian"])
-def test_rbm_epoch_matches_the_reference_kernels(kernels, hidden):
+@pytest.mark.parametrize("count", [1, 3])
+def test_rbm_epoch_matches_the_reference_kernels(kernels, hidden, count):
+    """Blocked steps (3 blocks) and fused ones (1 block), their error sums included."""
     x = _binary_data(n=120, d=20)
     ref, other = (RBM(_be(k), 20, 7, hidden=hidden, lr=0.05, batch=30, seed=3) for k in ("numpy", kernels))
-    e_ref, e_other = (train_epoch(r, S(x, r.be, 3), 0).means[0] for r in (ref, other))
+    e_ref, e_other = (train_epoch(r, S(x, r.be, count), 0).means[0] for r in (ref, other))
     assert abs(e_ref - e_other) <= 1e-9 * max(1.0, e_ref)
     for k in ref.params:
         assert_close(other.params[k], ref.params[k], np.float64, work=120, name=k)
