@@ -327,7 +327,7 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
     for k in range(start, mb.n_batches):
         scale = 1.0 / float(mb.sizes[k])
         if fused is not None:  # one block, one process: no sum to take, one fused kernel
-            x = shard.x[order[cuts[k]:cuts[k + 1]]]
+            x = be.xp.take(shard.x, order[cuts[k]:cuts[k + 1]], axis=0)
             if guard is not None:  # flags read before the step, as the blocked path's reduction does
                 flags = guard.flags()
                 guard.step(poison=x)

@@ -2,10 +2,10 @@
 
 Same semantics as :mod:`kernels.ref.rbm`. Bias + nonlinearity + sampling is one kernel
 per layer visit; the two statistics of the weight gradient are one GEMM over the stacked
-batch [vk; v0]^T @ [hk; -h0], added into dW by one fused kernel (rbm_cd_backward) or,
-in rbm_cd_update, turned into the velocity, weight cost and step of W by one fused kernel.
-Both bias gradients (and their steps) and the squared error are one more kernel over the
-stacked chain. Subnormal probabilities are kept (GPUs take no assists for them; the
+batch [vk; v0]^T @ [hk; -h0], added into dW by one fused kernel (rbm_cd_backward). Both
+bias gradients and the squared error are one kernel over the stacked chain; in
+rbm_cd_update the same launch takes the biases' steps and W's velocity, weight cost and
+step (on an H200 a launch costs the host 11-30 us, more than a batch-100 kernel). Subnormal probabilities are kept (GPUs take no assists for them; the
 numba set zeroes float32 ones below 2**-100).
 
 sq_err comes back as a 0-d float64 array on the device, not a Python float: reading it
@@ -44,42 +44,53 @@ _sq_err = cp.ReductionKernel(
     "T v, T v0", "float64 s", "((double)v - (double)v0) * ((double)v - (double)v0)",
     "a + b", "s = a", "0", "aepar_rbm_sq_err", reduce_type="double")
 _axpy = cp.ElementwiseKernel("T g, T alpha", "T d", "d += alpha * g;", "aepar_rbm_axpy")
-# vel = m vel + a G - c W; W += vel (G: the stacked statistics, a = -lr / batch, c = lr * weight cost)
-_momentum_step = cp.ElementwiseKernel(
-    "T g, T a, T m, T c", "T vel, T w", "vel = m * vel + a * g - c * w; w += vel;", "aepar_rbm_momentum_step")
-
-# The biases' column sums over the stacked chain vs = [vk; v0] (2b x nv), hs = [hk; -h0]
-# (2b x nh): gv = sum_r (vk - v0)[r], gh = sum_r hs[r], and the squared error
-# sum (vk - v0)^2. A block is 32 columns x 32 row strides; the strides' partial sums meet
-# in shared memory in a fixed order, in double. Each visible block leaves its error in
-# err[block]; the last to finish (a counter, reset by it) adds them in block order into
-# err[tiles_v]: the same bits every run, and no reduction kernel to launch after it.
-# mode 0 (a gradient): p += scale * g; mode 1 (a step, scale = lr / batch):
-# vel = momentum * vel - scale * g; p += vel.
-_BIAS_SOURCE = r"""
-extern "C" __global__ void aepar_rbm_cd_bias_NAME(const T *vs, const T *hs, long long b, int nv, int nh,
-        T *pv, T *velv, T *ph, T *velh, double scale, double momentum, int mode,
-        double *err, unsigned int *done) {
-    __shared__ double part[2][32][33];
-    const int tx = threadIdx.x, ty = threadIdx.y, tiles_v = (nv + 31) / 32;
-    const bool visible = blockIdx.x < tiles_v;
+# The step's last kernel. Its first blocks take the biases: the column sums over the
+# stacked chain vs = [vk; v0] (2b x nv), hs = [hk; -h0] (2b x nh), gv = sum_r (vk - v0)[r],
+# gh = sum_r hs[r], and the squared error sum (vk - v0)^2. Such a block is 8 columns x 128
+# row strides (a warp reads 4 rows of 32 bytes: whole sectors, and 2-4x more blocks than
+# 32 columns would give); the strides' partial sums meet in shared memory in a fixed order,
+# in double. Each visible block leaves its error in err[block]; the last to finish (a
+# counter, reset by it) adds them in block order into err[tiles_v]: the same bits every
+# run, no reduction kernel after it. mode 0 (a gradient): p += scale * g; mode 1 (a step,
+# scale = lr / batch): vel = momentum * vel - scale * g; p += vel. The blocks after them
+# (a step only) take W's momentum step, vel = momentum vel + a G - c W; W += vel (G: the
+# stacked statistics vs.T @ hs, a = -lr / batch, c = lr * weight cost): one launch less.
+_STEP_SOURCE = r"""
+#define COLS 8
+#define STRIDES 128
+extern "C" __global__ void aepar_rbm_cd_step_NAME(const T *vs, const T *hs, long long b, int nv, int nh,
+        T *pv, T *velv, T *ph, T *velh, double scale, double momentum, int mode, double *err, unsigned int *done,
+        const T *G, T *W, T *velW, long long n_w, T a, T c) {
+    __shared__ double part[2][STRIDES][COLS + 1];
+    const int tiles_v = (nv + COLS - 1) / COLS, tiles = tiles_v + (nh + COLS - 1) / COLS;
+    if ((int)blockIdx.x >= tiles) {
+        const T m = (T)momentum;
+        const long long step = (long long)(gridDim.x - tiles) * blockDim.x;
+        for (long long i = (long long)(blockIdx.x - tiles) * blockDim.x + threadIdx.x; i < n_w; i += step) {
+            const T v = m * velW[i] + a * G[i] - c * W[i];
+            velW[i] = v; W[i] += v;
+        }
+        return;
+    }
+    const int col = threadIdx.x % COLS, row = threadIdx.x / COLS;
+    const bool visible = (int)blockIdx.x < tiles_v;
     const int n = visible ? nv : nh;
-    const int j = (visible ? blockIdx.x : blockIdx.x - tiles_v) * 32 + tx;
+    const int j = (visible ? blockIdx.x : blockIdx.x - tiles_v) * COLS + col;
     double g = 0.0, e = 0.0;
     if (j < n) {
         if (visible) {
-            for (long long r = ty; r < b; r += 32) {
+            for (long long r = row; r < b; r += STRIDES) {
                 const double d = (double)vs[r * nv + j] - (double)vs[(r + b) * nv + j];
                 g += d; e += d * d;
             }
         } else {
-            for (long long r = ty; r < 2 * b; r += 32) g += (double)hs[r * nh + j];
+            for (long long r = row; r < 2 * b; r += STRIDES) g += (double)hs[r * nh + j];
         }
     }
-    part[0][ty][tx] = g; part[1][ty][tx] = e;
+    part[0][row][col] = g; part[1][row][col] = e;
     __syncthreads();
-    if (ty == 0) {
-        for (int k = 1; k < 32; ++k) { g += part[0][k][tx]; e += part[1][k][tx]; }
+    if (row == 0) {
+        for (int k = 1; k < STRIDES; ++k) { g += part[0][k][col]; e += part[1][k][col]; }
         if (j < n) {
             T *p = visible ? pv : ph, *vel = visible ? velv : velh;
             if (mode == 0) {
@@ -89,13 +100,13 @@ extern "C" __global__ void aepar_rbm_cd_bias_NAME(const T *vs, const T *hs, long
                 vel[j] = v; p[j] += v;
             }
         }
-        part[1][0][tx] = e;
+        part[1][0][col] = e;
     }
     if (!visible) return;  // the same for the whole block
     __syncthreads();
-    if (tx == 0 && ty == 0) {
+    if (threadIdx.x == 0) {
         double s = 0.0;
-        for (int k = 0; k < 32; ++k) s += part[1][0][k];
+        for (int k = 0; k < COLS; ++k) s += part[1][0][k];
         err[blockIdx.x] = s;
         __threadfence();
         if (atomicAdd(done, 1u) == (unsigned)tiles_v - 1) {
@@ -107,26 +118,31 @@ extern "C" __global__ void aepar_rbm_cd_bias_NAME(const T *vs, const T *hs, long
     }
 }
 """
-_bias_kernels = {np.dtype(dt): cp.RawKernel(f"typedef {name} T;" + _BIAS_SOURCE.replace("NAME", name),
-                                            f"aepar_rbm_cd_bias_{name}")
+_step_kernels = {np.dtype(dt): cp.RawKernel(f"typedef {name} T;" + _STEP_SOURCE.replace("NAME", name),
+                                            f"aepar_rbm_cd_step_{name}")
                  for dt, name in ((np.float32, "float"), (np.float64, "double"))}
-_BIAS_BLOCK = (32, 32)
-_done_counters = {}  # per device: the bias kernel's count of finished visible blocks (left at 0)
+_COLS, _THREADS, _W_PER_THREAD = 8, 1024, 4
+_done_counters = {}  # per device: the step kernel's count of finished visible blocks (left at 0)
 
 
-def _bias_sums(vs, hs, batch, pv, velv, ph, velh, scale, momentum, mode):
-    """One launch of the bias kernel; returns sum (vk - v0)^2 as a 0-d float64 device array.
-    ``velv``/``velh`` are ignored in mode 0 (pass the parameters again)."""
-    nv, nh = vs.shape[1], hs.shape[1]
-    tiles_v = -(-nv // 32)
+def _step(vs, hs, batch, pv, velv, ph, velh, scale, momentum, mode, G=None, W=None, velW=None, a=0.0, c=0.0):
+    """One launch of the step kernel: the biases (mode 0: a gradient, ``velv``/``velh``
+    not read; mode 1: their steps) and, given G, W's momentum step. Returns sum (vk - v0)^2
+    as a 0-d float64 device array."""
+    nv, nh, t = vs.shape[1], hs.shape[1], vs.dtype.type
+    tiles_v = -(-nv // _COLS)
     device = cp.cuda.Device().id
     done = _done_counters.get(device)
     if done is None:
         done = _done_counters[device] = cp.zeros(1, dtype=np.uint32)
+    n_w = 0 if G is None else W.size
+    w_blocks = -(-n_w // (_THREADS * _W_PER_THREAD))
     err = cp.empty(tiles_v + 1, dtype=np.float64)
-    _bias_kernels[vs.dtype]((tiles_v - (-nh // 32),), _BIAS_BLOCK, (
+    if G is None:
+        G = W = velW = vs  # (not read: no W blocks)
+    _step_kernels[vs.dtype]((tiles_v - (-nh // _COLS) + w_blocks,), (_THREADS,), (
         vs, hs, np.int64(batch), np.int32(nv), np.int32(nh), pv, velv, ph, velh, np.float64(scale),
-        np.float64(momentum), np.int32(mode), err, done))
+        np.float64(momentum), np.int32(mode), err, done, G, W, velW, np.int64(n_w), t(a), t(c)))
     return err[tiles_v]
 
 
@@ -182,7 +198,7 @@ def rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale=None):
     scale = 1.0 / batch if scale is None else float(scale)
     vs, hs, first_err = _chain(v0, W, bv.astype(dt, copy=False), bh.astype(dt, copy=False), noise, hidden)
     if _fits(dt, dbv, dbh):
-        err = _bias_sums(vs, hs, batch, dbv, dbv, dbh, dbh, scale, 0.0, 0)
+        err = _step(vs, hs, batch, dbv, dbv, dbh, dbh, scale, 0.0, 0)
     else:  # other dtypes or layouts: the same sums by CuPy
         v, h = vs[:batch], hs[:batch]
         dbv += (v.sum(axis=0) - vs[batch:].sum(axis=0)) * scale
@@ -200,9 +216,9 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
 def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):
     """CD-k and its SGD-with-momentum step, in place; see :func:`kernels.ref.rbm.rbm_cd_update`.
 
-    One GEMM for both statistics, then one fused kernel for the velocity, the weight cost
-    and the step of W, and one for the biases' gradients and steps. Returns sq_err, a 0-d
-    float64 device array (no wait for the GPU).
+    One GEMM for both statistics, then one kernel for the velocity, the weight cost and the
+    step of W and the biases' gradients and steps. Returns sq_err, a 0-d float64 device
+    array (no wait for the GPU).
     """
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, vW, vbv, vbh, names=("vW", "vbv", "vbh"))
@@ -216,8 +232,8 @@ def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weig
     batch = v0.shape[0]
     vs, hs, first_err = _chain(v0, W, bv, bh, noise, hidden)
     # vs.T @ hs = vk.T @ hk - v0.T @ h0 = batch * dW (without the weight cost)
-    _momentum_step(vs.T @ hs, dt.type(-lr / batch), dt.type(momentum), dt.type(lr * weight_cost), vW, W)
-    err = _bias_sums(vs, hs, batch, bv, vbv, bh, vbh, lr / batch, momentum, 1)
+    err = _step(vs, hs, batch, bv, vbv, bh, vbh, lr / batch, momentum, 1, G=vs.T @ hs, W=W, velW=vW,
+                a=-lr / batch, c=lr * weight_cost)
     return _sq_err_of(first_err, err, vs, batch)
 
 
