@@ -1,7 +1,7 @@
 """One CD-1 epoch of the stack's first layer on the GPU: aepar's CuPy kernels vs PyTorch CUDA.
 
     python -m bench.gpu_epoch [--rows 50000] [--batches 100,5000] [--repeats 3]
-                              [--data-dir DIR] [--out DIR]
+                              [--layers rbm,ae] [--data-dir DIR] [--out DIR]
 
 The 784x1000 Bernoulli RBM of bench.stacked's rbm_epoch.csv (the seed's recipe, float32,
 momentum 0.9), trained on the GPU: aepar's model on ``backend.select("gpu", "cupy")`` with
@@ -10,7 +10,8 @@ momentum 0.9), trained on the GPU: aepar's model on ``backend.select("gpu", "cup
 before any timing; each implementation gets a warm-up epoch on 500 rows (compilation,
 cuBLAS handles, the memory pools), then ``--repeats`` rounds of one epoch each taken in
 turns, the device drained before and after each; best of the rounds counts.
-ratio = this row's seconds / aepar's 8-block seconds (> 1: aepar faster).
+ratio = this row's seconds / aepar's 8-block seconds (> 1: aepar faster). ``--layers ae``
+times the autoencoder layer of ``--pretrainer ae`` the same way, against TorchAE.
 
 Data: the first ``--rows`` training images of the IDX files in ``--data-dir`` (Fashion-
 MNIST's, say), else of Debian's Fashion-MNIST, else of the embedded mnist5k repeated to
@@ -40,7 +41,8 @@ HIDDEN = 1000
 AEPAR_8 = "aepar (cupy kernels, 8 blocks: bit-identical on 1-8 ranks)"
 AEPAR_1 = "aepar (cupy kernels, 1 block)"
 TORCH = {"careful": "pytorch cuda careful (bench/torch_rbm.py)", "plain": "pytorch cuda plain (bench/torch_rbm.py)"}
-KEY = ("hostname", "gpu", "batch")
+KEY = ("hostname", "gpu", "layer", "batch")
+LAYERS = {"rbm": "bernoulli", "ae": "autoencoder"}  # as bench.stacked names them
 
 
 def load_rows(rows: int, data_dir: str | None):
@@ -67,9 +69,10 @@ def gpu_columns() -> dict:
     return {"gpu": name, "cupy": cupy.__version__, "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion()}
 
 
-def epochs(x, batch: int, repeats: int) -> dict:
+def epochs(x, batch: int, repeats: int, layer: str = "rbm") -> dict:
     """{implementation: [seconds]} for one batch size, the implementations taken in turns."""
     from aepar import backend
+    from aepar.models.ae_layer import AELayer
     from aepar.models.rbm import RBM
     from aepar.parallel.data_parallel import train_epoch
     from aepar.rows import Shard
@@ -77,17 +80,18 @@ def epochs(x, batch: int, repeats: int) -> dict:
 
     be = backend.select("gpu", "cupy", "float32")
     warm = min(x.shape[0], max(500, 2 * batch))
+    model, peer_class = (RBM, torch_rbm.TorchRBM) if layer == "rbm" else (AELayer, torch_rbm.TorchAE)
 
     def ours(blocks):
-        layer = RBM(be, 784, HIDDEN, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
-                    momentum_switch_epoch=5, batch=batch, seed=0, layer_index=0)
-        train_epoch(layer, Shard.of(be, x[:warm], blocks), 0)
+        trained = model(be, 784, HIDDEN, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
+                        momentum_switch_epoch=5, batch=batch, seed=0, layer_index=0)
+        train_epoch(trained, Shard.of(be, x[:warm], blocks), 0)
         xb = Shard.of(be, x, blocks)
 
         def time_epoch(epoch):
             be.synchronize()
             t0 = time.perf_counter()
-            train_epoch(layer, xb, epoch)
+            train_epoch(trained, xb, epoch)
             be.synchronize()
             return time.perf_counter() - t0
         return time_epoch
@@ -98,7 +102,7 @@ def epochs(x, batch: int, repeats: int) -> dict:
 
         xt = torch.as_tensor(x, device="cuda")
         for style, name in TORCH.items():
-            peer = torch_rbm.TorchRBM(784, HIDDEN, batch=batch, seed=0, style=style, device="cuda")
+            peer = peer_class(784, HIDDEN, batch=batch, seed=0, style=style, device="cuda")
             peer.train_epoch(xt[:warm])
             impls[name] = lambda epoch, peer=peer: peer.time_epoch(xt)
     times = {name: [] for name in impls}
@@ -114,6 +118,8 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=50_000, help="training rows per epoch (default %(default)s)")
     p.add_argument("--batches", default="100,5000", help="batch sizes, comma-separated (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="timed epochs per implementation (best counts)")
+    p.add_argument("--layers", default="rbm", help="layers to time, comma-separated: rbm (CD-1), ae (the "
+                                                   "autoencoder layer) (default %(default)s)")
     p.add_argument("--data-dir", default=None, help="a directory with the four IDX files (Fashion-MNIST's)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where gpu_epoch.csv goes (default bench/results)")
     args = p.parse_args(argv)
@@ -123,6 +129,9 @@ def main(argv=None) -> int:
         p.error(f"--batches must be integers separated by commas, not {args.batches!r}")
     if args.rows < 1 or args.repeats < 1 or not batches or min(batches) < 1:
         p.error("--rows, --repeats and every batch must be at least 1")
+    layers = [name.strip() for name in args.layers.split(",") if name.strip()]
+    if not layers or any(name not in LAYERS for name in layers):
+        p.error(f"--layers must name some of {', '.join(LAYERS)}, not {args.layers!r}")
     try:
         gpu = gpu_columns()
     except Exception as e:  # no CuPy, no driver, no device
@@ -134,16 +143,17 @@ def main(argv=None) -> int:
     x, what = load_rows(args.rows, args.data_dir)
     print(f"bench.gpu_epoch: {gpu['gpu']}, {what}", flush=True)
     out, machine = [], None
-    for batch in batches:
-        times = epochs(x, batch, args.repeats)
+    for layer, batch in ((layer, batch) for layer in layers for batch in batches):
+        times = epochs(x, batch, args.repeats, layer)
         machine = machine or {**describe(mpi=""), **gpu, "torch": torch_peer()}  # torch is loaded by now
         ours = min(times[AEPAR_8])
         for name, ts in times.items():
             out.append({"implementation": name, "data": what, "samples": int(x.shape[0]),
-                        "layer": f"784x{HIDDEN} bernoulli", "batch": batch, "dtype": "float32",
+                        "layer": f"784x{HIDDEN} {LAYERS[layer]}", "batch": batch, "dtype": "float32",
                         "seconds": round(min(ts), 5), "ratio": round(min(ts) / ours, 4), "repeats": args.repeats,
                         "all_seconds": " ".join(f"{v:.4f}" for v in ts), "kind": "measured", **machine})
-            print(f"  batch {batch:5d}  {name:62s} {min(ts):8.3f} s  ratio {min(ts) / ours:5.2f}", flush=True)
+            print(f"  {layer} batch {batch:5d}  {name:62s} {min(ts):8.3f} s  ratio {min(ts) / ours:5.2f}",
+                  flush=True)
     merge_rows(out, args.out / "gpu_epoch.csv", "gpu_epoch", key=KEY)
     print(f"bench.gpu_epoch: wrote {args.out / 'gpu_epoch.csv'}", flush=True)
     return 0

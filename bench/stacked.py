@@ -13,7 +13,9 @@ Writes into bench/results/ (every figure says whether it was MEASURED here or SI
   of 3 epochs taken in turns; ratio = this row's seconds / aepar's (> 1: aepar faster).
   Rows carry the machine columns and the load average before/after. Measured.
   ``--rbm-only`` runs just this part (``--rbm-threads``, ``--rbm-rows``, ``--rbm-repeats``;
-  ``--rbm-hidden`` and ``--rbm-batch`` for the issue's other shapes, 784x2000 and batch 5000).
+  ``--rbm-hidden`` and ``--rbm-batch`` for the issue's other shapes, 784x2000 and batch 5000;
+  ``--rbm-layer ae`` times the autoencoder layer of ``--pretrainer ae`` instead, against
+  bench/torch_rbm.py's TorchAE: rows with layer "784xN autoencoder").
 Files other than rbm_epoch.csv carry the configuration in their name (_quick, _full).
 
 - stage_times.json: every layer's epoch and transform time on one core (the greedy
@@ -88,6 +90,7 @@ def _write_csv(path, rows):
 RBM_ROWS = 50_000          # the issue's size: 50k Fashion-MNIST training images
 RBM_THREADS = (1, 2)
 RBM_HIDDEN, RBM_BATCH = 1000, 100  # the stack's first layer and the seed's batch
+LAYERS = {"rbm": "bernoulli", "ae": "autoencoder"}  # --rbm-layer: the timed layer, and its rows' name
 AEPAR_NAME = "aepar (numba kernels, 8 blocks: bit-identical on 1-8 ranks)"
 ONE_BLOCK_NAME = "aepar (numba kernels, 1 block: one process only)"
 NUMPY_NAME = "numpy straightforward (aepar's reference kernels)"
@@ -112,29 +115,32 @@ def fashion_installed() -> bool:
 
 
 def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True, hidden=RBM_HIDDEN,
-                   batch=RBM_BATCH) -> dict:
+                   batch=RBM_BATCH, layer="rbm") -> dict:
     """One process, this process's thread count: aepar's 784 x ``hidden`` Bernoulli RBM (by
-    default the stack's first layer) trained with the seed's recipe at ``batch``, the same model on aepar's NumPy reference kernels (the
+    default the stack's first layer; ``layer="ae"``: the autoencoder layer) trained with the seed's recipe at ``batch``, the same model on aepar's NumPy reference kernels (the
     issue's "straightforward NumPy version") and the PyTorch peers, a warm-up epoch each on
     500 rows, then ``repeats`` rounds of one epoch each, interleaved (aepar, numpy, torch,
     ...) so that load from other users hits them alike. Returns {implementation: [seconds]}."""
     from aepar import backend
+    from aepar.models.ae_layer import AELayer
     from aepar.models.rbm import RBM
     from bench import torch_rbm
 
     from aepar.parallel.data_parallel import train_epoch
     from aepar.rows import DEFAULT_BLOCKS, Shard
 
+    model, peer = (RBM, torch_rbm.TorchRBM) if layer == "rbm" else (AELayer, torch_rbm.TorchAE)
+
     def rbm(kernels, blocks=DEFAULT_BLOCKS):
         be = backend.select("cpu", kernels, "float32")
-        layer = RBM(be, 784, hidden, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
-                    momentum_switch_epoch=5, batch=batch, seed=0, layer_index=0)
-        train_epoch(layer, Shard.of(be, x[:warm], blocks), 0)  # warm-up: JIT, BLAS buffers
+        trained = model(be, 784, hidden, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
+                        momentum_switch_epoch=5, batch=batch, seed=0, layer_index=0)
+        train_epoch(trained, Shard.of(be, x[:warm], blocks), 0)  # warm-up: JIT, BLAS buffers
         xb = Shard.of(be, x, blocks)
 
         def time_epoch(epoch):
             t0 = time.perf_counter()
-            train_epoch(layer, xb, epoch)
+            train_epoch(trained, xb, epoch)
             return time.perf_counter() - t0
         return time_epoch
 
@@ -146,8 +152,7 @@ def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True, h
     peers = {}
     if torch_rbm.available():
         for style in styles:
-            peers[TORCH_NAMES[style]] = torch_rbm.TorchRBM(784, hidden, batch=batch, threads=aepar.THREADS, seed=0,
-                                                           style=style)
+            peers[TORCH_NAMES[style]] = peer(784, hidden, batch=batch, threads=aepar.THREADS, seed=0, style=style)
             peers[TORCH_NAMES[style]].train_epoch(x[:warm])
     times = {name: [] for name in [*ours, *peers]}
     for r in range(repeats):
@@ -167,7 +172,7 @@ def _rbm_child(args) -> int:
     load_before = os.getloadavg()[0]
     styles = [s for s in ("careful", "plain") if f"rbm-{s}" not in args.skip]
     times = rbm_epoch_here(x, args.rbm_repeats, styles, numpy_peer="rbm-numpy" not in args.skip,
-                           hidden=args.rbm_hidden, batch=args.rbm_batch)
+                           hidden=args.rbm_hidden, batch=args.rbm_batch, layer=args.rbm_layer)
     # thread-pool settings that change how the two runtimes share the cores (OpenBLAS's
     # workers spin 2**OPENBLAS_THREAD_TIMEOUT cycles after each call, default 2**28)
     env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT") if k in os.environ)
@@ -181,7 +186,7 @@ def _rbm_child(args) -> int:
 
 
 def rbm_epoch(fallback_x, fallback_name, threads=RBM_THREADS, repeats=3, rows=RBM_ROWS, skip="", hidden=RBM_HIDDEN,
-              batch=RBM_BATCH) -> list[dict]:
+              batch=RBM_BATCH, layer="rbm") -> list[dict]:
     """CD-1 epochs of aepar and PyTorch side by side, one child process per thread count
     (AEPAR_THREADS there, and torch.set_num_threads): rows for rbm_epoch.csv.
 
@@ -206,7 +211,7 @@ def rbm_epoch(fallback_x, fallback_name, threads=RBM_THREADS, repeats=3, rows=RB
                 env.pop(var, None)  # aepar sets them from AEPAR_THREADS
             cmd = [sys.executable, "-m", "bench.stacked", "--rbm-child", "--rbm-repeats", str(repeats),
                    "--rbm-child-data", spec, "--rbm-child-what", f"{fallback_name} ({fallback_x.shape[0]} rows)",
-                   "--skip", skip, "--rbm-hidden", str(hidden), "--rbm-batch", str(batch)]
+                   "--skip", skip, "--rbm-hidden", str(hidden), "--rbm-batch", str(batch), "--rbm-layer", layer]
             proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             lines = proc.stdout.splitlines()
             found = [ln for ln in lines if ln.startswith("RBM-EPOCH ")]
@@ -218,7 +223,7 @@ def rbm_epoch(fallback_x, fallback_name, threads=RBM_THREADS, repeats=3, rows=RB
             ours = min(res["times"][AEPAR_NAME])
             for name, ts in res["times"].items():
                 out.append({"implementation": name, "data": res["data"], "samples": res["samples"],
-                            "layer": f"784x{hidden} bernoulli", "batch": batch, "dtype": "float32",
+                            "layer": f"784x{hidden} {LAYERS[layer]}", "batch": batch, "dtype": "float32",
                             "seconds": min(ts), "ratio": min(ts) / ours, "repeats": repeats,
                             "all_seconds": " ".join(f"{v:.3f}" for v in ts),
                             "load_1min": " ".join(f"{v:.2f}" for v in res["load_1min"]), "env": res["env"],
@@ -317,6 +322,8 @@ def main(argv=None) -> int:
                    help="hidden units of the timed 784 x N layer (default %(default)s; the issue also asks for 2000)")
     p.add_argument("--rbm-batch", type=int, default=RBM_BATCH,
                    help="minibatch of the timed epoch (default %(default)s; the issue also asks for 5000)")
+    p.add_argument("--rbm-layer", choices=sorted(LAYERS), default="rbm",
+                   help="the timed layer: rbm (CD-1, the default) or ae (the autoencoder layer of --pretrainer ae)")
     p.add_argument("--rbm-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rbm-child-data", help=argparse.SUPPRESS)
     p.add_argument("--rbm-child-what", help=argparse.SUPPRESS)
@@ -347,12 +354,13 @@ def main(argv=None) -> int:
     if "rbm" not in skip or args.rbm_only:
         threads = [int(t) for t in args.rbm_threads.split(",") if t.strip()]
         rows = rbm_epoch(x_train, f"{cfg['dataset']} training split", threads, args.rbm_repeats, args.rbm_rows,
-                         ",".join(sorted(skip)), args.rbm_hidden, args.rbm_batch)
+                         ",".join(sorted(skip)), args.rbm_hidden, args.rbm_batch, args.rbm_layer)
         # rows from other machines, code paths and shapes stay (bench.peers_csv's key, the layer, the batch)
         merge_rows([{k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
                    out / "rbm_epoch.csv", "rbm_epoch", legacy=True, key=KEY + ("layer", "batch"))
         data = rows[0].get("data", "") if rows else ""
-        md += [f"## One CD-1 epoch, 784x{args.rbm_hidden} Bernoulli RBM, batch {args.rbm_batch}, float32 "
+        what = "CD-1 epoch, 784x{} Bernoulli RBM" if args.rbm_layer == "rbm" else "epoch, 784x{} autoencoder layer"
+        md += [f"## One {what.format(args.rbm_hidden)}, batch {args.rbm_batch}, float32 "
                f"(measured; {data})", "",
                *rbm_table(rows), "",
                "Side by side in one process per thread count, warm-up then best of "

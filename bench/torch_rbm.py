@@ -1,4 +1,5 @@
-"""The seed-002 CD-1 epoch in PyTorch on the CPU (or a CUDA GPU, for bench.gpu_epoch): a bench-only peer for aepar's RBM.
+"""The seed-002 CD-1 epoch in PyTorch on the CPU (or a CUDA GPU, for bench.gpu_epoch): a bench-only peer for aepar's RBM,
+and (:class:`TorchAE`) the same for its autoencoder layer (``--pretrainer ae``).
 
 Same recipe as :class:`aepar.models.rbm.RBM` with Bernoulli hidden units (DESIGN.md
 "Stacked autoencoder", the 784-1000 layer): batch 100, learning rate 0.1 for weights and
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["available", "TorchRBM", "STYLES"]
+__all__ = ["available", "TorchRBM", "TorchAE", "STYLES"]
 
 STYLES = ("careful", "plain")
 # aepar's float32 kernels store probabilities below this as 0 (kernels/nb/rbm.py, _flush)
@@ -166,3 +167,105 @@ class TorchRBM:
         if cuda:
             self.torch.cuda.synchronize()
         return time.perf_counter() - t0
+
+
+class TorchAE:
+    """The tied-weight autoencoder layer of :class:`aepar.models.ae_layer.AELayer` in PyTorch:
+    h = sigmoid(x W + bh), x^ = sigmoid(h W' + bv), the gradient of 1/2 sum (x^ - x)^2 over
+    the batch divided by its size, v = momentum v - lr (g + weight_cost W) for W (no cost on
+    the biases), p += v; the same recipe and W init as :class:`TorchRBM`.
+
+    ``"careful"`` writes the gradient by hand into buffers allocated once (five GEMMs, two
+    of them ``addmm_`` straight into W's velocity), sums the error in a tensor read once per
+    epoch and flushes subnormals (aepar's float32 sigmoid never makes them); ``"plain"``
+    lets autograd take the gradient of the batch's loss, with fresh tensors each step and
+    one ``float()`` per batch.
+    """
+
+    def __init__(self, n_in, n_out, *, lr=0.1, weight_cost=2e-4, momentum=0.9, batch=100, seed=0,
+                 threads=1, style="careful", device="cpu"):
+        import torch
+
+        if style not in STYLES:
+            raise ValueError(f"style must be one of {STYLES}, not {style!r}")
+        torch.set_num_threads(int(threads))
+        self.torch, self.style, self.device = torch, style, torch.device(device)
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.W = 0.1 * torch.randn(n_in, n_out, generator=self.gen, dtype=torch.float32, device=self.device)
+        self.bv = torch.zeros(n_in, device=self.device)
+        self.bh = torch.zeros(n_out, device=self.device)
+        self.vW, self.vbv, self.vbh = torch.zeros_like(self.W), torch.zeros_like(self.bv), torch.zeros_like(self.bh)
+        self.lr, self.wc, self.m, self.batch = lr, weight_cost, momentum, batch
+        if style == "careful":
+            dev = self.device
+            self._x, self._y, self._dy = (torch.empty(batch, n_in, device=dev) for _ in range(3))
+            self._h, self._dh = (torch.empty(batch, n_out, device=dev) for _ in range(2))
+
+    def train_epoch(self, data) -> float:
+        """One epoch over ``data`` (numpy or tensor, float32); mean over rows of sum (x^ - x)^2."""
+        torch = self.torch
+        x = torch.as_tensor(data, dtype=torch.float32, device=self.device)
+        if self.style == "plain":
+            return self._epoch_plain(x)
+        flushing = torch.set_flush_denormal(True)
+        try:
+            with torch.no_grad():
+                return self._epoch_careful(x)
+        finally:
+            if flushing:
+                torch.set_flush_denormal(False)
+
+    def _epoch_careful(self, x) -> float:
+        torch = self.torch
+        n, W, vW, m, lr = x.shape[0], self.W, self.vW, self.m, self.lr
+        err = torch.zeros((), dtype=torch.float64, device=self.device)
+        perm = torch.randperm(n, generator=self.gen, device=self.device)
+        for start in range(0, n, self.batch):
+            rows = perm[start:start + self.batch]
+            b = rows.shape[0]
+            xb, y, dy, h, dh = self._x[:b], self._y[:b], self._dy[:b], self._h[:b], self._dh[:b]
+            torch.index_select(x, 0, rows, out=xb)
+            torch.addmm(self.bh, xb, W, out=h).sigmoid_()
+            torch.addmm(self.bv, h, W.t(), out=y).sigmoid_()
+            torch.sub(y, xb, out=dy)
+            err += torch.dot(dy.view(-1), dy.view(-1))
+            dy.mul_(y).mul_(1.0 - y)                      # d(loss)/d(pre-activation) of x^
+            torch.mm(dy, W, out=dh).mul_(h).mul_(1.0 - h)  # ... of h
+            # vW = m vW - lr ((x' dh + dy' h) / b + wc W); W += vW
+            vW.mul_(m).add_(W, alpha=-lr * self.wc)
+            vW.addmm_(xb.t(), dh, alpha=-lr / b)
+            vW.addmm_(dy.t(), h, alpha=-lr / b)
+            W.add_(vW)
+            self.vbv.mul_(m).add_(dy.sum(0), alpha=-lr / b)
+            self.vbh.mul_(m).add_(dh.sum(0), alpha=-lr / b)
+            self.bv.add_(self.vbv)
+            self.bh.add_(self.vbh)
+        return float(err) / n
+
+    def _epoch_plain(self, x) -> float:
+        torch = self.torch
+        n, err = x.shape[0], 0.0
+        params = (self.W, self.bv, self.bh)
+        for p in params:
+            p.requires_grad_(True)
+        try:
+            perm = torch.randperm(n, generator=self.gen, device=self.device)
+            for start in range(0, n, self.batch):
+                xb = x[perm[start:start + self.batch]]
+                h = torch.sigmoid(xb @ self.W + self.bh)
+                y = torch.sigmoid(h @ self.W.t() + self.bv)
+                sq = ((y - xb) ** 2).sum()
+                for p in params:
+                    p.grad = None
+                (0.5 * sq / xb.shape[0]).backward()
+                with torch.no_grad():
+                    for p, v, wc in zip(params, (self.vW, self.vbv, self.vbh), (self.wc, 0.0, 0.0)):
+                        v.mul_(self.m).add_(p.grad + wc * p, alpha=-self.lr)
+                        p.add_(v)
+                err += float(sq.detach())
+        finally:
+            for p in params:
+                p.requires_grad_(False)
+        return err / n
+
+    time_epoch = TorchRBM.time_epoch

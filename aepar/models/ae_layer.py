@@ -9,6 +9,8 @@ momentum, weight cost on W; blocks, batches, shuffling and data parallelism as i
 from __future__ import annotations
 
 from aepar.models.rbm import RBM
+from aepar.models.trained import BlockActivations
+from aepar.rows import each
 
 __all__ = ["AELayer"]
 
@@ -35,21 +37,43 @@ class AELayer(RBM):
         return h, Wt, K.dense_forward(h, Wt, p["bv"], "sigmoid")
 
     n_extra = 1  # a step reports Σ‖x̂ − x‖² over its rows
-    # the RBM's fused step and factors are CD-1's: an autoencoder layer takes the general path
-    fused_step = block_factors = None
+    # the RBM's fused step is CD-1's: an autoencoder layer takes the general path
+    fused_step = None
+    factored = ("W",)  # the trainer adds the blocks' W gradients from block_factors' factors
 
     def leaf_gradient(self, x, rng, scale, grads):
         """Add one block's gradient of ½ Σ(x̂ − x)², scaled by ``scale``, into ``grads``.
         Returns (Σ‖x̂ − x‖²,)."""
-        K, p = self.be.K, self.params
-        h, Wt, y = self._forward(x)
-        err = K.mse_forward(y, x, scale=2.0)  # Σ (x̂ − x)²
-        dy = K.mse_backward(y, x, scale=scale)
-        dWt = self.be.zeros((self.n_out, self.n_in))
-        dh = K.dense_backward(dy, h, Wt, y, "sigmoid", dWt, grads["bv"])
-        K.dense_backward(dh, x, p["W"], h, self.code_act, grads["W"], grads["bh"], need_dx=False)
-        grads["W"] += dWt.T
-        return (err,)
+        (sums,), (factors,) = self.block_factors([x], [rng], scale, [grads])
+        A, D, alpha = factors["W"]
+        grads["W"] += alpha * (A.T @ D)  # one product for the encoder's and the decoder's parts
+        return sums
+
+    def block_factors(self, xs, rngs, scale, grads):
+        """:meth:`leaf_gradient` of several blocks, their W gradients left as factors: adds
+        each block's bias gradients into its ``grads`` dict and returns ([(Σ‖x̂ − x‖²,)],
+        [{"W": (A, D, 1.0)}]), one entry per block. W is tied, so its gradient has an
+        encoder part x.T @ dz1 and a decoder part (h.T @ dz2).T = dz2.T @ h: A = [x; dz2],
+        D = [dz1; h]. The blocks are stacked in one group per thread, each layer one
+        kernel call per group (``dense_*_blocks``), with each block's own bits."""
+        K, p, xp = self.be.K, self.params, self.be.xp
+        acts = BlockActivations(list(xs), xp)
+        Wt = xp.ascontiguousarray(p["W"].T)
+
+        def chain(x, starts, grads):
+            h = K.dense_forward_blocks(x, p["W"], p["bh"], self.code_act, starts)
+            y = K.dense_forward_blocks(h, Wt, p["bv"], "sigmoid", starts)
+            bounds = list(zip(starts[:-1], starts[1:]))
+            errs = [K.mse_forward(y[lo:hi], x[lo:hi], scale=2.0) for lo, hi in bounds]  # Σ (x̂ − x)²
+            dh, dz2 = K.dense_backward_blocks(K.mse_backward(y, x, scale=scale), h, Wt, y, "sigmoid",
+                                              [g["bv"] for g in grads], starts)
+            _, dz1 = K.dense_backward_blocks(dh, x, p["W"], h, self.code_act, [g["bh"] for g in grads], starts,
+                                             need_dx=False)
+            return [((err,), {"W": (xp.concatenate([x[lo:hi], dz2[lo:hi]]), xp.concatenate([dz1[lo:hi], h[lo:hi]]),
+                                    1.0)}) for (lo, hi), err in zip(bounds, errs)]
+        out = [block for group in each(chain, acts.layers[0], acts.starts, acts.split(list(grads)))
+               for block in group]
+        return [sums for sums, _ in out], [f for _, f in out]
 
     def _encode(self, x):
         """Code units σ(x W + bh) (identity for the code layer): the next layer's input."""

@@ -20,12 +20,13 @@ def test_rbm_rows_replace_this_machines_and_keep_others(tmp_path):
                         "aepar (numba kernels),3.7,vm,Some Other CPU,SkylakeX\n")
     _run(tmp_path)
     _run(tmp_path, "--rbm-hidden", "64", "--rbm-batch", "250")  # another shape: its own rows
+    _run(tmp_path, "--rbm-layer", "ae", "--rbm-hidden", "64", "--rbm-batch", "250")  # another layer: its own
     _run(tmp_path)
     rows = list(csv.DictReader(open(csv_path)))
     assert rows[0]["cpu_model"] == "Some Other CPU" and rows[0]["seconds"] == "3.7"
     ours = [r for r in rows[1:] if r["kind"] == "measured"]
     assert sorted((r["layer"], r["batch"]) for r in ours) == [("784x1000 bernoulli", "100")] * 2 + \
-        [("784x64 bernoulli", "250")] * 2
+        [("784x64 autoencoder", "250")] * 2 + [("784x64 bernoulli", "250")] * 2
     names = sorted(r["implementation"] for r in ours)
     assert len(set(names)) == 2 and all(n.startswith("aepar (numba kernels, ") for n in names)  # 8 blocks, 1 block
     assert all(float(r["seconds"]) > 0 and r["benchmark"] == "rbm_epoch" and r["isa"] for r in ours)

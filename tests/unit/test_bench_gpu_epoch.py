@@ -7,7 +7,8 @@ from bench import gpu_epoch
 from tests.conftest import HAVE_GPU
 
 
-@pytest.mark.parametrize("argv", [["--rows", "0"], ["--batches", "100,x"], ["--batches", "0"], ["--repeats", "0"]])
+@pytest.mark.parametrize("argv", [["--rows", "0"], ["--batches", "100,x"], ["--batches", "0"], ["--repeats", "0"],
+                                  ["--layers", "rbm,gan"], ["--layers", ","]])
 def test_impossible_options_are_refused(argv, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         gpu_epoch.main(argv + ["--out", str(tmp_path)])
