@@ -45,8 +45,8 @@ class AELayer(RBM):
         """Add one block's gradient of ½ Σ(x̂ − x)², scaled by ``scale``, into ``grads``.
         Returns (Σ‖x̂ − x‖²,)."""
         (sums,), (factors,) = self.block_factors([x], [rng], scale, [grads])
-        A, D, alpha = factors["W"]
-        grads["W"] += alpha * (A.T @ D)  # one product for the encoder's and the decoder's parts
+        A, D, _ = factors["W"]  # alpha is 1 (block_factors)
+        grads["W"] += A.T @ D  # one product for the encoder's and the decoder's parts
         return sums
 
     def block_factors(self, xs, rngs, scale, grads):
