@@ -117,7 +117,8 @@ def fashion_installed() -> bool:
 def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True, hidden=RBM_HIDDEN,
                    batch=RBM_BATCH, layer="rbm") -> dict:
     """One process, this process's thread count: aepar's 784 x ``hidden`` Bernoulli RBM (by
-    default the stack's first layer; ``layer="ae"``: the autoencoder layer) trained with the seed's recipe at ``batch``, the same model on aepar's NumPy reference kernels (the
+    default the stack's first layer; ``layer="ae"``: the autoencoder layer) trained with
+    the seed's recipe at ``batch``, the same model on aepar's NumPy reference kernels (the
     issue's "straightforward NumPy version") and the PyTorch peers, a warm-up epoch each on
     500 rows, then ``repeats`` rounds of one epoch each, interleaved (aepar, numpy, torch,
     ...) so that load from other users hits them alike. Returns {implementation: [seconds]}."""

@@ -1,5 +1,6 @@
-"""The seed-002 CD-1 epoch in PyTorch on the CPU (or a CUDA GPU, for bench.gpu_epoch): a bench-only peer for aepar's RBM,
-and (:class:`TorchAE`) the same for its autoencoder layer (``--pretrainer ae``).
+"""The seed-002 CD-1 epoch in PyTorch on the CPU (or a CUDA GPU, for bench.gpu_epoch): a
+bench-only peer for aepar's RBM, and (:class:`TorchAE`) one for its autoencoder layer
+(``--pretrainer ae``).
 
 Same recipe as :class:`aepar.models.rbm.RBM` with Bernoulli hidden units (DESIGN.md
 "Stacked autoencoder", the 784-1000 layer): batch 100, learning rate 0.1 for weights and

@@ -5,8 +5,9 @@ per layer visit; the two statistics of the weight gradient are one GEMM over the
 batch [vk; v0]^T @ [hk; -h0], added into dW by one fused kernel (rbm_cd_backward). Both
 bias gradients and the squared error are one kernel over the stacked chain; in
 rbm_cd_update the same launch takes the biases' steps and W's velocity, weight cost and
-step (on an H200 a launch costs the host 11-30 us, more than a batch-100 kernel). Subnormal probabilities are kept (GPUs take no assists for them; the
-numba set zeroes float32 ones below 2**-100).
+step (on an H200 a launch costs the host 11-30 us, more than a batch-100 kernel).
+Subnormal probabilities are kept (GPUs take no assists for them; the numba set zeroes
+float32 ones below 2**-100).
 
 sq_err comes back as a 0-d float64 array on the device, not a Python float: reading it
 waits for the GPU, and a step that waited each time ran at the speed of its launches
