@@ -47,20 +47,10 @@ def available() -> bool:
     return True
 
 
-class TorchRBM:
-    """A Bernoulli-Bernoulli RBM trained by CD-1 with PyTorch tensors on the CPU.
-
-    Parameters
-    ----------
-    n_in, n_out : int
-    lr, weight_cost, momentum : float
-        The recipe (momentum 0.9: the epochs after the switch, most of a run).
-    batch, seed : int
-    threads : int
-        ``torch.set_num_threads`` (intra-op threads: MKL and the element-wise loops).
-    style : {"careful", "plain"}
-        See the module docstring.
-    """
+class _TorchLayer:
+    """What the peers share: the recipe's parameters (W ~ 0.1 N(0, 1) from ``seed``, zero
+    biases and velocities), the thread count, the device, and the careful style's buffers
+    (:meth:`_buffers`, allocated once)."""
 
     def __init__(self, n_in, n_out, *, lr=0.1, weight_cost=2e-4, momentum=0.9, batch=100, seed=0,
                  threads=1, style="careful", device="cpu"):
@@ -77,12 +67,41 @@ class TorchRBM:
         self.vW, self.vbv, self.vbh = torch.zeros_like(self.W), torch.zeros_like(self.bv), torch.zeros_like(self.bh)
         self.lr, self.wc, self.m, self.batch = lr, weight_cost, momentum, batch
         if style == "careful":
-            f32 = torch.float32
-            dev = self.device
-            self._v0, self._v1, self._dv = (torch.empty(batch, n_in, dtype=f32, device=dev) for _ in range(3))
-            self._h0, self._h1, self._hs, self._u, self._dh = (torch.empty(batch, n_out, dtype=f32, device=dev)
-                                                               for _ in range(5))
-            self._on = torch.empty(batch, n_out, dtype=torch.bool, device=dev)
+            self._buffers(batch, n_in, n_out)
+
+    def time_epoch(self, data) -> float:
+        """Seconds (wall clock) of one :meth:`train_epoch` (the GPU drained before and after)."""
+        cuda = self.device.type == "cuda"
+        if cuda:
+            self.torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        self.train_epoch(data)
+        if cuda:
+            self.torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+
+class TorchRBM(_TorchLayer):
+    """A Bernoulli-Bernoulli RBM trained by CD-1 with PyTorch tensors on the CPU.
+
+    Parameters
+    ----------
+    n_in, n_out : int
+    lr, weight_cost, momentum : float
+        The recipe (momentum 0.9: the epochs after the switch, most of a run).
+    batch, seed : int
+    threads : int
+        ``torch.set_num_threads`` (intra-op threads: MKL and the element-wise loops).
+    style : {"careful", "plain"}
+        See the module docstring.
+    """
+
+    def _buffers(self, batch, n_in, n_out):
+        torch, f32, dev = self.torch, self.torch.float32, self.device
+        self._v0, self._v1, self._dv = (torch.empty(batch, n_in, dtype=f32, device=dev) for _ in range(3))
+        self._h0, self._h1, self._hs, self._u, self._dh = (torch.empty(batch, n_out, dtype=f32, device=dev)
+                                                           for _ in range(5))
+        self._on = torch.empty(batch, n_out, dtype=torch.bool, device=dev)
 
     def train_epoch(self, data) -> float:
         """One CD-1 epoch over ``data`` (numpy or tensor, float32); mean squared error per sample."""
@@ -158,19 +177,7 @@ class TorchRBM:
             err += float(((v0 - v1) ** 2).sum())
         return err / n
 
-    def time_epoch(self, data) -> float:
-        """Seconds (wall clock) of one :meth:`train_epoch` (the GPU drained before and after)."""
-        cuda = self.device.type == "cuda"
-        if cuda:
-            self.torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        self.train_epoch(data)
-        if cuda:
-            self.torch.cuda.synchronize()
-        return time.perf_counter() - t0
-
-
-class TorchAE:
+class TorchAE(_TorchLayer):
     """The tied-weight autoencoder layer of :class:`aepar.models.ae_layer.AELayer` in PyTorch:
     h = sigmoid(x W + bh), x^ = sigmoid(h W' + bv), the gradient of 1/2 sum (x^ - x)^2 over
     the batch divided by its size, v = momentum v - lr (g + weight_cost W) for W (no cost on
@@ -183,24 +190,10 @@ class TorchAE:
     one ``float()`` per batch.
     """
 
-    def __init__(self, n_in, n_out, *, lr=0.1, weight_cost=2e-4, momentum=0.9, batch=100, seed=0,
-                 threads=1, style="careful", device="cpu"):
-        import torch
-
-        if style not in STYLES:
-            raise ValueError(f"style must be one of {STYLES}, not {style!r}")
-        torch.set_num_threads(int(threads))
-        self.torch, self.style, self.device = torch, style, torch.device(device)
-        self.gen = torch.Generator(device=self.device).manual_seed(seed)
-        self.W = 0.1 * torch.randn(n_in, n_out, generator=self.gen, dtype=torch.float32, device=self.device)
-        self.bv = torch.zeros(n_in, device=self.device)
-        self.bh = torch.zeros(n_out, device=self.device)
-        self.vW, self.vbv, self.vbh = torch.zeros_like(self.W), torch.zeros_like(self.bv), torch.zeros_like(self.bh)
-        self.lr, self.wc, self.m, self.batch = lr, weight_cost, momentum, batch
-        if style == "careful":
-            dev = self.device
-            self._x, self._y, self._dy = (torch.empty(batch, n_in, device=dev) for _ in range(3))
-            self._h, self._dh = (torch.empty(batch, n_out, device=dev) for _ in range(2))
+    def _buffers(self, batch, n_in, n_out):
+        torch, dev = self.torch, self.device
+        self._x, self._y, self._dy = (torch.empty(batch, n_in, device=dev) for _ in range(3))
+        self._h, self._dh = (torch.empty(batch, n_out, device=dev) for _ in range(2))
 
     def train_epoch(self, data) -> float:
         """One epoch over ``data`` (numpy or tensor, float32); mean over rows of sum (x^ - x)^2."""
@@ -268,5 +261,3 @@ class TorchAE:
             for p in params:
                 p.requires_grad_(False)
         return err / n
-
-    time_epoch = TorchRBM.time_epoch
