@@ -34,6 +34,7 @@ import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
 from bench.peers_csv import merge_rows  # noqa: E402
+from bench.torch_rbm import LAYERS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -42,7 +43,6 @@ AEPAR_8 = "aepar (cupy kernels, 8 blocks: bit-identical on 1-8 ranks)"
 AEPAR_1 = "aepar (cupy kernels, 1 block)"
 TORCH = {"careful": "pytorch cuda careful (bench/torch_rbm.py)", "plain": "pytorch cuda plain (bench/torch_rbm.py)"}
 KEY = ("hostname", "gpu", "layer", "batch")
-LAYERS = {"rbm": "bernoulli", "ae": "autoencoder"}  # as bench.stacked names them
 
 
 def load_rows(rows: int, data_dir: str | None):

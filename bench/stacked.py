@@ -56,6 +56,7 @@ import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
 from bench.peers_csv import KEY, merge_rows, write_rows  # noqa: E402
+from bench.torch_rbm import LAYERS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -90,7 +91,6 @@ def _write_csv(path, rows):
 RBM_ROWS = 50_000          # the issue's size: 50k Fashion-MNIST training images
 RBM_THREADS = (1, 2)
 RBM_HIDDEN, RBM_BATCH = 1000, 100  # the stack's first layer and the seed's batch
-LAYERS = {"rbm": "bernoulli", "ae": "autoencoder"}  # --rbm-layer: the timed layer, and its rows' name
 AEPAR_NAME = "aepar (numba kernels, 8 blocks: bit-identical on 1-8 ranks)"
 ONE_BLOCK_NAME = "aepar (numba kernels, 1 block: one process only)"
 NUMPY_NAME = "numpy straightforward (aepar's reference kernels)"

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["available", "TorchRBM", "TorchAE", "STYLES"]
+__all__ = ["available", "TorchRBM", "TorchAE", "STYLES", "LAYERS"]
 
 STYLES = ("careful", "plain")
+# the layers the benches time (their --rbm-layer / --layers), as their rows name them
+LAYERS = {"rbm": "bernoulli", "ae": "autoencoder"}
 # aepar's float32 kernels store probabilities below this as 0 (kernels/nb/rbm.py, _flush)
 FLUSH = 2.0 ** -100
 
