@@ -145,13 +145,11 @@ def dense_forward_blocks(x, W, b, act, starts):
     rows of the call; eight calls per layer cost 1.5-2.4 of the 13.6-13.9 ms of a batch's
     fine-tuning passes), else block by block."""
     _check_starts(x, starts)
-    z = np.empty((x.shape[0], W.shape[1]), dtype=np.result_type(x, W))
-    if not thin(x, W, z, _most_rows(starts)):
-        return forward_by_block(dense_forward, np, x, W, b, act, starts)
-    code = act_code(act)
     _check_shapes(x, W, b)
-    rows_times(x, W, z)
-    _bias_act(z, np.ascontiguousarray(b, dtype=z.dtype), code, z.dtype.type(1))
+    z = np.empty((x.shape[0], W.shape[1]), dtype=np.result_type(x, W))
+    if _row_product(x, W, z, _most_rows(starts)) is None:
+        return forward_by_block(dense_forward, np, x, W, b, act, starts)
+    _bias_act(z, np.ascontiguousarray(b, dtype=z.dtype), act_code(act), z.dtype.type(1))
     return z
 
 
@@ -167,8 +165,8 @@ def dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=True):
     if not need_dx:
         return None, dz
     dx = np.empty((dz.shape[0], W.shape[0]), dtype=np.result_type(dz, W))
-    if thin_t(dz, W, dx, _most_rows(starts)):
-        return rows_times_t(dz, W, dx), dz
+    if _row_product(dz, W.T, dx, _most_rows(starts)) is not None:
+        return dx, dz
     for lo, hi in zip(starts[:-1], starts[1:]):
         _dx(dz[lo:hi], W, dx[lo:hi])
     return dx, dz
@@ -195,12 +193,28 @@ def _dz(da, a, code, dbs, starts):
     return dz
 
 
+def _row_product(a, W, out, rows=None):
+    """out = a @ W by a row kernel of :mod:`.rowprod` when one takes it (see ``thin``), else
+    None. W C-contiguous takes rows_times; W a transposed view of a C-contiguous array (a
+    tied decoder's weight, or W.T in dx = dz @ W.T) takes rows_times_t on that array, with
+    no copy."""
+    if thin(a, W, out, rows):
+        return rows_times(a, W, out)
+    if W.ndim == 2 and thin_t(a, W.T, out, rows):
+        return rows_times_t(a, W.T, out)
+    return None
+
+
 def _dx(dz, W, out):
     """out = dz @ W.T: a block's few float32 rows through :mod:`.rowprod`, else BLAS."""
-    return rows_times_t(dz, W, out) if thin_t(dz, W, out) else np.matmul(dz, W.T, out=out)
+    if _row_product(dz, W.T, out) is None:
+        np.matmul(dz, W.T, out=out)
+    return out
 
 
 def _times(x, W):
     """x @ W as a new array: a block's few float32 rows through :mod:`.rowprod`, else BLAS."""
     out = np.empty((x.shape[0], W.shape[1]), dtype=np.result_type(x, W))
-    return rows_times(x, W, out) if thin(x, W, out) else np.matmul(x, W, out=out)
+    if _row_product(x, W, out) is None:
+        np.matmul(x, W, out=out)
+    return out

@@ -230,19 +230,24 @@ def test_dense_backward_factors_are_the_backward_without_its_product(name, act, 
 
 @settings(max_examples=25, deadline=None)
 @given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6), act=st.sampled_from(ACTS),
-       shape=st.sampled_from([(70, 96), (100, 40), (40, 20)]), f32=st.booleans(), seed=st.integers(0, 2**16))
+       shape=st.sampled_from([(70, 96), (100, 40), (40, 20)]), f32=st.booleans(), view=st.booleans(),
+       seed=st.integers(0, 2**16))
 @pytest.mark.parametrize("name", ["numpy", "numba"])
-def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, seed):
+def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, view, seed):
     """dense_forward_blocks / dense_backward_blocks on stacked rows: bit for bit the blocks
     one by one (the Numba set runs them in one call of the row kernel when every block has
-    at most MAX_ROWS rows: 40 crosses it; 20 columns are too few for rows_times_t)."""
+    at most MAX_ROWS rows: 40 crosses it; 20 columns are too few for rows_times_t), also
+    with W a transposed view (a tied decoder's weight, which the row kernels take as it is)."""
     K, dtype = kernels.load(name), np.float32 if f32 else np.float64
     rng = np.random.default_rng(seed)
     starts = np.cumsum([0] + sizes)
     x, W, b = dense_problem(rng, int(starts[-1]), *shape, dtype=dtype)
+    if view:
+        W = np.ascontiguousarray(W.T).T
     a = K.dense_forward_blocks(x, W, b, act, starts)
     alone = [K.dense_forward(x[lo:hi], W, b, act) for lo, hi in zip(starts[:-1], starts[1:])]
     assert a.dtype == dtype and np.array_equal(a, np.concatenate(alone))
+    assert_close(a, REF.dense_forward(x, W, b, act), dtype, work=shape[0], name="a")
 
     da = rng.standard_normal(a.shape).astype(dtype)
     dbs = [np.zeros(shape[1]) for _ in sizes]
@@ -251,6 +256,8 @@ def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, se
         db = np.zeros(shape[1])
         dx_k, dz_k = K.dense_backward_factors(da[lo:hi], x[lo:hi], W, a[lo:hi], act, db)
         assert np.array_equal(dx[lo:hi], dx_k) and np.array_equal(dz[lo:hi], dz_k) and np.array_equal(dbs[k], db)
+    assert_close(dx, REF.dense_backward_factors(da, x, W, a, act, np.zeros(shape[1]))[0], dtype, work=shape[1],
+                 name="dx")
     assert K.dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=False)[0] is None
 
 
