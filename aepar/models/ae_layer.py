@@ -28,14 +28,6 @@ class AELayer(RBM):
     def code_act(self) -> str:
         return "sigmoid" if self.hidden == "bernoulli" else "identity"
 
-    def _forward(self, x):
-        """(h, W transposed, x̂) for a batch."""
-        K, p = self.be.K, self.params
-        h = K.dense_forward(x, p["W"], p["bh"], self.code_act)
-        # a contiguous copy: compiled kernels hand their operands to BLAS as they are
-        Wt = self.be.xp.ascontiguousarray(p["W"].T)
-        return h, Wt, K.dense_forward(h, Wt, p["bv"], "sigmoid")
-
     n_extra = 1  # a step reports Σ‖x̂ − x‖² over its rows
     # the RBM's fused step is CD-1's: an autoencoder layer takes the general path
     fused_step = None
@@ -58,7 +50,7 @@ class AELayer(RBM):
         kernel call per group (``dense_*_blocks``), with each block's own bits."""
         K, p, xp = self.be.K, self.params, self.be.xp
         acts = BlockActivations(list(xs), xp)
-        Wt = p["W"].T  # a view: the blocks kernels take it as it is (a copy cost 0.45 ms a step)
+        Wt = p["W"].T  # a view: the kernels take it as it is (a copy cost 0.45 ms a step)
 
         def chain(x, starts, grads):
             h = K.dense_forward_blocks(x, p["W"], p["bh"], self.code_act, starts)
@@ -80,8 +72,8 @@ class AELayer(RBM):
         return self.be.K.dense_forward(x, self.params["W"], self.params["bh"], self.code_act)
 
     def _reconstruct(self, x):
-        """x̂ = σ(h Wᵀ + bv)."""
-        return self._forward(x)[2]
+        """x̂ = σ(h Wᵀ + bv) (the tied decoder's weight: the view W.T, taken as it is)."""
+        return self.be.K.dense_forward(self._encode(x), self.params["W"].T, self.params["bv"], "sigmoid")
 
     def flops_per_sample(self) -> float:
         """Encoder and decoder products forward, three products backward."""
