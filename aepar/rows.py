@@ -163,7 +163,8 @@ class Shard:
             rows = self.blocks.local(b)
             total = None
             for lo in range(rows.start, rows.stop, CHUNK):
-                part = np.asarray(fn(self.x[lo:min(lo + CHUNK, rows.stop)]), dtype=np.float64)
+                # float(): a loss may be a 0-d array on the GPU (the kernels' contract)
+                part = np.array([float(v) for v in fn(self.x[lo:min(lo + CHUNK, rows.stop)])])
                 total = part if total is None else total + part
             return total
         return parallel_map(run, self.blocks.mine)

@@ -31,12 +31,14 @@ Families (module: functions):
   ``dense_backward(da, x, W, a, act, dW, db, need_dx=True) -> dx | None``
 - activation: ``sigmoid_forward(z)``, ``relu_forward(z)``, ``identity_forward(z)``;
   ``sigmoid_backward(da, a)``, ``relu_backward(da, a)``, ``identity_backward(da, a)`` -> dz
-- loss: ``mse_forward(y, t, scale=None) -> float`` = scale * 0.5 * sum((y - t)**2),
+- loss: ``mse_forward(y, t, scale=None) -> loss`` = scale * 0.5 * sum((y - t)**2),
   scale defaulting to 1/batch; ``mse_backward(y, t, scale=None) -> dy``;
   ``softmax_xent_forward(z, labels, scale=None) -> (loss, probs)`` (labels are ints,
   loss = -scale * sum log p[label]); ``softmax_xent_backward(probs, labels, scale=None) -> dz``;
   ``sigmoid_xent_forward(z, t, scale=None) -> (loss, y)`` (pixel cross-entropy from logits,
-  y = sigmoid(z)); ``sigmoid_xent_backward(y, t, scale=None) -> dz``
+  y = sigmoid(z)); ``sigmoid_xent_backward(y, t, scale=None) -> dz``. A loss is a float
+  on the CPU sets; the cupy set leaves it on the GPU as a 0-d float64 array, as the rbm
+  family's sq_err (a training step must not wait for its GPU work): ``float()`` reads it.
 - sparsity: ``kl_sparsity_forward(rho_hat, rho, beta) -> float`` = beta * sum KL(rho||rho_hat);
   ``kl_sparsity_backward(rho_hat, rho, beta) -> d/d rho_hat``;
   ``weight_decay_forward(W, lam) -> lam/2 * ||W||^2``; ``weight_decay_backward(W, lam, dW)``

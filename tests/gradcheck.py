@@ -9,9 +9,9 @@ def numerical_grad(f, x, eps=1e-6):
     for i in range(flat.size):
         old = flat[i]
         flat[i] = old + eps
-        up = f()
+        up = to_host(f())  # a loss may be a 0-d array on the GPU
         flat[i] = old - eps
-        down = f()
+        down = to_host(f())
         flat[i] = old
         gflat[i] = (up - down) / (2 * eps)
     return g
@@ -36,6 +36,15 @@ def tolerance(dtype, work=1):
 
 def to_host(a):
     return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def scalar_value(value) -> float:
+    """A kernel's scalar (a loss, sq_err) as a float: the CPU sets return a Python float, the
+    cupy set a 0-d float64 array left on the device (reading it waits for the GPU)."""
+    if not isinstance(value, float):
+        assert value.shape == () and value.dtype == np.float64, f"scalar: {type(value).__name__}"
+        value = float(value)
+    return value
 
 
 def assert_close(actual, expected, dtype, work=1, name=""):

@@ -121,8 +121,9 @@ class ConvAutoencoder(TrainedState):
 
         Returns
         -------
-        (loss, sq_err) : floats
-            The scaled loss and Σ (x − x̂)² over the batch.
+        (loss, sq_err) : scalars
+            The scaled loss and Σ (x − x̂)² over the batch (0-d arrays left on the GPU
+            there: ``float()`` reads them and waits).
         """
         K, p, g = self.be.K, self.params, grads
         scale = 1.0 / x.shape[0] if scale is None else float(scale)

@@ -196,8 +196,9 @@ class Classifier(TrainedState, DenseBackprop):
 
         Returns
         -------
-        (loss, correct) : (float, int)
-            The scaled loss and how many rows the network (before this step) classifies right.
+        (loss, correct) : scalars
+            The scaled loss and how many rows the network (before this step) classifies right
+            (0-d arrays left on the GPU there: ``float()`` reads them and waits).
         """
         return self._blocks_loss_and_grad([x], [labels], [grads], scale)[0]
 
@@ -210,7 +211,7 @@ class Classifier(TrainedState, DenseBackprop):
 
         def head(logits, y):
             loss, probs = K.softmax_xent_forward(logits, y, scale=scale)
-            correct = int((probs.argmax(axis=1) == y).sum())
+            correct = (probs.argmax(axis=1) == y).sum()  # on the GPU it stays there, as the loss
             return loss, correct, K.softmax_xent_backward(probs, y, scale=scale)  # d/dlogits: through "identity"
         heads = each(head, acts.blocks(acts.layers[-1]), labels)
         self.backprop(acts, [da for _, _, da in heads], grads, factors)
@@ -225,7 +226,7 @@ class Classifier(TrainedState, DenseBackprop):
         ``[features..., label]``; returns (Σ loss, Σ correct) over its rows."""
         feats, labels = split_labels(x)
         loss, correct = self.loss_and_grad(feats, labels, grads, scale=scale)
-        return loss / scale, float(correct)
+        return loss / scale, correct
 
     def block_factors(self, xs, rngs, scale, grads):
         """:meth:`leaf_gradient` of several blocks at once, their weight gradients left as
@@ -234,7 +235,7 @@ class Classifier(TrainedState, DenseBackprop):
         feats, labels = zip(*map(split_labels, xs))
         factors = [{} for _ in xs]
         sums = self._blocks_loss_and_grad(feats, labels, grads, scale, factors)
-        return [(loss / scale, float(correct)) for loss, correct in sums], factors
+        return [(loss / scale, correct) for loss, correct in sums], factors
 
     def apply(self, grads, epoch):
         self.optimizer.step(grads)

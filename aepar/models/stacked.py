@@ -130,8 +130,9 @@ class StackedAutoencoder(DenseBackprop):
 
         Returns
         -------
-        (loss, sq_err) : floats
-            The scaled loss and Σ (x − x̂)² over the batch.
+        (loss, sq_err) : scalars
+            The scaled loss and Σ (x − x̂)² over the batch (0-d arrays left on the GPU
+            there: ``float()`` reads them and waits).
         """
         scale = 1.0 / x.shape[0] if scale is None else float(scale)
         return self._blocks_loss_and_grad([x], [grads], scale)[0]

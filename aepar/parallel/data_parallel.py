@@ -322,12 +322,17 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
     checkpoint = stop = False
     fused = getattr(model, "fused_step", None) if shard.blocks.count == 1 and (comm is None or comm.size == 1) \
         else None
-    if fused is not None:  # the epoch's row order on the device once, not a copy per step
-        order, cuts = be.xp.asarray(mb.rows(0)), mb.cuts(0)
+    # the epoch's row order goes to the device once: a copy of a step's indices costs a GPU
+    # tens of microseconds of host time; each batch's rows are gathered from it
+    orders = {b: be.xp.asarray(mb.rows(b)) for b in mine}
+
+    def rows(b, k):
+        lo, hi = mb.cuts(b)[k:k + 2]
+        return be.xp.take(shard.x, orders[b][lo:hi], axis=0)
     for k in range(start, mb.n_batches):
         scale = 1.0 / float(mb.sizes[k])
         if fused is not None:  # one block, one process: no sum to take, one fused kernel
-            x = be.xp.take(shard.x, order[cuts[k]:cuts[k + 1]], axis=0)
+            x = rows(mine[0], k)
             if guard is not None:  # flags read before the step, as the blocked path's reduction does
                 flags = guard.flags()
                 guard.step(poison=x)
@@ -339,28 +344,24 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
                     return paused(k)
             continue
 
-        idx = [mb.rows(b, k) for b in mine]
-        live = [i for i in range(len(mine)) if idx[i].size]  # an empty block's row stays zero
+        live = [i for i, b in enumerate(mine) if mb.cuts(b)[k + 1] > mb.cuts(b)[k]]  # an empty block's row stays 0
         factors = [None] * max(len(mine), 1)
 
         def clear(i):
             for part in buf.added:
                 leaves[i][part] = 0
-
-        def rows(i):
-            return shard.x[be.xp.asarray(idx[i])]
         if buf.factored:  # all of this rank's blocks at once
             for i in range(len(mine)):
                 clear(i)
-            extras, found = model.block_factors([rows(i) for i in live], [mb.rngs[mine[i]] for i in live], scale,
-                                                [buf.views(leaves[i]) for i in live])
+            extras, found = model.block_factors([rows(mine[i], k) for i in live], [mb.rngs[mine[i]] for i in live],
+                                                scale, [buf.views(leaves[i]) for i in live])
             for i, f in zip(live, found):
                 factors[i] = f
         else:
             def leaf(i):
                 clear(i)
-                return model.leaf_gradient(rows(i), mb.rngs[mine[i]], scale, buf.views(leaves[i])) if idx[i].size \
-                    else None
+                return model.leaf_gradient(rows(mine[i], k), mb.rngs[mine[i]], scale, buf.views(leaves[i])) \
+                    if i in live else None
             extras = [e for e in parallel_map(leaf, range(len(mine))) if e is not None]
         for i, extra in zip(live, extras):
             for j, value in enumerate(extra):  # floats, or values on the device
@@ -371,7 +372,7 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
                   for node, first, merges in buf.groups}
         if guard is not None:
             head = next(iter(values.values()))
-            head[flag] = guard.flags()
+            head[flag] = flags = guard.flags()
             guard.step(poison=head[:buf.n_grad])
         if buf.tree is not None and buf.tree.comm.size == 1 and len(values) == 1:
             total = next(iter(values.values()))  # one process: its one node is the whole tree, no copy
@@ -383,8 +384,8 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
                 comm.allreduce(total)
         model.apply(buf.views(total), epoch)
         sums += total[buf.n_grad:flag]
-        if guard is not None:
-            checkpoint, stop = guard.decide(float(total[flag]))
+        if guard is not None:  # one process: its own flags are the sum (reading it would wait for a GPU)
+            checkpoint, stop = guard.decide(flags if comm is None or comm.size == 1 else float(total[flag]))
             if (checkpoint or stop) and k + 1 < mb.n_batches:
                 return paused(k)
     # a request in the last step is the caller's to serve, at the end of the epoch

@@ -1,7 +1,9 @@
 """Losses, forward and backward (CuPy): reductions accumulate in double.
 
-Same conventions as the reference: ``scale`` defaults to 1/batch, scalar losses come
-back as Python floats (which waits for the device), arrays keep the input dtype.
+Same conventions as the reference: ``scale`` defaults to 1/batch, arrays keep the input
+dtype. Scalar losses stay on the device as 0-d float64 arrays (the kernel contract): reading
+one waits for the GPU, so a training step that reads its loss cannot queue the next step
+behind it. ``float(loss)`` reads it.
 """
 import cupy as cp
 
@@ -11,16 +13,17 @@ from .activation import _sigmoid
 __all__ = ["mse_forward", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
            "sigmoid_xent_forward", "sigmoid_xent_backward"]
 
+# the scale is applied in the reduction's last step: no launch to multiply a 0-d result
 _sq_diff_sum = cp.ReductionKernel(
-    "T y, U t", "float64 s", "((double)y - (double)t) * ((double)y - (double)t)",
-    "a + b", "s = a", "0", "aepar_sq_diff_sum")
+    "T y, U t, float64 scale", "float64 s", "((double)y - (double)t) * ((double)y - (double)t)",
+    "a + b", "s = scale * a", "0", "aepar_sq_diff_sum")
 _scaled_diff = cp.ElementwiseKernel("T y, T t, T scale", "T d", "d = scale * (y - t)",
                                     "aepar_scaled_diff")
 # softplus(z) - z t = max(z, 0) - z t + log1p(exp(-|z|)), in double
 _sigmoid_xent_sum = cp.ReductionKernel(
-    "T z, U t", "float64 s",
+    "T z, U t, float64 scale", "float64 s",
     "fmax((double)z, 0.0) - (double)z * (double)t + log1p(exp(-fabs((double)z)))",
-    "a + b", "s = a", "0", "aepar_sigmoid_xent_sum")
+    "a + b", "s = scale * a", "0", "aepar_sigmoid_xent_sum")
 
 
 def _check_labels(name, z, labels):
@@ -33,9 +36,9 @@ def _check_labels(name, z, labels):
 
 
 def mse_forward(y, t, scale=None):
-    """scale * 0.5 * sum((y - t)**2) as a Python float (scale defaults to 1/batch)."""
+    """scale * 0.5 * sum((y - t)**2) as a 0-d float64 array (scale defaults to 1/batch)."""
     check_same_shape("mse_forward", y, t)
-    return default_scale(y, scale) * 0.5 * float(_sq_diff_sum(y, t))
+    return _sq_diff_sum(y, t, 0.5 * default_scale(y, scale))
 
 
 def mse_backward(y, t, scale=None):
@@ -47,7 +50,7 @@ def mse_backward(y, t, scale=None):
 def softmax_xent_forward(z, labels, scale=None):
     """Softmax cross-entropy from logits z (batch, classes) and int labels (batch,).
 
-    Returns (loss, probs) as the reference.
+    Returns (loss, probs) as the reference, the loss a 0-d float64 array.
     """
     labels = cp.asarray(labels)
     _check_labels("softmax_xent_forward", z, labels)
@@ -57,7 +60,7 @@ def softmax_xent_forward(z, labels, scale=None):
     probs /= s.astype(z.dtype)
     rows = cp.arange(z.shape[0])
     logp = (z[rows, labels].astype(cp.float64) - m[:, 0]) - cp.log(s[:, 0])
-    return -default_scale(z, scale) * float(logp.sum()), probs
+    return logp.sum() * -default_scale(z, scale), probs
 
 
 def softmax_xent_backward(probs, labels, scale=None):
@@ -73,10 +76,10 @@ def softmax_xent_backward(probs, labels, scale=None):
 def sigmoid_xent_forward(z, t, scale=None):
     """Pixel cross-entropy of targets t in [0, 1] against y = sigmoid(z), from logits.
 
-    Returns (loss, y) as the reference.
+    Returns (loss, y) as the reference, the loss a 0-d float64 array.
     """
     check_same_shape("sigmoid_xent_forward", z, t)
-    return default_scale(z, scale) * float(_sigmoid_xent_sum(z, t)), _sigmoid(z)
+    return _sigmoid_xent_sum(z, t, default_scale(z, scale)), _sigmoid(z)
 
 
 def sigmoid_xent_backward(y, t, scale=None):

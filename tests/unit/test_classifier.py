@@ -63,8 +63,8 @@ def test_gradient_matches_finite_differences(kernels, sizes, acts):
     assert model.acts[-1] == "identity" and len(model.params) == 2 * len(sizes)
     grads = _zero_grads(model)
     loss, correct = model.loss_and_grad(be.asarray(x), be.xp.asarray(labels), grads)
-    assert loss == pytest.approx(_loss(model, x, labels), rel=1e-12)
-    assert correct == int((_host(model.predict(be.asarray(x))) == labels).sum())
+    assert float(loss) == pytest.approx(_loss(model, x, labels), rel=1e-12)
+    assert int(correct) == int((_host(model.predict(be.asarray(x))) == labels).sum())
     host = {k: _host(v).copy() for k, v in model.params.items()}
     probe = Classifier(_be(), sizes, 3, acts)  # the oracle perturbs host copies
     for k in probe.params:
@@ -82,7 +82,7 @@ def test_compiled_kernels_give_the_reference_gradient(kernels):
     g_ref, g_other = _zero_grads(ref), _zero_grads(other)
     l_ref, c_ref = ref.loss_and_grad(x, labels, g_ref)
     l_other, c_other = other.loss_and_grad(other.be.asarray(x), other.be.xp.asarray(labels), g_other)
-    assert l_other == pytest.approx(l_ref, rel=1e-10) and c_other == c_ref
+    assert float(l_other) == pytest.approx(l_ref, rel=1e-10) and int(c_other) == c_ref
     for name in g_ref:
         assert_close(g_other[name], g_ref[name], np.float64, work=100, name=name)
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 import aepar  # noqa: F401  (registers aepar.kernels, fixes thread counts)
 from aepar import kernels
 from tests.conftest import kernel_set_params
-from tests.gradcheck import assert_close, assert_grad_close, numerical_grad
+from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, scalar_value
 
 REF = kernels.load("numpy")
 CPU_SETS = ["numpy", "numba"]
@@ -30,15 +30,6 @@ def kit(name):
         import cupy
         return K, cupy.asarray, cupy.asnumpy
     return K, np.asarray, np.asarray
-
-
-def sq_err_value(err):
-    """sq_err as a float: the CPU sets return a Python float, the cupy set a 0-d float64
-    array left on the device (reading it would wait for the GPU)."""
-    if not isinstance(err, float):
-        assert err.shape == () and err.dtype == np.float64, f"sq_err: {type(err).__name__}"
-        err = float(err)
-    return err
 
 
 def rbm_problem(rng, hidden, k, batch=5, nv=6, nh=4, dtype=np.float64):
@@ -153,7 +144,7 @@ def test_matches_reference_rbm(name, dtype, hidden, batch, nv, nh, k):
     dW, dbv, dbh = (dev(np.full_like(a, 0.5)) for a in (W, bv, bh))   # backward must add
     h0, vk, err = K.rbm_cd_backward(dev(v0), dev(W), dev(bv), dev(bh), dev(noise), hidden, dW, dbv, dbh)
     assert h0.dtype == dtype and vk.dtype == dtype
-    err = sq_err_value(err)
+    err = scalar_value(err)
     work = max(nv, nh, batch)
     for got, ref, what in [(h0, want[0], "h0"), (vk, want[1], "vk"), (host(dW) - 0.5, want[3], "dW"),
                            (host(dbv) - 0.5, want[4], "dbv"), (host(dbh) - 0.5, want[5], "dbh")]:
@@ -257,7 +248,7 @@ def test_rbm_cd_update_is_backward_decay_and_sgd(name, hidden, rng):
     v0, W, bv, bh, noise = rbm_problem(rng, hidden, 1, batch=12, nv=9, nh=7)
     vel = velocities(rng, W, bv, bh)
     fused = [dev(a.copy()) for a in (W, bv, bh, *vel)]
-    err = sq_err_value(K.rbm_cd_update(dev(v0), *fused[:3], dev(noise), hidden, *fused[3:], LR, MOMENTUM,
+    err = scalar_value(K.rbm_cd_update(dev(v0), *fused[:3], dev(noise), hidden, *fused[3:], LR, MOMENTUM,
                                        WEIGHT_COST))
     params, vels = [dev(a.copy()) for a in (W, bv, bh)], [dev(a.copy()) for a in vel]
     grads = [dev(np.zeros_like(a)) for a in (W, bv, bh)]
@@ -265,7 +256,7 @@ def test_rbm_cd_update_is_backward_decay_and_sgd(name, hidden, rng):
     K.weight_decay_backward(params[0], WEIGHT_COST, grads[0])
     for p, g, v in zip(params, grads, vels):
         K.sgd_momentum_update(p, g, v, LR, MOMENTUM)
-    assert err == pytest.approx(sq_err_value(want_err), rel=1e-12)
+    assert err == pytest.approx(scalar_value(want_err), rel=1e-12)
     for got, want, what in zip(fused, params + vels, ("W", "bv", "bh", "vW", "vbv", "vbh")):
         assert_close(host(got), host(want), np.float64, work=12, name=what)
 
@@ -285,7 +276,7 @@ def test_matches_reference_rbm_cd_update(name, dtype, hidden, batch, nv, nh, k):
     want_err = REF.rbm_cd_update(v0, *want[:3], noise, hidden, *want[3:], LR, MOMENTUM, WEIGHT_COST)
     got = [dev(a.copy()) for a in (W, bv, bh, *vel)]
     err = K.rbm_cd_update(dev(v0), *got[:3], dev(noise), hidden, *got[3:], LR, MOMENTUM, WEIGHT_COST)
-    err = sq_err_value(err)
+    err = scalar_value(err)
     assert got[0].dtype == dtype and got[3].dtype == dtype
     work = max(nv, nh, batch)
     for a, b, what in zip(got, want, ("W", "bv", "bh", "vW", "vbv", "vbh")):

@@ -185,12 +185,14 @@ def test_weight_cost_shrinks_weights_without_data_gradient():
 
 
 @pytest.mark.parametrize("kernels", kernel_set_params())
+@pytest.mark.parametrize("layer", [RBM, AELayer])
 @pytest.mark.parametrize("hidden", ["bernoulli", "gaussian"])
 @pytest.mark.parametrize("count", [1, 3])
-def test_rbm_epoch_matches_the_reference_kernels(kernels, hidden, count):
-    """Blocked steps (3 blocks) and fused ones (1 block), their error sums included."""
+def test_layer_epoch_matches_the_reference_kernels(kernels, layer, hidden, count):
+    """Blocked steps (3 blocks) and, for the RBM, fused ones (1 block), their error sums
+    included (on the GPU the steps' sums stay there until the epoch ends)."""
     x = _binary_data(n=120, d=20)
-    ref, other = (RBM(_be(k), 20, 7, hidden=hidden, lr=0.05, batch=30, seed=3) for k in ("numpy", kernels))
+    ref, other = (layer(_be(k), 20, 7, hidden=hidden, lr=0.05, batch=30, seed=3) for k in ("numpy", kernels))
     e_ref, e_other = (train_epoch(r, S(x, r.be, count), 0).means[0] for r in (ref, other))
     assert abs(e_ref - e_other) <= 1e-9 * max(1.0, e_ref)
     for k in ref.params:

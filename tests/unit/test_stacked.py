@@ -73,7 +73,7 @@ def test_compiled_kernels_give_the_reference_gradient(kernels, loss):
     g_ref, g_other = _zero_grads(ref), {k: other.be.xp.zeros_like(p) for k, p in other.params.items()}
     l_ref, _ = ref.loss_and_grad(x, g_ref)
     l_other, _ = other.loss_and_grad(other.be.asarray(x), g_other)
-    assert l_other == pytest.approx(l_ref, rel=1e-10)
+    assert float(l_other) == pytest.approx(l_ref, rel=1e-10)
     for name in g_ref:
         assert_close(g_other[name], g_ref[name], np.float64, work=100, name=name)
 
