@@ -63,6 +63,11 @@ def select(device: str | None = None, kernel_set: str = "auto", dtype="float64",
         if ngpu == 0:
             raise UserError("--device gpu: no GPU found")
         xp.cuda.Device((local_rank if local_rank is not None else _local_rank()) % ngpu).use()
+        # one host thread queues a GPU's work: aepar's block threads (aepar.rows) would only
+        # contend for the GIL and CuPy's launches (16 made the autoencoder layer's step 5x
+        # slower on an H100). The bits do not depend on the thread count.
+        import aepar
+        aepar.THREADS = 1
     else:
         xp = np
     return Backend(device, kernel_set, xp, kernels.load(kernel_set), np.dtype(dtype))

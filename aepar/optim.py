@@ -19,6 +19,10 @@ def in_bands(update, *arrays_per_param, extras=None):
     bits the whole array would (the 2-thread fine-tuning epoch's Adam had run on one thread:
     0.33 of 1.74 s)."""
     extras = extras or [()] * len(arrays_per_param[0])
+    if threads() == 1:  # one band per parameter: the whole of it (a GPU's run, or one core)
+        for arrays, extra in zip(zip(*arrays_per_param), extras):
+            update(*arrays, *extra)
+        return
     bands = []
     for arrays, extra in zip(zip(*arrays_per_param), extras):
         rows = arrays[0].shape[0]

@@ -45,9 +45,8 @@ def block_bounds(n: int, count: int) -> np.ndarray:
     if count < 1:
         raise ValueError(f"need at least one block, got {count}")
     base, extra = divmod(n, count)
-    sizes = np.full(count, base, dtype=np.int64)
-    sizes[:extra] += 1
-    return np.concatenate([[0], np.cumsum(sizes)])
+    i = np.arange(count + 1, dtype=np.int64)
+    return i * base + np.minimum(i, extra)  # block i starts after i blocks, the first ``extra`` one row longer
 
 
 def rank_blocks(count: int, rank: int, size: int) -> tuple[int, int]:

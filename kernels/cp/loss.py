@@ -13,17 +13,30 @@ from .activation import _sigmoid
 __all__ = ["mse_forward", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
            "sigmoid_xent_forward", "sigmoid_xent_backward"]
 
-# the scale is applied in the reduction's last step: no launch to multiply a 0-d result
-_sq_diff_sum = cp.ReductionKernel(
-    "T y, U t, float64 scale", "float64 s", "((double)y - (double)t) * ((double)y - (double)t)",
-    "a + b", "s = scale * a", "0", "aepar_sq_diff_sum")
+# A whole-array ReductionKernel runs in one thread block (1.8 ms for a 5000x784 batch on an
+# H200), so the scalar losses take two: one sum per row, then the rows' sums, scaled.
+_sq_diff_rows = cp.ReductionKernel(
+    "T y, U t", "float64 s", "((double)y - (double)t) * ((double)y - (double)t)",
+    "a + b", "s = a", "0", "aepar_sq_diff_rows")
 _scaled_diff = cp.ElementwiseKernel("T y, T t, T scale", "T d", "d = scale * (y - t)",
                                     "aepar_scaled_diff")
 # softplus(z) - z t = max(z, 0) - z t + log1p(exp(-|z|)), in double
-_sigmoid_xent_sum = cp.ReductionKernel(
-    "T z, U t, float64 scale", "float64 s",
+_sigmoid_xent_rows = cp.ReductionKernel(
+    "T z, U t", "float64 s",
     "fmax((double)z, 0.0) - (double)z * (double)t + log1p(exp(-fabs((double)z)))",
-    "a + b", "s = scale * a", "0", "aepar_sigmoid_xent_sum")
+    "a + b", "s = a", "0", "aepar_sigmoid_xent_rows")
+_scaled_sum = cp.ReductionKernel("float64 s, float64 scale", "float64 total", "s", "a + b",
+                                 "total = scale * a", "0", "aepar_scaled_sum")
+
+
+def _by_rows(y):
+    """y as (rows, rest): the first stage of a loss sums along axis 1."""
+    return y.reshape(y.shape[0], -1) if y.ndim >= 2 else y.reshape(1, -1)
+
+
+def _scaled_total(rows_kernel, y, t, scale):
+    """scale * (the sum over every element of ``rows_kernel``'s map), a 0-d float64 array."""
+    return _scaled_sum(rows_kernel(_by_rows(y), _by_rows(t), axis=1), scale)
 
 
 def _check_labels(name, z, labels):
@@ -38,7 +51,7 @@ def _check_labels(name, z, labels):
 def mse_forward(y, t, scale=None):
     """scale * 0.5 * sum((y - t)**2) as a 0-d float64 array (scale defaults to 1/batch)."""
     check_same_shape("mse_forward", y, t)
-    return _sq_diff_sum(y, t, 0.5 * default_scale(y, scale))
+    return _scaled_total(_sq_diff_rows, y, t, 0.5 * default_scale(y, scale))
 
 
 def mse_backward(y, t, scale=None):
@@ -79,7 +92,7 @@ def sigmoid_xent_forward(z, t, scale=None):
     Returns (loss, y) as the reference, the loss a 0-d float64 array.
     """
     check_same_shape("sigmoid_xent_forward", z, t)
-    return _sigmoid_xent_sum(z, t, default_scale(z, scale)), _sigmoid(z)
+    return _scaled_total(_sigmoid_xent_rows, z, t, default_scale(z, scale)), _sigmoid(z)
 
 
 def sigmoid_xent_backward(y, t, scale=None):

@@ -17,8 +17,11 @@ def check_starts(what, rows, starts):
     """A batch's blocks as offsets (returned as int64): from 0 to every one of ``rows`` rows,
     never back (the stacked-blocks kernels of the dense and rbm families)."""
     s = np.asarray(starts, dtype=np.int64)
-    if s.ndim != 1 or s.size < 2 or s[0] != 0 or s[-1] != rows or np.any(np.diff(s) < 0):
-        raise ValueError(f"{what}: offsets {list(s)} do not split {rows} rows into blocks")
+    # in Python: a step checks a few offsets several times, and NumPy's calls cost more
+    values = s.tolist() if s.ndim == 1 else None
+    if values is None or len(values) < 2 or values[0] != 0 or values[-1] != rows or \
+            any(a > b for a, b in zip(values, values[1:])):
+        raise ValueError(f"{what}: offsets {list(s.ravel())} do not split {rows} rows into blocks")
     return s
 
 

@@ -31,6 +31,16 @@ def test_gpu_without_gpu_is_a_one_line_user_error():
     assert "\n" not in str(err.value) and "--device gpu" in str(err.value)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="no CUDA GPU/CuPy on this machine")
+def test_gpu_work_is_queued_by_one_thread(monkeypatch):
+    import aepar
+    from aepar.rows import threads
+    monkeypatch.setattr(aepar, "THREADS", 4)
+    select("gpu")
+    assert threads() == 1
+
+
 def test_every_kernel_set_exports_the_same_names():
     import importlib
 

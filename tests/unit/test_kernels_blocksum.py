@@ -59,14 +59,17 @@ def test_gradcheck_block_outer_sum(rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("sizes", [[13, 12, 13, 0, 12, 13, 12, 13], [98]], ids=["8-blocks", "one-block"])
 @pytest.mark.parametrize("name", kernel_set_params())
-def test_matches_reference_block_outer_sum(name, dtype, rng):
+def test_matches_reference_block_outer_sum(name, sizes, dtype, rng):
     K = kernels.load(name)
     xp = np
     if name == "cupy":
         import cupy as xp
-    A, D, starts, alphas = problem(rng, [13, 12, 13, 0, 12, 13, 12, 13], 70, 100, dtype)
-    merges = tree_merges(3, 0, 8)
+    A, D, starts, alphas = problem(rng, sizes, 70, 100, dtype)
+    if len(sizes) == 1:
+        alphas = [1.0]  # a whole batch on one process: the GPU set writes its one product in place
+    merges = tree_merges(tree_top(len(sizes)), 0, len(sizes))
     want = REF.block_outer_sum(A, D, starts, merges, alphas, np.empty((70, 100), dtype))
     got = K.block_outer_sum(xp.asarray(A), xp.asarray(D), starts, merges, alphas, xp.empty((70, 100), dtype))
     assert_close(got, want, dtype, work=A.shape[0], name="block_outer_sum")
