@@ -17,6 +17,7 @@ import cupy as cp
 import numpy as np
 
 from ..ref.rbm import cd_factors_by_block, cd_update_via, check_cd, check_rbm
+from .loss import _scaled_total, _sq_diff_rows
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
            "rbm_cd_factors_blocks", "rbm_cd_update"]
@@ -41,10 +42,14 @@ _gauss_hidden_sample = cp.ElementwiseKernel(
     "T z, T b, U eps", "T h, T s", "h = z + b; s = h + (T)eps;", "aepar_rbm_gauss_hidden_sample")
 _visible = cp.ElementwiseKernel(
     "T z, T b", "T h", f"T a = z + b; {_SIGMOID}", "aepar_rbm_visible")
-_sq_err = cp.ReductionKernel(
-    "T v, T v0", "float64 s", "((double)v - (double)v0) * ((double)v - (double)v0)",
-    "a + b", "s = a", "0", "aepar_rbm_sq_err", reduce_type="double")
 _axpy = cp.ElementwiseKernel("T g, T alpha", "T d", "d += alpha * g;", "aepar_rbm_axpy")
+
+
+def _sq_err(v, v0):
+    """sum (v - v0)^2 as a 0-d float64 array, by rows then the rows (cp/loss.py says why)."""
+    return _scaled_total(_sq_diff_rows, v, v0, 1.0)
+
+
 # The step's last kernel. Its first blocks take the biases: the column sums over the
 # stacked chain vs = [vk; v0] (2b x nv), hs = [hk; -h0] (2b x nh), gv = sum_r (vk - v0)[r],
 # gh = sum_r hs[r], and the squared error sum (vk - v0)^2. Such a block is 8 columns x 128
