@@ -58,6 +58,10 @@ softmax_xent_forward        5BC (max, sub, exp, sum, divide) + 3B (log, sub, sum
 softmax_xent_backward       BC + B
 kl_sparsity fwd, bwd        9H (2 div, 2 log, 1 sub, 2 mul, 2 add), 5H (2 div, sub, add, mul)
 weight_decay fwd, bwd       2N (square, sum), 2N (mul, add)
+tied_ae_update              10BIO (five products) + (2 + 2f_act) BO (code units: bias, act,
+                            act', column sum) + 13BI (output: bias, sigmoid, error, dy, its
+                            sigmoid', column sum) + 7IO (W's two parts, weight cost, velocity,
+                            step) + 4(I + O) (the biases' steps)
 rbm_hidden, rbm_visible     2BVH + 4BH (bias, sigmoid), 2BVH + 4BV
 rbm_free_energy             2BVH + BH + 4BH (softplus 3, sum) + 2BV (v.bv) + B
 rbm_cd_backward (CD-1)      10BVH (five products) + (2f_h + 3) BH + 9BV + 3VH + 2V + 2H,
@@ -235,6 +239,29 @@ def _dense_blocks_cases(shapes, dt):
         cases.append(Case("dense", "dense_backward_blocks", shape, dt,
                           FLOP_ACT[act] * B * O + B * O + 2 * B * I * O, s * (3 * B * O + I * O + B * I + count * O),
                           max(B, I, O), ("dx", "dz", "db"), make, run_bwd, mutates=("db",)))
+    return cases
+
+
+def _tied_ae_cases(shapes, dt):
+    """tied_ae_update: a whole step of the tied autoencoder layer, with momentum and weight cost."""
+    import numpy as np
+    s = np.dtype(dt).itemsize
+    cases = []
+    for B, I, O, act in shapes:
+        def make(rng, B=B, I=I, O=O):
+            a = {"x": rng.random((B, I), dtype=dt), "W": (0.1 * rng.standard_normal((I, O))).astype(dt),
+                 "bv": (0.1 * rng.standard_normal(I)).astype(dt), "bh": (0.1 * rng.standard_normal(O)).astype(dt)}
+            for p in ("W", "bv", "bh"):
+                a["v" + p] = (0.001 * rng.standard_normal(a[p].shape)).astype(dt)
+            return a
+
+        def run(K, a, act=act):
+            err = K.tied_ae_update(a["x"], a["W"], a["bv"], a["bh"], act, a["vW"], a["vbv"], a["vbh"], 0.1, 0.5, 2e-4)
+            return [err, a["W"], a["bv"], a["bh"], a["vW"], a["vbv"], a["vbh"]]
+        flops = (10 * B * I * O + (2 + 2 * FLOP_ACT[act]) * B * O + 13 * B * I + 7 * I * O + 4 * (I + O))
+        cases.append(Case("dense", "tied_ae_update", f"{B}x{I}x{O} {act}", dt, flops,
+                          s * (B * I + 4 * I * O + 4 * (I + O)), 2 * B, ("sq_err", "W", "bv", "bh", "vW", "vbv", "vbh"),
+                          make, run, mutates=("W", "bv", "bh", "vW", "vbv", "vbh")))
     return cases
 
 
@@ -580,6 +607,7 @@ def catalog(quick: bool) -> list:
         dense = [(8, 24, 16, "sigmoid", False), (8, 16, 12, "sigmoid", True), (8, 12, 4, "identity", True)]
         cases = _dense_cases(dense, f32)
         cases += _dense_blocks_cases([(9, 16, 12, "sigmoid", 3)], f32)
+        cases += _tied_ae_cases([(8, 12, 6, "sigmoid")], f32)
         cases += _activation_cases((4, 10), (2, 3, 4, 4), f32)
         cases += _loss_cases((4, 12), (4, 3), f32)
         cases += _sparsity_cases(5, (6, 4), f32)
@@ -599,6 +627,8 @@ def catalog(quick: bool) -> list:
     cases = _dense_cases(dense, f32)
     # fine-tuning's blocks: the first layer forward, a middle layer backward (both ways each)
     cases += _dense_blocks_cases([(100, 784, 1000, "sigmoid", 8), (100, 1000, 500, "sigmoid", 8)], f32)
+    # the autoencoder layer's (--pretrainer ae) one-block step: its first and code layers
+    cases += _tied_ae_cases([(100, 784, 1000, "sigmoid"), (100, 250, 30, "identity")], f32)
     cases += _activation_cases((100, 1000), (100, 16, 28, 28), f32)
     cases += _loss_cases((100, 784), (100, 10), f32)
     cases += _sparsity_cases(25, (784, 1000), f32)

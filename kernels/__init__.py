@@ -28,7 +28,12 @@ Conventions (every set):
 Families (module: functions):
 
 - dense: ``dense_forward(x, W, b, act) -> a``;
-  ``dense_backward(da, x, W, a, act, dW, db, need_dx=True) -> dx | None``
+  ``dense_backward(da, x, W, a, act, dW, db, need_dx=True) -> dx | None``;
+  ``tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_cost) -> sq_err``
+  is one whole step of a tied-weight autoencoder layer in place (h = code_act(x W + bh),
+  x̂ = sigmoid(h Wᵀ + bv), the gradient of ½ Σ(x̂ − x)² / batch plus ``weight_cost * W``,
+  SGD with momentum on W, bv, bh); sq_err = Σ‖x̂ − x‖² before it (a float; on the cupy
+  set a 0-d float64 device array, as below)
 - activation: ``sigmoid_forward(z)``, ``relu_forward(z)``, ``identity_forward(z)``;
   ``sigmoid_backward(da, a)``, ``relu_backward(da, a)``, ``identity_backward(da, a)`` -> dz
 - loss: ``mse_forward(y, t, scale=None) -> loss`` = scale * 0.5 * sum((y - t)**2),

@@ -3,15 +3,18 @@
 Products go to cuBLAS through cupy.matmul; bias + activation is one element-wise kernel
 applied in place on the matmul output (b broadcast along the rows).
 """
+import sys
+
 import cupy as cp
 import numpy as np
 
 from ..ref.activation import check_act
-from ..ref.dense import _check_backward_shapes, _check_shapes, backward_by_block, forward_by_block
+from ..ref.dense import (_check_backward_shapes, _check_shapes, backward_by_block, check_tied_ae, forward_by_block,
+                         tied_ae_update_via)
 from .activation import RELU_BODY, SIGMOID_BODY
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
-           "dense_backward_blocks"]
+           "dense_backward_blocks", "tied_ae_update"]
 
 # z is read and written: an output argument of an ElementwiseKernel may be read
 _BIAS_ACT = {
@@ -111,3 +114,96 @@ def dense_forward_blocks(x, W, b, act, starts):
 def dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=True):
     """:func:`dense_backward_factors` block by block, stacked (see kernels.ref.dense)."""
     return backward_by_block(dense_backward_factors, cp, da, x, W, a, act, dbs, starts, need_dx)
+
+
+# The tied autoencoder's step (tied_ae_update): after each product, one kernel takes a layer's
+# columns as _DZ_SOURCE does and also steps that layer's bias (its gradient is the column
+# sums, and no later kernel of the step reads it). mode 0, the output: y = sigmoid(z + b)
+# against the target t, dz = scale (y - t) y (1 - y), and each column's squared error into
+# ecol; mode 1: sigmoid code units a, dz = z a (1 - a); mode 2: identity code units, dz = z.
+# dz is written over z.
+_AE_COLS_SOURCE = r"""
+#define COLS 8
+#define STRIDES 128
+extern "C" __global__ void aepar_tied_ae_cols_NAME(T *z, const T *t, const T *a, long long rows, int cols,
+        int mode, double scale, T *b, T *vel, double lr, double momentum, double *ecol) {
+    __shared__ double part[2][STRIDES][COLS + 1];
+    const int col = threadIdx.x % COLS, row = threadIdx.x / COLS;
+    const int j = blockIdx.x * COLS + col;
+    double g = 0.0, e = 0.0;
+    if (j < cols) {
+        const T bj = b[j];
+        for (long long r = row; r < rows; r += STRIDES) {
+            const long long i = r * cols + j;
+            T d;
+            if (mode == 0) {
+                const T v = z[i] + bj;
+                const T ex = exp(-fabs(v));
+                const T s = (T)1 / ((T)1 + ex);
+                const T y = v >= (T)0 ? s : ex * s;
+                const double diff = (double)y - (double)t[i];
+                e += diff * diff;
+                const T dy = (T)scale * (y - t[i]);
+                d = dy * y * ((T)1 - y);
+            } else if (mode == 1) {
+                d = z[i] * a[i] * ((T)1 - a[i]);
+            } else {
+                d = z[i];
+            }
+            z[i] = d;
+            g += (double)d;
+        }
+    }
+    part[0][row][col] = g;
+    part[1][row][col] = e;
+    __syncthreads();
+    if (row == 0 && j < cols) {
+        for (int k = 1; k < STRIDES; ++k) { g += part[0][k][col]; e += part[1][k][col]; }
+        const T v = (T)momentum * vel[j] - (T)(lr * g);
+        vel[j] = v;
+        b[j] += v;
+        if (mode == 0) ecol[j] = e;
+    }
+}
+"""
+_ae_cols = {np.dtype(dt): cp.RawKernel(f"typedef {name} T;" + _AE_COLS_SOURCE.replace("NAME", name),
+                                       f"aepar_tied_ae_cols_{name}")
+            for dt, name in ((np.float32, "float"), (np.float64, "double"))}
+# W's step from its two gradient parts, without adding them into an array first
+_sgd_two_parts = cp.ElementwiseKernel(
+    "T g1, T g2, T lr, T momentum, T decay", "T p, T v",
+    "v = momentum * v - lr * ((g1 + g2) + decay * p); p += v;", "aepar_tied_ae_step_w")
+_column_sum = cp.ReductionKernel("float64 s", "float64 total", "s", "a + b", "total = a", "0",
+                                 "aepar_tied_ae_error")
+
+
+def _columns(z, t, a, mode, scale, b, vel, lr, momentum, ecol):
+    rows, cols = z.shape
+    _ae_cols[z.dtype]((-(-cols // 8),), (1024,), (z, t, a, np.int64(rows), np.int32(cols), np.int32(mode),
+                                                   np.float64(scale), b, vel, np.float64(lr),
+                                                   np.float64(momentum), ecol))
+
+
+def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_cost):
+    """:func:`kernels.ref.dense.tied_ae_update` in ten launches: five products, the code
+    units' bias and activation, two column kernels (each steps its bias), W's step and the
+    error's sum, a 0-d float64 device array (no wait for the GPU); the blocked trainer's
+    step took about twenty. Odd layouts or dtypes take the reference's order with this
+    set's kernels."""
+    check_tied_ae(x, W, bv, bh, code_act, vW, vbv, vbh)
+    dt = W.dtype
+    if dt.kind != "f" or not all(p.dtype == dt and p.flags.c_contiguous for p in (W, bv, bh, vW, vbv, vbh)):
+        return tied_ae_update_via(sys.modules[__package__], x, W, bv, bh, code_act, vW, vbv, vbh,
+                                  lr, momentum, weight_cost)
+    x = cp.ascontiguousarray(x, dtype=dt)
+    batch = x.shape[0]
+    h = cp.matmul(x, W)
+    _BIAS_ACT[code_act](bh, h)  # h = act(x W + bh)
+    dz2 = cp.matmul(h, W.T)  # z2; the output kernel leaves dz2 there
+    ecol = cp.empty(W.shape[0], dtype=cp.float64)
+    _columns(dz2, x, dz2, 0, 1.0 / batch, bv, vbv, lr, momentum, ecol)
+    dz1 = cp.matmul(dz2, W)  # dh (W before its step); the code kernel leaves dz1 there
+    _columns(dz1, dz1, h, 1 if code_act == "sigmoid" else 2, 1.0, bh, vbh, lr, momentum, ecol)
+    t = dt.type
+    _sgd_two_parts(cp.matmul(x.T, dz1), cp.matmul(dz2.T, h), t(lr), t(momentum), t(weight_cost), W, vW)
+    return _column_sum(ecol)

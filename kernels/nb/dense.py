@@ -6,11 +6,14 @@ pass each way: bias + activation in place on the matmul output, and
 da * act'(a) together with the column sums that make db.
 """
 
+import sys
+
 import numpy as np
 from numba import njit
 
 from ..memory import empty
-from ..ref.dense import _check_backward_shapes, _check_shapes, _check_starts, forward_by_block
+from ..ref.dense import (_check_backward_shapes, _check_shapes, _check_starts, check_tied_ae, forward_by_block,
+                         tied_ae_update_via)
 # the scalar activations are activation.py's: the package keys Numba's cache on every file
 # here (kernels/nb/__init__.py), so an edit there recompiles these kernels too
 from .activation import IDENTITY, RELU, SIGMOID, act_code
@@ -21,7 +24,7 @@ from .blas import gemm
 from .rowprod import rows_times, rows_times_t, thin, thin_t
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
-           "dense_backward_blocks"]
+           "dense_backward_blocks", "tied_ae_update"]
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 def _bias_act(z, b, code, one):
@@ -170,6 +173,14 @@ def dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=True):
     for lo, hi in zip(starts[:-1], starts[1:]):
         _dx(dz[lo:hi], W, dx[lo:hi])
     return dx, dz
+
+
+def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_cost):
+    """:func:`kernels.ref.dense.tied_ae_update` with this set's kernels, in the blocked
+    trainer's order: its bits, without the trainer's work around a step."""
+    check_tied_ae(x, W, bv, bh, code_act, vW, vbv, vbh)
+    return tied_ae_update_via(sys.modules[__package__], x, W, bv, bh, code_act, vW, vbv, vbh,
+                              lr, momentum, weight_cost)
 
 
 def _most_rows(starts):

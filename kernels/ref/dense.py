@@ -1,11 +1,13 @@
 """Fully connected layer a = act(x @ W + b), forward and backward (NumPy reference)."""
+import sys
+
 import numpy as np
 
 from .activation import BACKWARD, FORWARD, check_act
 from .blocksum import check_starts
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
-           "dense_backward_blocks"]
+           "dense_backward_blocks", "tied_ae_update"]
 
 
 def dense_forward(x, W, b, act):
@@ -69,6 +71,62 @@ def dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=True):
     :func:`dense_forward_blocks`), block k's column sums of dz added into ``dbs[k]``.
     Returns (dx or None, dz), both stacked."""
     return backward_by_block(dense_backward_factors, np, da, x, W, a, act, dbs, starts, need_dx)
+
+
+def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_cost):
+    """One training step of a tied-weight autoencoder layer on one batch, in place.
+
+    h = code_act(x @ W + bh), x̂ = sigmoid(h @ W.T + bv); the gradient g of
+    ½ Σ(x̂ − x)² / batch (W's from the encoder and the decoder, x.T @ dz1 + dz2.T @ h),
+    ``weight_cost * W`` added to W's, applied as ``v = momentum * v - lr * g; p += v`` to
+    W, bv and bh (:func:`kernels.ref.update.sgd_momentum_update`). Returns Σ‖x̂ − x‖² of
+    the batch before the step. It is the blocked trainer's step of a single block (the
+    same kernels in the same order: :func:`tied_ae_update_via`), which the GPU set fuses.
+
+    Parameters
+    ----------
+    x : (batch, n_in); W : (n_in, n_out); bv : (n_in,); bh : (n_out,)
+    code_act : {"sigmoid", "identity"}
+    vW, vbv, vbh : the velocities, shaped as W, bv, bh; updated with them
+    lr, momentum, weight_cost : float
+    """
+    check_tied_ae(x, W, bv, bh, code_act, vW, vbv, vbh)
+    return tied_ae_update_via(sys.modules[__package__], x, W, bv, bh, code_act, vW, vbv, vbh,
+                              lr, momentum, weight_cost)
+
+
+def tied_ae_update_via(K, x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_cost):
+    """:func:`tied_ae_update` spelled out with a kernel set ``K``'s own dense, loss and
+    update kernels and the array library's product (the CPU sets' step; the GPU set's for
+    odd layouts). ``zeros_like``, ``concatenate`` and ``@`` keep the arrays on the
+    parameters' device."""
+    batch = x.shape[0]
+    Wt = W.T  # the tied decoder's weight, a view
+    h = K.dense_forward(x, W, bh, code_act)
+    y = K.dense_forward(h, Wt, bv, "sigmoid")
+    sq_err = K.mse_forward(y, x, scale=2.0)
+    gbv, gbh = np.zeros_like(bv), np.zeros_like(bh)
+    dh, dz2 = K.dense_backward_factors(K.mse_backward(y, x, scale=1.0 / batch), h, Wt, y, "sigmoid", gbv)
+    _, dz1 = K.dense_backward_factors(dh, x, W, h, code_act, gbh, need_dx=False)
+    # W's two parts in one BLAS product: [x; dz2].T @ [dz1; h] = x.T @ dz1 + dz2.T @ h
+    gW = np.concatenate([x, dz2]).T @ np.concatenate([dz1, h])
+    K.sgd_momentum_update(W, gW, vW, lr, momentum, weight_cost)
+    K.sgd_momentum_update(bv, gbv, vbv, lr, momentum, 0.0)
+    K.sgd_momentum_update(bh, gbh, vbh, lr, momentum, 0.0)
+    return sq_err
+
+
+def check_tied_ae(x, W, bv, bh, code_act, vW, vbv, vbh):
+    """Shapes and the code units of :func:`tied_ae_update` (shared by every set)."""
+    if code_act not in ("sigmoid", "identity"):
+        raise ValueError(f"tied_ae_update: code units must be sigmoid or identity, not {code_act!r}")
+    if x.ndim != 2 or W.ndim != 2 or x.shape[1] != W.shape[0] or x.shape[0] < 1:
+        raise ValueError(f"tied_ae_update: x {x.shape} and W {W.shape} do not fit (x: batch >= 1 x n_in, "
+                         "W: n_in x n_out)")
+    for name, a, want in (("bv", bv, (W.shape[0],)), ("bh", bh, (W.shape[1],)), ("vW", vW, W.shape),
+                          ("vbv", vbv, (W.shape[0],)), ("vbh", vbh, (W.shape[1],))):
+        if a.shape != want:
+            raise ValueError(f"tied_ae_update: {name} must have shape {want}, got {a.shape}")
 
 
 def forward_by_block(forward, xp, x, W, b, act, starts):

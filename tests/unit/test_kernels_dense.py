@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 import aepar  # noqa: F401  (registers aepar.kernels in a checkout)
 from aepar import kernels
 from tests.conftest import kernel_set_params
-from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, to_host
+from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, scalar_value, to_host
 
 ALL_SETS = [pytest.param("numpy", id="numpy")] + kernel_set_params()
 ACTS = ["sigmoid", "relu", "identity"]
@@ -271,3 +271,72 @@ def test_dense_blocks_reject_offsets_that_do_not_split_the_rows(kset, rng):
     a = K.dense_forward_blocks(dev(x), dev(W), dev(b), "relu", [0, 2, 6])
     with pytest.raises(ValueError, match="2 bias gradients for 1 blocks"):
         K.dense_backward_blocks(a, dev(x), dev(W), a, "relu", [dev(np.zeros(4))] * 2, [0, 6])
+
+
+# ---------------------------------------------------------------- the tied autoencoder's step
+
+
+def tied_ae_problem(rng, batch, n_in, n_out, dtype=np.float64):
+    x = rng.random((batch, n_in)).astype(dtype)  # pixels in [0, 1]
+    W = (0.5 * rng.standard_normal((n_in, n_out))).astype(dtype)
+    bv, bh = ((0.3 * rng.standard_normal(n)).astype(dtype) for n in (n_in, n_out))
+    velocity = [(0.1 * rng.standard_normal(a.shape)).astype(dtype) for a in (W, bv, bh)]
+    return x, W, bv, bh, velocity
+
+
+def tied_ae_loss(x, W, bv, bh, code_act):
+    """½ Σ(x̂ − x)² / batch in float64, and Σ(x̂ − x)²: the textbook's formulas."""
+    z = x @ W + bh
+    h = 1 / (1 + np.exp(-z)) if code_act == "sigmoid" else z
+    y = 1 / (1 + np.exp(-(h @ W.T + bv)))
+    sq = float(((y - x) ** 2).sum())
+    return 0.5 * sq / x.shape[0], sq
+
+
+@pytest.mark.parametrize("code_act", ["sigmoid", "identity"])
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_tied_ae_update_steps_along_the_finite_difference_gradient(kset, code_act, rng):
+    """With no momentum and no weight cost a step is p -= lr * g: g is the float64 central
+    difference of the loss, for W's encoder and decoder parts together and both biases."""
+    K, dev = load(kset)
+    x, W, bv, bh, _ = tied_ae_problem(rng, 6, 5, 3)
+    grads = {}
+    for name, p in (("W", W), ("bv", bv), ("bh", bh)):
+        grads[name] = numerical_grad(lambda: tied_ae_loss(x, W, bv, bh, code_act)[0], p)
+    params = [dev(a.copy()) for a in (W, bv, bh)]
+    zeros = [dev(np.zeros_like(a)) for a in (W, bv, bh)]
+    lr = 0.5
+    err = K.tied_ae_update(dev(x), *params, code_act, *zeros, lr, 0.0, 0.0)
+    assert scalar_value(err) == pytest.approx(tied_ae_loss(x, W, bv, bh, code_act)[1], rel=1e-12)
+    for name, before, after in zip(("W", "bv", "bh"), (W, bv, bh), params):
+        assert_grad_close((before - to_host(after)) / lr, grads[name], name=f"{kset} {code_act} {name}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("code_act", ["sigmoid", "identity"])
+@pytest.mark.parametrize("shape", [(1, 7, 3), (100, 65, 31)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("kset", kernel_set_params())
+def test_tied_ae_update_matches_reference(kset, shape, code_act, dtype, rng):
+    """A step with momentum and weight cost: parameters, velocities and the error."""
+    K, dev = load(kset)
+    x, W, bv, bh, velocity = tied_ae_problem(rng, *shape, dtype)
+    want = [a.copy() for a in (W, bv, bh, *velocity)]
+    err_ref = REF.tied_ae_update(x, *want[:3], code_act, *want[3:], 0.1, 0.9, 2e-4)
+    got = [dev(a.copy()) for a in (W, bv, bh, *velocity)]
+    err = K.tied_ae_update(dev(x), *got[:3], code_act, *got[3:], 0.1, 0.9, 2e-4)
+    assert scalar_value(err) == pytest.approx(err_ref, rel=1e-10 if dtype == np.float64 else 1e-5)
+    for name, g, w in zip(("W", "bv", "bh", "vW", "vbv", "vbh"), got, want):
+        assert g.dtype == dtype
+        assert_close(g, w, dtype, work=2 * shape[0], name=name)
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_tied_ae_update_refuses_what_does_not_fit(kset, rng):
+    K, dev = load(kset)
+    x, W, bv, bh, (vW, vbv, vbh) = tied_ae_problem(rng, 4, 5, 3)
+    with pytest.raises(ValueError, match="code units"):
+        K.tied_ae_update(dev(x), dev(W), dev(bv), dev(bh), "relu", dev(vW), dev(vbv), dev(vbh), 0.1, 0.0, 0.0)
+    with pytest.raises(ValueError, match="bh"):
+        K.tied_ae_update(dev(x), dev(W), dev(bv), dev(bv), "sigmoid", dev(vW), dev(vbv), dev(vbh), 0.1, 0.0, 0.0)
+    with pytest.raises(ValueError, match="do not fit"):
+        K.tied_ae_update(dev(x.T), dev(W), dev(bv), dev(bh), "sigmoid", dev(vW), dev(vbv), dev(vbh), 0.1, 0.0, 0.0)
