@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aepar.models.rbm import RBM
 from aepar.models.trained import BlockActivations
-from aepar.rows import each, threads
+from aepar.rows import each
 
 __all__ = ["AELayer"]
 
@@ -29,19 +29,13 @@ class AELayer(RBM):
         return "sigmoid" if self.hidden == "bernoulli" else "identity"
 
     n_extra = 1  # a step reports Σ‖x̂ − x‖² over its rows
-
-    @property
-    def fused_step(self):
-        """The trainer's one-block, one-process step, :meth:`step`, when this process runs
-        one thread (a GPU run always does: aepar.backend.select); with more, the blocked
-        path spreads the W gradient's rows over them, which one kernel call does not."""
-        return self.step if threads() == 1 else None
-
     factored = ("W",)  # the trainer adds the blocks' W gradients from block_factors' factors
 
-    def step(self, x, rng, epoch):
-        """One whole batch: the gradient, the weight cost and the momentum step in one kernel
-        call (``tied_ae_update``; no noise, so ``rng`` is not used). Returns (Σ‖x̂ − x‖²,)."""
+    def fused_step(self, x, rng, epoch):
+        """One whole batch on one process: the gradient, the weight cost and the momentum
+        step in one kernel call (``tied_ae_update``: on the CPU the blocked path's bits, on
+        the GPU ten launches instead of about twenty; no noise, so ``rng`` is not used).
+        Returns (Σ‖x̂ − x‖²,)."""
         p, v = self.params, self.optimizer.velocity
         return (self.be.K.tied_ae_update(x, p["W"], p["bv"], p["bh"], self.code_act, v["W"], v["bv"], v["bh"],
                                          self.lr, self.momentum_at(epoch), self.weight_cost),)

@@ -1,4 +1,5 @@
-"""Fully connected layer a = act(x @ W + b), forward and backward (CuPy).
+"""Fully connected layer a = act(x @ W + b), forward and backward, and a tied autoencoder
+layer's whole step (CuPy).
 
 Products go to cuBLAS through cupy.matmul; bias + activation is one element-wise kernel
 applied in place on the matmul output (b broadcast along the rows).

@@ -1,4 +1,5 @@
-"""Fully connected layer a = act(x @ W + b), forward and backward (Numba).
+"""Fully connected layer a = act(x @ W + b), forward and backward, and a tied autoencoder
+layer's whole step (Numba).
 
 The products go to BLAS (numpy's matmul, and gemm with beta = 1 so that dW accumulates
 without a temporary, both without holding the GIL); the element-wise work around them is one fused

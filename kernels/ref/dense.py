@@ -1,4 +1,5 @@
-"""Fully connected layer a = act(x @ W + b), forward and backward (NumPy reference)."""
+"""Fully connected layer a = act(x @ W + b), forward and backward, and a tied autoencoder
+layer's whole step (NumPy reference)."""
 import sys
 
 import numpy as np

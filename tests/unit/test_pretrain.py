@@ -251,24 +251,22 @@ def test_ae_layer_gradient_is_exact():
 
 @pytest.mark.parametrize("kernels", ["numpy", "numba"])
 @pytest.mark.parametrize("hidden", ["bernoulli", "gaussian"])
-def test_ae_layer_one_block_step_is_one_kernel_call_with_the_blocked_bits(kernels, hidden, monkeypatch):
-    """One block, one process, one thread: a step is ``tied_ae_update``, with the bits of
-    the blocked path (which spreads the W gradient over the threads when there are more)."""
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ae_layer_one_block_step_is_one_kernel_call_with_the_blocked_bits(kernels, hidden, threads, monkeypatch):
+    """One block on one process: a step is ``tied_ae_update``, with the bits of the blocked
+    path (on any number of threads)."""
     import aepar
 
     class Blocked(AELayer):
         fused_step = None
 
     x = _binary_data(n=120, d=20).astype(np.float32)
-    monkeypatch.setattr(aepar, "THREADS", 1)
+    monkeypatch.setattr(aepar, "THREADS", threads)
     fused, blocked = (cls(_be(kernels, "float32"), 20, 7, hidden=hidden, batch=30, seed=3)
                       for cls in (AELayer, Blocked))
-    assert fused.fused_step is not None
     for epoch in range(2):
         e_fused, e_blocked = (train_epoch(m, S(x, m.be), epoch).means[0] for m in (fused, blocked))
         assert e_fused == pytest.approx(e_blocked, rel=1e-6)  # the blocked path keeps a step's error in float32
     for k in fused.params:
         assert np.array_equal(fused.params[k], blocked.params[k]), k
         assert np.array_equal(fused.optimizer.velocity[k], blocked.optimizer.velocity[k]), k
-    monkeypatch.setattr(aepar, "THREADS", 2)
-    assert fused.fused_step is None
