@@ -13,6 +13,7 @@ from ..ref.activation import check_act
 from ..ref.dense import (_check_backward_shapes, _check_shapes, backward_by_block, check_tied_ae, forward_by_block,
                          tied_ae_update_via)
 from .activation import RELU_BODY, SIGMOID_BODY
+from .loss import _scaled_sum
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
            "dense_backward_blocks", "tied_ae_update"]
@@ -174,8 +175,6 @@ _ae_cols = {np.dtype(dt): cp.RawKernel(f"typedef {name} T;" + _AE_COLS_SOURCE.re
 _sgd_two_parts = cp.ElementwiseKernel(
     "T g1, T g2, T lr, T momentum, T decay", "T p, T v",
     "v = momentum * v - lr * ((g1 + g2) + decay * p); p += v;", "aepar_tied_ae_step_w")
-_column_sum = cp.ReductionKernel("float64 s", "float64 total", "s", "a + b", "total = a", "0",
-                                 "aepar_tied_ae_error")
 
 
 def _columns(z, t, a, mode, scale, b, vel, lr, momentum, ecol):
@@ -207,4 +206,4 @@ def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_co
     _columns(dz1, dz1, h, 1 if code_act == "sigmoid" else 2, 1.0, bh, vbh, lr, momentum, ecol)
     t = dt.type
     _sgd_two_parts(cp.matmul(x.T, dz1), cp.matmul(dz2.T, h), t(lr), t(momentum), t(weight_cost), W, vW)
-    return _column_sum(ecol)
+    return _scaled_sum(ecol, 1.0)  # the columns' errors, summed as the losses' rows are
