@@ -160,12 +160,18 @@ class _Buffers:
 
     A model's ``factored`` gradients (see :func:`train_epoch`) have no place filled in a
     block's vector: ``block_outer_sum`` writes each tree node's sum of them straight into
-    the vector that holds the node; ``added`` are the slices the blocks fill and NumPy adds.
+    the vector that holds the node; ``filled`` is the slice after them, which the blocks
+    fill and NumPy adds: the other gradients, the step's sums and the guard's flag.
     """
 
     def __init__(self, model, shard: Shard, comm, be, allreduce: bool):
         shapes = model.grad_shapes()
-        self.names = list(shapes)
+        # one block (one process) has nothing to add: BLAS's product into its vector is faster
+        self.factored = [k for k in getattr(model, "factored", ()) if k in shapes] \
+            if getattr(model, "block_factors", None) is not None and shard.blocks.count > 1 else []
+        # the factored gradients first: the rest of the row (what the blocks fill, clear and
+        # add) is then one slice, one operation each (one launch on a GPU, not one per array)
+        self.names = self.factored + [k for k in shapes if k not in self.factored]
         self.sizes = [int(np.prod(shapes[k])) for k in self.names]
         self.shapes = [tuple(shapes[k]) for k in self.names]
         # every gradient and every row on a cache line's boundary, as the kernels want their
@@ -177,14 +183,15 @@ class _Buffers:
         self.n_grad = self.offsets.pop()  # the step's sums start here
         self.n_extra = int(model.n_extra)
         width = _round_up(self.n_grad + self.n_extra + 1, line)
-        # one block (one process) has nothing to add: BLAS's product into its vector is faster
-        self.factored = [k for k in getattr(model, "factored", ()) if k in shapes] \
-            if getattr(model, "block_factors", None) is not None and shard.blocks.count > 1 else []
-        self.added = [slice(o, o + size) for o, size, k in zip(self.offsets, self.sizes, self.names)
-                      if k not in self.factored] + [slice(self.n_grad, width)]
+        self.filled = slice(self.offsets[len(self.factored)] if len(self.names) > len(self.factored) else self.n_grad,
+                            width)
         n_mine = shard.blocks.stop - shard.blocks.first
         self.leaves = be.zeros((max(n_mine, 1), width))
         self.total = be.zeros(width)
+        # every row as one object, with its gradients' views, made once: making a view costs
+        # host microseconds per array and step (a GPU's steps wait on the host)
+        self.rows = [self.leaves[i] for i in range(self.leaves.shape[0])]
+        self._held = {id(a): (a, self._make_views(a)) for a in self.rows + [self.total]}
         self.tree = None if allreduce else TreeSum(_serial_if_none(comm), shard.blocks.count)
         # the sums this rank takes alone: (tree node or None, its first own block, its
         # postfix tree); with allreduce, its blocks in order
@@ -194,6 +201,12 @@ class _Buffers:
         self.key = _buffers_key(shard, comm, allreduce)
 
     def views(self, flat) -> dict:
+        """{name: gradient} as views of the vector ``flat`` (one of :attr:`rows` or
+        :attr:`total`: their views made once; a new dict each call, the arrays shared)."""
+        held = self._held.get(id(flat))
+        return dict(held[1]) if held is not None and held[0] is flat else self._make_views(flat)
+
+    def _make_views(self, flat) -> dict:
         return {name: flat[o:o + size].reshape(shape)
                 for name, o, size, shape in zip(self.names, self.offsets, self.sizes, self.shapes)}
 
@@ -269,21 +282,19 @@ def train_epoch(model, shard: Shard, epoch: int, comm=None, *, batch: int | None
 
 def _local_sum(be, buf, factors, first, merges, out):
     """This rank's blocks ``first``.. added in the postfix tree ``merges`` into the row
-    ``out``: the slices the blocks filled by NumPy in the leftmost block's row, the
+    ``out``: the slice the blocks filled by NumPy in the leftmost block's row, the
     factored gradients by ``block_outer_sum`` from the blocks' factors (an empty block's
     are none: a zero product)."""
-    leaves, stack = buf.leaves, []
+    leaves, stack = buf.rows, []
     for i, m in zip(range(first, first + len(merges)), merges):
         right = leaves[i]
         for _ in range(m):
             left = stack.pop()
-            for part in buf.added:
-                left[part] += right[part]
+            left[buf.filled] += right[buf.filled]
             right = left
         stack.append(right)
     if stack[0] is not out:
-        for part in buf.added:
-            out[part] = stack[0][part]
+        out[buf.filled] = stack[0][buf.filled]
     grads = buf.views(out)
     bands = []  # (A, D, starts, alphas, rows of the gradient): every factored weight's bands at once
     for name in buf.factored:
@@ -317,7 +328,7 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
         host = be.to_host(sums)
         return EpochResult(host, shard.n, EpochState(epoch, k + 1, list(host), mb.states()), checkpoint, stop)
     mine = list(shard.blocks.mine)
-    leaves = buf.leaves
+    leaves = buf.rows
     flag = buf.n_grad + buf.n_extra
     checkpoint = stop = False
     fused = getattr(model, "fused_step", None) if shard.blocks.count == 1 and (comm is None or comm.size == 1) \
@@ -348,8 +359,7 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
         factors = [None] * max(len(mine), 1)
 
         def clear(i):
-            for part in buf.added:
-                leaves[i][part] = 0
+            leaves[i][buf.filled] = 0
         if buf.factored:  # all of this rank's blocks at once
             for i in range(len(mine)):
                 clear(i)
