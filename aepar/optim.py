@@ -72,9 +72,13 @@ class Adam:
         self.t += 1
         lr = self.lr if lr is None else lr
         names = list(self.params)
+        arrays = ([self.params[k] for k in names], [grads[k] for k in names], [self.m[k] for k in names],
+                  [self.v[k] for k in names])
+        if threads() == 1:  # every parameter in one call (one launch on a GPU, not one each)
+            self.be.K.adam_update_many(*arrays, self.t, lr, self.beta1, self.beta2, self.eps)
+            return
         in_bands(lambda p, g, m, v: self.be.K.adam_update(p, g, m, v, self.t, lr, self.beta1, self.beta2, self.eps),
-                 [self.params[k] for k in names], [grads[k] for k in names], [self.m[k] for k in names],
-                 [self.v[k] for k in names])
+                 *arrays)
 
     def state(self) -> dict:
         out = {f"m/{k}": a for k, a in self.m.items()}

@@ -79,7 +79,9 @@ Families (module: functions):
   generator left where that call leaves it; the numpy and numba sets draw on the host, the
   cupy set jumps each PCG64 stream ahead on the GPU (no host draws, no copy).
 - update: ``sgd_momentum_update(p, g, v, lr, momentum)`` (v = momentum*v - lr*g; p += v);
-  ``adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8)``: in place.
+  ``adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8)``: in place;
+  ``adam_update_many(ps, gs, ms, vs, t, lr, ...)``: adam_update on each parameter of the
+  four lists, the same bits (the cupy set in one launch).
 """
 import importlib
 

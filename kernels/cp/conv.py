@@ -6,6 +6,7 @@ cuBLAS call per chunk of images (cupy.matmul). A chunk's columns are laid out
 Chunks bound cols to 2**26 elements. Semantics, shapes and argmax encoding are those of the
 reference, :mod:`kernels.ref.conv`.
 """
+import functools
 import os
 
 import cupy as cp
@@ -43,9 +44,7 @@ def conv2d_backward(dy, x, W, stride, pad, dW, db):
     x, W2, dt = _prep(x, W)
     dy = cp.ascontiguousarray(dy, dtype=dt)
     dx = cp.empty(x.shape, dtype=dt)
-    dW2 = cp.zeros((W2.shape[0], W2.shape[1]), dtype=dt)
-    _conv_grads(x, dy, W2, W.shape[2], W.shape[3], stride, pad, dW2, dx, transpose=False)
-    dW += dW2.reshape(dW.shape)
+    _conv_grads(x, dy, W2, W.shape[2], W.shape[3], stride, pad, dW, dx, transpose=False)
     db += dy.sum(axis=(0, 2, 3))
     return dx
 
@@ -67,10 +66,8 @@ def conv2d_transpose_backward(dy, x, W, stride, pad, dW, db):
     x, W2, dt = _prep(x, W)
     dy = cp.ascontiguousarray(dy, dtype=dt)
     dx = cp.empty(x.shape, dtype=dt)
-    dW2 = cp.zeros((W2.shape[0], W2.shape[1]), dtype=dt)
     # the adjoint's gradients are conv2d's with dy in the role of the convolved input
-    _conv_grads(dy, x, W2, W.shape[2], W.shape[3], stride, pad, dW2, dx, transpose=True)
-    dW += dW2.reshape(dW.shape)
+    _conv_grads(dy, x, W2, W.shape[2], W.shape[3], stride, pad, dW, dx, transpose=True)
     db += dy.sum(axis=(0, 2, 3))
     return dx
 
@@ -111,6 +108,17 @@ def _prep(x, W):
         raise ValueError(f"conv kernels run in float32 or float64, not {dt}")
     W = cp.ascontiguousarray(W, dtype=dt)
     return cp.ascontiguousarray(x, dtype=dt), W.reshape(W.shape[0], -1), dt
+
+
+def _zeros(n, dtype):
+    """A zero bias of ``n`` channels, made once per device (never written: col2im and
+    _unpack only read it)."""
+    return _zeros_on(n, np.dtype(dtype), cp.cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _zeros_on(n, dtype, device):
+    return cp.zeros(n, dtype=dtype)
 
 
 def _launch(name, dtype, n, *args):
@@ -165,16 +173,25 @@ def _conv_adjoint(g, W2, bias, kh, kw, stride, pad, y):
         _col2im(W2.T @ _pack(g, n0, nb), n0, nb, kh, kw, stride, pad, Ho, Wo, bias, y)
 
 
-def _conv_grads(a, g, W2, kh, kw, stride, pad, dW2, da, transpose):
-    """dW2 += G @ cols(a).T and the input gradient into ``da``: conv2d^T(g) (conv2d
-    backward) or conv2d(a) (conv2d_transpose backward, where a is dy and g the input)."""
+def _conv_grads(a, g, W2, kh, kw, stride, pad, dW, da, transpose):
+    """dW += G @ cols(a).T and the input gradient into ``da``: conv2d^T(g) (conv2d
+    backward) or conv2d(a) (conv2d_transpose backward, where a is dy and g the input).
+    The chunks' products are summed first, then added once: the bits of one product when
+    there is one chunk (the batches a model takes), without a zeroed buffer to add it into."""
     Ho, Wo = g.shape[2:]
-    zero = cp.zeros(da.shape[1], dtype=da.dtype)
+    zero = _zeros(da.shape[1], da.dtype)
+    dW2 = None
     for n0, nb in _chunks(g.shape[0], W2.shape[1] * Ho * Wo):
         cols = _im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo)
         G = _pack(g, n0, nb)
-        dW2 += G @ cols.T
+        product = G @ cols.T
+        if dW2 is None:
+            dW2 = product
+        else:
+            dW2 += product
         if transpose:
             _unpack(W2 @ cols, n0, nb, zero, da)
         else:
             _col2im(W2.T @ G, n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)
+    if dW2 is not None:
+        dW += dW2.reshape(dW.shape)

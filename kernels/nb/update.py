@@ -6,7 +6,7 @@ from numba import njit, prange
 
 from ..ref import update as _ref
 
-__all__ = ["sgd_momentum_update", "adam_update"]
+__all__ = ["sgd_momentum_update", "adam_update", "adam_update_many"]
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -78,3 +78,8 @@ def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
     dt = p.dtype.type
     _adam(*flat, dt(beta1), dt(1.0 - beta1), dt(beta2), dt(1.0 - beta2), dt(lr / bc1), dt(1.0 / math.sqrt(bc2)),
           dt(eps))
+
+
+def adam_update_many(ps, gs, ms, vs, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
+    """:func:`adam_update` on each parameter's (p, g, m, v) of the four lists, in place."""
+    _ref.adam_each(adam_update, ps, gs, ms, vs, t, lr, beta1, beta2, eps)

@@ -1,13 +1,22 @@
 """Parameter updates, in place (NumPy reference). Every array is updated where it lies."""
 import numpy as np
 
-__all__ = ["sgd_momentum_update", "adam_update"]
+__all__ = ["sgd_momentum_update", "adam_update", "adam_update_many"]
 
 
 def check_update(name, p, *others):
     for a in others:
         if a.shape != p.shape:
             raise ValueError(f"{name}: every array must have the parameter's shape {p.shape}, got {a.shape}")
+
+
+def check_many(name, ps, *others):
+    """The parameter lists of a ``*_many`` update: the same length, each array its parameter's shape."""
+    for a in others:
+        if len(a) != len(ps):
+            raise ValueError(f"{name}: {len(ps)} parameters but a list of {len(a)} arrays")
+    for arrays in zip(ps, *others):
+        check_update(name, *arrays)
 
 
 def check_step(t):
@@ -41,3 +50,17 @@ def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
     m_hat = m / (1 - beta1 ** t)
     v_hat = v / (1 - beta2 ** t)
     p -= lr * m_hat / (np.sqrt(v_hat) + eps)
+
+
+def adam_update_many(ps, gs, ms, vs, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
+    """:func:`adam_update` on each parameter's (p, g, m, v) of the four lists, in place."""
+    adam_each(adam_update, ps, gs, ms, vs, t, lr, beta1, beta2, eps)
+
+
+def adam_each(update, ps, gs, ms, vs, t, lr, beta1, beta2, eps):
+    """A set's ``adam_update_many`` as its ``update`` called on each parameter: the bits of
+    one call each (a CPU set's; the cupy set's is one launch for all)."""
+    check_many("adam_update_many", ps, gs, ms, vs)
+    check_step(t)
+    for p, g, m, v in zip(ps, gs, ms, vs):
+        update(p, g, m, v, t, lr, beta1, beta2, eps)

@@ -161,3 +161,43 @@ def test_updates_reject_bad_arguments(kset, rng):
         K.adam_update(p, g, dev(np.zeros(4)), dev(np.zeros(5)), 1, 1e-3)
     with pytest.raises(ValueError, match="shape"):
         K.sgd_momentum_update(p, dev(np.zeros(6)), dev(np.zeros(5)), 0.1, 0.9)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_adam_update_many_is_each_parameters_own_step(kset, dtype, rng):
+    """One call for a model's parameters (one launch on a GPU): the bits of adam_update on
+    each, over several steps, an empty parameter, one of a single element and strided views
+    (every other column of a larger array) included."""
+    K, dev = load(kset)
+    shapes = [(64, 65), (65,), (0,), (1,), (5, 13, 17), (6, 14)]
+
+    def new(a):  # the last parameter's arrays: every other column of a (6, 28) array
+        if a.shape != shapes[-1]:
+            return dev(a.copy())
+        wide = dev(np.zeros((6, 28), a.dtype))
+        wide[:, ::2] = dev(a)
+        return wide[:, ::2]
+    p0 = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    many, each = ([new(a) for a in p0] for _ in range(2))
+    state = {name: ([new(np.zeros(s, dtype)) for s in shapes], [new(np.zeros(s, dtype)) for s in shapes])
+             for name in ("many", "each")}
+    assert not many[-1].flags.c_contiguous
+    for t in range(1, STEPS + 1):
+        gs = [new(rng.standard_normal(s).astype(dtype)) for s in shapes]
+        assert K.adam_update_many(many, gs, *state["many"], t, 1e-2, 0.8, 0.95) is None
+        for p, g, m, v in zip(each, gs, *state["each"]):
+            K.adam_update(p, g, m, v, t, 1e-2, 0.8, 0.95)
+    for a, b in zip(many + state["many"][0] + state["many"][1], each + state["each"][0] + state["each"][1]):
+        assert to_host(a).tobytes() == to_host(b).tobytes()
+    assert not np.array_equal(to_host(many[0]), p0[0]) and not np.array_equal(to_host(many[-1]), p0[-1])
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_adam_update_many_refuses_lists_that_do_not_match(kset, rng):
+    K, dev = load(kset)
+    p = [dev(np.zeros((3, 2))), dev(np.zeros(4))]
+    with pytest.raises(ValueError, match="2 parameters but a list of 1"):
+        K.adam_update_many(p, p[:1], p, p, 1, 1e-3)
+    with pytest.raises(ValueError, match="shape"):
+        K.adam_update_many(p, [p[1], p[0]], p, p, 1, 1e-3)
