@@ -67,12 +67,12 @@ def load_rows(rows: int) -> tuple[np.ndarray, str]:
 class TorchCAE(TorchPeer):
     """The same network, loss and optimiser in PyTorch, from the aepar model's weights."""
 
-    def __init__(self, model, threads: int, seed: int = 0):
+    def __init__(self, model, threads: int, seed: int = 0, device: str = "cpu", fused: bool = False):
         import torch
         from torch import nn
 
         torch.set_num_threads(int(threads))
-        self.torch = torch
+        self.torch, self.device = torch, device
         c = model.shape[0]
         f1, f2 = model.filters
         self.net = nn.Sequential(
@@ -86,7 +86,8 @@ class TorchCAE(TorchPeer):
             for i, layer in enumerate(layers, 1):  # aepar keeps PyTorch's layouts
                 layer.weight.copy_(torch.from_numpy(np.asarray(host[f"W{i}"], dtype=np.float32)))
                 layer.bias.copy_(torch.from_numpy(np.asarray(host[f"b{i}"], dtype=np.float32)))
-        self.opt = torch.optim.Adam(self.net.parameters(), lr=1e-3)
+        self.net.to(device)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=1e-3, **({"fused": True} if fused else {}))
         self.shape, self.batch = model.shape, model.batch
         self.gen = torch.Generator().manual_seed(seed)
 
@@ -95,14 +96,15 @@ class TorchCAE(TorchPeer):
         return self.torch.nn.functional.mse_loss(self.net(xb), xb, reduction="sum")
 
 
-def aepar_epoch(x, blocks=8):
-    """(model, time_epoch(epoch) -> seconds) of aepar's CAE on ``x``."""
+def aepar_epoch(x, blocks=8, be=None, batch: int = 100):
+    """(model, time_epoch(epoch) -> seconds) of aepar's CAE on ``x``, on the backend ``be``
+    (default: the numba kernels, float32)."""
     from aepar import backend
     from aepar.models.cae import ConvAutoencoder
     from aepar.optim import Adam
 
-    be = backend.select("cpu", "numba", "float32")
-    model = ConvAutoencoder(be, (1, 28, 28), seed=0)
+    be = be or backend.select("cpu", "numba", "float32")
+    model = ConvAutoencoder(be, (1, 28, 28), seed=0, batch=batch)
     return model, aepar_timer(model, Adam(be, model.params, lr=1e-3), x, blocks)
 
 

@@ -70,8 +70,10 @@ def aepar_timer(model, optimizer, x, blocks: int):
     shard = Shard.of(model.be, x, blocks)
 
     def time_epoch(epoch):
+        model.be.synchronize()  # a GPU's queued work belongs to the epoch that queued it
         t0 = time.perf_counter()
         train_epoch(model, shard, epoch, optimizer=optimizer)
+        model.be.synchronize()
         return time.perf_counter() - t0
     return time_epoch
 
@@ -80,7 +82,10 @@ class TorchPeer:
     """A PyTorch model trained the way aepar trains its own: minibatches of ``batch`` rows
     in a shuffled order, the summed loss divided by the batch, one optimiser step each.
     Subclasses set ``torch``, ``opt``, ``batch``, ``gen`` and ``shape`` (a row's shape as
-    the network takes it) and give :meth:`summed_loss`."""
+    the network takes it) and give :meth:`summed_loss`; ``device`` ("cpu" unless set) is
+    where the network lives, and the rows go there (a tensor already there stays)."""
+
+    device = "cpu"
 
     def summed_loss(self, xb):
         """The loss of a batch summed over its images (targets are the inputs)."""
@@ -89,9 +94,10 @@ class TorchPeer:
     def train_epoch(self, x) -> float:
         """One epoch over rows ``x``; the mean over images of the summed loss."""
         torch = self.torch
-        xt = torch.from_numpy(x).reshape((x.shape[0],) + tuple(self.shape))
-        n, total = xt.shape[0], torch.zeros((), dtype=torch.float64)
-        perm = torch.randperm(n, generator=self.gen)
+        xt = (x if torch.is_tensor(x) else torch.from_numpy(x)).to(self.device)
+        xt = xt.reshape((x.shape[0],) + tuple(self.shape))
+        n, total = xt.shape[0], torch.zeros((), dtype=torch.float64, device=self.device)
+        perm = torch.randperm(n, generator=self.gen).to(self.device)  # one copy, not one per batch
         for start in range(0, n, self.batch):
             xb = xt[perm[start:start + self.batch]]
             self.opt.zero_grad(set_to_none=True)
@@ -102,8 +108,11 @@ class TorchPeer:
         return float(total) / n
 
     def time_epoch(self, x) -> float:
+        sync = self.torch.cuda.synchronize if str(self.device).startswith("cuda") else (lambda: None)
+        sync()
         t0 = time.perf_counter()
         self.train_epoch(x)
+        sync()
         return time.perf_counter() - t0
 
 

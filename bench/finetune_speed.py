@@ -63,12 +63,12 @@ def load_rows(rows: int) -> tuple[np.ndarray, str]:
 class TorchUnrolled(TorchPeer):
     """The same network, loss and optimiser in PyTorch, from the aepar model's weights."""
 
-    def __init__(self, model, threads: int, seed: int = 0):
+    def __init__(self, model, threads: int, seed: int = 0, device: str = "cpu", fused: bool = False):
         import torch
         from torch import nn
 
         torch.set_num_threads(int(threads))
-        self.torch = torch
+        self.torch, self.device = torch, device
         host = {k: model.be.to_host(v) for k, v in model.params.items()}
         self.linears = []
         for i in range(model.n_layers):
@@ -76,9 +76,10 @@ class TorchUnrolled(TorchPeer):
             with torch.no_grad():  # aepar's W_i is (in, out); torch keeps (out, in)
                 lin.weight.copy_(torch.from_numpy(np.ascontiguousarray(host[f"W{i + 1}"].T)))
                 lin.bias.copy_(torch.from_numpy(np.asarray(host[f"b{i + 1}"])))
-            self.linears.append(lin)
+            self.linears.append(lin.to(device))
         self.acts = list(model.acts)
-        self.opt = torch.optim.Adam([p for lin in self.linears for p in lin.parameters()], lr=1e-3)
+        self.opt = torch.optim.Adam([p for lin in self.linears for p in lin.parameters()], lr=1e-3,
+                                    **({"fused": True} if fused else {}))
         self.batch, self.shape = model.batch, (model.dims[0],)
         self.gen = torch.Generator().manual_seed(seed)
 
@@ -94,14 +95,15 @@ class TorchUnrolled(TorchPeer):
         return self.torch.nn.functional.binary_cross_entropy_with_logits(self._logits(xb), xb, reduction="sum")
 
 
-def aepar_epoch(x, blocks: int):
-    """(model, time_epoch(epoch) -> seconds) of aepar's unrolled autoencoder on ``x``."""
+def aepar_epoch(x, blocks: int, be=None, batch: int = 100):
+    """(model, time_epoch(epoch) -> seconds) of aepar's unrolled autoencoder on ``x``, on
+    the backend ``be`` (default: the numba kernels, float32)."""
     from aepar import backend
     from aepar.models.stacked import StackedAutoencoder
     from aepar.optim import Adam
 
-    be = backend.select("cpu", "numba", "float32")
-    model = StackedAutoencoder(be, SIZES, loss="xent", seed=0)
+    be = be or backend.select("cpu", "numba", "float32")
+    model = StackedAutoencoder(be, SIZES, loss="xent", seed=0, batch=batch)
     return model, aepar_timer(model, Adam(be, model.params, lr=1e-3), x, blocks)
 
 

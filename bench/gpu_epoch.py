@@ -1,7 +1,8 @@
-"""One CD-1 epoch of the stack's first layer on the GPU: aepar's CuPy kernels vs PyTorch CUDA.
+"""Epochs on the GPU, aepar's CuPy kernels vs PyTorch CUDA: the stack's first layer (CD-1 or
+the autoencoder layer), fine-tuning the unrolled stack, the convolutional autoencoder.
 
     python -m bench.gpu_epoch [--rows 50000] [--batches 100,5000] [--repeats 3]
-                              [--layers rbm,ae] [--data-dir DIR] [--out DIR]
+                              [--layers rbm,ae,finetune,cae] [--data-dir DIR] [--out DIR]
 
 The 784x1000 Bernoulli RBM of bench.stacked's rbm_epoch.csv (the seed's recipe, float32,
 momentum 0.9), trained on the GPU: aepar's model on ``backend.select("gpu", "cupy")`` with
@@ -12,6 +13,10 @@ cuBLAS handles, the memory pools), then ``--repeats`` rounds of one epoch each t
 turns, the device drained before and after each; best of the rounds counts.
 ratio = this row's seconds / aepar's 8-block seconds (> 1: aepar faster). ``--layers ae``
 times the autoencoder layer of ``--pretrainer ae`` the same way, against TorchAE.
+``--layers finetune`` times a whole epoch of fine-tuning the unrolled 784-1000-500-250-30
+stack (bench.finetune_speed's network, Adam lr 1e-3) and ``--layers cae`` one of the
+convolutional autoencoder (bench.cae_speed's), each against the same network in PyTorch
+CUDA from aepar's initial weights, with ``torch.optim.Adam`` as it comes and ``fused=True``.
 
 Data: the first ``--rows`` training images of the IDX files in ``--data-dir`` (Fashion-
 MNIST's, say), else of Debian's Fashion-MNIST, else of the embedded mnist5k repeated to
@@ -23,6 +28,7 @@ Exits 2 when there is no usable GPU (nothing written).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -43,6 +49,12 @@ AEPAR_8 = "aepar (cupy kernels, 8 blocks: bit-identical on 1-8 ranks)"
 AEPAR_1 = "aepar (cupy kernels, 1 block)"
 TORCH = {"careful": "pytorch cuda careful (bench/torch_rbm.py)", "plain": "pytorch cuda plain (bench/torch_rbm.py)"}
 KEY = ("hostname", "gpu", "layer", "batch")
+TORCH_ADAM = "pytorch cuda (torch.nn, torch.optim.Adam)"
+TORCH_FUSED = "pytorch cuda (torch.nn, torch.optim.Adam fused=True)"
+# whole networks trained with Adam: (the rows' layer column, the CPU bench with its peer, the peer)
+NETWORKS = {"finetune": ("784-1000-500-250-30-250-500-1000-784 fine-tuning (Adam)", "bench.finetune_speed",
+                         "TorchUnrolled"),
+            "cae": ("CAE 1x28x28 conv16-pool-conv32-pool-tconv16-tconv1 (Adam)", "bench.cae_speed", "TorchCAE")}
 
 
 def load_rows(rows: int, data_dir: str | None):
@@ -96,6 +108,8 @@ def epochs(x, batch: int, repeats: int, layer: str = "rbm") -> dict:
             return time.perf_counter() - t0
         return time_epoch
 
+    if layer in NETWORKS:
+        return network_epochs(be, x, batch, repeats, layer, warm)
     impls = {AEPAR_8: ours(8), AEPAR_1: ours(1)}
     if torch_rbm.available():
         import torch
@@ -105,10 +119,39 @@ def epochs(x, batch: int, repeats: int, layer: str = "rbm") -> dict:
             peer = peer_class(784, HIDDEN, batch=batch, seed=0, style=style, device="cuda")
             peer.train_epoch(xt[:warm])
             impls[name] = lambda epoch, peer=peer: peer.time_epoch(xt)
+    return in_turns(impls, repeats, first_epoch=6)  # past the momentum switch, like most of a run
+
+
+def network_epochs(be, x, batch: int, repeats: int, name: str, warm: int, peer_device: str = "cuda") -> dict:
+    """{implementation: [seconds]} of a whole network trained with Adam (the unrolled
+    stack's fine-tuning, the CAE): aepar's model with 8 blocks and 1 block against the same
+    network in PyTorch on ``peer_device`` from the same initial weights, Adam with and
+    without ``fused``."""
+    from bench import torch_rbm
+
+    module = importlib.import_module(NETWORKS[name][1])
+    impls = {}
+    for blocks, label in ((8, AEPAR_8), (1, AEPAR_1)):
+        module.aepar_epoch(x[:warm], blocks, be=be, batch=batch)[1](0)  # a throwaway model: compile, pools
+        model, impls[label] = module.aepar_epoch(x, blocks, be=be, batch=batch)
+    if torch_rbm.available():
+        import torch
+
+        xt = torch.as_tensor(x, device=peer_device)
+        peer_class = getattr(module, NETWORKS[name][2])
+        for fused, label in ((False, TORCH_ADAM), (True, TORCH_FUSED)):
+            peer = peer_class(model, 1, device=peer_device, fused=fused)
+            peer.train_epoch(xt[:warm])
+            impls[label] = lambda epoch, peer=peer: peer.time_epoch(xt)
+    return in_turns(impls, repeats, first_epoch=1)
+
+
+def in_turns(impls: dict, repeats: int, first_epoch: int) -> dict:
+    """``repeats`` rounds of one epoch of each implementation, taken in turns."""
     times = {name: [] for name in impls}
     for r in range(repeats):
         for name, time_epoch in impls.items():
-            times[name].append(time_epoch(6 + r))  # past the momentum switch, like most of a run
+            times[name].append(time_epoch(first_epoch + r))
     return times
 
 
@@ -118,8 +161,8 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=50_000, help="training rows per epoch (default %(default)s)")
     p.add_argument("--batches", default="100,5000", help="batch sizes, comma-separated (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="timed epochs per implementation (best counts)")
-    p.add_argument("--layers", default="rbm", help="layers to time, comma-separated: rbm (CD-1), ae (the "
-                                                   "autoencoder layer) (default %(default)s)")
+    p.add_argument("--layers", default="rbm", help="what to time, comma-separated: rbm (CD-1), ae (the "
+                   "autoencoder layer), finetune (the unrolled stack), cae (default %(default)s)")
     p.add_argument("--data-dir", default=None, help="a directory with the four IDX files (Fashion-MNIST's)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where gpu_epoch.csv goes (default bench/results)")
     args = p.parse_args(argv)
@@ -130,8 +173,8 @@ def main(argv=None) -> int:
     if args.rows < 1 or args.repeats < 1 or not batches or min(batches) < 1:
         p.error("--rows, --repeats and every batch must be at least 1")
     layers = [name.strip() for name in args.layers.split(",") if name.strip()]
-    if not layers or any(name not in LAYERS for name in layers):
-        p.error(f"--layers must name some of {', '.join(LAYERS)}, not {args.layers!r}")
+    if not layers or any(name not in LAYERS and name not in NETWORKS for name in layers):
+        p.error(f"--layers must name some of {', '.join([*LAYERS, *NETWORKS])}, not {args.layers!r}")
     try:
         gpu = gpu_columns()
     except Exception as e:  # no CuPy, no driver, no device
@@ -149,7 +192,7 @@ def main(argv=None) -> int:
         ours = min(times[AEPAR_8])
         for name, ts in times.items():
             out.append({"implementation": name, "data": what, "samples": int(x.shape[0]),
-                        "layer": f"784x{HIDDEN} {LAYERS[layer]}", "batch": batch, "dtype": "float32",
+                        "layer": NETWORKS[layer][0] if layer in NETWORKS else f"784x{HIDDEN} {LAYERS[layer]}", "batch": batch, "dtype": "float32",
                         "seconds": round(min(ts), 5), "ratio": round(min(ts) / ours, 4), "repeats": args.repeats,
                         "all_seconds": " ".join(f"{v:.4f}" for v in ts), "kind": "measured", **machine})
             print(f"  {layer} batch {batch:5d}  {name:62s} {min(ts):8.3f} s  ratio {min(ts) / ours:5.2f}",

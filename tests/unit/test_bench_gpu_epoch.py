@@ -32,3 +32,20 @@ def test_fallback_rows_repeat_the_embedded_digits(tmp_path, monkeypatch):
     n = sources.load_digits("mnist5k", seed=0, dtype=np.float32).train_x.shape[0]
     assert x.shape == (9000, 784) and x.dtype == np.float32 and x.flags.c_contiguous
     assert "mnist5k" in what and np.array_equal(x[n:2 * n], x[:n])
+
+
+@pytest.mark.parametrize("name", ["finetune", "cae"])
+def test_whole_networks_are_timed_against_their_peers(name):
+    """The fine-tuning and CAE rounds, run on the CPU backend (the peers on the CPU too):
+    every implementation timed in each round, PyTorch's two optimisers where it is installed."""
+    from aepar import backend
+    from bench import torch_rbm
+
+    be = backend.select("cpu", "numba", "float32")
+    x = np.random.default_rng(0).random((240, 784), dtype=np.float32)
+    times = gpu_epoch.network_epochs(be, x, 100, 2, name, warm=100, peer_device="cpu")
+    expected = {gpu_epoch.AEPAR_8, gpu_epoch.AEPAR_1}
+    if torch_rbm.available():
+        expected |= {gpu_epoch.TORCH_ADAM, gpu_epoch.TORCH_FUSED}
+    assert set(times) == expected
+    assert all(len(ts) == 2 and min(ts) > 0 for ts in times.values())
