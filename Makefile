@@ -69,8 +69,9 @@ bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs Py
 	$(BIN)/python -m bench.cae_speed
 
 .PHONY: bench-gpu-epoch
-bench-gpu-epoch: venv bench-peers  ## one epoch of the 784x1000 RBM (CD-1) and autoencoder layer on the GPU, aepar's CuPy kernels vs PyTorch CUDA, batches 100/1000/5000 -> gpu/gpu_epoch.csv (needs a GPU, CuPy, CUDA PyTorch)
+bench-gpu-epoch: venv bench-peers  ## epochs on the GPU, aepar's CuPy kernels vs PyTorch CUDA: the 784x1000 RBM (CD-1) and autoencoder layer at batches 100/1000/5000, fine-tuning and the CAE at 100 -> gpu/gpu_epoch.csv (needs a GPU, CuPy, CUDA PyTorch)
 	$(BIN)/python -m bench.gpu_epoch --layers rbm,ae --batches 100,1000,5000 --out bench/results/gpu
+	$(BIN)/python -m bench.gpu_epoch --layers finetune,cae --batches 100 --out bench/results/gpu
 
 .PHONY: bench-sparse-command
 bench-sparse-command: venv  ## python -m aepar.sparse vs the textbook program as whole commands (start-up included), and aepar's start-up alone -> peers.csv (~1 min)
