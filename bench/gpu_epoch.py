@@ -82,7 +82,8 @@ def gpu_columns() -> dict:
 
 
 def epochs(x, batch: int, repeats: int, layer: str = "rbm") -> dict:
-    """{implementation: [seconds]} for one batch size, the implementations taken in turns."""
+    """{implementation: [seconds]} for one batch size, the implementations taken in turns
+    (``layer``: rbm, ae, or one of :data:`NETWORKS`)."""
     from aepar import backend
     from aepar.models.ae_layer import AELayer
     from aepar.models.rbm import RBM
@@ -92,6 +93,8 @@ def epochs(x, batch: int, repeats: int, layer: str = "rbm") -> dict:
 
     be = backend.select("gpu", "cupy", "float32")
     warm = min(x.shape[0], max(500, 2 * batch))
+    if layer in NETWORKS:
+        return network_epochs(be, x, batch, repeats, layer, warm)
     model, peer_class = (RBM, torch_rbm.TorchRBM) if layer == "rbm" else (AELayer, torch_rbm.TorchAE)
 
     def ours(blocks):
@@ -108,8 +111,6 @@ def epochs(x, batch: int, repeats: int, layer: str = "rbm") -> dict:
             return time.perf_counter() - t0
         return time_epoch
 
-    if layer in NETWORKS:
-        return network_epochs(be, x, batch, repeats, layer, warm)
     impls = {AEPAR_8: ours(8), AEPAR_1: ours(1)}
     if torch_rbm.available():
         import torch
