@@ -180,11 +180,11 @@ class _Buffers:
         self.offsets = [0]
         for size in self.sizes:
             self.offsets.append(_round_up(self.offsets[-1] + size, line))
+        filled_from = self.offsets[len(self.factored)]  # the first gradient after the factored ones
         self.n_grad = self.offsets.pop()  # the step's sums start here
         self.n_extra = int(model.n_extra)
         width = _round_up(self.n_grad + self.n_extra + 1, line)
-        self.filled = slice(self.offsets[len(self.factored)] if len(self.names) > len(self.factored) else self.n_grad,
-                            width)
+        self.filled = slice(filled_from, width)
         n_mine = shard.blocks.stop - shard.blocks.first
         self.leaves = be.zeros((max(n_mine, 1), width))
         self.total = be.zeros(width)

@@ -343,3 +343,27 @@ def test_a_pass_through_the_layers_is_one_hand_off_to_the_threads(kind, monkeypa
     model.block_factors(blocks, [np.random.default_rng((5, b)) for b in range(4)], 1 / 60,
                         [{k: be.xp.zeros(s, np.float32) for k, s in model.grad_shapes().items()} for _ in blocks])
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("blocks", [1, 8])
+@pytest.mark.parametrize("kind", ["rbm", "stacked"])
+def test_a_blocks_row_fills_one_slice_after_its_factored_gradients(kind, blocks):
+    """What the blocks fill, clear and add each step is one slice: every gradient that is not
+    factored, the step's sums and the flag, and no factored weight (those block_outer_sum
+    writes); a row's views are made once and handed out in a new dict each time."""
+    from aepar.parallel.data_parallel import _Buffers
+
+    be = _be()
+    model = RBM(be, 40, 24, batch=100, seed=3) if kind == "rbm" else StackedAutoencoder(be, [40, 24, 6], seed=3)
+    buf = _Buffers(model, Shard.of(be, _data(n=300, d=40), blocks), None, be, allreduce=False)
+    assert buf.factored == ([] if blocks == 1 else list(model.factored))
+    row = buf.rows[0]
+    assert buf.filled.stop == row.shape[0] > buf.n_grad + buf.n_extra
+    views = buf.views(row)
+    for name, grad in views.items():
+        start = (grad.__array_interface__["data"][0] - row.__array_interface__["data"][0]) // row.itemsize
+        inside = buf.filled.start <= start and start + grad.size <= buf.filled.stop
+        assert inside == (name not in buf.factored), name
+    again = buf.views(row)
+    assert again is not views and all(again[k] is views[k] for k in views)
+    assert not any(buf.views(row.copy())[k] is views[k] for k in views)
