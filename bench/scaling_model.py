@@ -1143,6 +1143,20 @@ def validate(comp: Compute, net: Network, mpi_rows: list, sparse_rows: list, her
         add("determinism.csv", f"{r['what']}: {r['variant']}", "collective", p, float(r["seconds"]),
             (local + comm) * oversubscription(p, 2), kind="collective", machine_match=_same_cpu(r, here),
             over=p > 2, note="copies and local adds of the rank's blocks + the sum")
+    # the collectives under mpirun -np 16 on the 16-vCPU machine (measure-mpi there, one block
+    # per rank), against this machine's np 2 fits composed over log2 P levels
+    for r in _csv(RESULTS / SIXTEEN / "mpi_16ranks.csv"):
+        p, n_, op = int(r["ranks"]), int(r["bytes"]), r["op"]
+        if op in ("bcast", "reduce", "allreduce"):
+            pred = collective_s(net, op, n_, p)
+        elif op in ("tree_reduce", "tree_allreduce"):
+            pred = (tree_reduce_s if op == "tree_reduce" else tree_allreduce_s)(net, n_, p, p)
+        else:
+            continue
+        add(f"{SIXTEEN}/mpi_16ranks.csv", f"{op} {n_} B at {p} ranks", "collective", p, float(r["seconds"]), pred,
+            kind="collective", machine_match=False, cpu=r.get("cpu_model", ""), machine=f"{r['cores']}-vCPU Xeon",
+            series=f"{SIXTEEN}/mpi_16ranks.csv: {op}",
+            note="measured there; predicted from this machine's np 2 fits over log2 P levels")
     for r in mpi_rows:
         if r["op"] in ("tree_reduce", "tree_allreduce"):
             n_ = int(r["bytes"])
@@ -1350,9 +1364,12 @@ def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, con
           "fit (both ran Open MPI's shared memory on a 2-core VM). The EPYC points use factor 1. "
           f"{SIXTEEN}/ holds the seed's grid on the 16 vCPUs of the GPU machine (an Intel Xeon): its compute is "
           "scaled by aepar's cost+gradient timed there (its peers.csv)"
-          + next((f", factor {r['compute_scale']:.3f}" for r in valid if r["source"].startswith(SIXTEEN)), "")
+          + next((f", factor {r['compute_scale']:.3f}" for r in valid
+                  if r["source"].startswith(SIXTEEN) and r["kind"] == "run"), "")
           + "; its communication uses this machine's np 2 fit: the model knows nothing of that machine's "
-          "memory bandwidth or of ranks sharing it.", "",
+          "memory bandwidth or of ranks sharing it. "
+          f"{SIXTEEN}/mpi_16ranks.csv is measure-mpi under `mpirun -np 16` there: the collectives at 16 "
+          "ranks against this machine's np 2 fits composed over log2 16 = 4 levels.", "",
           "Time drift: the pretrain_*.csv points were measured earlier in the day by bench.pretrain; "
           "scaling_model_stacked.csv re-measures the same engine runs here now (fastest of 3), up to 2x "
           "faster than those records. On this VM the same `mpirun -np 2 ... --scheme data --batch 2000` run took "
@@ -1374,8 +1391,10 @@ def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, con
                         lambda r: r["kind"] == "run" and not r["oversubscribed"]),
                        ("whole runs, this machine's kind only", lambda r: r["kind"] == "run" and r["machine_match"]),
                        ("speed-up ratios", lambda r: r["kind"] == "speedup"),
-                       ("collectives alone (np 2, not oversubscribed)",
-                        lambda r: r["kind"] == "collective" and not r["oversubscribed"])):
+                       ("collectives alone, np 2 here (not oversubscribed)",
+                        lambda r: r["kind"] == "collective" and not r["oversubscribed"] and r["ranks"] == 2),
+                       ("collectives alone, np 16 on the 16-vCPU machine",
+                        lambda r: r["kind"] == "collective" and r["ranks"] == 16)):
         n, mx, md = _stats([r for r in uniq if sel(r)])
         lines.append(f"| {label} | {n} | {_pct(mx)} | {_pct(md)} |")
     L += ["", "Over unique points (copies in makespan_quick.csv and the weak/strong shared point counted once):", "",
