@@ -198,6 +198,8 @@ def train(args, comm, setup: Setup, run=None, guard=None):
     seconds_total = comm.max(comm.wtime() - start)
     seconds_compute = comm.max(result.seconds_compute)
     seconds_comm = comm.max(result.seconds_comm)
+    # every rank's own compute: the spread is what the others wait for at each evaluation
+    per_rank = comm.gather_obj(float(result.seconds_compute))
     if not comm.is_root:
         return {}, model, None
     summary = {
@@ -206,6 +208,7 @@ def train(args, comm, setup: Setup, run=None, guard=None):
         "processes": comm.size, "samples": args.samples, "hidden": h, "patch": args.patch,
         "dtype": be.dtype.name, "kernels": be.kernel_set, "device": be.device,
         "seconds_total": seconds_total, "seconds_compute": seconds_compute, "seconds_comm": seconds_comm,
+        "seconds_compute_per_rank": per_rank,
         "collectives_per_evaluation": result.collectives_per_evaluation,
         "collectives_total": result.collectives_total,
         "seed": args.seed, "source": setup.source,
@@ -226,6 +229,15 @@ def _interrupted(comm, run, where):
     err.collective = True
     return err
 
+
+
+def _spread(summary) -> str:
+    """", each rank's compute a-b s (slowest: rank r)" on more than one rank."""
+    per_rank = summary["seconds_compute_per_rank"]
+    if len(per_rank) < 2:
+        return ""
+    slowest = max(range(len(per_rank)), key=per_rank.__getitem__)
+    return f"; each rank's compute {min(per_rank):.2f}-{max(per_rank):.2f} s, slowest rank {slowest}"
 
 
 def _write_outputs(run, model, theta, args, summary):
@@ -267,7 +279,7 @@ def main(argv=None, comm=None):
               f"{summary['collectives_per_evaluation']:.2f} communications/evaluation "
               f"(1 bcast + 1 fixed-tree reduction); {summary['seconds_total']:.2f} s total, "
               f"compute {summary['seconds_compute']:.2f} s, comm {summary['seconds_comm']:.2f} s "
-              f"(max over {comm.size} rank{'s' if comm.size > 1 else ''}); wrote {run.path}",
+              f"(max over {comm.size} rank{'s' if comm.size > 1 else ''}{_spread(summary)}); wrote {run.path}",
               flush=True)
     return summary
 

@@ -49,7 +49,7 @@ PAPER_WEAK_PER_PROCESS = 10000
 
 #: Per-point columns, then the machine's (aepar.machine.FIELDS) in every CSV row.
 COLUMNS = ("scheme", "processes", "samples", "iterations", "evaluations", "seconds", "speedup",
-           "efficiency", "seconds_per_evaluation", "seconds_compute", "seconds_comm",
+           "efficiency", "seconds_per_evaluation", "seconds_compute", "seconds_compute_fastest", "seconds_comm",
            "final_cost", "dtype", "kernels", "launcher", "nodes", "oversubscribed", "repeats",
            "wall_seconds")
 SUMMARY_FIELDS = ("final_cost", "iterations", "evaluations", "processes", "samples",
@@ -199,6 +199,9 @@ def _row(m: dict, speedup, efficiency, machine: dict) -> dict:
         "efficiency": "" if efficiency is None else f"{efficiency:.3f}",
         "seconds_per_evaluation": f"{seconds / max(evaluations, 1):.6f}",
         "seconds_compute": f"{float(m['seconds_compute']):.4f}",
+        # the fastest rank's own compute: its gap to the slowest is what each evaluation waits for
+        "seconds_compute_fastest": f"{min(m['seconds_compute_per_rank']):.4f}" if m.get("seconds_compute_per_rank")
+        else "",
         "seconds_comm": f"{float(m['seconds_comm']):.4f}",
         "final_cost": f"{float(m['final_cost']):.8g}", "dtype": m.get("dtype", ""),
         "kernels": m.get("kernels", ""), "launcher": m.get("launcher", ""),

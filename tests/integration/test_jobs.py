@@ -121,6 +121,7 @@ def _fake_point(run, p, s, seconds, status="ok", run_id="R1", wall=1.0):
         (run / d / "summary.json").write_text(json.dumps({
             "final_cost": 0.5, "iterations": 10, "evaluations": 12, "processes": p, "samples": s,
             "seconds_total": seconds, "seconds_compute": seconds * 0.8, "seconds_comm": seconds * 0.2,
+            "seconds_compute_per_rank": [seconds * (0.8 - 0.1 * r / p) for r in range(p)],
             "dtype": "float64", "kernels": "numba"}))
 
 
@@ -149,6 +150,7 @@ def test_collect_computes_speedup_and_efficiency(tmp_path):
     header = _csv(tmp_path / "strong.csv")[0].keys()
     assert all(c in header for c in DOCUMENTED)
     assert by[(2, 200)]["repeats"] == 2  # this run's two, not the earlier run's
+    assert by[(4, 100)]["seconds_compute"] == "3.2000" and by[(4, 100)]["seconds_compute_fastest"] == "2.9000"
 
 
 def test_time_left_fits_the_finished_points(tmp_path):

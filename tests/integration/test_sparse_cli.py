@@ -46,6 +46,7 @@ def test_small_run_writes_every_output(tmp_path):
     assert summary["iterations"] == 30 and summary["evaluations"] >= 30 and summary["processes"] == 1
     assert summary["collectives_per_evaluation"] == 2.0 and summary["kernels"] == "numba"
     assert 0 < summary["seconds_compute"] <= summary["seconds_total"]
+    assert summary["seconds_compute_per_rank"] == [summary["seconds_compute"]] and "each rank's" not in lines[-1]
     assert float(progress[-1].split()[3]) == pytest.approx(summary["final_cost"], rel=1e-6)
     assert (out / "features.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
