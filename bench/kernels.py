@@ -547,6 +547,32 @@ def _update_cases(shape, dt):
                  mutates=("p", "m"))]
 
 
+def _adam_many_case(shapes, dt, label):
+    """``adam_update_many`` over a model's parameters (one launch on a GPU): inputs p0.., g0..,
+    m0.., v0.. per parameter."""
+    import numpy as np
+    s = np.dtype(dt).itemsize
+    n = int(sum(np.prod(sh) for sh in shapes))
+    names = [f"{k}{i}" for k in "pmv" for i in range(len(shapes))]
+
+    def make(rng):
+        out = {}
+        for i, sh in enumerate(shapes):
+            out[f"p{i}"] = (0.1 * rng.standard_normal(sh)).astype(dt)
+            out[f"g{i}"] = (0.01 * rng.standard_normal(sh)).astype(dt)
+            out[f"m{i}"] = (0.001 * rng.standard_normal(sh)).astype(dt)
+            out[f"v{i}"] = (1e-5 * np.abs(rng.standard_normal(sh))).astype(dt)
+        return out
+
+    def run(K, a):
+        k = range(len(shapes))
+        K.adam_update_many([a[f"p{i}"] for i in k], [a[f"g{i}"] for i in k], [a[f"m{i}"] for i in k],
+                           [a[f"v{i}"] for i in k], 3, 1e-3)
+        return [a[name] for name in names]
+    return [Case("update", "adam_update_many", label, dt, 13 * n, 7 * n * s, 1, tuple(names), make, run,
+                 mutates=tuple(names))]
+
+
 def _blocksum_cases(shapes, dt):
     """block_outer_sum: (rows, m, n, blocks) = a batch's weight gradient from its blocks in
     the fixed tree (the trainer's call per tree node)."""
@@ -616,6 +642,7 @@ def catalog(quick: bool) -> list:
                              [((2, 4, 2, 2), (4, 3, 2, 2), 2, 0), ((2, 3, 4, 4), (3, 1, 2, 2), 2, 0)],
                              [(2, 3, 8, 8), (2, 4, 4, 4)], f32)
         cases += _update_cases((6, 5), f32)
+        cases += _adam_many_case([(6, 5), (5,), (5, 6), (6,)], f32, "6-5-6 (4 arrays)")
         cases += _blocksum_cases([(20, 12, 40, 3)], f32)
         cases += _sparse_ae_cases(96, 8, 5, 32)
         return cases
@@ -640,6 +667,10 @@ def catalog(quick: bool) -> list:
                          [((100, 32, 7, 7), (32, 16, 2, 2), 2, 0), ((100, 16, 14, 14), (16, 1, 2, 2), 2, 0)],
                          [(100, 16, 28, 28), (100, 32, 14, 14)], f32)
     cases += _update_cases((784, 1000), f32)
+    # the unrolled 784-1000-500-250-30 stack's 16 parameters (fine-tuning's Adam step)
+    sizes = [784, 1000, 500, 250, 30, 250, 500, 1000, 784]
+    cases += _adam_many_case([sh for i in range(8) for sh in ((sizes[i], sizes[i + 1]), (sizes[i + 1],))], f32,
+                             "784-1000-500-250-30 unrolled (16 arrays)")
     # the CD-1 statistics ([v0; vk] of 8 blocks) and fine-tuning's first and code layers
     cases += _blocksum_cases([(200, 784, 1000, 8), (100, 784, 1000, 8), (100, 250, 30, 8)], f32)
     cases += _sparse_ae_cases(10000, 64, 25, 128)
