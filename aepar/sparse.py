@@ -196,12 +196,13 @@ def train(args, comm, setup: Setup, run=None, guard=None):
         where = run.checkpoint_progress if comm.is_root else None
         raise _interrupted(comm, run, where)
     seconds_total = comm.max(comm.wtime() - start)
-    seconds_compute = comm.max(result.seconds_compute)
     seconds_comm = comm.max(result.seconds_comm)
-    # every rank's own compute: the spread is what the others wait for at each evaluation
+    # every rank's own compute (the slowest is the run's): the spread is what the others
+    # wait for at each evaluation
     per_rank = comm.gather_obj(float(result.seconds_compute))
     if not comm.is_root:
         return {}, model, None
+    seconds_compute = max(per_rank)
     summary = {
         "scheme": "sparse",
         "final_cost": result.cost, "iterations": result.iterations, "evaluations": opt.optimizer.evaluations,
