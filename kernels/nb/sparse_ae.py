@@ -41,6 +41,8 @@ once per model; an evaluation allocates nothing of size m.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
@@ -337,12 +339,14 @@ def _unpad(gw1, gw2, act, err, db1, db2, v, h, vp, hp, fold, offsets, res):
     res[o_err] = total
 
 
+@functools.lru_cache(maxsize=16)  # made once per shape: every evaluation asks twice
 def _offsets(v, h):
     """The packed partials' offsets in the order w1, b1, w2, b2, act, err."""
     layout = sparse_ae_layout(v, h)
     return np.array([layout[name][0] for name in ("w1", "b1", "w2", "b2", "act", "err")], np.int64)
 
 
+@functools.lru_cache(maxsize=16)
 def _theta_offsets(v, h):
     layout = sparse_ae_theta_layout(v, h)
     return np.array([layout[name][0] for name in ("W1", "W2", "b1", "b2")], np.int64)

@@ -42,6 +42,8 @@ This module is the NumPy reference: the textbook formulation, allocating freely.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .sparsity import kl_sparsity_backward, kl_sparsity_forward
@@ -58,7 +60,7 @@ def sparse_ae_layout(visible: int, hidden: int) -> dict:
     for name, shape in (("w1", (v, 2 * h)), ("b1", (2 * h,)), ("w2", (h, v)), ("b2", (v,)),
                         ("act", (h,)), ("err", (1,))):
         layout[name] = (offset, shape)
-        offset += int(np.prod(shape))
+        offset += math.prod(shape)  # math's: np.prod made this 15 us of every evaluation
     return layout
 
 
