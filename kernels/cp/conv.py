@@ -14,15 +14,15 @@ import numpy as np
 
 from ..ref.conv import (check_bias, check_grad_shapes, check_nchw, conv_geometry,
                         transpose_geometry)
+from .c_types import C_TYPE
 
 __all__ = ["conv2d_forward", "conv2d_backward", "conv2d_transpose_forward",
            "conv2d_transpose_backward", "maxpool2x2_forward", "maxpool2x2_backward"]
 
 _NAMES = [f"{k}<{t}>" for k in ("im2col", "col2im", "maxpool_fwd", "maxpool_bwd")
-          for t in ("float", "double")]
+          for t in C_TYPE.values()]
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv.cu")) as _f:
     _MODULE = cp.RawModule(code=_f.read(), options=("-std=c++14",), name_expressions=_NAMES)
-_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _COLS_ELEMENTS = 1 << 26
 _BLOCK = 256
 
@@ -104,7 +104,7 @@ def maxpool2x2_backward(dy, argmax, x_shape):
 
 def _prep(x, W):
     dt = np.result_type(x.dtype, W.dtype)
-    if dt not in _CTYPE:
+    if dt not in C_TYPE:
         raise ValueError(f"conv kernels run in float32 or float64, not {dt}")
     W = cp.ascontiguousarray(W, dtype=dt)
     return cp.ascontiguousarray(x, dtype=dt), W.reshape(W.shape[0], -1), dt
@@ -122,7 +122,7 @@ def _zeros_on(n, dtype, device):
 
 
 def _launch(name, dtype, n, *args):
-    fn = _MODULE.get_function(f"{name}<{_CTYPE[np.dtype(dtype)]}>")
+    fn = _MODULE.get_function(f"{name}<{C_TYPE[np.dtype(dtype)]}>")
     blocks = max(1, min((n + _BLOCK - 1) // _BLOCK, 1 << 16))
     fn((blocks,), (_BLOCK,), args)
 

@@ -13,6 +13,7 @@ from ..ref.activation import check_act
 from ..ref.dense import (_check_backward_shapes, _check_shapes, backward_by_block, check_tied_ae, forward_by_block,
                          tied_ae_update_via)
 from .activation import RELU_BODY, SIGMOID_BODY
+from .c_types import C_TYPE
 from .loss import _scaled_sum
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
@@ -56,9 +57,9 @@ extern "C" __global__ void aepar_dense_dz_NAME(const T *da, const T *a, T *dz, l
     }
 }
 """
-_dz_kernels = {np.dtype(dt): cp.RawKernel(f"typedef {name} T;" + _DZ_SOURCE.replace("NAME", name),
+_dz_kernels = {dt: cp.RawKernel(f"typedef {name} T;" + _DZ_SOURCE.replace("NAME", name),
                                           f"aepar_dense_dz_{name}")
-               for dt, name in ((np.float32, "float"), (np.float64, "double"))}
+               for dt, name in C_TYPE.items()}
 _ACT_CODE = {"identity": 0, "sigmoid": 1, "relu": 2}
 
 
@@ -168,9 +169,9 @@ extern "C" __global__ void aepar_tied_ae_cols_NAME(T *z, const T *t, const T *a,
     }
 }
 """
-_ae_cols = {np.dtype(dt): cp.RawKernel(f"typedef {name} T;" + _AE_COLS_SOURCE.replace("NAME", name),
+_ae_cols = {dt: cp.RawKernel(f"typedef {name} T;" + _AE_COLS_SOURCE.replace("NAME", name),
                                        f"aepar_tied_ae_cols_{name}")
-            for dt, name in ((np.float32, "float"), (np.float64, "double"))}
+            for dt, name in C_TYPE.items()}
 # W's step from its two gradient parts, without adding them into an array first
 _sgd_two_parts = cp.ElementwiseKernel(
     "T g1, T g2, T lr, T momentum, T decay", "T p, T v",

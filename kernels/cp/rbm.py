@@ -17,6 +17,7 @@ import cupy as cp
 import numpy as np
 
 from ..ref.rbm import cd_factors_by_block, cd_update_via, check_cd, check_rbm
+from .c_types import C_TYPE
 from .loss import _scaled_total, _sq_diff_rows
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
@@ -124,9 +125,9 @@ extern "C" __global__ void aepar_rbm_cd_step_NAME(const T *vs, const T *hs, long
     }
 }
 """
-_step_kernels = {np.dtype(dt): cp.RawKernel(f"typedef {name} T;" + _STEP_SOURCE.replace("NAME", name),
+_step_kernels = {dt: cp.RawKernel(f"typedef {name} T;" + _STEP_SOURCE.replace("NAME", name),
                                             f"aepar_rbm_cd_step_{name}")
-                 for dt, name in ((np.float32, "float"), (np.float64, "double"))}
+                 for dt, name in C_TYPE.items()}
 _COLS, _THREADS, _W_PER_THREAD = 8, 1024, 4
 _done_counters = {}  # per device: the step kernel's count of finished visible blocks (left at 0)
 

@@ -4,6 +4,7 @@ import cupy as cp
 import numpy as np
 
 from ..ref.update import check_many, check_step, check_update
+from .c_types import C_TYPE
 
 __all__ = ["sgd_momentum_update", "adam_update", "adam_update_many"]
 
@@ -52,9 +53,8 @@ __global__ void adam_many(const unsigned long long* arrays, const long long* end
     }
 }
 """
-_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _ADAM_MANY = cp.RawModule(code=_ADAM_MANY_SOURCE, options=("-std=c++14",),
-                          name_expressions=[f"adam_many<{t}>" for t in _CTYPE.values()])
+                          name_expressions=[f"adam_many<{t}>" for t in C_TYPE.values()])
 _tables = {}  # (the arrays' addresses and sizes) -> (their table on the device, its ends, total)
 
 
@@ -74,7 +74,7 @@ def adam_update_many(ps, gs, ms, vs, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
                     a[...] = b
         return
     for dt in {q[0].dtype for q in quads}:
-        if dt not in _CTYPE:
+        if dt not in C_TYPE:
             raise ValueError(f"adam_update_many: float32 or float64 parameters, not {dt}")
         _adam_launch([q for q in quads if q[0].dtype == dt], dt, t, lr, beta1, beta2, eps)
 
@@ -91,7 +91,7 @@ def _adam_launch(quads, dt, t, lr, beta1, beta2, eps):
     bc1 = 1.0 - float(beta1) ** int(t)
     bc2 = 1.0 - float(beta2) ** int(t)
     d = dt.type
-    fn = _ADAM_MANY.get_function(f"adam_many<{_CTYPE[dt]}>")
+    fn = _ADAM_MANY.get_function(f"adam_many<{C_TYPE[dt]}>")
     fn((max(1, min((total + 255) // 256, 4096)),), (256,),
        (table, ends, np.int64(total), d(lr), d(beta1), d(1.0 - float(beta1)), d(beta2), d(1.0 - float(beta2)),
         d(eps), d(bc1), d(bc2)))
