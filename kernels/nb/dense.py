@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from ..memory import empty
-from ..ref.dense import (_check_backward_shapes, _check_shapes, _check_starts, check_tied_ae, forward_by_block,
+from ..ref.dense import (_check_backward_shapes, _check_shapes, _check_starts, check_tied_ae,
                          tied_ae_update_via)
 # the scalar activations are activation.py's: the package keys Numba's cache on every file
 # here (kernels/nb/__init__.py), so an edit there recompiles these kernels too
@@ -147,12 +147,15 @@ def dense_forward_blocks(x, W, b, act, starts):
     """:func:`kernels.ref.dense.dense_forward_blocks`: every block's rows in one call of the
     row kernel when each block alone would take it (a row's sums do not depend on the other
     rows of the call; eight calls per layer cost 1.5-2.4 of the 13.6-13.9 ms of a batch's
-    fine-tuning passes), else block by block."""
+    fine-tuning passes), else block by block into its rows of the result (stacking the
+    blocks' own results afterwards copied both layers' activations once more a step);
+    the bias and activation are one pass (element by element: the same bits)."""
     _check_starts(x, starts)
     _check_shapes(x, W, b)
     z = np.empty((x.shape[0], W.shape[1]), dtype=np.result_type(x, W))
     if _row_product(x, W, z, _most_rows(starts)) is None:
-        return forward_by_block(dense_forward, np, x, W, b, act, starts)
+        for lo, hi in zip(starts[:-1], starts[1:]):
+            _times_into(x[lo:hi], W, z[lo:hi])
     _bias_act(z, np.ascontiguousarray(b, dtype=z.dtype), act_code(act), z.dtype.type(1))
     return z
 
@@ -225,8 +228,12 @@ def _dx(dz, W, out):
 
 
 def _times(x, W):
-    """x @ W as a new array: a block's few float32 rows through :mod:`.rowprod`, else BLAS."""
-    out = np.empty((x.shape[0], W.shape[1]), dtype=np.result_type(x, W))
+    """x @ W as a new array (:func:`_times_into`)."""
+    return _times_into(x, W, np.empty((x.shape[0], W.shape[1]), dtype=np.result_type(x, W)))
+
+
+def _times_into(x, W, out):
+    """out = x @ W: a block's few float32 rows through :mod:`.rowprod`, else BLAS."""
     if _row_product(x, W, out) is None:
         np.matmul(x, W, out=out)
     return out
