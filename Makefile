@@ -84,6 +84,10 @@ bench-finetune-speed: venv bench-peers  ## one fine-tuning epoch of the unrolled
 bench-kernels: venv  ## each kernel set checked against the NumPy reference, then timed at the models' shapes vs SGEMM/DGEMM/copy peaks -> kernels.{csv,md}, kernels_roofline.png (~2 min)
 	$(BIN)/python -m bench.kernels
 
+.PHONY: bench-blas-peers
+bench-blas-peers: venv bench-peers  ## the 784x1000 layer products at batch 100 and 5000: aepar's 8-block kernels vs one OpenBLAS call vs one torch.mm, 1 thread -> blas_peers.{csv,md} (~1 min)
+	$(BIN)/python -m bench.blas_peers
+
 .PHONY: bench-model
 bench-model: venv  ## scaling model: alpha-beta fits of the collectives at np 2 + per-layer compute, validated on bench/results, predicted 1-1024 ranks on 10/25/100 GbE and IB HDR -> scaling_model.{csv,md,png} (~5 min)
 	$(BIN)/python -m bench.scaling_model

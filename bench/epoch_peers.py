@@ -19,7 +19,19 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["sgemm_gflops", "aepar_timer", "TorchPeer", "run_child", "peer_rows", "table_head", "run_and_publish"]
+__all__ = ["best_seconds", "sgemm_gflops", "aepar_timer", "TorchPeer", "run_child", "peer_rows", "table_head", "run_and_publish"]
+
+
+def best_seconds(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` after one warm-up call (thread
+    pool, pages)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def sgemm_gflops(threads: int, n: int = 2000, repeats: int = 5) -> tuple[float, str]:
@@ -33,15 +45,6 @@ def sgemm_gflops(threads: int, n: int = 2000, repeats: int = 5) -> tuple[float, 
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
 
-    def best_of(fn):
-        fn()  # warm-up: thread pool, pages
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-        return best
-
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
@@ -49,15 +52,15 @@ def sgemm_gflops(threads: int, n: int = 2000, repeats: int = 5) -> tuple[float, 
     if threadpool_limits is not None or threads == 1:
         c = np.empty((n, n), dtype=np.float32)
         if threadpool_limits is None:
-            return 2.0 * n ** 3 / best_of(lambda: np.matmul(a, b, out=c)) / 1e9, "numpy matmul, 1 thread"
+            return 2.0 * n ** 3 / best_seconds(lambda: np.matmul(a, b, out=c), repeats) / 1e9, "numpy matmul, 1 thread"
         with threadpool_limits(limits=threads, user_api="blas"):
-            seconds = best_of(lambda: np.matmul(a, b, out=c))
+            seconds = best_seconds(lambda: np.matmul(a, b, out=c), repeats)
         return 2.0 * n ** 3 / seconds / 1e9, f"numpy matmul {n}x{n}, {threads} BLAS threads (threadpoolctl)"
     from concurrent.futures import ThreadPoolExecutor
 
     outs = [np.empty((n, n), dtype=np.float32) for _ in range(threads)]
     with ThreadPoolExecutor(threads) as pool:
-        seconds = best_of(lambda: list(pool.map(lambda c: np.matmul(a, b, out=c), outs)))
+        seconds = best_seconds(lambda: list(pool.map(lambda c: np.matmul(a, b, out=c), outs)), repeats)
     return threads * 2.0 * n ** 3 / seconds / 1e9, f"{threads} concurrent 1-thread numpy matmuls {n}x{n}"
 
 

@@ -1,0 +1,170 @@
+"""The layer products three ways, one thread: ``python -m bench.blas_peers``.
+
+Where the CPU layer epochs lose to PyTorch: each product of a 784x1000 RBM / autoencoder
+step timed as aepar computes it (8 blocks, every block's bits its own, so that 1-8 ranks
+agree), as one OpenBLAS call over the whole batch (NumPy's BLAS, aepar's for products of
+many rows) and as one ``torch.mm`` (PyTorch's own BLAS: MKL on x86), at batch 100 and 5000:
+
+- ``v @ W`` (batch x 784 x 1000) and ``h @ W.T`` (batch x 1000 x 784): aepar's row kernels
+  on the eight stacked blocks at batch 100 (blocks of 12-13 rows), BLAS block by block at
+  5000 (blocks of 625 rows), into the rows of one result (``dense_forward_blocks``'s way);
+- the weight gradient ``[v0; vk].T @ [h0; -hk]`` over 2 x batch rows: aepar's
+  ``block_outer_sum`` (each block's product an FMA chain over its rows, the blocks added
+  in the fixed tree) against one product over all rows (other bits on other ranks).
+
+GFLOP/s of the best of ``--repeats`` after a warm-up, against the n x n SGEMM rate of
+OpenBLAS measured in the same run. Rows to bench/results/blas_peers.csv (the machine's
+columns on each; a run on another CPU or code path adds its rows), the table to
+blas_peers.md. Without PyTorch its column stays empty. For the AVX2 code paths on an
+AVX-512 machine: ``AEPAR_ISA=avx2 python -m bench.blas_peers`` (Numba, OpenBLAS and
+PyTorch held to AVX2).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("AEPAR_THREADS", "1")
+
+import aepar  # noqa: E402,F401  (threads before numpy)
+import numpy as np  # noqa: E402
+
+from bench.epoch_peers import best_seconds, sgemm_gflops  # noqa: E402
+from bench.peers_csv import KEY, merge_rows  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+BENCHMARK = "layer_products"
+BLOCKS = 8
+N_IN, N_OUT = 784, 1000
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    return torch
+
+
+def cases(batch: int, rng):
+    """(product, shape, flops, aepar's way, one OpenBLAS call, the operands for torch)."""
+    from aepar.kernels import nb
+    from aepar.kernels.nb.dense import _row_product, _times_into
+    from aepar.rows import block_bounds, tree_merges, tree_top
+
+    f32 = np.float32
+    starts = np.asarray(block_bounds(batch, BLOCKS), dtype=np.int64)
+    most = int(np.max(np.diff(starts)))
+    v = rng.random((batch, N_IN), dtype=f32)
+    h = rng.random((batch, N_OUT), dtype=f32)
+    W = (0.1 * rng.standard_normal((N_IN, N_OUT))).astype(f32)
+    z, x = np.empty((batch, N_OUT), f32), np.empty((batch, N_IN), f32)
+
+    def blocks_times(a, B, out):
+        if _row_product(a, B, out, most) is None:  # blocks too long for the row kernels
+            for lo, hi in zip(starts[:-1], starts[1:]):
+                _times_into(a[lo:hi], B, out[lo:hi])
+        return out
+
+    A = rng.random((2 * batch, N_IN), dtype=f32)
+    D = rng.random((2 * batch, N_OUT), dtype=f32)
+    gstarts = 2 * starts
+    merges = tree_merges(tree_top(BLOCKS), 0, BLOCKS)
+    dW = np.empty((N_IN, N_OUT), f32)
+    fwd = 2.0 * batch * N_IN * N_OUT
+    return [
+        ("v @ W", f"{batch}x{N_IN}x{N_OUT}", fwd, lambda: blocks_times(v, W, z),
+         lambda: np.matmul(v, W, out=z), (v, W)),
+        ("h @ W.T", f"{batch}x{N_OUT}x{N_IN}", fwd, lambda: blocks_times(h, W.T, x),
+         lambda: np.matmul(h, W.T, out=x), (h, W.T)),
+        ("[v0;vk].T @ [h0;-hk]", f"{N_IN}x{2 * batch}x{N_OUT}", 2 * fwd,
+         lambda: nb.block_outer_sum(A, D, gstarts, merges, [1.0] * BLOCKS, dW),
+         lambda: np.matmul(A.T, D, out=dW), (A.T, D)),
+    ]
+
+
+def measure(batches, repeats: int) -> list[dict]:
+    from aepar.machine import describe
+
+    rng = np.random.default_rng(0)
+    torch = _torch()
+    sgemm, method = sgemm_gflops(1)
+    rows = []
+    for batch in batches:
+        for name, shape, flops, ours, blas, (a, b) in cases(batch, rng):
+            t_ours, t_blas = best_seconds(ours, repeats), best_seconds(blas, repeats)
+            t_torch = None
+            if torch is not None:
+                ta, tb = torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(np.ascontiguousarray(b))
+                out = torch.empty(ta.shape[0], tb.shape[1])
+                t_torch = best_seconds(lambda: torch.mm(ta, tb, out=out), repeats)
+            rows.append({"product": name, "batch": batch, "shape": shape, "blocks": BLOCKS,
+                         "aepar_gflops": round(flops / t_ours / 1e9, 1),
+                         "openblas_gflops": round(flops / t_blas / 1e9, 1),
+                         "torch_gflops": "" if t_torch is None else round(flops / t_torch / 1e9, 1),
+                         "sgemm_peak_gflops": round(sgemm, 1), "sgemm_method": method,
+                         "date": time.strftime("%Y-%m-%d %H:%M"),
+                         "torch": "" if torch is None else torch.__version__, **describe(threads=1)})
+    return rows
+
+
+def table(rows) -> list[str]:
+    """The Markdown tables of every code path's rows (one section each, as merged in the CSV)."""
+    def cell(r, key):
+        return "–" if r[key] in ("", None) else \
+            f"{float(r[key]):.1f} ({float(r[key]) / float(r['sgemm_peak_gflops']):.0%})"
+    lines = ["# The layer products: aepar's blocked kernels, one OpenBLAS call, one torch.mm", "",
+             "`python -m bench.blas_peers`, 1 thread. GFLOP/s (fraction of OpenBLAS's n x n SGEMM rate "
+             "measured in the same run), best of the repeats. aepar's column is the product as a "
+             f"training step computes it: {BLOCKS} blocks, each block's bits its own (identical on 1-8 "
+             "ranks); the other two are one call over the whole batch. At batch 100 aepar's blocks "
+             "(12-13 rows) go through its row kernels in one call, at 5000 (625 rows) through "
+             "OpenBLAS block by block; the weight gradient is `block_outer_sum` (the blocks' "
+             "products added in the fixed tree).", ""]
+    paths = {}
+    for r in rows:
+        paths.setdefault((r["hostname"], r["cpu_model"], r["isa"], r["blas"], r["blas_coretype"]), []).append(r)
+    for (host, cpu, isa, blas, core), group in paths.items():
+        r0 = group[0]
+        lines += [f"## {cpu} ({isa}), {blas} ({core}), PyTorch {r0['torch'] or 'not installed'}"
+                  f"{', ' + r0['date'] if r0.get('date') else ''}", "",
+                  f"OpenBLAS SGEMM {float(r0['sgemm_peak_gflops']):.1f} GFLOP/s; host {host}.", "",
+                  "| batch | product | shape | aepar (8 blocks) | OpenBLAS, one call | torch.mm, one call |",
+                  "| ---: | --- | --- | ---: | ---: | ---: |"]
+        lines += [f"| {r['batch']} | `{r['product']}` | {r['shape']} | {cell(r, 'aepar_gflops')} | "
+                  f"{cell(r, 'openblas_gflops')} | {cell(r, 'torch_gflops')} |" for r in group]
+        lines.append("")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.blas_peers", description=__doc__.split("\n\n")[0],
+                                epilog="Writes bench/results/blas_peers.{csv,md} (or --out DIR).")
+    p.add_argument("--batches", default="100,5000", help="batch sizes, comma-separated (default 100,5000)")
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per product after a warm-up (default 5)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="directory of the CSV and table (default bench/results)")
+    args = p.parse_args(argv)
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        p.error(f"--batches {args.batches!r}: give whole numbers, e.g. 100,5000")
+    if any(b < BLOCKS for b in batches) or args.repeats < 1:
+        p.error(f"--batches need at least {BLOCKS} rows each (one per block) and --repeats at least 1")
+    rows = measure(batches, args.repeats)
+    path = args.out / "blas_peers.csv"
+    merge_rows(rows, path, BENCHMARK, key=KEY + ("product", "batch"))
+    with open(path, newline="") as f:
+        everything = list(csv.DictReader(f))
+    (args.out / "blas_peers.md").write_text("\n".join(table(everything)))
+    print("\n".join(table(rows)))
+    print(f"bench.blas_peers: wrote {args.out / 'blas_peers.csv'} and blas_peers.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""bench.blas_peers: aepar's blocked products compute the same products as one BLAS call;
+a run writes its rows and table; impossible options end with one line, nothing written."""
+import numpy as np
+import pytest
+
+from bench import blas_peers
+
+
+@pytest.mark.parametrize("batch", [16, 100, 520])  # row kernels; stacked blocks; blocks for BLAS
+def test_aepar_products_are_the_whole_batch_products(batch):
+    for name, shape, flops, ours, blas, _ in blas_peers.cases(batch, np.random.default_rng(1)):
+        mine = ours().copy()
+        np.testing.assert_allclose(mine, blas(), rtol=2e-5, atol=1e-4 * np.sqrt(flops / mine.size), err_msg=name)
+
+
+def test_runs_write_rows_and_tables_and_a_rerun_replaces_its_rows(tmp_path, capsys):
+    for batches in ("16", "16,24"):  # the second run on the same code path replaces batch 16's rows
+        assert blas_peers.main(["--batches", batches, "--repeats", "1", "--out", str(tmp_path)]) == 0
+    csv = (tmp_path / "blas_peers.csv").read_text().splitlines()
+    assert len(csv) == 1 + 6 and "aepar_gflops" in csv[0] and "cpu_model" in csv[0]
+    table = (tmp_path / "blas_peers.md").read_text()
+    assert table.count("| 16 |") == 3 and table.count("| 24 |") == 3 and table.count("\n## ") == 1
+
+
+@pytest.mark.parametrize("argv", [["--batches", "100,x"], ["--batches", "4"], ["--repeats", "0"]])
+def test_impossible_options_are_refused(argv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        blas_peers.main(argv + ["--out", str(tmp_path)])
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
