@@ -58,7 +58,7 @@ extern "C" __global__ void aepar_dense_dz_NAME(const T *da, const T *a, T *dz, l
 }
 """
 _dz_kernels = {dt: cp.RawKernel(f"typedef {name} T;" + _DZ_SOURCE.replace("NAME", name),
-                                          f"aepar_dense_dz_{name}")
+                                f"aepar_dense_dz_{name}")
                for dt, name in C_TYPE.items()}
 _ACT_CODE = {"identity": 0, "sigmoid": 1, "relu": 2}
 
@@ -170,7 +170,7 @@ extern "C" __global__ void aepar_tied_ae_cols_NAME(T *z, const T *t, const T *a,
 }
 """
 _ae_cols = {dt: cp.RawKernel(f"typedef {name} T;" + _AE_COLS_SOURCE.replace("NAME", name),
-                                       f"aepar_tied_ae_cols_{name}")
+                             f"aepar_tied_ae_cols_{name}")
             for dt, name in C_TYPE.items()}
 # W's step from its two gradient parts, without adding them into an array first
 _sgd_two_parts = cp.ElementwiseKernel(

@@ -126,7 +126,7 @@ extern "C" __global__ void aepar_rbm_cd_step_NAME(const T *vs, const T *hs, long
 }
 """
 _step_kernels = {dt: cp.RawKernel(f"typedef {name} T;" + _STEP_SOURCE.replace("NAME", name),
-                                            f"aepar_rbm_cd_step_{name}")
+                                  f"aepar_rbm_cd_step_{name}")
                  for dt, name in C_TYPE.items()}
 _COLS, _THREADS, _W_PER_THREAD = 8, 1024, 4
 _done_counters = {}  # per device: the step kernel's count of finished visible blocks (left at 0)
