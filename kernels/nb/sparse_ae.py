@@ -343,13 +343,20 @@ def _unpad(gw1, gw2, act, err, db1, db2, v, h, vp, hp, fold, offsets, res):
 def _offsets(v, h):
     """The packed partials' offsets in the order w1, b1, w2, b2, act, err."""
     layout = sparse_ae_layout(v, h)
-    return np.array([layout[name][0] for name in ("w1", "b1", "w2", "b2", "act", "err")], np.int64)
+    return _frozen([layout[name][0] for name in ("w1", "b1", "w2", "b2", "act", "err")])
 
 
 @functools.lru_cache(maxsize=16)
 def _theta_offsets(v, h):
     layout = sparse_ae_theta_layout(v, h)
-    return np.array([layout[name][0] for name in ("W1", "W2", "b1", "b2")], np.int64)
+    return _frozen([layout[name][0] for name in ("W1", "W2", "b1", "b2")])
+
+
+def _frozen(offsets):
+    """A read-only int64 array: the cached offsets are shared by every call."""
+    a = np.array(offsets, np.int64)
+    a.setflags(write=False)
+    return a
 
 
 def _round_up(n, k):
