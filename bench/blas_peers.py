@@ -55,24 +55,17 @@ def cases(batch: int, rng):
     """(product, shape, flops, aepar's way, one OpenBLAS call, the operands for torch)."""
     from aepar.kernels import nb
     from aepar.kernels.memory import aligned, empty
-    from aepar.kernels.nb.dense import _row_product, _times_into
+    from aepar.kernels.nb.dense import blocks_times
     from aepar.rows import block_bounds, tree_merges, tree_top
 
     f32 = np.float32
     starts = np.asarray(block_bounds(batch, BLOCKS), dtype=np.int64)
-    most = int(np.max(np.diff(starts)))
     # every operand on a cache line, as a training step's (aepar.kernels.memory): NumPy's
     # own 16 or 32 bytes past one made rows_times_t's rate jump by 25-40% between runs
     v = aligned(rng.random((batch, N_IN), dtype=f32))
     h = aligned(rng.random((batch, N_OUT), dtype=f32))
     W = aligned(0.1 * rng.standard_normal((N_IN, N_OUT)), f32)
     z, x = empty((batch, N_OUT), f32), empty((batch, N_IN), f32)
-
-    def blocks_times(a, B, out):
-        if _row_product(a, B, out, most) is None:  # blocks too long for the row kernels
-            for lo, hi in zip(starts[:-1], starts[1:]):
-                _times_into(a[lo:hi], B, out[lo:hi])
-        return out
 
     A = aligned(rng.random((2 * batch, N_IN), dtype=f32))
     D = aligned(rng.random((2 * batch, N_OUT), dtype=f32))
@@ -81,9 +74,9 @@ def cases(batch: int, rng):
     dW = empty((N_IN, N_OUT), f32)
     fwd = 2.0 * batch * N_IN * N_OUT
     return [
-        ("v @ W", f"{batch}x{N_IN}x{N_OUT}", fwd, lambda: blocks_times(v, W, z),
+        ("v @ W", f"{batch}x{N_IN}x{N_OUT}", fwd, lambda: blocks_times(v, W, z, starts),
          lambda: np.matmul(v, W, out=z), (v, W)),
-        ("h @ W.T", f"{batch}x{N_OUT}x{N_IN}", fwd, lambda: blocks_times(h, W.T, x),
+        ("h @ W.T", f"{batch}x{N_OUT}x{N_IN}", fwd, lambda: blocks_times(h, W.T, x, starts),
          lambda: np.matmul(h, W.T, out=x), (h, W.T)),
         ("[v0;vk].T @ [h0;-hk]", f"{N_IN}x{2 * batch}x{N_OUT}", 2 * fwd,
          lambda: nb.block_outer_sum(A, D, gstarts, merges, [1.0] * BLOCKS, dW),
@@ -97,6 +90,7 @@ def measure(batches, repeats: int) -> list[dict]:
     rng = np.random.default_rng(0)
     torch = _torch()
     sgemm, method = sgemm_gflops(1)
+    machine = describe(threads=1)
     rows = []
     for batch in batches:
         for name, shape, flops, ours, blas, (a, b) in cases(batch, rng):
@@ -112,7 +106,7 @@ def measure(batches, repeats: int) -> list[dict]:
                          "torch_gflops": "" if t_torch is None else round(flops / t_torch / 1e9, 1),
                          "sgemm_peak_gflops": round(sgemm, 1), "sgemm_method": method,
                          "date": time.strftime("%Y-%m-%d %H:%M"),
-                         "torch": "" if torch is None else torch.__version__, **describe(threads=1)})
+                         "torch": "" if torch is None else torch.__version__, **machine})
     return rows
 
 

@@ -140,7 +140,7 @@ def dense_backward_factors(da, x, W, a, act, db, need_dx=True):
     dz = _dz(da, a, code, [db], (0, da.shape[0]))
     if not need_dx:
         return None, dz
-    return _dx(dz, W, np.empty((dz.shape[0], W.shape[0]), dtype=np.result_type(dz, W))), dz
+    return _times(dz, W.T), dz
 
 
 def dense_forward_blocks(x, W, b, act, starts):
@@ -152,10 +152,7 @@ def dense_forward_blocks(x, W, b, act, starts):
     the bias and activation are one pass (element by element: the same bits)."""
     _check_starts(x, starts)
     _check_shapes(x, W, b)
-    z = np.empty((x.shape[0], W.shape[1]), dtype=np.result_type(x, W))
-    if _row_product(x, W, z, _most_rows(starts)) is None:
-        for lo, hi in zip(starts[:-1], starts[1:]):
-            _times_into(x[lo:hi], W, z[lo:hi])
+    z = blocks_times(x, W, np.empty((x.shape[0], W.shape[1]), dtype=np.result_type(x, W)), starts)
     _bias_act(z, np.ascontiguousarray(b, dtype=z.dtype), act_code(act), z.dtype.type(1))
     return z
 
@@ -171,12 +168,7 @@ def dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=True):
     dz = _dz(da, a, code, dbs, starts)
     if not need_dx:
         return None, dz
-    dx = np.empty((dz.shape[0], W.shape[0]), dtype=np.result_type(dz, W))
-    if _row_product(dz, W.T, dx, _most_rows(starts)) is not None:
-        return dx, dz
-    for lo, hi in zip(starts[:-1], starts[1:]):
-        _dx(dz[lo:hi], W, dx[lo:hi])
-    return dx, dz
+    return blocks_times(dz, W.T, np.empty((dz.shape[0], W.shape[0]), dtype=np.result_type(dz, W)), starts), dz
 
 
 def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_cost):
@@ -220,13 +212,6 @@ def _row_product(a, W, out, rows=None):
     return None
 
 
-def _dx(dz, W, out):
-    """out = dz @ W.T: a block's few float32 rows through :mod:`.rowprod`, else BLAS."""
-    if _row_product(dz, W.T, out) is None:
-        np.matmul(dz, W.T, out=out)
-    return out
-
-
 def _times(x, W):
     """x @ W as a new array (:func:`_times_into`)."""
     return _times_into(x, W, np.empty((x.shape[0], W.shape[1]), dtype=np.result_type(x, W)))
@@ -236,4 +221,14 @@ def _times_into(x, W, out):
     """out = x @ W: a block's few float32 rows through :mod:`.rowprod`, else BLAS."""
     if _row_product(x, W, out) is None:
         np.matmul(x, W, out=out)
+    return out
+
+
+def blocks_times(x, W, out, starts):
+    """out = x @ W with each block of rows x[starts[k]:starts[k + 1]] its own bits: all in
+    one call of a row kernel when each block alone would take it (a row's sums do not
+    depend on the other rows of the call), else block by block into its rows of ``out``."""
+    if _row_product(x, W, out, _most_rows(starts)) is None:
+        for lo, hi in zip(starts[:-1], starts[1:]):
+            _times_into(x[lo:hi], W, out[lo:hi])
     return out
