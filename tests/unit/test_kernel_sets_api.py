@@ -27,9 +27,6 @@ class _Recorder:
     def __getattr__(self, attr):
         return _Recorder(f"{self._name}.{attr}", self._log)
 
-    def __getitem__(self, key):
-        return _Recorder(self._name + "[]", self._log)
-
 
 @pytest.fixture
 def cupy_recorder(monkeypatch):
