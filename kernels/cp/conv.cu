@@ -1,5 +1,5 @@
 // Convolution data movement and 2x2 max-pooling for kernels/cp/conv.py (NCHW, row-major).
-// The GEMMs are cuBLAS (cupy.matmul); these kernels only gather and scatter.
+// The GEMMs are cuBLAS (gemm.py); these kernels gather, scatter and sum the bias gradients.
 //
 // Column matrix of a chunk of nb images starting at image n0:
 //   cols[k, b*P + p], k = (c*kh + i)*kw + j, p = ho*Wo + wo, P = Ho*Wo,
@@ -56,6 +56,52 @@ __global__ void col2im(const T* __restrict__ cols, const T* __restrict__ bias, T
         }
         dx[(long long)n0 * C * H * W + idx] = s;
     }
+}
+
+// Between NCHW maps g, y and the GEMMs' (C, nb*P) matrices G, Y of a chunk of images:
+//   pack_maps:   G[c, b*P + p] = g[n0 + b, c, p]
+//   unpack_maps: y[n0 + b, c, p] = Y[c, b*P + p] + bias[c]   (one thread per y element)
+template <typename T>
+__global__ void pack_maps(const T* __restrict__ g, T* __restrict__ G, int n0, int nb, int C, long long P) {
+    const long long ncol = (long long)nb * P;
+    const long long total = (long long)C * ncol;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)blockDim.x * gridDim.x) {
+        const long long c = idx / ncol, col = idx % ncol;
+        G[idx] = g[((n0 + col / P) * C + c) * P + col % P];
+    }
+}
+
+template <typename T>
+__global__ void unpack_maps(const T* __restrict__ Y, const T* __restrict__ bias, T* __restrict__ y, int n0,
+                       int nb, int C, long long P) {
+    const long long total = (long long)nb * C * P;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)blockDim.x * gridDim.x) {
+        const long long p = idx % P, c = (idx / P) % C, b = idx / (P * C);
+        y[(long long)n0 * C * P + idx] = Y[(c * nb + b) * P + p] + bias[c];
+    }
+}
+
+// db[c] += the sum of dy[n, c, p] over n and p: one block of SUM_THREADS per channel, each
+// thread's share in double, then a tree in shared memory (a fixed order: the same bits
+// every run).
+#define SUM_THREADS 512
+template <typename T>
+__global__ void channel_sums(const T* __restrict__ dy, T* __restrict__ db, int N, int C, long long P) {
+    __shared__ double part[SUM_THREADS];
+    const int c = blockIdx.x;
+    const long long count = (long long)N * P;
+    double s = 0.0;
+    for (long long i = threadIdx.x; i < count; i += SUM_THREADS)
+        s += (double)dy[((i / P) * C + c) * P + i % P];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int half = SUM_THREADS / 2; half > 0; half >>= 1) {
+        if (threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) db[c] += (T)part[0];
 }
 
 // argmax = 2*di + dj of the window's maximum; strict > keeps the first, like numpy.argmax.

@@ -1,7 +1,8 @@
 """2-D convolution, transposed convolution and 2x2 max-pooling, NCHW (CuPy).
 
-im2col/col2im and pooling are RawKernels from the sibling ``conv.cu``; the GEMMs are one
-cuBLAS call per chunk of images (cupy.matmul). A chunk's columns are laid out
+im2col/col2im, the moves between NCHW and the GEMMs' layout, the bias gradients' sums and
+pooling are RawKernels from the sibling ``conv.cu``; the GEMMs are one
+cuBLAS call per chunk of images (:func:`.gemm.matmul`). A chunk's columns are laid out
 ``cols[(c*kh + i)*kw + j, b*P + p]`` so W2 (Cout, Cin*kh*kw) @ cols covers the whole chunk.
 Chunks bound cols to 2**26 elements. Semantics, shapes and argmax encoding are those of the
 reference, :mod:`kernels.ref.conv`.
@@ -15,16 +16,19 @@ import numpy as np
 from ..ref.conv import (check_bias, check_grad_shapes, check_nchw, conv_geometry,
                         transpose_geometry)
 from .c_types import C_TYPE
+from .gemm import matmul
 
 __all__ = ["conv2d_forward", "conv2d_backward", "conv2d_transpose_forward",
            "conv2d_transpose_backward", "maxpool2x2_forward", "maxpool2x2_backward"]
 
-_NAMES = [f"{k}<{t}>" for k in ("im2col", "col2im", "maxpool_fwd", "maxpool_bwd")
+_NAMES = [f"{k}<{t}>" for k in ("im2col", "col2im", "pack_maps", "unpack_maps", "channel_sums",
+                                 "maxpool_fwd", "maxpool_bwd")
           for t in C_TYPE.values()]
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv.cu")) as _f:
     _MODULE = cp.RawModule(code=_f.read(), options=("-std=c++14",), name_expressions=_NAMES)
 _COLS_ELEMENTS = 1 << 26
 _BLOCK = 256
+_SUM_THREADS = 512  # conv.cu's SUM_THREADS
 
 
 def conv2d_forward(x, W, b, stride=1, pad=0):
@@ -33,7 +37,7 @@ def conv2d_forward(x, W, b, stride=1, pad=0):
     check_bias(b, W.shape[0])
     x, W2, dt = _prep(x, W)
     y = cp.empty((x.shape[0], W.shape[0], Ho, Wo), dtype=dt)
-    _conv(x, W2, b.astype(dt, copy=False), W.shape[2], W.shape[3], stride, pad, y)
+    _conv(x, W2, cp.ascontiguousarray(b, dtype=dt), W.shape[2], W.shape[3], stride, pad, y)
     return y
 
 
@@ -45,7 +49,7 @@ def conv2d_backward(dy, x, W, stride, pad, dW, db):
     dy = cp.ascontiguousarray(dy, dtype=dt)
     dx = cp.empty(x.shape, dtype=dt)
     _conv_grads(x, dy, W2, W.shape[2], W.shape[3], stride, pad, dW, dx, transpose=False)
-    db += dy.sum(axis=(0, 2, 3))
+    _channel_sums(dy, db)
     return dx
 
 
@@ -55,7 +59,7 @@ def conv2d_transpose_forward(x, W, b, stride=1, pad=0):
     check_bias(b, W.shape[1])
     x, W2, dt = _prep(x, W)
     y = cp.empty(yshape, dtype=dt)
-    _conv_adjoint(x, W2, b.astype(dt, copy=False), W.shape[2], W.shape[3], stride, pad, y)
+    _conv_adjoint(x, W2, cp.ascontiguousarray(b, dtype=dt), W.shape[2], W.shape[3], stride, pad, y)
     return y
 
 
@@ -68,7 +72,7 @@ def conv2d_transpose_backward(dy, x, W, stride, pad, dW, db):
     dx = cp.empty(x.shape, dtype=dt)
     # the adjoint's gradients are conv2d's with dy in the role of the convolved input
     _conv_grads(dy, x, W2, W.shape[2], W.shape[3], stride, pad, dW, dx, transpose=True)
-    db += dy.sum(axis=(0, 2, 3))
+    _channel_sums(dy, db)
     return dx
 
 
@@ -157,49 +161,60 @@ def _col2im(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, dx):
 
 
 def _pack(g, n0, nb):
-    """(Co, nb*P) matrix G[o, b*P + p] = g[n0 + b, o, p]."""
-    Co = g.shape[1]
-    return cp.ascontiguousarray(g[n0:n0 + nb].reshape(nb, Co, -1).transpose(1, 0, 2)).reshape(Co, -1)
+    """(Co, nb*P) matrix G[o, b*P + p] = g[n0 + b, o, p] (g C-contiguous)."""
+    Co, P = g.shape[1], g.shape[2] * g.shape[3]
+    G = cp.empty((Co, nb * P), dtype=g.dtype)
+    if G.size:
+        _launch("pack_maps", g.dtype, G.size, g, G, np.int32(n0), np.int32(nb), np.int32(Co), np.int64(P))
+    return G
 
 
 def _unpack(Y, n0, nb, bias, y):
-    """y[n0 + b, o] = Y[o, b*P:(b+1)*P] + bias[o]."""
-    Co, Ho, Wo = y.shape[1:]
-    y[n0:n0 + nb] = Y.reshape(Co, nb, Ho, Wo).transpose(1, 0, 2, 3) + bias.reshape(1, Co, 1, 1)
+    """y[n0 + b, o] = Y[o, b*P:(b+1)*P] + bias[o] (Y, y C-contiguous)."""
+    Co, P = y.shape[1], y.shape[2] * y.shape[3]
+    if Y.size:
+        _launch("unpack_maps", y.dtype, Y.size, Y, bias, y, np.int32(n0), np.int32(nb), np.int32(Co), np.int64(P))
+
+
+def _channel_sums(dy, db):
+    """db += dy summed over images and pixels (dy C-contiguous), taken in double."""
+    N, C = dy.shape[:2]
+    into = db if db.flags.c_contiguous and db.dtype == dy.dtype else cp.zeros(C, dy.dtype)
+    if C:
+        fn = _function(f"channel_sums<{C_TYPE[np.dtype(dy.dtype)]}>", cp.cuda.Device().id)
+        fn((C,), (_SUM_THREADS,), (dy, into, np.int32(N), np.int32(C), np.int64(dy.shape[2] * dy.shape[3])))
+    if into is not db:
+        db += into.astype(db.dtype, copy=False)
 
 
 def _conv(x, W2, bias, kh, kw, stride, pad, y):
     Ho, Wo = y.shape[2:]
     for n0, nb in _chunks(x.shape[0], W2.shape[1] * Ho * Wo):
         cols = _im2col(x, n0, nb, kh, kw, stride, pad, Ho, Wo)
-        _unpack(W2 @ cols, n0, nb, bias, y)
+        _unpack(matmul(W2, cols), n0, nb, bias, y)
 
 
 def _conv_adjoint(g, W2, bias, kh, kw, stride, pad, y):
     Ho, Wo = g.shape[2:]
     for n0, nb in _chunks(g.shape[0], W2.shape[1] * Ho * Wo):
-        _col2im(W2.T @ _pack(g, n0, nb), n0, nb, kh, kw, stride, pad, Ho, Wo, bias, y)
+        _col2im(matmul(W2.T, _pack(g, n0, nb)), n0, nb, kh, kw, stride, pad, Ho, Wo, bias, y)
 
 
 def _conv_grads(a, g, W2, kh, kw, stride, pad, dW, da, transpose):
     """dW += G @ cols(a).T and the input gradient into ``da``: conv2d^T(g) (conv2d
     backward) or conv2d(a) (conv2d_transpose backward, where a is dy and g the input).
-    The chunks' products are summed first, then added once: the bits of one product when
-    there is one chunk (the batches a model takes), without a zeroed buffer to add it into."""
+    Each chunk's product is added straight into dW by its GEMM (beta = 1)."""
     Ho, Wo = g.shape[2:]
     zero = _zeros(da.shape[1], da.dtype)
-    dW2 = None
+    # a reshape of a C-contiguous dW is a view of it; any other dW gets the sum added once
+    dW2 = dW.reshape(dW.shape[0], -1) if dW.flags.c_contiguous else cp.zeros((dW.shape[0], W2.shape[1]), da.dtype)
     for n0, nb in _chunks(g.shape[0], W2.shape[1] * Ho * Wo):
         cols = _im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo)
         G = _pack(g, n0, nb)
-        product = G @ cols.T
-        if dW2 is None:
-            dW2 = product
-        else:
-            dW2 += product
+        matmul(G, cols.T, out=dW2, accumulate=True)
         if transpose:
-            _unpack(W2 @ cols, n0, nb, zero, da)
+            _unpack(matmul(W2, cols), n0, nb, zero, da)
         else:
-            _col2im(W2.T @ G, n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)
-    if dW2 is not None:
+            _col2im(matmul(W2.T, G), n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)
+    if not dW.flags.c_contiguous:
         dW += dW2.reshape(dW.shape)

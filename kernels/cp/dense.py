@@ -1,7 +1,8 @@
 """Fully connected layer a = act(x @ W + b), forward and backward, and a tied autoencoder
 layer's whole step (CuPy).
 
-Products go to cuBLAS through cupy.matmul; bias + activation is one element-wise kernel
+Products go to cuBLAS through :func:`.gemm.matmul` (a weight gradient added into dW by its
+GEMM); bias + activation is one element-wise kernel
 applied in place on the matmul output (b broadcast along the rows).
 """
 import sys
@@ -14,6 +15,7 @@ from ..ref.dense import (_check_backward_shapes, _check_shapes, backward_by_bloc
                          tied_ae_update_via)
 from .activation import RELU_BODY, SIGMOID_BODY
 from .c_types import C_TYPE
+from .gemm import matmul
 from .loss import _scaled_sum
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
@@ -83,7 +85,7 @@ def dense_forward(x, W, b, act):
     """a = act(x @ W + b); x (batch, in), W (in, out), b (out,). Returns a new array."""
     check_act(act)
     _check_shapes(x, W, b)
-    z = cp.matmul(x, W)
+    z = matmul(x, W)
     _BIAS_ACT[act](b.astype(z.dtype, copy=False), z)
     return z
 
@@ -96,7 +98,7 @@ def dense_backward(da, x, W, a, act, dW, db, need_dx=True):
     """
     _check_backward_shapes(da, x, W, a, dW, db)
     dx, dz = dense_backward_factors(da, x, W, a, act, db, need_dx)
-    dW += cp.matmul(x.T, dz)
+    matmul(x.T, dz, out=dW, accumulate=True)
     return dx
 
 
@@ -106,7 +108,7 @@ def dense_backward_factors(da, x, W, a, act, db, need_dx=True):
     check_act(act)
     _check_backward_shapes(da, x, W, a, W, db)
     dz = _dz_and_bias(da, a, act, db)
-    return (cp.matmul(dz, W.T) if need_dx else None), dz
+    return (matmul(dz, W.T) if need_dx else None), dz
 
 
 def dense_forward_blocks(x, W, b, act, starts):
@@ -198,13 +200,13 @@ def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_co
                                   lr, momentum, weight_cost)
     x = cp.ascontiguousarray(x, dtype=dt)
     batch = x.shape[0]
-    h = cp.matmul(x, W)
+    h = matmul(x, W)
     _BIAS_ACT[code_act](bh, h)  # h = act(x W + bh)
-    dz2 = cp.matmul(h, W.T)  # z2; the output kernel leaves dz2 there
+    dz2 = matmul(h, W.T)  # z2; the output kernel leaves dz2 there
     ecol = cp.empty(W.shape[0], dtype=cp.float64)
     _columns(dz2, x, dz2, 0, 1.0 / batch, bv, vbv, lr, momentum, ecol)
-    dz1 = cp.matmul(dz2, W)  # dh (W before its step); the code kernel leaves dz1 there
+    dz1 = matmul(dz2, W)  # dh (W before its step); the code kernel leaves dz1 there
     _columns(dz1, dz1, h, 1 if code_act == "sigmoid" else 2, 1.0, bh, vbh, lr, momentum, ecol)
     t = dt.type
-    _sgd_two_parts(cp.matmul(x.T, dz1), cp.matmul(dz2.T, h), t(lr), t(momentum), t(weight_cost), W, vW)
-    return _scaled_sum(ecol, 1.0)  # the columns' errors, summed as the losses' rows are
+    _sgd_two_parts(matmul(x.T, dz1), matmul(dz2.T, h), t(lr), t(momentum), t(weight_cost), W, vW)
+    return _scaled_sum(ecol, 1.0)  # the columns' errors (double), summed

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..ref.rbm import cd_factors_by_block, cd_update_via, check_cd, check_rbm
 from .c_types import C_TYPE
+from .gemm import matmul
 from .loss import _scaled_total, _sq_diff_rows
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
@@ -157,7 +158,7 @@ def rbm_hidden(v, W, bh, hidden):
     """Hidden probabilities (bernoulli) or means (gaussian); see :func:`kernels.ref.rbm.rbm_hidden`."""
     check_rbm(v, W, bh=bh, hidden=hidden)
     v, W, dt = _prep(v, W)
-    z = v @ W
+    z = matmul(v, W)
     return (_bern_hidden if hidden == "bernoulli" else _gauss_hidden)(z, bh.astype(dt, copy=False))
 
 
@@ -167,14 +168,14 @@ def rbm_visible(h, W, bv):
         raise ValueError(f"rbm_visible: h {h.shape}, W {W.shape}, bv {bv.shape} do not fit "
                          "(h: batch x n_hidden, W: n_visible x n_hidden, bv: n_visible)")
     h, W, dt = _prep(h, W)
-    return _visible(h @ W.T, bv.astype(dt, copy=False))
+    return _visible(matmul(h, W.T), bv.astype(dt, copy=False))
 
 
 def rbm_free_energy(v, W, bv, bh, hidden):
     """F(v) per row, up to a constant; see :func:`kernels.ref.rbm.rbm_free_energy`."""
     check_rbm(v, W, bv=bv, bh=bh, hidden=hidden)
     v, W, dt = _prep(v, W)
-    z = v @ W + bh.astype(dt, copy=False)
+    z = matmul(v, W) + bh.astype(dt, copy=False)
     hid = cp.logaddexp(0, z).sum(axis=1) if hidden == "bernoulli" else 0.5 * (z * z).sum(axis=1)
     return -(v @ bv.astype(dt, copy=False)) - hid
 
@@ -188,7 +189,7 @@ def rbm_cd_backward(v0, W, bv, bh, noise, hidden, dW, dbv, dbh, scale=None):
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     check_cd(v0, W, noise, dW, dbv, dbh)
     vs, hs, alpha, sq_err = rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale)
-    _axpy(vs.T @ hs, vs.dtype.type(alpha), dW)
+    _axpy(matmul(vs.T, hs), vs.dtype.type(alpha), dW)
     batch = v0.shape[0]
     return -hs[batch:], vs[:batch], sq_err
 
@@ -239,7 +240,7 @@ def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weig
     batch = v0.shape[0]
     vs, hs, first_err = _chain(v0, W, bv, bh, noise, hidden)
     # vs.T @ hs = vk.T @ hk - v0.T @ h0 = batch * dW (without the weight cost)
-    err = _step(vs, hs, batch, bv, vbv, bh, vbh, lr / batch, momentum, 1, G=vs.T @ hs, W=W, velW=vW,
+    err = _step(vs, hs, batch, bv, vbv, bh, vbh, lr / batch, momentum, 1, G=matmul(vs.T, hs), W=W, velW=vW,
                 a=-lr / batch, c=lr * weight_cost)
     return _sq_err_of(first_err, err, vs, batch)
 
@@ -271,16 +272,16 @@ def _chain(v0, W, bv, bh, noise, hidden):
     v, h = vs[:batch], hs[:batch]
     vs[batch:] = v0
     state = cp.empty((batch, W.shape[1]), dtype=dt)
-    first(v0 @ W, bh, noise[0], hs[batch:], state)  # a kernel's outputs: all or none
+    first(matmul(v0, W), bh, noise[0], hs[batch:], state)  # a kernel's outputs: all or none
     sq_err = None
     for i in range(k):
-        _visible(state @ W.T, bv, v)
+        _visible(matmul(state, W.T), bv, v)
         if i == 0 and k > 1:
             sq_err = _sq_err(v, v0)
         if i + 1 < k:
-            h, state = sample(v @ W, bh, noise[i + 1], h, state)
+            h, state = sample(matmul(v, W), bh, noise[i + 1], h, state)
         else:
-            hid(v @ W, bh, h)
+            hid(matmul(v, W), bh, h)
     return vs, hs, sq_err
 
 

@@ -30,14 +30,17 @@ class _Recorder:
 
 @pytest.fixture
 def cupy_recorder(monkeypatch):
-    """A fresh import of aepar.kernels.cp against a stand-in ``cupy``; the calls it made
-    at import time. The real modules (if any) come back after the test."""
+    """A fresh import of aepar.kernels.cp against a stand-in ``cupy`` (and ``cupy_backends``);
+    the calls it made at import time. The real modules (if any) come back after the test."""
     log = []
-    fake = types.ModuleType("cupy")
-    fake.__getattr__ = lambda name: _Recorder("cupy." + name, log)
-    for name in [m for m in sys.modules if m == "cupy" or m.startswith(("cupy.", "aepar.kernels.cp"))]:
+    stand_ins = ("cupy", "cupy_backends", "cupy_backends.cuda", "cupy_backends.cuda.libs")
+    for name in [m for m in sys.modules if m in stand_ins or m.startswith(("cupy.", "cupy_backends.",
+                                                                           "aepar.kernels.cp"))]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "cupy", fake)
+    for name in stand_ins:  # cuBLAS comes from cupy_backends (kernels/cp/gemm.py)
+        fake = types.ModuleType(name)
+        fake.__getattr__ = lambda attr, name=name: _Recorder(f"{name}.{attr}", log)
+        monkeypatch.setitem(sys.modules, name, fake)
     monkeypatch.delattr(kernels, "cp", raising=False)  # the package's attribute, put back after
     cp_set = kernels.load("cupy")
     yield cp_set, log
