@@ -117,7 +117,9 @@ class DenseBackprop:
                 W, act, need_dx = p[f"W{i + 1}"], self.acts[i], i > 0
                 w_name, b_name = f"W{i + 1}", f"b{i + 1}"
                 x, a = acts.layers[i][g], acts.layers[i + 1][g]
-                if factors is None:
+                if factors is None and len(gs) == 1:  # one block (a GPU's batch): no row views to make
+                    da = K.dense_backward(da, x, W, a, act, gs[0][w_name], gs[0][b_name], need_dx=need_dx)
+                elif factors is None:
                     dxs = [K.dense_backward(da[lo:hi], x[lo:hi], W, a[lo:hi], act, gb[w_name], gb[b_name],
                                             need_dx=need_dx) for lo, hi, gb in zip(s[:-1], s[1:], gs)]
                     da = (dxs[0] if len(dxs) == 1 else xp.concatenate(dxs)) if need_dx else None

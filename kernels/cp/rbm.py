@@ -19,7 +19,7 @@ import numpy as np
 from ..ref.rbm import cd_factors_by_block, cd_update_via, check_cd, check_rbm
 from .c_types import C_TYPE
 from .gemm import matmul
-from .loss import _scaled_total, _sq_diff_rows
+from .loss import _scaled_total
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
            "rbm_cd_factors_blocks", "rbm_cd_update"]
@@ -49,7 +49,7 @@ _axpy = cp.ElementwiseKernel("T g, T alpha", "T d", "d += alpha * g;", "aepar_rb
 
 def _sq_err(v, v0):
     """sum (v - v0)^2 as a 0-d float64 array, by rows then the rows (cp/loss.py says why)."""
-    return _scaled_total(_sq_diff_rows, v, v0, 1.0)
+    return _scaled_total("sq_diff", v, v0, 1.0)
 
 
 # The step's last kernel. Its first blocks take the biases: the column sums over the

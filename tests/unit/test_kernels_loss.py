@@ -238,3 +238,27 @@ def test_matches_reference_sparsity(kset, size, dtype, rng):
     dWt = dev(start.T.copy()).T
     K.weight_decay_backward(dev(W), 1e-4, dWt)
     assert_close(dWt, dW_ref, dtype, name="weight decay backward, transposed dW")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 5000])
+@pytest.mark.parametrize("kset", [p for p in kernel_set_params() if p.id == "cupy"])
+def test_cupy_totals_are_the_rows_reductions(kset, rows, rng):
+    """The CuPy set's scalar losses (compiled two-stage totals for one float type in C
+    order) against its rows-then-total ReductionKernels (what mixed types take): the same
+    sums in double, to rounding; the same bits on every call; 5000 x 784 takes every block
+    of the grid through several strides."""
+    import cupy as cp
+
+    from aepar.kernels.cp import loss
+
+    y = cp.asarray(rng.standard_normal((rows, 784)).astype(np.float32))
+    t = cp.asarray(rng.random((rows, 784)).astype(np.float32))
+    for name in ("sq_diff", "sigmoid_xent"):
+        fast = loss._scaled_total(name, y, t, 0.5)
+        assert fast.shape == () and fast.dtype == np.float64
+        by_rows = loss._scaled_total(name, y, t.astype(np.float64), 0.5)  # mixed: the ReductionKernels
+        assert float(fast) == pytest.approx(float(by_rows), rel=1e-12), name
+        assert float(loss._scaled_total(name, y, t, 0.5)) == float(fast), name
+    # a transposed (non-contiguous) pair takes the ReductionKernels too
+    assert float(loss._scaled_total("sq_diff", y.T, t.T, 1.0)) == \
+        pytest.approx(float(loss._scaled_total("sq_diff", y, t, 1.0)), rel=1e-12)
