@@ -112,7 +112,7 @@ def add_reduce_blocks(group):
                             f"fixed tree, so up to R ranks (any number of threads) give bit-identical "
                             f"results (default {DEFAULT_BLOCKS}; 1 is fastest on one process but allows one rank: "
                             f"on a GPU each block is its own kernel launches, and at batch 100 the default "
-                            f"{DEFAULT_BLOCKS} blocks train 7-11x slower than 1)")
+                            f"{DEFAULT_BLOCKS} blocks train 7-15x slower than 1)")
 
 
 def progress(comm, quiet: bool, message: str):
