@@ -74,7 +74,7 @@ __global__ void pack_maps(const T* __restrict__ g, T* __restrict__ G, int n0, in
 
 template <typename T>
 __global__ void unpack_maps(const T* __restrict__ Y, const T* __restrict__ bias, T* __restrict__ y, int n0,
-                       int nb, int C, long long P) {
+                            int nb, int C, long long P) {
     const long long total = (long long)nb * C * P;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (long long)blockDim.x * gridDim.x) {

@@ -1,8 +1,8 @@
 """2-D convolution, transposed convolution and 2x2 max-pooling, NCHW (CuPy).
 
 im2col/col2im, the moves between NCHW and the GEMMs' layout, the bias gradients' sums and
-pooling are RawKernels from the sibling ``conv.cu``; the GEMMs are one
-cuBLAS call per chunk of images (:func:`.gemm.matmul`). A chunk's columns are laid out
+pooling are RawKernels from the sibling ``conv.cu``; the GEMMs are one cuBLAS call per
+chunk of images (:func:`.gemm.matmul`). A chunk's columns are laid out
 ``cols[(c*kh + i)*kw + j, b*P + p]`` so W2 (Cout, Cin*kh*kw) @ cols covers the whole chunk.
 Chunks bound cols to 2**26 elements. Semantics, shapes and argmax encoding are those of the
 reference, :mod:`kernels.ref.conv`.
@@ -207,7 +207,8 @@ def _conv_grads(a, g, W2, kh, kw, stride, pad, dW, da, transpose):
     Ho, Wo = g.shape[2:]
     zero = _zeros(da.shape[1], da.dtype)
     # a reshape of a C-contiguous dW is a view of it; any other dW gets the sum added once
-    dW2 = dW.reshape(dW.shape[0], -1) if dW.flags.c_contiguous else cp.zeros((dW.shape[0], W2.shape[1]), da.dtype)
+    in_place = dW.flags.c_contiguous
+    dW2 = dW.reshape(dW.shape[0], -1) if in_place else cp.zeros((dW.shape[0], W2.shape[1]), da.dtype)
     for n0, nb in _chunks(g.shape[0], W2.shape[1] * Ho * Wo):
         cols = _im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo)
         G = _pack(g, n0, nb)
@@ -216,5 +217,5 @@ def _conv_grads(a, g, W2, kh, kw, stride, pad, dW, da, transpose):
             _unpack(matmul(W2, cols), n0, nb, zero, da)
         else:
             _col2im(matmul(W2.T, G), n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)
-    if not dW.flags.c_contiguous:
+    if not in_place:
         dW += dW2.reshape(dW.shape)

@@ -2,8 +2,8 @@
 layer's whole step (CuPy).
 
 Products go to cuBLAS through :func:`.gemm.matmul` (a weight gradient added into dW by its
-GEMM); bias + activation is one element-wise kernel
-applied in place on the matmul output (b broadcast along the rows).
+GEMM); bias + activation is one element-wise kernel applied in place on the product (b
+broadcast along the rows).
 """
 import sys
 
