@@ -29,7 +29,7 @@ import numpy as np
 
 from aepar import backend
 from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, learning_rate, momentum, non_negative_int, positive_int,
-                       progress)
+                       progress, gpu_blocks_hint)
 from aepar.comm import run_main
 from aepar.data.sources import CLASSES, DIGIT_SOURCES
 from aepar.errors import CheckpointError, UserError
@@ -479,6 +479,7 @@ def _setup(args, comm):
     if layers is None:
         _sizes(args, n_in)  # a bad --layers is one line here, on every rank
     check_blocks(comm.size, args.reduce_blocks, digits.train_x.shape[0])
+    gpu_blocks_hint(comm, be, args.reduce_blocks, args.quiet)
     return be, layers, digits
 
 

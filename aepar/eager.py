@@ -59,7 +59,7 @@ import numpy as np
 
 from aepar import backend
 from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, learning_rate, non_negative_int,
-                       parse_with_preset, positive_float, positive_int, progress)
+                       parse_with_preset, positive_float, positive_int, progress, gpu_blocks_hint)
 from aepar.comm import run_main
 from aepar.errors import Diverged, UserError
 
@@ -533,6 +533,7 @@ def _setup(args, comm):
         raise UserError(f"--groups {groups} is more than the {comm.size} ranks")
     # the monolithic CAE and the classifiers train on every rank: each needs a whole block
     check_blocks(comm.size, args.reduce_blocks, len(split.train_y))
+    gpu_blocks_hint(comm, be, args.reduce_blocks, args.quiet)
     if len(split.val_y) < 1 or len(split.test_y) < 1:
         raise UserError(f"{split.source}: too few images for a validation and a test set")
     return be, split, groups

@@ -26,7 +26,7 @@ import numpy as np
 from aepar import backend
 from aepar.checkpoint import finetuned_from_params, layers_from_params, layers_to_params
 from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, learning_rate, momentum, non_negative_int,
-                       positive_int, progress)
+                       positive_int, progress, gpu_blocks_hint)
 from aepar.comm import run_main
 from aepar.data.sources import DIGIT_SOURCES
 from aepar.errors import UserError
@@ -244,6 +244,7 @@ def _setup(args, comm):
     if digits.train_x.shape[1] != n_in:
         raise UserError(f"{args.weights} takes {n_in} inputs but the data have {digits.train_x.shape[1]}")
     check_blocks(comm.size, args.reduce_blocks, digits.train_x.shape[0])
+    gpu_blocks_hint(comm, be, args.reduce_blocks, args.quiet)
     return be, layers, model, digits
 
 

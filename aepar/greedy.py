@@ -28,7 +28,7 @@ import sys
 
 from aepar import backend
 from aepar.checkpoint import layer_state, layers_to_params, restore_layers
-from aepar.cli import ArgumentParser, add_common, progress
+from aepar.cli import ArgumentParser, add_common, gpu_blocks_hint, progress
 from aepar.comm import run_main
 from aepar.finetune import add_finetune_args, default_float32, finetune_and_evaluate
 from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
@@ -181,6 +181,7 @@ def _setup(args, comm):
     n_train, n_in = digits.train_x.shape
     sizes = parse_layers(args.layers, n_in)
     check_blocks(comm.size, args.reduce_blocks, n_train)
+    gpu_blocks_hint(comm, be, args.reduce_blocks, args.quiet)
     return be, digits, sizes
 
 

@@ -29,7 +29,8 @@ import sys
 
 
 from aepar import backend
-from aepar.cli import ArgumentParser, add_common, non_negative_int, parse_with_preset, positive_int, progress
+from aepar.cli import (ArgumentParser, add_common, gpu_blocks_hint, non_negative_int, parse_with_preset, positive_int,
+                       progress)
 from aepar.classify import add_classify_args
 from aepar.comm import run_main
 from aepar.errors import UserError
@@ -169,6 +170,7 @@ def _setup(args, comm):
         _check(args, comm, len(sizes) - 1, n_train, args.scheme)
     if args.scheme in ("greedy", "auto"):
         check_blocks(comm.size, args.reduce_blocks, n_train)
+        gpu_blocks_hint(comm, be, args.reduce_blocks, args.quiet)
     return be, digits
 
 

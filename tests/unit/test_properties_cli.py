@@ -131,3 +131,24 @@ def test_blocks_refuse_more_ranks_than_blocks_or_rows(ranks, count, rows):
         assert "\n" not in str(exc) and (count < ranks or rows < count)
         return
     assert ranks <= count <= rows
+
+
+@given(device=st.sampled_from(["cpu", "gpu"]), ranks=st.integers(1, 4), count=st.integers(1, 16),
+       root=st.booleans(), quiet=st.booleans())
+def test_the_gpu_blocks_hint_speaks_once_where_one_block_is_faster(device, ranks, count, root, quiet):
+    """One line, from rank 0, when one GPU runs one rank in several blocks (each block its
+    own launches there); nothing anywhere else."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    from aepar.cli import gpu_blocks_hint
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        gpu_blocks_hint(SimpleNamespace(size=ranks, is_root=root), SimpleNamespace(device=device), count, quiet)
+    lines = out.getvalue().splitlines()
+    if device == "gpu" and ranks == 1 and count > 1 and root and not quiet:
+        assert len(lines) == 1 and "--reduce-blocks 1" in lines[0] and f"{count} blocks" in lines[0]
+    else:
+        assert lines == []
