@@ -28,8 +28,8 @@ import sys
 import numpy as np
 
 from aepar import backend
-from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, learning_rate, momentum, non_negative_int, positive_int,
-                       progress, gpu_blocks_hint)
+from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, gpu_blocks_hint, learning_rate, momentum,
+                       non_negative_int, positive_int, progress)
 from aepar.comm import run_main
 from aepar.data.sources import CLASSES, DIGIT_SOURCES
 from aepar.errors import CheckpointError, UserError

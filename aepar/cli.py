@@ -12,8 +12,8 @@ from aepar.errors import UserError
 from aepar.rows import DEFAULT_BLOCKS
 
 __all__ = ["ArgumentParser", "add_common", "add_reduce_blocks", "progress", "gpu_blocks_hint", "positive_int",
-           "non_negative_int", "seed", "learning_rate", "momentum", "non_negative_float", "unit_interval", "fraction_to_half",
-           "positive_float"]
+           "non_negative_int", "seed", "learning_rate", "momentum", "non_negative_float", "unit_interval",
+           "fraction_to_half", "positive_float"]
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -58,8 +58,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from aepar import backend
-from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, learning_rate, non_negative_int,
-                       parse_with_preset, positive_float, positive_int, progress, gpu_blocks_hint)
+from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, gpu_blocks_hint, learning_rate, non_negative_int,
+                       parse_with_preset, positive_float, positive_int, progress)
 from aepar.comm import run_main
 from aepar.errors import Diverged, UserError
 

@@ -25,8 +25,8 @@ import numpy as np
 
 from aepar import backend
 from aepar.checkpoint import finetuned_from_params, layers_from_params, layers_to_params
-from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, learning_rate, momentum, non_negative_int,
-                       positive_int, progress, gpu_blocks_hint)
+from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, gpu_blocks_hint, learning_rate, momentum,
+                       non_negative_int, positive_int, progress)
 from aepar.comm import run_main
 from aepar.data.sources import DIGIT_SOURCES
 from aepar.errors import UserError
