@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node",
-           "tree_merges", "tree_sum", "local_sums", "parallel_map", "each", "threads", "CHUNK", "DEFAULT_BLOCKS"]
+           "tree_merges", "tree_sum", "tree_sum_rows", "local_sums", "parallel_map", "each", "threads", "CHUNK",
+           "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8
@@ -211,6 +212,18 @@ def tree_sum(vectors, add=None):
     """The fixed-tree sum of a full list of block vectors in one process (into the first)."""
     count = len(vectors)
     return tree_node(tree_top(count), 0, dict(enumerate(vectors)), count, add or operator.iadd)
+
+
+def tree_sum_rows(rows):
+    """:func:`tree_sum` of the rows of a 2-D array (NumPy or CuPy), into its first row,
+    which it returns: the same additions, a level of the tree at a time, each level one
+    vectorised add (79 rows: 7 calls instead of 78 and the recursion's Python)."""
+    count, step = rows.shape[0], 1
+    while step < count:
+        right = rows[step::2 * step]              # each node's right half at this level
+        rows[0:len(right) * 2 * step:2 * step] += right
+        step *= 2
+    return rows[0]
 
 
 def local_sums(shard: Shard, fn) -> np.ndarray:

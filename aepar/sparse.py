@@ -3,9 +3,10 @@
 
 The scheme of Lewis & Canann (2015): the patches are sampled once from the seed (the same
 patches whatever the number of processes), every rank keeps an even shard of them and a
-copy of the weights; the root runs L-BFGS-B, and each evaluation of the cost is one
-broadcast of θ and one reduction of a packed buffer of partial sums (the KL sparsity
-term is folded in so that one reduction is enough; see aepar.kernels.ref.sparse_ae).
+copy of the weights; the root runs L-BFGS-B, and each evaluation of the cost is the
+paper's two rounds: a broadcast of θ, the sum of every rank's hidden activations on every
+rank (ρ̂, so that the KL sparsity term is folded into the backward pass), and one
+reduction of a packed buffer of partial sums (see aepar.kernels.ref.sparse_ae).
 
 Same answer on any number of ranks: the patches are cut into fixed blocks of 128 and the
 blocks' sums are added in one fixed tree (aepar.rows), so 1, 2, 4 or 8
@@ -52,9 +53,11 @@ def build_parser() -> ArgumentParser:
         prog="python -m aepar.sparse",
         description="Train Ng's sparse autoencoder (sigmoid v-h-v, squared error + weight decay\n"
                     "+ KL sparsity) on natural-image patches with L-BFGS-B on the root rank. Under\n"
-                    "mpirun every rank evaluates the cost on its blocks of patches: one broadcast\n"
-                    "of the weights and one fixed-tree reduction of packed partial sums per\n"
-                    "evaluation, bit-identical on any number of processes.",
+                    "mpirun every rank evaluates the cost on its blocks of patches in the seed's\n"
+                    "two rounds: a broadcast of the weights, the fixed-tree sum of the hidden\n"
+                    "activations (so every rank knows the KL term before its backward pass), then\n"
+                    "one fixed-tree reduction of packed partial sums per evaluation, bit-identical\n"
+                    "on any number of processes.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="outputs in the run directory: weights.h5, features.png (one tile per hidden unit),\n"
                "  summary.json, summary.csv (cost, iterations, times, communications/evaluation), run.json\n"
@@ -162,7 +165,7 @@ def train(args, comm, setup: Setup, run=None, guard=None):
              + (f"; resuming at iteration {start_it} from {run.checkpoint_path}" if resume is not None else ""))
     theta0 = model.init_theta(args.seed) if comm.is_root else None
     # warm-up (not timed, not counted): loads the compiled kernels and touches every buffer
-    model.partials(opt.buffer[1:], opt.leaves)
+    opt.warm_up()
     if comm.is_root:
         from aepar.optim import _setulb
         _setulb()  # loading the optimiser is not training time either
@@ -278,7 +281,8 @@ def main(argv=None, comm=None):
         print(f"{PROG}: {summary['iterations']} iterations, {summary['evaluations']} evaluations, "
               f"final cost {summary['final_cost']:.6f}; "
               f"{summary['collectives_per_evaluation']:.2f} communications/evaluation "
-              f"(1 bcast + 1 fixed-tree reduction); {summary['seconds_total']:.2f} s total, "
+              f"(bcast of θ, fixed-tree sum of Σ a2 and its bcast, fixed-tree reduction); "
+              f"{summary['seconds_total']:.2f} s total, "
               f"compute {summary['seconds_compute']:.2f} s, comm {summary['seconds_comm']:.2f} s "
               f"(max over {comm.size} rank{'s' if comm.size > 1 else ''}{_spread(summary)}); wrote {run.path}",
               flush=True)

@@ -346,13 +346,14 @@ def oversubscription(active: int, cores) -> float:
 
 
 def sparse_eval_s(comp: Compute, net: Network, p: int, samples: int, *, scale: float = 1.0,
-                  cores=None, n_theta: int = 3289, n_partials: int = 4940) -> dict | None:
+                  cores=None, n_theta: int = 3289, n_partials: int = 4940, n_shared: int = 25) -> dict | None:
     """One evaluation of the root-optimiser scheme (aepar.sparse) on ``p`` ranks.
 
     Bcast of [control, theta] (float64), every rank's blocks (the busiest has
-    ceil(blocks / p)), the fixed-tree reduction of [partials, flag] to the root, then the
-    root's serial part. ``scale``: the compute of another machine relative to this one.
-    None where the scheme cannot run (fewer blocks of 128 than ranks).
+    ceil(blocks / p)) in two rounds with the fixed-tree sum of the blocks' Σ a2 to the root
+    and its Bcast between them, the fixed-tree reduction of [partials, flag] to the root,
+    then the root's serial part. ``scale``: the compute of another machine relative to
+    this one. None where the scheme cannot run (fewer blocks of 128 than ranks).
     """
     count = -(-samples // 128)
     if p > count:
@@ -361,7 +362,8 @@ def sparse_eval_s(comp: Compute, net: Network, p: int, samples: int, *, scale: f
     f = oversubscription(p, cores) * scale
     compute = s["block_s"] * min(-(-count // p), count) * samples / (count * 128) * f
     serial = s["serial_s"] * f
-    comm = collective_s(net, "bcast", 8 * (n_theta + 1), p) + tree_reduce_s(net, 8 * (n_partials + 1), p, count)
+    comm = (collective_s(net, "bcast", 8 * (n_theta + 1), p) + tree_reduce_s(net, 8 * n_shared, p, count)
+            + collective_s(net, "bcast", 8 * n_shared, p) + tree_reduce_s(net, 8 * (n_partials + 1), p, count))
     return {"seconds": compute + serial + comm, "compute_s": compute, "serial_s": serial, "comm_s": comm}
 
 

@@ -3,12 +3,14 @@
 J(θ) = (1/2m) Σ‖a3 − x‖² + (λ/2)(‖W1‖² + ‖W2‖²) + β Σ_j KL(ρ ‖ ρ̂_j),
 
 with ρ̂ the mean hidden activation over all m samples on all ranks. The samples are cut
-into fixed blocks of :data:`LEAF` (aepar.rows); a model holds some of the
-blocks, :meth:`SparseAutoencoder.partials` fills one packed buffer of sums per block,
-which one fixed-tree reduction turns into the global ones (the same bits on any number
-of ranks and threads), and :meth:`SparseAutoencoder.assemble` (on the root) turns the
-summed buffer into J and ∂J/∂θ (see :mod:`aepar.kernels.ref.sparse_ae` for the
-formulation and the buffer layout).
+into fixed blocks of :data:`LEAF` (aepar.rows); a model holds some of the blocks. An
+evaluation has the seed's two rounds: :meth:`SparseAutoencoder.shared_sums` gives each
+block's Σ a2, whose fixed-tree total every rank then holds (ρ̂ = total / m, so the KL
+term's gradient is known before the backward pass); :meth:`SparseAutoencoder.partials`
+fills one packed buffer of sums per block with it folded in, which a second fixed-tree
+reduction sums on the root (the same bits on any number of ranks and threads), and
+:meth:`SparseAutoencoder.assemble` turns the summed buffer into J and ∂J/∂θ (see
+:mod:`aepar.kernels.ref.sparse_ae` for the formulation and the buffer layout).
 
 θ is a flat float64 vector on the host (the optimiser's), packed W1 (v×h, row-major),
 W2 (h×v, row-major), b1 (h), b2 (v). The kernels work in the model dtype on the
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aepar.rows import Blocks, block_bounds, parallel_map, threads, tree_sum
+from aepar.rows import Blocks, block_bounds, parallel_map, threads, tree_sum_rows
 
 __all__ = ["SparseAutoencoder", "init_theta", "LEAF"]
 
@@ -63,8 +65,9 @@ class SparseAutoencoder:
     rho, beta, lam : float
         Sparsity target ρ, sparsity weight β, weight decay λ.
 
-    Use :meth:`attach` to give it its samples, then :meth:`partials` on every rank and
-    :meth:`assemble` on the root (or :meth:`cost_grad` in one process).
+    Use :meth:`attach` to give it its samples, then :meth:`shared_sums` and
+    :meth:`partials` on every rank and :meth:`assemble` on the root (or :meth:`cost_grad`
+    in one process).
     """
 
     def __init__(self, be, visible: int, hidden: int, *, rho: float = 0.01, beta: float = 3.0,
@@ -77,6 +80,7 @@ class SparseAutoencoder:
                         for name, (o, shape) in self.theta_layout.items()]
         self.n_theta = self.K.sparse_ae_theta_size(self.visible, self.hidden)
         self.n_partials = self.K.sparse_ae_partials_size(self.visible, self.hidden)
+        self.n_shared = self.hidden  # Σ a2 per block: ρ̂ m once summed over every block
         self.x = None
         self.blocks = None
         self._chunks = []
@@ -137,22 +141,39 @@ class SparseAutoencoder:
         theta = self.be.to_host(theta).astype(np.float64, copy=False)
         return {name: np.array(a) for name, a in self.views(theta).items()}
 
-    def new_leaves(self):
-        """A (own blocks, n_partials) buffer on the backend, in the model dtype."""
-        return self.be.zeros((self.blocks.stop - self.blocks.first, self.n_partials))
+    def new_leaves(self, width=None):
+        """A (own blocks, ``width``: n_partials) buffer on the backend, in the model dtype."""
+        return self.be.zeros((self.blocks.stop - self.blocks.first, width or self.n_partials))
 
     # ---- cost and gradient ----------------------------------------------------------
-    def partials(self, theta, leaves):
-        """Each own block's packed sums at ``theta`` into the rows of ``leaves`` (its first
-        ``n_partials`` columns), the blocks spread over this rank's threads."""
+    def shared_sums(self, theta, rows):
+        """Each own block's Σ a2 at ``theta`` into the rows of ``rows`` (its first
+        ``n_shared`` columns): the first round, whose total :meth:`partials` needs."""
         if self.x is None:
             raise RuntimeError("attach() the samples first")
         p = self.views(theta)
         K = self.K
 
         def run(chunk):
+            K.sparse_ae_activations(chunk.x, p["W1"], p["b1"], rows[chunk.rows, :self.n_shared], chunk.ws, LEAF)
+        parallel_map(run, self._chunks)
+        return rows
+
+    def partials(self, theta, leaves, shared):
+        """Each own block's packed sums at ``theta`` into the rows of ``leaves`` (its first
+        ``n_partials`` columns), the blocks spread over this rank's threads; ``shared`` is
+        the fixed-tree total of every block's :meth:`shared_sums` at the same θ (ρ̂ m),
+        which folds the KL term into the backward pass."""
+        if self.x is None:
+            raise RuntimeError("attach() the samples first")
+        p = self.views(theta)
+        K = self.K
+        kl = (self.rho, self.beta)
+        rho_hat = np.asarray(self.be.to_host(shared), dtype=np.float64)[:self.n_shared] / self.m_total
+
+        def run(chunk):
             K.sparse_ae_partials(chunk.x, p["W1"], p["b1"], p["W2"], p["b2"],
-                                 leaves[chunk.rows, :self.n_partials], chunk.ws, None, LEAF)
+                                 leaves[chunk.rows, :self.n_partials], chunk.ws, kl, LEAF, rho_hat)
         parallel_map(run, self._chunks)
         return leaves
 
@@ -169,7 +190,10 @@ class SparseAutoencoder:
             raise RuntimeError("cost_grad needs every block on this process; use a RootOptimizer")
         if self._theta_buf is None:
             self._theta_buf = self.be.zeros(self.n_theta)
+            self._shared = self.new_leaves(self.n_shared)
             self._leaves = self.new_leaves()
         self._theta_buf[...] = self.be.asarray(theta64)
-        self.partials(self._theta_buf, self._leaves)
-        return self.assemble(tree_sum(list(self._leaves)), theta64)
+        self.shared_sums(self._theta_buf, self._shared)
+        shared = tree_sum_rows(self._shared)
+        self.partials(self._theta_buf, self._leaves, shared)
+        return self.assemble(tree_sum_rows(self._leaves), theta64)

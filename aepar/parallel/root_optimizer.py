@@ -5,18 +5,22 @@ only the root runs the optimiser (L-BFGS-B). Each evaluation of J(θ) is
 
 1. root: ``Bcast`` of one preallocated buffer [control word, θ] (control: evaluate,
    stop, pause, or "the root failed");
-2. every rank: the packed partial sums of each of its blocks of samples
-   (``model.partials``), plus its safe-point flags (aepar.guard) in one extra column;
-3. the fixed-tree sum of all blocks to the root (:class:`aepar.parallel.blocks.TreeSum`):
+2. every rank: the sums that every rank needs before its partials, per block
+   (``model.shared_sums``: the sparse autoencoder's Σ a2), and their fixed-tree total on
+   every rank (the seed's reduce of the average activation and broadcast back);
+3. every rank: the packed partial sums of each of its blocks of samples
+   (``model.partials``, given that total), plus its safe-point flags (aepar.guard) in
+   one extra column;
+4. the fixed-tree sum of all blocks to the root (:class:`aepar.parallel.blocks.TreeSum`):
    the same bits on any number of ranks;
-4. root: J and ∂J/∂θ from the summed buffer (``model.assemble``).
+5. root: J and ∂J/∂θ from the summed buffer (``model.assemble``).
 
 The workers loop on the broadcast until the root says stop. An exception on the root (in
 the optimiser, in the assembly or in its own partials) never leaves the workers waiting:
 the root broadcasts "failed" and the error, and the workers raise the same kind of error
 (a user-facing one - divergence, an interruption - ends every rank with its exit code;
 anything else is :class:`RootFailure`). If the root fails between the broadcast and the
-reduction it still takes part in the reduction first, so the communications stay matched.
+reduction it still takes part in both sums first, so the communications stay matched.
 """
 from __future__ import annotations
 
@@ -70,10 +74,11 @@ class RootOptimizer:
     ----------
     comm : aepar.comm.Comm
     model :
-        ``n_theta``, ``n_partials``, ``blocks`` (aepar.rows.Blocks: every
-        block's samples, this rank's share), ``partials(theta, leaves)`` filling the
-        first ``n_partials`` columns of one row per own block, and on the root
-        ``assemble(total, theta64) -> (cost, grad64)``.
+        ``n_theta``, ``n_shared``, ``n_partials``, ``blocks`` (aepar.rows.Blocks: every
+        block's samples, this rank's share), ``shared_sums(theta, rows)`` filling the first
+        ``n_shared`` columns of one row per own block, ``partials(theta, leaves, shared)``
+        filling the first ``n_partials`` columns of one row per own block given the total
+        of the shared sums, and on the root ``assemble(total, theta64) -> (cost, grad64)``.
     xp, dtype :
         Array module and dtype of the broadcast and partials buffers (the model's).
     synchronize : callable, optional
@@ -89,6 +94,8 @@ class RootOptimizer:
         blocks = model.blocks
         self.tree = TreeSum(comm, blocks.count)
         self.leaves = xp.zeros((blocks.stop - blocks.first, self.n + 1), dtype=dtype)  # + the flags
+        self.shared_rows = xp.zeros((blocks.stop - blocks.first, int(model.n_shared)), dtype=dtype)
+        self.shared = xp.zeros(int(model.n_shared), dtype=dtype)
         self.buffer = xp.zeros(self.n_theta + 1, dtype=dtype)  # [control, θ]
         self.synchronize = synchronize or (lambda: None)
         self.guard, self.run_dir = guard, run
@@ -104,23 +111,47 @@ class RootOptimizer:
 
     # ---- one evaluation, every rank ----------------------------------------------------------
     def _local(self, theta):
-        """This rank's blocks at θ, its flags in the extra column; returns the sum on the root."""
+        """This rank's blocks at θ, its flags in the extra column; returns the sum on the root.
+
+        The others are in (or on their way to) both sums whatever happens here, so this
+        rank joins both, with whatever its rows hold, before it raises."""
         comm, wtime = self.comm, self.comm.wtime
+        failure = None
         t1 = wtime()
         try:
-            self.model.partials(theta, self.leaves)
-            self.leaves[:, self.n] = 0
-            if self.guard is not None:
-                self.leaves[0, self.n] = self.guard.flags()
-                self.guard.step(poison=self.leaves[:, :self.n])
+            self.model.shared_sums(theta, self.shared_rows)
             self.synchronize()
-        finally:  # the others are in (or on their way to) the reduction: always join it
-            t2 = wtime()
-            total = self.tree.reduce(list(self.leaves))
-            self.seconds_comm += wtime() - t2
-            self.seconds_compute += t2 - t1
-            self.collectives += 2  # the broadcast of θ and the tree reduction
+        except BaseException as exc:
+            failure = exc
+        t2 = wtime()
+        self.tree.allreduce(list(self.shared_rows), self.shared)
+        t3 = wtime()
+        if failure is None:
+            try:
+                self.model.partials(theta, self.leaves, self.shared)
+                self.leaves[:, self.n] = 0
+                if self.guard is not None:
+                    self.leaves[0, self.n] = self.guard.flags()
+                    self.guard.step(poison=self.leaves[:, :self.n])
+                self.synchronize()
+            except BaseException as exc:
+                failure = exc
+        t4 = wtime()
+        total = self.tree.reduce(list(self.leaves))
+        self.seconds_comm += (t3 - t2) + (wtime() - t4)
+        self.seconds_compute += (t2 - t1) + (t4 - t3)
+        self.collectives += 4  # the broadcast of θ, the first sum (a reduction and a broadcast), the second
+        if failure is not None:
+            raise failure
         return total
+
+    def warm_up(self):
+        """Both rounds on this rank's blocks alone, without messages: loads the compiled
+        kernels and touches every buffer (at the θ buffer as it is)."""
+        theta = self.buffer[1:]
+        self.model.shared_sums(theta, self.shared_rows)
+        self.shared[...] = self.shared_rows.sum(axis=0)  # not the total, but a ρ̂ in (0, 1)
+        self.model.partials(theta, self.leaves, self.shared)
 
     def evaluate(self, theta64):
         """J(θ), ∂J/∂θ over every rank's samples (root only; workers must be serving)."""

@@ -20,8 +20,8 @@ from ..ref.sparse_ae import (leaf_rows, sparse_ae_layout, sparse_ae_partials_siz
 from .sparsity import kl_sparsity_backward
 
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
-           "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_partials",
-           "sparse_ae_assemble", "SparseAEWorkspace"]
+           "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_activations",
+           "sparse_ae_partials", "sparse_ae_assemble", "SparseAEWorkspace"]
 
 # a2 = σ(z + b) in place (b broadcasts over rows)
 _hidden_forward = cp.ElementwiseKernel(
@@ -80,24 +80,67 @@ def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, blo
     return SparseAEWorkspace(m, visible, hidden, dtype, block, leaf)
 
 
-def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
+def _leaf_runs(m, leaf, n):
+    """(first leaf, stop, rows per leaf): the full leaves, then the short last one."""
+    full = m // leaf
+    return [(lo, hi, rows) for lo, hi, rows in ((0, full, leaf), (full, n, m - full * leaf)) if hi > lo]
+
+
+def _per_leaf(a, leaf, lo, hi, rows):
+    """Rows of leaves lo..hi of ``a`` as (leaves, rows, ...)."""
+    return a[lo * leaf:lo * leaf + (hi - lo) * rows].reshape((hi - lo, rows) + a.shape[1:])
+
+
+def _hidden(x, W1, b1, ws):
+    """a2 = σ(x W1 + b1) in the workspace."""
+    a2 = ws.a2[:x.shape[0]]
+    cp.matmul(x, W1, out=a2)
+    _hidden_forward(b1, a2)
+    return a2
+
+
+def _leaf_act(a2, leaf, out):
+    """out[L] = Σ a2 over leaf L (one reduction per run of leaves of one length)."""
+    for lo, hi, rows in _leaf_runs(a2.shape[0], leaf, out.shape[0]):
+        out[lo:hi] = _per_leaf(a2, leaf, lo, hi, rows).sum(axis=1)
+    return out
+
+
+def sparse_ae_activations(x, W1, b1, out, ws=None, leaf=None):
+    """Σ a2 over the shard, or per leaf into the rows of ``out`` (see the reference):
+    the same reductions, bit for bit, as the ``act`` slots of :func:`sparse_ae_partials`."""
+    v, h = W1.shape
+    m = x.shape[0]
+    if ws is None or not ws.fits(x, W1):
+        ws = SparseAEWorkspace(m, v, h, x.dtype)
+    a2 = _hidden(x, W1, b1, ws)
+    if leaf is None:
+        cp.sum(a2, axis=0, out=out)
+    else:
+        _leaf_act(a2, int(leaf), leaf_rows(m, out, None, leaf))
+    return out
+
+
+def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_hat=None):
     """Fill the CuPy array ``out`` with this shard's packed sums; returns ``out``.
 
     With ``leaf`` (see the reference), the element-wise work runs over the whole shard
     and the sums are taken per leaf: batched GEMMs and reductions over the full leaves,
-    then the short last one, each leaf's order fixed by its shape alone.
+    then the short last one, each leaf's order fixed by its shape alone. With ``rho_hat``
+    a2 is made again (one GEMM; the CPU kernels keep it from the activations instead).
     """
     v, h = W1.shape
     m = x.shape[0]
     if ws is None or not ws.fits(x, W1):
         ws = SparseAEWorkspace(m, v, h, x.dtype)
+    k = None
+    if kl is not None and rho_hat is not None:
+        k = kl_sparsity_backward(cp.asarray(rho_hat, dtype=cp.float64), kl[0], kl[1]).astype(x.dtype)
     if leaf is not None:
-        return _partials_per_leaf(x, W1, b1, W2, b2, leaf_rows(m, out, kl, leaf), ws, int(leaf))
+        return _partials_per_leaf(x, W1, b1, W2, b2, leaf_rows(m, out, kl, leaf, rho_hat), ws, int(leaf), k)
     layout = sparse_ae_layout(v, h)
     P = {name: out[o:o + int(np.prod(s))].reshape(s) for name, (o, s) in layout.items()}
-    a2, z3, e = ws.a2, ws.z3, ws.e
-    cp.matmul(x, W1, out=a2)
-    _hidden_forward(b1, a2)
+    a2, z3, e = _hidden(x, W1, b1, ws), ws.z3, ws.e
     cp.sum(a2, axis=0, out=P["act"])
     cp.matmul(a2, W2, out=z3)
     _output_delta(b2, x, z3, ws.sq)                    # z3 is now δ3
@@ -111,9 +154,8 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
         cp.sum(ws.g, axis=0, out=P["b1"])
         cp.matmul(x.T, ws.g, out=P["w1"])
     else:
-        rho, beta = kl
-        rho_hat = P["act"].astype(cp.float64) / m
-        k = kl_sparsity_backward(rho_hat, rho, beta).astype(e.dtype)
+        if k is None:
+            k = kl_sparsity_backward(P["act"].astype(cp.float64) / m, kl[0], kl[1]).astype(e.dtype)
         _hidden_delta_folded(k, a2, e)                 # e is now δ2
         cp.matmul(x.T, e, out=ws.t_vh)
         P["w1"][:, :h] = ws.t_vh
@@ -123,34 +165,38 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
     return out
 
 
-def _partials_per_leaf(x, W1, b1, W2, b2, out, ws, leaf):
+def _partials_per_leaf(x, W1, b1, W2, b2, out, ws, leaf, k=None):
+    """Per-leaf sums; with ``k`` (the global ρ̂'s KL term) folded into δ2, Q = 0."""
     v, h = W1.shape
     m = x.shape[0]
-    a2, z3, e, g = ws.a2[:m], ws.z3[:m], ws.e[:m], ws.g[:m]
-    cp.matmul(x, W1, out=a2)
-    _hidden_forward(b1, a2)
+    z3, e, g = ws.z3[:m], ws.e[:m], ws.g[:m]
+    a2 = _hidden(x, W1, b1, ws)
     cp.matmul(a2, W2, out=z3)
     _output_delta(b2, x, z3, ws.sq[:m])                # z3 is now δ3
     cp.matmul(z3, W2.T, out=e)
-    _hidden_delta_split(e, a2, g[:, :h], g[:, h:])
+    if k is None:
+        _hidden_delta_split(e, a2, g[:, :h], g[:, h:])
+    else:
+        _hidden_delta_folded(k, a2, e)                 # e is now δ2
     layout = sparse_ae_layout(v, h)
     n = out.shape[0]
     P = {name: out[:, o:o + int(np.prod(s))].reshape((n,) + s) for name, (o, s) in layout.items()}
-    full = m // leaf
-    for lo, hi, rows in ((0, full, leaf), (full, n, m - full * leaf)):
-        if hi <= lo:
-            continue
-        sl = slice(lo * leaf, lo * leaf + (hi - lo) * rows)
-
-        def per_leaf(a):
-            return a[sl].reshape((hi - lo, rows) + a.shape[1:])
-        xl, al, zl, gl = per_leaf(x), per_leaf(a2), per_leaf(z3), per_leaf(g)
-        P["w1"][lo:hi] = cp.matmul(xl.transpose(0, 2, 1), gl)
-        P["b1"][lo:hi] = gl.sum(axis=1)
+    _leaf_act(a2, leaf, P["act"])
+    for lo, hi, rows in _leaf_runs(m, leaf, n):
+        xl, al, zl = (_per_leaf(a, leaf, lo, hi, rows) for a in (x, a2, z3))
+        if k is None:
+            gl = _per_leaf(g, leaf, lo, hi, rows)
+            P["w1"][lo:hi] = cp.matmul(xl.transpose(0, 2, 1), gl)
+            P["b1"][lo:hi] = gl.sum(axis=1)
+        else:
+            el = _per_leaf(e, leaf, lo, hi, rows)
+            P["w1"][lo:hi, :, :h] = cp.matmul(xl.transpose(0, 2, 1), el)
+            P["w1"][lo:hi, :, h:] = 0
+            P["b1"][lo:hi, :h] = el.sum(axis=1)
+            P["b1"][lo:hi, h:] = 0
         P["w2"][lo:hi] = cp.matmul(al.transpose(0, 2, 1), zl)
         P["b2"][lo:hi] = zl.sum(axis=1)
-        P["act"][lo:hi] = al.sum(axis=1)
-        P["err"][lo:hi, 0] = per_leaf(ws.sq[:m]).sum(axis=(1, 2))
+        P["err"][lo:hi, 0] = _per_leaf(ws.sq[:m], leaf, lo, hi, rows).sum(axis=(1, 2))
     return out
 
 

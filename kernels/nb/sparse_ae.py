@@ -23,14 +23,18 @@ between them streamed the (m, ·) arrays through memory again: ~4.5 ms per evalu
 - a2ᵀ δ3 and xᵀ δ2, per group of panels: sums over samples of a broadcast (a2 or δ2 of
   a sample) times a sample-major row (δ3 or x), tiles of OJ hidden × 8 OV visible units.
 
-With ``kl=(rho, beta)`` (one shard = all samples) a first sweep computes a2 of every
-panel and ρ̂, the second folds k into δ2 (five products; no Q = xᵀs); without it one
-sweep does everything and adds Q and Σs. Biases start the accumulators. Rows and
-columns are padded to the tile sizes with zero weights, padding lanes are masked out of
-every sum; every sum has a fixed order, so results are deterministic, and they agree
-with the reference to rounding (not bit for bit across ISAs: the panel width changes the
-order of the per-lane sums). Such kernels are bound by instruction throughput: in the
-element-wise epilogues, by the sigmoid's one division per value.
+With ``kl=(rho, beta)`` a first sweep computes a2 of every panel and ρ̂ (one shard = all
+samples), the second folds k into δ2 (five products; no Q = xᵀs); without it one sweep
+does everything and adds Q and Σs. :func:`sparse_ae_activations` is that first sweep
+alone, per leaf, and leaves a2 in the workspace: ``sparse_ae_partials(..., rho_hat=ρ̂)``
+then runs only the second (the two rounds of the reference's docstring). Biases start
+the accumulators. Rows and columns are padded to the tile sizes with zero weights,
+padding lanes are masked out of every sum; every sum has a fixed order, so results are
+deterministic, and they agree with the reference to rounding (not bit for bit across
+ISAs: the panel width changes the order of the per-lane sums). Such kernels are bound by
+instruction throughput: in the element-wise epilogues, by the sigmoid's ~20 vector
+operations per 8 values (its division runs beside them: a reciprocal and Newton steps
+instead took as long, 4.4 ns per 8 values in cache on an AVX-512 Xeon).
 
 Other dtypes: the BLAS path (np.dot on 256-row blocks with fused element-wise passes).
 
@@ -56,8 +60,8 @@ from .sparse_tiles import (OJ, OV, PW, RH, SB, TB, backward_fold, backward_split
 from .sparsity import kl_grad_into, kl_sum
 
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
-           "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_partials",
-           "sparse_ae_assemble", "SparseAEWorkspace"]
+           "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_activations",
+           "sparse_ae_partials", "sparse_ae_assemble", "SparseAEWorkspace"]
 
 DEFAULT_BLOCK = 256
 DEFAULT_GROUP = 64          # samples per group: the gradients' operands stay in L1/L2
@@ -115,33 +119,36 @@ def _hidden_delta_split(e, a2, g, db1):
 
 
 @njit(**JIT)
+def _activations_blas(x, W1, b1, a2, act, block):
+    """a2 = σ(x W1 + b1) block by block, act = Σ a2 (the sums of _partials_blas)."""
+    act[:] = 0.0
+    for i0 in range(0, x.shape[0], block):
+        i1 = min(i0 + block, x.shape[0])
+        np.dot(x[i0:i1], W1, a2[i0:i1])
+        _hidden_forward(a2[i0:i1], b1, act)
+
+
+@njit(**JIT)
 def _partials_blas(x, W1, b1, W2, b2, W2t, a2, z3, e, g, t_vh, t_v2h, t_hv,
-                   acc_w1, acc_b1, acc_w2, acc_b2, acc_act, acc_err, block, fold, rho, beta):
-    m = x.shape[0]
-    h = W1.shape[1]
+                   acc_w1, acc_b1, acc_w2, acc_b2, acc_act, acc_err, block, fold, k, given, rho, beta):
+    """The shard's sums; with ``fold`` k folded into δ2: made from this shard's ρ̂, or
+    ``given`` (the global ρ̂'s, in k on entry)."""
+    m, h = x.shape[0], W1.shape[1]
     acc_w1[:] = 0.0
     acc_b1[:] = 0.0
     acc_w2[:] = 0.0
     acc_b2[:] = 0.0
-    acc_act[:] = 0.0
     acc_err[:] = 0.0
     W2t[:] = W2.T  # a contiguous copy: BLAS is ~1.5x slower on this product with W2.T's view
-    k = np.zeros(h)
-    if fold:
-        # pass 1: hidden activations of every sample, so ρ̂ (hence k) is known for pass 2
-        for i0 in range(0, m, block):
-            i1 = min(i0 + block, m)
-            np.dot(x[i0:i1], W1, a2[i0:i1])
-            _hidden_forward(a2[i0:i1], b1, acc_act)
+    # pass 1: hidden activations of every sample (and ρ̂, hence k, unless given)
+    _activations_blas(x, W1, b1, a2, acc_act, block)
+    if fold and not given:
         kl_grad_into(acc_act / m, rho, beta, k)
     for i0 in range(0, m, block):
         i1 = min(i0 + block, m)
         nb = i1 - i0
         xb = x[i0:i1]
         ab = a2[i0:i1]
-        if not fold:
-            np.dot(xb, W1, ab)
-            _hidden_forward(ab, b1, acc_act)
         zb = z3[:nb]
         np.dot(ab, W2, zb)
         _output_delta(zb, b2, xb, acc_b2, acc_err)
@@ -185,29 +192,39 @@ def _tile_prefetch(t, per, lines):
 
 
 @njit(**JIT)
+def _hidden_sweep(blocks, npan, p_lo, p_hi, vp, hp, w1, b1p, act, mask, h):
+    """Sweep 1 over panels [p_lo, p_hi): a2 into each panel's block, its lanes' sums into
+    act (raw pointers), x and a2 of the next block prefetched over the x W1 tiles."""
+    ao, so = vp * PW, (vp + hp) * PW
+    blk = so + PW * vp
+    ht = hp // RH
+    per1 = -(-so // (LANES * 2 * ht)) * 2
+    for p in range(p_lo, p_hi):
+        base = p * blk
+        lines = so // LANES if p + 1 < npan else 0
+        for t in range(ht):
+            pfo, npf = _tile_prefetch(t, per1, lines)
+            hidden_tile(w1, hp, t * RH, b1p, blocks, base, vp, blocks, base + ao,
+                        blocks, base + blk + pfo, npf, h, act, mask, PW if p == npan - 1 else 0)
+
+
+@njit(**JIT)
 def _sweeps(blocks, npan, p_lo, p_hi, m, v, h, vp, hp, w1, w2, w2t, b1p, b2p, cmask, kv, zt, d3, d2,
-            gw1, gw2, act, err, db1, db2, mask, group, fold, rho, beta):
+            gw1, gw2, act, err, db1, db2, mask, group, fold, given, rho, beta):
     """The sweeps over panels [p_lo, p_hi) of the npan packed ones (all arrays as raw
-    pointers; see _partials_panels)."""
+    pointers; see _partials_panels); with ``given`` a2 and k are already in place."""
     ao, so = vp * PW, (vp + hp) * PW       # a2 and sample-major x within a block
     blk = so + PW * vp
     nh = hp if fold else 2 * hp            # rows of d2 panels: δ2, or e·s then s
     ht = hp // RH
-    # Cache lines of the next block that each call prefetches (an even number): x and a2
-    # over the x W1 tiles in sweep 1; x feature-major (split) over the x W1 tiles and a2 +
-    # x sample-major over the PW / SB output-layer calls in sweep 2.
-    per1 = -(-so // (LANES * 2 * ht)) * 2
+    # Cache lines of the next block that each call prefetches (an even number): x
+    # feature-major (split) over the x W1 tiles and a2 + x sample-major over the PW / SB
+    # output-layer calls in sweep 2.
     per0 = -(-ao // (LANES * 2 * ht)) * 2
     per2 = -(-(blk - ao) // (LANES * 2 * (PW // SB))) * 2
-    if fold:
+    if fold and not given:
         # sweep 1: a2 of every panel and ρ̂, so that k is known for sweep 2
-        for p in range(p_lo, p_hi):
-            base = p * blk
-            lines = so // LANES if p + 1 < npan else 0
-            for t in range(ht):
-                pfo, npf = _tile_prefetch(t, per1, lines)
-                hidden_tile(w1, hp, t * RH, b1p, blocks, base, vp, blocks, base + ao,
-                             blocks, base + blk + pfo, npf, h, act, mask, PW if p == npan - 1 else 0)
+        _hidden_sweep(blocks, npan, p_lo, p_hi, vp, hp, w1, b1p, act, mask, h)
         rho_hat, k = np.empty(h), np.empty(h)
         for j in range(h):
             rho_hat[j] = vhsum(vload(act, j * LANES)) / m
@@ -263,9 +280,11 @@ def _sweeps(blocks, npan, p_lo, p_hi, m, v, h, vp, hp, w1, w2, w2t, b1p, b2p, cm
 
 @njit(**JIT)
 def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv, zt, d3, d2,
-                     gw1, gw2, act, err, db1, db2, mask, group, fold, rho, beta, leaf_panels, offsets, res):
+                     gw1, gw2, act, err, db1, db2, mask, group, fold, given, rho, beta, leaf_panels, offsets,
+                     res, leaf_act):
     """res[L] = the packed sums over leaf L (panels [L leaf_panels, (L + 1) leaf_panels); one
-    leaf of every panel when leaf_panels is 0), each leaf summed alone."""
+    leaf of every panel when leaf_panels is 0), each leaf summed alone. ``given``: a2 is in
+    the panels, k in kv and each leaf's Σ a2 in leaf_act (from _activations_panels)."""
     v, h = W1.shape
     hp, vp = kv.size, b2p.size
     npan = blocks.size // ((2 * vp + hp) * PW)
@@ -288,9 +307,35 @@ def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv
         p_lo = leaf * per
         _sweeps(P(blocks), npan, p_lo, min(p_lo + per, npan), m, v, h, vp, hp, P(w1), P(w2), P(w2t),
                 P(b1p), P(b2p), P(cmask), P(kv), P(zt), P(d3), P(d2), P(gw1), P(gw2), P(act), P(err),
-                P(db1), P(db2), P(mask), group, fold, rho, beta)
+                P(db1), P(db2), P(mask), group, fold, given, rho, beta)
         _unpad(P(gw1), P(gw2), P(act), P(err), P(db1), P(db2), v, h, vp, hp, fold, offsets,
                rowptr(res, leaf))
+        if given:  # the sums of the first round, so that their total is ρ̂ m bit for bit
+            for j in range(h):
+                res[leaf, offsets[4] + j] = leaf_act[leaf, j]
+
+
+@njit(**JIT)
+def _activations_panels(blocks, W1, b1, w1, b1p, act, mask, vp, hp, leaf_panels, res, leaf_act):
+    """Sweep 1 alone: res[L, :h] = leaf_act[L] = Σ a2 over leaf L (as _partials_panels'
+    leaves), a2 left in the panels."""
+    v, h = W1.shape
+    for j in range(h):
+        b1p[j] = b1[j]
+    for i in range(v):
+        for j in range(h):
+            w1[i * hp + j] = W1[i, j]
+    P = dptr
+    npan = blocks.size // ((2 * vp + hp) * PW)
+    per = leaf_panels if leaf_panels > 0 else max(npan, 1)
+    for leaf in range(res.shape[0]):
+        act[:] = 0.0
+        p_lo = leaf * per
+        _hidden_sweep(P(blocks), npan, p_lo, min(p_lo + per, npan), vp, hp, P(w1), P(b1p), P(act), P(mask), h)
+        for j in range(h):
+            s = vhsum(vload(act, j * LANES))
+            res[leaf, j] = s
+            leaf_act[leaf, j] = s
 
 
 @njit(**JIT)
@@ -412,6 +457,10 @@ class SparseAEWorkspace:
         self.mask[:PW + (self.m - (npan - 1) * PW if npan else PW)] = 1.0
         self.vp, self.hp = vp, hp
         self._packed = None  # (x, its fingerprint) last packed
+        # each leaf's Σ a2 from sparse_ae_activations, and the (W1, b1) its a2 in the
+        # panels belong to (None: the panels hold no current a2)
+        self.leaf_act = np.zeros((max(1, -(-self.m // (self.leaf or max(self.m, 1)))), h))
+        self._hidden = None
 
     def _init_blocks(self, block):
         v, h, dtype = self.visible, self.hidden, self.dtype
@@ -444,6 +493,12 @@ class SparseAEWorkspace:
             return
         _pack_panels(x, self.blocks, self.vp, self.hp)
         self._packed = (x, self._fingerprint(x))
+        self._hidden = None
+
+    def holds_hidden(self, W1, b1) -> bool:
+        """Whether the panels hold a2 at this (W1, b1) (and the x packed last)."""
+        return (self._hidden is not None and np.array_equal(self._hidden[0], W1)
+                and np.array_equal(self._hidden[1], b1))
 
 
 def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None,
@@ -454,31 +509,67 @@ def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, blo
     return SparseAEWorkspace(m, visible, hidden, dtype, block, leaf)
 
 
-def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
-    """Fill ``out`` with this shard's packed sums (see the reference); returns ``out``.
-
-    ``ws`` should be a workspace made once for this shard (one is made per call if not,
-    which allocates); ``kl=(rho, beta)`` when the shard holds all samples. With ``leaf``,
-    ``out`` is (ceil(m / leaf), size) and row L holds the sums over samples
-    [L leaf, (L + 1) leaf) alone. In float64 the workspace keeps x packed between calls:
-    pass the same array again, or a new one (an array changed in place is noticed only
-    at the ~64 places it samples).
-    """
+def sparse_ae_activations(x, W1, b1, out, ws=None, leaf=None):
+    """Σ a2 over the shard, or per leaf into the rows of ``out`` (see the reference);
+    returns ``out``. In float64 a2 stays in ``ws`` for ``sparse_ae_partials(...,
+    rho_hat=...)`` at the same x, W1 and b1."""
     v, h = W1.shape
     m = x.shape[0]
-    rows = _check_leaves(m, out, kl, leaf)
+    rows = out.reshape(1, -1) if leaf is None else leaf_rows(m, out, None, leaf)
+    if rows.shape[1] != h:
+        raise ValueError(f"sparse_ae_activations: out needs {h} columns, got {rows.shape[1]}")
     if ws is None or not ws.fits(x, W1, leaf):
         ws = SparseAEWorkspace(m, v, h, x.dtype, leaf=leaf)
     c = np.ascontiguousarray
-    fold = kl is not None
-    rho, beta = (float(kl[0]), float(kl[1])) if fold else (0.0, 0.0)
+    W1, b1 = c(W1), c(b1)
     if ws.simd:
         x = c(x)
         ws.pack(x)
+        _activations_panels(ws.blocks, W1, b1, ws.w1, ws.b1p, ws.act, ws.mask, ws.vp, ws.hp,
+                            0 if leaf is None else int(leaf) // PW, rows, ws.leaf_act)
+        ws._hidden = (W1.copy(), b1.copy())
+        return out
+    step = max(m if leaf is None else int(leaf), 1)
+    act = np.empty(h)
+    for i, i0 in enumerate(range(0, max(m, 1), step)):
+        _activations_blas(c(x[i0:i0 + step]), W1, b1, ws.a2, act, ws.block)
+        rows[i] = act
+    return out
+
+
+def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_hat=None):
+    """Fill ``out`` with this shard's packed sums (see the reference); returns ``out``.
+
+    ``ws`` should be a workspace made once for this shard (one is made per call if not,
+    which allocates); ``kl=(rho, beta)`` folds the KL term, with ``rho_hat`` (ρ̂ over every
+    shard) or when the shard holds all samples. With ``leaf``, ``out`` is (ceil(m / leaf),
+    size) and row L holds the sums over samples [L leaf, (L + 1) leaf) alone. In float64
+    the workspace keeps x packed between calls: pass the same array again, or a new one
+    (an array changed in place is noticed only at the ~64 places it samples); with
+    ``rho_hat`` it uses the a2 that :func:`sparse_ae_activations` left there (made again
+    if it was not at these x, W1, b1).
+    """
+    v, h = W1.shape
+    m = x.shape[0]
+    rows = _check_leaves(m, out, kl, leaf, rho_hat)
+    if ws is None or not ws.fits(x, W1, leaf):
+        ws = SparseAEWorkspace(m, v, h, x.dtype, leaf=leaf)
+    c = np.ascontiguousarray
+    fold, given = kl is not None, rho_hat is not None
+    rho, beta = (float(kl[0]), float(kl[1])) if fold else (0.0, 0.0)
+    k = np.zeros(h)
+    if fold and given:
+        kl_grad_into(c(rho_hat, dtype=np.float64), rho, beta, k)
+    if ws.simd:
+        x = c(x)
+        ws.pack(x)
+        if given and not ws.holds_hidden(W1, b1):
+            sparse_ae_activations(x, W1, b1, ws.leaf_act[:rows.shape[0]].copy(), ws, leaf)
+        ws.kv[:h] = k
         _partials_panels(ws.blocks, m, c(W1), c(b1), c(W2), c(b2), ws.w1, ws.w2, ws.w2t,
                          ws.b1p, ws.b2p, ws.cmask, ws.kv, ws.zt, ws.d3, ws.d2,
-                         ws.gw1, ws.gw2, ws.act, ws.err, ws.db1, ws.db2, ws.mask, ws.group, fold, rho,
-                         beta, 0 if leaf is None else int(leaf) // PW, _offsets(v, h), rows)
+                         ws.gw1, ws.gw2, ws.act, ws.err, ws.db1, ws.db2, ws.mask, ws.group, fold, fold and given,
+                         rho, beta, 0 if leaf is None else int(leaf) // PW, _offsets(v, h), rows, ws.leaf_act)
     else:
         V = ws.views
         step = m if leaf is None else int(leaf)
@@ -486,15 +577,15 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
             i1 = min(i0 + step, m)
             _partials_blas(c(x[i0:i1]), c(W1), c(b1), c(W2), c(b2), ws.W2t, ws.a2, ws.z3, ws.e, ws.g,
                            ws.t_vh, ws.t_v2h, ws.t_hv, V["w1"], V["b1"], V["w2"], V["b2"], V["act"],
-                           ws.acc_err, ws.block, fold, rho, beta)
+                           ws.acc_err, ws.block, fold, k.copy(), fold and given, rho, beta)
             V["err"][0] = ws.acc_err.sum()
             rows[i] = ws.acc
     return out
 
 
-def _check_leaves(m, out, kl, leaf):
+def _check_leaves(m, out, kl, leaf, rho_hat=None):
     """``out`` as rows (one per leaf; a 1-row view without ``leaf``), checked."""
-    return out.reshape(1, -1) if leaf is None else leaf_rows(m, out, kl, leaf)
+    return out.reshape(1, -1) if leaf is None else leaf_rows(m, out, kl, leaf, rho_hat)
 
 
 @njit(**JIT)

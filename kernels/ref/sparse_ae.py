@@ -30,10 +30,16 @@ act   (h,)      Σ a2   (ρ̂ = act / m)
 err   (1,)      Σ ‖a3 − x‖²
 ====  ========  ==========================================================
 
-With ``kl=(rho, beta)`` the caller states that the shard holds all m samples (one
-process): k is then known before the backward pass, folded into δ2 directly, the P slots
-hold xᵀδ2 and Σδ2 and the Q slots are left zero. ``sparse_ae_assemble`` gives the same
-result either way (P + Q·diag(k) with Q = 0), and the fast kernels skip one GEMM.
+With ``kl=(rho, beta)`` k is known before the backward pass and folded into δ2 directly:
+the P slots hold xᵀδ2 and Σδ2 and the Q slots are left zero. ``sparse_ae_assemble``
+gives the same result either way (P + Q·diag(k) with Q = 0), and the fast kernels skip
+one GEMM (a sixth of the work). k needs the global ρ̂: either the shard holds all m
+samples (one process), or the caller passes ``rho_hat``, the fixed-tree total of every
+shard's ``sparse_ae_activations`` over m. That is the seed's evaluation in two rounds:
+
+    sparse_ae_activations(x, W1, b1, act)               per shard -> Σ a2 per leaf
+    (sum over every leaf and shard; ρ̂ = total / m on every rank)
+    sparse_ae_partials(..., kl=(rho, beta), leaf, rho_hat=ρ̂)   -> packed sums, Q = 0
 
 Parameter vector θ (``sparse_ae_theta_layout``): W1 (v×h, row-major), W2 (h×v,
 row-major), b1 (h), b2 (v); ``sparse_ae_assemble`` returns ∂J/∂θ in that order.
@@ -49,8 +55,8 @@ import numpy as np
 from .sparsity import kl_sparsity_backward, kl_sparsity_forward
 
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
-           "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_partials",
-           "sparse_ae_assemble"]
+           "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_activations",
+           "sparse_ae_partials", "sparse_ae_assemble"]
 
 
 def sparse_ae_layout(visible: int, hidden: int) -> dict:
@@ -94,7 +100,21 @@ def _sigmoid(z):
     return 1.0 / (1.0 + np.exp(-z))
 
 
-def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
+def sparse_ae_activations(x, W1, b1, out, ws=None, leaf=None):
+    """Σ a2 over the shard's samples into ``out`` (h,), or with ``leaf`` per leaf into the
+    rows of ``out`` (ceil(m / leaf), h); returns ``out``. The same sums as the ``act`` slots
+    of :func:`sparse_ae_partials`, bit for bit (the fast sets also keep a2 in ``ws`` for
+    the ``sparse_ae_partials(..., rho_hat=...)`` that follows)."""
+    if leaf is not None:
+        rows = leaf_rows(x.shape[0], out, None, leaf)
+        for i, i0 in enumerate(range(0, x.shape[0], int(leaf))):
+            sparse_ae_activations(x[i0:i0 + int(leaf)], W1, b1, rows[i], ws)
+        return out
+    out[...] = _sigmoid(x @ W1 + b1).sum(axis=0)
+    return out
+
+
+def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_hat=None):
     """Fill ``out`` (packed, module docstring) with this shard's sums; returns ``out``.
 
     Parameters
@@ -106,13 +126,15 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
         [L leaf, (L + 1) leaf) alone (the blocks a rank-independent sum adds up in a fixed
         tree, aepar.rows)
     ws : workspace from ``sparse_ae_workspace`` (unused by the reference)
-    kl : (rho, beta) when the shard is the whole data set, else None (not with ``leaf``)
+    kl : (rho, beta) to fold the KL term (needs the global ρ̂: the shard is the whole data
+        set, or ``rho_hat`` is given), else None
     leaf : samples per leaf, or None for one sum over the shard
+    rho_hat : with ``kl``, ρ̂ over every sample of every shard (h,), float64
     """
     if leaf is not None:
-        rows = leaf_rows(x.shape[0], out, kl, leaf)
+        rows = leaf_rows(x.shape[0], out, kl, leaf, rho_hat)
         for i, i0 in enumerate(range(0, x.shape[0], int(leaf))):
-            sparse_ae_partials(x[i0:i0 + int(leaf)], W1, b1, W2, b2, rows[i], ws)
+            sparse_ae_partials(x[i0:i0 + int(leaf)], W1, b1, W2, b2, rows[i], ws, kl, rho_hat=rho_hat)
         return out
     v, h = W1.shape
     P = _views(out, sparse_ae_layout(v, h))
@@ -131,7 +153,9 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
     else:
         rho, beta = kl
         # k = d/dρ̂ of β Σ KL(ρ‖ρ̂): the per-unit term added to δ2 (before ⊙ s)
-        k = kl_sparsity_backward(a2.sum(axis=0, dtype=np.float64) / x.shape[0], rho, beta)
+        if rho_hat is None:
+            rho_hat = a2.sum(axis=0, dtype=np.float64) / x.shape[0]
+        k = kl_sparsity_backward(np.asarray(rho_hat, dtype=np.float64), rho, beta)
         d2 = (e + k.astype(e.dtype)) * s
         P["w1"][:, :h] = x.T @ d2
         P["w1"][:, h:] = 0
@@ -144,10 +168,10 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None):
     return out
 
 
-def leaf_rows(m, out, kl, leaf):
+def leaf_rows(m, out, kl, leaf, rho_hat=None):
     """Check the per-leaf output of ``m`` samples; returns ``out``."""
-    if kl is not None:
-        raise ValueError("per-leaf partials cannot fold the KL term: it needs every sample's ρ̂")
+    if kl is not None and rho_hat is None:
+        raise ValueError("per-leaf partials fold the KL term only with rho_hat (every sample's ρ̂)")
     n = -(-int(m) // int(leaf))
     if out.ndim != 2 or out.shape[0] != n:
         raise ValueError(f"{m} samples in leaves of {leaf} need out of shape ({n}, size), got {out.shape}")

@@ -31,7 +31,7 @@ def test_small_run_writes_every_output(tmp_path):
     assert lines[0].startswith(f"{PROG}: 2000 patches 8x8") and "64-25-64" in lines[0]
     progress = [l for l in lines if l.startswith("iteration")]
     assert [int(l.split()[1]) for l in progress] == [25, 30]
-    assert "2.00 communications/evaluation" in lines[-1] and "wrote" in lines[-1]
+    assert "4.00 communications/evaluation" in lines[-1] and "wrote" in lines[-1]
     assert sorted(f.name for f in out.iterdir()) == ["features.png", "run.json", "summary.csv", "summary.json",
                                                      "weights.h5"]
     assert not list(tmp_path.glob(".sparse.*"))  # the staging directory was renamed away
@@ -44,7 +44,7 @@ def test_small_run_writes_every_output(tmp_path):
                 "collectives_per_evaluation", "seed", "source"):
         assert key in rows[0] and str(summary[key]) == rows[0][key], key
     assert summary["iterations"] == 30 and summary["evaluations"] >= 30 and summary["processes"] == 1
-    assert summary["collectives_per_evaluation"] == 2.0 and summary["kernels"] == "numba"
+    assert summary["collectives_per_evaluation"] == 4.0 and summary["kernels"] == "numba"
     assert 0 < summary["seconds_compute"] <= summary["seconds_total"]
     assert summary["seconds_compute_per_rank"] == [summary["seconds_compute"]] and "each rank's" not in lines[-1]
     assert float(progress[-1].split()[3]) == pytest.approx(summary["final_cost"], rel=1e-6)

@@ -7,10 +7,11 @@
                                  1e-12, for the numpy and numba kernels; then a short CLI run
                                  into OUTDIR; every rank prints "ok rank R of N", rank 0
                                  prints "cost <final cost>"
-    mpi_sparse.py fail-partials OUTDIR | fail-assemble OUTDIR
+    mpi_sparse.py fail-shared_sums OUTDIR | fail-partials OUTDIR | fail-assemble OUTDIR
                                  a short CLI run whose root raises at its 4th evaluation
-                                 (inside its own partials, between the broadcast and the
-                                 reduce, or in the assembly after it): every rank must end
+                                 (inside its own first round, before the first sum; its
+                                 second, between the sums; or in the assembly after
+                                 them): every rank must end
 """
 import sys
 
@@ -37,10 +38,14 @@ def check_gradient(comm, kset):
     local = np.ascontiguousarray(x[blocks.rows])
     local_copy = local.copy()
     model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(local, blocks)
+    tree = TreeSum(comm, blocks.count)
+    shared_rows, shared = model.new_leaves(model.n_shared), np.zeros(model.n_shared)
+    model.shared_sums(theta, shared_rows)
+    tree.allreduce(list(shared_rows), shared)
     leaves = model.new_leaves()
-    model.partials(theta, leaves)
+    model.partials(theta, leaves, shared)
     np.testing.assert_array_equal(local, local_copy)       # the shard is not touched
-    total = TreeSum(comm, blocks.count).reduce(list(leaves))
+    total = tree.reduce(list(leaves))
     if comm.is_root:
         cost, grad = model.assemble(total, theta)
         alone = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(x)
@@ -61,7 +66,8 @@ def short_run(comm, out, extra=()):
 
 
 def inject_root_failure(where, after=3):
-    """Make the root's model raise in ``where`` ("partials" or "assemble") after ``after`` calls."""
+    """Make the root's model raise in ``where`` ("shared_sums", "partials" or "assemble") after
+    ``after`` calls."""
     import aepar.models.sparse_ae as mod
 
     original = getattr(mod.SparseAutoencoder, where)
@@ -77,7 +83,7 @@ def inject_root_failure(where, after=3):
 
 def main(argv, comm):
     mode, out = argv
-    if mode not in ("check", "grad", "fail-partials", "fail-assemble"):
+    if mode not in ("check", "grad", "fail-shared_sums", "fail-partials", "fail-assemble"):
         raise SystemExit(f"unknown mode {mode}")
     # "grad" (8 oversubscribed ranks) stays with the NumPy kernels: no Numba start-up x 8
     for kset in {"check": ("numpy", "numba"), "grad": ("numpy",)}.get(mode, ()):
@@ -85,11 +91,11 @@ def main(argv, comm):
     if mode == "check":
         summary = short_run(comm, out)
         if comm.is_root:
-            assert summary["processes"] == comm.size and summary["collectives_per_evaluation"] == 2.0
+            assert summary["processes"] == comm.size and summary["collectives_per_evaluation"] == 4.0
             print(f"cost {summary['final_cost']!r}", flush=True)
     if mode.startswith("fail-"):
         if comm.is_root:
-            inject_root_failure(mode.split("-")[1])
+            inject_root_failure(mode.split("-", 1)[1])
         short_run(comm, out)
     print(f"ok rank {comm.rank} of {comm.size}", flush=True)
 

@@ -13,7 +13,7 @@ from aepar.models.rbm import RBM
 from aepar.models.stacked import StackedAutoencoder
 from aepar.optim import Adam
 from aepar.parallel.data_parallel import blockwise_sums, reducer, train_epoch
-from aepar.rows import Blocks, Shard, local_sums, tree_sum
+from aepar.rows import Blocks, Shard, local_sums, tree_sum, tree_sum_rows
 
 
 def _be(kernels="numpy", dtype="float64"):
@@ -48,6 +48,19 @@ def test_local_sums_are_the_fixed_tree_over_the_blocks():
     want = (leaves[0] + leaves[1]) + (leaves[2] + leaves[3]) + leaves[4]
     assert local_sums(shard, _sums).tobytes() == want.tobytes()
     assert tree_sum([v.copy() for v in leaves]).tobytes() == want.tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(count=st.integers(1, 140), width=st.integers(1, 9), seed=st.integers(0, 2 ** 31))
+def test_tree_sum_rows_is_tree_sum_bit_for_bit(count, width, seed):
+    """A level at a time over the rows of one array: the same additions as the recursion
+    (values of mixed magnitudes, so that another order would round differently)."""
+    rng = np.random.default_rng(seed)
+    rows = rng.standard_normal((count, width)) * 10.0 ** rng.integers(-8, 8, (count, 1))
+    want = tree_sum([r.copy() for r in rows])
+    got = tree_sum_rows(rows)
+    assert got.tobytes() == want.tobytes()
+    assert np.shares_memory(got, rows) and got.shape == (width,)  # into the first row, as tree_sum
 
 
 def test_local_sums_need_every_block():

@@ -55,32 +55,39 @@ def theta_for(rng, v=V, h=H, scale=1.0):
     return theta * scale
 
 
-def run_kernels(K, x, theta, v, h, kl, dtype=np.float64, shards=1, block=None):
-    """Cost and gradient through partials (per shard, summed) + assemble in kernel set K."""
+def run_kernels(K, x, theta, v, h, kl, dtype=np.float64, shards=1, block=None, rounds=False):
+    """Cost and gradient through partials (per shard, summed) + assemble in kernel set K;
+    with ``rounds`` the shards' Σ a2 summed first and ρ̂ given to every shard's partials."""
     m = x.shape[0]
     th = theta.astype(dtype)
     W1, W2 = th[:v * h].reshape(v, h), th[v * h:2 * v * h].reshape(h, v)
     b1, b2 = th[2 * v * h:2 * v * h + h], th[2 * v * h + h:]
+    b = block_bounds(m, shards)
+    xs = [np.ascontiguousarray(x[b[r]:b[r + 1]], dtype=dtype) for r in range(shards)]
+    ws = [K.sparse_ae_workspace(xr.shape[0], v, h, dtype, block) for xr in xs]
+    rho_hat = None
+    if rounds:
+        rho_hat = sum(K.sparse_ae_activations(xr, W1, b1, np.full(h, np.nan, dtype), w).astype(np.float64)
+                      for xr, w in zip(xs, ws)) / m
     total = np.zeros(K.sparse_ae_partials_size(v, h), dtype=np.float64)
-    for r in range(shards):
-        b = block_bounds(m, shards)
-        xs = np.ascontiguousarray(x[b[r]:b[r + 1]], dtype=dtype)
+    for xr, w in zip(xs, ws):
         out = np.full(K.sparse_ae_partials_size(v, h), np.nan, dtype=dtype)
-        ws = K.sparse_ae_workspace(xs.shape[0], v, h, dtype, block)
-        K.sparse_ae_partials(xs, W1, b1, W2, b2, out, ws, kl if shards == 1 else None)
+        K.sparse_ae_partials(xr, W1, b1, W2, b2, out, w, kl if shards == 1 or rounds else None, rho_hat=rho_hat)
         total += out
     return K.sparse_ae_assemble(total, theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v),
                                 m, RHO, BETA, LAM)
 
 
 # ---- the formulation ----------------------------------------------------------------------
-@pytest.mark.parametrize("shards, fold", [(1, False), (3, False), (1, True)],
-                         ids=["one-shard", "three-shards", "one-shard-folded"])
+@pytest.mark.parametrize("shards, fold", [(1, False), (3, False), (1, True), (3, "rounds")],
+                         ids=["one-shard", "three-shards", "one-shard-folded", "three-shards-two-rounds"])
 def test_packed_reduction_equals_textbook(rng, shards, fold):
     """Summed shard partials + P + diag(k)Q assembly = the textbook gradient: the KL
-    term needs no second reduction (and folding k in on one shard gives the same)."""
+    term needs no second reduction (and folding k in on one shard, or on every shard
+    given ρ̂ from a first round, gives the same)."""
     x, theta = data(rng, m=31), theta_for(rng)
-    cost, grad = run_kernels(ref, x, theta, V, H, (RHO, BETA) if fold else None, shards=shards)
+    cost, grad = run_kernels(ref, x, theta, V, H, (RHO, BETA) if fold else None, shards=shards,
+                             rounds=fold == "rounds")
     want_cost, want_grad = textbook(theta, x, V, H)
     assert_close(cost, want_cost, np.float64, work=x.size)
     assert_close(grad, want_grad, np.float64, work=x.size)
@@ -97,14 +104,18 @@ def test_partials_layout_and_size():
 
 
 # ---- gradients against finite differences ------------------------------------------------
-@pytest.mark.parametrize("fold", [False, True], ids=["split", "folded"])
+@pytest.mark.parametrize("fold", [False, True, "rounds"], ids=["split", "folded", "two-rounds"])
 @pytest.mark.parametrize("kset", ["numpy", pytest.param("numba")])
 def test_gradcheck_sparse_ae(rng, kset, fold):
     K = kernels.load(kset)
     x, theta = data(rng), theta_for(rng)
     kl = (RHO, BETA) if fold else None
-    _, grad = run_kernels(K, x, theta, V, H, kl, block=7)
-    numeric = numerical_grad(lambda: run_kernels(K, x, theta, V, H, kl, block=7)[0], theta)
+    shards, rounds = (3, True) if fold == "rounds" else (1, False)
+
+    def run():
+        return run_kernels(K, x, theta, V, H, kl, block=7, shards=shards, rounds=rounds)
+    _, grad = run()
+    numeric = numerical_grad(lambda: run()[0], theta)
     assert_grad_close(grad, numeric, rtol=1e-6, atol=1e-8, name=f"{kset} dJ/dtheta")
 
 
@@ -144,6 +155,71 @@ def test_matches_reference_sparse_ae(rng, kset, fold, dtype):
     assert isinstance(g_got, np.ndarray) and g_got.dtype == np.float64
     assert_close(c_got, c_want, np.float64, work=v * h)
     assert_close(g_got, g_want, np.float64, work=v * h)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("kset", kernel_set_params())
+def test_matches_reference_sparse_ae_two_rounds(rng, kset, dtype):
+    """Per-leaf Σ a2 (the first round), then per-leaf partials with ρ̂ given (the KL term
+    folded, Q = 0): the reference's numbers, and the act slots the first round's sums bit
+    for bit (their total is then the ρ̂ the partials were given)."""
+    K = kernels.load(kset)
+    xp = np
+    if kset == "cupy":
+        import cupy as xp
+    m, v, h, leaf = 203, 36, 7, 64
+    x = rng.uniform(0.1, 0.9, size=(m, v)).astype(dtype)
+    theta = theta_for(rng, v, h, scale=2.0).astype(dtype)
+    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
+    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    n, size = -(-m // leaf), ref.sparse_ae_partials_size(v, h)
+    act_want = ref.sparse_ae_activations(x, W1, b1, np.empty((n, h), dtype), leaf=leaf)
+    rho_hat = act_want.astype(np.float64).sum(axis=0) / m
+    want = ref.sparse_ae_partials(x, W1, b1, W2, b2, np.empty((n, size), dtype), None, (RHO, BETA), leaf, rho_hat)
+    args = [xp.asarray(a) for a in (x, W1, b1, W2, b2)]
+    ws = K.sparse_ae_workspace(m, v, h, dtype, None, leaf)
+    act = K.sparse_ae_activations(*args[:3], xp.full((n, h), np.nan, dtype), ws, leaf)
+    got = K.sparse_ae_partials(*args, xp.full((n, size), np.nan, dtype), ws, (RHO, BETA), leaf, rho_hat)
+    act, got = (a.get() if hasattr(a, "get") else a for a in (act, got))
+    assert act.dtype == got.dtype == dtype
+    assert_close(act, act_want, dtype, work=v, name=f"{kset} activations")
+    assert_close(got, want, dtype, work=leaf * v, name=f"{kset} partials given rho_hat")
+    o, _ = ref.sparse_ae_layout(v, h)["act"]
+    np.testing.assert_array_equal(got[:, o:o + h], act)
+    w1 = got[:, :2 * v * h].reshape(n, v, 2 * h)
+    assert not w1[:, :, h:].any() and not got[:, 2 * v * h + h:2 * v * h + 2 * h].any()  # Q, Σs: zero
+    with pytest.raises(ValueError, match="rho_hat"):  # per leaf, ρ̂ cannot come from the leaf
+        K.sparse_ae_partials(*args, xp.zeros((n, size), dtype), ws, (RHO, BETA), leaf)
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.integers(1, 300), v=st.integers(1, 70), h=st.integers(1, 30), leaf=st.sampled_from([32, 64, 128]),
+       seed=st.integers(0, 2 ** 31))
+def test_numba_float64_second_round_is_each_leaf_alone(m, v, h, leaf, seed):
+    """Given ρ̂, row L holds bit for bit the sums over leaf L alone; the a2 that the first
+    round left in the workspace gives the same bits as a2 made again (a fresh workspace,
+    or one whose a2 belongs to other weights)."""
+    nb = kernels.load("numba")
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.1, 0.9, size=(m, v))
+    theta = theta_for(rng, v, h, scale=2.0)
+    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
+    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    rho_hat = rng.uniform(0.02, 0.9, h)
+    size, n, kl = nb.sparse_ae_partials_size(v, h), -(-m // leaf), (RHO, BETA)
+    alone = np.stack([nb.sparse_ae_partials(x[i:i + leaf], W1, b1, W2, b2, np.full(size, np.nan), None, kl,
+                                            rho_hat=rho_hat) for i in range(0, m, leaf)])
+    ws = nb.sparse_ae_workspace(m, v, h, leaf=leaf)
+    act = nb.sparse_ae_activations(x, W1, b1, np.full((n, h), np.nan), ws, leaf)
+    kept = nb.sparse_ae_partials(x, W1, b1, W2, b2, np.full((n, size), np.nan), ws, kl, leaf, rho_hat)
+    np.testing.assert_array_equal(kept, alone)
+    np.testing.assert_array_equal(act, alone[:, 3 * v * h + 2 * h + v:3 * v * h + 3 * h + v])
+    fresh = nb.sparse_ae_workspace(m, v, h, leaf=leaf)
+    np.testing.assert_array_equal(
+        nb.sparse_ae_partials(x, W1, b1, W2, b2, np.full((n, size), np.nan), fresh, kl, leaf, rho_hat), alone)
+    nb.sparse_ae_activations(x, 2 * W1, b1, np.empty((n, h)), ws, leaf)  # a2 of other weights
+    np.testing.assert_array_equal(
+        nb.sparse_ae_partials(x, W1, b1, W2, b2, np.full((n, size), np.nan), ws, kl, leaf, rho_hat), alone)
 
 
 def test_numba_blocks_do_not_matter(rng):
@@ -373,14 +449,16 @@ def test_short_optimisation_reduces_cost(rng, dtype):
     assert_close(res.cost, textbook(res.theta, x, V, H)[0], np.dtype(dtype), work=x.size)
     assert [it for it, _ in seen] == list(range(1, len(seen) + 1))
     assert all(b <= a + 1e-12 for (_, a), (_, b) in zip(seen, seen[1:]))  # L-BFGS-B never goes up
-    assert res.collectives_per_evaluation == 2.0          # 1 bcast + 1 fixed-tree reduction
-    assert res.collectives_total == res.evaluations + 1   # the broadcasts + the stop broadcast
+    # 1 bcast of θ, the Σ a2's fixed-tree sum and its bcast, the partials' fixed-tree reduction
+    assert res.collectives_per_evaluation == 4.0
+    assert res.collectives_total == 2 * res.evaluations + 1  # the broadcasts + the stop broadcast
     assert opt.buffer[0] == STOP
 
 
 def test_root_failure_sends_stop_and_raises(rng):
     """An exception on the root still ends with the FAILED control word broadcast, and a
-    failure inside the root's own partials still joins that evaluation's reduce."""
+    failure inside the root's own first or second round still joins both of that
+    evaluation's sums."""
     be = backend.select("cpu", "numpy", "float64")
     model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(data(rng))
 
@@ -408,16 +486,22 @@ def test_root_failure_sends_stop_and_raises(rng):
             return obj
 
     class Failing:
-        """The model, whose partials or assembly raise from their 4th call on."""
+        """The model, whose shared sums, partials or assembly raise from their 4th call on."""
 
         def __init__(self, where):
             self.where, self.calls = where, 0
             self.n_theta, self.n_partials, self.blocks = model.n_theta, model.n_partials, model.blocks
+            self.n_shared = model.n_shared
 
         def _count(self):
             self.calls += 1
             if self.calls > 3:
                 raise RuntimeError(f"injected failure in {self.where}")
+
+        def shared_sums(self, *args):
+            if self.where == "shared_sums":
+                self._count()
+            return model.shared_sums(*args)
 
         def partials(self, *args):
             if self.where == "partials":
@@ -429,20 +513,25 @@ def test_root_failure_sends_stop_and_raises(rng):
                 self._count()
             return model.assemble(*args)
 
-    for where in ("partials", "assemble"):
+    for where in ("shared_sums", "partials", "assemble"):
         comm = CountingComm()
         opt = RootOptimizer(comm, Failing(where))
-        reduce = opt.tree.reduce
+        reduce, allreduce = opt.tree.reduce, opt.tree.allreduce
 
         def spy(vectors, add=None, reduce=reduce, comm=comm):
             comm.log.append(("reduce", None))
             return reduce(vectors, add)
-        opt.tree.reduce = spy
+
+        def spy_all(vectors, out, add=None, allreduce=allreduce, comm=comm):
+            comm.log.append(("allreduce", None))
+            return allreduce(vectors, out, add)
+        opt.tree.reduce, opt.tree.allreduce = spy, spy_all
         with pytest.raises(RuntimeError, match=f"injected failure in {where}"):
             opt.run(model.init_theta(0), 50)
         kinds = [k for k, _ in comm.log]
         assert comm.log[-2:] == [("bcast", FAILED), ("bcast_obj", ("RuntimeError", f"injected failure in {where}"))]
-        assert kinds[:-2] == ["bcast", "reduce"] * 4  # every broadcast θ got its reduction
+        # every broadcast θ got both sums (the first one's result broadcast in it)
+        assert kinds[:-2] == ["bcast", "allreduce", "bcast", "reduce"] * 4
 
 
 # ---- report helpers -------------------------------------------------------------------------
