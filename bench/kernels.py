@@ -76,8 +76,9 @@ conv2d_transpose fwd, bwd   the same with the roles of input and output exchange
 maxpool2x2 fwd, bwd         3 per output (comparisons), 0 (data movement only)
 adam_update                 13N (m: 3, v: 4, step: sqrt, 2 mul, add, div, sub)
 sgd_momentum_update         4N
-sparse_ae_partials          10mvh (five products) + 10mh + 11mv with the KL term folded;
-                            12mvh + 10mh + 11mv per leaf (x^T s is a sixth product)
+sparse_ae_partials          10mvh (five products) + 10mh + 11mv with the KL term folded (one
+                            shard, or per leaf with ρ̂ from sparse_ae_activations: "rounds");
+                            12mvh + 10mh + 11mv per leaf in one round (x^T s: a sixth product)
 =========================== ================================================================
 
 Bytes are the least each call must move: every input read once, every output written
@@ -603,23 +604,31 @@ def _sparse_ae_cases(m, v, h, leaf):
     layout = ref.sparse_ae_layout(v, h)
     nparams = 2 * v * h + h + v
     cases = []
-    for kind in ("kl", f"leaf{leaf}"):
+    # kl: one shard folds the KL term; leaf: per-leaf sums with Q = x^T s (one round);
+    # rounds: per-leaf Σ a2, then per-leaf sums with ρ̂ given (aepar.sparse's two rounds)
+    for kind in ("kl", f"leaf{leaf}", f"rounds{leaf}"):
         rows = 1 if kind == "kl" else -(-m // leaf)
 
         def make(rng, rows=rows):
             r = math.sqrt(6 / (v + h + 1))
             return {"x": rng.uniform(0.1, 0.9, (m, v)), "W1": rng.uniform(-r, r, (v, h)), "b1": np.zeros(h),
                     "W2": rng.uniform(-r, r, (h, v)), "b2": np.zeros(v),
-                    "out": np.zeros(size if rows == 1 else (rows, size))}
+                    "out": np.zeros(size if rows == 1 else (rows, size)), "act": np.zeros((rows, h))}
 
         def prep(K, a, kind=kind):
             a["ws"] = K.sparse_ae_workspace(m, v, h, np.float64, leaf=None if kind == "kl" else leaf)
 
         def run(K, a, kind=kind):
-            kl, lf = ((0.01, 3.0), None) if kind == "kl" else (None, leaf)
-            out = K.sparse_ae_partials(a["x"], a["W1"], a["b1"], a["W2"], a["b2"], a["out"], a.get("ws"), kl, lf)
+            kl, lf, rho_hat = ((0.01, 3.0), None, None) if kind == "kl" else (None, leaf, None)
+            if kind.startswith("rounds"):
+                act = K.sparse_ae_activations(a["x"], a["W1"], a["b1"], a["act"], a.get("ws"), leaf)
+                total = act.sum(axis=0)
+                total = total.get() if hasattr(total, "get") else total  # CuPy's: ρ̂ goes in on the host
+                kl, rho_hat = (0.01, 3.0), np.asarray(total, dtype=np.float64) / m
+            out = K.sparse_ae_partials(a["x"], a["W1"], a["b1"], a["W2"], a["b2"], a["out"], a.get("ws"), kl, lf,
+                                       rho_hat)
             return [out[..., o:o + int(np.prod(shp))] for o, shp in layout.values()]
-        products = 10 if kind == "kl" else 12
+        products = 12 if kind.startswith("leaf") else 10
         cases.append(Case("sparse_ae", "sparse_ae_partials", f"{m}x{v}x{h} {kind}", dt,
                           products * m * v * h + 10 * m * h + 11 * m * v, 8 * (m * v + nparams + rows * size),
                           m * v, tuple(layout), make, run, prep))
