@@ -124,7 +124,7 @@ class RootOptimizer:
         except BaseException as exc:
             failure = exc
         t2 = wtime()
-        self.tree.allreduce(list(self.shared_rows), self.shared)
+        self.tree.allreduce(self.shared_rows, self.shared)
         t3 = wtime()
         if failure is None:
             try:
@@ -137,7 +137,7 @@ class RootOptimizer:
             except BaseException as exc:
                 failure = exc
         t4 = wtime()
-        total = self.tree.reduce(list(self.leaves))
+        total = self.tree.reduce(self.leaves)
         self.seconds_comm += (t3 - t2) + (wtime() - t4)
         self.seconds_compute += (t2 - t1) + (t4 - t3)
         self.collectives += 4  # the broadcast of θ, the first sum (a reduction and a broadcast), the second

@@ -105,5 +105,11 @@ for count in sorted({n, n + 1, 2 * n + 3, 8, 13}):
     assert np.array_equal(out, want), (count, out - want)
     got = TreeSum(comm, count).reduce([v.copy() for v in mine])
     assert (np.array_equal(got, want) if comm.is_root else got is None), count
+    # the rows of one array (each node added a level at a time): the same bits
+    out = np.empty(7)
+    TreeSum(comm, count).allreduce(np.stack(mine), out)
+    assert np.array_equal(out, want), (count, out - want)
+    got = TreeSum(comm, count).reduce(np.stack(mine))
+    assert (np.array_equal(got, want) if comm.is_root else got is None), count
 
 print(f"ok rank {r} of {n}", flush=True)

@@ -63,6 +63,29 @@ def test_tree_sum_rows_is_tree_sum_bit_for_bit(count, width, seed):
     assert np.shares_memory(got, rows) and got.shape == (width,)  # into the first row, as tree_sum
 
 
+@settings(max_examples=40, deadline=None)
+@given(count=st.integers(1, 100), ranks=st.integers(1, 16), seed=st.integers(0, 2 ** 31))
+def test_tree_nodes_from_rows_are_those_from_a_list(count, ranks, seed):
+    """Every rank's node values (what it adds before any message) from the rows of one
+    array are, bit for bit, those from a list of its block vectors."""
+    from aepar.parallel.blocks import TreeSum
+
+    class Rank:  # all TreeSum needs before a message
+        def __init__(self, rank, size):
+            self.rank, self.size = rank, size
+
+    ranks = min(ranks, count)
+    rng = np.random.default_rng(seed)
+    every = rng.standard_normal((count, 5)) * 10.0 ** rng.integers(-8, 8, (count, 1))
+    for r in range(ranks):
+        tree = TreeSum(Rank(r, ranks), count)
+        mine = every[tree.first:tree.stop]
+        want = tree.node_values([v.copy() for v in mine])
+        got = tree.node_values(mine.copy())
+        assert list(got) == list(want) == tree.nodes
+        assert all(got[n].tobytes() == want[n].tobytes() for n in want)
+
+
 def test_local_sums_need_every_block():
     be, x = _be(), _data(n=40)
     part = Shard.of(be, x, 4, rank=1, size=2)
