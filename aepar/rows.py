@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node",
-           "tree_merges", "tree_sum", "tree_sum_rows", "local_sums", "parallel_map", "each", "threads", "CHUNK",
-           "DEFAULT_BLOCKS"]
+           "tree_node_from", "tree_cover", "cover_merges", "tree_merges", "tree_sum", "tree_sum_rows", "local_sums",
+           "parallel_map", "each", "threads", "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8
@@ -187,6 +187,43 @@ def tree_node(level: int, start: int, leaves, count: int, add=operator.iadd):
     if start + half < count:
         add(left, tree_node(level - 1, start + half, leaves, count, add))
     return left
+
+
+def tree_node_from(level: int, start: int, known: dict, count: int, add=operator.iadd):
+    """:func:`tree_node` from the values of some of its nodes (``known``: (level, start) ->
+    vector, each block under exactly one of them), into the leftmost one's vector."""
+    if (level, start) in known:
+        return known[(level, start)]
+    if level == 0:
+        raise KeyError(f"block {start} is under none of the known nodes")
+    half = 1 << (level - 1)
+    left = tree_node_from(level - 1, start, known, count, add)
+    if start + half < count:
+        add(left, tree_node_from(level - 1, start + half, known, count, add))
+    return left
+
+
+def tree_cover(first: int, stop: int, count: int) -> list[tuple[int, int]]:
+    """The largest tree nodes (level, start) covering blocks [first, stop), left to right.
+
+    A node covers [start, start + 2^level) clipped to ``count``; it is inside the range
+    when its clipped span is.
+    """
+    nodes, a, top = [], first, tree_top(count)
+    while a < stop:
+        j = 0
+        while j < top and a % (1 << (j + 1)) == 0 and min(a + (1 << (j + 1)), count) <= stop:
+            j += 1
+        nodes.append((j, a))
+        a += 1 << j
+    return nodes
+
+
+def cover_merges(first: int, stop: int, count: int) -> tuple[list, list[int]]:
+    """(:func:`tree_cover`'s nodes, the postfix merges that add blocks [first, stop) into
+    them: one count per block, :func:`tree_merges` of each node in turn)."""
+    nodes = tree_cover(first, stop, count)
+    return nodes, [m for level, start in nodes for m in tree_merges(level, start, count)]
 
 
 def tree_merges(level: int, start: int, count: int) -> list[int]:

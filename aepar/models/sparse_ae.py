@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aepar.rows import Blocks, block_bounds, parallel_map, threads, tree_sum_rows
+from aepar.rows import Blocks, block_bounds, cover_merges, parallel_map, threads, tree_node_from, tree_sum_rows, tree_top
 
 __all__ = ["SparseAutoencoder", "init_theta", "LEAF"]
 
@@ -39,6 +39,8 @@ class _Chunk:
     x: object
     ws: object
     rows: slice
+    nodes: list        # the tree nodes its blocks make up, and the merges that add them
+    merges: list
 
 
 def init_theta(visible: int, hidden: int, seed) -> np.ndarray:
@@ -117,7 +119,8 @@ class SparseAutoencoder:
             lo, hi = blocks.local(blocks.first + int(a)).start, blocks.local(blocks.first + int(b) - 1).stop
             x = self.x[lo:hi]
             ws = self.K.sparse_ae_workspace(hi - lo, self.visible, self.hidden, self.be.dtype, leaf=LEAF)
-            self._chunks.append(_Chunk(x, ws, slice(int(a), int(b))))
+            nodes, merges = cover_merges(blocks.first + int(a), blocks.first + int(b), blocks.count)
+            self._chunks.append(_Chunk(x, ws, slice(int(a), int(b)), nodes, merges))
         return self
 
     @property
@@ -159,11 +162,13 @@ class SparseAutoencoder:
         parallel_map(run, self._chunks)
         return rows
 
-    def partials(self, theta, leaves, shared):
-        """Each own block's packed sums at ``theta`` into the rows of ``leaves`` (its first
-        ``n_partials`` columns), the blocks spread over this rank's threads; ``shared`` is
-        the fixed-tree total of every block's :meth:`shared_sums` at the same θ (ρ̂ m),
-        which folds the KL term into the backward pass."""
+    def partials(self, theta, leaves, shared) -> dict:
+        """The packed sums of this rank's blocks at ``theta``, added up in the fixed tree as
+        far as each thread's run of blocks goes: {tree node (level, start): its sums}, each
+        a row of ``leaves`` (the first rows of its thread's run; the sums in its first
+        ``n_partials`` columns). ``shared`` is the fixed-tree total of every block's
+        :meth:`shared_sums` at the same θ (ρ̂ m), which folds the KL term into the
+        backward pass."""
         if self.x is None:
             raise RuntimeError("attach() the samples first")
         p = self.views(theta)
@@ -172,10 +177,11 @@ class SparseAutoencoder:
         rho_hat = np.asarray(self.be.to_host(shared), dtype=np.float64)[:self.n_shared] / self.m_total
 
         def run(chunk):
-            K.sparse_ae_partials(chunk.x, p["W1"], p["b1"], p["W2"], p["b2"],
-                                 leaves[chunk.rows, :self.n_partials], chunk.ws, kl, LEAF, rho_hat)
+            rows = leaves[chunk.rows.start:chunk.rows.start + len(chunk.nodes), :self.n_partials]
+            K.sparse_ae_partials(chunk.x, p["W1"], p["b1"], p["W2"], p["b2"], rows, chunk.ws, kl, LEAF,
+                                 rho_hat, chunk.merges)
         parallel_map(run, self._chunks)
-        return leaves
+        return {node: leaves[chunk.rows.start + i] for chunk in self._chunks for i, node in enumerate(chunk.nodes)}
 
     def assemble(self, partials, theta64, grad=None):
         """(J, ∂J/∂θ) from the partials summed over every block; float64 on the host."""
@@ -195,5 +201,5 @@ class SparseAutoencoder:
         self._theta_buf[...] = self.be.asarray(theta64)
         self.shared_sums(self._theta_buf, self._shared)
         shared = tree_sum_rows(self._shared)
-        self.partials(self._theta_buf, self._leaves, shared)
-        return self.assemble(tree_sum_rows(self._leaves), theta64)
+        known = self.partials(self._theta_buf, self._leaves, shared)
+        return self.assemble(tree_node_from(tree_top(self.blocks.count), 0, known, self.blocks.count), theta64)

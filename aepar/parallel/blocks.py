@@ -16,26 +16,9 @@ import numpy as np
 
 from aepar.comm import TAG_TREE
 
-from aepar.rows import rank_blocks, tree_node, tree_sum_rows, tree_top
+from aepar.rows import rank_blocks, tree_cover, tree_node, tree_node_from, tree_sum_rows, tree_top
 
 __all__ = ["TreeSum"]
-
-
-
-def _decompose(first: int, stop: int, count: int) -> list[tuple[int, int]]:
-    """The maximal tree nodes (level, start) covering blocks [first, stop), left to right.
-
-    A node covers [start, start + 2^level) clipped to ``count``; it is inside the range
-    when its clipped span is.
-    """
-    nodes, a, top = [], first, tree_top(count)
-    while a < stop:
-        j = 0
-        while j < top and a % (1 << (j + 1)) == 0 and min(a + (1 << (j + 1)), count) <= stop:
-            j += 1
-        nodes.append((j, a))
-        a += 1 << j
-    return nodes
 
 
 class TreeSum:
@@ -60,9 +43,9 @@ class TreeSum:
         self.first, self.stop = self.ranges[comm.rank]
         owner = {}
         for r, (f, s) in enumerate(self.ranges):
-            for node in _decompose(f, s, count):
+            for node in tree_cover(f, s, count):
                 owner[node] = r
-        self._local = _decompose(self.first, self.stop, count)
+        self._local = tree_cover(self.first, self.stop, count)
         self._ops = []  # (level, start, left owner, right owner), children before parents
         self._plan(tree_top(count), 0, owner)
         self._scratch = None
@@ -100,6 +83,17 @@ class TreeSum:
                     for level, start in self._local}
         leaves = {self.first + i: v for i, v in enumerate(vectors)}
         return {node: tree_node(*node, leaves, self.count, add or operator.iadd) for node in self._local}
+
+    def node_values_from(self, known: dict, add=None) -> dict:
+        """{node: value} for :attr:`nodes` from the values of smaller nodes under them
+        (``known``: (level, start) -> vector, every own block under exactly one; e.g. the
+        nodes each thread's share adds up in the kernels), into the leftmost one's vector."""
+        add = add or operator.iadd
+        return {node: tree_node_from(*node, known, self.count, add) for node in self._local}
+
+    def reduce_nodes(self, values, add=None):
+        """:meth:`reduce` from this rank's :attr:`nodes`' values (:meth:`node_values_from`)."""
+        return self._combine(values, add or operator.iadd)
 
     def _combine(self, values, add):
         """The sum on rank 0 from every rank's :meth:`node_values` (messages between ranks)."""

@@ -76,9 +76,11 @@ class RootOptimizer:
     model :
         ``n_theta``, ``n_shared``, ``n_partials``, ``blocks`` (aepar.rows.Blocks: every
         block's samples, this rank's share), ``shared_sums(theta, rows)`` filling the first
-        ``n_shared`` columns of one row per own block, ``partials(theta, leaves, shared)``
-        filling the first ``n_partials`` columns of one row per own block given the total
-        of the shared sums, and on the root ``assemble(total, theta64) -> (cost, grad64)``.
+        ``n_shared`` columns of one row per own block, ``partials(theta, leaves, shared) ->
+        {tree node: row of leaves}`` (the sums of tree nodes that cover the own blocks, in
+        the first ``n_partials`` columns, the node starting at the first block in row 0)
+        given the total of the shared sums, and on the root ``assemble(total, theta64) ->
+        (cost, grad64)``.
     xp, dtype :
         Array module and dtype of the broadcast and partials buffers (the model's).
     synchronize : callable, optional
@@ -126,9 +128,10 @@ class RootOptimizer:
         t2 = wtime()
         self.tree.allreduce(self.shared_rows, self.shared)
         t3 = wtime()
+        known = None
         if failure is None:
             try:
-                self.model.partials(theta, self.leaves, self.shared)
+                known = self.model.partials(theta, self.leaves, self.shared)
                 self.leaves[:, self.n] = 0
                 if self.guard is not None:
                     self.leaves[0, self.n] = self.guard.flags()
@@ -137,7 +140,9 @@ class RootOptimizer:
             except BaseException as exc:
                 failure = exc
         t4 = wtime()
-        total = self.tree.reduce(self.leaves)
+        # the same messages either way; after a failure, whatever the rows hold
+        total = (self.tree.reduce(self.leaves) if failure is not None
+                 else self.tree.reduce_nodes(self.tree.node_values_from(known)))
         self.seconds_comm += (t3 - t2) + (wtime() - t4)
         self.seconds_compute += (t2 - t1) + (t4 - t3)
         self.collectives += 4  # the broadcast of θ, the first sum (a reduction and a broadcast), the second

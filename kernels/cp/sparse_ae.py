@@ -15,8 +15,8 @@ import cupy as cp
 import numpy as np
 
 from ..ref import sparse_ae as _ref
-from ..ref.sparse_ae import (leaf_rows, sparse_ae_layout, sparse_ae_partials_size, sparse_ae_theta_layout,
-                             sparse_ae_theta_size)
+from ..ref.sparse_ae import (leaf_rows, merge_rows, sparse_ae_layout, sparse_ae_partials_size,
+                             sparse_ae_theta_layout, sparse_ae_theta_size)
 from .sparsity import kl_sparsity_backward
 
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
@@ -121,13 +121,14 @@ def sparse_ae_activations(x, W1, b1, out, ws=None, leaf=None):
     return out
 
 
-def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_hat=None):
+def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_hat=None, merges=None):
     """Fill the CuPy array ``out`` with this shard's packed sums; returns ``out``.
 
     With ``leaf`` (see the reference), the element-wise work runs over the whole shard
     and the sums are taken per leaf: batched GEMMs and reductions over the full leaves,
     then the short last one, each leaf's order fixed by its shape alone. With ``rho_hat``
     a2 is made again (one GEMM; the CPU kernels keep it from the activations instead).
+    ``merges``: the leaves' rows then added in that tree (see the reference), a row at a time.
     """
     v, h = W1.shape
     m = x.shape[0]
@@ -137,7 +138,15 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
     if kl is not None and rho_hat is not None:
         k = kl_sparsity_backward(cp.asarray(rho_hat, dtype=cp.float64), kl[0], kl[1]).astype(x.dtype)
     if leaf is not None:
-        return _partials_per_leaf(x, W1, b1, W2, b2, leaf_rows(m, out, kl, leaf, rho_hat), ws, int(leaf), k)
+        rows = leaf_rows(m, out, kl, leaf, rho_hat, merges)
+        if merges is None:
+            return _partials_per_leaf(x, W1, b1, W2, b2, rows, ws, int(leaf), k)
+        each = cp.empty((len(merges), rows.shape[1]), rows.dtype)
+        _partials_per_leaf(x, W1, b1, W2, b2, each, ws, int(leaf), k)
+        merge_rows(each, merges, rows)
+        return out
+    if merges is not None:
+        raise ValueError("merges add leaves: give leaf too")
     layout = sparse_ae_layout(v, h)
     P = {name: out[o:o + int(np.prod(s))].reshape(s) for name, (o, s) in layout.items()}
     a2, z3, e = _hidden(x, W1, b1, ws), ws.z3, ws.e

@@ -52,6 +52,7 @@ import math
 
 import numpy as np
 
+from .blocksum import stack_depth
 from .sparsity import kl_sparsity_backward, kl_sparsity_forward
 
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
@@ -114,7 +115,7 @@ def sparse_ae_activations(x, W1, b1, out, ws=None, leaf=None):
     return out
 
 
-def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_hat=None):
+def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_hat=None, merges=None):
     """Fill ``out`` (packed, module docstring) with this shard's sums; returns ``out``.
 
     Parameters
@@ -130,11 +131,20 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
         set, or ``rho_hat`` is given), else None
     leaf : samples per leaf, or None for one sum over the shard
     rho_hat : with ``kl``, ρ̂ over every sample of every shard (h,), float64
+    merges : with ``leaf``, the leaves' sums are added up as they come, in the postfix tree
+        that ``merges`` gives (one count per leaf: how many additions of the two newest
+        partial sums follow it; aepar.rows.cover_merges), and ``out`` has one row per sum
+        left (the tree nodes, in order) instead of one per leaf
     """
+    if leaf is None and merges is not None:
+        raise ValueError("merges add leaves: give leaf too")
     if leaf is not None:
-        rows = leaf_rows(x.shape[0], out, kl, leaf, rho_hat)
+        rows = leaf_rows(x.shape[0], out, kl, leaf, rho_hat, merges)
+        each = rows if merges is None else np.empty((len(merges), out.shape[1]), out.dtype)
         for i, i0 in enumerate(range(0, x.shape[0], int(leaf))):
-            sparse_ae_partials(x[i0:i0 + int(leaf)], W1, b1, W2, b2, rows[i], ws, kl, rho_hat=rho_hat)
+            sparse_ae_partials(x[i0:i0 + int(leaf)], W1, b1, W2, b2, each[i], ws, kl, rho_hat=rho_hat)
+        if merges is not None:
+            merge_rows(each, merges, rows)
         return out
     v, h = W1.shape
     P = _views(out, sparse_ae_layout(v, h))
@@ -168,13 +178,32 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
     return out
 
 
-def leaf_rows(m, out, kl, leaf, rho_hat=None):
-    """Check the per-leaf output of ``m`` samples; returns ``out``."""
+def leaf_rows(m, out, kl, leaf, rho_hat=None, merges=None):
+    """Check the per-leaf output of ``m`` samples (or with ``merges``, one row per node);
+    returns ``out``."""
     if kl is not None and rho_hat is None:
         raise ValueError("per-leaf partials fold the KL term only with rho_hat (every sample's ρ̂)")
     n = -(-int(m) // int(leaf))
+    if merges is not None:
+        if len(merges) != n or stack_depth(merges) == 0:
+            raise ValueError(f"merges {list(merges)[:8]}... do not add up {n} leaves")
+        n -= int(sum(merges))
     if out.ndim != 2 or out.shape[0] != n:
         raise ValueError(f"{m} samples in leaves of {leaf} need out of shape ({n}, size), got {out.shape}")
+    return out
+
+
+def merge_rows(rows, merges, out):
+    """The rows added in the postfix tree of ``merges`` (in place), the sums left into the
+    rows of ``out`` in order (NumPy or CuPy arrays)."""
+    stack = []
+    for row, count in zip(rows, merges):
+        stack.append(row)
+        for _ in range(int(count)):
+            right = stack.pop()
+            stack[-1] += right
+    for i, row in enumerate(stack):
+        out[i] = row
     return out
 
 

@@ -86,6 +86,48 @@ def test_tree_nodes_from_rows_are_those_from_a_list(count, ranks, seed):
         assert all(got[n].tobytes() == want[n].tobytes() for n in want)
 
 
+@settings(max_examples=60, deadline=None)
+@given(count=st.integers(1, 200), cuts=st.lists(st.integers(0, 200), max_size=4), ranks=st.integers(1, 16),
+       seed=st.integers(0, 2 ** 31))
+def test_a_rank_nodes_from_its_threads_nodes(count, cuts, ranks, seed):
+    """Each thread's run of a rank's blocks added into its cover nodes (cover_merges, the
+    postfix order a kernel follows), then the rank's nodes from those (node_values_from):
+    bit for bit the rank's nodes from its blocks (node_values), and the tree's top node
+    from every rank's cover the one-process tree_sum."""
+    from aepar.parallel.blocks import TreeSum
+    from aepar.rows import cover_merges, tree_node_from, tree_top
+
+    class Rank:
+        def __init__(self, rank, size):
+            self.rank, self.size = rank, size
+
+    ranks = min(ranks, count)
+    rng = np.random.default_rng(seed)
+    every = rng.standard_normal((count, 4)) * 10.0 ** rng.integers(-8, 8, (count, 1))
+    known_all = {}
+    for r in range(ranks):
+        tree = TreeSum(Rank(r, ranks), count)
+        bounds = sorted({tree.first, tree.stop, *(c for c in cuts if tree.first < c < tree.stop)})
+        known = {}
+        for a, b in zip(bounds[:-1], bounds[1:]):  # a thread's run: merges as a kernel takes them
+            nodes, merges = cover_merges(a, b, count)
+            stack = []
+            for block, m in zip(range(a, b), merges):
+                stack.append(every[block].copy())
+                for _ in range(m):
+                    right = stack.pop()
+                    stack[-1] += right
+            assert len(stack) == len(nodes)
+            known.update(zip(nodes, stack))
+        want = tree.node_values([v.copy() for v in every[tree.first:tree.stop]])
+        got = tree.node_values_from(known)
+        assert list(got) == list(want)
+        assert all(got[n].tobytes() == want[n].tobytes() for n in want)
+        known_all.update(got)
+    top = tree_node_from(tree_top(count), 0, known_all, count)
+    assert top.tobytes() == tree_sum([v.copy() for v in every]).tobytes()
+
+
 def test_local_sums_need_every_block():
     be, x = _be(), _data(n=40)
     part = Shard.of(be, x, 4, rank=1, size=2)

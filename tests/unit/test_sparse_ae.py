@@ -222,6 +222,34 @@ def test_numba_float64_second_round_is_each_leaf_alone(m, v, h, leaf, seed):
         nb.sparse_ae_partials(x, W1, b1, W2, b2, np.full((n, size), np.nan), ws, kl, leaf, rho_hat), alone)
 
 
+@settings(max_examples=25, deadline=None)
+@given(leaves=st.integers(1, 40), first=st.integers(0, 60), extra=st.integers(0, 60), seed=st.integers(0, 2 ** 31),
+       dtype=st.sampled_from([np.float64, np.float32]), kset=st.sampled_from(["numpy", "numba"]))
+def test_merged_leaves_are_the_tree_over_the_leaves(leaves, first, extra, seed, dtype, kset):
+    """With merges (a thread's run of blocks [first, first + leaves) of a tree over more), the
+    kernel's rows are, bit for bit, the cover nodes' sums of its per-leaf rows in the tree."""
+    from aepar.rows import cover_merges, tree_node
+
+    K = kernels.load(kset)
+    rng = np.random.default_rng(seed)
+    v, h, leaf = 12, 5, 32
+    count = first + leaves + extra
+    m = leaves * leaf - int(rng.integers(0, leaf)) if first + leaves == count else leaves * leaf
+    x = rng.uniform(0.1, 0.9, (m, v)).astype(dtype)
+    theta = theta_for(rng, v, h, scale=2.0).astype(dtype)
+    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
+    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    size, kl, rho_hat = K.sparse_ae_partials_size(v, h), (RHO, BETA), rng.uniform(0.05, 0.9, h)
+    ws = K.sparse_ae_workspace(m, v, h, dtype, None, leaf)
+    each = K.sparse_ae_partials(x, W1, b1, W2, b2, np.full((leaves, size), np.nan, dtype), ws, kl, leaf, rho_hat)
+    nodes, merges = cover_merges(first, first + leaves, count)
+    got = K.sparse_ae_partials(x, W1, b1, W2, b2, np.full((len(nodes), size), np.nan, dtype), ws, kl, leaf,
+                               rho_hat, merges)
+    rows = {first + i: r.copy() for i, r in enumerate(each)}
+    for i, node in enumerate(nodes):
+        assert got[i].tobytes() == tree_node(*node, rows, count).tobytes(), (node, kset, dtype)
+
+
 def test_numba_blocks_do_not_matter(rng):
     """Any block size (1, ragged, larger than m) gives the reference's numbers."""
     nb = kernels.load("numba")
@@ -516,16 +544,20 @@ def test_root_failure_sends_stop_and_raises(rng):
     for where in ("shared_sums", "partials", "assemble"):
         comm = CountingComm()
         opt = RootOptimizer(comm, Failing(where))
-        reduce, allreduce = opt.tree.reduce, opt.tree.allreduce
+        reduce, reduce_nodes, allreduce = opt.tree.reduce, opt.tree.reduce_nodes, opt.tree.allreduce
 
         def spy(vectors, add=None, reduce=reduce, comm=comm):
             comm.log.append(("reduce", None))
             return reduce(vectors, add)
 
+        def spy_nodes(values, add=None, reduce_nodes=reduce_nodes, comm=comm):
+            comm.log.append(("reduce", None))
+            return reduce_nodes(values, add)
+
         def spy_all(vectors, out, add=None, allreduce=allreduce, comm=comm):
             comm.log.append(("allreduce", None))
             return allreduce(vectors, out, add)
-        opt.tree.reduce, opt.tree.allreduce = spy, spy_all
+        opt.tree.reduce, opt.tree.reduce_nodes, opt.tree.allreduce = spy, spy_nodes, spy_all
         with pytest.raises(RuntimeError, match=f"injected failure in {where}"):
             opt.run(model.init_theta(0), 50)
         kinds = [k for k, _ in comm.log]
