@@ -599,21 +599,25 @@ def _blocksum_cases(shapes, dt):
 def _sparse_ae_cases(m, v, h, leaf):
     import numpy as np
     from aepar.kernels import ref
+    from aepar.rows import cover_merges
     dt = "float64"
     size = ref.sparse_ae_partials_size(v, h)
     layout = ref.sparse_ae_layout(v, h)
     nparams = 2 * v * h + h + v
     cases = []
     # kl: one shard folds the KL term; leaf: per-leaf sums with Q = x^T s (one round);
-    # rounds: per-leaf Σ a2, then per-leaf sums with ρ̂ given (aepar.sparse's two rounds)
+    # rounds: per-leaf Σ a2, then the leaves' sums with ρ̂ given, added in the fixed tree as
+    # they come (aepar.sparse's two rounds in one process)
+    _, merges = cover_merges(0, -(-m // leaf), -(-m // leaf))
     for kind in ("kl", f"leaf{leaf}", f"rounds{leaf}"):
         rows = 1 if kind == "kl" else -(-m // leaf)
 
-        def make(rng, rows=rows):
+        def make(rng, rows=rows, kind=kind):
             r = math.sqrt(6 / (v + h + 1))
             return {"x": rng.uniform(0.1, 0.9, (m, v)), "W1": rng.uniform(-r, r, (v, h)), "b1": np.zeros(h),
                     "W2": rng.uniform(-r, r, (h, v)), "b2": np.zeros(v),
-                    "out": np.zeros(size if rows == 1 else (rows, size)), "act": np.zeros((rows, h))}
+                    "out": np.zeros(size if rows == 1 else (1 if kind.startswith("rounds") else rows, size)),
+                    "act": np.zeros((rows, h))}
 
         def prep(K, a, kind=kind):
             a["ws"] = K.sparse_ae_workspace(m, v, h, np.float64, leaf=None if kind == "kl" else leaf)
@@ -626,7 +630,7 @@ def _sparse_ae_cases(m, v, h, leaf):
                 total = total.get() if hasattr(total, "get") else total  # CuPy's: ρ̂ goes in on the host
                 kl, rho_hat = (0.01, 3.0), np.asarray(total, dtype=np.float64) / m
             out = K.sparse_ae_partials(a["x"], a["W1"], a["b1"], a["W2"], a["b2"], a["out"], a.get("ws"), kl, lf,
-                                       rho_hat)
+                                       rho_hat, merges if kind.startswith("rounds") else None)
             return [out[..., o:o + int(np.prod(shp))] for o, shp in layout.values()]
         products = 12 if kind.startswith("leaf") else 10
         cases.append(Case("sparse_ae", "sparse_ae_partials", f"{m}x{v}x{h} {kind}", dt,
