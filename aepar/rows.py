@@ -180,13 +180,20 @@ def tree_node(level: int, start: int, leaves, count: int, add=operator.iadd):
     """Value of node (level, start) of the tree over ``count`` blocks, from ``leaves``
     (block index -> vector: all the blocks under the node), computed into its leftmost
     leaf with ``add(a, b)`` (a += b)."""
-    if level == 0:
-        return leaves[start]
-    half = 1 << (level - 1)
-    left = tree_node(level - 1, start, leaves, count, add)
-    if start + half < count:
-        add(left, tree_node(level - 1, start + half, leaves, count, add))
-    return left
+    return tree_node_from(level, start, _BlockNodes(leaves), count, add)
+
+
+class _BlockNodes:
+    """Block vectors as the known values of the tree's level-0 nodes."""
+
+    def __init__(self, leaves):
+        self.leaves = leaves
+
+    def __contains__(self, node) -> bool:
+        return node[0] == 0
+
+    def __getitem__(self, node):
+        return self.leaves[node[1]]
 
 
 def tree_node_from(level: int, start: int, known: dict, count: int, add=operator.iadd):

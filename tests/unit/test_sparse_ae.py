@@ -55,13 +55,18 @@ def theta_for(rng, v=V, h=H, scale=1.0):
     return theta * scale
 
 
+def unpack(theta, v, h):
+    """W1, b1, W2, b2 as views into a packed θ (aepar's order: W1, W2, b1, b2)."""
+    return (theta[:v * h].reshape(v, h), theta[2 * v * h:2 * v * h + h], theta[v * h:2 * v * h].reshape(h, v),
+            theta[2 * v * h + h:])
+
+
 def run_kernels(K, x, theta, v, h, kl, dtype=np.float64, shards=1, block=None, rounds=False):
     """Cost and gradient through partials (per shard, summed) + assemble in kernel set K;
     with ``rounds`` the shards' Σ a2 summed first and ρ̂ given to every shard's partials."""
     m = x.shape[0]
     th = theta.astype(dtype)
-    W1, W2 = th[:v * h].reshape(v, h), th[v * h:2 * v * h].reshape(h, v)
-    b1, b2 = th[2 * v * h:2 * v * h + h], th[2 * v * h + h:]
+    W1, b1, W2, b2 = unpack(th, v, h)
     b = block_bounds(m, shards)
     xs = [np.ascontiguousarray(x[b[r]:b[r + 1]], dtype=dtype) for r in range(shards)]
     ws = [K.sparse_ae_workspace(xr.shape[0], v, h, dtype, block) for xr in xs]
@@ -131,8 +136,7 @@ def test_matches_reference_sparse_ae(rng, kset, fold, dtype):
     m, v, h = 203, 36, 7  # 203 rows: blocks of 64 leave a ragged last block
     x = rng.uniform(0.1, 0.9, size=(m, v)).astype(dtype)
     theta = theta_for(rng, v, h, scale=2.0).astype(dtype)
-    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
-    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    W1, b1, W2, b2 = unpack(theta, v, h)
     kl = (RHO, BETA) if fold else None
     want = ref.sparse_ae_partials(x, W1, b1, W2, b2, np.empty(ref.sparse_ae_partials_size(v, h), dtype), kl=kl)
     args = [xp.asarray(a) for a in (x, W1, b1, W2, b2)]
@@ -170,8 +174,7 @@ def test_matches_reference_sparse_ae_two_rounds(rng, kset, dtype):
     m, v, h, leaf = 203, 36, 7, 64
     x = rng.uniform(0.1, 0.9, size=(m, v)).astype(dtype)
     theta = theta_for(rng, v, h, scale=2.0).astype(dtype)
-    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
-    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    W1, b1, W2, b2 = unpack(theta, v, h)
     n, size = -(-m // leaf), ref.sparse_ae_partials_size(v, h)
     act_want = ref.sparse_ae_activations(x, W1, b1, np.empty((n, h), dtype), leaf=leaf)
     rho_hat = act_want.astype(np.float64).sum(axis=0) / m
@@ -203,8 +206,7 @@ def test_numba_float64_second_round_is_each_leaf_alone(m, v, h, leaf, seed):
     rng = np.random.default_rng(seed)
     x = rng.uniform(0.1, 0.9, size=(m, v))
     theta = theta_for(rng, v, h, scale=2.0)
-    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
-    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    W1, b1, W2, b2 = unpack(theta, v, h)
     rho_hat = rng.uniform(0.02, 0.9, h)
     size, n, kl = nb.sparse_ae_partials_size(v, h), -(-m // leaf), (RHO, BETA)
     alone = np.stack([nb.sparse_ae_partials(x[i:i + leaf], W1, b1, W2, b2, np.full(size, np.nan), None, kl,
@@ -237,8 +239,7 @@ def test_merged_leaves_are_the_tree_over_the_leaves(leaves, first, extra, seed, 
     m = leaves * leaf - int(rng.integers(0, leaf)) if first + leaves == count else leaves * leaf
     x = rng.uniform(0.1, 0.9, (m, v)).astype(dtype)
     theta = theta_for(rng, v, h, scale=2.0).astype(dtype)
-    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
-    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    W1, b1, W2, b2 = unpack(theta, v, h)
     size, kl, rho_hat = K.sparse_ae_partials_size(v, h), (RHO, BETA), rng.uniform(0.05, 0.9, h)
     ws = K.sparse_ae_workspace(m, v, h, dtype, None, leaf)
     each = K.sparse_ae_partials(x, W1, b1, W2, b2, np.full((leaves, size), np.nan, dtype), ws, kl, leaf, rho_hat)
@@ -311,8 +312,7 @@ def test_numba_float64_panels_match_reference(rng, m, v, h, fold):
     nb = kernels.load("numba")
     x = rng.uniform(0.1, 0.9, size=(m, v))
     theta = theta_for(rng, v, h, scale=2.0)
-    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
-    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    W1, b1, W2, b2 = unpack(theta, v, h)
     kl = (RHO, BETA) if fold else None
     want = ref.sparse_ae_partials(x, W1, b1, W2, b2, np.empty(ref.sparse_ae_partials_size(v, h)), kl=kl)
     for block in (32, None, 10 ** 6):
@@ -334,8 +334,7 @@ def test_numba_float64_leaves_are_each_leaf_alone(m, v, h, leaf, seed):
     rng = np.random.default_rng(seed)
     x = rng.uniform(0.1, 0.9, size=(m, v))
     theta = theta_for(rng, v, h, scale=2.0)
-    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
-    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    W1, b1, W2, b2 = unpack(theta, v, h)
     size, n = nb.sparse_ae_partials_size(v, h), -(-m // leaf)
     alone = np.stack([nb.sparse_ae_partials(x[i:i + leaf], W1, b1, W2, b2, np.full(size, np.nan))
                       for i in range(0, m, leaf)])
@@ -356,8 +355,7 @@ def test_numba_float64_saturation_and_nan(rng):
     m, v, h = 40, 16, 5
     x = rng.uniform(0.1, 0.9, size=(m, v))
     theta = theta_for(rng, v, h, scale=300.0)
-    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
-    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    W1, b1, W2, b2 = unpack(theta, v, h)
     size = ref.sparse_ae_partials_size(v, h)
     with np.errstate(over="ignore"):
         want = ref.sparse_ae_partials(x, W1, b1, W2, b2, np.empty(size))
@@ -376,8 +374,7 @@ def test_numba_workspace_repacks_new_or_changed_samples(rng):
     nb = kernels.load("numba")
     m, v, h = 70, 16, 5
     theta = theta_for(rng, v, h)
-    W1, W2 = theta[:v * h].reshape(v, h), theta[v * h:2 * v * h].reshape(h, v)
-    b1, b2 = theta[2 * v * h:2 * v * h + h], theta[2 * v * h + h:]
+    W1, b1, W2, b2 = unpack(theta, v, h)
     size = ref.sparse_ae_partials_size(v, h)
     ws = nb.sparse_ae_workspace(m, v, h)
 
