@@ -51,8 +51,7 @@ import numpy as np
 from numba import njit
 
 from ..memory import zeros
-from ..ref.blocksum import stack_depth
-from ..ref.sparse_ae import (leaf_rows, merge_rows, sparse_ae_layout, sparse_ae_partials_size,
+from ..ref.sparse_ae import (leaf_rows, merge_plan, merge_rows, sparse_ae_layout, sparse_ae_partials_size,
                              sparse_ae_theta_layout, sparse_ae_theta_size)
 from .nbmath import sigmoid64
 from .simd import JIT, LANES, dptr, rowptr, store_transposed, vhsum, vload, vstore
@@ -600,7 +599,7 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
         ws.kv[:h] = k
         order, stack = _NO_MERGES, ws.no_stack
         if merges is not None:
-            order, stack = np.asarray(merges, np.int64), ws.merge_stack(stack_depth(merges), rows.shape[1])
+            order, stack = np.asarray(merges, np.int64), ws.merge_stack(merge_plan(tuple(merges))[0], rows.shape[1])
         _partials_panels(ws.blocks, m, c(W1), c(b1), c(W2), c(b2), ws.w1, ws.w2, ws.w2t,
                          ws.b1p, ws.b2p, ws.cmask, ws.kv, ws.zt, ws.d3, ws.d2,
                          ws.gw1, ws.gw2, ws.act, ws.err, ws.db1, ws.db2, ws.mask, ws.group, fold, fold and given,

@@ -48,6 +48,7 @@ This module is the NumPy reference: the textbook formulation, allocating freely.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -185,12 +186,20 @@ def leaf_rows(m, out, kl, leaf, rho_hat=None, merges=None):
         raise ValueError("per-leaf partials fold the KL term only with rho_hat (every sample's ρ̂)")
     n = -(-int(m) // int(leaf))
     if merges is not None:
-        if len(merges) != n or stack_depth(merges) == 0:
+        depth, nodes = merge_plan(tuple(merges))
+        if len(merges) != n or depth == 0:
             raise ValueError(f"merges {list(merges)[:8]}... do not add up {n} leaves")
-        n -= int(sum(merges))
+        n = nodes
     if out.ndim != 2 or out.shape[0] != n:
         raise ValueError(f"{m} samples in leaves of {leaf} need out of shape ({n}, size), got {out.shape}")
     return out
+
+
+@functools.lru_cache(maxsize=64)  # a run's merges are the same at every evaluation
+def merge_plan(merges: tuple) -> tuple[int, int]:
+    """(the most partial sums the postfix tree of ``merges`` holds at once, 0 if it pops an
+    empty stack; the sums it leaves)."""
+    return stack_depth(merges), len(merges) - sum(merges)
 
 
 def merge_rows(rows, merges, out):
