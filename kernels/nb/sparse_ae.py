@@ -315,17 +315,13 @@ def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv
         _sweeps(P(blocks), npan, p_lo, min(p_lo + per, npan), m, v, h, vp, hp, P(w1), P(w2), P(w2t),
                 P(b1p), P(b2p), P(cmask), P(kv), P(zt), P(d3), P(d2), P(gw1), P(gw2), P(act), P(err),
                 P(db1), P(db2), P(mask), group, fold, given, rho, beta)
-        if not merging:
-            _unpad(P(gw1), P(gw2), P(act), P(err), P(db1), P(db2), v, h, vp, hp, fold, offsets,
-                   rowptr(res, leaf))
-            if given:  # the sums of the first round, so that their total is ρ̂ m bit for bit
-                for j in range(h):
-                    res[leaf, offsets[4] + j] = leaf_act[leaf, j]
-            continue
-        _unpad(P(gw1), P(gw2), P(act), P(err), P(db1), P(db2), v, h, vp, hp, fold, offsets, rowptr(stack, top))
-        if given:
+        dst, row = (stack, top) if merging else (res, leaf)
+        _unpad(P(gw1), P(gw2), P(act), P(err), P(db1), P(db2), v, h, vp, hp, fold, offsets, rowptr(dst, row))
+        if given:  # the sums of the first round, so that their total is ρ̂ m bit for bit
             for j in range(h):
-                stack[top, offsets[4] + j] = leaf_act[leaf, j]
+                dst[row, offsets[4] + j] = leaf_act[leaf, j]
+        if not merging:
+            continue
         top += 1
         for _ in range(merges[leaf]):
             top -= 1
