@@ -117,7 +117,7 @@ class RootOptimizer:
 
         The others are in (or on their way to) both sums whatever happens here, so this
         rank joins both, with whatever its rows hold, before it raises."""
-        comm, wtime = self.comm, self.comm.wtime
+        wtime = self.comm.wtime
         failure = None
         t1 = wtime()
         try:

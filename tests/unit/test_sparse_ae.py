@@ -2,7 +2,6 @@
 in one process, and the report helpers."""
 import csv
 import io
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from aepar.models.sparse_ae import SparseAutoencoder, init_theta
 from aepar.rows import block_bounds
 from aepar.parallel.root_optimizer import FAILED, STOP, RootOptimizer
 from tests.conftest import kernel_set_params
-from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, tolerance
+from tests.gradcheck import assert_close, assert_grad_close, numerical_grad
 
 RHO, BETA, LAM = 0.05, 3.0, 1e-3
 V, H, M = 16, 5, 30
