@@ -226,11 +226,11 @@ def tree_cover(first: int, stop: int, count: int) -> list[tuple[int, int]]:
     return nodes
 
 
-def cover_merges(first: int, stop: int, count: int) -> tuple[list, list[int]]:
+def cover_merges(first: int, stop: int, count: int) -> tuple[list, tuple[int, ...]]:
     """(:func:`tree_cover`'s nodes, the postfix merges that add blocks [first, stop) into
     them: one count per block, :func:`tree_merges` of each node in turn)."""
     nodes = tree_cover(first, stop, count)
-    return nodes, [m for level, start in nodes for m in tree_merges(level, start, count)]
+    return nodes, tuple(m for level, start in nodes for m in tree_merges(level, start, count))
 
 
 def tree_merges(level: int, start: int, count: int) -> list[int]:

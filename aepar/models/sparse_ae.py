@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aepar.rows import Blocks, block_bounds, cover_merges, parallel_map, threads, tree_node_from, tree_sum_rows, tree_top
+from aepar.rows import (Blocks, block_bounds, cover_merges, parallel_map, threads, tree_node_from, tree_sum_rows,
+                        tree_top)
 
 __all__ = ["SparseAutoencoder", "init_theta", "LEAF"]
 
@@ -40,7 +41,7 @@ class _Chunk:
     ws: object
     rows: slice
     nodes: list        # the tree nodes its blocks make up, and the merges that add them
-    merges: list
+    merges: tuple
 
 
 def init_theta(visible: int, hidden: int, seed) -> np.ndarray:

@@ -71,9 +71,8 @@ class TreeSum:
     def node_values(self, vectors, add=None) -> dict:
         """{node: value} for :attr:`nodes`, added from this rank's block vectors (in block
         order) into the first vector of each node. ``vectors``: a list, or the rows of one
-        2-D array, whose nodes are then added a tree level at a time (the same additions:
-        :func:`aepar.rows.tree_sum_rows`; 79 rows of the sparse autoencoder's partials took
-        0.17 ms as a list, 0.14 as rows)."""
+        2-D array, whose nodes are then added a tree level at a time (the same additions,
+        :func:`aepar.rows.tree_sum_rows`: a few NumPy calls instead of one per block)."""
         if len(vectors) != self.stop - self.first:
             raise ValueError(f"rank {self.comm.rank} owns {self.stop - self.first} blocks, got "
                              f"{len(vectors)} vectors")

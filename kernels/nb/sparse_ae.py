@@ -65,6 +65,7 @@ __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layou
 
 DEFAULT_BLOCK = 256
 _NO_MERGES = np.empty(0, np.int64)
+_NO_MERGES.setflags(write=False)  # the type merge_plan's arrays have: one compiled signature
 DEFAULT_GROUP = 64          # samples per group: the gradients' operands stay in L1/L2
 
 
@@ -590,12 +591,13 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
     if ws.simd:
         x = c(x)
         ws.pack(x)
-        if given and not ws.holds_hidden(W1, b1):
-            sparse_ae_activations(x, W1, b1, ws.leaf_act[:rows.shape[0]].copy(), ws, leaf)
+        if given and not ws.holds_hidden(W1, b1):  # one activation row per leaf
+            sparse_ae_activations(x, W1, b1, np.empty((1 if leaf is None else len(ws.leaf_act), h)), ws, leaf)
         ws.kv[:h] = k
         order, stack = _NO_MERGES, ws.no_stack
         if merges is not None:
-            order, stack = np.asarray(merges, np.int64), ws.merge_stack(merge_plan(tuple(merges))[0], rows.shape[1])
+            depth, _, order = merge_plan(tuple(merges))
+            stack = ws.merge_stack(depth, rows.shape[1])
         _partials_panels(ws.blocks, m, c(W1), c(b1), c(W2), c(b2), ws.w1, ws.w2, ws.w2t,
                          ws.b1p, ws.b2p, ws.cmask, ws.kv, ws.zt, ws.d3, ws.d2,
                          ws.gw1, ws.gw2, ws.act, ws.err, ws.db1, ws.db2, ws.mask, ws.group, fold, fold and given,

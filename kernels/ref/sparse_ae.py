@@ -186,7 +186,7 @@ def leaf_rows(m, out, kl, leaf, rho_hat=None, merges=None):
         raise ValueError("per-leaf partials fold the KL term only with rho_hat (every sample's ρ̂)")
     n = -(-int(m) // int(leaf))
     if merges is not None:
-        depth, nodes = merge_plan(tuple(merges))
+        depth, nodes, _ = merge_plan(tuple(merges))
         if len(merges) != n or depth == 0:
             raise ValueError(f"merges {list(merges)[:8]}... do not add up {n} leaves")
         n = nodes
@@ -196,10 +196,12 @@ def leaf_rows(m, out, kl, leaf, rho_hat=None, merges=None):
 
 
 @functools.lru_cache(maxsize=64)  # a run's merges are the same at every evaluation
-def merge_plan(merges: tuple) -> tuple[int, int]:
+def merge_plan(merges: tuple) -> tuple:
     """(the most partial sums the postfix tree of ``merges`` holds at once, 0 if it pops an
-    empty stack; the sums it leaves)."""
-    return stack_depth(merges), len(merges) - sum(merges)
+    empty stack; the sums it leaves; the merges as a read-only int64 array)."""
+    order = np.array(merges, np.int64)
+    order.setflags(write=False)  # shared by every call with these merges
+    return stack_depth(merges), len(merges) - sum(merges), order
 
 
 def merge_rows(rows, merges, out):

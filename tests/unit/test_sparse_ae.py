@@ -248,6 +248,10 @@ def test_merged_leaves_are_the_tree_over_the_leaves(leaves, first, extra, seed, 
     rows = {first + i: r.copy() for i, r in enumerate(each)}
     for i, node in enumerate(nodes):
         assert got[i].tobytes() == tree_node(*node, rows, count).tobytes(), (node, kset, dtype)
+    # merged on a fresh workspace (the first round's a2 made there): the same rows
+    fresh = K.sparse_ae_partials(x, W1, b1, W2, b2, np.full((len(nodes), size), np.nan, dtype),
+                                 K.sparse_ae_workspace(m, v, h, dtype, None, leaf), kl, leaf, rho_hat, merges)
+    np.testing.assert_array_equal(fresh, got)
 
 
 def test_numba_blocks_do_not_matter(rng):
