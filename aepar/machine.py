@@ -27,17 +27,68 @@ ISA_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx2", "fma", "avx", "sse4_2
 
 
 def cpu_model() -> str:
-    """The CPU's marketing name from /proc/cpuinfo (platform.processor() elsewhere)."""
+    """The CPU's marketing name from /proc/cpuinfo (platform.processor() elsewhere), with
+    its x86 family/model/stepping and cache sizes when the system gives them, e.g.
+    "Intel(R) Xeon(R) Processor (family 6 model 207 stepping 2, L2 2 MiB, L3 300 MiB)":
+    hypervisors often report every Xeon by one bare name, so that without the numbers a
+    Sapphire Rapids (6/143) and an Emerald Rapids (6/207) would share their rows."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                # x86: "model name"; some ARM kernels: "Model" or "Hardware"
-                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
-                    return value.strip()
+            text = f.read()
+    except OSError:
+        text = ""
+    name = cpu_name(text) or platform.processor() or platform.machine() or "unknown"
+    details = ", ".join(filter(None, [cpu_id(text)] + [_cache_size(level) for level in (2, 3)]))
+    return f"{name} ({details})" if details else name
+
+
+def cpu_name(cpuinfo: str) -> str:
+    """The first processor's name in /proc/cpuinfo's text ('' if none)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        # x86: "model name"; some ARM kernels: "Model" or "Hardware"
+        if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+            return value.strip()
+    return ""
+
+
+def cpu_id(cpuinfo: str) -> str:
+    """"family F model M stepping S" of the first x86 processor in /proc/cpuinfo's text
+    ('' elsewhere): what tells two CPUs with one marketing name apart."""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "processor" and fields:
+            break  # the first processor's block only
+        if key in ("cpu family", "model", "stepping") and value.strip().isdigit():
+            fields[key] = value.strip()
+    if "cpu family" not in fields or "model" not in fields:
+        return ""
+    stepping = f" stepping {fields['stepping']}" if "stepping" in fields else ""
+    return f"family {fields['cpu family']} model {fields['model']}{stepping}"
+
+
+def _cache_size(level: int, root: str = "/sys/devices/system/cpu/cpu0/cache") -> str:
+    """"L2 2 MiB": the size of cpu0's unified (or data) cache of ``level`` from sysfs, '' if unknown."""
+    try:
+        for entry in sorted(os.listdir(root)):
+            base = os.path.join(root, entry)
+            with open(os.path.join(base, "level")) as f:
+                if f.read().strip() != str(level):
+                    continue
+            with open(os.path.join(base, "type")) as f:
+                if f.read().strip() not in ("Unified", "Data"):
+                    continue
+            with open(os.path.join(base, "size")) as f:
+                size = f.read().strip()
+            if size.endswith("K") and size[:-1].isdigit():
+                kib = int(size[:-1])
+                size = f"{kib // 1024} MiB" if kib % 1024 == 0 else f"{kib} KiB"
+            return f"L{level} {size}"
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    return ""
 
 
 def isa() -> str:

@@ -27,7 +27,46 @@ def test_cpu_model_comes_from_proc_cpuinfo():
         pytest.skip("no /proc/cpuinfo on this system")
     with open("/proc/cpuinfo") as f:
         text = f.read()
-    assert machine.cpu_model() in text
+    name = machine.cpu_name(text)
+    assert name and name in text and machine.cpu_model().startswith(name)
+    assert machine.cpu_id(text) in machine.cpu_model()
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: {model}
+model name\t: Intel(R) Xeon(R) Processor
+stepping\t: {stepping}
+
+processor\t: 1
+cpu family\t: 6
+model\t\t: 1
+stepping\t: 9
+"""
+
+
+def test_two_xeons_with_one_name_are_told_apart():
+    spr, emr = CPUINFO.format(model=143, stepping=8), CPUINFO.format(model=207, stepping=2)
+    assert machine.cpu_name(spr) == machine.cpu_name(emr) == "Intel(R) Xeon(R) Processor"
+    assert machine.cpu_id(spr) == "family 6 model 143 stepping 8"  # the first processor's block
+    assert machine.cpu_id(emr) == "family 6 model 207 stepping 2"
+    assert machine.cpu_id("processor : 0\nModel : Raspberry Pi 4\n") == ""  # no x86 numbers
+
+
+def test_cache_sizes_come_from_sysfs(tmp_path):
+    for index, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"),
+                                                 (2, "Unified", "2048K"), (3, "Unified", "307200K")]):
+        d = tmp_path / f"index{index}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert machine._cache_size(2, str(tmp_path)) == "L2 2 MiB"
+    assert machine._cache_size(3, str(tmp_path)) == "L3 300 MiB"
+    assert machine._cache_size(1, str(tmp_path)) == "L1 48 KiB"
+    assert machine._cache_size(4, str(tmp_path)) == ""
+    assert machine._cache_size(2, str(tmp_path / "missing")) == ""
 
 
 def test_blas_names_numpys_build():
