@@ -12,8 +12,10 @@ many rows) and as one ``torch.mm`` (PyTorch's own BLAS: MKL on x86), at batch 10
   ``block_outer_sum`` (each block's product an FMA chain over its rows, the blocks added
   in the fixed tree) against one product over all rows (other bits on other ranks).
 
-GFLOP/s of the best of ``--repeats`` after a warm-up, against the n x n SGEMM rate of
-OpenBLAS measured in the same run. Rows to bench/results/blas_peers.csv (the machine's
+GFLOP/s of the best of ``--repeats`` after a warm-up, the three ways of a product timed in
+turns (one call of each per round: a shared VM's speed changes for seconds at a time),
+against the n x n SGEMM rate of OpenBLAS measured in the same run (before and after the
+products; the faster counts). Rows to bench/results/blas_peers.csv (the machine's
 columns on each; a run on another CPU or code path adds its rows), the table to
 blas_peers.md. Without PyTorch its column stays empty. For the AVX2 code paths on an
 AVX-512 machine: ``AEPAR_ISA=avx2 python -m bench.blas_peers`` (Numba, OpenBLAS and
@@ -33,7 +35,7 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
-from bench.epoch_peers import best_seconds, sgemm_gflops  # noqa: E402
+from bench.epoch_peers import best_seconds_interleaved, sgemm_gflops  # noqa: E402
 from bench.peers_csv import KEY, merge_rows  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
@@ -94,19 +96,23 @@ def measure(batches, repeats: int) -> list[dict]:
     rows = []
     for batch in batches:
         for name, shape, flops, ours, blas, (a, b) in cases(batch, rng):
-            t_ours, t_blas = best_seconds(ours, repeats), best_seconds(blas, repeats)
-            t_torch = None
+            fns = {"ours": ours, "blas": blas}
             if torch is not None:
                 ta, tb = torch.from_numpy(a), torch.from_numpy(b)  # views as they are: MKL takes the transposes
                 out = torch.empty(ta.shape[0], tb.shape[1])
-                t_torch = best_seconds(lambda: torch.mm(ta, tb, out=out), repeats)
+                fns["torch"] = lambda: torch.mm(ta, tb, out=out)
+            best = best_seconds_interleaved(fns, repeats)
+            t_ours, t_blas, t_torch = best["ours"], best["blas"], best.get("torch")
             rows.append({"product": name, "batch": batch, "shape": shape, "blocks": BLOCKS,
                          "aepar_gflops": round(flops / t_ours / 1e9, 1),
                          "openblas_gflops": round(flops / t_blas / 1e9, 1),
                          "torch_gflops": "" if t_torch is None else round(flops / t_torch / 1e9, 1),
-                         "sgemm_peak_gflops": round(sgemm, 1), "sgemm_method": method,
+                         "sgemm_method": method,
                          "date": time.strftime("%Y-%m-%d %H:%M"),
                          "torch": "" if torch is None else torch.__version__, **machine})
+    sgemm = max(sgemm, sgemm_gflops(1)[0])  # before and after the products
+    for row in rows:
+        row["sgemm_peak_gflops"] = round(sgemm, 1)
     return rows
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["best_seconds", "sgemm_gflops", "aepar_timer", "TorchPeer", "run_child", "peer_rows", "table_head", "run_and_publish"]
+__all__ = ["best_seconds", "best_seconds_interleaved", "sgemm_gflops", "aepar_timer", "TorchPeer", "run_child", "peer_rows", "table_head", "run_and_publish"]
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -31,6 +31,24 @@ def best_seconds(fn, repeats: int) -> float:
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def best_seconds_interleaved(fns: dict, repeats: int) -> dict:
+    """{name: the fastest of ``repeats`` timed calls} for every callable of ``fns``, the
+    calls taken in turns (one of each per round) after one warm-up call each. A shared VM
+    changed its speed by up to 2x for seconds at a time (a 500x500 DGEMM on an Intel Xeon
+    VM: 33, then 57, then 41 GFLOP/s in 20 s): timed one after the other, the products of
+    one table landed in different phases (aepar's weight gradient at 0.50x torch.mm, 0.81x
+    in turns); in turns, each phase is seen by all of them."""
+    for fn in fns.values():
+        fn()
+    best = {name: float("inf") for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
     return best
 
 

@@ -28,3 +28,12 @@ def test_impossible_options_are_refused(argv, tmp_path, capsys):
         blas_peers.main(argv + ["--out", str(tmp_path)])
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_the_ways_of_a_product_are_timed_in_turns():
+    from bench.epoch_peers import best_seconds_interleaved
+
+    calls = []
+    best = best_seconds_interleaved({name: (lambda name=name: calls.append(name)) for name in "abc"}, 3)
+    assert calls == list("abc") * 4  # one warm-up each, then three rounds of one call each
+    assert set(best) == set("abc") and all(0 <= t < 1 for t in best.values())
