@@ -81,7 +81,7 @@ bench-sparse-command: venv  ## python -m aepar.sparse vs the textbook program as
 bench-finetune-speed: venv bench-peers  ## one fine-tuning epoch of the unrolled 784-...-30 autoencoder, aepar (8 blocks and 1) vs PyTorch at 1 and 2 threads -> peers.csv, finetune_speed.md (~2 min)
 	$(BIN)/python -m bench.finetune_speed
 
-bench-kernels: venv  ## each kernel set checked against the NumPy reference, then timed at the models' shapes vs SGEMM/DGEMM/copy peaks -> kernels.{csv,md}, kernels_roofline.png (~2 min)
+bench-kernels: venv  ## each kernel set checked against the NumPy reference, then timed at the models' shapes vs SGEMM/DGEMM/copy peaks -> kernels.{csv,md}, kernels_roofline.png (two rounds, ~4 min)
 	$(BIN)/python -m bench.kernels
 
 .PHONY: bench-blas-peers

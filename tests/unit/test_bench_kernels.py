@@ -81,3 +81,30 @@ def test_roofline_draws_every_family_of_this_code_path_from_the_csv():
     this_run = [row("blocksum", "block_outer_sum"), row("peak", "sgemm")]
     drawn = bench._on_this_path([earlier, other_path, other_cpu] + this_run, this_run)
     assert drawn == [earlier, this_run[0]]
+
+
+def test_later_rounds_keep_each_kernels_fastest_pass(tmp_path, monkeypatch, capsys):
+    passes = [5e-3, 2e-3, 4e-3]  # one kernel's seconds in each pass: the second one is the fastest
+    seen = []
+    real = bench.time_call
+
+    def spy(fn, sync, repeats, min_time, reset=None):
+        seconds, calls = real(fn, sync, repeats, min_time, reset)
+        if fn.__defaults__ and fn.__defaults__[0].kernel == "sigmoid_forward":
+            seen.append(passes[len(seen)])
+            return seen[-1], calls
+        return seconds, calls
+    monkeypatch.setattr(bench, "time_call", spy)
+    argv = ["--quick", "--rounds", "3", "--only", "activation", "--sets", "numba", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    assert "round 3 of 3" in capsys.readouterr().out and len(seen) == 3
+    rows = [r for r in read(tmp_path / "kernels.csv") if r["kernel"] == "sigmoid_forward"]
+    assert len(rows) == 1 and float(rows[0]["seconds"]) == 2e-3  # not the first pass's, nor the last's
+
+
+def test_no_rounds_is_refused(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--quick", "--rounds", "0", "--out", str(tmp_path)])
+    assert e.value.code == 2 and "--rounds" in capsys.readouterr().err and not list(tmp_path.iterdir())
