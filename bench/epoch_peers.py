@@ -25,13 +25,7 @@ __all__ = ["best_seconds", "best_seconds_interleaved", "sgemm_gflops", "aepar_ti
 def best_seconds(fn, repeats: int) -> float:
     """The fastest of ``repeats`` timed calls of ``fn`` after one warm-up call (thread
     pool, pages)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return best_seconds_interleaved({"fn": fn}, repeats)["fn"]
 
 
 def best_seconds_interleaved(fns: dict, repeats: int) -> dict:
