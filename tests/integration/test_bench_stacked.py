@@ -30,6 +30,7 @@ def test_rbm_rows_replace_this_machines_and_keep_others(tmp_path):
     names = sorted(r["implementation"] for r in ours)
     assert len(set(names)) == 2 and all(n.startswith("aepar (numba kernels, ") for n in names)  # 8 blocks, 1 block
     assert all(float(r["seconds"]) > 0 and r["benchmark"] == "rbm_epoch" and r["isa"] for r in ours)
+    assert not [r for r in rows if r.get("kind") == "missing"]  # PyTorch's peers skipped: nothing said missing
 
 
 def test_rbm_shape_must_be_positive(tmp_path):
