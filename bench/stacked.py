@@ -97,6 +97,11 @@ NUMPY_NAME = "numpy straightforward (aepar's reference kernels)"
 TORCH_NAMES = {"careful": "pytorch careful (bench/torch_rbm.py)", "plain": "pytorch plain (bench/torch_rbm.py)"}
 
 
+def torch_styles(skip: str) -> list[str]:
+    """The PyTorch peers that ``--skip`` leaves in (it names them rbm-careful, rbm-plain)."""
+    return [style for style in TORCH_NAMES if f"rbm-{style}" not in skip]
+
+
 def rbm_data(spec: str):
     """(x float32, description) for a ``--rbm-child-data`` spec: ``fashion:N`` (the first N
     Fashion-MNIST training images) or the path of a .npy file of rows."""
@@ -171,8 +176,7 @@ def _rbm_child(args) -> int:
 
     x, what = rbm_data(args.rbm_child_data)
     load_before = os.getloadavg()[0]
-    styles = [s for s in ("careful", "plain") if f"rbm-{s}" not in args.skip]
-    times = rbm_epoch_here(x, args.rbm_repeats, styles, numpy_peer="rbm-numpy" not in args.skip,
+    times = rbm_epoch_here(x, args.rbm_repeats, torch_styles(args.skip), numpy_peer="rbm-numpy" not in args.skip,
                            hidden=args.rbm_hidden, batch=args.rbm_batch, layer=args.rbm_layer)
     # thread-pool settings that change how the two runtimes share the cores (OpenBLAS's
     # workers spin 2**OPENBLAS_THREAD_TIMEOUT cycles after each call, default 2**28)
@@ -229,7 +233,7 @@ def rbm_epoch(fallback_x, fallback_name, threads=RBM_THREADS, repeats=3, rows=RB
                             "all_seconds": " ".join(f"{v:.3f}" for v in ts),
                             "load_1min": " ".join(f"{v:.2f}" for v in res["load_1min"]), "env": res["env"],
                             "kind": "measured", **res["machine"]})
-            if any(f"rbm-{s}" not in skip for s in TORCH_NAMES) and not torch_rbm.available():
+            if torch_styles(skip) and not torch_rbm.available():
                 out.append({"implementation": "pytorch (not installed: .venv/bin/pip install torch==2.13.0)",
                             "samples": res["samples"], "kind": "missing", **res["machine"]})
     return out
