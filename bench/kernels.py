@@ -1288,8 +1288,7 @@ def main(argv=None) -> int:
                 note = "" if _all_finite(case.run(ks.K, a), ks.to_host) else "timed calls reached non-finite values"
             status = "ok" if status == "ok (oracle)" else status
             failures += status != "ok"
-            row = make_row(case, ks, machine, seconds, calls, repeats, status, err, args.quick)
-            row["timing_note"] = note
+            row = dict(make_row(case, ks, machine, seconds, calls, repeats, status, err, args.quick), timing_note=note)
             if seconds is not None:
                 timed.append((len(rows), call, reset, (case, ks, status, err, note)))
             rows.append(row)
@@ -1304,8 +1303,8 @@ def main(argv=None) -> int:
         for i, call, reset, (case, ks, status, err, note) in timed:
             seconds, calls = time_call(call, ks.sync, repeats, min_time, reset)
             if seconds < _num(rows[i]["seconds"]):
-                rows[i] = make_row(case, ks, machine, seconds, calls, repeats, status, err, args.quick)
-                rows[i]["timing_note"] = note
+                rows[i] = dict(make_row(case, ks, machine, seconds, calls, repeats, status, err, args.quick),
+                               timing_note=note)
     for device, ks in {ks.device: ks for ks in sets}.items():  # again after the kernels: the better counts
         peaks[device] = _best_peaks(peaks[device], measure_peaks(ks, args.quick))
     for ks in sets:

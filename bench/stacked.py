@@ -119,7 +119,7 @@ def fashion_installed() -> bool:
     return FASHION_DIR.is_dir() and _idx_set(FASHION_DIR, required=False) is not None
 
 
-def rbm_epoch_here(x, repeats=3, styles=("careful", "plain"), numpy_peer=True, hidden=RBM_HIDDEN,
+def rbm_epoch_here(x, repeats=3, styles=tuple(TORCH_NAMES), numpy_peer=True, hidden=RBM_HIDDEN,
                    batch=RBM_BATCH, layer="rbm") -> dict:
     """One process, this process's thread count: aepar's 784 x ``hidden`` Bernoulli RBM (by
     default the stack's first layer; ``layer="ae"``: the autoencoder layer) trained with

@@ -4,6 +4,7 @@ import aepar  # noqa: F401  (first: threads before numpy)
 import csv
 
 import numpy as np
+import pytest
 
 from aepar import kernels
 from aepar.machine import FIELDS
@@ -103,8 +104,6 @@ def test_later_rounds_keep_each_kernels_fastest_pass(tmp_path, monkeypatch, caps
 
 
 def test_no_rounds_is_refused(tmp_path, capsys):
-    import pytest
-
     with pytest.raises(SystemExit) as e:
         bench.main(["--quick", "--rounds", "0", "--out", str(tmp_path)])
     assert e.value.code == 2 and "--rounds" in capsys.readouterr().err and not list(tmp_path.iterdir())
