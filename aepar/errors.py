@@ -6,11 +6,12 @@
 | 1 | internal error (a traceback names the rank) |
 | 2 | bad input or an impossible option: one line naming it (:class:`UserError`) |
 | 3 | diverged: NaN or Inf in a loss or the parameters (:class:`Diverged`) |
+| 74 | a file of the run could not be written (disk full, quota, read-only, I/O error): one line naming it and what was kept (:class:`WriteFailed`) |
 | 75 | interrupted by a signal; a checkpoint was saved: ``--resume DIR`` (:class:`Interrupted`) |
 | 124 | a rank stopped making progress for ``--timeout`` seconds (the watchdog) |
 """
 
-EXIT_INTERNAL, EXIT_USAGE, EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_STALLED = 1, 2, 3, 75, 124
+EXIT_INTERNAL, EXIT_USAGE, EXIT_DIVERGED, EXIT_WRITE, EXIT_INTERRUPTED, EXIT_STALLED = 1, 2, 3, 74, 75, 124
 
 
 class UserError(Exception):
@@ -46,3 +47,10 @@ class Interrupted(UserError):
 
     exit_code = EXIT_INTERRUPTED
     run_state = "interrupted"
+
+
+class WriteFailed(UserError):
+    """A file of the run could not be written (ENOSPC, EDQUOT, EROFS, EIO, ...). The message
+    names the file, the reason and what was kept (74 is sysexits' EX_IOERR)."""
+
+    exit_code = EXIT_WRITE

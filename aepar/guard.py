@@ -22,10 +22,14 @@ Injected faults, for the tests and for users trying their cluster:
 ``AEPAR_FAULT=RANK:STEP:KIND[,...]`` with KIND ``raise`` (an exception), ``kill``
 (SIGKILL), ``nan`` (the step's gradient or partial sums become NaN), ``stall`` (the
 rank sleeps forever without dying), or ``sigterm``/``sigusr1``/``sigint`` (the rank sends
-itself that signal, as a scheduler would).
+itself that signal, as a scheduler would). The write kinds ``enospc``, ``edquot``, ``erofs`` and
+``eio`` count files instead of steps: ``0:3:enospc`` makes the third file rank 0 writes into
+its run directory (checkpoint, weights, report) fail with that error after it was partly
+written, as a full disk would (aepar.rundir).
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
 import signal
@@ -39,10 +43,12 @@ import numpy as np
 from aepar.comm import early_signal, waiting
 from aepar.errors import EXIT_STALLED, Diverged, UserError
 
-__all__ = ["Guard", "StepsOnly", "Fault", "FAULT_ENV", "STOP", "CHECKPOINT"]
+__all__ = ["Guard", "StepsOnly", "Fault", "FAULT_ENV", "WRITE_FAULTS", "STOP", "CHECKPOINT"]
 
 FAULT_ENV = "AEPAR_FAULT"
-FAULT_KINDS = ("raise", "kill", "nan", "stall", "sigterm", "sigusr1", "sigint")
+# kinds that fail the Nth file written into the run directory (aepar.rundir), not a step
+WRITE_FAULTS = {"enospc": errno.ENOSPC, "edquot": errno.EDQUOT, "erofs": errno.EROFS, "eio": errno.EIO}
+FAULT_KINDS = ("raise", "kill", "nan", "stall", "sigterm", "sigusr1", "sigint", *WRITE_FAULTS)
 # flag values summed over the ranks: any STOP means stop (fewer than 2**20 ranks asking for a
 # checkpoint cannot add up to it), anything else a checkpoint
 CHECKPOINT, STOP = 1.0, float(2 ** 20)
@@ -152,7 +158,7 @@ class Guard:
         if self._poison_pending and poison is not None:
             self._poison(poison)
         for f in self.faults:
-            if f.rank == self.comm.rank and f.step == self.steps:
+            if f.rank == self.comm.rank and f.step == self.steps and f.kind not in WRITE_FAULTS:
                 self._fire(f, poison)
 
     def _fire(self, fault: Fault, poison):

@@ -14,7 +14,14 @@ rules, checked on rank 0 for every rank before any data is read:
   first writes; anything else in it stays), otherwise refused.
 - ``.``, ``/``, the home directory and the directories containing the working directory
   are refused always.
-- No ``--out``: a new numbered directory ``runs/<scheme>/NNN``.
+- No ``--out``: a new numbered directory ``runs/<scheme>/NNN``, the first free number when
+  the run's directory appears: runs started together in one working directory each get
+  their own. An explicit ``--out`` that another run took meanwhile is refused, and the
+  results stay in the staging directory the message names.
+
+A file that cannot be written (disk full, quota, read-only file system, I/O error) ends the
+run with one line naming it and what was kept (:class:`aepar.errors.WriteFailed`, exit 74):
+the previous checkpoint stays intact, a half-written file is removed.
 
 A run that fails before its first checkpoint leaves nothing behind (its staging
 directory is removed). A run with a checkpoint that fails, diverges or is interrupted
@@ -30,11 +37,14 @@ import json
 import os
 import shutil
 import socket
+import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
 
-from aepar.errors import UserError
+from aepar.errors import UserError, WriteFailed
+from aepar.guard import FAULT_ENV, WRITE_FAULTS, Fault
 
 __all__ = ["RunDir", "MARKER", "CHECKPOINT", "read_marker", "resumed_args", "fingerprint", "same_data",
            "parse_and_open"]
@@ -277,7 +287,12 @@ def _rename_noreplace(src: Path, dst: Path):
             raise OSError(err, os.strerror(err), str(dst))
     if os.path.lexists(dst):
         raise FileExistsError(errno.EEXIST, "exists", str(dst))
-    os.rename(src, dst)
+    try:
+        os.rename(src, dst)
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY):  # another run's directory won the race
+            raise FileExistsError(errno.EEXIST, "exists", str(dst)) from None
+        raise
 
 
 class RunDir:
@@ -307,6 +322,10 @@ class RunDir:
         self._checkpoint: dict | None = None
         self._history: list = []
         self._started = _now()
+        self._id = uuid.uuid4().hex  # tells this run from any other that takes the same directory
+        self._writes = 0  # files written through output(), counted for injected write faults
+        self._write_faults = [f for f in Fault.parse(os.environ.get(FAULT_ENV))
+                              if f.kind in WRITE_FAULTS and f.rank == comm.rank]
         if resumed:
             self._checkpoint = previous.get("checkpoint")
             # the run's own options, whatever this resuming command line said (a run may be
@@ -316,6 +335,7 @@ class RunDir:
             self._files = [f for f in previous.get("files", []) if isinstance(f, str)]
             self._history = list(previous.get("history", []))
             self._started = previous.get("started", self._started)
+            self._id = previous.get("id", self._id)
             self._remove_stale_temporaries()
             self._write_marker("running")
 
@@ -340,17 +360,23 @@ class RunDir:
         if not self.is_root:
             yield None
             return
+        self._writes += 1
         if self._published:
             final = self.path / name
             tmp = self.path / f".{name}.{os.getpid()}.tmp"
             try:
-                yield tmp
-                os.replace(tmp, final)
+                with self._writing(final):
+                    yield tmp
+                    self._injected_write_fault(tmp)
+                    os.replace(tmp, final)
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
         else:
-            yield self._stage() / name
+            staged = self._stage() / name
+            with self._writing(self.path / name):
+                yield staged
+                self._injected_write_fault(staged)
         if name not in self._files:
             self._files.append(name)
 
@@ -410,7 +436,10 @@ class RunDir:
             shutil.rmtree(self._staging, ignore_errors=True)
             self._staging = None
         if self._published and (self.path / CHECKPOINT).is_file():
-            self._write_marker(state, reason=reason)
+            # on a full disk this may fail too: the marker then still says "running", which
+            # --resume accepts once the process is gone
+            with contextlib.suppress(WriteFailed):
+                self._write_marker(state, reason=reason)
 
     @property
     def has_checkpoint(self) -> bool:
@@ -442,7 +471,8 @@ class RunDir:
             self._staging = parent / name
             if self._staging.exists():  # a previous attempt of this very process
                 shutil.rmtree(self._staging)
-            os.mkdir(self._staging)  # mode 0777 & ~umask
+            with self._writing(self._staging):
+                os.mkdir(self._staging)  # mode 0777 & ~umask
         return self._staging
 
     def _marker(self, state: str, reason: str | None = None) -> dict:
@@ -452,7 +482,7 @@ class RunDir:
         if not self._history or self._history[-1].get("state") != state or reason:
             self._history.append(entry)
         cwd = (self.previous or {}).get("cwd") if self.resumed else None
-        return {"format": FORMAT, "version": VERSION, "scheme": self.scheme, "prog": self.prog,
+        return {"format": FORMAT, "version": VERSION, "id": self._id, "scheme": self.scheme, "prog": self.prog,
                 "state": state, "reason": reason, "argv": self.argv, "cwd": cwd or os.getcwd(),
                 "ranks": self.comm.size, "host": socket.gethostname(), "pid": os.getpid(),
                 "started": self._started, "updated": _now(), "checkpoint": self._checkpoint,
@@ -461,24 +491,32 @@ class RunDir:
     def _write_marker(self, state: str, reason: str | None = None, directory: Path | None = None):
         directory = directory or (self.path if self._published else self._stage())
         tmp = directory / f".{MARKER}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(self._marker(state, reason), indent=2, default=_jsonable) + "\n")
-        os.replace(tmp, directory / MARKER)
+        try:
+            with self._writing(directory / MARKER):
+                tmp.write_text(json.dumps(self._marker(state, reason), indent=2, default=_jsonable) + "\n")
+                os.replace(tmp, directory / MARKER)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
     def _publish(self, state: str):
-        """Give the staged directory its final name (or, over a run being replaced, move the
-        staged files in after deleting that run's own files)."""
+        """Give the staged directory its final name: a new name by an atomic rename that never
+        replaces anything, or (``--overwrite``) the replaced run's own files swapped for ours."""
         staging = self._stage()
-        if os.path.lexists(self.path):
-            old = read_marker(self.path)
-            if old is None:
-                raise UserError(f"{self.path} appeared while this run was working and is not an aepar run "
-                                f"directory; the results stay in {staging}")
-            for name in set(old.get("files", [])) | {MARKER, CHECKPOINT}:
-                target = self.path / name
-                if isinstance(name, str) and "/" not in name and target.is_file():
-                    target.unlink()
-            for name in self._files:
-                os.replace(staging / name, self.path / name)
+        replacing = self.previous is not None and not self.resumed and os.path.lexists(self.path)
+        if replacing:
+            now = read_marker(self.path)
+            if now is None or (now.get("id"), now.get("started")) != (self.previous.get("id"),
+                                                                       self.previous.get("started")):
+                self._keep_staged(f"{self.path} changed while this run was working (it is no longer the "
+                                  "run --overwrite was to replace)")
+            with self._writing(self.path):
+                for name in set(now.get("files", [])) | {MARKER, CHECKPOINT}:
+                    target = self.path / name
+                    if isinstance(name, str) and "/" not in name and target.is_file():
+                        target.unlink()
+                for name in self._files:
+                    os.replace(staging / name, self.path / name)
             self._published = True
             self._write_marker(state)
             shutil.rmtree(staging, ignore_errors=True)
@@ -486,15 +524,52 @@ class RunDir:
             self._write_marker(state, directory=staging)
             while True:
                 try:
-                    _rename_noreplace(staging, self.path)
+                    with self._writing(self.path):
+                        _rename_noreplace(staging, self.path)
                     break
                 except FileExistsError:
                     if not self.auto:
-                        raise UserError(f"{self.path} appeared while this run was working; the results "
-                                        f"stay in {staging}") from None
+                        self._keep_staged(f"{self.path} appeared while this run was working")
+                    # another run took this number first: the next free one is ours
                     self.path = _next_numbered(self.path.parent)
             self._published = True
         self._staging = None
+
+    def _keep_staged(self, why: str):
+        """Refuse to publish: the complete results stay in the staging directory, which the
+        run's failure then leaves alone."""
+        staging, self._staging = self._staging, None
+        raise UserError(f"{why}; this run's results stay in {staging}")
+
+    @contextlib.contextmanager
+    def _writing(self, target: Path):
+        """Turn a failed write of ``target`` into :class:`WriteFailed`: one line naming the
+        file, the reason and what is kept."""
+        try:
+            yield
+        except FileExistsError:
+            raise
+        except OSError as e:
+            code = _errno_of(e)
+            reason = os.strerror(code) if code else str(e).splitlines()[0]
+            raise WriteFailed(f"cannot write {target}: {reason}; {self._what_is_kept()}") from None
+
+    def _what_is_kept(self) -> str:
+        if self._published and self._checkpoint is not None and (self.path / CHECKPOINT).is_file():
+            return (f"the last checkpoint ({self._checkpoint.get('progress')}) in {self.path} is intact: "
+                    f"make room, then --resume {self.path}")
+        if self._published:
+            return f"{self.path} keeps what it held before this write"
+        return "the run had no checkpoint yet, so nothing is kept (its staging directory is removed)"
+
+    def _injected_write_fault(self, written: Path):
+        """AEPAR_FAULT's write kinds (aepar.guard): fail as a full disk would, after writing."""
+        for f in self._write_faults:
+            if f.step == self._writes:
+                print(f"{self.prog}: {FAULT_ENV}: {f.kind} on rank {self.comm.rank}, file {self._writes} "
+                      f"({written.name})", file=sys.stderr, flush=True)
+                code = WRITE_FAULTS[f.kind]
+                raise OSError(code, os.strerror(code), str(written))
 
     def _remove_stale_temporaries(self):
         """Temporary files a killed writer of this run left behind (aepar's own)."""
@@ -502,6 +577,16 @@ class RunDir:
             if p.is_file():
                 with contextlib.suppress(OSError):
                     p.unlink()
+
+
+def _errno_of(exc: OSError) -> int | None:
+    """The errno of an OSError; h5py leaves it out of some and names it in the text."""
+    if exc.errno:
+        return exc.errno
+    import re
+
+    found = re.search(r"errno = (\d+)", str(exc))
+    return int(found.group(1)) if found else None
 
 
 def _jsonable(obj):

@@ -168,3 +168,67 @@ def test_a_resumed_run_must_find_the_same_data():
     same_data(fingerprint(a), fingerprint(a.copy()), "x")
     with pytest.raises(UserError, match="the data differ"):
         same_data(fingerprint(a), fingerprint(a[:2]), "ckpt.h5")
+
+
+def test_auto_numbered_runs_started_together_each_get_their_own(cwd):
+    # all three decide on runs/demo/001 before any of them has a directory
+    runs = [open_run(argv=("--seed", str(i))) for i in range(3)]
+    assert {str(r.path) for r in runs} == {os.path.join("runs", "demo", "001")}
+    for i, run in enumerate(runs):
+        run.write_text("result.txt", f"run {i}")
+        run.complete()
+    assert sorted(p.name for p in (cwd / "runs" / "demo").iterdir()) == ["001", "002", "003"]
+    for i, run in enumerate(runs):
+        assert (run.path / "result.txt").read_text() == f"run {i}"
+        assert json.loads((run.path / MARKER).read_text())["argv"] == ["--seed", str(i)]
+
+
+def test_an_explicit_out_taken_meanwhile_is_refused_and_its_results_kept(cwd):
+    first, second = open_run(out="r", argv=("--seed", "1")), open_run(out="r", argv=("--seed", "2"))
+    first.write_text("result.txt", "first")
+    first.complete()
+    with pytest.raises(UserError, match=r"r appeared while this run was working; this run's results stay in "):
+        with second:
+            second.write_text("result.txt", "second")
+            second.complete()
+    assert (cwd / "r" / "result.txt").read_text() == "first"
+    kept = [p for p in cwd.iterdir() if p.name.startswith(".r.aepar-")]
+    assert len(kept) == 1 and (kept[0] / "result.txt").read_text() == "second"
+
+
+def test_overwrite_never_replaces_a_run_that_took_the_directory_meanwhile(cwd):
+    complete_run("r")
+    mine, theirs = open_run(out="r", overwrite=True), open_run(out="r", overwrite=True, argv=("--y",))
+    theirs.write_text("result.txt", "theirs")
+    theirs.complete()
+    mine.write_text("result.txt", "mine")
+    with pytest.raises(UserError, match="no longer the run --overwrite was to replace"):
+        mine.complete()
+    assert (cwd / "r" / "result.txt").read_text() == "theirs"
+
+
+def test_a_failed_write_names_the_file_and_keeps_the_last_checkpoint(cwd, monkeypatch):
+    from aepar.errors import WriteFailed
+
+    monkeypatch.setenv("AEPAR_FAULT", "0:2:enospc")  # the second file written fails
+    run = open_run(out="r")
+    run.save_checkpoint(lambda p: p.write_text("epoch 1"), "epoch 1")
+    with pytest.raises(WriteFailed, match=r"cannot write r/checkpoint.h5: No space left on device; the last "
+                                          r"checkpoint \(epoch 1\) in r is intact: make room, then --resume r"):
+        with run:
+            run.save_checkpoint(lambda p: p.write_text("epoch 2, half"), "epoch 2")
+    assert WriteFailed.exit_code == 74
+    assert sorted(p.name for p in (cwd / "r").iterdir()) == [CHECKPOINT, MARKER]  # no half-written file
+    assert (cwd / "r" / CHECKPOINT).read_text() == "epoch 1"
+    assert open_run(resume="r").checkpoint_progress == "epoch 1"
+
+
+def test_a_failed_write_before_any_checkpoint_leaves_nothing(cwd, monkeypatch):
+    from aepar.errors import WriteFailed
+
+    monkeypatch.setenv("AEPAR_FAULT", "0:1:erofs")
+    with pytest.raises(WriteFailed, match="cannot write r/weights.h5: Read-only file system; the run had no "
+                                          "checkpoint yet, so nothing is kept"):
+        with open_run(out="r") as run:
+            run.write_text("weights.h5", "w")
+    assert list(cwd.iterdir()) == []
