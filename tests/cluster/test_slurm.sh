@@ -16,6 +16,8 @@
 #      told (SIGUSR1 through srun), the job exits 75.
 #   D  LAUNCHER=srun with an --mpi plugin that cannot start this MPI: stops at once (exit 2)
 #      with the reason.
+#   E  an array of 8 tasks running `python -m aepar.sparse` without --out in one shared
+#      working directory: 8 numbered run directories, each with its own complete results.
 # Knobs: NNODES=4, CPUS=4, TIMEOUT=300 (seconds per job), KEEP_SLURM=1 (leave it up).
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -146,5 +148,32 @@ LAUNCHER=srun SRUN_MPI=pmi2 PROCS="1 2" SAMPLES=2000 ITERS=10 OUT=$WORK/d submit
 [ "$EXIT" = 2:0 ] || fail "job D: exit $EXIT, expected 2:0"
 need "error: LAUNCHER=srun: srun cannot start 2 rank\(s\) on 1 node\(s\): --mpi=pmi2: .+"
 [ -z "$(ls "$WORK/d/points")" ] || fail "job D ran points"
+
+# E. array tasks sharing a working directory: none may replace another's run directory
+mkdir -p "$WORK/e"
+JOB=$(sbatch --parsable -t 00:15:00 --array=1-8 -n 1 -D "$WORK/e" -o "$WORK/e/task-%a.out" \
+  --wrap "AEPAR_THREADS=1 $PYTHON -m aepar.sparse --samples 512 --iterations 20 --seed \$SLURM_ARRAY_TASK_ID --quiet" \
+  2>"$WORK/e.sbatch") || fail "job E: sbatch refused the array: $(cat "$WORK/e.sbatch")"
+say "job E ($JOB): an array of 8 sparse runs in $WORK/e"
+t0=$(date +%s)
+while squeue -h -j "$JOB" 2>/dev/null | grep -q .; do
+  [ $(($(date +%s) - t0)) -gt "$TIMEOUT" ] && { scancel "$JOB"; fail "job E ($JOB) still running after ${TIMEOUT}s"; }
+  sleep 1
+done
+cat "$WORK"/e/task-*.out | sed 's/^/    /'
+"$PYTHON" - "$WORK/e" <<'PY' || fail "job E: the array's run directories are not one complete run per task"
+import json, pathlib, sys
+base = pathlib.Path(sys.argv[1]) / "runs" / "sparse"
+dirs = sorted(p.name for p in base.iterdir())
+assert dirs == [f"{i:03d}" for i in range(1, 9)], dirs
+seeds = []
+for d in dirs:
+    marker = json.loads((base / d / "run.json").read_text())
+    assert marker["state"] == "complete", (d, marker["state"])
+    assert sorted(p.name for p in (base / d).iterdir()) == sorted(marker["files"] + ["run.json"]), d
+    seeds.append(int(marker["argv"][marker["argv"].index("--seed") + 1]))
+assert sorted(seeds) == list(range(1, 9)), seeds
+print("job E: 8 run directories, one per task:", " ".join(f"{d}<-seed {s}" for d, s in zip(dirs, seeds)))
+PY
 
 RESULT=0
