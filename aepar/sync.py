@@ -25,7 +25,8 @@ the plan says which input version every epoch of every stage trains on, and depe
 configuration only. Every rank layout executes that plan (a stage that is ahead waits,
 sleeping, for the planned version; versions the consumer does not use are not even sent),
 so one process, P < layers, P = layers and P > layers give the same weights for the same
-seed (bit for bit without replicas; to rounding of the Allreduce sums with replicas).
+seed, bit for bit, replicas included (a stage's replicas add its fixed blocks in the fixed
+tree, as one process does).
 ``--handover newest`` is the paper's literal real-time newest-wins: not reproducible.
 
 Hand-over (``--handover-mode``). ``data``: the producer transforms its rows,

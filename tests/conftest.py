@@ -38,21 +38,38 @@ def kernel_set_params():
                 not HAVE_GPU, reason="no CUDA GPU/CuPy on this machine")])]
 
 
+def _ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
 def mpirun_cmd():
-    """The launcher the Makefile exported, else mpirun next to this Python."""
-    launcher = os.environ.get("MPIRUN")
+    """The launcher the Makefile exported, else mpirun next to this Python or on PATH.
+
+    None (the caller skips) only for a plain ``pytest``: no MPIRUN, not CI, and no mpirun
+    anywhere. Where a launcher was expected (MPIRUN set, or CI=true) and none runs, the
+    test fails: a skipped MPI test would pass ``make test`` without testing MPI at all.
+    """
+    launcher = os.environ.get("MPIRUN", "").split()
     if launcher:
-        return launcher.split()
+        if shutil.which(launcher[0]) is None:
+            pytest.fail(f"MPIRUN={os.environ['MPIRUN']!r}: {launcher[0]} is not an executable program "
+                        "(make venv installs .venv/bin/mpirun; MPI=system needs mpirun on PATH)", pytrace=False)
+        return launcher
     here = Path(sys.executable).parent / "mpirun"
-    exe = str(here) if here.exists() else shutil.which("mpirun")
-    return [exe, "--oversubscribe"] if exe else None
+    exe = shutil.which(str(here)) or shutil.which("mpirun")
+    if exe:
+        return [exe, "--oversubscribe"]
+    if _ci():
+        pytest.fail(f"CI={os.environ['CI']!r} but no mpirun was found (not next to {sys.executable}, not on "
+                    "PATH): the MPI tests must run in CI", pytrace=False)
+    return None
 
 
 def run_mpi(np_, args, timeout=300, env=None):
     """Run ``python args...`` under ``mpirun -np np_``; returns CompletedProcess."""
     launcher = mpirun_cmd()
     if launcher is None:
-        pytest.skip("no mpirun found")
+        pytest.skip("no mpirun found (not next to this Python, not on PATH; MPIRUN unset)")
     full_env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                     **(env or {}))
     # one BLAS/Numba thread per rank: ranks x threads must not exceed the 2 cores
