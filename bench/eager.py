@@ -21,8 +21,9 @@ summary.json, never typed in):
 
 Writes bench/results/eager_{small,large,cifar}.csv (one row per seed x epoch x method:
 parallel combined, parallel vote, monolithic; accuracies where the run classified that
-epoch), eager_study.md (mean ± spread over seeds per epoch, and a verdict per regime
-computed from those numbers), eager_{regime}_accuracy.png (the paper's Figures 8b/9b),
+epoch; the run's machine and date: a run reused from --work keeps its own),
+eager_study.md (mean ± spread over seeds per epoch, and a verdict per regime computed from
+those numbers), eager_{regime}_accuracy.png (the paper's Figures 8b/9b),
 eager_{regime}_loss.png (Figure 9a / 8a) and eager_{regime}_reconstructions.png (one run's,
 Figures 6-7).
 """
@@ -63,6 +64,8 @@ def launch(args_list, np_, work: Path, name: str, threads: int) -> tuple[dict, d
     if (out / "summary.json").exists():
         print(f"bench.eager: {name}: reusing {out}", flush=True)
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"command": "(unknown)", "wall_s": None}
+        if not meta.get("date"):
+            meta["date"] = run_date(out)
         return json.loads((out / "summary.json").read_text()), meta
     if out.exists():  # an interrupted earlier attempt: aepar refuses an existing --out
         shutil.rmtree(out)
@@ -84,6 +87,27 @@ def launch(args_list, np_, work: Path, name: str, threads: int) -> tuple[dict, d
     meta_path.write_text(json.dumps(meta, indent=1))
     print(f"bench.eager: {name}: done in {wall:.0f}s", flush=True)
     return json.loads((out / "summary.json").read_text()), meta
+
+
+def run_date(out: Path) -> str:
+    """When the run in ``out`` finished, as launch() records it ("%Y-%m-%d %H:%M", local
+    time): its own run.json's last update, else its summary.json's modification time."""
+    import datetime
+
+    try:
+        marker = json.loads((out / "run.json").read_text())
+        when = datetime.datetime.fromisoformat(marker.get("updated") or marker["started"]).astimezone()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        when = datetime.datetime.fromtimestamp((out / "summary.json").stat().st_mtime)
+    return when.strftime("%Y-%m-%d %H:%M")
+
+
+def dates_text(dates) -> str:
+    """The days the runs were measured on: "2026-11-24" or "2026-11-22 to 2026-11-24"."""
+    days = sorted({d[:10] for d in dates if d})
+    if not days:
+        return "on unknown dates"
+    return f"on {days[0]}" if len(days) == 1 else f"from {days[0]} to {days[-1]}"
 
 
 # ---- one run -> rows -----------------------------------------------------------------------------
@@ -373,7 +397,7 @@ def regime_section(regime, title, rows, runs, options) -> tuple[list[str], dict]
     lines += ["", "Runs (wall time of the whole command, start-up and every classification included):", ""]
     for name, meta in runs:
         wall = f"{meta['wall_s']:.0f} s" if meta.get("wall_s") is not None else "reused, time unknown"
-        lines.append(f"- `{name}`: {wall}")
+        lines.append(f"- `{name}`: {wall}, run {meta.get('date') or 'on an unknown date'}")
     lines.append("")
     return lines, v
 
@@ -401,13 +425,14 @@ def verdict_lines(title, v, regime) -> list[str]:
     return lines
 
 
-def study(sections, verdicts, notes, args):
+def study(sections, verdicts, notes, args, dates=()):
+    """eager_study.md; ``dates``: the runs' own (a reused run keeps the date it ran on)."""
     from aepar.machine import describe
 
     m = describe()
     lines = ["# Eager training of parallel CAEs: the study (Bhargava & Surana, Sections 5-6)", "",
              f"Machine: {m['cpu_model']} ({m['isa']}), {m['cores']} cores, BLAS {m['blas']}, {m['mpi']}; "
-             f"{args.np} ranks x {threads_per_rank(args.np)} thread(s); measured {time.strftime('%Y-%m-%d')} by "
+             f"{args.np} ranks x {threads_per_rank(args.np)} thread(s); measured {dates_text(dates)} by "
              f"`python -m bench.eager {' '.join(sys.argv[1:])}`.".replace(" `.", "`."), "",
              "The paper's claim: with little data the parallel CAEs, stopped eagerly, classify better than the "
              "monolithic CAE (K times the filters) at low epochs; with more data (or more epochs) the two converge. "
@@ -449,7 +474,7 @@ def regime(name, title, preset_args, seeds, args, work, extra_name=""):
     for seed in seeds:
         run_name = f"{name}-seed{seed}{extra_name}"
         s, meta = launch([*preset_args, "--seed", seed], args.np, work, run_name, threads_per_rank(args.np))
-        rows += run_rows(name, s)
+        rows += [dict(row, date=meta.get("date")) for row in run_rows(name, s)]
         runs.append((run_name, meta))
         if seed == seeds[0]:
             src = work / run_name / "reconstructions.png"
@@ -458,7 +483,8 @@ def regime(name, title, preset_args, seeds, args, work, extra_name=""):
     write_csv(rows, RESULTS / f"eager_{name}.csv")
     figures(rows, name, title, len(seeds))
     options = " ".join(map(str, preset_args))
-    return regime_section(name, title, rows, runs, options)
+    lines, v = regime_section(name, title, rows, runs, options)
+    return lines, v, [meta.get("date") for _, meta in runs]
 
 
 def _ints(text):
@@ -494,7 +520,7 @@ def main(argv=None) -> int:
     work = Path(args.work) if args.work else REPO / "runs" / f"bench-eager-{time.strftime('%Y%m%d-%H%M%S')}"
     stages = args.stages.split(",")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    sections, verdicts, notes = [], {}, []
+    sections, verdicts, notes, dates = [], {}, [], []
 
     large_args, large_name = [], ""
     if args.large_epochs:
@@ -508,17 +534,19 @@ def main(argv=None) -> int:
         large_name += f"-curve{args.large_curve}"
 
     if "small" in stages:
-        sec, verdicts["small"] = regime("small", "Small regime: embedded MNIST digits", ["--preset", "small", "--curve"],
-                                        args.seeds, args, work)
+        sec, verdicts["small"], ran = regime("small", "Small regime: embedded MNIST digits",
+                                             ["--preset", "small", "--curve"], args.seeds, args, work)
         sections.append(sec)
+        dates += ran
     if "large" in stages:
         if not Path("/usr/share/datasets/fashion-mnist").is_dir():
             notes.append("Large regime skipped: Fashion-MNIST is not installed (`make fashion`).")
         else:
-            sec, verdicts["large"] = regime("large", "Large regime: Fashion-MNIST",
-                                            ["--preset", "large", *large_args], args.large_seeds, args, work,
-                                            large_name)
+            sec, verdicts["large"], ran = regime("large", "Large regime: Fashion-MNIST",
+                                                 ["--preset", "large", *large_args], args.large_seeds, args, work,
+                                                 large_name)
             sections.append(sec)
+            dates += ran
     if "cifar" in stages:
         from aepar.data.cifar import find_cifar10
 
@@ -528,11 +556,12 @@ def main(argv=None) -> int:
                          f"--data-dir ({args.data_dir or 'not given; $AEPAR_DATA unset'}). Put them there and run "
                          "`python -m bench.eager --stages cifar --data-dir DIR` (the large regime's options).")
         else:
-            sec, verdicts["cifar"] = regime("cifar", "CIFAR-10", ["--preset", "large", "--dataset", "cifar10",
-                                                                  "--data-dir", where, *large_args],
-                                            args.large_seeds, args, work, large_name)
+            sec, verdicts["cifar"], ran = regime("cifar", "CIFAR-10", ["--preset", "large", "--dataset", "cifar10",
+                                                                       "--data-dir", where, *large_args],
+                                                 args.large_seeds, args, work, large_name)
             sections.append(sec)
-    study(sections, verdicts, notes, args)
+            dates += ran
+    study(sections, verdicts, notes, args, dates)
     return 0
 
 
