@@ -38,6 +38,12 @@ class Backend:
         dtype = self.dtype if dtype is None else dtype
         return memory.zeros(shape, dtype) if self.xp is np else self.xp.zeros(shape, dtype=dtype)
 
+    @property
+    def line(self) -> int:
+        """Elements of the run's dtype in one alignment line (:mod:`aepar.kernels.memory`):
+        arrays packed side by side start on these boundaries, as the kernels want them."""
+        return max(1, memory.ALIGNMENT // np.dtype(self.dtype).itemsize)
+
     def synchronize(self):
         """Wait for queued device work (timings must include it)."""
         if self.device == "gpu":

@@ -863,28 +863,13 @@ def _best_peaks(a: dict, b: dict) -> dict:
 
 # ---------------------------------------------------------------------------- machine
 def numba_isa() -> str:
-    """The widest vector ISA Numba's code may use in this process (its CPU name and
-    features: NUMBA_CPU_NAME alone keeps the host's features, AVX-512 included)."""
+    """The vector ISA aepar's Numba kernels are compiled for in this process (their own
+    :func:`aepar.kernels.nb.simd.target_isa`), "" without Numba."""
     try:
-        import llvmlite.binding as ll
-        from numba.core import config
-    except Exception:
+        from aepar.kernels.nb.simd import target_isa
+    except ImportError:
         return ""
-    name = (config.CPU_NAME or ll.get_host_cpu_name()).lower()
-    feats = config.CPU_FEATURES if config.CPU_FEATURES is not None else ll.get_host_cpu_features().flatten()
-    if "+avx512f" in feats:
-        return "avx512"
-    if "+avx2" in feats:
-        return "avx2"
-    avx512 = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake", "tigerlake", "rocketlake",
-              "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5", "x86-64-v4", "knl", "knm")
-    avx2 = ("haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake", "znver1", "znver2",
-            "znver3", "x86-64-v3", "bdver4")
-    if name.startswith(avx512) and "-avx512f" not in feats:
-        return "avx512"
-    if name.startswith(avx512 + avx2) and "-avx2" not in feats:
-        return "avx2"
-    return f"below avx2 ({name})"
+    return target_isa()
 
 
 def _openblas_arch() -> str:
@@ -1222,7 +1207,7 @@ def main(argv=None) -> int:
     out = args.out or (QUICK_OUT if args.quick else RESULTS)
     set_now = _set_threads(args.threads)
 
-    import aepar  # noqa: F401  (threads fixed before numpy; registers aepar.kernels)
+    import aepar  # noqa: F401  (threads fixed before numpy)
     import numpy as np
 
     def log(msg):

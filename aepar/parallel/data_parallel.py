@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aepar.kernels import memory
 from aepar.parallel.blocks import TreeSum
 from aepar.rows import Blocks, Shard, block_bounds, parallel_map, threads, tree_merges
 
@@ -175,8 +174,8 @@ class _Buffers:
         self.sizes = [int(np.prod(shapes[k])) for k in self.names]
         self.shapes = [tuple(shapes[k]) for k in self.names]
         # every gradient and every row on a cache line's boundary, as the kernels want their
-        # arrays (aepar.kernels.memory); the gaps stay zero
-        line = max(1, memory.ALIGNMENT // np.dtype(be.dtype).itemsize)
+        # arrays; the gaps stay zero
+        line = be.line
         self.offsets = [0]
         for size in self.sizes:
             self.offsets.append(_round_up(self.offsets[-1] + size, line))

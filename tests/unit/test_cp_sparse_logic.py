@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import aepar  # noqa: F401  (kernels from the checkout)
+import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
 from aepar.kernels.ref.sparse_ae import merge_rows
 from aepar.rows import cover_merges

@@ -13,12 +13,13 @@ submodules is not a cycle).
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# source directory -> the package name it installs as (setup.py package_dir)
+# source directory -> the package name it is imported as (kernels/ through the link aepar/kernels)
 TREES = {ROOT / "aepar": "aepar", ROOT / "kernels": "aepar.kernels"}
 MODELS = "aepar.models"
 KERNELS = "aepar.kernels"
@@ -166,3 +167,16 @@ def test_relative_and_aliased_imports_resolve(tmp_path):
     assert "aepar.pkg.sib" not in got  # `from . import sib` inside aepar.pkg.sub is aepar.pkg.sub.sib
     got = imports_of("aepar.pkg.m", src, False, known)
     assert "aepar.pkg.sib" in got
+
+
+def test_kernels_are_reached_through_the_backend_only(graph):
+    _, raw, _ = graph
+    users = sorted(m for m, targets in raw.items()
+                   if not _under(m, KERNELS) and any(_under(t, KERNELS) for t in targets))
+    assert users == ["aepar.backend"], f"aepar.kernels imported outside aepar.backend by {users}"
+
+
+def test_kernels_are_one_directory_reached_by_one_link():
+    link = ROOT / "aepar" / "kernels"
+    # setup.py maps nothing and aepar/__init__ registers nothing: the link is the one way in
+    assert link.is_symlink() and os.readlink(link) == "../kernels" and link.resolve() == (ROOT / "kernels")

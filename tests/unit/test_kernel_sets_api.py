@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-import aepar  # noqa: F401  (registers aepar.kernels in a checkout)
+import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import aepar  # noqa: F401  (registers aepar.kernels, fixes thread counts)
+import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
 from aepar.rows import tree_merges, tree_sum, tree_top
 from tests.conftest import kernel_set_params

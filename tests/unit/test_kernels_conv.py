@@ -8,7 +8,7 @@ import importlib
 import numpy as np
 import pytest
 
-import aepar  # noqa: F401  (registers aepar.kernels, fixes thread counts)
+import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401
 from aepar import kernels
-from kernels.ref import draws
+from aepar.kernels.ref import draws
 from tests.conftest import kernel_set_params
 
 REF = kernels.load("numpy")

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-import aepar  # noqa: F401  (registers aepar.kernels in a checkout)
+import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, scalar_value, to_host
@@ -124,7 +124,7 @@ def test_losses_stable_at_extreme_logits(kset):
 def test_numba_sigmoid_xent_rounds_as_libm_over_the_float32_range(rng):
     """The Numba pass builds exp and log1p from polynomials (kernels/nb/nbmath.py) so that it
     vectorises: y within one float32 ulp of the libm formula, log1p within 1e-15, NaN kept."""
-    from kernels.nb.nbmath import log1p_unit
+    from aepar.kernels.nb.nbmath import log1p_unit
     from numba import njit
     K = kernels.load("numba")
     z = np.concatenate([np.linspace(-800, 800, 200_001), rng.standard_normal(200_000) * 20]).astype(np.float32)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import aepar  # noqa: F401  (registers aepar.kernels, fixes thread counts)
+import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, scalar_value

@@ -3,7 +3,7 @@ several steps, the Numba/CuPy sets against the reference, in-place semantics."""
 import numpy as np
 import pytest
 
-import aepar  # noqa: F401  (registers aepar.kernels in a checkout)
+import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close, to_host

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import aepar  # noqa: F401  (registers aepar.kernels in a checkout)
+import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import backend
 from aepar.kernels import memory
 from aepar.models.rbm import RBM

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import aepar  # noqa: F401  (registers aepar.kernels in a checkout)
+import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar.kernels.nb.rowprod import MAX_ROWS, MIN_DOT, rows_times, rows_times_t, thin, thin_t
 
 EPS32 = np.finfo(np.float32).eps

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import aepar  # noqa: F401  (threads, kernels from the checkout)
+import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import backend, kernels
 from aepar.comm import Comm
 from aepar.models.sparse_ae import SparseAutoencoder, init_theta
