@@ -159,9 +159,10 @@ def _decide(scheme: str, out, resume, overwrite: bool) -> tuple[Path, dict | Non
         path, auto = _next_numbered(base), True
     else:
         path, auto = Path(resume if resume is not None else out), False
+    flag = "--resume" if resume is not None else "--out"  # the option the user gave
     why = _forbidden(path)
     if why:
-        raise UserError(f"--out {path} {why}; name a new directory for the run")
+        raise UserError(f"{flag} {path} {why}; name a new directory for the run")
     if not os.path.lexists(path):
         if resume is not None:
             raise UserError(f"--resume {path}: no such run directory")
@@ -170,10 +171,13 @@ def _decide(scheme: str, out, resume, overwrite: bool) -> tuple[Path, dict | Non
             raise UserError(f"--out {path}: cannot be created ({problem})")
         return path, None, auto
     if os.path.islink(path) and not os.path.exists(path):
-        raise UserError(f"--out {path} is a dangling symbolic link; not touching it")
+        raise UserError(f"{flag} {path} is a dangling symbolic link; not touching it")
     if not path.is_dir():
-        raise UserError(f"--out {path} exists and is not a directory; not touching it")
+        raise UserError(f"{flag} {path} exists and is not a directory; not touching it")
     info = read_marker(path)
+    if info is None and resume is not None:
+        raise UserError(f"--resume {path} exists and is not an aepar run directory (no run.json of "
+                        "aepar's): nothing to resume there")
     if info is None:
         raise UserError(f"--out {path} exists and is not an aepar run directory; aepar writes only "
                         "into a new directory or its own run directory: name a new one")
@@ -348,7 +352,7 @@ class RunDir:
         options are refused.
         """
         decision = comm.agree(lambda: _decide(scheme, out, resume, overwrite) if comm.is_root else None)
-        path, previous, auto = comm.bcast_obj(decision)
+        path, previous, auto = comm.bcast(decision)
         return cls(comm, scheme, path, previous, resume is not None, auto, list(argv),
                    prog or f"aepar.{scheme}")
 
