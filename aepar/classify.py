@@ -36,13 +36,13 @@ from aepar.errors import CheckpointError, UserError
 from aepar.checkpoint import layers_from_params
 from aepar.finetune import default_float32
 from aepar.models.classifier import UNIT_ACTS, Classifier, with_labels
-from aepar.optim import SGD, Adam
-from aepar.parallel.data_parallel import reducer, train_epoch
-from aepar.resume import BackpropRun
+from aepar.optim import make_optimizer
+from aepar.parallel.data_parallel import reducer
+from aepar.resume import BackpropRun, timed, warm_up
 
 from aepar.rows import Shard
 
-__all__ = ["add_classify_args", "make_optimizer", "check_labels", "classify_and_evaluate", "fit_on_features", "floors",
+__all__ = ["add_classify_args", "classify_optimizer", "check_labels", "classify_and_evaluate", "fit_on_features", "floors",
            "pca_features", "pca_basis", "table", "build_model", "build_parser", "main", "FLOOR_PCA", "CMU_15618_ACCURACY"]
 
 PROG = "aepar.classify"
@@ -68,10 +68,9 @@ def add_classify_args(parser):
     return g
 
 
-def make_optimizer(be, params, args):
-    if args.classify_optimizer == "adam":
-        return Adam(be, params, lr=args.classify_lr)
-    return SGD(be, params, lr=args.classify_lr, momentum=getattr(args, "classify_momentum", 0.0))
+def classify_optimizer(be, params, args):
+    return make_optimizer(be, params, args.classify_optimizer, args.classify_lr,
+                          getattr(args, "classify_momentum", 0.0))
 
 
 def check_labels(digits, n_classes: int = CLASSES, what: str = "the data"):
@@ -89,23 +88,12 @@ def check_labels(digits, n_classes: int = CLASSES, what: str = "the data"):
                             f"{y.dtype} in [{y.min()}, {y.max()}]")
 
 
-def _timed(comm, be, fn, *args):
-    """(result, seconds of the slowest rank) of ``fn(*args)``."""
-    t0 = comm.wtime()
-    result = fn(*args)
-    be.synchronize()
-    return result, comm.max(comm.wtime() - t0)
-
-
 def _warm_up(be, args):
-    """One step of a tiny classifier with the same optimiser: kernels compiled (or loaded
-    from Numba's cache) before the first timed epoch."""
+    """A tiny classifier with the same optimiser, once (aepar.resume.warm_up)."""
     tiny = Classifier(be, [5, 3], 2)
     rng = np.random.default_rng(0)
     x = Shard.of(be, with_labels(rng.random((4, 5)), np.array([0, 1, 1, 0]), be.dtype), 1)
-    train_epoch(tiny, x, 0, batch=4, optimizer=make_optimizer(be, tiny.params, args))
-    tiny.evaluate(x)
-    be.synchronize()
+    warm_up(be, tiny, x, tiny.evaluate, batch=4, optimizer=classify_optimizer(be, tiny.params, args))
 
 
 def _shards(be, comm, train_x, train_y, test_x, test_y, count):
@@ -128,7 +116,7 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
     epochs = args.classify_epochs
     reduce = reducer(comm)
     run = ckpt.run if ckpt is not None else None
-    fit = BackpropRun(be, comm, model, make_optimizer(be, model.params, args), train, batch=args.classify_batch,
+    fit = BackpropRun(be, comm, model, classify_optimizer(be, model.params, args), train, batch=args.classify_batch,
                       what=what, params_tag=f"{prefix}classifier/", opt_tag=f"{prefix}classify/",
                       record_key="classify", fields={"phase": "classify", "part": prefix}, ckpt=ckpt, guard=guard,
                       outer=outer, trace=trace, span="classify")
@@ -142,7 +130,7 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
         record = fit.record
         progress(comm, quiet, f"{what}: resuming at {fit.resuming_at}")
     else:
-        record["before"], dt = _timed(comm, be, evaluate)
+        record["before"], dt = timed(comm, be, evaluate)
         record["eval_s"] += dt
         if guard is not None:
             guard.check(record["before"]["train_loss"] + record["before"]["test_loss"],
@@ -158,7 +146,7 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
         if guard is not None:
             guard.check(loss, "the loss", where, run, comm)
             guard.check_params(model.params, where, run, comm)
-        (test_acc, test_loss), et = _timed(comm, be, model.evaluate, test, reduce)
+        (test_acc, test_loss), et = timed(comm, be, model.evaluate, test, reduce)
         record["eval_s"] += et
         seconds = fit.epoch_seconds()
         record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_accuracy_seen": seen,
@@ -168,7 +156,7 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
 
     fit.run(epochs, after_epoch)
     if epochs:
-        after, dt = _timed(comm, be, evaluate)
+        after, dt = timed(comm, be, evaluate)
         record["eval_s"] += dt
     else:
         after = record["before"]
@@ -343,7 +331,7 @@ def floors(be, comm, digits, args, *, trace=None, ckpt=None, resume=None, outer=
             train_x, test_x = digits.train_x, digits.test_x
         else:
             if basis is None:  # computed once, on rank 0: every rank projects with the same bits
-                basis = comm.bcast_obj(pca_basis(digits.train_x, k) if comm.is_root else None)
+                basis = comm.bcast(pca_basis(digits.train_x, k) if comm.is_root else None)
             mean, vecs = basis
             train_x, test_x = _project(digits.train_x, mean, vecs), _project(digits.test_x, mean, vecs)
         here = f"{prefix}{name}/"

@@ -5,6 +5,10 @@ NumPy arrays (and CuPy arrays, staged through host memory unless the MPI library
 CUDA-aware), sub-communicators, small Python objects for configuration, and the error
 agreement that lets every rank end together with one line instead of hanging.
 
+Names follow mpi4py's: Capitalised methods move buffers (``Bcast``, ``Allreduce``,
+``Reduce``, ``Send``/``Recv``, ``Isend``/``Irecv``, in place), lower-case ones pickle Python
+objects (``bcast``, ``gather``, ``allgather``, ``allreduce``).
+
 Without mpi4py, or without a launcher (then MPI is not even initialised: see
 :func:`under_launcher`), the same API runs as one process.
 """
@@ -14,8 +18,6 @@ import os
 import sys
 import time
 import traceback
-
-import numpy as np
 
 from aepar.errors import UserError
 
@@ -80,6 +82,23 @@ class _Blocking:
 def blocking(op: str):
     """Mark a wait for other ranks (a context manager) for the stall watchdog."""
     return _Blocking(op)
+
+
+def wait_until(ready, progress=None, first_sleep=50e-6, max_sleep=2e-3):
+    """Call ``progress()`` and ``ready()`` until ``ready()`` is true (e.g. a request's
+    ``test``), sleeping between tries with the sleep doubling up to ``max_sleep``: a waiting
+    rank then leaves its core to the working ones, where MPI_Wait would spin on it. Returns
+    the seconds waited."""
+    t0 = time.perf_counter()
+    sleep = first_sleep
+    with blocking("pipeline wait"):
+        while True:
+            if progress is not None:
+                progress()
+            if ready():
+                return time.perf_counter() - t0
+            time.sleep(sleep)
+            sleep = min(2 * sleep, max_sleep)
 
 
 def _is_device_array(a) -> bool:
@@ -165,7 +184,7 @@ class Comm:
         if device is not None:
             device.set(host)
 
-    def bcast(self, buf, root: int = 0):
+    def Bcast(self, buf, root: int = 0):
         """Broadcast ``buf`` in place from ``root``; returns ``buf``."""
         self.collectives += 1
         if self.size > 1:
@@ -175,7 +194,7 @@ class Comm:
             self._unstage(host, dev)
         return buf
 
-    def allreduce(self, buf, op: str = "sum"):
+    def Allreduce(self, buf, op: str = "sum"):
         """Reduce ``buf`` over all ranks in place; returns ``buf``."""
         self.collectives += 1
         if self.size > 1:
@@ -185,7 +204,7 @@ class Comm:
             self._unstage(host, dev)
         return buf
 
-    def reduce(self, buf, root: int = 0, op: str = "sum"):
+    def Reduce(self, buf, root: int = 0, op: str = "sum"):
         """Reduce ``buf`` onto ``root`` in place there; other ranks' ``buf`` is unchanged.
 
         Returns ``buf`` on the root and None elsewhere.
@@ -203,29 +222,29 @@ class Comm:
             self._unstage(host, dev)
         return buf
 
-    def isend(self, buf, dest: int, tag: int = 0) -> Request:
+    def Isend(self, buf, dest: int, tag: int = 0) -> Request:
         host, _ = self._stage(buf)
         if self.size == 1:
-            raise RuntimeError("isend needs more than one rank")
+            raise RuntimeError("Isend needs more than one rank")
         # The staged host copy must outlive the request: the Request holds it.
         req = Request(self._c.Isend(host, dest=dest, tag=tag))
         req._keepalive = host
         return req
 
-    def irecv(self, buf, source: int, tag: int = 0) -> Request:
+    def Irecv(self, buf, source: int, tag: int = 0) -> Request:
         host, dev = self._stage(buf)
         if self.size == 1:
-            raise RuntimeError("irecv needs more than one rank")
+            raise RuntimeError("Irecv needs more than one rank")
         return Request(self._c.Irecv(host, source=source, tag=tag), host, dev)
 
-    def send(self, buf, dest: int, tag: int = 0):
-        self.isend(buf, dest, tag).wait()
+    def Send(self, buf, dest: int, tag: int = 0):
+        self.Isend(buf, dest, tag).wait()
 
-    def recv(self, buf, source: int, tag: int = 0):
-        self.irecv(buf, source, tag).wait()
+    def Recv(self, buf, source: int, tag: int = 0):
+        self.Irecv(buf, source, tag).wait()
         return buf
 
-    def iprobe(self, source: int, tag: int = 0) -> bool:
+    def Iprobe(self, source: int, tag: int = 0) -> bool:
         return self.size > 1 and self._c.Iprobe(source=source, tag=tag)
 
     # ---- structure -------------------------------------------------------------------
@@ -244,30 +263,31 @@ class Comm:
         return MPI.Wtime() if MPI is not None else time.perf_counter()
 
     # ---- small objects (configuration, summaries: never per-step data) ---------------
-    def bcast_obj(self, obj, root: int = 0):
+    def bcast(self, obj, root: int = 0):
         if self.size == 1:
             return obj
         with _Blocking("bcast"):
             return self._c.bcast(obj, root=root)
 
-    def gather_obj(self, obj, root: int = 0):
+    def gather(self, obj, root: int = 0):
         if self.size == 1:
             return [obj]
         with _Blocking("gather"):
             return self._c.gather(obj, root=root)
 
-    def allgather_obj(self, obj):
+    def allgather(self, obj):
         if self.size == 1:
             return [obj]
         with _Blocking("allgather"):
             return self._c.allgather(obj)
 
-    def max(self, value: float) -> float:
-        """Largest value over ranks (timings are reported as the slowest rank's)."""
+    def allreduce(self, obj, op: str = "sum"):
+        """``obj`` combined over the ranks (sum, max, min), returned on every rank: e.g. a
+        timing as the slowest rank's, ``comm.allreduce(seconds, op="max")``."""
         if self.size == 1:
-            return value
+            return obj
         with _Blocking("allreduce"):
-            return self._c.allreduce(value, op=MPI.MAX)
+            return self._c.allreduce(obj, op=_OPS[op])
 
     # ---- errors ----------------------------------------------------------------------
     def agree(self, fn, *args, **kwargs):
@@ -281,7 +301,7 @@ class Comm:
             result = fn(*args, **kwargs)
         except UserError as exc:
             error = exc
-        messages = self.allgather_obj(None if error is None else str(error))
+        messages = self.allgather(None if error is None else str(error))
         for message in messages:
             if message is not None:
                 error = error if error is not None else UserError(message)
@@ -291,7 +311,7 @@ class Comm:
 
     def check(self, ok: bool, message: str):
         """Collective assertion: raise UserError(message) on every rank unless all are ok."""
-        flags = self.allgather_obj(bool(ok))
+        flags = self.allgather(bool(ok))
         if not all(flags):
             error = UserError(message)
             error.collective = True

@@ -324,7 +324,7 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
     epoch = min((len(s["record"]["epochs"]) for s in (saved or {}).values() if not s["record"]["stopped"]),
                 default=0)
     with guard.training(SCHEME):
-        while not ens.comm.bcast_obj(all(s["record"]["stopped"] for s in latest.values())
+        while not ens.comm.bcast(all(s["record"]["stopped"] for s in latest.values())
                                      and len(latest) == ens.n_models if ens.comm.is_root else None):
             out, failed = {}, None
             for m, mb in members.items():
@@ -333,7 +333,7 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
                 t0 = sub.wtime()
                 result = train_epoch(mb.model, train, epoch, sub, optimizer=mb.optimizer, guard=steps)
                 be.synchronize()
-                seconds = sub.max(sub.wtime() - t0)
+                seconds = sub.allreduce(sub.wtime() - t0, op="max")
                 val_loss = mb.model.recon_error(val, reduce)
                 where = f"{mb.name} epoch {epoch + 1}"
                 try:
@@ -435,7 +435,7 @@ def load_snapshot(model, run, name, epoch, comm=None):
     if comm is None or comm.is_root:
         params = checkpoint.load(run.written(snapshot_name(name, epoch)), scheme=SCHEME).params
     if comm is not None:
-        params = comm.bcast_obj(params)
+        params = comm.bcast(params)
     model.load_state({f"params/{k}": v for k, v in params.items()})
     return model
 
@@ -578,7 +578,7 @@ def main(argv, comm):
         rules = dict(epochs=args.epochs, budget=args.budget, rule=args.eager_rule)
         states = train_members(be, ens, split, cae, rules, args=args, guard=guard, ckpt=ckpt, run=run,
                                saved=parallel_saved, outer=lambda: ({}, {}, {}), say=say)
-        parallel_wall = comm.max(comm.wtime() - t0)  # this process's part (a resumed run: since the resume)
+        parallel_wall = comm.allreduce(comm.wtime() - t0, op="max")  # this process's part (a resumed run: since the resume)
         if args.mono_epochs:
             whole = Ensemble.split(comm, 1, 1)
             say(f"{PROG}: the monolithic CAE {mono(0)[1]!r} on all {comm.size} rank(s), at most "
@@ -591,7 +591,7 @@ def main(argv, comm):
                 outer=lambda: _flat_states(done))
             if comm.is_root:
                 states.update(mono_state)
-        states = comm.bcast_obj({n: {"record": s["record"]} for n, s in states.items()} if comm.is_root else None)
+        states = comm.bcast({n: {"record": s["record"]} for n, s in states.items()} if comm.is_root else None)
         summary = _evaluate(be, comm, run, split, args, states, groups, cae, mono, say)
         summary.update({"scheme": SCHEME, "source": split.source, "shape": list(split.shape),
                         "n_train": len(split.train_y), "n_validation": len(split.val_y), "n_test": len(split.test_y),

@@ -54,3 +54,22 @@ class WriteFailed(UserError):
     names the file, the reason and what was kept (74 is sysexits' EX_IOERR)."""
 
     exit_code = EXIT_WRITE
+
+
+def describe(exc) -> tuple:
+    """(class name, first line of the message): an error as one rank tells the others."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return type(exc).__name__, text
+
+
+def rebuild(described) -> UserError | None:
+    """Another rank's :func:`describe`\ d error as the same user-facing kind (collective: every
+    rank raises it), or None when it was not a :class:`UserError`."""
+    name, text = described
+    cls = globals().get(name)
+    if not (isinstance(cls, type) and issubclass(cls, UserError)):
+        return None
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, text)
+    exc.collective = True
+    return exc

@@ -31,12 +31,12 @@ from aepar.comm import run_main
 from aepar.data.sources import DIGIT_SOURCES
 from aepar.errors import UserError
 from aepar.models.stacked import LOSSES, StackedAutoencoder
-from aepar.optim import SGD, Adam
-from aepar.parallel.data_parallel import reducer, train_epoch
-from aepar.resume import BackpropRun
+from aepar.optim import make_optimizer
+from aepar.parallel.data_parallel import reducer
+from aepar.resume import BackpropRun, timed, warm_up
 from aepar.rows import Shard
 
-__all__ = ["add_finetune_args", "default_float32", "make_optimizer", "finetune_and_evaluate", "build_parser",
+__all__ = ["add_finetune_args", "default_float32", "finetune_optimizer", "finetune_and_evaluate", "build_parser",
            "main"]
 
 PROG = "aepar.finetune"
@@ -78,28 +78,15 @@ def default_float32(parser):
             action.help = "precision of weights and arithmetic (default float32 for this scheme)"
 
 
-def make_optimizer(be, params, args):
-    if args.optimizer == "adam":
-        return Adam(be, params, lr=args.finetune_lr)
-    return SGD(be, params, lr=args.finetune_lr, momentum=args.finetune_momentum)
-
-
-def _timed(comm, be, fn, *args):
-    """(result, seconds of the slowest rank) of ``fn(*args)``."""
-    t0 = comm.wtime()
-    result = fn(*args)
-    be.synchronize()
-    return result, comm.max(comm.wtime() - t0)
+def finetune_optimizer(be, params, args):
+    return make_optimizer(be, params, args.optimizer, args.finetune_lr, args.finetune_momentum)
 
 
 def _warm_up(be, args):
-    """One step of a tiny model with the same loss and optimiser: kernels compiled (or
-    loaded from Numba's cache) before the first timed epoch."""
+    """A tiny model with the same loss and optimiser, once (aepar.resume.warm_up)."""
     tiny = StackedAutoencoder(be, [5, 3, 2], loss=args.loss)
     x = Shard.of(be, np.random.default_rng(0).random((4, 5)), 1)
-    train_epoch(tiny, x, 0, batch=4, optimizer=make_optimizer(be, tiny.params, args))
-    tiny.error_per_digit(x)
-    be.synchronize()
+    warm_up(be, tiny, x, tiny.error_per_digit, batch=4, optimizer=finetune_optimizer(be, tiny.params, args))
 
 
 def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=None, resume=None,
@@ -152,7 +139,7 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
         model = StackedAutoencoder.from_layers(be, layers, loss=args.loss)
     model.seed = int(args.seed)
     reduce = reducer(comm)
-    fit = BackpropRun(be, comm, model, make_optimizer(be, model.params, args), train, batch=args.finetune_batch,
+    fit = BackpropRun(be, comm, model, finetune_optimizer(be, model.params, args), train, batch=args.finetune_batch,
                       what="fine-tuning", params_tag=f"{prefix}finetuned/", opt_tag=f"{prefix}finetune/",
                       record_key="finetune", fields={"phase": "finetune"}, ckpt=ckpt, guard=guard, outer=outer,
                       trace=trace, span="finetune")
@@ -161,7 +148,7 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
         record = fit.record
         progress(comm, quiet, f"fine-tuning: resuming at {fit.resuming_at}")
     else:
-        (before_train, before_test), dt = _timed(comm, be, lambda: (model.error_per_digit(train, reduce),
+        (before_train, before_test), dt = timed(comm, be, lambda: (model.error_per_digit(train, reduce),
                                                                    model.error_per_digit(test, reduce)))
         record["before"] = {"train": before_train, "test": before_test}
         record["eval_s"] += dt
@@ -179,7 +166,7 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
             where = f"fine-tuning epoch {epoch + 1}"
             guard.check(loss, "the loss", where, ckpt.run if ckpt else None, comm)
             guard.check_params(model.params, where, ckpt.run if ckpt else None, comm)
-        test_err, et = _timed(comm, be, model.error_per_digit, test, reduce)
+        test_err, et = timed(comm, be, model.error_per_digit, test, reduce)
         record["eval_s"] += et
         if guard is not None:
             guard.check(test_err, "the test error", f"fine-tuning epoch {epoch + 1}", ckpt.run if ckpt else None, comm)
@@ -191,7 +178,7 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
 
     fit.run(args.finetune_epochs, after_epoch)
     if args.finetune_epochs:
-        (after_train, after_test), dt = _timed(comm, be, lambda: (model.error_per_digit(train, reduce),
+        (after_train, after_test), dt = timed(comm, be, lambda: (model.error_per_digit(train, reduce),
                                                                  model.error_per_digit(test, reduce)))
         record["eval_s"] += dt
     else:
@@ -280,7 +267,7 @@ def main(argv, comm):
                    "error": {"pretrained": result["before"], "finetuned": result["after"]},
                    "finetune_time_s": result["time_s"], "pretrain_time_s": None}
         k = model.sizes[-1]
-        summary["pca"] = comm.bcast_obj(pca_error(digits.train_x, digits.test_x, k) if comm.is_root else None)
+        summary["pca"] = comm.bcast(pca_error(digits.train_x, digits.test_x, k) if comm.is_root else None)
         if comm.is_root:
             params = dict(layer_params, **{f"finetuned/{k}": be.to_host(v) for k, v in model.params.items()})
             with run.output("weights.h5") as path:

@@ -98,7 +98,7 @@ def pretrain_greedy(be, comm, layers, train: Shard, test: Shard, *, quiet=False,
                     layer.optimizer.lr = lr_at(layer, epoch)
                 result = train_epoch(layer, train, epoch, comm, guard=guard, resume=resume, allreduce=allreduce)
             be.synchronize()
-            clock["t"] += comm.max(comm.wtime() - t0)
+            clock["t"] += comm.allreduce(comm.wtime() - t0, op="max")
             return result
 
         def after_epoch(epoch, result, layer=layer, i=i, entry=entry, clock=clock):
@@ -143,11 +143,11 @@ def pretrain_greedy(be, comm, layers, train: Shard, test: Shard, *, quiet=False,
         if i + 1 < len(layers):  # the code layer's output feeds nothing
             train, test = layer.transform(train), layer.transform(test)
             be.synchronize()
-        dt = comm.max(comm.wtime() - t0)
+        dt = comm.allreduce(comm.wtime() - t0, op="max")
         entry["transform_s"] = dt
         entry["time_s"] = sum(entry["epoch_times_s"]) + dt
         record["time_s"] += dt
-    record["eval_s"] = comm.max(record["eval_s"])
+    record["eval_s"] = comm.allreduce(record["eval_s"], op="max")
     return record
 
 
@@ -306,7 +306,7 @@ def run_layerwise(be, comm, args, digits, run, guard, *, scheme="greedy", prog=P
                        accuracy={"pretrained": cl["before"], "finetuned": cl["after"]})
         ft_params = {f"classifier/{k}": be.to_host(v) for k, v in model.params.items()}
     else:
-        pca = comm.bcast_obj(pca_error(digits.train_x, digits.test_x, k=layers[-1].n_out) if comm.is_root else None)
+        pca = comm.bcast(pca_error(digits.train_x, digits.test_x, k=layers[-1].n_out) if comm.is_root else None)
         summary["pca"] = pca
         say(f"PCA-{pca['k']} baseline: train error/digit {pca['train']:.3f}  test {pca['test']:.3f}")
         ft = finetune_and_evaluate(be, comm, layers, digits, args, ckpt=ckpt, guard=guard, resume=resume, outer=outer)

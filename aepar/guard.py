@@ -279,10 +279,10 @@ class Guard:
 
 
 class StepsOnly:
-    """A :class:`Guard` as seen by the steps of one of several independent groups (aepar's
-    ensembles): heartbeat and injected faults at every step, but no agreement inside the
-    group. Groups train different models at their own pace, so the ranks agree on
-    checkpoints and stops at the scheme's own safe points (the ends of its rounds)."""
+    """A :class:`Guard` as seen by steps that are not safe points: heartbeat and injected
+    faults at every step, but no agreement inside an epoch. The scheme's own boundaries are
+    the safe points, where every rank's flags are summed: the ends of an ensemble's rounds
+    (groups train different models at their own pace), a model-parallel slot."""
 
     def __init__(self, guard: Guard):
         self.guard = guard

@@ -93,6 +93,13 @@ class Adam:
         self.t = int(state["t"])
 
 
+def make_optimizer(be, params, kind: str, lr: float, momentum: float = 0.0):
+    """The backprop optimiser a task asked for: ``kind`` "adam" (momentum unused) or "sgd"."""
+    if kind == "adam":
+        return Adam(be, params, lr=lr)
+    return SGD(be, params, lr=lr, momentum=momentum)
+
+
 class LBFGSB:
     """L-BFGS-B (scipy's implementation, float64 on the host) whose whole state can be saved.
 

@@ -216,7 +216,7 @@ def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
     from aepar.parallel.planner import choose, format_table, predict
 
     n_layers = len(parse_layers(args.layers, digits.train_x.shape[1]))
-    cores = comm.allgather_obj(_threads.usable_cores())[0]
+    cores = comm.allgather(_threads.usable_cores())[0]
     predictions = None
     if comm.is_root:
         costs = measure_costs(be, args, digits.train_x, comm.size)
@@ -227,7 +227,7 @@ def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
             except UserError as exc:
                 if entry["seconds"] is not None:
                     entry.update(seconds=None, ratio=None, note=f"not here: {exc}")
-    predictions = comm.bcast_obj(predictions)
+    predictions = comm.bcast(predictions)
     chosen = choose(predictions)
     return chosen, {"auto": {"chosen": chosen, "predicted": predictions, "table": format_table(predictions)}}
 
@@ -236,7 +236,7 @@ def _resumed_scheme(comm, run, n_layers) -> str:
     """The scheme an interrupted ``auto`` run chose: its checkpoint says."""
     from aepar import checkpoint
 
-    name = comm.bcast_obj(checkpoint.load(run.checkpoint_path).scheme if comm.is_root else None)
+    name = comm.bcast(checkpoint.load(run.checkpoint_path).scheme if comm.is_root else None)
     if name == "sync":
         return "hybrid" if comm.size > n_layers else "sync"
     return name

@@ -13,7 +13,7 @@ import numpy as np
 from aepar.errors import CheckpointError, Diverged, Interrupted
 from aepar.parallel.data_parallel import EpochState, train_epoch
 
-__all__ = ["Checkpointer", "BackpropRun"]
+__all__ = ["Checkpointer", "BackpropRun", "timed", "warm_up"]
 
 
 class Checkpointer:
@@ -32,7 +32,7 @@ class Checkpointer:
 
     def __init__(self, run, comm, guard, scheme: str, fingerprint: str | None, progress=print):
         self.run, self.comm, self.guard, self.scheme = run, comm, guard, scheme
-        self.fingerprint = comm.bcast_obj(fingerprint)
+        self.fingerprint = comm.bcast(fingerprint)
         self.say = progress
         self.epochs_run = 0
 
@@ -59,7 +59,7 @@ class Checkpointer:
                 raise CheckpointError(f"{self.run.checkpoint_path}: holds no progress record to resume from")
             same_data(ck.config.get("data"), self.fingerprint, self.run.checkpoint_path)
             return ck.params, ck.opt_state or {}, progress
-        return self.comm.bcast_obj(self.comm.agree(read))
+        return self.comm.bcast(self.comm.agree(read))
 
     # ---- saving ------------------------------------------------------------------------------
     def save(self, params: dict, opt_state: dict, progress: dict, label: str, why: str = "periodic", comm=None):
@@ -73,7 +73,7 @@ class Checkpointer:
 
         comm = comm or self.comm
         bad = [name for name, value in params.items() if not np.isfinite(np.sum(value))] if comm.is_root else None
-        bad = comm.bcast_obj(bad)
+        bad = comm.bcast(bad)
         if bad:
             err = Diverged(f"diverged: {label}: parameter {bad[0]} is not finite{_note(self.run)}")
             err.collective = True
@@ -90,7 +90,7 @@ class Checkpointer:
         root of ``comm``; collective over it)."""
         if state is None:
             return None
-        parts = comm.gather_obj(state.rng)
+        parts = comm.gather(state.rng)
         if comm.is_root:
             merged = {}
             for p in parts:
@@ -100,7 +100,7 @@ class Checkpointer:
 
     def interrupted(self, comm=None) -> Interrupted:
         comm = comm or self.comm
-        where = comm.bcast_obj(self.run.checkpoint_progress if comm.is_root else None)
+        where = comm.bcast(self.run.checkpoint_progress if comm.is_root else None)
         err = Interrupted(f"checkpoint at {where} saved in {self.run.path} after a stop signal; continue "
                           f"with --resume {self.run.path} (on any number of ranks)")
         err.collective = True
@@ -192,7 +192,7 @@ class BackpropRun:
             result = train_epoch(self.model, self.train, epoch, comm, batch=self.batch, optimizer=self.optimizer,
                                  guard=self.guard, resume=resume_state)
             self.be.synchronize()
-            self.record["time_s"] += comm.max(comm.wtime() - t0)
+            self.record["time_s"] += comm.allreduce(comm.wtime() - t0, op="max")
         return result
 
     def _save(self, epochs_done, epoch_state, why):
@@ -229,3 +229,20 @@ class BackpropRun:
             while not result.complete:
                 result = self._train_one(epoch, result.state)
             after_epoch(epoch, result)
+
+
+def timed(comm, be, fn, *args):
+    """(result, seconds of the slowest rank) of ``fn(*args)``."""
+    t0 = comm.wtime()
+    result = fn(*args)
+    be.synchronize()
+    return result, comm.allreduce(comm.wtime() - t0, op="max")
+
+
+def warm_up(be, model, x, evaluate, **train):
+    """One epoch of a tiny ``model`` on the rows ``x`` (``train``: train_epoch's options,
+    e.g. its optimiser) and ``evaluate(x)``: the kernels are compiled, or loaded from Numba's
+    cache, before the first timed epoch."""
+    train_epoch(model, x, 0, **train)
+    evaluate(x)
+    be.synchronize()

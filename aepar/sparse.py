@@ -198,11 +198,11 @@ def train(args, comm, setup: Setup, run=None, guard=None):
     if result.paused:
         where = run.checkpoint_progress if comm.is_root else None
         raise _interrupted(comm, run, where)
-    seconds_total = comm.max(comm.wtime() - start)
-    seconds_comm = comm.max(result.seconds_comm)
+    seconds_total = comm.allreduce(comm.wtime() - start, op="max")
+    seconds_comm = comm.allreduce(result.seconds_comm, op="max")
     # every rank's own compute (the slowest is the run's): the spread is what the others
     # wait for at each evaluation
-    per_rank = comm.gather_obj(float(result.seconds_compute))
+    per_rank = comm.gather(float(result.seconds_compute))
     if not comm.is_root:
         return {}, model, None
     seconds_compute = max(per_rank)
@@ -227,7 +227,7 @@ def train(args, comm, setup: Setup, run=None, guard=None):
 
 def _interrupted(comm, run, where):
     """The Interrupted error every rank raises after a checkpoint on a signal."""
-    where = comm.bcast_obj(where)
+    where = comm.bcast(where)
     err = Interrupted(f"checkpoint at {where} saved in {run.path} after a stop signal; continue with "
                       f"--resume {run.path} (on any number of processes)")
     err.collective = True

@@ -90,16 +90,13 @@ def layers_from_args(be, args, n_input: int) -> list:
 def warm_up(be, pretrainer="rbm"):
     """Run every kernel the layers use once on a few rows, so that compiling (or loading
     compiled) kernels is not charged to the first timed epoch."""
-    from aepar.parallel.data_parallel import train_epoch
+    from aepar.resume import warm_up as warm_up_model
     from aepar.rows import Shard
 
     x = Shard.of(be, np.random.default_rng(0).random((3, 5)), 1)
     for hidden in ("bernoulli", "gaussian"):
         layer = PRETRAINERS[pretrainer](be, 5, 2, hidden=hidden, batch=3, seed=0)
-        train_epoch(layer, x, 0)
-        layer.recon_error(x)
-        layer.transform(x)
-    be.synchronize()
+        warm_up_model(be, layer, x, lambda rows: (layer.recon_error(rows), layer.transform(rows)))
 
 
 def add_pretrain_args(parser):

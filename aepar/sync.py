@@ -82,10 +82,11 @@ import numpy as np
 
 from aepar import backend
 from aepar.cli import ArgumentParser, add_common, fraction_to_half, parse_with_preset, positive_int, progress
-from aepar.comm import TAG_IDLE_DONE, TAG_IDLE_NOTE, run_main
+from aepar.comm import run_main
 from aepar.errors import UserError
 from aepar.parallel.pipeline import (HANDOVERS, MODES, choose_mode, make_layout,
                                      plan_schedule, replay_plan, stage_costs)
+from aepar.parallel.subset import Subset, data_parallel_ranks
 
 __all__ = ["build_parser", "parse_args", "parse_extras", "default_extras", "split_validation",
            "run_sync", "main", "PRESETS", "DEFAULT_HANDOVER_MODE"]
@@ -245,11 +246,11 @@ def _setup(args, comm):
 
 
 def warm_up(be, args):
-    """Run every kernel once on a tiny stack, so that Numba's compilation (or loading
-    from its cache) happens before the timed pre-training and fine-tuning of either scheme."""
-    from aepar.finetune import make_optimizer
+    """Every kernel of either scheme once, on a tiny stack (aepar.resume.warm_up): compiled
+    (or loaded from Numba's cache) before the timed pre-training and fine-tuning."""
+    from aepar.finetune import finetune_optimizer
     from aepar.models.stacked import StackedAutoencoder
-    from aepar.parallel.data_parallel import train_epoch
+    from aepar.resume import warm_up as warm_up_model
     from aepar.stack import make_layers
     from aepar.rows import Shard
 
@@ -257,98 +258,12 @@ def warm_up(be, args):
     tiny = make_layers(be, [6, 4, 3], args.pretrainer, seed=0, batch=2)
     h = x
     for layer in tiny:
-        train_epoch(layer, h, 0)
-        layer.recon_error(h)
+        warm_up_model(be, layer, h, layer.recon_error)
         h = layer.transform(h)
     model = StackedAutoencoder.from_layers(be, tiny, loss=args.loss)
-    train_epoch(model, x, 0, batch=2, optimizer=make_optimizer(be, model.params, args))
-    model.error_per_digit(x)
-    be.synchronize()
+    warm_up_model(be, model, x, model.error_per_digit, batch=2, optimizer=finetune_optimizer(be, model.params, args))
 
 
-
-
-def data_parallel_ranks(comm, requested=None) -> list[int]:
-    """Ranks for the data-parallel phases (fine-tuning, the greedy comparison).
-
-    ``requested``: the first that many ranks. Default: every rank, except where a node
-    has more ranks x threads than cores - there only as many as fit. A collective's
-    waiting ranks spin inside MPI, so oversubscribed data parallelism (4 ranks on 2 cores:
-    `make run`) mostly times the spinning; the pipeline's waiting stages sleep instead.
-    Collective.
-    """
-    import socket
-
-    import aepar
-    from aepar import _threads
-
-    info = comm.allgather_obj((socket.gethostname(), _threads.usable_cores(), int(aepar.THREADS)))
-    if requested:
-        return list(range(min(int(requested), comm.size)))
-    used, members = {}, []
-    for rank, (host, cores, threads) in enumerate(info):
-        if used.get(host, 0) < max(1, cores // max(threads, 1)):
-            members.append(rank)
-            used[host] = used.get(host, 0) + 1
-    return members
-
-
-class Subset:
-    """Run work on some ranks (world rank 0 among them) while the others sleep.
-
-    The idle ranks poll for a message from rank 0 with sleeps backing off (MPI's own
-    waits would spin and take the cores the working ranks need).
-    """
-
-    def __init__(self, comm, members):
-        self.comm, self.members = comm, sorted(members)
-        if 0 not in self.members:
-            raise ValueError("rank 0 must be a member")
-        self.member = comm.rank in self.members
-        self.sub = comm.split(0 if self.member else 1, comm.rank)
-        self.size = len(self.members)
-
-    def run(self, fn):
-        """``fn(sub_comm)`` on the members; returns its result there, None elsewhere.
-
-        A user-facing error the members raise together (an interruption, a divergence)
-        is raised on the idle ranks too, so that every rank ends with its exit code.
-        """
-        import pickle
-
-        from aepar.errors import UserError
-        from aepar.parallel.executor import wait_until
-        from aepar.parallel.root_optimizer import _describe, _rebuild
-
-        comm = self.comm
-        idle = [r for r in range(comm.size) if r not in self.members]
-        if self.member:
-            error = None
-            try:
-                result = fn(self.sub)
-            except UserError as exc:
-                if not getattr(exc, "collective", False):
-                    raise
-                error = exc
-            if comm.is_root and idle:
-                note = np.frombuffer(pickle.dumps(_describe(error)), dtype=np.uint8) if error else np.zeros(0, np.uint8)
-                token = np.array([float(error is not None), note.size])
-                reqs = [comm.isend(token, r, TAG_IDLE_DONE) for r in idle]
-                if error is not None:
-                    reqs += [comm.isend(note, r, TAG_IDLE_NOTE) for r in idle]
-                wait_until(lambda: all(r.test() for r in reqs))
-            if error is not None:
-                raise error
-            return result
-        token = np.empty(2)
-        req = comm.irecv(token, 0, TAG_IDLE_DONE)
-        wait_until(req.test)
-        if token[0]:
-            note = np.empty(int(token[1]), dtype=np.uint8)
-            req = comm.irecv(note, 0, TAG_IDLE_NOTE)
-            wait_until(req.test)
-            raise _rebuild(pickle.loads(note.tobytes()))
-        return None
 
 
 def _stage_line(layers):
@@ -459,10 +374,10 @@ def _run_pipeline(be, comm, args, layers, layout, x_train, x_val, plan, mode, ep
         else:
             label = None
         ckpt.save(params or {}, opt or {}, {"part": "sync", "pipeline": skeleton, "segments": done},
-                  comm.bcast_obj(label), "signal" if result.stop else "periodic")
+                  comm.bcast(label), "signal" if result.stop else "periodic")
         if result.stop:
             raise ckpt.interrupted()
-        state = comm.bcast_obj(state)
+        state = comm.bcast(state)
 
 
 def run_sync(be, comm, args, digits, x_val, run, guard, *, scheme="sync", extra=None) -> dict:
@@ -530,7 +445,7 @@ def run_sync(be, comm, args, digits, x_val, run, guard, *, scheme="sync", extra=
                                  trace, guard, ckpt, state, position.get("segments"))
     else:
         segments = position["segments"]
-    time_s = comm.bcast_obj(segments["time_s"] if comm.is_root else None)
+    time_s = comm.bcast(segments["time_s"] if comm.is_root else None)
     progress(comm, quiet, f"sync pre-training: {time_s:.1f}s")
     summary = {"scheme": scheme, "task": getattr(args, "task", "reconstruct"), "source": digits.source, "n_train": int(x_train.shape[0]),
                "n_val": int(x_val.shape[0]), "n_test": int(digits.test_x.shape[0]), "ranks": comm.size,
@@ -555,7 +470,7 @@ def run_sync(be, comm, args, digits, x_val, run, guard, *, scheme="sync", extra=
         summary["measured_epoch_s"] = measured
         if args.handover == "plan":
             summary["replay_one_core_per_stage_s"] = replay_plan(plan, measured, [0.0] * n)["makespan"]
-    pca = comm.bcast_obj(pca_error(x_train, digits.test_x, k=sizes[-1]) if comm.is_root else None)
+    pca = comm.bcast(pca_error(x_train, digits.test_x, k=sizes[-1]) if comm.is_root else None)
     summary["pca"] = pca
     progress(comm, quiet, f"PCA-{pca['k']} baseline: train error/digit {pca['train']:.3f}  test {pca['test']:.3f}")
     summary["dp_ranks"] = dp.size
@@ -572,7 +487,7 @@ def run_sync(be, comm, args, digits, x_val, run, guard, *, scheme="sync", extra=
             be, sub, layers, digits, args, trace=trace, ckpt=ckpt, guard=guard, outer=outer_sync,
             prefix="classify/", resume=loaded if position.get("phase") == "classify" else None))
         model = cl.pop("model") if cl is not None else None
-        cl = comm.bcast_obj(cl)
+        cl = comm.bcast(cl)
         ft_params = {f"classifier/{k}": be.to_host(v) for k, v in model.params.items()} if model is not None else {}
         summary.update(classify=cl, finetune_time_s=cl["time_s"],
                        accuracy={"pretrained": cl["before"], "finetuned": cl["after"]})
@@ -581,7 +496,7 @@ def run_sync(be, comm, args, digits, x_val, run, guard, *, scheme="sync", extra=
             be, sub, layers, digits, args, trace=trace, ckpt=ckpt, guard=guard, outer=outer_sync,
             resume=loaded if part == "finetune" else None))
         model = ft.pop("model") if ft is not None else None
-        ft = comm.bcast_obj(ft)
+        ft = comm.bcast(ft)
         ft_params = {f"finetuned/{k}": be.to_host(v) for k, v in model.params.items()} if model is not None else {}
     else:
         ft = position["sync_finetune"]
@@ -624,7 +539,7 @@ def run_sync(be, comm, args, digits, x_val, run, guard, *, scheme="sync", extra=
 
         result_g = dp.run(greedy_run)
         gmodel = result_g[1].pop("model") if result_g is not None else None
-        pre, gft = comm.bcast_obj(result_g)
+        pre, gft = comm.bcast(result_g)
         if comm.is_root:
             greedy_params = {f"greedy/{k}": v for k, v in layers_to_params(be, glayers).items()}
             if args.finetune_epochs:

@@ -86,7 +86,7 @@ class Trace:
         Collective.
         """
         mine = {"rank": self.comm.rank, "labels": self.labels, "events": self.events}
-        everyone = self.comm.gather_obj(mine, root=root)
+        everyone = self.comm.gather(mine, root=root)
         if self.comm.rank != root:
             return None
         out = []

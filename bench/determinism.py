@@ -52,7 +52,7 @@ def child(args) -> int:
     from aepar import backend
     from aepar.data.patches import sample_patches
     from aepar.data.sources import load_digits, natural_images
-    from aepar.finetune import make_optimizer
+    from aepar.optim import make_optimizer
     from aepar.machine import describe
     from aepar.models.rbm import RBM
     from aepar.models.sparse_ae import SparseAutoencoder, init_theta
@@ -105,8 +105,7 @@ def child(args) -> int:
         row("RBM CD-1 epoch 784x1000, batch 100, float32", f"{count} block{'s' if count > 1 else ''}", s, ts,
             samples=data.shape[0], data=digits.source.split(":")[0])
         net = StackedAutoencoder(be32, [784, 1000, 500, 250, 30], loss="xent")
-        opt = make_optimizer(be32, net.params, argparse.Namespace(optimizer="adam", finetune_lr=1e-3,
-                                                                  finetune_momentum=0.0))
+        opt = make_optimizer(be32, net.params, "adam", 1e-3)
         fine = Shard.of(be32, data[:args.finetune_rows], count)
 
         def finetune_epoch():
@@ -152,7 +151,7 @@ def comm_child(args) -> int:
             local = vs[0]
             for v in vs[1:]:
                 local += v
-            comm.reduce(local) if reduce else comm.allreduce(local)
+            comm.Reduce(local) if reduce else comm.Allreduce(local)
         for name, fn in (("fixed tree (aepar)", fixed_tree), ("MPI " + ("Reduce" if reduce else "Allreduce")
                                                                   + " of each rank's own sum", mpi)):
             for _ in range(3):
@@ -162,7 +161,7 @@ def comm_child(args) -> int:
                 comm.barrier()
                 t0 = comm.wtime()
                 fn()
-                times.append(comm.max(comm.wtime() - t0))
+                times.append(comm.allreduce(comm.wtime() - t0, op="max"))
             rows.append({"what": what, "variant": name, "seconds": min(times), "ranks": comm.size,
                          "all_seconds": f"median {np.median(times):.6f}", **machine})
     if comm.is_root:

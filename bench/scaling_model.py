@@ -616,20 +616,20 @@ def measure_mpi(out: Path, quick: bool = False, target_s: float = 0.15) -> int:
 
             def pingpong():
                 if comm.rank == 0:
-                    comm.send(buf, 1)
-                    comm.recv(buf, 1)
+                    comm.Send(buf, 1)
+                    comm.Recv(buf, 1)
                 elif comm.rank == 1:
-                    comm.recv(buf, 0)
-                    comm.send(buf, 0)
+                    comm.Recv(buf, 0)
+                    comm.Send(buf, 0)
 
             def oneway():  # what a tree node or a hand-over does: one message, barrier to delivery
                 if comm.rank == 1:
-                    comm.send(buf, 0)
+                    comm.Send(buf, 0)
                 elif comm.rank == 0:
-                    comm.recv(out_buf, 1)
+                    comm.Recv(out_buf, 1)
 
-            ops = {"bcast": lambda: comm.bcast(buf), "reduce": lambda: comm.reduce(buf),
-                   "allreduce": lambda: comm.allreduce(buf), "sendrecv": pingpong, "send": oneway,
+            ops = {"bcast": lambda: comm.Bcast(buf), "reduce": lambda: comm.Reduce(buf),
+                   "allreduce": lambda: comm.Allreduce(buf), "sendrecv": pingpong, "send": oneway,
                    "tree_reduce": lambda: tree.reduce([buf]),
                    "tree_allreduce": lambda: tree.allreduce([buf], out_buf)}
             for op, fn in ops.items():
@@ -643,11 +643,11 @@ def measure_mpi(out: Path, quick: bool = False, target_s: float = 0.15) -> int:
                     return (comm.wtime() - t0) / half
                 for _ in range(2):
                     fn()
-                first = comm.max(float(np.median([timed() for _ in range(5)])))
-                reps = int(comm.bcast_obj(max(5, min(2000, int(target_s / trials / max(first, 1e-7))))))
+                first = comm.allreduce(float(np.median([timed() for _ in range(5)])), op="max")
+                reps = int(comm.bcast(max(5, min(2000, int(target_s / trials / max(first, 1e-7))))))
                 # per trial: each rank's median over the repetitions (a descheduled rank's
                 # time slice is noise, not the operation), the slowest rank's
-                got = [comm.max(float(np.median([timed() for _ in range(reps)]))) for _ in range(trials)]
+                got = [comm.allreduce(float(np.median([timed() for _ in range(reps)])), op="max") for _ in range(trials)]
                 per.setdefault((op, nbytes), []).extend(got)
                 per[(op, nbytes, "reps")] = reps
     rows = []

@@ -105,12 +105,12 @@ class TreeSum:
                 add(mine, self._value(values, level - 1, start + half))
                 values[(level, start)] = mine
             elif right == me:
-                self.comm.send(self._value(values, level - 1, start + half), left, TAG_TREE)
+                self.comm.Send(self._value(values, level - 1, start + half), left, TAG_TREE)
             elif left == me:
                 mine = self._value(values, level - 1, start)
                 if self._scratch is None or self._scratch.shape != mine.shape or self._scratch.dtype != mine.dtype:
                     self._scratch = np.empty_like(mine)
-                add(mine, self.comm.recv(self._scratch, right, TAG_TREE))
+                add(mine, self.comm.Recv(self._scratch, right, TAG_TREE))
                 values[(level, start)] = mine
         return self._value(values, tree_top(self.count), 0) if me == 0 else None
 
@@ -136,5 +136,5 @@ class TreeSum:
         total = self._combine(values, add or operator.iadd)
         if self.comm.is_root:
             out[...] = total
-        self.comm.bcast(out)
+        self.comm.Bcast(out)
         return out

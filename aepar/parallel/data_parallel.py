@@ -59,7 +59,7 @@ def blockwise_sums(shard: Shard, fn, comm) -> np.ndarray:
     :func:`aepar.rows.local_sums`)."""
     parts = shard.block_sums(fn)
     width = next((p.size for p in parts if p is not None), 0)
-    width = comm.max(width) if comm is not None and comm.size > 1 else width
+    width = comm.allreduce(width, op="max") if comm is not None and comm.size > 1 else width
     parts = [np.zeros(width) if p is None else p for p in parts]
     return TreeSum(_serial_if_none(comm), shard.blocks.count).allreduce(parts, np.zeros(width))
 
@@ -390,7 +390,7 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
         else:
             total = buf.total
             if comm is not None:
-                comm.allreduce(total)
+                comm.Allreduce(total)
         model.apply(buf.views(total), epoch)
         sums += total[buf.n_grad:flag]
         if guard is not None:  # one process: its own flags are the sum (reading it would wait for a GPU)

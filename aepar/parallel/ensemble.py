@@ -93,7 +93,7 @@ class Ensemble:
         flags summed over every rank (each rank's :meth:`Guard.decide` reads the same), and
         the first group's error, on every rank, so that all of them end together.
         """
-        parts = self.comm.gather_obj((states if self.sub.is_root else {}, float(flag), error))
+        parts = self.comm.gather((states if self.sub.is_root else {}, float(flag), error))
         verdict = None
         merged = None
         if self.comm.is_root:
@@ -101,5 +101,5 @@ class Ensemble:
             for states_part, _, _ in parts:
                 merged.update(states_part)
             verdict = (sum(f for _, f, _ in parts), next((e for _, _, e in parts if e), None))
-        summed, error = self.comm.bcast_obj(verdict)
+        summed, error = self.comm.bcast(verdict)
         return merged, summed, error

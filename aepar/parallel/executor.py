@@ -35,36 +35,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aepar.comm import TAG_CTRL, TAG_DECIDE, TAG_HDR, TAG_PAY, TAG_PROGRESS
+from aepar.comm import TAG_CTRL, TAG_DECIDE, TAG_HDR, TAG_PAY, TAG_PROGRESS, wait_until
 from aepar.guard import STOP
 from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
 from aepar.parallel.pipeline import HANDOVERS, MODES, Layout, Plan
 from aepar.rows import Blocks, Shard
 
-__all__ = ["Pipeline", "PipelineResult", "InputRecord", "wait_until"]
+__all__ = ["Pipeline", "PipelineResult", "InputRecord"]
 
 # message tags on the world communicator; one (source, destination) pair carries one
 # stage boundary only, so these do not collide
 KIND_VERSION, KIND_FINAL = 0, 1
-
-
-# ==== waiting without spinning ==============================================================
-def wait_until(ready, progress=None, first_sleep=50e-6, max_sleep=2e-3):
-    """Call ``progress()`` and ``ready()`` until ``ready()`` is true, sleeping between tries
-    with the sleep doubling up to ``max_sleep``: a waiting rank costs ~1% of a core
-    (MPI_Wait would spin it at 100%). Returns the seconds waited."""
-    from aepar.comm import blocking
-
-    t0 = time.perf_counter()
-    sleep = first_sleep
-    with blocking("pipeline wait"):
-        while True:
-            if progress is not None:
-                progress()
-            if ready():
-                return time.perf_counter() - t0
-            time.sleep(sleep)
-            sleep = min(2 * sleep, max_sleep)
 
 
 # ==== hand-over transport ===================================================================
@@ -113,7 +94,7 @@ class _Source:
 
     def _post_header(self):
         self.hdr_buf = np.empty(self.hdr_len, dtype=np.int64)
-        self.hdr_req = self.comm.irecv(self.hdr_buf, self.rank, TAG_HDR)
+        self.hdr_req = self.comm.Irecv(self.hdr_buf, self.rank, TAG_HDR)
 
     def poll(self):
         while True:
@@ -131,7 +112,7 @@ class _Source:
                 return
             self.pay_hdr = hdr
             self.pay_buf = self.xp.empty(self.size, dtype=self.dtype)
-            self.pay_req = self.comm.irecv(self.pay_buf, self.rank, TAG_PAY)
+            self.pay_req = self.comm.Irecv(self.pay_buf, self.rank, TAG_PAY)
             self._post_header()
 
 
@@ -306,7 +287,7 @@ class Pipeline:
 
     def _post_progress(self, r):
         buf = np.empty(self._REC)
-        self._progress_in[r] = (buf, self.comm.irecv(buf, r, TAG_PROGRESS))
+        self._progress_in[r] = (buf, self.comm.Irecv(buf, r, TAG_PROGRESS))
 
     def _report(self, rec: dict | None):
         """An epoch record (or None: this rank is done) to rank 0."""
@@ -320,7 +301,7 @@ class Pipeline:
             arr = np.array([0, rec["stage"], rec["epoch"], rec["version"], rec["extra"],
                             rec["train_error"], np.nan if rec["val_error"] is None else rec["val_error"],
                             rec["start"], rec["end"], self.comm.rank], dtype=np.float64)
-        self._sends.append((self.comm.isend(arr, 0, TAG_PROGRESS), arr))
+        self._sends.append((self.comm.Isend(arr, 0, TAG_PROGRESS), arr))
 
     def _drain_progress(self):
         for r, (buf, req) in list(self._progress_in.items()):
@@ -351,7 +332,7 @@ class Pipeline:
 
     def _post_control(self, r):
         buf = np.zeros(1)
-        self._ctrl_in[r] = (buf, self.comm.irecv(buf, r, TAG_CTRL))
+        self._ctrl_in[r] = (buf, self.comm.Irecv(buf, r, TAG_CTRL))
 
     def _control(self):
         """Announce this rank's own request to every rank once; take in the others'."""
@@ -361,7 +342,7 @@ class Pipeline:
             for r in range(self.comm.size):
                 if r != self.comm.rank:
                     token = np.array([mine])
-                    self._sends.append((self.comm.isend(token, r, TAG_CTRL), token))
+                    self._sends.append((self.comm.Isend(token, r, TAG_CTRL), token))
         self._announced = max(self._announced, mine)
         for r, (buf, req) in list(self._ctrl_in.items()):
             if req.test():
@@ -378,14 +359,14 @@ class Pipeline:
         self._poll()
         flags = np.array([self.guard.flags()])
         if self.n_rep > 1:
-            self.stage_comm.allreduce(flags)
+            self.stage_comm.Allreduce(flags)
         return self.guard.decide(float(flags[0]))
 
     def _all_have(self, record) -> bool:
         """Whether every replica of this stage has its input (they go on, or stop, together)."""
         have = np.array([0.0 if record is None else 1.0])
         if self.n_rep > 1:
-            self.stage_comm.allreduce(have, op="min")
+            self.stage_comm.Allreduce(have, op="min")
         return bool(have[0])
 
     def _poll(self):
@@ -561,8 +542,8 @@ class Pipeline:
                     else:
                         payload = weights
                     be.synchronize()
-                    self._sends.append((self.comm.isend(header, rr, TAG_HDR), header))
-                    self._sends.append((self.comm.isend(payload, rr, TAG_PAY), payload))
+                    self._sends.append((self.comm.Isend(header, rr, TAG_HDR), header))
+                    self._sends.append((self.comm.Isend(payload, rr, TAG_PAY), payload))
                     nbytes += int(payload.nbytes)
             info["bytes"] = nbytes
         if self.leader:
@@ -577,7 +558,7 @@ class Pipeline:
         header = np.zeros(self._hdr_len(), dtype=np.int64)
         header[0], header[2] = KIND_FINAL, int(stop)
         for rr, _, _ in self.out_links:
-            self._sends.append((self.comm.isend(header, rr, TAG_HDR), header))
+            self._sends.append((self.comm.Isend(header, rr, TAG_HDR), header))
 
     # ---- the schedules ---------------------------------------------------------------------
     def _pause(self, stage: int, result) -> bool:
@@ -703,10 +684,10 @@ class Pipeline:
                     decision = np.array([-1, int(self.end_with_first and first_done())] if pick is None
                                         else [pick[1], pick[2]], dtype=np.int64)
                 for r in self.my_ranks[1:]:
-                    self._sends.append((self.comm.isend(decision, r, TAG_DECIDE), decision))
+                    self._sends.append((self.comm.Isend(decision, r, TAG_DECIDE), decision))
             else:
                 decision = np.empty(2, dtype=np.int64)
-                req = self.comm.irecv(decision, self.my_ranks[0], TAG_DECIDE)
+                req = self.comm.Irecv(decision, self.my_ranks[0], TAG_DECIDE)
                 self._wait(req.test, "decision")
             s, v = int(decision[0]), int(decision[1])
             if s == -1:
@@ -757,13 +738,13 @@ class Pipeline:
         self._send_final(False)
         elapsed = comm.wtime() - t0
         self._finish()
-        paused = bool(comm.max(float(self._paused)))
-        stop = paused and bool(comm.max(float(self.guard is not None and self.guard.flags() >= STOP)))
-        time_s = comm.max(elapsed)
+        paused = bool(comm.allreduce(float(self._paused), op="max"))
+        stop = paused and bool(comm.allreduce(float(self.guard is not None and self.guard.flags() >= STOP), op="max"))
+        time_s = comm.allreduce(elapsed, op="max")
         self._share_params()
-        waits = comm.gather_obj({"rank": comm.rank, "wait_s": self.wait_wall, "wait_cpu_s": self.wait_cpu,
+        waits = comm.gather({"rank": comm.rank, "wait_s": self.wait_wall, "wait_cpu_s": self.wait_cpu,
                                  "group": self.g})
-        gathered = comm.gather_obj((self.records, self.handover_records, self.receive_records))
+        gathered = comm.gather((self.records, self.handover_records, self.receive_records))
         epochs, handovers, receives = [], [], []
         if comm.is_root:
             for e, h, r in gathered:
@@ -798,7 +779,7 @@ class Pipeline:
         for s, layer in enumerate(self.layers):
             root = self.layout.ranks[self.layout.group_of_stage(s)][0]
             for k in sorted(layer.params):
-                self.comm.bcast(layer.params[k], root=root)
+                self.comm.Bcast(layer.params[k], root=root)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def state(self) -> dict | None:
@@ -819,7 +800,7 @@ class Pipeline:
                 mine[s] = {"done": pos.done, "paused": pos.paused.to_dict() if pos.paused else None,
                            "counters": pos.counters, "inputs": inputs,
                            "velocity": {k: self.be.to_host(v) for k, v in self.layers[s].optimizer.state().items()}}
-        parts = self.comm.gather_obj(mine)
+        parts = self.comm.gather(mine)
         if not self.comm.is_root:
             return None
         stages = {}

@@ -23,6 +23,7 @@ import contextlib
 
 import numpy as np
 
+from aepar.guard import StepsOnly
 from aepar.parallel.data_parallel import train_epoch
 
 __all__ = ["schedule", "owner", "pretrain_model_parallel"]
@@ -51,26 +52,6 @@ def owner(layer: int, group: int, size: int) -> int:
     """The rank that trains ``layer``: its place in its group, modulo the ranks (with fewer
     ranks than the group, one rank trains several of the slot's layers in turn)."""
     return (int(layer) % int(group)) % int(size)
-
-
-class _StepsOnly:
-    """The guard as a layer's epoch sees it here: heartbeat and faults at every step, but
-    no pause inside the epoch - the slot boundary is the safe point, where the flags of
-    every rank are summed."""
-
-    def __init__(self, guard):
-        self._guard = guard
-
-    def step(self, poison=None):
-        self._guard.step(poison)
-
-    @staticmethod
-    def flags() -> float:
-        return 0.0
-
-    @staticmethod
-    def decide(summed) -> tuple[bool, bool]:
-        return False, False
 
 
 def _flat(be, layer):
@@ -127,7 +108,7 @@ def pretrain_model_parallel(be, comm, layers, train, test, *, group: int, ckpt=N
                     "lr": l.lr, "epoch_times_s": [], "refresh_s": [], "train_error": [], "test_error": []}
                    for i, l in enumerate(layers)]}
     start_group, start_slot = int(position.get("group", 0)), int(position.get("slot", 0))
-    steps = _StepsOnly(guard) if guard is not None else None
+    steps = StepsOnly(guard) if guard is not None else None
     # epochs each layer has done: the version of the copy the ranks hold
     done = [0] * n
     for g, slots in enumerate(groups):
@@ -191,13 +172,13 @@ def pretrain_model_parallel(be, comm, layers, train, test, *, group: int, ckpt=N
             # the hand-over: every layer trained in this slot goes from its rank to all
             for j, _ in active:
                 buf = _flat(be, layers[j])
-                comm.bcast(buf, root=owner(j, group, comm.size))
+                comm.Bcast(buf, root=owner(j, group, comm.size))
                 _unflat(be, layers[j], buf)
                 done[j] = dict(active)[j] + 1
             flags = np.array([guard.flags() if guard is not None else 0.0])
-            comm.allreduce(flags)
-            gathered = [s for part in comm.allgather_obj(stats) for s in part]
-            dt = comm.max(comm.wtime() - t0)
+            comm.Allreduce(flags)
+            gathered = [s for part in comm.allgather(stats) for s in part]
+            dt = comm.allreduce(comm.wtime() - t0, op="max")
             bad = next((s[5] for s in gathered if s[5]), None)
             if bad is not None:
                 from aepar.errors import Diverged
@@ -247,7 +228,7 @@ def _save(be, comm, layers, group, record, g, next_slot, ckpt, outer, why):
     prefix = prog.get("prefix", "")
     velocities = {j: {k: be.to_host(v) for k, v in layers[j].optimizer.state().items()}
                   for j in range(len(layers)) if owner(j, group, comm.size) == comm.rank}
-    parts = comm.gather_obj(velocities)
+    parts = comm.gather(velocities)
     if comm.is_root:
         lp, _ = layer_state(be, layers, prefix=prefix)
         params = dict(params, **lp)

@@ -164,7 +164,7 @@ class RootOptimizer:
         t0 = wtime()
         self.buffer[0] = EVALUATE
         self.buffer[1:] = self.xp.asarray(theta64, dtype=self.buffer.dtype)
-        self.comm.bcast(self.buffer)
+        self.comm.Bcast(self.buffer)
         self.seconds_comm += wtime() - t0
         total = self._local(self.buffer[1:])
         t3 = wtime()
@@ -219,7 +219,7 @@ class RootOptimizer:
             res = opt.run(callback)
         except BaseException as exc:  # stop the workers whatever happened, and tell them why
             self._send(FAILED)
-            self.comm.bcast_obj(_describe(exc))
+            self.comm.bcast(errors.describe(exc))
             if isinstance(exc, errors.UserError) and self.comm.parallel:
                 exc.collective = True
             raise
@@ -228,14 +228,14 @@ class RootOptimizer:
 
     def _send(self, code: float):
         self.buffer[0] = code
-        self.comm.bcast(self.buffer)
+        self.comm.Bcast(self.buffer)
 
     def _serve(self):
         comm, wtime = self.comm, self.comm.wtime
         theta = self.buffer[1:]
         while True:
             t0 = wtime()
-            comm.bcast(self.buffer)
+            comm.Bcast(self.buffer)
             self.seconds_comm += wtime() - t0
             code = float(self.buffer[0])
             if code == STOP:
@@ -243,24 +243,11 @@ class RootOptimizer:
             if code == PAUSE:
                 return PAUSE
             if code != EVALUATE:
-                raise _rebuild(comm.bcast_obj(None))
+                raise _rebuild(comm.bcast(None))
             self._local(theta)
             self.evaluations += 1
 
 
-def _describe(exc) -> tuple:
-    """(class name, message) of the root's error, for the workers."""
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return type(exc).__name__, text
-
-
 def _rebuild(described):
     """The workers' copy of the root's error: the same user-facing kind, or RootFailure."""
-    name, text = described
-    cls = getattr(errors, name, None)
-    if isinstance(cls, type) and issubclass(cls, errors.UserError):
-        exc = cls.__new__(cls)
-        Exception.__init__(exc, text)
-        exc.collective = True
-        return exc
-    return RootFailure(f"the root rank failed ({name}: {text}); stopping")
+    return errors.rebuild(described) or RootFailure(f"the root rank failed ({described[0]}: {described[1]}); stopping")

@@ -29,24 +29,24 @@ r, n = comm.rank, comm.size
 
 # bcast overwrites every non-root buffer with the root's
 buf = np.full(5, float(r))
-comm.bcast(buf, root=0)
+comm.Bcast(buf, root=0)
 assert np.all(buf == 0.0), buf
 if n > 1:
     buf = np.full(3, float(r))
-    comm.bcast(buf, root=n - 1)
+    comm.Bcast(buf, root=n - 1)
     assert np.all(buf == n - 1)
 
 # allreduce: sum of ranks, any size
 buf = np.arange(4, dtype=np.float64) + r
-comm.allreduce(buf)
+comm.Allreduce(buf)
 assert np.allclose(buf, n * np.arange(4) + n * (n - 1) / 2), buf
 buf = np.array([r], dtype=np.int64)
-comm.allreduce(buf, op="max")
+comm.Allreduce(buf, op="max")
 assert buf[0] == n - 1
 
 # reduce: the root gets the sum, other ranks' input is not mutated
 mine = np.full(6, r + 1.0)
-out = comm.reduce(mine, root=0)
+out = comm.Reduce(mine, root=0)
 if comm.is_root:
     assert np.allclose(out, n * (n + 1) / 2)
 else:
@@ -56,25 +56,25 @@ else:
 sub = comm.split(r % 2)
 assert sub.size == len([q for q in range(n) if q % 2 == r % 2])
 val = np.array([1.0])
-sub.allreduce(val)
+sub.Allreduce(val)
 assert val[0] == sub.size
 
 # point to point ring with non-blocking requests
 if n > 1:
     send = np.full(8, float(r))
     recv = np.empty(8)
-    rreq = comm.irecv(recv, source=(r - 1) % n, tag=7)
-    sreq = comm.isend(send, dest=(r + 1) % n, tag=7)
+    rreq = comm.Irecv(recv, source=(r - 1) % n, tag=7)
+    sreq = comm.Isend(send, dest=(r + 1) % n, tag=7)
     sreq.wait()
     rreq.wait()
     assert np.all(recv == (r - 1) % n)
 
 # host staging of device buffers (CUDA-aware MPI absent)
 dev = FakeDeviceArray(np.full(4, float(r)))
-comm.bcast(dev, root=0)
+comm.Bcast(dev, root=0)
 assert np.all(dev.host == 0.0)
 dev = FakeDeviceArray(np.ones(4))
-comm.allreduce(dev)
+comm.Allreduce(dev)
 assert np.all(dev.host == n)
 
 # agree: a UserError raised on one rank is raised on every rank

@@ -15,11 +15,11 @@ def main(argv, comm):
     if mode == "user-one":  # a rank alone finds bad input while the others wait
         if comm.rank == comm.size - 1:
             raise UserError("rank-local bad file")
-        comm.allreduce(np.zeros(1))
+        comm.Allreduce(np.zeros(1))
     if mode == "crash":  # an internal error on one rank while the others wait in a collective
         if comm.rank == comm.size - 1:
             raise RuntimeError("boom")
-        comm.allreduce(np.zeros(1))
+        comm.Allreduce(np.zeros(1))
     print("finished", flush=True)
 
 

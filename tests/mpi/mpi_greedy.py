@@ -62,7 +62,7 @@ def paused_then_resumed(comm, make, shard, epoch, train):
     result = train(first, epoch, PauseAt(comm, 3), None)
     check("the pause came", not result.complete, result)
     state = Checkpointer.gather(result.state, comm)
-    state = EpochState.from_dict(comm.bcast_obj(state.to_dict() if comm.is_root else None))
+    state = EpochState.from_dict(comm.bcast(state.to_dict() if comm.is_root else None))
     second = make()
     second.load_state(first.state())
     result = train(second, epoch, None, state)
@@ -128,7 +128,7 @@ def main():
         result = stack_train(first, 1, PauseAt(comm, 3), None)
         check("stacked: the pause came", not result.complete)
         state = Checkpointer.gather(result.state, comm)
-        state = EpochState.from_dict(comm.bcast_obj(state.to_dict() if comm.is_root else None))
+        state = EpochState.from_dict(comm.bcast(state.to_dict() if comm.is_root else None))
         second = make()
         for k, v in first.params.items():
             second.params[k][...] = v
@@ -152,7 +152,7 @@ def main():
             check(f"{name} allreduce epoch {epoch} error close", np.allclose(e_fast, e_one, rtol=1e-5), (e_fast, e_one))
         for k in fast.params:
             host = be.to_host(fast.params[k])
-            check(f"{name} allreduce {k} the same on every rank", all(equal(host, h) for h in comm.allgather_obj(host)))
+            check(f"{name} allreduce {k} the same on every rank", all(equal(host, h) for h in comm.allgather(host)))
             check(f"{name} allreduce {k} close to the tree",
                   np.allclose(host, be.to_host(one.params[k]), rtol=1e-4, atol=1e-5))
 

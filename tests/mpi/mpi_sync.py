@@ -103,7 +103,7 @@ def main():
     paused = result.paused
     if args.pause:
         assert paused, "the checkpoint request did not pause the pipeline"
-        state = comm.bcast_obj(pipe.state())
+        state = comm.bcast(pipe.state())
         guard.saved()
         before = result.epochs
         result = pipeline(state).run()
@@ -114,7 +114,7 @@ def main():
     # every rank holds every layer's final weights, the same everywhere
     for layer in layers:
         mine = np.concatenate([np.ravel(layer.params[k]) for k in sorted(layer.params)])
-        root = comm.bcast(mine.copy())
+        root = comm.Bcast(mine.copy())
         assert np.array_equal(root, mine), f"rank {comm.rank}: weights differ from rank 0's"
 
     if args.spin:

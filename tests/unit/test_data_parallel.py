@@ -205,13 +205,13 @@ class _Recording(Comm):
         self.__dict__.update(serial.__dict__)
         self.calls = []
 
-    def allreduce(self, buf, op="sum"):
+    def Allreduce(self, buf, op="sum"):
         self.calls.append("allreduce")
-        return super().allreduce(buf, op)
+        return super().Allreduce(buf, op)
 
-    def bcast(self, buf, root=0):
+    def Bcast(self, buf, root=0):
         self.calls.append("bcast")
-        return super().bcast(buf, root)
+        return super().Bcast(buf, root)
 
 
 @pytest.mark.parametrize("make", [lambda be: RBM(be, 12, 5, batch=40, seed=5),

@@ -3,7 +3,7 @@ import itertools
 
 import pytest
 
-from aepar.parallel.executor import wait_until
+from aepar.comm import wait_until
 from aepar.parallel.pipeline import (Layout, allot_ranks, group_stages, make_layout, plan_schedule,
                                      replay_plan, stage_costs)
 

@@ -501,16 +501,16 @@ def test_root_failure_sends_stop_and_raises(rng):
         def collectives(self):
             return len(self.log)
 
-        def bcast(self, buf, root=0):
-            self.log.append(("bcast", float(buf[0])))
+        def Bcast(self, buf, root=0):
+            self.log.append(("Bcast", float(buf[0])))
             return buf
 
-        def reduce(self, buf, root=0, op="sum"):
-            self.log.append(("reduce", None))
+        def Reduce(self, buf, root=0, op="sum"):
+            self.log.append(("Reduce", None))
             return buf
 
-        def bcast_obj(self, obj, root=0):
-            self.log.append(("bcast_obj", obj))
+        def bcast(self, obj, root=0):
+            self.log.append(("bcast", obj))
             return obj
 
     class Failing:
@@ -561,9 +561,9 @@ def test_root_failure_sends_stop_and_raises(rng):
         with pytest.raises(RuntimeError, match=f"injected failure in {where}"):
             opt.run(model.init_theta(0), 50)
         kinds = [k for k, _ in comm.log]
-        assert comm.log[-2:] == [("bcast", FAILED), ("bcast_obj", ("RuntimeError", f"injected failure in {where}"))]
+        assert comm.log[-2:] == [("Bcast", FAILED), ("bcast", ("RuntimeError", f"injected failure in {where}"))]
         # every broadcast θ got both sums (the first one's result broadcast in it)
-        assert kinds[:-2] == ["bcast", "allreduce", "bcast", "reduce"] * 4
+        assert kinds[:-2] == ["Bcast", "allreduce", "Bcast", "reduce"] * 4
 
 
 # ---- report helpers -------------------------------------------------------------------------
