@@ -1,7 +1,7 @@
 """Per-rank thread counts, set before NumPy/Numba are imported.
 
 Every rank uses (cores it may use) / (ranks on this node) threads (``AEPAR_THREADS``
-overrides): oversubscribed threads made MPI peers 2-7x slower on a busy 2-core box.
+overrides): oversubscribed threads make MPI peers several times slower on a busy node.
 Those threads are aepar's own, and each takes whole blocks of samples
 (aepar.rows.parallel_map); BLAS and Numba run single-threaded inside them,
 because OpenBLAS's results change with its thread count (it splits the products

@@ -70,8 +70,8 @@ def select(device: str | None = None, kernel_set: str = "auto", dtype="float64",
             raise UserError("--device gpu: no GPU found")
         xp.cuda.Device((local_rank if local_rank is not None else _local_rank()) % ngpu).use()
         # one host thread queues a GPU's work: aepar's block threads (aepar.rows) would only
-        # contend for the GIL and CuPy's launches (16 made the autoencoder layer's step 5x
-        # slower on an H100). The bits do not depend on the thread count.
+        # contend for the GIL and CuPy's launches (many of them made the autoencoder layer's
+        # step several times slower). The bits do not depend on the thread count.
         import aepar
         aepar.THREADS = 1
     else:

@@ -112,7 +112,7 @@ def add_reduce_blocks(group):
                             f"fixed tree, so up to R ranks (any number of threads) give bit-identical "
                             f"results (default {DEFAULT_BLOCKS}; 1 is fastest on one process but allows one rank: "
                             f"on a GPU each block is its own kernel launches, and at batch 100 the default "
-                            f"{DEFAULT_BLOCKS} blocks train 7-15x slower than 1)")
+                            f"{DEFAULT_BLOCKS} blocks train several times slower than 1)")
 
 
 def progress(comm, quiet: bool, message: str):
@@ -126,7 +126,7 @@ def gpu_blocks_hint(comm, be, count: int, quiet: bool):
     fast path there: each block is its own kernel launches."""
     if be.device == "gpu" and comm.size == 1 and count > 1:
         progress(comm, quiet, f"note: {count} blocks on one GPU give the bits of 1-{count} ranks but train "
-                              f"7-15x slower than --reduce-blocks 1 at batch 100 (see --help)")
+                              f"several times slower than --reduce-blocks 1 at batch 100 (see --help)")
 
 
 def parse_with_preset(parser, presets: dict, argv=None):

@@ -23,7 +23,7 @@ from aepar.errors import UserError
 
 # What MPI launchers (mpirun/mpiexec of Open MPI, MPICH, Intel MPI, MVAPICH; srun; Cray's
 # aprun/PALS) put in every rank's environment. Without any of them this is one process, and
-# MPI_Init (about 1 s of every start-up) is skipped; AEPAR_MPI=1 forces MPI, AEPAR_MPI=0
+# MPI_Init (a noticeable part of every start-up) is skipped; AEPAR_MPI=1 forces MPI, AEPAR_MPI=0
 # forbids it.
 MPI_ENV = "AEPAR_MPI"
 LAUNCHER_HINTS = ("OMPI_COMM_WORLD_", "PMI_", "PMIX_", "MPI_LOCALNRANKS", "MPI_LOCALRANKID", "HYDRA_",

@@ -454,9 +454,8 @@ def standardized_codes(be, model, split) -> list:
     """The codes of the train, validation and test images, each feature shifted and scaled
     by its training mean and standard deviation (constant features left at 0). Raw ReLU
     codes run to tens with very different scales per feature; on them the softmax's Adam
-    steps oscillated (measured on the embedded digits: 87.2% after 10 epochs for 5
-    concatenated codes, swinging between 87% and 93% from one epoch to the next, against
-    94.3% steady when standardized)."""
+    steps oscillate (the test accuracy swings from one epoch to the next, below the steady
+    accuracy of standardized codes; docs/performance-notes.md)."""
     parts = [_codes(be, model, x) for x in (split.train_x, split.val_x, split.test_x)]
     mean = parts[0].mean(axis=0, dtype=np.float64)
     std = np.sqrt(np.mean(np.square(parts[0] - mean.astype(parts[0].dtype), dtype=np.float64), axis=0))

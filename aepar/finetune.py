@@ -5,7 +5,7 @@ into the deep autoencoder 784-1000-500-250-30-250-500-1000-784 and trained data-
 over every rank: the global minibatch is split over the ranks, one packed Allreduce sums
 the gradients each step. The default is Adam on pixel cross-entropy, which gains far more
 in the same epochs than the seed's literal recipe, plain SGD at learning rate 0.001 on
-squared error (``--optimizer sgd --loss mse``; DESIGN.md, "Reference figures").
+squared error (``--optimizer sgd --loss mse``; docs/architecture.md, "Training recipes").
 
 Given a checkpoint that was fine-tuned already (``finetuned/*`` in a weights.h5 of any
 of these schemes), fine-tuning continues from the fine-tuned network (``--from-pretrained``
@@ -54,7 +54,7 @@ def add_finetune_args(parser, *, standalone=False):
                    default=10, help="epochs of backprop (default 10; 0 skips fine-tuning)")
     g.add_argument("--optimizer", choices=["sgd", "adam"], default="adam",
                    help="adam: Adam (default); sgd: plain SGD. The seed's literal recipe is --optimizer sgd "
-                        "--loss mse, which barely moves the weights in 10 epochs (DESIGN.md)")
+                        "--loss mse, which barely moves the weights in 10 epochs")
     g.add_argument("--loss", choices=list(LOSSES), default="xent",
                    help="xent: pixel cross-entropy from logits (default, Hinton's fine-tuning objective); "
                         "mse: squared error (the seed)")

@@ -1,8 +1,8 @@
 """What machine a benchmark row was measured on.
 
 Every scaling/peer row carries these columns so that a number is never separated from
-the hardware, BLAS build and thread setting that produced it (a DGEMM on this kind of
-CPU is 50 or 80 GFLOP/s depending on which OpenBLAS kernels were picked).
+the hardware, BLAS build and thread setting that produced it (a DGEMM on one CPU runs at
+very different rates depending on which OpenBLAS kernels were picked).
 
 Cheap to call: reads /proc and the environment, asks NumPy for its build configuration
 and, only if it is already installed, threadpoolctl for the OpenBLAS core type. The MPI

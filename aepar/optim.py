@@ -16,8 +16,8 @@ def in_bands(update, *arrays_per_param, extras=None):
     """``update(*arrays, *extra)`` on every parameter's arrays, each cut into one band of
     rows per thread and the bands spread over this rank's threads in one hand-off (``extras``:
     one tuple of arguments per parameter). The updates are element-wise, so a band gives the
-    bits the whole array would (the 2-thread fine-tuning epoch's Adam had run on one thread:
-    0.33 of 1.74 s)."""
+    bits the whole array would (on one thread Adam's update was a large share of a 2-thread
+    fine-tuning epoch)."""
     extras = extras or [()] * len(arrays_per_param[0])
     if threads() == 1:  # one band per parameter: the whole of it (a GPU's run, or one core)
         for arrays, extra in zip(zip(*arrays_per_param), extras):
@@ -263,8 +263,8 @@ def _setulb():
 def _load_setulb():
     """``setulb`` from scipy's ``_lbfgsb`` extension, loaded from its file without
     scipy.optimize's package: that package imports every solver and parses their
-    docstrings, 0.2 of the 0.9 s that ``python -m aepar.sparse --iterations 1`` took on an
-    Intel Xeon. Where the file is not found or does not load so, the package import."""
+    docstrings, a large part of a short run's start-up (``python -m aepar.sparse
+    --iterations 1``). Where the file is not found or does not load so, the package import."""
     try:
         major, minor = (int(p) for p in importlib.metadata.version("scipy").split(".")[:2])
     except (importlib.metadata.PackageNotFoundError, ValueError):

@@ -14,7 +14,8 @@ show both.
 Ranks. P = layers: one rank per layer. P > layers: the extra ranks become data-parallel
 replicas inside the stages, allotted by each stage's planned work (FLOPs x rows x epochs,
 extras included), so the 784x1000 layer gets the most: one rank per layer cannot beat
-~1.8x over greedy (layer 1 is ~55% of the work), replicas can. P < layers: consecutive
+greedy by more than total work / layer 1's work (layer 1 holds over half of it), replicas
+can. P < layers: consecutive
 layers share a rank (grouped by work), their epochs interleaved in plan order.
 P = 1 runs the same schedule in one process.
 
@@ -33,33 +34,30 @@ Hand-over (``--handover-mode``). ``data``: the producer transforms its rows,
 h = transform(x_l), and sends the consumer replicas their rows of h (the paper's eq. 6).
 ``weights``: the producer sends the (W, b_h) of every layer below (the chain that made the
 version) and the consumer recomputes its input from its own copy of the data, reusing the
-activations of the unchanged bottom of the chain. The weights come out identical.
-Measured (``python -m bench.stacked --quick``: mnist5k, 3,599 + 401 rows, float32,
-784-1000-500-250-30; bench/results/handover_quick.csv, makespan_quick.csv):
+activations of the unchanged bottom of the chain. The weights come out identical; the
+work and the bytes do not:
 
-- bytes per version out of layer 1: data 16 MB (its 1000 outputs per row), weights 3.1 MB;
-- data costs the producer a transform per version, 0.10-0.13 s = ~25% of layer 1's epoch,
-  on the pipeline's bottleneck; weights costs layer 1 ~1 ms, but its consumers recompute:
-  0.10-0.16 s at layer 2, 0.17-0.21 s at layers 3 and 4 (the chain below them changes),
-  about one whole epoch of layer 4 per version - more work in total;
-- wall time here (2 cores shared by all ranks, so total work decides): data faster,
-  np 2: 8.4 s vs 9.0 s, np 4: 7.5 s vs 8.6 s (greedy, one core: 7.7 s);
-- simulated with one core per rank (bench/makespan.py from the layer times measured on
-  Fashion-MNIST, the seed's 20 epochs + 0,5,20,40): one rank per layer, weights faster
-  (0.65 vs 0.67 of greedy's time with the plan; 0.55 vs 0.68 with real-time newest-wins
-  ending with layer 1) because it keeps the transform off layer 1; with replicas, data far
-  faster (8 ranks as 3,3,1,1: 0.32 vs 0.56 of greedy; 16 ranks: 0.16 vs 0.44) because
-  single-rank small stages would recompute the big layers below them.
+- ``data`` sends the producer's outputs for every row (layer 1's 1000 per row), far more
+  bytes than ``weights`` sends, and costs the producer a transform per version - on the
+  pipeline's bottleneck when the producer is layer 1;
+- ``weights`` keeps the transform off layer 1, but every consumer recomputes its input
+  through the chain below it (all of it changes for layers 3 and 4), so the job does more
+  work in total;
+- where ranks share cores, total work decides, and ``data`` finishes first; with one rank
+  per layer and a core each, ``weights`` does, because it keeps layer 1 free; with
+  replicas ``data`` is far ahead, because single-rank small stages would recompute the big
+  layers below them.
 
 Hence the default ``auto``: data, unless every rank has a core of its own and replaying
 the plan on the FLOP clock predicts weights faster (:func:`aepar.parallel.pipeline.choose_mode`;
-in practice: one rank per layer).
+in practice: one rank per layer). The measurements behind this are in
+docs/performance-notes.md.
 
 Time. Greedy pre-training is the sum of every layer's epochs; the pipeline cannot beat
-total / heaviest stage with one rank per layer (layer 1 is ~55% of the FLOPs: ~1.8x), and
-the extra epochs add work. Replicas lift that bound: simulated 0.32x greedy's time on 8
-ranks, 0.16x on 16 (Fashion-MNIST layer times). This machine has 2 cores; Table 3 of a run here measures what 2 cores
-do, and bench/makespan.py says which figures are simulated.
+total / heaviest stage with one rank per layer (layer 1 holds over half of the FLOPs), and
+the extra epochs add work. Replicas lift that bound. On fewer cores than ranks, Table 3 of
+a run measures what those cores do, not the schedule; bench/makespan.py says which figures
+are simulated.
 
 Outputs (``--out``, default runs/sync, written only when the run succeeds): weights.h5
 (pre-trained layers as layer{i}/W|bv|bh - loadable by ``python -m aepar.finetune`` -,
@@ -96,14 +94,14 @@ PROG = "aepar.sync"
 # The seed's extra epochs for layers 1-4; deeper stacks repeat the last value.
 PAPER_EXTRAS = (0, 5, 20, 40)
 
-# Chosen from bench.stacked's measurements (module docstring): "auto" picks data (the least
+# Chosen from bench.stacked's measurements (docs/performance-notes.md): "auto" picks data (the least
 # work in total) unless replaying the plan predicts weights faster on cores of their own.
 DEFAULT_HANDOVER_MODE = "auto"
 
 PRESETS = {
     # `make run`: the embedded 5,000 real MNIST digits, the real architecture, reduced
     # epochs, Adam on cross-entropy for fine-tuning (the seed's plain SGD at lr 0.001
-    # barely moves the weights in 10 epochs, DESIGN.md "Reference figures").
+    # barely moves the weights in 10 epochs; docs/architecture.md, "Training recipes").
     "quick": dict(dataset="mnist5k", epochs=10, finetune_epochs=10, optimizer="adam", loss="xent",
                   dtype="float32", compare_greedy=True),
     # the seed's budget (20 pre-training epochs per layer, 10 of fine-tuning) on

@@ -1,17 +1,15 @@
 """Host arrays for the CPU kernels: data that starts on a 64-byte (cache line) boundary.
 
 NumPy starts a large array 16 or 32 bytes past a line. A vector load that straddles two
-lines costs two, and rows that start 16 bytes past a line slowed the thin products of
-:mod:`.nb.rowprod` on the AVX2 path (Zen 4, 1 thread, 13 x 784 x 1000, GFLOP/s, every
-operand on a line vs 16 bytes past one): ``rows_times`` 101 vs 87 (W's rows),
-``rows_times_t`` 75 vs 58 (W's and h's rows), ``block_outer_sum`` 84 vs 74 (its output);
-on the AVX-512 path ``rows_times_t`` 91 vs 83, the others alike. A row of a C-contiguous
+lines costs two, and rows that start 16 bytes past a line slow the thin products of
+:mod:`.nb.rowprod` (``rows_times``: W's rows; ``rows_times_t``: W's and h's rows;
+``block_outer_sum``: its output), most on the AVX2 path. A row of a C-contiguous
 array is then aligned as far as its length allows: every row of 784 or 1000 float32s,
 every fourth of 500.
 
 Plain NumPy (no Numba): the CPU backend allocates a run's parameters and gradient buffers
 here, and the numba kernels the arrays they hand on to be loaded as vectors and the sparse
-autoencoder's float64 workspace (whose tiles ran at half speed unaligned).
+autoencoder's float64 workspace (whose tiles run much slower unaligned).
 """
 from __future__ import annotations
 
@@ -26,8 +24,8 @@ ALIGNMENT = 64
 
 def _allocate(shape, dtype, fill) -> np.ndarray:
     """A C-order array of ``shape`` and ``dtype`` in a block from ``fill`` (np.empty or
-    np.zeros) a little larger than it, from the block's first 64-byte boundary (2 us a
-    call: the kernels take it only for arrays they load as vectors)."""
+    np.zeros) a little larger than it, from the block's first 64-byte boundary (dearer
+    than a plain np.empty: the kernels take it only for arrays they load as vectors)."""
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     raw = fill(math.prod(shape) * dtype.itemsize + ALIGNMENT, np.uint8)

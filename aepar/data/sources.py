@@ -424,7 +424,7 @@ def _photo_pixels(name: str):
     """One scikit-image photograph as stored, or None where this scikit-image lacks it.
 
     The bundled PNGs are read with Pillow straight from the wheel's data folder: importing
-    skimage.io costs a quarter of a second, more than a short run's training."""
+    skimage.io is slow, slower than a short run's training."""
     folder = Path(importlib.util.find_spec("skimage").origin).parent / "data"
     try:
         from PIL import Image

@@ -99,10 +99,9 @@ class Classifier(TrainedState, DenseBackprop):
         softmax layer's output is always the logits.
     seed : int
         Of the initialisation. Hidden layers: 0.1·N(0,1) weights, the RBMs' init (Hinton &
-        Salakhutdinov). Measured on the embedded digits (784-2000-2000-2000-2000, Adam 1e-3,
-        float32): test accuracy 72% after one epoch and 90% after five, where the "scaled"
-        N(0, 1/fan_in) stayed near chance for two epochs and reached 87% after ten, and
-        PyTorch's U(±1/√fan_in) stayed at chance for eight. Wide sigmoid layers whose
+        Salakhutdinov): deep sigmoid networks learn from the first epochs with it, where the
+        "scaled" N(0, 1/fan_in) and PyTorch's U(±1/√fan_in) stay near chance for several
+        epochs (docs/performance-notes.md). Wide sigmoid layers whose
         pre-activations span a few units start with diverse features; near-linear ones do
         not. Softmax layer: ``OUTPUT_INIT``·N(0,1), near-uniform probabilities at the start.
         Biases zero.

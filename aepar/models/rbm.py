@@ -1,6 +1,6 @@
 """A restricted Boltzmann machine layer trained by CD-1 (Hinton & Salakhutdinov 2006).
 
-The recipe (DESIGN.md, "Stacked autoencoder"): learning rate 0.1 for weights and biases,
+The recipe (docs/architecture.md, "Training recipes"): learning rate 0.1 for weights and biases,
 momentum 0.5 for the first 5 epochs then 0.9, weight cost 2e-4 on W only, batch 100,
 W ~ 0.1 N(0, 1), zero biases, hidden *states* sampled for the negative phase, the
 reconstruction kept as probabilities, the next layer trained on hidden probabilities.

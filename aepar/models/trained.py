@@ -84,9 +84,9 @@ class DenseBackprop:
 
     def forward_blocks(self, xs) -> BlockActivations:
         """:meth:`forward` of every block in ``xs``, layer by layer: each thread takes its
-        group through all the layers, one hand-off per pass (a thread pool's hand-off took
-        ~90 us on a 2-vCPU VM; a layer at a time made eight per pass and left 2 threads no
-        faster than one)."""
+        group through all the layers, one hand-off per pass (a thread pool's hand-off is
+        not free: a layer at a time made eight per pass, and they ate what a second thread
+        gained)."""
         K, p = self.be.K, self.params
         acts = BlockActivations(list(xs), self.be.xp)
         layers = [(p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i]) for i in range(self.n_layers)]

@@ -25,7 +25,7 @@ sends the parameters (W, b_h) of every layer below (the chain that made the vers
 the consumer recomputes its input from its own copy of x, reusing the activations of the
 unchanged bottom of the chain. Both give identical inputs (the same transforms in the same
 order); they differ in where the work and the bytes are. See :mod:`aepar.sync` for the
-measurements and the default.
+trade-off and the default, docs/performance-notes.md for the measurements.
 """
 from __future__ import annotations
 

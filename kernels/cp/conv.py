@@ -133,9 +133,8 @@ def _launch(name, dtype, n, *args):
 
 @functools.lru_cache(maxsize=None)
 def _function(name, device):
-    """The module's kernel ``name`` on ``device``, looked up once: a lookup per launch took
-    11 ms of the 0.37 s of host time of 100 CAE steps (cProfile on an H100,
-    bench/results/gpu/gpu_train_step_profile.txt)."""
+    """The module's kernel ``name`` on ``device``, looked up once: a lookup per launch is
+    a visible share of a CAE step's host time (bench/results/gpu/gpu_train_step_profile.txt)."""
     return _MODULE.get_function(name)
 
 

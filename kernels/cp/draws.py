@@ -1,8 +1,7 @@
 """NumPy's PCG64 float32 uniforms made on the GPU (see :mod:`kernels.ref.draws` for the math).
 
-Drawing on the host and copying was most of a GPU CD-1 step at large batches: on an H200,
-the 784x1000 epoch of 50k rows at batch 5000 took 0.206 s that way and 0.053 s with these
-(batch 100: 0.516 -> 0.425 s; one block). Here each generator's state goes to the
+Drawing on the host and copying the draws over was most of a GPU CD-1 step at large
+batches, and a visible part at batch 100. Here each generator's state goes to the
 device (the first one's in the launch's parameters), thread t of a stream jumps to
 output t and then strides by the grid's thread count T (s_{k+T} = A_T s_k + C_T), so
 neighbouring threads write neighbouring pairs; the host then moves each generator on by
@@ -37,7 +36,7 @@ __device__ void jump(u64 n, u128 mult, u128 plus, u128 *am, u128 *ap) {
 }
 // per stream: state hi, lo, inc hi, lo, first element, count, buffered (0/1), the
 // buffered 32 bits. Stream 0's come as the launch's parameters (one stream, the usual
-// case, needs no copy to the device: a copy from pageable memory cost 70 us a call);
+// case, needs no copy to the device: a copy from pageable memory is slow for its size);
 // stream i > 0's are more[8(i-1)..8(i-1)+7].
 extern "C" __global__ void pcg64_uniform_f32(u64 s0, u64 s1, u64 s2, u64 s3, u64 s4, u64 s5, u64 s6, u64 s7,
                                              const u64 *more, float *out, u64 mult_hi, u64 mult_lo) {
@@ -70,8 +69,8 @@ extern "C" __global__ void pcg64_uniform_f32(u64 s0, u64 s1, u64 s2, u64 s3, u64
 }
 """
 _KERNEL = cp.RawKernel(_SOURCE, "pcg64_uniform_f32")
-# 64 outputs a thread: each thread first jumps to its place (about 40 128-bit products);
-# 8 a thread made batch 5000's draws 129 us on an H200, 64 made them 44
+# 64 outputs a thread: each thread first jumps to its place (about 40 128-bit products),
+# a cost that fewer outputs a thread would pay more often (8 a thread was far slower)
 _THREADS, _PER_THREAD = 256, 64
 _M64 = (1 << 64) - 1
 

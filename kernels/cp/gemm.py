@@ -2,9 +2,9 @@
 
 One ``cublas<t>gemm`` call per product, and ``accumulate=True`` adds the product into
 ``out`` (beta = 1): a weight gradient ``dW += x.T @ dz`` was a temporary and a second
-launch, and at batch 100 a GPU step is host-bound (each launch costs the host ~10 µs). A
-plain product costs the host what ``cupy.matmul`` does (20-33 µs either way on an H100:
-the cuBLAS call itself), and its bits were the same in every shape compared.
+launch, and at batch 100 a GPU step is host-bound (each launch costs host time). A
+plain product costs the host what ``cupy.matmul`` does (the cuBLAS call itself dominates
+either way), and its bits were the same in every shape compared.
 
 A row-major (m, n) matrix is a column-major (n, m) one, so C = A @ B is computed as
 C^T = B^T A^T; a transposed view (F-contiguous) is the other operation on the same memory.

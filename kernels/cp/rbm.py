@@ -5,7 +5,7 @@ per layer visit; the two statistics of the weight gradient are one GEMM over the
 batch [vk; v0]^T @ [hk; -h0], added into dW by one fused kernel (rbm_cd_backward). Both
 bias gradients and the squared error are one kernel over the stacked chain; in
 rbm_cd_update the same launch takes the biases' steps and W's velocity, weight cost and
-step (on an H200 a launch costs the host 11-30 us, more than a batch-100 kernel).
+step (a launch costs the host more time than a batch-100 kernel takes on the GPU).
 Subnormal probabilities are kept (GPUs take no assists for them; the numba set zeroes
 float32 ones below 2**-100).
 

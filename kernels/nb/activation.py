@@ -25,8 +25,8 @@ def act_code(act):
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 def sigmoid(v, one):
-    # nbmath's float64 sigmoid, which vectorises (libm's exp is a scalar call per element:
-    # these loops ran 10x slower), for float32 too, so that the tails stay relative-accurate
+    # nbmath's float64 sigmoid, which vectorises (libm's exp is a scalar call per element,
+    # which kept these loops slow), for float32 too, so that the tails stay relative-accurate
     # down to the smallest float32; the caller's store rounds it to the array's type.
     # Below -708 exactly 0, and a NaN stays NaN (the divergence guard looks for it).
     s = sigmoid64(np.float64(v))

@@ -3,8 +3,8 @@
 im2col + BLAS GEMM. im2col fills ``cols[b, (c*kh + i)*kw + j, p]`` for a chunk of images
 (P = Ho*Wo output pixels), so per image W2 (Cout, Cin*kh*kw) @ cols[b] lands directly in
 NCHW y[n] (Cout, P) with no repacking, and dy[n] (Cout, P) is already the GEMM operand of
-the backward. For LeNet-sized layers (3x3, 1-64 channels, 28x28, batch 100) this ran
-4-15x faster than direct loops over (n, cout) on one core. Chunks keep cols near 2**20 elements.
+the backward. For LeNet-sized layers (3x3, 1-64 channels, 28x28, batch 100) this is many
+times faster than direct loops over (n, cout) on one core. Chunks keep cols near 2**20 elements.
 
 All GEMMs run inside @njit (numba's np.dot, i.e. scipy's BLAS) so one BLAS thread pool is
 used; the copies (im2col, col2im) are parallel over independent planes when that is safe
@@ -136,7 +136,7 @@ def _scratch(slot, shape, dtype):
 
     A fresh 1-2 MB np.empty per call came from mmap and was paid for in page faults on
     first touch: conv2d_backward of the CAE's second layer (13 images, 16 -> 32 channels,
-    14x14) took twice as long as its copies and GEMMs."""
+    14x14) spent longer in them than in its copies and GEMMs."""
     dtype = np.dtype(dtype)
     size = int(np.prod(shape))
     bufs = getattr(_SCRATCH, "bufs", None)
@@ -153,8 +153,8 @@ def _copies():
     """(im2col, col2im) compiled with prange where that pays, else serial.
 
     Parallel copies need an OpenMP runtime that sleeps when idle: with GNU OpenMP's default
-    spin-wait, each hand-over from a parallel region to a multithreaded GEMM cost ~5 ms on
-    a 2-core Zen 5 (the spinning workers starve OpenBLAS's threads). One thread: serial.
+    spin-wait, each hand-over from a parallel region to a multithreaded GEMM is costly (the
+    spinning workers starve OpenBLAS's threads). One thread: serial.
     """
     if get_num_threads() > 1 and (os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive"
                                   or os.environ.get("NUMBA_THREADING_LAYER", "") in ("tbb", "workqueue")):

@@ -146,8 +146,8 @@ def dense_backward_factors(da, x, W, a, act, db, need_dx=True):
 def dense_forward_blocks(x, W, b, act, starts):
     """:func:`kernels.ref.dense.dense_forward_blocks`: every block's rows in one call of the
     row kernel when each block alone would take it (a row's sums do not depend on the other
-    rows of the call; eight calls per layer cost 1.5-2.4 of the 13.6-13.9 ms of a batch's
-    fine-tuning passes), else block by block into its rows of the result (stacking the
+    rows of the call; eight calls per layer are a sizeable part of a batch's fine-tuning
+    passes), else block by block into its rows of the result (stacking the
     blocks' own results afterwards copied both layers' activations once more a step);
     the bias and activation are one pass (element by element: the same bits)."""
     _check_starts(x, starts)

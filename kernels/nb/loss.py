@@ -68,7 +68,7 @@ def _sigmoid_xent(z, t, y):
     """y = sigmoid(z); returns sum(max(z,0) - z t + log1p(exp(-|z|))) in float64.
 
     One exp serves both: exp(-|z|) is the sigmoid's and the log1p's. Both are nbmath's,
-    so the pass vectorises (libm's were 11 ns an element, 4% of a fine-tuning epoch); the
+    so the pass vectorises (libm's are a scalar call per element); the
     terms are then added in index order, the same sum on any number of threads.
     """
     terms = np.empty(z.size)

@@ -1,7 +1,7 @@
 """Scalar math the Numba kernels share: sigmoids that vectorise, and bit casts.
 
-libm's exp is scalar (a call per element: 2.5x slower than these in the RBM passes, as
-slow as all five products of the sparse autoencoder together), so exp is built here from
+libm's exp is scalar (a call per element: much slower than these in the RBM passes, and
+in the sparse autoencoder as costly as its matrix products), so exp is built here from
 a polynomial and 2^n written into the exponent bits. Loops over these functions
 vectorise when compiled with ``error_model="numpy"`` (Python's error model tests each
 division for zero, a branch that kept LLVM's loops scalar) and ``fastmath={"contract"}``

@@ -11,21 +11,20 @@ after which one pass over W adds the weight cost and takes the step.
 
 Bias, nonlinearity, sampling and the reconstruction error are one fused pass each, with a
 sigmoid LLVM vectorises: float32 arithmetic for float32 arrays (float64 for float64), no
-libm call (libm's exp is scalar: 2.5x slower) and error_model="numpy" (Python's error
-model tests each division for zero, a branch that kept the loops scalar: 10x slower).
-Measured on one core of the 2-core box (Xeon, OpenBLAS SkylakeX), 784x1000, batch 100,
-float32: 6.9 ms a step, of which the four GEMM calls take 6.0 ms. The forward products of
-a block of at most 32 rows (aepar.rows' eight blocks of a batch) go to :mod:`.rowprod`
-instead: OpenBLAS ran those at a third of its rate.
+libm call (libm's exp is scalar, a call per element) and error_model="numpy" (Python's
+error model tests each division for zero, a branch that kept the loops scalar). The four
+GEMM calls are most of a step. The forward products of a block of at most 32 rows
+(aepar.rows' eight blocks of a batch) go to :mod:`.rowprod` instead: OpenBLAS runs those
+far below its rate.
 
-The passes are serial on purpose: ~0.1 ms each at 100x1000, and a numba parallel region
-between BLAS calls cost more than it saved. With 2 threads a CD-1 step took the same time
-either way under OMP_WAIT_POLICY=passive, and with GNU OpenMP's default spinning each
-parallel-region-then-GEMM hand-over cost ~5 ms (the spinning OpenMP workers starve
-OpenBLAS's threads); prange passes and update were again 15% slower at 2 threads here.
+The passes are serial on purpose: each is short next to the GEMMs, and a numba parallel
+region between BLAS calls cost more than it saved. With 2 threads a CD-1 step took the
+same time either way under OMP_WAIT_POLICY=passive, and with GNU OpenMP's default spinning
+each parallel-region-then-GEMM hand-over was costly (the spinning OpenMP workers starve
+OpenBLAS's threads); prange passes and update were slower at 2 threads too.
 scipy's BLAS is the one numba's np.dot uses too: one BLAS thread pool (NumPy's own
-OpenBLAS did the forward products 10% faster on one thread, but a second pool made a
-2-thread step 5x slower).
+OpenBLAS did the forward products a little faster on one thread, but a second pool made a
+2-thread step several times slower).
 """
 import math
 import threading
@@ -117,9 +116,8 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
     :func:`kernels.ref.rbm.rbm_cd_factors_blocks` says. CD-1 on blocks that each would
     take the row kernels alone runs every block's chain in one call of each product: a
     row's sums do not depend on the other rows of the call, so every block keeps its own
-    bits, and W is read once per product instead of once per block (8 blocks of 12-13
-    rows x 784 x 1000 on an Intel Xeon with 2 MB of L2, which W does not fit: v @ W
-    1.64-1.70 -> 1.06 ms, h @ W.T 1.94 -> 1.49 ms). Anything else: block by block.
+    bits, and W is read once per product instead of once per block (which pays most where
+    W does not fit in L2). Anything else: block by block.
     """
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     starts = check_cd_blocks(v0, noise, dbvs, dbhs, starts)
@@ -134,7 +132,7 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
     vs, hs = empty((2 * M, nv), dt), empty((2 * M, nh), dt)
     if noise.shape[0] != 1 or not (thin(v0, W, h0, most) and thin_t(state, W, vk, most)):
         # block by block, each chain written where the stacked factors want it (stacking
-        # fresh ones cost a copy of both: 17% of a CD-1 step at batch 5000)
+        # fresh ones costs a copy of both, a sizeable part of a CD-1 step at large batches)
         sq_errs = []
         for lo, hi, dbv, dbh in zip(starts[:-1], starts[1:], dbvs, dbhs):
             sq_errs.append(float(_chain(v0[lo:hi], W, bv, bh, noise[:, lo:hi], hidden, vs[2 * lo:2 * hi],
@@ -185,7 +183,7 @@ def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weig
     lr, momentum = float(lr), float(momentum)
     _gemm_into(vW.T, lr / batch, hs.T, vs.T, beta=momentum, trans_b=1)
     # the passes' scalars in the arrays' dtype: float32 arithmetic for float32 weights, as
-    # in .update (float64 scalars made these passes twice as slow)
+    # in .update (float64 scalars made these passes run in float64, slower)
     _decay_step(W.reshape(-1), vW.reshape(-1), dt.type(lr * float(weight_cost)))
     gv, gh = _bias_grads(vs, hs, batch, 1.0 / batch)
     _bias_step(bv, vbv, gv, dt.type(lr), dt.type(momentum))
@@ -237,8 +235,8 @@ def _flush(dt):
 
     After a few epochs about a tenth of the hidden probabilities are below 1e-30 (sigmoid
     of < -69), their products with the data or the weights underflow, and x86 arithmetic
-    that meets subnormal numbers takes microcode assists: PyTorch's plain CD-1 epoch ran
-    3-4x slower here for it, this kernel set ~3% slower.
+    that meets subnormal numbers takes microcode assists: they slow PyTorch's plain CD-1
+    epoch several-fold, and this kernel set a little.
     A thread's flush-to-zero mode would not reach OpenBLAS's worker threads; zeros in the
     operands do. The change to any float32 result is 30 orders of magnitude below its
     last digit.
@@ -281,7 +279,7 @@ def _hWt(h, W, out):
 
 # ---- fused element-wise passes (one read and one write of each operand) ----------------
 # error_model="numpy": Python's error model tests every division for zero, a branch that
-# kept LLVM from vectorising the sigmoid (10 ns an element instead of 1).
+# kept LLVM from vectorising the sigmoid, which then ran many times slower.
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 def _hidden_pass(h, bh, gauss, noise, state, sample, flush, sign):

@@ -1,9 +1,9 @@
 """out = v @ W in float32 with each row's sums in a fixed order: the products of a block
-of 12-13 rows (aepar.rows' eight blocks of a batch of 100) at 2-3x OpenBLAS's speed.
+of 12-13 rows (aepar.rows' eight blocks of a batch of 100) faster than OpenBLAS.
 
-OpenBLAS runs such thin products at about a third of its rate on the whole batch, and
-the eight blocks per batch that make results bit-identical on 1-8 ranks made the CD-1
-and fine-tuning epochs 2x slower than PyTorch's. Here every out[r, j] is
+OpenBLAS runs such thin products far below its rate on the whole batch, and the eight
+blocks per batch that make results bit-identical on 1-8 ranks made the CD-1 and
+fine-tuning epochs much slower than PyTorch's. Here every out[r, j] is
 fma(v[r, K-1], W[K-1, j], ... fma(v[r, 0], W[0, j], 0)), in that order, whatever the
 number of rows in the call or the row's place in it, and W streams through the register
 tiles once per tile of rows, without OpenBLAS's packing. The tiles hold RT rows x CT
@@ -17,29 +17,26 @@ RT x CT     rows x 16-column vectors    6 x 4    6 x 1
 DR x DI     h @ W.T: h rows x W rows    4 x 6    2 x 3 (in 8-lane halves)
 ==========  ==========================  =======  ======
 
-Measured on a Zen 4 EPYC, 1 thread, 13 x 784 x 1000: 0.20 ms (94 GFLOP/s) against
-OpenBLAS's 0.47-0.68 ms. For 100 rows OpenBLAS is faster: :data:`MAX_ROWS` picks.
+For a block's rows these tiles beat OpenBLAS; for 100 rows OpenBLAS is faster:
+:data:`MAX_ROWS` picks.
 
 :func:`block_outer_sum` is the weight gradient of those blocks: Σ_b alpha_b A_b.T @ D_b
 added in the fixed tree, one call per tree node. Each block's FMA chain runs over its
 own rows in a register tile (OR x OC: 8 x 3 on AVX-512, 6 x 1 on AVX2; OR - 1 and single
 rows where M is not a fit), the tree's
 additions against a small stack in cache, so the blocks' gradients are never written
-out: eight blocks' 784 x 1000 gradients were 8 zeroed 3 MB vectors, 8 GEMMs of K = 26
-and 7 NumPy additions per step. Zen 4, 1 thread, 8 blocks of 26 rows: 3.6-4.1 ms
-(77-89 GFLOP/s) against 3.2 ms for OpenBLAS's one K = 208 product (which would give
-other bits on other ranks).
+out (written out, eight blocks' 784 x 1000 gradients are 8 zeroed 3 MB vectors, 8 GEMMs
+of K = 26 and 7 NumPy additions per step). It runs close to OpenBLAS's one K = 208
+product over all the blocks, which would give other bits on other ranks.
 
 Blocks longer than :data:`SEGMENT_ROWS` (batch 5000: 8 blocks of 1250 rows of [v0; vk]) go
 a stretch of rows at a time, every tile taking the stretch before the next one, the tiles'
 unfinished sums waiting on their stacks: the same bits, but D's panel no longer comes from
 L3 for every tile. Each stretch's rows of A are copied transposed, and of D padded, into
 small buffers that stay in cache (instead of whole copies of A.T and of D padded), and a
-run of tiles of one row count is one call. Intel Xeon, 1 thread, 8 blocks of 1250 rows x
-784 x 1000, the copies included: 41-45 GFLOP/s whole blocks; 93-95 in stretches reading A
-as it is, 101-111 with A's stretch copied, 124-128 with D's too, and 134 -> 139-147 with
-the runs of tiles against a call per tile (1000 x 500: 74-77, 92-103, 101-108, 110 ->
-121-127); OpenBLAS's one product 150-172 in the same runs.
+run of tiles of one row count is one call. Each of these made long blocks faster, the
+copies included (whole blocks ran far slower); OpenBLAS's one product, with other bits,
+is somewhat faster still.
 """
 from __future__ import annotations
 
@@ -54,19 +51,16 @@ from .simd import (JIT, LANES32, prefetch, target_isa, vbcast32, vfma32, vhsum32
 
 __all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum"]
 
-# OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1 measured best on Zen 4 among 4-8
-# shapes each, 1-block and 8-block sums of the stack's eight weight shapes). HALVES: the
+# OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1: the fastest of the 4-8 shapes timed
+# for each ISA, on 1-block and 8-block sums of the stack's eight weight shapes). HALVES: the
 # dot tiles hold each 16-lane sum as two 8-lane halves and load half by half (AVX2: the
-# 2 x 3 tiles fit its 16 registers only so; 13 x 784 x 1000 on Zen 4: 74-76 GFLOP/s as
-# 2 x 2 tiles of 16 lanes, 88 as 2 x 3 in halves, 47-53 as 3 x 2; the same sums)
-# AVX-512 dot tiles 4 x 6 (29 of the 32 registers; 10 loads per 24 FMAs, 4 x 4 took 8 per
-# 16): on an Intel Xeon, h @ W.T at 100 x 1000 -> 784 went 106-112 -> 118-122 GFLOP/s,
-# 100 x 500 -> 1000 80-82 -> 96-99, 100 x 250 -> 500 70-72 -> 77-82 (5 x 5 about the same,
-# 6 x 4 and 8 x 3 slower); not yet measured on Zen 4, where 4 x 4 was chosen. Their 24 lane
+# 2 x 3 tiles fit its 16 registers only so, and beat 2 x 2 tiles of 16 lanes and 3 x 2
+# ones; the same sums)
+# AVX-512 dot tiles 4 x 6 (29 of the 32 registers; 10 loads per 24 FMAs, where 4 x 4 takes
+# 8 per 16: faster than 4 x 4; 5 x 5 about the same, 6 x 4 and 8 x 3 slower). Their 24 lane
 # sums end as two rows at a time through simd.vhsum32x16 (the same tree per output, 45
-# instructions per 16 sums instead of 128) and vector stores: on the Intel Xeon, best of 3
-# alternations, 100 x 500 -> 1000 108 -> 120 GFLOP/s, 100 x 250 -> 500 87 -> 93, 100 x
-# 1000 -> 784 129 -> 136, 100 x 784 -> 1000 132 -> 141 (the same bits)
+# instructions per 16 sums instead of 128) and vector stores: faster, the same bits.
+# The figures behind these choices: docs/performance-notes.md.
 TILE_SHAPES = {"avx512": dict(RT=6, CT=4, DR=4, DI=6, OR=8, OC=3, HALVES=False),
                "avx2": dict(RT=6, CT=1, DR=2, DI=3, OR=6, OC=1, HALVES=True)}
 RT, CT, DR, DI, OR, OC, HALVES = (TILE_SHAPES[target_isa()][k] for k in ("RT", "CT", "DR", "DI", "OR", "OC", "HALVES"))
@@ -75,17 +69,16 @@ RT, CT, DR, DI, OR, OC, HALVES = (TILE_SHAPES[target_isa()][k] for k in ("RT", "
 MAX_ROWS = 32
 # rows_times' tiles ask for W's lines this many rows ahead: each row of a tile's panel is
 # a few lines 4 kB from the last (a new page each), which the hardware prefetchers did
-# not keep up with on the AVX2 path (Zen 4, 13 x 784 x 1000: 76 -> 86 GFLOP/s, 13 x
-# 1000 x 500: 88 -> 103; the AVX-512 tiles were at 110 either way; block_outer_sum's D
-# panel sits in L2 and gained nothing)
+# not keep up with on the AVX2 path (the AVX-512 tiles ran the same either way;
+# block_outer_sum's D panel sits in L2 and gained nothing)
 PREFETCH_ROWS = 16
 MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS
 SLOT = OR * OC * LANES32  # floats of one partial sum of a block_outer_sum tile on its stack
 # block_outer_sum takes blocks longer than this in stretches of as many rows (see
-# _segment_source; 64, 128, 256 and 512 ran within the noise, 90-103 GFLOP/s, at batch 5000)
+# _segment_source; 64, 128, 256 and 512 ran within the noise of each other at batch 5000)
 SEGMENT_ROWS = 128
 # the stretches ask for the stack slots of the tile this many tiles ahead (12 MB of slots
-# at batch 5000 sit in L3; about +5%, within the noise)
+# at batch 5000 sit in L3; a small gain, within the noise)
 PREFETCH_TILES = 2
 
 
@@ -184,11 +177,9 @@ def _over_tiles(name, args, setup, body):
     """The source of ``name(args, tiles, t0, t1)``: the tile code ``body`` (lines of a
     function body) once for each row tile t0..t1, starting at row ``r0 = tiles[tile]``,
     after ``setup``. One call per run of tiles of one row count, not one per tile (each
-    call passes every array's fields through the dispatcher and the tile). Intel Xeon, 1
-    thread, best of 3 alternations, GFLOP/s: h @ W.T 100 x 1000 -> 784 111-123 -> 120-138,
-    100 x 500 -> 1000 108-116 -> 130-132, 100 x 250 -> 500 92-93 -> 116-120; block_outer_sum
-    of 8 blocks, 200 x 784 x 1000 125-126 -> 137-139, 200 x 1000 x 500 117-126 -> 131-135, in
-    stretches at batch 5000 134 -> 139-147; v @ W unchanged (a few calls per product)."""
+    call passes every array's fields through the dispatcher and the tile): faster for
+    h @ W.T and block_outer_sum, whole blocks and stretches alike; v @ W unchanged (a few
+    calls per product)."""
     src = [f"def {name}({args}, tiles, t0, t1):", "    for tile in range(t0, t1):", "        r0 = tiles[tile]"]
     src += [f"        {line}" for line in setup]
     return "\n".join(src + ["    " + line for line in body])
@@ -307,8 +298,8 @@ def _dispatch_source(name, prefix, tiles, args):
 
 
 _DOTS = {(r, i): _define(*_dot_source(r, i, HALVES)) for r in range(1, DR + 1) for i in range(1, DI + 1)}
-# three row counts only (see _outer_row_tiles): each generated tile costs about 1.5 s of
-# compiling on first use, and every rank of a first run compiles them at once
+# three row counts only (see _outer_row_tiles): each generated tile takes a while to
+# compile on first use, and every rank of a first run compiles them at once
 _OUTER_ROWS = sorted({1, OR - 1, OR})
 _OUTERS = {(r, c): _define(*_outer_source(r, c)) for r in _OUTER_ROWS for c in range(1, OC + 1)}
 _SEGMENTS = {(r, c): _define(*_segment_source(r, c)) for r in _OUTER_ROWS for c in range(1, OC + 1)}
@@ -514,9 +505,8 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
 def _padded(D):
     """D with its rows padded by zeros to whole vectors of 16, from a cache line's start
     (D itself if it is so): the tiles then load every vector whole and within one line. A
-    masked last vector, tested inside the k loop (LLVM did not hoist it there), cost 10-20%
-    on the AVX2 path (8 blocks of 13 rows x 784 x 1008: 52 -> 61 GFLOP/s; the AVX-512 tiles
-    ran the same either way)."""
+    masked last vector, tested inside the k loop (LLVM did not hoist it there), slowed the
+    AVX2 path (the AVX-512 tiles ran the same either way)."""
     n = D.shape[1]
     if n % LANES32 == 0 and is_aligned(D):
         return D

@@ -529,7 +529,7 @@ def _tree_sum(builder, s):
 def vhsum32(typingctx, v):
     """The 16 lanes added as a fixed tree: lane i + lane i+8, then i + i+4 of those, i +
     i+2, i + i+1 (the same result every call; 4 shuffles and 4 adds, where a chain
-    lane by lane took 15 dependent adds and was a fifth of rows_times_t's time)."""
+    lane by lane takes 15 dependent adds, a large part of rows_times_t's time)."""
     if v != f32x16:
         return None
 
@@ -594,7 +594,7 @@ def vupper32(typingctx, v):
 # One AVX2 register. A kernel that holds a 16-lane sum as its two halves (lanes 0-7 and
 # 8-15) can order its loads half by half, which LLVM does not do for a 16-lane vector it
 # splits itself: rows_times_t's tiles larger than 2 x 2 spilled as 16-lane code, while as
-# halves its 2 x 3 tiles ran 15-20% faster than the 2 x 2 ones, with the same sums
+# halves its 2 x 3 tiles run faster than the 2 x 2 ones, with the same sums
 # (:func:`vhsum32h`).
 
 LANES32H = 8

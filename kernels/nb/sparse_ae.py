@@ -4,9 +4,9 @@ Same names, layout and results as :mod:`aepar.kernels.ref.sparse_ae` (read its d
 for the formulation). Two implementations behind one entry point:
 
 float64: register-tiled SIMD kernels, no BLAS. The five products have a 25- or 64-wide
-side, where OpenBLAS reached 55-65% of its own DGEMM rate, and the element-wise passes
-between them streamed the (m, ·) arrays through memory again: ~4.5 ms per evaluation at
-10,000 patches (one thread), against ~2.7 ms here. The design:
+side, where OpenBLAS stays well below its own DGEMM rate, and element-wise passes between
+them would stream the (m, ·) arrays through memory again; these kernels keep both in
+registers and cache and take clearly less time per evaluation. The design:
 
 - Explicit 8-lane vectors (:mod:`.simd`), so that register tiles stay in registers: the
   tile kernels (:mod:`.sparse_tiles`) are generated source with one variable per
@@ -34,7 +34,7 @@ deterministic, and they agree with the reference to rounding (not bit for bit ac
 ISAs: the panel width changes the order of the per-lane sums). Such kernels are bound by
 instruction throughput: in the element-wise epilogues, by the sigmoid's ~20 vector
 operations per 8 values (its division runs beside them: a reciprocal and Newton steps
-instead took as long, 4.4 ns per 8 values in cache on an AVX-512 Xeon).
+instead took as long).
 
 Other dtypes: the BLAS path (np.dot on 256-row blocks with fused element-wise passes).
 
@@ -141,7 +141,7 @@ def _partials_blas(x, W1, b1, W2, b2, W2t, a2, z3, e, g, t_vh, t_v2h, t_hv,
     acc_w2[:] = 0.0
     acc_b2[:] = 0.0
     acc_err[:] = 0.0
-    W2t[:] = W2.T  # a contiguous copy: BLAS is ~1.5x slower on this product with W2.T's view
+    W2t[:] = W2.T  # a contiguous copy: BLAS is slower on this product with W2.T's view
     # pass 1: hidden activations of every sample (and ρ̂, hence k, unless given)
     _activations_blas(x, W1, b1, a2, acc_act, block)
     if fold and not given:
@@ -289,8 +289,8 @@ def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv
     the panels, k in kv and each leaf's Σ a2 in leaf_act (from _activations_panels). With
     ``merges`` (one count per leaf; empty: none) the leaves go onto ``stack`` instead and
     are added in that postfix tree while they sit in cache; res[i] = the i-th sum left.
-    (160k patches in leaves of 128: 1,250 rows of 4,941 numbers, 49 MB, written out and
-    summed again took 5 ms of an evaluation's 70.)"""
+    (Written out, 160k patches in leaves of 128 are 1,250 rows of 4,941 numbers, 49 MB,
+    to be read again for the sum.)"""
     v, h = W1.shape
     hp, vp = kv.size, b2p.size
     npan = blocks.size // ((2 * vp + hp) * PW)
@@ -360,8 +360,7 @@ def _activations_panels(blocks, W1, b1, w1, b1p, act, mask, vp, hp, leaf_panels,
 @njit(**JIT)
 def _transpose_into(src, ld, rows, res, ro, ldr, cols, so):
     """res[ro + i·ldr + j] = src[so + j·ld + i] for j < rows, i < cols (8 × 8 blocks
-    transposed in registers: the scalar loop took 1.2-1.8 us for a 64 x 25 half of gw1,
-    these 0.15-0.3 us)."""
+    transposed in registers: several times faster than the scalar loop)."""
     j8 = rows - rows % LANES
     for i0 in range(0, cols - cols % LANES, LANES):
         for j0 in range(0, j8, LANES):
@@ -387,7 +386,7 @@ def _unpad(gw1, gw2, act, err, db1, db2, v, h, vp, hp, fold, offsets, res):
     else:
         _transpose_into(gw1, vp, h, res, o_w1 + h, 2 * h, v, hp * vp)
     v8 = v - v % LANES
-    for j in range(h):  # explicit vectors: the scalar loop took 0.9 us, these 0.12
+    for j in range(h):  # explicit vectors: several times faster than the scalar loop
         for i in range(0, v8, LANES):
             vstore(res, o_w2 + j * v + i, vload(gw2, j * vp + i))
         for i in range(v8, v):

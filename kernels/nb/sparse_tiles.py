@@ -17,9 +17,8 @@ SB × TB    a2 W2: samples × vectors of units       8 × 2             8 × 1
 OJ × OV    weight gradients: units × vectors       5 × 4             2 × 2
 =========  ======================================  ================  ===============
 
-Timed on a Zen 4 EPYC compiling for AVX2 (AEPAR_ISA=avx2): the AVX-512 shapes took
-8.95 ms per evaluation (10k patches, KL folded), these 5.5 ms; 2×3 hidden tiles, 8×2
-output tiles or 2×3 gradient tiles spilled and took 6.7-10.7 ms.
+On an AVX2 target the AVX-512 shapes are much slower than these, and larger AVX2 tiles
+(2×3 hidden, 8×2 output or 2×3 gradient tiles) spill registers and are slower too.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ __all__ = ["sgd_momentum_update", "adam_update", "adam_update_many"]
 @njit(cache=True, nogil=True, parallel=True)
 def _sgd(p, g, v, lr, momentum):
     """lr and momentum in the arrays' dtype: float32 arithmetic for float32 parameters, the
-    same roundings as NumPy's (with float64 scalars: 0.24 against 0.11 ms for 784x1000)."""
+    same roundings as NumPy's, and faster than with float64 scalars."""
     for i in prange(p.size):
         vi = momentum * v[i] - lr * g[i]
         v[i] = vi
@@ -34,7 +34,7 @@ def _sgd_decay(p, g, v, lr, momentum, decay):
 def _adam(p, g, m, v, beta1, rest1, beta2, rest2, step, root_bc2, eps):
     """The scalars come in the arrays' dtype, so float32 parameters are updated in float32
     arithmetic: with float64 scalars the division and square root ran in float64 and made
-    this pass compute-bound (4.3 ms against 1.4 ms per step of the 2.8M-weight stack)."""
+    this pass compute-bound, several times slower."""
     for i in prange(p.size):
         gi = g[i]
         mi = beta1 * m[i] + rest1 * gi

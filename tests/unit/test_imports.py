@@ -1,4 +1,4 @@
-"""Dependencies run one way (DESIGN.md, "Architecture": kernels <- models <- parallel <- schemes).
+"""Dependencies run one way (docs/architecture.md: kernels <- models <- parallel <- schemes).
 
 Every .py under aepar/ and kernels/ (installed as aepar.kernels) is parsed with ``ast``;
 every import counts, at module level or inside a function, absolute or relative:
