@@ -63,8 +63,8 @@ def describe(exc) -> tuple:
 
 
 def rebuild(described) -> UserError | None:
-    """Another rank's :func:`describe`\ d error as the same user-facing kind (collective: every
-    rank raises it), or None when it was not a :class:`UserError`."""
+    """An error another rank described (:func:`describe`) as the same user-facing kind
+    (collective: every rank raises it), or None when it was not a :class:`UserError`."""
     name, text = described
     cls = globals().get(name)
     if not (isinstance(cls, type) and issubclass(cls, UserError)):

@@ -259,6 +259,20 @@ def run_scheme(be, comm, args, digits, run, guard, scheme, prog=PROG, extra=None
                          extra=extra)
 
 
+def _as_started(args, run, comm, scheme):
+    """What a resumed run's bits depend on besides its options: model's group (by default
+    the ranks it started on) is kept; data, whose ranks are the blocks of its Allreduce,
+    resumes only on the rank count it started on."""
+    started = ((run.previous or {}).get("checkpoint") or {}).get("ranks") if run.resumed else None
+    if started is None:
+        return
+    if scheme == "model" and args.scheme == "model" and args.group is None:
+        args.group = int(started)
+    if scheme == "data" and int(started) != comm.size:
+        raise UserError(f"--resume {run.path}: --scheme data gives the same result only on the rank count it "
+                        f"started on ({started} ranks, not {comm.size}): resume with mpirun -np {started}")
+
+
 def main(argv, comm, scheme=None):
     from aepar.guard import Guard
     from aepar.rundir import parse_and_open
@@ -266,6 +280,7 @@ def main(argv, comm, scheme=None):
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args, run = parse_and_open(comm, "pretrain", PROG, lambda a: parse_args(a, scheme), argv)
     with run, Guard.from_args(comm, PROG, args, run) as guard:
+        comm.agree(_as_started, args, run, comm, args.scheme)
         be, digits = comm.agree(_setup, args, comm)
         progress(comm, args.quiet, f"{PROG}: {digits.source}")
         chosen, extra = args.scheme, {}
@@ -273,6 +288,7 @@ def main(argv, comm, scheme=None):
             n_layers = len(parse_layers(args.layers, digits.train_x.shape[1]))
             if run.resumed and run.checkpoint_path.exists():
                 chosen = _resumed_scheme(comm, run, n_layers)
+                comm.agree(_as_started, args, run, comm, chosen)
                 progress(comm, args.quiet, f"{PROG}: auto chose {chosen} when the run started")
             else:
                 chosen, extra = choose_scheme(be, comm, args, digits)

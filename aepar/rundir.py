@@ -90,11 +90,15 @@ def _alive(info: dict) -> bool:
     if info.get("state") != "running" or info.get("host") != socket.gethostname():
         return False
     try:
-        os.kill(int(info.get("pid", -1)), 0)
+        pid = int(info.get("pid", -1))
+        os.kill(pid, 0)
     except (ProcessLookupError, ValueError, OverflowError):
         return False
     except PermissionError:
         return True
+    # a killed rank may linger as a zombie until its parent reaps it: dead, not running
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     return True
 
 

@@ -116,104 +116,107 @@ def pretrain_model_parallel(be, comm, layers, train, test, *, group: int, ckpt=N
             if (g, t) < (start_group, start_slot):
                 for j, e in slot:
                     done[j] = e + 1
-    first = 0
-    below = train  # the output of the final layers below the current group
-    for g, slots in enumerate(groups):
-        members = sorted({j for slot in slots for j, _ in slot})
-        if g < start_group:
-            for j in members:
-                below = layers[j].transform(below) if j + 1 < n else below
-            first += len(members)
-            continue
-        cache = {}  # layer -> (versions of the copies below it, its input)
+    # the watchdog watches every slot: a rank that stops making steps ends the job
+    armed = guard.training("model-parallel pre-training") if guard is not None else contextlib.nullcontext()
+    with armed:
+        first = 0
+        below = train  # the output of the final layers below the current group
+        for g, slots in enumerate(groups):
+            members = sorted({j for slot in slots for j, _ in slot})
+            if g < start_group:
+                for j in members:
+                    below = layers[j].transform(below) if j + 1 < n else below
+                first += len(members)
+                continue
+            cache = {}  # layer -> (versions of the copies below it, its input)
 
-        def input_of(j, first=first, below=below, cache=cache):
-            """Layer j's input through the copies of its group's layers below it, as they are now."""
-            versions = tuple(done[first:j])
-            hit = cache.get(j)
-            if hit is not None and hit[0] == versions:
-                return hit[1], False
-            x = below
-            for i in range(first, j):
-                x = layers[i].transform(x)
-            cache[j] = (versions, x)
-            return x, True
+            def input_of(j, first=first, below=below, cache=cache):
+                """Layer j's input through the copies of its group's layers below it, as they are now."""
+                versions = tuple(done[first:j])
+                hit = cache.get(j)
+                if hit is not None and hit[0] == versions:
+                    return hit[1], False
+                x = below
+                for i in range(first, j):
+                    x = layers[i].transform(x)
+                cache[j] = (versions, x)
+                return x, True
 
-        for t in range(start_slot if g == start_group else 0, len(slots)):
-            active = slots[t]
-            mine = [(j, e) for j, e in active if owner(j, group, comm.size) == comm.rank]
-            t0 = comm.wtime()
-            stats = []
-            # every input first: the copies are those of the previous slot's end
-            inputs = {}
-            for j, _ in mine:
-                r0 = comm.wtime()
-                inputs[j], fresh = input_of(j)
-                be.synchronize()
-                inputs[j] = (inputs[j], comm.wtime() - r0 if fresh else 0.0)
-            for j, e in mine:
-                layer, (x, refresh) = layers[j], inputs[j]
-                e0 = comm.wtime()
-                with _span(trace, f"layer{j + 1}", epoch=e):
-                    result = train_epoch(layer, x, e, comm=None, batch=layer.batch, key=layer.key, guard=steps)
-                be.synchronize()
-                err = result.means[0]
-                bad = None
-                if guard is not None:
+            for t in range(start_slot if g == start_group else 0, len(slots)):
+                active = slots[t]
+                mine = [(j, e) for j, e in active if owner(j, group, comm.size) == comm.rank]
+                t0 = comm.wtime()
+                stats = []
+                # every input first: the copies are those of the previous slot's end
+                inputs = {}
+                for j, _ in mine:
+                    r0 = comm.wtime()
+                    inputs[j], fresh = input_of(j)
+                    be.synchronize()
+                    inputs[j] = (inputs[j], comm.wtime() - r0 if fresh else 0.0)
+                for j, e in mine:
+                    layer, (x, refresh) = layers[j], inputs[j]
+                    e0 = comm.wtime()
+                    with _span(trace, f"layer{j + 1}", epoch=e):
+                        result = train_epoch(layer, x, e, comm=None, batch=layer.batch, key=layer.key, guard=steps)
+                    be.synchronize()
+                    err = result.means[0]
+                    bad = None
+                    if guard is not None:
+                        from aepar.errors import Diverged
+
+                        where = f"model-parallel pre-training, layer {j + 1}, epoch {e + 1}"
+                        try:
+                            guard.check(err, "the reconstruction error", where)
+                            guard.check_params(layer.params, where)
+                        except Diverged as exc:
+                            bad = str(exc)
+                    stats.append((j, e, err, comm.wtime() - e0, refresh, bad))
+                # the hand-over: every layer trained in this slot goes from its rank to all
+                for j, _ in active:
+                    buf = _flat(be, layers[j])
+                    comm.Bcast(buf, root=owner(j, group, comm.size))
+                    _unflat(be, layers[j], buf)
+                    done[j] = dict(active)[j] + 1
+                flags = np.array([guard.flags() if guard is not None else 0.0])
+                comm.Allreduce(flags)
+                gathered = [s for part in comm.allgather(stats) for s in part]
+                dt = comm.allreduce(comm.wtime() - t0, op="max")
+                bad = next((s[5] for s in gathered if s[5]), None)
+                if bad is not None:
                     from aepar.errors import Diverged
 
-                    where = f"model-parallel pre-training, layer {j + 1}, epoch {e + 1}"
-                    try:
-                        guard.check(err, "the reconstruction error", where)
-                        guard.check_params(layer.params, where)
-                    except Diverged as exc:
-                        bad = str(exc)
-                stats.append((j, e, err, comm.wtime() - e0, refresh, bad))
-            # the hand-over: every layer trained in this slot goes from its rank to all
-            for j, _ in active:
-                buf = _flat(be, layers[j])
-                comm.Bcast(buf, root=owner(j, group, comm.size))
-                _unflat(be, layers[j], buf)
-                done[j] = dict(active)[j] + 1
-            flags = np.array([guard.flags() if guard is not None else 0.0])
-            comm.Allreduce(flags)
-            gathered = [s for part in comm.allgather(stats) for s in part]
-            dt = comm.allreduce(comm.wtime() - t0, op="max")
-            bad = next((s[5] for s in gathered if s[5]), None)
-            if bad is not None:
-                from aepar.errors import Diverged
-
-                err = Diverged(bad)
-                err.collective = True
-                raise err
-            for j, e, err, sec, refresh, _ in sorted(gathered):
-                entry = record["layers"][j]
-                entry["epoch_times_s"].append(sec)
-                entry["refresh_s"].append(refresh)
-                entry["train_error"].append(err)
-            record["slots"].append({"group": g + 1, "slot": t + 1, "layers": [j + 1 for j, _ in active],
-                                    "time_s": dt})
-            record["time_s"] += dt
-            if say is not None:
-                say(f"model-parallel group {g + 1}/{len(groups)} slot {t + 1}/{len(slots)}: "
-                    + ", ".join(f"L{j + 1} epoch {e + 1}/{layers[j].epochs} recon {err:.4f}"
-                                for j, e, err, *_ in sorted(gathered)) + f"  {dt:6.2f}s")
-            if ckpt is not None:
-                checkpoint, stop = guard.decide(float(flags[0])) if guard is not None else (False, False)
-                ckpt.epochs_run += 1
-                if checkpoint or stop or (guard is not None and guard.epoch_due(ckpt.epochs_run)):
-                    _save(be, comm, layers, group, record, g, t + 1, ckpt, outer, "signal" if stop else "periodic")
-                    if stop:
-                        raise ckpt.interrupted(comm)
-        # the group is final: its test errors, then its output feeds the next group
-        x_test = test
-        for i in range(first):
-            x_test = layers[i].transform(x_test)
-        for j in members:
-            record["layers"][j]["test_error"].append(layers[j].recon_error(x_test))
-            x_test = layers[j].transform(x_test) if j + 1 < n else x_test
-            below = layers[j].transform(below) if j + 1 < n else below
-        first += len(members)
+                    err = Diverged(bad)
+                    err.collective = True
+                    raise err
+                for j, e, err, sec, refresh, _ in sorted(gathered):
+                    entry = record["layers"][j]
+                    entry["epoch_times_s"].append(sec)
+                    entry["refresh_s"].append(refresh)
+                    entry["train_error"].append(err)
+                record["slots"].append({"group": g + 1, "slot": t + 1, "layers": [j + 1 for j, _ in active],
+                                        "time_s": dt})
+                record["time_s"] += dt
+                if say is not None:
+                    say(f"model-parallel group {g + 1}/{len(groups)} slot {t + 1}/{len(slots)}: "
+                        + ", ".join(f"L{j + 1} epoch {e + 1}/{layers[j].epochs} recon {err:.4f}"
+                                    for j, e, err, *_ in sorted(gathered)) + f"  {dt:6.2f}s")
+                if ckpt is not None:
+                    checkpoint, stop = guard.decide(float(flags[0])) if guard is not None else (False, False)
+                    ckpt.epochs_run += 1
+                    if checkpoint or stop or (guard is not None and guard.epoch_due(ckpt.epochs_run)):
+                        _save(be, comm, layers, group, record, g, t + 1, ckpt, outer, "signal" if stop else "periodic")
+                        if stop:
+                            raise ckpt.interrupted(comm)
+            # the group is final: its test errors, then its output feeds the next group
+            x_test = test
+            for i in range(first):
+                x_test = layers[i].transform(x_test)
+            for j in members:
+                record["layers"][j]["test_error"].append(layers[j].recon_error(x_test))
+                x_test = layers[j].transform(x_test) if j + 1 < n else x_test
+                below = layers[j].transform(below) if j + 1 < n else below
+            first += len(members)
     for entry in record["layers"]:
         entry["time_s"] = float(sum(entry["epoch_times_s"]) + sum(entry["refresh_s"]))
     return record

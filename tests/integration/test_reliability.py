@@ -317,3 +317,39 @@ def test_a_huge_learning_rate_stops_with_exit_3_naming_the_layer(tmp_path):
     lines = error_lines(r, "aepar.greedy")
     assert len(lines) == 1 and "diverged: greedy pre-training, layer 1 (784-64), epoch" in lines[0], r.stderr
     assert not out.exists()
+
+
+def test_a_stalled_rank_of_the_model_scheme_is_caught_by_the_watchdog(tmp_path):
+    """Model parallelism's slots were trained with the watchdog unarmed: a stalled rank hung
+    the job (found by bench.chaos)."""
+    args = ["--scheme", "model", "--group", "2", "--dataset", "mnist5k", "--layers", "784-32-16", "--epochs", "6",
+            "--finetune-epochs", "1", "--limit", "800", "--quiet", "--timeout", "4", "--out", tmp_path / "run"]
+    r = cli("aepar.pretrain", args, 2, env={"AEPAR_FAULT": "1:10:stall"}, timeout=120)
+    assert r.returncode == 124, (r.returncode, r.stderr[-3000:])
+    assert "rank 1 stalled: no progress for" in r.stderr and "model-parallel pre-training" in r.stderr, r.stderr[-3000:]
+
+
+MODEL = ["--scheme", "model", "--dataset", "mnist5k", "--layers", "784-32-16-8", "--epochs", "4",
+         "--finetune-epochs", "1", "--limit", "800", "--quiet"]
+
+
+def test_model_resumed_on_fewer_ranks_keeps_its_group_and_its_bits(tmp_path):
+    """Without --group, model's group is the ranks it started on; a resume on another count
+    keeps that group (it had taken the new count and ended with other weights)."""
+    whole = tmp_path / "whole"
+    assert cli("aepar.pretrain", [*MODEL, "--out", whole], 3).returncode == 0
+    out = interrupt_and_resume(tmp_path, "aepar.pretrain", MODEL, 3, "0:14:sigusr1", 1)
+    assert_same_bits(whole, out)
+
+
+def test_data_resumes_only_on_the_rank_count_it_started_on(tmp_path):
+    args = ["--scheme", "data", "--dataset", "mnist5k", "--layers", "784-32-8", "--epochs", "3",
+            "--finetune-epochs", "1", "--limit", "800", "--quiet"]
+    out = tmp_path / "run"
+    assert cli("aepar.pretrain", [*args, "--out", out], 2, env={"AEPAR_FAULT": "0:12:sigusr1"}).returncode == 75
+    refused = cli("aepar.pretrain", ["--resume", out, "--quiet"], 1)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert error_lines(refused, "aepar.pretrain") == [
+        f"aepar.pretrain: error: --resume {out}: --scheme data gives the same result only on the rank count it "
+        "started on (2 ranks, not 1): resume with mpirun -np 2"]
+    assert cli("aepar.pretrain", ["--resume", out, "--quiet"], 2).returncode == 0

@@ -232,3 +232,22 @@ def test_a_failed_write_before_any_checkpoint_leaves_nothing(cwd, monkeypatch):
         with open_run(out="r") as run:
             run.write_text("weights.h5", "w")
     assert list(cwd.iterdir()) == []
+
+
+def test_a_killed_run_lingering_as_a_zombie_is_not_running():
+    import socket
+    import subprocess
+    import time
+
+    from aepar.rundir import _alive
+
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10  # exited but not reaped: a zombie, as a killed rank waits for mpirun
+    while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    info = {"state": "running", "host": socket.gethostname(), "pid": child.pid}
+    try:
+        assert not _alive(info)
+        assert _alive(dict(info, pid=os.getpid()))
+    finally:
+        child.wait()
