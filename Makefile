@@ -96,8 +96,9 @@ bench-model: venv  ## scaling model: alpha-beta fits of the collectives at np 2 
 study-eager: venv  ## Bhargava & Surana's eager parallel CAEs: small regime 3 seeds + Fashion-MNIST 1 seed, 5 epochs classified after 1,3,5 -> eager_study.md (~40 min on 2 cores)
 	$(BIN)/python -m bench.eager --work runs/bench-eager --large-seeds 0 --large-epochs 5 --large-mono-epochs 5 --large-curve 1,3
 
-reliability: venv  ## every injected fault, bad file, impossible option and --out case run for real; counts -> bench/results/reliability.md (~20 min)
+reliability: venv  ## every injected fault, bad file, impossible option and --out case run for real; counts -> bench/results/reliability.md; then per scheme a seeded chaos run (5 random faults, each resumed on a random rank count) that must end bit for bit as the uninterrupted run -> chaos.md (~35 min)
 	$(BIN)/python -m bench.reliability
+	$(BIN)/python -m bench.chaos
 
 # PyTorch is a bench-only peer (aepar never imports it); without it that peer is skipped.
 bench-peers: venv
