@@ -328,8 +328,8 @@ def command_line(module: str, args: list, ranks: int, env: dict) -> str:
 def execute(module: str, args: list, ranks: int, env: dict, limit: float) -> tuple[object, str, float, int]:
     """(exit code, or "hang" past ``limit`` seconds; stderr; seconds; processes of the job
     still running 5 s after it returned) of one process, under mpirun for more than one
-    rank. What is left of a job is ended with every process of the session it was started
-    in: mpirun gives its ranks process groups of their own, and a stalled rank ignores
+    rank. What is left of a job is ended with every process started under its setsid id:
+    mpirun gives its ranks process groups of their own, and a stalled rank ignores
     SIGTERM as a stalled rank would."""
     full = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **env)
     launch = [PY, "-m", module] if ranks == 1 else launcher() + ["-np", str(ranks), PY, "-m", module]
@@ -340,22 +340,22 @@ def execute(module: str, args: list, ranks: int, env: dict, limit: float) -> tup
         _, err = p.communicate(timeout=limit)
         code, seconds = p.returncode, time.time() - t0
     except subprocess.TimeoutExpired:
-        _kill_session(p.pid)
+        _kill_job(p.pid)
         try:
             _, err = p.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             err = ""
         return "hang", err, time.time() - t0, 0
     deadline = time.time() + 5
-    while _session(p.pid) and time.time() < deadline:
+    while _job_processes(p.pid) and time.time() < deadline:
         time.sleep(0.1)
-    left = len(_session(p.pid))
-    _kill_session(p.pid)
+    left = len(_job_processes(p.pid))
+    _kill_job(p.pid)
     return code, err, seconds, left
 
 
-def _session(sid: int) -> list[int]:
-    """The processes of session ``sid`` that are still running (zombies are dead)."""
+def _job_processes(sid: int) -> list[int]:
+    """The processes started under setsid id ``sid`` that are still running (zombies are dead)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -367,9 +367,9 @@ def _session(sid: int) -> list[int]:
     return found
 
 
-def _kill_session(sid: int):
-    """SIGKILL every process of session ``sid`` (one this program started)."""
-    for pid in _session(sid):
+def _kill_job(sid: int):
+    """SIGKILL every process under setsid id ``sid`` (a job this program started)."""
+    for pid in _job_processes(sid):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:

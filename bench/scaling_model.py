@@ -1027,7 +1027,7 @@ def validate(comp: Compute, net: Network, mpi_rows: list, sparse_rows: list, her
                     "machine_match": machine_match, "compute_scale": scale, "oversubscribed": over,
                     "duplicate_of": duplicate, "note": note})
 
-    # ---- the sparse autoencoder: strong.csv, weak.csv (Xeon), this session's runs (here), and the
+    # ---- the sparse autoencoder: strong.csv, weak.csv (Xeon), this run's own (here), and the
     # 16-vCPU grid (its compute scaled by the cost+gradient timed there, bench/results/scaling_16core/peers.csv)
     seen = set()
     sixteen = sparse_scale(RESULTS / SIXTEEN / "peers.csv", comp)
@@ -1051,7 +1051,7 @@ def validate(comp: Compute, net: Network, mpi_rows: list, sparse_rows: list, her
                 note=("compute scaled by the cost+gradient timed on that machine; communication from the "
                       "np 2 fit here") if other else
                 "compute scaled by the sparse cost+gradient measured on both machines" if not match else
-                "this session's run")
+                "this run's own")
 
     # ---- the synchronized pipeline on the Xeon (sync_measured_quick.csv; makespan_quick's copies) ----
     quick = Stack("mnist5k quick", "rbm", (784, 1000, 500, 250, 30), n_train=3599, n_val=401, batch=100,
@@ -1112,7 +1112,7 @@ def validate(comp: Compute, net: Network, mpi_rows: list, sparse_rows: list, her
             "data", int(r["ranks"]), float(r["pretrain_s"]), pred["seconds"] if pred else None,
             machine_match=_same_cpu(r, here))
 
-    # ---- the same engine runs again here, now (this session) ----
+    # ---- the same engine runs again here, now (this run) ----
     for r in _csv(STACKED_CSV):
         p, b, scheme = int(r["ranks"]), int(r["batch"]), r["scheme"]
         if scheme == "sync":
@@ -1126,10 +1126,10 @@ def validate(comp: Compute, net: Network, mpi_rows: list, sparse_rows: list, her
             pred = stack_scheme_s(comp, net, st, scheme, p, cores=2)
             what = f"{scheme} AE 784-2000-1000, 2000 rows, 2 epochs, batch {b}, {r['blocks']} block(s)"
         add(STACKED_CSV.name, what, scheme, p, float(r["pretrain_s"]), pred["seconds"] if pred else None,
-            machine_match=True, note=f"this session, fastest of {r.get('repeats', 1)} ({r.get('all_seconds', '')})",
+            machine_match=True, note=f"this run, fastest of {r.get('repeats', 1)} ({r.get('all_seconds', '')})",
             series=f"{STACKED_CSV.name}: {what.split(',')[0]} {b}")
 
-    # ---- the sums alone: determinism.csv (under mpirun) and this session's tree timings ----
+    # ---- the sums alone: determinism.csv (under mpirun) and this run's tree timings ----
     for r in _csv(RESULTS / "determinism.csv"):
         if not r.get("ranks"):
             continue
@@ -1289,7 +1289,7 @@ def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, con
           "timed alone between barriers; a trial is the slowest rank's median over its repetitions; "
           "3 rounds over all sizes x 3 trials. Fit on the fastest trial (this VM's timings of the same "
           "operation move 2-4x from one minute to the next, and other jobs' time slices hit whole trials: "
-          "six runs of this measurement in this session gave allreduce beta 2.5-8.6 GB/s and one-way "
+          "six runs of this measurement in one run gave allreduce beta 2.5-8.6 GB/s and one-way "
           "send beta 11-19 GB/s), least squares on the relative error, both parameters >= 0. "
           "The model's point-to-point term is the one-way `send`: half a ping-pong round trip "
           "(`sendrecv`, the textbook latency) was up to 5x slower for 1-4 MB here.", "",
@@ -1501,7 +1501,7 @@ def plot(path, valid, pred):
     handles = [Line2D([], [], color=c, lw=2, label=w) for w, c in colors.items()]
     handles += [Line2D([], [], color="k", ls=ls, label=f"predicted, {pr} between nodes") for pr, ls in styles.items()]
     handles += [Line2D([], [], color="0.75", label="ideal"),
-                Line2D([], [], color="k", marker="o", ls="", label="measured (bench/results + this session)"),
+                Line2D([], [], color="k", marker="o", ls="", label="measured (bench/results + this run)"),
                 Line2D([], [], marker="o", mfc="none", mec="r", ls="", ms=10,
                        label="model at that measured point (its machine, its size)"),
                 Line2D([], [], color="k", marker="^", ls="", label="measured speed-up over greedy (pretrain_speedup)"),
