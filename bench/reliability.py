@@ -220,11 +220,7 @@ def file_problems(rc, stderr: str, prog: str, path, out_exists: bool, left: list
     problems, line = _one_error_line(rc, stderr, prog)
     if line is not None and not line.startswith(f"{prog}: error: {path}: "):
         problems.append("file not named")
-    if out_exists:
-        problems.append("run directory written")
-    if left:
-        problems.append(f"left {left}")
-    return problems
+    return problems + _written(("run directory written", out_exists), left)
 
 
 def option_problems(rc, stderr: str, prog: str, option: str, out_exists: bool) -> list[str]:
@@ -244,11 +240,14 @@ def out_problems(rc, stderr: str, prog: str, reason: str, touched: bool, left: l
     problems, line = _one_error_line(rc, stderr, prog)
     if line is not None and not re.search(reason, line):
         problems.append("wrong reason")
-    if touched:
-        problems.append("user's files touched")
-    if left:
-        problems.append(f"left {left}")
-    return problems
+    return problems + _written(("user's files touched", touched), left)
+
+
+def _written(what, left) -> list[str]:
+    """What a refused run must not have done: ``what`` = (problem, whether it happened), and
+    ``left``, the staging directories found."""
+    problem, happened = what
+    return ([problem] if happened else []) + ([f"left {left}"] if left else [])
 
 
 def _names(option: str, path) -> str:

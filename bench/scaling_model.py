@@ -1289,7 +1289,7 @@ def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, con
           "timed alone between barriers; a trial is the slowest rank's median over its repetitions; "
           "3 rounds over all sizes x 3 trials. Fit on the fastest trial (this VM's timings of the same "
           "operation move 2-4x from one minute to the next, and other jobs' time slices hit whole trials: "
-          "six runs of this measurement in one run gave allreduce beta 2.5-8.6 GB/s and one-way "
+          "six runs of this measurement on one day gave allreduce beta 2.5-8.6 GB/s and one-way "
           "send beta 11-19 GB/s), least squares on the relative error, both parameters >= 0. "
           "The model's point-to-point term is the one-way `send`: half a ping-pong round trip "
           "(`sendrecv`, the textbook latency) was up to 5x slower for 1-4 MB here.", "",
