@@ -1,0 +1,51 @@
+"""The end of every run: one function writes what a finished run leaves behind."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+__all__ = ["Weights", "finish"]
+
+
+@dataclass
+class Weights:
+    """What goes into weights.h5 (aepar.checkpoint's format)."""
+    scheme: str
+    params: dict
+    epoch: int
+    config: dict = field(default_factory=dict)
+
+
+def finish(run, comm, summary: dict, *, weights: Weights | None = None, tables: str | None = None,
+           tables_file: str = "tables.md", texts: dict | None = None, figures: dict | None = None,
+           prog: str = "aepar", quiet: bool = False) -> None:
+    """Write the run's results into its directory (rank 0; the others return).
+
+    summary.json (with the machine it ran on), weights.h5, the tables (printed unless
+    ``quiet``), ``texts`` {file name: text}, and ``figures`` {file name: draw(path)}; a
+    figure that needs matplotlib, where it is missing, is left out in one line on stderr
+    (the numbers are in the other files).
+    """
+    if not comm.is_root:
+        return
+    from aepar import checkpoint
+    from aepar.machine import describe
+
+    summary.setdefault("machine", describe())
+    if weights is not None:
+        with run.output("weights.h5") as path:
+            checkpoint.save(path, scheme=weights.scheme, params=weights.params, epoch=weights.epoch,
+                            config=weights.config)
+    run.write_json("summary.json", summary)
+    if tables is not None:
+        run.write_text(tables_file, tables)
+    for name, text in (texts or {}).items():
+        run.write_text(name, text)
+    for name, draw in (figures or {}).items():
+        try:
+            with run.output(name) as path:
+                draw(path)
+        except ImportError as exc:
+            print(f"{prog}: no {name} ({exc})", file=sys.stderr, flush=True)
+    if tables is not None and not quiet:
+        print(tables, flush=True)
