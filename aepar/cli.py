@@ -115,6 +115,15 @@ def add_reduce_blocks(group):
                             f"{DEFAULT_BLOCKS} blocks train several times slower than 1)")
 
 
+def default_float32(parser):
+    """float32 unless asked otherwise: on mnist5k it trains to the same errors as float64
+    (within the run-to-run spread of CD sampling) with about half the CPU time."""
+    parser.set_defaults(dtype="float32")
+    for action in parser._actions:
+        if action.dest == "dtype":
+            action.help = "precision of weights and arithmetic (default float32 for this scheme)"
+
+
 def progress(comm, quiet: bool, message: str):
     """One progress line, rank 0 only."""
     if comm.is_root and not quiet:

@@ -28,36 +28,29 @@ import argparse
 import sys
 
 
-from aepar import backend
-from aepar.cli import (ArgumentParser, add_common, gpu_blocks_hint, non_negative_int, parse_with_preset, positive_int,
+from aepar import backend, engine, schemes
+from aepar.cli import (ArgumentParser, add_common, default_float32, non_negative_int, parse_with_preset, positive_int,
                        progress)
-from aepar.classify import add_classify_args
 from aepar.comm import run_main
 from aepar.errors import UserError
-from aepar.finetune import add_finetune_args, default_float32
-from aepar.greedy import BASE_BATCH, run_layerwise
-from aepar.stack import add_pretrain_args, check_blocks, layers_from_args, parse_layers
-from aepar.sync import add_sync_args, run_sync
+from aepar.parallel.synchronized import add_sync_args
+from aepar.stack import BASE_BATCH, add_pretrain_args, layers_from_args, parse_layers
+from aepar.tasks.classify import add_classify_args
+from aepar.tasks.finetune import add_finetune_args
 
-__all__ = ["SCHEMES", "PRESETS", "build_parser", "parse_args", "measure_costs", "main"]
+__all__ = ["PRESETS", "choices", "build_parser", "parse_args", "measure_costs", "main"]
 
 PROG = "aepar.pretrain"
 
-# --help prints these two lines per scheme
-SCHEMES = {
-    "greedy": "one layer after another (Hinton & Salakhutdinov); data-parallel over the ranks with a "
-              "fixed-tree sum, so the weights are the same on any number of ranks",
-    "data": "CMU 15-618: greedy layer by layer, each batch split over the ranks, one MPI Allreduce "
-            "of the packed gradient per step; --lr-scaling/--warmup-epochs for large batches",
-    "model": "CMU 15-618: a layer per rank, layer n one epoch behind n-1, on frozen copies of the "
-             "layers below refreshed every epoch; groups of --group layers (default: the ranks)",
-    "sync": "Santara et al.: a pipeline stage per layer trained on the newest input of the stage "
-            "below, extra epochs while it changes; at most one rank per layer",
-    "hybrid": "sync whose ranks beyond one per layer become data-parallel replicas of the stages, "
-              "allotted by cost; needs more ranks than layers",
-    "auto": "time every layer on a few batches, predict each scheme on these ranks (table printed), "
-            "run the fastest; never one predicted slower than data",
-}
+# --help prints a line per scheme; "auto" chooses one of the registered
+AUTO = ("time every layer on a few batches, predict each scheme on these ranks (table printed), "
+        "run the fastest; never one predicted slower than data")
+
+
+def choices() -> dict:
+    """What --scheme takes: the engine's schemes (aepar.schemes) and auto, with their lines."""
+    return {**{s: schemes.get(s).about for s in schemes.names()}, "auto": AUTO}
+
 
 _CMU = dict(pretrainer="ae", task="classify", dataset="auto")
 PRESETS = {
@@ -81,18 +74,18 @@ def build_parser(scheme=None):
     parser = ArgumentParser(
         prog=f"python -m {PROG}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Pre-train a stacked autoencoder with one of six parallel schemes over the same layers, "
+        description=f"Pre-train a stacked autoencoder with one of {len(schemes.names())} parallel schemes over the same layers, "
                     "kernels and collectives, then fine-tune it (--task reconstruct: error per digit, "
                     "lower is better) or train a softmax classifier on its encoder (--task classify: test "
                     "accuracy, higher is better). Rank 0 prints a line per epoch; summary.json, tables.md "
                     "and weights.h5 go into the run directory.\n\nschemes:\n"
-                    + "\n".join(f"  {k:7s} {v}" for k, v in SCHEMES.items()),
+                    + "\n".join(f"  {k:7s} {v}" for k, v in choices().items()),
         epilog="Exit codes: 0 done, 2 bad input, 3 diverged, 75 interrupted (checkpoint saved: --resume DIR), "
                "124 a rank stalled, 1 internal error. Examples: mpirun -np 4 python -m aepar.pretrain --scheme "
                "model --preset quick;  mpirun -np 2 python -m aepar.pretrain --scheme data --task classify "
                "--batch 1000 --lr-scaling sqrt --warmup-epochs 2;  python -m aepar.pretrain --scheme auto")
     g = parser.add_argument_group("scheme and task")
-    g.add_argument("--scheme", choices=list(SCHEMES), default=scheme or "auto",
+    g.add_argument("--scheme", choices=list(choices()), default=scheme or "auto",
                    help=f"how the layers are pre-trained (see above; default {scheme or 'auto'})")
     g.add_argument("--task", choices=["reconstruct", "classify"], default="reconstruct",
                    help="reconstruct: fine-tune the unrolled autoencoder (default); classify: a softmax layer "
@@ -126,51 +119,34 @@ def parse_args(argv=None, scheme=None):
     return parse_with_preset(build_parser(scheme), PRESETS, argv)
 
 
-def _check(args, comm, n_layers, n_train, scheme):
+def offer_the_rest(parser, scheme):
+    """A program that offers some of this engine's options (aepar.greedy, aepar.sync) runs
+    the rest at their defaults, with ``scheme``."""
+    own = {a.dest for a in parser._actions}
+    rest = {k: v for k, v in vars(build_parser().parse_args([])).items() if k not in own}
+    parser.set_defaults(**dict(rest, scheme=scheme))
+    return parser
+
+
+def _check(args, comm, n_layers, n_rows, scheme):
     """One line per impossible combination (every rank, no communication)."""
-    p = comm.size
-    if scheme == "model" and p > n_layers:
-        raise UserError(f"--scheme model trains one layer per rank: {p} ranks for {n_layers} layers; "
-                        f"use at most {n_layers} ranks (or --scheme hybrid)")
-    if scheme == "model" and args.group is not None and args.group < p:
-        raise UserError(f"--group {args.group} leaves ranks idle on {p} ranks: use --group {p} or more")
-    if scheme == "sync" and p > n_layers:
-        raise UserError(f"--scheme sync runs at most one rank per layer: {p} ranks for {n_layers} layers; "
-                        f"use --scheme hybrid (replicas) or at most {n_layers} ranks")
-    if scheme == "hybrid" and p <= n_layers:
-        raise UserError(f"--scheme hybrid needs more ranks than layers ({n_layers}), not {p}: use --scheme sync")
-    if scheme == "data" and p > args.batch:
-        raise UserError(f"--scheme data splits each batch over the ranks: batch {args.batch} < {p} ranks")
-    if args.batch > n_train:
-        raise UserError(f"--batch {args.batch} exceeds the {n_train} training rows"
-                        + (f" (preset {args.preset} does not fit this data: give --dataset or --data-dir "
-                           f"with more rows, or --batch)" if args.preset else ""))
-    if args.task == "classify" and args.classify_batch > n_train:
-        raise UserError(f"--classify-batch {args.classify_batch} exceeds the {n_train} training rows")
-    if args.task == "classify" and args.compare_greedy:
-        raise UserError("--compare-greedy compares reconstruction: not with --task classify")
+    engine.check(args, comm.size, n_layers, n_rows, scheme)
     if args.scheme != "model" and args.group is not None:
         raise UserError("--group applies to --scheme model only")
 
 
 def _setup(args, comm):
-    """Every rank, no communication: backend, data (with the sync schemes' validation rows),
-    every check on the input."""
+    """Every rank, no communication: backend, data, every check on the input."""
     from aepar.data.sources import load_digits
+    from aepar.tasks.classify import check_labels
 
     be = backend.select(args.device, args.kernels, args.dtype)
     digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
     if args.task == "classify":
-        from aepar.classify import check_labels
-
         check_labels(digits)
-    n_train, n_in = digits.train_x.shape
-    sizes = parse_layers(args.layers, n_in)
+    n_layers = len(parse_layers(args.layers, digits.train_x.shape[1])) - 1
     if args.scheme != "auto":
-        _check(args, comm, len(sizes) - 1, n_train, args.scheme)
-    if args.scheme in ("greedy", "auto"):
-        check_blocks(comm.size, args.reduce_blocks, n_train)
-        gpu_blocks_hint(comm, be, args.reduce_blocks, args.quiet)
+        _check(args, comm, n_layers, engine.prepare(args.scheme, digits, args)[0].train_x.shape[0], args.scheme)
     return be, digits
 
 
@@ -182,7 +158,7 @@ def measure_costs(be, args, x, ranks):
     from aepar.parallel.planner import LayerCosts
     from aepar.rows import Shard
     from aepar.stack import warm_up
-    from aepar.sync import parse_extras
+    from aepar.parallel.synchronized import parse_extras
 
     warm_up(be, args.pretrainer)
     probes = layers_from_args(be, args, x.shape[1])
@@ -215,7 +191,7 @@ def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
     from aepar import _threads
     from aepar.parallel.planner import choose, format_table, predict
 
-    n_layers = len(parse_layers(args.layers, digits.train_x.shape[1]))
+    n_layers = len(parse_layers(args.layers, digits.train_x.shape[1])) - 1
     cores = comm.allgather(_threads.usable_cores())[0]
     predictions = None
     if comm.is_root:
@@ -237,26 +213,9 @@ def _resumed_scheme(comm, run, n_layers) -> str:
     from aepar import checkpoint
 
     name = comm.bcast(checkpoint.load(run.checkpoint_path).scheme if comm.is_root else None)
-    if name == "sync":
+    if name == "sync":  # sync and hybrid share their checkpoints: the ranks say which this is
         return "hybrid" if comm.size > n_layers else "sync"
     return name
-
-
-def run_scheme(be, comm, args, digits, run, guard, scheme, prog=PROG, extra=None) -> dict:
-    """Pre-train with ``scheme`` and do the task; the run files on rank 0."""
-    if scheme in ("sync", "hybrid"):
-        from aepar.data.sources import Digits
-        from aepar.sync import split_validation
-
-        train_idx, val_idx = split_validation(digits.train_y, args.val_fraction, args.seed)
-        if train_idx.size == 0:
-            raise UserError(f"--val-fraction {args.val_fraction} leaves no training digits")
-        note = f", {val_idx.size} of them held out for validation" if val_idx.size else ""
-        ft = Digits(digits.train_x[train_idx], digits.train_y[train_idx], digits.test_x, digits.test_y,
-                    digits.source + note, digits.name)
-        return run_sync(be, comm, args, ft, digits.train_x[val_idx], run, guard, scheme=scheme, extra=extra)
-    return run_layerwise(be, comm, args, digits, run, guard, scheme=scheme, prog=prog, ckpt_name=scheme,
-                         extra=extra)
 
 
 def _as_started(args, run, comm, scheme):
@@ -274,30 +233,38 @@ def _as_started(args, run, comm, scheme):
 
 
 def main(argv, comm, scheme=None):
+    return run_program(argv, comm, kind="pretrain", prog=PROG, parse=lambda a: parse_args(a, scheme))
+
+
+def run_program(argv, comm, *, kind: str, prog: str, parse, scheme_for=None):
+    """The program: parse ``argv`` (``parse``), open the run directory (runs/``kind``), run
+    the scheme (``scheme_for(args, comm)``, default ``args.scheme``; auto chooses), complete."""
     from aepar.guard import Guard
     from aepar.rundir import parse_and_open
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    args, run = parse_and_open(comm, "pretrain", PROG, lambda a: parse_args(a, scheme), argv)
-    with run, Guard.from_args(comm, PROG, args, run) as guard:
+    args, run = parse_and_open(comm, kind, prog, parse, argv)
+    if scheme_for is not None:
+        args.scheme = scheme_for(args, comm)
+    with run, Guard.from_args(comm, prog, args, run) as guard:
         comm.agree(_as_started, args, run, comm, args.scheme)
         be, digits = comm.agree(_setup, args, comm)
-        progress(comm, args.quiet, f"{PROG}: {digits.source}")
+        progress(comm, args.quiet, f"{prog}: {digits.source}")
         chosen, extra = args.scheme, {}
         if chosen == "auto":
-            n_layers = len(parse_layers(args.layers, digits.train_x.shape[1]))
+            n_layers = len(parse_layers(args.layers, digits.train_x.shape[1])) - 1
             if run.resumed and run.checkpoint_path.exists():
                 chosen = _resumed_scheme(comm, run, n_layers)
                 comm.agree(_as_started, args, run, comm, chosen)
-                progress(comm, args.quiet, f"{PROG}: auto chose {chosen} when the run started")
+                progress(comm, args.quiet, f"{prog}: auto chose {chosen} when the run started")
             else:
                 chosen, extra = choose_scheme(be, comm, args, digits)
                 progress(comm, args.quiet, extra["auto"]["table"])
-                progress(comm, args.quiet, f"{PROG}: auto runs {chosen}")
+                progress(comm, args.quiet, f"{prog}: auto runs {chosen}")
             comm.agree(_check, args, comm, n_layers, digits.train_x.shape[0], chosen)
-        run_scheme(be, comm, args, digits, run, guard, chosen, extra=extra)
+        engine.run_scheme(be, comm, args, digits, run, guard, chosen, prog=prog, extra=extra)
         run.complete()
-    progress(comm, args.quiet, f"{PROG}: wrote {run.path}")
+    progress(comm, args.quiet, f"{prog}: wrote {run.path}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ __all__ = ["parse_layers", "make_layers", "layers_from_args", "add_pretrain_args
            "check_blocks", "PRETRAINERS", "DEFAULT_LAYERS"]
 
 DEFAULT_LAYERS = "784-1000-500-250-30"
+# The batch the layers' learning rates were chosen for (Hinton & Salakhutdinov's recipe).
+BASE_BATCH = 100
 PRETRAINERS = {"rbm": RBM, "ae": AELayer}
 
 

@@ -60,13 +60,14 @@ from pathlib import Path
 
 import numpy as np
 
+from aepar import schemes
 from aepar.parallel.pipeline import choose_mode, make_layout, mode_costs, plan_schedule, replay_plan
 
 __all__ = ["SCHEMES", "LayerCosts", "allreduce_s", "tree_sum_s", "allgather_s", "greedy_s", "greedy_dp_s",
            "data_parallel_s", "model_parallel_s", "pipeline_s", "newest_s", "predict", "choose",
            "format_table"]
 
-SCHEMES = ("greedy", "data", "model", "sync", "hybrid")
+SCHEMES = tuple(schemes.names())  # the registry's, in its order
 
 
 # ==== the input record ======================================================================
@@ -457,11 +458,13 @@ def predict(costs: LayerCosts, ranks: int, *, cores=None, alpha=5e-6, beta=5e9, 
                                      + over(p)}
         except ValueError as exc:  # more ranks than the per-stage caps allow
             out["hybrid"] = {"seconds": None, "note": str(exc)}
+    for name in schemes.names():  # a scheme registered without a cost model here cannot be chosen
+        out.setdefault(name, {"seconds": None, "note": "no cost model in aepar.parallel.planner"})
     base = greedy_s(costs)
     for entry in out.values():
         entry["ratio"] = entry["seconds"] / base if entry["seconds"] is not None else None
         entry["ranks"], entry["cores"] = p, cores
-    return {k: out[k] for k in SCHEMES}
+    return {k: out[k] for k in schemes.names()}
 
 
 def choose(predictions: dict, margin: float = 0.0) -> str:

@@ -2,7 +2,7 @@
 
 Bernoulli (logistic) visible units; hidden units are ``"bernoulli"`` (logistic) or
 ``"gaussian"`` (linear with unit-variance noise, Hinton & Salakhutdinov's code layer).
-The CD-k recipe (DESIGN.md, "Stacked autoencoder"): hidden *states* are sampled for the
+The CD-k recipe (docs/architecture.md, "Training recipes"): hidden *states* are sampled for the
 negative phase, reconstructions use probabilities, and statistics use hidden
 probabilities (or means). Noise comes from the caller, never from inside the kernel.
 """

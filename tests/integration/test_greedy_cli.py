@@ -46,7 +46,7 @@ def test_greedy_writes_weights_summary_and_tables(greedy_run):
     epoch_lines = [l for l in lines if l.startswith("layer ")]
     assert len(epoch_lines) == 6 and "recon error" in epoch_lines[0] and epoch_lines[0].endswith("s")
     assert sum("finetune epoch" in l for l in lines) == 1
-    assert sorted(p.name for p in out.iterdir()) == ["run.json", "summary.json", "tables.md", "weights.h5"]
+    assert sorted(p.name for p in out.iterdir()) == ["run.json", "summary.json", "tables.md", "trace.json", "weights.h5"]
     assert json.loads((out / "run.json").read_text())["state"] == "complete"
     # nothing left behind next to the run directory
     assert [p.name for p in out.parent.iterdir()] == ["run"]

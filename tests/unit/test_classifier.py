@@ -289,7 +289,7 @@ def _serial():
 
 @pytest.mark.parametrize("pretrained", [False, True])
 def test_classify_and_evaluate_trains_and_reports(pretrained):
-    from aepar.classify import classify_and_evaluate
+    from aepar.tasks.classify import classify_and_evaluate
 
     be, digits = _be(), _digits()
     layers = make_layers(be, [6, 8, 4], seed=1) if pretrained else None
@@ -307,7 +307,7 @@ def test_classify_and_evaluate_trains_and_reports(pretrained):
 
 
 def test_classify_refuses_bad_labels_and_layers():
-    from aepar.classify import check_labels, classify_and_evaluate
+    from aepar.tasks.classify import check_labels, classify_and_evaluate
     from aepar.errors import UserError
 
     be, digits = _be(), _digits()
@@ -328,7 +328,7 @@ def test_classify_refuses_bad_labels_and_layers():
 
 
 def test_floors_train_softmax_regression_on_pixels_and_pca():
-    from aepar.classify import floors
+    from aepar.tasks.classify import floors
 
     be, digits = _be(), _digits()
     f = floors(be, _serial(), digits, _args(), k=3)
@@ -338,7 +338,7 @@ def test_floors_train_softmax_regression_on_pixels_and_pca():
 
 
 def test_pca_features_are_the_projections_pca_error_measures():
-    from aepar.classify import pca_features
+    from aepar.tasks.classify import pca_features
     from aepar.report.stacked import pca_error
 
     rng = np.random.default_rng(10)

@@ -180,3 +180,57 @@ def test_kernels_are_one_directory_reached_by_one_link():
     link = ROOT / "aepar" / "kernels"
     # setup.py maps nothing and aepar/__init__ registers nothing: the link is the one way in
     assert link.is_symlink() and os.readlink(link) == "../kernels" and link.resolve() == (ROOT / "kernels")
+
+
+SCHEMES_PKG, TASKS_PKG = "aepar.schemes", "aepar.tasks"
+# the programs and the engine sit above the schemes: a scheme or task importing one stands on it
+PROGRAMS = ("aepar.engine", "aepar.pretrain", "aepar.greedy", "aepar.sync", "aepar.sparse", "aepar.eager",
+            "aepar.finetune", "aepar.classify")
+
+
+def _scheme_files(mods):
+    return sorted(m for m in mods if _under(m, SCHEMES_PKG) and m != SCHEMES_PKG)
+
+
+def test_schemes_never_import_each_other_or_a_program(graph):
+    mods, raw, _ = graph
+    bad = {m: sorted(t for t in raw[m] if (_under(t, SCHEMES_PKG) and t != SCHEMES_PKG)
+                     or any(_under(t, p) for p in PROGRAMS))
+           for m in _scheme_files(mods)}
+    bad = {m: t for m, t in bad.items() if t}
+    assert not bad, f"a scheme stands on another (what two share belongs in aepar.parallel): {bad}"
+
+
+def test_tasks_never_import_schemes_or_programs(graph):
+    mods, raw, _ = graph
+    bad = {m: sorted(t for t in targets if _under(t, SCHEMES_PKG) or any(_under(t, p) for p in PROGRAMS))
+           for m, targets in raw.items() if _under(m, TASKS_PKG)}
+    bad = {m: t for m, t in bad.items() if t}
+    assert not bad, f"a task imports a scheme or a program (tasks take the layers any scheme trained): {bad}"
+
+
+def test_the_layers_below_never_import_a_scheme_file(graph):
+    """models, parallel, tasks and the rest may read the registry (aepar.schemes), never a scheme."""
+    mods, raw, _ = graph
+    files = set(_scheme_files(mods))
+    bad = {m: sorted(files & targets) for m, targets in raw.items()
+           if m not in files and not any(_under(m, p) for p in PROGRAMS)}
+    bad = {m: t for m, t in bad.items() if t}
+    assert not bad, f"imported a scheme file directly (go through aepar.schemes.get(name).load()): {bad}"
+
+
+def test_every_registered_scheme_is_a_file_with_the_engines_interface(graph):
+    from aepar import schemes
+
+    mods, _, _ = graph
+    for s in schemes.SCHEMES.values():
+        assert s.module in mods, f"scheme {s.name}: no file {s.module}"
+        if s.engine != schemes.STACKED:
+            continue
+        path, _ = mods[s.module]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in ast.walk(n)
+                    if isinstance(t, ast.Name)}
+        missing = {"check", "setup", "pretrain"} - defined
+        assert not missing, f"scheme {s.name} ({path.name}) lacks {sorted(missing)}"

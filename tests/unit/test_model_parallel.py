@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 import aepar  # noqa: F401  (threads before numpy work)
 from aepar import backend
 from aepar.comm import Comm
-from aepar.greedy import pretrain_greedy
+from aepar.parallel.layerwise import train_layer_by_layer
 from aepar.parallel.model_parallel import owner, pretrain_model_parallel, schedule
 from aepar.stack import make_layers
 from aepar.rows import Shard
@@ -64,7 +64,7 @@ def _weights(layers):
 
 def test_group_of_one_equals_greedy_pretraining_bitwise():
     be, layers, train, test = _stack()
-    pretrain_greedy(be, Comm.serial(), layers, train, test, quiet=True)
+    train_layer_by_layer(be, Comm.serial(), layers, train, test, quiet=True)
     be, mp_layers, train, test = _stack()
     record = pretrain_model_parallel(be, Comm.serial(), mp_layers, train, test, group=1)
     for a, b in zip(_weights(layers), _weights(mp_layers)):
@@ -77,7 +77,7 @@ def test_layers_train_on_copies_refreshed_once_per_epoch():
     """Group 3: layer 2's first epoch sees layer 1 after exactly one epoch (not its final
     weights), so the result differs from greedy; layer 1 itself is trained as in greedy."""
     be, greedy_layers, train, test = _stack()
-    pretrain_greedy(be, Comm.serial(), greedy_layers, train, test, quiet=True)
+    train_layer_by_layer(be, Comm.serial(), greedy_layers, train, test, quiet=True)
     be, layers, train, test = _stack()
     record = pretrain_model_parallel(be, Comm.serial(), layers, train, test, group=3)
     assert len(record["slots"]) == max(j + e for j, e in enumerate([3, 2, 2]))  # G - 1 + ... per layer

@@ -11,7 +11,7 @@ import aepar  # noqa: F401
 from aepar import finetune, greedy, sparse, sync
 from aepar.errors import UserError
 from aepar.stack import check_blocks, parse_layers
-from aepar.sync import parse_extras
+from aepar.parallel.synchronized import parse_extras
 
 # 4 x 250 command lines + 200 layer lists + 150 extra-epoch lists + 150 block checks = 1,500 cases
 SETTINGS = settings(max_examples=250, deadline=None, derandomize=True, database=None,

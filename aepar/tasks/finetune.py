@@ -1,0 +1,161 @@
+"""Fine-tuning the unrolled autoencoder by backpropagation, data-parallel (the ``reconstruct`` task).
+
+The pre-trained layers are unrolled into the deep autoencoder (784-1000-500-250-30-250-500-
+1000-784 for the seed's stack) and trained over every rank given: the global minibatch is
+drawn from fixed blocks of the rows, the blocks' gradients are added in one fixed tree, so
+any number of ranks takes the same steps. The default is Adam on pixel cross-entropy, which
+gains far more in the same epochs than the seed's literal recipe, plain SGD at learning rate
+0.001 on squared error (``--optimizer sgd --loss mse``; docs/architecture.md, "Training
+recipes").
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from aepar.cli import add_reduce_blocks, learning_rate, momentum, non_negative_int, positive_int, progress
+from aepar.models.stacked import LOSSES, StackedAutoencoder
+from aepar.optim import make_optimizer
+from aepar.parallel.data_parallel import reducer
+from aepar.resume import BackpropRun, timed, warm_up
+from aepar.rows import Shard
+
+__all__ = ["add_finetune_args", "finetune_optimizer", "finetune_and_evaluate"]
+
+
+def add_finetune_args(parser, *, standalone=False):
+    """Fine-tuning options. ``standalone`` (the finetune CLI) also accepts the short names
+    --epochs, --lr, --batch and --momentum, and --reduce-blocks."""
+    g = parser.add_argument_group("fine-tuning (backprop through the unrolled autoencoder)")
+
+    def names(long, short):
+        return (long, short) if standalone else (long,)
+
+    g.add_argument(*names("--finetune-epochs", "--epochs"), dest="finetune_epochs", type=non_negative_int,
+                   default=10, help="epochs of backprop (default 10; 0 skips fine-tuning)")
+    g.add_argument("--optimizer", choices=["sgd", "adam"], default="adam",
+                   help="adam: Adam (default); sgd: plain SGD. The seed's literal recipe is --optimizer sgd "
+                        "--loss mse, which barely moves the weights in 10 epochs")
+    g.add_argument("--loss", choices=list(LOSSES), default="xent",
+                   help="xent: pixel cross-entropy from logits (default, Hinton's fine-tuning objective); "
+                        "mse: squared error (the seed)")
+    g.add_argument(*names("--finetune-lr", "--lr"), dest="finetune_lr", type=learning_rate, default=0.001,
+                   help="learning rate (default 0.001, for either optimizer)")
+    g.add_argument(*names("--finetune-momentum", "--momentum"), dest="finetune_momentum", type=momentum,
+                   default=0.0, help="SGD momentum in [0, 1) (default 0: plain SGD, as the seed)")
+    g.add_argument(*names("--finetune-batch", "--batch"), dest="finetune_batch", type=positive_int,
+                   default=100, help="global minibatch, drawn from every block of the data (default 100)")
+    if standalone:
+        add_reduce_blocks(g)
+    return g
+
+
+def finetune_optimizer(be, params, args):
+    return make_optimizer(be, params, args.optimizer, args.finetune_lr, args.finetune_momentum)
+
+
+def _warm_up(be, args):
+    """A tiny model with the same loss and optimiser, once (aepar.resume.warm_up)."""
+    tiny = StackedAutoencoder(be, [5, 3, 2], loss=args.loss)
+    x = Shard.of(be, np.random.default_rng(0).random((4, 5)), 1)
+    warm_up(be, tiny, x, tiny.error_per_digit, batch=4, optimizer=finetune_optimizer(be, tiny.params, args))
+
+
+def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=None, resume=None,
+                          outer=None, model=None, guard=None, prefix="") -> dict:
+    """Unroll ``layers`` (or go on with ``model``), report its error, fine-tune it
+    data-parallel, report again.
+
+    Parameters
+    ----------
+    comm : aepar.comm.Comm
+        All ranks that fine-tune together (data parallel).
+    layers : list
+        Pre-trained layers: objects with ``params`` {"W", "bv", "bh"}, the same on every rank.
+    digits : aepar.data.sources.Digits
+        The whole data set, on every rank (each takes its blocks of the rows).
+    args : namespace
+        The options of :func:`add_finetune_args`, ``reduce_blocks``, ``seed``, ``quiet``.
+    trace, guard : optional
+        An aepar trace (a span "finetune" per epoch); the run's guard.
+    ckpt, resume, outer : optional
+        The checkpointer; a checkpoint taken during this fine-tuning to go on from; what
+        the caller adds to every checkpoint (``() -> (params, opt_state, progress)``).
+    model : StackedAutoencoder, optional
+        Continue fine-tuning this network instead of unrolling ``layers``.
+    prefix : str
+        Before the checkpoint names of this network when a run fine-tunes two ("greedy/").
+
+    Returns
+    -------
+    dict
+        JSON-ready summary: ``before`` and ``after`` {"train", "test"} error per digit,
+        ``epochs`` (per epoch: loss, train error seen while training, test error,
+        seconds), ``time_s`` (training wall time, slowest rank, evaluation excluded),
+        ``eval_s``, the settings; plus ``"model"``, the fine-tuned
+        :class:`StackedAutoencoder` (pop it before writing the dict as JSON).
+    """
+    quiet = getattr(args, "quiet", False)
+    _warm_up(be, args)
+    count = args.reduce_blocks
+    train = Shard.of(be, digits.train_x, count, comm.rank, comm.size)
+    test = Shard.of(be, digits.test_x, min(count, max(1, digits.test_x.shape[0])), comm.rank, comm.size)
+    if model is None:
+        model = StackedAutoencoder.from_layers(be, layers, loss=args.loss)
+    model.seed = int(args.seed)
+    reduce = reducer(comm)
+    fit = BackpropRun(be, comm, model, finetune_optimizer(be, model.params, args), train, batch=args.finetune_batch,
+                      what="fine-tuning", params_tag=f"{prefix}finetuned/", opt_tag=f"{prefix}finetune/",
+                      record_key="finetune", fields={"phase": "finetune"}, ckpt=ckpt, guard=guard, outer=outer,
+                      trace=trace, span="finetune")
+    record = fit.record
+    both = lambda: (model.error_per_digit(train, reduce), model.error_per_digit(test, reduce))  # noqa: E731
+    if fit.restore(resume):
+        record = fit.record
+        progress(comm, quiet, f"fine-tuning: resuming at {fit.resuming_at}")
+    else:
+        (before_train, before_test), dt = timed(comm, be, both)
+        record["before"] = {"train": before_train, "test": before_test}
+        record["eval_s"] += dt
+        if guard is not None:
+            guard.check(before_train + before_test, "the error of the network before fine-tuning",
+                        "fine-tuning", ckpt.run if ckpt else None, comm)
+    progress(comm, quiet, f"fine-tuning {model!r}: {args.optimizer} lr {args.finetune_lr:g}, "
+                          f"{args.finetune_epochs} epochs, {comm.size} rank(s), {count} blocks")
+    progress(comm, quiet, f"  before: train error/digit {record['before']['train']:.3f}  "
+                          f"test {record['before']['test']:.3f}")
+    fit.run(args.finetune_epochs, _after_epoch(be, comm, model, test, fit, args, ckpt, guard, quiet))
+    if args.finetune_epochs:
+        (after_train, after_test), dt = timed(comm, be, both)
+        record["eval_s"] += dt
+    else:
+        after_train, after_test = record["before"]["train"], record["before"]["test"]
+    progress(comm, quiet, f"  after:  train error/digit {after_train:.3f}  test {after_test:.3f}  "
+                          f"({record['time_s']:.1f}s fine-tuning)")
+    return {"optimizer": args.optimizer, "loss": args.loss, "lr": args.finetune_lr,
+            "momentum": args.finetune_momentum if args.optimizer == "sgd" else None,
+            "batch": args.finetune_batch, "n_epochs": args.finetune_epochs, "ranks": comm.size,
+            "blocks": count, "before": record["before"], "after": {"train": after_train, "test": after_test},
+            "epochs": record["epochs"], "time_s": record["time_s"], "eval_s": record["eval_s"], "model": model}
+
+
+def _after_epoch(be, comm, model, test, fit, args, ckpt, guard, quiet):
+    """What follows every epoch: checks, the test error, the record and the progress line."""
+    run = ckpt.run if ckpt else None
+    reduce = reducer(comm)
+
+    def after_epoch(epoch, result):
+        loss, seen = result.means
+        where = f"fine-tuning epoch {epoch + 1}"
+        if guard is not None:
+            guard.check(loss, "the loss", where, run, comm)
+            guard.check_params(model.params, where, run, comm)
+        test_err, et = timed(comm, be, model.error_per_digit, test, reduce)
+        fit.record["eval_s"] += et
+        if guard is not None:
+            guard.check(test_err, "the test error", where, run, comm)
+        seconds = fit.epoch_seconds()
+        fit.record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_error_seen": seen,
+                                     "test_error": test_err, "seconds": seconds})
+        progress(comm, quiet, f"  finetune epoch {epoch + 1:3d}/{args.finetune_epochs}  loss {loss:9.4f}  "
+                              f"train error {seen:8.3f}  test {test_err:8.3f}  {seconds:7.2f}s")
+    return after_epoch
