@@ -27,16 +27,38 @@ import sys
 
 import numpy as np
 
-from aepar import backend, schemes
+from aepar import backend, checkpoint, schemes
 from aepar.checkpoint import layers_from_params
-from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, default_float32, gpu_blocks_hint, positive_int,
-                       progress)
+from aepar.cli import (
+    ArgumentParser,
+    add_common,
+    add_reduce_blocks,
+    default_float32,
+    gpu_blocks_hint,
+    positive_int,
+    progress,
+)
 from aepar.comm import run_main
-from aepar.data.sources import CLASSES, DIGIT_SOURCES
+from aepar.data.sources import CLASSES, DIGIT_SOURCES, load_digits
 from aepar.errors import CheckpointError, UserError
+from aepar.finish import Weights, finish
+from aepar.guard import Guard
 from aepar.models.classifier import UNIT_ACTS
-from aepar.tasks.classify import (DEFAULT_LAYERS, FLOOR_PCA, add_classify_args, build_model, check_labels,
-                                  classify_and_evaluate, fit_on_features, floors, network_sizes, table)
+from aepar.resume import Checkpointer
+from aepar.rundir import fingerprint, parse_and_open
+from aepar.stack import check_blocks
+from aepar.tasks.classify import (
+    DEFAULT_LAYERS,
+    FLOOR_PCA,
+    add_classify_args,
+    build_model,
+    check_labels,
+    classify_and_evaluate,
+    fit_on_features,
+    floors,
+    network_sizes,
+    table,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -88,8 +110,6 @@ def build_parser():
 
 def _load_layers(be, args):
     """The encoder layers of ``args.weights`` (with their hidden-unit kinds), or None."""
-    from aepar import checkpoint
-
     if args.weights is None:
         if args.from_finetuned or args.random_init:
             raise UserError("--from-finetuned and --random-init need --weights (or give --layers alone)")
@@ -118,9 +138,6 @@ def _load_layers(be, args):
 
 def _setup(args, comm):
     """Every rank, no communication: backend, weights, data, checks."""
-    from aepar.data.sources import load_digits
-    from aepar.stack import check_blocks
-
     be = backend.select(args.device, args.kernels, args.dtype)
     layers = _load_layers(be, args)
     digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
@@ -137,11 +154,6 @@ def _setup(args, comm):
 
 
 def main(argv, comm):
-    from aepar.finish import Weights, finish
-    from aepar.guard import Guard
-    from aepar.resume import Checkpointer
-    from aepar.rundir import fingerprint, parse_and_open
-
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args, run = parse_and_open(comm, "classify", PROG, build_parser().parse_args, argv)
     with run, Guard.from_args(comm, PROG, args) as guard:

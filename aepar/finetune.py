@@ -18,12 +18,18 @@ from __future__ import annotations
 
 import sys
 
-from aepar import backend, schemes
+from aepar import backend, checkpoint, schemes
 from aepar.checkpoint import finetuned_from_params, layers_from_params, layers_to_params
 from aepar.cli import ArgumentParser, add_common, default_float32, gpu_blocks_hint, positive_int, progress
 from aepar.comm import run_main
-from aepar.data.sources import DIGIT_SOURCES
+from aepar.data.sources import DIGIT_SOURCES, load_digits
 from aepar.errors import UserError
+from aepar.finish import Weights, finish
+from aepar.guard import Guard
+from aepar.report.stacked import TABLES_FILE, pca_error, tables
+from aepar.resume import Checkpointer
+from aepar.rundir import fingerprint, parse_and_open
+from aepar.stack import check_blocks
 from aepar.tasks.finetune import add_finetune_args, finetune_and_evaluate
 
 __all__ = ["build_parser", "main"]
@@ -58,10 +64,6 @@ def build_parser():
 
 def _setup(args, comm):
     """Every rank, no communication: backend, checkpoint, data, checks."""
-    from aepar import checkpoint
-    from aepar.data.sources import load_digits
-    from aepar.stack import check_blocks
-
     be = backend.select(args.device, args.kernels, args.dtype)
     ckpt = checkpoint.load(args.weights, scheme=STACKED_WEIGHTS)
     layers = layers_from_params(be, ckpt.params, args.weights)
@@ -76,12 +78,6 @@ def _setup(args, comm):
 
 
 def main(argv, comm):
-    from aepar.finish import Weights, finish
-    from aepar.guard import Guard
-    from aepar.report.stacked import TABLES_FILE, pca_error, tables
-    from aepar.resume import Checkpointer
-    from aepar.rundir import fingerprint, parse_and_open
-
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args, run = parse_and_open(comm, "finetune", PROG, build_parser().parse_args, argv)
     with run, Guard.from_args(comm, PROG, args) as guard:

@@ -4,6 +4,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from aepar import checkpoint
+from aepar.machine import describe
+
 __all__ = ["Weights", "finish"]
 
 
@@ -28,9 +31,6 @@ def finish(run, comm, summary: dict, *, weights: Weights | None = None, tables: 
     """
     if not comm.is_root:
         return
-    from aepar import checkpoint
-    from aepar.machine import describe
-
     summary.setdefault("machine", describe())
     if weights is not None:
         with run.output("weights.h5") as path:

@@ -26,16 +26,29 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
-
-from aepar import backend, engine, schemes
-from aepar.cli import (ArgumentParser, add_common, default_float32, non_negative_int, parse_with_preset, positive_int,
-                       progress)
+from aepar import _threads, backend, checkpoint, engine, schemes
+from aepar.cli import (
+    ArgumentParser,
+    add_common,
+    default_float32,
+    non_negative_int,
+    parse_with_preset,
+    positive_int,
+    progress,
+)
 from aepar.comm import run_main
+from aepar.data.sources import load_digits
 from aepar.errors import UserError
-from aepar.parallel.synchronized import add_sync_args
-from aepar.stack import BASE_BATCH, add_pretrain_args, layers_from_args, parse_layers
-from aepar.tasks.classify import add_classify_args
+from aepar.guard import Guard
+from aepar.parallel.data_parallel import train_epoch
+from aepar.parallel.planner import LayerCosts, choose, format_table, predict
+from aepar.parallel.synchronized import add_sync_args, parse_extras
+from aepar.rows import Shard
+from aepar.rundir import parse_and_open
+from aepar.stack import BASE_BATCH, add_pretrain_args, layers_from_args, parse_layers, warm_up
+from aepar.tasks.classify import add_classify_args, check_labels
 from aepar.tasks.finetune import add_finetune_args
 
 __all__ = ["PRESETS", "choices", "build_parser", "parse_args", "measure_costs", "main"]
@@ -137,9 +150,6 @@ def _check(args, comm, n_layers, n_rows, scheme):
 
 def _setup(args, comm):
     """Every rank, no communication: backend, data, every check on the input."""
-    from aepar.data.sources import load_digits
-    from aepar.tasks.classify import check_labels
-
     be = backend.select(args.device, args.kernels, args.dtype)
     digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
     if args.task == "classify":
@@ -154,12 +164,6 @@ def measure_costs(be, args, x, ranks):
     """Planner input from this process: every layer's epoch and transform timed on a few
     batches of throw-away copies of the layers (the run's own are untouched), scaled to all
     the rows. Timed on one process while the others wait."""
-    from aepar.parallel.data_parallel import train_epoch
-    from aepar.parallel.planner import LayerCosts
-    from aepar.rows import Shard
-    from aepar.stack import warm_up
-    from aepar.parallel.synchronized import parse_extras
-
     warm_up(be, args.pretrainer)
     probes = layers_from_args(be, args, x.shape[1])
     n = x.shape[0]
@@ -179,8 +183,6 @@ def measure_costs(be, args, x, ranks):
 
 
 def be_time(be) -> float:
-    import time
-
     be.synchronize()
     return time.perf_counter()
 
@@ -188,9 +190,6 @@ def be_time(be) -> float:
 def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
     """``auto``: rank 0 times the layers, the planner predicts every scheme on these ranks;
     the fastest that can run here (never one predicted slower than data) and the table."""
-    from aepar import _threads
-    from aepar.parallel.planner import choose, format_table, predict
-
     n_layers = len(parse_layers(args.layers, digits.train_x.shape[1])) - 1
     cores = comm.allgather(_threads.usable_cores())[0]
     predictions = None
@@ -210,8 +209,6 @@ def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
 
 def _resumed_scheme(comm, run, n_layers) -> str:
     """The scheme an interrupted ``auto`` run chose: its checkpoint says."""
-    from aepar import checkpoint
-
     name = comm.bcast(checkpoint.load(run.checkpoint_path).scheme if comm.is_root else None)
     if name == "sync":  # sync and hybrid share their checkpoints: the ranks say which this is
         return "hybrid" if comm.size > n_layers else "sync"
@@ -239,9 +236,6 @@ def main(argv, comm, scheme=None):
 def run_program(argv, comm, *, kind: str, prog: str, parse, scheme_for=None):
     """The program: parse ``argv`` (``parse``), open the run directory (runs/``kind``), run
     the scheme (``scheme_for(args, comm)``, default ``args.scheme``; auto chooses), complete."""
-    from aepar.guard import Guard
-    from aepar.rundir import parse_and_open
-
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args, run = parse_and_open(comm, kind, prog, parse, argv)
     if scheme_for is not None:

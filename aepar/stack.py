@@ -9,6 +9,8 @@ from aepar.data.sources import DIGIT_SOURCES
 from aepar.errors import UserError
 from aepar.models.ae_layer import AELayer
 from aepar.models.rbm import RBM
+from aepar.resume import warm_up as warm_up_model
+from aepar.rows import Shard
 
 __all__ = ["parse_layers", "make_layers", "layers_from_args", "add_pretrain_args", "warm_up",
            "check_blocks", "PRETRAINERS", "DEFAULT_LAYERS"]
@@ -92,9 +94,6 @@ def layers_from_args(be, args, n_input: int) -> list:
 def warm_up(be, pretrainer="rbm"):
     """Run every kernel the layers use once on a few rows, so that compiling (or loading
     compiled) kernels is not charged to the first timed epoch."""
-    from aepar.resume import warm_up as warm_up_model
-    from aepar.rows import Shard
-
     x = Shard.of(be, np.random.default_rng(0).random((3, 5)), 1)
     for hidden in ("bernoulli", "gaussian"):
         layer = PRETRAINERS[pretrainer](be, 5, 2, hidden=hidden, batch=3, seed=0)

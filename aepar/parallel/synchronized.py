@@ -25,11 +25,12 @@ import numpy as np
 
 from aepar.checkpoint import layers_to_params, restore_layers
 from aepar.cli import fraction_to_half, positive_int
+from aepar.data.sources import Digits
 from aepar.errors import UserError
 from aepar.parallel.executor import Pipeline
-from aepar.parallel.pipeline import (HANDOVERS, MODES, choose_mode, make_layout, plan_schedule, replay_plan,
-                                     stage_costs)
+from aepar.parallel.pipeline import HANDOVERS, MODES, choose_mode, make_layout, plan_schedule, replay_plan, stage_costs
 from aepar.parallel.subset import data_parallel_ranks
+from aepar.report.spacetime import plot_spacetime
 from aepar.stack import check_blocks
 
 __all__ = ["PAPER_EXTRAS", "DEFAULT_HANDOVER_MODE", "default_extras", "parse_extras", "split_validation",
@@ -52,8 +53,6 @@ def check(args, n_layers: int, n_rows: int):
 def prepare(digits, args):
     """The training digits less a stratified ``--val-fraction`` held out to watch the stages
     on (the space-time diagram's validation curves), and the held-out rows."""
-    from aepar.data.sources import Digits
-
     train_idx, val_idx = split_validation(digits.train_y, args.val_fraction, args.seed)
     if train_idx.size == 0:
         raise UserError(f"--val-fraction {args.val_fraction} leaves no training digits")
@@ -136,8 +135,6 @@ def summarize(job, record) -> dict:
 
 
 def _plot(job, record, path):
-    from aepar.report.spacetime import plot_spacetime
-
     plot_spacetime(record["epochs"], record["handovers"], path, n_stages=len(job.layers),
                    title=f"Synchronized pre-training, {job.shape}, {job.comm.size} rank(s): "
                          f"{job.state['layout'].describe()}")

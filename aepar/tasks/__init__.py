@@ -3,6 +3,11 @@
 schemes: they take the layers a scheme trained."""
 from __future__ import annotations
 
+from aepar.cli import progress
+from aepar.report.stacked import pca_error
+from aepar.tasks.classify import table
+from aepar.tasks.finetune import finetune_and_evaluate
+
 __all__ = ["run_task", "task_table"]
 
 
@@ -23,10 +28,6 @@ def run_task(be, comm, layers, digits, args, *, trace=None, ckpt=None, guard=Non
         entries = {"classify": result, "finetune_time_s": result["time_s"],
                    "accuracy": {"pretrained": result["before"], "finetuned": result["after"]}}
         return entries, {f"{prefix}classifier/{k}": be.to_host(v) for k, v in model.params.items()}
-    from aepar.cli import progress
-    from aepar.report.stacked import pca_error
-    from aepar.tasks.finetune import finetune_and_evaluate
-
     k = int(layers[-1].n_out)
     pca = comm.bcast(pca_error(digits.train_x, digits.test_x, k=k) if comm.is_root else None)
     progress(comm, args.quiet, f"PCA-{pca['k']} baseline: train error/digit {pca['train']:.3f}  test {pca['test']:.3f}")
@@ -42,6 +43,4 @@ def run_task(be, comm, layers, digits, args, *, trace=None, ckpt=None, guard=Non
 
 def task_table(summary: dict) -> str:
     """The classification table of a run's summary (the reconstruct task's are aepar.report.stacked's)."""
-    from aepar.tasks.classify import table
-
     return table(dict(summary, classify=dict(summary["classify"], init="pretrained")))

@@ -18,8 +18,10 @@ from aepar.errors import UserError
 from aepar.models.classifier import Classifier, with_labels
 from aepar.optim import make_optimizer
 from aepar.parallel.data_parallel import reducer
+from aepar.report.stacked import hms
 from aepar.resume import BackpropRun, timed, warm_up
 from aepar.rows import Shard
+from aepar.stack import parse_layers
 
 __all__ = ["add_classify_args", "classify_optimizer", "check_labels", "classify_and_evaluate", "fit_on_features", "floors",
            "pca_features", "pca_basis", "table", "build_model", "network_sizes", "FLOOR_PCA", "CMU_15618_ACCURACY",
@@ -149,8 +151,6 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
 
 def network_sizes(args, n_in: int) -> list:
     """Layer sizes of a randomly initialised network from ``args.layers`` ("784-...")."""
-    from aepar.stack import parse_layers
-
     layers = getattr(args, "layers", None) or DEFAULT_LAYERS
     return list(layers) if not isinstance(layers, str) else parse_layers(layers, n_in)
 
@@ -332,8 +332,6 @@ def floors(be, comm, digits, args, *, trace=None, ckpt=None, resume=None, outer=
 # ---- the report --------------------------------------------------------------------------------
 def table(summary: dict) -> str:
     """Markdown accuracy table of a classify summary (higher is better)."""
-    from aepar.report.stacked import hms
-
     rows = []
     c = summary["classify"]
     name = "-".join(map(str, c["sizes"]))
