@@ -9,7 +9,7 @@ setup(
     # kernels/ lives at the top of the repo (the users' layout) and is reached as aepar.kernels
     # through the link aepar/kernels -> ../kernels, from a checkout and in an install alike (a
     # top-level name `kernels` would collide with an existing PyPI package).
-    packages=["aepar", "aepar.data", "aepar.models", "aepar.parallel",
+    packages=["aepar", "aepar.data", "aepar.models", "aepar.parallel", "aepar.schemes", "aepar.tasks",
               "aepar.report",
               "aepar.kernels", "aepar.kernels.ref", "aepar.kernels.nb", "aepar.kernels.cp"],
     package_data={"aepar.kernels.cp": ["*.cu"]},
