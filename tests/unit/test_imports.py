@@ -234,3 +234,13 @@ def test_every_registered_scheme_is_a_file_with_the_engines_interface(graph):
                     if isinstance(t, ast.Name)}
         missing = {"check", "setup", "pretrain"} - defined
         assert not missing, f"scheme {s.name} ({path.name}) lacks {sorted(missing)}"
+
+
+def test_setup_installs_every_package_of_the_tree(graph):
+    """A package missing from setup.py works from a checkout and is absent from an install."""
+    mods, _, _ = graph
+    call = next(n for n in ast.walk(ast.parse((ROOT / "setup.py").read_text())) if isinstance(n, ast.Call)
+                and getattr(n.func, "id", "") == "setup")
+    listed = set(ast.literal_eval(next(k.value for k in call.keywords if k.arg == "packages")))
+    packages = {m for m, (_, is_pkg) in mods.items() if is_pkg}
+    assert packages <= listed, f"setup.py's packages lack {sorted(packages - listed)}"
