@@ -178,8 +178,14 @@ class LBFGSB:
         paused = False
         while True:
             self.g = self.g.astype(np.float64)
-            setulb(self.MAXCOR, self.x, bound, bound, nbd, self.f, self.g, factr, pgtol, self.wa, self.iwa,
-                   self.task, self.lsave, self.isave, self.dsave, self.MAXLS, self.ln_task)
+            try:
+                setulb(self.MAXCOR, self.x, bound, bound, nbd, self.f, self.g, factr, pgtol, self.wa, self.iwa,
+                       self.task, self.lsave, self.isave, self.dsave, self.MAXLS, self.ln_task)
+            except TypeError as exc:  # a scipy whose private setulb changed its signature
+                _say_once(f"aepar: note: this scipy's setulb takes other arguments ({exc}); L-BFGS runs through "
+                          "scipy.optimize.minimize, and a resumed run restarts the optimiser's memory")
+                self.exact_resume = False
+                return self._run_minimize(callback)
             if self.task[0] == 3:  # FG: evaluate at x
                 f, g = self.fun(self.x)
                 self.f, self.g = np.array(f, dtype=np.float64), np.asarray(g, dtype=np.float64)
@@ -250,6 +256,11 @@ class LBFGSResult(dict):
             return self[name]
         except KeyError:
             raise AttributeError(name) from None
+
+
+@functools.lru_cache(maxsize=None)
+def _say_once(message: str):
+    print(message, file=sys.stderr, flush=True)
 
 
 def _setulb():
