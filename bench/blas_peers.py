@@ -35,8 +35,8 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
-from bench.epoch_peers import best_seconds_interleaved, sgemm_gflops  # noqa: E402
-from bench.peers_csv import KEY, merge_rows  # noqa: E402
+from bench.common import KEY, ONE_PROCESS, machine_columns, merge_rows, time_calls, with_machine  # noqa: E402
+from bench.epoch_peers import sgemm_gflops  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 BENCHMARK = "layer_products"
@@ -87,12 +87,10 @@ def cases(batch: int, rng):
 
 
 def measure(batches, repeats: int) -> list[dict]:
-    from aepar.machine import describe
-
     rng = np.random.default_rng(0)
     torch = _torch()
     sgemm, method = sgemm_gflops(1)
-    machine = describe(threads=1)
+    machine = machine_columns(mpi=ONE_PROCESS, threads=1)
     rows = []
     for batch in batches:
         for name, shape, flops, ours, blas, (a, b) in cases(batch, rng):
@@ -101,15 +99,16 @@ def measure(batches, repeats: int) -> list[dict]:
                 ta, tb = torch.from_numpy(a), torch.from_numpy(b)  # views as they are: MKL takes the transposes
                 out = torch.empty(ta.shape[0], tb.shape[1])
                 fns["torch"] = lambda: torch.mm(ta, tb, out=out)
-            best = best_seconds_interleaved(fns, repeats)
+            best = {way: t.seconds for way, t in time_calls(fns, repeats).items()}
             t_ours, t_blas, t_torch = best["ours"], best["blas"], best.get("torch")
-            rows.append({"product": name, "batch": batch, "shape": shape, "blocks": BLOCKS,
-                         "aepar_gflops": round(flops / t_ours / 1e9, 1),
-                         "openblas_gflops": round(flops / t_blas / 1e9, 1),
-                         "torch_gflops": "" if t_torch is None else round(flops / t_torch / 1e9, 1),
-                         "sgemm_method": method,
-                         "date": time.strftime("%Y-%m-%d %H:%M"),
-                         "torch": "" if torch is None else torch.__version__, **machine})
+            row = {"product": name, "batch": batch, "shape": shape, "blocks": BLOCKS,
+                   "aepar_gflops": round(flops / t_ours / 1e9, 1),
+                   "openblas_gflops": round(flops / t_blas / 1e9, 1),
+                   "torch_gflops": "" if t_torch is None else round(flops / t_torch / 1e9, 1),
+                   "sgemm_method": method,
+                   "date": time.strftime("%Y-%m-%d %H:%M"),
+                   "torch": "" if torch is None else torch.__version__}
+            rows += with_machine([row], machine)
     sgemm = max(sgemm, sgemm_gflops(1)[0])  # before and after the products
     for row in rows:
         row["sgemm_peak_gflops"] = round(sgemm, 1)

@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("AEPAR_THREADS", "1")
@@ -41,7 +40,8 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
-from bench.epoch_peers import TorchPeer, aepar_timer, run_and_publish, sgemm_gflops, table_head  # noqa: E402
+from bench.common import ONE_PROCESS, machine_columns, time_call, time_calls  # noqa: E402
+from bench.epoch_peers import TorchPeer, epoch_call, run_and_publish, sgemm_gflops, table_head  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -96,16 +96,16 @@ class TorchCAE(TorchPeer):
         return self.torch.nn.functional.mse_loss(self.net(xb), xb, reduction="sum")
 
 
-def aepar_epoch(x, blocks=8, be=None, batch: int = 100):
-    """(model, time_epoch(epoch) -> seconds) of aepar's CAE on ``x``, on the backend ``be``
-    (default: the numba kernels, float32)."""
+def aepar_epoch(x, blocks=8, be=None, batch: int = 100, first_epoch: int = 0):
+    """(model, a call that trains one epoch of it on ``x``: :func:`bench.epoch_peers.epoch_call`)
+    of aepar's CAE, on the backend ``be`` (default: the numba kernels, float32)."""
     from aepar import backend
     from aepar.models.cae import ConvAutoencoder
     from aepar.optim import Adam
 
     be = be or backend.select("cpu", "numba", "float32")
     model = ConvAutoencoder(be, (1, 28, 28), seed=0, batch=batch)
-    return model, aepar_timer(model, Adam(be, model.params, lr=1e-3), x, blocks)
+    return model, epoch_call(model, Adam(be, model.params, lr=1e-3), x, blocks, first_epoch)
 
 
 def kernel_profile(model, block_rows: int, reps: int = 30) -> list[tuple[str, float]]:
@@ -155,53 +155,37 @@ def kernel_profile(model, block_rows: int, reps: int = 30) -> list[tuple[str, fl
         nbconv._col2im(dcols, 0, block_rows, 3, 3, 1, 1, 28, 28, zero, dx)
     cases.append(("  of which conv1 input gradient (unused)", conv1_dx))
     cases.append(("whole block step (loss_and_grad)", lambda: model.loss_and_grad(x, g)))
-    out = []
-    for name, fn in cases:
-        fn()
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            best = min(best, (time.perf_counter() - t0) / reps)
-        out.append((name, best))
-    return out
+    return [(name, time_call(fn, 3, calls=reps).seconds) for name, fn in cases]
 
 
 def child(args) -> int:
     """Time this process's thread count (AEPAR_THREADS) and print one JSON line."""
-    from aepar.machine import describe, torch_peer
-
     threads = aepar.THREADS
     x, what = load_rows(args.rows)
     load_before = os.getloadavg()[0]
     peak0, method = sgemm_gflops(threads)
     model, ours = aepar_epoch(x)
-    ours(0)  # warm-up: JIT (cached), scratch buffers, BLAS
-    peer = None
+    ours()  # warm-up (epoch 0): JIT (cached), scratch buffers, BLAS
+    epochs = {"aepar": ours}
     if args.torch:
         try:
             peer = TorchCAE(model, threads)
         except ImportError:
             peer = None
-    if peer is not None:
-        peer.train_epoch(x)  # warm-up
-    times = {"aepar": [], **({"pytorch": []} if peer is not None else {})}
-    for r in range(args.repeats):
-        times["aepar"].append(ours(1 + r))
         if peer is not None:
-            times["pytorch"].append(peer.time_epoch(x))
+            peer.train_epoch(x)  # warm-up
+            epochs["pytorch"] = lambda: peer.train_epoch(x)
+    times = {k: list(t.samples) for k, t in time_calls(epochs, args.repeats, warmup=0).items()}
     peak1, _ = sgemm_gflops(threads)
     profile = kernel_profile(model, -(-model.batch // 8)) if args.profile else []
-    machine = describe(mpi="not used (one process)", threads=threads)
+    machine = machine_columns(mpi=ONE_PROCESS, threads=threads)
     if "torch" in sys.modules:
-        machine["torch"] = torch_peer()
         machine["torch_threads"] = sys.modules["torch"].get_num_threads()
     print(CHILD_TAG + json.dumps({
         "times": times, "data": what, "samples": int(x.shape[0]), "threads": threads,
         "flops_per_sample": model.flops_per_sample(), "sgemm": max(peak0, peak1), "sgemm_method": method,
         "load_1min": [load_before, os.getloadavg()[0]], "profile": profile, "machine": machine,
-        "torch_missing": args.torch and peer is None}), flush=True)
+        "torch_missing": args.torch and "pytorch" not in times}), flush=True)
     return 0
 
 

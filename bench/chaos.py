@@ -56,7 +56,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.reliability import PY, launcher
+from bench.common import machine_columns, mpi_env, python_command
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -321,8 +321,7 @@ def verdict(result: Result) -> list[str]:
 def command_line(module: str, args: list, ranks: int, env: dict) -> str:
     """The shell line that reproduces one process."""
     prefix = [f"{k}={v}" for k, v in env.items()]
-    launch = [PY, "-m", module] if ranks == 1 else launcher() + ["-np", str(ranks), PY, "-m", module]
-    return " ".join(prefix + [shlex.join(launch + [str(a) for a in args])])
+    return " ".join(prefix + [shlex.join(python_command(module, args, ranks))])
 
 
 def execute(module: str, args: list, ranks: int, env: dict, limit: float) -> tuple[object, str, float, int]:
@@ -331,10 +330,9 @@ def execute(module: str, args: list, ranks: int, env: dict, limit: float) -> tup
     rank. What is left of a job is ended with every process started under its setsid id:
     mpirun gives its ranks process groups of their own, and a stalled rank ignores
     SIGTERM as a stalled rank would."""
-    full = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **env)
-    launch = [PY, "-m", module] if ranks == 1 else launcher() + ["-np", str(ranks), PY, "-m", module]
+    full = mpi_env(**env)
     t0 = time.time()
-    p = subprocess.Popen(launch + [str(a) for a in args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    p = subprocess.Popen(python_command(module, args, ranks), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True, env=full, cwd=ROOT, start_new_session=True)
     try:
         _, err = p.communicate(timeout=limit)
@@ -511,9 +509,7 @@ def commit() -> str:
 
 
 def report(results: list[Result], interruptions: int, command: str) -> str:
-    from aepar.machine import describe
-
-    m = describe()
+    m = machine_columns()
     lines = ["# Chaos: interrupted, resumed runs end with the uninterrupted weights (bench/chaos.py)", "",
              f"{time.strftime('%Y-%m-%d %H:%M')}, `{command}`, commit {commit()}.",
              f"Machine: {m['cpu_model']}, {m['cores']} cores, {m['mpi']}, {m['hostname']}.", "",

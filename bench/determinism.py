@@ -22,26 +22,17 @@ and determinism.md (``--out DIR`` elsewhere).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from bench.common import (ONE_PROCESS, across_ranks, machine_columns, mpi_env, python_command, time_call,
+                          with_machine, write_rows)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-
-
-def _best(fn, repeats):
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), times
 
 
 def child(args) -> int:
@@ -53,7 +44,6 @@ def child(args) -> int:
     from aepar.data.patches import sample_patches
     from aepar.data.sources import load_digits, natural_images
     from aepar.optim import make_optimizer
-    from aepar.machine import describe
     from aepar.models.rbm import RBM
     from aepar.models.sparse_ae import SparseAutoencoder, init_theta
     from aepar.models.stacked import StackedAutoencoder
@@ -61,11 +51,11 @@ def child(args) -> int:
     from aepar.rows import DEFAULT_BLOCKS, Shard
 
     rows = []
-    machine = describe(mpi="none (one process)")
+    machine = machine_columns(mpi=ONE_PROCESS)
 
-    def row(what, variant, seconds, times, **extra):
-        rows.append({"what": what, "variant": variant, "seconds": seconds,
-                     "all_seconds": " ".join(f"{t:.4f}" for t in times), **extra, **machine})
+    def row(what, variant, timing, **extra):
+        rows.extend(with_machine([{"what": what, "variant": variant, "seconds": timing.seconds,
+                                   "all_seconds": " ".join(f"{t:.4f}" for t in timing.samples), **extra}], machine))
 
     # sparse autoencoder: one evaluation
     be = backend.select("cpu", "numba", "float64")
@@ -86,8 +76,8 @@ def child(args) -> int:
     assert abs(one_sum()[0] - blocks()[0]) <= 1e-12 * abs(blocks()[0])
     for name, fn in (("one sum over the process's samples (KL folded in)", one_sum),
                      ("blocks of 128, fixed tree (aepar)", blocks)):
-        s, ts = _best(fn, args.repeats * 10)
-        row("sparse AE cost+gradient, 10k patches, float64", name, s, ts, samples=x.shape[0])
+        row("sparse AE cost+gradient, 10k patches, float64", name, time_call(fn, args.repeats * 10),
+            samples=x.shape[0])
 
     # layer-wise: the RBM epoch and the fine-tuning epoch, 1 block vs the default 8
     digits = load_digits(args.dataset, seed=0, dtype=np.float32)
@@ -101,18 +91,16 @@ def child(args) -> int:
         def rbm_epoch():
             train_epoch(rbm, shard, epoch[0])
             epoch[0] += 1
-        s, ts = _best(rbm_epoch, args.repeats)
-        row("RBM CD-1 epoch 784x1000, batch 100, float32", f"{count} block{'s' if count > 1 else ''}", s, ts,
-            samples=data.shape[0], data=digits.source.split(":")[0])
+        row("RBM CD-1 epoch 784x1000, batch 100, float32", f"{count} block{'s' if count > 1 else ''}",
+            time_call(rbm_epoch, args.repeats), samples=data.shape[0], data=digits.source.split(":")[0])
         net = StackedAutoencoder(be32, [784, 1000, 500, 250, 30], loss="xent")
         opt = make_optimizer(be32, net.params, "adam", 1e-3)
         fine = Shard.of(be32, data[:args.finetune_rows], count)
 
         def finetune_epoch():
             train_epoch(net, fine, 0, batch=100, optimizer=opt)
-        s, ts = _best(finetune_epoch, args.repeats)
         row("fine-tuning epoch 784-1000-500-250-30 unrolled, batch 100, Adam, float32",
-            f"{count} block{'s' if count > 1 else ''}", s, ts, samples=fine.n)
+            f"{count} block{'s' if count > 1 else ''}", time_call(finetune_epoch, args.repeats), samples=fine.n)
     print("DETERMINISM " + json.dumps(rows), flush=True)
     return 0
 
@@ -122,14 +110,13 @@ def comm_child(args) -> int:
     import aepar  # noqa: F401
     import numpy as np
 
-    from aepar.comm import library, world
-    from aepar.machine import describe
+    from aepar.comm import world
     from aepar.parallel.blocks import TreeSum
     from aepar.rows import rank_blocks
 
     comm = world()
     rows = []
-    machine = describe(mpi=library())
+    machine = machine_columns()
     for what, count, size, dtype, reduce in (
             ("RBM gradient 784x1000 (+biases, sums) float32, all ranks", 8, 784 * 1000 + 784 + 1000 + 2,
              np.float32, False),
@@ -154,16 +141,9 @@ def comm_child(args) -> int:
             comm.Reduce(local) if reduce else comm.Allreduce(local)
         for name, fn in (("fixed tree (aepar)", fixed_tree), ("MPI " + ("Reduce" if reduce else "Allreduce")
                                                                   + " of each rank's own sum", mpi)):
-            for _ in range(3):
-                fn()
-            times = []
-            for _ in range(args.repeats * 10):
-                comm.barrier()
-                t0 = comm.wtime()
-                fn()
-                times.append(comm.allreduce(comm.wtime() - t0, op="max"))
-            rows.append({"what": what, "variant": name, "seconds": min(times), "ranks": comm.size,
-                         "all_seconds": f"median {np.median(times):.6f}", **machine})
+            timing = across_ranks(comm, time_call(fn, args.repeats * 10, warmup=3, between=comm.barrier))
+            rows.extend(with_machine([{"what": what, "variant": name, "seconds": timing.seconds, "ranks": comm.size,
+                                       "all_seconds": f"median {np.median(timing.samples):.6f}"}], machine))
     if comm.is_root:
         print("DETERMINISM " + json.dumps(rows), flush=True)
     return 0
@@ -201,21 +181,11 @@ def main(argv=None) -> int:
         env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
         env["AEPAR_THREADS"] = str(t)
         rows += _collect([sys.executable, "-m", "bench.determinism", "--child", *common], env)
-    launcher = os.environ.get("MPIRUN", str(Path(sys.executable).parent / "mpirun") + " --oversubscribe").split()
     for n in (int(v) for v in args.ranks.split(",") if v.strip()):
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", AEPAR_THREADS="1")
-        rows += _collect(launcher + ["-np", str(n), sys.executable, "-m", "bench.determinism", "--comm-child",
-                                     "--repeats", str(args.repeats)], env)
+        rows += _collect(python_command("bench.determinism", ["--comm-child", "--repeats", args.repeats], n),
+                         mpi_env(AEPAR_THREADS=1))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    keys = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    with open(out / "determinism.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    write_rows(out / "determinism.csv", rows)
     md = ["# What rank-independent sums cost (measured side by side; bench/determinism.py)", "",
           f"Machine: {rows[0]['cpu_model']} ({rows[0]['isa']}), {rows[0]['cores']} cores, {rows[0]['blas']}", "",
           "| what | threads / ranks | variant | seconds (best) | vs the first variant |", "| --- | --- | --- | --- | --- |"]

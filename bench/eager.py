@@ -39,9 +39,10 @@ import sys
 import time
 from pathlib import Path
 
+from bench import common
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-PY = sys.executable
 METHODS = (("parallel", "parallel, codes combined"), ("vote", "parallel, vote"), ("mono", "monolithic"))
 LOW_EPOCHS = (1, 2, 3)  # "low epochs" for the verdicts
 CONVERGED_POINTS = 1.0  # |parallel - monolithic| at the last epoch within this many points: "converged"
@@ -49,9 +50,9 @@ CONVERGED_POINTS = 1.0  # |parallel - monolithic| at the last epoch within this 
 
 def machine_columns(summary: dict) -> dict:
     """The machine the run itself recorded (aepar.machine.describe in the run), or this one."""
-    from aepar.machine import FIELDS, describe
+    from aepar.machine import FIELDS
 
-    m = summary.get("machine") or describe()
+    m = summary.get("machine") or common.machine_columns()
     return {k: m.get(k) for k in FIELDS}
 
 
@@ -70,12 +71,8 @@ def launch(args_list, np_, work: Path, name: str, threads: int) -> tuple[dict, d
     if out.exists():  # an interrupted earlier attempt: aepar refuses an existing --out
         shutil.rmtree(out)
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               AEPAR_THREADS=str(threads))
-    cmd = [PY, "-m", "aepar.eager", *map(str, args_list), "--out", str(out), "--quiet"]
-    if np_ > 1:
-        mpirun = os.environ.get("MPIRUN", f"{Path(PY).parent / 'mpirun'} --oversubscribe").split()
-        cmd = mpirun + ["-np", str(np_)] + cmd
+    env = common.mpi_env(AEPAR_THREADS=threads)
+    cmd = common.python_command("aepar.eager", [*args_list, "--out", out, "--quiet"], np_)
     shown = f"AEPAR_THREADS={threads} " + " ".join(cmd)
     print(f"bench.eager: {name}: {shown}", flush=True)
     t0 = time.time()
@@ -427,9 +424,7 @@ def verdict_lines(title, v, regime) -> list[str]:
 
 def study(sections, verdicts, notes, args, dates=()):
     """eager_study.md; ``dates``: the runs' own (a reused run keeps the date it ran on)."""
-    from aepar.machine import describe
-
-    m = describe()
+    m = common.machine_columns()
     lines = ["# Eager training of parallel CAEs: the study (Bhargava & Surana, Sections 5-6)", "",
              f"Machine: {m['cpu_model']} ({m['isa']}), {m['cores']} cores, BLAS {m['blas']}, {m['mpi']}; "
              f"{args.np} ranks x {threads_per_rank(args.np)} thread(s); measured {dates_text(dates)} by "

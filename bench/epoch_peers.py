@@ -1,6 +1,6 @@
 """What the epoch-against-PyTorch benchmarks share (bench.cae_speed, bench.finetune_speed):
-aepar's epoch as a timer, one child process per thread count, the SGEMM rate measured
-beside the epochs, and the rows they merge into peers.csv.
+aepar's epoch as a call to time, one child process per thread count, the SGEMM rate
+measured beside the epochs, and the rows they merge into peers.csv.
 
 Each benchmark's child prints one line ``TAG {json}`` with ``times`` ({key: [seconds]}),
 ``flops_per_sample``, ``samples``, ``data``, ``sgemm``, ``sgemm_method``, ``load_1min`` and
@@ -8,42 +8,20 @@ Each benchmark's child prints one line ``TAG {json}`` with ``times`` ({key: [sec
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.common import fastest, merge_rows, time_call
+
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["best_seconds", "best_seconds_interleaved", "sgemm_gflops", "aepar_timer", "TorchPeer", "run_child", "peer_rows", "table_head", "run_and_publish"]
-
-
-def best_seconds(fn, repeats: int) -> float:
-    """The fastest of ``repeats`` timed calls of ``fn`` after one warm-up call (thread
-    pool, pages)."""
-    return best_seconds_interleaved({"fn": fn}, repeats)["fn"]
-
-
-def best_seconds_interleaved(fns: dict, repeats: int) -> dict:
-    """{name: the fastest of ``repeats`` timed calls} for every callable of ``fns``, the
-    calls taken in turns (one of each per round) after one warm-up call each. A shared VM
-    changed its speed by up to 2x for seconds at a time (a 500x500 DGEMM on an Intel Xeon
-    VM: 33, then 57, then 41 GFLOP/s in 20 s): timed one after the other, the products of
-    one table landed in different phases (aepar's weight gradient at 0.50x torch.mm, 0.81x
-    in turns); in turns, each phase is seen by all of them."""
-    for fn in fns.values():
-        fn()
-    best = {name: float("inf") for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best
+__all__ = ["sgemm_gflops", "epoch_call", "TorchPeer", "run_child", "peer_rows", "table_head", "run_and_publish"]
 
 
 def sgemm_gflops(threads: int, n: int = 2000, repeats: int = 5) -> tuple[float, str]:
@@ -64,33 +42,29 @@ def sgemm_gflops(threads: int, n: int = 2000, repeats: int = 5) -> tuple[float, 
     if threadpool_limits is not None or threads == 1:
         c = np.empty((n, n), dtype=np.float32)
         if threadpool_limits is None:
-            return 2.0 * n ** 3 / best_seconds(lambda: np.matmul(a, b, out=c), repeats) / 1e9, "numpy matmul, 1 thread"
+            seconds = time_call(lambda: np.matmul(a, b, out=c), repeats).seconds
+            return 2.0 * n ** 3 / seconds / 1e9, "numpy matmul, 1 thread"
         with threadpool_limits(limits=threads, user_api="blas"):
-            seconds = best_seconds(lambda: np.matmul(a, b, out=c), repeats)
+            seconds = time_call(lambda: np.matmul(a, b, out=c), repeats).seconds
         return 2.0 * n ** 3 / seconds / 1e9, f"numpy matmul {n}x{n}, {threads} BLAS threads (threadpoolctl)"
     from concurrent.futures import ThreadPoolExecutor
 
     outs = [np.empty((n, n), dtype=np.float32) for _ in range(threads)]
     with ThreadPoolExecutor(threads) as pool:
-        seconds = best_seconds(lambda: list(pool.map(lambda c: np.matmul(a, b, out=c), outs)), repeats)
+        seconds = time_call(lambda: list(pool.map(lambda c: np.matmul(a, b, out=c), outs)), repeats).seconds
     return threads * 2.0 * n ** 3 / seconds / 1e9, f"{threads} concurrent 1-thread numpy matmuls {n}x{n}"
 
 
-def aepar_timer(model, optimizer, x, blocks: int):
-    """``time_epoch(epoch) -> seconds``: one data-parallel epoch of ``model`` on the rows
-    ``x`` cut into ``blocks`` blocks, in this process."""
+def epoch_call(model, optimizer, x, blocks: int, first_epoch: int = 0):
+    """A call that trains one data-parallel epoch of ``model`` on the rows ``x`` cut into
+    ``blocks`` blocks, in this process: epochs ``first_epoch``, then the next, and so on
+    (the epoch number sets the shuffle). On a GPU, time it with ``sync=model.be.synchronize``."""
     from aepar.parallel.data_parallel import train_epoch
     from aepar.rows import Shard
 
     shard = Shard.of(model.be, x, blocks)
-
-    def time_epoch(epoch):
-        model.be.synchronize()  # a GPU's queued work belongs to the epoch that queued it
-        t0 = time.perf_counter()
-        train_epoch(model, shard, epoch, optimizer=optimizer)
-        model.be.synchronize()
-        return time.perf_counter() - t0
-    return time_epoch
+    epochs = itertools.count(first_epoch)
+    return lambda: train_epoch(model, shard, next(epochs), optimizer=optimizer)
 
 
 class TorchPeer:
@@ -122,14 +96,6 @@ class TorchPeer:
             total += loss.detach()
         return float(total) / n
 
-    def time_epoch(self, x) -> float:
-        sync = self.torch.cuda.synchronize if str(self.device).startswith("cuda") else (lambda: None)
-        sync()
-        t0 = time.perf_counter()
-        self.train_epoch(x)
-        sync()
-        return time.perf_counter() - t0
-
 
 def run_child(module: str, tag: str, threads: int, extra: list[str]) -> dict:
     """Run ``python -m module --child *extra`` at ``threads`` threads (AEPAR_THREADS) and
@@ -147,11 +113,11 @@ def run_child(module: str, tag: str, threads: int, extra: list[str]) -> dict:
 
 
 def peer_rows(res: dict, benchmark: str, names: dict, network: str, reference: str) -> list[dict]:
-    """peers.csv rows of one child's result: best and median seconds, GFLOP/s against the
-    SGEMM rate, and seconds over aepar's default (the ``reference`` key's) in
+    """peers.csv rows of one child's result: the fastest and the median seconds, GFLOP/s
+    against the SGEMM rate, and seconds over aepar's default (the ``reference`` key's) in
     ``seconds_over_aepar``."""
     flop = res["flops_per_sample"] * res["samples"]
-    best = {k: min(ts) for k, ts in res["times"].items()}
+    best = {k: fastest(ts) for k, ts in res["times"].items()}
     out = []
     for k, ts in res["times"].items():
         gflops = flop / best[k] / 1e9
@@ -180,14 +146,12 @@ def run_and_publish(module: str, tag: str, threads: list[int], extra_for, *, ben
     """The driver: a child per thread count (``extra_for(t)``: its arguments), a line per
     implementation as each ends, then the rows merged into ``out`` (peers.csv) and
     ``markdown(results, rows)`` written to ``md``."""
-    from bench.peers_csv import merge_rows
-
     results = []
     for t in threads:
         res = run_child(module, tag, t, extra_for(t))
         results.append(res)
         for key, ts in res["times"].items():
-            print(f"{t} thread(s)  {names[key]:78s} best {min(ts):.3f} s  ({' '.join(f'{v:.3f}' for v in ts)})",
+            print(f"{t} thread(s)  {names[key]:78s} best {fastest(ts):.3f} s  ({' '.join(f'{v:.3f}' for v in ts)})",
                   flush=True)
     rows = [r for res in results for r in peer_rows(res, benchmark, names, network, reference)]
     merge_rows(rows, Path(out), benchmark)

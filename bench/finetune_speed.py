@@ -33,7 +33,8 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
-from bench.epoch_peers import TorchPeer, aepar_timer, run_and_publish, sgemm_gflops, table_head  # noqa: E402
+from bench.common import ONE_PROCESS, machine_columns, time_calls  # noqa: E402
+from bench.epoch_peers import TorchPeer, epoch_call, run_and_publish, sgemm_gflops, table_head  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -95,22 +96,20 @@ class TorchUnrolled(TorchPeer):
         return self.torch.nn.functional.binary_cross_entropy_with_logits(self._logits(xb), xb, reduction="sum")
 
 
-def aepar_epoch(x, blocks: int, be=None, batch: int = 100):
-    """(model, time_epoch(epoch) -> seconds) of aepar's unrolled autoencoder on ``x``, on
-    the backend ``be`` (default: the numba kernels, float32)."""
+def aepar_epoch(x, blocks: int, be=None, batch: int = 100, first_epoch: int = 0):
+    """(model, a call that trains one epoch of it on ``x``: :func:`bench.epoch_peers.epoch_call`)
+    of aepar's unrolled autoencoder, on the backend ``be`` (default: the numba kernels, float32)."""
     from aepar import backend
     from aepar.models.stacked import StackedAutoencoder
     from aepar.optim import Adam
 
     be = be or backend.select("cpu", "numba", "float32")
     model = StackedAutoencoder(be, SIZES, loss="xent", seed=0, batch=batch)
-    return model, aepar_timer(model, Adam(be, model.params, lr=1e-3), x, blocks)
+    return model, epoch_call(model, Adam(be, model.params, lr=1e-3), x, blocks, first_epoch)
 
 
 def child(args) -> int:
     """Time this process's thread count (AEPAR_THREADS) and print one JSON line."""
-    from aepar.machine import describe, torch_peer
-
     threads = aepar.THREADS
     x, what = load_rows(args.rows)
     load_before = os.getloadavg()[0]
@@ -119,7 +118,7 @@ def child(args) -> int:
     model, runners["aepar8"] = aepar_epoch(x, 8)
     _, runners["aepar1"] = aepar_epoch(x, 1)
     for run in runners.values():
-        run(0)  # warm-up: JIT (cached), buffers
+        run()  # warm-up (epoch 0): JIT (cached), buffers
     if args.torch:
         try:
             peer = TorchUnrolled(model, threads)
@@ -127,15 +126,10 @@ def child(args) -> int:
             peer = None
         if peer is not None:
             peer.train_epoch(x)  # warm-up
-            runners["torch"] = lambda epoch: peer.time_epoch(x)
-    times = {k: [] for k in runners}
-    for r in range(args.repeats):
-        for k, run in runners.items():
-            times[k].append(run(1 + r))
+            runners["torch"] = lambda: peer.train_epoch(x)
+    times = {k: list(t.samples) for k, t in time_calls(runners, args.repeats, warmup=0).items()}
     peak1, _ = sgemm_gflops(threads)
-    machine = describe(mpi="not used (one process)", threads=threads)
-    if "torch" in sys.modules:
-        machine["torch"] = torch_peer()
+    machine = machine_columns(mpi=ONE_PROCESS, threads=threads)
     print(CHILD_TAG + json.dumps({
         "times": times, "data": what, "samples": int(x.shape[0]), "threads": threads,
         "flops_per_sample": model.flops_per_sample(), "sgemm": max(peak0, peak1), "sgemm_method": method,

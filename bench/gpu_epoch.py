@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("AEPAR_THREADS", "1")
@@ -39,7 +39,7 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
-from bench.peers_csv import merge_rows  # noqa: E402
+from bench.common import ONE_PROCESS, fastest, machine_columns, merge_rows, time_calls, with_machine  # noqa: E402
 from bench.torch_rbm import LAYERS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,14 +102,8 @@ def epochs(x, batch: int, repeats: int, layer: str = "rbm") -> dict:
                         momentum_switch_epoch=5, batch=batch, seed=0, layer_index=0)
         train_epoch(trained, Shard.of(be, x[:warm], blocks), 0)
         xb = Shard.of(be, x, blocks)
-
-        def time_epoch(epoch):
-            be.synchronize()
-            t0 = time.perf_counter()
-            train_epoch(trained, xb, epoch)
-            be.synchronize()
-            return time.perf_counter() - t0
-        return time_epoch
+        epochs = itertools.count(6)  # past the momentum switch, like most of a run
+        return lambda: train_epoch(trained, xb, next(epochs))
 
     impls = {AEPAR_8: ours(8), AEPAR_1: ours(1)}
     if torch_rbm.available():
@@ -119,8 +113,8 @@ def epochs(x, batch: int, repeats: int, layer: str = "rbm") -> dict:
         for style, name in TORCH.items():
             peer = peer_class(784, HIDDEN, batch=batch, seed=0, style=style, device="cuda")
             peer.train_epoch(xt[:warm])
-            impls[name] = lambda epoch, peer=peer: peer.time_epoch(xt)
-    return in_turns(impls, repeats, first_epoch=6)  # past the momentum switch, like most of a run
+            impls[name] = lambda peer=peer: peer.train_epoch(xt)
+    return in_turns(be, impls, repeats)
 
 
 def network_epochs(be, x, batch: int, repeats: int, name: str, warm: int, peer_device: str = "cuda") -> dict:
@@ -133,8 +127,8 @@ def network_epochs(be, x, batch: int, repeats: int, name: str, warm: int, peer_d
     module = importlib.import_module(NETWORKS[name][1])
     impls = {}
     for blocks, label in ((8, AEPAR_8), (1, AEPAR_1)):
-        module.aepar_epoch(x[:warm], blocks, be=be, batch=batch)[1](0)  # a throwaway model: compile, pools
-        model, impls[label] = module.aepar_epoch(x, blocks, be=be, batch=batch)
+        module.aepar_epoch(x[:warm], blocks, be=be, batch=batch)[1]()  # a throwaway model: compile, pools
+        model, impls[label] = module.aepar_epoch(x, blocks, be=be, batch=batch, first_epoch=1)
     if torch_rbm.available():
         import torch
 
@@ -143,17 +137,20 @@ def network_epochs(be, x, batch: int, repeats: int, name: str, warm: int, peer_d
         for fused, label in ((False, TORCH_ADAM), (True, TORCH_FUSED)):
             peer = peer_class(model, 1, device=peer_device, fused=fused)
             peer.train_epoch(xt[:warm])
-            impls[label] = lambda epoch, peer=peer: peer.time_epoch(xt)
-    return in_turns(impls, repeats, first_epoch=1)
+            impls[label] = lambda peer=peer: peer.train_epoch(xt)
+    return in_turns(be, impls, repeats)
 
 
-def in_turns(impls: dict, repeats: int, first_epoch: int) -> dict:
-    """``repeats`` rounds of one epoch of each implementation, taken in turns."""
-    times = {name: [] for name in impls}
-    for r in range(repeats):
-        for name, time_epoch in impls.items():
-            times[name].append(time_epoch(first_epoch + r))
-    return times
+def in_turns(be, impls: dict, repeats: int) -> dict:
+    """{implementation: [seconds]}: ``repeats`` rounds of one epoch of each, taken in turns
+    (each warmed up already), the device drained around every epoch: aepar's queue and,
+    when loaded, PyTorch's."""
+    def drain():
+        be.synchronize()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.synchronize()
+    return {name: list(t.samples) for name, t in time_calls(impls, repeats, warmup=0, sync=drain).items()}
 
 
 def main(argv=None) -> int:
@@ -182,21 +179,24 @@ def main(argv=None) -> int:
         print(f"bench.gpu_epoch: error: no usable GPU ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
               file=sys.stderr)
         return 2
-    from aepar.machine import describe, torch_peer
-
     x, what = load_rows(args.rows, args.data_dir)
     print(f"bench.gpu_epoch: {gpu['gpu']}, {what}", flush=True)
     out, machine = [], None
     for layer, batch in ((layer, batch) for layer in layers for batch in batches):
         times = epochs(x, batch, args.repeats, layer)
-        machine = machine or {**describe(mpi=""), **gpu, "torch": torch_peer()}  # torch is loaded by now
-        ours = min(times[AEPAR_8])
+        if machine is None:  # after the first epochs: PyTorch is loaded by now
+            here = machine_columns(mpi=ONE_PROCESS)
+            torch = here.pop("torch", "")
+            machine = {**here, **gpu, "torch": torch}
+        ours = fastest(times[AEPAR_8])
         for name, ts in times.items():
-            out.append({"implementation": name, "data": what, "samples": int(x.shape[0]),
-                        "layer": NETWORKS[layer][0] if layer in NETWORKS else f"784x{HIDDEN} {LAYERS[layer]}", "batch": batch, "dtype": "float32",
-                        "seconds": round(min(ts), 5), "ratio": round(min(ts) / ours, 4), "repeats": args.repeats,
-                        "all_seconds": " ".join(f"{v:.4f}" for v in ts), "kind": "measured", **machine})
-            print(f"  {layer} batch {batch:5d}  {name:62s} {min(ts):8.3f} s  ratio {min(ts) / ours:5.2f}",
+            out += with_machine([{
+                "implementation": name, "data": what, "samples": int(x.shape[0]),
+                "layer": NETWORKS[layer][0] if layer in NETWORKS else f"784x{HIDDEN} {LAYERS[layer]}",
+                "batch": batch, "dtype": "float32", "seconds": round(fastest(ts), 5),
+                "ratio": round(fastest(ts) / ours, 4), "repeats": args.repeats,
+                "all_seconds": " ".join(f"{v:.4f}" for v in ts), "kind": "measured"}], machine)
+            print(f"  {layer} batch {batch:5d}  {name:62s} {fastest(ts):8.3f} s  ratio {fastest(ts) / ours:5.2f}",
                   flush=True)
     merge_rows(out, args.out / "gpu_epoch.csv", "gpu_epoch", key=KEY)
     print(f"bench.gpu_epoch: wrote {args.out / 'gpu_epoch.csv'}", flush=True)

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from aepar.parallel import planner
 from aepar.parallel.planner import LayerCosts, allreduce_s
+from bench.common import machine_columns, with_machine
 
 __all__ = ["allreduce_s", "greedy_s", "greedy_dp_s", "simulate", "simulate_newest", "simulate_grid",
            "FIELDS", "main"]
@@ -119,10 +120,7 @@ def simulate_grid(st, ranks=(1, 2, 3, 4, 5, 6, 8, 16), alpha=5e-6, beta=5e9) -> 
 def write_csv(rows, path, machine=None):
     """Rows to ``path``, each with the machine columns (a row's own values win): ``machine``,
     the one the layer times were measured on, else this one."""
-    from aepar.machine import describe
-
-    machine = machine or describe()
-    rows = [{**r, **{k: v for k, v in machine.items() if k not in r}} for r in rows]
+    rows = with_machine(rows, machine or machine_columns())
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:

@@ -25,21 +25,20 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from bench.common import machine_columns, mpi_env, python_command
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-PY = sys.executable
 
 
 def machine_fields() -> dict:
-    from aepar.machine import describe
-
-    m = describe()
+    """The machine columns these tables have always had: five of them, the CPU as ``cpu``."""
+    m = machine_columns()
     return {"cpu": m["cpu_model"], "isa": m["isa"], "blas": m["blas"], "cores": m["cores"], "mpi": m["mpi"]}
 
 
@@ -49,14 +48,9 @@ def launch(module, args, np_, work: Path, name: str) -> dict:
     if (out / "summary.json").exists():  # done by an earlier call with the same --work
         print(f"bench.pretrain: {name}: reusing {out}", flush=True)
         return json.loads((out / "summary.json").read_text())
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.pop("AEPAR_THREADS", None)
-    cmd = [PY, "-m", module, *map(str, args), "--out", str(out), "--quiet"]
-    if np_ > 1:
-        mpirun = os.environ.get("MPIRUN", f"{Path(PY).parent / 'mpirun'} --oversubscribe").split()
-        cmd = mpirun + ["-np", str(np_)] + cmd
+    cmd = python_command(module, [*args, "--out", out, "--quiet"], np_)
     t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(AEPAR_THREADS=None), cwd=REPO)
     if r.returncode != 0:
         raise SystemExit(f"bench.pretrain: {name} failed ({r.returncode}): {r.stderr.strip()[-800:]}")
     summary = json.loads((out / "summary.json").read_text())

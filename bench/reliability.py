@@ -40,9 +40,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import machine_columns, mpi_env, python_command, with_machine
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-PY = sys.executable
 
 SCHEMES = {
     "sparse": ("aepar.sparse", ["--samples", "2000", "--iterations", "150"]),
@@ -58,13 +59,9 @@ SCHEMES = {
 EXPECTED = {"raise": 1, "kill": 137, "nan": 3, "stall": 124, "sigterm": 75, "sigusr1": 75, "sigint": 75}
 
 
-def launcher() -> list[str]:
-    return os.environ.get("MPIRUN", str(Path(PY).parent / "mpirun") + " --oversubscribe").split()
-
-
 def run(module, args, ranks, env=None, timeout=300):
-    full = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **(env or {}))
-    cmd = ([PY, "-m", module] if ranks == 1 else launcher() + ["-np", str(ranks), PY, "-m", module]) + list(map(str, args))
+    full = mpi_env(**(env or {}))
+    cmd = python_command(module, args, ranks)
     t0 = time.time()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=full, cwd=ROOT, timeout=timeout)
@@ -528,9 +525,7 @@ def main(argv=None) -> int:
             rows += options(work, [1, 2])
         if "out" in parts:
             rows += outs(work, [1, 2])
-    from aepar.machine import describe
-
-    machine = describe()
+    machine = machine_columns()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     keys = []
@@ -540,8 +535,7 @@ def main(argv=None) -> int:
     with open(out / "reliability.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
-        for r in rows:
-            w.writerow({**r, **machine})
+        w.writerows(with_machine(rows, machine))
     md = header(machine, command_line(argv), commit(), datetime.date.today().isoformat()) + table(rows)
     (out / "reliability.md").write_text("\n".join(md) + "\n")
     print("\n".join(md), flush=True)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -222,8 +221,8 @@ def tables(run: str | os.PathLike, machine: dict | None = None) -> tuple[list, l
         grid = json.load(f)
     best = measured_points(run)
     if machine is None:
-        from aepar.machine import describe
-        machine = describe()
+        from bench.common import machine_columns
+        machine = machine_columns()
     strong = []
     for p, s in sorted(map(tuple, grid["strong"]), key=lambda ps: (ps[1], ps[0])):
         if (p, s) not in best:

@@ -33,9 +33,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from bench.common import ONE_PROCESS, machine_columns, merge_rows, time_calls, with_machine
 from bench.textbook_sparse import THREAD_VARS, _set_threads
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -87,15 +87,14 @@ def _env(threads: int) -> dict:
     return env
 
 
-def _timed(cmd, env) -> tuple[float, str]:
-    t0 = time.perf_counter()
+def _run(cmd, env) -> str:
+    """The command's output; a failure ends the benchmark with its last line."""
     done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise SystemExit(f"bench.sparse_command: {' '.join(map(str, cmd[1:4]))} ... exited {done.returncode}: "
                          f"{tail[0]}")
-    return seconds, done.stdout
+    return done.stdout
 
 
 def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, threads=1, repeats=3, work=None):
@@ -124,21 +123,21 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, threads=1, re
 
     commands = {"textbook command": textbook_cmd, "aepar command": lambda: aepar_cmd(iterations),
                 "aepar start-up (1 iteration)": lambda: aepar_cmd(1)}
-    times = {k: [] for k in commands}
+    last = {}  # key -> (command, its output) of its latest run
+
+    def call(key):
+        cmd = commands[key]()
+        last[key] = (cmd, _run(cmd, env))
+    # the untimed warm-up runs fill Numba's cache and the file cache
+    timings = time_calls({key: (lambda key=key: call(key)) for key in commands}, repeats)
     results = {}
-    for key, make in commands.items():  # untimed: Numba's cache, the file cache
-        _timed(make(), env)
-    for _ in range(repeats):
-        for key, make in commands.items():
-            cmd = make()
-            seconds, stdout = _timed(cmd, env)
-            times[key].append(seconds)
-            if key == "textbook command":
-                results[key] = json.loads(stdout.strip().splitlines()[-1])
-            else:
-                summary = json.loads((Path(cmd[-1]) / "summary.json").read_text())
-                results[key] = {k: summary[k] for k in ("final_cost", "iterations", "evaluations")}
-    t_text = min(times["textbook command"])
+    for key, (cmd, stdout) in last.items():
+        if key == "textbook command":
+            results[key] = json.loads(stdout.strip().splitlines()[-1])
+        else:
+            summary = json.loads((Path(cmd[-1]) / "summary.json").read_text())
+            results[key] = {k: summary[k] for k in ("final_cost", "iterations", "evaluations")}
+    t_text = timings["textbook command"].seconds
     descriptions = {
         "textbook command": "python -m bench.sparse_command --textbook-child: numpy+scipy only, seed-style sampling, "
                             "scipy.optimize.minimize L-BFGS-B, np.save(W1)",
@@ -147,10 +146,10 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, threads=1, re
         "aepar start-up (1 iteration)": "python -m aepar.sparse --iterations 1, same inputs"}
     rows = []
     for key in commands:
-        best = min(times[key])
+        best = timings[key].seconds
         rows.append({"implementation": key, "samples": samples, "iterations": results[key]["iterations"],
                      "evaluations": results[key]["evaluations"], "seconds": f"{best:.4f}", "repeats": repeats,
-                     "all_seconds": " ".join(f"{t:.3f}" for t in times[key]),
+                     "all_seconds": " ".join(f"{t:.3f}" for t in timings[key].samples),
                      "final_cost": f"{results[key]['final_cost']:.10g}",
                      "speedup_vs_textbook": f"{t_text / best:.2f}" if key != "aepar start-up (1 iteration)" else "",
                      "description": f"{descriptions[key]}; images: {source}"})
@@ -192,14 +191,12 @@ def main(argv=None) -> int:
     _set_threads(args.threads)  # this process's own NumPy (the IMAGES.mat it writes) as the children
 
     import aepar  # noqa: F401  (threads before numpy)
-    from aepar.machine import describe
-    from bench.peers_csv import merge_rows
 
     with tempfile.TemporaryDirectory(prefix="aepar-sparse-command-") as work:
         rows = run(args.samples, args.iterations, args.patch, args.hidden, args.seed, args.threads, args.repeats,
                    work)
-    machine = describe(mpi="not used (one process)")
-    merge_rows([{k: r[k] for k in COLUMNS} | machine for r in rows], args.out, BENCHMARK)
+    machine = machine_columns(mpi=ONE_PROCESS)
+    merge_rows(with_machine([{k: r[k] for k in COLUMNS} for r in rows], machine), args.out, BENCHMARK)
     md = markdown(rows, args.threads)
     if args.md:
         Path(args.md).write_text(md)

@@ -40,9 +40,9 @@ dataset-fashion-mnist``) takes about an hour.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -55,7 +55,8 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
-from bench.peers_csv import KEY, merge_rows, write_rows  # noqa: E402
+from bench.common import (KEY, fastest, machine_columns, merge_rows, mpi_env, python_command, time_call,  # noqa: E402
+                          time_calls, with_machine, write_rows)
 from bench.torch_rbm import LAYERS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,22 +70,9 @@ CONFIGS = {
 }
 
 
-def machine_columns() -> dict:
-    try:
-        from aepar.machine import describe
-
-        return describe()
-    except Exception:  # another engineer's module; keep the benchmark running without it
-        import platform
-
-        return {"hostname": platform.node(), "cores": os.cpu_count(), "threads": aepar.THREADS,
-                "python": platform.python_version(), "numpy": np.__version__}
-
-
 def _write_csv(path, rows):
     """Rows to ``path``, each with the machine columns (a row's own values win)."""
-    machine = machine_columns()
-    return write_rows(path, [{**r, **{k: v for k, v in machine.items() if k not in r}} for r in rows], digits=5)
+    return write_rows(path, with_machine(rows, machine_columns()), digits=5)
 
 
 # ---- one CD-1 epoch: aepar vs PyTorch ------------------------------------------------------
@@ -143,37 +131,25 @@ def rbm_epoch_here(x, repeats=3, styles=tuple(TORCH_NAMES), numpy_peer=True, hid
                         momentum_switch_epoch=5, batch=batch, seed=0, layer_index=0)
         train_epoch(trained, Shard.of(be, x[:warm], blocks), 0)  # warm-up: JIT, BLAS buffers
         xb = Shard.of(be, x, blocks)
-
-        def time_epoch(epoch):
-            t0 = time.perf_counter()
-            train_epoch(trained, xb, epoch)
-            return time.perf_counter() - t0
-        return time_epoch
+        epochs = itertools.count(6)  # past the momentum switch (0.9), like most of a run
+        return lambda: train_epoch(trained, xb, next(epochs))
 
     warm = min(x.shape[0], max(500, 2 * batch))  # at least two full steps
     # the price of rank-independent sums: the same epoch with the batch as one block
-    ours = {AEPAR_NAME: rbm("numba"), ONE_BLOCK_NAME: rbm("numba", 1)}
+    epochs = {AEPAR_NAME: rbm("numba"), ONE_BLOCK_NAME: rbm("numba", 1)}
     if numpy_peer:
-        ours[NUMPY_NAME] = rbm("numpy")
-    peers = {}
+        epochs[NUMPY_NAME] = rbm("numpy")
     if styles and torch_rbm.available():  # importing torch alone takes 1.5-2 s
         for style in styles:
-            peers[TORCH_NAMES[style]] = peer(784, hidden, batch=batch, threads=aepar.THREADS, seed=0, style=style)
-            peers[TORCH_NAMES[style]].train_epoch(x[:warm])
-    times = {name: [] for name in [*ours, *peers]}
-    for r in range(repeats):
-        for name, time_epoch in ours.items():
-            times[name].append(time_epoch(6 + r))  # past the momentum switch (0.9), like most of a run
-        for name, peer in peers.items():
-            times[name].append(peer.time_epoch(x))
-    return times
+            torch_layer = peer(784, hidden, batch=batch, threads=aepar.THREADS, seed=0, style=style)
+            torch_layer.train_epoch(x[:warm])
+            epochs[TORCH_NAMES[style]] = lambda torch_layer=torch_layer: torch_layer.train_epoch(x)
+    return {name: list(t.samples) for name, t in time_calls(epochs, repeats, warmup=0).items()}
 
 
 def _rbm_child(args) -> int:
     """``--rbm-child``: time this process's thread count (AEPAR_THREADS, read when aepar was
     imported) and print the result as one JSON line for :func:`rbm_epoch`."""
-    from aepar.machine import torch_peer
-
     x, what = rbm_data(args.rbm_child_data)
     load_before = os.getloadavg()[0]
     times = rbm_epoch_here(x, args.rbm_repeats, torch_styles(args.skip), numpy_peer="rbm-numpy" not in args.skip,
@@ -182,8 +158,6 @@ def _rbm_child(args) -> int:
     # workers spin 2**OPENBLAS_THREAD_TIMEOUT cycles after each call, default 2**28)
     env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT") if k in os.environ)
     machine = machine_columns()
-    if "torch" in sys.modules:
-        machine["torch"] = torch_peer()
     print("RBM-EPOCH " + json.dumps({"times": times, "data": what or args.rbm_child_what,
                                      "samples": int(x.shape[0]), "load_1min": [load_before, os.getloadavg()[0]],
                                      "env": env, "machine": machine}), flush=True)
@@ -225,17 +199,18 @@ def rbm_epoch(fallback_x, fallback_name, threads=RBM_THREADS, repeats=3, rows=RB
                 raise SystemExit(f"bench.stacked: the rbm epoch at {t} threads failed ({proc.returncode}):\n"
                                  f"{proc.stderr[-3000:]}")
             res = json.loads(found[-1][len("RBM-EPOCH "):])
-            ours = min(res["times"][AEPAR_NAME])
+            ours = fastest(res["times"][AEPAR_NAME])
             for name, ts in res["times"].items():
-                out.append({"implementation": name, "data": res["data"], "samples": res["samples"],
-                            "layer": f"784x{hidden} {LAYERS[layer]}", "batch": batch, "dtype": "float32",
-                            "seconds": min(ts), "ratio": min(ts) / ours, "repeats": repeats,
-                            "all_seconds": " ".join(f"{v:.3f}" for v in ts),
-                            "load_1min": " ".join(f"{v:.2f}" for v in res["load_1min"]), "env": res["env"],
-                            "kind": "measured", **res["machine"]})
+                out += with_machine([{
+                    "implementation": name, "data": res["data"], "samples": res["samples"],
+                    "layer": f"784x{hidden} {LAYERS[layer]}", "batch": batch, "dtype": "float32",
+                    "seconds": fastest(ts), "ratio": fastest(ts) / ours, "repeats": repeats,
+                    "all_seconds": " ".join(f"{v:.3f}" for v in ts),
+                    "load_1min": " ".join(f"{v:.2f}" for v in res["load_1min"]), "env": res["env"],
+                    "kind": "measured"}], res["machine"])
             if torch_styles(skip) and not torch_rbm.available():
-                out.append({"implementation": "pytorch (not installed: .venv/bin/pip install torch==2.13.0)",
-                            "samples": res["samples"], "kind": "missing", **res["machine"]})
+                out += with_machine([{"implementation": "pytorch (not installed: .venv/bin/pip install torch==2.13.0)",
+                                      "samples": res["samples"], "kind": "missing"}], res["machine"])
     return out
 
 
@@ -263,43 +238,27 @@ def stage_times(x_train, x_val, sizes, epochs, extras, batch=100, repeats=2) -> 
     out = []
     for i, layer in enumerate(layers):
         train_epoch(layer, Shard.of(be, be.to_host(xt.x[:batch * 2]), DEFAULT_BLOCKS), 0)  # warm-up
-        ts = []
-        for r in range(repeats):
-            t0 = time.perf_counter()
-            train_epoch(layer, xt, r)
-            ts.append(time.perf_counter() - t0)
+        epoch = itertools.count()
+        timing = time_call(lambda: train_epoch(layer, xt, next(epoch)), repeats, warmup=0)
         t0 = time.perf_counter()
         nt, nv = layer.transform(xt), layer.transform(xv)
         tr = time.perf_counter() - t0
         out.append({"layer": i + 1, "n_in": layer.n_in, "n_out": layer.n_out,
-                    "flops_per_sample": layer.flops_per_sample(), "epoch_s": float(np.median(ts)),
+                    "flops_per_sample": layer.flops_per_sample(), "epoch_s": timing.seconds,
                     "transform_s": tr, "steps": -(-xt.n // batch),
                     "param_bytes": 4 * (layer.n_in * layer.n_out + layer.n_in + layer.n_out)})
         xt, xv = nt, nv
-    return {"kind": "measured", "note": "single process, one thread, float32; epoch = median of "
+    return {"kind": "measured", "note": "single process, one thread, float32; epoch = fastest of "
                                         f"{repeats} timed epochs after a warm-up",
             "n_train": int(x_train.shape[0]), "n_val": int(x_val.shape[0]), "batch": batch,
             "epochs": list(epochs), "extras": list(extras), "layers": out, "machine": machine_columns()}
 
 
 # ---- jobs ---------------------------------------------------------------------------------------
-def _mpirun() -> list[str]:
-    launcher = os.environ.get("MPIRUN")
-    if launcher:
-        return launcher.split()
-    here = Path(sys.executable).parent / "mpirun"
-    exe = str(here) if here.exists() else shutil.which("mpirun")
-    if exe is None:
-        raise SystemExit("bench.stacked: no mpirun found")
-    return [exe, "--oversubscribe"]
-
-
 def run_sync(np_, out: Path, args: list[str], log: Path) -> dict:
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    env.pop("AEPAR_THREADS", None)  # aepar sets threads from the ranks per node
+    env = mpi_env(AEPAR_THREADS=None)  # aepar sets threads from the ranks per node
     # the benchmark's own run directories: replaced run after run (a foreign directory is still refused)
-    cmd = _mpirun() + ["-np", str(np_), sys.executable, "-m", "aepar.sync", "--out", str(out), "--overwrite",
-                       "--quiet"] + args
+    cmd = python_command("aepar.sync", ["--out", out, "--overwrite", "--quiet", *args], np_)
     t0 = time.perf_counter()
     with open(log, "w") as f:
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
@@ -347,7 +306,7 @@ def main(argv=None) -> int:
     runs.mkdir(parents=True, exist_ok=True)
 
     from aepar.data.sources import load_digits
-    from aepar.sync import default_extras, split_validation
+    from aepar.parallel.synchronized import default_extras, split_validation
 
     digits = load_digits(cfg["dataset"], seed=0, dtype=np.float32)
     tr, va = split_validation(digits.train_y, cfg["val_fraction"], 0)
@@ -360,7 +319,7 @@ def main(argv=None) -> int:
         threads = [int(t) for t in args.rbm_threads.split(",") if t.strip()]
         rows = rbm_epoch(x_train, f"{cfg['dataset']} training split", threads, args.rbm_repeats, args.rbm_rows,
                          ",".join(sorted(skip)), args.rbm_hidden, args.rbm_batch, args.rbm_layer)
-        # rows from other machines, code paths and shapes stay (bench.peers_csv's key, the layer, the batch)
+        # rows from other machines, code paths and shapes stay (bench.common's key, the layer, the batch)
         merge_rows([{k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
                    out / "rbm_epoch.csv", "rbm_epoch", legacy=True, key=KEY + ("layer", "batch"))
         data = rows[0].get("data", "") if rows else ""

@@ -22,11 +22,12 @@ thread count.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
 from pathlib import Path
+
+from bench.common import ONE_PROCESS, machine_columns, merge_rows, time_call, time_calls, with_machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -119,35 +120,24 @@ def flops_per_evaluation(m: int, visible: int, hidden: int) -> int:
 
 
 def dgemm_gflops(n: int = 1000, repeats: int = 5) -> float:
-    """Best-of-``repeats`` rate of an n×n float64 matrix product (2n³ FLOPs), in GFLOP/s."""
+    """The rate of an n×n float64 matrix product (2n³ FLOPs) in GFLOP/s, its fastest of
+    ``repeats`` after a warm-up (thread pool, pages)."""
     import numpy as np
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
     c = np.empty((n, n))
-    np.matmul(a, b, out=c)  # warm-up: thread pool, pages
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.matmul(a, b, out=c)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n ** 3 / best / 1e9
-
-
-def _minimize(fun, theta0, iterations):
-    from aepar.optim import LBFGSB
-    t0 = time.perf_counter()
-    res = LBFGSB(fun, theta0, iterations).run()
-    return res, time.perf_counter() - t0
+    return 2.0 * n ** 3 / time_call(lambda: np.matmul(a, b, out=c), repeats).seconds / 1e9
 
 
 def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numba", data_dir=None,
         repeats=3):
     """Time both implementations, ``repeats`` whole runs each taken in turns (textbook,
     aepar, textbook, ...) so that load from other users hits both alike; each row is its
-    best run. Returns (rows, info); rows are dicts for peers.csv."""
+    fastest run. Returns (rows, info); rows are dicts for peers.csv."""
     import numpy as np
 
     from aepar.backend import select
+    from aepar.optim import LBFGSB
     from aepar.data.patches import sample_patches
     from aepar.data.sources import natural_images
     from aepar.models.sparse_ae import SparseAutoencoder, init_theta
@@ -176,7 +166,9 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numb
     objectives = {"textbook": (lambda theta: tb.cost(theta, xt), theta0_tb),
                   "aepar": (model.cost_grad, theta0)}
 
-    def timed_run(key):
+    runs = {"textbook": [], "aepar": []}  # what each run produced, in order
+
+    def one_run(key):
         fun, start = objectives[key]
         count, inside = 0, 0.0  # evaluations, seconds inside the objective (rest: L-BFGS-B)
 
@@ -187,17 +179,14 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numb
             out = fun(theta)
             inside += time.perf_counter() - t0
             return out
-        res, seconds = _minimize(counted, start, iterations)
-        return {"res": res, "seconds": seconds, "evals": count, "inside": inside}
+        res = LBFGSB(counted, start, iterations).run()
+        runs[key].append({"res": res, "evals": count, "inside": inside})
 
     peak = dgemm_gflops()
-    runs = {"textbook": [], "aepar": []}
-    for _ in range(repeats):
-        # textbook first, then aepar: neither gets a warmer cache from the other's data
-        for key in runs:
-            runs[key].append(timed_run(key))
+    # textbook first, then aepar: neither gets a warmer cache from the other's data
+    timings = time_calls({key: (lambda key=key: one_run(key)) for key in runs}, repeats, warmup=0)
     peak = max(peak, dgemm_gflops())  # the better of before and after: a busy box varies
-    results = {key: min(rs, key=lambda r: r["seconds"]) for key, rs in runs.items()}
+    results = {key: dict(runs[key][t.fastest_index], seconds=t.seconds) for key, t in timings.items()}
 
     flop = flops_per_evaluation(samples, v, hidden)
     rows = []
@@ -212,7 +201,7 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numb
             "iterations": int(res.nit), "evaluations": evals, "seconds": f"{seconds:.4f}",
             "seconds_per_evaluation": f"{seconds / max(evals, 1):.6f}",
             "seconds_in_cost_gradient": f"{results[key]['inside']:.4f}",
-            "repeats": repeats, "all_seconds": " ".join(f"{r['seconds']:.3f}" for r in runs[key]),
+            "repeats": repeats, "all_seconds": " ".join(f"{t:.3f}" for t in timings[key].samples),
             "final_cost": f"{float(res.fun):.10g}",
             "gflop_per_evaluation": f"{flop / 1e9:.4f}", "gflops": f"{gflops:.2f}",
             "dgemm_peak_gflops": f"{peak:.2f}", "fraction_of_peak": f"{gflops / peak:.3f}",
@@ -230,8 +219,8 @@ PEER_COLUMNS = ("implementation", "samples", "iterations", "evaluations", "secon
 
 def write(rows, path, machine):
     """The rows (with the machine) into peers.csv, beside the other benchmarks' rows."""
-    from bench.peers_csv import merge_rows
-    merge_rows([{k: r[k] for k in PEER_COLUMNS if k in r} | machine for r in rows], path, BENCHMARK, legacy=True)
+    merge_rows(with_machine([{k: r[k] for k in PEER_COLUMNS if k in r} for r in rows], machine), path, BENCHMARK,
+               legacy=True)
 
 
 def markdown(rows, info) -> str:
@@ -268,10 +257,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     _set_threads(args.threads)
 
-    from aepar.machine import describe
     rows, info = run(args.samples, args.iterations, args.patch, args.hidden, args.seed,
                      args.kernels, args.data_dir, args.repeats)
-    machine = describe(mpi="not used (one process)")
+    machine = machine_columns(mpi=ONE_PROCESS)
     write(rows, args.out, machine)
     md = markdown(rows, info)
     if args.md:

@@ -30,7 +30,6 @@ Install: ``.venv/bin/pip install torch==2.13.0``.
 """
 from __future__ import annotations
 
-import time
 
 __all__ = ["available", "TorchRBM", "TorchAE", "STYLES", "LAYERS"]
 
@@ -70,17 +69,6 @@ class _TorchLayer:
         self.lr, self.wc, self.m, self.batch = lr, weight_cost, momentum, batch
         if style == "careful":
             self._buffers(batch, n_in, n_out)
-
-    def time_epoch(self, data) -> float:
-        """Seconds (wall clock) of one :meth:`train_epoch` (the GPU drained before and after)."""
-        cuda = self.device.type == "cuda"
-        if cuda:
-            self.torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        self.train_epoch(data)
-        if cuda:
-            self.torch.cuda.synchronize()
-        return time.perf_counter() - t0
 
 
 class TorchRBM(_TorchLayer):

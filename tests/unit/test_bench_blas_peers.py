@@ -31,9 +31,9 @@ def test_impossible_options_are_refused(argv, tmp_path, capsys):
 
 
 def test_the_ways_of_a_product_are_timed_in_turns():
-    from bench.epoch_peers import best_seconds_interleaved
+    from bench.common import time_calls
 
     calls = []
-    best = best_seconds_interleaved({name: (lambda name=name: calls.append(name)) for name in "abc"}, 3)
+    timings = time_calls({name: (lambda name=name: calls.append(name)) for name in "abc"}, 3)
     assert calls == list("abc") * 4  # one warm-up each, then three rounds of one call each
-    assert set(best) == set("abc") and all(0 <= t < 1 for t in best.values())
+    assert set(timings) == set("abc") and all(0 <= t.seconds < 1 and len(t.samples) == 3 for t in timings.values())

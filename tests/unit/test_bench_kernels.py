@@ -8,7 +8,9 @@ import pytest
 
 from aepar import kernels
 from aepar.machine import FIELDS
+from bench import kernel_cases
 from bench import kernels as bench
+from bench.common import Timing
 
 EXTRA = ("numba_cpu_name", "numba_cpu_features", "numba_isa", "openblas_coretype", "openblas_arch")
 
@@ -22,7 +24,7 @@ def test_quick_run_checks_every_family_and_records_the_machine(tmp_path):
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     rows = read(tmp_path / "kernels.csv")
     kern = [r for r in rows if r["family"] != "peak"]
-    assert {r["family"] for r in kern} == set(bench.FAMILIES)
+    assert {r["family"] for r in kern} == set(kernel_cases.FAMILIES)
     assert {"numba", "numpy"} <= {r["set"] for r in kern}
     bad = [(r["kernel"], r["set"], r["check"]) for r in kern if r["check"] != "ok"]
     assert not bad, bad
@@ -58,15 +60,15 @@ def test_wrong_kernel_fails_and_merge_keeps_other_rows(tmp_path, monkeypatch):
 
 
 def test_conv_flops_count_only_taps_on_the_image():
-    assert bench._taps(28, 28, 3, 1, 1) == 28 * 3 - 2   # the two border outputs lose one tap each
-    assert bench._taps(7, 14, 2, 2, 0) == 7 * 2          # a 2x2/2 transposed conv (7 -> 14): every tap
+    assert kernel_cases._taps(28, 28, 3, 1, 1) == 28 * 3 - 2   # the two border outputs lose one tap each
+    assert kernel_cases._taps(7, 14, 2, 2, 0) == 7 * 2          # a 2x2/2 transposed conv (7 -> 14): every tap
 
 
 def test_warm_runs_every_small_case_and_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert bench.main(["--warm"]) == 0
     assert list(tmp_path.iterdir()) == []
-    assert f"{len(bench.catalog(quick=True))} kernel cases compiled" in capsys.readouterr().out
+    assert f"{len(kernel_cases.catalog(quick=True))} kernel cases compiled" in capsys.readouterr().out
 
 
 def test_roofline_draws_every_family_of_this_code_path_from_the_csv():
@@ -89,12 +91,12 @@ def test_later_rounds_keep_each_kernels_fastest_pass(tmp_path, monkeypatch, caps
     seen = []
     real = bench.time_call
 
-    def spy(fn, sync, repeats, min_time, reset=None):
-        seconds, calls = real(fn, sync, repeats, min_time, reset)
+    def spy(fn, repeats, **options):
+        timing = real(fn, repeats, **options)
         if fn.__defaults__ and fn.__defaults__[0].kernel == "sigmoid_forward":
             seen.append(passes[len(seen)])
-            return seen[-1], calls
-        return seconds, calls
+            return Timing((seen[-1],), timing.calls)
+        return timing
     monkeypatch.setattr(bench, "time_call", spy)
     argv = ["--quick", "--rounds", "3", "--only", "activation", "--sets", "numba", "--out", str(tmp_path)]
     assert bench.main(argv) == 0

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.scaling_model import (OPS, Compute, Link, Network, Stack, collective_s, efficiency, fit_alpha_beta,
-                                 free_network, layer_key, layerwise_s, sparse_eval_s, sparse_run_s, stops_scaling,
-                                 tree_allreduce_s, tree_reduce_s)
+from bench.scaling_model.model import (OPS, Compute, Link, Network, Stack, collective_s, efficiency,
+                                       fit_alpha_beta, free_network, layer_key, layerwise_s, sparse_eval_s,
+                                       sparse_run_s, stops_scaling, tree_allreduce_s, tree_reduce_s)
 
 PROPS = settings(max_examples=100, deadline=None, derandomize=True, database=None)
 POW2 = [2 ** k for k in range(11)]
@@ -185,7 +185,7 @@ def test_stops_scaling():
 def test_machine_scales_come_from_the_hosts_own_code_path(tmp_path):
     """A peer row of another code path (AEPAR_ISA's, "[numba target ...]" in isa) or of
     another CPU never sets the compute factor; the last host row does."""
-    from bench.scaling_model import sparse_scale
+    from bench.scaling_model.validate import sparse_scale
 
     head = "implementation,samples,evaluations,seconds_in_cost_gradient,cpu_model,isa\n"
     rows = ["aepar,10000,100,2.0,Intel Xeon,avx512f avx2\n",
@@ -197,9 +197,32 @@ def test_machine_scales_come_from_the_hosts_own_code_path(tmp_path):
 
 
 def test_reuse_describes_the_machine_that_measured(tmp_path):
-    from bench.scaling_model import _measured_on
+    from bench.scaling_model.measure import measured_on
 
     (tmp_path / "compute.csv").write_text("what,cpu_model,isa,cores,threads\nmem,AMD EPYC,avx512f,2,1\n")
-    m = _measured_on(tmp_path / "compute.csv")
+    m = measured_on(tmp_path / "compute.csv")
     assert (m["cpu_model"], m["isa"], m["cores"], m["threads"]) == ("AMD EPYC", "avx512f", "2", "1")
     assert "hostname" in m  # columns the CSV lacks come from this machine
+
+
+def test_model_parallel_and_the_pipelines_are_the_planners_schedules():
+    """One set of scheme costs: with free links the model-parallel figure is the planner's
+    own on the measured one-block epochs, and every pipeline replays the planner's layout."""
+    from aepar.parallel import planner
+    from bench.scaling_model.model import layer_costs, model_parallel_s, pipeline_s
+
+    stack = Stack("t", "rbm", (64, 48, 32, 16, 8), n_train=4096, batch=256, epochs=3, extras=(0, 1, 2, 2), blocks=8)
+    comp = linear_layer_compute(stack)
+    for key in comp.layers:
+        comp.layers[key]["transform_row"] = 1e-6
+    epoch = [stack.steps * comp.fused(k, stack.batch) for k in stack.keys()]
+    transform = [1e-6 * stack.n_train] * stack.n_layers
+    for p in (2, 3, 4):
+        ours = model_parallel_s(comp, free_network(), stack, p)["seconds"]
+        theirs = planner.model_parallel_s(layer_costs(stack, epoch, transform), p, alpha=0.0, beta=math.inf)
+        assert ours == pytest.approx(theirs["seconds"])
+    small_batch = Stack(**{**stack.__dict__, "batch": 16})  # replicas capped at 16 per stage
+    for p in POW2[:7]:
+        sync, hybrid = (pipeline_s(comp, net(), small_batch, p, replicas=r) for r in (False, True))
+        assert (sync is None) == (p > stack.n_layers) and (hybrid is None) == (p <= stack.n_layers)
+        assert (sync or hybrid)["seconds"] > 0

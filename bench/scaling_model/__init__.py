@@ -1,0 +1,51 @@
+"""A scaling model of every scheme, fitted on this machine and validated on measured points.
+
+    python -m bench.scaling_model                 # measure (MPI at np 2, compute, fresh aepar.sparse and
+                                                   # aepar.pretrain runs), fit, validate, predict 1-1024
+                                                   # ranks, write bench/results/scaling_model*
+    python -m bench.scaling_model --reuse         # the same from the measurements already written
+    mpirun -np 2 python -m bench.scaling_model measure-mpi --out FILE.csv   # what the first step runs
+    python -m bench.scaling_model measure-compute --out FILE.csv
+    python -m bench.scaling_model measure-sparse --out FILE.csv   # aepar.sparse at np 1 and 2
+    python -m bench.scaling_model measure-stacked --out FILE.csv  # aepar.pretrain points, here and now
+
+Modules: :mod:`.model` (pure: links, compute record, schemes; the planner's schedules),
+:mod:`.measure` (what is measured here and how it is read back), :mod:`.validate` (the model
+at every measured point), :mod:`.report` (predictions, scaling_model.md and .png), and
+``__main__`` (the command line).
+
+Three layers, each a place where the figures can be wrong:
+
+1. **Communication**, measured under mpirun -np 2 through aepar.comm (the wrappers the
+   schemes call: ``Comm.bcast/reduce/allreduce/send/recv`` and the fixed-tree sums of
+   aepar.parallel.blocks.TreeSum) for 8 B .. 64 MB, fitted per operation to Hockney's
+   t = alpha + n / beta (least squares on the *relative* error, so that 8 B and 64 MB weigh
+   alike; both parameters kept >= 0). np 2 is the only honest count on 2 cores.
+2. **Compute**, measured in one process with one thread: the sparse autoencoder's
+   evaluation (partials of every block of 128 patches + the root's assembly and L-BFGS-B
+   step), and per layer of the stacked networks one block's gradient at 1..1024 rows
+   (RBM CD-1 / autoencoder layer, the gather of the rows included), the fused one-block
+   RBM step, the optimiser step, the transform and reconstruction per row, and the memory
+   rates of the adds and copies the sums do.
+3. **Schemes** composed from those (:mod:`.model`): per step or evaluation, compute of
+   the busiest rank + the serial parts (root assembly and L-BFGS, every rank's optimiser
+   step) + the collectives the scheme issues, with their message sizes; model-parallel
+   and the pipelines through aepar.parallel.planner's schedules, fed these costs.
+
+Collectives over P ranks (``ranks_per_node`` per node; levels of a tree inside a node use the
+alpha/beta fitted here, levels across nodes the network profile's): the smaller of a
+binomial tree / recursive doubling (ceil(log2) levels of alpha + n/beta [+ n gamma for a
+sum]) and the bandwidth-optimal form (scatter or reduce-scatter + allgather: twice the
+latency, 2(P-1)/P n / beta) - what MPI libraries switch between by message size. At P = 2 on
+one node the smaller is the tree: the fitted alpha + n/beta itself. Point-to-point messages
+use the one-way Send/Recv fit (what TreeSum and the hand-overs do), not half a ping-pong. aepar's fixed tree is not an MPI
+collective: it is simulated message by message along TreeSum's own plan (every cross-rank
+node is one Send/Recv + an add; a sending rank is busy until delivery), then the Bcast of
+the sum where the scheme needs it everywhere.
+
+Not modelled (each makes the predictions optimistic): contention between ranks of one node
+for memory bandwidth, network congestion and topology, OS noise and stragglers (the model's
+slowest rank is the one with the most blocks, not the unluckiest), the cache footprint of
+many blocks per rank and page faults of freshly allocated buffers, start-up, checkpoints and
+test evaluations. aepar does not overlap communication with compute, and neither does the model.
+"""

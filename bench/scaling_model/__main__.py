@@ -1,0 +1,75 @@
+"""``python -m bench.scaling_model``: measure, fit, validate, predict, write (see the package)."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.common import mpi_env, python_command
+from bench.scaling_model import __doc__ as OVERVIEW
+from bench.scaling_model.measure import (COMPUTE_CSV, MPI_CSV, REPO, SPARSE_CSV, STACKED_CSV, measure_compute,
+                                         measure_mpi, measure_sparse, measure_stacked)
+from bench.scaling_model.report import report
+
+PROG = "python -m bench.scaling_model"
+
+
+def _measure(argv) -> int:
+    """One measurement step (``measure-mpi``, ``measure-compute``, ...) with its own options."""
+    step = argv[0]
+    p = argparse.ArgumentParser(prog=f"{PROG} {step}")
+    p.add_argument("--out", default=str({"measure-mpi": MPI_CSV, "measure-compute": COMPUTE_CSV,
+                                         "measure-sparse": SPARSE_CSV, "measure-stacked": STACKED_CSV}[step]))
+    if step in ("measure-mpi", "measure-compute"):
+        p.add_argument("--quick", action="store_true")
+    if step == "measure-sparse":
+        p.add_argument("--samples", default="10000,40000,160000")
+    if step in ("measure-sparse", "measure-stacked"):
+        p.add_argument("--repeats", type=int, default=3)
+    a = p.parse_args(argv[1:])
+    if step == "measure-mpi":
+        return measure_mpi(Path(a.out), a.quick, 0.03 if a.quick else 0.15)
+    if step == "measure-compute":
+        return measure_compute(Path(a.out), a.quick)
+    if step == "measure-sparse":
+        return measure_sparse(Path(a.out), tuple(int(x) for x in a.samples.split(",")), repeats=a.repeats)
+    return measure_stacked(Path(a.out), a.repeats)
+
+
+def _measure_all(quick: bool):
+    """Every measurement step, each in a fresh process (the collectives on 2 ranks), one
+    thread per rank."""
+    q = ["--quick"] if quick else []
+    for cmd in (python_command("bench.scaling_model", ["measure-mpi", *q], 2),
+                python_command("bench.scaling_model", ["measure-compute", *q]),
+                python_command("bench.scaling_model", ["measure-sparse"]
+                               + (["--samples", "10000,40000", "--repeats", "1"] if quick else [])),
+                python_command("bench.scaling_model", ["measure-stacked"] + (["--repeats", "1"] if quick else []))):
+        print("bench.scaling_model: " + " ".join(cmd), flush=True)
+        if subprocess.run(cmd, cwd=REPO, env=mpi_env(AEPAR_THREADS=1)).returncode != 0:
+            raise SystemExit(f"bench.scaling_model: {' '.join(cmd)} failed")
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("measure-mpi", "measure-compute", "measure-sparse", "measure-stacked"):
+        return _measure(argv)
+    p = argparse.ArgumentParser(prog=PROG, description=OVERVIEW.split("\n\n")[0])
+    p.add_argument("--reuse", action="store_true", help="fit, validate and predict from the measurement CSVs "
+                                                        "already in bench/results (no measuring)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (a few minutes less)")
+    p.add_argument("--ranks-per-node", type=int, default=2,
+                   help="ranks per node in the predictions (default 2: nodes like this 2-core machine)")
+    p.add_argument("--contended", default="", help="a note for the report when the timings shared the cores")
+    a = p.parse_args(argv)
+    if not a.reuse:
+        _measure_all(a.quick)
+    how = " ".join([PROG] + argv)
+    if a.reuse:
+        how += " (from scaling_model_{mpi,compute,sparse,stacked}.csv, each row with its time's load_1min)"
+    return report(ranks_per_node=a.ranks_per_node, contended=a.contended, how=how)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

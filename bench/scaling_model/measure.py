@@ -1,0 +1,403 @@
+"""What the scaling model is fitted on, measured here: the collectives under mpirun, the
+compute in one process with one thread, and whole ``aepar.sparse`` / ``aepar.pretrain``
+runs; and the measurements read back (:func:`load_mpi`, :func:`load_compute`).
+
+Every timing goes through bench.common's loop and its one statistic (the fastest sample);
+every row carries the machine and the 1-minute load average at its time.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import (across_ranks, fastest, fastest_run, machine_columns, mpi_env, python_command, read_rows,
+                          time_call, with_machine, write_rows)
+from bench.scaling_model.model import OPS, Compute, fit_alpha_beta, layer_key
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+MPI_CSV = RESULTS / "scaling_model_mpi.csv"
+COMPUTE_CSV = RESULTS / "scaling_model_compute.csv"
+SPARSE_CSV = RESULTS / "scaling_model_sparse.csv"
+STACKED_CSV = RESULTS / "scaling_model_stacked.csv"
+
+
+def measured_on(compute_csv: Path) -> dict:
+    """The machine columns of the compute measurements (``--reuse`` on another machine
+    still describes, and validates against, the one that measured them)."""
+    rows = read_rows(compute_csv)
+    here = machine_columns()
+    return {k: rows[0].get(k) or v for k, v in here.items()} if rows else here
+
+
+def _row(machine: dict, **columns) -> dict:
+    """A measurement row: its columns, the load average now, the machine."""
+    return with_machine([{**columns, "load_1min": os.getloadavg()[0]}], machine)[0]
+
+
+# ==== communication ==============================================================================
+def _mpi_ops(comm, tree, buf, out_buf) -> dict:
+    """Every op of :data:`OPS` as a call on ``buf`` (``out_buf``: where a one-way message lands)."""
+    def pingpong():
+        if comm.rank == 0:
+            comm.Send(buf, 1)
+            comm.Recv(buf, 1)
+        elif comm.rank == 1:
+            comm.Recv(buf, 0)
+            comm.Send(buf, 0)
+
+    def oneway():  # what a tree node or a hand-over does: one message, barrier to delivery
+        if comm.rank == 1:
+            comm.Send(buf, 0)
+        elif comm.rank == 0:
+            comm.Recv(out_buf, 1)
+
+    return {"bcast": lambda: comm.Bcast(buf), "reduce": lambda: comm.Reduce(buf),
+            "allreduce": lambda: comm.Allreduce(buf), "sendrecv": pingpong, "send": oneway,
+            "tree_reduce": lambda: tree.reduce([buf]), "tree_allreduce": lambda: tree.allreduce([buf], out_buf)}
+
+
+def _collective_timing(comm, fn, repeats: int, warmup: int = 0):
+    """Each call alone after a barrier, as a scheme issues it; per call the slowest rank's."""
+    return across_ranks(comm, time_call(fn, repeats, warmup=warmup, between=comm.barrier))
+
+
+def measure_mpi(out: Path, quick: bool = False, target_s: float = 0.15) -> int:
+    """Under mpirun: every op of :data:`OPS` through aepar.comm for 8 B .. 64 MB (float64
+    buffers). A trial times ``reps`` calls (the same count on every rank), each alone
+    after a barrier, takes per call the slowest rank's time and of those the fastest
+    (:func:`bench.common.fastest`); rank 0 writes one row per (op, size): the median,
+    minimum and maximum over the trials."""
+    import aepar  # noqa: F401  (threads configured before NumPy's BLAS loads)
+    from aepar.comm import world
+    from aepar.parallel.blocks import TreeSum
+
+    comm = world()
+    if comm.size < 2:
+        raise SystemExit("measure-mpi: run it under mpirun -np 2 (or more)")
+    sizes = sorted({2 ** e for e in range(3, 27, 3 if quick else 1)} | {2 ** 26})
+    # rounds over the whole sweep, trials within: this VM's shared-memory timings switch
+    # between modes from one moment to the next, the median over rounds sees them all
+    rounds, trials = (2, 2) if quick else (3, 3)
+    tree = TreeSum(comm, comm.size)  # one block per rank: the tree's messages alone
+    per = {}
+    for _ in range(rounds):
+        for nbytes in sizes:
+            buf = np.zeros(nbytes // 8)
+            for op, fn in _mpi_ops(comm, tree, buf, np.empty_like(buf)).items():
+                buf[:] = 0.0  # sums of zeros stay zeros whatever the repetitions
+                half = 2.0 if op == "sendrecv" else 1.0  # a round trip is two messages
+                first = _collective_timing(comm, fn, 5, warmup=2).seconds
+                reps = int(comm.bcast(max(5, min(2000, int(target_s / trials / max(first, 1e-7))))))
+                got = [_collective_timing(comm, fn, reps).seconds / half for _ in range(trials)]
+                per.setdefault((op, nbytes), []).extend(got)
+                per[(op, nbytes, "reps")] = reps
+    if comm.is_root:
+        machine = machine_columns()
+        rows = [_row(machine, op=op, bytes=nbytes, seconds=float(np.median(per[(op, nbytes)])),
+                     min_seconds=fastest(per[(op, nbytes)]), max_seconds=max(per[(op, nbytes)]),
+                     reps=per[(op, nbytes, "reps")], trials=len(per[(op, nbytes)]), ranks=comm.size)
+                for nbytes in sizes for op in OPS]
+        write_rows(out, rows)
+        print(f"measure-mpi: {len(rows)} rows -> {out}", flush=True)
+    comm.barrier()
+    return 0
+
+
+def load_mpi(path: Path) -> tuple[dict, dict, list]:
+    """(op -> Link, op -> max relative residual, rows) from measure-mpi's CSV."""
+    rows = read_rows(path)
+    links, resid = {}, {}
+    for op in OPS:
+        # the fastest trial: on this VM the same operation varies 2-4x from one minute to
+        # the next and other jobs' time slices hit whole trials; the fastest is the figure
+        # a rerun reproduces
+        pts = [(int(r["bytes"]), float(r.get("min_seconds") or r["seconds"])) for r in rows if r["op"] == op]
+        if len(pts) >= 2:
+            links[op], resid[op] = fit_alpha_beta(*zip(*pts))
+    return links, resid, rows
+
+
+# ==== compute ====================================================================================
+# the layers every validated or predicted workload uses: (kind, n_in, n_out, hidden)
+LAYERS = (("rbm", 784, 1000, "bernoulli"), ("rbm", 1000, 500, "bernoulli"), ("rbm", 500, 250, "bernoulli"),
+          ("rbm", 250, 30, "gaussian"),
+          ("ae", 784, 2000, "bernoulli"), ("ae", 2000, 1000, "gaussian"), ("ae", 2000, 1000, "bernoulli"),
+          ("ae", 1000, 500, "bernoulli"), ("ae", 500, 100, "gaussian"))
+LEAF_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def _seconds(fn, budget: float, min_reps: int = 3, max_reps: int = 200, between=None) -> float:
+    """Seconds of ``fn()``: the fastest of as many calls as fill about ``budget`` seconds
+    (after a warm-up); ``between()``, untimed, before each (what the real loop does
+    between two calls)."""
+    first = time_call(fn, 1, between=between).seconds
+    reps = max(min_reps, min(max_reps, int(budget / max(first, 1e-7))))
+    return time_call(fn, reps, warmup=0, between=between).seconds
+
+
+def _measure_memory(row, budget):
+    """The adds and copies of the sums (float32 arrays; per byte)."""
+    for nbytes in (32 * 1024, 256 * 1024, 4 * 2 ** 20, 32 * 2 ** 20):
+        a = np.ones(nbytes // 4, np.float32)
+        b = np.ones_like(a)
+        row("mem", "add", nbytes, _seconds(lambda: a.__iadd__(b), budget, max_reps=2000))
+        row("mem", "copy", nbytes, _seconds(lambda: b.copy(), budget, max_reps=2000))
+
+
+def _measure_sparse_evaluation(row, budget, quick, rng):
+    """The sparse autoencoder's evaluation: per block (many calls), serial (the rest)."""
+    from aepar import backend
+    from aepar.comm import Comm
+    from aepar.models.sparse_ae import LEAF, SparseAutoencoder
+    from aepar.optim import _setulb
+    from aepar.parallel.root_optimizer import RootOptimizer
+    from aepar.rows import Blocks
+
+    be = backend.select("cpu", "auto", "float64")
+    m = 10000
+    x = rng.uniform(0.1, 0.9, (m, 64))
+    model = SparseAutoencoder(be, 64, 25)
+    model.attach(x, Blocks.fixed(m, LEAF))
+    count = model.blocks.count
+    opt = RootOptimizer(Comm.serial(), model, xp=be.xp, dtype=be.dtype)
+    theta64 = model.init_theta(0)
+    opt.buffer[1:] = theta64
+    local = _seconds(lambda: opt._local(opt.buffer[1:]), budget * 2)  # partials + the local tree
+    total = np.asarray(opt._local(opt.buffer[1:]))
+    assemble = _seconds(lambda: model.assemble(total[:model.n_partials], theta64), budget)
+    row("sparse_local", "64-25 float64", m, local, blocks=count)
+    row("sparse_assemble", "64-25 float64", m, assemble)
+    _setulb()  # aepar.sparse loads the optimiser before its clock starts, so here too
+    opt.run(theta64, 3)  # warm-up: the optimiser's first calls
+    res = opt.run(theta64, 15 if quick else 60)
+    row("sparse_eval", "64-25 float64", m, res.seconds_total / res.evaluations, evaluations=res.evaluations,
+        iterations=res.iterations, blocks=count)
+
+
+def _gradient_views(flat, shapes) -> dict:
+    """The layer's gradient arrays as views of one flat buffer, as train_epoch lays them out."""
+    o, out = 0, {}
+    for k, s in shapes.items():
+        size = int(np.prod(s))
+        out[k] = flat[o:o + size].reshape(s)
+        o += size
+    return out
+
+
+def _measure_layer(row, budget, quick, be32, layer, key, x):
+    """One layer: a block's gradient (and the fused RBM step) at 1..1024 rows, the optimiser
+    step, the transform and reconstruction per row, its byte counts."""
+    shapes = layer.grad_shapes()
+    n_grad = sum(int(np.prod(s)) for s in shapes.values())
+    flat = be32.zeros(n_grad + 2)
+    grads = _gradient_views(flat, shapes)
+    lrng = np.random.default_rng(1)
+
+    def step():  # a zero gradient: the step's memory traffic without moving the weights
+        flat.fill(0)
+        layer.apply(grads, 0)
+    for r in (LEAF_ROWS[::2] if quick else LEAF_ROWS):
+        def leaf(r=r):
+            idx = lrng.integers(0, x.shape[0], r)
+            flat.fill(0)
+            layer.leaf_gradient(x[idx], lrng, 1.0 / r, grads)
+        # the optimiser step between two gradients, untimed: it leaves the cache as a
+        # training step does (back-to-back gradients alone measured ~25% faster)
+        row("leaf", key, r, _seconds(leaf, budget, between=step))
+        if key.startswith("rbm"):
+            def fused(r=r):
+                layer.fused_step(x[lrng.integers(0, x.shape[0], r)], lrng, 0)
+            row("fused", key, r, _seconds(fused, budget))
+    flat.fill(0)
+    row("apply", key, "", _seconds(lambda: layer.apply(grads, 0), budget))
+    chunk = x[:1024]
+    row("transform_row", key, 1024, _seconds(lambda: layer._encode(chunk), budget) / 1024)
+    row("recon_row", key, 1024, _seconds(lambda: layer._reconstruct(chunk), budget) / 1024)
+    params = layer.n_in * layer.n_out + layer.n_in + layer.n_out
+    row("bytes", key, "", 0.0, grad_bytes=4 * (n_grad + 2), param_bytes=4 * params, flops=layer.flops_per_sample())
+
+
+def _measure_epochs(row, budget, quick, be32, layer_cls, x_all, rng):
+    """Whole one-block epochs in train_epoch (the composed step checked in its loop) and
+    the figure rbm_epoch.csv has for the Xeon: one fused CD-1 epoch, 784x1000, batch 100."""
+    from aepar.models.rbm import RBM
+    from aepar.parallel.data_parallel import train_epoch
+    from aepar.rows import Shard
+
+    for kind, n_in, n_out, hidden in (("ae", 784, 2000, "bernoulli"), ("rbm", 784, 1000, "bernoulli")):
+        key = layer_key(kind, n_in, n_out, hidden)
+        for b in (100, 1000):
+            layer = layer_cls[kind](be32, n_in, n_out, hidden=hidden, batch=b)
+            shard = Shard.of(be32, x_all[:2000, :n_in], 1)
+            train_epoch(layer, shard, 0)  # warm-up
+            steps = -(-2000 // b)
+            row("epoch_step", key, b, _seconds(lambda: train_epoch(layer, shard, 1), budget * 4, min_reps=3) / steps)
+    n = 10000 if quick else 20000
+    layer = RBM(be32, 784, 1000, batch=100)
+    train_epoch(layer, Shard.of(be32, x_all[:min(n, 4096), :784], 1), 0)  # warm-up
+    shard = Shard.of(be32, be32.asarray(rng.random((n, 784)).astype(np.float32)), 1)
+    epoch = time_call(lambda: train_epoch(layer, shard, 0), 1, warmup=0).seconds
+    row("rbm_epoch_50k", "rbm:784-1000:bernoulli:float32", 50000, epoch * 50000 / n)
+
+
+def measure_compute(out: Path, quick: bool = False) -> int:
+    """One process, one thread: the compute terms of every scheme (see :class:`Compute`)."""
+    os.environ.setdefault("AEPAR_THREADS", "1")
+    import aepar  # noqa: F401
+    from aepar import backend
+    from aepar.models.ae_layer import AELayer
+    from aepar.models.rbm import RBM
+
+    budget = 0.05 if quick else 0.25
+    rows, machine = [], machine_columns()
+    rng = np.random.default_rng(0)
+
+    def row(what, key, rows_, seconds, **kw):
+        rows.append(_row(machine, what=what, key=key, rows=rows_, seconds=seconds, **kw))
+        print(f"measure-compute: {what:14s} {key:34s} rows {rows_!s:>6s} {seconds:.4g} s", flush=True)
+
+    _measure_memory(row, budget)
+    _measure_sparse_evaluation(row, budget, quick, rng)
+    be32 = backend.select("cpu", "auto", "float32")
+    layer_cls = {"rbm": RBM, "ae": AELayer}
+    x_all = be32.asarray(rng.random((4096, 2000)).astype(np.float32))
+    for kind, n_in, n_out, hidden in LAYERS:
+        layer = layer_cls[kind](be32, n_in, n_out, hidden=hidden, batch=100)
+        _measure_layer(row, budget, quick, be32, layer, layer_key(kind, n_in, n_out, hidden),
+                       x_all[:, :n_in].copy())
+    _measure_epochs(row, budget, quick, be32, layer_cls, x_all, rng)
+    write_rows(out, rows)
+    print(f"measure-compute: {len(rows)} rows -> {out}", flush=True)
+    return 0
+
+
+def _layer_entry(comp: Compute, what: str, key: str, r: dict):
+    """One per-layer row of measure-compute's CSV into ``comp.layers``."""
+    lay = comp.layers.setdefault(key, {"leaf": {}, "fused": {}})
+    if what in ("leaf", "fused"):
+        lay[what][int(r["rows"])] = float(r["seconds"])
+    elif what in ("apply", "transform_row", "recon_row"):
+        lay[what] = float(r["seconds"])
+    elif what == "bytes":
+        lay.update(grad_bytes=int(r["grad_bytes"]), param_bytes=int(r["param_bytes"]), flops=float(r["flops"]))
+
+
+def load_compute(path: Path) -> Compute:
+    """The :class:`Compute` record of measure-compute's CSV."""
+    comp = Compute()
+    ev, checks = {}, []
+    for r in read_rows(path):
+        what, key, s = r["what"], r["key"], float(r["seconds"])
+        if what == "mem":
+            comp.mem.setdefault(key, {})[int(r["rows"])] = s
+        elif what == "sparse_eval":
+            ev["eval"] = (s, int(r["evaluations"]), int(r["iterations"]))
+        elif what == "sparse_local":
+            ev["local"], ev["blocks"] = s, int(r["blocks"])
+        elif what == "sparse_assemble":
+            ev["assemble"] = s
+        elif what == "rbm_epoch_50k":
+            comp.rbm_epoch_50k = s
+        elif what == "epoch_step":
+            checks.append((key, int(r["rows"]), s))
+        else:
+            _layer_entry(comp, what, key, r)
+    if checks:
+        # one-block steps inside train_epoch against the same step composed from the isolated
+        # measurements: the ratio (median) multiplies every gradient and fused step
+        ratios = []
+        for key, b, t in checks:
+            lay = comp.layers[key]
+            composed = comp.fused(key, b) if key.startswith("rbm") else \
+                comp.leaf(key, b) + comp.mem_s("copy", lay["grad_bytes"]) + lay["apply"]
+            ratios.append(t / composed)
+        comp.in_loop = float(np.median(ratios))
+        comp.in_loop_ratios = ratios
+    if "eval" in ev:
+        (t_eval, evals, iters), local, blocks = ev["eval"], ev["local"], ev["blocks"]
+        # serial: what an evaluation costs beyond its blocks (L-BFGS-B, assembly, Python)
+        comp.sparse = {"serial_s": max(t_eval - local, 0.0), "block_s": local / blocks,
+                       "evals_per_iter": evals / iters, "cg_10k_s": local + ev["assemble"]}
+    return comp
+
+
+# ==== whole runs here ============================================================================
+def _run_summary(cmd, out_dir: Path, what: str) -> dict:
+    """Run a scheme's command (one thread per rank) and read back its summary.json."""
+    r = subprocess.run(cmd, cwd=REPO, env=mpi_env(AEPAR_THREADS=1), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{what}: {' '.join(cmd)} failed ({r.returncode}): {r.stderr[-800:]}")
+    return json.loads((out_dir / "summary.json").read_text())
+
+
+def measure_sparse(out: Path, samples=(10000, 40000, 160000), procs=(1, 2), iterations=400, repeats=3) -> int:
+    """``python -m aepar.sparse`` at each (processes, samples), one thread per rank, as
+    jobs/lib.sh runs a point (mpirun for P > 1); the fastest of ``repeats`` counts."""
+    work = REPO / "runs" / f"scaling-model-{time.strftime('%Y%m%d-%H%M%S')}"
+    rows, machine = [], machine_columns()
+    for s_ in samples:
+        for p in procs:
+            runs = []
+            for k in range(repeats):
+                d = work / f"sparse-{p}-{s_}-{k}"
+                cmd = python_command("aepar.sparse", ["--samples", s_, "--iterations", iterations, "--out", d,
+                                                      "--quiet"], p)
+                t0 = time.time()
+                summ = _run_summary(cmd, d, "measure-sparse")
+                summ["_wall"] = time.time() - t0
+                print(f"measure-sparse: np {p} {s_} patches: {summ['seconds_total']:.3f} s "
+                      f"({summ['evaluations']} evaluations)", flush=True)
+                runs.append(summ)
+            best = fastest_run(runs, seconds=lambda run: run["seconds_total"])
+            rows.append(_row(machine, scheme="aepar.sparse", processes=p, samples=s_, iterations=best["iterations"],
+                             evaluations=best["evaluations"], seconds=best["seconds_total"],
+                             seconds_compute=best["seconds_compute"], seconds_comm=best["seconds_comm"],
+                             repeats=repeats, wall_seconds=best["_wall"]))
+    write_rows(out, rows)
+    print(f"measure-sparse: {len(rows)} rows -> {out} (runs in {work})", flush=True)
+    return 0
+
+
+# (scheme, ranks, extra options): the sweep of bench.pretrain (AE 784-2000-1000, 2,000 rows) and
+# the synchronized pipeline of sync_measured_quick.csv (RBMs, 4,000 digits), on this machine now
+STACKED_RUNS = (
+    [("greedy", 1, ["--reduce-blocks", "1"], b) for b in (100, 2000)]
+    + [(s_, 2, [], b) for b in (100, 2000) for s_ in ("greedy", "data", "model")]
+    + [("sync", 2, ["--handover-mode", m], 100) for m in ("data", "weights")])
+SWEEP_NET = ["--layers", "784-2000-1000", "--pretrainer", "ae", "--dataset", "mnist5k", "--limit", "2000",
+             "--epochs", "2", "--finetune-epochs", "0"]
+SYNC_NET = ["--dataset", "mnist5k", "--epochs", "10", "--finetune-epochs", "0", "--extra", "0,5,20,40",
+            "--no-plot"]
+
+
+def measure_stacked(out: Path, repeats: int = 3) -> int:
+    """``python -m aepar.pretrain`` for :data:`STACKED_RUNS`, one thread per rank: the
+    engine's points of bench/results measured again here, now; the fastest of ``repeats``
+    (the same run varies 2x from one minute to the next on this VM)."""
+    work = REPO / "runs" / f"scaling-model-stacked-{time.strftime('%Y%m%d-%H%M%S')}"
+    rows, machine = [], machine_columns()
+    for scheme, p, extra, batch in STACKED_RUNS:
+        net_args = SYNC_NET if scheme == "sync" else SWEEP_NET
+        times = []
+        for k in range(repeats):
+            d = work / f"{scheme}-{p}-{batch}-{'-'.join(extra).strip('-') or 'default'}-{k}"
+            cmd = python_command("aepar.pretrain", ["--scheme", scheme, *net_args, "--batch", batch, *extra,
+                                                    "--out", d, "--quiet"], p)
+            times.append(_run_summary(cmd, d, "measure-stacked"))
+        summ = fastest_run(times, seconds=lambda run: run["pretrain_time_s"])
+        blocks = 1 if extra[:1] == ["--reduce-blocks"] else {"data": p, "model": 1}.get(scheme, 8)
+        rows.append(_row(machine, scheme=scheme, ranks=p, blocks=blocks, batch=batch,
+                         mode=extra[1] if scheme == "sync" else "", net=" ".join(net_args),
+                         pretrain_s=summ["pretrain_time_s"], n_train=summ.get("n_train", ""),
+                         all_seconds=" ".join(f"{x['pretrain_time_s']:.3f}" for x in times), repeats=repeats))
+        print(f"measure-stacked: {scheme} np {p} batch {batch} {' '.join(extra)}: {summ['pretrain_time_s']:.3f} s",
+              flush=True)
+    write_rows(out, rows)
+    print(f"measure-stacked: {len(rows)} rows -> {out} (runs in {work})", flush=True)
+    return 0

@@ -1,0 +1,429 @@
+"""The scaling model's outputs: predictions for 1-1024 ranks on each network profile, where
+each scheme stops scaling, the plot and scaling_model.md; :func:`report` fits, validates,
+predicts and writes them all from the measurement CSVs.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import write_rows
+from bench.scaling_model.measure import COMPUTE_CSV, MPI_CSV, RESULTS, load_compute, load_mpi, measured_on
+from bench.scaling_model.model import (OPS, PROFILES, RANKS, Compute, Network, Stack, efficiency, networks,
+                                       sparse_run_s, stack_scheme_s, stops_scaling)
+from bench.scaling_model.validate import SIXTEEN, validate, xeon_scales
+
+PRED_CSV = RESULTS / "scaling_model.csv"
+VALID_CSV = RESULTS / "scaling_model_validation.csv"
+PNG = RESULTS / "scaling_model.png"
+MD = RESULTS / "scaling_model.md"
+
+
+# ==== predictions ================================================================================
+WORKLOADS = {
+    "sparse-10k": dict(scheme_set=("root",), samples=10000),
+    "sparse-160k": dict(scheme_set=("root",), samples=160000),
+    "stacked-b100": dict(scheme_set=("greedy", "data", "model", "sync", "hybrid"),
+                         stack=Stack("MNIST 60k, batch 100", "rbm", (784, 1000, 500, 250, 30), n_train=60000,
+                                     n_test=10000, batch=100, epochs=20, extras=(0, 5, 20, 40))),
+    "stacked-b1000": dict(scheme_set=("greedy", "data", "model", "sync", "hybrid"),
+                          stack=Stack("MNIST 60k, batch 1000", "rbm", (784, 1000, 500, 250, 30), n_train=60000,
+                                      n_test=10000, batch=1000, epochs=20, extras=(0, 5, 20, 40))),
+}
+
+
+
+def predict_all(comp: Compute, nets: dict, machine: dict) -> list:
+    """Every workload x scheme x profile x rank count. Speed-up and efficiency are against
+    the scheme's own one-rank time (hybrid: sync's, the same plan in one process);
+    ``speedup_vs_one_process`` against the fastest one-process run (the root-optimiser on
+    one rank; for the stacked network one block on one rank: data's P = 1)."""
+    rows, ones = [], {}
+    for wname, w in WORKLOADS.items():
+        for scheme in w["scheme_set"]:
+            for pname, net in nets.items():
+                times, info = {}, {}
+                for p in RANKS:
+                    if scheme == "root":
+                        r = sparse_run_s(comp, net, p, w["samples"], 400)
+                        note = "" if r else f"{-(-w['samples'] // 128)} blocks of 128 < {p} ranks"
+                    else:
+                        st = w["stack"]
+                        if scheme == "greedy":  # assumed: --reduce-blocks raised to the ranks when needed
+                            st = Stack(**{**st.__dict__, "blocks": max(st.blocks, p)})
+                        r = stack_scheme_s(comp, net, st, scheme, p)
+                        note = "" if r else {"model": "one layer per rank: at most 4 ranks",
+                                             "sync": "at most one rank per layer (hybrid beyond)",
+                                             "hybrid": "needs more ranks than layers, at most batch (and blocks) "
+                                                       "replicas per stage"}.get(scheme, "more ranks than the batch")
+                    times[p] = r["seconds"] if r else None
+                    info[p] = (r, note)
+                if scheme in ("root", "sync", "data"):
+                    ones[(wname, pname, scheme)] = times.get(1)
+                if scheme == "hybrid":
+                    times[1] = ones.get((wname, pname, "sync"))
+                eff = efficiency(times)
+                base = times.get(1)
+                fastest1 = ones.get((wname, pname, "root" if scheme == "root" else "data"))
+                for p in RANKS:
+                    if scheme == "hybrid" and p == 1:
+                        times[1] = None  # not a hybrid layout: the baseline only
+                    r, note = info[p]
+                    it = 400 if scheme == "root" else w["stack"].epochs
+                    rows.append({
+                        "workload": wname, "scheme": scheme, "profile": pname, "ranks": p,
+                        "ranks_per_node": net.ranks_per_node, "runnable": r is not None,
+                        "seconds": times[p], "iterations": it,
+                        "iteration": "L-BFGS iteration" if scheme == "root" else "pre-training epoch of every layer",
+                        "seconds_per_iteration": times[p] / it if times[p] is not None else None,
+                        "compute_s": r.get("compute_s") if r else None, "comm_s": r.get("comm_s") if r else None,
+                        "serial_s": r.get("serial_s") if r else None,
+                        "speedup": base / times[p] if times[p] and base else None,
+                        "speedup_vs_one_process": fastest1 / times[p] if times[p] and fastest1 else None,
+                        "efficiency": eff.get(p) if times[p] is not None else None, "detail": (r.get("layout") or r.get("mode") or "") if r else "",
+                        "note": note or "predicted (model), not measured", **machine})
+    return rows
+
+
+# =============================================================================================
+
+
+# ==== scaling_model.md ===========================================================================
+def _stats(rows) -> tuple:
+    errs = [r["abs_rel_error"] for r in rows if r["abs_rel_error"] is not None]
+    return (len(errs), max(errs) if errs else None, float(np.median(errs)) if errs else None)
+
+
+def _pct(x):
+    return f"{100 * x:.1f}%" if x is not None else "–"
+
+
+def stop_table(pred: list) -> list:
+    """Per (workload, scheme, profile): where efficiency first drops under 50% and where
+    the time stops decreasing."""
+    out = []
+    keys = sorted({(r["workload"], r["scheme"], r["profile"]) for r in pred},
+                  key=lambda k: (list(WORKLOADS).index(k[0]), k[1], list(PROFILES).index(k[2])))
+    for w, s, pr in keys:
+        times = {r["ranks"]: r["seconds"] for r in pred if (r["workload"], r["scheme"], r["profile"]) == (w, s, pr)}
+        runnable = [p for p, t in times.items() if t is not None]
+        if s == "hybrid":  # its one-rank baseline is sync on one rank (the same plan in one process)
+            times[1] = next(r["seconds"] for r in pred if (r["workload"], r["scheme"], r["profile"], r["ranks"])
+                            == (w, "sync", pr, 1))
+        below, best, still = stops_scaling(times)
+        out.append({"workload": w, "scheme": s, "profile": pr, "eff_below_50": below, "fastest_at": best,
+                    "still_decreasing": still, "max_runnable": max(runnable) if runnable else None,
+                    "best_s": times[best]})
+    return out
+
+
+
+def _head(machine, contended, how) -> list:
+    """The title, what wrote it and when, on which machine."""
+    L = ["# Scaling model: alpha-beta communication + measured compute, validated, extrapolated", "",
+         f"Written by `{how}` on {time.strftime('%Y-%m-%d %H:%M')} "
+         f"({machine['cpu_model']}, {machine['isa']}, {machine['cores']} cores, {machine['blas']}, "
+         f"{machine['mpi']}). Model: `bench/scaling_model/` (its docstrings list the assumptions).", ""]
+    L += ["Measured after the machine's other long benchmark ended; every measurement row carries "
+          "the 1-minute load average at its time (1.0-1.9 here: this benchmark's own one or two "
+          "processes).", ""]
+    if contended:
+        L += [f"**Timings contended**: {contended}", ""]
+    return L
+
+
+def _communication(links, resid, mpi_rows) -> list:
+    """Section 1: the fits of the collectives."""
+    L = ["## 1. Communication fitted at np 2 (t = alpha + n / beta)", "",
+         "Measured through aepar.comm (the wrappers the schemes call), 8 B - 64 MB, each operation "
+         "timed alone after a barrier, per call the slowest rank's time; a trial is the fastest of its "
+         "calls; "
+         "3 rounds over all sizes x 3 trials. Fit on the fastest trial (this VM's timings of the same "
+         "operation move 2-4x from one minute to the next, and other jobs' time slices hit whole trials: "
+         "six runs of this measurement on one day gave allreduce beta 2.5-8.6 GB/s and one-way "
+         "send beta 11-19 GB/s), least squares on the relative error, both parameters >= 0. "
+         "The model's point-to-point term is the one-way `send`: half a ping-pong round trip "
+         "(`sendrecv`, the textbook latency) was up to 5x slower for 1-4 MB here.", "",
+         "| operation | what calls it | alpha (us) | beta (GB/s) | max rel. residual | t(8 B) | t(64 MB) |",
+         "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    callers = {"bcast": "root-optimiser (θ each evaluation), model-parallel hand-over, TreeSum.allreduce",
+               "reduce": "none (the sparse AE uses the fixed tree instead)",
+               "allreduce": "data (15-618) per step; flags",
+               "sendrecv": "(half a ping-pong round trip: the textbook latency; not used by the model)",
+               "send": "one-way Send/Recv: every fixed-tree node, pipeline hand-overs (the model's p2p)",
+               "tree_reduce": "root-optimiser (partials to the root)",
+               "tree_allreduce": "greedy, sync/hybrid replicas per step"}
+    meas = {(r["op"], int(r["bytes"])): float(r["seconds"]) for r in mpi_rows}
+    for op in OPS:
+        if op not in links:
+            continue
+        lk = links[op]
+        small, big = meas.get((op, 8)), meas.get((op, 2 ** 26))
+        L.append(f"| {op} | {callers[op]} | {lk.alpha * 1e6:.2f} | {lk.beta / 1e9:.2f} | {_pct(resid[op])} | "
+                 f"{small * 1e6:.1f} us | {big * 1e3:.1f} ms |" if small and big else
+                 f"| {op} | {callers[op]} | {lk.alpha * 1e6:.2f} | {lk.beta / 1e9:.2f} | {_pct(resid[op])} | – | – |")
+    L += ["", "One Hockney line per operation misses the protocol switches (eager to rendezvous, cache "
+          "to memory): the max residual says by how much; the model uses the line.", ""]
+    return L
+
+
+def _compute(comp) -> list:
+    """Section 2: the compute measured here."""
+    sp = comp.sparse
+    L = ["## 2. Compute measured here (one process, one thread; each figure the fastest of its repetitions)",
+         "",
+         f"- sparse AE 64-25 float64: {sp['block_s'] * 1e6:.1f} us per block of 128 patches "
+         f"({sp['block_s'] / 128 * 1e9:.0f} ns per patch), serial part on the root {sp['serial_s'] * 1e3:.3f} ms "
+         f"per evaluation (L-BFGS-B, assembly, Python), {sp['evals_per_iter']:.3f} evaluations per iteration; "
+         f"cost+gradient of 10k patches {sp['cg_10k_s'] * 1e3:.3f} ms.",
+         f"- one fused CD-1 epoch 784x1000, 50k rows, batch 100, float32: {comp.rbm_epoch_50k:.3f} s.",
+         "- check of the composition: one-block steps timed inside train_epoch over the same step "
+         "composed from the isolated measurements: "
+         + ", ".join(f"{x:.2f}" for x in comp.in_loop_ratios)
+         + f" (median {comp.in_loop:.2f}, applied to every gradient).",
+         "- per layer (float32): one block's gradient at 100 rows, optimiser step, transform per 1000 rows:", "",
+         "| layer | gradient, 1 row (ms) | gradient, 100 rows (ms) | per row at 1024 (us) | step (ms) | "
+         "transform / 1000 rows (ms) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for k, lay in comp.layers.items():
+        L.append(f"| {k} | {comp.leaf(k, 1) * 1e3:.3f} | {comp.leaf(k, 100) * 1e3:.3f} | "
+                 f"{comp.leaf(k, 1024) / 1024 * 1e6:.1f} | {lay['apply'] * 1e3:.3f} | "
+                 f"{lay['transform_row'] * 1e6:.3f} |")
+    return L
+
+
+def _models(comp) -> list:
+    """Section 3: the models, in words."""
+    sp = comp.sparse
+    L = ["", "## 3. The models (per iteration; P ranks, blocks of the fixed decomposition)", "",
+         f"- **root-optimiser** (aepar.sparse, per evaluation; {sp['evals_per_iter']:.3f} evaluations per "
+         "L-BFGS iteration as measured): T = Bcast(8 (n_theta + 1) B = 26 KB, P) + block_s x ceil(blocks / P) + "
+         "TreeReduce(8 (n_partials + 1) B = 40 KB over the blocks' tree, P) + serial_s (root: assembly, "
+         "L-BFGS-B). Blocks of 128 patches: P <= blocks (79 for 10k patches).",
+         "- **data-parallel** (15-618 `data`, per step of one batch): T = leaf(ceil(B / P) rows) + copy(g) + "
+         "Allreduce(g, P) + step(g), g = the packed float32 gradient (3.1 MB for 784x1000); an epoch "
+         "ceil(n / B) steps, then the transform of the rank's rows. P <= B.",
+         "- **greedy** (fixed tree, per step): ceil(k / threads) leaf(ceil(B / blocks)) + (k - 1) adds(g) + "
+         "TreeReduce(g) + Bcast(g) + copy(g) + step(g), k = ceil(blocks / P) (blocks raised to P beyond 8).",
+         "- **model-parallel** (per epoch slot; the slots are aepar.parallel.planner's): max over ranks "
+         "(refresh of its input through the changed layers below + one one-block epoch of its layer) + one "
+         "Bcast per trained layer's weights + 3 small Allreduces; between groups every rank passes the "
+         "rows through the group. P <= layers.",
+         "- **pipeline** (sync P <= layers / hybrid P > layers; aepar.parallel.planner's pipeline): the "
+         "executor's plan (FLOP clock, extras 0,5,20,40) replayed with stage epochs = steps x greedy step "
+         "over the stage's replicas (+ validation rows), hand-overs = transform of the stage's rows + "
+         "Send/Recv of its activations (data mode) or the consumer's recompute (weights mode; the weights' "
+         "message is not charged), the faster mode as `auto` picks.",
+         "- Collectives: Li levels inside a node at the fitted alpha/beta of that operation, Le levels across "
+         "nodes at the profile's (+ an add per byte for sums): min(binomial tree, 2x latency + "
+         "2 (P-1)/P n / beta). The fixed tree: TreeSum's own plan simulated message by message. "
+         "Compute: the busiest rank's, times active threads / cores when oversubscribed (validation only).", ""]
+    return L
+
+
+def _validation(valid, machine, scales) -> list:
+    """Section 4: the model against every measured point."""
+    L = ["## 4. Validation against every measured point", ""]
+    L += ["Machines: strong.csv, weak.csv and sync_measured_quick.csv (and its copies in makespan_quick.csv) "
+          "were measured on an Intel Xeon (AVX-512); pretrain_*.csv and determinism.csv on an AMD EPYC "
+          f"with the same ISA string as this machine ({machine['cpu_model']}, {machine['isa']}). "
+          "The Xeon points are kept, with the model's compute multiplied by the ratio of the *same* "
+          "kernel timed on both machines, one thread each "
+          + ", ".join(f"{k} {v:.3f}" for k, v in scales.items())
+          + " (sparse: aepar's cost+gradient of 10k patches, peers.csv vs here; rbm: one fused CD-1 epoch "
+          "784x1000, rbm_epoch.csv vs here): one factor per kernel family, because the two CPUs' "
+          "ratio differs by kernel (a DGEMM or clock ratio would give one number for both); their "
+          "communication still uses this machine's "
+          "fit (both ran Open MPI's shared memory on a 2-core VM). The EPYC points use factor 1. "
+          f"{SIXTEEN}/ holds the seed's grid on the 16 vCPUs of the GPU machine (an Intel Xeon): its compute is "
+          "scaled by aepar's cost+gradient timed there (its peers.csv)"
+          + next((f", factor {r['compute_scale']:.3f}" for r in valid
+                  if r["source"].startswith(SIXTEEN) and r["kind"] == "run"), "")
+          + "; its communication uses this machine's np 2 fit: the model knows nothing of that machine's "
+          "memory bandwidth or of ranks sharing it. "
+          f"{SIXTEEN}/mpi_16ranks.csv is measure-mpi under `mpirun -np 16` there: the collectives at 16 "
+          "ranks against this machine's np 2 fits composed over log2 16 = 4 levels.", "",
+          "Time drift: the pretrain_*.csv points were measured earlier in the day by bench.pretrain; "
+          "scaling_model_stacked.csv re-measures the same engine runs here now (fastest of 3), up to 2x "
+          "faster than those records. On this VM the same `mpirun -np 2 ... --scheme data --batch 2000` run took "
+          "0.99-2.1 s in three consecutive tries: single points carry +-30% of machine noise whatever "
+          "the model.", "",
+          "| source | kind | points | machine | max abs. rel. error | median |", "| --- | --- | ---: | --- | ---: | ---: |"]
+    for src in sorted({r["source"] for r in valid}):
+        for kind in ("run", "speedup", "collective"):
+            rs = [r for r in valid if r["source"] == src and r["kind"] == kind]
+            if not rs:
+                continue
+            n, mx, md = _stats(rs)
+            mach = rs[0]["machine"]
+            L.append(f"| {src} | {kind} | {n} | {mach} | {_pct(mx)} | {_pct(md)} |")
+    uniq = [r for r in valid if not r["duplicate_of"]]
+    lines = []
+    for label, sel in (("whole runs, all machines", lambda r: r["kind"] == "run"),
+                       ("whole runs, one core per rank (not oversubscribed)",
+                        lambda r: r["kind"] == "run" and not r["oversubscribed"]),
+                       ("whole runs, this machine's kind only", lambda r: r["kind"] == "run" and r["machine_match"]),
+                       ("speed-up ratios", lambda r: r["kind"] == "speedup"),
+                       ("collectives alone, np 2 here (not oversubscribed)",
+                        lambda r: r["kind"] == "collective" and not r["oversubscribed"] and r["ranks"] == 2),
+                       ("collectives alone, np 16 on the 16-vCPU machine",
+                        lambda r: r["kind"] == "collective" and r["ranks"] == 16)):
+        n, mx, md = _stats([r for r in uniq if sel(r)])
+        lines.append(f"| {label} | {n} | {_pct(mx)} | {_pct(md)} |")
+    L += ["", "Over unique points (copies in makespan_quick.csv and the weak/strong shared point counted once):", "",
+          "| subset | points | max abs. rel. error | median |", "| --- | ---: | ---: | ---: |"] + lines
+    worst = sorted([r for r in uniq if r["abs_rel_error"] is not None], key=lambda r: -r["abs_rel_error"])[:6]
+    L += ["", "Largest errors:", ""] + [
+        f"- {r['source']}: {r['point']}, {r['ranks']} rank(s): measured {r['measured']:.4g}, predicted "
+        f"{r['predicted']:.4g} ({100 * r['rel_error']:+.0f}%)" + (" - oversubscribed" if r["oversubscribed"] else "")
+        for r in worst]
+    L += ["", "Not validated: eager_*.csv (independent CAE ensembles, no per-step collective to model) and the "
+          "simulated rows of makespan_*.csv (model output, not measurements).", ""]
+    return L
+
+
+def _stops(pred, ranks_per_node) -> list:
+    """Section 5: where each scheme stops scaling."""
+    L = [f"## 5. Where each scheme stops scaling ({ranks_per_node} ranks per node: the measured links inside a "
+         "node, the profile between nodes)", "",
+         "Profiles (typical MPI figures, not measured here):", ""]
+    L += [f"- **{k}**: alpha {v['alpha'] * 1e6:g} us, beta {v['beta'] / 1e9:g} GB/s - {v['source']}"
+          for k, v in PROFILES.items()]
+    L += ["", "Workloads: sparse AE 64-25, 10k / 160k patches, 400 L-BFGS iterations (root-optimiser, "
+          "aepar.sparse); stacked RBMs 784-1000-500-250-30, float32, 60k MNIST rows, 20 epochs per layer, "
+          "batch 100 / 1000 (greedy: fixed tree with --reduce-blocks raised to the ranks; data: Allreduce; "
+          "model: a layer per rank; sync: one rank per layer with extras 0,5,20,40; hybrid: sync + replicas). "
+          "Efficiency = T(1) / (P T(P)) against the scheme's own one-rank time (hybrid: sync's).", "",
+          "| workload | scheme | profile | efficiency < 50% at P | fastest at P | runs up to P | best seconds |",
+          "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for r in stop_table(pred):
+        fast = f"{r['fastest_at']}" + (" (still falling)" if r["still_decreasing"] else "")
+        L.append(f"| {r['workload']} | {r['scheme']} | {r['profile']} | {r['eff_below_50'] or 'never'} | "
+                 f"{fast} | {r['max_runnable']} | {r['best_s']:.4g} |")
+    return L
+
+
+def _left_out() -> list:
+    """Section 6: what the model leaves out."""
+    L = ["", "## 6. What the model leaves out", "",
+         "- Memory-bandwidth contention between the ranks of a node: ranks are modelled as independent "
+         "one-thread processes (compute / P), so predictions with many ranks per node are optimistic.",
+         "- Network topology, congestion and collective algorithms' real switch points: one alpha/beta per "
+         "profile, binomial or bandwidth-optimal form chosen by the lower cost.",
+         "- Stragglers and OS noise: the slowest rank is the one with the most blocks, never a slow node.",
+         "- The fixed tree's messages are serialised per rank along TreeSum's plan; Open MPI's eager sends "
+         "would let a sender run ahead (pessimistic for small messages).",
+         "- Start-up (MPI_Init, data loading, compilation), checkpoints, test-set evaluations, fine-tuning.",
+         "- The pipeline's waits are its plan's (FLOP clock) replayed with modelled stage costs; the "
+         "real-time newest-wins hand-over is not modelled.",
+         "- The compute per block is measured at 1-1024 rows and extrapolated linearly beyond; caches "
+         "behave differently when a rank's data shrinks with P (superlinear effects are not modelled), "
+         "and many blocks per rank (greedy's 8 gradient rows of 6 MB) spill the cache the isolated "
+         "measurement keeps warm: greedy with 8 blocks is the most under-predicted scheme.",
+         "- TreeSum.allreduce's Bcast of a freshly written buffer took 2-4x the Bcast fit for "
+         "64 KB-2 MB here (cache and single-copy state): the composed tree_allreduce is optimistic "
+         "there (scaling_model_mpi.csv rows in the validation).",
+         "- Fresh allocations: determinism.csv's RBM rows copy 4 leaves of 3 MB into new arrays "
+         "each repetition (page faults); the model charges cache-speed copies and misses ~8 ms.",
+         "- Oversubscription (validation only): compute x active ranks / cores; the pipeline's "
+         "sleeping stages count by their average load (one replay, then a second with that factor).", ""]
+    return L
+
+
+def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, contended, scales, ranks_per_node,
+                   how="python -m bench.scaling_model"):
+    sections = (_head(machine, contended, how), _communication(links, resid, mpi_rows), _compute(comp),
+                _models(comp), _validation(valid, machine, scales), _stops(pred, ranks_per_node), _left_out())
+    Path(path).write_text("\n".join(line for section in sections for line in section) + "\n")
+
+
+# ==== the plot and the whole report ==============================================================
+def plot(path, valid, pred):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    panels = [("root", "root-optimiser (aepar.sparse)"), ("data", "data-parallel, Allreduce (15-618 data)"),
+              ("greedy", "greedy, fixed-tree sum"), ("model", "model-parallel (15-618)"),
+              ("sync", "pipeline: sync (P <= 4), hybrid (P > 4)")]
+    fig, grid = plt.subplots(2, 3, figsize=(15, 9.5))
+    axes = list(grid.ravel())
+    styles = {"10GbE": ":", "25GbE": "-.", "100GbE": "--", "IB-HDR": "-"}
+    colors = {"sparse-10k": "C0", "sparse-160k": "C1", "stacked-b100": "C2", "stacked-b1000": "C3"}
+    for ax, (scheme, title) in zip(axes, panels):
+        schemes = ("sync", "hybrid") if scheme == "sync" else (scheme,)
+        for w in WORKLOADS:
+            for pr in PROFILES:
+                rows = [r for r in pred if r["workload"] == w and r["profile"] == pr and r["scheme"] in schemes
+                        and r["seconds"] is not None]
+                base = next((r["seconds"] for r in pred if r["workload"] == w and r["profile"] == pr
+                             and r["scheme"] == schemes[0] and r["ranks"] == 1), None)
+                if rows and base:
+                    pts = sorted((r["ranks"], base / r["seconds"]) for r in rows)
+                    ax.plot(*zip(*pts), styles[pr], color=colors[w], lw=1.3)
+        # measured: each run over the same series' one-rank run; pretrain_speedup's ratios as they are
+        series = {}
+        for r in valid:
+            if r["scheme"] not in schemes or r["duplicate_of"] or r["predicted"] is None:
+                continue
+            if r["kind"] == "speedup":
+                ax.plot(r["ranks"], r["measured"], "k^", ms=7)
+                ax.plot(r["ranks"], r["predicted"], "^", mfc="none", mec="r", ms=11)
+            elif r["kind"] == "run":
+                series.setdefault(r["series"], {})[r["ranks"]] = r
+        for by in series.values():
+            for p, r in by.items():
+                if p > 1 and 1 in by:
+                    ax.plot(p, by[1]["measured"] / r["measured"], "ko", ms=6)
+                    ax.plot(p, by[1]["predicted"] / r["predicted"], "o", mfc="none", mec="r", ms=11)
+        ax.plot(RANKS, RANKS, color="0.75", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlim(0.8, 1300)
+        ax.set_ylim(2 ** -3, 2 ** 10.5)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("ranks (MPI processes), 2 per node")
+        ax.set_ylabel("speed-up over one rank (higher is better)")
+        ax.grid(alpha=0.3)
+    axes[-1].axis("off")
+    handles = [Line2D([], [], color=c, lw=2, label=w) for w, c in colors.items()]
+    handles += [Line2D([], [], color="k", ls=ls, label=f"predicted, {pr} between nodes") for pr, ls in styles.items()]
+    handles += [Line2D([], [], color="0.75", label="ideal"),
+                Line2D([], [], color="k", marker="o", ls="", label="measured (bench/results + this run)"),
+                Line2D([], [], marker="o", mfc="none", mec="r", ls="", ms=10,
+                       label="model at that measured point (its machine, its size)"),
+                Line2D([], [], color="k", marker="^", ls="", label="measured speed-up over greedy (pretrain_speedup)"),
+                Line2D([], [], marker="^", mfc="none", mec="r", ls="", ms=10, label="model at that point")]
+    axes[-1].legend(handles=handles, loc="center", fontsize=9, frameon=False)
+    fig.suptitle("Predicted speed-up of each scheme per network profile (lines) and measured points\n"
+                 "sparse AE 10k / 160k patches; stacked RBMs 784-1000-500-250-30 on 60k rows, batch 100 / 1000",
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(mpi_csv=MPI_CSV, compute_csv=COMPUTE_CSV, ranks_per_node: int = 2, contended: str = "",
+           how: str = "python -m bench.scaling_model") -> int:
+    links, resid, mpi_rows = load_mpi(Path(mpi_csv))
+    comp = load_compute(Path(compute_csv))
+    machine = measured_on(Path(compute_csv))
+    gamma = comp.gamma()
+    here = Network("this machine", links, None, ranks_per_node, gamma)
+    valid = validate(comp, here, mpi_rows, machine)
+    write_rows(VALID_CSV, valid)
+    pred = predict_all(comp, networks(links, gamma, ranks_per_node), machine)
+    write_rows(PRED_CSV, pred)
+    plot(PNG, valid, pred)
+    write_markdown(MD, links, resid, mpi_rows, valid, pred, comp, machine, contended, xeon_scales(comp),
+                   ranks_per_node, how)
+    for op in OPS:
+        if op in links:
+            print(f"{op:15s} alpha {links[op].alpha * 1e6:8.2f} us  beta {links[op].beta / 1e9:7.2f} GB/s  "
+                  f"max residual {100 * resid[op]:.0f}%")
+    n, mx, md = _stats([r for r in valid if not r["duplicate_of"] and r["kind"] == "run"])
+    print(f"validation: {n} whole-run points, max |error| {_pct(mx)}, median {_pct(md)}")
+    print(f"wrote {PRED_CSV}, {VALID_CSV}, {PNG}, {MD}")
+    return 0
