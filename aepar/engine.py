@@ -205,7 +205,8 @@ def _compare(job, summary, main_params, loaded, position, dp):
     key = "finetuned" if job.args.finetune_epochs else "pretrained"
     ge, se = g_summary["error"], summary["error"]
     summary.update(greedy=g_summary, speedup_vs_greedy=ratio, test_error_vs_greedy=se[key]["test"] / ge[key]["test"])
-    job.say(f"{job.prog}: pre-training greedy {g_summary['pretrain_time_s']:.1f}s vs {job.name} "
-            f"{summary['pretrain_time_s']:.1f}s ({ratio or float('nan'):.2f}x); test error/digit greedy "
-            f"{ge[key]['test']:.3f} vs {job.name} {se[key]['test']:.3f}")
+    job.say(f"{job.prog}: pre-training greedy on {dp.size} rank(s) {g_summary['pretrain_time_s']:.1f}s vs "
+            f"{job.name} on {comm.size} rank(s) {summary['pretrain_time_s']:.1f}s: {job.name} "
+            f"{ratio or float('nan'):.2f}x as fast; test error/digit greedy {ge[key]['test']:.3f} vs {job.name} "
+            f"{se[key]['test']:.3f}")
     return g_summary, params
