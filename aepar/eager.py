@@ -30,6 +30,9 @@ The algorithm, as this file runs it:
    gets the same classifier. Effective wall time as the paper counts it: the slowest
    rank's training + the combination's classifier.
 
+Steps 2-4 are aepar.schemes.eager (the training, the stop rules, the snapshots, the
+pick), step 5 is aepar.tasks.combine; this file is the program around them.
+
 A model's steps are the same bits on any number of ranks (fixed blocks, fixed-tree sums),
 so the per-model weights do not depend on P or on the grouping. Safe points are the ends
 of the rounds (every group has trained one more epoch of each of its models): a stop
@@ -61,9 +64,12 @@ from aepar import backend
 from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, gpu_blocks_hint, learning_rate, non_negative_int,
                        parse_with_preset, positive_float, positive_int, progress)
 from aepar.comm import run_main
-from aepar.errors import Diverged, UserError
+from aepar.errors import UserError
+from aepar.finish import finish
+from aepar.schemes.eager import flat_states, load_snapshot, pick_epoch, saved_states, train_members
+from aepar.tasks.combine import combine
 
-__all__ = ["PRESETS", "build_parser", "parse", "load_split", "train_members", "combine", "main"]
+__all__ = ["PRESETS", "build_parser", "parse", "load_split", "main"]
 
 PROG = "aepar.eager"
 SCHEME = "eager"
@@ -237,290 +243,6 @@ def load_split(args) -> Split:
     return split
 
 
-# ---- training -------------------------------------------------------------------------------
-@dataclass
-class Member:
-    """One CAE being trained: the model, its optimiser, its record and its stopping rules."""
-
-    name: str
-    model: object
-    optimizer: object
-    record: dict
-
-    @property
-    def done(self) -> bool:
-        return self.record["stopped"] is not None
-
-
-def new_record() -> dict:
-    return {"epochs": [], "stopped": None}
-
-
-def stop_reason(record: dict, *, epochs: int, budget=None, rule=None, patience=None) -> str | None:
-    """Why a CAE stops after its last epoch, or None: ``epochs`` run, ``budget`` seconds
-    spent, the eager ``rule`` (K, DELTA) met, or ``patience`` epochs without a new best."""
-    ep = record["epochs"]
-    val = [e["val_loss"] for e in ep]
-    if rule is not None and len(val) > rule[0]:
-        before = val[-1 - rule[0]]
-        gain = (before - val[-1]) / before if before > 0 else 0.0
-        if gain < rule[1]:
-            return f"eager rule: validation loss improved {100 * gain:.1f}% over {rule[0]} epochs"
-    if patience is not None and len(val) > patience and min(val[-patience:]) >= min(val[:-patience]):
-        return f"no new best validation loss in {patience} epochs"
-    if budget is not None and ep and ep[-1]["cum_seconds"] >= budget:
-        return f"budget of {budget:g} s spent"
-    if len(ep) >= epochs:
-        return f"{epochs} epochs"
-    return None
-
-
-def _host_state(member) -> dict:
-    """What rank 0 keeps of a member: its model's state (``params/...``, ``opt/...``) and record."""
-    return {"state": member.model.state(), "record": member.record}
-
-
-def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, saved=None, outer=None,
-                  say=print) -> dict:
-    """Train the members of ensemble ``ens`` round by round (module docstring, step 2).
-
-    Parameters
-    ----------
-    ens : aepar.parallel.ensemble.Ensemble
-    make : callable(index) -> (name, model)
-        The CAE of model ``index`` (the same on every rank).
-    rules : dict
-        ``stop_reason``'s keyword arguments.
-    saved : dict, optional
-        name -> host state (params, opt, record) of a checkpoint: go on from there.
-    outer : callable() -> (params, opt_state, progress)
-        What the rest of the run adds to every checkpoint.
-
-    Returns
-    -------
-    dict
-        name -> host state of every member (rank 0; None elsewhere).
-    """
-    from aepar.guard import StepsOnly
-    from aepar.optim import Adam
-    from aepar.parallel.data_parallel import reducer, train_epoch
-    from aepar.rows import Shard
-
-    sub, count = ens.sub, args.reduce_blocks
-    members = {}
-    for m in ens.mine:
-        name, model = make(m)
-        member = Member(name, model, Adam(be, model.params, lr=args.lr), new_record())
-        model.optimizer = member.optimizer
-        if saved and name in saved:
-            model.load_state(saved[name]["state"])
-            member.record = saved[name]["record"]
-        members[m] = member
-    train = Shard.of(be, split.train_x, count, sub.rank, sub.size)
-    val = Shard.of(be, split.val_x, min(count, len(split.val_y)), sub.rank, sub.size)
-    reduce, steps = reducer(sub), StepsOnly(guard)
-    latest = dict(saved or {}) if ens.comm.is_root else None
-    # the next round: the fewest epochs among the models still going
-    epoch = min((len(s["record"]["epochs"]) for s in (saved or {}).values() if not s["record"]["stopped"]),
-                default=0)
-    with guard.training(SCHEME):
-        while not ens.comm.bcast(all(s["record"]["stopped"] for s in latest.values())
-                                     and len(latest) == ens.n_models if ens.comm.is_root else None):
-            out, failed = {}, None
-            for m, mb in members.items():
-                if failed or mb.done or len(mb.record["epochs"]) > epoch:
-                    continue
-                t0 = sub.wtime()
-                result = train_epoch(mb.model, train, epoch, sub, optimizer=mb.optimizer, guard=steps)
-                be.synchronize()
-                seconds = sub.allreduce(sub.wtime() - t0, op="max")
-                val_loss = mb.model.recon_error(val, reduce)
-                where = f"{mb.name} epoch {epoch + 1}"
-                try:
-                    guard.check(val_loss, "the validation loss", where, run, sub)
-                    guard.check_params(mb.model.params, where, run, sub)
-                except Diverged as e:  # every rank ends with it at the round's end
-                    failed = str(e)
-                    continue
-                cum = (mb.record["epochs"][-1]["cum_seconds"] if mb.record["epochs"] else 0.0) + seconds
-                mb.record["epochs"].append({"epoch": epoch + 1, "train_loss": result.means[0], "val_loss": val_loss,
-                                            "seconds": seconds, "cum_seconds": cum})
-                mb.record["stopped"] = stop_reason(mb.record, **rules)
-                out[mb.name] = _host_state(mb)
-            merged, summed, failed = ens.collect(out, guard.flags(), failed)
-            if failed:
-                err = Diverged(failed)
-                err.collective = True
-                raise err
-            epoch += 1
-            if ens.comm.is_root and merged:
-                latest.update(merged)
-                for name, state in sorted(merged.items()):
-                    _snapshot(run, name, state, args)
-                say(f"epoch {epoch:3d}  " + "  ".join(
-                    f"{n} val {s['record']['epochs'][-1]['val_loss']:7.3f}" + (" (stopped)" if s["record"]["stopped"]
-                                                                                  else "")
-                    for n, s in sorted(merged.items())))
-            checkpoint, stop = guard.decide(summed)
-            if stop or checkpoint or guard.epoch_due(epoch):
-                _save(ckpt, latest, outer, f"{epoch} epochs", "signal" if stop else "periodic")
-                if stop:
-                    raise ckpt.interrupted()
-    return latest
-
-
-def _snapshot(run, name, state, args):
-    from aepar import checkpoint
-
-    epoch = len(state["record"]["epochs"])
-    with run.output(snapshot_name(name, epoch)) as path:
-        checkpoint.save(path, scheme=SCHEME, params=_part(state["state"], "params/"), epoch=epoch,
-                        config={"model": name, "record": state["record"]["epochs"][-1], "lr": args.lr})
-
-
-def snapshot_name(name: str, epoch: int) -> str:
-    return f"{name}_epoch{epoch:03d}.h5"
-
-
-def _part(state: dict, prefix: str) -> dict:
-    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-
-
-def _flat_states(states) -> tuple:
-    """(params, opt_state, progress) of a checkpoint holding ``states`` (name -> host state)."""
-    params, opt, records = {}, {}, {}
-    for name, s in (states or {}).items():
-        params.update({f"{name}/{k}": v for k, v in s["state"].items() if k.startswith("params/")})
-        opt.update({f"{name}/{k}": v for k, v in s["state"].items() if k.startswith("opt/")})
-        records[name] = s["record"]
-    return params, opt, {"records": records}
-
-
-def _save(ckpt, latest, outer, label, why):
-    """The run's checkpoint: every member's latest state (rank 0's), plus ``outer()``."""
-    params, opt, prog = outer() if outer is not None else ({}, {}, {})
-    mine = _flat_states(latest)
-    ckpt.save({**params, **mine[0]}, {**opt, **mine[1]},
-              dict(prog, records={**prog.get("records", {}), **mine[2]["records"]}), label, why)
-
-
-def saved_states(resume) -> dict:
-    """name -> host state from a checkpoint's (params, opt_state, progress)."""
-    if resume is None:
-        return {}
-    params, opt, prog = resume
-    both = {**params, **opt}
-    return {name: {"state": _part(both, f"{name}/"), "record": record}
-            for name, record in prog.get("records", {}).items()}
-
-
-# ---- combination ------------------------------------------------------------------------------
-def pick_epoch(record: dict, args) -> int:
-    """The snapshot (1-based epoch) of a model to combine (module docstring, step 4)."""
-    ep = record["epochs"]
-    if args.pick_epoch is not None:
-        return min(args.pick_epoch, len(ep))
-    if args.pick_by_budget is not None:
-        fits = [e["epoch"] for e in ep if e["cum_seconds"] <= args.pick_by_budget]
-        return fits[-1] if fits else 1
-    return len(ep)
-
-
-def load_snapshot(model, run, name, epoch, comm=None):
-    """Give ``model`` the weights of its snapshot after ``epoch`` (read on rank 0, sent to
-    every rank of ``comm``; None: rank 0 alone). Returns the model."""
-    from aepar import checkpoint
-
-    params = None
-    if comm is None or comm.is_root:
-        params = checkpoint.load(run.written(snapshot_name(name, epoch)), scheme=SCHEME).params
-    if comm is not None:
-        params = comm.bcast(params)
-    model.load_state({f"params/{k}": v for k, v in params.items()})
-    return model
-
-
-def _codes(be, model, x):
-    """The encoder's codes of rows ``x`` (host, the run's dtype), in chunks."""
-    from aepar.rows import CHUNK
-
-    out = np.empty((len(x), model.code_size), dtype=be.dtype)
-    for lo in range(0, len(x), CHUNK):
-        out[lo:lo + CHUNK] = be.to_host(model.encode(be.asarray(x[lo:lo + CHUNK])))
-    return out
-
-
-def standardized_codes(be, model, split) -> list:
-    """The codes of the train, validation and test images, each feature shifted and scaled
-    by its training mean and standard deviation (constant features left at 0). Raw ReLU
-    codes run to tens with very different scales per feature; on them the softmax's Adam
-    steps oscillate (the test accuracy swings from one epoch to the next, below the steady
-    accuracy of standardized codes; docs/performance-notes.md)."""
-    parts = [_codes(be, model, x) for x in (split.train_x, split.val_x, split.test_x)]
-    mean = parts[0].mean(axis=0, dtype=np.float64)
-    std = np.sqrt(np.mean(np.square(parts[0] - mean.astype(parts[0].dtype), dtype=np.float64), axis=0))
-    scale = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 0.0)
-    for p in parts:  # in place, in the run's dtype: the codes of 60k images are gigabytes
-        p -= mean.astype(p.dtype)
-        p *= scale.astype(p.dtype)
-    return parts
-
-
-def combine(be, comm, split, models: dict, args, *, quiet=False) -> dict:
-    """Classifiers on the codes of ``models`` (name -> CAE with the picked weights): the
-    concatenated codes' classifier and, with several models, each model's own classifier and
-    their vote. Accuracies on the validation set (the paper's) and the test set."""
-    from aepar.classify import fit_on_features
-    from aepar.models.classifier import with_labels
-    from aepar.parallel.data_parallel import reducer
-    from aepar.rows import Shard
-
-    hidden = (args.combine_hidden,) if args.combine_hidden else ()
-    codes = {n: standardized_codes(be, m, split) for n, m in models.items()}
-    names = sorted(models)
-
-    def fit(parts, what):
-        args_q = argparse.Namespace(**{**vars(args), "quiet": True})
-        result = fit_on_features(be, comm, (parts[0], split.train_y), (parts[1], split.val_y), args_q, what=what,
-                                 hidden=hidden)
-        model = result.pop("model")
-        test = Shard.of(be, with_labels(parts[2], split.test_y, be.dtype), min(args.reduce_blocks, len(split.test_y)),
-                        comm.rank, comm.size)
-        return model, {"validation": result["after"]["test"], "test": model.accuracy(test, reducer(comm)),
-                       "time_s": result["time_s"]}
-
-    joined = [np.concatenate([codes[n][i] for n in names], axis=1) for i in range(3)]
-    _, out = fit(joined, "combined classifier")
-    out = {"combined": out}
-    if len(names) > 1:
-        votes = {"validation": [], "test": []}
-        each = {}
-        for n in names:
-            clf, each[n] = fit(codes[n], f"classifier of {n}")
-            for part, x in (("validation", codes[n][1]), ("test", codes[n][2])):
-                votes[part].append(be.to_host(clf.forward(be.asarray(x))[-1]))
-        out["each"] = each
-        out["vote"] = {part: _vote(v, split.val_y if part == "validation" else split.test_y)
-                       for part, v in votes.items()}
-        out["vote"]["time_s"] = max(e["time_s"] for e in each.values())
-    progress(comm, quiet, f"  combined: validation {100 * out['combined']['validation']:.2f}%  test "
-                          f"{100 * out['combined']['test']:.2f}%" + (
-                              f"   vote: validation {100 * out['vote']['validation']:.2f}%  test "
-                              f"{100 * out['vote']['test']:.2f}%" if "vote" in out else ""))
-    return out
-
-
-def _vote(logits: list, labels) -> float:
-    """Accuracy of the majority vote of the classifiers' predictions; a tie goes to the
-    class with the largest summed probability."""
-    probs = [np.exp(z - z.max(axis=1, keepdims=True)) for z in logits]
-    probs = [p / p.sum(axis=1, keepdims=True) for p in probs]
-    n_classes = probs[0].shape[1]
-    counts = sum(np.eye(n_classes)[p.argmax(axis=1)] for p in probs)
-    score = counts + 1e-3 * sum(probs) / len(probs)  # probabilities < 1 vote only between tied classes
-    return float(np.mean(score.argmax(axis=1) == np.asarray(labels)))
-
-
 # ---- the run -------------------------------------------------------------------------------------
 def _setup(args, comm):
     be = backend.select(args.device, args.kernels, args.dtype)
@@ -587,7 +309,7 @@ def main(argv, comm):
             mono_state = train_members(
                 be, whole, split, mono, dict(epochs=args.mono_epochs, patience=args.mono_patience), args=args,
                 guard=guard, ckpt=ckpt, run=run, saved=mono_saved, say=say,
-                outer=lambda: _flat_states(done))
+                outer=lambda: flat_states(done))
             if comm.is_root:
                 states.update(mono_state)
         states = comm.bcast({n: {"record": s["record"]} for n, s in states.items()} if comm.is_root else None)
@@ -598,8 +320,8 @@ def main(argv, comm):
                         "filters": list(args.filters), "mono_filters": [width * f for f in args.filters],
                         "device": be.device, "kernels": be.kernel_set, "dtype": str(be.dtype), "seed": args.seed,
                         "parallel_wall_s": parallel_wall, "resumed": run.resumed, "machine": describe(threads=None)})
-        if comm.is_root:
-            _write(run, summary, args, split, be, cae, mono, say)
+        finish(run, comm, summary, **(_results(run, summary, args, split, be, cae, mono) if comm.is_root else {}),
+               prog=PROG, quiet=args.quiet)
         run.complete()
     say(f"{PROG}: wrote {run.path}")
 
@@ -658,23 +380,29 @@ def _evaluate(be, comm, run, split, args, states, groups, cae, mono, say) -> dic
     return out
 
 
-def _write(run, summary, args, split, be, cae, mono, say):
+def _results(run, summary, args, split, be, cae, mono) -> dict:
+    """finish()'s accuracy table, CSVs and figures (losses, curve, reconstructions)."""
     from aepar.report import eager as report
 
-    run.write_json("summary.json", summary)
-    run.write_text("epochs.csv", report.epochs_csv(summary["records"]))
-    table = report.accuracy_table(summary)
-    run.write_text("accuracy.md", table)
-    say(table)
+    texts = {"epochs.csv": report.epochs_csv(summary["records"])}
     if summary.get("curve"):
-        run.write_text("curve.csv", report.curve_csv(summary["curve"]))
-    if not args.plot:
-        return
-    with run.output("losses.png") as path:
-        report.losses_png(summary["records"], path, title=f"({split.source.split(':')[0]})")
-    if summary.get("curve"):
-        with run.output("curve.png") as path:
-            report.curve_png(summary["curve"], path)
+        texts["curve.csv"] = report.curve_csv(summary["curve"])
+    figures = {}
+    if args.plot:
+        figures["losses.png"] = lambda path: report.losses_png(summary["records"], path,
+                                                               title=f"({split.source.split(':')[0]})")
+        if summary.get("curve"):
+            figures["curve.png"] = lambda path: report.curve_png(summary["curve"], path)
+        figures["reconstructions.png"] = lambda path: _reconstructions(run, summary, split, be, cae, mono, path)
+    return {"tables": report.accuracy_table(summary), "tables_file": "accuracy.md", "texts": texts,
+            "figures": figures}
+
+
+def _reconstructions(run, summary, split, be, cae, mono, path):
+    """Originals and model0's (and the monolithic CAE's) reconstructions after epoch 1,
+    10 and the last."""
+    from aepar.report import eager as report
+
     shown = split.val_x[:SHOWN]
     rows = []
     for name in ["model0"] + ([MONO] if MONO in summary["records"] else []):
@@ -682,8 +410,7 @@ def _write(run, summary, args, split, be, cae, mono, say):
         for epoch in sorted({1, min(10, last), last}):
             model = load_snapshot((mono(0) if name == MONO else cae(0))[1], run, name, epoch)
             rows.append((f"{name} epoch {epoch}", be.to_host(model.reconstruct(be.asarray(shown)))))
-    with run.output("reconstructions.png") as path:
-        report.reconstructions_png(shown, rows, split.shape, path)
+    report.reconstructions_png(shown, rows, split.shape, path)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ patches whatever the number of processes), every rank keeps an even shard of the
 copy of the weights; the root runs L-BFGS-B, and each evaluation of the cost is the
 paper's two rounds: a broadcast of θ, the sum of every rank's hidden activations on every
 rank (ρ̂, so that the KL sparsity term is folded into the backward pass), and one
-reduction of a packed buffer of partial sums (see aepar.kernels.ref.sparse_ae).
+reduction of a packed buffer of partial sums (see aepar.kernels.ref.sparse_ae). The
+algorithm is aepar.schemes.sparse; this file is the program around it.
 
 Same answer on any number of ranks: the patches are cut into fixed blocks of 128 and the
 blocks' sums are added in one fixed tree (aepar.rows), so 1, 2, 4 or 8
@@ -29,7 +30,6 @@ Examples
 """
 from __future__ import annotations
 
-import contextlib
 import argparse
 import sys
 from dataclasses import dataclass
@@ -40,12 +40,13 @@ from aepar import backend
 from aepar.cli import (ArgumentParser, add_common, non_negative_float, positive_int, progress,
                        unit_interval)
 from aepar.comm import run_main
-from aepar.errors import Interrupted, UserError
+from aepar.errors import UserError
+from aepar.finish import finish
+from aepar.schemes import sparse as scheme
 
-__all__ = ["build_parser", "main", "train", "PROG"]
+__all__ = ["build_parser", "main", "PROG"]
 
 PROG = "aepar.sparse"
-PROGRESS_EVERY = 25
 
 
 def build_parser() -> ArgumentParser:
@@ -127,114 +128,6 @@ def _setup(args, rank: int, size: int) -> Setup:
     return Setup(be, patches[blocks.rows].copy(), blocks, source, digest)  # .copy() frees the rest
 
 
-def _load_resume(args, run, model, setup):
-    """Root: the checkpoint of the run being resumed (θ and the L-BFGS state), checked."""
-    from aepar import checkpoint
-    from aepar.rundir import same_data
-
-    v, h = args.patch * args.patch, args.hidden
-    ck = checkpoint.load(run.checkpoint_path, scheme="sparse",
-                         shapes={"W1": (v, h), "W2": (h, v), "b1": (h,), "b2": (v,)})
-    if ck.opt_state is None or "counts" not in ck.opt_state:
-        raise UserError(f"{run.checkpoint_path}: holds no optimiser state to resume from")
-    same_data(ck.config.get("data"), setup.fingerprint, run.checkpoint_path)
-    return ck
-
-
-def train(args, comm, setup: Setup, run=None, guard=None):
-    """Train on every rank. Returns (summary, model, θ) on rank 0 and ({}, model, None)
-    elsewhere; writes only checkpoints (into ``run``)."""
-    from aepar import checkpoint
-    from aepar.models.sparse_ae import SparseAutoencoder
-    from aepar.parallel.root_optimizer import RootOptimizer
-
-    be = setup.be
-    v, h = args.patch * args.patch, args.hidden
-    model = SparseAutoencoder(be, v, h, rho=args.rho, beta=args.beta, lam=args.lam)
-    model.attach(setup.patches, setup.blocks)
-    opt = RootOptimizer(comm, model, xp=be.xp, dtype=be.dtype, synchronize=be.synchronize, guard=guard, run=run)
-    resuming = run is not None and run.resumed
-    resume = comm.agree(lambda: _load_resume(args, run, model, setup) if resuming and comm.is_root else None)
-    start_it = int(resume.opt_state["counts"][0]) if resume is not None else 0
-    progress(comm, args.quiet,
-             f"{PROG}: {args.samples} patches {args.patch}x{args.patch} ({setup.source}); "
-             f"{v}-{h}-{v}, rho {args.rho:g} lambda {args.lam:g} beta {args.beta:g}; "
-             f"{comm.size} process{'es' if comm.size > 1 else ''} "
-             f"({setup.blocks.count} blocks of 128; {setup.patches.shape[0]} patches on rank 0); "
-             f"{be.kernel_set} kernels, {be.dtype.name}"
-             + (f"; resuming at iteration {start_it} from {run.checkpoint_path}" if resume is not None else ""))
-    theta0 = model.init_theta(args.seed) if comm.is_root else None
-    # warm-up (not timed, not counted): loads the compiled kernels and touches every buffer
-    opt.warm_up()
-    if comm.is_root:
-        from aepar.optim import _setulb
-        _setulb()  # loading the optimiser is not training time either
-    comm.barrier()
-    start = comm.wtime()
-    config = {"samples": args.samples, "patch": args.patch, "hidden": h, "rho": args.rho, "lam": args.lam,
-              "beta": args.beta, "seed": args.seed, "dtype": be.dtype.name, "data": setup.fingerprint}
-
-    def save(o, why):
-        run.save_checkpoint(lambda path: checkpoint.save(path, scheme="sparse", params=model.params(o.x),
-                                                         opt_state=o.state(), epoch=o.iterations, config=config),
-                            f"iteration {o.iterations} of {args.iterations}")
-        guard.saved()
-        progress(comm, args.quiet, f"checkpoint ({why}): iteration {o.iterations} -> {run.checkpoint_path}")
-
-    def on_iteration(o, cost, flags):
-        it = o.iterations
-        if it % PROGRESS_EVERY == 0 or it == args.iterations:
-            progress(comm, args.quiet, f"iteration {it:4d}  cost {cost:.6f}  {comm.wtime() - start:7.2f} s")
-        if guard is None or run is None or it >= args.iterations:
-            return False
-        checkpoint_now, stop = guard.decide(flags)
-        if checkpoint_now or stop or guard.epoch_due(it):
-            save(o, "signal" if stop else "periodic")
-        return stop
-
-    with (guard.training("L-BFGS iterations") if guard is not None else contextlib.nullcontext()):
-        result = opt.run(theta0, args.iterations, on_iteration,
-                         state=resume.opt_state if resume is not None else None)
-    if result.paused:
-        where = run.checkpoint_progress if comm.is_root else None
-        raise _interrupted(comm, run, where)
-    seconds_total = comm.allreduce(comm.wtime() - start, op="max")
-    seconds_comm = comm.allreduce(result.seconds_comm, op="max")
-    # every rank's own compute (the slowest is the run's): the spread is what the others
-    # wait for at each evaluation
-    per_rank = comm.gather(float(result.seconds_compute))
-    if not comm.is_root:
-        return {}, model, None
-    seconds_compute = max(per_rank)
-    summary = {
-        "scheme": "sparse",
-        "final_cost": result.cost, "iterations": result.iterations, "evaluations": opt.optimizer.evaluations,
-        "processes": comm.size, "samples": args.samples, "hidden": h, "patch": args.patch,
-        "dtype": be.dtype.name, "kernels": be.kernel_set, "device": be.device,
-        "seconds_total": seconds_total, "seconds_compute": seconds_compute, "seconds_comm": seconds_comm,
-        "seconds_compute_per_rank": per_rank,
-        "collectives_per_evaluation": result.collectives_per_evaluation,
-        "collectives_total": result.collectives_total,
-        "seed": args.seed, "source": setup.source,
-        "rho": args.rho, "lam": args.lam, "beta": args.beta,
-        "blocks": setup.blocks.count, "samples_on_root": int(setup.patches.shape[0]),
-        "resumed_from_iteration": start_it if resume is not None else None,
-        "exact_resume": opt.optimizer.exact_resume,
-        "optimizer_message": result.message,
-    }
-    return summary, model, result.theta
-
-
-def _interrupted(comm, run, where):
-    """The Interrupted error every rank raises after a checkpoint on a signal."""
-    where = comm.bcast(where)
-    err = Interrupted(f"checkpoint at {where} saved in {run.path} after a stop signal; continue with "
-                      f"--resume {run.path} (on any number of processes)")
-    err.collective = True
-    return err
-
-
-
 def _spread(summary) -> str:
     """", each rank's compute a-b s (slowest: rank r)" on more than one rank."""
     per_rank = summary["seconds_compute_per_rank"]
@@ -244,22 +137,22 @@ def _spread(summary) -> str:
     return f"; each rank's compute {min(per_rank):.2f}-{max(per_rank):.2f} s, slowest rank {slowest}"
 
 
-def _write_outputs(run, model, theta, args, summary):
-    from aepar import checkpoint
+def _results(args, model, theta, summary) -> dict:
+    """finish()'s weights, summary.csv and features.png (the paper's Figure 1.1)."""
     from aepar.data.patches import ORDER
+    from aepar.finish import Weights
     from aepar.report.sparse import features_png, summary_csv
 
     params = model.params(theta)
-    with run.output("weights.h5") as path:
-        checkpoint.save(path, scheme="sparse", params=params, epoch=int(summary["iterations"]),
-                        config={k: summary[k] for k in ("samples", "patch", "hidden", "rho", "lam", "beta",
-                                                        "seed", "dtype", "kernels", "processes", "source")})
-    with run.output("features.png") as path:
-        features_png(params["W1"], args.patch, path, order=ORDER,
-                     title=f"{model.hidden} features, {summary['samples']} patches, "
-                           f"{summary['processes']} process{'es' if summary['processes'] > 1 else ''}")
-    run.write_json("summary.json", summary)
-    run.write_text("summary.csv", summary_csv(summary))
+    processes = summary["processes"]
+    title = (f"{model.hidden} features, {summary['samples']} patches, "
+             f"{processes} process{'es' if processes > 1 else ''}")
+    config = {k: summary[k] for k in ("samples", "patch", "hidden", "rho", "lam", "beta", "seed", "dtype",
+                                      "kernels", "processes", "source")}
+    return {"weights": Weights("sparse", params, int(summary["iterations"]), config),
+            "texts": {"summary.csv": summary_csv(summary)},
+            "figures": {"features.png": lambda path: features_png(params["W1"], args.patch, path, order=ORDER,
+                                                                   title=title)}}
 
 
 def main(argv=None, comm=None):
@@ -273,9 +166,11 @@ def main(argv=None, comm=None):
     args, run = parse_and_open(comm, "sparse", PROG, build_parser().parse_args, argv)
     with run, Guard.from_args(comm, PROG, args) as guard:
         setup = comm.agree(_setup, args, comm.rank, comm.size)
-        summary, model, theta = train(args, comm, setup, run, guard)
-        if comm.is_root:
-            _write_outputs(run, model, theta, args, summary)
+        resume = comm.agree(lambda: scheme.load_resume(args, run, setup) if run.resumed and comm.is_root else None)
+        progress(comm, args.quiet, f"{PROG}: {scheme.describe(args, comm, setup, resume, run)}")
+        summary, model, theta = scheme.train(args, comm, setup, resume=resume, run=run, guard=guard)
+        finish(run, comm, summary, **(_results(args, model, theta, summary) if comm.is_root else {}),
+               prog=PROG, quiet=args.quiet)
         run.complete()
     if comm.is_root:
         print(f"{PROG}: {summary['iterations']} iterations, {summary['evaluations']} evaluations, "

@@ -186,9 +186,10 @@ def test_sparse_without_scipys_private_driver_restarts_its_memory(references, tm
     assert abs(got["final_cost"] - want) <= 0.05 * want, (got["final_cost"], want)
 
 
-@pytest.mark.parametrize("np_first, fault, np_then", [(2, "1:40:sigusr1", 1), (4, "3:115:sigterm", 2)])
+@pytest.mark.parametrize("np_first, fault, np_then", [(2, "1:40:sigusr1", 1), (4, "1:115:sigterm", 2)])
 def test_greedy_and_its_fine_tuning_resume_to_the_same_bits(references, tmp_path, np_first, fault, np_then):
-    # 12 steps an epoch, 3 epochs a layer: step 40 is in layer 2, step 115 in fine-tuning
+    # 12 steps an epoch, 3 epochs a layer: step 40 is in layer 2, step 115 in fine-tuning, which runs on
+    # one rank per core (rank 1 is one of them on 2 cores; ranks 2 and 3 wait)
     out = interrupt_and_resume(tmp_path, "aepar.greedy", GREEDY, np_first, fault, np_then)
     assert_same_bits(references["greedy"], out)
 
@@ -238,7 +239,8 @@ def test_periodic_checkpoints_change_nothing(references, tmp_path):
     r = cli("aepar.greedy", [*GREEDY, "--checkpoint-every", "1", "--out", out], 2)
     assert r.returncode == 0, r.stderr
     assert_same_bits(references["greedy"], out)
-    assert sorted(p.name for p in out.iterdir()) == ["run.json", "summary.json", "tables.md", "weights.h5"]
+    assert sorted(p.name for p in out.iterdir()) == ["run.json", "summary.json", "tables.md", "trace.json",
+                                                     "weights.h5"]
 
 
 def test_fine_tuning_resumes_and_continues_a_fine_tuned_network(references, tmp_path):

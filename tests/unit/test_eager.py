@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from aepar.eager import _vote, pick_epoch, stop_reason
+from aepar.schemes.eager import pick_epoch, stop_reason
+from aepar.tasks.combine import _vote
 from aepar.parallel.ensemble import group_ranks, models_of
 
 
