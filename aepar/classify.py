@@ -54,7 +54,6 @@ from aepar.tasks.classify import (
     build_model,
     check_labels,
     classify_and_evaluate,
-    fit_on_features,
     floors,
     network_sizes,
     table,
