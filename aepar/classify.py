@@ -45,8 +45,8 @@ from aepar.finish import Weights, finish
 from aepar.guard import Guard
 from aepar.models.classifier import UNIT_ACTS
 from aepar.resume import Checkpointer
+from aepar.rows import check_blocks
 from aepar.rundir import fingerprint, parse_and_open
-from aepar.stack import check_blocks
 from aepar.tasks.classify import (
     DEFAULT_LAYERS,
     FLOOR_PCA,

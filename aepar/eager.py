@@ -247,7 +247,7 @@ def load_split(args) -> Split:
 def _setup(args, comm):
     be = backend.select(args.device, args.kernels, args.dtype)
     split = load_split(args)
-    from aepar.stack import check_blocks
+    from aepar.rows import check_blocks
 
     groups = args.groups or min(args.models, comm.size)
     if groups > comm.size:

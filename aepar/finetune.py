@@ -28,8 +28,8 @@ from aepar.finish import Weights, finish
 from aepar.guard import Guard
 from aepar.report.stacked import TABLES_FILE, pca_error, tables
 from aepar.resume import Checkpointer
+from aepar.rows import check_blocks
 from aepar.rundir import fingerprint, parse_and_open
-from aepar.stack import check_blocks
 from aepar.tasks.finetune import add_finetune_args, finetune_and_evaluate
 
 __all__ = ["build_parser", "main"]

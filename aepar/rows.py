@@ -29,9 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aepar.errors import UserError
+
 __all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node",
            "tree_node_from", "tree_cover", "cover_merges", "tree_merges", "tree_sum", "tree_sum_rows", "local_sums",
-           "parallel_map", "each", "threads", "CHUNK", "DEFAULT_BLOCKS"]
+           "parallel_map", "each", "threads", "check_blocks", "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8
@@ -350,3 +352,13 @@ def mean_squared_error(shard: Shard, reconstruct, mse_forward, reduce=None) -> f
     holds every block (:func:`local_sums`)."""
     total = (reduce or local_sums)(shard, lambda x: [mse_forward(reconstruct(x), x, scale=2.0)])
     return float(total[0] / max(shard.n, 1))
+
+
+def check_blocks(comm_size: int, count: int, n_rows: int, what: str = "--reduce-blocks"):
+    """UserError unless ``count`` blocks of ``n_rows`` rows can give every one of
+    ``comm_size`` ranks a non-empty block."""
+    if count < comm_size:
+        raise UserError(f"{what} {count} cannot be shared by {comm_size} ranks (each needs a whole block): "
+                        f"use at most {count} ranks or {what} {comm_size}")
+    if n_rows < count:
+        raise UserError(f"{n_rows} rows cannot fill {count} blocks: use {what} {max(1, n_rows)} or fewer")

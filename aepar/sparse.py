@@ -37,8 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from aepar import backend
-from aepar.cli import (ArgumentParser, add_common, non_negative_float, positive_int, progress,
-                       unit_interval)
+from aepar.cli import ArgumentParser, add_common, non_negative_float, positive_int, progress, unit_interval
 from aepar.comm import run_main
 from aepar.errors import UserError
 from aepar.finish import finish

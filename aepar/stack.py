@@ -13,7 +13,7 @@ from aepar.resume import warm_up as warm_up_model
 from aepar.rows import Shard
 
 __all__ = ["parse_layers", "make_layers", "layers_from_args", "add_pretrain_args", "warm_up",
-           "check_blocks", "PRETRAINERS", "DEFAULT_LAYERS"]
+           "PRETRAINERS", "DEFAULT_LAYERS"]
 
 DEFAULT_LAYERS = "784-1000-500-250-30"
 # The batch the layers' learning rates were chosen for (Hinton & Salakhutdinov's recipe).
@@ -132,13 +132,3 @@ def add_pretrain_args(parser):
     g.add_argument("--limit", type=positive_int, default=None,
                    help="use at most this many training digits (quick runs)")
     return g
-
-
-def check_blocks(comm_size: int, count: int, n_rows: int, what: str = "--reduce-blocks"):
-    """UserError unless ``count`` blocks of ``n_rows`` rows can give every one of
-    ``comm_size`` ranks a non-empty block."""
-    if count < comm_size:
-        raise UserError(f"{what} {count} cannot be shared by {comm_size} ranks (each needs a whole block): "
-                        f"use at most {count} ranks or {what} {comm_size}")
-    if n_rows < count:
-        raise UserError(f"{n_rows} rows cannot fill {count} blocks: use {what} {max(1, n_rows)} or fewer")

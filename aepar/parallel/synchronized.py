@@ -31,7 +31,7 @@ from aepar.parallel.executor import Pipeline
 from aepar.parallel.pipeline import HANDOVERS, MODES, choose_mode, make_layout, plan_schedule, replay_plan, stage_costs
 from aepar.parallel.subset import data_parallel_ranks
 from aepar.report.spacetime import plot_spacetime
-from aepar.stack import check_blocks
+from aepar.rows import check_blocks
 
 __all__ = ["PAPER_EXTRAS", "DEFAULT_HANDOVER_MODE", "default_extras", "parse_extras", "split_validation",
            "add_sync_args", "check", "prepare", "setup", "pretrain", "summarize", "tables", "handover_stats"]

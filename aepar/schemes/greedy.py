@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from aepar.cli import gpu_blocks_hint
 from aepar.parallel.layerwise import resume_point, train_layer_by_layer
-from aepar.rows import Shard
-from aepar.stack import check_blocks
+from aepar.rows import Shard, check_blocks
 
 
 def check(args, ranks, n_layers, n_rows):

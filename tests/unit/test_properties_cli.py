@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 import aepar  # noqa: F401
 from aepar import finetune, greedy, sparse, sync
 from aepar.errors import UserError
-from aepar.stack import check_blocks, parse_layers
 from aepar.parallel.synchronized import parse_extras
+from aepar.rows import check_blocks
+from aepar.stack import parse_layers
 
 # 4 x 250 command lines + 200 layer lists + 150 extra-epoch lists + 150 block checks = 1,500 cases
 SETTINGS = settings(max_examples=250, deadline=None, derandomize=True, database=None,
