@@ -10,7 +10,7 @@ are bit-identical on one process or any number of ranks up to ``--reduce-blocks`
 
 The same as ``python -m aepar.pretrain --scheme greedy`` with this program's options and
 run directory (default a new runs/greedy/NNN): ``weights.h5``, ``summary.json``,
-``tables.md`` (the seed's Tables 2 and 3), ``trace.json`` and ``run.json``.
+``tables.md`` (the paper's Tables 2 and 3), ``trace.json`` and ``run.json``.
 
 Examples
 --------

@@ -69,7 +69,7 @@ _CMU = dict(pretrainer="ae", task="classify", dataset="auto")
 PRESETS = {
     # `make run`-sized: the embedded digits, the real architecture, Adam on cross-entropy
     "quick": dict(dataset="mnist5k", epochs=10, finetune_epochs=10, classify_epochs=10),
-    # the seed's budget on full-size data (apt-get install dataset-fashion-mnist)
+    # the paper's budget on full-size data (apt-get install dataset-fashion-mnist)
     "full": dict(dataset="fashion", epochs=20, finetune_epochs=10, classify_epochs=10),
     # CMU 15-618's two networks at its two settings (autoencoder layers, then a classifier)
     "15618": dict(_CMU, layers="784-2000-2000-2000-2000", epochs=30, batch=100, classify_epochs=30,

@@ -53,7 +53,7 @@ def build_parser() -> ArgumentParser:
         prog="python -m aepar.sparse",
         description="Train Ng's sparse autoencoder (sigmoid v-h-v, squared error + weight decay\n"
                     "+ KL sparsity) on natural-image patches with L-BFGS-B on the root rank. Under\n"
-                    "mpirun every rank evaluates the cost on its blocks of patches in the seed's\n"
+                    "mpirun every rank evaluates the cost on its blocks of patches in the paper's\n"
                     "two rounds: a broadcast of the weights, the fixed-tree sum of the hidden\n"
                     "activations (so every rank knows the KL term before its backward pass), then\n"
                     "one fixed-tree reduction of packed partial sums per evaluation, bit-identical\n"

@@ -4,9 +4,9 @@ Stage l trains layer l of the stacked autoencoder (784-1000-500-250-30 RBMs by d
 on its own ranks. Stage l waits for stage l-1's first epoch; after every epoch l-1 hands
 a new version of l's input over; l trains each next epoch on the newest input; after its
 N_l epochs it sleeps and wakes for an extra epoch whenever its input changes, at most
-``--extra`` times (the seed: 0, 5, 20, 40 for layers 1-4); pre-training ends when every
+``--extra`` times (the paper: 0, 5, 20, 40 for layers 1-4); pre-training ends when every
 stage is done (or, ``--end-with-first``, no extra epoch starts after layer 1 is done, the
-seed's Table 3). Then the stack is unrolled and fine-tuned data-parallel over all ranks
+paper's Table 3). Then the stack is unrolled and fine-tuned data-parallel over all ranks
 (:func:`aepar.finetune.finetune_and_evaluate`); ``--compare-greedy`` also runs greedy
 pre-training + fine-tuning on the same data and seed in the same job, so that Tables 2/3
 show both.
@@ -89,11 +89,11 @@ PROG = "aepar.sync"
 
 PRESETS = {
     # `make run`: the embedded 5,000 real MNIST digits, the real architecture, reduced
-    # epochs, Adam on cross-entropy for fine-tuning (the seed's plain SGD at lr 0.001
+    # epochs, Adam on cross-entropy for fine-tuning (the paper's plain SGD at lr 0.001
     # barely moves the weights in 10 epochs; docs/architecture.md, "Training recipes").
     "quick": dict(dataset="mnist5k", epochs=10, finetune_epochs=10, optimizer="adam", loss="xent",
                   dtype="float32", compare_greedy=True),
-    # the seed's budget (20 pre-training epochs per layer, 10 of fine-tuning) on
+    # the paper's budget (20 pre-training epochs per layer, 10 of fine-tuning) on
     # full-size data: Fashion-MNIST (apt-get install dataset-fashion-mnist)
     "full": dict(dataset="fashion", epochs=20, finetune_epochs=10, optimizer="adam", loss="xent",
                  dtype="float32", compare_greedy=True, val_fraction=1 / 6),

@@ -4,7 +4,7 @@ J(θ) = (1/2m) Σ‖a3 − x‖² + (λ/2)(‖W1‖² + ‖W2‖²) + β Σ_j KL
 
 with ρ̂ the mean hidden activation over all m samples on all ranks. The samples are cut
 into fixed blocks of :data:`LEAF` (aepar.rows); a model holds some of the blocks. An
-evaluation has the seed's two rounds: :meth:`SparseAutoencoder.shared_sums` gives each
+evaluation has the paper's two rounds: :meth:`SparseAutoencoder.shared_sums` gives each
 block's Σ a2, whose fixed-tree total every rank then holds (ρ̂ = total / m, so the KL
 term's gradient is known before the backward pass); :meth:`SparseAutoencoder.partials`
 fills one packed buffer of sums per block with it folded in, which a second fixed-tree

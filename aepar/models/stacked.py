@@ -4,7 +4,7 @@ Built from pre-trained layers: encoder layer i takes layer i's W and hidden bias
 layer i its Wᵀ and visible bias; the decoder weights are copies, so encoder and decoder
 are untied during fine-tuning. Logistic units everywhere except the linear code layer.
 
-Loss: squared error ½ Σ(x̂ − x)² per image (the seed's choice, ``loss="mse"``) or pixel
+Loss: squared error ½ Σ(x̂ − x)² per image (the paper's choice, ``loss="mse"``) or pixel
 cross-entropy from the output logits (``loss="xent"``, Hinton's fine-tuning objective).
 The reported figure is :meth:`StackedAutoencoder.error_per_digit`: Σ over the pixels of
 (x − x̂)², averaged over images, for either loss.
@@ -41,7 +41,7 @@ class StackedAutoencoder(DenseBackprop):
         For the random initialisation used when no pre-trained layers are given
         (0.1·N(0,1) weights, zero biases).
     batch : int
-        Global minibatch of fine-tuning unless the trainer is given another (the seed's 100).
+        Global minibatch of fine-tuning unless the trainer is given another (the paper's 100).
 
     Attributes
     ----------

@@ -236,7 +236,7 @@ def plan_schedule(epoch_cost, handover_cost, epochs, extras, end_with_first=Fals
     version newer than its last arrives, at most ``extras[l]`` times. Every epoch of a
     stage with a successor is followed by a hand-over of ``handover_cost[l]``; version v
     becomes available when it ends. With ``end_with_first`` no extra epoch starts once
-    stage 0 has finished (the seed ended pre-training when layer 1 was done).
+    stage 0 has finished (the paper ended pre-training when layer 1 was done).
 
     Parameters
     ----------

@@ -7,7 +7,7 @@ only the root runs the optimiser (L-BFGS-B). Each evaluation of J(θ) is
    stop, pause, or "the root failed");
 2. every rank: the sums that every rank needs before its partials, per block
    (``model.shared_sums``: the sparse autoencoder's Σ a2), and their fixed-tree total on
-   every rank (the seed's reduce of the average activation and broadcast back);
+   every rank (the paper's reduce of the average activation and broadcast back);
 3. every rank: the packed partial sums of each of its blocks of samples
    (``model.partials``, given that total), plus its safe-point flags (aepar.guard) in
    one extra column;

@@ -3,7 +3,7 @@
 Stage l trains layer l on its own ranks. Stage l waits for stage l-1's first epoch; after
 every epoch l-1 hands a new version of l's input over; l trains each next epoch on the
 newest input; after its N_l epochs it sleeps and wakes for an extra epoch whenever its
-input changes, at most ``--extra`` times (the seed: 0, 5, 20, 40 for layers 1-4).
+input changes, at most ``--extra`` times (the paper: 0, 5, 20, 40 for layers 1-4).
 
 Reproducibility. With real-time newest-wins the input version an epoch sees depends on
 timing. ``--handover plan`` (the default) first runs the schedule on a logical clock whose
@@ -36,7 +36,7 @@ from aepar.rows import check_blocks
 __all__ = ["PAPER_EXTRAS", "DEFAULT_HANDOVER_MODE", "default_extras", "parse_extras", "split_validation",
            "add_sync_args", "check", "prepare", "setup", "pretrain", "summarize", "tables", "handover_stats"]
 
-# The seed's extra epochs for layers 1-4; deeper stacks repeat the last value.
+# The paper's extra epochs for layers 1-4; deeper stacks repeat the last value.
 PAPER_EXTRAS = (0, 5, 20, 40)
 
 # "auto" picks data (the least work in total) unless replaying the plan predicts weights
@@ -146,7 +146,7 @@ def tables(summary) -> str:
 
 
 def default_extras(n_layers: int) -> list[int]:
-    """The seed's 0, 5, 20, 40, cut or extended (repeating 40) to ``n_layers``."""
+    """The paper's 0, 5, 20, 40, cut or extended (repeating 40) to ``n_layers``."""
     return [PAPER_EXTRAS[min(i, len(PAPER_EXTRAS) - 1)] for i in range(n_layers)]
 
 
@@ -178,7 +178,7 @@ def parse_extras(text, n_layers: int) -> list[int]:
 def split_validation(labels, fraction: float, seed: int):
     """Stratified hold-out: (train indices, validation indices), each sorted.
 
-    ``fraction`` of every class (rounded) goes to validation, like the seed's 1,000
+    ``fraction`` of every class (rounded) goes to validation, like the paper's 1,000
     digits per class; the same seed gives the same split.
     """
     labels = np.asarray(labels)
@@ -198,7 +198,7 @@ def add_sync_args(parser):
     g = parser.add_argument_group("synchronized schedule (sync, hybrid)")
     g.add_argument("--extra", default=None,
                    help="extra epochs per layer when its input changes after its --epochs, comma-separated, "
-                        "one per layer, the first 0 (default: the seed's 0,5,20,40)")
+                        "one per layer, the first 0 (default: the paper's 0,5,20,40)")
     g.add_argument("--handover", choices=HANDOVERS, default="plan",
                    help="plan (default): execute a schedule planned on a logical clock, so the same seed "
                         "gives the same weights on any number of ranks; newest: the paper's real-time "
@@ -209,7 +209,7 @@ def add_sync_args(parser):
                         "unless each rank has a core of its own and replaying the plan predicts weights "
                         "faster - one rank per layer). The weights are the same in every mode")
     g.add_argument("--end-with-first", action="store_true",
-                   help="no extra epoch starts once layer 1 has finished (the seed's Table 3 run)")
+                   help="no extra epoch starts once layer 1 has finished (the paper's Table 3 run)")
     g.add_argument("--val-fraction", type=fraction_to_half, default=0.1,
                    help="share of the training digits held out (stratified) for the validation "
                         "curves of the space-time diagram (default 0.1; 0: none)")

@@ -1,4 +1,4 @@
-"""The seed's Tables 2 and 3 for stacked-autoencoder runs, side by side for several schemes.
+"""The paper's Tables 2 and 3 for stacked-autoencoder runs, side by side for several schemes.
 
 Table 2: average squared reconstruction error per digit (Σ over pixels of (x − x̂)²,
 averaged over images), training and test, after fine-tuning (and before, i.e. the
@@ -53,7 +53,7 @@ def pca_error(train_x, test_x, k=30) -> dict:
 
 
 def hms(seconds) -> str:
-    """3h 14m 43s / 2m 05s / 4.21s (the seed writes its times this way)."""
+    """3h 14m 43s / 2m 05s / 4.21s (the paper writes its times this way)."""
     if seconds is None:
         return "–"
     s = float(seconds)
@@ -69,7 +69,7 @@ def _num(x, fmt="{:.2f}"):
 
 
 def _label(name, summary) -> str:
-    """"greedy pre-training" for the pre-training schemes (the seed's wording), else the name."""
+    """"greedy pre-training" for the pre-training schemes (the paper's wording), else the name."""
     return f"{name} pre-training" if summary.get("scheme") in ("greedy", "sync") else name
 
 
@@ -151,7 +151,7 @@ def _load(path: str) -> tuple[str, dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m aepar.report.stacked",
-                                     description="Tables 2 and 3 of the seed from run summaries, side by side.")
+                                     description="Tables 2 and 3 of Santara et al. from run summaries, side by side.")
     parser.add_argument("summaries", nargs="+", help="summary.json files or run directories")
     parser.add_argument("--out", help="also write the markdown here")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """Greedy layer-wise pre-training (Hinton & Salakhutdinov 2006; the baseline of Santara et al.).
 
-Train layer 1 (an RBM by CD-1, 784-1000 for the seed's stack) for N epochs on the data,
+Train layer 1 (an RBM by CD-1, 784-1000 for the paper's stack) for N epochs on the data,
 turn the data into its hidden probabilities, train layer 2 on them, and so on to the code
 layer. Every layer is data-parallel over all the ranks: the rows are cut into
 ``--reduce-blocks`` fixed blocks and each step adds the blocks' gradients in one fixed

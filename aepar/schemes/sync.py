@@ -3,7 +3,7 @@
 Every layer is a pipeline stage on its own rank: stage l waits for stage l-1's first epoch,
 then trains every next epoch on the newest version of its input that l-1 has handed over;
 after its own epochs it sleeps and wakes for an extra epoch whenever its input changes, at
-most ``--extra`` times (the seed: 0, 5, 20, 40 for layers 1-4). Fewer ranks than layers
+most ``--extra`` times (the paper: 0, 5, 20, 40 for layers 1-4). Fewer ranks than layers
 share ranks by work; one process runs the same schedule. The schedule is planned on a
 FLOP clock, so every rank count gives the same weights (aepar.parallel.synchronized).
 """

@@ -1,10 +1,10 @@
 """Fine-tuning the unrolled autoencoder by backpropagation, data-parallel (the ``reconstruct`` task).
 
 The pre-trained layers are unrolled into the deep autoencoder (784-1000-500-250-30-250-500-
-1000-784 for the seed's stack) and trained over every rank given: the global minibatch is
+1000-784 for the paper's stack) and trained over every rank given: the global minibatch is
 drawn from fixed blocks of the rows, the blocks' gradients are added in one fixed tree, so
 any number of ranks takes the same steps. The default is Adam on pixel cross-entropy, which
-gains far more in the same epochs than the seed's literal recipe, plain SGD at learning rate
+gains far more in the same epochs than the paper's literal recipe, plain SGD at learning rate
 0.001 on squared error (``--optimizer sgd --loss mse``; docs/architecture.md, "Training
 recipes").
 """
@@ -33,15 +33,15 @@ def add_finetune_args(parser, *, standalone=False):
     g.add_argument(*names("--finetune-epochs", "--epochs"), dest="finetune_epochs", type=non_negative_int,
                    default=10, help="epochs of backprop (default 10; 0 skips fine-tuning)")
     g.add_argument("--optimizer", choices=["sgd", "adam"], default="adam",
-                   help="adam: Adam (default); sgd: plain SGD. The seed's literal recipe is --optimizer sgd "
+                   help="adam: Adam (default); sgd: plain SGD. The paper's literal recipe is --optimizer sgd "
                         "--loss mse, which barely moves the weights in 10 epochs")
     g.add_argument("--loss", choices=list(LOSSES), default="xent",
                    help="xent: pixel cross-entropy from logits (default, Hinton's fine-tuning objective); "
-                        "mse: squared error (the seed)")
+                        "mse: squared error (the paper)")
     g.add_argument(*names("--finetune-lr", "--lr"), dest="finetune_lr", type=learning_rate, default=0.001,
                    help="learning rate (default 0.001, for either optimizer)")
     g.add_argument(*names("--finetune-momentum", "--momentum"), dest="finetune_momentum", type=momentum,
-                   default=0.0, help="SGD momentum in [0, 1) (default 0: plain SGD, as the seed)")
+                   default=0.0, help="SGD momentum in [0, 1) (default 0: plain SGD, as the paper)")
     g.add_argument(*names("--finetune-batch", "--batch"), dest="finetune_batch", type=positive_int,
                    default=100, help="global minibatch, drawn from every block of the data (default 100)")
     if standalone:

@@ -35,7 +35,7 @@ the P slots hold xᵀδ2 and Σδ2 and the Q slots are left zero. ``sparse_ae_as
 gives the same result either way (P + Q·diag(k) with Q = 0), and the fast kernels skip
 one GEMM (a sixth of the work). k needs the global ρ̂: either the shard holds all m
 samples (one process), or the caller passes ``rho_hat``, the fixed-tree total of every
-shard's ``sparse_ae_activations`` over m. That is the seed's evaluation in two rounds:
+shard's ``sparse_ae_activations`` over m. That is the paper's evaluation in two rounds:
 
     sparse_ae_activations(x, W1, b1, act)               per shard -> Σ a2 per leaf
     (sum over every leaf and shard; ρ̂ = total / m on every rank)
