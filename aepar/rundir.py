@@ -30,11 +30,15 @@ it. Directories and files follow the user's umask.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
+import ctypes
 import datetime
 import errno
+import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -234,8 +238,6 @@ def resumed_args(parse, argv: list, info: dict):
 
 def fingerprint(*arrays) -> str:
     """A short hash of arrays' shapes, dtypes and bytes: is a resumed run's data the same?"""
-    import hashlib
-
     h = hashlib.blake2b(digest_size=12)
     for a in arrays:
         a = np.ascontiguousarray(a)
@@ -262,8 +264,6 @@ def parse_and_open(comm, scheme: str, prog: str, parse, argv):
     -------
     (args, RunDir)
     """
-    import argparse
-
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--out")
     pre.add_argument("--resume")
@@ -280,8 +280,6 @@ def parse_and_open(comm, scheme: str, prog: str, parse, argv):
 def _rename_noreplace(src: Path, dst: Path):
     """rename(2) that fails with FileExistsError instead of replacing an (empty) ``dst``."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         renameat2 = libc.renameat2
     except (OSError, AttributeError):
@@ -425,15 +423,12 @@ class RunDir:
         if had_checkpoint:
             self._files.remove(CHECKPOINT)
         self._checkpoint = None
-        if self._published:
+        if self._published:  # the marker first: it never lists a checkpoint that is gone
             self._write_marker("complete")
-            if had_checkpoint:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path / CHECKPOINT)
-        else:
-            if had_checkpoint:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._stage() / CHECKPOINT)
+        if had_checkpoint:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink((self.path if self._published else self._stage()) / CHECKPOINT)
+        if not self._published:
             self._publish("complete")
 
     def abandon(self, state: str, reason: str):
@@ -591,8 +586,6 @@ def _errno_of(exc: OSError) -> int | None:
     """The errno of an OSError; h5py leaves it out of some and names it in the text."""
     if exc.errno:
         return exc.errno
-    import re
-
     found = re.search(r"errno = (\d+)", str(exc))
     return int(found.group(1)) if found else None
 

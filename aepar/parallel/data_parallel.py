@@ -313,71 +313,67 @@ def _local_sum(be, buf, factors, first, merges, out):
 
 
 def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) -> EpochResult:
-    mb = Minibatches(shard.blocks, batch, key, epoch)
-    # the steps' sums stay where the kernels run: on a GPU, reading them each step would
-    # make the host wait for every step's kernels before it queues the next step's
-    start, sums = 0, be.xp.zeros(buf.n_extra, dtype=np.float64)
-    if resume is not None:
-        if resume.epoch != epoch:
-            raise ValueError(f"resuming epoch {resume.epoch} as epoch {epoch}")
-        mb.restore(resume.rng)
-        start, sums = resume.batch, be.xp.asarray(np.array(resume.sums, dtype=np.float64))
-
-    def paused(k):
-        host = be.to_host(sums)
-        return EpochResult(host, shard.n, EpochState(epoch, k + 1, list(host), mb.states()), checkpoint, stop)
-    mine = list(shard.blocks.mine)
-    leaves = buf.rows
-    flag = buf.n_grad + buf.n_extra
+    run = _Epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume)
+    mb = run.mb
     checkpoint = stop = False
-    fused = getattr(model, "fused_step", None) if shard.blocks.count == 1 and (comm is None or comm.size == 1) \
-        else None
-    # the epoch's row order goes to the device once: a copy of a step's indices costs a GPU
-    # tens of microseconds of host time; each batch's rows are gathered from it
-    orders = {b: be.xp.asarray(mb.rows(b)) for b in mine}
+    step = run.fused_step if run.fused is not None else run.step
+    for k in range(run.start, mb.n_batches):
+        checkpoint, stop = step(k, 1.0 / float(mb.sizes[k]))
+        if (checkpoint or stop) and k + 1 < mb.n_batches:
+            host = be.to_host(run.sums)
+            return EpochResult(host, shard.n, EpochState(epoch, k + 1, list(host), mb.states()), checkpoint, stop)
+    # a request in the last step is the caller's to serve, at the end of the epoch
+    return EpochResult(be.to_host(run.sums), shard.n, None, checkpoint, stop)
 
-    def rows(b, k):
-        lo, hi = mb.cuts(b)[k:k + 2]
-        return be.xp.take(shard.x, orders[b][lo:hi], axis=0)
-    for k in range(start, mb.n_batches):
-        scale = 1.0 / float(mb.sizes[k])
-        if fused is not None:  # one block, one process: no sum to take, one fused kernel
-            x = rows(mine[0], k)
-            if guard is not None:  # flags read before the step, as the blocked path's reduction does
-                flags = guard.flags()
-                guard.step(poison=x)
-            for j, value in enumerate(fused(x, mb.rngs[0], epoch)):
-                sums[j:j + 1] += value
-            if guard is not None:
-                checkpoint, stop = guard.decide(flags)
-                if (checkpoint or stop) and k + 1 < mb.n_batches:
-                    return paused(k)
-            continue
 
-        live = [i for i, b in enumerate(mine) if mb.cuts(b)[k + 1] > mb.cuts(b)[k]]  # an empty block's row stays 0
-        factors = [None] * max(len(mine), 1)
+class _Epoch:
+    """What the steps of one epoch share: its batches, this rank's blocks' row orders on the
+    device, the running sums; :meth:`step` (or :meth:`fused_step`) takes batch k and returns
+    the (checkpoint, stop) its flags ask for."""
 
-        def clear(i):
-            leaves[i][buf.filled] = 0
-        if buf.factored:  # all of this rank's blocks at once
-            for i in range(len(mine)):
-                clear(i)
-            extras, found = model.block_factors([rows(mine[i], k) for i in live], [mb.rngs[mine[i]] for i in live],
-                                                scale, [buf.views(leaves[i]) for i in live])
-            for i, f in zip(live, found):
-                factors[i] = f
-        else:
-            def leaf(i):
-                clear(i)
-                return model.leaf_gradient(rows(mine[i], k), mb.rngs[mine[i]], scale, buf.views(leaves[i])) \
-                    if i in live else None
-            extras = [e for e in parallel_map(leaf, range(len(mine))) if e is not None]
-        for i, extra in zip(live, extras):
-            for j, value in enumerate(extra):  # floats, or values on the device
-                leaves[i][buf.n_grad + j] = value
+    def __init__(self, model, shard, epoch, comm, be, buf, batch, key, guard, resume):
+        self.model, self.shard, self.epoch, self.comm, self.be, self.buf, self.guard = \
+            model, shard, epoch, comm, be, buf, guard
+        self.mb = mb = Minibatches(shard.blocks, batch, key, epoch)
+        # the steps' sums stay where the kernels run: on a GPU, reading them each step would
+        # make the host wait for every step's kernels before it queues the next step's
+        self.start, self.sums = 0, be.xp.zeros(buf.n_extra, dtype=np.float64)
+        if resume is not None:
+            if resume.epoch != epoch:
+                raise ValueError(f"resuming epoch {resume.epoch} as epoch {epoch}")
+            mb.restore(resume.rng)
+            self.start, self.sums = resume.batch, be.xp.asarray(np.array(resume.sums, dtype=np.float64))
+        self.mine = list(shard.blocks.mine)
+        self.flag = buf.n_grad + buf.n_extra
+        self.fused = getattr(model, "fused_step", None) \
+            if shard.blocks.count == 1 and (comm is None or comm.size == 1) else None
+        # the epoch's row order goes to the device once: a copy of a step's indices costs a GPU
+        # tens of microseconds of host time; each batch's rows are gathered from it
+        self.orders = {b: be.xp.asarray(mb.rows(b)) for b in self.mine}
+
+    def rows(self, b: int, k: int):
+        lo, hi = self.mb.cuts(b)[k:k + 2]
+        return self.be.xp.take(self.shard.x, self.orders[b][lo:hi], axis=0)
+
+    def fused_step(self, k: int, scale: float) -> tuple[bool, bool]:
+        """One block, one process: no sum to take, one fused kernel."""
+        guard = self.guard
+        x = self.rows(self.mine[0], k)
+        if guard is not None:  # flags read before the step, as the blocked path's reduction does
+            flags = guard.flags()
+            guard.step(poison=x)
+        for j, value in enumerate(self.fused(x, self.mb.rngs[0], self.epoch)):
+            self.sums[j:j + 1] += value
+        return guard.decide(flags) if guard is not None else (False, False)
+
+    def step(self, k: int, scale: float) -> tuple[bool, bool]:
+        """Every own block's gradient, this rank's sums, the sum over all ranks, the step."""
+        buf, guard, comm, flag = self.buf, self.guard, self.comm, self.flag
+        factors = self.leaf_gradients(k, scale)
         # this rank's sums: its tree nodes, or (allreduce) its blocks in order; a rank
         # without blocks still sends a row: zeros and its guard flag
-        values = {node: _local_sum(be, buf, factors, first, merges, buf.total if node is None else leaves[first])
+        values = {node: _local_sum(self.be, buf, factors, first, merges,
+                                   buf.total if node is None else buf.rows[first])
                   for node, first, merges in buf.groups}
         if guard is not None:
             head = next(iter(values.values()))
@@ -391,11 +387,37 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
             total = buf.total
             if comm is not None:
                 comm.Allreduce(total)
-        model.apply(buf.views(total), epoch)
-        sums += total[buf.n_grad:flag]
-        if guard is not None:  # one process: its own flags are the sum (reading it would wait for a GPU)
-            checkpoint, stop = guard.decide(flags if comm is None or comm.size == 1 else float(total[flag]))
-            if (checkpoint or stop) and k + 1 < mb.n_batches:
-                return paused(k)
-    # a request in the last step is the caller's to serve, at the end of the epoch
-    return EpochResult(be.to_host(sums), shard.n, None, checkpoint, stop)
+        self.model.apply(buf.views(total), self.epoch)
+        self.sums += total[buf.n_grad:flag]
+        if guard is None:
+            return False, False
+        # one process: its own flags are the sum (reading it would wait for a GPU)
+        return guard.decide(flags if comm is None or comm.size == 1 else float(total[flag]))
+
+    def leaf_gradients(self, k: int, scale: float) -> list:
+        """Each own block's gradient and sums of batch k into its row; returns the blocks'
+        factors of the factored gradients (None for a block without any)."""
+        model, buf, mb, mine, leaves = self.model, self.buf, self.mb, self.mine, self.buf.rows
+        live = [i for i, b in enumerate(mine) if mb.cuts(b)[k + 1] > mb.cuts(b)[k]]  # an empty block's row stays 0
+        factors = [None] * max(len(mine), 1)
+
+        def clear(i):
+            leaves[i][buf.filled] = 0
+        if buf.factored:  # all of this rank's blocks at once
+            for i in range(len(mine)):
+                clear(i)
+            extras, found = model.block_factors([self.rows(mine[i], k) for i in live],
+                                                [mb.rngs[mine[i]] for i in live],
+                                                scale, [buf.views(leaves[i]) for i in live])
+            for i, f in zip(live, found):
+                factors[i] = f
+        else:
+            def leaf(i):
+                clear(i)
+                return model.leaf_gradient(self.rows(mine[i], k), mb.rngs[mine[i]], scale, buf.views(leaves[i])) \
+                    if i in live else None
+            extras = [e for e in parallel_map(leaf, range(len(mine))) if e is not None]
+        for i, extra in zip(live, extras):
+            for j, value in enumerate(extra):  # floats, or values on the device
+                leaves[i][buf.n_grad + j] = value
+        return factors

@@ -1,22 +1,19 @@
-"""Executing the synchronized schedule on ranks: hand-over transport, safe points, resume.
+"""Executing the synchronized schedule on ranks: hand-over, safe points, resume.
 
 :class:`Pipeline` runs the layers of a stack as pipeline stages on groups of ranks
 (:class:`aepar.parallel.pipeline.Layout`): ``handover="plan"`` executes a plan made on a
 logical clock (a stage ahead of the plan waits for its planned input version; arrivals
 are kept until used), ``handover="newest"`` is the literal real-time newest-wins of
-Santara et al. (not reproducible). Inside a stage with several ranks every epoch is
-data-parallel over fixed blocks of rows (aepar.parallel.data_parallel): the same weights
-whatever the layout.
+Santara et al. (not reproducible; the choice is aepar.parallel.executor_newest). Inside a
+stage with several ranks every epoch is data-parallel over fixed blocks of rows
+(aepar.parallel.data_parallel): the same weights whatever the layout.
 
-Hand-over (``mode``): ``"data"`` sends the transformed rows h = transform(x) from the
-producer's replicas to the overlapping rows of the consumer's replicas; ``"weights"`` sends
-the parameters (W, b_h) of every layer below (the chain that made the version) and the
-consumer recomputes its input from its own copy of x, reusing the activations of the
-unchanged bottom of the chain. Both give identical inputs. Every version also carries the
-(W, b_h) snapshots of its chain, which is what a checkpoint needs to rebuild it.
-
-Transport: non-blocking Isend/Irecv through aepar.comm, a small header then the payload;
-waiting ranks poll with sleeps backing off (MPI_Wait busy-polls in Open MPI).
+Hand-over between groups (aepar.parallel.handover): ``mode="data"`` sends the transformed
+rows, ``"weights"`` the (W, b_h) of the layers below, from which the consumer recomputes
+its input; both give identical inputs. Transport: non-blocking Isend/Irecv through
+aepar.comm, a small header then the payload; waiting ranks poll with sleeps backing off
+(MPI_Wait busy-polls in Open MPI). Epoch records and stop/checkpoint requests travel the
+same way (aepar.parallel.executor_messages).
 
 Safe points and checkpoints: a rank that gets a stop signal (or rank 0, when a periodic
 checkpoint is due) announces it to every rank with a control message; each stage then
@@ -29,91 +26,22 @@ any layout, with the same weights as an uninterrupted run.
 """
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from aepar.comm import TAG_CTRL, TAG_DECIDE, TAG_HDR, TAG_PAY, TAG_PROGRESS, wait_until
+from aepar.comm import TAG_DECIDE, TAG_HDR, TAG_PAY, wait_until
 from aepar.guard import STOP
+from aepar.parallel import handover as wire  # the hand-over's links and messages
 from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
+from aepar.parallel.executor_messages import EpochRecords, Outbox, Requests
+from aepar.parallel.executor_newest import NewestWins
+from aepar.parallel.handover import InputRecord, Recompute, Source
 from aepar.parallel.pipeline import HANDOVERS, MODES, Layout, Plan
 from aepar.rows import Blocks, Shard
 
 __all__ = ["Pipeline", "PipelineResult", "InputRecord"]
-
-# message tags on the world communicator; one (source, destination) pair carries one
-# stage boundary only, so these do not collide
-KIND_VERSION, KIND_FINAL = 0, 1
-
-
-# ==== hand-over transport ===================================================================
-@dataclass
-class InputRecord:
-    """One version of a stage's input, as this rank holds it (its blocks only).
-
-    ``chain``: ((layer, version), ...) of the layers whose transforms made it from x;
-    ``params``: their (W, bh) snapshots, one dict per chain element.
-    """
-
-    version: int
-    train: Shard
-    val: Shard
-    chain: tuple = ()
-    params: tuple = ()
-
-
-def _frozen(layer, params):
-    """A shallow copy of ``layer`` whose transform uses ``params`` (W, bh)."""
-    f = copy.copy(layer)
-    f.params = dict(layer.params, **params)
-    return f
-
-
-def _overlap(a: slice, b: slice) -> tuple[slice, slice] | None:
-    """(piece in a's local rows, same piece in b's local rows) or None."""
-    lo, hi = max(a.start, b.start), min(a.stop, b.stop)
-    if hi <= lo:
-        return None
-    return slice(lo - a.start, hi - a.start), slice(lo - b.start, hi - b.start)
-
-
-class _Source:
-    """Receiving end of one (producer rank -> this rank) link: header, then payload."""
-
-    def __init__(self, comm, xp, dtype, rank: int, size: int, hdr_len: int):
-        self.comm, self.xp, self.dtype, self.rank, self.size, self.hdr_len = comm, xp, dtype, rank, size, hdr_len
-        self.got = {}          # version -> (header, payload)
-        self.final = False
-        self.stop = False
-        self.pay_req = self.pay_buf = self.pay_hdr = None
-        self.hdr_req = None
-        self.nbytes = 0
-        self._post_header()
-
-    def _post_header(self):
-        self.hdr_buf = np.empty(self.hdr_len, dtype=np.int64)
-        self.hdr_req = self.comm.Irecv(self.hdr_buf, self.rank, TAG_HDR)
-
-    def poll(self):
-        while True:
-            if self.pay_req is not None:
-                if not self.pay_req.test():
-                    return
-                self.got[int(self.pay_hdr[1])] = (self.pay_hdr, self.pay_buf)
-                self.nbytes += int(self.pay_buf.nbytes)
-                self.pay_req = self.pay_buf = self.pay_hdr = None
-            if self.hdr_req is None or not self.hdr_req.test():
-                return
-            hdr = self.hdr_buf.copy()
-            if hdr[0] == KIND_FINAL:
-                self.final, self.stop, self.hdr_req = True, bool(hdr[2]), None
-                return
-            self.pay_hdr = hdr
-            self.pay_buf = self.xp.empty(self.size, dtype=self.dtype)
-            self.pay_req = self.comm.Irecv(self.pay_buf, self.rank, TAG_PAY)
-            self._post_header()
 
 
 @dataclass
@@ -214,49 +142,19 @@ class Pipeline:
         self.position = {s: StagePosition() for s in self.my_stages}
         self.trace.label(stages="-".join(str(s + 1) for s in self.my_stages),
                          replica=f"{self.rep + 1}/{self.n_rep}")
-        self._sends = []            # pending (Request, keepalive)
-        self._chain_cache = []      # ((layer, version), train act, val act)
+        self._outbox = Outbox(comm)
+        self._recompute = Recompute(layers, self.x_train, self.x_val)  # weights mode's inputs
         self.records, self.handover_records, self.receive_records = [], [], []
         self.wait_wall = self.wait_cpu = 0.0
         self._paused = False
+        self._final_sent = False
         self._setup_links()
-        self._setup_progress()
-        self._setup_control()
+        self._progress = EpochRecords(comm, self._outbox, on_epoch)
+        self._requests = Requests(comm, guard, self._outbox)
         if resume is not None:
             self._resume(resume)
 
     # ---- links between groups ------------------------------------------------------------
-    def _hdr_len(self):
-        return 4 + 2 * self.n
-
-    def _chain_size(self, stage: int) -> int:
-        """Elements of the (W, b_h) of layers 0..stage-1."""
-        return sum(l.n_in * l.n_out + l.n_out for l in self.layers[:stage])
-
-    def _links_between(self, g_from: int):
-        """[(sender rank, receiver rank, train pieces, val pieces)] from group g_from to g_from+1.
-
-        Pieces are (sender-local slice, receiver-local slice) or None.
-        """
-        senders, receivers = self.layout.ranks[g_from], self.layout.ranks[g_from + 1]
-        ns, nr = len(senders), len(receivers)
-        links = []
-        for j, rr in enumerate(receivers):
-            if self.mode == "weights":
-                links.append((senders[j % ns], rr, None, None))
-                continue
-            for i, sr in enumerate(senders):
-                pt = _overlap(Blocks.of(self.n_train, self.count, i, ns).rows,
-                              Blocks.of(self.n_train, self.count, j, nr).rows)
-                pv = _overlap(Blocks.of(self.n_val, self.count, i, ns).rows,
-                              Blocks.of(self.n_val, self.count, j, nr).rows)
-                if pt is not None or pv is not None:
-                    links.append((sr, rr, pt, pv))
-        return links
-
-    def _piece_rows(self, piece):
-        return 0 if piece is None else piece[0].stop - piece[0].start
-
     def _setup_links(self):
         be = self.be
         first, last = self.my_stages[0], self.my_stages[-1]
@@ -266,8 +164,9 @@ class Pipeline:
             for sr, rr, pt, pv in self._links_between(self.g - 1):
                 if rr != self.comm.rank:
                     continue
-                rows = 0 if self.mode == "weights" else (self._piece_rows(pt) + self._piece_rows(pv)) * n_in
-                src = _Source(self.comm, be.xp, be.dtype, sr, rows + self._chain_size(first), self._hdr_len())
+                rows = 0 if self.mode == "weights" else (wire.piece_rows(pt) + wire.piece_rows(pv)) * n_in
+                src = Source(self.comm, be.xp, be.dtype, sr, rows + wire.chain_size(self.layers[:first]),
+                             wire.header_len(self.n))
                 src.pieces = (pt, pv)
                 src.rows = rows
                 self.sources.append(src)
@@ -275,82 +174,12 @@ class Pipeline:
             self.out_links = [(rr, pt, pv) for sr, rr, pt, pv in self._links_between(self.g)
                               if sr == self.comm.rank]
 
-    # ---- progress records to rank 0 ------------------------------------------------------
-    _REC = 10  # kind, stage, epoch, version, extra, train, val, start, end, rank
+    def _links_between(self, g_from: int):
+        return wire.links_between(self.layout, self.mode, self.n_train, self.n_val, self.count, g_from)
 
-    def _setup_progress(self):
-        self._progress_in = {}
-        self._done_from = set()
-        if self.comm.is_root and self.comm.size > 1:
-            for r in range(1, self.comm.size):
-                self._post_progress(r)
-
-    def _post_progress(self, r):
-        buf = np.empty(self._REC)
-        self._progress_in[r] = (buf, self.comm.Irecv(buf, r, TAG_PROGRESS))
-
-    def _report(self, rec: dict | None):
-        """An epoch record (or None: this rank is done) to rank 0."""
-        if self.comm.is_root:
-            if rec is not None and self.on_epoch is not None:
-                self.on_epoch(rec)
-            return
-        if rec is None:
-            arr = np.array([1, 0, 0, 0, 0, 0, 0, 0, 0, self.comm.rank], dtype=np.float64)
-        else:
-            arr = np.array([0, rec["stage"], rec["epoch"], rec["version"], rec["extra"],
-                            rec["train_error"], np.nan if rec["val_error"] is None else rec["val_error"],
-                            rec["start"], rec["end"], self.comm.rank], dtype=np.float64)
-        self._sends.append((self.comm.Isend(arr, 0, TAG_PROGRESS), arr))
-
-    def _drain_progress(self):
-        for r, (buf, req) in list(self._progress_in.items()):
-            while req is not None and req.test():
-                if buf[0] == 1:
-                    self._done_from.add(r)
-                    del self._progress_in[r]
-                    req = None
-                    break
-                rec = {"stage": int(buf[1]), "epoch": int(buf[2]), "version": int(buf[3]),
-                       "extra": bool(buf[4]), "train_error": float(buf[5]),
-                       "val_error": None if np.isnan(buf[6]) else float(buf[6]),
-                       "start": float(buf[7]), "end": float(buf[8]), "rank": int(buf[9])}
-                if self.on_epoch is not None:
-                    self.on_epoch(rec)
-                self._post_progress(r)
-                buf, req = self._progress_in[r]
-
-    # ---- control: stop and checkpoint requests between all ranks ------------------------------
-    def _setup_control(self):
-        self._ctrl_in = {}
-        self._announced = 0.0
-        if self.guard is None or self.comm.size == 1:
-            return
-        for r in range(self.comm.size):
-            if r != self.comm.rank:
-                self._post_control(r)
-
-    def _post_control(self, r):
-        buf = np.zeros(1)
-        self._ctrl_in[r] = (buf, self.comm.Irecv(buf, r, TAG_CTRL))
-
-    def _control(self):
-        """Announce this rank's own request to every rank once; take in the others'."""
-        g = self.guard
-        mine = g.local_request()
-        if mine > self._announced and self.comm.size > 1:
-            for r in range(self.comm.size):
-                if r != self.comm.rank:
-                    token = np.array([mine])
-                    self._sends.append((self.comm.Isend(token, r, TAG_CTRL), token))
-        self._announced = max(self._announced, mine)
-        for r, (buf, req) in list(self._ctrl_in.items()):
-            if req.test():
-                g.request(float(buf[0]))
-                self._post_control(r)
-
+    # ---- requests, agreement, polling -----------------------------------------------------------
     def _requested(self) -> bool:
-        return self.guard is not None and self.guard.flags() > 0
+        return self._requests.pending()
 
     def _agree(self) -> tuple[bool, bool]:
         """(checkpoint, stop) agreed by the ranks of this stage group, at an epoch boundary."""
@@ -373,12 +202,9 @@ class Pipeline:
         """Advance every pending transfer once (never blocks)."""
         for src in self.sources:
             src.poll()
-        if self._sends:
-            self._sends = [(req, keep) for req, keep in self._sends if not req.test()]
-        if self._progress_in:
-            self._drain_progress()
-        if self.guard is not None:
-            self._control()
+        self._outbox.poll()
+        self._progress.poll()
+        self._requests.poll()
 
     def _wait(self, ready, what: str, **args):
         """Wait (sleeping, not spinning) until ``ready()``; recorded as a "wait" span."""
@@ -407,17 +233,16 @@ class Pipeline:
 
     def _assemble(self, stage: int, version: int) -> InputRecord:
         """Take version ``version`` out of the sources; older ones are dropped."""
-        be, xp = self.be, self.be.xp
+        be = self.be
         t0 = self.trace.now()
         parts = []
         for src in self.sources:
             parts.append(src.got.pop(version))
             for v in [v for v in src.got if v < version]:
                 del src.got[v]
-        header = parts[0][0]
-        chain = tuple((int(header[4 + 2 * k]), int(header[5 + 2 * k])) for k in range(int(header[3])))
+        chain = wire.chain_of(parts[0][0])
         nbytes = sum(int(p.nbytes) for _, p in parts)
-        params = self._unpack_chain(parts[0][1][self.sources[0].rows:], stage)
+        params = wire.unpack_chain(parts[0][1][self.sources[0].rows:], self.layers[:stage])
         recompute = 0.0
         if self.mode == "weights":
             r0 = self.trace.now()
@@ -425,45 +250,13 @@ class Pipeline:
                 train, val = self._recompute(chain, params)
             recompute = self.trace.now() - r0
         else:
-            n_in = self.layers[stage].n_in
-            tx = xp.empty((self.x_train.x.shape[0], n_in), dtype=be.dtype)
-            vx = xp.empty((self.x_val.x.shape[0], n_in), dtype=be.dtype)
-            for src, (_, payload) in zip(self.sources, parts):
-                pt, pv = src.pieces
-                nt = self._piece_rows(pt)
-                if pt is not None:
-                    tx[pt[1]] = payload[:nt * n_in].reshape(nt, n_in)
-                if pv is not None:
-                    vx[pv[1]] = payload[nt * n_in:src.rows].reshape(-1, n_in)
+            tx, vx = wire.place_rows(be.xp, be.dtype, self.sources, [p for _, p in parts], self.layers[stage].n_in,
+                                self.x_train.x.shape[0], self.x_val.x.shape[0])
             train, val = Shard(tx, self.tblocks), Shard(vx, self.vblocks)
         if self.leader:
             self.receive_records.append({"stage": stage, "version": version, "t": t0,
                                          "recompute_s": recompute, "bytes": nbytes})
         return InputRecord(version, train, val, chain, params)
-
-    def _unpack_chain(self, flat, stage: int) -> tuple:
-        """The (W, b_h) snapshots of layers 0..stage-1 from a flat payload."""
-        params, off = [], 0
-        for layer in self.layers[:stage]:
-            w = flat[off:off + layer.n_in * layer.n_out].reshape(layer.n_in, layer.n_out)
-            off += layer.n_in * layer.n_out
-            params.append({"W": w, "bh": flat[off:off + layer.n_out]})
-            off += layer.n_out
-        return tuple(params)
-
-    def _recompute(self, chain, params):
-        """This rank's input rows through the chain, reusing the cached activations of its
-        unchanged bottom."""
-        k = 0
-        while k < min(len(chain), len(self._chain_cache)) and self._chain_cache[k][0] == chain[k]:
-            k += 1
-        del self._chain_cache[k:]
-        xt, xv = (self._chain_cache[k - 1][1], self._chain_cache[k - 1][2]) if k else (self.x_train, self.x_val)
-        for idx in range(k, len(chain)):
-            f = _frozen(self.layers[chain[idx][0]], params[idx])
-            xt, xv = f.transform(xt), f.transform(xv)
-            self._chain_cache.append((chain[idx], xt, xv))
-        return xt, xv
 
     def _input(self, stage: int, version: int) -> InputRecord | None:
         """The planned input of ``stage`` (waiting for it if it has not arrived); None if a
@@ -508,12 +301,12 @@ class Pipeline:
                "rank": self.comm.rank}
         if self.leader:
             self.records.append(rec)
-            self._report(rec)
+            self._progress.report(rec)
         return rec, result
 
     def _handover(self, stage: int, version: int, record: InputRecord, local_wanted: bool = True):
         """After ``stage``'s epoch ``version``: make input ``version`` of stage+1."""
-        layer, be, xp = self.layers[stage], self.be, self.be.xp
+        layer = self.layers[stage]
         remote = (stage + 1) not in self.my_stages
         if not remote and not local_wanted:
             return
@@ -524,41 +317,41 @@ class Pipeline:
             chain = record.chain + ((stage, version),)
             snap = {"W": layer.params["W"].copy(), "bh": layer.params["bh"].copy()}
             params = tuple(record.params) + (snap,)
+            ht = hv = None
             if not remote or self.mode == "data":
                 ht, hv = layer.transform(record.train), layer.transform(record.val)
             if not remote:
                 self.store[stage + 1][version] = InputRecord(version, ht, hv, chain, params)
             else:
-                header = np.zeros(self._hdr_len(), dtype=np.int64)
-                header[0], header[1], header[3] = KIND_VERSION, version, len(chain)
-                for k, (lay, ver) in enumerate(chain):
-                    header[4 + 2 * k], header[5 + 2 * k] = lay, ver
-                weights = xp.concatenate([a for p in params for a in (p["W"].reshape(-1), p["bh"])])
-                for rr, pt, pv in self.out_links:
-                    if self.mode == "data":
-                        empty = xp.empty(0, be.dtype)
-                        payload = xp.concatenate([ht.x[pt[0]].reshape(-1) if pt is not None else empty,
-                                                  hv.x[pv[0]].reshape(-1) if pv is not None else empty, weights])
-                    else:
-                        payload = weights
-                    be.synchronize()
-                    self._sends.append((self.comm.Isend(header, rr, TAG_HDR), header))
-                    self._sends.append((self.comm.Isend(payload, rr, TAG_PAY), payload))
-                    nbytes += int(payload.nbytes)
+                nbytes = self._send_version(version, chain, params, ht, hv)
             info["bytes"] = nbytes
         if self.leader:
             self.handover_records.append({"stage": stage, "version": version, "t": t0,
                                           "seconds": self.trace.now() - t0, "bytes": nbytes,
                                           "remote": remote})
 
+    def _send_version(self, version: int, chain: tuple, params: tuple, ht, hv) -> int:
+        """Input ``version`` to every consumer rank of the next group: header, then payload;
+        returns the payload bytes."""
+        be, xp = self.be, self.be.xp
+        header = wire.version_header(self.n, version, chain)
+        weights = wire.pack_chain(xp, params)
+        nbytes = 0
+        for rr, pt, pv in self.out_links:
+            payload = wire.rows_payload(xp, be.dtype, ht, hv, pt, pv, weights) if self.mode == "data" else weights
+            be.synchronize()
+            self._outbox.send(header, rr, TAG_HDR)
+            self._outbox.send(payload, rr, TAG_PAY)
+            nbytes += int(payload.nbytes)
+        return nbytes
+
     def _send_final(self, stop: bool):
-        if self.my_stages[-1] + 1 >= self.n or getattr(self, "_final_sent", False):
+        if self.my_stages[-1] + 1 >= self.n or self._final_sent:
             return
         self._final_sent = True
-        header = np.zeros(self._hdr_len(), dtype=np.int64)
-        header[0], header[2] = KIND_FINAL, int(stop)
+        header = wire.final_header(self.n, stop)
         for rr, _, _ in self.out_links:
-            self._sends.append((self.comm.Isend(header, rr, TAG_HDR), header))
+            self._outbox.send(header, rr, TAG_HDR)
 
     # ---- the schedules ---------------------------------------------------------------------
     def _pause(self, stage: int, result) -> bool:
@@ -612,84 +405,18 @@ class Pipeline:
                 break
 
     def _run_newest(self):
-        """Real-time newest-wins. The group leader decides which stage runs next on which
-        version and tells its replicas (point-to-point, so that waiting replicas sleep);
-        stages sharing a rank take turns by least time used, like threads sharing a core."""
-        st = {s: dict({"base": 0, "extra": 0, "last": 0, "done": False, "busy": 0.0},
-                      **self.position[s].counters) for s in self.my_stages}
-
-        def available(s):
-            if s == 0:
-                return [0]
-            if (s - 1) in self.my_stages:
-                return sorted(self.store[s])
-            return sorted(set(self.store[s]) | set(self._complete_versions()))
-
-        def producer_done(s):
-            if (s - 1) in self.my_stages:
-                return st[s - 1]["done"]
-            return all(src.final for src in self.sources)
-
-        def first_done():
-            return st[0]["done"] if 0 in st else any(src.stop for src in self.sources)
-
-        def stop(s):
-            return self.end_with_first and s > 0 and first_done()
-
-        def finished(s):
-            x = st[s]
-            if s == 0:
-                return x["base"] >= self.epochs[0]
-            if x["base"] < self.epochs[s]:
-                return False
-            if x["extra"] >= self.extras[s] or stop(s):
-                return True
-            newest = available(s)
-            return producer_done(s) and (not newest or newest[-1] <= x["last"])
-
-        def runnable(s):
-            x = st[s]
-            if x["done"]:
-                return None
-            if s == 0:
-                return 0
-            vs = available(s)
-            if x["base"] < self.epochs[s]:
-                return vs[-1] if vs else None
-            return vs[-1] if vs and vs[-1] > x["last"] else None
-
-        def choose():
-            for s in self.my_stages:  # in order: a stage's end can end the next one
-                if not st[s]["done"] and finished(s):
-                    st[s]["done"] = True
-            options = [(st[s]["busy"], s, v) for s in self.my_stages if (v := runnable(s)) is not None]
-            return min(options) if options else None
-
+        """Real-time newest-wins (aepar.parallel.executor_newest). The group leader decides
+        which stage runs next on which version and tells its replicas (point-to-point, so that
+        waiting replicas sleep)."""
+        policy = NewestWins(self.my_stages, self.epochs, self.extras, self.end_with_first,
+                            {s: self.position[s].counters for s in self.my_stages}, self._versions_at,
+                            upstream_final=lambda: all(src.final for src in self.sources),
+                            upstream_stopped=lambda: any(src.stop for src in self.sources))
         pending = {s: self.position[s].paused for s in self.my_stages}
         for s in self.my_stages:
             self.position[s].paused = None
         while True:
-            if self.leader:
-                pick = None
-
-                def ready():
-                    nonlocal pick
-                    pick = choose()
-                    return pick is not None or all(x["done"] for x in st.values()) or self._requested()
-
-                self._wait(ready, "input")
-                if pick is None and not all(x["done"] for x in st.values()):
-                    decision = np.array([-2, 0], dtype=np.int64)  # a request: stop here
-                else:
-                    decision = np.array([-1, int(self.end_with_first and first_done())] if pick is None
-                                        else [pick[1], pick[2]], dtype=np.int64)
-                for r in self.my_ranks[1:]:
-                    self._sends.append((self.comm.Isend(decision, r, TAG_DECIDE), decision))
-            else:
-                decision = np.empty(2, dtype=np.int64)
-                req = self.comm.Irecv(decision, self.my_ranks[0], TAG_DECIDE)
-                self._wait(req.test, "decision")
-            s, v = int(decision[0]), int(decision[1])
+            s, v = self._choose_and_tell(policy) if self.leader else self._leaders_choice()
             if s == -1:
                 self._send_final(bool(v))
                 break
@@ -700,29 +427,59 @@ class Pipeline:
             if not self._all_have(record):
                 self._boundary()
                 break
-            for old in [u for u in self.store[s] if u < v]:
-                del self.store[s][old]
-            x = st[s]
-            extra = x["base"] >= self.epochs[s]
-            t0 = self.trace.now()
-            rec, result = self._epoch(s, x["base"] + x["extra"], record, extra, pending.pop(s, None))
-            if rec is None:
-                self._pause(s, result)
-                self.position[s].counters = {k: x[k] for k in ("base", "extra", "last", "busy")}
-                break
-            x["extra" if extra else "base"] += 1
-            x["last"] = v
-            self.position[s].done = x["base"] + x["extra"]
-            self._count_epoch(s, self.position[s].done)
-            if s + 1 < self.n:
-                self._handover(s, x["base"] + x["extra"], record,
-                               local_wanted=(s + 1) in st and not st[s + 1]["done"])
-            x["busy"] += self.trace.now() - t0
-            if (result.checkpoint or result.stop) and self._boundary(result):
+            if not self._newest_epoch(policy, s, v, record, pending.pop(s, None)):
                 break
         for s in self.my_stages:
-            if not self.position[s].counters or self.position[s].paused is None:
-                self.position[s].counters = {k: st[s][k] for k in ("base", "extra", "last", "busy")}
+            self.position[s].counters = policy.at[s].saved()
+
+    def _versions_at(self, stage: int) -> list:
+        """The versions of ``stage``'s input at hand now (arrived whole, or made here)."""
+        if stage == 0:
+            return [0]
+        if (stage - 1) in self.my_stages:
+            return sorted(self.store[stage])
+        return sorted(set(self.store[stage]) | set(self._complete_versions()))
+
+    def _choose_and_tell(self, policy: NewestWins) -> tuple[int, int]:
+        """Leader: wait for a stage that can train (or the end, or a request) and tell the
+        replicas. (stage, version); (-1, stop) when every stage is finished; (-2, 0) to stop
+        here for a request."""
+        self._wait(lambda: policy.choose() is not None or policy.all_done() or self._requested(), "input")
+        pick = policy.picked
+        if pick is None and not policy.all_done():
+            decision = np.array([-2, 0], dtype=np.int64)  # a request: stop here
+        else:
+            decision = np.array([-1, int(self.end_with_first and policy.first_done())] if pick is None
+                                else [pick[1], pick[2]], dtype=np.int64)
+        for r in self.my_ranks[1:]:
+            self._outbox.send(decision, r, TAG_DECIDE)
+        return int(decision[0]), int(decision[1])
+
+    def _leaders_choice(self) -> tuple[int, int]:
+        """Replica: what the leader decided (see :meth:`_choose_and_tell`)."""
+        decision = np.empty(2, dtype=np.int64)
+        req = self.comm.Irecv(decision, self.my_ranks[0], TAG_DECIDE)
+        self._wait(req.test, "decision")
+        return int(decision[0]), int(decision[1])
+
+    def _newest_epoch(self, policy: NewestWins, s: int, v: int, record: InputRecord, resume) -> bool:
+        """Stage ``s``'s next epoch on input version ``v``, then its hand-over; False when the
+        stage stops at a safe point."""
+        for old in [u for u in self.store[s] if u < v]:
+            del self.store[s][old]
+        c = policy.at[s]
+        extra = c.base >= self.epochs[s]
+        t0 = self.trace.now()
+        rec, result = self._epoch(s, c.base + c.extra, record, extra, resume)
+        if rec is None:
+            self._pause(s, result)
+            return False
+        done = self.position[s].done = policy.trained(s, v, extra)
+        self._count_epoch(s, done)
+        if s + 1 < self.n:
+            self._handover(s, done, record, local_wanted=policy.wants_input(s + 1))
+        c.busy += self.trace.now() - t0
+        return not ((result.checkpoint or result.stop) and self._boundary(result))
 
     # ---- run -------------------------------------------------------------------------------
     def run(self) -> PipelineResult:
@@ -761,18 +518,12 @@ class Pipeline:
         """Let every transfer complete: producers' sends, consumers' drains to the final
         markers, progress records to rank 0, control messages."""
         self._wait(lambda: all(src.final for src in self.sources), "drain")
-        self._report(None)
+        self._progress.report(None)
         if self.comm.is_root:
-            self._wait(lambda: len(self._done_from) == self.comm.size - 1, "progress")
-        self._wait(lambda: not self._sends, "sends")
+            self._wait(self._progress.all_done, "progress")
+        self._wait(self._outbox.empty, "sends")
         self.comm.barrier()  # every announced control message has arrived
-        for buf, req in self._ctrl_in.values():
-            if req.test():
-                if self.guard is not None:
-                    self.guard.request(float(buf[0]))
-            else:
-                req.cancel()
-        self._ctrl_in.clear()
+        self._requests.close()
 
     def _share_params(self):
         """Every rank gets every layer's parameters from the leader of its group."""
@@ -838,4 +589,3 @@ class Pipeline:
             if pos.done >= (self.plan.epochs(s) if self.plan is not None and self.handover == "plan"
                             else self.epochs[s] + self.extras[s]) and s == self.my_stages[-1]:
                 self._send_final(False)
-

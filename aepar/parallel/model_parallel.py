@@ -99,127 +99,184 @@ def pretrain_model_parallel(be, comm, layers, train, test, *, group: int, ckpt=N
         trained, seconds), ``layers`` (per layer: epoch times, reconstruction errors as
         seen while training, final test error), ``group``.
     """
-    n = len(layers)
-    groups = schedule([l.epochs for l in layers], group)
-    position = position or {}
-    record = position.get("pretrain") or {
-        "time_s": 0.0, "group": int(group), "slots": [],
-        "layers": [{"layer": i + 1, "shape": f"{l.n_in}-{l.n_out}", "kind": l.kind, "hidden": l.hidden,
-                    "lr": l.lr, "epoch_times_s": [], "refresh_s": [], "train_error": [], "test_error": []}
-                   for i, l in enumerate(layers)]}
-    start_group, start_slot = int(position.get("group", 0)), int(position.get("slot", 0))
-    steps = StepsOnly(guard) if guard is not None else None
-    # epochs each layer has done: the version of the copy the ranks hold
-    done = [0] * n
-    for g, slots in enumerate(groups):
-        for t, slot in enumerate(slots):
-            if (g, t) < (start_group, start_slot):
-                for j, e in slot:
-                    done[j] = e + 1
+    run = _ModelParallel(be, comm, layers, group, position or {}, ckpt, guard, outer, trace, say)
     # the watchdog watches every slot: a rank that stops making steps ends the job
     armed = guard.training("model-parallel pre-training") if guard is not None else contextlib.nullcontext()
     with armed:
+        run.all_groups(train, test)
+    for entry in run.record["layers"]:
+        entry["time_s"] = float(sum(entry["epoch_times_s"]) + sum(entry["refresh_s"]))
+    return run.record
+
+
+def _new_record(layers, group: int) -> dict:
+    return {"time_s": 0.0, "group": int(group), "slots": [],
+            "layers": [{"layer": i + 1, "shape": f"{l.n_in}-{l.n_out}", "kind": l.kind, "hidden": l.hidden,
+                        "lr": l.lr, "epoch_times_s": [], "refresh_s": [], "train_error": [], "test_error": []}
+                       for i, l in enumerate(layers)]}
+
+
+class _FrozenCopies:
+    """The input of each layer of a group: the final output of the groups below (``below``)
+    through the copies of the group's layers below it, as they are now. ``versions[j]`` is
+    the version of layer j's copy (its epochs done); an input is recomputed only when one
+    of the copies under it changed."""
+
+    def __init__(self, layers, first: int, below, versions: list):
+        self.layers, self.first, self.below, self.versions = layers, first, below, versions
+        self.cache = {}  # layer -> (versions of the copies below it, its input)
+
+    def input_of(self, j: int):
+        """(layer j's input, whether it was recomputed)."""
+        versions = tuple(self.versions[self.first:j])
+        hit = self.cache.get(j)
+        if hit is not None and hit[0] == versions:
+            return hit[1], False
+        x = self.below
+        for i in range(self.first, j):
+            x = self.layers[i].transform(x)
+        self.cache[j] = (versions, x)
+        return x, True
+
+
+class _ModelParallel:
+    """One model-parallel pre-training: the slots of every group, the versions of the copies
+    every rank holds, and the record (see :func:`pretrain_model_parallel`)."""
+
+    def __init__(self, be, comm, layers, group, position, ckpt, guard, outer, trace, say):
+        self.be, self.comm, self.layers, self.group = be, comm, layers, group
+        self.ckpt, self.guard, self.outer, self.trace, self.say = ckpt, guard, outer, trace, say
+        self.n = len(layers)
+        self.groups = schedule([l.epochs for l in layers], group)
+        self.record = position.get("pretrain") or _new_record(layers, group)
+        self.start = int(position.get("group", 0)), int(position.get("slot", 0))
+        self.steps = StepsOnly(guard) if guard is not None else None
+        # epochs each layer has done: the version of the copy the ranks hold
+        self.versions = [0] * self.n
+        for g, slots in enumerate(self.groups):
+            for t, slot in enumerate(slots):
+                if (g, t) < self.start:
+                    for j, e in slot:
+                        self.versions[j] = e + 1
+
+    def all_groups(self, train, test):
+        """Group after group; a group's layers are final when it ends and feed the next."""
         first = 0
         below = train  # the output of the final layers below the current group
-        for g, slots in enumerate(groups):
+        for g, slots in enumerate(self.groups):
             members = sorted({j for slot in slots for j, _ in slot})
-            if g < start_group:
+            if g < self.start[0]:
                 for j in members:
-                    below = layers[j].transform(below) if j + 1 < n else below
+                    below = self.layers[j].transform(below) if j + 1 < self.n else below
                 first += len(members)
                 continue
-            cache = {}  # layer -> (versions of the copies below it, its input)
-
-            def input_of(j, first=first, below=below, cache=cache):
-                """Layer j's input through the copies of its group's layers below it, as they are now."""
-                versions = tuple(done[first:j])
-                hit = cache.get(j)
-                if hit is not None and hit[0] == versions:
-                    return hit[1], False
-                x = below
-                for i in range(first, j):
-                    x = layers[i].transform(x)
-                cache[j] = (versions, x)
-                return x, True
-
-            for t in range(start_slot if g == start_group else 0, len(slots)):
-                active = slots[t]
-                mine = [(j, e) for j, e in active if owner(j, group, comm.size) == comm.rank]
-                t0 = comm.wtime()
-                stats = []
-                # every input first: the copies are those of the previous slot's end
-                inputs = {}
-                for j, _ in mine:
-                    r0 = comm.wtime()
-                    inputs[j], fresh = input_of(j)
-                    be.synchronize()
-                    inputs[j] = (inputs[j], comm.wtime() - r0 if fresh else 0.0)
-                for j, e in mine:
-                    layer, (x, refresh) = layers[j], inputs[j]
-                    e0 = comm.wtime()
-                    with _span(trace, f"layer{j + 1}", epoch=e):
-                        result = train_epoch(layer, x, e, comm=None, batch=layer.batch, key=layer.key, guard=steps)
-                    be.synchronize()
-                    err = result.means[0]
-                    bad = None
-                    if guard is not None:
-                        from aepar.errors import Diverged
-
-                        where = f"model-parallel pre-training, layer {j + 1}, epoch {e + 1}"
-                        try:
-                            guard.check(err, "the reconstruction error", where)
-                            guard.check_params(layer.params, where)
-                        except Diverged as exc:
-                            bad = str(exc)
-                    stats.append((j, e, err, comm.wtime() - e0, refresh, bad))
-                # the hand-over: every layer trained in this slot goes from its rank to all
-                for j, _ in active:
-                    buf = _flat(be, layers[j])
-                    comm.Bcast(buf, root=owner(j, group, comm.size))
-                    _unflat(be, layers[j], buf)
-                    done[j] = dict(active)[j] + 1
-                flags = np.array([guard.flags() if guard is not None else 0.0])
-                comm.Allreduce(flags)
-                gathered = [s for part in comm.allgather(stats) for s in part]
-                dt = comm.allreduce(comm.wtime() - t0, op="max")
-                bad = next((s[5] for s in gathered if s[5]), None)
-                if bad is not None:
-                    from aepar.errors import Diverged
-
-                    err = Diverged(bad)
-                    err.collective = True
-                    raise err
-                for j, e, err, sec, refresh, _ in sorted(gathered):
-                    entry = record["layers"][j]
-                    entry["epoch_times_s"].append(sec)
-                    entry["refresh_s"].append(refresh)
-                    entry["train_error"].append(err)
-                record["slots"].append({"group": g + 1, "slot": t + 1, "layers": [j + 1 for j, _ in active],
-                                        "time_s": dt})
-                record["time_s"] += dt
-                if say is not None:
-                    say(f"model-parallel group {g + 1}/{len(groups)} slot {t + 1}/{len(slots)}: "
-                        + ", ".join(f"L{j + 1} epoch {e + 1}/{layers[j].epochs} recon {err:.4f}"
-                                    for j, e, err, *_ in sorted(gathered)) + f"  {dt:6.2f}s")
-                if ckpt is not None:
-                    checkpoint, stop = guard.decide(float(flags[0])) if guard is not None else (False, False)
-                    ckpt.epochs_run += 1
-                    if checkpoint or stop or (guard is not None and guard.epoch_due(ckpt.epochs_run)):
-                        _save(be, comm, layers, group, record, g, t + 1, ckpt, outer, "signal" if stop else "periodic")
-                        if stop:
-                            raise ckpt.interrupted(comm)
-            # the group is final: its test errors, then its output feeds the next group
-            x_test = test
-            for i in range(first):
-                x_test = layers[i].transform(x_test)
-            for j in members:
-                record["layers"][j]["test_error"].append(layers[j].recon_error(x_test))
-                x_test = layers[j].transform(x_test) if j + 1 < n else x_test
-                below = layers[j].transform(below) if j + 1 < n else below
+            copies = _FrozenCopies(self.layers, first, below, self.versions)
+            for t in range(self.start[1] if g == self.start[0] else 0, len(slots)):
+                self.slot(g, t, copies)
+            below = self.group_done(members, first, below, test)
             first += len(members)
-    for entry in record["layers"]:
-        entry["time_s"] = float(sum(entry["epoch_times_s"]) + sum(entry["refresh_s"]))
-    return record
+
+    def slot(self, g: int, t: int, copies: _FrozenCopies):
+        """Slot t of group g: every rank trains its layers' epochs on the copies as they were at
+        the end of the slot before, then the layers are handed over to every rank."""
+        comm, active = self.comm, self.groups[g][t]
+        mine = [(j, e) for j, e in active if owner(j, self.group, comm.size) == comm.rank]
+        t0 = comm.wtime()
+        # every input first: the copies are those of the previous slot's end
+        inputs = {}
+        for j, _ in mine:
+            r0 = comm.wtime()
+            inputs[j], fresh = copies.input_of(j)
+            self.be.synchronize()
+            inputs[j] = (inputs[j], comm.wtime() - r0 if fresh else 0.0)
+        stats = [self.train(j, e, *inputs[j]) for j, e in mine]
+        self.hand_over(active)
+        flags = np.array([self.guard.flags() if self.guard is not None else 0.0])
+        comm.Allreduce(flags)
+        gathered = [s for part in comm.allgather(stats) for s in part]
+        dt = comm.allreduce(comm.wtime() - t0, op="max")
+        _raise_if_diverged(gathered)
+        self.note(g, t, active, gathered, dt)
+        self.checkpoint_if_due(g, t, flags)
+
+    def train(self, j: int, e: int, x, refresh: float) -> tuple:
+        """Layer j's epoch e on this rank: (j, e, error, seconds, refresh seconds, divergence or None)."""
+        layer, guard = self.layers[j], self.guard
+        e0 = self.comm.wtime()
+        with _span(self.trace, f"layer{j + 1}", epoch=e):
+            result = train_epoch(layer, x, e, comm=None, batch=layer.batch, key=layer.key, guard=self.steps)
+        self.be.synchronize()
+        err = result.means[0]
+        bad = None
+        if guard is not None:
+            from aepar.errors import Diverged
+
+            where = f"model-parallel pre-training, layer {j + 1}, epoch {e + 1}"
+            try:
+                guard.check(err, "the reconstruction error", where)
+                guard.check_params(layer.params, where)
+            except Diverged as exc:
+                bad = str(exc)
+        return j, e, err, self.comm.wtime() - e0, refresh, bad
+
+    def hand_over(self, active):
+        """Every layer trained in the slot goes from its rank to all: the new copies."""
+        for j, _ in active:
+            buf = _flat(self.be, self.layers[j])
+            self.comm.Bcast(buf, root=owner(j, self.group, self.comm.size))
+            _unflat(self.be, self.layers[j], buf)
+            self.versions[j] = dict(active)[j] + 1
+
+    def note(self, g: int, t: int, active, gathered, dt: float):
+        """The slot's epochs into the record (and a progress line)."""
+        record = self.record
+        for j, e, err, sec, refresh, _ in sorted(gathered):
+            entry = record["layers"][j]
+            entry["epoch_times_s"].append(sec)
+            entry["refresh_s"].append(refresh)
+            entry["train_error"].append(err)
+        record["slots"].append({"group": g + 1, "slot": t + 1, "layers": [j + 1 for j, _ in active], "time_s": dt})
+        record["time_s"] += dt
+        if self.say is not None:
+            self.say(f"model-parallel group {g + 1}/{len(self.groups)} slot {t + 1}/{len(self.groups[g])}: "
+                     + ", ".join(f"L{j + 1} epoch {e + 1}/{self.layers[j].epochs} recon {err:.4f}"
+                                 for j, e, err, *_ in sorted(gathered)) + f"  {dt:6.2f}s")
+
+    def checkpoint_if_due(self, g: int, t: int, flags):
+        """The slot boundary is a safe point: a checkpoint on request or when one is due."""
+        ckpt, guard = self.ckpt, self.guard
+        if ckpt is None:
+            return
+        checkpoint, stop = guard.decide(float(flags[0])) if guard is not None else (False, False)
+        ckpt.epochs_run += 1
+        if checkpoint or stop or (guard is not None and guard.epoch_due(ckpt.epochs_run)):
+            _save(self.be, self.comm, self.layers, self.group, self.record, g, t + 1, ckpt, self.outer,
+                  "signal" if stop else "periodic")
+            if stop:
+                raise ckpt.interrupted(self.comm)
+
+    def group_done(self, members, first: int, below, test):
+        """The group is final: its test errors, then its output (returned) feeds the next group."""
+        layers, n = self.layers, self.n
+        x_test = test
+        for i in range(first):
+            x_test = layers[i].transform(x_test)
+        for j in members:
+            self.record["layers"][j]["test_error"].append(layers[j].recon_error(x_test))
+            x_test = layers[j].transform(x_test) if j + 1 < n else x_test
+            below = layers[j].transform(below) if j + 1 < n else below
+        return below
+
+
+def _raise_if_diverged(gathered):
+    """A layer that diverged on any rank ends the run on every rank alike."""
+    bad = next((s[5] for s in gathered if s[5]), None)
+    if bad is not None:
+        from aepar.errors import Diverged
+
+        err = Diverged(bad)
+        err.collective = True
+        raise err
 
 
 def _save(be, comm, layers, group, record, g, next_slot, ckpt, outer, why):
