@@ -18,10 +18,11 @@ endif
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export MPIRUN
-NP     ?= 4
+# ranks for `make run`: one per core (Open MPI's --oversubscribe only lets more run, slower)
+NP     ?= $(shell nproc 2>/dev/null || echo 2)
 RUN_ARGS ?=
 
-.PHONY: help venv run test test-gpu test-cluster bench bench-full bench-peers bench-pretrain bench-kernels reliability fashion docs clean distclean
+.PHONY: help venv run test check clean-runs test-gpu test-cluster bench bench-full bench-peers bench-pretrain bench-kernels reliability fashion docs clean distclean
 
 help:  ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -29,7 +30,7 @@ help:  ## this list
 
 venv: $(STAMP)  ## create .venv, install aepar with its dependencies, compile its Numba kernels once
 
-$(STAMP): setup.py
+$(STAMP): setup.py pyproject.toml
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 	  echo "python3 -m venv failed: installing python3-venv (Debian/Ubuntu)"; \
 	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q python3-venv >/dev/null; else sudo apt-get install -y -q python3-venv; fi; \
@@ -43,11 +44,15 @@ $(STAMP): setup.py
 	$(BIN)/python -m bench.kernels --warm
 	@touch $(STAMP)
 
-run: venv  ## the main job: synchronized pre-training on embedded real MNIST (NP ranks)
+run: venv  ## the main job: synchronized pre-training on embedded real MNIST, one rank per core (NP), against greedy on the same ranks
 	$(MPIRUN) -np $(NP) $(BIN)/python -m aepar.sync --preset quick $(RUN_ARGS)
 
-test: venv  ## unit, MPI (mpirun -np 1-8), reliability and end-to-end tests
+test: venv  ## the full suite CI runs: unit, MPI (mpirun -np 1-8), reliability and end-to-end tests (~17 min on 2 cores)
 	$(BIN)/python -m pytest tests
+
+check: venv  ## the quick tier for the edit loop (< 3 min on 2 cores): unit tests without MPI, one small MPI test
+	$(BIN)/python -m pytest -q -x -m "not mpi and not gpu" tests/unit
+	$(BIN)/python -m pytest -q -x tests/mpi/test_mpi_comm.py -k "collective_user_error"
 
 test-gpu: venv  ## the CuPy kernel tests only (needs a GPU and `pip install .[gpu]`)
 	$(BIN)/python -m pytest tests -m gpu
@@ -112,9 +117,12 @@ docs: venv  ## the documentation site (MkDocs, installed into .venv on demand) -
 fashion:  ## install Debian's Fashion-MNIST (60k/10k) for full-size runs (root)
 	apt-get install -y -q dataset-fashion-mnist
 
-clean:  ## remove run outputs and caches (keeps .venv)
-	rm -rf runs .pytest_cache build *.egg-info
+clean:  ## remove build files and caches (keeps runs/ with your results, and .venv)
+	rm -rf .pytest_cache build *.egg-info site
 	find . -name __pycache__ -prune -exec rm -rf {} +
+
+clean-runs:  ## delete the run directories aepar made under runs/ (your results!), naming each; other files stay
+	@$(PYTHON) -c "import pathlib, shutil; runs = [d for d in sorted(pathlib.Path('runs').glob('*/*')) if (d / 'run.json').is_file()]; [print('deleting', d) or shutil.rmtree(d) for d in runs]; print(f'deleted {len(runs)} run directories under runs/')"
 
 distclean: clean  ## also remove .venv
 	rm -rf $(VENV)
