@@ -46,8 +46,9 @@ from numba import njit
 from ..memory import empty, is_aligned, zeros
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
 from ..ref.blocksum import check_block_outer_sum, stack_depth
-from .simd import (JIT, LANES32, prefetch, target_isa, vbcast32, vfma32, vhsum32, vhsum32h, vhsum32x16, vload32,
-                   vload32h, vload32hm, vload32m, vstore32, vstore32m, vupper32, vzero32, vzero32h)
+from .simd import JIT, prefetch, target_isa
+from .simd32 import (LANES32, vbcast32, vfma32, vhsum32, vhsum32h, vhsum32x16, vload32, vload32h, vload32hm, vload32m,
+                     vstore32, vstore32m, vupper32, vzero32, vzero32h)
 
 __all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum"]
 
@@ -58,7 +59,7 @@ __all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_ou
 # ones; the same sums)
 # AVX-512 dot tiles 4 x 6 (29 of the 32 registers; 10 loads per 24 FMAs, where 4 x 4 takes
 # 8 per 16: faster than 4 x 4; 5 x 5 about the same, 6 x 4 and 8 x 3 slower). Their 24 lane
-# sums end as two rows at a time through simd.vhsum32x16 (the same tree per output, 45
+# sums end as two rows at a time through simd32.vhsum32x16 (the same tree per output, 45
 # instructions per 16 sums instead of 128) and vector stores: faster, the same bits.
 # The figures behind these choices: docs/performance-notes.md.
 TILE_SHAPES = {"avx512": dict(RT=6, CT=4, DR=4, DI=6, OR=8, OC=3, HALVES=False),

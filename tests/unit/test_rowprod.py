@@ -142,7 +142,8 @@ def test_sixteen_lane_sums_at_once_are_each_lanes_tree(seed):
     16 decades (where the order of additions shows in the last bits)."""
     from numba import njit
 
-    from aepar.kernels.nb.simd import JIT, vhsum32, vhsum32x16, vload32, vstore32
+    from aepar.kernels.nb.simd import JIT
+    from aepar.kernels.nb.simd32 import vhsum32, vhsum32x16, vload32, vstore32
 
     @njit(**{k: v for k, v in JIT.items() if k != "cache"})
     def both(x, out, ref):
