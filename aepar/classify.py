@@ -29,15 +29,8 @@ import numpy as np
 
 from aepar import backend, checkpoint, schemes
 from aepar.checkpoint import layers_from_params
-from aepar.cli import (
-    ArgumentParser,
-    add_common,
-    add_reduce_blocks,
-    default_float32,
-    gpu_blocks_hint,
-    positive_int,
-    progress,
-)
+from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, default_float32, gpu_blocks_hint, positive_int,
+                       progress, renamed)
 from aepar.comm import run_main
 from aepar.data.sources import CLASSES, DIGIT_SOURCES, load_digits
 from aepar.errors import CheckpointError, UserError
@@ -47,17 +40,8 @@ from aepar.models.classifier import UNIT_ACTS
 from aepar.resume import Checkpointer
 from aepar.rows import check_blocks
 from aepar.rundir import fingerprint, parse_and_open
-from aepar.tasks.classify import (
-    DEFAULT_LAYERS,
-    FLOOR_PCA,
-    add_classify_args,
-    build_model,
-    check_labels,
-    classify_and_evaluate,
-    floors,
-    network_sizes,
-    table,
-)
+from aepar.tasks.classify import (DEFAULT_LAYERS, FLOOR_PCA, add_classify_args, build_model, check_labels,
+                                  classify_and_evaluate, floors, network_sizes, table)
 
 __all__ = ["build_parser", "main"]
 
@@ -86,9 +70,10 @@ def build_parser():
                         help="weights.h5 of aepar.greedy / aepar.sync / aepar.finetune: its pre-trained layers are "
                              "the encoder (Bernoulli layers -> sigmoid units, the last, linear code layer -> "
                              "identity)")
-    parser.add_argument("--from-finetuned", action="store_true",
-                        help="take the encoder half of the fine-tuned autoencoder in --weights instead of the "
-                             "pre-trained layers")
+    parser.add_argument("--start-from", choices=["pretrained", "finetuned"], default="pretrained",
+                        help="pretrained: the pre-trained layers of --weights are the encoder (default); finetuned: "
+                             "the encoder half of the fine-tuned autoencoder in --weights")
+    renamed(parser, "--from-finetuned", "--start-from finetuned", dest="start_from", value="finetuned")
     parser.add_argument("--random-init", action="store_true",
                         help="train the same network from random weights (0.1·N(0,1), softmax layer 0.01·N(0,1)) instead")
     parser.add_argument("--layers", default=None,
@@ -110,8 +95,8 @@ def build_parser():
 def _load_layers(be, args):
     """The encoder layers of ``args.weights`` (with their hidden-unit kinds), or None."""
     if args.weights is None:
-        if args.from_finetuned or args.random_init:
-            raise UserError("--from-finetuned and --random-init need --weights (or give --layers alone)")
+        if args.start_from == "finetuned" or args.random_init:
+            raise UserError("--start-from finetuned and --random-init need --weights (or give --layers alone)")
         return None
     if args.layers is not None:
         raise UserError("--layers is for a network without --weights (the weights file sets the sizes)")
@@ -119,10 +104,10 @@ def _load_layers(be, args):
     layers = layers_from_params(be, ckpt.params, args.weights)
     for i, layer in enumerate(layers):  # the stack's convention (aepar.stack.make_layers)
         layer.hidden = "gaussian" if i == len(layers) - 1 else "bernoulli"
-    if args.from_finetuned:
+    if args.start_from == "finetuned":
         if "finetuned/W1" not in ckpt.params:
             raise CheckpointError(f"{args.weights}: holds no fine-tuned network (finetuned/W1, ...) for "
-                                  f"--from-finetuned")
+                                  f"--start-from finetuned")
         for i, layer in enumerate(layers):
             for mine, theirs in (("W", f"finetuned/W{i + 1}"), ("bh", f"finetuned/b{i + 1}")):
                 if theirs not in ckpt.params:
@@ -179,7 +164,7 @@ def main(argv, comm):
                 v[...] = be.asarray(loaded[0][f"classifier/{k}"])
         params = {f"classifier/{k}": be.to_host(v) for k, v in model.params.items()}
         summary = {"scheme": "classify", "weights": None if args.weights is None else str(args.weights),
-                   "encoder": None if encoder is None else ("finetuned" if args.from_finetuned else "pretrained"),
+                   "encoder": None if encoder is None else args.start_from,
                    "source": digits.source, "n_train": int(digits.train_x.shape[0]),
                    "n_test": int(digits.test_x.shape[0]), "ranks": comm.size, "device": be.device,
                    "kernels": be.kernel_set, "dtype": str(be.dtype), "seed": args.seed, "classify": result,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 
 from aepar.comm import world
 from aepar.errors import UserError
@@ -75,8 +76,10 @@ def add_common(parser: argparse.ArgumentParser, *, scheme: str):
                         "(default: $AEPAR_DEVICE or cpu)")
     g.add_argument("--kernels", choices=["auto", "numpy", "numba", "cupy"], default="auto",
                    help="force a kernel set (numpy = the reference oracle); auto follows --device")
-    g.add_argument("--dtype", choices=["float64", "float32"], default="float64")
-    g.add_argument("--seed", type=seed, default=0, help="one seed for data, weights and sampling (>= 0)")
+    g.add_argument("--dtype", choices=["float64", "float32"], default="float64",
+                   help="precision of weights and arithmetic (default float64)")
+    g.add_argument("--seed", type=seed, default=0,
+                   help="one seed for data, weights and sampling (>= 0; default 0)")
     g.add_argument("--data-dir", default=os.environ.get("AEPAR_DATA"),
                    help="directory with your own data files (default: $AEPAR_DATA, else the "
                         "embedded real data)")
@@ -103,6 +106,37 @@ def add_common(parser: argparse.ArgumentParser, *, scheme: str):
                    help="end the job, naming the rank, if a rank makes no progress for this long "
                         "(a stalled rank; default: no watchdog)")
     return g
+
+
+def first_rank() -> bool:
+    """Whether this process is rank 0 of its job, before MPI starts (the launchers' variables)."""
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if name in os.environ:
+            return os.environ[name] == "0"
+    return True
+
+
+class _Renamed(argparse.Action):
+    """An option's old name, kept for one release: it sets the new option and says so once."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if first_rank():  # one line per job
+            print(f"{parser.prog.split()[-1]}: note: {option_string} is now {self.new}; the old name "
+                  "goes in the next release", file=sys.stderr, flush=True)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def renamed(group, old: str, new: str, *, dest: str, value=None, **kwargs):
+    """Keep option ``old`` working as ``new`` (which sets ``dest``) for one release, hidden
+    from --help. ``value``: what a flag (no argument) sets; otherwise pass ``type``/``choices``."""
+    if value is not None:
+        kwargs.update(nargs=0, const=value)
+    group.add_argument(old, dest=dest, action=_Renamed, new=new, default=argparse.SUPPRESS,
+                       help=argparse.SUPPRESS, **kwargs)
 
 
 def add_reduce_blocks(group):
@@ -138,12 +172,21 @@ def gpu_blocks_hint(comm, be, count: int, quiet: bool):
                               f"several times slower than --reduce-blocks 1 at batch 100 (see --help)")
 
 
-def parse_with_preset(parser, presets: dict, argv=None):
+def parse_with_preset(parser, presets: dict, argv=None, old_names: dict | None = None):
     """Parse ``argv`` with the values of its ``--preset`` (a key of ``presets``) as the
-    defaults, so that options given explicitly win."""
+    defaults, so that options given explicitly win. ``old_names``: {old preset name: new},
+    kept working for one release with a note."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", default=None)
     known, _ = pre.parse_known_args(argv)
+    new = (old_names or {}).get(known.preset)
+    if new is not None:
+        if first_rank():
+            print(f"{parser.prog.split()[-1]}: note: --preset {known.preset} is now --preset {new}; the old name "
+                  "goes in the next release", file=sys.stderr, flush=True)
+        argv = [{known.preset: new, f"--preset={known.preset}": f"--preset={new}"}.get(a, a) for a in argv]
+        known.preset = new
     if known.preset in presets:
         parser.set_defaults(**presets[known.preset])
     return parser.parse_args(argv)

@@ -61,8 +61,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from aepar import backend
-from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, gpu_blocks_hint, learning_rate, non_negative_int,
-                       parse_with_preset, positive_float, positive_int, progress)
+from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, default_float32, gpu_blocks_hint, learning_rate,
+                       non_negative_int, parse_with_preset, positive_float, positive_int, progress, renamed)
 from aepar.comm import run_main
 from aepar.errors import UserError
 from aepar.finish import finish
@@ -80,7 +80,7 @@ PRESETS = {
     # the paper's small regime (embedded 5,000 digits) and large regime (Fashion-MNIST 48k/12k)
     "small": dict(dataset="mnist5k", models=5, filters=(16, 32), epochs=10, mono_epochs=20, mono_patience=2,
                   classify_epochs=10),
-    "large": dict(dataset="fashion", models=5, filters=(16, 32), epochs=10, mono_epochs=10, mono_patience=2,
+    "full": dict(dataset="fashion", models=5, filters=(16, 32), epochs=10, mono_epochs=10, mono_patience=2,
                   classify_epochs=10),
 }
 SEED_STRIDE = 1000  # model m of seed s is seeded s * 1000 + m; the monolithic CAE s * 1000 + 999
@@ -134,11 +134,13 @@ def build_parser():
                "mpirun -np 5 python -m aepar.eager --preset small --curve")
     g = parser.add_argument_group("the parallel CAEs")
     g.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="quick: minutes on 2 cores; small: the paper's small regime (embedded digits); large: "
-                        "Fashion-MNIST 48k/12k (make fashion). Options given explicitly override the preset.")
+                   help="quick: minutes on 2 cores; small: the paper's small regime (embedded digits); full: its "
+                        "large regime, Fashion-MNIST 48k/12k (make fashion). Options given explicitly override "
+                        "the preset (default: none)")
     g.add_argument("--models", type=positive_int, default=5, help="K, the parallel CAEs (default 5, the paper's)")
-    g.add_argument("--groups", type=positive_int, default=None,
+    g.add_argument("--rank-groups", type=positive_int, default=None,
                    help="groups of ranks, each training its models data-parallel (default min(K, ranks))")
+    renamed(g, "--groups", "--rank-groups", dest="rank_groups", type=positive_int)
     g.add_argument("--filters", type=_filters, default=(16, 32), metavar="F1,F2",
                    help="feature maps of the two encoder convolutions (default 16,32)")
     g.add_argument("--epochs", type=positive_int, default=10, help="most epochs a CAE trains (default 10)")
@@ -147,7 +149,9 @@ def build_parser():
     g.add_argument("--eager-rule", type=_rule, default=None, metavar="K:DELTA",
                    help="stop a CAE when its validation loss improved by less than the fraction DELTA over "
                         "its last K epochs (e.g. 2:0.05)")
-    g.add_argument("--lr", type=learning_rate, default=1e-3, help="Adam's learning rate (default 0.001)")
+    g.add_argument("--cae-lr", type=learning_rate, default=1e-3,
+                   help="the CAEs' Adam learning rate (default 0.001)")
+    renamed(g, "--lr", "--cae-lr", dest="cae_lr", type=learning_rate)
     g.add_argument("--batch", type=positive_int, default=100, help="minibatch (default 100, the paper's)")
     g.add_argument("--val-fraction", type=float, default=0.2,
                    help="of the training images held out for validation (default 0.2: 4.8k/1.2k of 6k)")
@@ -177,19 +181,20 @@ def build_parser():
     c.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True, help="write the PNGs")
     add_classify_args(parser)
     add_common(parser, scheme=SCHEME)
-    parser.set_defaults(dtype="float32")
+    default_float32(parser)
     return parser
 
 
 def parse(argv):
     """Options with the preset's values as defaults; impossible combinations are UserErrors."""
-    args = parse_with_preset(build_parser(), PRESETS, argv)
+    args = parse_with_preset(build_parser(), PRESETS, argv, old_names={"large": "full"})
     if args.pick_epoch is not None and args.pick_epoch > args.epochs:
         raise _refuse(f"--pick-epoch {args.pick_epoch} is beyond the {args.epochs} epochs the CAEs train")
     if args.pick_epoch is not None and args.pick_by_budget is not None:
         raise _refuse("--pick-epoch and --pick-by-budget are two ways to pick: give one")
-    if args.groups is not None and args.groups > args.models:
-        raise _refuse(f"--groups {args.groups} is more than the {args.models} models (a group would have none)")
+    if args.rank_groups is not None and args.rank_groups > args.models:
+        raise _refuse(f"--rank-groups {args.rank_groups} is more than the {args.models} models "
+                      "(a group would have none)")
     if not 0 < args.val_fraction < 1:
         raise _refuse(f"--val-fraction must lie strictly between 0 and 1, got {args.val_fraction}")
     return args
@@ -249,9 +254,9 @@ def _setup(args, comm):
     split = load_split(args)
     from aepar.rows import check_blocks
 
-    groups = args.groups or min(args.models, comm.size)
+    groups = args.rank_groups or min(args.models, comm.size)
     if groups > comm.size:
-        raise UserError(f"--groups {groups} is more than the {comm.size} ranks")
+        raise UserError(f"--rank-groups {groups} is more than the {comm.size} ranks")
     # the monolithic CAE and the classifiers train on every rank: each needs a whole block
     check_blocks(comm.size, args.reduce_blocks, len(split.train_y))
     gpu_blocks_hint(comm, be, args.reduce_blocks, args.quiet)

@@ -5,7 +5,7 @@ deep autoencoder and fine-tuned data-parallel over every rank: the ``reconstruct
 (aepar.tasks.finetune) as a program of its own.
 
 Given a checkpoint that was fine-tuned already (``finetuned/*`` in a weights.h5 of any
-of these schemes), fine-tuning continues from the fine-tuned network (``--from-pretrained``
+of these schemes), fine-tuning continues from the fine-tuned network (``--start-from pretrained``
 starts again from its pre-trained layers). Like every scheme it saves checkpoints at safe
 points and ``--resume DIR`` continues an interrupted run bit for bit.
 
@@ -20,7 +20,7 @@ import sys
 
 from aepar import backend, checkpoint, schemes
 from aepar.checkpoint import finetuned_from_params, layers_from_params, layers_to_params
-from aepar.cli import ArgumentParser, add_common, default_float32, gpu_blocks_hint, positive_int, progress
+from aepar.cli import ArgumentParser, add_common, default_float32, gpu_blocks_hint, positive_int, progress, renamed
 from aepar.comm import run_main
 from aepar.data.sources import DIGIT_SOURCES, load_digits
 from aepar.errors import UserError
@@ -51,8 +51,10 @@ def build_parser():
                                    "runs/greedy/001/weights.h5 --optimizer adam --loss xent")
     parser.add_argument("--weights", required=True,
                         help="weights.h5 of aepar.greedy / aepar.sync / aepar.finetune")
-    parser.add_argument("--from-pretrained", action="store_true",
-                        help="start from the pre-trained layers even if the file holds a fine-tuned network")
+    parser.add_argument("--start-from", choices=["finetuned", "pretrained"], default="finetuned",
+                        help="finetuned: go on fine-tuning the fine-tuned network in --weights, where it holds "
+                             "one (default); pretrained: start again from its pre-trained layers")
+    renamed(parser, "--from-pretrained", "--start-from pretrained", dest="start_from", value="pretrained")
     parser.add_argument("--dataset", choices=list(DIGIT_SOURCES), default="auto",
                         help="data to fine-tune on, as for aepar.greedy (default: auto)")
     parser.add_argument("--limit", type=positive_int, default=None, help="use at most this many training digits")
@@ -67,7 +69,7 @@ def _setup(args, comm):
     be = backend.select(args.device, args.kernels, args.dtype)
     ckpt = checkpoint.load(args.weights, scheme=STACKED_WEIGHTS)
     layers = layers_from_params(be, ckpt.params, args.weights)
-    model = None if args.from_pretrained else finetuned_from_params(be, ckpt.params, layers, args.loss, args.weights)
+    model = None if args.start_from == "pretrained" else finetuned_from_params(be, ckpt.params, layers, args.loss, args.weights)
     digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
     n_in = layers[0].params["W"].shape[0]
     if digits.train_x.shape[1] != n_in:
@@ -86,7 +88,7 @@ def main(argv, comm):
         progress(comm, args.quiet, f"{PROG}: {digits.source}")
         if continued:
             progress(comm, args.quiet, f"{PROG}: {args.weights} holds a fine-tuned network: fine-tuning it further "
-                                       "(--from-pretrained starts from its pre-trained layers)")
+                                       "(--start-from pretrained starts from its pre-trained layers)")
         ckpt = Checkpointer(run, comm, guard, "finetune",
                             fingerprint(digits.train_x, digits.test_x) if comm.is_root else None,
                             progress=lambda m: progress(comm, args.quiet, m))

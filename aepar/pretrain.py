@@ -10,7 +10,7 @@ classifier on the encoder (``--task classify``, test accuracy: higher is better)
     data    15-618's data parallelism: greedy layer by layer, each batch split over the ranks,
             one MPI Allreduce of the packed gradient per step (--lr-scaling for large batches)
     model   15-618's model parallelism: a layer per rank, layer n one epoch behind n-1 on
-            frozen copies of the layers below refreshed every epoch; groups of --group layers
+            frozen copies of the layers below refreshed every epoch; groups of --layer-group layers
     sync    Santara et al.: a pipeline stage per layer trained on the newest input of the
             stage below, extra epochs while it changes (ranks beyond the layers wait)
     hybrid  sync whose ranks beyond one per layer become data-parallel replicas of the
@@ -29,15 +29,8 @@ import sys
 import time
 
 from aepar import _threads, backend, checkpoint, engine, schemes
-from aepar.cli import (
-    ArgumentParser,
-    add_common,
-    default_float32,
-    non_negative_int,
-    parse_with_preset,
-    positive_int,
-    progress,
-)
+from aepar.cli import (ArgumentParser, add_common, default_float32, non_negative_int, parse_with_preset, positive_int,
+                       progress, renamed)
 from aepar.comm import run_main
 from aepar.data.sources import load_digits
 from aepar.errors import UserError
@@ -108,9 +101,10 @@ def build_parser(scheme=None):
                         "15618-large: CMU 15-618's 784-2000-2000-2000-2000 autoencoder layers at 30 + 30 epochs, "
                         "batch 100 / 60 + 60, batch 5000, --task classify; 15618-skewed(-large): its "
                         "784-2000-1000-500-100. Options given explicitly override the preset")
-    g.add_argument("--group", type=positive_int, default=None,
+    g.add_argument("--layer-group", dest="group", type=positive_int, default=None,
                    help="model: layers trained at once (default: the ranks; fewer ranks than the group "
-                        "train the slot's layers in turn, so one process reproduces a P-rank run with --group P)")
+                        "train the slot's layers in turn, so one process reproduces a P-rank run with --layer-group P)")
+    renamed(g, "--group", "--layer-group", dest="group", type=positive_int)
     g.add_argument("--lr-scaling", choices=["none", "linear", "sqrt"], default="none",
                    help=f"data: the layers' learning rate times batch/{BASE_BATCH} (linear) or its square root, "
                         "for large batches, and the fine-tuning / classifier rate likewise from its own batch "
@@ -145,7 +139,7 @@ def _check(args, comm, n_layers, n_rows, scheme):
     """One line per impossible combination (every rank, no communication)."""
     engine.check(args, comm.size, n_layers, n_rows, scheme)
     if args.scheme != "model" and args.group is not None:
-        raise UserError("--group applies to --scheme model only")
+        raise UserError("--layer-group applies to --scheme model only")
 
 
 def _setup(args, comm):

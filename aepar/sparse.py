@@ -25,7 +25,7 @@ iterations, evaluations, processes, times, communications per evaluation, data s
 Examples
 --------
     python -m aepar.sparse                                  # 10,000 patches, 400 iterations
-    mpirun -np 4 python -m aepar.sparse --samples 40000
+    mpirun -np 4 python -m aepar.sparse --limit 40000
     python -m aepar.sparse --images IMAGES.mat --hidden 100 --out runs/sparse100
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from aepar import backend
-from aepar.cli import ArgumentParser, add_common, non_negative_float, positive_int, progress, unit_interval
+from aepar.cli import ArgumentParser, add_common, non_negative_float, positive_int, progress, renamed, unit_interval
 from aepar.comm import run_main
 from aepar.errors import UserError
 from aepar.finish import finish
@@ -68,18 +68,22 @@ def build_parser() -> ArgumentParser:
                "  124 a rank stalled (--timeout), 1 internal error\n\n"
                "examples:\n"
                "  python -m aepar.sparse\n"
-               "  mpirun -np 4 python -m aepar.sparse --samples 40000 --out runs/sparse40k\n"
+               "  mpirun -np 4 python -m aepar.sparse --limit 40000 --out runs/sparse40k\n"
                "  mpirun -np 2 python -m aepar.sparse --resume runs/sparse40k   # after an interruption\n"
                "  python -m aepar.sparse --images IMAGES.mat --hidden 100 --out runs/sparse100")
     g = p.add_argument_group("model and data")
-    g.add_argument("--samples", type=positive_int, default=10000,
-                   help="number of random patches, in blocks of 128 shared by the processes (default 10000)")
+    g.add_argument("--limit", dest="samples", type=positive_int, default=10000,
+                   help="training rows: random patches sampled, in blocks of 128 shared by the processes "
+                        "(default 10000)")
+    renamed(g, "--samples", "--limit", dest="samples", type=positive_int)
     g.add_argument("--iterations", type=positive_int, default=400, help="L-BFGS-B iterations (default 400)")
     g.add_argument("--patch", type=positive_int, default=8,
                    help="patch side in pixels: v = patch² inputs (default 8)")
     g.add_argument("--hidden", type=positive_int, default=25, help="hidden units h (default 25)")
     g.add_argument("--rho", type=unit_interval, default=0.01, help="sparsity target ρ, in (0, 1) (default 0.01)")
-    g.add_argument("--lam", type=non_negative_float, default=1e-4, help="weight decay λ >= 0 (default 1e-4)")
+    g.add_argument("--weight-cost", dest="lam", type=non_negative_float, default=1e-4,
+                   help="weight decay λ >= 0 (default 1e-4)")
+    renamed(g, "--lam", "--weight-cost", dest="lam", type=non_negative_float)
     g.add_argument("--beta", type=non_negative_float, default=3.0, help="sparsity weight β >= 0 (default 3)")
     g.add_argument("--images", metavar="PATH",
                    help="an IMAGES.mat (variable IMAGES, rows x columns x images); default: "
@@ -108,7 +112,7 @@ def _setup(args, rank: int, size: int) -> Setup:
 
     blocks = Blocks.fixed(args.samples, LEAF, rank, size)
     if blocks.count < size:
-        raise UserError(f"--samples {args.samples} make {blocks.count} block(s) of {LEAF} patches, fewer than "
+        raise UserError(f"--limit {args.samples} make {blocks.count} block(s) of {LEAF} patches, fewer than "
                         f"the {size} processes (every process needs a block): use at most {blocks.count} "
                         f"or at least {LEAF * size} samples")
     be = backend.select(args.device, args.kernels, args.dtype)

@@ -20,7 +20,7 @@ layers share a rank (grouped by work), their epochs interleaved in plan order.
 P = 1 runs the same schedule in one process.
 
 Reproducibility. With real-time newest-wins the input version an epoch sees depends on
-timing. The default ``--handover plan`` first runs the schedule on a logical clock whose
+timing. The default ``--schedule plan`` first runs the schedule on a logical clock whose
 epoch costs are the layers' FLOP counts (:func:`aepar.parallel.pipeline.plan_schedule`):
 the plan says which input version every epoch of every stage trains on, and depends on the
 configuration only. Every rank layout executes that plan (a stage that is ahead waits,
@@ -28,7 +28,7 @@ sleeping, for the planned version; versions the consumer does not use are not ev
 so one process, P < layers, P = layers and P > layers give the same weights for the same
 seed, bit for bit, replicas included (a stage's replicas add its fixed blocks in the fixed
 tree, as one process does).
-``--handover newest`` is the paper's literal real-time newest-wins: not reproducible.
+``--schedule newest`` is the paper's literal real-time newest-wins: not reproducible.
 
 Hand-over (``--handover-mode``). ``data``: the producer transforms its rows,
 h = transform(x_l), and sends the consumer replicas their rows of h (the paper's eq. 6).

@@ -27,8 +27,8 @@ more ranks only wait for each other):
 
 - sparse: up to its blocks of 128 patches; greedy: up to ``--reduce-blocks`` (8);
   eager: up to its ``--reduce-blocks`` (4 here) - every rank needs a whole block;
-- model: up to its layers, with ``--group`` fixed at the layers (the weights equal one
-  process with ``--group P``; left to default, the group is the rank count);
+- model: up to its layers, with ``--layer-group`` fixed at the layers (the weights equal one
+  process with ``--layer-group P``; left to default, the group is the rank count);
 - sync: up to its layers (more ranks become replicas: equal only to rounding);
 - data: its rank count only - each rank is one block of the Allreduce, so another count is
   another (documented) trajectory.
@@ -96,12 +96,12 @@ _GREEDY = ("--dataset", "mnist5k", "--layers", "784-64-16", "--epochs", "6", "--
            "--limit", "800")
 SCHEMES = {
     # 156 cost evaluations; a checkpoint every iteration (an evaluation or two)
-    "sparse": Scheme("aepar.sparse", ("--samples", "2000", "--iterations", "150"), (1, 16), 156, 2),
+    "sparse": Scheme("aepar.sparse", ("--limit", "2000", "--iterations", "150"), (1, 16), 156, 2),
     # 8 batches an epoch, every rank steps through each: 6 * 2 + 3 epochs
     "greedy": Scheme("aepar.greedy", _GREEDY, (1, 8), 120, 8),
     "data": Scheme("aepar.pretrain", ("--scheme", "data") + _GREEDY, (2, 2), 120, 8, reference_ranks=2),
     # a rank trains its layer's epoch in each slot; one process trains every slot's layers
-    "model": Scheme("aepar.pretrain", ("--scheme", "model", "--group", "3", "--dataset", "mnist5k", "--layers",
+    "model": Scheme("aepar.pretrain", ("--scheme", "model", "--layer-group", "3", "--dataset", "mnist5k", "--layers",
                                        "784-64-32-16", "--epochs", "10", "--finetune-epochs", "2", "--limit", "800"),
                     (1, 3), 96, 8),
     # checkpoints count layer 1's epochs: on one process its epochs are far apart (not counted
@@ -517,7 +517,7 @@ def report(results: list[Result], interruptions: int, command: str) -> str:
              f"{', '.join(FAULTS)} (AEPAR_FAULT, aepar/guard.py) and resumed each time on a rank count drawn "
              "from those listed; a fault that came before a new checkpoint is not counted. One row per faulted "
              "process in chaos.csv. The counts are those on which a scheme promises the same bits: model with "
-             "--group fixed at its layers, sync at most a rank per layer, data only on its reference's ranks "
+             "--layer-group fixed at its layers, sync at most a rank per layer, data only on its reference's ranks "
              "(each rank is a block of its Allreduce).", "",
              "| scheme | ranks drawn from | interruptions survived / attempted | not counted | faults counted "
              "| final weights bitwise equal | seconds |",

@@ -8,7 +8,7 @@ summary.json, never typed in):
   3,600 / 900 / 500 by the seed; 5 CAEs of 16-32 filters for 10 epochs against one of
   80-160 filters, up to 20 epochs, patience 2), classified after every epoch, for each of
   ``--seeds`` (the paper averaged three runs);
-- ``large``: ``--preset large`` (Fashion-MNIST 48k / 12k, 10k test; ``make fashion``)
+- ``large``: ``--preset full`` (Fashion-MNIST 48k / 12k, 10k test; ``make fashion``)
   for each of ``--large-seeds``; on a small machine cut it with ``--large-epochs``,
   ``--large-mono-epochs`` and ``--large-curve 1,2,5`` (the monolithic CAE on 48k images
   costs minutes per epoch on 2 cores);
@@ -538,7 +538,7 @@ def main(argv=None) -> int:
             notes.append("Large regime skipped: Fashion-MNIST is not installed (`make fashion`).")
         else:
             sec, verdicts["large"], ran = regime("large", "Large regime: Fashion-MNIST",
-                                                 ["--preset", "large", *large_args], args.large_seeds, args, work,
+                                                 ["--preset", "full", *large_args], args.large_seeds, args, work,
                                                  large_name)
             sections.append(sec)
             dates += ran
@@ -551,7 +551,7 @@ def main(argv=None) -> int:
                          f"--data-dir ({args.data_dir or 'not given; $AEPAR_DATA unset'}). Put them there and run "
                          "`python -m bench.eager --stages cifar --data-dir DIR` (the large regime's options).")
         else:
-            sec, verdicts["cifar"], ran = regime("cifar", "CIFAR-10", ["--preset", "large", "--dataset", "cifar10",
+            sec, verdicts["cifar"], ran = regime("cifar", "CIFAR-10", ["--preset", "full", "--dataset", "cifar10",
                                                                        "--data-dir", where, *large_args],
                                                  args.large_seeds, args, work, large_name)
             sections.append(sec)

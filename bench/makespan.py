@@ -13,10 +13,10 @@ uses; its docstring lists the assumptions); this module only reads the file and 
 rows:
 
 - greedy_s: greedy on one core, the sum of every layer's epochs and the transforms between;
-- sync_s (``--handover plan``): the executor's own plan (FLOP clock), replayed with the
+- sync_s (``--schedule plan``): the executor's own plan (FLOP clock), replayed with the
   measured costs (:func:`aepar.parallel.pipeline.replay_plan`); ranks > layers: the
   ``hybrid`` layout (extra ranks as data-parallel replicas of the costly layers);
-- sync_s (``--handover newest``): the real-time schedule under the measured costs, one
+- sync_s (``--schedule newest``): the real-time schedule under the measured costs, one
   rank per layer only;
 - greedy_same_ranks_s: ``aepar.greedy`` on the same ranks (data-parallel, the blocks'
   gradients summed in the fixed tree). The paper compares against greedy on one core;

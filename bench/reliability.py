@@ -46,10 +46,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
 SCHEMES = {
-    "sparse": ("aepar.sparse", ["--samples", "2000", "--iterations", "150"]),
+    "sparse": ("aepar.sparse", ["--limit", "2000", "--iterations", "150"]),
     "greedy": ("aepar.greedy", ["--dataset", "mnist5k", "--layers", "784-64-16", "--epochs", "3",
                                 "--finetune-epochs", "2", "--limit", "800"]),
-    "finetune": ("aepar.finetune", ["--dataset", "mnist5k", "--limit", "800", "--epochs", "4"]),
+    "finetune": ("aepar.finetune", ["--dataset", "mnist5k", "--limit", "800", "--finetune-epochs", "4"]),
     "sync": ("aepar.sync", ["--dataset", "mnist5k", "--layers", "784-64-32-16-8", "--epochs", "3",
                             "--extra", "0,1,1,1", "--limit", "800", "--finetune-epochs", "1", "--no-plot"]),
 }
@@ -348,7 +348,7 @@ def bad_files(work: Path, ranks_list) -> list[dict]:
     def mat_case(name, write):
         p = work / "files" / f"{name}.mat"
         write(p)
-        cases[name] = ("aepar.sparse", ["--images", p, "--samples", "200", "--iterations", "2"], p)
+        cases[name] = ("aepar.sparse", ["--images", p, "--limit", "200", "--iterations", "2"], p)
 
     from scipy.io import savemat
 
@@ -403,8 +403,8 @@ OPTIONS = [
     ("aepar.greedy", ["--momentum", "1"], "--momentum"), ("aepar.greedy", ["--seed", "-1"], "--seed"),
     ("aepar.greedy", ["--layers", "783-64"], "--layers"), ("aepar.greedy", ["--epochs", "0"], "--epochs"),
     ("aepar.greedy", ["--reduce-blocks", "1"], "--reduce-blocks"), ("aepar.greedy", ["--batch", "x"], "--batch"),
-    ("aepar.sparse", ["--rho", "1"], "--rho"), ("aepar.sparse", ["--lam", "inf"], "--lam"),
-    ("aepar.sparse", ["--samples", "100"], "--samples"), ("aepar.sparse", ["--hidden", "0"], "--hidden"),
+    ("aepar.sparse", ["--rho", "1"], "--rho"), ("aepar.sparse", ["--weight-cost", "inf"], "--weight-cost"),
+    ("aepar.sparse", ["--limit", "100"], "--limit"), ("aepar.sparse", ["--hidden", "0"], "--hidden"),
     ("aepar.sync", ["--extra", "1,1,1,1"], "--extra"), ("aepar.sync", ["--val-fraction", "0.9"], "--val-fraction"),
     ("aepar.sync", ["--finetune-lr", "inf"], "--finetune-lr"), ("aepar.sync", ["--timeout", "0"], "--timeout"),
     ("aepar.finetune", ["--weights", "nowhere.h5"], "nowhere.h5"),
@@ -416,7 +416,7 @@ def options(work: Path, ranks_list) -> list[dict]:
     rows = []
     for module, args, name in OPTIONS:
         for ranks in ranks_list:
-            if ranks == 1 and name in ("--reduce-blocks", "--samples"):
+            if ranks == 1 and name in ("--reduce-blocks", "--limit"):
                 continue  # these are impossible for the ranks only
             out = work / "opts" / f"{module}-{name.strip('-')}-{ranks}"
             extra = ["--dataset", "mnist5k", "--limit", "300"] if module != "aepar.sparse" else []
@@ -439,7 +439,7 @@ def outs(work: Path, ranks_list) -> list[dict]:
     (users / "notes.txt").write_text("notes")
     (users / "empty").mkdir()
     done = work / "done"
-    run("aepar.sparse", ["--samples", "200", "--iterations", "3", "--quiet", "--out", done], 1)
+    run("aepar.sparse", ["--limit", "200", "--iterations", "3", "--quiet", "--out", done], 1)
 
     def snapshot():
         return sorted((str(p), p.read_bytes() if p.is_file() else None) for p in users.rglob("*"))
@@ -447,7 +447,7 @@ def outs(work: Path, ranks_list) -> list[dict]:
     rows = []
     for name, args, reason in out_cases(users, done, os.path.expanduser("~")):
         for ranks in ranks_list:
-            rc, so, se, t0, t1 = run("aepar.sparse", ["--samples", "200", "--iterations", "3", *args], ranks)
+            rc, so, se, t0, t1 = run("aepar.sparse", ["--limit", "200", "--iterations", "3", *args], ranks)
             lines = ours(se, "aepar.sparse")
             problems = out_problems(rc, se, "aepar.sparse", reason, snapshot() != before, leftovers(users))
             rows.append({"category": "--out", "scheme": "aepar.sparse", "case": name, "ranks": ranks, "exit": rc,

@@ -395,7 +395,7 @@ aepar_sweep() {
     [ "$OVERSUB" = 1 ] && aepar_log "note: $RANKS_NODE ranks x $THREADS_P threads on $CORES cores: oversubscribed"
     d=$(aepar_fresh_dir "$name")
     t0=$(date +%s%N)
-    aepar_launch "$p" "$OUT/logs/$name.log" "$PYTHON" -m "$scheme" --samples "$s" --iterations "$it" \
+    aepar_launch "$p" "$OUT/logs/$name.log" "$PYTHON" -m "$scheme" --limit "$s" --iterations "$it" \
       --seed "${SEED:-0}" --out "$OUT/$d" --quiet "${extra[@]}"
     rc=$?
     t1=$(date +%s%N)

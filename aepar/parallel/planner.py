@@ -368,7 +368,7 @@ def pipeline_s(costs: LayerCosts, ranks: int, *, replicas: bool, mode=None, end_
 
 
 def newest_s(costs: LayerCosts, mode="data", end_with_first=False) -> float:
-    """Real-time newest-wins (``--handover newest``), one rank per layer: the schedule
+    """Real-time newest-wins (``--schedule newest``), one rank per layer: the schedule
     itself run on the measured costs; ``weights`` charges every epoch the recompute of the
     whole chain below (an upper bound)."""
     n = costs.n_layers

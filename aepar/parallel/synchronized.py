@@ -6,7 +6,7 @@ newest input; after its N_l epochs it sleeps and wakes for an extra epoch whenev
 input changes, at most ``--extra`` times (the paper: 0, 5, 20, 40 for layers 1-4).
 
 Reproducibility. With real-time newest-wins the input version an epoch sees depends on
-timing. ``--handover plan`` (the default) first runs the schedule on a logical clock whose
+timing. ``--schedule plan`` (the default) first runs the schedule on a logical clock whose
 epoch costs are the layers' FLOP counts (:func:`aepar.parallel.pipeline.plan_schedule`):
 the plan says which input version every epoch of every stage trains on and depends on the
 configuration only. Every rank layout executes that plan, so one process, fewer ranks than
@@ -24,7 +24,7 @@ import argparse
 import numpy as np
 
 from aepar.checkpoint import layers_to_params, restore_layers
-from aepar.cli import fraction_to_half, positive_int
+from aepar.cli import fraction_to_half, positive_int, renamed
 from aepar.data.sources import Digits
 from aepar.errors import UserError
 from aepar.parallel.executor import Pipeline
@@ -199,10 +199,11 @@ def add_sync_args(parser):
     g.add_argument("--extra", default=None,
                    help="extra epochs per layer when its input changes after its --epochs, comma-separated, "
                         "one per layer, the first 0 (default: the paper's 0,5,20,40)")
-    g.add_argument("--handover", choices=HANDOVERS, default="plan",
+    g.add_argument("--schedule", dest="handover", choices=HANDOVERS, default="plan",
                    help="plan (default): execute a schedule planned on a logical clock, so the same seed "
                         "gives the same weights on any number of ranks; newest: the paper's real-time "
                         "newest-wins, NOT reproducible (which version an epoch sees depends on timing)")
+    renamed(g, "--handover", "--schedule", dest="handover", choices=HANDOVERS)
     g.add_argument("--handover-mode", choices=("auto",) + MODES, default=DEFAULT_HANDOVER_MODE,
                    help="what moves between ranks: data (the transformed rows), weights (the parameters "
                         "of the layers below; the consumer recomputes its input), auto (default: data, "

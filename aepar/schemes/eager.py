@@ -122,7 +122,7 @@ def _members(be, ens, make, args, saved) -> dict:
     members = {}
     for m in ens.mine:
         name, model = make(m)
-        member = Member(name, model, Adam(be, model.params, lr=args.lr), new_record())
+        member = Member(name, model, Adam(be, model.params, lr=args.cae_lr), new_record())
         model.optimizer = member.optimizer
         if saved and name in saved:
             model.load_state(saved[name]["state"])
@@ -162,7 +162,7 @@ def _end_of_round(run, merged, epoch, args, say):
         e = len(state["record"]["epochs"])
         with run.output(snapshot_name(name, e)) as path:
             checkpoint.save(path, scheme=SCHEME, params=_part(state["state"], "params/"), epoch=e,
-                            config={"model": name, "record": state["record"]["epochs"][-1], "lr": args.lr})
+                            config={"model": name, "record": state["record"]["epochs"][-1], "lr": args.cae_lr})
     say(f"epoch {epoch:3d}  " + "  ".join(
         f"{n} val {s['record']['epochs'][-1]['val_loss']:7.3f}" + (" (stopped)" if s["record"]["stopped"] else "")
         for n, s in sorted(merged.items())))

@@ -3,9 +3,9 @@
 Rank n trains layer n. In round r, layer n trains its epoch r - n on the outputs of frozen
 copies of the layers below, copies that are refreshed from their owners after every round;
 so layer n sees layer n-1 one epoch old, and all ranks train at once after the pipeline
-has filled. With more layers than ranks, ``--group`` layers train at once and a rank
+has filled. With more layers than ranks, ``--layer-group`` layers train at once and a rank
 trains its slots' layers in turn, so one process reproduces a P-rank run with
-``--group P``. A layer's epochs run on one rank with nothing to add up: its rows are one
+``--layer-group P``. A layer's epochs run on one rank with nothing to add up: its rows are one
 block.
 """
 from __future__ import annotations
@@ -21,7 +21,8 @@ def check(args, ranks, n_layers, n_rows):
         raise UserError(f"--scheme model trains one layer per rank: {ranks} ranks for {n_layers} layers; "
                         f"use at most {n_layers} ranks (or --scheme hybrid)")
     if args.group is not None and args.group < ranks:
-        raise UserError(f"--group {args.group} leaves ranks idle on {ranks} ranks: use --group {ranks} or more")
+        raise UserError(f"--layer-group {args.group} leaves ranks idle on {ranks} ranks: use --layer-group {ranks} "
+                        "or more")
 
 
 def setup(job):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aepar.cli import add_reduce_blocks, learning_rate, momentum, non_negative_int, positive_int, progress
+from aepar.cli import add_reduce_blocks, learning_rate, momentum, non_negative_int, positive_int, progress, renamed
 from aepar.models.stacked import LOSSES, StackedAutoencoder
 from aepar.optim import make_optimizer
 from aepar.parallel.data_parallel import reducer
@@ -23,29 +23,28 @@ __all__ = ["add_finetune_args", "finetune_optimizer", "finetune_and_evaluate"]
 
 
 def add_finetune_args(parser, *, standalone=False):
-    """Fine-tuning options. ``standalone`` (the finetune CLI) also accepts the short names
-    --epochs, --lr, --batch and --momentum, and --reduce-blocks."""
+    """Fine-tuning options (every name starts with --finetune-). ``standalone`` (the finetune
+    program) also takes --reduce-blocks, and for one more release its old short names."""
     g = parser.add_argument_group("fine-tuning (backprop through the unrolled autoencoder)")
-
-    def names(long, short):
-        return (long, short) if standalone else (long,)
-
-    g.add_argument(*names("--finetune-epochs", "--epochs"), dest="finetune_epochs", type=non_negative_int,
-                   default=10, help="epochs of backprop (default 10; 0 skips fine-tuning)")
+    g.add_argument("--finetune-epochs", type=non_negative_int, default=10,
+                   help="epochs of backprop (default 10; 0 skips fine-tuning)")
     g.add_argument("--optimizer", choices=["sgd", "adam"], default="adam",
                    help="adam: Adam (default); sgd: plain SGD. The paper's literal recipe is --optimizer sgd "
                         "--loss mse, which barely moves the weights in 10 epochs")
     g.add_argument("--loss", choices=list(LOSSES), default="xent",
                    help="xent: pixel cross-entropy from logits (default, Hinton's fine-tuning objective); "
                         "mse: squared error (the paper)")
-    g.add_argument(*names("--finetune-lr", "--lr"), dest="finetune_lr", type=learning_rate, default=0.001,
+    g.add_argument("--finetune-lr", type=learning_rate, default=0.001,
                    help="learning rate (default 0.001, for either optimizer)")
-    g.add_argument(*names("--finetune-momentum", "--momentum"), dest="finetune_momentum", type=momentum,
-                   default=0.0, help="SGD momentum in [0, 1) (default 0: plain SGD, as the paper)")
-    g.add_argument(*names("--finetune-batch", "--batch"), dest="finetune_batch", type=positive_int,
-                   default=100, help="global minibatch, drawn from every block of the data (default 100)")
+    g.add_argument("--finetune-momentum", type=momentum, default=0.0,
+                   help="SGD momentum in [0, 1) (default 0: plain SGD, as the paper)")
+    g.add_argument("--finetune-batch", type=positive_int, default=100,
+                   help="global minibatch, drawn from every block of the data (default 100)")
     if standalone:
         add_reduce_blocks(g)
+        for short, kind in (("epochs", non_negative_int), ("lr", learning_rate), ("momentum", momentum),
+                            ("batch", positive_int)):
+            renamed(g, f"--{short}", f"--finetune-{short}", dest=f"finetune_{short}", type=kind)
     return g
 
 

@@ -152,7 +152,7 @@ need "error: LAUNCHER=srun: srun cannot start 2 rank\(s\) on 1 node\(s\): --mpi=
 # E. array tasks sharing a working directory: none may replace another's run directory
 mkdir -p "$WORK/e"
 JOB=$(sbatch --parsable -t 00:15:00 --array=1-8 -n 1 -D "$WORK/e" -o "$WORK/e/task-%a.out" \
-  --wrap "AEPAR_THREADS=1 $PYTHON -m aepar.sparse --samples 512 --iterations 20 --seed \$SLURM_ARRAY_TASK_ID --quiet" \
+  --wrap "AEPAR_THREADS=1 $PYTHON -m aepar.sparse --limit 512 --iterations 20 --seed \$SLURM_ARRAY_TASK_ID --quiet" \
   2>"$WORK/e.sbatch") || fail "job E: sbatch refused the array: $(cat "$WORK/e.sbatch")"
 say "job E ($JOB): an array of 8 sparse runs in $WORK/e"
 t0=$(date +%s)

@@ -162,7 +162,7 @@ def test_random_init_and_the_fine_tuned_encoder(stack, tmp_path):
     assert s["classify"]["init"] == "random" and s["encoder"] is None and s["classify"]["sizes"] == SIZES + [10]
     w = weights(tmp_path / "random")["classifier/W1"]
     assert w.std() == pytest.approx(0.1, rel=0.05)
-    r = cli([*base, "--from-finetuned", "--out", tmp_path / "ft"])
+    r = cli([*base, "--start-from", "finetuned", "--out", tmp_path / "ft"])
     assert r.returncode == 0, r.stdout + r.stderr
     from aepar import checkpoint
 

@@ -48,7 +48,7 @@ def reference(tmp_path_factory):
     (4, 3, None),   # groups of 2, 1 and 1 ranks
 ])
 def test_same_per_model_weights_on_any_layout(tmp_path, reference, np_, models, groups):
-    extra = ["--models", models] + (["--groups", groups] if groups else [])
+    extra = ["--models", models] + (["--rank-groups", groups] if groups else [])
     out = run(tmp_path, "p", np_, extra)
     names = [f"model{m}_epoch{e:03d}.h5" for m in range(models) for e in (1, 2)]
     assert_same_snapshots(reference, out, names)
@@ -113,8 +113,8 @@ def _bad_cifar(path):
 @pytest.mark.parametrize("np_, args, fragment", [
     (1, ["--models", "0"], "--models: invalid positive integer"),
     (2, ["--pick-epoch", "5"], "beyond the 2 epochs"),
-    (2, ["--models", "3", "--groups", "3"], "more than the 2 ranks"),
-    (1, ["--models", "2", "--groups", "3"], "more than the 2 models"),
+    (2, ["--models", "3", "--rank-groups", "3"], "more than the 2 ranks"),
+    (1, ["--models", "2", "--rank-groups", "3"], "more than the 2 models"),
     (1, ["--eager-rule", "0:0.1"], "--eager-rule wants K:DELTA"),
     (2, ["--reduce-blocks", "1"], "cannot be shared by 2 ranks"),
     (2, ["IDX30"], "shape mismatch"),  # the IDX reader takes 28x28 only; the CAE refuses sides not multiples of 4

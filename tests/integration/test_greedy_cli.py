@@ -83,7 +83,7 @@ def test_finetune_cli_continues_from_the_weights(greedy_run, tmp_path):
     assert result.returncode == 0, result.stderr
     greedy = json.loads((out / "summary.json").read_text())["error"]
     common = ["--weights", out / "weights.h5", "--dataset", "mnist5k", "--limit", "500", "--optimizer", "adam",
-              "--loss", "xent", "--epochs", "2"]
+              "--loss", "xent", "--finetune-epochs", "2"]
     ft = _run("aepar.finetune", common + ["--out", tmp_path / "ft"])
     assert ft.returncode == 0, ft.stdout + ft.stderr
     assert "holds a fine-tuned network: fine-tuning it further" in ft.stdout
@@ -92,7 +92,7 @@ def test_finetune_cli_continues_from_the_weights(greedy_run, tmp_path):
     assert len(s["finetune"]["epochs"]) == 2 and s["finetune"]["optimizer"] == "adam"
     assert s["error"]["finetuned"]["test"] < s["error"]["pretrained"]["test"]
     assert sum("finetune epoch" in l for l in ft.stdout.splitlines()) == 2
-    again = _run("aepar.finetune", common + ["--from-pretrained", "--epochs", "0", "--out", tmp_path / "ft0"])
+    again = _run("aepar.finetune", common + ["--start-from", "pretrained", "--finetune-epochs", "0", "--out", tmp_path / "ft0"])
     assert again.returncode == 0, again.stdout + again.stderr
     s0 = json.loads((tmp_path / "ft0" / "summary.json").read_text())
     assert not s0["continued_finetuned"] and s0["error"]["pretrained"]["test"] == greedy["pretrained"]["test"]

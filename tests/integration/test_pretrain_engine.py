@@ -5,7 +5,7 @@ every size, checked on the weights it writes; its checkpoints and bad input.
 - data: one block per rank and an Allreduce: on P ranks it equals greedy in one process with
   --reduce-blocks P (the same blocks and random streams; sums of two are exact either way, so
   bit for bit at 2 ranks, to rounding at 4).
-- model: on P ranks it equals one process with --group P, bit for bit; --group 1 is greedy
+- model: on P ranks it equals one process with --layer-group P, bit for bit; --layer-group 1 is greedy
   (on one block, as model trains a layer on one rank).
 - sync: the planned schedule gives the same weights on 1 and 2 ranks (3 layers).
 - hybrid: replicas on 4 ranks give sync's weights bit for bit (a stage's replicas add its fixed
@@ -77,7 +77,7 @@ def test_data_equals_greedy_on_the_same_blocks(tmp_path, np_, exact):
 @pytest.mark.parametrize("np_", [1, 2, 3])
 def test_model_equals_one_process_with_the_same_group(tmp_path, np_):
     ranks = run(tmp_path, "ranks", "model", np_)
-    serial = run(tmp_path, "serial", "model", 1, ["--group", np_])
+    serial = run(tmp_path, "serial", "model", 1, ["--layer-group", np_])
     assert_same_bits(ranks, serial)
     s = json.loads((ranks / "summary.json").read_text())
     assert s["group"] == np_
@@ -87,7 +87,7 @@ def test_model_equals_one_process_with_the_same_group(tmp_path, np_):
 
 def test_model_group_one_is_greedy(tmp_path):
     """model trains each layer's epochs on one rank as one block: greedy on one block."""
-    close(run(tmp_path, "model", "model", 1, ["--group", 1]),
+    close(run(tmp_path, "model", "model", 1, ["--layer-group", 1]),
           run(tmp_path, "greedy", "greedy", 1, ["--reduce-blocks", 1]), 0.0)
 
 

@@ -20,7 +20,7 @@ from tests.conftest import ROOT, mpirun_cmd, run_mpi
 
 pytestmark = pytest.mark.mpi
 
-SPARSE = ["--samples", "3000", "--iterations", "120", "--quiet"]
+SPARSE = ["--limit", "3000", "--iterations", "120", "--quiet"]
 GREEDY = ["--dataset", "mnist5k", "--layers", "784-96-32-8", "--epochs", "3", "--finetune-epochs", "2",
           "--optimizer", "adam", "--loss", "xent", "--limit", "1200", "--quiet"]
 SYNC = ["--dataset", "mnist5k", "--layers", "784-96-48-24-8", "--epochs", "3", "--extra", "0,2,2,3",
@@ -91,7 +91,7 @@ def test_out_refusals_touch_nothing_and_come_before_the_data(users_dir, np_):
              (["--resume", users_dir / "thesis"], "not an aepar run directory")]
     for args, why in cases:
         t0 = time.monotonic()
-        r = cli("aepar.sparse", ["--samples", "200", "--iterations", "2", "--data-dir", missing_data, *args], np_)
+        r = cli("aepar.sparse", ["--limit", "200", "--iterations", "2", "--data-dir", missing_data, *args], np_)
         assert r.returncode == 2, (args, r.stdout + r.stderr)
         lines = error_lines(r, "aepar.sparse")
         assert len(lines) == 1 and why in lines[0] and str(args[1]) in lines[0], (args, r.stderr)
@@ -102,14 +102,14 @@ def test_out_refusals_touch_nothing_and_come_before_the_data(users_dir, np_):
 @pytest.mark.parametrize("np_", [1, 2])
 def test_a_second_run_is_refused_overwrite_replaces_only_its_files(tmp_path, np_):
     out = tmp_path / "run"
-    first = cli("aepar.sparse", ["--samples", "300", "--iterations", "5", "--quiet", "--out", out], np_)
+    first = cli("aepar.sparse", ["--limit", "300", "--iterations", "5", "--quiet", "--out", out], np_)
     assert first.returncode == 0, first.stderr
     (out / "my-notes.txt").write_text("mine")
     produced = sorted(p.name for p in out.iterdir())
-    again = cli("aepar.sparse", ["--samples", "300", "--iterations", "5", "--quiet", "--out", out], np_)
+    again = cli("aepar.sparse", ["--limit", "300", "--iterations", "5", "--quiet", "--out", out], np_)
     assert again.returncode == 2 and "use --overwrite" not in again.stdout
     assert "holds an aepar.sparse run (complete" in error_lines(again, "aepar.sparse")[0]
-    replaced = cli("aepar.sparse", ["--samples", "300", "--iterations", "7", "--quiet", "--out", out,
+    replaced = cli("aepar.sparse", ["--limit", "300", "--iterations", "7", "--quiet", "--out", out,
                                     "--overwrite"], np_)
     assert replaced.returncode == 0, replaced.stderr
     assert sorted(p.name for p in out.iterdir()) == produced and (out / "my-notes.txt").read_text() == "mine"
@@ -119,7 +119,7 @@ def test_a_second_run_is_refused_overwrite_replaces_only_its_files(tmp_path, np_
 
 def test_results_follow_the_umask(tmp_path):
     out = tmp_path / "shared"
-    code = (f"import os, sys, runpy; os.umask(0o027); sys.argv = ['aepar.sparse', '--samples', '300', "
+    code = (f"import os, sys, runpy; os.umask(0o027); sys.argv = ['aepar.sparse', '--limit', '300', "
             f"'--iterations', '3', '--quiet', '--out', {str(out)!r}]; runpy.run_module('aepar.sparse', "
             f"run_name='__main__')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -245,7 +245,7 @@ def test_periodic_checkpoints_change_nothing(references, tmp_path):
 
 def test_fine_tuning_resumes_and_continues_a_fine_tuned_network(references, tmp_path):
     args = ["--weights", references["greedy"] / "weights.h5", "--dataset", "mnist5k", "--limit", "1200",
-            "--epochs", "3", "--optimizer", "adam", "--loss", "xent", "--quiet"]
+            "--finetune-epochs", "3", "--optimizer", "adam", "--loss", "xent", "--quiet"]
     whole = tmp_path / "whole"
     r = cli("aepar.finetune", [*args, "--out", whole])
     assert r.returncode == 0, r.stderr
@@ -255,10 +255,10 @@ def test_fine_tuning_resumes_and_continues_a_fine_tuned_network(references, tmp_
 
 # ---- 4/5. faults under mpirun -np 4 --------------------------------------------------------------------
 FAULT_RUNS = {
-    "sparse": ("aepar.sparse", ["--samples", "2000", "--iterations", "200", "--quiet"]),
+    "sparse": ("aepar.sparse", ["--limit", "2000", "--iterations", "200", "--quiet"]),
     "greedy": ("aepar.greedy", ["--dataset", "mnist5k", "--layers", "784-64-8", "--epochs", "3",
                                 "--finetune-epochs", "1", "--limit", "800", "--quiet"]),
-    "finetune": ("aepar.finetune", ["--dataset", "mnist5k", "--limit", "800", "--epochs", "3", "--quiet"]),
+    "finetune": ("aepar.finetune", ["--dataset", "mnist5k", "--limit", "800", "--finetune-epochs", "3", "--quiet"]),
     "sync": ("aepar.sync", ["--dataset", "mnist5k", "--layers", "784-64-32-16-8", "--epochs", "3", "--extra",
                             "0,1,1,1", "--limit", "800", "--finetune-epochs", "1", "--no-plot", "--quiet"]),
 }
@@ -324,7 +324,7 @@ def test_a_huge_learning_rate_stops_with_exit_3_naming_the_layer(tmp_path):
 def test_a_stalled_rank_of_the_model_scheme_is_caught_by_the_watchdog(tmp_path):
     """Model parallelism's slots were trained with the watchdog unarmed: a stalled rank hung
     the job (found by bench.chaos)."""
-    args = ["--scheme", "model", "--group", "2", "--dataset", "mnist5k", "--layers", "784-32-16", "--epochs", "6",
+    args = ["--scheme", "model", "--layer-group", "2", "--dataset", "mnist5k", "--layers", "784-32-16", "--epochs", "6",
             "--finetune-epochs", "1", "--limit", "800", "--quiet", "--timeout", "4", "--out", tmp_path / "run"]
     r = cli("aepar.pretrain", args, 2, env={"AEPAR_FAULT": "1:10:stall"}, timeout=120)
     assert r.returncode == 124, (r.returncode, r.stderr[-3000:])
@@ -336,7 +336,7 @@ MODEL = ["--scheme", "model", "--dataset", "mnist5k", "--layers", "784-32-16-8",
 
 
 def test_model_resumed_on_fewer_ranks_keeps_its_group_and_its_bits(tmp_path):
-    """Without --group, model's group is the ranks it started on; a resume on another count
+    """Without --layer-group, model's group is the ranks it started on; a resume on another count
     keeps that group (it had taken the new count and ended with other weights)."""
     whole = tmp_path / "whole"
     assert cli("aepar.pretrain", [*MODEL, "--out", whole], 3).returncode == 0

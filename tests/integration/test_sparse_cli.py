@@ -25,7 +25,7 @@ def error_lines(stderr):
 
 def test_small_run_writes_every_output(tmp_path):
     out = tmp_path / "sparse"
-    p = run_cli("--samples", 2000, "--iterations", 30, "--seed", 3, "--out", out)
+    p = run_cli("--limit", 2000, "--iterations", 30, "--seed", 3, "--out", out)
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.splitlines()
     assert lines[0].startswith(f"{PROG}: 2000 patches 8x8") and "64-25-64" in lines[0]
@@ -68,7 +68,7 @@ def test_small_run_writes_every_output(tmp_path):
 def test_help_explains_the_options():
     p = run_cli("--help")
     assert p.returncode == 0
-    for option in ("--samples", "--iterations", "--patch", "--hidden", "--rho", "--lam", "--beta",
+    for option in ("--limit", "--iterations", "--patch", "--hidden", "--rho", "--weight-cost", "--beta",
                    "--images", "--device", "--kernels", "--dtype", "--seed", "--data-dir", "--out", "--quiet",
                    "--overwrite", "--resume", "--checkpoint-every", "--checkpoint-minutes", "--timeout"):
         assert option in p.stdout
@@ -84,9 +84,9 @@ def _malformed_mat(directory):
 BAD = {  # case: (arguments, what the one error line must name)
     "unknown-option": (["--bogus", "1"], "--bogus"),
     "zero-hidden": (["--hidden", "0"], "--hidden"),
-    "negative-samples": (["--samples", "-5"], "--samples"),
+    "negative-limit": (["--limit", "-5"], "--limit"),
     "bad-rho": (["--rho", "1.5"], "--rho"),
-    "nan-lam": (["--lam", "nan"], "--lam"),
+    "nan-weight-cost": (["--weight-cost", "nan"], "--weight-cost"),
     "negative-seed": (["--seed", "-1"], "--seed"),
     "malformed-images": (["--images", "{bad}"], "IMAGES.mat"),
     "malformed-data-dir": (["--data-dir", "{bad_dir}"], "IMAGES.mat"),
@@ -101,7 +101,7 @@ def test_bad_input_exits_2_with_one_line_and_no_run_dir(case, tmp_path):
     args, names = BAD[case]
     args = [a.format(**paths) for a in args]
     out = tmp_path / "run"
-    defaults = ["--iterations", "2"] + ([] if "--samples" in args else ["--samples", "100"])
+    defaults = ["--iterations", "2"] + ([] if "--limit" in args else ["--limit", "100"])
     p = run_cli(*args, *defaults, "--out", out)
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     lines = error_lines(p.stderr)
@@ -114,11 +114,11 @@ def test_bad_input_exits_2_with_one_line_and_no_run_dir(case, tmp_path):
 @pytest.mark.mpi
 def test_fewer_samples_than_processes_exits_2_on_every_rank(tmp_path):
     out = tmp_path / "run"
-    p = run_mpi(2, ["-m", PROG, "--samples", 1, "--out", out], timeout=120)
+    p = run_mpi(2, ["-m", PROG, "--limit", 1, "--out", out], timeout=120)
     assert p.returncode == 2, p.stderr[-2000:]
     # (mpirun adds its own note about the non-zero exit; the program says one line)
     ours = [l for l in error_lines(p.stderr) if PROG in l or "Traceback" in l or "rank" in l]
-    assert ours == [f"{PROG}: error: --samples 1 make 1 block(s) of 128 patches, fewer than the 2 processes "
+    assert ours == [f"{PROG}: error: --limit 1 make 1 block(s) of 128 patches, fewer than the 2 processes "
                     "(every process needs a block): use at most 1 or at least 256 samples"], p.stderr
     assert p.stdout == ""
     assert not out.exists() and not list(tmp_path.glob(".run.*"))

@@ -62,7 +62,7 @@ def check_gradient(comm, kset):
 def short_run(comm, out, extra=()):
     from aepar.sparse import main
 
-    return main(["--samples", str(M), "--iterations", "12", "--quiet", "--out", out, *extra], comm)
+    return main(["--limit", str(M), "--iterations", "12", "--quiet", "--out", out, *extra], comm)
 
 
 def inject_root_failure(where, after=3):

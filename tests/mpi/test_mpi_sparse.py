@@ -51,7 +51,7 @@ def test_same_weights_bit_for_bit_on_1_to_4_ranks(tmp_path):
     runs = {}
     for ranks in (1, 2, 3, 4):
         out = tmp_path / f"np{ranks}"
-        p = run_mpi(ranks, ["-m", "aepar.sparse", "--samples", 1003, "--iterations", 12, "--quiet", "--out", out],
+        p = run_mpi(ranks, ["-m", "aepar.sparse", "--limit", 1003, "--iterations", 12, "--quiet", "--out", out],
                     timeout=120)
         assert p.returncode == 0, p.stderr[-3000:]
         runs[ranks] = h5_arrays(out / "weights.h5")

@@ -53,12 +53,12 @@ def test_rank_limits_follow_each_scheme_options():
     assert SCHEMES["greedy"].ranks == (1, int(_arg(SCHEMES["greedy"], "--reduce-blocks", 8)))
     assert SCHEMES["eager"].ranks == (1, int(_arg(SCHEMES["eager"], "--reduce-blocks")))
     # sparse: blocks of 128 patches
-    assert SCHEMES["sparse"].ranks == (1, -(-int(_arg(SCHEMES["sparse"], "--samples")) // 128))
+    assert SCHEMES["sparse"].ranks == (1, -(-int(_arg(SCHEMES["sparse"], "--limit")) // 128))
     # model and sync: at most a rank per layer; model's group pinned to the layers
     for name in ("model", "sync"):
         layers = len(_arg(SCHEMES[name], "--layers").split("-")) - 1
         assert SCHEMES[name].ranks == (1, layers)
-    assert int(_arg(SCHEMES["model"], "--group")) == SCHEMES["model"].ranks[1]
+    assert int(_arg(SCHEMES["model"], "--layer-group")) == SCHEMES["model"].ranks[1]
     # data: each rank is a block of its Allreduce, so only the reference's count
     assert SCHEMES["data"].ranks == (SCHEMES["data"].reference_ranks,) * 2
     assert allowed_ranks(SCHEMES["data"], 1) == [2]

@@ -26,8 +26,8 @@ COMMON = {"--device": st.sampled_from(["cpu", "gpu", "tpu"]), "--kernels": st.sa
           "--dtype": st.sampled_from(["float64", "float32", "float16"]), "--seed": NUMBERS,
           "--out": PATHS, "--checkpoint-every": NUMBERS, "--checkpoint-minutes": NUMBERS, "--timeout": NUMBERS}
 FLAGS = ["--quiet", "--overwrite"]
-SPARSE = dict(COMMON, **{"--samples": NUMBERS, "--iterations": NUMBERS, "--patch": NUMBERS, "--hidden": NUMBERS,
-                         "--rho": NUMBERS, "--lam": NUMBERS, "--beta": NUMBERS})
+SPARSE = dict(COMMON, **{"--limit": NUMBERS, "--iterations": NUMBERS, "--patch": NUMBERS, "--hidden": NUMBERS,
+                         "--rho": NUMBERS, "--weight-cost": NUMBERS, "--beta": NUMBERS})
 LAYERWISE = dict(COMMON, **{"--epochs": NUMBERS, "--batch": NUMBERS, "--reduce-blocks": NUMBERS, "--lr": NUMBERS,
                             "--code-lr": NUMBERS, "--momentum": NUMBERS, "--final-momentum": NUMBERS,
                             "--weight-cost": NUMBERS, "--finetune-epochs": NUMBERS, "--finetune-lr": NUMBERS,
@@ -93,7 +93,7 @@ def test_sync_command_lines(argv, preset):
 
 
 @SETTINGS
-@given(argv_from(dict(COMMON, **{"--epochs": NUMBERS, "--lr": NUMBERS, "--batch": NUMBERS,
+@given(argv_from(dict(COMMON, **{"--finetune-epochs": NUMBERS, "--finetune-lr": NUMBERS, "--finetune-batch": NUMBERS,
                                   "--reduce-blocks": NUMBERS})))
 def test_finetune_command_lines(argv):
     parses_or_one_line(finetune.build_parser().parse_args, ["--weights", "w.h5"] + argv)
