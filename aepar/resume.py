@@ -208,6 +208,13 @@ class BackpropRun:
                                                state=epoch_state.to_dict() if epoch_state else None,
                                                **{self.record_key: self.record}), label, why, comm=comm)
 
+    def check_epoch(self, loss, where: str):
+        """An epoch's loss and the parameters after it are finite, or the run ends (aepar.guard)."""
+        if self.guard is not None:
+            run = self.ckpt.run if self.ckpt else None
+            self.guard.check(loss, "the loss", where, run, self.comm)
+            self.guard.check_params(self.model.params, where, run, self.comm)
+
     def epoch_seconds(self) -> float:
         """Training seconds of the epoch just finished (the record holds the earlier ones)."""
         return self.record["time_s"] - sum(e["seconds"] for e in self.record["epochs"])

@@ -122,10 +122,7 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
 
     def after_epoch(epoch, result):
         loss, seen = result.means
-        where = f"{what} epoch {epoch + 1}"
-        if guard is not None:
-            guard.check(loss, "the loss", where, run, comm)
-            guard.check_params(model.params, where, run, comm)
+        fit.check_epoch(loss, f"{what} epoch {epoch + 1}")
         (test_acc, test_loss), et = timed(comm, be, model.evaluate, test, reduce)
         record["eval_s"] += et
         seconds = fit.epoch_seconds()

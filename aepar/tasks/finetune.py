@@ -145,9 +145,7 @@ def _after_epoch(be, comm, model, test, fit, args, ckpt, guard, quiet):
     def after_epoch(epoch, result):
         loss, seen = result.means
         where = f"fine-tuning epoch {epoch + 1}"
-        if guard is not None:
-            guard.check(loss, "the loss", where, run, comm)
-            guard.check_params(model.params, where, run, comm)
+        fit.check_epoch(loss, where)
         test_err, et = timed(comm, be, model.error_per_digit, test, reduce)
         fit.record["eval_s"] += et
         if guard is not None:
