@@ -24,6 +24,12 @@ class ArgumentParser(argparse.ArgumentParser):
     one line and every rank exits 2.
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        module = self.prog.removeprefix("python -m ")
+        if module.startswith("aepar."):  # the usage line as the user typed the program
+            self.prog = f"aepar {module[6:]}" if os.environ.get("AEPAR_COMMAND") else f"python -m {module}"
+
     def error(self, message):
         error = UserError(message)
         error.collective = True
@@ -108,6 +114,12 @@ def add_common(parser: argparse.ArgumentParser, *, scheme: str):
     return g
 
 
+def _name(parser) -> str:
+    """How notes name the program: aepar.sparse, as its error lines do."""
+    name = parser.prog.split()[-1]
+    return name if name.startswith("aepar") else f"aepar.{name}"
+
+
 def first_rank() -> bool:
     """Whether this process is rank 0 of its job, before MPI starts (the launchers' variables)."""
     for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
@@ -125,7 +137,7 @@ class _Renamed(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         if first_rank():  # one line per job
-            print(f"{parser.prog.split()[-1]}: note: {option_string} is now {self.new}; the old name "
+            print(f"{_name(parser)}: note: {option_string} is now {self.new}; the old name "
                   "goes in the next release", file=sys.stderr, flush=True)
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
@@ -183,7 +195,7 @@ def parse_with_preset(parser, presets: dict, argv=None, old_names: dict | None =
     new = (old_names or {}).get(known.preset)
     if new is not None:
         if first_rank():
-            print(f"{parser.prog.split()[-1]}: note: --preset {known.preset} is now --preset {new}; the old name "
+            print(f"{_name(parser)}: note: --preset {known.preset} is now --preset {new}; the old name "
                   "goes in the next release", file=sys.stderr, flush=True)
         argv = [{known.preset: new, f"--preset={known.preset}": f"--preset={new}"}.get(a, a) for a in argv]
         known.preset = new

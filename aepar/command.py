@@ -7,6 +7,7 @@ the schemes, ``aepar PROGRAM --help`` a program's options, ``aepar --version`` t
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import textwrap
 
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
         return 2
     from aepar.comm import run_main
 
+    os.environ["AEPAR_COMMAND"] = "1"  # the programs' usage lines then say `aepar NAME`
     program = importlib.import_module(f"aepar.{name}")
     return run_main(program.main, program.PROG, argv[1:])
 

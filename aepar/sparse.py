@@ -72,7 +72,7 @@ def build_parser() -> ArgumentParser:
                "  mpirun -np 2 python -m aepar.sparse --resume runs/sparse40k   # after an interruption\n"
                "  python -m aepar.sparse --images IMAGES.mat --hidden 100 --out runs/sparse100")
     g = p.add_argument_group("model and data")
-    g.add_argument("--limit", dest="samples", type=positive_int, default=10000,
+    g.add_argument("--limit", dest="samples", type=positive_int, default=10000, metavar="N",
                    help="training rows: random patches sampled, in blocks of 128 shared by the processes "
                         "(default 10000)")
     renamed(g, "--samples", "--limit", dest="samples", type=positive_int)
@@ -81,7 +81,7 @@ def build_parser() -> ArgumentParser:
                    help="patch side in pixels: v = patch² inputs (default 8)")
     g.add_argument("--hidden", type=positive_int, default=25, help="hidden units h (default 25)")
     g.add_argument("--rho", type=unit_interval, default=0.01, help="sparsity target ρ, in (0, 1) (default 0.01)")
-    g.add_argument("--weight-cost", dest="lam", type=non_negative_float, default=1e-4,
+    g.add_argument("--weight-cost", dest="lam", type=non_negative_float, default=1e-4, metavar="λ",
                    help="weight decay λ >= 0 (default 1e-4)")
     renamed(g, "--lam", "--weight-cost", dest="lam", type=non_negative_float)
     g.add_argument("--beta", type=non_negative_float, default=3.0, help="sparsity weight β >= 0 (default 3)")

@@ -31,7 +31,7 @@ def test_a_wrong_program_is_one_line_and_exit_2():
 def test_every_program_answers_help():
     for name in command.PROGRAMS:
         r = aepar_cmd(name, "--help")
-        assert r.returncode == 0 and "usage:" in r.stdout, (name, r.stderr)
+        assert r.returncode == 0 and f"usage: aepar {name} " in r.stdout, (name, r.stdout[:200], r.stderr)
 
 
 def test_a_program_runs_through_the_command(tmp_path):
