@@ -25,7 +25,11 @@ RUN_ARGS ?=
 .PHONY: help venv run test check clean-runs test-gpu test-cluster bench bench-full bench-peers bench-pretrain bench-kernels reliability fashion docs clean distclean
 
 help:  ## this list
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{n[NR]=$$1; d[NR]=$$2; if (length($$1)>w) w=length($$1)} \
+	  END {for (i=1; i<=NR; i++) {line=""; split(d[i], words, " "); first=1; \
+	    for (k=1; k in words; k++) {if (length(line)+length(words[k])>96-w) {printf "  %s %-*s %s\n", (first?"make":"    "), w, (first?n[i]:""), line; line=""; first=0} \
+	      line=(line==""?words[k]:line" "words[k])} \
+	    printf "  %s %-*s %s\n", (first?"make":"    "), w, (first?n[i]:""), line}}'
 	@echo "  variables: NP=$(NP) (ranks for run), MPI=wheel|system, PYTHON=$(PYTHON), RUN_ARGS='...'"
 
 venv: $(STAMP)  ## create .venv, install aepar with its dependencies, compile its Numba kernels once
