@@ -247,7 +247,8 @@ import argparse, json, os, signal, sys, time
 from mpi4py import MPI
 
 p = argparse.ArgumentParser()
-for a in ("--samples", "--iterations", "--seed"):
+p.add_argument("--limit", dest="samples", type=int, required=True)  # the patches, as aepar.sparse names them
+for a in ("--iterations", "--seed"):
     p.add_argument(a, type=int, required=True)
 p.add_argument("--out", required=True)
 p.add_argument("--quiet", action="store_true")
