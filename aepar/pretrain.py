@@ -32,7 +32,7 @@ from aepar import _threads, backend, checkpoint, engine, schemes
 from aepar.cli import (ArgumentParser, add_common, default_float32, non_negative_int, parse_with_preset, positive_int,
                        progress, renamed)
 from aepar.comm import run_main
-from aepar.data.sources import load_digits
+from aepar.data.sources import Digits, load_digits
 from aepar.errors import UserError
 from aepar.guard import Guard
 from aepar.parallel.data_parallel import train_epoch
@@ -142,10 +142,15 @@ def _check(args, comm, n_layers, n_rows, scheme):
         raise UserError("--layer-group applies to --scheme model only")
 
 
-def _setup(args, comm):
-    """Every rank, no communication: backend, data, every check on the input."""
+def _setup(args, comm, data=None):
+    """Every rank, no communication: backend, data (``data``: given rows, e.g. from
+    :mod:`aepar.api`, else ``--dataset``), every check on the input."""
     be = backend.select(args.device, args.kernels, args.dtype)
-    digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
+    if data is None:
+        digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
+    else:
+        digits = Digits(data.train_x.astype(be.dtype, copy=False), data.train_y,
+                        data.test_x.astype(be.dtype, copy=False), data.test_y, data.source, data.name)
     if args.task == "classify":
         check_labels(digits)
     n_layers = len(parse_layers(args.layers, digits.train_x.shape[1])) - 1
@@ -227,16 +232,18 @@ def main(argv, comm, scheme=None):
     return run_program(argv, comm, kind="pretrain", prog=PROG, parse=lambda a: parse_args(a, scheme))
 
 
-def run_program(argv, comm, *, kind: str, prog: str, parse, scheme_for=None):
+def run_program(argv, comm, *, kind: str, prog: str, parse, scheme_for=None, data=None):
     """The program: parse ``argv`` (``parse``), open the run directory (runs/``kind``), run
-    the scheme (``scheme_for(args, comm)``, default ``args.scheme``; auto chooses), complete."""
+    the scheme (``scheme_for(args, comm)``, default ``args.scheme``; auto chooses), complete.
+    ``data``: the rows to train on instead of ``--dataset`` (Digits). Returns (the summary,
+    complete on rank 0; the run directory)."""
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args, run = parse_and_open(comm, kind, prog, parse, argv)
     if scheme_for is not None:
         args.scheme = scheme_for(args, comm)
     with run, Guard.from_args(comm, prog, args, run) as guard:
         comm.agree(_as_started, args, run, comm, args.scheme)
-        be, digits = comm.agree(_setup, args, comm)
+        be, digits = comm.agree(_setup, args, comm, data)
         progress(comm, args.quiet, f"{prog}: {digits.source}")
         chosen, extra = args.scheme, {}
         if chosen == "auto":
@@ -250,9 +257,10 @@ def run_program(argv, comm, *, kind: str, prog: str, parse, scheme_for=None):
                 progress(comm, args.quiet, extra["auto"]["table"])
                 progress(comm, args.quiet, f"{prog}: auto runs {chosen}")
             comm.agree(_check, args, comm, n_layers, digits.train_x.shape[0], chosen)
-        engine.run_scheme(be, comm, args, digits, run, guard, chosen, prog=prog, extra=extra)
+        summary = engine.run_scheme(be, comm, args, digits, run, guard, chosen, prog=prog, extra=extra)
         run.complete()
     progress(comm, args.quiet, f"{prog}: wrote {run.path}")
+    return summary, run.path
 
 
 if __name__ == "__main__":
