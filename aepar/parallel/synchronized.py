@@ -94,7 +94,6 @@ def setup(job):
             + ("planned " if args.handover == "plan" else "(FLOP-clock estimate) ")
             + f"{[plan.epochs(l) for l in range(n)]}; hand-over {args.handover}/{mode}{why}; "
             f"planned makespan {plan.makespan / greedy_cost:.2f}x greedy's work (FLOP clock, one core per stage)")
-    job.figures["spacetime.png"] = None  # drawn by summarize's record, when there is one
 
 
 def pretrain(job) -> dict:
@@ -129,8 +128,6 @@ def summarize(job, record) -> dict:
             out["replay_one_core_per_stage_s"] = replay_plan(job.state["plan"], measured, [0.0] * n)["makespan"]
         if job.args.plot:
             job.figures["spacetime.png"] = lambda path: _plot(job, record, path)
-    if job.figures.get("spacetime.png") is None:
-        job.figures.pop("spacetime.png", None)
     return out
 
 

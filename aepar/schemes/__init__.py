@@ -7,14 +7,16 @@ applies the task (fine-tuning or classification, :mod:`aepar.tasks`) and writes 
 results (:func:`aepar.finish.finish`); each such file provides
 
     check(args, ranks, n_layers, n_rows)   raise UserError for a combination it cannot run
+    setup(job)                             its first line (job.announce), summary and weights entries
     pretrain(job) -> dict                  train ``job.layers`` in place; the record that
                                            goes into summary.json under "pretrain"
 
 and may provide ``prepare(digits, args) -> (digits, x_val)`` (rows held out to watch
-while training), ``describe(job) -> str`` (the line the run starts with) and
-``RESTORES_ITSELF = True`` (it restores its own state from ``job.loaded``). The sparse
-autoencoder and the eager ensemble train other models and have programs of their own
-(``engine``).
+while training), ``summarize(job, record) -> dict`` (the summary's entries from the
+record), ``tables(summary) -> str`` (text after the standard tables) and
+``CHECKPOINT_AS`` (the scheme whose checkpoints it shares: hybrid resumes sync's). The
+sparse autoencoder and the eager ensemble train other models and have programs of their
+own (``engine``).
 
 Adding a scheme: one new file and one :func:`register` line below (docs/architecture.md
 walks through a toy scheme; tests/unit/test_toy_scheme.py runs it).
