@@ -44,21 +44,19 @@ class Autoencoder:
         """Input, hidden and code sizes of the encoder."""
         return list(self.network.sizes)
 
-    def _rows(self, x, width: int):
+    def _rows(self, x) -> Shard:
         x = _matrix(x, "x")
         if x.shape[1] != self.sizes[0]:
             raise UserError(f"x has {x.shape[1]} columns but the network takes {self.sizes[0]}")
-        return Shard.of(self.be, x.astype(self.be.dtype, copy=False), 1), width
+        return Shard.of(self.be, x.astype(self.be.dtype, copy=False), 1)
 
     def encode(self, x) -> np.ndarray:
         """The codes (the middle layer's linear units) of the rows of ``x``."""
-        rows, _ = self._rows(x, self.sizes[-1])
-        return self.be.to_host(self.network.encode(rows).x)
+        return self.be.to_host(self.network.encode(self._rows(x)).x)
 
     def reconstruct(self, x) -> np.ndarray:
         """The network's reconstructions of the rows of ``x``, in [0, 1]."""
-        rows, _ = self._rows(x, self.sizes[0])
-        return self.be.to_host(self.network.reconstruct(rows).x)
+        return self.be.to_host(self.network.reconstruct(self._rows(x)).x)
 
     def save(self, path):
         """The network as a weights.h5 that :meth:`load` (and ``aepar.finetune``) reads."""
