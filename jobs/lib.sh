@@ -315,6 +315,16 @@ aepar_why() {
   esac
 }
 
+# aepar_launcher_failed RC DIR: true when a point ended with a status no aepar program
+# exits with (nor a signal's), without a stop asked for and before its run directory DIR
+# appeared: the launcher itself failed to start the ranks (Open MPI's PMIx listener does so
+# now and then). Such a point is launched once more; any other failure is the point's own.
+aepar_launcher_failed() {
+  [ -z "$AEPAR_STOP" ] && [ ! -e "$2" ] || return 1
+  case $1 in 0 | 1 | 2 | 3 | 75 | 124) return 1 ;; esac
+  [ "$1" -le 128 ] || [ "$1" -ge 160 ]
+}
+
 SWEEP_HEADER="name,scheme,processes,samples,iterations,repeat,threads,launcher,nodes,oversubscribed,status,wall_seconds,run,dir"
 
 # aepar_sweep: run every point of the grid inside this allocation, then write the CSVs.
@@ -385,7 +395,7 @@ aepar_sweep() {
   trap 'aepar_on_signal USR2' USR2
   trap 'aepar_on_signal INT' INT
   trap 'aepar_on_signal TERM' TERM
-  local k=0 n=${#plan[@]} t0 t1 wall rc status failed=0 ran=0 interrupted=0 left first_eta="" sweep_t0
+  local k=0 n=${#plan[@]} attempt t0 t1 wall rc status failed=0 ran=0 interrupted=0 left first_eta="" sweep_t0
   sweep_t0=$(date +%s)
   for entry in "${plan[@]}"; do
     [ -n "$AEPAR_STOP" ] && break
@@ -394,10 +404,16 @@ aepar_sweep() {
     aepar_place "$p"
     [ "$OVERSUB" = 1 ] && aepar_log "note: $RANKS_NODE ranks x $THREADS_P threads on $CORES cores: oversubscribed"
     d=$(aepar_fresh_dir "$name")
-    t0=$(date +%s%N)
-    aepar_launch "$p" "$OUT/logs/$name.log" "$PYTHON" -m "$scheme" --limit "$s" --iterations "$it" \
-      --seed "${SEED:-0}" --out "$OUT/$d" --quiet "${extra[@]}"
-    rc=$?
+    for attempt in 1 2; do
+      t0=$(date +%s%N)
+      aepar_launch "$p" "$OUT/logs/$name.log" "$PYTHON" -m "$scheme" --limit "$s" --iterations "$it" \
+        --seed "${SEED:-0}" --out "$OUT/$d" --quiet "${extra[@]}"
+      rc=$?
+      [ "$attempt" = 1 ] && aepar_launcher_failed "$rc" "$OUT/$d" || break
+      aepar_log "$name: the launcher failed before the program started (rc=$rc: $(aepar_reason "$OUT/logs/$name.log")); launching it once more"
+      mv "$OUT/logs/$name.log" "$OUT/logs/$name.launch-failed.log"
+      sleep 1
+    done
     t1=$(date +%s%N)
     wall=$(aepar_seconds $((t1 - t0)))
     if [ "$rc" = 0 ] && [ -s "$OUT/$d/summary.json" ]; then status=ok

@@ -11,7 +11,8 @@
   running point, a resubmission keeps the finished points and runs the rest in fresh
   directories; other parameters or another scheduler reuse nothing; the default OUT of a
   job is not another scheduler's; a directory that is not a sweep is refused; a launcher
-  that cannot start the largest point stops the sweep before any point;
+  that cannot start the largest point stops the sweep before any point; a launcher that
+  fails before the program starts (Open MPI's PMIx listener) is tried once more;
 - bench.textbook_sparse agrees with aepar's model and writes peers.csv.
 
 The SLURM and Grid Engine runs are `make test-cluster` (tests/cluster/).
@@ -404,6 +405,33 @@ def test_a_launcher_that_cannot_start_the_largest_point_stops_the_sweep(fake, tm
     assert proc.returncode == 2
     assert "sparse_scaling: error: mpirun cannot start 2 rank(s) on" in proc.stderr
     assert not any((out / "points").iterdir())
+
+
+FLAKY_MPIRUN = """#!/bin/bash
+# fails as Open MPI's launcher now and then does, before any rank starts: on the first call
+if [ ! -e "$0.called" ]; then
+  : >"$0.called"
+  echo "The PMIx server's listener thread failed to start. We cannot"
+  exit 213
+fi
+exec {mpirun} "$@"
+"""
+
+
+def test_a_launch_that_fails_before_the_program_starts_is_tried_once_more(fake, tmp_path):
+    mpirun = tmp_path / "flaky-mpirun"
+    mpirun.write_text(FLAKY_MPIRUN.format(mpirun=os.environ.get("MPIRUN") or Path(sys.executable).with_name("mpirun")))
+    mpirun.chmod(0o755)
+    out = tmp_path / "run"
+    proc = fake(out, PROCS="1", MPIRUN=str(mpirun))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the launcher failed before the program started (rc=213" in proc.stdout
+    assert [r["status"] for r in _rows(out)[1]] == ["ok"]
+    assert "PMIx server" in (out / "logs" / "p1_s1000.launch-failed.log").read_text()
+    # a failure of the program itself is its own: not launched again
+    mpirun.write_text("#!/bin/bash\nexit 2\n")
+    proc = fake(tmp_path / "run2", PROCS="1", MPIRUN=str(mpirun))
+    assert proc.returncode == 1 and "launching it once more" not in proc.stdout
 
 
 def test_textbook_peer_agrees_and_writes_peers_csv(tmp_path):
