@@ -103,6 +103,10 @@ def add_common(parser: argparse.ArgumentParser, *, scheme: str):
                    help="replace the aepar run in --out DIR (only the files it wrote are deleted)")
     r.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the interrupted run in DIR from its checkpoint, with its own options")
+    r.add_argument("--resume-or-start", action="store_true",
+                   help="with --out DIR: start the run when DIR does not exist, continue it when DIR holds "
+                        "this run (same program and options) unfinished, exit 0 when it is complete; "
+                        "what a job that may be requeued passes (jobs/train.sh)")
     r.add_argument("--checkpoint-every", type=non_negative_int, default=0, metavar="N",
                    help="also save a checkpoint every N epochs (iterations for L-BFGS); 0: only by "
                         "time and on signals (default 0)")

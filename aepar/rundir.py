@@ -12,6 +12,11 @@ rules, checked on rank 0 for every rank before any data is read:
 - An existing aepar run directory: continued with ``--resume DIR``, replaced with
   ``--overwrite`` (only the files its ``run.json`` lists are deleted, when the new run
   first writes; anything else in it stays), otherwise refused.
+- ``--resume-or-start --out DIR`` (what a job script that may be requeued passes): DIR
+  that does not exist starts the run; DIR holding this program's run with the same
+  options continues it from its checkpoint, or, when that run is complete, ends at once
+  with exit 0 and a line saying so (a requeued job that had finished does not run again);
+  DIR holding another program's run or other options is refused.
 - ``.``, ``/``, the home directory and the directories containing the working directory
   are refused always.
 - No ``--out``: a new numbered directory ``runs/<scheme>/NNN``, the first free number when
@@ -27,6 +32,12 @@ A run that fails before its first checkpoint leaves nothing behind (its staging
 directory is removed). A run with a checkpoint that fails, diverges or is interrupted
 keeps the directory, its checkpoint and a ``run.json`` saying why: ``--resume`` continues
 it. Directories and files follow the user's umask.
+
+``run.json`` also says what produced the run, so that a result can be traced back to its
+code and machine: the aepar version and, run from a git checkout, its commit and whether
+the work tree had changes; the parsed options (every value, defaults included, not only the
+command line); the machine (:func:`aepar.machine.describe`, and the GPU when CuPy is in
+use); the ranks and how they were laid out over the hosts.
 """
 from __future__ import annotations
 
@@ -35,12 +46,14 @@ import contextlib
 import ctypes
 import datetime
 import errno
+import functools
 import hashlib
 import json
 import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -58,7 +71,7 @@ CHECKPOINT = "checkpoint.h5"
 FORMAT = "aepar-run"
 VERSION = 1
 # options a resumed run may change; everything else must be what the run started with
-RUN_CONTROL = {"out", "resume", "overwrite", "quiet", "checkpoint_every", "checkpoint_minutes",
+RUN_CONTROL = {"out", "resume", "overwrite", "resume_or_start", "quiet", "checkpoint_every", "checkpoint_minutes",
                "timeout", "plot", "dp_ranks", "data_dir"}
 # options holding paths: made absolute against the directory the run started in
 PATH_OPTIONS = ("data_dir", "images", "weights")
@@ -210,6 +223,51 @@ def _decide(scheme: str, out, resume, overwrite: bool) -> tuple[Path, dict | Non
     raise UserError(f"--out {path} holds {_describe(info)}: {hint}, or name a new directory")
 
 
+def _resolved(name: str, value, start_dir: str | None):
+    """A path option's value made absolute against the directory its run started in."""
+    if name in PATH_OPTIONS and value and start_dir and not os.path.isabs(value):
+        return os.path.normpath(os.path.join(start_dir, value))
+    return value
+
+
+def _other_options(parse, argv: list, info: dict) -> str | None:
+    """How ``argv`` differs from the options of the run ``info`` describes (the first
+    difference, "--epochs 6 (the run has 5)"), or None when it asks for the same run."""
+    old, new = parse(list(info.get("argv") or [])), parse(list(argv))
+    for name, value in vars(old).items():
+        if name in RUN_CONTROL:
+            continue
+        value = _resolved(name, value, info.get("cwd"))
+        now = _resolved(name, getattr(new, name, None), os.getcwd())
+        if now != value:
+            return f"--{name.replace('_', '-')} {now} (the run has {value})"
+    return None
+
+
+def _resume_or_start(scheme: str, out, parse, argv: list) -> str:
+    """What ``--resume-or-start --out DIR`` does: "start" (DIR does not exist, or is no aepar
+    run: the usual checks of ``--out`` then apply), "resume" (DIR holds this run, unfinished)
+    or "complete" (DIR holds this run, finished). No communication: rank 0 calls it.
+
+    Raises
+    ------
+    UserError
+        DIR holds another program's run, or this program's with other options.
+    """
+    path = Path(out)
+    info = read_marker(path) if path.is_dir() else None
+    if info is None:
+        return "start"
+    if info.get("scheme") != scheme:
+        raise UserError(f"--resume-or-start --out {path} holds {_describe(info)}, not an aepar.{scheme} run; "
+                        "name a new directory")
+    other = _other_options(parse, argv, info)
+    if other is not None:
+        raise UserError(f"--resume-or-start --out {path} holds {_describe(info)} with other options: {other}; "
+                        "give the run's own options, or name a new directory")
+    return "complete" if info.get("state") == "complete" else "resume"
+
+
 def resumed_args(parse, argv: list, info: dict):
     """The options of a resumed run: the ones it started with, then ``argv`` on top.
 
@@ -268,12 +326,30 @@ def parse_and_open(comm, scheme: str, prog: str, parse, argv):
     pre.add_argument("--out")
     pre.add_argument("--resume")
     pre.add_argument("--overwrite", action="store_true")
+    pre.add_argument("--resume-or-start", action="store_true")
     known, _ = pre.parse_known_args(argv)
-    args = parse(argv) if known.resume is None else None
-    run = RunDir.open(comm, scheme, out=known.out, resume=known.resume, overwrite=known.overwrite,
+    resume = known.resume
+    if known.resume_or_start:
+        def decide():
+            if known.out is None:
+                raise UserError("--resume-or-start needs --out DIR: the run directory to start or continue")
+            if known.resume is not None or known.overwrite:
+                raise UserError(f"--resume-or-start contradicts --{'resume' if known.resume else 'overwrite'}; "
+                                "give one")
+            return _resume_or_start(scheme, known.out, parse, argv) if comm.is_root else None
+
+        action = comm.bcast(comm.agree(decide))
+        if action == "complete":
+            if comm.is_root:
+                print(f"{prog}: {known.out} holds this run, complete: nothing to do", flush=True)
+            raise SystemExit(0)
+        resume = known.out if action == "resume" else None
+    args = parse(argv) if resume is None else None
+    run = RunDir.open(comm, scheme, out=known.out, resume=resume, overwrite=known.overwrite,
                       argv=argv, prog=prog)
     if run.resumed:
         args = comm.agree(resumed_args, parse, argv, run.previous)
+    run.describe_job(args, comm.allgather(socket.gethostname()))
     return args, run
 
 
@@ -329,6 +405,9 @@ class RunDir:
         self._history: list = []
         self._started = _now()
         self._id = uuid.uuid4().hex  # tells this run from any other that takes the same directory
+        self._args = None  # the parsed options, the hosts of the ranks: see describe_job
+        self._hosts: list[str] = []
+        self._machine: dict | None = None
         self._writes = 0  # files written through output(), counted for injected write faults
         self._write_faults = [f for f in Fault.parse(os.environ.get(FAULT_ENV))
                               if f.kind in WRITE_FAULTS and f.rank == comm.rank]
@@ -357,6 +436,12 @@ class RunDir:
         path, previous, auto = comm.bcast(decision)
         return cls(comm, scheme, path, previous, resume is not None, auto, list(argv),
                    prog or f"aepar.{scheme}")
+
+    def describe_job(self, args, hosts: list):
+        """What run.json records of this job besides its argv: the parsed options ``args``
+        (read when the marker is written: a value set after parsing, auto's chosen scheme,
+        is the one recorded) and the host of every rank (``hosts[rank]``)."""
+        self._args, self._hosts = args, list(hosts)
 
     # ---- writing --------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -485,11 +570,16 @@ class RunDir:
         if not self._history or self._history[-1].get("state") != state or reason:
             self._history.append(entry)
         cwd = (self.previous or {}).get("cwd") if self.resumed else None
+        if self._machine is None:  # once, when the backend (and CuPy, on a GPU) is loaded
+            self._machine = _machine()
         return {"format": FORMAT, "version": VERSION, "id": self._id, "scheme": self.scheme, "prog": self.prog,
                 "state": state, "reason": reason, "argv": self.argv, "cwd": cwd or os.getcwd(),
                 "ranks": self.comm.size, "host": socket.gethostname(), "pid": os.getpid(),
                 "started": self._started, "updated": _now(), "checkpoint": self._checkpoint,
-                "files": list(self._files), "history": self._history}
+                "files": list(self._files), "history": self._history, "aepar": _provenance(),
+                "options": None if self._args is None else vars(self._args),
+                "layout": _layout(self._hosts or [socket.gethostname()] * self.comm.size),
+                "machine": self._machine}
 
     def _write_marker(self, state: str, reason: str | None = None, directory: Path | None = None):
         directory = directory or (self.path if self._published else self._stage())
@@ -580,6 +670,59 @@ class RunDir:
             if p.is_file():
                 with contextlib.suppress(OSError):
                     p.unlink()
+
+
+def _git(directory: Path, *args: str) -> str | None:
+    """``git -C directory ARGS``'s output, None when git is missing or says no."""
+    try:
+        out = subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True, timeout=20,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def _provenance() -> dict:
+    """The aepar that runs: its version and, when the package is a git checkout's own
+    ``aepar/`` (not an installed copy inside some other work tree), the commit and whether
+    tracked files differ from it."""
+    import aepar
+
+    package = Path(aepar.__file__).resolve().parent
+    info = {"version": aepar.__version__, "commit": None, "dirty": None}
+    top = _git(package, "rev-parse", "--show-toplevel")
+    if top and Path(top).resolve() / "aepar" == package:
+        info["commit"] = _git(package, "rev-parse", "HEAD")
+        status = _git(package, "status", "--porcelain", "--untracked-files=no")
+        info["dirty"] = None if status is None else bool(status)
+    return info
+
+
+def _layout(hosts: list) -> dict:
+    """The ranks per host, in the order of their first rank: {"ranks": 4, "hosts": {"n1": 2, "n2": 2}}."""
+    per_host: dict[str, int] = {}
+    for host in hosts:
+        per_host[host] = per_host.get(host, 0) + 1
+    return {"ranks": len(hosts), "hosts": per_host}
+
+
+def _machine() -> dict:
+    """:func:`aepar.machine.describe` of the root's machine, and its GPU when CuPy is loaded."""
+    from aepar import machine
+
+    try:
+        info = machine.describe()
+    except Exception as e:  # a record of the run, never a reason for it to fail
+        info = {"error": f"{type(e).__name__}: {e}"}
+    info["gpu"] = None
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        with contextlib.suppress(Exception):
+            props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+            name = props["name"]
+            info["gpu"] = name.decode() if isinstance(name, bytes) else str(name)
+    return info
 
 
 def _errno_of(exc: OSError) -> int | None:

@@ -1,10 +1,18 @@
-# jobs/lib.sh - the scaling sweep shared by every job script (source it, do not run it).
+# jobs/lib.sh - what every job script shares (source it, do not run it): finding out where
+# it runs (SLURM, Grid Engine, plain bash), choosing srun or mpirun with a probe, launching
+# ranks in the background so that a signal to the script reaches them; and the scaling sweep.
 #
-#   jobs/sparse_scaling.sh               SLURM batch script, or plain `bash` on this host
-#   jobs/starcluster/sparse_scaling.sge  Grid Engine (StarCluster) script
+#   jobs/sparse_scaling.sh               the sweep: SLURM batch script, or plain `bash` here
+#   jobs/starcluster/sparse_scaling.sge  the sweep under Grid Engine (StarCluster)
+#   jobs/train.sh                        one run of any program or scheme (SLURM, or plain bash)
+#   jobs/starcluster/train.sge           the same under Grid Engine
 #   bench/run.py                         `make bench` runs jobs/sparse_scaling.sh as plain bash
 #
-# The grid is data (bench/grid.json, expanded by `python -m bench.scaling points`); this file
+# Shared: aepar_setup, aepar_place, aepar_choose_launcher, aepar_launch, aepar_on_signal,
+# aepar_why. The job's name in log lines is AEPAR_JOB (default sparse_scaling); probe logs
+# and the hostfile go to AEPAR_SCRATCH (default OUT/logs and OUT).
+#
+# The sweep's grid is data (bench/grid.json, expanded by `python -m bench.scaling points`); this file
 # only finds out where it runs, launches each point and collects the CSVs. Knobs (environment):
 #   GRID=full|quick|tiny        grid in bench/grid.json             (default full)
 #   PROCS="1 2 4 8 16"          processes (overrides the grid)
@@ -37,8 +45,8 @@
 # Resubmit with OUT=<that directory> and the same settings to run the rest.
 # Exit status: 0 every point ok, 1 a point failed, 2 bad settings, 75 stopped by a signal.
 
-aepar_log() { echo "[sparse_scaling $(date +%H:%M:%S)] $*"; }
-aepar_die() { echo "sparse_scaling: error: $*" >&2; exit 2; }
+aepar_log() { echo "[${AEPAR_JOB:-sparse_scaling} $(date +%H:%M:%S)] $*"; }
+aepar_die() { echo "${AEPAR_JOB:-sparse_scaling}: error: $*" >&2; exit 2; }
 
 # aepar_seconds NANOSECONDS -> seconds with 3 decimals (no bc on minimal nodes)
 aepar_seconds() { printf '%d.%03d' $(($1 / 1000000000)) $(($1 / 1000000 % 1000)); }
@@ -189,7 +197,7 @@ AEPAR_THREAD_VARS="AEPAR_THREADS OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_TH
 # aepar_probe LAUNCH P [PLUGIN]: start P ranks of an mpi4py hello the way the points will be
 # started; true if they form one job of size P, else PROBE_WHY says what went wrong.
 aepar_probe() {
-  local how=$1 p=$2 plugin=${3:-} got err=$OUT/logs/probe-$1${3:+-$3}-$2.log
+  local how=$1 p=$2 plugin=${3:-} got err=${AEPAR_SCRATCH:-$OUT/logs}/probe-$1${3:+-$3}-$2.log
   local hello='from mpi4py import MPI; print(MPI.COMM_WORLD.Get_size())'
   aepar_place "$p"
   if [ "$how" = srun ]; then
@@ -244,7 +252,7 @@ aepar_choose_launcher() {
   [ -n "$MPIRUN" ] || aepar_die "no mpirun (set MPIRUN=)"
   LAUNCH=mpirun
   if [ "$WHERE" != local ]; then # the allocation's hosts, slots = its tasks there
-    HOSTFILE=$OUT/hostfile
+    HOSTFILE=${AEPAR_SCRATCH:-$OUT}/hostfile
     local i
     : >"$HOSTFILE"
     for i in "${!HOSTS[@]}"; do echo "${HOSTS[$i]} slots=${SLOTS[$i]:-1}" >>"$HOSTFILE"; done
@@ -263,24 +271,26 @@ aepar_on_signal() {
   [ "$1" = TERM ] && sig=TERM
   [ "$1" = INT ] && [ -n "$AEPAR_STOP" ] && sig=TERM # a second Ctrl-C
   AEPAR_TRAPPED=1
-  [ -n "$AEPAR_STOP" ] || aepar_log "SIG$1: no new points${AEPAR_CHILD:+; sending SIG$sig to the running point}"
+  [ -n "$AEPAR_STOP" ] || aepar_log "SIG$1: ${AEPAR_STOP_SAYS:-no new points}${AEPAR_CHILD:+; sending SIG$sig to the running point}"
   AEPAR_STOP=${AEPAR_STOP:-$1}
   [ -n "$AEPAR_CHILD" ] && kill -"$sig" "$AEPAR_CHILD" 2>/dev/null
   return 0
 }
 
 # aepar_launch P LOGFILE cmd... : start P ranks of cmd with the chosen launcher, in the
-# background so that a signal to this shell is handled (and passed on) while it runs
+# background so that a signal to this shell is handled (and passed on) while it runs.
+# LOGFILE "-": the output goes to this script's own (the job's output file).
 aepar_launch() {
   local p=$1 log=$2 v rc; shift 2
   for v in $AEPAR_THREAD_VARS; do export "$v=$THREADS_P"; done
   if [ "$LAUNCH" = srun ]; then
-    srun -n "$p" -N "$NODES_USED" --mpi="$SRUN_PLUGIN" --kill-on-bad-exit=1 "$@" </dev/null >"$log" 2>&1 &
+    set -- srun -n "$p" -N "$NODES_USED" --mpi="$SRUN_PLUGIN" --kill-on-bad-exit=1 "$@"
   else
     aepar_mpirun_opts "$p"
     # shellcheck disable=SC2086  # MPIRUN may be "mpirun --option"
-    $MPIRUN "${MPI_OPTS[@]}" "$@" </dev/null >"$log" 2>&1 &
+    set -- $MPIRUN "${MPI_OPTS[@]}" "$@"
   fi
+  if [ "$log" = - ]; then "$@" </dev/null & else "$@" </dev/null >"$log" 2>&1 & fi
   AEPAR_CHILD=$!
   while :; do # wait returns early when a trapped signal arrives: wait again
     AEPAR_TRAPPED=0
@@ -456,4 +466,82 @@ aepar_sweep() {
     TERM) return 143 ;;
     *) return 75 ;;
   esac
+}
+
+# ---- one training run (jobs/train.sh, jobs/starcluster/train.sge) ---------------------------
+AEPAR_PROGRAMS="pretrain greedy sync sparse eager finetune classify"
+AEPAR_SCHEMES="data model hybrid auto" # pretrain's schemes that are no program of their own
+
+# aepar_train SCHEME [options...]: run `python -m aepar.PROGRAM options... --resume-or-start`
+# on the job's ranks, in WORKDIR; pass a stop signal on to it; after the time-limit signal
+# (SIGUSR1) and a saved checkpoint (exit 75), requeue the job (SLURM) or ask Grid Engine to
+# run it again (exit 99). Returns the program's status.
+aepar_train() {
+  local scheme=${1:-} prog a out="" i np scratch rc pre=()
+  [ -n "$scheme" ] || aepar_die "usage: train.sh SCHEME [aepar options...]; SCHEME: a program ($AEPAR_PROGRAMS) or a scheme of pretrain ($AEPAR_SCHEMES)"
+  shift
+  if [[ " $AEPAR_PROGRAMS " == *" $scheme "* ]]; then prog=aepar.$scheme
+  elif [[ " $AEPAR_SCHEMES " == *" $scheme "* ]]; then prog=aepar.pretrain pre=(--scheme "$scheme")
+  else aepar_die "no program or scheme '$scheme': programs $AEPAR_PROGRAMS; schemes of pretrain $AEPAR_SCHEMES"; fi
+  local args=("$@")
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    a=${args[$i]}
+    case $a in
+      --resume | --resume=* | --overwrite | --resume-or-start)
+        aepar_die "$a: the job starts or continues its run by itself (--resume-or-start); give --out DIR only" ;;
+      --out) out=${args[$((i + 1))]:-} ;;
+      --out=*) out=${a#--out=} ;;
+    esac
+  done
+  aepar_setup
+  cd "$WORKDIR" || aepar_die "cannot cd to $WORKDIR"
+  # the checkout's aepar, from any working directory and on every node
+  export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+  [ -n "$out" ] || { out=runs/$scheme/$JOBTAG; pre+=(--out "$out"); }
+  case $WHERE in
+    slurm) np=$ALLOC; THREADS=${THREADS:-${SLURM_CPUS_PER_TASK:-auto}} ;;
+    sge) np=$ALLOC; THREADS=${THREADS:-auto} ;;
+    *) np=${NP:-1}; THREADS=${THREADS:-auto} ;;
+  esac
+  [[ $np =~ ^[1-9][0-9]*$ ]] || aepar_die "NP=$np: need a number of ranks >= 1"
+  scratch=$(mktemp -d "${TMPDIR:-/tmp}/aepar-train.XXXXXX") || aepar_die "cannot make a scratch directory"
+  # shellcheck disable=SC2064  # the path now
+  trap "rm -rf '$scratch'" EXIT
+  AEPAR_SCRATCH=$scratch
+  aepar_choose_launcher "$np"
+  aepar_place "$np"
+  case $WHERE in
+    slurm) aepar_log "SLURM job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}): $np tasks on ${HOSTS[*]} (tasks per node ${SLOTS[*]})" ;;
+    sge) aepar_log "Grid Engine job ${JOB_ID:-?}: $np slots on ${HOSTS[*]} (slots ${SLOTS[*]})" ;;
+    *) aepar_log "no scheduler: mpirun on $(hostname), NP=$np" ;;
+  esac
+  aepar_log "$prog ${pre[*]:+${pre[*]} }${args[*]} --resume-or-start: $np rank(s) x $THREADS_P thread(s), launcher $LAUNCH${SRUN_PLUGIN:+ --mpi=$SRUN_PLUGIN}, in $WORKDIR"
+  [ "$OVERSUB" = 1 ] && aepar_log "note: $RANKS_NODE ranks x $THREADS_P threads on $CORES cores: oversubscribed"
+
+  AEPAR_STOP="" AEPAR_CHILD="" AEPAR_STOP_SAYS="the run is asked to checkpoint and stop"
+  trap 'aepar_on_signal USR1' USR1
+  trap 'aepar_on_signal USR2' USR2
+  trap 'aepar_on_signal INT' INT
+  trap 'aepar_on_signal TERM' TERM
+  aepar_launch "$np" - "$PYTHON" -m "$prog" "${pre[@]}" "${args[@]}" --resume-or-start
+  rc=$?
+  trap - USR1 USR2 INT TERM
+  aepar_log "$prog exited $rc${AEPAR_STOP:+ after SIG$AEPAR_STOP} ($([ "$rc" = 0 ] && echo done || aepar_why "$rc"))"
+  if [ "$rc" = 75 ] && [ "$AEPAR_STOP" = USR1 ]; then # the time limit's warning: come back
+    if [ "$WHERE" = slurm ]; then
+      if [ "${SLURM_RESTART_COUNT:-0}" -ge "${MAX_REQUEUES:-20}" ]; then
+        aepar_log "not requeued: restarted ${SLURM_RESTART_COUNT:-0} times already (MAX_REQUEUES=${MAX_REQUEUES:-20})"
+      elif scontrol requeue "$SLURM_JOB_ID"; then
+        aepar_log "checkpoint saved: job $SLURM_JOB_ID requeued; it resumes from $out"
+      else
+        aepar_log "checkpoint saved, but scontrol requeue failed: resubmit the same command to resume"
+      fi
+    elif [ "$WHERE" = sge ]; then
+      aepar_log "checkpoint saved: exit 99, Grid Engine runs the job again and it resumes from $out"
+      return 99
+    fi
+  elif [ "$rc" = 75 ]; then
+    aepar_log "checkpoint saved in $out: the same command resumes it"
+  fi
+  return "$rc"
 }

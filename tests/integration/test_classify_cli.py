@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, run_mpi
+from tests.integration.run_json import assert_run_json
 
 SIZES = [784, 32, 8]
 
@@ -102,8 +103,10 @@ def reference(stack, tmp_path_factory):
 @needs_digits
 def test_writes_weights_summary_and_an_accuracy_table(stack, reference):
     out = reference
-    assert sorted(p.name for p in out.iterdir()) == ["run.json", "summary.json", "tables.md", "weights.h5"]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "run.json", "summary.json", "tables.md",
+                                                     "weights.h5"]
     assert json.loads((out / "run.json").read_text())["state"] == "complete"
+    assert_run_json(out, 1)
     s = json.loads((out / "summary.json").read_text())
     assert s["scheme"] == "classify" and s["encoder"] == "pretrained" and s["n_train"] == 400
     c = s["classify"]

@@ -10,6 +10,7 @@ import pytest
 from aepar import checkpoint
 from aepar.data.idx import write_idx
 from tests.integration.test_reliability import cli
+from tests.integration.run_json import assert_run_json
 
 PROG = "aepar.eager"
 TINY = ["--dataset", "mnist5k", "--limit", "300", "--filters", "2,4", "--epochs", "2", "--mono-epochs", "0",
@@ -64,6 +65,7 @@ def test_outputs_table_csv_pngs_and_monolithic(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     final = s["final"]
     assert 0.0 <= final["combined"]["validation"] <= 1.0 and "vote" in final and "mono" in final
+    assert_run_json(out, 2, models=2, mono_epochs=2)
     assert s["mono_filters"] == [4, 8]
     assert final["effective_s"] >= final["train_s"] > 0
     assert len(s["curve"]) == 2 and s["curve"][1]["epoch"] == 2

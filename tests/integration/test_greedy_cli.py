@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, run_mpi
+from tests.integration.run_json import assert_run_json
 
 TINY = ["--dataset", "mnist5k", "--layers", "784-64-32-8", "--epochs", "2", "--finetune-epochs", "1",
         "--limit", "500", "--kernels", "numba"]
@@ -43,11 +44,13 @@ def test_greedy_writes_weights_summary_and_tables(greedy_run):
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("aepar.greedy: mnist5k: 500 of 4000 train / 1000 test"), lines[0]
-    epoch_lines = [l for l in lines if l.startswith("layer ")]
-    assert len(epoch_lines) == 6 and "recon error" in epoch_lines[0] and epoch_lines[0].endswith("s")
+    epoch_lines = [l for l in lines if l.split("] ")[-1].startswith("layer ")]
+    assert len(epoch_lines) == 6 and "recon error" in epoch_lines[0] and epoch_lines[0].endswith(" left")
     assert sum("finetune epoch" in l for l in lines) == 1
-    assert sorted(p.name for p in out.iterdir()) == ["run.json", "summary.json", "tables.md", "trace.json", "weights.h5"]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "run.json", "summary.json", "tables.md", "trace.json",
+                                                 "weights.h5"]
     assert json.loads((out / "run.json").read_text())["state"] == "complete"
+    assert_run_json(out, 2, epochs=2, limit=500)
     # nothing left behind next to the run directory
     assert [p.name for p in out.parent.iterdir()] == ["run"]
 
@@ -87,6 +90,7 @@ def test_finetune_cli_continues_from_the_weights(greedy_run, tmp_path):
     ft = _run("aepar.finetune", common + ["--out", tmp_path / "ft"])
     assert ft.returncode == 0, ft.stdout + ft.stderr
     assert "holds a fine-tuned network: fine-tuning it further" in ft.stdout
+    assert_run_json(tmp_path / "ft", 1, optimizer="adam", finetune_epochs=2)
     s = json.loads((tmp_path / "ft" / "summary.json").read_text())
     assert s["continued_finetuned"] and s["error"]["pretrained"]["test"] == greedy["finetuned"]["test"]
     assert len(s["finetune"]["epochs"]) == 2 and s["finetune"]["optimizer"] == "adam"

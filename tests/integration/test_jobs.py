@@ -13,7 +13,10 @@
   job is not another scheduler's; a directory that is not a sweep is refused; a launcher
   that cannot start the largest point stops the sweep before any point; a launcher that
   fails before the program starts (Open MPI's PMIx listener) is tried once more;
-- bench.textbook_sparse agrees with aepar's model and writes peers.csv.
+- bench.textbook_sparse agrees with aepar's model and writes peers.csv;
+- jobs/train.sh (and its Grid Engine twin) asks to be requeued and signalled in its
+  directives; as plain bash it runs a program with --resume-or-start (a second submission
+  of a finished run ends at once with exit 0) and refuses an unknown scheme or --resume.
 
 The SLURM and Grid Engine runs are `make test-cluster` (tests/cluster/).
 """
@@ -32,8 +35,8 @@ import pytest
 from bench import scaling
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = [REPO / "jobs" / "sparse_scaling.sh", REPO / "jobs" / "lib.sh",
-           REPO / "jobs" / "starcluster" / "sparse_scaling.sge",
+SCRIPTS = [REPO / "jobs" / "sparse_scaling.sh", REPO / "jobs" / "lib.sh", REPO / "jobs" / "train.sh",
+           REPO / "jobs" / "starcluster" / "sparse_scaling.sge", REPO / "jobs" / "starcluster" / "train.sge",
            *sorted((REPO / "tests" / "cluster").glob("*.sh"))]
 DOCUMENTED = ["scheme", "processes", "samples", "iterations", "evaluations", "seconds", "speedup",
               "efficiency", "cores", "cpu_model", "blas", "blas_coretype", "threads", "mpi"]
@@ -450,3 +453,45 @@ def test_textbook_peer_agrees_and_writes_peers_csv(tmp_path):
         assert len(runs) == int(r["repeats"]) == 3 and float(r["seconds"]) == pytest.approx(min(runs), abs=6e-4)
     # same function, same start, same optimiser: the same minimum to a few digits
     assert float(rows["aepar"]["final_cost"]) == pytest.approx(float(rows["textbook"]["final_cost"]), rel=1e-3)
+
+
+@pytest.mark.parametrize("script, prefix, wanted", [
+    ("jobs/train.sh", "#SBATCH", ["--requeue", "--signal=B:USR1@", "--cpus-per-task=", "--mem=", "--time=",
+                                  "--output=", "--open-mode=append"]),
+    ("jobs/starcluster/train.sge", "#$", ["-r y", "-notify", "s_rt=", "h_rt=", "-pe orte", "-cwd"])])
+def test_train_directives_ask_for_requeue_and_the_signal(script, prefix, wanted):
+    lines = (REPO / script).read_text().splitlines()
+    first_cmd = next(i for i, l in enumerate(lines) if l.strip() and not l.startswith("#"))
+    directives = "\n".join(l for l in lines[:first_cmd] if l.startswith(prefix))
+    assert not any(l.startswith(prefix) for l in lines[first_cmd:])
+    for option in wanted:
+        assert option in directives, option
+
+
+def _train(cwd, *args, **env):
+    return subprocess.run(["bash", str(REPO / "jobs" / "train.sh"), *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, env=_env(NP="1", **env), timeout=240)
+
+
+def test_train_script_starts_a_run_and_finds_it_complete_the_second_time(tmp_path):
+    args = ["greedy", "--dataset", "mnist5k", "--layers", "784-16-8", "--epochs", "1", "--finetune-epochs", "0",
+            "--limit", "300", "--quiet", "--out", "run"]
+    first = _train(tmp_path, *args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "aepar.greedy --dataset mnist5k" in first.stdout and "--resume-or-start: 1 rank(s)" in first.stdout
+    marker = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert marker["state"] == "complete" and "--resume-or-start" in marker["argv"]
+    again = _train(tmp_path, *args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "aepar.greedy: run holds this run, complete: nothing to do" in again.stdout
+    assert json.loads((tmp_path / "run" / "run.json").read_text()) == marker  # not run again
+
+
+@pytest.mark.parametrize("args, message", [
+    (["resnet"], "no program or scheme 'resnet'"),
+    (["greedy", "--resume", "run"], "--resume: the job starts or continues its run by itself"),
+    ([], "usage: train.sh SCHEME")])
+def test_train_script_refuses_an_unknown_scheme_or_resume(tmp_path, args, message):
+    r = _train(tmp_path, *args)
+    assert r.returncode == 2 and message in r.stderr, r.stdout + r.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.integration.test_reliability import assert_same_bits, cli, weights
+from tests.integration.run_json import assert_run_json
 
 pytestmark = pytest.mark.mpi
 
@@ -125,6 +126,7 @@ def test_classify_task_reports_accuracy(tmp_path, np_):
     s = json.loads((out / "summary.json").read_text())
     acc = s["accuracy"]["finetuned"]["test"]
     assert 0.0 <= acc <= 1.0 and s["task"] == "classify"
+    assert_run_json(out, np_, task="classify", scheme="model" if np_ > 1 else "greedy")
     assert "higher is better" in (out / "tables.md").read_text()
 
 

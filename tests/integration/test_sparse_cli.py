@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT, run_mpi
+from tests.integration.run_json import assert_run_json
 
 PROG = "aepar.sparse"
 
@@ -27,6 +28,7 @@ def test_small_run_writes_every_output(tmp_path):
     out = tmp_path / "sparse"
     p = run_cli("--limit", 2000, "--iterations", 30, "--seed", 3, "--out", out)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert_run_json(out, 1, samples=2000, iterations=30, seed=3)
     lines = p.stdout.splitlines()
     assert lines[0].startswith(f"{PROG}: 2000 patches 8x8") and "64-25-64" in lines[0]
     progress = [l for l in lines if l.startswith("iteration")]

@@ -6,6 +6,7 @@ import pytest
 
 from aepar.trace import validate_chrome
 from tests.conftest import run_mpi
+from tests.integration.run_json import assert_run_json
 
 pytestmark = pytest.mark.mpi
 SMALL = ["-m", "aepar.sync", "--dataset", "mnist5k", "--layers", "784-32-16-8", "--epochs", "2",
@@ -20,6 +21,7 @@ def test_quick_run_writes_every_output(tmp_path):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     s = json.loads((out / "summary.json").read_text())
     assert s["scheme"] == "sync" and s["ranks"] == 3 and s["handover"] == "plan"
+    assert_run_json(out, 3, compare_greedy=True)
     # the epochs run are the plan's, in every stage
     planned = [(l, e["epoch"], e["version"]) for l, st in enumerate(s["plan"]["stages"]) for e in st]
     ran = [(e["stage"], e["epoch"], e["version"]) for e in s["pretrain"]["epochs"]]

@@ -251,3 +251,70 @@ def test_a_killed_run_lingering_as_a_zombie_is_not_running():
         assert _alive(dict(info, pid=os.getpid()))
     finally:
         child.wait()
+
+
+def _parser():
+    import argparse
+
+    p = argparse.ArgumentParser()
+    for name in ("--out", "--resume", "--weights"):
+        p.add_argument(name)
+    for name in ("--overwrite", "--resume-or-start", "--quiet"):
+        p.add_argument(name, action="store_true")
+    p.add_argument("--epochs", type=int, default=3)
+    return p.parse_args
+
+
+def start_or_resume(*argv, scheme="demo"):
+    from aepar.rundir import parse_and_open
+
+    return parse_and_open(Comm.serial(), scheme, f"aepar.{scheme}", _parser(), list(argv))
+
+
+def test_resume_or_start_starts_continues_and_ends_a_complete_run(cwd, capsys):
+    args, run = start_or_resume("--out", "r", "--resume-or-start", "--epochs", "5")
+    assert not run.resumed and args.epochs == 5
+    run.save_checkpoint(lambda p: p.write_text("ckpt"), "epoch 1")
+    run.abandon("interrupted", "a signal")  # a requeued job finds it so
+    # the same command again continues it: a run control (--quiet) may change, a default
+    # the first command left out compares as the default
+    args, run = start_or_resume("--epochs", "5", "--out", "r", "--resume-or-start", "--quiet")
+    assert run.resumed and run.checkpoint_progress == "epoch 1" and args.epochs == 5
+    run.write_text("result.txt", "done")
+    run.complete()
+    marker = json.loads((cwd / "r" / MARKER).read_text())
+    assert marker["state"] == "complete" and marker["options"]["epochs"] == 5
+    assert marker["layout"] == {"ranks": 1, "hosts": {marker["host"]: 1}}
+    # complete: exit 0 and one line, nothing touched
+    before = (cwd / "r" / MARKER).read_text()
+    with pytest.raises(SystemExit) as stop:
+        start_or_resume("--out", "r", "--resume-or-start", "--epochs", "5")
+    assert stop.value.code == 0 and "r holds this run, complete: nothing to do" in capsys.readouterr().out
+    assert (cwd / "r" / MARKER).read_text() == before
+
+
+def test_resume_or_start_refuses_other_options_or_another_program(cwd):
+    _, run = start_or_resume("--out", "r", "--resume-or-start", "--epochs", "5", "--weights", "w")
+    run.save_checkpoint(lambda p: p.write_text("ckpt"), "epoch 1")
+    run.abandon("interrupted", "a signal")
+    before = tree(cwd)
+    with pytest.raises(UserError, match=r"with other options: --epochs 6 \(the run has 5\)"):
+        start_or_resume("--out", "r", "--resume-or-start", "--epochs", "6", "--weights", "w")
+    with pytest.raises(UserError, match=r"other options: --epochs 3 \(the run has 5\)"):  # left out: the default
+        start_or_resume("--out", "r", "--resume-or-start", "--weights", "w")
+    with pytest.raises(UserError, match=r"other options: --weights .*/elsewhere/w"):  # same words, other place
+        (cwd / "elsewhere").mkdir()
+        os.chdir(cwd / "elsewhere")
+        start_or_resume("--out", "../r", "--resume-or-start", "--epochs", "5", "--weights", "w")
+    os.chdir(cwd)
+    with pytest.raises(UserError, match="not an aepar.other run"):
+        start_or_resume("--out", "r", "--resume-or-start", "--epochs", "5", "--weights", "w", scheme="other")
+    with pytest.raises(UserError, match="needs --out DIR"):
+        start_or_resume("--resume-or-start")
+    with pytest.raises(UserError, match="contradicts --overwrite"):
+        start_or_resume("--out", "r", "--resume-or-start", "--overwrite")
+    (cwd / "mine").mkdir()
+    (cwd / "mine" / "notes.txt").write_text("x")
+    with pytest.raises(UserError, match="not an aepar run directory"):  # the usual --out rules
+        start_or_resume("--out", "mine", "--resume-or-start")
+    assert tree(cwd) == sorted(before + ["elsewhere", "mine", "mine/notes.txt"])
