@@ -82,6 +82,10 @@ bench-gpu-epoch: venv bench-peers  ## epochs on the GPU, aepar's CuPy kernels vs
 	$(BIN)/python -m bench.gpu_epoch --layers rbm,ae --batches 100,1000,5000 --out bench/results/gpu
 	$(BIN)/python -m bench.gpu_epoch --layers finetune,cae --batches 100 --out bench/results/gpu
 
+.PHONY: bench-memory
+bench-memory: venv  ## a rank's peak memory reading a 2 GB --data .npy as --scheme data does, 1/2/4 ranks -> data_memory.csv, data_memory.md (~2 min)
+	$(BIN)/python -m bench.data_memory
+
 .PHONY: bench-sparse-command
 bench-sparse-command: venv  ## python -m aepar.sparse vs the textbook program as whole commands (start-up included), and aepar's start-up alone -> peers.csv (~1 min)
 	$(BIN)/python -m bench.sparse_command

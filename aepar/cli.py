@@ -7,6 +7,7 @@ import argparse
 import math
 import os
 import sys
+import time
 
 from aepar.comm import world
 from aepar.errors import UserError
@@ -14,7 +15,7 @@ from aepar.rows import DEFAULT_BLOCKS
 
 __all__ = ["ArgumentParser", "add_common", "add_reduce_blocks", "progress", "gpu_blocks_hint", "positive_int",
            "non_negative_int", "seed", "learning_rate", "momentum", "non_negative_float", "unit_interval",
-           "fraction_to_half", "positive_float"]
+           "fraction_to_half", "positive_float", "add_data_options", "DatasetOption", "image_size"]
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -73,6 +74,12 @@ unit_interval = _typed("number strictly between 0 and 1", _finite, lambda v: 0 <
 fraction_to_half = _typed("fraction in [0, 0.5]", _finite, lambda v: 0 <= v <= 0.5)
 
 
+def _plots_default() -> bool:
+    """--plot's default: on unless $AEPAR_PLOTS says 0 (a test suite's or a sweep's many
+    short runs, where matplotlib's second per run is most of the time)."""
+    return os.environ.get("AEPAR_PLOTS", "1").strip().lower() not in ("0", "no", "false")
+
+
 def add_common(parser: argparse.ArgumentParser, *, scheme: str):
     """Options every scheme takes: device and data, then the run directory, checkpoints and
     the watchdog (see aepar.rundir and aepar.guard)."""
@@ -89,7 +96,11 @@ def add_common(parser: argparse.ArgumentParser, *, scheme: str):
     g.add_argument("--data-dir", default=os.environ.get("AEPAR_DATA"),
                    help="directory with your own data files (default: $AEPAR_DATA, else the "
                         "embedded real data)")
+    add_data_options(g)
     g.add_argument("--quiet", action="store_true", help="no progress lines")
+    g.add_argument("--plot", action=argparse.BooleanOptionalAction, default=_plots_default(),
+                   help="draw the run's figures (metrics.png, reconstructions, the scheme's own; needs "
+                        "matplotlib); --no-plot: numbers only (default on; $AEPAR_PLOTS=0 turns it off)")
     r = parser.add_argument_group(
         "run directory and checkpoints",
         "A run writes only into its run directory. A path that exists and is not an aepar run "
@@ -116,6 +127,49 @@ def add_common(parser: argparse.ArgumentParser, *, scheme: str):
                    help="end the job, naming the rank, if a rank makes no progress for this long "
                         "(a stalled rank; default: no watchdog)")
     return g
+
+
+def image_size(text: str) -> tuple:
+    """"32x32" -> (32, 32): height x width."""
+    parts = text.lower().split("x")
+    h, w = (int(p) for p in parts) if len(parts) == 2 else (0, 0)
+    if h < 1 or w < 1:
+        raise ValueError(text)
+    return h, w
+
+
+image_size.__name__ = "size HxW (e.g. 32x32)"
+
+
+class DatasetOption(argparse._StoreAction):
+    """--dataset, remembering that it was given (a preset's value is not): --data and
+    --dataset together are refused (aepar.data.files.check_source)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.dataset_given = True
+        super().__call__(parser, namespace, values, option_string)
+
+
+def add_data_options(group):
+    """--data PATH, the user's own file, and what describes it (aepar.data.files)."""
+    group.add_argument("--data", default=None, metavar="PATH",
+                       help="your own data instead of --dataset: a .npy (X), .npz (x and optional y), .h5/.hdf5 "
+                            "(--data-x, --data-y) or a folder of PNG/JPEG images (one sub-folder per class for "
+                            "labels); uint8 is scaled to [0, 1] (docs/data.md)")
+    group.add_argument("--data-x", default=None, metavar="NAME",
+                       help="the samples' array in --data's .npz or HDF5 file (default x, X, data or images; in "
+                            "HDF5 x, else its only dataset of 2+ dimensions)")
+    group.add_argument("--data-y", default=None, metavar="NAME",
+                       help="the labels' array in --data's .npz or HDF5 file (default for .npz: y, Y, labels or "
+                            "targets; HDF5: none)")
+    group.add_argument("--test-data", default=None, metavar="PATH",
+                       help="the test set, in --data's format (default: the file's test part, else "
+                            "--test-fraction of its rows)")
+    group.add_argument("--test-fraction", type=unit_interval, default=None, metavar="F",
+                       help="of --data's rows held out as the test set, chosen by --seed (default 0.2)")
+    group.add_argument("--image-size", type=image_size, default=None, metavar="HxW",
+                       help="resize the images of a --data folder to H x W pixels (default: they must all be "
+                            "of one size)")
 
 
 def _name(parser) -> str:
@@ -174,9 +228,15 @@ def default_float32(parser):
             action.help = "precision of weights and arithmetic (default float32 for this scheme)"
 
 
-def progress(comm, quiet: bool, message: str):
-    """One progress line, rank 0 only."""
+def progress(comm, quiet: bool, message: str, *, left: float | None | bool = False):
+    """One progress line, rank 0 only. An epoch's line passes ``left``, the estimated
+    seconds left (None: not known yet; aepar.metrics.Eta), and starts with the time:
+    "[16:42:05] layer 2/4 epoch 3/10 ... , 1m20s left"."""
     if comm.is_root and not quiet:
+        if left is not False:
+            from aepar.metrics import left_text
+
+            message = f"[{time.strftime('%H:%M:%S')}] {message}, {left_text(left)}"
         print(message, flush=True)
 
 

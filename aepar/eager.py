@@ -60,7 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aepar import backend
+from aepar import backend, metrics
 from aepar.cli import (ArgumentParser, add_common, add_reduce_blocks, default_float32, gpu_blocks_hint, learning_rate,
                        non_negative_int, parse_with_preset, positive_float, positive_int, progress, renamed)
 from aepar.comm import run_main
@@ -125,6 +125,7 @@ def _epochs_list(text: str):
 
 def build_parser():
     from aepar.classify import add_classify_args
+    from aepar.cli import DatasetOption
     from aepar.data.sources import DIGIT_SOURCES
 
     parser = ArgumentParser(
@@ -156,7 +157,7 @@ def build_parser():
     g.add_argument("--val-fraction", type=float, default=0.2,
                    help="of the training images held out for validation (default 0.2: 4.8k/1.2k of 6k)")
     g.add_argument("--limit", type=positive_int, default=None, help="use only the first N training images")
-    g.add_argument("--dataset", choices=DIGIT_SOURCES, default="auto",
+    g.add_argument("--dataset", choices=DIGIT_SOURCES, default="auto", action=DatasetOption,
                    help="mnist5k: the embedded digits; fashion: Debian's Fashion-MNIST; cifar10 or idx: "
                         "your files in --data-dir (default auto)")
     add_reduce_blocks(g)
@@ -178,7 +179,6 @@ def build_parser():
     c.add_argument("--curve", type=_epochs_list, nargs="?", const="all", default=None, metavar="E1,E2,...",
                    help="also classify after every epoch (or after the epochs listed): accuracy against "
                         "epochs and wall time (curve.csv, curve.png; the paper's Figures 8-9)")
-    c.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True, help="write the PNGs")
     add_classify_args(parser)
     add_common(parser, scheme=SCHEME)
     default_float32(parser)
@@ -220,6 +220,7 @@ class Split:
     test_y: np.ndarray
     shape: tuple
     source: str
+    n_classes: int
 
 
 def load_split(args) -> Split:
@@ -228,7 +229,13 @@ def load_split(args) -> Split:
     from aepar.data.splits import split_indices
     from aepar.models.cae import check_image_shape
 
-    im = load_images(args.dataset, args.data_dir, seed=args.seed, limit=args.limit, dtype=np.dtype(args.dtype))
+    from aepar.data.files import check_source, images_from_args
+
+    check_source(args)
+    if args.data is not None:  # the user's images, labelled (the classifiers need labels)
+        im = images_from_args(args, np.dtype(args.dtype), why="aepar.eager (its classifiers)")
+    else:
+        im = load_images(args.dataset, args.data_dir, seed=args.seed, limit=args.limit, dtype=np.dtype(args.dtype))
     try:
         shape = check_image_shape(im.train_x.shape[1:])
     except ValueError as e:
@@ -244,7 +251,7 @@ def load_split(args) -> Split:
         tr, va = split_indices(len(im.train_y), (1 - args.val_fraction, args.val_fraction), args.seed)
         x = rows(im.train_x)
         parts = (x[tr], im.train_y[tr], x[va], im.train_y[va], rows(im.test_x), im.test_y)
-    split = Split(*(np.ascontiguousarray(p) for p in parts), shape=shape, source=im.source)
+    split = Split(*(np.ascontiguousarray(p) for p in parts), shape=shape, source=im.source, n_classes=im.n_classes)
     return split
 
 
@@ -275,7 +282,8 @@ def main(argv, comm):
 
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args, run = parse_and_open(comm, SCHEME, PROG, parse, argv)
-    say = lambda m: progress(comm, args.quiet, m)  # noqa: E731
+    say = lambda m, **kw: progress(comm, args.quiet, m, **kw)  # noqa: E731
+    metrics.of(run)  # metrics.csv's clock starts with the run
     with run, Guard.from_args(comm, PROG, args) as guard:
         be, split, groups = comm.agree(_setup, args, comm)
         say(f"{PROG}: {split.source}; {len(split.train_y)} train / {len(split.val_y)} validation / "
@@ -326,7 +334,7 @@ def main(argv, comm):
                         "device": be.device, "kernels": be.kernel_set, "dtype": str(be.dtype), "seed": args.seed,
                         "parallel_wall_s": parallel_wall, "resumed": run.resumed, "machine": describe(threads=None)})
         finish(run, comm, summary, **(_results(run, summary, args, split, be, cae, mono) if comm.is_root else {}),
-               prog=PROG, quiet=args.quiet)
+               prog=PROG, quiet=args.quiet, plot=args.plot)
         run.complete()
     say(f"{PROG}: wrote {run.path}")
 

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from aepar import schemes
 from aepar.checkpoint import layers_to_params, restore_layers
 from aepar.cli import progress
+from aepar.data.files import fingerprinted
 from aepar.errors import UserError
+from aepar import metrics
 from aepar.finish import Weights, finish
 from aepar.parallel.subset import Subset, data_parallel_ranks
-from aepar.report.stacked import TABLES_FILE, tables
+from aepar.report.stacked import TABLES_FILE, reconstructions_figure, tables
 from aepar.resume import Checkpointer
 from aepar.rundir import fingerprint
 from aepar.stack import layers_from_args, warm_up
@@ -63,8 +65,8 @@ class Job:
     def shape(self) -> str:
         return "-".join(map(str, [self.layers[0].n_in] + [l.n_out for l in self.layers]))
 
-    def say(self, message: str):
-        progress(self.comm, self.args.quiet, message)
+    def say(self, message: str, **left):
+        progress(self.comm, self.args.quiet, message, **left)
 
     def announce(self, how: str):
         """The stage's first line: network, recipe, how the scheme spreads it, backend."""
@@ -101,7 +103,9 @@ def run_scheme(be, comm, args, digits, run, guard, name, *, prog, extra=None) ->
     digits, x_val = prepare(name, digits, args)
     say = lambda m: progress(comm, args.quiet, m)  # noqa: E731
     ckpt = Checkpointer(run, comm, guard, getattr(scheme, "CHECKPOINT_AS", name),
-                        fingerprint(digits.train_x, x_val, digits.test_x) if comm.is_root else None, progress=say)
+                        fingerprint(*map(fingerprinted, (digits.train_x, x_val, digits.test_x)))
+                        if comm.is_root else None, progress=say)
+    metrics.of(run)  # metrics.csv's clock starts with the run
     loaded = ckpt.load()
     if loaded is not None:
         say(f"{prog}: resuming from {run.checkpoint_path} ({run.checkpoint_progress})")
@@ -130,8 +134,12 @@ def run_scheme(be, comm, args, digits, run, guard, name, *, prog, extra=None) ->
     config = {"sizes": summary["layers"], "pretrainer": args.pretrainer, "scheme": name, "epochs": args.epochs,
               "task": args.task, "finetune_epochs": args.finetune_epochs, "loss": args.loss,
               "optimizer": args.optimizer, "seed": args.seed, **job.config}
+    if comm.is_root and args.task != "classify" and args.plot:
+        draw = reconstructions_figure(be, job.layers, main_params, digits.test_x, loss=args.loss)
+        if draw is not None:
+            job.figures.setdefault("reconstructions.png", draw)
     finish(run, comm, summary, weights=Weights(name, main_params, args.epochs, config), tables=text,
-           tables_file=TABLES_FILE, figures=job.figures, prog=prog, quiet=args.quiet)
+           tables_file=TABLES_FILE, figures=job.figures, prog=prog, quiet=args.quiet, plot=args.plot)
     return summary
 
 

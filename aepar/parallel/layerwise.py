@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 
 from aepar.checkpoint import layer_state, restore_layers
+from aepar import metrics
 from aepar.cli import progress
 from aepar.parallel.data_parallel import EpochState, reducer, train_epoch
 from aepar.trace import span
@@ -93,6 +94,16 @@ class _Stack:
         self.quiet, self.trace, self.ckpt, self.guard, self.outer = quiet, trace, ckpt, guard, outer
         self.allreduce, self.lr_at, self.what = allreduce, lr_at, what
         self.run = ckpt.run if ckpt else None
+        self.metrics = metrics.of(self.run)
+        self.prefix = outer()[2].get("prefix", "") if outer is not None else ""  # the compared greedy stage's
+        done = [len(e["epoch_times_s"]) for e in record["layers"]] + [0] * (len(layers) - len(record["layers"]))
+        self.eta = metrics.Eta(sum(self._work(i, l.epochs) for i, l in enumerate(layers)),
+                               sum(self._work(i, d) for i, d in enumerate(done)))
+
+    def _work(self, i, epochs) -> float:
+        """Epochs of layer ``i`` weighted by its size, for the time left (the big layers take longest)."""
+        layer = self.layers[i]
+        return float(epochs) * layer.n_in * layer.n_out
 
     def train_layer(self, i, train, test, state):
         """Layer ``i``'s remaining epochs (from ``state``, a checkpoint's place inside an epoch)."""
@@ -156,9 +167,12 @@ class _Stack:
         entry["epoch_times_s"].append(dt)
         entry["train_error"].append(err)
         entry["test_error"].append(test_err)
+        self.metrics.add("pretrain", epoch + 1, stage=f"{self.prefix}{i + 1}", train_error=err, val_error=test_err,
+                         lr=self.lr_at(layer, epoch) if self.lr_at is not None else layer.lr)
+        done = sum(self._work(j, len(e["epoch_times_s"])) for j, e in enumerate(self.record["layers"]))
         progress(comm, self.quiet, f"layer {i + 1}/{len(self.layers)} ({entry['shape']}, {layer.kind}) "
                                    f"epoch {epoch + 1:3d}/{layer.epochs}  recon error {err:9.4f}  "
-                                   f"test {test_err:9.4f}  {dt:7.2f}s")
+                                   f"test {test_err:9.4f}  {dt:7.2f}s", left=self.eta.left(done))
 
     def _save(self, i, epochs_done, epoch_state, why):
         comm = self.comm

@@ -23,6 +23,7 @@ import contextlib
 
 import numpy as np
 
+from aepar import metrics
 from aepar.guard import StepsOnly
 from aepar.parallel.data_parallel import train_epoch
 
@@ -151,6 +152,8 @@ class _ModelParallel:
         self.record = position.get("pretrain") or _new_record(layers, group)
         self.start = int(position.get("group", 0)), int(position.get("slot", 0))
         self.steps = StepsOnly(guard) if guard is not None else None
+        self.metrics = metrics.of(ckpt.run if ckpt is not None else None)
+        self.eta = metrics.Eta(sum(len(slots) for slots in self.groups), len(self.record["slots"]))
         # epochs each layer has done: the version of the copy the ranks hold
         self.versions = [0] * self.n
         for g, slots in enumerate(self.groups):
@@ -235,12 +238,14 @@ class _ModelParallel:
             entry["epoch_times_s"].append(sec)
             entry["refresh_s"].append(refresh)
             entry["train_error"].append(err)
+            self.metrics.add("pretrain", e + 1, stage=j + 1, train_error=err, lr=self.layers[j].lr)
         record["slots"].append({"group": g + 1, "slot": t + 1, "layers": [j + 1 for j, _ in active], "time_s": dt})
         record["time_s"] += dt
         if self.say is not None:
             self.say(f"model-parallel group {g + 1}/{len(self.groups)} slot {t + 1}/{len(self.groups[g])}: "
                      + ", ".join(f"L{j + 1} epoch {e + 1}/{self.layers[j].epochs} recon {err:.4f}"
-                                 for j, e, err, *_ in sorted(gathered)) + f"  {dt:6.2f}s")
+                                 for j, e, err, *_ in sorted(gathered)) + f"  {dt:6.2f}s",
+                     left=self.eta.left(len(record["slots"])))
 
     def checkpoint_if_due(self, g: int, t: int, flags):
         """The slot boundary is a safe point: a checkpoint on request or when one is due."""

@@ -23,8 +23,9 @@ import argparse
 
 import numpy as np
 
+from aepar import metrics
 from aepar.checkpoint import layers_to_params, restore_layers
-from aepar.cli import fraction_to_half, positive_int, renamed
+from aepar.cli import fraction_to_half, positive_int, progress, renamed
 from aepar.data.sources import Digits
 from aepar.errors import UserError
 from aepar.parallel.executor import Pipeline
@@ -217,8 +218,6 @@ def add_sync_args(parser):
     g.add_argument("--dp-ranks", type=positive_int, default=None,
                    help="ranks for fine-tuning and the greedy comparison (default: all, or one per "
                         "core when ranks outnumber cores - waiting collectives spin in MPI)")
-    g.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True,
-                   help="write spacetime.png (needs matplotlib; default on)")
     return g
 
 
@@ -301,11 +300,27 @@ def _merge_segments(done: dict | None, result) -> dict:
     return out
 
 
+def _on_epoch(job, done):
+    """Rank 0's call for every stage's finished epoch, as its record arrives: a metrics.csv
+    row and a progress line (the time left from the planned epochs)."""
+    args, layers, plan = job.args, job.layers, job.state["plan"]
+    rows, line = metrics.of(job.ckpt.run), _stage_line(layers)
+    count = [len(done["epochs"]) if done else 0]
+    eta = metrics.Eta(sum(plan.epochs(l) for l in range(len(layers))), count[0])
+
+    def on_epoch(r):
+        rows.add("pretrain", r["epoch"] + 1, stage=r["stage"] + 1, train_error=r["train_error"],
+                 val_error=r["val_error"], lr=layers[r["stage"]].lr)
+        count[0] += 1
+        progress(job.comm, args.quiet, line(r), left=eta.left(count[0]))
+    return on_epoch
+
+
 def _run_pipeline(job, state=None, done=None) -> dict:
     """The pipeline until it is done, through its checkpoints (a periodic one rebuilds it from
     its state and goes on). Returns the merged records (complete on rank 0)."""
     args, comm, layers, plan = job.args, job.comm, job.layers, job.state["plan"]
-    on_epoch = None if args.quiet else (lambda r, f=_stage_line(layers): print(f(r), flush=True))
+    on_epoch = _on_epoch(job, done)
     while True:
         pipe = Pipeline(job.be, comm, layers, job.state["layout"], job.digits.train_x, job.x_val,
                         epochs=job.state["epochs"], extras=job.state["extras"], blocks=args.reduce_blocks,

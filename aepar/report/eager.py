@@ -8,7 +8,7 @@ from __future__ import annotations
 import csv
 import io
 
-import numpy as np
+from aepar.report.figures import figure, reconstructions_png
 
 __all__ = ["epochs_csv", "curve_csv", "accuracy_table", "losses_png", "curve_png", "reconstructions_png"]
 
@@ -90,19 +90,10 @@ def accuracy_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _figure(width, height):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height))
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def losses_png(records: dict, path, *, title: str = ""):
     """Validation loss against epochs and against the model's own wall time: parallel CAEs
     thin, the monolithic one thick black."""
-    fig = _figure(10, 4)
+    fig = figure(10, 4)
     axes = fig.subplots(1, 2)
     for name, r in sorted(records.items()):
         ep = r["epochs"]
@@ -123,7 +114,7 @@ def losses_png(records: dict, path, *, title: str = ""):
 
 def curve_png(curve: list, path):
     """Classification accuracy (validation) against epochs and effective wall time."""
-    fig = _figure(10, 4)
+    fig = figure(10, 4)
     axes = fig.subplots(1, 2)
     ep = [c["epoch"] for c in curve]
     par = [100 * c["combined"]["validation"] for c in curve]
@@ -143,26 +134,3 @@ def curve_png(curve: list, path):
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110)
-
-
-def _image(row, shape):
-    c, h, w = shape
-    img = np.clip(np.asarray(row, dtype=np.float64).reshape(c, h, w), 0, 1)
-    return img[0] if c == 1 else img.transpose(1, 2, 0)
-
-
-def reconstructions_png(originals, rows: list, shape, path):
-    """Originals in the first row, then one row per (label, reconstructions)."""
-    n = len(originals)
-    fig = _figure(1.1 * n + 1.6, 1.15 * (len(rows) + 1))
-    axes = np.atleast_2d(fig.subplots(len(rows) + 1, n))
-    cmap = "gray" if shape[0] == 1 else None
-    for r, (label, images) in enumerate([("original", originals)] + list(rows)):
-        for i in range(n):
-            ax = axes[r, i]
-            ax.imshow(_image(images[i], shape), cmap=cmap, vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-        axes[r, 0].set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)

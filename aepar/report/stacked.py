@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["pca_error", "table2", "table3", "tables", "hms", "main"]
+__all__ = ["pca_error", "table2", "table3", "tables", "hms", "reconstructions_figure", "main"]
 
 TABLES_FILE = "tables.md"
+SHOWN = 8  # test rows in reconstructions.png
 
 
 def pca_error(train_x, test_x, k=30) -> dict:
@@ -50,6 +51,34 @@ def pca_error(train_x, test_x, k=30) -> dict:
         return float(np.einsum("ij,ij->", r, r) / max(c.shape[0], 1))
 
     return {"k": k, "train": error(train), "test": error(test_x)}
+
+
+def reconstructions_figure(be, layers, params: dict, x, *, loss: str, prefix: str = ""):
+    """``draw(path)`` of reconstructions.png: the first :data:`SHOWN` rows of ``x`` over
+    their reconstructions by the pre-trained ``layers`` (unrolled) and, where ``params``
+    holds it (``finetuned/*``), the fine-tuned network; None unless the rows are square
+    images (aepar.report.figures.image_shape). Root only: local arithmetic, no ranks."""
+    from aepar.report.figures import image_shape, reconstructions_png
+
+    shape = image_shape(int(np.shape(x)[1]))
+    if shape is None or not np.shape(x)[0]:
+        return None
+    shown = np.asarray(x[:SHOWN])
+    tuned = {k[len(f"{prefix}finetuned/"):]: v for k, v in params.items() if k.startswith(f"{prefix}finetuned/")}
+
+    def draw(path):
+        from aepar.models.stacked import StackedAutoencoder
+        from aepar.rows import Shard
+
+        rows = Shard.of(be, shown, 1)
+        model = StackedAutoencoder.from_layers(be, layers, loss=loss)
+        out = [("pre-trained", be.to_host(model.reconstruct(rows).x))]
+        if tuned:
+            for k, v in tuned.items():
+                model.params[k][...] = be.asarray(v)
+            out.append(("fine-tuned", be.to_host(model.reconstruct(rows).x)))
+        reconstructions_png(shown, out, shape, path)
+    return draw
 
 
 def hms(seconds) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aepar import metrics
 from aepar.errors import Diverged
 
 __all__ = ["Member", "new_record", "stop_reason", "train_members", "snapshot_name", "flat_states", "saved_states",
@@ -65,14 +66,15 @@ def stop_reason(record: dict, *, epochs: int, budget=None, rule=None, patience=N
 
 
 def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, saved=None, outer=None,
-                  say=print) -> dict:
+                  say=None) -> dict:
     """Train the members of ensemble ``ens`` round by round (steps 1-3).
 
     ``make(index) -> (name, model)``: the CAE of model ``index`` (the same on every rank);
     ``rules``: :func:`stop_reason`'s keyword arguments; ``saved``: name -> host state
     (params, opt, record) of a checkpoint to go on from; ``outer() -> (params, opt_state,
-    progress)``: what the rest of the run adds to every checkpoint. Returns name -> host
-    state of every member (rank 0; None elsewhere).
+    progress)``: what the rest of the run adds to every checkpoint; ``say(line, left=seconds)``:
+    an epoch's progress line (aepar.cli.progress). Returns name -> host state of every member
+    (rank 0; None elsewhere).
     """
     from aepar.guard import StepsOnly
     from aepar.parallel.data_parallel import reducer
@@ -87,6 +89,7 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
     # the next round: the fewest epochs among the models still going
     epoch = min((len(s["record"]["epochs"]) for s in (saved or {}).values() if not s["record"]["stopped"]),
                 default=0)
+    eta = metrics.Eta(rules["epochs"], epoch)  # rounds; models stopped early make it shorter
     with guard.training(SCHEME):
         while not ens.comm.bcast(all(s["record"]["stopped"] for s in latest.values())
                                      and len(latest) == ens.n_models if ens.comm.is_root else None):
@@ -106,7 +109,7 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
             epoch += 1
             if ens.comm.is_root and merged:
                 latest.update(merged)
-                _end_of_round(run, merged, epoch, args, say)
+                _end_of_round(run, merged, epoch, args, say, eta.left(epoch))
             checkpoint, stop = guard.decide(summed)
             if stop or checkpoint or guard.epoch_due(epoch):
                 _save(ckpt, latest, outer, f"{epoch} epochs", "signal" if stop else "periodic")
@@ -154,18 +157,22 @@ def _one_epoch(mb, train, val, epoch, rules, *, be, sub, reduce, steps, guard, r
     return None
 
 
-def _end_of_round(run, merged, epoch, args, say):
-    """Root: every model's snapshot of this round, and one line."""
+def _end_of_round(run, merged, epoch, args, say, left=None):
+    """Root: every model's snapshot and metrics.csv row of this round, and one line."""
     from aepar import checkpoint
 
+    rows = metrics.of(run)
     for name, state in sorted(merged.items()):
         e = len(state["record"]["epochs"])
+        last = state["record"]["epochs"][-1]
+        rows.add("pretrain", e, stage=name, train_loss=last["train_loss"], val_loss=last["val_loss"], lr=args.cae_lr)
         with run.output(snapshot_name(name, e)) as path:
             checkpoint.save(path, scheme=SCHEME, params=_part(state["state"], "params/"), epoch=e,
                             config={"model": name, "record": state["record"]["epochs"][-1], "lr": args.cae_lr})
-    say(f"epoch {epoch:3d}  " + "  ".join(
-        f"{n} val {s['record']['epochs'][-1]['val_loss']:7.3f}" + (" (stopped)" if s["record"]["stopped"] else "")
-        for n, s in sorted(merged.items())))
+    if say is not None:
+        say(f"epoch {epoch:3d}  " + "  ".join(
+            f"{n} val {s['record']['epochs'][-1]['val_loss']:7.3f}" + (" (stopped)" if s["record"]["stopped"] else "")
+            for n, s in sorted(merged.items())), left=left)
 
 
 def snapshot_name(name: str, epoch: int) -> str:

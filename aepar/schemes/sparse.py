@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 
+from aepar import metrics
 from aepar.cli import progress
 from aepar.errors import Interrupted, UserError
 
@@ -76,12 +77,16 @@ def train(args, comm, setup, *, resume=None, run=None, guard=None):
         _setulb()  # loading the optimiser is not training time either
     comm.barrier()
     start = comm.wtime()
-    on_iteration = _watcher(args, comm, setup, model, start, run, guard)
+    on_iteration = _watcher(args, comm, setup, model, start, run, guard, resumed_at(resume) or 0)
     with (guard.training("L-BFGS iterations") if guard is not None else contextlib.nullcontext()):
         result = opt.run(theta0, args.iterations, on_iteration,
                          state=resume.opt_state if resume is not None else None)
     if result.paused:
         raise _interrupted(comm, run, run.checkpoint_progress if comm.is_root else None)
+    rows = metrics.of(run)
+    last = result.iterations
+    if comm.is_root and result.cost is not None and last % PROGRESS_EVERY and last != args.iterations:
+        rows.add("lbfgs", last, train_loss=result.cost)  # converged between rows: its last iteration too
     seconds_total = comm.allreduce(comm.wtime() - start, op="max")
     seconds_comm = comm.allreduce(result.seconds_comm, op="max")
     # every rank's own compute (the slowest is the run's): the spread is what the others
@@ -94,10 +99,13 @@ def train(args, comm, setup, *, resume=None, run=None, guard=None):
     return _summary(args, comm, setup, opt, result, times, resume), model, result.theta
 
 
-def _watcher(args, comm, setup, model, start, run, guard):
-    """The root's call after every L-BFGS iteration: progress, checkpoints at the guard's
-    safe points; True stops the optimiser (a stop signal, after its checkpoint)."""
+def _watcher(args, comm, setup, model, start, run, guard, first=0):
+    """The root's call after every L-BFGS iteration: progress and a metrics.csv row every
+    PROGRESS_EVERY iterations (the root's cost, as L-BFGS-B saw it), checkpoints at the
+    guard's safe points; True stops the optimiser (a stop signal, after its checkpoint)."""
     from aepar import checkpoint
+
+    rows, eta = metrics.of(run), metrics.Eta(args.iterations, first)
 
     config = {"samples": args.samples, "patch": args.patch, "hidden": args.hidden, "rho": args.rho,
               "lam": args.lam, "beta": args.beta, "seed": args.seed, "dtype": setup.be.dtype.name,
@@ -113,7 +121,9 @@ def _watcher(args, comm, setup, model, start, run, guard):
     def on_iteration(o, cost, flags):
         it = o.iterations
         if it % PROGRESS_EVERY == 0 or it == args.iterations:
-            progress(comm, args.quiet, f"iteration {it:4d}  cost {cost:.6f}  {comm.wtime() - start:7.2f} s")
+            rows.add("lbfgs", it, train_loss=cost)
+            progress(comm, args.quiet, f"iteration {it:4d}  cost {cost:.6f}  {comm.wtime() - start:7.2f} s",
+                     left=eta.left(it))
         if guard is None or run is None or it >= args.iterations:
             return False
         checkpoint_now, stop = guard.decide(flags)

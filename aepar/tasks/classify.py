@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aepar import metrics
 from aepar.cli import learning_rate, momentum, non_negative_int, positive_int, progress
 from aepar.data.sources import CLASSES
 from aepar.errors import UserError
@@ -120,6 +121,8 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
     progress(comm, quiet, f"  before: train accuracy {_pct(record['before']['train'])}  "
                           f"test {_pct(record['before']['test'])}")
 
+    rows, eta = metrics.of(run), metrics.Eta(epochs, fit.first)
+
     def after_epoch(epoch, result):
         loss, seen = result.means
         fit.check_epoch(loss, f"{what} epoch {epoch + 1}")
@@ -128,8 +131,10 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
         seconds = fit.epoch_seconds()
         record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_accuracy_seen": seen,
                                  "test_accuracy": test_acc, "test_loss": test_loss, "seconds": seconds})
+        rows.add("classify", epoch + 1, stage=prefix.rstrip("/") or ("" if what == "classification" else what), train_loss=loss, val_loss=test_loss,
+                 train_error=1.0 - seen, val_error=1.0 - test_acc, lr=args.classify_lr)
         progress(comm, quiet, f"  classify epoch {epoch + 1:3d}/{epochs}  loss {loss:8.4f}  train accuracy seen "
-                              f"{_pct(seen):>7}  test {_pct(test_acc):>7}  {seconds:7.2f}s")
+                              f"{_pct(seen):>7}  test {_pct(test_acc):>7}  {seconds:7.2f}s", left=eta.left(epoch + 1))
 
     fit.run(epochs, after_epoch)
     if epochs:
@@ -207,16 +212,16 @@ def classify_and_evaluate(be, comm, layers, digits, args, *, trace=None, ckpt=No
     Raises
     ------
     UserError
-        Labels missing, not one per row or outside [0, 10); layers that do not take the
+        Labels missing, not one per row or outside [0, classes); layers that do not take the
         data's inputs.
     """
-    check_labels(digits)
+    check_labels(digits, digits.n_classes)
     n_in = int(digits.train_x.shape[1])
     if layers is not None and int(layers[0].params["W"].shape[0]) != n_in:
         raise UserError(f"the first layer takes {layers[0].params['W'].shape[0]} inputs but the data have {n_in}")
     _warm_up(be, args)
     count = int(reduce_blocks or args.reduce_blocks)
-    model = build_model(be, layers, n_in, args)
+    model = build_model(be, layers, n_in, args, digits.n_classes)
     train, test = _shards(be, comm, digits.train_x, digits.train_y, digits.test_x, digits.test_y, count)
     result = _fit(be, comm, model, train, test, args, what="classification", trace=trace, ckpt=ckpt,
                   resume=resume, outer=outer, guard=guard, prefix=prefix)
@@ -292,7 +297,7 @@ def floors(be, comm, digits, args, *, trace=None, ckpt=None, resume=None, outer=
         {"raw": result, "pca": result with "k"}, each result as :func:`classify_and_evaluate`'s
         (without the model).
     """
-    check_labels(digits)
+    check_labels(digits, digits.n_classes)
     count = int(reduce_blocks or args.reduce_blocks)
     done = dict(resume[2].get("floors_done", {})) if resume is not None else {}
     part = resume[2].get("part") if resume is not None else None
@@ -317,7 +322,7 @@ def floors(be, comm, digits, args, *, trace=None, ckpt=None, resume=None, outer=
         what = "floor: softmax regression on " + ("raw pixels" if name == "raw" else f"PCA-{vecs.shape[1]}")
         result = fit_on_features(be, comm, (train_x, digits.train_y), (test_x, digits.test_y), args, what=what,
                                  count=count, trace=trace, ckpt=ckpt, resume=resume if part == here else None,
-                                 outer=part_outer, guard=guard, prefix=here)
+                                 outer=part_outer, guard=guard, prefix=here, n_classes=digits.n_classes)
         result.pop("model")
         result["features"] = "raw pixels" if name == "raw" else f"PCA-{vecs.shape[1]}"
         if name == "pca":

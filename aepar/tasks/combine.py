@@ -58,7 +58,7 @@ def combine(be, comm, split, models: dict, args, *, quiet=False) -> dict:
     def fit(parts, what):
         args_q = argparse.Namespace(**{**vars(args), "quiet": True})
         result = fit_on_features(be, comm, (parts[0], split.train_y), (parts[1], split.val_y), args_q, what=what,
-                                 hidden=hidden)
+                                 hidden=hidden, n_classes=split.n_classes)
         model = result.pop("model")
         test = Shard.of(be, with_labels(parts[2], split.test_y, be.dtype), min(args.reduce_blocks, len(split.test_y)),
                         comm.rank, comm.size)

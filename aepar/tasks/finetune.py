@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aepar import metrics
 from aepar.cli import add_reduce_blocks, learning_rate, momentum, non_negative_int, positive_int, progress, renamed
 from aepar.models.stacked import LOSSES, StackedAutoencoder
 from aepar.optim import make_optimizer
@@ -122,7 +123,7 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
                           f"{args.finetune_epochs} epochs, {comm.size} rank(s), {count} blocks")
     progress(comm, quiet, f"  before: train error/digit {record['before']['train']:.3f}  "
                           f"test {record['before']['test']:.3f}")
-    fit.run(args.finetune_epochs, _after_epoch(be, comm, model, test, fit, args, ckpt, guard, quiet))
+    fit.run(args.finetune_epochs, _after_epoch(be, comm, model, test, fit, args, ckpt, guard, quiet, prefix))
     if args.finetune_epochs:
         (after_train, after_test), dt = timed(comm, be, both)
         record["eval_s"] += dt
@@ -137,10 +138,11 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
             "epochs": record["epochs"], "time_s": record["time_s"], "eval_s": record["eval_s"], "model": model}
 
 
-def _after_epoch(be, comm, model, test, fit, args, ckpt, guard, quiet):
-    """What follows every epoch: checks, the test error, the record and the progress line."""
+def _after_epoch(be, comm, model, test, fit, args, ckpt, guard, quiet, prefix=""):
+    """What follows every epoch: checks, the test error, the record, metrics.csv and the progress line."""
     run = ckpt.run if ckpt else None
     reduce = reducer(comm)
+    rows, eta = metrics.of(run), metrics.Eta(args.finetune_epochs, fit.first)
 
     def after_epoch(epoch, result):
         loss, seen = result.means
@@ -153,6 +155,9 @@ def _after_epoch(be, comm, model, test, fit, args, ckpt, guard, quiet):
         seconds = fit.epoch_seconds()
         fit.record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_error_seen": seen,
                                      "test_error": test_err, "seconds": seconds})
+        rows.add("finetune", epoch + 1, stage=prefix.rstrip("/"), train_loss=loss, train_error=seen,
+                 val_error=test_err, lr=args.finetune_lr)
         progress(comm, quiet, f"  finetune epoch {epoch + 1:3d}/{args.finetune_epochs}  loss {loss:9.4f}  "
-                              f"train error {seen:8.3f}  test {test_err:8.3f}  {seconds:7.2f}s")
+                              f"train error {seen:8.3f}  test {test_err:8.3f}  {seconds:7.2f}s",
+                 left=eta.left(epoch + 1))
     return after_epoch

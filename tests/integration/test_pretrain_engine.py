@@ -13,7 +13,6 @@ every size, checked on the weights it writes; its checkpoints and bad input.
 - auto: runs what the planner predicts fastest, never slower than data.
 """
 import json
-import signal
 
 import numpy as np
 import pytest

@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.integration.test_outputs import assert_describes_itself
 from tests.conftest import ROOT, mpirun_cmd, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -209,7 +210,7 @@ def test_sync_stopped_by_the_launchers_sigusr1_resumes_to_the_same_bits(referenc
     proc = subprocess.Popen(launcher + ["-np", "4", sys.executable, "-m", "aepar.sync", *args, "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     for line in proc.stdout:
-        if line.startswith("sync  L1") and " epoch   2 " in line:
+        if line.split("] ", 1)[-1].startswith("sync  L1") and " epoch   2 " in line:
             proc.send_signal(signal.SIGUSR1)
             break
     _, err = proc.communicate(timeout=300)
@@ -217,6 +218,10 @@ def test_sync_stopped_by_the_launchers_sigusr1_resumes_to_the_same_bits(referenc
     then = cli("aepar.sync", ["--resume", out, "--quiet"], 4)
     assert then.returncode == 0, then.stderr
     assert_same_bits(references["sync"], out)
+    rows = assert_describes_itself(out, None, figures=False)  # every stage's epochs once, across the resume
+    ran = json.loads((out / "summary.json").read_text())["pretrain"]["epochs"]
+    assert sorted((int(r["stage"]), int(r["epoch"])) for r in rows if r["phase"] == "pretrain") == sorted(
+        (e["stage"] + 1, e["epoch"] + 1) for e in ran)
 
 
 def test_a_run_interrupted_twice_resumes_twice_to_the_same_bits(references, tmp_path):
@@ -232,6 +237,10 @@ def test_a_run_interrupted_twice_resumes_twice_to_the_same_bits(references, tmp_
     assert_same_bits(references["greedy"], out)
     states = [h["state"] for h in marker(out)["history"]]
     assert states.count("interrupted") == 2 and states[-1] == "complete"
+    # metrics.csv went on through both resumes: every epoch once, in order, elapsed_s growing
+    rows = assert_describes_itself(out, None, figures=False)
+    assert [(r["phase"], r["stage"], r["epoch"]) for r in rows] == (
+        [("pretrain", str(l), str(e)) for l in (1, 2, 3) for e in (1, 2, 3)] + [("finetune", "", "1"), ("finetune", "", "2")])
 
 
 def test_periodic_checkpoints_change_nothing(references, tmp_path):
@@ -239,8 +248,8 @@ def test_periodic_checkpoints_change_nothing(references, tmp_path):
     r = cli("aepar.greedy", [*GREEDY, "--checkpoint-every", "1", "--out", out], 2)
     assert r.returncode == 0, r.stderr
     assert_same_bits(references["greedy"], out)
-    assert sorted(p.name for p in out.iterdir()) == ["run.json", "summary.json", "tables.md", "trace.json",
-                                                     "weights.h5"]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "run.json", "summary.json", "tables.md",
+                                                     "trace.json", "weights.h5"]
 
 
 def test_fine_tuning_resumes_and_continues_a_fine_tuned_network(references, tmp_path):

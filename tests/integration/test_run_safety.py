@@ -100,10 +100,11 @@ def test_a_failed_checkpoint_write_keeps_the_last_one_and_ends_every_rank(tmp_pa
     if mpirun_cmd() is None:
         pytest.skip("no mpirun found")
     out = tmp_path / "run"
-    # files 1 and 2: the checkpoints after layer 1's epochs; file 3, the next one, fails
+    # files 1-5: metrics.csv after each epoch and the checkpoints after layer 1's epochs; file 6, the
+    # checkpoint after layer 2's first epoch, fails
     p = subprocess.run(_command(2, "aepar.greedy", GREEDY + ["--checkpoint-every", "1", "--timeout", "60",
                                                             "--out", out]),
-                       cwd=tmp_path, env=_env(AEPAR_FAULT="0:3:enospc"), capture_output=True, text=True,
+                       cwd=tmp_path, env=_env(AEPAR_FAULT="0:6:enospc"), capture_output=True, text=True,
                        timeout=300)
     lines = aepar_lines(p.stderr, "aepar.greedy")
     assert p.returncode == 74, p.stderr[-3000:]
@@ -111,7 +112,7 @@ def test_a_failed_checkpoint_write_keeps_the_last_one_and_ends_every_rank(tmp_pa
     assert lines[0] == (f"aepar.greedy: error: cannot write {out}/checkpoint.h5: No space left on device; the last "
                         f"checkpoint (layer 1, 2 epochs done) in {out} is intact: make room, then --resume {out} "
                         "(rank 0)")
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.h5", "run.json"]  # nothing half-written
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.h5", "metrics.csv", "run.json"]  # nothing half-written
     assert json.loads((out / "run.json").read_text())["state"] == "failed"
     resumed = subprocess.run(_command(1, "aepar.greedy", ["--resume", out, "--quiet"]), cwd=tmp_path, env=_env(),
                              capture_output=True, text=True, timeout=300)

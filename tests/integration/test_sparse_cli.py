@@ -31,11 +31,11 @@ def test_small_run_writes_every_output(tmp_path):
     assert_run_json(out, 1, samples=2000, iterations=30, seed=3)
     lines = p.stdout.splitlines()
     assert lines[0].startswith(f"{PROG}: 2000 patches 8x8") and "64-25-64" in lines[0]
-    progress = [l for l in lines if l.startswith("iteration")]
+    progress = [l.split("] ", 1)[-1] for l in lines if "] iteration" in l]
     assert [int(l.split()[1]) for l in progress] == [25, 30]
     assert "4.00 communications/evaluation" in lines[-1] and "wrote" in lines[-1]
-    assert sorted(f.name for f in out.iterdir()) == ["features.png", "run.json", "summary.csv", "summary.json",
-                                                     "weights.h5"]
+    assert sorted(f.name for f in out.iterdir()) == ["features.png", "metrics.csv", "run.json", "summary.csv",
+                                                     "summary.json", "weights.h5"]
     assert not list(tmp_path.glob(".sparse.*"))  # the staging directory was renamed away
 
     summary = json.loads((out / "summary.json").read_text())

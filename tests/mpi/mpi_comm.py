@@ -6,7 +6,6 @@ from aepar.comm import world
 from aepar.errors import UserError
 from aepar.parallel.blocks import TreeSum
 from aepar.rows import block_bounds, rank_blocks, tree_sum
-from aepar.backend import select
 
 
 class FakeDeviceArray:

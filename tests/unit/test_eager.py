@@ -2,7 +2,6 @@
 import argparse
 
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from aepar.schemes.eager import pick_epoch, stop_reason

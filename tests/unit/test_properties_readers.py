@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 
 import aepar  # noqa: F401  (thread settings before numpy work)
 from aepar.data import load_digits, read_cifar10_batch, read_idx, read_images_mat
-from aepar.data import sources
 from aepar.errors import UserError
 
 
