@@ -223,8 +223,9 @@ class Split:
     n_classes: int
 
 
-def load_split(args) -> Split:
-    """The images the run trains on (every rank reads the same; UserError on bad data)."""
+def load_split(args, images=None) -> Split:
+    """The images the run trains on (every rank reads the same; UserError on bad data);
+    ``images``: labelled Images given instead of the options' data (aepar.api.eager)."""
     from aepar.data.sources import load_images
     from aepar.data.splits import split_indices
     from aepar.models.cae import check_image_shape
@@ -232,7 +233,9 @@ def load_split(args) -> Split:
     from aepar.data.files import check_source, images_from_args
 
     check_source(args)
-    if args.data is not None:  # the user's images, labelled (the classifiers need labels)
+    if images is not None:
+        im = images
+    elif args.data is not None:  # the user's images, labelled (the classifiers need labels)
         im = images_from_args(args, np.dtype(args.dtype), why="aepar.eager (its classifiers)")
     else:
         im = load_images(args.dataset, args.data_dir, seed=args.seed, limit=args.limit, dtype=np.dtype(args.dtype))
@@ -256,9 +259,9 @@ def load_split(args) -> Split:
 
 
 # ---- the run -------------------------------------------------------------------------------------
-def _setup(args, comm):
+def _setup(args, comm, images=None):
     be = backend.select(args.device, args.kernels, args.dtype)
-    split = load_split(args)
+    split = load_split(args, images)
     from aepar.rows import check_blocks
 
     groups = args.rank_groups or min(args.models, comm.size)
@@ -273,6 +276,12 @@ def _setup(args, comm):
 
 
 def main(argv, comm):
+    run_program(sys.argv[1:] if argv is None else [str(a) for a in argv], comm)
+
+
+def run_program(argv: list, comm, images=None) -> tuple:
+    """The program on ``argv``; ``images``: labelled Images to train on instead of the
+    options' data (aepar.api.eager). Returns (the summary, the run directory)."""
     from aepar.guard import Guard
     from aepar.machine import describe
     from aepar.models.cae import ConvAutoencoder
@@ -280,12 +289,11 @@ def main(argv, comm):
     from aepar.resume import Checkpointer
     from aepar.rundir import fingerprint, parse_and_open
 
-    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
     args, run = parse_and_open(comm, SCHEME, PROG, parse, argv)
     say = lambda m, **kw: progress(comm, args.quiet, m, **kw)  # noqa: E731
     metrics.of(run)  # metrics.csv's clock starts with the run
     with run, Guard.from_args(comm, PROG, args) as guard:
-        be, split, groups = comm.agree(_setup, args, comm)
+        be, split, groups = comm.agree(_setup, args, comm, images)
         say(f"{PROG}: {split.source}; {len(split.train_y)} train / {len(split.val_y)} validation / "
             f"{len(split.test_y)} test images of {'x'.join(map(str, split.shape))}")
         ckpt = Checkpointer(run, comm, guard, SCHEME,
@@ -337,6 +345,7 @@ def main(argv, comm):
                prog=PROG, quiet=args.quiet, plot=args.plot)
         run.complete()
     say(f"{PROG}: wrote {run.path}")
+    return summary, run.path
 
 
 def _picked_models(comm, run, names, make, picks) -> dict:

@@ -61,8 +61,9 @@ def build_parser() -> ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="outputs in the run directory: weights.h5, features.png (one tile per hidden unit),\n"
                "  summary.json, summary.csv (cost, iterations, times, communications/evaluation), run.json\n"
-               "images: --images FILE, else IMAGES.mat or the first CIFAR-10 batch in --data-dir/$AEPAR_DATA\n"
-               "  (a directory with neither is refused), else whitened photographs from the scikit-image wheel\n"
+               "images: --data PATH (your images: a folder, .npy, .npz or HDF5), --images IMAGES.mat, else\n"
+               "  IMAGES.mat or the first CIFAR-10 batch in --data-dir/$AEPAR_DATA (a directory with neither\n"
+               "  is refused), else whitened photographs from the scikit-image wheel\n"
                "progress: every 25 iterations on rank 0 (iteration, cost, seconds)\n"
                "exit codes: 0 done, 2 bad input, 3 diverged, 75 interrupted (checkpoint saved),\n"
                "  124 a rank stalled (--timeout), 1 internal error\n\n"
@@ -101,8 +102,9 @@ class Setup:
     fingerprint: str | None  # of all patches (root)
 
 
-def _setup(args, rank: int, size: int) -> Setup:
-    """Everything that can fail on bad input, before any file is written (no communication)."""
+def _setup(args, rank: int, size: int, images=None) -> Setup:
+    """Everything that can fail on bad input, before any file is written (no communication).
+    ``images``: (the (S, S, K) stack, its source line) given instead of the options' (aepar.api)."""
     from aepar.data.files import check_source, user_images
     from aepar.data.imagesmat import read_images_mat
     from aepar.data.patches import sample_patches
@@ -118,7 +120,9 @@ def _setup(args, rank: int, size: int) -> Setup:
                         f"or at least {LEAF * size} samples")
     be = backend.select(args.device, args.kernels, args.dtype)
     check_source(args)
-    if args.data is not None:  # the user's images: grey, square, whitened (aepar.data.files)
+    if images is not None:
+        images, source = images
+    elif args.data is not None:  # the user's images: grey, square, whitened (aepar.data.files)
         images, source = user_images(args.data, x_name=args.data_x, image_size=args.image_size)
     elif args.images:
         images = read_images_mat(args.images)
@@ -163,16 +167,22 @@ def _results(args, model, theta, summary) -> dict:
 
 
 def main(argv=None, comm=None):
-    from aepar.guard import Guard
-    from aepar.rundir import parse_and_open
-
     if comm is None:
         from aepar.comm import world
         comm = world()
-    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    return run_program(sys.argv[1:] if argv is None else [str(a) for a in argv], comm)[0]
+
+
+def run_program(argv: list, comm, images=None) -> tuple:
+    """The program on ``argv``; ``images``: (stack, source) to sample the patches from
+    instead of the options' data (aepar.api.sparse_autoencoder). Returns (the summary,
+    the run directory)."""
+    from aepar.guard import Guard
+    from aepar.rundir import parse_and_open
+
     args, run = parse_and_open(comm, "sparse", PROG, build_parser().parse_args, argv)
     with run, Guard.from_args(comm, PROG, args) as guard:
-        setup = comm.agree(_setup, args, comm.rank, comm.size)
+        setup = comm.agree(_setup, args, comm.rank, comm.size, images)
         resume = comm.agree(lambda: scheme.load_resume(args, run, setup) if run.resumed and comm.is_root else None)
         progress(comm, args.quiet, f"{PROG}: {scheme.describe(args, comm, setup, resume, run)}")
         summary, model, theta = scheme.train(args, comm, setup, resume=resume, run=run, guard=guard)
@@ -188,7 +198,7 @@ def main(argv=None, comm=None):
               f"compute {summary['seconds_compute']:.2f} s, comm {summary['seconds_comm']:.2f} s "
               f"(max over {comm.size} rank{'s' if comm.size > 1 else ''}{_spread(summary)}); wrote {run.path}",
               flush=True)
-    return summary
+    return summary, run.path
 
 
 if __name__ == "__main__":

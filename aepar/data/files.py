@@ -38,7 +38,7 @@ from aepar.data.splits import split_indices
 from aepar.errors import DataError, UserError
 
 __all__ = ["Rows", "UserData", "read_data", "load_user", "user_images", "require_labels", "check_source",
-           "from_args", "images_from_args", "as_images", "fingerprinted", "X_NAMES", "Y_NAMES", "TEST_FRACTION"]
+           "from_args", "images_from_args", "as_images", "natural_from", "labels_to_classes", "fingerprinted", "X_NAMES", "Y_NAMES", "TEST_FRACTION"]
 
 X_NAMES = ("x", "X", "data", "images")
 Y_NAMES = ("y", "Y", "labels", "targets")
@@ -407,7 +407,7 @@ def read_data(path, *, x_name=None, y_name=None, image_size=None, check=True) ->
     return data
 
 
-def _classes(path, train_y, test_y):
+def labels_to_classes(path, train_y, test_y):
     """Labels -> 0..K-1 in sorted order of their values, and the class names."""
     parts = [np.asarray(y) for y in (train_y, test_y) if y is not None]
     if not parts:
@@ -481,10 +481,10 @@ def load_user(path, *, x_name=None, y_name=None, test_path=None, test_fraction=N
         test_src, test_y, test_key = data.x, data.y, data.key
         how = f"--test-fraction {f:g} held out by seed {seed}"
     if test_src is data.x:  # one file split in two: its labels, mapped once
-        y_all, _, classes = _classes(path, data.y, data.y)
+        y_all, _, classes = labels_to_classes(path, data.y, data.y)
         y_test_all = y_all
     else:
-        y_all, y_test_all, classes = _classes(path, data.y, test_y)
+        y_all, y_test_all, classes = labels_to_classes(path, data.y, test_y)
     kept = len(train_rows)
     if limit is not None and limit < kept:
         train_rows = np.random.default_rng(seed).permutation(train_rows)[:int(limit)]
@@ -539,8 +539,7 @@ def images_from_args(args, dtype, *, why: str) -> Images:
 
 
 def user_images(path, *, x_name=None, image_size=None):
-    """A user's images for the sparse autoencoder: grey (Rec. 709 luminance for colour),
-    centre-cropped to squares, each whitened and the stack scaled like IMAGES.mat.
+    """A user's images for the sparse autoencoder (:func:`natural_from`), read from ``path``.
 
     Returns
     -------
@@ -548,26 +547,39 @@ def user_images(path, *, x_name=None, image_size=None):
         float64 (S, S, K).
     source : str
     """
-    from aepar.data.sources import _LUMA, TARGET_VARIANCE, _whiten_stack
-
     path = Path(path)
     data = read_data(path, x_name=x_name, image_size=image_size)
     rows = Rows(data.x, np.arange(int(data.x.shape[0])), np.float64, flat=False, key="")
-    chw, last = image_layout(rows.sample, path)
-    x = as_images(rows, path)
-    if x.shape[1] >= 3:
-        x = np.tensordot(x[:, :3], _LUMA, axes=([1], [0]))
-    else:
-        x = x[:, 0]
+    images, how = natural_from(as_images(rows, path), path)
+    return images, f"file {path}: {data.what}; {how}"
+
+
+def natural_from(x, what):
+    """Images (N, C, H, W) made what the sparse autoencoder samples patches from: grey
+    (Rec. 709 luminance for colour), centre-cropped to squares, each whitened and the stack
+    scaled like IMAGES.mat. ``what`` names them in errors.
+
+    Returns
+    -------
+    images : numpy.ndarray
+        float64 (S, S, N).
+    how : str
+        What was done, for the run's source line.
+    """
+    from aepar.data.sources import _LUMA, TARGET_VARIANCE, _whiten_stack
+
+    x = np.asarray(x, dtype=np.float64)
+    colour = x.shape[1] >= 3
+    x = np.tensordot(x[:, :3], _LUMA, axes=([1], [0])) if colour else x[:, 0]
     h, w = x.shape[1:]
     s = min(h, w)
     top, left = (h - s) // 2, (w - s) // 2
     x = x[:, top:top + s, left:left + s]
-    images = _whiten_stack(np.moveaxis(x, 0, 2), path)
+    images = _whiten_stack(np.moveaxis(x, 0, 2), what)
     crop = f", centre-cropped to {s}x{s}" if (h, w) != (s, s) else ""
-    grey = ", grey by Rec. 709 luminance" if chw[0] >= 3 else ""
-    return images, (f"file {path}: {data.what}; {len(x)} images {h}x{w}{grey}{crop}, whitened "
-                    f"(f*exp(-(f/f0)^4), f0=0.4N), variance {TARGET_VARIANCE}")
+    grey = ", grey by Rec. 709 luminance" if colour else ""
+    return images, (f"{len(x)} images {h}x{w}{grey}{crop}, whitened (f*exp(-(f/f0)^4), f0=0.4N), "
+                    f"variance {TARGET_VARIANCE}")
 
 
 def require_labels(data, path, why: str):

@@ -2,6 +2,7 @@
 runs, a saved network loads back, bad arrays are one line, and several ranks share the work."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -72,6 +73,8 @@ SCRIPT = """
 import sys, numpy as np, aepar.api as ae
 x = np.random.default_rng(1).random((512, 20))
 ae.pretrain(x, layers="20-8-4", epochs=2, finetune_epochs=1, batch=32, dtype="float64", out=sys.argv[1])
+photos = np.random.default_rng(2).integers(0, 256, (4, 32, 32), dtype=np.uint8)
+ae.sparse_autoencoder(photos, hidden=9, samples=512, iterations=10, out=sys.argv[1] + "-sparse")
 """
 
 
@@ -85,3 +88,41 @@ def test_under_mpirun_the_ranks_share_the_work_with_the_same_bits(tmp_path):
     two = run_mpi(2, [str(script), tmp_path / "np2"], timeout=600, env={"PYTHONPATH": str(ROOT)})
     assert two.returncode == 0, two.stderr
     assert _same(tmp_path / "np1" / "weights.h5", tmp_path / "np2" / "weights.h5")
+    assert _same(tmp_path / "np1-sparse" / "weights.h5", tmp_path / "np2-sparse" / "weights.h5")
+
+
+def _cli(program, args):
+    r = subprocess.run([sys.executable, "-m", program, *map(str, args), "--quiet"], capture_output=True, text=True,
+                       timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_sparse_autoencoder_on_your_images_is_the_command_on_their_file(tmp_path):
+    photos = np.random.default_rng(3).integers(0, 256, (5, 36, 40, 3), dtype=np.uint8)  # colour, not square
+    model = ae.sparse_autoencoder(photos, hidden=9, samples=640, iterations=15, out=tmp_path / "api")
+    np.save(tmp_path / "photos.npy", photos)
+    _cli("aepar.sparse", ["--data", tmp_path / "photos.npy", "--hidden", 9, "--limit", 640, "--iterations", 15,
+                          "--out", tmp_path / "cli"])
+    assert _same(tmp_path / "api" / "weights.h5", tmp_path / "cli" / "weights.h5")
+    patches = np.random.default_rng(4).random((7, 64))
+    assert model.encode(patches).shape == (7, 9) and model.reconstruct(patches).shape == (7, 64)
+    back = ae.SparseAutoencoder.load(model.save(tmp_path / "saved.h5"))
+    assert np.array_equal(back.encode(patches), model.encode(patches)) and model.summary["iterations"] == 15
+
+
+def test_eager_on_your_labelled_images_is_the_command_on_their_files(tmp_path):
+    rng = np.random.default_rng(5)
+    x, y = rng.integers(0, 256, (48, 16, 16, 3), dtype=np.uint8), np.repeat(["ant", "bee", "cat", "dog"], 12)
+    xt, yt = rng.integers(0, 256, (12, 16, 16, 3), dtype=np.uint8), np.repeat(["ant", "bee", "cat", "dog"], 3)
+    opts = dict(models=2, epochs=1, filters="2,4", mono_epochs=0, classify_epochs=1, batch=8, classify_batch=8,
+                reduce_blocks=2, no_plot=True)
+    run = ae.eager(x, y, test=(xt, yt), out=tmp_path / "api", **opts)
+    np.savez(tmp_path / "train.npz", x=x, y=y)
+    np.savez(tmp_path / "test.npz", x=xt, y=yt)
+    _cli("aepar.eager", ["--data", tmp_path / "train.npz", "--test-data", tmp_path / "test.npz", *ae._argv(opts),
+                         "--out", tmp_path / "cli"])
+    for name in ("model0_epoch001.h5", "model1_epoch001.h5"):
+        assert _same(tmp_path / "api" / name, tmp_path / "cli" / name)
+    cli = json.loads((tmp_path / "cli" / "summary.json").read_text())["final"]
+    assert run.accuracy == {k: cli[k]["test"] for k in ("combined", "vote")}  # the labels mapped alike
+    assert run.summary["n_test"] == 12 and (run.path / "accuracy.md").exists()
