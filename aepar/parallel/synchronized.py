@@ -54,12 +54,15 @@ def check(args, n_layers: int, n_rows: int):
 def prepare(digits, args):
     """The training digits less a stratified ``--val-fraction`` held out to watch the stages
     on (the space-time diagram's validation curves), and the held-out rows."""
-    train_idx, val_idx = split_validation(digits.train_y, args.val_fraction, args.seed)
+    labels = digits.train_y
+    if labels is None:  # the user's unlabelled rows (--data): one class, a plain random hold-out
+        labels = np.zeros(digits.train_x.shape[0], np.int64)
+    train_idx, val_idx = split_validation(labels, args.val_fraction, args.seed)
     if train_idx.size == 0:
         raise UserError(f"--val-fraction {args.val_fraction} leaves no training digits")
     note = f", {val_idx.size} of them held out for validation" if val_idx.size else ""
-    kept = Digits(digits.train_x[train_idx], digits.train_y[train_idx], digits.test_x, digits.test_y,
-                  digits.source + note, digits.name)
+    kept = Digits(digits.train_x[train_idx], None if digits.train_y is None else digits.train_y[train_idx],
+                  digits.test_x, digits.test_y, digits.source + note, digits.name, classes=digits.classes)
     return kept, digits.train_x[val_idx]
 
 

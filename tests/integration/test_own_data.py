@@ -57,3 +57,13 @@ def test_two_ranks_read_their_rows_and_train_the_same_weights(tmp_path):
     r2 = cli("aepar.pretrain", [*args, "--out", two], np_=2)
     assert r1.returncode == 0 and r2.returncode == 0, r1.stderr[-2000:] + r2.stdout[-2000:] + r2.stderr[-2000:]
     assert_same_bits(one, two)
+
+
+def test_unlabelled_rows_train_the_pipeline_schemes(tmp_path):
+    """sync holds out a validation part of the rows: stratified by label where there are
+    labels, a plain random part where there are none."""
+    path = _rows(tmp_path)
+    r = cli("aepar.pretrain", ["--scheme", "sync", "--layers", "100-20-8", "--data", path, "--epochs", "1",
+                               "--finetune-epochs", "0", "--batch", "24", "--out", tmp_path / "sync"], np_=2)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "no labels" in r.stdout and "held out for validation" in r.stdout
