@@ -15,10 +15,10 @@ DIGITS = ["--dataset", "mnist5k", "--limit", "300"]
 STACK = [*DIGITS, "--layers", "784-16-8", "--epochs", "2", "--finetune-epochs", "2", "--kernels", "numba"]
 PROGRAMS = {
     "greedy": (1, ["-m", "aepar.greedy", *STACK]),
-    "sync": (2, ["-m", "aepar.pretrain", "--scheme", "sync", *STACK, "--extra", "0,1", "--no-plot"]),
+    "sync": (2, ["-m", "aepar.pretrain", "--scheme", "sync", *STACK, "--extra", "0,1"]),
     "sparse": (1, ["-m", "aepar.sparse", "--limit", "300", "--iterations", "30"]),
     "eager": (1, ["-m", "aepar.eager", *DIGITS, "--filters", "2,4", "--epochs", "2", "--mono-epochs", "0",
-                  "--classify-epochs", "1", "--reduce-blocks", "4", "--no-plot"]),
+                  "--classify-epochs", "1", "--reduce-blocks", "4"]),
     "finetune": (1, ["-m", "aepar.finetune", *DIGITS, "--finetune-epochs", "2", "--weights", "{weights}"]),
     "classify": (1, ["-m", "aepar.classify", *DIGITS, "--classify-epochs", "2", "--weights", "{weights}"]),
 }
