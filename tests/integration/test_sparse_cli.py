@@ -26,7 +26,7 @@ def error_lines(stderr):
 
 def test_small_run_writes_every_output(tmp_path):
     out = tmp_path / "sparse"
-    p = run_cli("--limit", 2000, "--iterations", 30, "--seed", 3, "--out", out)
+    p = run_cli("--limit", 2000, "--iterations", 30, "--seed", 3, "--plot", "--out", out)
     assert p.returncode == 0, p.stderr[-3000:]
     assert_run_json(out, 1, samples=2000, iterations=30, seed=3)
     lines = p.stdout.splitlines()
@@ -34,7 +34,7 @@ def test_small_run_writes_every_output(tmp_path):
     progress = [l.split("] ", 1)[-1] for l in lines if "] iteration" in l]
     assert [int(l.split()[1]) for l in progress] == [25, 30]
     assert "4.00 communications/evaluation" in lines[-1] and "wrote" in lines[-1]
-    assert sorted(f.name for f in out.iterdir()) == ["features.png", "metrics.csv", "run.json", "summary.csv",
+    assert sorted(f.name for f in out.iterdir()) == ["features.png", "metrics.csv", "metrics.png", "run.json", "summary.csv",
                                                      "summary.json", "weights.h5"]
     assert not list(tmp_path.glob(".sparse.*"))  # the staging directory was renamed away
 

@@ -15,7 +15,7 @@ SMALL = ["-m", "aepar.sync", "--dataset", "mnist5k", "--layers", "784-32-16-8", 
 
 def test_quick_run_writes_every_output(tmp_path):
     out = tmp_path / "run"
-    r = run_mpi(3, SMALL + ["--compare-greedy", "--out", out], timeout=240)
+    r = run_mpi(3, SMALL + ["--compare-greedy", "--plot", "--out", out], timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("weights.h5", "summary.json", "tables.md", "trace.json", "spacetime.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
