@@ -363,7 +363,7 @@ def _evaluate(be, comm, run, split, args, states, groups, cae, mono, say) -> dic
 
     def effective(picks: dict) -> float:
         """The slowest group: its models one after another, up to the picked epochs."""
-        per_group = [sum(records[f"model{m}"]["epochs"][picks[f"model{m}"] - 1]["cum_seconds"]
+        per_group = [sum(records[f"model{m}"]["epochs"][picks[f"model{m}"] - 1]["cum_s"]
                          for m in models_of(g, args.models, groups)) for g in range(groups)]
         return max(per_group)
 
@@ -384,7 +384,7 @@ def _evaluate(be, comm, run, split, args, states, groups, cae, mono, say) -> dic
             if e not in alone:
                 alone[e] = combine(be, comm, split, _picked_models(comm, run, [MONO], make, {MONO: e}), args,
                                    quiet=True)["combined"]
-            mono_s = records[MONO]["epochs"][e - 1]["cum_seconds"]
+            mono_s = records[MONO]["epochs"][e - 1]["cum_s"]
             row[MONO] = {"epoch": e, **alone[e], "train_s": mono_s, "effective_s": mono_s + alone[e]["time_s"]}
         return row
 

@@ -209,7 +209,9 @@ def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
                     entry.update(seconds=None, ratio=None, note=f"not here: {exc}")
     predictions = comm.bcast(predictions)
     chosen = choose(predictions)
-    return chosen, {"auto": {"chosen": chosen, "predicted": predictions, "table": format_table(predictions)}}
+    # summary.json names seconds with the _s suffix, as every run file does (the planner: "seconds")
+    written = {k: {("time_s" if f == "seconds" else f): v for f, v in e.items()} for k, e in predictions.items()}
+    return chosen, {"auto": {"chosen": chosen, "predicted": written, "table": format_table(predictions)}}
 
 
 def _resumed_scheme(comm, run, n_layers) -> str:

@@ -174,7 +174,10 @@ class BackpropRun:
             v[...] = self.be.asarray(params[f"{self.params_tag}{k}"])
         tag = self.opt_tag
         self.optimizer.load_state({k[len(tag):]: v for k, v in opt_state.items() if k.startswith(tag)})
-        self.record = dict(prog[self.record_key])
+        record = dict(prog[self.record_key])
+        # fallback: a checkpoint of an older aepar names an epoch's seconds "seconds"
+        record["epochs"] = [{("epoch_s" if k == "seconds" else k): v for k, v in e.items()} for e in record["epochs"]]
+        self.record = record
         self.first = int(prog["epoch"])
         self.state = EpochState.from_dict(prog["state"]) if prog.get("state") else None
         return True
@@ -217,7 +220,7 @@ class BackpropRun:
 
     def epoch_seconds(self) -> float:
         """Training seconds of the epoch just finished (the record holds the earlier ones)."""
-        return self.record["time_s"] - sum(e["seconds"] for e in self.record["epochs"])
+        return self.record["time_s"] - sum(e["epoch_s"] for e in self.record["epochs"])
 
     def run(self, epochs: int, after_epoch):
         """Epochs ``first`` .. ``epochs - 1``; ``after_epoch(epoch, EpochResult)`` records

@@ -141,7 +141,7 @@ def _setup(args, rank: int, size: int, images=None) -> Setup:
 
 def _spread(summary) -> str:
     """", each rank's compute a-b s (slowest: rank r)" on more than one rank."""
-    per_rank = summary["seconds_compute_per_rank"]
+    per_rank = summary["compute_per_rank_s"]
     if len(per_rank) < 2:
         return ""
     slowest = max(range(len(per_rank)), key=per_rank.__getitem__)
@@ -194,8 +194,8 @@ def run_program(argv: list, comm, images=None) -> tuple:
               f"final cost {summary['final_cost']:.6f}; "
               f"{summary['collectives_per_evaluation']:.2f} communications/evaluation "
               f"(bcast of θ, fixed-tree sum of Σ a2 and its bcast, fixed-tree reduction); "
-              f"{summary['seconds_total']:.2f} s total, "
-              f"compute {summary['seconds_compute']:.2f} s, comm {summary['seconds_comm']:.2f} s "
+              f"{summary['total_s']:.2f} s total, "
+              f"compute {summary['compute_s']:.2f} s, comm {summary['comm_s']:.2f} s "
               f"(max over {comm.size} rank{'s' if comm.size > 1 else ''}{_spread(summary)}); wrote {run.path}",
               flush=True)
     return summary, run.path

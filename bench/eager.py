@@ -112,8 +112,9 @@ def run_rows(regime: str, s: dict) -> list[dict]:
     """One row per epoch trained and method; accuracies where the run classified that epoch
     (its --curve epochs and its final pick)."""
     from aepar.parallel.ensemble import models_of
+    from aepar.schemes.eager import current_record
 
-    rec = s["records"]
+    rec = {n: current_record(r) for n, r in s["records"].items()}  # a reused older run: its older names too
     names = sorted(n for n in rec if n != "mono")
     K, groups = s["models"], s["groups"]
     curve = {c["epoch"]: c for c in s.get("curve", [])}
@@ -127,7 +128,7 @@ def run_rows(regime: str, s: dict) -> list[dict]:
     for e in range(1, longest + 1):
         picks = {n: min(e, len(rec[n]["epochs"])) for n in names}
         losses = [rec[n]["epochs"][picks[n] - 1]["val_loss"] for n in names]
-        train_s = max(sum(rec[f"model{m}"]["epochs"][picks[f"model{m}"] - 1]["cum_seconds"]
+        train_s = max(sum(rec[f"model{m}"]["epochs"][picks[f"model{m}"] - 1]["cum_s"]
                           for m in models_of(g, K, groups)) for g in range(groups))
         c = curve.get(e)
         if c is None and final["picked_epochs"] == picks:
@@ -144,7 +145,7 @@ def run_rows(regime: str, s: dict) -> list[dict]:
     if "mono" in rec:
         for e, ep in enumerate(rec["mono"]["epochs"], start=1):
             row = dict(base, epoch=e, method="mono", validation_loss=ep["val_loss"], validation_loss_min=ep["val_loss"],
-                       validation_loss_max=ep["val_loss"], train_s=ep["cum_seconds"], validation_accuracy=None,
+                       validation_loss_max=ep["val_loss"], train_s=ep["cum_s"], validation_accuracy=None,
                        test_accuracy=None, effective_s=None)
             c = curve.get(e)
             m = c["mono"] if c is not None and "mono" in c and c["mono"]["epoch"] == e else None

@@ -15,7 +15,7 @@ Definitions (the paper's):
 - weak: samples per process fixed at W (samples = W * P); efficiency = t(1, W) / t(P, W * P),
   speedup (scaled) = P * efficiency.
 
-``seconds`` is the scheme's own ``seconds_total`` from summary.json: timed after a warm-up
+``seconds`` is the scheme's own ``total_s`` from summary.json: timed after a warm-up
 and a Barrier, the slowest rank's time, written by rank 0. With several repeats of a point
 the fastest is kept. Machine columns come from :func:`aepar.machine.describe`.
 
@@ -52,7 +52,21 @@ COLUMNS = ("scheme", "processes", "samples", "iterations", "evaluations", "secon
            "final_cost", "dtype", "kernels", "launcher", "nodes", "oversubscribed", "repeats",
            "wall_seconds")
 SUMMARY_FIELDS = ("final_cost", "iterations", "evaluations", "processes", "samples",
-                  "seconds_total", "seconds_compute", "seconds_comm")
+                  "total_s", "compute_s", "comm_s")
+# Fallback: summary.json's names for its times before they took the ``_s`` suffix; a
+# resumed sweep keeps the points an older aepar wrote.
+OLD_SUMMARY_NAMES = {"seconds_total": "total_s", "seconds_compute": "compute_s", "seconds_comm": "comm_s",
+                     "seconds_compute_per_rank": "compute_per_rank_s"}
+
+
+def read_summary(path: str | os.PathLike) -> dict:
+    """A point's summary.json, the older names of its times read as today's."""
+    with open(path) as f:
+        summary = json.load(f)
+    for old, new in OLD_SUMMARY_NAMES.items():
+        if old in summary and new not in summary:
+            summary[new] = summary.pop(old)
+    return summary
 
 
 class GridError(ValueError):
@@ -157,8 +171,7 @@ def measured_points(run: str | os.PathLike) -> dict:
         summary_path = run / (rec.get("dir") or f"points/{rec['name']}") / "summary.json"
         if rec.get("status") != "ok" or not summary_path.exists():
             continue
-        with open(summary_path) as f:
-            summary = json.load(f)
+        summary = read_summary(summary_path)
         missing = [k for k in SUMMARY_FIELDS if k not in summary]
         if missing:
             print(f"bench.scaling: {summary_path} lacks {', '.join(missing)}; point left out",
@@ -175,20 +188,20 @@ def measured_points(run: str | os.PathLike) -> dict:
                   f"the sweep asked for {rec['processes']} x {rec['samples']}; point left out",
                   file=sys.stderr)
             continue
-        seconds = float(summary["seconds_total"])
+        seconds = float(summary["total_s"])
         if not seconds > 0:
-            print(f"bench.scaling: {summary_path}: seconds_total {seconds} is not positive; "
+            print(f"bench.scaling: {summary_path}: total_s {seconds} is not positive; "
                   "point left out", file=sys.stderr)
             continue
         repeats = best.get(key, {}).get("repeats", 0) + 1
-        if key not in best or seconds < float(best[key]["seconds_total"]):
+        if key not in best or seconds < float(best[key]["total_s"]):
             best[key] = m
         best[key]["repeats"] = repeats
     return best
 
 
 def _row(m: dict, speedup, efficiency, machine: dict) -> dict:
-    seconds = float(m["seconds_total"])
+    seconds = float(m["total_s"])
     evaluations = int(m["evaluations"])
     row = {
         "scheme": m.get("scheme", ""), "processes": int(m["processes"]),
@@ -197,11 +210,11 @@ def _row(m: dict, speedup, efficiency, machine: dict) -> dict:
         "speedup": "" if speedup is None else f"{speedup:.3f}",
         "efficiency": "" if efficiency is None else f"{efficiency:.3f}",
         "seconds_per_evaluation": f"{seconds / max(evaluations, 1):.6f}",
-        "seconds_compute": f"{float(m['seconds_compute']):.4f}",
+        "seconds_compute": f"{float(m['compute_s']):.4f}",
         # the fastest rank's own compute: its gap to the slowest is what each evaluation waits for
-        "seconds_compute_fastest": f"{min(m['seconds_compute_per_rank']):.4f}" if m.get("seconds_compute_per_rank")
+        "seconds_compute_fastest": f"{min(m['compute_per_rank_s']):.4f}" if m.get("compute_per_rank_s")
         else "",
-        "seconds_comm": f"{float(m['seconds_comm']):.4f}",
+        "seconds_comm": f"{float(m['comm_s']):.4f}",
         "final_cost": f"{float(m['final_cost']):.8g}", "dtype": m.get("dtype", ""),
         "kernels": m.get("kernels", ""), "launcher": m.get("launcher", ""),
         "nodes": m.get("nodes") or "", "oversubscribed": m.get("oversubscribed", ""),
@@ -228,14 +241,14 @@ def tables(run: str | os.PathLike, machine: dict | None = None) -> tuple[list, l
         if (p, s) not in best:
             continue
         t1 = best.get((1, s))
-        speedup = float(t1["seconds_total"]) / float(best[(p, s)]["seconds_total"]) if t1 else None
+        speedup = float(t1["total_s"]) / float(best[(p, s)]["total_s"]) if t1 else None
         strong.append(_row(best[(p, s)], speedup, None if speedup is None else speedup / p, machine))
     weak = []
     base = best.get((1, int(grid["weak_samples_per_process"])))
     for p, s in sorted(map(tuple, grid["weak"])):
         if (p, s) not in best:
             continue
-        eff = float(base["seconds_total"]) / float(best[(p, s)]["seconds_total"]) if base else None
+        eff = float(base["total_s"]) / float(best[(p, s)]["total_s"]) if base else None
         weak.append(_row(best[(p, s)], None if eff is None else p * eff, eff, machine))
     return strong, weak
 
@@ -320,7 +333,7 @@ def time_left(run: str | os.PathLike, done: int) -> tuple[float, int] | None:
     The plan (written by the sweep: name, processes, samples, iterations, ranks on the
     busiest node, threads, cores) is this invocation's points in order. Each finished one
     (an ok row of this run in sweep.csv) splits its wall time into the scheme's own
-    ``seconds_total`` (compute, fitted to :func:`_work`, non-negative least squares) and the
+    ``total_s`` (compute, fitted to :func:`_work`, non-negative least squares) and the
     rest (start-up: launcher, imports, data; fitted to a constant plus a term in samples),
     which price the points left. None before any point has finished.
     """
@@ -338,8 +351,7 @@ def time_left(run: str | os.PathLike, done: int) -> tuple[float, int] | None:
             continue
         compute = None
         try:
-            with open(run / (r.get("dir") or f"points/{r['name']}") / "summary.json") as f:
-                compute = _num(json.load(f).get("seconds_total"))
+            compute = _num(read_summary(run / (r.get("dir") or f"points/{r['name']}") / "summary.json").get("total_s"))
         except (OSError, ValueError):
             pass
         measured[r["name"]] = (wall, compute if compute is not None and 0 <= compute <= wall else None)

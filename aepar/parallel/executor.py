@@ -54,7 +54,7 @@ class PipelineResult:
 
     time_s: float
     epochs: list          # per epoch (group leaders'): stage, epoch, version, extra, start, end, errors
-    handovers: list       # per hand-over (producer leaders'): stage, version, t, seconds, bytes, remote
+    handovers: list       # per hand-over (producer leaders'): stage, version, t, send_s, bytes, remote
     receives: list        # per received version (consumer leaders'): stage, version, t, recompute_s, bytes
     waits: list           # per rank: wall and CPU seconds spent waiting for input
     layout: dict
@@ -327,7 +327,7 @@ class Pipeline:
             info["bytes"] = nbytes
         if self.leader:
             self.handover_records.append({"stage": stage, "version": version, "t": t0,
-                                          "seconds": self.trace.now() - t0, "bytes": nbytes,
+                                          "send_s": self.trace.now() - t0, "bytes": nbytes,
                                           "remote": remote})
 
     def _send_version(self, version: int, chain: tuple, params: tuple, ht, hv) -> int:

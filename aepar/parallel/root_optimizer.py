@@ -55,9 +55,9 @@ class RootResult:
     evaluations: int
     collectives: int               # communications issued during evaluations (this rank)
     collectives_total: int
-    seconds_compute: float         # local partials (+ assembly on the root)
-    seconds_comm: float            # bcast + tree reduction, waiting included
-    seconds_total: float
+    compute_s: float               # local partials (+ assembly on the root)
+    comm_s: float                  # bcast + tree reduction, waiting included
+    total_s: float
     message: str = ""
     success: bool | None = None
     paused: bool = False
@@ -108,8 +108,8 @@ class RootOptimizer:
     def _reset(self):
         self.evaluations = 0
         self.collectives = 0
-        self.seconds_compute = 0.0
-        self.seconds_comm = 0.0
+        self.compute_s = 0.0
+        self.comm_s = 0.0
 
     # ---- one evaluation, every rank ----------------------------------------------------------
     def _local(self, theta):
@@ -143,8 +143,8 @@ class RootOptimizer:
         # the same messages either way; after a failure, whatever the rows hold
         total = (self.tree.reduce(self.leaves) if failure is not None
                  else self.tree.reduce_nodes(self.tree.node_values_from(known)))
-        self.seconds_comm += (t3 - t2) + (wtime() - t4)
-        self.seconds_compute += (t2 - t1) + (t4 - t3)
+        self.comm_s += (t3 - t2) + (wtime() - t4)
+        self.compute_s += (t2 - t1) + (t4 - t3)
         self.collectives += 4  # the broadcast of θ, the first sum (a reduction and a broadcast), the second
         if failure is not None:
             raise failure
@@ -165,13 +165,13 @@ class RootOptimizer:
         self.buffer[0] = EVALUATE
         self.buffer[1:] = self.xp.asarray(theta64, dtype=self.buffer.dtype)
         self.comm.Bcast(self.buffer)
-        self.seconds_comm += wtime() - t0
+        self.comm_s += wtime() - t0
         total = self._local(self.buffer[1:])
         t3 = wtime()
         total = self.xp.asarray(total)
         self.flags = float(total[self.n])
         cost, grad = self.model.assemble(total[:self.n], theta64)
-        self.seconds_compute += wtime() - t3
+        self.compute_s += wtime() - t3
         self.evaluations += 1
         if self.guard is not None:
             where = f"sparse autoencoder, iteration {self.optimizer.iterations + 1} (evaluation {self.evaluations})"
@@ -199,8 +199,8 @@ class RootOptimizer:
             iterations=None if res is None or res is PAUSE else int(res.nit),
             evaluations=self.evaluations, collectives=self.collectives,
             collectives_total=self.comm.collectives - total_before,
-            seconds_compute=self.seconds_compute, seconds_comm=self.seconds_comm,
-            seconds_total=self.comm.wtime() - start,
+            compute_s=self.compute_s, comm_s=self.comm_s,
+            total_s=self.comm.wtime() - start,
             message="" if res is None or res is PAUSE else str(res.message),
             success=None if res is None or res is PAUSE else bool(res.success),
             paused=res is PAUSE or bool(getattr(res, "paused", False)))
@@ -236,7 +236,7 @@ class RootOptimizer:
         while True:
             t0 = wtime()
             comm.Bcast(self.buffer)
-            self.seconds_comm += wtime() - t0
+            self.comm_s += wtime() - t0
             code = float(self.buffer[0])
             if code == STOP:
                 return None

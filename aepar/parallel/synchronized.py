@@ -246,7 +246,7 @@ def handover_stats(records: dict, n_stages: int) -> list[dict]:
         es = [e["end"] - e["start"] for e in records["epochs"] if e["stage"] == l]
         if not hs:
             continue
-        send_s = float(np.mean([h["seconds"] for h in hs]))
+        send_s = float(np.mean([h["send_s"] for h in hs]))
         recompute_s = float(np.mean([r["recompute_s"] for r in rs])) if rs else 0.0
         epoch_s = float(np.mean(es)) if es else float("nan")
         out.append({"from_layer": l + 1, "to_layer": l + 2, "handovers": len(hs), "remote": bool(hs[0]["remote"]),
@@ -295,7 +295,9 @@ def _merge_segments(done: dict | None, result) -> dict:
     def moved(records, keys):
         return [dict(r, **{k: r[k] + shift for k in keys if k in r}) for r in records]
     out["epochs"] = out["epochs"] + moved(result.epochs, ("start", "end"))
-    out["handovers"] = out["handovers"] + moved(result.handovers, ("t",))
+    # fallback: a checkpoint of an older aepar names a hand-over's seconds "seconds"
+    before = [{("send_s" if k == "seconds" else k): v for k, v in h.items()} for h in out["handovers"]]
+    out["handovers"] = before + moved(result.handovers, ("t",))
     out["receives"] = out["receives"] + moved(result.receives, ("t",))
     out["waits"] = out["waits"] + list(result.waits)
     out["time_s"] = shift + result.time_s

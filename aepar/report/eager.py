@@ -29,7 +29,7 @@ def epochs_csv(records: dict) -> str:
     squared error), seconds of that epoch and since the model started."""
     rows = [{"model": name, "kind": "monolithic" if name == MONO else "parallel", **e}
             for name, r in sorted(records.items()) for e in r["epochs"]]
-    return _csv(rows, ["model", "kind", "epoch", "train_loss", "val_loss", "seconds", "cum_seconds"])
+    return _csv(rows, ["model", "kind", "epoch", "train_loss", "val_loss", "epoch_s", "cum_s"])
 
 
 def curve_csv(curve: list) -> str:
@@ -78,7 +78,7 @@ def accuracy_table(summary: dict) -> str:
         for n in sorted(f["each"]):
             e = f["each"][n]
             lines.append(f"| {n} alone | {picks[n]} | {_pct(e['validation'])} | {_pct(e['test'])} | "
-                         f"{recs[n]['epochs'][picks[n] - 1]['cum_seconds']:.1f} | |")
+                         f"{recs[n]['epochs'][picks[n] - 1]['cum_s']:.1f} | |")
     if MONO in f:
         m = f[MONO]
         lines.append(f"| monolithic CAE | {m['epoch']} | {_pct(m['validation'])} | {_pct(m['test'])} | "
@@ -100,7 +100,7 @@ def losses_png(records: dict, path, *, title: str = ""):
         mono = name == MONO
         style = dict(color="black", lw=2.5, label="monolithic") if mono else dict(lw=1, alpha=0.8, label=name)
         axes[0].plot([e["epoch"] for e in ep], [e["val_loss"] for e in ep], marker=".", **style)
-        axes[1].plot([e["cum_seconds"] for e in ep], [e["val_loss"] for e in ep], marker=".", **style)
+        axes[1].plot([e["cum_s"] for e in ep], [e["val_loss"] for e in ep], marker=".", **style)
     axes[0].set_xlabel("epoch")
     axes[1].set_xlabel("training wall time of the model (s)")
     for ax in axes:

@@ -15,7 +15,7 @@ __all__ = ["SUMMARY_FIELDS", "features_mosaic", "features_png", "summary_csv"]
 
 # The columns of summary.csv, in order (summary.json holds these and may hold more).
 SUMMARY_FIELDS = ("final_cost", "iterations", "evaluations", "processes", "samples", "hidden",
-                  "patch", "dtype", "kernels", "seconds_total", "seconds_compute", "seconds_comm",
+                  "patch", "dtype", "kernels", "total_s", "compute_s", "comm_s",
                   "collectives_per_evaluation", "seed", "source")
 
 

@@ -23,7 +23,7 @@ from aepar import metrics
 from aepar.errors import Diverged
 
 __all__ = ["Member", "new_record", "stop_reason", "train_members", "snapshot_name", "flat_states", "saved_states",
-           "pick_epoch", "load_snapshot", "SCHEME"]
+           "current_record", "pick_epoch", "load_snapshot", "SCHEME"]
 
 SCHEME = "eager"
 
@@ -58,7 +58,7 @@ def stop_reason(record: dict, *, epochs: int, budget=None, rule=None, patience=N
             return f"eager rule: validation loss improved {100 * gain:.1f}% over {rule[0]} epochs"
     if patience is not None and len(val) > patience and min(val[-patience:]) >= min(val[:-patience]):
         return f"no new best validation loss in {patience} epochs"
-    if budget is not None and ep and ep[-1]["cum_seconds"] >= budget:
+    if budget is not None and ep and ep[-1]["cum_s"] >= budget:
         return f"budget of {budget:g} s spent"
     if len(ep) >= epochs:
         return f"{epochs} epochs"
@@ -150,9 +150,9 @@ def _one_epoch(mb, train, val, epoch, rules, *, be, sub, reduce, steps, guard, r
         guard.check_params(mb.model.params, where, run, sub)
     except Diverged as e:
         return str(e)
-    cum = (mb.record["epochs"][-1]["cum_seconds"] if mb.record["epochs"] else 0.0) + seconds
+    cum = (mb.record["epochs"][-1]["cum_s"] if mb.record["epochs"] else 0.0) + seconds
     mb.record["epochs"].append({"epoch": epoch + 1, "train_loss": result.means[0], "val_loss": val_loss,
-                                "seconds": seconds, "cum_seconds": cum})
+                                "epoch_s": seconds, "cum_s": cum})
     mb.record["stopped"] = stop_reason(mb.record, **rules)
     return None
 
@@ -207,8 +207,19 @@ def saved_states(resume) -> dict:
         return {}
     params, opt, prog = resume
     both = {**params, **opt}
-    return {name: {"state": _part(both, f"{name}/"), "record": record}
+    return {name: {"state": _part(both, f"{name}/"), "record": current_record(record)}
             for name, record in prog.get("records", {}).items()}
+
+
+# Fallback: the epoch records' names for their times before they took the ``_s`` suffix,
+# as a checkpoint written by an older aepar holds them.
+OLD_EPOCH_NAMES = {"seconds": "epoch_s", "cum_seconds": "cum_s"}
+
+
+def current_record(record: dict) -> dict:
+    """``record`` with every epoch's older time names read as today's."""
+    epochs = [{OLD_EPOCH_NAMES.get(k, k): v for k, v in e.items()} for e in record["epochs"]]
+    return {**record, "epochs": epochs}
 
 
 def pick_epoch(record: dict, args) -> int:
@@ -217,7 +228,7 @@ def pick_epoch(record: dict, args) -> int:
     if args.pick_epoch is not None:
         return min(args.pick_epoch, len(ep))
     if args.pick_by_budget is not None:
-        fits = [e["epoch"] for e in ep if e["cum_seconds"] <= args.pick_by_budget]
+        fits = [e["epoch"] for e in ep if e["cum_s"] <= args.pick_by_budget]
         return fits[-1] if fits else 1
     return len(ep)
 

@@ -87,15 +87,14 @@ def train(args, comm, setup, *, resume=None, run=None, guard=None):
     last = result.iterations
     if comm.is_root and result.cost is not None and last % PROGRESS_EVERY and last != args.iterations:
         rows.add("lbfgs", last, train_loss=result.cost)  # converged between rows: its last iteration too
-    seconds_total = comm.allreduce(comm.wtime() - start, op="max")
-    seconds_comm = comm.allreduce(result.seconds_comm, op="max")
+    total_s = comm.allreduce(comm.wtime() - start, op="max")
+    comm_s = comm.allreduce(result.comm_s, op="max")
     # every rank's own compute (the slowest is the run's): the spread is what the others
     # wait for at each evaluation
-    per_rank = comm.gather(float(result.seconds_compute))
+    per_rank = comm.gather(float(result.compute_s))
     if not comm.is_root:
         return {}, model, None
-    times = {"seconds_total": seconds_total, "seconds_compute": max(per_rank), "seconds_comm": seconds_comm,
-             "seconds_compute_per_rank": per_rank}
+    times = {"total_s": total_s, "compute_s": max(per_rank), "comm_s": comm_s, "compute_per_rank_s": per_rank}
     return _summary(args, comm, setup, opt, result, times, resume), model, result.theta
 
 

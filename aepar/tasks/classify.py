@@ -130,7 +130,7 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
         record["eval_s"] += et
         seconds = fit.epoch_seconds()
         record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_accuracy_seen": seen,
-                                 "test_accuracy": test_acc, "test_loss": test_loss, "seconds": seconds})
+                                 "test_accuracy": test_acc, "test_loss": test_loss, "epoch_s": seconds})
         rows.add("classify", epoch + 1, stage=prefix.rstrip("/") or ("" if what == "classification" else what), train_loss=loss, val_loss=test_loss,
                  train_error=1.0 - seen, val_error=1.0 - test_acc, lr=args.classify_lr)
         progress(comm, quiet, f"  classify epoch {epoch + 1:3d}/{epochs}  loss {loss:8.4f}  train accuracy seen "

@@ -154,7 +154,7 @@ def _after_epoch(be, comm, model, test, fit, args, ckpt, guard, quiet, prefix=""
             guard.check(test_err, "the test error", where, run, comm)
         seconds = fit.epoch_seconds()
         fit.record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_error_seen": seen,
-                                     "test_error": test_err, "seconds": seconds})
+                                     "test_error": test_err, "epoch_s": seconds})
         rows.add("finetune", epoch + 1, stage=prefix.rstrip("/"), train_loss=loss, train_error=seen,
                  val_error=test_err, lr=args.finetune_lr)
         progress(comm, quiet, f"  finetune epoch {epoch + 1:3d}/{args.finetune_epochs}  loss {loss:9.4f}  "

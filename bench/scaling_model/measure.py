@@ -176,7 +176,7 @@ def _measure_sparse_evaluation(row, budget, quick, rng):
     _setulb()  # aepar.sparse loads the optimiser before its clock starts, so here too
     opt.run(theta64, 3)  # warm-up: the optimiser's first calls
     res = opt.run(theta64, 15 if quick else 60)
-    row("sparse_eval", "64-25 float64", m, res.seconds_total / res.evaluations, evaluations=res.evaluations,
+    row("sparse_eval", "64-25 float64", m, res.total_s / res.evaluations, evaluations=res.evaluations,
         iterations=res.iterations, blocks=count)
 
 
@@ -351,13 +351,13 @@ def measure_sparse(out: Path, samples=(10000, 40000, 160000), procs=(1, 2), iter
                 t0 = time.time()
                 summ = _run_summary(cmd, d, "measure-sparse")
                 summ["_wall"] = time.time() - t0
-                print(f"measure-sparse: np {p} {s_} patches: {summ['seconds_total']:.3f} s "
+                print(f"measure-sparse: np {p} {s_} patches: {summ['total_s']:.3f} s "
                       f"({summ['evaluations']} evaluations)", flush=True)
                 runs.append(summ)
-            best = fastest_run(runs, seconds=lambda run: run["seconds_total"])
+            best = fastest_run(runs, seconds=lambda run: run["total_s"])
             rows.append(_row(machine, scheme="aepar.sparse", processes=p, samples=s_, iterations=best["iterations"],
-                             evaluations=best["evaluations"], seconds=best["seconds_total"],
-                             seconds_compute=best["seconds_compute"], seconds_comm=best["seconds_comm"],
+                             evaluations=best["evaluations"], seconds=best["total_s"],
+                             seconds_compute=best["compute_s"], seconds_comm=best["comm_s"],
                              repeats=repeats, wall_seconds=best["_wall"]))
     write_rows(out, rows)
     print(f"measure-sparse: {len(rows)} rows -> {out} (runs in {work})", flush=True)

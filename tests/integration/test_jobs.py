@@ -111,9 +111,9 @@ SWEEP_HEADER = ("name,scheme,processes,samples,iterations,repeat,threads,launche
                 "oversubscribed,status,wall_seconds,run,dir\n")
 
 
-def _fake_point(run, p, s, seconds, status="ok", run_id="R1", wall=1.0):
+def _fake_point(run, p, s, seconds, status="ok", run_id="R1", wall=1.0, old_names=False):
     """A point as the sweep leaves it: a sweep.csv line and the scheme's summary.json in a
-    directory of its own."""
+    directory of its own (``old_names``: as an older aepar named its times)."""
     name = f"p{p}_s{s}"
     d, k = f"points/{name}", 2
     while (run / d).exists():
@@ -122,11 +122,13 @@ def _fake_point(run, p, s, seconds, status="ok", run_id="R1", wall=1.0):
         f.write(f"{name},fake,{p},{s},10,1,1,mpirun,1,0,{status},{wall},{run_id},{d}\n")
     if status == "ok":
         (run / d).mkdir(parents=True)
+        times = {"total_s": seconds, "compute_s": seconds * 0.8, "comm_s": seconds * 0.2,
+                 "compute_per_rank_s": [seconds * (0.8 - 0.1 * r / p) for r in range(p)]}
+        if old_names:
+            times = {old: times[new] for old, new in scaling.OLD_SUMMARY_NAMES.items()}
         (run / d / "summary.json").write_text(json.dumps({
             "final_cost": 0.5, "iterations": 10, "evaluations": 12, "processes": p, "samples": s,
-            "seconds_total": seconds, "seconds_compute": seconds * 0.8, "seconds_comm": seconds * 0.2,
-            "seconds_compute_per_rank": [seconds * (0.8 - 0.1 * r / p) for r in range(p)],
-            "dtype": "float64", "kernels": "numba"}))
+            **times, "dtype": "float64", "kernels": "numba"}))
 
 
 def test_collect_computes_speedup_and_efficiency(tmp_path):
@@ -155,6 +157,18 @@ def test_collect_computes_speedup_and_efficiency(tmp_path):
     assert all(c in header for c in DOCUMENTED)
     assert by[(2, 200)]["repeats"] == 2  # this run's two, not the earlier run's
     assert by[(4, 100)]["seconds_compute"] == "3.2000" and by[(4, 100)]["seconds_compute_fastest"] == "2.9000"
+
+
+def test_collect_reads_the_older_names_of_a_points_times(tmp_path):
+    # a resumed sweep keeps points an older aepar wrote (seconds_total, ...): they still count
+    (tmp_path / "sweep.csv").write_text(SWEEP_HEADER)
+    _fake_point(tmp_path, 1, 100, 8.0, old_names=True)
+    _fake_point(tmp_path, 2, 100, 5.0)
+    best = scaling.measured_points(tmp_path)
+    assert set(best) == {(1, 100), (2, 100)}
+    old, new = (scaling._row(best[(p, 100)], None, None, {}) for p in (1, 2))
+    assert old["seconds"] == "8.0000" and old["seconds_compute"] == "6.4000" and old["seconds_comm"] == "1.6000"
+    assert old["seconds_compute_fastest"] == "6.4000" and new["seconds_compute_fastest"] == "3.7500"
 
 
 def test_time_left_fits_the_finished_points(tmp_path):
@@ -219,7 +233,7 @@ def test_plain_bash_sweep_writes_the_csvs(tiny_run):
     one, two = sorted(strong, key=lambda r: int(r["processes"]))
     assert one["speedup"] == "1.000"
     # from the scheme's own full-precision times (the CSV rounds speedup to 3 decimals)
-    t = {p: json.loads((out / "points" / f"p{p}_s2000" / "summary.json").read_text())["seconds_total"]
+    t = {p: json.loads((out / "points" / f"p{p}_s2000" / "summary.json").read_text())["total_s"]
          for p in (1, 2)}
     assert float(two["speedup"]) == pytest.approx(t[1] / t[2], abs=6e-4)
     assert float(two["seconds"]) == pytest.approx(t[2], abs=6e-5)
@@ -276,8 +290,8 @@ if comm.rank == 0:
     t = time.time() - t0
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump({"final_cost": 0.5, "iterations": a.iterations, "evaluations": a.iterations + 1,
-                   "processes": comm.size, "samples": a.samples, "seconds_total": t,
-                   "seconds_compute": t, "seconds_comm": 0.0, "seed": a.seed}, f)
+                   "processes": comm.size, "samples": a.samples, "total_s": t,
+                   "compute_s": t, "comm_s": 0.0, "seed": a.seed}, f)
 '''
 
 

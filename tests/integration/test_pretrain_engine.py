@@ -112,9 +112,9 @@ def test_auto_never_picks_a_scheme_predicted_slower_than_data(tmp_path, np_):
     out = run(tmp_path, "auto", "auto", np_, SYNC_EXTRA)
     s = json.loads((out / "summary.json").read_text())
     auto = s["auto"]
-    chosen = auto["predicted"][auto["chosen"]]["seconds"]
+    chosen = auto["predicted"][auto["chosen"]]["time_s"]
     assert s["scheme"] == auto["chosen"] and chosen is not None
-    assert chosen <= auto["predicted"]["data"]["seconds"]
+    assert chosen <= auto["predicted"]["data"]["time_s"]
     assert "lower is better" in auto["table"]
 
 

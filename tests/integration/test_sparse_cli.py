@@ -42,13 +42,13 @@ def test_small_run_writes_every_output(tmp_path):
     rows = list(csv.DictReader(open(out / "summary.csv")))
     assert len(rows) == 1
     for key in ("final_cost", "iterations", "evaluations", "processes", "samples", "hidden", "patch",
-                "dtype", "kernels", "seconds_total", "seconds_compute", "seconds_comm",
+                "dtype", "kernels", "total_s", "compute_s", "comm_s",
                 "collectives_per_evaluation", "seed", "source"):
         assert key in rows[0] and str(summary[key]) == rows[0][key], key
     assert summary["iterations"] == 30 and summary["evaluations"] >= 30 and summary["processes"] == 1
     assert summary["collectives_per_evaluation"] == 4.0 and summary["kernels"] == "numba"
-    assert 0 < summary["seconds_compute"] <= summary["seconds_total"]
-    assert summary["seconds_compute_per_rank"] == [summary["seconds_compute"]] and "each rank's" not in lines[-1]
+    assert 0 < summary["compute_s"] <= summary["total_s"]
+    assert summary["compute_per_rank_s"] == [summary["compute_s"]] and "each rank's" not in lines[-1]
     assert float(progress[-1].split()[3]) == pytest.approx(summary["final_cost"], rel=1e-6)
     assert (out / "features.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -152,9 +152,9 @@ def summary(seed=0):
     """A made-up aepar.eager summary.json: 2 CAEs in 2 groups, 2 epochs, the monolithic CAE 1."""
     acc = lambda v: {"validation": v, "test": v - 0.01, "time_s": 0.5}  # noqa: E731
     mono = {"epoch": 1, "validation": 0.7, "test": 0.69, "effective_s": 4.5}
-    epochs = [{"val_loss": 3.0, "cum_seconds": 1.0}, {"val_loss": 2.0, "cum_seconds": 2.0}]
+    epochs = [{"val_loss": 3.0, "cum_s": 1.0}, {"val_loss": 2.0, "cum_s": 2.0}]
     return {"records": {"model0": {"epochs": epochs}, "model1": {"epochs": epochs},
-                        "mono": {"epochs": [{"val_loss": 2.5, "cum_seconds": 4.0}]}},
+                        "mono": {"epochs": [{"val_loss": 2.5, "cum_s": 4.0}]}},
             "models": 2, "groups": 2, "curve": [{"epoch": 1, "combined": acc(0.8), "vote": acc(0.78), "mono": mono}],
             "final": {"picked_epochs": {"model0": 2, "model1": 2}, "combined": acc(0.85), "vote": acc(0.84),
                       "mono": mono},
@@ -222,3 +222,11 @@ def test_the_days_of_the_runs():
     assert eager.dates_text(["2020-01-02 03:04", "2020-01-02 09:00"]) == "on 2020-01-02"
     assert eager.dates_text(["2020-01-05 07:08", None, "2020-01-02 03:04"]) == "from 2020-01-02 to 2020-01-05"
     assert eager.dates_text([None]) == "on unknown dates"
+
+
+def test_a_reused_run_of_an_older_aepar_gives_the_same_rows():
+    # its epoch records name the cumulative seconds "cum_seconds"
+    old = summary()
+    old["records"] = {n: {"epochs": [{"val_loss": e["val_loss"], "cum_seconds": e["cum_s"]} for e in r["epochs"]]}
+                      for n, r in old["records"].items()}
+    assert eager.run_rows("small", old) == eager.run_rows("small", summary())

@@ -4,13 +4,13 @@ import argparse
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from aepar.schemes.eager import pick_epoch, stop_reason
+from aepar.schemes.eager import pick_epoch, saved_states, stop_reason
 from aepar.tasks.combine import _vote
 from aepar.parallel.ensemble import group_ranks, models_of
 
 
 def _record(val, seconds=1.0):
-    return {"epochs": [{"epoch": i + 1, "val_loss": v, "cum_seconds": seconds * (i + 1)} for i, v in enumerate(val)],
+    return {"epochs": [{"epoch": i + 1, "val_loss": v, "cum_s": seconds * (i + 1)} for i, v in enumerate(val)],
             "stopped": None}
 
 
@@ -47,6 +47,15 @@ def test_pick_last_epoch_or_budget():
     assert pick_epoch(_record([5]), _args(pick_epoch=3)) == 1  # stopped earlier: its last
     assert pick_epoch(r, _args(pick_by_budget=5.0)) == 2
     assert pick_epoch(r, _args(pick_by_budget=0.5)) == 1
+
+
+def test_a_checkpoint_of_an_older_aepar_resumes_with_todays_names():
+    # its epoch records name their times "seconds" and "cum_seconds"
+    old = {"epochs": [{"epoch": 1, "train_loss": 2.0, "val_loss": 1.5, "seconds": 3.0, "cum_seconds": 3.0}],
+           "stopped": None}
+    record = saved_states(({"model0/params/W": np.zeros(2)}, {}, {"records": {"model0": old}}))["model0"]["record"]
+    assert record["epochs"] == [{"epoch": 1, "train_loss": 2.0, "val_loss": 1.5, "epoch_s": 3.0, "cum_s": 3.0}]
+    assert stop_reason(record, epochs=10, budget=3.0).startswith("budget")
 
 
 def test_vote_majority_and_ties_by_probability():
