@@ -3,8 +3,9 @@ time-left estimate of its progress lines.
 
 One row per epoch (per stage or layer for the layer-wise schemes and per model for
 ``aepar.eager``; per :data:`aepar.schemes.sparse.PROGRESS_EVERY` L-BFGS iterations for
-``aepar.sparse``), written by rank 0 as training goes: the whole file is replaced
-atomically through the run directory after each row. A resumed run continues the file:
+``aepar.sparse``), written by rank 0 as training goes: once the run directory exists (its
+first checkpoint) the whole file is replaced atomically after each row; before, the rows
+wait for that checkpoint or the results, so a run that fails before either leaves nothing. A resumed run continues the file:
 the rows before its checkpoint are kept, and the rows an interrupted process wrote after
 its checkpoint are replaced by the same epochs trained again: a row is known by its
 phase, stage and epoch, a resumed run repeats the epochs after its checkpoint, and a row
@@ -67,6 +68,9 @@ class Metrics:
         if self.writes and run.resumed:
             path = run.path / FILE
             self._old = read(path) if path.is_file() else []
+        self._unwritten = False  # rows kept back until the run directory exists
+        if self.writes:  # before the first checkpoint the rows stay here: a failed run leaves nothing
+            run.with_checkpoint(lambda: self._unwritten and self.write())
 
     def elapsed(self) -> float:
         """Seconds since this run began (a resumed run: its last kept row's plus this process's)."""
@@ -111,7 +115,9 @@ class Metrics:
                "time": datetime.fromtimestamp(when).astimezone().isoformat(timespec="seconds"),
                "elapsed_s": round(elapsed, 3), **values}
         self.rows.append({k: _cell(row.get(k)) for k in FIELDS})
-        self.write()
+        self._unwritten = True
+        if self.run.published:
+            self.write()
 
     def write(self):
         """Replace ``metrics.csv`` with the rows so far (root)."""
@@ -124,6 +130,7 @@ class Metrics:
         w.writeheader()
         w.writerows(self.rows)
         self.run.write_text(FILE, out.getvalue())
+        self._unwritten = False
 
 
 class Eta:

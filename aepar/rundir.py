@@ -400,6 +400,7 @@ class RunDir:
         self.is_root = comm.is_root
         self._staging: Path | None = None
         self._published = resumed
+        self._with_checkpoint: list = []  # writers of the files kept in step with each checkpoint
         self._files: list[str] = []
         self._checkpoint: dict | None = None
         self._history: list = []
@@ -498,6 +499,19 @@ class RunDir:
                 self._write_marker("running")
             else:
                 self._publish("running")
+            for write in self._with_checkpoint:
+                write()
+
+    def with_checkpoint(self, write):
+        """Call ``write()`` (root) after every checkpoint: a file that goes with it, such as
+        metrics.csv, which a run that ends before its first checkpoint never writes."""
+        self._with_checkpoint.append(write)
+
+    @property
+    def published(self) -> bool:
+        """Whether the run directory exists under its final name (from the first checkpoint,
+        or the results, on)."""
+        return self._published
 
     def complete(self):
         """All results are written: mark the run complete (publishing it if need be) and
