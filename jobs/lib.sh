@@ -325,12 +325,13 @@ aepar_why() {
   esac
 }
 
-# aepar_launcher_failed RC DIR: true when a point ended with a status no aepar program
-# exits with (nor a signal's), without a stop asked for and before its run directory DIR
-# appeared: the launcher itself failed to start the ranks (Open MPI's PMIx listener does so
-# now and then). Such a point is launched once more; any other failure is the point's own.
+# aepar_launcher_failed RC: true when a launch ended with a status no aepar program exits
+# with (nor a signal's), without a stop asked for: the launcher itself failed to start the
+# ranks (Open MPI's PMIx listener does so now and then). Such a launch is tried once more
+# (a sweep's point only if its run directory did not appear); any other failure is the
+# program's own.
 aepar_launcher_failed() {
-  [ -z "$AEPAR_STOP" ] && [ ! -e "$2" ] || return 1
+  [ -z "$AEPAR_STOP" ] || return 1
   case $1 in 0 | 1 | 2 | 3 | 75 | 124) return 1 ;; esac
   [ "$1" -le 128 ] || [ "$1" -ge 160 ]
 }
@@ -419,7 +420,7 @@ aepar_sweep() {
       aepar_launch "$p" "$OUT/logs/$name.log" "$PYTHON" -m "$scheme" --limit "$s" --iterations "$it" \
         --seed "${SEED:-0}" --out "$OUT/$d" --quiet "${extra[@]}"
       rc=$?
-      [ "$attempt" = 1 ] && aepar_launcher_failed "$rc" "$OUT/$d" || break
+      [ "$attempt" = 1 ] && [ ! -e "$OUT/$d" ] && aepar_launcher_failed "$rc" || break
       aepar_log "$name: the launcher failed before the program started (rc=$rc: $(aepar_reason "$OUT/logs/$name.log")); launching it once more"
       mv "$OUT/logs/$name.log" "$OUT/logs/$name.launch-failed.log"
       sleep 1
@@ -523,8 +524,14 @@ aepar_train() {
   trap 'aepar_on_signal USR2' USR2
   trap 'aepar_on_signal INT' INT
   trap 'aepar_on_signal TERM' TERM
-  aepar_launch "$np" - "$PYTHON" -m "$prog" "${pre[@]}" "${args[@]}" --resume-or-start
-  rc=$?
+  local attempt
+  for attempt in 1 2; do
+    aepar_launch "$np" - "$PYTHON" -m "$prog" "${pre[@]}" "${args[@]}" --resume-or-start
+    rc=$?
+    [ "$attempt" = 1 ] && aepar_launcher_failed "$rc" || break
+    aepar_log "the launcher failed before $prog started (rc=$rc): launching it once more"
+    sleep 1
+  done
   trap - USR1 USR2 INT TERM
   aepar_log "$prog exited $rc${AEPAR_STOP:+ after SIG$AEPAR_STOP} ($([ "$rc" = 0 ] && echo done || aepar_why "$rc"))"
   if [ "$rc" = 75 ] && [ "$AEPAR_STOP" = USR1 ]; then # the time limit's warning: come back

@@ -490,8 +490,12 @@ def _train(cwd, *args, **env):
 def test_train_script_starts_a_run_and_finds_it_complete_the_second_time(tmp_path):
     args = ["greedy", "--dataset", "mnist5k", "--layers", "784-16-8", "--epochs", "1", "--finetune-epochs", "0",
             "--limit", "300", "--quiet", "--out", "run"]
-    first = _train(tmp_path, *args)
+    mpirun = tmp_path.parent / f"{tmp_path.name}-flaky-mpirun"  # fails once, before any rank starts
+    mpirun.write_text(FLAKY_MPIRUN.format(mpirun=os.environ.get("MPIRUN") or Path(sys.executable).with_name("mpirun")))
+    mpirun.chmod(0o755)
+    first = _train(tmp_path, *args, MPIRUN=str(mpirun))
     assert first.returncode == 0, first.stdout + first.stderr
+    assert "the launcher failed before aepar.greedy started (rc=213): launching it once more" in first.stdout
     assert "aepar.greedy --dataset mnist5k" in first.stdout and "--resume-or-start: 1 rank(s)" in first.stdout
     marker = json.loads((tmp_path / "run" / "run.json").read_text())
     assert marker["state"] == "complete" and "--resume-or-start" in marker["argv"]
