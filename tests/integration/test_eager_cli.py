@@ -11,6 +11,7 @@ from aepar import checkpoint
 from aepar.data.idx import write_idx
 from tests.integration.test_reliability import cli
 from tests.integration.run_json import assert_run_json
+from tests.integration.test_outputs import assert_describes_itself
 
 PROG = "aepar.eager"
 TINY = ["--dataset", "mnist5k", "--limit", "300", "--filters", "2,4", "--epochs", "2", "--mono-epochs", "0",
@@ -60,8 +61,9 @@ def test_same_per_model_weights_on_any_layout(tmp_path, reference, np_, models, 
 def test_outputs_table_csv_pngs_and_monolithic(tmp_path):
     out = run(tmp_path, "full", 2, ["--models", "2", "--mono-epochs", "2", "--mono-width", "2", "--plot", "--curve"])
     for name in ("summary.json", "accuracy.md", "epochs.csv", "losses.png", "reconstructions.png", "curve.csv",
-                 "curve.png", "mono_epoch002.h5"):
+                 "curve.png", "mono_epoch002.h5", "metrics.png"):
         assert (out / name).is_file(), name
+    assert {r["phase"] for r in assert_describes_itself(out, None)} == {"pretrain"}
     s = json.loads((out / "summary.json").read_text())
     final = s["final"]
     assert 0.0 <= final["combined"]["validation"] <= 1.0 and "vote" in final and "mono" in final

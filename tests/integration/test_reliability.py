@@ -280,8 +280,14 @@ def stack(references):
     return references["greedy"] / "weights.h5"
 
 
-@pytest.mark.parametrize("kind", list(EXPECT))
-@pytest.mark.parametrize("scheme", list(FAULT_RUNS))
+# every fault in the stacked and the pipeline programs; in the others the two whose handling
+# is their own loop's (the divergence named in its words, the watchdog's heartbeat): an
+# exception or a killed rank ends every program through the same abort of aepar.comm
+FAULTS = [(scheme, kind) for scheme in FAULT_RUNS for kind in EXPECT
+          if scheme in ("greedy", "sync") or kind in ("nan", "stall")]
+
+
+@pytest.mark.parametrize("scheme, kind", FAULTS)
 def test_a_fault_ends_the_job_in_time_naming_the_rank_with_nothing_half_written(stack, tmp_path, scheme, kind):
     module, args = FAULT_RUNS[scheme]
     if scheme == "finetune":

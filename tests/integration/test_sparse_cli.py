@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import ROOT, run_mpi
 from tests.integration.run_json import assert_run_json
+from tests.integration.test_outputs import assert_describes_itself
 
 PROG = "aepar.sparse"
 
@@ -29,6 +30,7 @@ def test_small_run_writes_every_output(tmp_path):
     p = run_cli("--limit", 2000, "--iterations", 30, "--seed", 3, "--plot", "--out", out)
     assert p.returncode == 0, p.stderr[-3000:]
     assert_run_json(out, 1, samples=2000, iterations=30, seed=3)
+    assert {r["phase"] for r in assert_describes_itself(out, p.stdout)} == {"lbfgs"}
     lines = p.stdout.splitlines()
     assert lines[0].startswith(f"{PROG}: 2000 patches 8x8") and "64-25-64" in lines[0]
     progress = [l.split("] ", 1)[-1] for l in lines if "] iteration" in l]

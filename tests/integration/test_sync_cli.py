@@ -7,6 +7,7 @@ import pytest
 from aepar.trace import validate_chrome
 from tests.conftest import run_mpi
 from tests.integration.run_json import assert_run_json
+from tests.integration.test_outputs import assert_describes_itself
 
 pytestmark = pytest.mark.mpi
 SMALL = ["-m", "aepar.sync", "--dataset", "mnist5k", "--layers", "784-32-16-8", "--epochs", "2",
@@ -22,6 +23,9 @@ def test_quick_run_writes_every_output(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["scheme"] == "sync" and s["ranks"] == 3 and s["handover"] == "plan"
     assert_run_json(out, 3, compare_greedy=True)
+    rows = assert_describes_itself(out, None)  # --quiet: no progress lines
+    assert {r["phase"] for r in rows} == {"pretrain", "finetune"} and (out / "reconstructions.png").is_file()
+    assert {r["stage"] for r in rows} >= {"1", "greedy/1"}  # the greedy comparison's rows too
     # the epochs run are the plan's, in every stage
     planned = [(l, e["epoch"], e["version"]) for l, st in enumerate(s["plan"]["stages"]) for e in st]
     ran = [(e["stage"], e["epoch"], e["version"]) for e in s["pretrain"]["epochs"]]

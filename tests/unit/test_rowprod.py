@@ -198,6 +198,10 @@ def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
     either kind of CPU: the AVX2 build (AEPAR_ISA=avx2, in a child) against this one."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the AVX2 build is an x86-64 target")
+    from aepar.kernels.nb.simd import target_isa
+
+    if target_isa() == "avx2":  # both children would compile the same tiles: nothing to compare
+        pytest.skip("this CPU's own build is the AVX2 one: the check needs an AVX-512 CPU")
     runs = {}
     for isa in ("host", "avx2"):
         env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "AEPAR_ISA")}
