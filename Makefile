@@ -77,6 +77,10 @@ bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per schem
 bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs PyTorch at 1 and 2 threads -> peers.csv, cae_speed.md (~1 min)
 	$(BIN)/python -m bench.cae_speed
 
+.PHONY: bench-block-tax
+bench-block-tax: venv bench-peers  ## the price of the same bits per CPU: RBM, autoencoder-layer, fine-tuning and CAE epochs with 8 blocks vs 1 block vs PyTorch, 1 and 2 threads -> block_tax.{csv,md} (~6 min)
+	$(BIN)/python -m bench.block_tax
+
 .PHONY: bench-gpu-epoch
 bench-gpu-epoch: venv bench-peers  ## epochs on the GPU, aepar's CuPy kernels vs PyTorch CUDA: the 784x1000 RBM (CD-1) and autoencoder layer at batches 100/1000/5000, fine-tuning and the CAE at 100 -> gpu/gpu_epoch.csv (needs a GPU, CuPy, CUDA PyTorch)
 	$(BIN)/python -m bench.gpu_epoch --layers rbm,ae --batches 100,1000,5000 --out bench/results/gpu

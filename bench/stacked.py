@@ -107,14 +107,14 @@ def fashion_installed() -> bool:
     return FASHION_DIR.is_dir() and _idx_set(FASHION_DIR, required=False) is not None
 
 
-def rbm_epoch_here(x, repeats=3, styles=tuple(TORCH_NAMES), numpy_peer=True, hidden=RBM_HIDDEN,
-                   batch=RBM_BATCH, layer="rbm") -> dict:
-    """One process, this process's thread count: aepar's 784 x ``hidden`` Bernoulli RBM (by
-    default the stack's first layer; ``layer="ae"``: the autoencoder layer) trained with
-    the seed's recipe at ``batch``, the same model on aepar's NumPy reference kernels (the
-    issue's "straightforward NumPy version") and the PyTorch peers, a warm-up epoch each on
-    500 rows, then ``repeats`` rounds of one epoch each, interleaved (aepar, numpy, torch,
-    ...) so that load from other users hits them alike. Returns {implementation: [seconds]}."""
+def layer_epochs(x, styles=tuple(TORCH_NAMES), numpy_peer=True, hidden=RBM_HIDDEN, batch=RBM_BATCH,
+                 layer="rbm", threads=None) -> tuple[dict, object]:
+    """({implementation: a call that trains one epoch on ``x``}, aepar's model) for one
+    process: aepar's 784 x ``hidden`` Bernoulli RBM (by default the stack's first layer;
+    ``layer="ae"``: the autoencoder layer) with the seed's recipe at ``batch``, with the
+    default 8 blocks and with the batch as one block, the same model on aepar's NumPy
+    reference kernels (the issue's "straightforward NumPy version") and the PyTorch peers
+    at ``threads`` (default aepar's), each after a warm-up epoch on 500 rows."""
     from aepar import backend
     from aepar.models.ae_layer import AELayer
     from aepar.models.rbm import RBM
@@ -124,11 +124,13 @@ def rbm_epoch_here(x, repeats=3, styles=tuple(TORCH_NAMES), numpy_peer=True, hid
     from aepar.rows import DEFAULT_BLOCKS, Shard
 
     model, peer = (RBM, torch_rbm.TorchRBM) if layer == "rbm" else (AELayer, torch_rbm.TorchAE)
+    made = []
 
     def rbm(kernels, blocks=DEFAULT_BLOCKS):
         be = backend.select("cpu", kernels, "float32")
         trained = model(be, 784, hidden, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
                         momentum_switch_epoch=5, batch=batch, seed=0, layer_index=0)
+        made.append(trained)
         train_epoch(trained, Shard.of(be, x[:warm], blocks), 0)  # warm-up: JIT, BLAS buffers
         xb = Shard.of(be, x, blocks)
         epochs = itertools.count(6)  # past the momentum switch (0.9), like most of a run
@@ -141,9 +143,18 @@ def rbm_epoch_here(x, repeats=3, styles=tuple(TORCH_NAMES), numpy_peer=True, hid
         epochs[NUMPY_NAME] = rbm("numpy")
     if styles and torch_rbm.available():  # importing torch alone takes 1.5-2 s
         for style in styles:
-            torch_layer = peer(784, hidden, batch=batch, threads=aepar.THREADS, seed=0, style=style)
+            torch_layer = peer(784, hidden, batch=batch, threads=threads or aepar.THREADS, seed=0, style=style)
             torch_layer.train_epoch(x[:warm])
             epochs[TORCH_NAMES[style]] = lambda torch_layer=torch_layer: torch_layer.train_epoch(x)
+    return epochs, made[0]
+
+
+def rbm_epoch_here(x, repeats=3, styles=tuple(TORCH_NAMES), numpy_peer=True, hidden=RBM_HIDDEN,
+                   batch=RBM_BATCH, layer="rbm") -> dict:
+    """:func:`layer_epochs`' epochs timed in ``repeats`` rounds of one epoch each,
+    interleaved (aepar, numpy, torch, ...) so that load from other users hits them alike.
+    Returns {implementation: [seconds]}."""
+    epochs, _ = layer_epochs(x, styles, numpy_peer, hidden, batch, layer)
     return {name: list(t.samples) for name, t in time_calls(epochs, repeats, warmup=0).items()}
 
 

@@ -1,0 +1,46 @@
+"""bench.block_tax: the ratios and their targets per machine, a real run's rows and
+table, impossible options refused with nothing written."""
+import pytest
+
+from bench import block_tax
+
+
+def _row(cpu, workload, threads, impl, seconds):
+    return {"benchmark": "block_tax", "cpu_model": cpu, "isa": "avx2", "blas": "openblas", "workload": workload,
+            "threads": threads, "implementation": impl, "seconds": str(seconds), "fraction_of_sgemm": "0.5",
+            "date": "2026-11-28", "command": "python -m bench.block_tax"}
+
+
+def test_the_ratios_are_8_blocks_over_1_block_and_over_the_faster_peer():
+    rows = [_row("cpu A", "rbm", 1, block_tax.EIGHT, 1.2), _row("cpu A", "rbm", 1, block_tax.ONE, 1.0),
+            _row("cpu A", "rbm", 1, "pytorch careful", 0.8), _row("cpu A", "rbm", 1, "pytorch plain", 2.0),
+            _row("cpu A", "cae", 2, block_tax.EIGHT, 1.0), _row("cpu A", "cae", 2, block_tax.ONE, 1.0),
+            _row("cpu B", "ae", 1, block_tax.EIGHT, 1.0)]  # no 1-block epoch: no ratio to give
+    found = {(s["cpu"], s["workload"]): s for s in block_tax.summary(rows)}
+    assert set(found) == {("cpu A", "rbm"), ("cpu A", "cae")}
+    rbm = found[("cpu A", "rbm")]
+    assert rbm["tax"] == pytest.approx(1.2) and rbm["peer"] == "pytorch careful"
+    assert rbm["vs_peer"] == pytest.approx(1.5)
+    assert found[("cpu A", "cae")]["peer"] is None
+    table = block_tax.markdown(rows)
+    assert "| 1.20 (over) |" in table and "| 1.50 (slower) |" in table  # both targets missed, and said
+    assert "| 1.00 | not measured | not measured |" in table
+    assert table.count("\n## ") == 1 and "2026-11-28" in table and "`python -m bench.block_tax`" in table
+
+
+def test_a_run_writes_its_rows_and_table(tmp_path):
+    out, md = tmp_path / "block_tax.csv", tmp_path / "block_tax.md"
+    assert block_tax.main(["--threads", "1", "--workloads", "ae", "--rows", "300", "--repeats", "1", "--no-torch",
+                           "--out", str(out), "--md", str(md)]) == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == 1 + 2 and "cpu_model" in lines[0] and "isa" in lines[0] and "blas" in lines[0]
+    assert "autoencoder layer | 1 |" in md.read_text()
+
+
+@pytest.mark.parametrize("argv", [["--workloads", "rbm,gan"], ["--threads", "1,x"], ["--repeats", "0"],
+                                  ["--rows", "-3"]])
+def test_impossible_options_are_refused(argv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        block_tax.main(argv + ["--out", str(tmp_path / "t.csv"), "--md", str(tmp_path / "t.md")])
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
