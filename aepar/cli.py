@@ -214,9 +214,11 @@ def add_reduce_blocks(group):
     group.add_argument("--reduce-blocks", type=positive_int, default=DEFAULT_BLOCKS, metavar="R",
                        help=f"fixed blocks the rows are cut into; a step adds the blocks' gradients in one "
                             f"fixed tree, so up to R ranks (any number of threads) give bit-identical "
-                            f"results (default {DEFAULT_BLOCKS}; 1 is fastest on one process but allows one rank: "
-                            f"on a GPU each block is its own kernel launches, and at batch 100 the default "
-                            f"{DEFAULT_BLOCKS} blocks train several times slower than 1)")
+                            f"results (default {DEFAULT_BLOCKS}; 1 allows one rank only and runs on one thread, "
+                            f"as threads take whole blocks: on the CPU it is somewhat faster at one thread and "
+                            f"slower at several (bench/results/block_tax.md); on a GPU each block is its own "
+                            f"kernel launches, and at batch 100 the default {DEFAULT_BLOCKS} blocks train several "
+                            f"times slower than 1)")
 
 
 def default_float32(parser):
