@@ -26,6 +26,7 @@ from aepar.resume import Checkpointer
 from aepar.rundir import fingerprint
 from aepar.stack import layers_from_args, warm_up
 from aepar.tasks import run_task, task_table
+from aepar.report.profile import profile_csv, profile_png, profile_rows
 from aepar.trace import Trace
 
 __all__ = ["Job", "check", "run_scheme"]
@@ -127,6 +128,13 @@ def run_scheme(be, comm, args, digits, run, guard, name, *, prog, extra=None) ->
     with run.output("trace.json") as path:  # collective: every rank's events
         trace.to_chrome_json(path, extra={"scheme": name, **({"layout": job.config["layout"]}
                                                              if "layout" in job.config else {})})
+    texts = {}
+    if comm.is_root:  # where each rank's time went, per operation (aepar.report.profile)
+        summary["profile"] = profile = profile_rows(trace.chrome_doc())
+        texts["profile.csv"] = profile_csv(profile)
+        if args.plot and any(r["epochs"] for r in profile):
+            job.figures.setdefault("profile.png", lambda path: profile_png(
+                profile, path, title=f"{name}, {comm.size} rank{'s' if comm.size > 1 else ''}: seconds per operation"))
     text = task_table(summary) if args.task == "classify" else tables(
         {COMPARED: greedy, name: summary} if greedy else {name: summary})
     if hasattr(scheme, "tables"):
@@ -139,7 +147,7 @@ def run_scheme(be, comm, args, digits, run, guard, name, *, prog, extra=None) ->
         if draw is not None:
             job.figures.setdefault("reconstructions.png", draw)
     finish(run, comm, summary, weights=Weights(name, main_params, args.epochs, config), tables=text,
-           tables_file=TABLES_FILE, figures=job.figures, prog=prog, quiet=args.quiet, plot=args.plot)
+           tables_file=TABLES_FILE, texts=texts, figures=job.figures, prog=prog, quiet=args.quiet, plot=args.plot)
     return summary
 
 

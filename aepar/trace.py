@@ -102,16 +102,23 @@ class Trace:
         Collective unless :meth:`gather` was already called. Returns the path on the
         root, None elsewhere.
         """
+        doc = self.chrome_doc(root, extra)
+        if doc is None:
+            return None
+        path = Path(path)
+        path.write_text(json.dumps(doc, default=_plain) + "\n")
+        return path
+
+    def chrome_doc(self, root: int = 0, extra: dict | None = None) -> dict | None:
+        """The Chrome trace document on ``root`` (what :meth:`to_chrome_json` writes), None
+        elsewhere. Collective unless :meth:`gather` was already called."""
         if self._gathered is None:
             self.gather(root)
         if self.comm.rank != root:
             return None
         everyone, _ = self._gathered
-        doc = {"traceEvents": chrome_events(everyone), "displayTimeUnit": "ms",
-               "otherData": dict(extra or {}, ranks=len(everyone))}
-        path = Path(path)
-        path.write_text(json.dumps(doc, default=_plain) + "\n")
-        return path
+        return {"traceEvents": chrome_events(everyone), "displayTimeUnit": "ms",
+                "otherData": dict(extra or {}, ranks=len(everyone))}
 
 
 def span(trace, name, **meta):

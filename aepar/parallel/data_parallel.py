@@ -40,10 +40,21 @@ the blocks' own products added in the tree, without writing them out.
 
 Models never see ranks: where one needs a sum over all ranks' rows (an evaluation) it is
 handed ``reducer(comm)``.
+
+Each epoch also reports where this rank's time went (:attr:`EpochResult.phases`, seconds):
+``gradient`` (every own block's forward and backward pass, but for the factored weight
+gradients; the layer kernels take forward and backward in one call), ``block sums`` (this
+rank's blocks added in the tree: the factored weight gradients are computed here, inside
+the sum), ``reduction`` (the sum over the ranks and the guard's flags with it: waiting for
+slower ranks shows here), ``update`` (the optimiser's step), or ``fused step`` (one block
+on one process: all of it in one kernel). A clock read between
+phases costs well under a microsecond a step. On a GPU the kernels run after the host
+queued them, so the phases would time the queueing: none are reported there.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from time import perf_counter
 
 import numpy as np
 
@@ -143,6 +154,7 @@ class EpochResult:
     state: EpochState | None = None
     checkpoint: bool = False
     stop: bool = False
+    phases: dict = field(default_factory=dict)  # seconds per phase (see the module docstring)
 
     @property
     def complete(self) -> bool:
@@ -151,6 +163,12 @@ class EpochResult:
     @property
     def means(self) -> list:
         return [float(s) / self.n for s in self.sums]
+
+    @property
+    def phase_args(self) -> dict:
+        """:attr:`phases` as an epoch span's arguments in the trace: ``gradient_s``, ...
+        (aepar.report.profile reads them back)."""
+        return {f"{name.replace(' ', '_')}_s": seconds for name, seconds in self.phases.items()}
 
 
 class _Buffers:
@@ -321,9 +339,10 @@ def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) ->
         checkpoint, stop = step(k, 1.0 / float(mb.sizes[k]))
         if (checkpoint or stop) and k + 1 < mb.n_batches:
             host = be.to_host(run.sums)
-            return EpochResult(host, shard.n, EpochState(epoch, k + 1, list(host), mb.states()), checkpoint, stop)
+            return EpochResult(host, shard.n, EpochState(epoch, k + 1, list(host), mb.states()), checkpoint, stop,
+                               run.phases())
     # a request in the last step is the caller's to serve, at the end of the epoch
-    return EpochResult(be.to_host(run.sums), shard.n, None, checkpoint, stop)
+    return EpochResult(be.to_host(run.sums), shard.n, None, checkpoint, stop, run.phases())
 
 
 class _Epoch:
@@ -350,6 +369,12 @@ class _Epoch:
         # the epoch's row order goes to the device once: a copy of a step's indices costs a GPU
         # tens of microseconds of host time; each batch's rows are gathered from it
         self.orders = {b: be.xp.asarray(mb.rows(b)) for b in self.mine}
+        self.seconds = dict.fromkeys(("fused step",) if self.fused is not None else
+                                     ("gradient", "block sums", "reduction", "update"), 0.0)
+
+    def phases(self) -> dict:
+        """Seconds per phase so far (none on a GPU: see the module docstring)."""
+        return {} if self.be.device == "gpu" else dict(self.seconds)
 
     def rows(self, b: int, k: int):
         lo, hi = self.mb.cuts(b)[k:k + 2]
@@ -358,23 +383,28 @@ class _Epoch:
     def fused_step(self, k: int, scale: float) -> tuple[bool, bool]:
         """One block, one process: no sum to take, one fused kernel."""
         guard = self.guard
+        t0 = perf_counter()
         x = self.rows(self.mine[0], k)
         if guard is not None:  # flags read before the step, as the blocked path's reduction does
             flags = guard.flags()
             guard.step(poison=x)
         for j, value in enumerate(self.fused(x, self.mb.rngs[0], self.epoch)):
             self.sums[j:j + 1] += value
+        self.seconds["fused step"] += perf_counter() - t0
         return guard.decide(flags) if guard is not None else (False, False)
 
     def step(self, k: int, scale: float) -> tuple[bool, bool]:
         """Every own block's gradient, this rank's sums, the sum over all ranks, the step."""
         buf, guard, comm, flag = self.buf, self.guard, self.comm, self.flag
+        t0 = perf_counter()
         factors = self.leaf_gradients(k, scale)
+        t1 = perf_counter()
         # this rank's sums: its tree nodes, or (allreduce) its blocks in order; a rank
         # without blocks still sends a row: zeros and its guard flag
         values = {node: _local_sum(self.be, buf, factors, first, merges,
                                    buf.total if node is None else buf.rows[first])
                   for node, first, merges in buf.groups}
+        t2 = perf_counter()
         if guard is not None:
             head = next(iter(values.values()))
             head[flag] = flags = guard.flags()
@@ -387,7 +417,13 @@ class _Epoch:
             total = buf.total
             if comm is not None:
                 comm.Allreduce(total)
+        t3 = perf_counter()
         self.model.apply(buf.views(total), self.epoch)
+        seconds = self.seconds
+        seconds["gradient"] += t1 - t0
+        seconds["block sums"] += t2 - t1
+        seconds["reduction"] += t3 - t2
+        seconds["update"] += perf_counter() - t3
         self.sums += total[buf.n_grad:flag]
         if guard is None:
             return False, False

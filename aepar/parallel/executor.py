@@ -283,6 +283,7 @@ class Pipeline:
                              extra=extra) as info:
             result = train_epoch(layer, record.train, epoch, self.stage_comm, guard=self.guard, resume=resume)
             be.synchronize()
+            info.update(result.phase_args)
         if not result.complete:
             return None, result
         err = result.means[0]

@@ -140,11 +140,13 @@ class _Stack:
         comm, layer = self.comm, self.layers[i]
         comm.barrier()
         t0 = comm.wtime()
-        with span(self.trace, f"layer{i + 1}", epoch=epoch):
+        with span(self.trace, f"layer{i + 1}", epoch=epoch) as info:
             if self.lr_at is not None:
                 layer.optimizer.lr = self.lr_at(layer, epoch)
             result = train_epoch(layer, train, epoch, comm, guard=self.guard, resume=resume,
                                  allreduce=self.allreduce)
+            if info is not None:
+                info.update(result.phase_args)
         self.be.synchronize()
         clock["t"] += comm.allreduce(comm.wtime() - t0, op="max")
         return result

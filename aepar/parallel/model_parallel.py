@@ -26,6 +26,7 @@ import numpy as np
 from aepar import metrics
 from aepar.guard import StepsOnly
 from aepar.parallel.data_parallel import train_epoch
+from aepar.trace import span
 
 __all__ = ["schedule", "owner", "pretrain_model_parallel"]
 
@@ -65,10 +66,6 @@ def _unflat(be, layer, flat):
         p = layer.params[k]
         p[...] = flat[o:o + p.size].reshape(p.shape)
         o += p.size
-
-
-def _span(trace, name, **meta):
-    return trace.span(name, **meta) if trace is not None else contextlib.nullcontext()
 
 
 def pretrain_model_parallel(be, comm, layers, train, test, *, group: int, ckpt=None, guard=None,
@@ -189,8 +186,9 @@ class _ModelParallel:
         inputs = {}
         for j, _ in mine:
             r0 = comm.wtime()
-            inputs[j], fresh = copies.input_of(j)
-            self.be.synchronize()
+            with span(self.trace, "recompute", cat="handover", stage=j + 1):  # the input from the new copies
+                inputs[j], fresh = copies.input_of(j)
+                self.be.synchronize()
             inputs[j] = (inputs[j], comm.wtime() - r0 if fresh else 0.0)
         stats = [self.train(j, e, *inputs[j]) for j, e in mine]
         self.hand_over(active)
@@ -206,8 +204,10 @@ class _ModelParallel:
         """Layer j's epoch e on this rank: (j, e, error, seconds, refresh seconds, divergence or None)."""
         layer, guard = self.layers[j], self.guard
         e0 = self.comm.wtime()
-        with _span(self.trace, f"layer{j + 1}", epoch=e):
+        with span(self.trace, f"layer{j + 1}", epoch=e) as info:
             result = train_epoch(layer, x, e, comm=None, batch=layer.batch, key=layer.key, guard=self.steps)
+            if info is not None:
+                info.update(result.phase_args)
         self.be.synchronize()
         err = result.means[0]
         bad = None
@@ -223,12 +223,18 @@ class _ModelParallel:
         return j, e, err, self.comm.wtime() - e0, refresh, bad
 
     def hand_over(self, active):
-        """Every layer trained in the slot goes from its rank to all: the new copies."""
-        for j, _ in active:
-            buf = _flat(self.be, self.layers[j])
-            self.comm.Bcast(buf, root=owner(j, self.group, self.comm.size))
-            _unflat(self.be, self.layers[j], buf)
-            self.versions[j] = dict(active)[j] + 1
+        """Every layer trained in the slot goes from its rank to all: the new copies. The
+        ranks meet first, so that the trace tells waiting for the slowest rank ("wait") from
+        the messages ("handover")."""
+        if self.comm.size > 1:
+            with span(self.trace, "wait", cat="wait", what="slot end"):
+                self.comm.barrier()
+        with span(self.trace, "handover", cat="handover", layers=[j + 1 for j, _ in active]):
+            for j, _ in active:
+                buf = _flat(self.be, self.layers[j])
+                self.comm.Bcast(buf, root=owner(j, self.group, self.comm.size))
+                _unflat(self.be, self.layers[j], buf)
+                self.versions[j] = dict(active)[j] + 1
 
     def note(self, g: int, t: int, active, gathered, dt: float):
         """The slot's epochs into the record (and a progress line)."""

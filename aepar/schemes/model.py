@@ -41,4 +41,4 @@ def pretrain(job) -> dict:
     watch = Shard.of(be, job.watch_x, 1)
     return pretrain_model_parallel(be, job.comm, job.layers, train, watch, group=job.summary["group"],
                                    ckpt=job.ckpt, guard=job.guard, position=job.position if job.loaded else None,
-                                   say=None if job.args.quiet else job.say)
+                                   trace=job.trace, say=None if job.args.quiet else job.say)

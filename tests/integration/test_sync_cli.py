@@ -38,6 +38,12 @@ def test_quick_run_writes_every_output(tmp_path):
     names = {e["name"] for e in doc["traceEvents"]}
     assert {"epoch", "handover"} <= names
     assert {e["pid"] for e in doc["traceEvents"] if e["name"] == "epoch"} == {0, 1, 2}
+    # where each rank's time went: the epochs' phases from the trace, a bar per rank
+    profile = s["profile"]
+    assert [r["rank"] for r in profile] == [0, 1, 2] and all(r["epochs"] >= 2 for r in profile)
+    assert all(r["gradient_s"] > 0 and r["update_s"] > 0 and r["wait_s"] >= 0 for r in profile)
+    assert sum(r["handover_s"] for r in profile) > 0
+    assert (out / "profile.csv").read_text().count("\n") == 1 + 3 and (out / "profile.png").stat().st_size > 0
     png = (out / "spacetime.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24])[0] > 300
     import h5py
