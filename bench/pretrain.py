@@ -14,11 +14,15 @@ Stages (each runs the real command line; figures are read back from the runs' su
 - ``sweep``: epoch time per scheme and rank count over batch sizes (15-618's sweep, up to the
   rows at hand), and the speed-up of model and data over greedy, measured on the ranks this
   machine has beside the planner's prediction (aepar.parallel.planner) for 1-16 ranks.
+- ``profile``: where each rank's time goes per operation (15-618's per-operation figure),
+  every scheme at 2 and 4 ranks (hybrid at 5: more ranks than layers), read from
+  each run's profile (aepar.report.profile), beside the planner's predicted pre-training
+  time fed with this machine's one-rank layer times.
 
-    python -m bench.pretrain [--stages accuracy,largebatch,sweep] [--epochs N]
+    python -m bench.pretrain [--stages accuracy,largebatch,sweep,profile] [--epochs N]
 
-Writes bench/results/pretrain_{accuracy,largebatch,sweep,speedup}.{csv,md} and
-pretrain_sweep.png.
+Writes bench/results/pretrain_{accuracy,largebatch,sweep,speedup,profile}.{csv,md},
+pretrain_sweep.png and pretrain_profile_np{2,4,5}.png.
 """
 from __future__ import annotations
 
@@ -236,9 +240,100 @@ def sweep(work):
            "(30 epochs), 2.1x at batch 5000 (60 epochs); data near-linear at batch 5000."])
 
 
+# ---- per-operation profile ---------------------------------------------------------------------
+PROFILE_LAYERS = (784, 500, 250, 100, 30)
+PROFILE_SCHEMES = ("greedy", "data", "model", "sync", "hybrid")
+# (scheme, ranks): model and sync take at most a rank per layer, hybrid more ranks than layers
+PROFILE_RUNS = tuple((scheme, p) for p in (2, 4) for scheme in PROFILE_SCHEMES[:4]) + (("hybrid", 5),)
+
+
+def profile(work, runs=PROFILE_RUNS, epochs=3):
+    import os
+
+    import numpy as np
+
+    from aepar.parallel.planner import LayerCosts, predict
+    from aepar.report.profile import PHASES, draw_profile
+
+    sizes = "-".join(map(str, PROFILE_LAYERS))
+    net = ["--layers", sizes, "--pretrainer", "ae", "--dataset", "mnist5k", "--limit", 2000, "--epochs", epochs,
+           "--finetune-epochs", 0, "--no-plot"]
+    # the planner's inputs: each layer's epoch and transform on one rank, one block
+    s = launch("aepar.pretrain", ["--scheme", "greedy", *net, "--reduce-blocks", 1], 1, work, "prof-costs-1block")
+    layers = s["pretrain"]["layers"]
+    pairs = list(zip(PROFILE_LAYERS, PROFILE_LAYERS[1:]))
+    costs = LayerCosts(epoch_s=tuple(min(l["epoch_times_s"]) for l in layers),
+                       transform_s=tuple(l.get("transform_s", 0.0) for l in layers),
+                       param_bytes=tuple(4 * (a * b + a + b) for a, b in pairs),
+                       steps_per_epoch=(-(-s["n_train"] // 100),) * len(pairs), epochs=(epochs,) * len(pairs),
+                       extras=(0,) * len(pairs), n_train=s["n_train"], batch=100, blocks=None)
+    rows, panels = [], {}
+    for scheme, p in runs:
+        predicted = predict(costs, p, cores=os.cpu_count())[scheme]["seconds"]
+        r = launch("aepar.pretrain", ["--scheme", scheme, *net], p, work, f"prof-{scheme}-{p}")
+        panels[(scheme, p)] = (r["profile"], predicted, r["pretrain_time_s"])
+        for rank in r["profile"]:
+            rows.append(dict(machine_fields(), scheme=scheme, ranks=p, rank=rank["rank"],
+                             **{f"{k}_s": round(rank[f"{k}_s"], 4) for k, _ in PHASES},
+                             measured_pretrain_s=round(r["pretrain_time_s"], 3),
+                             predicted_pretrain_s=None if predicted is None else round(predicted, 3)))
+
+    def mean(scheme, p, key):
+        mine = [r for r in rows if r["scheme"] == scheme and r["ranks"] == p]
+        return sum(r[key] for r in mine) / len(mine)
+    summary = [dict(scheme=scheme, ranks=p, **{k: mean(scheme, p, f"{k}_s") for k, _ in PHASES},
+                    measured=panels[(scheme, p)][2], predicted=panels[(scheme, p)][1]) for scheme, p in panels]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS / "pretrain_profile.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    write(summary, "pretrain_profile_summary", "Where the time goes per operation: seconds per rank (mean over "
+          "the ranks), per scheme and rank count (lower is better)",
+          [("scheme", lambda r: r["scheme"]), ("ranks", lambda r: str(r["ranks"]))]
+          + [(label, lambda r, k=k: f"{r[k]:.2f}") for k, label in PHASES if any(x[k] > 0 for x in summary)]
+          + [("pre-training s, measured", lambda r: f"{r['measured']:.2f}"),
+             ("predicted (planner)", lambda r: "–" if r["predicted"] is None else f"{r['predicted']:.2f}")],
+          [f"Autoencoder layers {sizes}, 2,000 embedded digits, batch 100, {epochs} epochs per layer, no "
+           "fine-tuning; the ranks share this machine's cores (4 ranks on 2 cores are oversubscribed). Each "
+           "rank's seconds come from its run's trace (profile.csv): forward + backward of every own block, "
+           "the weight gradients and the blocks' tree on the rank (aepar computes the factored weight "
+           "gradients inside that sum), the sum over ranks (waiting for slower ranks included), the update "
+           "(or the one-block fused step: all of it in one kernel), hand-overs (sending and recomputing "
+           "inputs), waiting, validation, and the rest of the epochs. The planner predicts the whole "
+           "pre-training time only (from this machine's one-rank layer times, one core per rank unless "
+           "the ranks outnumber the cores), not its split: the hatched bar in pretrain_profile_np*.png. "
+           "Every rank's row is in pretrain_profile.csv. hybrid runs on 5 ranks: it needs more ranks than "
+           "layers, and model and sync at most one rank per layer."])
+    (RESULTS / "pretrain_profile_summary.md").rename(RESULTS / "pretrain_profile.md")
+    (RESULTS / "pretrain_profile_summary.csv").unlink()
+    try:
+        from aepar.report.figures import figure
+    except ImportError:
+        return
+    for p in sorted({p for _, p in panels}):
+        shown = [scheme for scheme in PROFILE_SCHEMES if (scheme, p) in panels]
+        width = 3.2 * len(shown) + 3.2  # the legend takes the last 3.2 inches
+        fig = figure(width, 4.4)
+        axes = np.atleast_1d(fig.subplots(1, len(shown), sharey=True))
+        legend = {}
+        for ax, scheme in zip(axes, shown):
+            prof, pred, _ = panels[(scheme, p)]
+            draw_profile(ax, prof, predicted_s=pred, legend=False)
+            ax.set_title(scheme)
+            legend.update(zip(*reversed(ax.get_legend_handles_labels())))  # every panel's phases, once
+        order = [label for _, label in PHASES]
+        labels = sorted(legend, key=lambda label: order.index(label) if label in order else len(order))
+        fig.legend([legend[label] for label in labels], labels, fontsize="small", loc="center right")
+        fig.suptitle(f"Seconds per operation, {p} ranks ({sizes}, {epochs} epochs per layer)\n"
+                     f"{time.strftime('%Y-%m-%d')}, python -m bench.pretrain --stages profile", fontsize=9)
+        fig.tight_layout(rect=(0, 0, 1 - 3.2 / width, 1))
+        fig.savefig(RESULTS / f"pretrain_profile_np{p}.png", format="png", dpi=100)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.pretrain", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--stages", default="accuracy,largebatch,sweep")
+    ap.add_argument("--stages", default="accuracy,largebatch,sweep,profile")
     ap.add_argument("--epochs", type=int, default=10, help="pre-training and fine-tuning epochs (default 10)")
     ap.add_argument("--largebatch-epochs", type=int, default=5)
     ap.add_argument("--largebatch-dataset", default="fashion")
@@ -254,6 +349,8 @@ def main(argv=None) -> int:
         sweep(work)
     if "largebatch" in stages:
         largebatch(work, args.largebatch_epochs, args.largebatch_dataset)
+    if "profile" in stages:
+        profile(work)
     return 0
 
 

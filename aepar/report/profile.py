@@ -10,7 +10,7 @@ task) is not in these bars. CMU 15-618 drew the same split per scheme.
 """
 from __future__ import annotations
 
-__all__ = ["PHASES", "profile_rows", "profile_csv", "profile_png"]
+__all__ = ["PHASES", "profile_rows", "profile_csv", "draw_profile", "profile_png"]
 
 # (key in a row, label) in the order the bars stack
 PHASES = (("gradient", "forward + backward"), ("block_sums", "weight gradients + blocks' tree"),
@@ -55,29 +55,40 @@ def profile_csv(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def profile_png(rows: list[dict], path, *, title: str = "", predicted: dict | None = None):
-    """A stacked bar per rank (seconds per phase), and with ``predicted`` ({phase key:
-    seconds}, e.g. the planner's split) one more bar beside them."""
-    from aepar.report.figures import figure
-
-    bars = [(f"rank {r['rank']}", {k: r[f"{k}_s"] for k, _ in PHASES}) for r in rows]
-    if predicted:
-        bars.append(("predicted", {k: float(predicted.get(k, 0.0)) for k, _ in PHASES}))
+def draw_profile(ax, rows: list[dict], *, predicted_s: float | None = None, legend: bool = True):
+    """A stacked bar per rank (seconds per phase) on the matplotlib axes ``ax``; with
+    ``predicted_s`` (e.g. the planner's predicted pre-training time, which it does not split
+    by operation) one hatched bar of that height beside them."""
+    bars = [(str(r["rank"]), {k: r[f"{k}_s"] for k, _ in PHASES}) for r in rows]
     shown = [(k, label) for k, label in PHASES if any(b[k] > 0 for _, b in bars)]
-    fig = figure(4.5 + 0.6 * len(bars), 4.0)  # the legend right of the bars
-    ax = fig.add_subplot(1, 1, 1)
+    keys = [key for key, _ in PHASES]
     bottom = [0.0] * len(bars)
     for k, label in shown:
         heights = [b[k] for _, b in bars]
-        ax.bar(range(len(bars)), heights, bottom=bottom, label=label,
-               color=f"C{[key for key, _ in PHASES].index(k)}")  # one colour per phase in every figure
+        ax.bar(range(len(bars)), heights, bottom=bottom, label=label, color=f"C{keys.index(k)}")
         bottom = [a + h for a, h in zip(bottom, heights)]
-    ax.set_xticks(range(len(bars)))
-    ax.set_xticklabels([name for name, _ in bars], rotation=45 if len(bars) > 6 else 0)
+    names = [name for name, _ in bars]
+    if predicted_s is not None:
+        ax.bar([len(bars)], [predicted_s], color="white", edgecolor="0.3", hatch="//",
+               label="predicted in all (planner)")
+        names.append("plan")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, fontsize=8)
+    ax.set_xlabel("rank" + (" (plan: the planner's prediction)" if predicted_s is not None else ""), fontsize=8)
     ax.set_ylabel("seconds")
-    ax.set_title(title or "time per operation")
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="y", alpha=0.3)
+    if legend:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def profile_png(rows: list[dict], path, *, title: str = "", predicted_s: float | None = None):
+    """:func:`draw_profile` as a PNG of its own (a run's profile.png)."""
+    from aepar.report.figures import figure
+
+    fig = figure(4.5 + 0.6 * (len(rows) + (predicted_s is not None)), 4.0)  # the legend right of the bars
+    ax = fig.add_subplot(1, 1, 1)
+    draw_profile(ax, rows, predicted_s=predicted_s)
+    ax.set_title(title or "time per operation")
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=100)
     return path
