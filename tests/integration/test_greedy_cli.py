@@ -47,8 +47,8 @@ def test_greedy_writes_weights_summary_and_tables(greedy_run):
     epoch_lines = [l for l in lines if l.split("] ")[-1].startswith("layer ")]
     assert len(epoch_lines) == 6 and "recon error" in epoch_lines[0] and epoch_lines[0].endswith(" left")
     assert sum("finetune epoch" in l for l in lines) == 1
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "run.json", "summary.json", "tables.md", "trace.json",
-                                                 "weights.h5"]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "profile.csv", "run.json", "summary.json",
+                                                 "tables.md", "trace.json", "weights.h5"]
     assert json.loads((out / "run.json").read_text())["state"] == "complete"
     assert_run_json(out, 2, epochs=2, limit=500)
     # nothing left behind next to the run directory

@@ -248,8 +248,8 @@ def test_periodic_checkpoints_change_nothing(references, tmp_path):
     r = cli("aepar.greedy", [*GREEDY, "--checkpoint-every", "1", "--out", out], 2)
     assert r.returncode == 0, r.stderr
     assert_same_bits(references["greedy"], out)
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "run.json", "summary.json", "tables.md",
-                                                     "trace.json", "weights.h5"]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv", "profile.csv", "run.json", "summary.json",
+                                                     "tables.md", "trace.json", "weights.h5"]
 
 
 def test_fine_tuning_resumes_and_continues_a_fine_tuned_network(references, tmp_path):
