@@ -211,7 +211,8 @@ def _compare(job, summary, main_params, loaded, position, dp):
                 layers_from_args(job.be, job.args, job.digits.train_x.shape[1]), job.digits, job.x_val, job.trace,
                 job.guard, job.ckpt, position=dict(position or {}), prefix=f"{COMPARED}/",
                 outer=lambda: (main_params, {}, {"stage": "compare", "prefix": f"{COMPARED}/", "main": done}))
-        params = _stage(g, greedy, loaded if position is not None else None, lambda fn: fn(sub))
+        with job.trace.within(f"compared {COMPARED}"):  # apart from the main scheme's events (its profile)
+            params = _stage(g, greedy, loaded if position is not None else None, lambda fn: fn(sub))
         return g.summary, params
 
     result = dp.run(stage)

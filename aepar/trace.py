@@ -42,6 +42,7 @@ class Trace:
         self.enabled = enabled
         self.events: list[dict] = []
         self.labels = dict(labels or {})  # per-rank metadata: shown as the process name
+        self.part = None  # set by :meth:`within`: the part of the run every event now belongs to
         self._gathered = None
         comm.barrier()
         self.t0 = comm.wtime()
@@ -49,6 +50,21 @@ class Trace:
     def now(self) -> float:
         """Seconds since this trace began (this rank's clock)."""
         return self.comm.wtime() - self.t0
+
+    @contextmanager
+    def within(self, part: str):
+        """Every event recorded inside the ``with`` block gets the argument ``part`` (e.g. a
+        comparison run after the main one), so that readers can tell the parts apart."""
+        outer, self.part = self.part, part
+        try:
+            yield
+        finally:
+            self.part = outer
+
+    def _args(self, args: dict) -> dict:
+        if self.part is not None:
+            args.setdefault("part", self.part)
+        return args
 
     @contextmanager
     def span(self, name: str, cat: str = "", **args):
@@ -63,18 +79,18 @@ class Trace:
                 end = self.now()
                 args.setdefault("cpu_s", time.process_time() - cpu0)
                 self.events.append({"name": name, "cat": cat, "ph": "X", "t": start,
-                                    "dur": end - start, "args": args})
+                                    "dur": end - start, "args": self._args(args)})
 
     def add_span(self, name: str, start: float, end: float, cat: str = "", **args):
         """Record a span whose times (seconds, this trace's clock) were taken elsewhere."""
         if self.enabled:
             self.events.append({"name": name, "cat": cat, "ph": "X", "t": float(start),
-                                "dur": float(end - start), "args": args})
+                                "dur": float(end - start), "args": self._args(args)})
 
     def instant(self, name: str, cat: str = "", **args):
         """Record a point in time (a hand-over, a message)."""
         if self.enabled:
-            self.events.append({"name": name, "cat": cat, "ph": "i", "t": self.now(), "args": args})
+            self.events.append({"name": name, "cat": cat, "ph": "i", "t": self.now(), "args": self._args(args)})
 
     def label(self, **labels):
         """Describe this rank (e.g. its stage); shown in the viewer's process name."""

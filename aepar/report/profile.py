@@ -6,7 +6,7 @@ An epoch's span carries its phases (aepar.parallel.data_parallel: ``gradient_s``
 (gathering a batch's rows, Python between the kernels) is ``other``. The pipeline schemes'
 ``handover`` and ``recompute`` spans are hand-overs, their ``wait`` spans waiting, ``eval``
 the validation error after an epoch. Everything else in a run (loading, fine-tuning, the
-task) is not in these bars. CMU 15-618 drew the same split per scheme.
+task, a ``--compare-greedy`` run: its events carry a ``part``) is not in these bars. CMU 15-618 drew the same split per scheme.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def profile_rows(doc: dict) -> list[dict]:
     writes it (times in microseconds)."""
     rows = {}
     for e in doc.get("traceEvents", []):
-        if e.get("ph") != "X":
+        if e.get("ph") != "X" or "part" in (e.get("args") or {}):  # another part of the run (a comparison)
             continue
         row = rows.setdefault(int(e["pid"]), dict({"rank": int(e["pid"]), "epochs": 0},
                                                   **{f"{k}_s": 0.0 for k, _ in PHASES}))

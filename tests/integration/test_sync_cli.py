@@ -43,6 +43,7 @@ def test_quick_run_writes_every_output(tmp_path):
     assert [r["rank"] for r in profile] == [0, 1, 2] and all(r["epochs"] >= 2 for r in profile)
     assert all(r["gradient_s"] > 0 and r["update_s"] > 0 and r["wait_s"] >= 0 for r in profile)
     assert sum(r["handover_s"] for r in profile) > 0
+    assert sum(r["epochs"] for r in profile) == len(ran)  # sync's epochs, not the greedy comparison's
     assert (out / "profile.csv").read_text().count("\n") == 1 + 3 and (out / "profile.png").stat().st_size > 0
     png = (out / "spacetime.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24])[0] > 300

@@ -22,6 +22,7 @@ def test_the_rows_add_each_ranks_phases_and_the_rest_of_its_epochs():
         _span(1, "wait", 0.7), _span(1, "handover", 0.3), _span(1, "recompute", 0.2), _span(1, "eval", 0.1),
         _span(0, "layer1", 0.5, fused_step_s=0.45),
         _span(0, "load", 9.0),  # not an epoch's operation: left out
+        _span(0, "layer1", 4.0, gradient_s=3.0, part="compared greedy"),  # another part of the run: left out
     ]}
     rows = profile_rows(doc)
     assert [r["rank"] for r in rows] == [0, 1]

@@ -77,3 +77,17 @@ def test_validate_catches_broken_traces():
                            {"name": "y", "ph": "Q", "pid": 0, "tid": 0, "ts": 0}]}
     problems = validate_chrome(bad)
     assert any("dur" in p for p in problems) and any("phase" in p for p in problems)
+
+
+def test_events_within_a_part_say_so_and_the_rest_do_not():
+    tr = Trace(Comm.serial())
+    with tr.span("epoch"):
+        pass
+    with tr.within("compared greedy"):
+        with tr.span("layer1"):
+            tr.instant("handover")
+        tr.add_span("wait", 0.0, 0.1)
+    with tr.span("eval"):
+        pass
+    parts = [e["args"].get("part") for e in tr.events]
+    assert parts == [None, "compared greedy", "compared greedy", "compared greedy", None]
