@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 
 from bench.common import ONE_PROCESS, fastest, machine_columns, merge_rows, read_rows, time_calls  # noqa: E402
 from bench.epoch_peers import run_child, sgemm_gflops  # noqa: E402
+from bench.finetune_speed import load_rows  # noqa: E402  (Fashion-MNIST if installed, else the digits)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -60,19 +61,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
     return value
-
-
-def load_rows(rows: int) -> tuple[np.ndarray, str]:
-    """The first ``rows`` Fashion-MNIST training images when installed, else the embedded
-    MNIST 5k subset (train, then test), float32."""
-    from aepar.data.sources import load_digits
-    from bench.stacked import fashion_installed
-
-    name = "fashion" if fashion_installed() else "mnist5k"
-    d = load_digits(name, seed=0, dtype=np.float32)
-    x = d.train_x if name == "fashion" else np.concatenate([d.train_x, d.test_x])
-    rows = min(rows, x.shape[0])
-    return np.ascontiguousarray(x[:rows]), f"{name} [:{rows}]"
 
 
 def workload_epochs(workload: str, x, threads: int, torch: bool) -> tuple[dict, float]:

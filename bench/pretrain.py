@@ -64,13 +64,14 @@ def launch(module, args, np_, work: Path, name: str) -> dict:
     return summary
 
 
-def write(rows, stem, title, columns, notes=()):
+def write(rows, stem, title, columns, notes=(), csv_rows=None):
+    """``stem``.md: a table of ``rows``; ``stem``.csv: ``csv_rows`` (default the same rows)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    keys = list(rows[0])
+    csv_rows = rows if csv_rows is None else csv_rows
     with open(RESULTS / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
+        w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(csv_rows)
     m = machine_fields()
     lines = [f"# {title}", "", f"Machine: {m['cpu']} ({m['isa']}), {m['cores']} cores, BLAS {m['blas']}, "
              f"{m['mpi']}; measured {time.strftime('%Y-%m-%d')} by `python -m bench.pretrain`.", "",
@@ -319,12 +320,7 @@ def profile(work, runs=PROFILE_RUNS, epochs=3):
         return sum(r[key] for r in mine) / len(mine)
     summary = [dict(scheme=scheme, ranks=p, **{k: mean(scheme, p, f"{k}_s") for k, _ in PHASES},
                     measured=panels[(scheme, p)][2], predicted=panels[(scheme, p)][1]) for scheme, p in panels]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS / "pretrain_profile.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    write(summary, "pretrain_profile_summary", "Where the time goes per operation: seconds per rank (mean over "
+    write(summary, "pretrain_profile", "Where the time goes per operation: seconds per rank (mean over "
           "the ranks), per scheme and rank count (lower is better)",
           [("scheme", lambda r: r["scheme"]), ("ranks", lambda r: str(r["ranks"]))]
           + [(label, lambda r, k=k: f"{r[k]:.2f}") for k, label in PHASES if any(x[k] > 0 for x in summary)]
@@ -340,9 +336,7 @@ def profile(work, runs=PROFILE_RUNS, epochs=3):
            "pre-training time only (from this machine's one-rank layer times, one core per rank unless "
            "the ranks outnumber the cores), not its split: the hatched bar in pretrain_profile_np*.png. "
            "Every rank's row is in pretrain_profile.csv. hybrid runs on 5 ranks: it needs more ranks than "
-           "layers, and model and sync at most one rank per layer."])
-    (RESULTS / "pretrain_profile_summary.md").rename(RESULTS / "pretrain_profile.md")
-    (RESULTS / "pretrain_profile_summary.csv").unlink()
+           "layers, and model and sync at most one rank per layer."], csv_rows=rows)
     try:
         from aepar.report.figures import figure
     except ImportError:
