@@ -36,6 +36,7 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
+from aepar.cli import positive_int  # noqa: E402
 from bench.common import ONE_PROCESS, fastest, machine_columns, merge_rows, read_rows, time_calls  # noqa: E402
 from bench.epoch_peers import run_child, sgemm_gflops  # noqa: E402
 from bench.finetune_speed import load_rows  # noqa: E402  (Fashion-MNIST if installed, else the digits)
@@ -51,16 +52,6 @@ TITLES = {"rbm": "CD-1 epoch, 784x1000 RBM layer", "ae": "epoch, 784x1000 autoen
 # least as fast as the faster PyTorch peer)
 TAX_TARGET, PEER_TARGET = 1.10, 1.00
 EIGHT, ONE = "aepar, 8 blocks", "aepar, 1 block"
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return value
 
 
 def workload_epochs(workload: str, x, threads: int, torch: bool) -> tuple[dict, float]:
@@ -200,8 +191,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", default="1,2", help="thread counts, one process each")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="which epochs, comma-separated: "
                    + ", ".join(WORKLOADS))
-    p.add_argument("--rows", type=_positive, default=5000, help="images per epoch (at most the data set's)")
-    p.add_argument("--repeats", type=_positive, default=5, help="timed epochs per implementation")
+    p.add_argument("--rows", type=positive_int, default=5000, help="images per epoch (at most the data set's)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed epochs per implementation")
     p.add_argument("--no-torch", dest="torch", action="store_false", help="aepar only (no PyTorch peer)")
     p.add_argument("--out", default=str(RESULTS / "block_tax.csv"), help="CSV the rows are merged into")
     p.add_argument("--md", default=str(RESULTS / "block_tax.md"), help="the table, rebuilt from the CSV")
@@ -211,9 +202,9 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"--workloads: unknown {', '.join(unknown)} (choose from {', '.join(WORKLOADS)})")
     try:
-        threads = [_positive(v) for v in args.threads.split(",")]
-    except argparse.ArgumentTypeError as e:
-        p.error(f"--threads: {e}")
+        threads = [positive_int(v) for v in args.threads.split(",")]
+    except ValueError:
+        p.error(f"--threads: {args.threads!r} is not a list of positive integers")
     if args.child:
         return child(args)
     import datetime
