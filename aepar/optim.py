@@ -32,10 +32,15 @@ def in_bands(update, *arrays_per_param, extras=None):
 
 
 class SGD:
-    """SGD with momentum: v = momentum*v - lr*g; p += v (the RBM/backprop recipe)."""
+    """SGD with momentum: v = momentum*v - lr*g; p += v (the RBM/backprop recipe).
 
-    def __init__(self, be, params: dict, lr: float, momentum: float = 0.0):
-        self.be, self.params, self.lr, self.momentum = be, params, lr, momentum
+    With ``trust`` > 0 the weight matrices (2-D parameters) take layer-wise adaptive rates
+    (LARS, You, Gitman & Ginsburg 2017): lr * trust * ‖p‖ / (‖g‖ + c‖p‖), c the weight
+    decay, so every step moves a matrix by about the same fraction of its norm however
+    large the batch (and so however small the averaged gradient); biases keep ``lr``."""
+
+    def __init__(self, be, params: dict, lr: float, momentum: float = 0.0, trust: float = 0.0):
+        self.be, self.params, self.lr, self.momentum, self.trust = be, params, lr, momentum, trust
         self.velocity = {k: be.zeros(p.shape, p.dtype) for k, p in params.items()}
 
     def step(self, grads: dict, lr: float | None = None, momentum: float | None = None,
@@ -45,10 +50,20 @@ class SGD:
         lr = self.lr if lr is None else lr
         momentum = self.momentum if momentum is None else momentum
         names = list(self.params)
-        decay = [(float((weight_decay or {}).get(k, 0.0)),) for k in names]
-        in_bands(lambda p, g, v, c: self.be.K.sgd_momentum_update(p, g, v, lr, momentum, c),
+        decay = [float((weight_decay or {}).get(k, 0.0)) for k in names]
+        rates = [self.rate(self.params[k], grads[k], lr, c) for k, c in zip(names, decay)]
+        in_bands(lambda p, g, v, rate, c: self.be.K.sgd_momentum_update(p, g, v, rate, momentum, c),
                  [self.params[k] for k in names], [grads[k] for k in names], [self.velocity[k] for k in names],
-                 extras=decay)
+                 extras=list(zip(rates, decay)))
+
+    def rate(self, p, g, lr: float, decay: float) -> float:
+        """The step's rate for parameter ``p`` with gradient ``g``: ``lr``, or LARS's."""
+        if not self.trust or p.ndim < 2:
+            return lr
+        p_norm, g_norm = float(self.be.xp.linalg.norm(p)), float(self.be.xp.linalg.norm(g))
+        if p_norm == 0.0 or g_norm == 0.0:  # nothing to scale by (a zero start, a zero gradient)
+            return lr
+        return lr * self.trust * p_norm / (g_norm + decay * p_norm)
 
     def state(self) -> dict:
         return {f"velocity/{k}": v for k, v in self.velocity.items()}

@@ -29,8 +29,8 @@ import sys
 import time
 
 from aepar import _threads, backend, checkpoint, engine, schemes
-from aepar.cli import (ArgumentParser, add_common, default_float32, non_negative_int, parse_with_preset, positive_int,
-                       progress, renamed)
+from aepar.cli import (ArgumentParser, add_common, default_float32, non_negative_float, non_negative_int,
+                       parse_with_preset, positive_int, progress, renamed)
 from aepar.comm import run_main
 from aepar.data.files import check_source, from_args, require_labels
 from aepar.data.sources import Digits, load_digits
@@ -111,8 +111,15 @@ def build_parser(scheme=None):
                         "for large batches, and the fine-tuning / classifier rate likewise from its own batch "
                         "(default none: 15-618's plain average)")
     g.add_argument("--warmup-epochs", type=non_negative_int, default=0,
-                   help="data: epochs over which the learning rate rises linearly from the base rate to the "
-                        "scaled one (default 0)")
+                   help="data: epochs over which the learning rates (the layers', fine-tuning's, the "
+                        "classifier's) rise linearly from the base rate to the scaled one (default 0)")
+    g.add_argument("--lr-decay", choices=["none", "cosine"], default="none",
+                   help="data: after the warm-up, the layers', fine-tuning's and classifier's rates stay "
+                        "(none, the default) or fall along half a cosine toward 0 by each one's last epoch")
+    g.add_argument("--lars", type=non_negative_float, default=0.0, metavar="TRUST",
+                   help="data: layer-wise adaptive rates (LARS) for the layers' weight matrices, each step "
+                        "moving W by about TRUST x the rate of its norm, whatever the batch; e.g. 0.01 "
+                        "(default 0: off, the layers' plain SGD)")
     add_pretrain_args(parser)
     add_finetune_args(parser)
     add_classify_args(parser)

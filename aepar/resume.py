@@ -152,12 +152,15 @@ class BackpropRun:
 
     Checkpoint names: the parameters under ``params_tag`` + name, the optimiser's state under
     ``opt_tag`` + name; the progress record holds ``fields`` (e.g. the phase), the epochs
-    done, a paused epoch's state and the statistics under ``record_key``.
+    done, a paused epoch's state and the statistics under ``record_key``. ``lr_at(epoch)``, when
+    given, sets the optimiser's rate before each epoch (a warm-up or a decay: a function of the
+    epoch alone, so a resumed run takes the same rates).
     """
 
     def __init__(self, be, comm, model, optimizer, train, *, batch, what, params_tag, opt_tag, record_key,
-                 fields, ckpt=None, guard=None, outer=None, trace=None, span=None):
+                 fields, ckpt=None, guard=None, outer=None, trace=None, span=None, lr_at=None):
         self.be, self.comm, self.model, self.optimizer, self.train = be, comm, model, optimizer, train
+        self.lr_at = lr_at
         self.batch, self.what, self.params_tag, self.opt_tag = batch, what, params_tag, opt_tag
         self.record_key, self.fields = record_key, dict(fields)
         self.ckpt, self.guard, self.outer, self.trace, self.span = ckpt, guard, outer, trace, span
@@ -190,6 +193,8 @@ class BackpropRun:
         from aepar.trace import span
 
         comm = self.comm
+        if self.lr_at is not None:
+            self.optimizer.lr = self.lr_at(epoch)
         with span(self.trace, self.span, epoch=epoch):
             t0 = comm.wtime()
             result = train_epoch(self.model, self.train, epoch, comm, batch=self.batch, optimizer=self.optimizer,

@@ -364,8 +364,10 @@ class _Epoch:
             self.start, self.sums = resume.batch, be.xp.asarray(np.array(resume.sums, dtype=np.float64))
         self.mine = list(shard.blocks.mine)
         self.flag = buf.n_grad + buf.n_extra
+        # the fused kernels take the plain SGD step: a layer-wise adaptive rate (LARS) needs the gradient
+        plain = not getattr(getattr(model, "optimizer", None), "trust", 0.0)
         self.fused = getattr(model, "fused_step", None) \
-            if shard.blocks.count == 1 and (comm is None or comm.size == 1) else None
+            if shard.blocks.count == 1 and (comm is None or comm.size == 1) and plain else None
         # the epoch's row order goes to the device once: a copy of a step's indices costs a GPU
         # tens of microseconds of host time; each batch's rows are gathered from it
         self.orders = {b: be.xp.asarray(mb.rows(b)) for b in self.mine}

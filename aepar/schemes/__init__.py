@@ -68,7 +68,7 @@ def get(name: str) -> Scheme:
 register("greedy", "one layer after another (Hinton & Salakhutdinov); data-parallel over the ranks with a "
                    "fixed-tree sum, so the weights are the same on any number of ranks")
 register("data", "CMU 15-618: greedy layer by layer, each batch split over the ranks, one MPI Allreduce "
-                 "of the packed gradient per step; --lr-scaling/--warmup-epochs for large batches")
+                 "of the packed gradient per step; --lr-scaling/--warmup-epochs/--lars for large batches")
 register("model", "CMU 15-618: a layer per rank, layer n one epoch behind n-1, on frozen copies of the "
                   "layers below refreshed every epoch; groups of --layer-group layers (default: the ranks)")
 register("sync", "Santara et al.: a pipeline stage per layer trained on the newest input of the stage "

@@ -4,10 +4,14 @@ Every rank holds one block of the rows; each step every rank computes the gradie
 share of the batch and one MPI Allreduce of the packed gradient adds them up. Fast, but the
 rounding of the sum depends on the ranks, so the weights are the same only on the same
 rank count. For large batches ``--lr-scaling`` raises the layers' learning rate (times
-batch/100, or its square root) over ``--warmup-epochs``, and the task's rate likewise from
-its own batch.
+batch/100, or its square root) over ``--warmup-epochs``, and the task's rate (fine-tuning's
+or the classifier's) likewise from its own batch; ``--lr-decay cosine`` lowers every rate
+toward 0 by the last epoch after the warm-up, and ``--lars`` gives each weight matrix a
+layer-wise adaptive rate (LARS).
 """
 from __future__ import annotations
+
+import math
 
 from aepar.errors import UserError
 from aepar.parallel.layerwise import resume_point, train_layer_by_layer
@@ -22,30 +26,56 @@ def check(args, ranks, n_layers, n_rows):
 
 def setup(job):
     args = job.args
-    job.summary.update(blocks=job.comm.size, lr_scaling=args.lr_scaling, warmup_epochs=args.warmup_epochs)
-    if args.lr_scaling != "none":
-        power = {"linear": 1.0, "sqrt": 0.5}[args.lr_scaling]
-        args.finetune_lr *= (args.finetune_batch / BASE_BATCH) ** power
-        args.classify_lr *= (args.classify_batch / BASE_BATCH) ** power
+    job.summary.update(blocks=job.comm.size, lr_scaling=args.lr_scaling, warmup_epochs=args.warmup_epochs,
+                       lr_decay=args.lr_decay, lars=args.lars)
+    for layer in job.layers:
+        layer.optimizer.trust = args.lars
+    if scheduled(args):  # the task's rate from its own batch, on the layers' schedule
+        base_f, base_c = args.finetune_lr, args.classify_lr
+        args.finetune_lr = base_f * scale(args, args.finetune_batch)
+        args.classify_lr = base_c * scale(args, args.classify_batch)
+        args.finetune_lr_at = schedule(args, base_f, args.finetune_lr, args.finetune_epochs)
+        args.classify_lr_at = schedule(args, base_c, args.classify_lr, args.classify_epochs)
         job.summary.update(classify_lr=args.classify_lr, finetune_lr=args.finetune_lr)
     job.announce(f"data-parallel over {job.comm.size} rank(s), one Allreduce per step"
                  + (f", learning rate scaled {args.lr_scaling} from batch {BASE_BATCH}"
                     if args.lr_scaling != "none" else "")
-                 + (f", {args.warmup_epochs} warm-up epochs" if args.warmup_epochs else ""))
+                 + (f", {args.warmup_epochs} warm-up epochs" if args.warmup_epochs else "")
+                 + (f", {args.lr_decay} decay" if args.lr_decay != "none" else "")
+                 + (f", LARS trust {args.lars:g}" if args.lars else ""))
+
+
+def scheduled(args) -> bool:
+    return args.lr_scaling != "none" or bool(args.warmup_epochs) or args.lr_decay != "none"
+
+
+def scale(args, batch: int) -> float:
+    """--lr-scaling's factor for ``batch``: batch/100 (linear), its square root, or 1."""
+    return {"none": 1.0, "linear": batch / BASE_BATCH, "sqrt": (batch / BASE_BATCH) ** 0.5}[args.lr_scaling]
+
+
+def schedule(args, base: float, scaled: float, epochs: int):
+    """The rate of (0-based) ``epoch`` of ``epochs``: from ``base`` (batch 100's, which works)
+    up to ``scaled`` linearly over --warmup-epochs, then ``scaled``, or with --lr-decay cosine
+    half a cosine from ``scaled`` toward 0 over the epochs after the warm-up."""
+    warmup = min(args.warmup_epochs, epochs)
+
+    def lr_at(epoch: int) -> float:
+        if epoch < warmup:
+            return base + (scaled - base) * (epoch + 1) / warmup
+        if args.lr_decay == "cosine" and epochs > warmup:
+            return scaled * 0.5 * (1.0 + math.cos(math.pi * (epoch - warmup) / (epochs - warmup)))
+        return scaled
+    return lr_at
 
 
 def lr_rule(args):
-    """The learning rate of a layer's epoch, or None for the layers' own: the rate times
-    batch/100 (linear) or its square root, reached by a linear warm-up over --warmup-epochs."""
-    if args.lr_scaling == "none" and not args.warmup_epochs:
+    """The learning rate of a layer's epoch, or None for the layers' own (:func:`schedule`
+    from the layer's rate and its scaled value)."""
+    if not scheduled(args):
         return None
-    ratio = args.batch / BASE_BATCH
-    factor = {"none": 1.0, "linear": ratio, "sqrt": ratio ** 0.5}[args.lr_scaling]
-
-    def lr_at(layer, epoch):
-        ramp = min(1.0, (epoch + 1) / args.warmup_epochs) if args.warmup_epochs else 1.0
-        return layer.lr * (1.0 + (factor - 1.0) * ramp)  # from the base rate, which works, to the scaled one
-    return lr_at
+    factor = scale(args, args.batch)
+    return lambda layer, epoch: schedule(args, layer.lr, layer.lr * factor, layer.epochs)(epoch)
 
 
 def pretrain(job) -> dict:

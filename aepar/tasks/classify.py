@@ -100,7 +100,8 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
     fit = BackpropRun(be, comm, model, classify_optimizer(be, model.params, args), train, batch=args.classify_batch,
                       what=what, params_tag=f"{prefix}classifier/", opt_tag=f"{prefix}classify/",
                       record_key="classify", fields={"phase": "classify", "part": prefix}, ckpt=ckpt, guard=guard,
-                      outer=outer, trace=trace, span="classify")
+                      outer=outer, trace=trace, span="classify",
+                      lr_at=getattr(args, "classify_lr_at", None))
     record = fit.record
 
     def evaluate():
@@ -132,7 +133,7 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
         record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_accuracy_seen": seen,
                                  "test_accuracy": test_acc, "test_loss": test_loss, "epoch_s": seconds})
         rows.add("classify", epoch + 1, stage=prefix.rstrip("/") or ("" if what == "classification" else what), train_loss=loss, val_loss=test_loss,
-                 train_error=1.0 - seen, val_error=1.0 - test_acc, lr=args.classify_lr)
+                 train_error=1.0 - seen, val_error=1.0 - test_acc, lr=fit.optimizer.lr)
         progress(comm, quiet, f"  classify epoch {epoch + 1:3d}/{epochs}  loss {loss:8.4f}  train accuracy seen "
                               f"{_pct(seen):>7}  test {_pct(test_acc):>7}  {seconds:7.2f}s", left=eta.left(epoch + 1))
 

@@ -106,7 +106,8 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
     fit = BackpropRun(be, comm, model, finetune_optimizer(be, model.params, args), train, batch=args.finetune_batch,
                       what="fine-tuning", params_tag=f"{prefix}finetuned/", opt_tag=f"{prefix}finetune/",
                       record_key="finetune", fields={"phase": "finetune"}, ckpt=ckpt, guard=guard, outer=outer,
-                      trace=trace, span="finetune")
+                      trace=trace, span="finetune",
+                      lr_at=getattr(args, "finetune_lr_at", None))
     record = fit.record
     both = lambda: (model.error_per_digit(train, reduce), model.error_per_digit(test, reduce))  # noqa: E731
     if fit.restore(resume):
@@ -156,7 +157,7 @@ def _after_epoch(be, comm, model, test, fit, args, ckpt, guard, quiet, prefix=""
         fit.record["epochs"].append({"epoch": epoch + 1, "loss": loss, "train_error_seen": seen,
                                      "test_error": test_err, "epoch_s": seconds})
         rows.add("finetune", epoch + 1, stage=prefix.rstrip("/"), train_loss=loss, train_error=seen,
-                 val_error=test_err, lr=args.finetune_lr)
+                 val_error=test_err, lr=fit.optimizer.lr)
         progress(comm, quiet, f"  finetune epoch {epoch + 1:3d}/{args.finetune_epochs}  loss {loss:9.4f}  "
                               f"train error {seen:8.3f}  test {test_err:8.3f}  {seconds:7.2f}s",
                  left=eta.left(epoch + 1))
