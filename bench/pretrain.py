@@ -289,7 +289,7 @@ def profile(work, runs=PROFILE_RUNS, epochs=3):
 
     import numpy as np
 
-    from aepar.parallel.planner import LayerCosts, predict
+    from aepar.parallel.planner import SPLIT, LayerCosts, predict
     from aepar.report.profile import PHASES, draw_profile
 
     sizes = "-".join(map(str, PROFILE_LAYERS))
@@ -306,35 +306,45 @@ def profile(work, runs=PROFILE_RUNS, epochs=3):
                        extras=(0,) * len(pairs), n_train=s["n_train"], batch=100, blocks=None)
     rows, panels = [], {}
     for scheme, p in runs:
-        predicted = predict(costs, p, cores=os.cpu_count())[scheme]["seconds"]
+        plan = predict(costs, p, cores=os.cpu_count())[scheme]
+        predicted, split = plan["seconds"], plan.get("split")
         r = launch("aepar.pretrain", ["--scheme", scheme, *net], p, work, f"prof-{scheme}-{p}")
-        panels[(scheme, p)] = (r["profile"], predicted, r["pretrain_time_s"])
+        panels[(scheme, p)] = (r["profile"], split, r["pretrain_time_s"], predicted)
         for rank in r["profile"]:
             rows.append(dict(machine_fields(), scheme=scheme, ranks=p, rank=rank["rank"],
                              **{f"{k}_s": round(rank[f"{k}_s"], 4) for k, _ in PHASES},
                              measured_pretrain_s=round(r["pretrain_time_s"], 3),
-                             predicted_pretrain_s=None if predicted is None else round(predicted, 3)))
+                             predicted_pretrain_s=None if predicted is None else round(predicted, 3),
+                             **{f"predicted_{k}_s": None if split is None else round(split[k], 4) for k in SPLIT}))
 
     def mean(scheme, p, key):
         mine = [r for r in rows if r["scheme"] == scheme and r["ranks"] == p]
         return sum(r[key] for r in mine) / len(mine)
     summary = [dict(scheme=scheme, ranks=p, **{k: mean(scheme, p, f"{k}_s") for k, _ in PHASES},
-                    measured=panels[(scheme, p)][2], predicted=panels[(scheme, p)][1]) for scheme, p in panels]
+                    measured=panels[(scheme, p)][2], predicted=panels[(scheme, p)][3],
+                    split=panels[(scheme, p)][1]) for scheme, p in panels]
+
+    def planned(r):
+        return "–" if r["split"] is None else " / ".join(f"{r['split'][k]:.2f}" for k in SPLIT)
     write(summary, "pretrain_profile", "Where the time goes per operation: seconds per rank (mean over "
           "the ranks), per scheme and rank count (lower is better)",
           [("scheme", lambda r: r["scheme"]), ("ranks", lambda r: str(r["ranks"]))]
           + [(label, lambda r, k=k: f"{r[k]:.2f}") for k, label in PHASES if any(x[k] > 0 for x in summary)]
           + [("pre-training s, measured", lambda r: f"{r['measured']:.2f}"),
-             ("predicted (planner)", lambda r: "–" if r["predicted"] is None else f"{r['predicted']:.2f}")],
+             ("predicted (planner)", lambda r: "–" if r["predicted"] is None else f"{r['predicted']:.2f}"),
+             ("predicted training / reduction / hand-over / wait", planned)],
           [f"Autoencoder layers {sizes}, 2,000 embedded digits, batch 100, {epochs} epochs per layer, no "
            "fine-tuning; the ranks share this machine's cores (4 ranks on 2 cores are oversubscribed). Each "
            "rank's seconds come from its run's trace (profile.csv): forward + backward of every own block, "
            "the weight gradients and the blocks' tree on the rank (aepar computes the factored weight "
            "gradients inside that sum), the sum over ranks (waiting for slower ranks included), the update "
            "(or the one-block fused step: all of it in one kernel), hand-overs (sending and recomputing "
-           "inputs), waiting, validation, and the rest of the epochs. The planner predicts the whole "
-           "pre-training time only (from this machine's one-rank layer times, one core per rank unless "
-           "the ranks outnumber the cores), not its split: the hatched bar in pretrain_profile_np*.png. "
+           "inputs), waiting, validation, and the rest of the epochs. The planner predicts a rank's time "
+           "(from this machine's one-rank layer times, one core per rank unless the ranks outnumber the "
+           "cores) split into training (the epochs' whole work), the sum over ranks, hand-overs (for "
+           "greedy and data the transforms that make the next layer's input; for model the weight "
+           "exchanges too) and waiting, the mean over the ranks: the hatched bar in "
+           "pretrain_profile_np*.png. "
            "Every rank's row is in pretrain_profile.csv. hybrid runs on 5 ranks: it needs more ranks than "
            "layers, and model and sync at most one rank per layer."], csv_rows=rows)
     try:
@@ -348,8 +358,8 @@ def profile(work, runs=PROFILE_RUNS, epochs=3):
         axes = np.atleast_1d(fig.subplots(1, len(shown), sharey=True))
         legend = {}
         for ax, scheme in zip(axes, shown):
-            prof, pred, _ = panels[(scheme, p)]
-            draw_profile(ax, prof, predicted_s=pred, legend=False)
+            prof, split, _, _ = panels[(scheme, p)]
+            draw_profile(ax, prof, predicted=split, legend=False)
             ax.set_title(scheme)
             legend.update(zip(*reversed(ax.get_legend_handles_labels())))  # every panel's phases, once
         order = [label for _, label in PHASES]

@@ -63,7 +63,7 @@ import numpy as np
 from aepar import schemes
 from aepar.parallel.pipeline import choose_mode, make_layout, mode_costs, plan_schedule, replay_plan
 
-__all__ = ["SCHEMES", "LayerCosts", "allreduce_s", "tree_sum_s", "allgather_s", "greedy_s", "greedy_dp_s",
+__all__ = ["SCHEMES", "SPLIT", "LayerCosts", "allreduce_s", "tree_sum_s", "allgather_s", "greedy_s", "greedy_dp_s",
            "data_parallel_s", "model_parallel_s", "pipeline_s", "newest_s", "predict", "choose",
            "format_table"]
 
@@ -266,11 +266,27 @@ def greedy_s(costs: LayerCosts) -> float:
     return sum(e * t for e, t in zip(costs.epochs, costs.epoch_s)) + sum(costs.transform_s[:-1])
 
 
-def _layerwise_dp(costs, ranks, reduce_s, cores):
+SPLIT = ("training", "reduction", "handover", "wait")  # a prediction's parts, as the profile's phases
+
+
+def _split(training=0.0, reduction=0.0, handover=0.0, wait=0.0) -> dict:
+    """A rank's predicted seconds by operation (the mean over the ranks), in :data:`SPLIT` order."""
+    parts = {"training": training, "reduction": reduction, "handover": handover, "wait": wait}
+    return {k: max(0.0, v) for k, v in parts.items()}  # a difference of sums may round below 0
+
+
+def _layerwise_dp_split(costs, ranks, reduce_s, cores) -> dict:
+    """Every rank alike: its share of each epoch, the sums per step, and its share of the
+    transforms that make the next layer's input (the greedy schemes' hand-over)."""
     f = _slowdown(ranks, cores)
-    train = sum(e * (t / ranks * f + s * reduce_s(b))
-                for e, t, s, b in zip(costs.epochs, costs.epoch_s, costs.steps_per_epoch, costs.param_bytes))
-    return train + sum(costs.transform_s[:-1]) / ranks * f
+    return _split(training=sum(e * t / ranks * f for e, t in zip(costs.epochs, costs.epoch_s)),
+                  reduction=sum(e * s * reduce_s(b) for e, s, b in
+                                zip(costs.epochs, costs.steps_per_epoch, costs.param_bytes)),
+                  handover=sum(costs.transform_s[:-1]) / ranks * f)
+
+
+def _layerwise_dp(costs, ranks, reduce_s, cores):
+    return sum(_layerwise_dp_split(costs, ranks, reduce_s, cores).values())
 
 
 def greedy_dp_s(costs: LayerCosts, ranks: int, alpha=5e-6, beta=5e9, cores=None) -> float:
@@ -305,6 +321,7 @@ def model_parallel_s(costs: LayerCosts, ranks: int, alpha=5e-6, beta=5e9, cores=
     g_size = min(p, n)
     f = _slowdown(g_size, cores)
     total, comm, slots_per_group = 0.0, 0.0, []
+    trained, refreshed, passed_on = 0.0, 0.0, 0.0  # summed over the ranks, for the split
     for first in range(0, n, g_size):
         members = range(first, min(first + g_size, n))
         n_slots = max(j - first + costs.epochs[j] for j in members)
@@ -319,6 +336,7 @@ def model_parallel_s(costs: LayerCosts, ranks: int, alpha=5e-6, beta=5e9, cores=
                 seen[j] = versions
                 rank = (j - first) % p
                 busy[rank] = busy.get(rank, 0.0) + (costs.epoch_s[j] + refresh) * f
+                trained, refreshed = trained + costs.epoch_s[j] * f, refreshed + refresh * f
             exchange = allgather_s(sum(costs.param_bytes[j] for j, _ in active), p, alpha, beta)
             total += max(busy.values()) + exchange
             comm += exchange
@@ -327,7 +345,12 @@ def model_parallel_s(costs: LayerCosts, ranks: int, alpha=5e-6, beta=5e9, cores=
         slots_per_group.append(n_slots)
         if members[-1] + 1 < n:  # the next group trains on this group's output
             total += sum(costs.transform_s[j] for j in members) * f
-    return {"seconds": total, "group": g_size, "slots": slots_per_group, "comm_s": comm}
+            passed_on += sum(costs.transform_s[j] for j in members) * f
+    # every rank spends the exchanges and the group transforms; the epochs and refreshes are
+    # spread over the ranks; the rest of the slots, waiting for the slot's slowest rank
+    handover = comm + passed_on + refreshed / p
+    split = _split(training=trained / p, handover=handover, wait=total - trained / p - handover)
+    return {"seconds": total, "group": g_size, "slots": slots_per_group, "comm_s": comm, "split": split}
 
 
 def pipeline_s(costs: LayerCosts, ranks: int, *, replicas: bool, mode=None, end_with_first=False,
@@ -363,8 +386,20 @@ def pipeline_s(costs: LayerCosts, ranks: int, *, replicas: bool, mode=None, end_
     epoch = [costs.epoch_s[l] * f / reps[l]
              + costs.steps_per_epoch[l] * tree_sum_s(costs.param_bytes[l], reps[l], alpha, beta) for l in range(n)]
     replay = replay_plan(plan, epoch, hand, layout, receive)
+    # the split, per group of ranks (stages on one group run in turn), then the mean over ranks
+    parts = dict.fromkeys(SPLIT, 0.0)
+    for stages, ranks_g in zip(layout.groups, layout.ranks):
+        reduction = sum(plan.epochs(l) * costs.steps_per_epoch[l] * tree_sum_s(costs.param_bytes[l], reps[l],
+                                                                              alpha, beta) for l in stages)
+        training = sum(plan.epochs(l) * epoch[l] for l in stages) - reduction
+        handover = sum(replay["busy"][l] for l in stages) - training - reduction
+        for k, v in zip(SPLIT, (training, reduction, handover,
+                                replay["makespan"] - training - reduction - handover)):
+            parts[k] += len(ranks_g) * v
+    split = _split(**{k: v / used for k, v in parts.items()})
     return {"seconds": replay["makespan"], "layout": layout.describe(), "replicas": reps, "mode": mode,
-            "epochs": [plan.epochs(l) for l in range(n)], "busy": replay["busy"], "ranks_used": used}
+            "epochs": [plan.epochs(l) for l in range(n)], "busy": replay["busy"], "ranks_used": used,
+            "split": split}
 
 
 def newest_s(costs: LayerCosts, mode="data", end_with_first=False) -> float:
@@ -410,7 +445,9 @@ def predict(costs: LayerCosts, ranks: int, *, cores=None, alpha=5e-6, beta=5e9, 
     -------
     dict
         scheme -> {``seconds`` (None where the scheme cannot run on ``ranks``), ``note``,
-        ``ratio`` (seconds / greedy on one rank), ``ranks``, ``cores``}, in
+        ``ratio`` (seconds / greedy on one rank), ``ranks``, ``cores``, and where it can run
+        ``split``: a rank's seconds by operation, the mean over the ranks (:data:`SPLIT`:
+        training, reduction, hand-over, wait; they add up to ``seconds``)}, in
         :data:`SCHEMES` order.
     """
     p = int(ranks)
@@ -430,10 +467,12 @@ def predict(costs: LayerCosts, ranks: int, *, cores=None, alpha=5e-6, beta=5e9, 
     why = _cannot_run_dp(costs, p)
     out["greedy"] = {"seconds": None, "note": why} if why else {
         "seconds": greedy_dp_s(costs, p, **kw),
+        "split": _layerwise_dp_split(costs, p, lambda b: tree_sum_s(b, p, alpha, beta), cores),
         "note": ("one rank" if p == 1 else f"layer by layer, fixed-tree gradient sum ({comm})") + over(p)}
     why = _cannot_run_dp(costs, p, blocks=False)
     out["data"] = {"seconds": None, "note": why} if why else {
         "seconds": data_parallel_s(costs, p, **kw),
+        "split": _layerwise_dp_split(costs, p, lambda b: allreduce_s(b, p, alpha, beta), cores),
         "note": ("one rank: greedy" if p == 1 else f"layer by layer, Allreduce per step ({comm})") + over(p)}
     if min(p, n) < 2:
         out["model"] = {"seconds": None, "note": "needs 2+ ranks and 2+ layers (a group of 1 is greedy)"}
@@ -441,19 +480,19 @@ def predict(costs: LayerCosts, ranks: int, *, cores=None, alpha=5e-6, beta=5e9, 
         m = model_parallel_s(costs, p, **kw)
         g = m["group"]
         idle = f"; {p - n} ranks idle" if p > n else ""
-        out["model"] = {"seconds": m["seconds"],
+        out["model"] = {"seconds": m["seconds"], "split": m["split"],
                         "note": f"groups of {g} layers, {'+'.join(map(str, m['slots']))} epoch slots, "
                                 f"weights allgathered each slot ({m['comm_s']:.3g} s){idle}" + over(g)}
     s = pipeline_s(costs, p, replicas=False, end_with_first=end_with_first, **kw)
     idle = f"; {p - n} ranks idle" if p > n else ""
-    out["sync"] = {"seconds": s["seconds"],
+    out["sync"] = {"seconds": s["seconds"], "split": s["split"],
                    "note": f"{s['layout']}; hand-over {s['mode']}; epochs {s['epochs']}{idle}" + over(s["ranks_used"])}
     if p <= n:
         out["hybrid"] = {"seconds": None, "note": f"needs more ranks than layers ({n})"}
     else:
         try:
             h = pipeline_s(costs, p, replicas=True, end_with_first=end_with_first, **kw)
-            out["hybrid"] = {"seconds": h["seconds"],
+            out["hybrid"] = {"seconds": h["seconds"], "split": h["split"],
                              "note": f"{h['layout']}; hand-over {h['mode']}; replicas sum in the fixed tree"
                                      + over(p)}
         except ValueError as exc:  # more ranks than the per-stage caps allow

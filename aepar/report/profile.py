@@ -55,10 +55,11 @@ def profile_csv(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw_profile(ax, rows: list[dict], *, predicted_s: float | None = None, legend: bool = True):
+def draw_profile(ax, rows: list[dict], *, predicted: dict | None = None, legend: bool = True):
     """A stacked bar per rank (seconds per phase) on the matplotlib axes ``ax``; with
-    ``predicted_s`` (e.g. the planner's predicted pre-training time, which it does not split
-    by operation) one hatched bar of that height beside them."""
+    ``predicted`` (the planner's split of a rank's time, :data:`aepar.parallel.planner.SPLIT`:
+    training, reduction, hand-over, wait) a hatched bar of its parts beside them, each
+    part in its phase's colour (training: the epochs' whole work, grey)."""
     bars = [(str(r["rank"]), {k: r[f"{k}_s"] for k, _ in PHASES}) for r in rows]
     shown = [(k, label) for k, label in PHASES if any(b[k] > 0 for _, b in bars)]
     keys = [key for key, _ in PHASES]
@@ -68,26 +69,30 @@ def draw_profile(ax, rows: list[dict], *, predicted_s: float | None = None, lege
         ax.bar(range(len(bars)), heights, bottom=bottom, label=label, color=f"C{keys.index(k)}")
         bottom = [a + h for a, h in zip(bottom, heights)]
     names = [name for name, _ in bars]
-    if predicted_s is not None:
-        ax.bar([len(bars)], [predicted_s], color="white", edgecolor="0.3", hatch="//",
-               label="predicted in all (planner)")
+    if predicted is not None:
+        level = 0.0
+        for k, v in predicted.items():
+            if v > 0:
+                ax.bar([len(bars)], [v], bottom=[level], color="0.75" if k == "training" else f"C{keys.index(k)}",
+                       edgecolor="0.2", hatch="//", label=f"predicted {dict(PHASES).get(k, k)}")
+                level += v
         names.append("plan")
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, fontsize=8)
-    ax.set_xlabel("rank" + (" (plan: the planner's prediction)" if predicted_s is not None else ""), fontsize=8)
+    ax.set_xlabel("rank" + (" (plan: the planner's prediction)" if predicted is not None else ""), fontsize=8)
     ax.set_ylabel("seconds")
     ax.grid(axis="y", alpha=0.3)
     if legend:
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
-def profile_png(rows: list[dict], path, *, title: str = "", predicted_s: float | None = None):
+def profile_png(rows: list[dict], path, *, title: str = "", predicted: dict | None = None):
     """:func:`draw_profile` as a PNG of its own (a run's profile.png)."""
     from aepar.report.figures import figure
 
-    fig = figure(4.5 + 0.6 * (len(rows) + (predicted_s is not None)), 4.0)  # the legend right of the bars
+    fig = figure(4.5 + 0.6 * (len(rows) + (predicted is not None)), 4.0)  # the legend right of the bars
     ax = fig.add_subplot(1, 1, 1)
-    draw_profile(ax, rows, predicted_s=predicted_s)
+    draw_profile(ax, rows, predicted=predicted)
     ax.set_title(title or "time per operation")
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=100)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from aepar.parallel.planner import (SCHEMES, LayerCosts, allgather_s, allreduce_s, choose, data_parallel_s,
                                     format_table, greedy_dp_s, greedy_s, model_parallel_s, pipeline_s, predict,
-                                    tree_sum_s)
+                                    tree_sum_s, SPLIT)
 
 FREE = dict(alpha=0.0, beta=math.inf)  # communication costs nothing
 PROPS = settings(max_examples=200, deadline=None, derandomize=True, database=None)
@@ -324,3 +324,28 @@ def test_bench_makespan_rows_come_from_the_planner(tmp_path, capsys):
     assert makespan.main([str(path), "--ranks", "1,2", "--out", str(out)]) == 0
     rows = list(csv.DictReader(open(out)))
     assert {(r["cpu_model"], r["hostname"]) for r in rows} == {("the measuring CPU", "elsewhere")}
+
+
+@PROPS
+@given(random_costs(), st.integers(1, 20), st.sampled_from([None, 1, 2, 16]),
+       st.sampled_from([(5e-6, 5e9), (0.0, math.inf), (1e-3, 1e8)]))
+def test_each_prediction_splits_into_parts_that_add_up_to_it(c, ranks, cores, ab):
+    """The split the profile figure draws beside the measured one: a rank's training,
+    reduction, hand-over and waiting, none negative, adding up to the predicted seconds."""
+    for name, v in predict(c, ranks, cores=cores, alpha=ab[0], beta=ab[1]).items():
+        if v["seconds"] is None:
+            continue
+        split = v["split"]
+        assert tuple(split) == SPLIT and all(x >= 0 for x in split.values()), (name, split)
+        assert math.isclose(sum(split.values()), v["seconds"], rel_tol=1e-9, abs_tol=1e-9), (name, split, v)
+
+
+def test_the_split_by_hand():
+    c = costs([4.0, 2.0], [1.0, 0.5], epochs=2, steps=10, nbytes=1e6)
+    data = predict(c, 2, alpha=1e-3, beta=1e9)["data"]["split"]
+    assert data["training"] == pytest.approx(2 * 4.0 / 2 + 2 * 2.0 / 2)  # each rank half of every epoch
+    assert data["reduction"] == pytest.approx(2 * 2 * 10 * allreduce_s(1e6, 2, 1e-3, 1e9))
+    assert data["handover"] == pytest.approx(1.0 / 2) and data["wait"] == 0.0  # layer 1's transform, split
+    sync = predict(c, 2, **FREE)["sync"]["split"]
+    assert sync["wait"] > 0  # layer 2's rank waits for layer 1's first output
+    assert sync["training"] >= (2 * 4.0 + 2 * 2.0) / 2  # at least each layer's own epochs, over two ranks

@@ -41,7 +41,8 @@ def test_the_rows_add_each_ranks_phases_and_the_rest_of_its_epochs():
 def test_the_figure_has_a_bar_per_rank_and_the_prediction(tmp_path):
     pytest.importorskip("matplotlib")
     rows = profile_rows({"traceEvents": [_span(r, "epoch", 1.0, gradient_s=0.6, update_s=0.2) for r in range(3)]})
-    path = profile_png(rows, tmp_path / "profile.png", title="t", predicted_s=0.9)
+    path = profile_png(rows, tmp_path / "profile.png", title="t",
+                       predicted={"training": 0.6, "reduction": 0.1, "handover": 0.0, "wait": 0.2})
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
