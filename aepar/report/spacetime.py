@@ -20,7 +20,7 @@ _SPIKE = "black"
 
 
 def plot_spacetime(epochs, handovers, path, *, n_stages=None, title=None, labels=None):
-    """Draw the diagram into ``path`` (PNG, or any format matplotlib infers).
+    """Draw the diagram into ``path`` as a PNG (whatever its name: a run draws into a temporary one).
 
     Parameters
     ----------
@@ -92,6 +92,6 @@ def plot_spacetime(epochs, handovers, path, *, n_stages=None, title=None, labels
                loc="lower right", fontsize=7, ncol=3, frameon=False)
     fig.suptitle(title or "Synchronized layer-wise pre-training: space-time diagram", fontsize=10)
     path = Path(path)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, format="png", dpi=110, bbox_inches="tight")  # path may be a .tmp name (RunDir.output)
     plt.close(fig)
     return path
