@@ -9,9 +9,11 @@ Stages (each runs the real command line; figures are read back from the runs' su
   own kernels: softmax regression on raw pixels and on PCA-30, and the same network from
   random weights (what pre-training is worth). Higher is better.
 - ``largebatch``: the ``data`` scheme at batch 100 against batch 5000 with the plain average
-  (15-618's collapse), with square-root and linear learning-rate scaling and warm-up, at
-  the same epochs and at twice as many, and batch 2000, on Fashion-MNIST (60k / 10k) when
-  installed (``make fashion``): test accuracy, time, and accuracy against seconds.
+  (15-618's collapse), with square-root and linear learning-rate scaling and warm-up, LARS
+  and a cosine decay, at the same epochs, at twice as many, and at the same pre-training
+  epochs with four times the classification epochs, and batch 2000, on Fashion-MNIST
+  (60k / 10k) when installed (``make fashion``): test accuracy, time, and accuracy against
+  seconds.
 - ``sweep``: epoch time per scheme and rank count over batch sizes (15-618's sweep, up to the
   rows at hand), and the speed-up of model and data over greedy, measured on the ranks this
   machine has beside the planner's prediction (aepar.parallel.planner) for 1-16 ranks.
@@ -39,6 +41,7 @@ from bench.common import machine_columns, mpi_env, python_command
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+LARS_TRUST = 0.005  # the LARS configs' trust coefficient: of 0.005 and 0.02, the better at 10 + 10 epochs
 
 
 def machine_fields() -> dict:
@@ -131,25 +134,33 @@ def accuracy(work, epochs):
 # ---- large batches -------------------------------------------------------------------------------
 def largebatch(work, epochs, dataset):
     base = ["--scheme", "data", "--task", "classify", "--dataset", dataset]
-    long = 2 * epochs  # the larger batches' epochs are cheaper: the target allows more of them
-    configs = [("batch 100", epochs, ["--batch", 100, "--classify-batch", 100]),
-               ("batch 5000, plain average (15-618)", epochs, ["--batch", 5000, "--classify-batch", 5000]),
-               ("batch 5000, sqrt lr scaling + 2 warm-up epochs", epochs,
-                ["--batch", 5000, "--classify-batch", 5000, "--lr-scaling", "sqrt", "--warmup-epochs", 2]),
-               (f"batch 5000, sqrt lr scaling + 2 warm-up epochs, {long} + {long} epochs", long,
-                ["--batch", 5000, "--classify-batch", 5000, "--lr-scaling", "sqrt", "--warmup-epochs", 2]),
-               (f"batch 5000, linear lr scaling + 3 warm-up epochs, {long} + {long} epochs", long,
-                ["--batch", 5000, "--classify-batch", 5000, "--lr-scaling", "linear", "--warmup-epochs", 3]),
-               (f"batch 2000, sqrt lr scaling + 2 warm-up epochs, {long} + {long} epochs", long,
+    long, short = 2 * epochs, epochs  # the larger batches' epochs are cheaper: the target allows more of them
+    big = ["--batch", 5000, "--classify-batch", 5000]
+    sqrt = [*big, "--lr-scaling", "sqrt", "--warmup-epochs", 2]
+    lars = [*sqrt, "--lars", LARS_TRUST]
+    # (label, pre-training epochs, classification epochs, options)
+    configs = [("batch 100", epochs, epochs, ["--batch", 100, "--classify-batch", 100]),
+               ("batch 5000, plain average (15-618)", epochs, epochs, big),
+               ("batch 5000, sqrt lr scaling + 2 warm-up epochs", epochs, epochs, sqrt),
+               ("batch 5000, sqrt lr scaling + 2 warm-up epochs", long, long, sqrt),
+               ("batch 5000, linear lr scaling + 3 warm-up epochs", long, long,
+                [*big, "--lr-scaling", "linear", "--warmup-epochs", 3]),
+               (f"batch 5000, sqrt lr scaling + 2 warm-up epochs + LARS {LARS_TRUST}", long, long, lars),
+               ("batch 5000, sqrt lr scaling + 2 warm-up epochs", short, 4 * short, sqrt),
+               (f"batch 5000, sqrt lr scaling + 2 warm-up epochs + LARS {LARS_TRUST}", short, 4 * short, lars),
+               (f"batch 5000, sqrt lr scaling + 2 warm-up epochs + LARS {LARS_TRUST} + cosine decay", short,
+                4 * short, [*lars, "--lr-decay", "cosine"]),
+               ("batch 2000, sqrt lr scaling + 2 warm-up epochs", long, long,
                 ["--batch", 2000, "--classify-batch", 2000, "--lr-scaling", "sqrt", "--warmup-epochs", 2])]
     rows, curves = [], []
-    for i, (label, n, args) in enumerate(configs):
-        name = f"lb-{i}" if n == epochs else f"lb-{i}-{n}"
-        s = launch("aepar.pretrain", base + ["--epochs", n, "--classify-epochs", n] + args, 2, work, name)
+    for i, (label, n, m, args) in enumerate(configs):
+        s = launch("aepar.pretrain", base + ["--epochs", n, "--classify-epochs", m] + args, 2, work,
+                   f"lb-{i}-{n}-{m}")
         c = s["classify"]
         total = s["pretrain_time_s"] + c["time_s"]
+        label = f"{label}, {n} + {m} epochs"
         rows.append(dict(machine_fields(), config=label, dataset=s["source"].split(":")[0], ranks=2,
-                         epochs=f"{n} + {n}", test_accuracy=c["after"]["test"], classify_lr=c["lr"],
+                         epochs=f"{n} + {m}", test_accuracy=c["after"]["test"], classify_lr=c["lr"],
                          pretrain_s=s["pretrain_time_s"], finetune_s=c["time_s"], total_s=total))
         # time to accuracy: the test accuracy after each classification epoch, against the seconds so far
         t, points = s["pretrain_time_s"], []
@@ -166,8 +177,10 @@ def largebatch(work, epochs, dataset):
            ("pre-train s", lambda r: f"{r['pretrain_s']:.1f}"), ("fine-tune s", lambda r: f"{r['finetune_s']:.1f}"),
            ("time / batch 100's", lambda r: f"{r['total_s'] / small_s:.2f}")],
           ["784-1000-500-250-30 RBMs, `--scheme data` on 2 ranks, then the classifier (the encoder and a softmax, "
-           "Adam) at the same batch; the larger batches' learning rates scaled from batch 100's as the config says, "
-           "over the warm-up epochs. The target: batch 5000 within 0.5 points of batch 100 in no more time "
+           "Adam) at the same batch; the larger batches' learning rates (the layers' and the classifier's) scaled "
+           "from batch 100's as the config says, over the warm-up epochs; LARS: the layers' weight matrices at "
+           "layer-wise adaptive rates (`--lars`); cosine: every rate decays after the warm-up (`--lr-decay "
+           "cosine`). The epochs are pre-training + classification. The target: batch 5000 within 0.5 points of batch 100 in no more time "
            "(pre-training + fine-tuning). 15-618 measured 74.72% at batch 5000 against 96.62% at 100 (30 + 30 "
            "epochs, MNIST). Accuracy against seconds: pretrain_largebatch.png."])
     try:
