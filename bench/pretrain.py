@@ -7,7 +7,9 @@ Stages (each runs the real command line; figures are read back from the runs' su
   on the embedded MNIST digits (4,000 / 1,000), 15-618's skewed network
   784-2000-1000-500-100 of autoencoder layers; beside it the floors computed with aepar's
   own kernels: softmax regression on raw pixels and on PCA-30, and the same network from
-  random weights (what pre-training is worth). Higher is better.
+  random weights (what pre-training is worth). Higher is better. ``--accuracy-dataset
+  fashion --epochs 30 --seeds 0,1,2`` is 15-618's table at its own size and epochs
+  (``make bench-pretrain-full``: many hours on 2 cores) with the spread over the seeds.
 - ``largebatch``: the ``data`` scheme at batch 100 against batch 5000 with the plain average
   (15-618's collapse), with square-root and linear learning-rate scaling and warm-up, LARS
   and a cosine decay, at the same epochs, at twice as many, and at the same pre-training
@@ -23,6 +25,7 @@ Stages (each runs the real command line; figures are read back from the runs' su
   time fed with this machine's one-rank layer times.
 
     python -m bench.pretrain [--stages accuracy,largebatch,sweep,profile] [--epochs N]
+                             [--accuracy-dataset fashion] [--seeds 0,1,2]
 
 Writes bench/results/pretrain_{accuracy,largebatch,sweep,speedup,profile}.{csv,md},
 pretrain_largebatch.png, pretrain_sweep.png and pretrain_profile_np{2,4,5}.png.
@@ -91,44 +94,81 @@ def pct(x):
 
 
 # ---- accuracy ------------------------------------------------------------------------------------
-def accuracy(work, epochs):
-    net = ["--preset", "15618-skewed", "--dataset", "mnist5k", "--epochs", epochs, "--classify-epochs", epochs]
+def accuracy(work, epochs, dataset="mnist5k", seeds=(0,)):
+    """15-618's accuracy table: every scheme, then the floors, for each seed; the table gives
+    the mean and half the min-max range over the seeds."""
+    net = ["--preset", "15618-skewed", "--dataset", dataset, "--epochs", epochs, "--classify-epochs", epochs]
     runs = [("greedy", 1), ("data", 2), ("model", 2), ("sync", 2), ("hybrid", 5)]
     rows = []
-    for scheme, np_ in runs:
-        # sync holds out validation rows by default: all 4,000 here, as the other schemes use
-        extra = ["--no-plot", "--extra", "0,1,2,2", "--val-fraction", 0] if scheme in ("sync", "hybrid") else []
-        s = launch("aepar.pretrain", ["--scheme", scheme, *net, *extra], np_, work, f"acc-{scheme}-all")
+    tag = "" if dataset == "mnist5k" else f"-{dataset}-{epochs}"
+    for seed in seeds:
+        at = ["--seed", seed]
+        suffix = f"{tag}-seed{seed}" if (tag or seed) else "-all"  # "-all": the runs of the one-seed table
+        for scheme, np_ in runs:
+            # sync holds out validation rows by default: all the training rows here, as the other schemes use
+            extra = ["--no-plot", "--extra", "0,1,2,2", "--val-fraction", 0] if scheme in ("sync", "hybrid") else []
+            s = launch("aepar.pretrain", ["--scheme", scheme, *net, *at, *extra], np_, work, f"acc-{scheme}{suffix}")
+            c = s["classify"]
+            rows.append(dict(machine_fields(), model=f"{scheme} pre-training + fine-tuning", ranks=np_, seed=seed,
+                             epochs=f"{epochs} + {epochs}", test_accuracy=c["after"]["test"],
+                             train_accuracy=c["after"]["train"], pretrained_only_test=c["before"]["test"],
+                             pretrain_s=s["pretrain_time_s"], finetune_s=c["time_s"], data=s["source"]))
+        s = launch("aepar.classify", ["--floors", "--layers", "784-2000-1000-500-100", "--dataset", dataset,
+                                      "--classify-epochs", epochs, *at], 1, work,
+                   f"acc-floors{suffix if suffix != '-all' else ''}")
         c = s["classify"]
-        rows.append(dict(machine_fields(), model=f"{scheme} pre-training + fine-tuning", ranks=np_,
-                         epochs=f"{epochs} + {epochs}", test_accuracy=c["after"]["test"],
-                         train_accuracy=c["after"]["train"], pretrained_only_test=c["before"]["test"],
-                         pretrain_s=s["pretrain_time_s"], finetune_s=c["time_s"]))
-    s = launch("aepar.classify", ["--floors", "--layers", "784-2000-1000-500-100",
-                                  "--dataset", "mnist5k", "--classify-epochs", epochs], 1, work, "acc-floors")
-    c = s["classify"]
-    rows.append(dict(machine_fields(), model="same network from random weights (Adam)", ranks=1,
-                     epochs=f"0 + {epochs}", test_accuracy=c["after"]["test"], train_accuracy=c["after"]["train"],
-                     pretrained_only_test=None, pretrain_s=0.0, finetune_s=c["time_s"]))
-    for key, label in (("raw", "softmax regression on raw pixels (floor)"),
-                       ("pca", "softmax regression on PCA-30 (floor)")):
-        f = s["floors"][key]
-        rows.append(dict(machine_fields(), model=label, ranks=1, epochs=f"0 + {epochs}",
-                         test_accuracy=f["after"]["test"], train_accuracy=f["after"]["train"],
-                         pretrained_only_test=None, pretrain_s=0.0, finetune_s=f["time_s"]))
-    greedy = rows[0]["test_accuracy"]
-    write(rows, "pretrain_accuracy", "Test accuracy after pre-training and supervised fine-tuning "
-          "(embedded MNIST digits, 4,000 train / 1,000 test; higher is better)",
+        rows.append(dict(machine_fields(), model="same network from random weights (Adam)", ranks=1, seed=seed,
+                         epochs=f"0 + {epochs}", test_accuracy=c["after"]["test"], train_accuracy=c["after"]["train"],
+                         pretrained_only_test=None, pretrain_s=0.0, finetune_s=c["time_s"], data=s["source"]))
+        for key, label in (("raw", "softmax regression on raw pixels (floor)"),
+                           ("pca", "softmax regression on PCA-30 (floor)")):
+            f = s["floors"][key]
+            rows.append(dict(machine_fields(), model=label, ranks=1, seed=seed, epochs=f"0 + {epochs}",
+                             test_accuracy=f["after"]["test"], train_accuracy=f["after"]["train"],
+                             pretrained_only_test=None, pretrain_s=0.0, finetune_s=f["time_s"], data=s["source"]))
+    table = over_seeds(rows, ["test_accuracy", "train_accuracy", "pretrained_only_test", "pretrain_s", "finetune_s"])
+    greedy = table[0]["test_accuracy"]
+
+    def spread(key, scale=100.0, digits=2, unit="%"):
+        def show(r):
+            if r[key] is None:
+                return "–"
+            text = f"{scale * r[key]:.{digits}f}{unit}"
+            return text + (f" ± {scale * r[key + '_spread']:.{digits}f}" if len(seeds) > 1 else "")
+        return show
+    source = rows[0]["data"]
+    write(table, "pretrain_accuracy" if dataset == "mnist5k" else f"pretrain_accuracy_{dataset}",
+          f"Test accuracy after pre-training and supervised fine-tuning ({source.split(',')[0]}; higher is better)",
           [("model", lambda r: r["model"]), ("ranks", lambda r: str(r["ranks"])), ("epochs", lambda r: r["epochs"]),
-           ("test accuracy", lambda r: pct(r["test_accuracy"])),
+           ("test accuracy", spread("test_accuracy")),
            ("vs greedy (points)", lambda r: f"{100 * (r['test_accuracy'] - greedy):+.2f}"),
-           ("train accuracy", lambda r: pct(r["train_accuracy"])),
-           ("pre-trained only", lambda r: pct(r["pretrained_only_test"])),
-           ("pre-train s", lambda r: f"{r['pretrain_s']:.1f}"), ("fine-tune s", lambda r: f"{r['finetune_s']:.1f}")],
+           ("train accuracy", spread("train_accuracy")),
+           ("pre-trained only", spread("pretrained_only_test")),
+           ("pre-train s", spread("pretrain_s", 1.0, 1, "")), ("fine-tune s", spread("finetune_s", 1.0, 1, ""))],
           [f"Network 784-2000-1000-500-100 (CMU 15-618's config 2) of autoencoder layers, batch 100, "
            f"{epochs} epochs of pre-training per layer and {epochs} of fine-tuning with Adam (15-618: 30 + 30 on "
-           "55,000 MNIST digits, 96.62%). sync and hybrid add the extra epochs 0,1,2,2. Times on 2 shared cores "
-           "(hybrid's 5 ranks are oversubscribed): accuracy is the point of this table, not time."])
+           "55,000 MNIST digits, 96.62%). sync and hybrid add the extra epochs 0,1,2,2. "
+           f"Seeds {', '.join(map(str, seeds))}" + (": mean ± half the min-max range over them. " if len(seeds) > 1
+                                                    else ". ")
+           + f"Data: {source}. Times on this machine's shared cores (hybrid's 5 ranks may be oversubscribed): "
+           "accuracy is the point of this table, not time. Every seed's row is in the CSV."], csv_rows=rows)
+
+
+def over_seeds(rows, keys):
+    """One row per model, in first-seen order: the mean of ``keys`` over its seeds and, as
+    ``key_spread``, half the min-max range (None stays None)."""
+    out = {}
+    for r in rows:
+        out.setdefault(r["model"], []).append(r)
+    table = []
+    for model, mine in out.items():
+        row = {k: v for k, v in mine[0].items() if k not in keys}
+        for k in keys:
+            values = [m[k] for m in mine if m[k] is not None]
+            row[k] = sum(values) / len(values) if values else None
+            row[k + "_spread"] = (max(values) - min(values)) / 2 if values else None
+        table.append(row)
+    return table
 
 
 # ---- large batches -------------------------------------------------------------------------------
@@ -388,6 +428,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.pretrain", description=__doc__.split("\n\n")[0])
     ap.add_argument("--stages", default="accuracy,largebatch,sweep,profile")
     ap.add_argument("--epochs", type=int, default=10, help="pre-training and fine-tuning epochs (default 10)")
+    ap.add_argument("--accuracy-dataset", default="mnist5k",
+                    help="the accuracy stage's data (default mnist5k, the embedded digits; fashion: 15-618's "
+                         "table at full size, written to pretrain_accuracy_fashion.*)")
+    ap.add_argument("--seeds", default="0", help="the accuracy stage's seeds, comma-separated (default 0)")
     ap.add_argument("--largebatch-epochs", type=int, default=5)
     ap.add_argument("--largebatch-dataset", default="fashion")
     ap.add_argument("--work", default=None,
@@ -397,7 +441,7 @@ def main(argv=None) -> int:
     work = Path(args.work) if args.work else REPO / "runs" / f"bench-pretrain-{time.strftime('%Y%m%d-%H%M%S')}"
     stages = args.stages.split(",")
     if "accuracy" in stages:
-        accuracy(work, args.epochs)
+        accuracy(work, args.epochs, args.accuracy_dataset, [int(x) for x in args.seeds.split(",")])
     if "sweep" in stages:
         sweep(work)
     if "largebatch" in stages:

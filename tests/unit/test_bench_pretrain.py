@@ -1,0 +1,36 @@
+"""bench.pretrain's accuracy table over seeds: one row per model, the mean and half the
+min-max range of each figure, in the order the models first ran."""
+import pytest
+
+from bench.pretrain import over_seeds
+
+
+def test_a_row_per_model_with_the_mean_and_half_the_range_over_the_seeds():
+    rows = [{"model": "greedy", "seed": s, "acc": a, "only": o} for s, a, o in ((0, 0.90, 0.5), (1, 0.94, 0.7))]
+    rows += [{"model": "floor", "seed": s, "acc": a, "only": None} for s, a in ((0, 0.80), (1, 0.80))]
+    table = over_seeds(rows, ["acc", "only"])
+    assert [r["model"] for r in table] == ["greedy", "floor"]
+    assert table[0]["acc"] == pytest.approx(0.92) and table[0]["acc_spread"] == pytest.approx(0.02)
+    assert table[0]["only"] == pytest.approx(0.6) and table[0]["only_spread"] == pytest.approx(0.1)
+    assert table[1]["acc_spread"] == 0.0 and table[1]["only"] is None and table[1]["only_spread"] is None
+
+
+def test_the_stage_runs_every_scheme_and_the_floors_per_seed_and_writes_the_spread(tmp_path, monkeypatch):
+    import bench.pretrain as bp
+    launched = []
+
+    def fake_launch(module, args, np_, work, name):
+        launched.append((module, name, args[args.index("--seed") + 1]))
+        seed = int(args[args.index("--seed") + 1])
+        run = {"after": {"test": 0.9 + 0.01 * seed, "train": 0.95}, "before": {"test": 0.5}, "time_s": 2.0}
+        floors = {k: {"after": {"test": 0.8, "train": 0.8}, "time_s": 1.0} for k in ("raw", "pca")}
+        return {"classify": run, "pretrain_time_s": 3.0, "source": "fashion-mnist: 60000 train / 10000 test",
+                "floors": floors}
+    monkeypatch.setattr(bp, "launch", fake_launch)
+    monkeypatch.setattr(bp, "RESULTS", tmp_path)
+    bp.accuracy(tmp_path / "work", 30, "fashion", [0, 1, 2])
+    assert len(launched) == 3 * 6 and len({name for _, name, _ in launched}) == 18  # no run reused by another
+    text = (tmp_path / "pretrain_accuracy_fashion.md").read_text()
+    assert "| greedy pre-training + fine-tuning | 1 | 30 + 30 | 91.00% ± 1.00 |" in text, text
+    assert "Seeds 0, 1, 2: mean ± half the min-max range" in text
+    assert len((tmp_path / "pretrain_accuracy_fashion.csv").read_text().splitlines()) == 1 + 3 * 8
