@@ -227,7 +227,7 @@ def largebatch(work, epochs, dataset):
         from aepar.report.figures import figure
     except ImportError:
         return
-    fig = figure(7.5, 4.5)
+    fig = figure(12.0, 4.8)  # the legend right of the curves
     ax = fig.add_subplot(1, 1, 1)
     for label, points in curves:
         ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker=".", label=label)
@@ -238,7 +238,7 @@ def largebatch(work, epochs, dataset):
     ax.set_title(f"Time to accuracy, data scheme on 2 ranks ({time.strftime('%Y-%m-%d')}, "
                  "python -m bench.pretrain --stages largebatch)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(RESULTS / "pretrain_largebatch.png", format="png", dpi=100)
 
