@@ -438,7 +438,9 @@ def main(argv=None) -> int:
                             for r in qrows)
         md += ["", f"PCA-30 test error {q['pca']['test']:.3f}. Santara et al.'s Table 2 as a target: the test error "
                f"at most 0.45x PCA-30's for greedy and sync: {verdict}. Sync within 5% of greedy: "
-               f"{q['test_error_vs_greedy']:.3f}x. One run, seed 0, {time.strftime('%Y-%m-%d')}, `python -m "
+               f"{q['test_error_vs_greedy']:.3f}x. One run, seed 0, {time.strftime('%Y-%m-%d')}, "
+               f"{q['machine']['cpu_model']} ({q['machine']['isa']}, {q['machine']['cores']} cores, "
+               f"{q['machine']['blas']}), `python -m "
                f"bench.stacked --{which}{' --skip ' + args.skip if args.skip else ''}`.", f"Data: {q['source']}", ""]
     path = out / f"stacked_{which}.md"
     # a part skipped this time keeps its section from the last run
