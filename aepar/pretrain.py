@@ -118,8 +118,8 @@ def build_parser(scheme=None):
                         "(none, the default) or fall along half a cosine toward 0 by each one's last epoch")
     g.add_argument("--lars", type=non_negative_float, default=0.0, metavar="TRUST",
                    help="data: layer-wise adaptive rates (LARS) for the layers' weight matrices, each step "
-                        "moving W by about TRUST x the rate of its norm, whatever the batch; e.g. 0.01 "
-                        "(default 0: off, the layers' plain SGD)")
+                        "moving W by about TRUST x the rate of its norm, whatever the batch; e.g. 0.005, as "
+                        "bench/results/pretrain_largebatch.md (default 0: off, the layers' plain SGD)")
     add_pretrain_args(parser)
     add_finetune_args(parser)
     add_classify_args(parser)

@@ -58,7 +58,7 @@ def schedule(args, base: float, scaled: float, epochs: int):
     """The rate of (0-based) ``epoch`` of ``epochs``: from ``base`` (batch 100's, which works)
     up to ``scaled`` linearly over --warmup-epochs, then ``scaled``, or with --lr-decay cosine
     half a cosine from ``scaled`` toward 0 over the epochs after the warm-up."""
-    warmup = min(args.warmup_epochs, epochs)
+    warmup = args.warmup_epochs
 
     def lr_at(epoch: int) -> float:
         if epoch < warmup:
