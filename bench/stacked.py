@@ -407,15 +407,13 @@ def main(argv=None) -> int:
                       f"{h['consumer_recompute_s_per_handover']:.4f} | {h['producer_epoch_s']:.3f} | "
                       f"{h['handover_vs_epoch']:.3f} |")
         md.append("")
-    if "measured" in skip and "stages" in skip:  # nothing new to simulate or add: the last table stays
-        rows = []
-    else:
+    if "measured" not in skip or "stages" not in skip:  # else nothing new to add: the last table stays
         makespan.write_csv(measured + rows, out / f"makespan_{which}.csv")
-    md += [] if not rows else ["## Pre-training time: greedy (sum) vs synchronized", "",
-           f"greedy = {makespan.greedy_s(st):.2f} s: sum of the layer times measured on one core "
-           f"(stage_times_{which}.json). 'measured' rows ran here; 'simulated' rows replay the plan with one core per "
-           "rank from the measured layer times (bench/makespan.py; replicas add an Allreduce model).", "",
-           makespan.format_rows(measured + rows), ""]
+        md += ["## Pre-training time: greedy (sum) vs synchronized", "",
+               f"greedy = {makespan.greedy_s(st):.2f} s: sum of the layer times measured on one core "
+               f"(stage_times_{which}.json). 'measured' rows ran here; 'simulated' rows replay the plan with one core per "
+               "rank from the measured layer times (bench/makespan.py; replicas add an Allreduce model).", "",
+               makespan.format_rows(measured + rows), ""]
 
     if "quality" not in skip:
         q = run_sync(4 if which == "quick" else 2, runs / f"{which}_quality", ["--preset", cfg["preset"]],
