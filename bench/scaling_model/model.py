@@ -356,8 +356,10 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
 def layerwise_s(comp, net, st: Stack, p: int, *, scheme: str, threads: int = 1, cores=None,
                 scale: float = 1.0) -> dict | None:
     """greedy (fixed tree over ``st.blocks``, at least one per rank) or data (one block per
-    rank, Allreduce) pre-training: every layer's epochs, then its transform of the
-    training and test rows (split over the ranks), as aepar.greedy times them."""
+    rank, Allreduce) pre-training: every layer's epochs, each followed by the reconstruction
+    error of the rank's share of the test rows (aepar.parallel.layerwise reports it per
+    epoch), then the layer's transform of the training and test rows (split over the
+    ranks), as aepar.greedy times them."""
     blocks = p if scheme == "data" else st.blocks
     if p > blocks or p > st.batch or p > st.n_train:
         return None
@@ -366,7 +368,7 @@ def layerwise_s(comp, net, st: Stack, p: int, *, scheme: str, threads: int = 1, 
     compute = comm = 0.0
     for i in range(st.n_layers):
         c, m = step_s(comp, net, st, i, p, blocks=blocks, allreduce=scheme == "data", threads=threads, f=f)
-        compute += st.epochs * st.steps * c
+        compute += st.epochs * (st.steps * c + comp.layers[st.keys()[i]]["recon_row"] * -(-st.n_test // p) * f)
         comm += st.epochs * st.steps * m
         if i + 1 < st.n_layers:
             rows = -(-(st.n_train + st.n_test) // p)

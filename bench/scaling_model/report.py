@@ -13,7 +13,7 @@ from bench.common import write_rows
 from bench.scaling_model.measure import COMPUTE_CSV, MPI_CSV, RESULTS, load_compute, load_mpi, measured_on
 from bench.scaling_model.model import (OPS, PROFILES, RANKS, Compute, Network, Stack, efficiency, networks,
                                        sparse_run_s, stack_scheme_s, stops_scaling)
-from bench.scaling_model.validate import SIXTEEN, validate, xeon_scales
+from bench.scaling_model.validate import SIXTEEN, machine_label, machine_of, validate
 
 PRED_CSV = RESULTS / "scaling_model.csv"
 VALID_CSV = RESULTS / "scaling_model_validation.csv"
@@ -222,28 +222,27 @@ def _models(comp) -> list:
     return L
 
 
-def _validation(valid, machine, scales) -> list:
+def _validation(valid, machine, scales, skipped) -> list:
     """Section 4: the model against every measured point."""
+    here = machine_of(machine)
+    others = sorted({(r["machine"], r["compute_scale"], r["kind"]) for r in valid
+                     if not r["machine_match"] and r["kind"] != "collective"})
     L = ["## 4. Validation against every measured point", ""]
-    L += ["Machines: strong.csv, weak.csv and sync_measured_quick.csv (and its copies in makespan_quick.csv) "
-          "were measured on an Intel Xeon (AVX-512); pretrain_*.csv and determinism.csv on an AMD EPYC "
-          f"with the same ISA string as this machine ({machine['cpu_model']}, {machine['isa']}). "
-          "The Xeon points are kept, with the model's compute multiplied by the ratio of the *same* "
-          "kernel timed on both machines, one thread each "
-          + ", ".join(f"{k} {v:.3f}" for k, v in scales.items())
-          + " (sparse: aepar's cost+gradient of 10k patches, peers.csv vs here; rbm: one fused CD-1 epoch "
-          "784x1000, rbm_epoch.csv vs here): one factor per kernel family, because the two CPUs' "
-          "ratio differs by kernel (a DGEMM or clock ratio would give one number for both); their "
-          "communication still uses this machine's "
-          "fit (both ran Open MPI's shared memory on a 2-core VM). The EPYC points use factor 1. "
-          f"{SIXTEEN}/ holds the seed's grid on the 16 vCPUs of the GPU machine (an Intel Xeon): its compute is "
-          "scaled by aepar's cost+gradient timed there (its peers.csv)"
-          + next((f", factor {r['compute_scale']:.3f}" for r in valid
-                  if r["source"].startswith(SIXTEEN) and r["kind"] == "run"), "")
-          + "; its communication uses this machine's np 2 fit: the model knows nothing of that machine's "
-          "memory bandwidth or of ranks sharing it. "
-          f"{SIXTEEN}/mpi_16ranks.csv is measure-mpi under `mpirun -np 16` there: the collectives at 16 "
-          "ranks against this machine's np 2 fits composed over log2 16 = 4 levels.", "",
+    L += ["Machines: each point is predicted on the machine it was measured on, named by the CPU, ISA and "
+          f"cores its row records. Here is {machine_label(here)}. Elsewhere the model's compute is multiplied by "
+          "the ratio of the *same* kernel timed on that machine and here, one thread each, one factor per "
+          "kernel family: `sparse` (aepar's cost+gradient of 10k patches, peers.csv) for the sparse "
+          "autoencoder, `layers` (one fused CD-1 epoch 784x1000, rbm_epoch.csv) for the stacked schemes. "
+          "Two CPUs' ratio differs by kernel, so a DGEMM or clock ratio would not do. Communication "
+          "everywhere uses this machine's np 2 fit: the model knows nothing of another machine's memory "
+          "bandwidth or of ranks sharing it. The factors used:", ""]
+    L += [f"- {machine_label(k)}: " + ", ".join(f"{fam} {v:.3f}" for fam, v in sorted(f.items()))
+          for k, f in sorted(scales.items()) if any(m.startswith(machine_label(k)) for m, _, _ in others)]
+    if skipped:
+        L += ["", "Left out, because that machine never timed the kernel its factor needs:", ""]
+        L += [f"- {src}: {n} point(s) on {m}" for (src, m), n in sorted(skipped.items())]
+    L += ["", f"{SIXTEEN}/mpi_16ranks.csv is measure-mpi under `mpirun -np 16` on the 16-vCPU machine: the "
+          "collectives at 16 ranks against this machine's np 2 fits composed over log2 16 = 4 levels.", "",
           "Time drift: the pretrain_*.csv points were measured earlier in the day by bench.pretrain; "
           "scaling_model_stacked.csv re-measures the same engine runs here now (fastest of 3), up to 2x "
           "faster than those records. On this VM the same `mpirun -np 2 ... --scheme data --batch 2000` run took "
@@ -331,10 +330,10 @@ def _left_out() -> list:
     return L
 
 
-def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, contended, scales, ranks_per_node,
-                   how="python -m bench.scaling_model"):
+def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, contended, scales, skipped,
+                   ranks_per_node, how="python -m bench.scaling_model"):
     sections = (_head(machine, contended, how), _communication(links, resid, mpi_rows), _compute(comp),
-                _models(comp), _validation(valid, machine, scales), _stops(pred, ranks_per_node), _left_out())
+                _models(comp), _validation(valid, machine, scales, skipped), _stops(pred, ranks_per_node), _left_out())
     Path(path).write_text("\n".join(line for section in sections for line in section) + "\n")
 
 
@@ -412,12 +411,13 @@ def report(mpi_csv=MPI_CSV, compute_csv=COMPUTE_CSV, ranks_per_node: int = 2, co
     machine = measured_on(Path(compute_csv))
     gamma = comp.gamma()
     here = Network("this machine", links, None, ranks_per_node, gamma)
-    valid = validate(comp, here, mpi_rows, machine)
+    points = validate(comp, here, mpi_rows, machine)
+    valid = points.rows
     write_rows(VALID_CSV, valid)
     pred = predict_all(comp, networks(links, gamma, ranks_per_node), machine)
     write_rows(PRED_CSV, pred)
     plot(PNG, valid, pred)
-    write_markdown(MD, links, resid, mpi_rows, valid, pred, comp, machine, contended, xeon_scales(comp),
+    write_markdown(MD, links, resid, mpi_rows, valid, pred, comp, machine, contended, points.scales, points.skipped,
                    ranks_per_node, how)
     for op in OPS:
         if op in links:

@@ -4,6 +4,7 @@ size) and the relative error.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from bench.common import read_rows
@@ -14,118 +15,136 @@ from bench.scaling_model.model import (Compute, Network, Stack, collective_s, ov
 SIXTEEN = "scaling_16core"  # the seed's grid on the GPU machine's 16 vCPUs (its own peers.csv)
 
 
-def _same_cpu(row: dict, here: dict) -> bool:
-    return (row.get("cpu_model") or row.get("cpu")) == here["cpu_model"] and row.get("isa", here["isa"]) == here["isa"]
+def machine_of(row: dict) -> tuple:
+    """The machine a result row was measured on: its CPU name, ISA string and cores, as the
+    row states them (``cpu_model``, or ``cpu`` in bench.pretrain's tables). The cores tell
+    apart the 2-vCPU and 16-vCPU Xeons, whose older rows carry the same name and ISA."""
+    return (row.get("cpu_model") or row.get("cpu") or "", row.get("isa") or "", str(row.get("cores") or ""))
 
 
-def xeon_scales(comp: Compute) -> dict:
-    """Compute on the Intel Xeon (AVX-512) the older results ran on, relative to this
-    machine: the same kernels measured there (bench/results, one thread) and here.
+def machine_label(key: tuple) -> str:
+    """A short name for a machine in the tables: the CPU name, its widest vector ISA, its cores."""
+    isa = "AVX-512" if "avx512f" in key[1] else "AVX2" if "avx2" in key[1] else key[1]
+    return f"{key[0]} ({isa}, {key[2]} cores)"
 
-    ``sparse``: aepar's cost+gradient of 10k patches per evaluation (peers.csv); ``rbm``:
-    one fused CD-1 epoch 784x1000 over 50,000 rows, batch 100, float32 (rbm_epoch.csv). The
-    latest row of each on the host's own code path (not the other shapes, not AEPAR_ISA's).
+
+def kernel_scales(comp: Compute, results: Path = RESULTS) -> dict:
+    """Per machine of bench/results (:func:`machine_of`), the same kernels timed there over
+    here, one thread each: ``sparse`` (aepar's cost+gradient of 10k patches per evaluation,
+    peers.csv) and ``layers`` (one fused CD-1 epoch 784x1000 over 50,000 rows, batch 100,
+    float32, rbm_epoch.csv).
+
+    One factor per kernel family and machine, because two CPUs' ratio differs by kernel (a
+    DGEMM or clock ratio would give one number for both). The machine must match exactly:
+    several Xeons share the name "Intel(R) Xeon(R) Processor", and their rows differ by the
+    ISA or by the family and model later rows carry. The last row of each machine counts,
+    on the host's own code path only (not an ``AEPAR_ISA`` row, whose isa says "[numba
+    target ...]").
     """
-    out = {}
-    sparse = sparse_scale(RESULTS / "peers.csv", comp, "Xeon")
-    if sparse is not None:
-        out["sparse"] = sparse
-    for r in read_rows(RESULTS / "rbm_epoch.csv"):
+    out: dict = {}
+    for path in (results / "peers.csv", results / SIXTEEN / "peers.csv"):
+        for r in read_rows(path):
+            if r.get("implementation") == "aepar" and int(r.get("samples") or 0) == 10000 \
+                    and "[" not in r.get("isa", "") and r.get("threads", "1") == "1":
+                out.setdefault(machine_of(r), {})["sparse"] = \
+                    float(r["seconds_in_cost_gradient"]) / int(r["evaluations"]) / comp.sparse["cg_10k_s"]
+    for r in read_rows(results / "rbm_epoch.csv"):
         fused = r["implementation"] == "aepar (numba kernels)" or "1 block" in r["implementation"]
-        if r["implementation"].startswith("aepar") and fused and "Xeon" in r["cpu_model"] and r["threads"] == "1" \
+        if r["implementation"].startswith("aepar") and fused and r["threads"] == "1" \
                 and r.get("layer", "784x1000 bernoulli") in ("", "784x1000 bernoulli") \
                 and r.get("batch") in (None, "", "100") and "[" not in r.get("isa", "") and comp.rbm_epoch_50k:
-            out["rbm"] = float(r["seconds"]) * 50000 / int(r["samples"]) / comp.rbm_epoch_50k
-    return out
-
-
-def sparse_scale(peers_csv: Path, comp: Compute, cpu: str = "") -> float | None:
-    """aepar's cost+gradient of 10k patches per evaluation in ``peers_csv`` (one thread, the
-    last such row whose CPU names ``cpu``, on the host's own code path: not an ``AEPAR_ISA``
-    row, whose isa column says "[numba target ...]") over the same measured here."""
-    out = None
-    for r in read_rows(peers_csv):
-        if r.get("implementation") == "aepar" and cpu in r.get("cpu_model", "") and int(r["samples"]) == 10000 \
-                and "[" not in r.get("isa", ""):
-            out = float(r["seconds_in_cost_gradient"]) / int(r["evaluations"]) / comp.sparse["cg_10k_s"]
+            out.setdefault(machine_of(r), {})["layers"] = \
+                float(r["seconds"]) * 50000 / int(r["samples"]) / comp.rbm_epoch_50k
     return out
 
 
 class Points:
-    """The validation rows, added one measured point at a time."""
+    """The validation rows, added one measured point at a time, each on its own machine."""
 
-    def __init__(self, here: dict):
-        self.here, self.rows = here, []
+    def __init__(self, here: dict, scales: dict):
+        self.here, self.scales, self.rows = machine_of(here), scales, []
+        self.skipped: dict = {}  # (source, machine) -> points left out: no kernel of theirs timed there
 
-    def add(self, source, point, scheme, ranks, measured, pred, *, kind="run", machine_match, scale=1.0,
-            over=False, duplicate="", note="", series=None, cpu="", machine=""):
+    def scale(self, source: str, row: dict, family: str) -> float | None:
+        """The compute factor of ``row``'s machine for a kernel ``family``: 1 here, the
+        :func:`kernel_scales` factor elsewhere, None (the point is left out, and counted)
+        where that machine never timed the family's kernel."""
+        key = machine_of(row)
+        if key == self.here:
+            return 1.0
+        sc = self.scales.get(key, {}).get(family)
+        if sc is None:
+            self.skipped[(source, machine_label(key))] = self.skipped.get((source, machine_label(key)), 0) + 1
+        return sc
+
+    def add(self, source, point, scheme, ranks, measured, pred, *, row, kind="run", scale=1.0, over=False,
+            duplicate="", note="", series=None):
         rel = (pred - measured) / measured if pred is not None and measured else None
-        machine = machine or ("same as here" if machine_match else "Xeon (scaled)")
+        key = machine_of(row)
+        match = key == self.here
         self.rows.append({
             "source": source, "point": point, "series": series or f"{source}: {point}", "scheme": scheme,
-            "ranks": ranks, "kind": kind, "machine": machine, "measured_cpu": cpu or self.here["cpu_model"],
-            "measured": measured, "predicted": pred, "rel_error": rel,
-            "abs_rel_error": abs(rel) if rel is not None else None, "machine_match": machine_match,
+            "ranks": ranks, "kind": kind, "machine": "same as here" if match else machine_label(key) + ", scaled",
+            "measured_cpu": key[0], "measured": measured, "predicted": pred, "rel_error": rel,
+            "abs_rel_error": abs(rel) if rel is not None else None, "machine_match": match,
             "compute_scale": scale, "oversubscribed": over, "duplicate_of": duplicate, "note": note})
 
 
-def _sparse_points(pts: Points, comp, net, scales):
-    """The sparse autoencoder: strong.csv, weak.csv (Xeon), this run's own (here), and the
-    16-vCPU grid (its compute scaled by the cost+gradient timed there, its own peers.csv)."""
+def _sparse_points(pts: Points, comp, net):
+    """The sparse autoencoder: strong.csv, weak.csv, this run's own and the 16-vCPU grid, each
+    with the compute of its own machine (the cost+gradient timed there)."""
     seen = set()
-    sixteen = sparse_scale(RESULTS / SIXTEEN / "peers.csv", comp)
     for src in ("strong.csv", "weak.csv", SPARSE_CSV.name, f"{SIXTEEN}/strong.csv", f"{SIXTEEN}/weak.csv"):
-        other = src.startswith(SIXTEEN)
         for r in read_rows(RESULTS / src):
             p, s_, ev = int(r["processes"]), int(r["samples"]), int(r["evaluations"])
-            match = not other and _same_cpu(r, pts.here)
-            sc = sixteen if other else 1.0 if match else scales.get("sparse")
+            sc = pts.scale(src, r, "sparse")
             if sc is None:
                 continue
             cores = int(r.get("cores") or 2)
             pred = sparse_run_s(comp, net, p, s_, int(r["iterations"]), evaluations=ev, scale=sc, cores=cores)
-            key = (src.rsplit("/", 1)[0] if other else src != SPARSE_CSV.name, p, s_)
+            key = (src.rsplit("/", 1)[0] if "/" in src else src != SPARSE_CSV.name, p, s_)
             dup = src.replace("weak", "strong") if src.endswith("weak.csv") and key in seen else ""
             seen.add(key)
             pts.add(src, f"aepar.sparse {s_} patches, {r['iterations']} iterations ({ev} evaluations)", "root", p,
-                    float(r["seconds"]), pred["seconds"], machine_match=match, scale=sc, duplicate=dup,
-                    series=f"{src}: aepar.sparse {s_} patches", cpu=r.get("cpu_model", ""),
-                    machine=f"{cores}-vCPU Xeon (scaled)" if other else "",
-                    note=("compute scaled by the cost+gradient timed on that machine; communication from the "
-                          "np 2 fit here") if other else
-                    "compute scaled by the sparse cost+gradient measured on both machines" if not match else
-                    "this run's own")
+                    float(r["seconds"]), pred["seconds"], row=r, scale=sc, duplicate=dup,
+                    series=f"{src}: aepar.sparse {s_} patches",
+                    note="this run's own" if src == SPARSE_CSV.name else
+                    "compute scaled by the cost+gradient timed on that machine; communication from the np 2 fit here")
 
 
-def _xeon_sync_points(pts: Points, comp, net, scales):
+def _xeon_sync_points(pts: Points, comp, net):
     """The synchronized pipeline on the Xeon (sync_measured_quick.csv; makespan_quick's copies)."""
     quick = Stack("mnist5k quick", "rbm", (784, 1000, 500, 250, 30), n_train=3599, n_val=401, batch=100,
                   epochs=10, extras=(0, 5, 20, 40), blocks=8)
-    sc = scales.get("rbm")
     for src in ("sync_measured_quick.csv", "makespan_quick.csv"):
         for r in read_rows(RESULTS / src):
-            if r["kind"] != "measured" or sc is None:
+            if r["kind"] != "measured":
+                continue
+            sc = pts.scale(src, r, "layers")
+            if sc is None:
                 continue
             p = int(r["ranks"])
             pred = pipeline_s(comp, net, quick, p, replicas=p > quick.n_layers, mode=r["mode"], cores=2, scale=sc)
             pts.add(src, f"aepar.sync RBM 784-1000-500-250-30, 3599 rows, 10 epochs + 0,5,20,40, hand-over "
                          f"{r['mode']}", "sync", p, float(r["sync_s"]), pred["seconds"] if pred else None,
-                    machine_match=False, scale=sc, over=p > 2,
-                    duplicate="sync_measured_quick.csv" if src == "makespan_quick.csv" else "", cpu="Intel Xeon",
-                    note="Xeon; compute scaled by one CD-1 epoch measured on both machines")
+                    row=r, scale=sc, over=p > 2,
+                    duplicate="sync_measured_quick.csv" if src == "makespan_quick.csv" else "",
+                    note="compute scaled by one CD-1 epoch timed on both machines")
 
 
 def _sweep_points(pts: Points, comp, net):
-    """bench.pretrain's batch sweep and its speed-ups (AMD EPYC Zen 4, this kind of machine)."""
-    sweep = read_rows(RESULTS / "pretrain_sweep.csv")
-    for r in sweep:
+    """bench.pretrain's batch sweep and its speed-ups."""
+    for r in read_rows(RESULTS / "pretrain_sweep.csv"):
+        sc = pts.scale("pretrain_sweep.csv", r, "layers")
+        if sc is None:
+            continue
         p, b, blocks = int(r["ranks"]), int(r["batch"]), int(r["blocks"])
         st = Stack("sweep", "ae", (784, 2000, 1000), n_train=2000, n_test=1000, batch=b, epochs=2, blocks=blocks)
         threads = 2 if p == 1 else 1  # bench.pretrain lets a lone process use both cores
-        pred = stack_scheme_s(comp, net, st, r["scheme"], p, threads=threads, cores=2)
+        pred = stack_scheme_s(comp, net, st, r["scheme"], p, threads=threads, cores=2, scale=sc)
         pts.add("pretrain_sweep.csv", f"{r['scheme']} AE 784-2000-1000, 2000 rows, batch {b}, {blocks} block(s), "
                                       f"s per epoch", r["scheme"], p, float(r["epoch_s"]),
-                pred["seconds"] / 2 if pred else None, machine_match=_same_cpu(r, pts.here))
+                pred["seconds"] / 2 if pred else None, row=r, scale=sc)
     for r in read_rows(RESULTS / "pretrain_speedup.csv"):
         if not r["measured_speedup"]:
             continue
@@ -136,7 +155,7 @@ def _sweep_points(pts: Points, comp, net):
         pr = stack_scheme_s(comp, net, Stack(**{**st.__dict__, "blocks": blocks}), r["scheme"], p, cores=2)
         pts.add("pretrain_speedup.csv", f"{r['scheme']} speed-up over greedy (1 process, 1 block), batch {b}",
                 r["scheme"], p, float(r["measured_speedup"]), base["seconds"] / pr["seconds"] if pr else None,
-                kind="speedup", machine_match=_same_cpu(r, pts.here), note="ratio of pretrain_sweep.csv's runs")
+                row=r, kind="speedup", note="ratio of pretrain_sweep.csv's runs")
 
 
 def _engine_points(pts: Points, comp, net):
@@ -147,20 +166,28 @@ def _engine_points(pts: Points, comp, net):
         scheme = r["model"].split()[0]
         if scheme not in ("greedy", "data", "model", "sync", "hybrid") or "pre-training" not in r["model"]:
             continue
+        sc = pts.scale("pretrain_accuracy.csv", r, "layers")
+        if sc is None:
+            continue
         p = int(r["ranks"])
         blocks = {"data": p, "model": 1}.get(scheme, 8)
         pred = stack_scheme_s(comp, net, Stack(**{**acc.__dict__, "blocks": blocks}), scheme, p,
-                              threads=2 if p == 1 else 1, cores=2)
+                              threads=2 if p == 1 else 1, cores=2, scale=sc)
         pts.add("pretrain_accuracy.csv", f"{scheme} AE 784-2000-1000-500-100, 4000 rows, 10 epochs, batch 100, "
                                          f"pre-training s", scheme, p, float(r["pretrain_s"]),
-                pred["seconds"] if pred else None, machine_match=_same_cpu(r, pts.here), over=p > 2)
+                pred["seconds"] if pred else None, row=r, scale=sc, over=p > 2)
     for r in read_rows(RESULTS / "pretrain_largebatch.csv"):
-        b = 5000 if "5000" in r["config"] else 100
-        st = Stack("largebatch", "rbm", (784, 1000, 500, 250, 30), n_train=60000, n_test=10000, batch=b, epochs=5)
-        pred = stack_scheme_s(comp, net, st, "data", int(r["ranks"]), cores=2)
-        pts.add("pretrain_largebatch.csv", f"data RBM 784-1000-500-250-30, Fashion-MNIST 60k, 5 epochs, {r['config']}",
-                "data", int(r["ranks"]), float(r["pretrain_s"]), pred["seconds"] if pred else None,
-                machine_match=_same_cpu(r, pts.here))
+        sc = pts.scale("pretrain_largebatch.csv", r, "layers")
+        if sc is None:
+            continue
+        batch = int(re.search(r"batch (\d+)", r["config"]).group(1))
+        epochs = int(r["epochs"].split("+")[0])
+        st = Stack("largebatch", "rbm", (784, 1000, 500, 250, 30), n_train=60000, n_test=10000, batch=batch,
+                   epochs=epochs, blocks=int(r["ranks"]))
+        pred = stack_scheme_s(comp, net, st, "data", int(r["ranks"]), cores=2, scale=sc)
+        pts.add("pretrain_largebatch.csv", f"data RBM 784-1000-500-250-30, Fashion-MNIST 60k, {epochs} epochs, "
+                                           f"{r['config']}", "data", int(r["ranks"]), float(r["pretrain_s"]),
+                pred["seconds"] if pred else None, row=r, scale=sc)
 
 
 def _this_run_points(pts: Points, comp, net):
@@ -178,7 +205,7 @@ def _this_run_points(pts: Points, comp, net):
             pred = stack_scheme_s(comp, net, st, scheme, p, cores=2)
             what = f"{scheme} AE 784-2000-1000, 2000 rows, 2 epochs, batch {b}, {r['blocks']} block(s)"
         pts.add(STACKED_CSV.name, what, scheme, p, float(r["pretrain_s"]), pred["seconds"] if pred else None,
-                machine_match=True, note=f"this run, fastest of {r.get('repeats', 1)} ({r.get('all_seconds', '')})",
+                row=r, note=f"this run, fastest of {r.get('repeats', 1)} ({r.get('all_seconds', '')})",
                 series=f"{STACKED_CSV.name}: {what.split(',')[0]} {b}")
 
 
@@ -198,8 +225,7 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
         else:
             comm = collective_s(net, "allreduce" if rbm else "reduce", nbytes, p)
         pts.add("determinism.csv", f"{r['what']}: {r['variant']}", "collective", p, float(r["seconds"]),
-                (local + comm) * oversubscription(p, 2), kind="collective", machine_match=_same_cpu(r, pts.here),
-                over=p > 2, note="copies and local adds of the rank's blocks + the sum")
+                (local + comm) * oversubscription(p, 2), kind="collective", row=r, over=p > 2, note="copies and local adds of the rank's blocks + the sum")
     # measure-mpi there, one block per rank, against this machine's np 2 fits over log2 P levels
     for r in read_rows(RESULTS / SIXTEEN / "mpi_16ranks.csv"):
         p, n_, op = int(r["ranks"]), int(r["bytes"]), r["op"]
@@ -210,8 +236,7 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
         else:
             continue
         pts.add(f"{SIXTEEN}/mpi_16ranks.csv", f"{op} {n_} B at {p} ranks", "collective", p, float(r["seconds"]),
-                pred, kind="collective", machine_match=False, cpu=r.get("cpu_model", ""),
-                machine=f"{r['cores']}-vCPU Xeon", series=f"{SIXTEEN}/mpi_16ranks.csv: {op}",
+                pred, kind="collective", row=r, series=f"{SIXTEEN}/mpi_16ranks.csv: {op}",
                 note="measured there; predicted from this machine's np 2 fits over log2 P levels")
     for r in mpi_rows:
         if r["op"] in ("tree_reduce", "tree_allreduce"):
@@ -219,18 +244,18 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
             pred = tree_reduce_s(net, n_, 2, 2) + (collective_s(net, "bcast", n_, 2) if r["op"] == "tree_allreduce"
                                                    else 0)
             pts.add(MPI_CSV.name, f"{r['op']} {n_} B (modelled from Send/Recv + add + Bcast fits)", "collective", 2,
-                    float(r["seconds"]), pred, kind="collective", machine_match=True,
+                    float(r["seconds"]), pred, kind="collective", row=r,
                     note="the fixed tree composed from the other fits, not fitted itself")
 
 
-def validate(comp: Compute, net: Network, mpi_rows: list, here: dict) -> list:
-    """One row per measured point: what was measured, the model's figure, the relative error."""
-    scales = xeon_scales(comp)
-    pts = Points(here)
-    _sparse_points(pts, comp, net, scales)
-    _xeon_sync_points(pts, comp, net, scales)
+def validate(comp: Compute, net: Network, mpi_rows: list, here: dict) -> Points:
+    """Every measured point: its ``rows`` (what was measured, the model's figure on that
+    point's machine, the relative error), the ``scales`` used and the points ``skipped``."""
+    pts = Points(here, kernel_scales(comp))
+    _sparse_points(pts, comp, net)
+    _xeon_sync_points(pts, comp, net)
     _sweep_points(pts, comp, net)
     _engine_points(pts, comp, net)
     _this_run_points(pts, comp, net)
     _sum_points(pts, comp, net, mpi_rows)
-    return pts.rows
+    return pts

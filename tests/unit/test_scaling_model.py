@@ -138,6 +138,20 @@ def test_zero_communication_gives_ideal_speedup():
         assert t1 / layerwise_s(comp, free, stack, p, scheme="data")["seconds"] == pytest.approx(p)
 
 
+def test_every_epoch_reconstructs_the_ranks_share_of_the_test_rows():
+    """aepar.parallel.layerwise reports the test reconstruction error after every epoch, each
+    rank over its share of the test rows: epochs x recon_row x ceil(n_test / p) per layer."""
+    free = free_network()
+    stack = Stack("t", "ae", (64, 32, 8), n_train=8192, n_test=1000, batch=1024, epochs=3)
+    comp = linear_layer_compute(stack)
+    without = {p: layerwise_s(comp, free, stack, p, scheme="greedy")["seconds"] for p in (1, 2, 4, 8)}
+    for key in comp.layers:
+        comp.layers[key]["recon_row"] = 1e-5
+    for p, t in without.items():
+        extra = layerwise_s(comp, free, stack, p, scheme="greedy")["seconds"] - t
+        assert extra == pytest.approx(stack.n_layers * 3 * 1e-5 * -(-1000 // p))
+
+
 def test_serial_part_bounds_the_speedup():
     comp, free = sparse_compute(block_s=1e-4, serial_s=1e-3), free_network()
     samples = 128 * 1024
@@ -182,18 +196,43 @@ def test_stops_scaling():
     assert math.isclose(efficiency({1: 10.0, 2: 10.0})[2], 0.5)
 
 
-def test_machine_scales_come_from_the_hosts_own_code_path(tmp_path):
-    """A peer row of another code path (AEPAR_ISA's, "[numba target ...]" in isa) or of
-    another CPU never sets the compute factor; the last host row does."""
-    from bench.scaling_model.validate import sparse_scale
+def test_machine_scales_come_from_that_exact_machine_and_the_hosts_own_code_path(tmp_path):
+    """A factor belongs to one machine (CPU name, ISA, cores): a Xeon of another core count or
+    model never lends it, nor does a row of another code path (AEPAR_ISA's, "[numba target
+    ...]" in isa) or another implementation; the last matching row counts. A point on a
+    machine with no factor for its kernel is left out and counted, not predicted unscaled."""
+    from bench.scaling_model.validate import Points, kernel_scales
 
-    head = "implementation,samples,evaluations,seconds_in_cost_gradient,cpu_model,isa\n"
-    rows = ["aepar,10000,100,2.0,Intel Xeon,avx512f avx2\n",
-            "aepar,10000,100,9.0,Intel Xeon,avx512f avx2 [numba target: haswell -avx512f]\n",
-            "aepar,10000,100,7.0,AMD EPYC,avx512f avx2\n", "textbook,10000,100,5.0,Intel Xeon,avx512f avx2\n"]
+    head = "implementation,samples,evaluations,seconds_in_cost_gradient,cpu_model,isa,cores,threads\n"
+    rows = ["aepar,10000,100,3.0,Intel Xeon,avx512f avx2,2,1\n",
+            "aepar,10000,100,2.0,Intel Xeon,avx512f avx2,2,1\n",
+            "aepar,10000,100,9.0,Intel Xeon,avx512f avx2 [numba target: haswell -avx512f],2,1\n",
+            "aepar,10000,100,7.0,Intel Xeon,avx512f avx2,16,1\n",
+            "aepar,10000,100,5.0,Intel Xeon (family 6 model 207),avx512f avx2,2,1\n",
+            "textbook,10000,100,4.0,Intel Xeon,avx512f avx2,2,1\n"]
     (tmp_path / "peers.csv").write_text(head + "".join(rows))
-    assert sparse_scale(tmp_path / "peers.csv", sparse_compute(), "Xeon") == pytest.approx(2.0 / 100 / 1e-2)
-    assert sparse_scale(tmp_path / "missing.csv", sparse_compute()) is None
+    comp = sparse_compute()
+    comp.rbm_epoch_50k = 5.0
+    (tmp_path / "rbm_epoch.csv").write_text(
+        "implementation,samples,seconds,threads,layer,batch,cpu_model,isa,cores\n"
+        '"aepar (numba kernels, 1 block: one process only)",25000,2.0,1,784x1000 bernoulli,100,AMD EPYC,avx2,2\n'
+        '"aepar (numba kernels, 8 blocks)",25000,9.0,1,784x1000 bernoulli,100,AMD EPYC,avx2,2\n')
+    scales = kernel_scales(comp, tmp_path)
+    xeon = ("Intel Xeon", "avx512f avx2", "2")
+    assert scales[xeon] == {"sparse": pytest.approx(2.0 / 100 / 1e-2)}
+    assert scales[("Intel Xeon", "avx512f avx2", "16")]["sparse"] == pytest.approx(7.0)
+    assert scales[("Intel Xeon (family 6 model 207)", "avx512f avx2", "2")]["sparse"] == pytest.approx(5.0)
+    assert scales[("AMD EPYC", "avx2", "2")] == {"layers": pytest.approx(2.0 * 2 / 5.0)}
+    assert len(scales) == 4
+    assert kernel_scales(comp, tmp_path / "missing") == {}
+
+    pts = Points({"cpu_model": "AMD EPYC", "isa": "avx512f", "cores": "2"}, scales)
+    assert pts.scale("a.csv", {"cpu_model": "AMD EPYC", "isa": "avx512f", "cores": 2}, "layers") == 1.0
+    assert pts.scale("a.csv", {"cpu_model": "Intel Xeon", "isa": "avx512f avx2", "cores": 2}, "sparse") == \
+        pytest.approx(2.0)
+    assert pts.scale("a.csv", {"cpu_model": "Intel Xeon", "isa": "avx512f avx2", "cores": 2}, "layers") is None
+    assert pts.scale("b.csv", {"cpu": "AMD EPYC", "isa": "avx2", "cores": "2"}, "layers") == pytest.approx(0.8)
+    assert pts.skipped == {("a.csv", "Intel Xeon (AVX-512, 2 cores)"): 1}
 
 
 def test_reuse_describes_the_machine_that_measured(tmp_path):
