@@ -266,9 +266,9 @@ def sweep(work):
            ("blocks", lambda r: str(r["blocks"])), ("batch", lambda r: str(r["batch"])),
            ("s per epoch", lambda r: f"{r['epoch_s']:.3f}")],
           ["784-2000-1000 autoencoder layers (15-618's first two layers), 2,000 embedded digits, 2 epochs; "
-           "ranks share this machine's cores. greedy's default 8 blocks (bit-identical on up to 8 ranks) "
-           "cost most at batch 100, where each block has 12-13 rows and the tree adds 8 full gradients per "
-           "step; data cuts one block per rank."])
+           "ranks share this machine's cores; one run per row, so single rows carry this shared VM's noise. "
+           "greedy's default 8 blocks (bit-identical on up to 8 ranks) give each block 12-13 rows at batch "
+           "100; data cuts one block per rank."])
     try:
         import matplotlib
         matplotlib.use("Agg")

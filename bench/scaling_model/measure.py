@@ -129,6 +129,7 @@ LAYERS = (("rbm", 784, 1000, "bernoulli"), ("rbm", 1000, 500, "bernoulli"), ("rb
           ("rbm", 250, 30, "gaussian"),
           ("ae", 784, 2000, "bernoulli"), ("ae", 2000, 1000, "gaussian"), ("ae", 2000, 1000, "bernoulli"),
           ("ae", 1000, 500, "bernoulli"), ("ae", 500, 100, "gaussian"))
+BLOCKED = 8  # the blocks of measure-compute's blocked steps: aepar's default decomposition
 LEAF_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -238,6 +239,18 @@ def _measure_epochs(row, budget, quick, be32, layer_cls, x_all, rng):
             train_epoch(layer, shard, 0)  # warm-up
             steps = -(-2000 // b)
             row("epoch_step", key, b, _seconds(lambda: train_epoch(layer, shard, 1), budget * 4, min_reps=3) / steps)
+    # several blocks in one step, as the fixed decomposition takes them: every block's factors,
+    # then one sum of their products per weight (data_parallel._local_sum), a cost that no
+    # one-block measurement composes; 8 blocks on one process, per layer and batch
+    for kind, n_in, n_out, hidden in LAYERS:
+        key = layer_key(kind, n_in, n_out, hidden)
+        for b in (100, 1000):
+            layer = layer_cls[kind](be32, n_in, n_out, hidden=hidden, batch=b)
+            shard = Shard.of(be32, x_all[:2000, :n_in], BLOCKED)
+            train_epoch(layer, shard, 0)  # warm-up
+            steps = -(-2000 // b)
+            row("blocked_step", key, b, _seconds(lambda: train_epoch(layer, shard, 1), budget * 4, min_reps=3) / steps,
+                blocks=BLOCKED)
     n = 10000 if quick else 20000
     layer = RBM(be32, 784, 1000, batch=100)
     train_epoch(layer, Shard.of(be32, x_all[:min(n, 4096), :784], 1), 0)  # warm-up
@@ -291,7 +304,7 @@ def _layer_entry(comp: Compute, what: str, key: str, r: dict):
 def load_compute(path: Path) -> Compute:
     """The :class:`Compute` record of measure-compute's CSV."""
     comp = Compute()
-    ev, checks = {}, []
+    ev, checks, blocked = {}, [], []
     for r in read_rows(path):
         what, key, s = r["what"], r["key"], float(r["seconds"])
         if what == "mem":
@@ -306,6 +319,8 @@ def load_compute(path: Path) -> Compute:
             comp.rbm_epoch_50k = s
         elif what == "epoch_step":
             checks.append((key, int(r["rows"]), s))
+        elif what == "blocked_step":
+            blocked.append((key, int(r["rows"]), int(r["blocks"]), s))
         else:
             _layer_entry(comp, what, key, r)
     if checks:
@@ -319,6 +334,10 @@ def load_compute(path: Path) -> Compute:
             ratios.append(t / composed)
         comp.in_loop = float(np.median(ratios))
         comp.in_loop_ratios = ratios
+    for key, b, k, t in blocked:
+        # one block's share of a k-block step, at its rows: the step less its copy and update
+        lay = comp.layers[key]
+        lay.setdefault("block", {})[b / k] = max(t - comp.mem_s("copy", lay["grad_bytes"]) - lay["apply"], 0.0) / k
     if "eval" in ev:
         (t_eval, evals, iters), local, blocks = ev["eval"], ev["local"], ev["blocks"]
         # serial: what an evaluation costs beyond its blocks (L-BFGS-B, assembly, Python)

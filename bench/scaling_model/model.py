@@ -241,6 +241,12 @@ class Compute:
     def fused(self, key, rows) -> float:
         return self.in_loop * self._rows(self.layers[key]["fused"], rows)
 
+    def blocks(self, key, k: int, rows: float) -> float | None:
+        """``k`` blocks of ``rows`` rows each in one step on one rank (their gradients and
+        their local sum), from the measured multi-block steps; None where not measured."""
+        table = self.layers[key].get("block")
+        return k * self._rows(table, rows) if table else None
+
 
 def layer_key(kind: str, n_in: int, n_out: int, hidden: str, dtype: str = "float32") -> str:
     return f"{kind}:{n_in}-{n_out}:{hidden}:{dtype}"
@@ -331,9 +337,11 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
 
     One block on one process takes the fused step (RBM) or one block's gradient + the copy
     of the sum + the optimiser step. Otherwise the busiest rank computes ceil(blocks/p)
-    blocks' gradients (ceil(batch/blocks) rows each, spread over ``threads``), adds them
-    locally, and the ranks sum either in the fixed tree then Bcast (``allreduce`` False) or
-    with one MPI Allreduce; then every rank takes the optimiser step.
+    blocks' gradients (ceil(batch/blocks) rows each, spread over ``threads``) and their
+    local sum: as the measured multi-block step prices them (every block's factors, one sum
+    of their products), or, where a compute record lacks it, as that many one-block
+    gradients and adds. Then the ranks sum either in the fixed tree then Bcast
+    (``allreduce`` False) or with one MPI Allreduce, and every rank takes the optimiser step.
     """
     key = st.keys()[i]
     lay = comp.layers[key]
@@ -344,8 +352,12 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
         return (comp.leaf(key, st.batch) + comp.mem_s("copy", gb) + lay["apply"]) * f, 0.0
     k = -(-blocks // p)
     rows = -(-st.batch // blocks)
-    work = -(-k // threads) * comp.leaf(key, rows) + max(k - 1, 0) * comp.mem_s("add", gb) \
-        + comp.mem_s("copy", gb) + lay["apply"]
+    several = comp.blocks(key, k, rows) if k > 1 else None
+    if several is not None:  # the rank's blocks in one factored sum (measured as such)
+        work = several * -(-k // threads) / k + comp.mem_s("copy", gb) + lay["apply"]
+    else:
+        work = -(-k // threads) * comp.leaf(key, rows) + max(k - 1, 0) * comp.mem_s("add", gb) \
+            + comp.mem_s("copy", gb) + lay["apply"]
     if allreduce:
         comm = collective_s(net, "allreduce", gb, p)
     else:

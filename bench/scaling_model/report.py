@@ -183,13 +183,23 @@ def _compute(comp) -> list:
          "composed from the isolated measurements: "
          + ", ".join(f"{x:.2f}" for x in comp.in_loop_ratios)
          + f" (median {comp.in_loop:.2f}, applied to every gradient).",
-         "- per layer (float32): one block's gradient at 100 rows, optimiser step, transform per 1000 rows:", "",
+         "- per layer (float32): one block's gradient at 100 rows, optimiser step, transform per 1000 rows, "
+         "and 8 blocks in one step inside train_epoch (their factors, one sum of their products, the "
+         "step) at batch 100 and 1000, against 8 one-block gradients of the same rows composed:", "",
          "| layer | gradient, 1 row (ms) | gradient, 100 rows (ms) | per row at 1024 (us) | step (ms) | "
-         "transform / 1000 rows (ms) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+         "transform / 1000 rows (ms) | 8 blocks, batch 100 (ms) | 8 blocks, batch 1000 (ms) |",
+         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+    def eight(k, batch):
+        lay, rows = comp.layers[k], batch / 8
+        if rows not in lay.get("block", {}):
+            return "–"
+        step = comp.blocks(k, 8, rows) + comp.mem_s("copy", lay["grad_bytes"]) + lay["apply"]
+        return f"{step * 1e3:.2f} ({step / (8 * comp.leaf(k, rows) + lay['apply']):.2f}x)"
     for k, lay in comp.layers.items():
         L.append(f"| {k} | {comp.leaf(k, 1) * 1e3:.3f} | {comp.leaf(k, 100) * 1e3:.3f} | "
                  f"{comp.leaf(k, 1024) / 1024 * 1e6:.1f} | {lay['apply'] * 1e3:.3f} | "
-                 f"{lay['transform_row'] * 1e6:.3f} |")
+                 f"{lay['transform_row'] * 1e6:.3f} | {eight(k, 100)} | {eight(k, 1000)} |")
     return L
 
 
@@ -204,8 +214,10 @@ def _models(comp) -> list:
          "- **data-parallel** (15-618 `data`, per step of one batch): T = leaf(ceil(B / P) rows) + copy(g) + "
          "Allreduce(g, P) + step(g), g = the packed float32 gradient (3.1 MB for 784x1000); an epoch "
          "ceil(n / B) steps, then the transform of the rank's rows. P <= B.",
-         "- **greedy** (fixed tree, per step): ceil(k / threads) leaf(ceil(B / blocks)) + (k - 1) adds(g) + "
-         "TreeReduce(g) + Bcast(g) + copy(g) + step(g), k = ceil(blocks / P) (blocks raised to P beyond 8).",
+         "- **greedy** (fixed tree, per step): blocks(k, ceil(B / blocks)) ceil(k / threads) / k + "
+         "TreeReduce(g) + Bcast(g) + copy(g) + step(g), k = ceil(blocks / P) (blocks raised to P beyond 8); "
+         "blocks(k, r) = k times one block's share of the measured 8-block step at r rows per block "
+         "(one block: leaf(r)).",
          "- **model-parallel** (per epoch slot; the slots are aepar.parallel.planner's): max over ranks "
          "(refresh of its input through the changed layers below + one one-block epoch of its layer) + one "
          "Bcast per trained layer's weights + 3 small Allreduces; between groups every rank passes the "

@@ -28,33 +28,43 @@ def machine_label(key: tuple) -> str:
     return f"{key[0]} ({isa}, {key[2]} cores)"
 
 
-def kernel_scales(comp: Compute, results: Path = RESULTS) -> dict:
+def kernel_scales(comp: Compute, here: tuple, results: Path = RESULTS) -> dict:
     """Per machine of bench/results (:func:`machine_of`), the same kernels timed there over
     here, one thread each: ``sparse`` (aepar's cost+gradient of 10k patches per evaluation,
     peers.csv) and ``layers`` (one fused CD-1 epoch 784x1000 over 50,000 rows, batch 100,
     float32, rbm_epoch.csv).
 
     One factor per kernel family and machine, because two CPUs' ratio differs by kernel (a
-    DGEMM or clock ratio would give one number for both). The machine must match exactly:
-    several Xeons share the name "Intel(R) Xeon(R) Processor", and their rows differ by the
-    ISA or by the family and model later rows carry. The last row of each machine counts,
-    on the host's own code path only (not an ``AEPAR_ISA`` row, whose isa says "[numba
-    target ...]").
+    DGEMM or clock ratio would give one number for both). Like is divided by like: where
+    the same benchmark file has a row of ``here``, that row is the denominator; only
+    without one does the compute measured here stand in (the two harnesses differ by ~10%
+    on the same machine). The machine must match exactly: several Xeons share the name
+    "Intel(R) Xeon(R) Processor", and their rows differ by the ISA, the cores or the family
+    and model later rows carry. The last row of each machine counts, on the host's own
+    code path only (not an ``AEPAR_ISA`` row, whose isa says "[numba target ...]").
     """
-    out: dict = {}
+    timed: dict = {}  # family -> machine -> seconds in that family's own unit
     for path in (results / "peers.csv", results / SIXTEEN / "peers.csv"):
         for r in read_rows(path):
             if r.get("implementation") == "aepar" and int(r.get("samples") or 0) == 10000 \
                     and "[" not in r.get("isa", "") and r.get("threads", "1") == "1":
-                out.setdefault(machine_of(r), {})["sparse"] = \
-                    float(r["seconds_in_cost_gradient"]) / int(r["evaluations"]) / comp.sparse["cg_10k_s"]
+                timed.setdefault("sparse", {})[machine_of(r)] = \
+                    float(r["seconds_in_cost_gradient"]) / int(r["evaluations"])
     for r in read_rows(results / "rbm_epoch.csv"):
         fused = r["implementation"] == "aepar (numba kernels)" or "1 block" in r["implementation"]
         if r["implementation"].startswith("aepar") and fused and r["threads"] == "1" \
                 and r.get("layer", "784x1000 bernoulli") in ("", "784x1000 bernoulli") \
-                and r.get("batch") in (None, "", "100") and "[" not in r.get("isa", "") and comp.rbm_epoch_50k:
-            out.setdefault(machine_of(r), {})["layers"] = \
-                float(r["seconds"]) * 50000 / int(r["samples"]) / comp.rbm_epoch_50k
+                and r.get("batch") in (None, "", "100") and "[" not in r.get("isa", ""):
+            timed.setdefault("layers", {})[machine_of(r)] = float(r["seconds"]) * 50000 / int(r["samples"])
+    measured_here = {"sparse": comp.sparse.get("cg_10k_s"), "layers": comp.rbm_epoch_50k}
+    out: dict = {}
+    for family, per_machine in timed.items():
+        base = per_machine.get(here) or measured_here[family]
+        if not base:
+            continue
+        for key, seconds in per_machine.items():
+            if key != here:
+                out.setdefault(key, {})[family] = seconds / base
     return out
 
 
@@ -251,7 +261,7 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
 def validate(comp: Compute, net: Network, mpi_rows: list, here: dict) -> Points:
     """Every measured point: its ``rows`` (what was measured, the model's figure on that
     point's machine, the relative error), the ``scales`` used and the points ``skipped``."""
-    pts = Points(here, kernel_scales(comp))
+    pts = Points(here, kernel_scales(comp, machine_of(here)))
     _sparse_points(pts, comp, net)
     _xeon_sync_points(pts, comp, net)
     _sweep_points(pts, comp, net)

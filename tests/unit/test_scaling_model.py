@@ -152,6 +152,26 @@ def test_every_epoch_reconstructs_the_ranks_share_of_the_test_rows():
         assert extra == pytest.approx(stack.n_layers * 3 * 1e-5 * -(-1000 // p))
 
 
+def test_a_ranks_blocks_cost_what_the_measured_multi_block_step_says():
+    """k blocks on a rank are one factored sum in train_epoch, priced from the measured
+    8-block step (k times one block's share at its rows); a record without it composes k
+    one-block gradients and k - 1 adds, and one block is always one block's gradient."""
+    from bench.scaling_model.model import step_s
+
+    stack = Stack("t", "ae", (64, 32, 8), n_train=8192, batch=800, epochs=1, blocks=8)
+    comp = linear_layer_compute(stack, per_row=1e-5)
+    free = free_network()
+    composed = step_s(comp, free, stack, 0, 2, blocks=8, allreduce=False)[0]
+    assert composed == pytest.approx(4 * 100 * 1e-5)  # leaves only: adds, copy and step cost nothing here
+    for key in comp.layers:
+        comp.layers[key]["block"] = {10.0: 2e-4, 100.0: 5e-4}
+    assert step_s(comp, free, stack, 0, 2, blocks=8, allreduce=False)[0] == pytest.approx(4 * 5e-4)
+    assert step_s(comp, free, stack, 0, 4, blocks=8, allreduce=False)[0] == pytest.approx(2 * 5e-4)
+    assert step_s(comp, free, stack, 0, 8, blocks=8, allreduce=False)[0] == pytest.approx(100 * 1e-5)
+    half = Stack(**{**stack.__dict__, "batch": 440})  # 55 rows per block: between the measured rows
+    assert step_s(comp, free, half, 0, 1, blocks=8, allreduce=False)[0] == pytest.approx(8 * 3.5e-4)
+
+
 def test_serial_part_bounds_the_speedup():
     comp, free = sparse_compute(block_s=1e-4, serial_s=1e-3), free_network()
     samples = 128 * 1024
@@ -199,8 +219,9 @@ def test_stops_scaling():
 def test_machine_scales_come_from_that_exact_machine_and_the_hosts_own_code_path(tmp_path):
     """A factor belongs to one machine (CPU name, ISA, cores): a Xeon of another core count or
     model never lends it, nor does a row of another code path (AEPAR_ISA's, "[numba target
-    ...]" in isa) or another implementation; the last matching row counts. A point on a
-    machine with no factor for its kernel is left out and counted, not predicted unscaled."""
+    ...]" in isa) or another implementation; the last matching row counts, over here's row
+    of the same file where there is one. A point on a machine with no factor for its kernel
+    is left out and counted, not predicted unscaled."""
     from bench.scaling_model.validate import Points, kernel_scales
 
     head = "implementation,samples,evaluations,seconds_in_cost_gradient,cpu_model,isa,cores,threads\n"
@@ -217,14 +238,16 @@ def test_machine_scales_come_from_that_exact_machine_and_the_hosts_own_code_path
         "implementation,samples,seconds,threads,layer,batch,cpu_model,isa,cores\n"
         '"aepar (numba kernels, 1 block: one process only)",25000,2.0,1,784x1000 bernoulli,100,AMD EPYC,avx2,2\n'
         '"aepar (numba kernels, 8 blocks)",25000,9.0,1,784x1000 bernoulli,100,AMD EPYC,avx2,2\n')
-    scales = kernel_scales(comp, tmp_path)
+    scales = kernel_scales(comp, ("AMD EPYC", "avx512f", "2"), tmp_path)
     xeon = ("Intel Xeon", "avx512f avx2", "2")
     assert scales[xeon] == {"sparse": pytest.approx(2.0 / 100 / 1e-2)}
     assert scales[("Intel Xeon", "avx512f avx2", "16")]["sparse"] == pytest.approx(7.0)
     assert scales[("Intel Xeon (family 6 model 207)", "avx512f avx2", "2")]["sparse"] == pytest.approx(5.0)
     assert scales[("AMD EPYC", "avx2", "2")] == {"layers": pytest.approx(2.0 * 2 / 5.0)}
     assert len(scales) == 4
-    assert kernel_scales(comp, tmp_path / "missing") == {}
+    assert kernel_scales(comp, ("AMD EPYC", "avx512f", "2"), tmp_path / "missing") == {}
+    # like is divided by like: here's own row of the same benchmark, where it has one
+    assert kernel_scales(comp, xeon, tmp_path)[("Intel Xeon", "avx512f avx2", "16")] == {"sparse": pytest.approx(3.5)}
 
     pts = Points({"cpu_model": "AMD EPYC", "isa": "avx512f", "cores": "2"}, scales)
     assert pts.scale("a.csv", {"cpu_model": "AMD EPYC", "isa": "avx512f", "cores": 2}, "layers") == 1.0
