@@ -110,7 +110,7 @@ bench-blas-peers: venv bench-peers  ## the 784x1000 layer products at batch 100 
 	$(BIN)/python -m bench.blas_peers
 
 .PHONY: bench-model
-bench-model: venv  ## scaling model: alpha-beta fits of the collectives at np 2 + per-layer compute, validated on bench/results, predicted 1-1024 ranks on 10/25/100 GbE and IB HDR -> scaling_model.{csv,md,png} (~5 min)
+bench-model: venv  ## scaling model: alpha-beta fits of the collectives at np 2 + per-layer compute, validated on bench/results, predicted 1-1024 ranks on 10/25/100 GbE and IB HDR -> scaling_model.{csv,md,png} (~15 min on 2 cores)
 	$(BIN)/python -m bench.scaling_model
 
 .PHONY: study-eager

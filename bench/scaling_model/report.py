@@ -255,11 +255,13 @@ def _validation(valid, machine, scales, skipped) -> list:
         L += [f"- {src}: {n} point(s) on {m}" for (src, m), n in sorted(skipped.items())]
     L += ["", f"{SIXTEEN}/mpi_16ranks.csv is measure-mpi under `mpirun -np 16` on the 16-vCPU machine: the "
           "collectives at 16 ranks against this machine's np 2 fits composed over log2 16 = 4 levels.", "",
-          "Time drift: the pretrain_*.csv points were measured earlier in the day by bench.pretrain; "
-          "scaling_model_stacked.csv re-measures the same engine runs here now (fastest of 3), up to 2x "
-          "faster than those records. On this VM the same `mpirun -np 2 ... --scheme data --batch 2000` run took "
-          "0.99-2.1 s in three consecutive tries: single points carry +-30% of machine noise whatever "
-          "the model.", "",
+          "Time and code drift: a row records its machine but not the code it ran, so a point measured "
+          "before a kernel change is held against today's compute (pretrain_accuracy.csv's greedy ran "
+          "its 8 blocks before they became one factored sum). And a 2-vCPU VM drifts: on the AVX2 AMD EPYC, "
+          "2026-11-29, measure-compute's one-block gradient of the 784-2000 layer at 100 rows took 27, 12 "
+          "and 20 ms in three runs within an hour, and the same `mpirun -np 2 ... --scheme data --batch "
+          "2000` run took 0.99-2.1 s in three consecutive tries on the AVX-512 EPYC: single points carry "
+          "+-30% of machine noise whatever the model.", "",
           "| source | kind | points | machine | max abs. rel. error | median |", "| --- | --- | ---: | --- | ---: | ---: |"]
     for src in sorted({r["source"] for r in valid}):
         for kind in ("run", "speedup", "collective"):
