@@ -6,6 +6,7 @@
     python -m bench.scaling_model --reuse         # the same from the measurements already written
     mpirun -np 2 python -m bench.scaling_model measure-mpi --out FILE.csv   # what the first step runs
     python -m bench.scaling_model measure-compute --out FILE.csv
+    python -m bench.scaling_model measure-contention --out FILE.csv  # one copy per core against one alone
     python -m bench.scaling_model measure-sparse --out FILE.csv   # aepar.sparse at np 1 and 2
     python -m bench.scaling_model measure-stacked --out FILE.csv  # aepar.pretrain points, here and now
 
@@ -25,8 +26,11 @@ Three layers, each a place where the figures can be wrong:
    evaluation (partials of every block of 128 patches + the root's assembly and L-BFGS-B
    step), and per layer of the stacked networks one block's gradient at 1..1024 rows
    (RBM CD-1 / autoencoder layer, the gather of the rows included), the fused one-block
-   RBM step, the optimiser step, the transform and reconstruction per row, and the memory
-   rates of the adds and copies the sums do.
+   RBM step, 8 blocks in one training step (the factored sum the code does), the optimiser
+   step, the transform and reconstruction per row, and the memory rates of the adds and
+   copies the sums do. And how ranks sharing the machine slow each other: the same work in
+   one process per core at once against one alone (measure-contention), applied to this
+   machine's points and, at the ranks per node, to the predictions.
 3. **Schemes** composed from those (:mod:`.model`): per step or evaluation, compute of
    the busiest rank + the serial parts (root assembly and L-BFGS, every rank's optimiser
    step) + the collectives the scheme issues, with their message sizes; model-parallel
@@ -43,8 +47,8 @@ collective: it is simulated message by message along TreeSum's own plan (every c
 node is one Send/Recv + an add; a sending rank is busy until delivery), then the Bcast of
 the sum where the scheme needs it everywhere.
 
-Not modelled (each makes the predictions optimistic): contention between ranks of one node
-for memory bandwidth, network congestion and topology, OS noise and stragglers (the model's
+Not modelled (each makes the predictions optimistic): contention for memory on machines
+where measure-contention did not run, network congestion and topology, OS noise and stragglers (the model's
 slowest rank is the one with the most blocks, not the unluckiest), the cache footprint of
 many blocks per rank and page faults of freshly allocated buffers, start-up, checkpoints and
 test evaluations. aepar does not overlap communication with compute, and neither does the model.

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from bench.common import mpi_env, python_command
 from bench.scaling_model import __doc__ as OVERVIEW
-from bench.scaling_model.measure import (COMPUTE_CSV, MPI_CSV, REPO, SPARSE_CSV, STACKED_CSV, measure_compute,
-                                         measure_mpi, measure_sparse, measure_stacked)
+from bench.scaling_model.measure import (COMPUTE_CSV, CONTENTION_CSV, MPI_CSV, REPO, SPARSE_CSV, STACKED_CSV,
+                                         measure_compute, measure_contention, measure_mpi, measure_sparse,
+                                         measure_stacked)
 from bench.scaling_model.report import report
 
 PROG = "python -m bench.scaling_model"
@@ -20,7 +21,8 @@ def _measure(argv) -> int:
     step = argv[0]
     p = argparse.ArgumentParser(prog=f"{PROG} {step}")
     p.add_argument("--out", default=str({"measure-mpi": MPI_CSV, "measure-compute": COMPUTE_CSV,
-                                         "measure-sparse": SPARSE_CSV, "measure-stacked": STACKED_CSV}[step]))
+                                         "measure-contention": CONTENTION_CSV, "measure-sparse": SPARSE_CSV,
+                                         "measure-stacked": STACKED_CSV}[step]))
     if step in ("measure-mpi", "measure-compute"):
         p.add_argument("--quick", action="store_true")
     if step == "measure-sparse":
@@ -32,6 +34,8 @@ def _measure(argv) -> int:
         return measure_mpi(Path(a.out), a.quick, 0.03 if a.quick else 0.15)
     if step == "measure-compute":
         return measure_compute(Path(a.out), a.quick)
+    if step == "measure-contention":
+        return measure_contention(Path(a.out))
     if step == "measure-sparse":
         return measure_sparse(Path(a.out), tuple(int(x) for x in a.samples.split(",")), repeats=a.repeats)
     return measure_stacked(Path(a.out), a.repeats)
@@ -43,6 +47,7 @@ def _measure_all(quick: bool):
     q = ["--quick"] if quick else []
     for cmd in (python_command("bench.scaling_model", ["measure-mpi", *q], 2),
                 python_command("bench.scaling_model", ["measure-compute", *q]),
+                python_command("bench.scaling_model", ["measure-contention"]),
                 python_command("bench.scaling_model", ["measure-sparse"]
                                + (["--samples", "10000,40000", "--repeats", "1"] if quick else [])),
                 python_command("bench.scaling_model", ["measure-stacked"] + (["--repeats", "1"] if quick else []))):
@@ -53,7 +58,8 @@ def _measure_all(quick: bool):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("measure-mpi", "measure-compute", "measure-sparse", "measure-stacked"):
+    if argv and argv[0] in ("measure-mpi", "measure-compute", "measure-contention", "measure-sparse",
+                            "measure-stacked"):
         return _measure(argv)
     p = argparse.ArgumentParser(prog=PROG, description=OVERVIEW.split("\n\n")[0])
     p.add_argument("--reuse", action="store_true", help="fit, validate and predict from the measurement CSVs "
@@ -67,7 +73,7 @@ def main(argv=None) -> int:
         _measure_all(a.quick)
     how = " ".join([PROG] + argv)
     if a.reuse:
-        how += " (from scaling_model_{mpi,compute,sparse,stacked}.csv, each row with its time's load_1min)"
+        how += " (from scaling_model_{mpi,compute,contention,sparse,stacked}.csv, each row with its time's load_1min)"
     return report(ranks_per_node=a.ranks_per_node, contended=a.contended, how=how)
 
 

@@ -25,6 +25,7 @@ MPI_CSV = RESULTS / "scaling_model_mpi.csv"
 COMPUTE_CSV = RESULTS / "scaling_model_compute.csv"
 SPARSE_CSV = RESULTS / "scaling_model_sparse.csv"
 STACKED_CSV = RESULTS / "scaling_model_stacked.csv"
+CONTENTION_CSV = RESULTS / "scaling_model_contention.csv"
 
 
 def measured_on(compute_csv: Path) -> dict:
@@ -290,6 +291,94 @@ def measure_compute(out: Path, quick: bool = False) -> int:
     return 0
 
 
+def _contended_work(family: str):
+    """One unit of a kernel family's work, as a rank does it (one thread): ``layers`` one
+    training epoch of the 784-2000 autoencoder layer over 2,000 rows, one block, batch 100;
+    ``sparse`` the partial sums of 10k patches' blocks."""
+    os.environ["AEPAR_THREADS"] = "1"
+    from aepar import backend
+    from aepar.rows import Blocks, Shard
+
+    rng = np.random.default_rng(0)
+    if family == "layers":
+        from aepar.models.ae_layer import AELayer
+        from aepar.parallel.data_parallel import train_epoch
+
+        be = backend.select("cpu", "auto", "float32")
+        layer = AELayer(be, 784, 2000, hidden="bernoulli", batch=100)
+        shard = Shard.of(be, rng.random((2000, 784)).astype(np.float32), 1)
+        return lambda: train_epoch(layer, shard, 1)
+    from aepar.comm import Comm
+    from aepar.models.sparse_ae import LEAF, SparseAutoencoder
+    from aepar.parallel.root_optimizer import RootOptimizer
+
+    be = backend.select("cpu", "auto", "float64")
+    model = SparseAutoencoder(be, 64, 25)
+    model.attach(rng.uniform(0.1, 0.9, (10000, 64)), Blocks.fixed(10000, LEAF))
+    opt = RootOptimizer(Comm.serial(), model, xp=be.xp, dtype=be.dtype)
+    opt.buffer[1:] = model.init_theta(0)
+    return lambda: opt._local(opt.buffer[1:])
+
+
+def _contended_copy(family, budget, barrier, results):
+    """A copy's median seconds of :func:`_contended_work` over about ``budget`` seconds, all
+    copies starting together."""
+    work = _contended_work(family)
+    t0 = time.perf_counter()
+    work()  # warm-up: the kernels' first load
+    repeats = max(5, int(budget / max(time.perf_counter() - t0, 1e-6)))
+    barrier.wait()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - t0)
+    results.put(float(np.median(times)))
+
+
+def _contended_round(ctx, family: str, copies: int, budget: float) -> list:
+    """Every copy's median, ``copies`` fresh one-thread processes started together."""
+    barrier, results = ctx.Barrier(copies), ctx.Queue()
+    procs = [ctx.Process(target=_contended_copy, args=(family, budget, barrier, results)) for _ in range(copies)]
+    for proc in procs:
+        proc.start()
+    medians = [results.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join()
+    return medians
+
+
+def measure_contention(out: Path, rounds: int = 5, budget: float = 2.0) -> int:
+    """How ranks sharing a machine slow each other: each kernel family's work in 1 process,
+    then in one process per core started together (fresh processes of one thread each),
+    the two taken in turns ``rounds`` times, because this VM's speed drifts by more than
+    the effect between minutes. Every step waits for the slowest rank, so a round keeps
+    the slowest copy's median; a row is the median over the rounds, and the contention
+    the median of the rounds' ratios."""
+    import multiprocessing
+
+    os.environ["AEPAR_THREADS"] = "1"  # the copies inherit it: one thread each, as a rank
+    ctx = multiprocessing.get_context("spawn")
+    machine, rows = machine_columns(), []
+    cores = int(machine.get("cores") or os.cpu_count() or 1)
+    for family in ("layers", "sparse"):
+        alone, together = [], []
+        for _ in range(rounds):
+            alone.append(max(_contended_round(ctx, family, 1, budget)))
+            together.append(max(_contended_round(ctx, family, cores, budget)))
+        ratio = float(np.median(np.array(together) / np.array(alone)))
+        for copies, times in ((1, alone), (cores, together)):
+            med = float(np.median(times))
+            rows.append(_row(machine, what="contention", key=family, rows=copies,
+                             seconds=float(np.median(alone)) * (ratio if copies > 1 else 1.0),
+                             round_seconds=" ".join(f"{t:.4g}" for t in times), median_seconds=med))
+        print(f"measure-contention: {family:7s} {cores} copies at once: {ratio:.3f}x one alone (rounds: "
+              + " ".join(f"{t / a:.2f}" for a, t in zip(alone, together)) + ")", flush=True)
+    write_rows(out, rows)
+    print(f"measure-contention: {len(rows)} rows -> {out}", flush=True)
+    return 0
+
+
 def _layer_entry(comp: Compute, what: str, key: str, r: dict):
     """One per-layer row of measure-compute's CSV into ``comp.layers``."""
     lay = comp.layers.setdefault(key, {"leaf": {}, "fused": {}})
@@ -301,9 +390,12 @@ def _layer_entry(comp: Compute, what: str, key: str, r: dict):
         lay.update(grad_bytes=int(r["grad_bytes"]), param_bytes=int(r["param_bytes"]), flops=float(r["flops"]))
 
 
-def load_compute(path: Path) -> Compute:
-    """The :class:`Compute` record of measure-compute's CSV."""
+def load_compute(path: Path, contention: Path | None = None) -> Compute:
+    """The :class:`Compute` record of measure-compute's CSV (and measure-contention's, where
+    given and present)."""
     comp = Compute()
+    for r in read_rows(contention) if contention is not None and Path(contention).exists() else ():
+        comp.contention.setdefault(r["key"], {})[int(r["rows"])] = float(r["seconds"])
     ev, checks, blocked = {}, [], []
     for r in read_rows(path):
         what, key, s = r["what"], r["key"], float(r["seconds"])

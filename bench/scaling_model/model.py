@@ -206,6 +206,17 @@ class Compute:
     rbm_epoch_50k: float | None = None
     in_loop: float = 1.0          # a step inside train_epoch / the same step composed (measured)
     in_loop_ratios: list = field(default_factory=list)
+    contention: dict = field(default_factory=dict)  # family -> {copies at once: slowest copy's seconds}
+
+    def shared(self, family: str, copies: int) -> float:
+        """How much slower a rank computes while ``copies`` ranks share this machine's cores
+        and memory (1 alone): measured for one copy and one per core, linear between,
+        the last beyond; 1 where not measured."""
+        t = self.contention.get(family)
+        if not t or copies <= 1 or 1 not in t:
+            return 1.0
+        n = np.array(sorted(t), dtype=float)
+        return float(np.interp(copies, n, [t[k] for k in sorted(t)])) / t[1]
 
     def mem_s(self, op: str, nbytes: float) -> float:
         """Seconds of an add or copy of ``nbytes``: interpolated per byte, log-log in size."""
@@ -368,10 +379,9 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
 def layerwise_s(comp, net, st: Stack, p: int, *, scheme: str, threads: int = 1, cores=None,
                 scale: float = 1.0) -> dict | None:
     """greedy (fixed tree over ``st.blocks``, at least one per rank) or data (one block per
-    rank, Allreduce) pre-training: every layer's epochs, each followed by the reconstruction
-    error of the rank's share of the test rows (aepar.parallel.layerwise reports it per
-    epoch), then the layer's transform of the training and test rows (split over the
-    ranks), as aepar.greedy times them."""
+    rank, Allreduce) pre-training: every layer's epochs, then its transform of the
+    training and test rows (split over the ranks), as aepar.parallel.layerwise times them
+    (``pretrain_time_s``: the per-epoch test reconstruction error is left out of it)."""
     blocks = p if scheme == "data" else st.blocks
     if p > blocks or p > st.batch or p > st.n_train:
         return None
@@ -380,7 +390,7 @@ def layerwise_s(comp, net, st: Stack, p: int, *, scheme: str, threads: int = 1, 
     compute = comm = 0.0
     for i in range(st.n_layers):
         c, m = step_s(comp, net, st, i, p, blocks=blocks, allreduce=scheme == "data", threads=threads, f=f)
-        compute += st.epochs * (st.steps * c + comp.layers[st.keys()[i]]["recon_row"] * -(-st.n_test // p) * f)
+        compute += st.epochs * st.steps * c
         comm += st.epochs * st.steps * m
         if i + 1 < st.n_layers:
             rows = -(-(st.n_train + st.n_test) // p)

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import write_rows
-from bench.scaling_model.measure import COMPUTE_CSV, MPI_CSV, RESULTS, load_compute, load_mpi, measured_on
+from bench.scaling_model.measure import (COMPUTE_CSV, CONTENTION_CSV, MPI_CSV, RESULTS, load_compute, load_mpi,
+                                         measured_on)
 from bench.scaling_model.model import (OPS, PROFILES, RANKS, Compute, Network, Stack, efficiency, networks,
                                        sparse_run_s, stack_scheme_s, stops_scaling)
 from bench.scaling_model.validate import SIXTEEN, machine_label, machine_of, validate
@@ -46,14 +47,15 @@ def predict_all(comp: Compute, nets: dict, machine: dict) -> list:
             for pname, net in nets.items():
                 times, info = {}, {}
                 for p in RANKS:
+                    shared = comp.shared("sparse" if scheme == "root" else "layers", min(p, net.ranks_per_node))
                     if scheme == "root":
-                        r = sparse_run_s(comp, net, p, w["samples"], 400)
+                        r = sparse_run_s(comp, net, p, w["samples"], 400, scale=shared)
                         note = "" if r else f"{-(-w['samples'] // 128)} blocks of 128 < {p} ranks"
                     else:
                         st = w["stack"]
                         if scheme == "greedy":  # assumed: --reduce-blocks raised to the ranks when needed
                             st = Stack(**{**st.__dict__, "blocks": max(st.blocks, p)})
-                        r = stack_scheme_s(comp, net, st, scheme, p)
+                        r = stack_scheme_s(comp, net, st, scheme, p, scale=shared)
                         note = "" if r else {"model": "one layer per rank: at most 4 ranks",
                                              "sync": "at most one rank per layer (hybrid beyond)",
                                              "hybrid": "needs more ranks than layers, at most batch (and blocks) "
@@ -179,6 +181,11 @@ def _compute(comp) -> list:
          f"per evaluation (L-BFGS-B, assembly, Python), {sp['evals_per_iter']:.3f} evaluations per iteration; "
          f"cost+gradient of 10k patches {sp['cg_10k_s'] * 1e3:.3f} ms.",
          f"- one fused CD-1 epoch 784x1000, 50k rows, batch 100, float32: {comp.rbm_epoch_50k:.3f} s.",
+         "- ranks sharing this machine (measure-contention: one process per core started together, the "
+         "slowest copy's median over the same work alone, one thread each): "
+         + ("; ".join(f"{fam} " + ", ".join(f"{n} at once {comp.shared(fam, n):.2f}x" for n in sorted(t) if n > 1)
+                      for fam, t in sorted(comp.contention.items())) or "not measured")
+         + " (applied to this machine's points and to the predictions, at the ranks per node).",
          "- check of the composition: one-block steps timed inside train_epoch over the same step "
          "composed from the isolated measurements: "
          + ", ".join(f"{x:.2f}" for x in comp.in_loop_ratios)
@@ -230,7 +237,8 @@ def _models(comp) -> list:
          "- Collectives: Li levels inside a node at the fitted alpha/beta of that operation, Le levels across "
          "nodes at the profile's (+ an add per byte for sums): min(binomial tree, 2x latency + "
          "2 (P-1)/P n / beta). The fixed tree: TreeSum's own plan simulated message by message. "
-         "Compute: the busiest rank's, times active threads / cores when oversubscribed (validation only).", ""]
+         "Compute: the busiest rank's, times the measured contention of the ranks sharing a node, times "
+         "active threads / cores when oversubscribed (validation only).", ""]
     return L
 
 
@@ -421,7 +429,7 @@ def plot(path, valid, pred):
 def report(mpi_csv=MPI_CSV, compute_csv=COMPUTE_CSV, ranks_per_node: int = 2, contended: str = "",
            how: str = "python -m bench.scaling_model") -> int:
     links, resid, mpi_rows = load_mpi(Path(mpi_csv))
-    comp = load_compute(Path(compute_csv))
+    comp = load_compute(Path(compute_csv), CONTENTION_CSV)
     machine = measured_on(Path(compute_csv))
     gamma = comp.gamma()
     here = Network("this machine", links, None, ranks_per_node, gamma)

@@ -71,21 +71,27 @@ def kernel_scales(comp: Compute, here: tuple, results: Path = RESULTS) -> dict:
 class Points:
     """The validation rows, added one measured point at a time, each on its own machine."""
 
-    def __init__(self, here: dict, scales: dict):
-        self.here, self.scales, self.rows = machine_of(here), scales, []
+    def __init__(self, here: dict, scales: dict, comp: Compute):
+        self.here, self.scales, self.rows, self.comp = machine_of(here), scales, [], comp
+        self.cores = int(here.get("cores") or 1)
         self.skipped: dict = {}  # (source, machine) -> points left out: no kernel of theirs timed there
 
-    def scale(self, source: str, row: dict, family: str) -> float | None:
-        """The compute factor of ``row``'s machine for a kernel ``family``: 1 here, the
-        :func:`kernel_scales` factor elsewhere, None (the point is left out, and counted)
-        where that machine never timed the family's kernel."""
+    def scale(self, source: str, row: dict, family: str, ranks: int = 1) -> float | None:
+        """The compute factor of ``row``'s machine for a kernel ``family``: here, how much
+        ``ranks`` ranks sharing its cores slow each other (measure-contention); elsewhere
+        the :func:`kernel_scales` factor (no contention measured there); None (the point
+        is left out, and counted) where that machine never timed the family's kernel."""
         key = machine_of(row)
         if key == self.here:
-            return 1.0
+            return self.comp.shared(family, min(ranks, self.cores))
         sc = self.scales.get(key, {}).get(family)
         if sc is None:
             self.skipped[(source, machine_label(key))] = self.skipped.get((source, machine_label(key)), 0) + 1
         return sc
+
+    def shared(self, family: str, ranks: int) -> float:
+        """This machine's contention factor for ``ranks`` ranks on its cores."""
+        return self.comp.shared(family, min(ranks, self.cores))
 
     def add(self, source, point, scheme, ranks, measured, pred, *, row, kind="run", scale=1.0, over=False,
             duplicate="", note="", series=None):
@@ -107,7 +113,7 @@ def _sparse_points(pts: Points, comp, net):
     for src in ("strong.csv", "weak.csv", SPARSE_CSV.name, f"{SIXTEEN}/strong.csv", f"{SIXTEEN}/weak.csv"):
         for r in read_rows(RESULTS / src):
             p, s_, ev = int(r["processes"]), int(r["samples"]), int(r["evaluations"])
-            sc = pts.scale(src, r, "sparse")
+            sc = pts.scale(src, r, "sparse", p)
             if sc is None:
                 continue
             cores = int(r.get("cores") or 2)
@@ -130,10 +136,10 @@ def _xeon_sync_points(pts: Points, comp, net):
         for r in read_rows(RESULTS / src):
             if r["kind"] != "measured":
                 continue
-            sc = pts.scale(src, r, "layers")
+            p = int(r["ranks"])
+            sc = pts.scale(src, r, "layers", p)
             if sc is None:
                 continue
-            p = int(r["ranks"])
             pred = pipeline_s(comp, net, quick, p, replicas=p > quick.n_layers, mode=r["mode"], cores=2, scale=sc)
             pts.add(src, f"aepar.sync RBM 784-1000-500-250-30, 3599 rows, 10 epochs + 0,5,20,40, hand-over "
                          f"{r['mode']}", "sync", p, float(r["sync_s"]), pred["seconds"] if pred else None,
@@ -145,10 +151,10 @@ def _xeon_sync_points(pts: Points, comp, net):
 def _sweep_points(pts: Points, comp, net):
     """bench.pretrain's batch sweep and its speed-ups."""
     for r in read_rows(RESULTS / "pretrain_sweep.csv"):
-        sc = pts.scale("pretrain_sweep.csv", r, "layers")
+        p, b, blocks = int(r["ranks"]), int(r["batch"]), int(r["blocks"])
+        sc = pts.scale("pretrain_sweep.csv", r, "layers", p)
         if sc is None:
             continue
-        p, b, blocks = int(r["ranks"]), int(r["batch"]), int(r["blocks"])
         st = Stack("sweep", "ae", (784, 2000, 1000), n_train=2000, n_test=1000, batch=b, epochs=2, blocks=blocks)
         threads = 2 if p == 1 else 1  # bench.pretrain lets a lone process use both cores
         pred = stack_scheme_s(comp, net, st, r["scheme"], p, threads=threads, cores=2, scale=sc)
@@ -162,7 +168,8 @@ def _sweep_points(pts: Points, comp, net):
         st = Stack("sweep", "ae", (784, 2000, 1000), n_train=2000, n_test=1000, batch=b, epochs=2, blocks=1)
         base = stack_scheme_s(comp, net, st, "greedy", 1, cores=2)
         blocks = p if r["scheme"] == "data" else 1
-        pr = stack_scheme_s(comp, net, Stack(**{**st.__dict__, "blocks": blocks}), r["scheme"], p, cores=2)
+        pr = stack_scheme_s(comp, net, Stack(**{**st.__dict__, "blocks": blocks}), r["scheme"], p, cores=2,
+                            scale=pts.shared("layers", p))
         pts.add("pretrain_speedup.csv", f"{r['scheme']} speed-up over greedy (1 process, 1 block), batch {b}",
                 r["scheme"], p, float(r["measured_speedup"]), base["seconds"] / pr["seconds"] if pr else None,
                 row=r, kind="speedup", note="ratio of pretrain_sweep.csv's runs")
@@ -176,10 +183,10 @@ def _engine_points(pts: Points, comp, net):
         scheme = r["model"].split()[0]
         if scheme not in ("greedy", "data", "model", "sync", "hybrid") or "pre-training" not in r["model"]:
             continue
-        sc = pts.scale("pretrain_accuracy.csv", r, "layers")
+        p = int(r["ranks"])
+        sc = pts.scale("pretrain_accuracy.csv", r, "layers", p)
         if sc is None:
             continue
-        p = int(r["ranks"])
         blocks = {"data": p, "model": 1}.get(scheme, 8)
         pred = stack_scheme_s(comp, net, Stack(**{**acc.__dict__, "blocks": blocks}), scheme, p,
                               threads=2 if p == 1 else 1, cores=2, scale=sc)
@@ -187,7 +194,7 @@ def _engine_points(pts: Points, comp, net):
                                          f"pre-training s", scheme, p, float(r["pretrain_s"]),
                 pred["seconds"] if pred else None, row=r, scale=sc, over=p > 2)
     for r in read_rows(RESULTS / "pretrain_largebatch.csv"):
-        sc = pts.scale("pretrain_largebatch.csv", r, "layers")
+        sc = pts.scale("pretrain_largebatch.csv", r, "layers", int(r["ranks"]))
         if sc is None:
             continue
         batch = int(re.search(r"batch (\d+)", r["config"]).group(1))
@@ -207,12 +214,12 @@ def _this_run_points(pts: Points, comp, net):
         if scheme == "sync":
             st = Stack("sync here", "rbm", (784, 1000, 500, 250, 30), n_train=3600, n_val=400, batch=b, epochs=10,
                        extras=(0, 5, 20, 40), blocks=int(r["blocks"]))
-            pred = pipeline_s(comp, net, st, p, replicas=False, mode=r["mode"], cores=2)
+            pred = pipeline_s(comp, net, st, p, replicas=False, mode=r["mode"], cores=2, scale=pts.shared("layers", p))
             what = f"sync RBM 784-1000-500-250-30, 3600 + 400 rows, 10 epochs + 0,5,20,40, hand-over {r['mode']}"
         else:
             st = Stack("sweep", "ae", (784, 2000, 1000), n_train=2000, n_test=1000, batch=b, epochs=2,
                        blocks=int(r["blocks"]))
-            pred = stack_scheme_s(comp, net, st, scheme, p, cores=2)
+            pred = stack_scheme_s(comp, net, st, scheme, p, cores=2, scale=pts.shared("layers", p))
             what = f"{scheme} AE 784-2000-1000, 2000 rows, 2 epochs, batch {b}, {r['blocks']} block(s)"
         pts.add(STACKED_CSV.name, what, scheme, p, float(r["pretrain_s"]), pred["seconds"] if pred else None,
                 row=r, note=f"this run, fastest of {r.get('repeats', 1)} ({r.get('all_seconds', '')})",
@@ -261,7 +268,7 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
 def validate(comp: Compute, net: Network, mpi_rows: list, here: dict) -> Points:
     """Every measured point: its ``rows`` (what was measured, the model's figure on that
     point's machine, the relative error), the ``scales`` used and the points ``skipped``."""
-    pts = Points(here, kernel_scales(comp, machine_of(here)))
+    pts = Points(here, kernel_scales(comp, machine_of(here)), comp)
     _sparse_points(pts, comp, net)
     _xeon_sync_points(pts, comp, net)
     _sweep_points(pts, comp, net)
