@@ -152,24 +152,31 @@ def _measure_memory(row, budget):
         row("mem", "copy", nbytes, _seconds(lambda: b.copy(), budget, max_reps=2000))
 
 
-def _measure_sparse_evaluation(row, budget, quick, rng):
-    """The sparse autoencoder's evaluation: per block (many calls), serial (the rest)."""
+def _sparse_optimiser(rng, m: int = 10000):
+    """The root-optimiser of aepar.sparse in one process over ``m`` random 64-pixel patches,
+    at its initial θ: (optimiser, model, θ)."""
     from aepar import backend
     from aepar.comm import Comm
     from aepar.models.sparse_ae import LEAF, SparseAutoencoder
-    from aepar.optim import _setulb
     from aepar.parallel.root_optimizer import RootOptimizer
     from aepar.rows import Blocks
 
     be = backend.select("cpu", "auto", "float64")
-    m = 10000
-    x = rng.uniform(0.1, 0.9, (m, 64))
     model = SparseAutoencoder(be, 64, 25)
-    model.attach(x, Blocks.fixed(m, LEAF))
-    count = model.blocks.count
+    model.attach(rng.uniform(0.1, 0.9, (m, 64)), Blocks.fixed(m, LEAF))
     opt = RootOptimizer(Comm.serial(), model, xp=be.xp, dtype=be.dtype)
     theta64 = model.init_theta(0)
     opt.buffer[1:] = theta64
+    return opt, model, theta64
+
+
+def _measure_sparse_evaluation(row, budget, quick, rng):
+    """The sparse autoencoder's evaluation: per block (many calls), serial (the rest)."""
+    from aepar.optim import _setulb
+
+    m = 10000
+    opt, model, theta64 = _sparse_optimiser(rng, m)
+    count = model.blocks.count
     local = _seconds(lambda: opt._local(opt.buffer[1:]), budget * 2)  # partials + the local tree
     total = np.asarray(opt._local(opt.buffer[1:]))
     assemble = _seconds(lambda: model.assemble(total[:model.n_partials], theta64), budget)
@@ -295,28 +302,18 @@ def _contended_work(family: str):
     """One unit of a kernel family's work, as a rank does it (one thread): ``layers`` one
     training epoch of the 784-2000 autoencoder layer over 2,000 rows, one block, batch 100;
     ``sparse`` the partial sums of 10k patches' blocks."""
-    os.environ["AEPAR_THREADS"] = "1"
-    from aepar import backend
-    from aepar.rows import Blocks, Shard
-
     rng = np.random.default_rng(0)
     if family == "layers":
+        from aepar import backend
         from aepar.models.ae_layer import AELayer
         from aepar.parallel.data_parallel import train_epoch
+        from aepar.rows import Shard
 
         be = backend.select("cpu", "auto", "float32")
         layer = AELayer(be, 784, 2000, hidden="bernoulli", batch=100)
         shard = Shard.of(be, rng.random((2000, 784)).astype(np.float32), 1)
         return lambda: train_epoch(layer, shard, 1)
-    from aepar.comm import Comm
-    from aepar.models.sparse_ae import LEAF, SparseAutoencoder
-    from aepar.parallel.root_optimizer import RootOptimizer
-
-    be = backend.select("cpu", "auto", "float64")
-    model = SparseAutoencoder(be, 64, 25)
-    model.attach(rng.uniform(0.1, 0.9, (10000, 64)), Blocks.fixed(10000, LEAF))
-    opt = RootOptimizer(Comm.serial(), model, xp=be.xp, dtype=be.dtype)
-    opt.buffer[1:] = model.init_theta(0)
+    opt, _, _ = _sparse_optimiser(rng)
     return lambda: opt._local(opt.buffer[1:])
 
 

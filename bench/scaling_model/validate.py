@@ -83,10 +83,11 @@ class Points:
         is left out, and counted) where that machine never timed the family's kernel."""
         key = machine_of(row)
         if key == self.here:
-            return self.comp.shared(family, min(ranks, self.cores))
+            return self.shared(family, ranks)
         sc = self.scales.get(key, {}).get(family)
         if sc is None:
-            self.skipped[(source, machine_label(key))] = self.skipped.get((source, machine_label(key)), 0) + 1
+            where = (source, machine_label(key))
+            self.skipped[where] = self.skipped.get(where, 0) + 1
         return sc
 
     def shared(self, family: str, ranks: int) -> float:
