@@ -190,7 +190,8 @@ def _compute(comp) -> list:
          "composed from the isolated measurements: "
          + ", ".join(f"{x:.2f}" for x in comp.in_loop_ratios)
          + f" (median {comp.in_loop:.2f}, applied to every gradient).",
-         "- per layer (float32): one block's gradient at 100 rows, optimiser step, transform per 1000 rows, "
+         "- per layer (float32): one block's gradient at 100 rows, optimiser step (as train_epoch pays it after "
+         "the gradients, where measured; alone in brackets), transform per 1000 rows, "
          "and 8 blocks in one step inside train_epoch (their factors, one sum of their products, the "
          "step) at batch 100 and 1000, against 8 one-block gradients of the same rows composed:", "",
          "| layer | gradient, 1 row (ms) | gradient, 100 rows (ms) | per row at 1024 (us) | step (ms) | "
@@ -204,8 +205,9 @@ def _compute(comp) -> list:
         step = comp.blocks(k, 8, rows) + comp.mem_s("copy", lay["grad_bytes"]) + lay["apply"]
         return f"{step * 1e3:.2f} ({step / (8 * comp.leaf(k, rows) + lay['apply']):.2f}x)"
     for k, lay in comp.layers.items():
+        alone = f" ({lay['apply_isolated'] * 1e3:.3f} alone)" if "apply_isolated" in lay else ""
         L.append(f"| {k} | {comp.leaf(k, 1) * 1e3:.3f} | {comp.leaf(k, 100) * 1e3:.3f} | "
-                 f"{comp.leaf(k, 1024) / 1024 * 1e6:.1f} | {lay['apply'] * 1e3:.3f} | "
+                 f"{comp.leaf(k, 1024) / 1024 * 1e6:.1f} | {lay['apply'] * 1e3:.3f}{alone} | "
                  f"{lay['transform_row'] * 1e6:.3f} | {eight(k, 100)} | {eight(k, 1000)} |")
     return L
 

@@ -263,6 +263,22 @@ def test_machine_scales_come_from_that_exact_machine_and_the_hosts_own_code_path
     assert pts.skipped == {("a.csv", "Intel Xeon (AVX-512, 2 cores)"): 1}
 
 
+def test_the_optimiser_step_is_the_one_the_loop_pays(tmp_path):
+    """Where measure-compute timed the update inside train_epoch (after the gradients, at
+    each batch), that median is the model's step; the isolated one is kept beside it."""
+    from bench.scaling_model.measure import load_compute
+
+    key = "ae:784-2000:bernoulli:float32"
+    (tmp_path / "c.csv").write_text("what,key,rows,seconds\n" f"apply,{key},,0.001\n"
+                                    f"update_in_loop,{key},100,0.003\n" f"update_in_loop,{key},1000,0.005\n"
+                                    "apply,rbm:784-1000:bernoulli:float32,,0.002\n")
+    comp = load_compute(tmp_path / "c.csv")
+    assert comp.layers[key]["apply"] == pytest.approx(0.004)
+    assert comp.layers[key]["apply_isolated"] == pytest.approx(0.001)
+    assert comp.layers["rbm:784-1000:bernoulli:float32"]["apply"] == pytest.approx(0.002)
+    assert "apply_isolated" not in comp.layers["rbm:784-1000:bernoulli:float32"]
+
+
 def test_contention_interpolates_between_the_measured_copies():
     comp = Compute(contention={"layers": {1: 1.0, 4: 1.3}})
     assert comp.shared("layers", 1) == 1.0
