@@ -268,8 +268,8 @@ def _validation(valid, machine, scales, skipped) -> list:
           "Time and code drift: a row records its machine but not the code it ran, so a point measured "
           "before a kernel change is held against today's compute (pretrain_accuracy.csv's greedy ran "
           "its 8 blocks before they became one factored sum). And a 2-vCPU VM drifts: on the AVX2 AMD EPYC, "
-          "2026-11-29, measure-compute's one-block gradient of the 784-2000 layer at 100 rows took 27, 12 "
-          "and 20 ms in three runs within an hour, and the same `mpirun -np 2 ... --scheme data --batch "
+          "2026-11-29, measure-compute's one-block gradient of the 784-2000 layer at 100 rows took 27, 12, "
+          "20 and 20 ms in four runs within two hours, and the same `mpirun -np 2 ... --scheme data --batch "
           "2000` run took 0.99-2.1 s in three consecutive tries on the AVX-512 EPYC: single points carry "
           "+-30% of machine noise whatever the model.", "",
           "| source | kind | points | machine | max abs. rel. error | median |", "| --- | --- | ---: | --- | ---: | ---: |"]
