@@ -14,15 +14,15 @@ from bench.scaling_model.measure import (COMPUTE_CSV, CONTENTION_CSV, MPI_CSV, R
 from bench.scaling_model.report import report
 
 PROG = "python -m bench.scaling_model"
+STEPS = {"measure-mpi": MPI_CSV, "measure-compute": COMPUTE_CSV, "measure-contention": CONTENTION_CSV,
+         "measure-sparse": SPARSE_CSV, "measure-stacked": STACKED_CSV}  # each step and where it writes
 
 
 def _measure(argv) -> int:
     """One measurement step (``measure-mpi``, ``measure-compute``, ...) with its own options."""
     step = argv[0]
     p = argparse.ArgumentParser(prog=f"{PROG} {step}")
-    p.add_argument("--out", default=str({"measure-mpi": MPI_CSV, "measure-compute": COMPUTE_CSV,
-                                         "measure-contention": CONTENTION_CSV, "measure-sparse": SPARSE_CSV,
-                                         "measure-stacked": STACKED_CSV}[step]))
+    p.add_argument("--out", default=str(STEPS[step]))
     if step in ("measure-mpi", "measure-compute"):
         p.add_argument("--quick", action="store_true")
     if step == "measure-sparse":
@@ -58,8 +58,7 @@ def _measure_all(quick: bool):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("measure-mpi", "measure-compute", "measure-contention", "measure-sparse",
-                            "measure-stacked"):
+    if argv and argv[0] in STEPS:
         return _measure(argv)
     p = argparse.ArgumentParser(prog=PROG, description=OVERVIEW.split("\n\n")[0])
     p.add_argument("--reuse", action="store_true", help="fit, validate and predict from the measurement CSVs "

@@ -247,8 +247,7 @@ def _models(comp) -> list:
 def _validation(valid, machine, scales, skipped) -> list:
     """Section 4: the model against every measured point."""
     here = machine_of(machine)
-    others = sorted({(r["machine"], r["compute_scale"], r["kind"]) for r in valid
-                     if not r["machine_match"] and r["kind"] != "collective"})
+    scaled = {r["machine"] for r in valid if not r["machine_match"] and r["kind"] != "collective"}
     L = ["## 4. Validation against every measured point", ""]
     L += ["Machines: each point is predicted on the machine it was measured on, named by the CPU, ISA and "
           f"cores its row records. Here is {machine_label(here)}. Elsewhere the model's compute is multiplied by "
@@ -259,7 +258,7 @@ def _validation(valid, machine, scales, skipped) -> list:
           "everywhere uses this machine's np 2 fit: the model knows nothing of another machine's memory "
           "bandwidth or of ranks sharing it. The factors used:", ""]
     L += [f"- {machine_label(k)}: " + ", ".join(f"{fam} {v:.3f}" for fam, v in sorted(f.items()))
-          for k, f in sorted(scales.items()) if any(m.startswith(machine_label(k)) for m, _, _ in others)]
+          for k, f in sorted(scales.items()) if machine_label(k) + ", scaled" in scaled]
     if skipped:
         L += ["", "Left out, because that machine never timed the kernel its factor needs:", ""]
         L += [f"- {src}: {n} point(s) on {m}" for (src, m), n in sorted(skipped.items())]

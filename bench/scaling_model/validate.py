@@ -166,11 +166,14 @@ def _sweep_points(pts: Points, comp, net):
         if not r["measured_speedup"]:
             continue
         p, b = int(r["ranks"]), int(r["batch"])
+        sc = pts.scale("pretrain_speedup.csv", r, "layers", p)
+        if sc is None:
+            continue
         st = Stack("sweep", "ae", (784, 2000, 1000), n_train=2000, n_test=1000, batch=b, epochs=2, blocks=1)
-        base = stack_scheme_s(comp, net, st, "greedy", 1, cores=2)
+        one = pts.scale("pretrain_speedup.csv", r, "layers")  # both runs on the row's machine
+        base = stack_scheme_s(comp, net, st, "greedy", 1, cores=2, scale=one)
         blocks = p if r["scheme"] == "data" else 1
-        pr = stack_scheme_s(comp, net, Stack(**{**st.__dict__, "blocks": blocks}), r["scheme"], p, cores=2,
-                            scale=pts.shared("layers", p))
+        pr = stack_scheme_s(comp, net, Stack(**{**st.__dict__, "blocks": blocks}), r["scheme"], p, cores=2, scale=sc)
         pts.add("pretrain_speedup.csv", f"{r['scheme']} speed-up over greedy (1 process, 1 block), batch {b}",
                 r["scheme"], p, float(r["measured_speedup"]), base["seconds"] / pr["seconds"] if pr else None,
                 row=r, kind="speedup", note="ratio of pretrain_sweep.csv's runs")
@@ -243,7 +246,8 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
         else:
             comm = collective_s(net, "allreduce" if rbm else "reduce", nbytes, p)
         pts.add("determinism.csv", f"{r['what']}: {r['variant']}", "collective", p, float(r["seconds"]),
-                (local + comm) * oversubscription(p, 2), kind="collective", row=r, over=p > 2, note="copies and local adds of the rank's blocks + the sum")
+                (local + comm) * oversubscription(p, 2), kind="collective", row=r, over=p > 2,
+                note="copies and local adds of the rank's blocks + the sum")
     # measure-mpi there, one block per rank, against this machine's np 2 fits over log2 P levels
     for r in read_rows(RESULTS / SIXTEEN / "mpi_16ranks.csv"):
         p, n_, op = int(r["ranks"]), int(r["bytes"]), r["op"]
