@@ -180,7 +180,9 @@ def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_co
 
 
 def _most_rows(starts):
-    return int(np.max(np.diff(starts)))
+    """The most rows of any block (in Python: a few offsets, checked every layer)."""
+    bounds = starts.tolist() if isinstance(starts, np.ndarray) else list(starts)
+    return max(b - a for a, b in zip(bounds, bounds[1:]))
 
 
 def _dz(da, a, code, dbs, starts):

@@ -491,7 +491,8 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
         return _ref_block_outer_sum(A, D, starts, merges, alphas, out)
     if out.size:
         scales = np.append(np.asarray(alphas, np.float32), np.float32([1, -0.0]))  # see _outer_source
-        if int(np.max(np.diff(starts))) > SEGMENT_ROWS:
+        bounds = starts.tolist()
+        if max(b - a for a, b in zip(bounds, bounds[1:])) > SEGMENT_ROWS:
             tiles = (len(_outer_row_tiles(out.shape[0])) - 1) * -(-out.shape[1] // (OC * LANES32))
             stack = empty(tiles * stack_depth(merges) * SLOT, np.float32)
             at = empty((A.shape[1], SEGMENT_ROWS), np.float32)

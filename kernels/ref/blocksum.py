@@ -26,21 +26,23 @@ def check_starts(what, rows, starts):
 
 
 def check_block_outer_sum(A, D, starts, merges, alphas, out):
-    """Shared by every kernel set; returns (starts, merges) as int64 arrays."""
-    starts = np.asarray(starts, dtype=np.int64)
-    merges = np.asarray(merges, dtype=np.int64)
-    n = merges.size
+    """Shared by every kernel set; returns (starts, merges) as int64 arrays. The offsets
+    and the tree are a few numbers checked on every layer of every step: in Python, whose
+    loops over them cost less than NumPy's calls."""
+    s, m = np.asarray(starts, dtype=np.int64), np.asarray(merges, dtype=np.int64)
+    starts, merges = s.tolist(), m.ravel().tolist()
+    n = len(merges)
     if A.ndim != 2 or D.ndim != 2 or A.shape[0] != D.shape[0] or out.shape != (A.shape[1], D.shape[1]):
         raise ValueError(f"block_outer_sum: A {A.shape}, D {D.shape} -> out {out.shape} do not match "
                          "(A: rows x m, D: rows x n, out: m x n)")
-    if n < 1 or starts.shape != (n + 1,) or len(alphas) != n:
+    if n < 1 or s.shape != (n + 1,) or len(alphas) != n:
         raise ValueError(f"block_outer_sum: {n} blocks need {n + 1} starts and {n} alphas, got "
-                         f"{starts.shape[0]} and {len(alphas)}")
-    if starts[0] != 0 or starts[-1] != A.shape[0] or np.any(np.diff(starts) < 0):
-        raise ValueError(f"block_outer_sum: starts {starts.tolist()} must rise from 0 to {A.shape[0]}")
-    if merges[0] != 0 or np.any(merges < 0) or stack_depth(merges) < 1 or int(np.sum(1 - merges)) != 1:
-        raise ValueError(f"block_outer_sum: merges {merges.tolist()} are not one postfix tree")
-    return starts, merges
+                         f"{s.shape[0] if s.ndim else 1} and {len(alphas)}")
+    if starts[0] != 0 or starts[-1] != A.shape[0] or any(a > b for a, b in zip(starts, starts[1:])):
+        raise ValueError(f"block_outer_sum: starts {starts} must rise from 0 to {A.shape[0]}")
+    if m.ndim != 1 or merges[0] != 0 or min(merges) < 0 or stack_depth(merges) < 1 or n - sum(merges) != 1:
+        raise ValueError(f"block_outer_sum: merges {merges} are not one postfix tree")
+    return s, m
 
 
 def stack_depth(merges) -> int:
