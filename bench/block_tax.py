@@ -186,18 +186,20 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.block_tax", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m bench.block_tax", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--threads", default="1,2", help="thread counts, one process each")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="which epochs, comma-separated: "
                    + ", ".join(WORKLOADS))
     p.add_argument("--rows", type=positive_int, default=5000, help="images per epoch (at most the data set's)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed epochs per implementation")
-    p.add_argument("--no-torch", dest="torch", action="store_false", help="aepar only (no PyTorch peer)")
+    p.add_argument("--no-torch", dest="torch", action="store_false", default=argparse.SUPPRESS,
+                   help="aepar only (default: the PyTorch peers too, where PyTorch is installed)")
     p.add_argument("--out", default=str(RESULTS / "block_tax.csv"), help="CSV the rows are merged into")
     p.add_argument("--md", default=str(RESULTS / "block_tax.md"), help="the table, rebuilt from the CSV")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.torch = getattr(args, "torch", True)  # SUPPRESS above: the help states this default in words
     unknown = sorted(set(args.workloads.split(",")) - set(WORKLOADS))
     if unknown:
         p.error(f"--workloads: unknown {', '.join(unknown)} (choose from {', '.join(WORKLOADS)})")
