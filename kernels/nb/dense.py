@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from ..memory import empty
+from ..ref.blocksum import most_rows
 from ..ref.dense import (_check_backward_shapes, _check_shapes, _check_starts, check_tied_ae,
                          tied_ae_update_via)
 # the scalar activations are activation.py's: the package keys Numba's cache on every file
@@ -179,12 +180,6 @@ def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_co
                               lr, momentum, weight_cost)
 
 
-def _most_rows(starts):
-    """The most rows of any block (in Python: a few offsets, checked every layer)."""
-    bounds = starts.tolist() if isinstance(starts, np.ndarray) else list(starts)
-    return max(b - a for a, b in zip(bounds, bounds[1:]))
-
-
 def _dz(da, a, code, dbs, starts):
     """dz = da * act'(a), the column sums of block k's rows of dz added into ``dbs[k]``."""
     bounds = zip(starts[:-1], starts[1:], dbs)
@@ -230,7 +225,7 @@ def blocks_times(x, W, out, starts):
     """out = x @ W with each block of rows x[starts[k]:starts[k + 1]] its own bits: all in
     one call of a row kernel when each block alone would take it (a row's sums do not
     depend on the other rows of the call), else block by block into its rows of ``out``."""
-    if _row_product(x, W, out, _most_rows(starts)) is None:
+    if _row_product(x, W, out, most_rows(starts)) is None:
         for lo, hi in zip(starts[:-1], starts[1:]):
             _times_into(x[lo:hi], W, out[lo:hi])
     return out

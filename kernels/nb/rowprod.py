@@ -45,7 +45,7 @@ from numba import njit
 
 from ..memory import empty, is_aligned, zeros
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
-from ..ref.blocksum import check_block_outer_sum, stack_depth
+from ..ref.blocksum import check_block_outer_sum, most_rows, stack_depth
 from .simd import JIT, prefetch, target_isa
 from .simd32 import (LANES32, vbcast32, vfma32, vhsum32, vhsum32h, vhsum32x16, vload32, vload32h, vload32hm, vload32m,
                      vstore32, vstore32m, vupper32, vzero32, vzero32h)
@@ -491,8 +491,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
         return _ref_block_outer_sum(A, D, starts, merges, alphas, out)
     if out.size:
         scales = np.append(np.asarray(alphas, np.float32), np.float32([1, -0.0]))  # see _outer_source
-        bounds = starts.tolist()
-        if max(b - a for a, b in zip(bounds, bounds[1:])) > SEGMENT_ROWS:
+        if most_rows(starts) > SEGMENT_ROWS:
             tiles = (len(_outer_row_tiles(out.shape[0])) - 1) * -(-out.shape[1] // (OC * LANES32))
             stack = empty(tiles * stack_depth(merges) * SLOT, np.float32)
             at = empty((A.shape[1], SEGMENT_ROWS), np.float32)

@@ -45,6 +45,13 @@ def check_block_outer_sum(A, D, starts, merges, alphas, out):
     return s, m
 
 
+def most_rows(starts) -> int:
+    """The most rows of any block of the offsets ``starts`` (in Python: a few offsets, read
+    on every layer of every step)."""
+    bounds = starts.tolist() if isinstance(starts, np.ndarray) else list(starts)
+    return max(b - a for a, b in zip(bounds, bounds[1:]))
+
+
 def stack_depth(merges) -> int:
     """The most partial sums the postfix tree holds at once (0 if it pops an empty stack)."""
     depth = most = 0

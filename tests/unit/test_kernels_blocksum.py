@@ -131,6 +131,8 @@ def test_refusals(K):
         K.block_outer_sum(A, D[:3], [0, 4], [0], [1.0], out)
     with pytest.raises(ValueError, match="starts"):
         K.block_outer_sum(A, D, [0, 3], [0], [1.0], out)
+    with pytest.raises(ValueError, match="must rise"):  # offsets that go back
+        K.block_outer_sum(A, D, [0, 3, 1, 4], [0, 1, 1], [1.0] * 3, out)
     with pytest.raises(ValueError, match="need 3 starts"):
         K.block_outer_sum(A, D, [0, 4], [0, 1], [1.0, 1.0], out)
     for merges in ([0, 2], [0, 0], [1, 0]):
