@@ -97,7 +97,9 @@ def add_common(parser: argparse.ArgumentParser, *, scheme: str):
                    help="directory with your own data files (default: $AEPAR_DATA, else the "
                         "embedded real data)")
     add_data_options(g)
-    g.add_argument("--quiet", action="store_true", help="no progress lines")
+    g.add_argument("--quiet", action="store_true",
+                   help="no progress lines, tables or closing line on standard output (errors still go to "
+                        "standard error)")
     g.add_argument("--plot", action=argparse.BooleanOptionalAction, default=_plots_default(),
                    help="draw the run's figures (metrics.png, reconstructions, the scheme's own; needs "
                         "matplotlib); --no-plot: numbers only (default on; $AEPAR_PLOTS=0 turns it off)")

@@ -189,15 +189,15 @@ def run_program(argv: list, comm, images=None) -> tuple:
         finish(run, comm, summary, **(_results(args, model, theta, summary) if comm.is_root else {}),
                prog=PROG, quiet=args.quiet, plot=args.plot)
         run.complete()
-    if comm.is_root:
-        print(f"{PROG}: {summary['iterations']} iterations, {summary['evaluations']} evaluations, "
-              f"final cost {summary['final_cost']:.6f}; "
-              f"{summary['collectives_per_evaluation']:.2f} communications/evaluation "
-              f"(bcast of θ, fixed-tree sum of Σ a2 and its bcast, fixed-tree reduction); "
-              f"{summary['total_s']:.2f} s total, "
-              f"compute {summary['compute_s']:.2f} s, comm {summary['comm_s']:.2f} s "
-              f"(max over {comm.size} rank{'s' if comm.size > 1 else ''}{_spread(summary)}); wrote {run.path}",
-              flush=True)
+    if comm.is_root:  # (the summary holds the figures on rank 0 only)
+        progress(comm, args.quiet,
+                 f"{PROG}: {summary['iterations']} iterations, {summary['evaluations']} evaluations, "
+                 f"final cost {summary['final_cost']:.6f}; "
+                 f"{summary['collectives_per_evaluation']:.2f} communications/evaluation "
+                 f"(bcast of θ, fixed-tree sum of Σ a2 and its bcast, fixed-tree reduction); "
+                 f"{summary['total_s']:.2f} s total, "
+                 f"compute {summary['compute_s']:.2f} s, comm {summary['comm_s']:.2f} s "
+                 f"(max over {comm.size} rank{'s' if comm.size > 1 else ''}{_spread(summary)}); wrote {run.path}")
     return summary, run.path
 
 

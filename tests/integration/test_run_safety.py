@@ -18,7 +18,7 @@ from aepar import checkpoint
 from tests.conftest import ROOT, mpirun_cmd
 
 RUNS = 8
-SPARSE = ["--limit", "512", "--iterations", "20", "--quiet"]
+SPARSE = ["--limit", "512", "--iterations", "20"]  # not --quiet: the last line names the run
 GREEDY = ["--dataset", "mnist5k", "--layers", "784-64-16", "--epochs", "2", "--finetune-epochs", "1",
           "--limit", "800", "--quiet"]
 

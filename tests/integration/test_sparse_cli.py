@@ -98,6 +98,16 @@ BAD = {  # case: (arguments, what the one error line must name)
 }
 
 
+def test_quiet_run_prints_nothing(tmp_path):
+    """--quiet silences every line on stdout, the last one too, as in the other programs
+    (the API passes it by default: a notebook gets the results, not the log)."""
+    out = tmp_path / "run"
+    p = run_cli("--limit", 300, "--iterations", 3, "--no-plot", "--quiet", "--out", out)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout == ""
+    assert json.loads((out / "summary.json").read_text())["iterations"] == 3
+
+
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_input_exits_2_with_one_line_and_no_run_dir(case, tmp_path):
     bad = _malformed_mat(tmp_path / "data")
