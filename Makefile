@@ -74,8 +74,9 @@ bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per schem
 	$(BIN)/python -m bench.pretrain
 
 .PHONY: bench-pretrain-full
-bench-pretrain-full: venv  ## CMU 15-618's accuracy table at its size: Fashion-MNIST 60k/10k, 30 + 30 epochs, every scheme and the floors, seeds 0,1,2 -> pretrain_accuracy_fashion.{csv,md} (`make fashion` first; many hours on 2 cores)
-	$(BIN)/python -m bench.pretrain --stages accuracy --accuracy-dataset fashion --epochs 30 --seeds 0,1,2
+bench-pretrain-full: venv  ## CMU 15-618's accuracy table at its size: Fashion-MNIST 60k/10k, 30 + 30 epochs, every scheme and the floors, seeds 0,1,2 -> pretrain_accuracy_fashion.{csv,md} (`make fashion` first; about 10 hours on 2 cores, in runs/bench-pretrain-full: stop it any time, the same command goes on from there)
+	$(BIN)/python -m bench.pretrain --stages accuracy --accuracy-dataset fashion --epochs 30 --seeds 0,1,2 \
+	  --work runs/bench-pretrain-full
 
 .PHONY: bench-cae-speed
 bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs PyTorch at 1 and 2 threads -> peers.csv, cae_speed.md (~1 min)

@@ -54,14 +54,22 @@ def machine_fields() -> dict:
 
 
 def launch(module, args, np_, work: Path, name: str) -> dict:
-    """Run ``python -m module args --out work/name`` on ``np_`` ranks; its summary.json."""
+    """Run ``python -m module args --out work/name`` on ``np_`` ranks; its summary.json. A
+    run an earlier call left unfinished (stopped by Ctrl-C or a job's time limit, which make
+    it save a checkpoint; killed outright, its last timed one) continues from its checkpoint
+    (``--resume-or-start``): its times add up its stretches, its weights are those of an
+    uninterrupted run."""
     out = work / name
     if (out / "summary.json").exists():  # done by an earlier call with the same --work
         print(f"bench.pretrain: {name}: reusing {out}", flush=True)
         return json.loads((out / "summary.json").read_text())
-    cmd = python_command(module, [*args, "--out", out, "--quiet"], np_)
+    if out.exists():
+        print(f"bench.pretrain: {name}: continuing {out}", flush=True)
+    cmd = python_command(module, [*args, "--out", out, "--resume-or-start", "--quiet"], np_)
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(AEPAR_THREADS=None), cwd=REPO)
+    if r.returncode == 75:  # aepar's exit on a signal, after its checkpoint
+        raise SystemExit(f"bench.pretrain: {name} stopped with a checkpoint in {out}: the same command continues it")
     if r.returncode != 0:
         raise SystemExit(f"bench.pretrain: {name} failed ({r.returncode}): {r.stderr.strip()[-800:]}")
     summary = json.loads((out / "summary.json").read_text())

@@ -34,3 +34,32 @@ def test_the_stage_runs_every_scheme_and_the_floors_per_seed_and_writes_the_spre
     assert "| greedy pre-training + fine-tuning | 1 | 30 + 30 | 91.00% ± 1.00 |" in text, text
     assert "Seeds 0, 1, 2: mean ± half the min-max range" in text
     assert len((tmp_path / "pretrain_accuracy_fashion.csv").read_text().splitlines()) == 1 + 3 * 8
+
+
+def test_launch_continues_a_run_left_unfinished_and_says_how_to_go_on(tmp_path, monkeypatch, capsys):
+    """A run an earlier call left without summary.json goes on from its checkpoint
+    (--resume-or-start: aepar refuses a bare --out that exists); a run stopped by a signal
+    (exit 75) ends the benchmark with the command that continues it."""
+    import subprocess
+    import types
+
+    import bench.pretrain as bp
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append([str(c) for c in cmd])
+        out = tmp_path / "acc-greedy"
+        if code == 0:
+            (out / "summary.json").write_text('{"pretrain_time_s": 1.0}')
+        return types.SimpleNamespace(returncode=code, stderr="")
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    (tmp_path / "acc-greedy").mkdir()  # an earlier call's, stopped before its summary
+    code = 75
+    with pytest.raises(SystemExit, match="the same command continues it"):
+        bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")
+    code = 0
+    assert bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")["pretrain_time_s"] == 1.0
+    assert all("--resume-or-start" in c and c[c.index("--out") + 1] == str(tmp_path / "acc-greedy") for c in calls)
+    assert "acc-greedy: continuing" in capsys.readouterr().out
+    assert bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")  # done: not run again
+    assert len(calls) == 2
