@@ -9,7 +9,9 @@ Stages (each runs the real command line; figures are read back from the runs' su
   own kernels: softmax regression on raw pixels and on PCA-30, and the same network from
   random weights (what pre-training is worth). Higher is better. ``--accuracy-dataset
   fashion --epochs 30 --seeds 0,1,2`` is 15-618's table at its own size and epochs
-  (``make bench-pretrain-full``: many hours on 2 cores) with the spread over the seeds.
+  (``make bench-pretrain-full``: about 10 hours on 2 cores, its runs in
+  runs/bench-pretrain-full, so that it can be stopped and continued) with the spread over
+  the seeds.
 - ``largebatch``: the ``data`` scheme at batch 100 against batch 5000 with the plain average
   (15-618's collapse), with square-root and linear learning-rate scaling and warm-up, LARS
   and a cosine decay, at the same epochs, at twice as many, and at the same pre-training
@@ -25,7 +27,7 @@ Stages (each runs the real command line; figures are read back from the runs' su
   time fed with this machine's one-rank layer times.
 
     python -m bench.pretrain [--stages accuracy,largebatch,sweep,profile] [--epochs N]
-                             [--accuracy-dataset fashion] [--seeds 0,1,2]
+                             [--accuracy-dataset fashion] [--seeds 0,1,2] [--work DIR]
 
 Writes bench/results/pretrain_{accuracy,largebatch,sweep,speedup,profile}.{csv,md},
 pretrain_largebatch.png, pretrain_sweep.png and pretrain_profile_np{2,4,5}.png.
@@ -435,18 +437,25 @@ def profile(work, runs=PROFILE_RUNS, epochs=3):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.pretrain", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--stages", default="accuracy,largebatch,sweep,profile")
+    ap = argparse.ArgumentParser(prog="python -m bench.pretrain", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stages", default="accuracy,largebatch,sweep,profile",
+                    help="which measurements, comma-separated (default accuracy,largebatch,sweep,profile: "
+                         "the stages above)")
     ap.add_argument("--epochs", type=int, default=10, help="pre-training and fine-tuning epochs (default 10)")
     ap.add_argument("--accuracy-dataset", default="mnist5k",
                     help="the accuracy stage's data (default mnist5k, the embedded digits; fashion: 15-618's "
                          "table at full size, written to pretrain_accuracy_fashion.*)")
     ap.add_argument("--seeds", default="0", help="the accuracy stage's seeds, comma-separated (default 0)")
-    ap.add_argument("--largebatch-epochs", type=int, default=5)
-    ap.add_argument("--largebatch-dataset", default="fashion")
+    ap.add_argument("--largebatch-epochs", type=int, default=5,
+                    help="the largebatch stage's pre-training and classification epochs; its longer "
+                         "configurations take twice as many (default 5)")
+    ap.add_argument("--largebatch-dataset", default="fashion",
+                    help="the largebatch stage's data (default fashion: Fashion-MNIST, `make fashion`)")
     ap.add_argument("--work", default=None,
                     help="run directory of the runs (default a new runs/bench-pretrain-DATE); runs already "
-                         "done in it are read back, not repeated")
+                         "done in it are read back, not repeated, and one left unfinished continues from its "
+                         "checkpoint")
     args = ap.parse_args(argv)
     work = Path(args.work) if args.work else REPO / "runs" / f"bench-pretrain-{time.strftime('%Y%m%d-%H%M%S')}"
     stages = args.stages.split(",")
