@@ -164,9 +164,10 @@ def main(argv=None) -> int:
     p.add_argument("--dataset", default="mnist5k", help="digits for the layer-wise rows (default mnist5k)")
     p.add_argument("--rows", type=int, default=4000, help="rows of an RBM epoch (default 4000)")
     p.add_argument("--finetune-rows", type=int, default=2000, help="rows of a fine-tuning epoch (default 2000)")
-    p.add_argument("--patches", type=int, default=10000)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--patches", type=int, default=10000, help="patches of the sparse autoencoder runs (default 10000)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs per configuration, each compared bit for bit (default 3)")
+    p.add_argument("--out", default=str(RESULTS), help="directory of determinism.csv (default bench/results)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--comm-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -153,7 +153,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.makespan", description=__doc__.splitlines()[0])
     p.add_argument("stage_times", help="JSON with measured per-layer times (bench.stacked writes "
                                        "bench/results/stage_times_quick.json)")
-    p.add_argument("--ranks", default="1,2,3,4,5,6,8,16")
+    p.add_argument("--ranks", default="1,2,3,4,5,6,8,16",
+                   help="rank counts to simulate, comma-separated (default 1,2,3,4,5,6,8,16)")
     p.add_argument("--epochs", type=int, default=None, help="simulate this many epochs per layer instead")
     p.add_argument("--alpha", type=float, default=5e-6, help="communication model: latency (s)")
     p.add_argument("--beta", type=float, default=5e9, help="communication model: bandwidth (bytes/s)")

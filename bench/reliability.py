@@ -504,11 +504,13 @@ def table(rows: list[dict]) -> list[str]:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog="python -m bench.reliability", description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default="faults,files,options,out")
-    p.add_argument("--kinds", default=",".join(EXPECTED))
+    p.add_argument("--parts", default="faults,files,options,out",
+                   help="which checks, comma-separated (default faults,files,options,out)")
+    p.add_argument("--kinds", default=",".join(EXPECTED),
+                   help="the faults part's injected kinds, comma-separated (default every kind)")
     p.add_argument("--ranks", default="2,4", help="ranks of the fault runs (default 2,4)")
     p.add_argument("--steps", default="3,15", help="steps the faults fire at (default 3,15)")
-    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--out", default=str(RESULTS), help="directory of reliability.md (default bench/results)")
     args = p.parse_args(argv)
     if any(int(r) < 2 for r in args.ranks.split(",")):
         p.error("--ranks: 2 or more (a fault must end a job of several ranks, under the launcher)")

@@ -170,11 +170,11 @@ def markdown(rows, threads) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.sparse_command", description=__doc__.split("\n\n")[0])
-    p.add_argument("--samples", type=int, default=10000)
-    p.add_argument("--iterations", type=int, default=400)
-    p.add_argument("--patch", type=int, default=8)
-    p.add_argument("--hidden", type=int, default=25)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=int, default=10000, help="patches (default 10000)")
+    p.add_argument("--iterations", type=int, default=400, help="L-BFGS iterations (default 400)")
+    p.add_argument("--patch", type=int, default=8, help="patch side in pixels (default 8)")
+    p.add_argument("--hidden", type=int, default=25, help="hidden units (default 25)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the patches and the start (default 0)")
     p.add_argument("--threads", type=int, default=1, help="BLAS/Numba/aepar threads in every command (default 1)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each command, in turns (default 3)")
     p.add_argument("--out", default=str(RESULTS / "peers.csv"), help="the CSV the rows are merged into")

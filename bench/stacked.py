@@ -323,7 +323,7 @@ def main(argv=None) -> int:
     p.add_argument("--rbm-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rbm-child-data", help=argparse.SUPPRESS)
     p.add_argument("--rbm-child-what", help=argparse.SUPPRESS)
-    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--out", default=str(RESULTS), help="directory of the results (default bench/results)")
     args = p.parse_args(argv)
     if args.rbm_hidden < 1 or args.rbm_batch < 1:
         p.error(f"--rbm-hidden and --rbm-batch must be positive, got {args.rbm_hidden} and {args.rbm_batch}")

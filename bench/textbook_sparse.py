@@ -242,17 +242,20 @@ def markdown(rows, info) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.textbook_sparse", description=__doc__.split("\n")[0])
-    p.add_argument("--samples", type=int, default=10000)
-    p.add_argument("--iterations", type=int, default=400)
-    p.add_argument("--hidden", type=int, default=25)
-    p.add_argument("--patch", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kernels", choices=["numba", "numpy"], default="numba")
+    p.add_argument("--samples", type=int, default=10000, help="patches (default 10000)")
+    p.add_argument("--iterations", type=int, default=400, help="L-BFGS iterations (default 400)")
+    p.add_argument("--hidden", type=int, default=25, help="hidden units (default 25)")
+    p.add_argument("--patch", type=int, default=8, help="patch side in pixels (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the patches and the start (default 0)")
+    p.add_argument("--kernels", choices=["numba", "numpy"], default="numba", help="aepar's kernel set (default numba)")
     p.add_argument("--threads", type=int, default=1, help="BLAS/Numba threads for both (default 1)")
     p.add_argument("--repeats", type=int, default=3,
                    help="whole runs of each, taken in turns; rows give the best (default 3)")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--out", default=str(RESULTS / "peers.csv"))
+    p.add_argument("--data-dir", default=None,
+                   help="directory of IMAGES.mat or CIFAR-10 batches (default $AEPAR_DATA, else the "
+                        "scikit-image photographs)")
+    p.add_argument("--out", default=str(RESULTS / "peers.csv"),
+                   help="the CSV the rows go to (default bench/results/peers.csv)")
     p.add_argument("--md", default="", help="also write the markdown table here")
     args = p.parse_args(argv)
     _set_threads(args.threads)
