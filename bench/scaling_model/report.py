@@ -14,7 +14,7 @@ from bench.scaling_model.measure import (COMPUTE_CSV, CONTENTION_CSV, MPI_CSV, R
                                          measured_on)
 from bench.scaling_model.model import (OPS, PROFILES, RANKS, Compute, Network, Stack, efficiency, networks,
                                        sparse_run_s, stack_scheme_s, stops_scaling)
-from bench.scaling_model.validate import SIXTEEN, machine_label, machine_of, validate
+from bench.scaling_model.validate import SIXTEEN, machine_label, machine_of, scaled_label, validate
 
 PRED_CSV = RESULTS / "scaling_model.csv"
 VALID_CSV = RESULTS / "scaling_model_validation.csv"
@@ -258,7 +258,7 @@ def _validation(valid, machine, scales, skipped) -> list:
           "everywhere uses this machine's np 2 fit: the model knows nothing of another machine's memory "
           "bandwidth or of ranks sharing it. The factors used:", ""]
     L += [f"- {machine_label(k)}: " + ", ".join(f"{fam} {v:.3f}" for fam, v in sorted(f.items()))
-          for k, f in sorted(scales.items()) if machine_label(k) + ", scaled" in scaled]
+          for k, f in sorted(scales.items()) if scaled_label(k) in scaled]
     if skipped:
         L += ["", "Left out, because that machine never timed the kernel its factor needs:", ""]
         L += [f"- {src}: {n} point(s) on {m}" for (src, m), n in sorted(skipped.items())]

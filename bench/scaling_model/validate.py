@@ -28,6 +28,11 @@ def machine_label(key: tuple) -> str:
     return f"{key[0]} ({isa}, {key[2]} cores)"
 
 
+def scaled_label(key: tuple) -> str:
+    """A validation row's machine when it is not this one: its compute was scaled to it."""
+    return machine_label(key) + ", scaled"
+
+
 def kernel_scales(comp: Compute, here: tuple, results: Path = RESULTS) -> dict:
     """Per machine of bench/results (:func:`machine_of`), the same kernels timed there over
     here, one thread each: ``sparse`` (aepar's cost+gradient of 10k patches per evaluation,
@@ -101,7 +106,7 @@ class Points:
         match = key == self.here
         self.rows.append({
             "source": source, "point": point, "series": series or f"{source}: {point}", "scheme": scheme,
-            "ranks": ranks, "kind": kind, "machine": "same as here" if match else machine_label(key) + ", scaled",
+            "ranks": ranks, "kind": kind, "machine": "same as here" if match else scaled_label(key),
             "measured_cpu": key[0], "measured": measured, "predicted": pred, "rel_error": rel,
             "abs_rel_error": abs(rel) if rel is not None else None, "machine_match": match,
             "compute_scale": scale, "oversubscribed": over, "duplicate_of": duplicate, "note": note})
