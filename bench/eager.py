@@ -34,7 +34,6 @@ import csv
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,21 +67,18 @@ def launch(args_list, np_, work: Path, name: str, threads: int) -> tuple[dict, d
         if not meta.get("date"):
             meta["date"] = run_date(out)
         return json.loads((out / "summary.json").read_text()), meta
-    if out.exists():  # an interrupted earlier attempt: aepar refuses an existing --out
-        shutil.rmtree(out)
+    continued = out.exists()  # an earlier call's run, stopped: it goes on from its checkpoint
     work.mkdir(parents=True, exist_ok=True)
     env = common.mpi_env(AEPAR_THREADS=threads)
-    cmd = common.python_command("aepar.eager", [*args_list, "--out", out, "--quiet"], np_)
+    cmd = common.python_command("aepar.eager", [*args_list, "--out", out, "--resume-or-start", "--quiet"], np_)
     shown = f"AEPAR_THREADS={threads} " + " ".join(cmd)
-    print(f"bench.eager: {name}: {shown}", flush=True)
+    print(f"bench.eager: {name}: {'continuing: ' if continued else ''}{shown}", flush=True)
     t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    wall = time.time() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"bench.eager: {name} failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-800:]}")
+    common.run_to_end("bench.eager", name, cmd, out, env, REPO)
+    wall = None if continued else time.time() - t0  # a continued run's stretches are not all timed here
     meta = {"command": shown, "wall_s": wall, "date": time.strftime("%Y-%m-%d %H:%M")}
     meta_path.write_text(json.dumps(meta, indent=1))
-    print(f"bench.eager: {name}: done in {wall:.0f}s", flush=True)
+    print(f"bench.eager: {name}: done" + (f" in {wall:.0f}s" if wall is not None else ""), flush=True)
     return json.loads((out / "summary.json").read_text()), meta
 
 
@@ -394,7 +390,7 @@ def regime_section(regime, title, rows, runs, options) -> tuple[list[str], dict]
         lines.append(f"| {label} | {ms(fin[m], 100)} | {ms(fin_t[m], 100)} | {ms(fin_e[m], digits=1)} |")
     lines += ["", "Runs (wall time of the whole command, start-up and every classification included):", ""]
     for name, meta in runs:
-        wall = f"{meta['wall_s']:.0f} s" if meta.get("wall_s") is not None else "reused, time unknown"
+        wall = f"{meta['wall_s']:.0f} s" if meta.get("wall_s") is not None else "time unknown (reused or continued)"
         lines.append(f"- `{name}`: {wall}, run {meta.get('date') or 'on an unknown date'}")
     lines.append("")
     return lines, v
@@ -508,7 +504,8 @@ def main(argv=None) -> int:
                     help="where CIFAR-10's python batches are (default $AEPAR_DATA)")
     ap.add_argument("--work", default=None,
                     help="directory of the runs (default a new runs/bench-eager-DATE); runs already done in it "
-                         "are read back, not repeated")
+                         "are read back, not repeated; one stopped half-way (Ctrl-C, a time limit) goes on from its "
+                         "checkpoint")
     ap.add_argument("--results", default=str(RESULTS),
                     help="where the CSVs, figures and eager_study.md go (default bench/results)")
     args = ap.parse_args(argv)

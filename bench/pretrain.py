@@ -37,12 +37,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.common import machine_columns, mpi_env, python_command
+from bench.common import machine_columns, mpi_env, python_command, run_to_end
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -69,11 +68,7 @@ def launch(module, args, np_, work: Path, name: str) -> dict:
         print(f"bench.pretrain: {name}: continuing {out}", flush=True)
     cmd = python_command(module, [*args, "--out", out, "--resume-or-start", "--quiet"], np_)
     t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(AEPAR_THREADS=None), cwd=REPO)
-    if r.returncode == 75:  # aepar's exit on a signal, after its checkpoint
-        raise SystemExit(f"bench.pretrain: {name} stopped with a checkpoint in {out}: the same command continues it")
-    if r.returncode != 0:
-        raise SystemExit(f"bench.pretrain: {name} failed ({r.returncode}): {r.stderr.strip()[-800:]}")
+    run_to_end("bench.pretrain", name, cmd, out, mpi_env(AEPAR_THREADS=None), REPO)
     summary = json.loads((out / "summary.json").read_text())
     summary["_wall_s"] = time.time() - t0
     print(f"bench.pretrain: {name}: done in {summary['_wall_s']:.0f}s", flush=True)

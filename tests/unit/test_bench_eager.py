@@ -166,7 +166,7 @@ def done_run(work, name, finished, launch_date=None, seed=0):
     """An earlier run in ``work``: its summary.json, its own run.json (aepar's marker, local
     time with its offset) and, if given, bench.eager's launch record."""
     out = work / name
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary(seed)))
     stamp = finished.astimezone().isoformat(timespec="seconds")
     (out / "run.json").write_text(json.dumps({"format": "aepar-run", "started": stamp, "updated": stamp}))
@@ -178,8 +178,25 @@ def fail_if_launched(*args, **kwargs):
     raise AssertionError("a reused run was launched again")
 
 
+def test_a_stopped_run_goes_on_from_its_checkpoint(tmp_path, monkeypatch):
+    """A run an earlier call left without summary.json (stopped by Ctrl-C or a time limit)
+    is continued with --resume-or-start, its directory kept, not deleted and started over."""
+    launched = []
+
+    def finish(prog, name, cmd, out, env, cwd):
+        launched.append([str(c) for c in cmd])
+        done_run(tmp_path, name, datetime.datetime(2020, 1, 2, 3, 4, 5))
+    monkeypatch.setattr(eager.common, "run_to_end", finish)
+    (tmp_path / "large-seed0").mkdir()
+    (tmp_path / "large-seed0" / "checkpoint.h5").write_text("an earlier stretch's")
+    summary, meta = eager.launch(["--preset", "full"], 2, tmp_path, "large-seed0", 1)
+    cmd, = launched
+    assert "--resume-or-start" in cmd and cmd[cmd.index("--out") + 1] == str(tmp_path / "large-seed0")
+    assert (tmp_path / "large-seed0" / "checkpoint.h5").exists() and meta["wall_s"] is None
+
+
 def test_a_reused_run_keeps_its_own_date(tmp_path, monkeypatch):
-    monkeypatch.setattr(eager.subprocess, "run", fail_if_launched)
+    monkeypatch.setattr(eager.common, "run_to_end", fail_if_launched)
     done_run(tmp_path, "small-seed0", datetime.datetime(2020, 1, 2, 3, 4, 5))
     done_run(tmp_path, "small-seed1", datetime.datetime(2020, 1, 2, 3, 4, 5), launch_date="2019-05-06 07:08")
     # no launch record: the run's own run.json says when it ran
@@ -194,7 +211,7 @@ def test_a_reused_run_keeps_its_own_date(tmp_path, monkeypatch):
 
 
 def test_reused_runs_rows_and_study_carry_their_dates_not_today(tmp_path, monkeypatch):
-    monkeypatch.setattr(eager.subprocess, "run", fail_if_launched)
+    monkeypatch.setattr(eager.common, "run_to_end", fail_if_launched)
     monkeypatch.setattr(eager, "figures", lambda *args: [])
     results = tmp_path / "results"
     results.mkdir()
@@ -209,7 +226,7 @@ def test_reused_runs_rows_and_study_carry_their_dates_not_today(tmp_path, monkey
     column = csv[0].split(",").index("date")
     assert {(line.split(",")[2], line.split(",")[column]) for line in csv[1:]} == {
         ("0", "2020-01-02 03:04"), ("1", "2020-01-05 07:08")}
-    assert "- `small-seed0`: reused, time unknown, run 2020-01-02 03:04" in lines
+    assert "- `small-seed0`: time unknown (reused or continued), run 2020-01-02 03:04" in lines
     assert "- `small-seed1`: 12 s, run 2020-01-05 07:08" in lines
     monkeypatch.setattr(eager.sys, "argv", ["bench.eager"])
     eager.study([lines], {"small": v}, [], args, dates)

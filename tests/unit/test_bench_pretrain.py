@@ -36,30 +36,74 @@ def test_the_stage_runs_every_scheme_and_the_floors_per_seed_and_writes_the_spre
     assert len((tmp_path / "pretrain_accuracy_fashion.csv").read_text().splitlines()) == 1 + 3 * 8
 
 
+class _FakeRun:
+    """subprocess.Popen's stand-in: records the command, writes summary.json when ``code`` is
+    0, and raises KeyboardInterrupt from its first wait when ``ctrl_c`` (the terminal's Ctrl-C
+    reaching the benchmark and its run together)."""
+    calls, code, ctrl_c, out = [], 0, False, None
+
+    def __init__(self, cmd, **kw):
+        _FakeRun.calls.append([str(c) for c in cmd])
+        self.returncode, self.waits = None, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def communicate(self):
+        self.waits += 1
+        if _FakeRun.ctrl_c and self.waits == 1:
+            raise KeyboardInterrupt
+        if _FakeRun.code == 0:
+            (_FakeRun.out / "summary.json").write_text('{"pretrain_time_s": 1.0}')
+        self.returncode = _FakeRun.code
+        return "", ""
+
+
 def test_launch_continues_a_run_left_unfinished_and_says_how_to_go_on(tmp_path, monkeypatch, capsys):
     """A run an earlier call left without summary.json goes on from its checkpoint
     (--resume-or-start: aepar refuses a bare --out that exists); a run stopped by a signal
     (exit 75) ends the benchmark with the command that continues it."""
     import subprocess
-    import types
 
     import bench.pretrain as bp
-    calls = []
-
-    def fake_run(cmd, **kw):
-        calls.append([str(c) for c in cmd])
-        out = tmp_path / "acc-greedy"
-        if code == 0:
-            (out / "summary.json").write_text('{"pretrain_time_s": 1.0}')
-        return types.SimpleNamespace(returncode=code, stderr="")
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "Popen", _FakeRun)
+    monkeypatch.setattr(_FakeRun, "calls", [])
+    monkeypatch.setattr(_FakeRun, "out", tmp_path / "acc-greedy")
     (tmp_path / "acc-greedy").mkdir()  # an earlier call's, stopped before its summary
-    code = 75
-    with pytest.raises(SystemExit, match="the same command continues it"):
+    monkeypatch.setattr(_FakeRun, "code", 75)
+    with pytest.raises(SystemExit) as stop:
         bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")
-    code = 0
+    assert stop.value.code == 75 and "the same command continues it" in capsys.readouterr().err
+    monkeypatch.setattr(_FakeRun, "code", 0)
     assert bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")["pretrain_time_s"] == 1.0
+    calls = _FakeRun.calls
     assert all("--resume-or-start" in c and c[c.index("--out") + 1] == str(tmp_path / "acc-greedy") for c in calls)
     assert "acc-greedy: continuing" in capsys.readouterr().out
     assert bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")  # done: not run again
     assert len(calls) == 2
+
+
+def test_ctrl_c_waits_for_the_run_and_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    """Ctrl-C reaches the benchmark and its run alike: the benchmark waits for the run to
+    save its checkpoint (not killing it half-way), then says in one line how to go on, exit 75;
+    a run that failed without a word on stderr says so rather than ending in a bare colon."""
+    import subprocess
+
+    import bench.pretrain as bp
+    monkeypatch.setattr(subprocess, "Popen", _FakeRun)
+    monkeypatch.setattr(_FakeRun, "out", tmp_path / "acc-greedy")
+    monkeypatch.setattr(_FakeRun, "calls", [])
+    monkeypatch.setattr(_FakeRun, "ctrl_c", True)
+    for code, where in ((75, "with a checkpoint in"), (1, "before it had started")):
+        monkeypatch.setattr(_FakeRun, "code", code)
+        with pytest.raises(SystemExit) as stop:
+            bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")
+        err = capsys.readouterr().err
+        assert stop.value.code == 75 and where in err and "the same command continues it" in err
+        assert len(err.strip().splitlines()) == 1
+    monkeypatch.setattr(_FakeRun, "ctrl_c", False)
+    with pytest.raises(SystemExit, match=r"failed \(exit 1\): no message on stderr"):
+        bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")
