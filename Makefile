@@ -118,6 +118,10 @@ bench-model: venv  ## scaling model: alpha-beta fits of the collectives at np 2 
 study-eager: venv  ## Bhargava & Surana's eager parallel CAEs: small regime 3 seeds + Fashion-MNIST 1 seed, 5 epochs classified after 1,3,5 -> eager_study.md (~40 min on 2 cores)
 	$(BIN)/python -m bench.eager --work runs/bench-eager --large-seeds 0 --large-epochs 5 --large-mono-epochs 5 --large-curve 1,3
 
+.PHONY: study-eager-full
+study-eager-full: venv  ## the same study at the paper's epochs: small regime 3 seeds + Fashion-MNIST seeds 0,1,2 at the preset's 10 + 10 epochs, classified after every epoch -> eager_study.md (`make fashion` first; about 2 hours on 2 cores, in runs/bench-eager-full: stop it any time, the same command goes on from there)
+	$(BIN)/python -m bench.eager --work runs/bench-eager-full --large-seeds 0,1,2
+
 reliability: venv  ## every injected fault, bad file, impossible option and --out case run for real; counts -> bench/results/reliability.md; then per scheme a seeded chaos run (5 random faults, each resumed on a random rank count) that must end bit for bit as the uninterrupted run -> chaos.md (~35 min)
 	$(BIN)/python -m bench.reliability
 	$(BIN)/python -m bench.chaos
