@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,29 +53,40 @@ def python_command(module: str, args=(), ranks: int = 1) -> list[str]:
     return mpirun() + ["-np", str(ranks)] + cmd if ranks > 1 else cmd
 
 
-def run_to_end(prog: str, name: str, cmd: list, out: Path, env: dict, cwd) -> str:
+def run_to_end(prog: str, name: str, cmd: list, out: Path, env: dict, cwd) -> None:
     """Run the aepar command ``cmd``, which writes the run directory ``out`` with
-    ``--resume-or-start``, to its end; its stdout. A run stopped by a signal (exit 75, after
-    its checkpoint), or by the terminal's Ctrl-C, which reaches this process and the run alike
-    (waited for, so that it saves its checkpoint rather than being killed half-way), ends the
-    benchmark in one line saying that the same command continues it, exit 75."""
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          cwd=cwd) as child:
-        try:
-            stdout, stderr = child.communicate()
-            interrupted = False
-        except KeyboardInterrupt:
-            stdout, stderr = child.communicate()
-            interrupted = True
+    ``--resume-or-start``, to its end, passing each line it prints on as "  name | line" (its
+    epochs' progress with the time left: benchmarks of hours would say nothing otherwise). A
+    run stopped by a signal (exit 75, after its checkpoint), or by the terminal's Ctrl-C, which
+    reaches this process and the run alike (waited for, so that it saves its checkpoint rather
+    than being killed half-way; a second Ctrl-C stops the wait), ends the benchmark in one line
+    saying that the same command continues it, exit 75."""
+    def relay(lines):
+        for line in lines:
+            print(f"  {name} | {line.rstrip()}", flush=True)
+
+    interrupted = False
+    with tempfile.TemporaryFile("w+") as errors:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors, text=True, env=env, cwd=cwd) as child:
+            try:
+                relay(child.stdout)
+            except KeyboardInterrupt:
+                interrupted = True
+                relay(child.stdout)
+        errors.seek(0)
+        stderr = errors.read()
+    if child.returncode == 0 and interrupted:  # Ctrl-C as the run was finishing: it is complete
+        print(f"{prog}: stopped after {name}, which is complete: the same command goes on from there",
+              file=sys.stderr, flush=True)
+        raise SystemExit(75)
     if child.returncode == 75 or interrupted:  # 75: aepar's exit on a signal, after its checkpoint
         where = (f"with a checkpoint in {out}" if child.returncode == 75 else
                  f"before its first checkpoint in {out}" if out.exists() else "before it had started")
         print(f"{prog}: {name} stopped {where}: the same command continues it", file=sys.stderr, flush=True)
         raise SystemExit(75)
     if child.returncode != 0:
-        reason = (stderr or stdout).strip()[-800:] or "no message on stderr"
+        reason = stderr.strip()[-800:] or "no message on stderr"
         raise SystemExit(f"{prog}: {name} failed (exit {child.returncode}): {reason}")
-    return stdout
 
 
 # ==== timing =====================================================================================

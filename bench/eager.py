@@ -70,7 +70,7 @@ def launch(args_list, np_, work: Path, name: str, threads: int) -> tuple[dict, d
     continued = out.exists()  # an earlier call's run, stopped: it goes on from its checkpoint
     work.mkdir(parents=True, exist_ok=True)
     env = common.mpi_env(AEPAR_THREADS=threads)
-    cmd = common.python_command("aepar.eager", [*args_list, "--out", out, "--resume-or-start", "--quiet"], np_)
+    cmd = common.python_command("aepar.eager", [*args_list, "--out", out, "--resume-or-start"], np_)
     shown = f"AEPAR_THREADS={threads} " + " ".join(cmd)
     print(f"bench.eager: {name}: {'continuing: ' if continued else ''}{shown}", flush=True)
     t0 = time.time()

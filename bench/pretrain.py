@@ -66,7 +66,7 @@ def launch(module, args, np_, work: Path, name: str) -> dict:
         return json.loads((out / "summary.json").read_text())
     if out.exists():
         print(f"bench.pretrain: {name}: continuing {out}", flush=True)
-    cmd = python_command(module, [*args, "--out", out, "--resume-or-start", "--quiet"], np_)
+    cmd = python_command(module, [*args, "--out", out, "--resume-or-start"], np_)
     t0 = time.time()
     run_to_end("bench.pretrain", name, cmd, out, mpi_env(AEPAR_THREADS=None), REPO)
     summary = json.loads((out / "summary.json").read_text())

@@ -37,29 +37,38 @@ def test_the_stage_runs_every_scheme_and_the_floors_per_seed_and_writes_the_spre
 
 
 class _FakeRun:
-    """subprocess.Popen's stand-in: records the command, writes summary.json when ``code`` is
-    0, and raises KeyboardInterrupt from its first wait when ``ctrl_c`` (the terminal's Ctrl-C
-    reaching the benchmark and its run together)."""
+    """subprocess.Popen's stand-in: records the command, prints ``printed``, then exits with
+    ``code`` (writing summary.json when it is 0); with ``ctrl_c`` the first read of its output
+    raises KeyboardInterrupt (the terminal's Ctrl-C reaching the benchmark and its run
+    together) and the run goes on to its end, as aepar does to save its checkpoint."""
     calls, code, ctrl_c, out = [], 0, False, None
+    printed = ["[09:00:00] layer 1/4 epoch 1/30 reconstruction 12.3, 2m left"]
 
     def __init__(self, cmd, **kw):
         _FakeRun.calls.append([str(c) for c in cmd])
-        self.returncode, self.waits = None, 0
+        self.returncode, self.stdout = None, self
+        self.lines, self.waiting = list(_FakeRun.printed), _FakeRun.ctrl_c
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.waiting:
+            self.waiting = False
+            raise KeyboardInterrupt
+        if self.lines:
+            return self.lines.pop(0) + "\n"
+        if _FakeRun.code == 0:
+            _FakeRun.out.mkdir(exist_ok=True)
+            (_FakeRun.out / "summary.json").write_text('{"pretrain_time_s": 1.0}')
+        self.returncode = _FakeRun.code
+        raise StopIteration
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         return False
-
-    def communicate(self):
-        self.waits += 1
-        if _FakeRun.ctrl_c and self.waits == 1:
-            raise KeyboardInterrupt
-        if _FakeRun.code == 0:
-            (_FakeRun.out / "summary.json").write_text('{"pretrain_time_s": 1.0}')
-        self.returncode = _FakeRun.code
-        return "", ""
 
 
 def test_launch_continues_a_run_left_unfinished_and_says_how_to_go_on(tmp_path, monkeypatch, capsys):
@@ -81,7 +90,9 @@ def test_launch_continues_a_run_left_unfinished_and_says_how_to_go_on(tmp_path, 
     assert bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")["pretrain_time_s"] == 1.0
     calls = _FakeRun.calls
     assert all("--resume-or-start" in c and c[c.index("--out") + 1] == str(tmp_path / "acc-greedy") for c in calls)
-    assert "acc-greedy: continuing" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "acc-greedy: continuing" in printed
+    assert "  acc-greedy | [09:00:00] layer 1/4 epoch 1/30 reconstruction 12.3, 2m left" in printed  # its progress
     assert bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")  # done: not run again
     assert len(calls) == 2
 
@@ -97,13 +108,16 @@ def test_ctrl_c_waits_for_the_run_and_ends_in_one_line(tmp_path, monkeypatch, ca
     monkeypatch.setattr(_FakeRun, "out", tmp_path / "acc-greedy")
     monkeypatch.setattr(_FakeRun, "calls", [])
     monkeypatch.setattr(_FakeRun, "ctrl_c", True)
-    for code, where in ((75, "with a checkpoint in"), (1, "before it had started")):
+    for code, where in ((75, "with a checkpoint in"), (1, "before it had started"),
+                        (0, "stopped after acc-greedy, which is complete: the same command goes on")):
         monkeypatch.setattr(_FakeRun, "code", code)
         with pytest.raises(SystemExit) as stop:
             bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")
         err = capsys.readouterr().err
-        assert stop.value.code == 75 and where in err and "the same command continues it" in err
+        assert stop.value.code == 75 and where in err and "the same command" in err
         assert len(err.strip().splitlines()) == 1
+    (tmp_path / "acc-greedy" / "summary.json").unlink()
     monkeypatch.setattr(_FakeRun, "ctrl_c", False)
+    monkeypatch.setattr(_FakeRun, "code", 1)
     with pytest.raises(SystemExit, match=r"failed \(exit 1\): no message on stderr"):
         bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")
