@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from bench.common import (ONE_PROCESS, across_ranks, machine_columns, mpi_env, python_command, time_call,
@@ -188,7 +189,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     write_rows(out / "determinism.csv", rows)
     md = ["# What rank-independent sums cost (measured side by side; bench/determinism.py)", "",
-          f"Machine: {rows[0]['cpu_model']} ({rows[0]['isa']}), {rows[0]['cores']} cores, {rows[0]['blas']}", "",
+          f"Machine: {rows[0]['cpu_model']} ({rows[0]['isa']}), {rows[0]['cores']} cores, {rows[0]['blas']}; measured "
+          f"{time.strftime('%Y-%m-%d')} by `python -m bench.determinism {' '.join(map(str, argv if argv is not None else sys.argv[1:]))}`"
+          f".", "",
           "| what | threads / ranks | variant | seconds (best) | vs the first variant |", "| --- | --- | --- | --- | --- |"]
     base = {}
     for r in rows:

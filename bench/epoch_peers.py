@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -136,7 +137,7 @@ def peer_rows(res: dict, benchmark: str, names: dict, network: str, reference: s
 def table_head(title: str, module: str, row: dict) -> list[str]:
     """The first lines of a benchmark's markdown: title and the machine it ran on."""
     return [f"# {title}", "",
-            f"Measured by `python -m {module}` on {row['cpu_model']} ({row['isa']}), {row['cores']} cores, "
+            f"Measured {time.strftime('%Y-%m-%d')} by `python -m {module}` on {row['cpu_model']} ({row['isa']}), {row['cores']} cores, "
             f"{row['blas']} ({row['blas_coretype'] or 'core type unknown'}), numba {row['numba']}"
             + (f", torch {row['torch']}" if row.get("torch") else "") + ".", ""]
 

@@ -40,6 +40,7 @@ import argparse
 import csv
 import json
 import sys
+import time
 from pathlib import Path
 
 from aepar.parallel import planner
@@ -172,8 +173,9 @@ def main(argv=None) -> int:
     ranks = [int(r) for r in args.ranks.split(",")]
     rows = simulate_grid(costs, ranks, args.alpha, args.beta)
     print(format_rows(rows))
-    if args.out:  # the machine the layer times came from, where the file says
-        write_csv(rows, args.out, json.loads(Path(args.stage_times).read_text()).get("machine"))
+    machine = json.loads(Path(args.stage_times).read_text()).get("machine")  # where the layer times ran, if said
+    if args.out:
+        write_csv(rows, args.out, machine)
         print(f"wrote {args.out}")
     if args.predict or args.tables:
         tables = [planner.format_table(planner.predict(costs, r, cores=args.cores, alpha=args.alpha, beta=args.beta))
@@ -184,8 +186,9 @@ def main(argv=None) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             head = (f"# Predicted pre-training time per scheme (aepar.parallel.planner)\n\n"
                     f"SIMULATED from the one-core layer times in {args.stage_times}"
+                    + (f" (measured on {machine.get('cpu_model')}, {machine.get('cores')} cores)" if machine else "") +
                     f"{f' with {args.epochs} epochs per layer' if args.epochs else ''}; communication "
-                    f"modelled (alpha {args.alpha:g} s, beta {args.beta:g} B/s). Written by "
+                    f"modelled (alpha {args.alpha:g} s, beta {args.beta:g} B/s). Written {time.strftime('%Y-%m-%d')} by "
                     f"`python -m bench.makespan {' '.join(argv if argv is not None else sys.argv[1:])}`.\n\n")
             path.write_text(head + "\n\n".join(tables) + "\n")
             print(f"wrote {path}")

@@ -68,7 +68,9 @@ def scaling(grid: str, python: str, results: Path) -> int:
         shutil.copyfile(work / name, results / name)
     cores = os.cpu_count() or 1
     g = sc.load_grid(grid)
-    notes = [f"Grid `{grid}` of bench/grid.json: processes {g['processes']}, samples {g['samples']}, "
+    notes = [f"Measured {time.strftime('%Y-%m-%d')} by `python -m bench.run` on grid `{grid}` (`make bench`: quick, "
+             f"`make bench-full`: full), whose scaling stage runs `GRID={grid} bash jobs/sparse_scaling.sh`.",
+             f"Grid `{grid}` of bench/grid.json: processes {g['processes']}, samples {g['samples']}, "
              f"{g['iterations']} iterations; weak scaling at {g['weak_samples_per_process']} "
              f"samples per process. One BLAS thread per rank; mpirun {env['MPI_ARGS']}.",
              f"Machine load while measuring: before the sweep {load_before}, after it {_load()} "

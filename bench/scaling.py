@@ -30,6 +30,7 @@ import csv
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -511,6 +512,7 @@ def report(run: str | os.PathLike, out: str | os.PathLike | None = None,
     written = {}
     md_path = Path(md) if md else out / "scaling.md"
     md_path.parent.mkdir(parents=True, exist_ok=True)
+    notes = [*notes, f"Written {time.strftime('%Y-%m-%d')} from the rows of strong.csv and weak.csv."]
     md_path.write_text(markdown(strong, weak, notes))
     written["md"] = md_path
     if with_plots:

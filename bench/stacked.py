@@ -335,6 +335,10 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = ROOT / "runs" / "bench_stacked"  # the jobs' run directories and logs (not committed)
+    m = machine_columns()
+    # each section says when, where and by what it was measured: a later run may replace one alone
+    stamp = (f"{time.strftime('%Y-%m-%d')}, {m['cpu_model']} ({m['isa']}, {m['cores']} cores, {m['blas']}), "
+             f"`python -m bench.stacked {' '.join(sys.argv[1:] if argv is None else map(str, argv))}`")
     runs.mkdir(parents=True, exist_ok=True)
 
     from aepar.data.sources import load_digits
@@ -357,7 +361,7 @@ def main(argv=None) -> int:
         data = rows[0].get("data", "") if rows else ""
         what = "CD-1 epoch, 784x{} Bernoulli RBM" if args.rbm_layer == "rbm" else "epoch, 784x{} autoencoder layer"
         md += [f"## One {what.format(args.rbm_hidden)}, batch {args.rbm_batch}, float32 "
-               f"(measured; {data})", "",
+               f"(measured; {data})", "", f"Measured {stamp}.", "",
                *rbm_table(rows), "",
                "Side by side in one process per thread count, warm-up then best of "
                f"{args.rbm_repeats} interleaved epochs; load average (1 min) before/after in rbm_epoch.csv.", ""]
@@ -398,7 +402,7 @@ def main(argv=None) -> int:
                     hrows.append({"ranks": np_, "mode": mode, **h, "kind": "measured"})
         _write_csv(out / f"sync_measured_{which}.csv", measured)
         _write_csv(out / f"handover_{which}.csv", hrows)
-        md += ["## Hand-over per version (measured, aepar.sync pre-training)", "",
+        md += ["## Hand-over per version (measured, aepar.sync pre-training)", "", f"Measured {stamp}.", "",
                "| ranks | mode | layers | bytes | producer s | consumer recompute s | producer epoch s | (hand-over)/epoch |",
                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for h in hrows:
@@ -412,7 +416,7 @@ def main(argv=None) -> int:
         md += ["## Pre-training time: greedy (sum) vs synchronized", "",
                f"greedy = {makespan.greedy_s(st):.2f} s: sum of the layer times measured on one core "
                f"(stage_times_{which}.json). 'measured' rows ran here; 'simulated' rows replay the plan with one core per "
-               "rank from the measured layer times (bench/makespan.py; replicas add an Allreduce model).", "",
+               f"rank from the measured layer times (bench/makespan.py; replicas add an Allreduce model). {stamp}.", "",
                makespan.format_rows(measured + rows), ""]
 
     if "quality" not in skip:
