@@ -30,6 +30,7 @@ Stages (each runs the real command line; figures are read back from the runs' su
                              [--accuracy-dataset fashion] [--seeds 0,1,2] [--work DIR]
 
 Writes bench/results/pretrain_{accuracy,largebatch,sweep,speedup,profile}.{csv,md},
+pretrain_accuracy.png (pretrain_accuracy_fashion.* with ``--accuracy-dataset fashion``),
 pretrain_largebatch.png, pretrain_sweep.png and pretrain_profile_np{2,4,5}.png.
 """
 from __future__ import annotations
@@ -104,7 +105,7 @@ def accuracy(work, epochs, dataset="mnist5k", seeds=(0,)):
     the mean and half the min-max range over the seeds."""
     net = ["--preset", "15618-skewed", "--dataset", dataset, "--epochs", epochs, "--classify-epochs", epochs]
     runs = [("greedy", 1), ("data", 2), ("model", 2), ("sync", 2), ("hybrid", 5)]
-    rows = []
+    rows, curves = [], {}  # curves: {model: [(pre-training s, the classifier's epochs), one per seed]}
     tag = "" if dataset == "mnist5k" else f"-{dataset}-{epochs}"
     for seed in seeds:
         at = ["--seed", seed]
@@ -118,6 +119,7 @@ def accuracy(work, epochs, dataset="mnist5k", seeds=(0,)):
                              epochs=f"{epochs} + {epochs}", test_accuracy=c["after"]["test"],
                              train_accuracy=c["after"]["train"], pretrained_only_test=c["before"]["test"],
                              pretrain_s=s["pretrain_time_s"], finetune_s=c["time_s"], data=s["source"]))
+            curves.setdefault(rows[-1]["model"], []).append((s["pretrain_time_s"], c.get("epochs") or []))
         s = launch("aepar.classify", ["--floors", "--layers", "784-2000-1000-500-100", "--dataset", dataset,
                                       "--classify-epochs", epochs, *at], 1, work,
                    f"acc-floors{suffix if suffix != '-all' else ''}")
@@ -125,6 +127,7 @@ def accuracy(work, epochs, dataset="mnist5k", seeds=(0,)):
         rows.append(dict(machine_fields(), model="same network from random weights (Adam)", ranks=1, seed=seed,
                          epochs=f"0 + {epochs}", test_accuracy=c["after"]["test"], train_accuracy=c["after"]["train"],
                          pretrained_only_test=None, pretrain_s=0.0, finetune_s=c["time_s"], data=s["source"]))
+        curves.setdefault(rows[-1]["model"], []).append((0.0, c.get("epochs") or []))
         for key, label in (("raw", "softmax regression on raw pixels (floor)"),
                            ("pca", "softmax regression on PCA-30 (floor)")):
             f = s["floors"][key]
@@ -144,7 +147,8 @@ def accuracy(work, epochs, dataset="mnist5k", seeds=(0,)):
             return text + (f" ± {half}" if len(seeds) > 1 else "")
         return show
     source = rows[0]["data"]
-    write(table, "pretrain_accuracy" if dataset == "mnist5k" else f"pretrain_accuracy_{dataset}",
+    stem = "pretrain_accuracy" if dataset == "mnist5k" else f"pretrain_accuracy_{dataset}"
+    write(table, stem,
           f"Test accuracy after pre-training and supervised fine-tuning ({source.split(',')[0]}; higher is better)",
           [("model", lambda r: r["model"]), ("ranks", lambda r: str(r["ranks"])), ("epochs", lambda r: r["epochs"]),
            ("test accuracy", spread("test_accuracy")),
@@ -158,7 +162,59 @@ def accuracy(work, epochs, dataset="mnist5k", seeds=(0,)):
            f"Seeds {', '.join(map(str, seeds))}" + (": mean ± half the min-max range over them. " if len(seeds) > 1
                                                     else ". ")
            + f"Data: {source}. Times on this machine's shared cores (hybrid's 5 ranks may be oversubscribed): "
-           "accuracy is the point of this table, not time. Every seed's row is in the CSV."], csv_rows=rows)
+           "accuracy is the point of this table, not time. Every seed's row is in the CSV. "
+           f"Accuracy per model and against epochs and seconds: {stem}.png."], csv_rows=rows)
+    accuracy_png(rows, curves, RESULTS / f"{stem}.png",
+                 f"{source.split(',')[0].split(':')[0]}, {epochs} + {epochs} epochs, seeds "
+                 f"{', '.join(map(str, seeds))}\n{machine_fields()['cpu']}, {time.strftime('%Y-%m-%d')}, "
+                 f"`python -m bench.pretrain --stages accuracy"
+                 f"{'' if dataset == 'mnist5k' else f' --accuracy-dataset {dataset}'} --epochs {epochs} "
+                 f"--seeds {','.join(map(str, seeds))}`")
+
+
+def accuracy_png(rows, curves, path, title):
+    """The accuracy table as a reader would rather look at it: each model's test accuracy
+    (every seed a dot, the bar their mean), and the test accuracy after each classification
+    epoch against the epoch and against the seconds so far (pre-training included), the
+    mean over the seeds."""
+    try:
+        from aepar.report.figures import figure
+    except ImportError:
+        return
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig = figure(16.0, 5.0)
+    bars, by_epoch, by_time = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1.3, 1, 1]})
+    for i, model in enumerate(models):
+        accs = [100 * r["test_accuracy"] for r in rows if r["model"] == model]
+        bars.barh(i, sum(accs) / len(accs), color=f"C{i % 10}", alpha=0.45)
+        bars.plot(accs, [i] * len(accs), "k.", ms=5)
+    bars.set_yticks(range(len(models)), [m.replace(" (floor)", "\n(floor)") for m in models], fontsize=7)
+    bars.invert_yaxis()
+    accs = [100 * r["test_accuracy"] for r in rows]
+    bars.set_xlim(max(0.0, min(accs) - 3), min(100.0, max(accs) + 2))
+    bars.set_xlabel("test accuracy (%): bar the mean, dots the seeds")
+    for i, model in enumerate(models):
+        runs = [(pre, epochs) for pre, epochs in curves.get(model, []) if epochs]
+        if not runs:  # a floor: its final accuracy as a line
+            finals = [100 * r["test_accuracy"] for r in rows if r["model"] == model]
+            by_epoch.axhline(sum(finals) / len(finals), color=f"C{i % 10}", ls=":", lw=1.2, label=model)
+            continue
+        n = min(len(epochs) for _, epochs in runs)  # the seeds' common epochs
+        acc = [100 * sum(epochs[e]["test_accuracy"] for _, epochs in runs) / len(runs) for e in range(n)]
+        secs = [sum(pre + sum(x["epoch_s"] for x in epochs[:e + 1]) for pre, epochs in runs) / len(runs)
+                for e in range(n)]
+        by_epoch.plot(range(1, n + 1), acc, color=f"C{i % 10}", lw=1.3, label=model)
+        by_time.plot(secs, acc, color=f"C{i % 10}", lw=1.3, marker="." if n < 40 else None)
+    by_epoch.set_xlabel("classification epoch")
+    by_time.set_xlabel("seconds (pre-training, then the classifier's epochs)")
+    for ax in (by_epoch, by_time):
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+    bars.grid(alpha=0.3, axis="x")
+    by_epoch.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Test accuracy after pre-training and fine-tuning: {title}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
 
 
 def over_seeds(rows, keys):

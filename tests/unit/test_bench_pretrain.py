@@ -22,7 +22,8 @@ def test_the_stage_runs_every_scheme_and_the_floors_per_seed_and_writes_the_spre
     def fake_launch(module, args, np_, work, name):
         launched.append((module, name, args[args.index("--seed") + 1]))
         seed = int(args[args.index("--seed") + 1])
-        run = {"after": {"test": 0.9 + 0.01 * seed, "train": 0.95}, "before": {"test": 0.5}, "time_s": 2.0}
+        run = {"after": {"test": 0.9 + 0.01 * seed, "train": 0.95}, "before": {"test": 0.5}, "time_s": 2.0,
+               "epochs": [{"epoch": e, "test_accuracy": 0.8 + 0.01 * e, "epoch_s": 1.0} for e in (1, 2, 3)]}
         floors = {k: {"after": {"test": 0.8, "train": 0.8}, "time_s": 1.0} for k in ("raw", "pca")}
         return {"classify": run, "pretrain_time_s": 3.0, "source": "fashion-mnist: 60000 train / 10000 test",
                 "floors": floors}
@@ -34,6 +35,8 @@ def test_the_stage_runs_every_scheme_and_the_floors_per_seed_and_writes_the_spre
     assert "| greedy pre-training + fine-tuning | 1 | 30 + 30 | 91.00% ± 1.00 |" in text, text
     assert "Seeds 0, 1, 2: mean ± half the min-max range" in text
     assert len((tmp_path / "pretrain_accuracy_fashion.csv").read_text().splitlines()) == 1 + 3 * 8
+    assert (tmp_path / "pretrain_accuracy_fashion.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "pretrain_accuracy_fashion.png" in text
 
 
 class _FakeRun:
