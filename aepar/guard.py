@@ -92,8 +92,11 @@ class Guard:
     """
 
     def __init__(self, comm, prog: str, *, every: int = 0, minutes: float = 0.0, timeout: float | None = None,
-                 faults=None):
-        self.comm, self.prog = comm, prog
+                 faults=None, quiet: bool = False):
+        self.comm, self.prog, self.quiet = comm, prog, quiet
+        # where a stop signal takes effect, said when one comes: a scheme whose steps are not
+        # safe points (StepsOnly) stops only at its own boundaries, which can be minutes away
+        self.safe_point, self._acknowledged = "the next step", False
         self.every, self.seconds = int(every), 60.0 * float(minutes)
         self.timeout = None if timeout is None else float(timeout)
         self.faults = Fault.parse(os.environ.get(FAULT_ENV)) if faults is None else list(faults)
@@ -113,7 +116,8 @@ class Guard:
 
     @classmethod
     def from_args(cls, comm, prog, args, run=None) -> "Guard":
-        guard = cls(comm, prog, every=args.checkpoint_every, minutes=args.checkpoint_minutes, timeout=args.timeout)
+        guard = cls(comm, prog, every=args.checkpoint_every, minutes=args.checkpoint_minutes, timeout=args.timeout,
+                    quiet=getattr(args, "quiet", False))
         guard.run = run
         return guard
 
@@ -155,11 +159,20 @@ class Guard:
         array a ``nan`` fault fills (the step's gradient or partial sums)."""
         self.steps += 1
         self._beat = time.monotonic()
+        if self.signum is not None and not self._acknowledged:
+            self._acknowledge()
         if self._poison_pending and poison is not None:
             self._poison(poison)
         for f in self.faults:
             if f.rank == self.comm.rank and f.step == self.steps and f.kind not in WRITE_FAULTS:
                 self._fire(f, poison)
+
+    def _acknowledge(self):
+        """One line (rank 0) when a stop signal has come: where the checkpoint will be taken."""
+        self._acknowledged = True
+        if self.comm.is_root and not self.quiet:
+            name = signal.Signals(self.signum).name
+            print(f"{self.prog}: {name} received: saving a checkpoint at {self.safe_point}, then exit 75", flush=True)
 
     def _fire(self, fault: Fault, poison):
         where = f"rank {self.comm.rank}, step {self.steps} ({self.where})"
@@ -284,8 +297,9 @@ class StepsOnly:
     the safe points, where every rank's flags are summed: the ends of an ensemble's rounds
     (groups train different models at their own pace), a model-parallel slot."""
 
-    def __init__(self, guard: Guard):
+    def __init__(self, guard: Guard, safe_point: str):
         self.guard = guard
+        guard.safe_point = safe_point  # what a stop signal waits for, said when one comes
 
     def step(self, poison=None):
         self.guard.step(poison)

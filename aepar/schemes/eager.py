@@ -84,7 +84,7 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
     members = _members(be, ens, make, args, saved)
     train = Shard.of(be, split.train_x, count, sub.rank, sub.size)
     val = Shard.of(be, split.val_x, min(count, len(split.val_y)), sub.rank, sub.size)
-    reduce, steps = reducer(sub), StepsOnly(guard)
+    reduce, steps = reducer(sub), StepsOnly(guard, "the end of this round (every model's current epoch)")
     latest = dict(saved or {}) if ens.comm.is_root else None
     # the next round: the fewest epochs among the models still going
     epoch = min((len(s["record"]["epochs"]) for s in (saved or {}).values() if not s["record"]["stopped"]),
