@@ -42,6 +42,7 @@ from bench import common
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+FASHION = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist (`make fashion`)
 METHODS = (("parallel", "parallel, codes combined"), ("vote", "parallel, vote"), ("mono", "monolithic"))
 LOW_EPOCHS = (1, 2, 3)  # "low epochs" for the verdicts
 CONVERGED_POINTS = 1.0  # |parallel - monolithic| at the last epoch within this many points: "converged"
@@ -461,22 +462,33 @@ def threads_per_rank(np_):
     return int(env) if env else max(1, usable_cores() // np_)
 
 
-def regime(name, title, preset_args, seeds, args, work, extra_name=""):
+def run_regime(name, preset_args, seeds, args, work, extra_name=""):
+    """Every seed's run of one regime, launched or read back from ``work``: (rows, runs)."""
     rows, runs = [], []
     for seed in seeds:
         run_name = f"{name}-seed{seed}{extra_name}"
         s, meta = launch([*preset_args, "--seed", seed], args.np, work, run_name, threads_per_rank(args.np))
         rows += [dict(row, date=meta.get("date")) for row in run_rows(name, s)]
         runs.append((run_name, meta))
-        if seed == seeds[0]:
-            src = work / run_name / "reconstructions.png"
-            if src.exists():
-                shutil.copyfile(src, RESULTS / f"eager_{name}_reconstructions.png")
+    return rows, runs
+
+
+def publish_regime(name, title, preset_args, seeds, work, rows, runs, extra_name=""):
+    """One regime's CSV, figures and study section (lines, verdict, the runs' dates)."""
+    src = work / f"{name}-seed{seeds[0]}{extra_name}" / "reconstructions.png"
+    if src.exists():
+        shutil.copyfile(src, RESULTS / f"eager_{name}_reconstructions.png")
     write_csv(rows, RESULTS / f"eager_{name}.csv")
     figures(rows, name, title, len(seeds))
     options = " ".join(map(str, preset_args))
     lines, v = regime_section(name, title, rows, runs, options)
     return lines, v, [meta.get("date") for _, meta in runs]
+
+
+def regime(name, title, preset_args, seeds, args, work, extra_name=""):
+    """One regime: its runs, then its files."""
+    rows, runs = run_regime(name, preset_args, seeds, args, work, extra_name)
+    return publish_regime(name, title, preset_args, seeds, work, rows, runs, extra_name)
 
 
 def _ints(text):
@@ -526,20 +538,15 @@ def main(argv=None) -> int:
     if args.large_curve != "all":
         large_name += f"-curve{args.large_curve}"
 
+    plans = []  # (name, title, preset args, seeds, run-name suffix)
     if "small" in stages:
-        sec, verdicts["small"], ran = regime("small", "Small regime: embedded MNIST digits",
-                                             ["--preset", "small", "--curve"], args.seeds, args, work)
-        sections.append(sec)
-        dates += ran
+        plans.append(("small", "Small regime: embedded MNIST digits", ["--preset", "small", "--curve"], args.seeds, ""))
     if "large" in stages:
-        if not Path("/usr/share/datasets/fashion-mnist").is_dir():
+        if not FASHION.is_dir():
             notes.append("Large regime skipped: Fashion-MNIST is not installed (`make fashion`).")
         else:
-            sec, verdicts["large"], ran = regime("large", "Large regime: Fashion-MNIST",
-                                                 ["--preset", "full", *large_args], args.large_seeds, args, work,
-                                                 large_name)
-            sections.append(sec)
-            dates += ran
+            plans.append(("large", "Large regime: Fashion-MNIST", ["--preset", "full", *large_args], args.large_seeds,
+                          large_name))
     if "cifar" in stages:
         from aepar.data.cifar import find_cifar10
 
@@ -549,11 +556,14 @@ def main(argv=None) -> int:
                          f"--data-dir ({args.data_dir or 'not given; $AEPAR_DATA unset'}). Put them there and run "
                          "`python -m bench.eager --stages cifar --data-dir DIR` (the large regime's options).")
         else:
-            sec, verdicts["cifar"], ran = regime("cifar", "CIFAR-10", ["--preset", "full", "--dataset", "cifar10",
-                                                                       "--data-dir", where, *large_args],
-                                                 args.large_seeds, args, work, large_name)
-            sections.append(sec)
-            dates += ran
+            plans.append(("cifar", "CIFAR-10", ["--preset", "full", "--dataset", "cifar10", "--data-dir", where,
+                                                *large_args], args.large_seeds, large_name))
+    # every run first, then every file: a study stopped half-way leaves bench/results as it was
+    ran = [run_regime(name, preset, seeds, args, work, suffix) for name, _, preset, seeds, suffix in plans]
+    for (name, title, preset, seeds, suffix), (rows, runs) in zip(plans, ran):
+        sec, verdicts[name], when = publish_regime(name, title, preset, seeds, work, rows, runs, suffix)
+        sections.append(sec)
+        dates += when
     study(sections, verdicts, notes, args, dates)
     return 0
 

@@ -247,3 +247,21 @@ def test_a_reused_run_of_an_older_aepar_gives_the_same_rows():
     old["records"] = {n: {"epochs": [{"val_loss": e["val_loss"], "cum_seconds": e["cum_s"]} for e in r["epochs"]]}
                       for n, r in old["records"].items()}
     assert eager.run_rows("small", old) == eager.run_rows("small", summary())
+
+
+def test_a_study_stopped_half_way_leaves_the_results_as_they_were(tmp_path, monkeypatch):
+    """The small regime's runs are done, the large regime's first run is stopped (Ctrl-C, exit
+    75): nothing is written into --results, not even the finished regime's CSV and figures,
+    which would then disagree with the study beside them; the same command goes on later."""
+    def stop(prog, name, cmd, out, env, cwd):
+        raise SystemExit(75)
+    monkeypatch.setattr(eager.common, "run_to_end", stop)
+    monkeypatch.setattr(eager, "FASHION", tmp_path)  # "installed"
+    monkeypatch.setattr(eager, "RESULTS", eager.RESULTS)  # main() points it at --results
+    work, results = tmp_path / "work", tmp_path / "results"
+    results.mkdir()
+    done_run(work, "small-seed0", datetime.datetime(2020, 1, 2, 3, 4, 5))
+    with pytest.raises(SystemExit):
+        eager.main(["--stages", "small,large", "--seeds", "0", "--large-seeds", "0", "--work", str(work),
+                    "--results", str(results)])
+    assert list(results.iterdir()) == []
