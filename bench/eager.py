@@ -485,12 +485,6 @@ def publish_regime(name, title, preset_args, seeds, work, rows, runs, extra_name
     return lines, v, [meta.get("date") for _, meta in runs]
 
 
-def regime(name, title, preset_args, seeds, args, work, extra_name=""):
-    """One regime: its runs, then its files."""
-    rows, runs = run_regime(name, preset_args, seeds, args, work, extra_name)
-    return publish_regime(name, title, preset_args, seeds, work, rows, runs, extra_name)
-
-
 def _ints(text):
     return [int(t) for t in text.split(",") if t]
 

@@ -220,7 +220,8 @@ def test_reused_runs_rows_and_study_carry_their_dates_not_today(tmp_path, monkey
     done_run(work, "small-seed0", datetime.datetime(2020, 1, 2, 3, 4, 5))
     done_run(work, "small-seed1", datetime.datetime(2020, 1, 2, 3, 4, 5), launch_date="2020-01-05 07:08", seed=1)
     args = argparse.Namespace(np=2)
-    lines, v, dates = eager.regime("small", "Small", ["--preset", "small"], [0, 1], args, work)
+    rows, runs = eager.run_regime("small", ["--preset", "small"], [0, 1], args, work)
+    lines, v, dates = eager.publish_regime("small", "Small", ["--preset", "small"], [0, 1], work, rows, runs)
     assert dates == ["2020-01-02 03:04", "2020-01-05 07:08"]
     csv = (results / "eager_small.csv").read_text().splitlines()
     column = csv[0].split(",").index("date")
