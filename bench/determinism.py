@@ -188,10 +188,10 @@ def main(argv=None) -> int:
                          mpi_env(AEPAR_THREADS=1))
     out = Path(args.out)
     write_rows(out / "determinism.csv", rows)
+    command = " ".join(["python -m bench.determinism", *map(str, sys.argv[1:] if argv is None else argv)])
     md = ["# What rank-independent sums cost (measured side by side; bench/determinism.py)", "",
-          f"Machine: {rows[0]['cpu_model']} ({rows[0]['isa']}), {rows[0]['cores']} cores, {rows[0]['blas']}; measured "
-          f"{time.strftime('%Y-%m-%d')} by `python -m bench.determinism {' '.join(map(str, argv if argv is not None else sys.argv[1:]))}`"
-          f".", "",
+          f"Machine: {rows[0]['cpu_model']} ({rows[0]['isa']}), {rows[0]['cores']} cores, {rows[0]['blas']}; "
+          f"measured {time.strftime('%Y-%m-%d')} by `{command}`.", "",
           "| what | threads / ranks | variant | seconds (best) | vs the first variant |", "| --- | --- | --- | --- | --- |"]
     base = {}
     for r in rows:

@@ -137,8 +137,8 @@ def peer_rows(res: dict, benchmark: str, names: dict, network: str, reference: s
 def table_head(title: str, module: str, row: dict) -> list[str]:
     """The first lines of a benchmark's markdown: title and the machine it ran on."""
     return [f"# {title}", "",
-            f"Measured {time.strftime('%Y-%m-%d')} by `python -m {module}` on {row['cpu_model']} ({row['isa']}), {row['cores']} cores, "
-            f"{row['blas']} ({row['blas_coretype'] or 'core type unknown'}), numba {row['numba']}"
+            f"Measured {time.strftime('%Y-%m-%d')} by `python -m {module}` on {row['cpu_model']} ({row['isa']}), "
+            f"{row['cores']} cores, {row['blas']} ({row['blas_coretype'] or 'core type unknown'}), numba {row['numba']}"
             + (f", torch {row['torch']}" if row.get("torch") else "") + ".", ""]
 
 

@@ -148,7 +148,8 @@ class _ModelParallel:
         self.groups = schedule([l.epochs for l in layers], group)
         self.record = position.get("pretrain") or _new_record(layers, group)
         self.start = int(position.get("group", 0)), int(position.get("slot", 0))
-        self.steps = StepsOnly(guard, "the end of this slot (every rank's current epoch)") if guard is not None else None
+        self.steps = (StepsOnly(guard, "the end of this slot (every rank's current epoch)") if guard is not None
+                      else None)
         self.metrics = metrics.of(ckpt.run if ckpt is not None else None)
         self.eta = metrics.Eta(sum(len(slots) for slots in self.groups), len(self.record["slots"]))
         # epochs each layer has done: the version of the copy the ranks hold
