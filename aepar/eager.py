@@ -334,7 +334,7 @@ def run_program(argv: list, comm, images=None) -> tuple:
             if comm.is_root:
                 states.update(mono_state)
         states = comm.bcast({n: {"record": s["record"]} for n, s in states.items()} if comm.is_root else None)
-        summary = _evaluate(be, comm, run, split, args, states, groups, cae, mono, say)
+        summary = _evaluate(be, comm, run, split, args, states, groups, cae, mono, say, guard, ckpt)
         summary.update({"scheme": SCHEME, "source": split.source, "shape": list(split.shape),
                         "n_train": len(split.train_y), "n_validation": len(split.val_y), "n_test": len(split.test_y),
                         "models": K, "groups": groups, "ranks": comm.size, "ranks_per_group": ens.ranks_per_group,
@@ -348,14 +348,26 @@ def run_program(argv: list, comm, images=None) -> tuple:
     return summary, run.path
 
 
+def _stop_if_asked(guard, comm, ckpt):
+    """A safe point between two evaluations (minutes each on a large data set): a stop signal
+    on any rank ends the run here, and --resume evaluates again from the checkpoint taken when
+    training ended."""
+    guard.acknowledge()
+    if guard.decide(comm.allreduce(guard.flags()))[1]:
+        raise ckpt.interrupted()
+
+
 def _picked_models(comm, run, names, make, picks) -> dict:
     """name -> its CAE with the weights of snapshot ``picks[name]``, on every rank."""
     return {name: load_snapshot(make(name)[1], run, name, picks[name], comm) for name in names}
 
 
-def _evaluate(be, comm, run, split, args, states, groups, cae, mono, say) -> dict:
+def _evaluate(be, comm, run, split, args, states, groups, cae, mono, say, guard, ckpt) -> dict:
     """Step 4 and 5: pick, combine, time; with --curve, after every epoch too."""
     from aepar.parallel.ensemble import models_of
+
+    guard.safe_point = "the next accuracy evaluation"
+    safe_point = lambda: _stop_if_asked(guard, comm, ckpt)  # noqa: E731
 
     names = [f"model{m}" for m in range(args.models)]
     make = lambda n: mono(0) if n == MONO else cae(int(n[5:]))  # noqa: E731
@@ -389,6 +401,7 @@ def _evaluate(be, comm, run, split, args, states, groups, cae, mono, say) -> dic
         return row
 
     say(f"{PROG}: combining")
+    safe_point()
     final = at(lambda r: pick_epoch(r, args))
     out = {"records": records, "final": final}
     if args.curve:
@@ -396,6 +409,7 @@ def _evaluate(be, comm, run, split, args, states, groups, cae, mono, say) -> dic
         wanted = range(1, longest + 1) if args.curve == "all" else [e for e in args.curve if e <= longest]
         out["curve"] = []
         for e in wanted:
+            safe_point()
             say(f"{PROG}: accuracy after epoch {e}")
             row = at(lambda r, e=e: min(e, len(r["epochs"])))
             out["curve"].append({"epoch": e, **row})

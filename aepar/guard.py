@@ -159,20 +159,22 @@ class Guard:
         array a ``nan`` fault fills (the step's gradient or partial sums)."""
         self.steps += 1
         self._beat = time.monotonic()
-        if self.signum is not None and not self._acknowledged:
-            self._acknowledge()
+        self.acknowledge()
         if self._poison_pending and poison is not None:
             self._poison(poison)
         for f in self.faults:
             if f.rank == self.comm.rank and f.step == self.steps and f.kind not in WRITE_FAULTS:
                 self._fire(f, poison)
 
-    def _acknowledge(self):
-        """One line (rank 0) when a stop signal has come: where the checkpoint will be taken."""
+    def acknowledge(self):
+        """Once a stop signal has come, one line (rank 0): where the run will stop.
+        Called at every step, and by a scheme's safe points that are not steps."""
+        if self.signum is None or self._acknowledged:
+            return
         self._acknowledged = True
         if self.comm.is_root and not self.quiet:
             name = signal.Signals(self.signum).name
-            print(f"{self.prog}: {name} received: saving a checkpoint at {self.safe_point}, then exit 75", flush=True)
+            print(f"{self.prog}: {name} received: stopping at {self.safe_point} with a checkpoint (exit 75)", flush=True)
 
     def _fire(self, fault: Fault, poison):
         where = f"rank {self.comm.rank}, step {self.steps} ({self.where})"

@@ -90,6 +90,7 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
     epoch = min((len(s["record"]["epochs"]) for s in (saved or {}).values() if not s["record"]["stopped"]),
                 default=0)
     eta = metrics.Eta(rules["epochs"], epoch)  # rounds; models stopped early make it shorter
+    unsaved = False  # rounds trained since the last checkpoint
     with guard.training(SCHEME):
         while not ens.comm.bcast(all(s["record"]["stopped"] for s in latest.values())
                                      and len(latest) == ens.n_models if ens.comm.is_root else None):
@@ -111,10 +112,13 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
                 latest.update(merged)
                 _end_of_round(run, merged, epoch, args, say, eta.left(epoch))
             checkpoint, stop = guard.decide(summed)
-            if stop or checkpoint or guard.epoch_due(epoch):
+            unsaved = not (stop or checkpoint or guard.epoch_due(epoch))
+            if not unsaved:
                 _save(ckpt, latest, outer, f"{epoch} epochs", "signal" if stop else "periodic")
                 if stop:
                     raise ckpt.interrupted()
+    if unsaved:  # what follows (the next phase, the evaluations) resumes from here, not from rounds ago
+        _save(ckpt, latest, outer, f"{epoch} epochs", "end of training")
     return latest
 
 

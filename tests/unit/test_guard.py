@@ -45,9 +45,39 @@ def test_a_stop_signal_is_acknowledged_once_with_where_it_takes_effect(capsys):
     guard.signum = signal.SIGUSR1
     steps.step()
     steps.step()
-    assert capsys.readouterr().out == ("aepar.eager: SIGUSR1 received: saving a checkpoint at the end of this round "
-                                       "(every model's current epoch), then exit 75\n")
+    assert capsys.readouterr().out == ("aepar.eager: SIGUSR1 received: stopping at the end of this round "
+                                       "(every model's current epoch) with a checkpoint (exit 75)\n")
     quiet = Guard(_Root(), "aepar.greedy", faults=[], quiet=True)
     quiet.signum = signal.SIGTERM
     quiet.step()
     assert capsys.readouterr().out == ""
+
+
+def test_the_eager_evaluations_are_safe_points(capsys):
+    """aepar.eager's accuracy evaluations after training are no steps, minutes each on a
+    large data set: a stop signal on any rank ends the run between two of them (exit 75 via
+    the checkpoint taken when training ended), saying so once; without one they go on."""
+    import signal
+
+    import pytest
+
+    from aepar.eager import _stop_if_asked
+    from aepar.errors import Interrupted
+    from aepar.guard import Guard
+
+    class Comm(_Root):
+        def allreduce(self, value, op="sum"):
+            return value
+
+    class Checkpointer:
+        def interrupted(self):
+            return Interrupted("checkpoint at 10 epochs saved")
+
+    guard = Guard(Comm(), "aepar.eager", faults=[])
+    guard.safe_point = "the next accuracy evaluation"
+    _stop_if_asked(guard, Comm(), Checkpointer())  # no signal: nothing happens
+    guard.signum = signal.SIGTERM
+    with pytest.raises(Interrupted):
+        _stop_if_asked(guard, Comm(), Checkpointer())
+    assert capsys.readouterr().out == ("aepar.eager: SIGTERM received: stopping at the next accuracy evaluation "
+                                       "with a checkpoint (exit 75)\n")
