@@ -352,7 +352,6 @@ def _stop_if_asked(guard, comm, ckpt):
     """A safe point between two evaluations (minutes each on a large data set): a stop signal
     on any rank ends the run here, and --resume evaluates again from the checkpoint taken when
     training ended."""
-    guard.acknowledge()
     if guard.decide(comm.allreduce(guard.flags()))[1]:
         raise ckpt.interrupted()
 
@@ -366,7 +365,6 @@ def _evaluate(be, comm, run, split, args, states, groups, cae, mono, say, guard,
     """Step 4 and 5: pick, combine, time; with --curve, after every epoch too."""
     from aepar.parallel.ensemble import models_of
 
-    guard.safe_point = "the next accuracy evaluation"
     safe_point = lambda: _stop_if_asked(guard, comm, ckpt)  # noqa: E731
 
     names = [f"model{m}" for m in range(args.models)]

@@ -94,9 +94,7 @@ class Guard:
     def __init__(self, comm, prog: str, *, every: int = 0, minutes: float = 0.0, timeout: float | None = None,
                  faults=None, quiet: bool = False):
         self.comm, self.prog, self.quiet = comm, prog, quiet
-        # where a stop signal takes effect, said when one comes: a scheme whose steps are not
-        # safe points (StepsOnly) stops only at its own boundaries, which can be minutes away
-        self.safe_point, self._acknowledged = "the next step", False
+        self._acknowledged = False  # the one line a stop signal gets has been said
         self.every, self.seconds = int(every), 60.0 * float(minutes)
         self.timeout = None if timeout is None else float(timeout)
         self.faults = Fault.parse(os.environ.get(FAULT_ENV)) if faults is None else list(faults)
@@ -154,27 +152,32 @@ class Guard:
         """Arm the watchdog for a training phase named ``where`` (a context manager)."""
         return _Armed(self, where)
 
-    def step(self, poison=None):
+    def step(self, poison=None, safe_point: str = "the next step"):
         """One step done (or begun): beat the heart; fire a fault due now. ``poison``: the
-        array a ``nan`` fault fills (the step's gradient or partial sums)."""
+        array a ``nan`` fault fills (the step's gradient or partial sums); ``safe_point``:
+        where a stop signal takes effect, said when one has come (:meth:`acknowledge`)."""
         self.steps += 1
         self._beat = time.monotonic()
-        self.acknowledge()
+        self.acknowledge(safe_point)
         if self._poison_pending and poison is not None:
             self._poison(poison)
         for f in self.faults:
             if f.rank == self.comm.rank and f.step == self.steps and f.kind not in WRITE_FAULTS:
                 self._fire(f, poison)
 
-    def acknowledge(self):
-        """Once a stop signal has come, one line (rank 0): where the run will stop.
-        Called at every step, and by a scheme's safe points that are not steps."""
-        if self.signum is None or self._acknowledged:
+    def acknowledge(self, safe_point: str = "the next step"):
+        """Once a stop signal has come to this rank, one line (rank 0): where the run will
+        stop. Called at every step: a scheme whose steps are not safe points (StepsOnly)
+        stops only at its own boundaries, which can be minutes away."""
+        if self.signum is not None:
+            self._say_stopping(f"{signal.Signals(self.signum).name} received", f"stopping at {safe_point}")
+
+    def _say_stopping(self, what: str, where: str):
+        if self._acknowledged:
             return
         self._acknowledged = True
         if self.comm.is_root and not self.quiet:
-            name = signal.Signals(self.signum).name
-            print(f"{self.prog}: {name} received: stopping at {self.safe_point} with a checkpoint (exit 75)", flush=True)
+            print(f"{self.prog}: {what}: {where} with a checkpoint (exit 75)", flush=True)
 
     def _fire(self, fault: Fault, poison):
         where = f"rank {self.comm.rank}, step {self.steps} ({self.where})"
@@ -223,10 +226,13 @@ class Guard:
         """This rank's request, to be summed over the ranks with the step's reduction."""
         return max(self.local_request(), self._remote)
 
-    @staticmethod
-    def decide(summed: float) -> tuple[bool, bool]:
-        """(checkpoint, stop) from the flags summed over the ranks."""
+    def decide(self, summed: float) -> tuple[bool, bool]:
+        """(checkpoint, stop) from the flags summed over the ranks. A stop that rank 0 has
+        not yet announced (the signal reached another rank first, or only) is announced now."""
         summed = float(summed)
+        if summed >= STOP:
+            self._say_stopping(f"{signal.Signals(self.signum).name} received" if self.signum is not None
+                               else "a stop signal reached another rank", "stopping here")
         return summed >= CHECKPOINT, summed >= STOP
 
     def epoch_due(self, epochs_done: int) -> bool:
@@ -301,10 +307,10 @@ class StepsOnly:
 
     def __init__(self, guard: Guard, safe_point: str):
         self.guard = guard
-        guard.safe_point = safe_point  # what a stop signal waits for, said when one comes
+        self.safe_point = safe_point  # what a stop signal waits for, said when one comes
 
     def step(self, poison=None):
-        self.guard.step(poison)
+        self.guard.step(poison, self.safe_point)
 
     @staticmethod
     def flags() -> float:

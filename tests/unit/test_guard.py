@@ -53,6 +53,30 @@ def test_a_stop_signal_is_acknowledged_once_with_where_it_takes_effect(capsys):
     assert capsys.readouterr().out == ""
 
 
+def test_a_stop_that_reached_another_rank_first_is_announced_by_rank_0(capsys):
+    """mpirun and SLURM signal the ranks one after another: when the step's reduction carries
+    another rank's stop before rank 0's own signal lands (or it never does), rank 0 still says
+    the one line, once; a phase of StepsOnly before does not leave its safe point in the line."""
+    import signal
+
+    from aepar.guard import STOP, Guard, StepsOnly
+
+    guard = Guard(_Root(), "aepar.pretrain", faults=[])
+    StepsOnly(guard, "the end of this slot (every rank's current epoch)").step()
+    guard.step()
+    assert guard.decide(0.0) == (False, False) and capsys.readouterr().out == ""
+    assert guard.decide(STOP)[1] and guard.decide(STOP)[1]
+    assert capsys.readouterr().out == ("aepar.pretrain: a stop signal reached another rank: stopping here "
+                                       "with a checkpoint (exit 75)\n")
+    late = Guard(_Root(), "aepar.pretrain", faults=[])
+    StepsOnly(late, "the end of this slot (every rank's current epoch)").step()
+    late.signum = signal.SIGTERM
+    late.step()
+    late.decide(STOP)
+    assert capsys.readouterr().out == ("aepar.pretrain: SIGTERM received: stopping at the next step "
+                                       "with a checkpoint (exit 75)\n")
+
+
 def test_the_eager_evaluations_are_safe_points(capsys):
     """aepar.eager's accuracy evaluations after training are no steps, minutes each on a
     large data set: a stop signal on any rank ends the run between two of them (exit 75 via
@@ -74,10 +98,8 @@ def test_the_eager_evaluations_are_safe_points(capsys):
             return Interrupted("checkpoint at 10 epochs saved")
 
     guard = Guard(Comm(), "aepar.eager", faults=[])
-    guard.safe_point = "the next accuracy evaluation"
     _stop_if_asked(guard, Comm(), Checkpointer())  # no signal: nothing happens
     guard.signum = signal.SIGTERM
     with pytest.raises(Interrupted):
         _stop_if_asked(guard, Comm(), Checkpointer())
-    assert capsys.readouterr().out == ("aepar.eager: SIGTERM received: stopping at the next accuracy evaluation "
-                                       "with a checkpoint (exit 75)\n")
+    assert capsys.readouterr().out == "aepar.eager: SIGTERM received: stopping here with a checkpoint (exit 75)\n"
