@@ -91,7 +91,6 @@ def test_out_refusals_touch_nothing_and_come_before_the_data(users_dir, np_):
              (["--out", ROOT.parent], "contains the working directory"),
              (["--resume", users_dir / "thesis"], "not an aepar run directory")]
     for args, why in cases:
-        t0 = time.monotonic()
         r = cli("aepar.sparse", ["--limit", "200", "--iterations", "2", "--data-dir", missing_data, *args], np_)
         assert r.returncode == 2, (args, r.stdout + r.stderr)
         lines = error_lines(r, "aepar.sparse")

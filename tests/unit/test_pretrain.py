@@ -255,7 +255,6 @@ def test_ae_layer_gradient_is_exact():
 def test_ae_layer_one_block_step_is_one_kernel_call_with_the_blocked_bits(kernels, hidden, threads, monkeypatch):
     """One block on one process: a step is ``tied_ae_update``, with the bits of the blocked
     path (on any number of threads)."""
-    import aepar
 
     class Blocked(AELayer):
         fused_step = None

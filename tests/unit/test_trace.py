@@ -24,11 +24,11 @@ def test_spans_instants_and_chrome_json(tmp_path):
     assert epoch["args"]["error"] == 1.5 and epoch["args"]["stage"] == 1
     # a span's CPU time is the rank's: busy work shows, sleeping does not (compared, so that
     # BLAS threads still spinning from an earlier test add to both alike)
-    with tr.span("busy") as busy:
+    with tr.span("busy"):
         t0 = time.thread_time()
         while time.thread_time() - t0 < 0.03:  # 30 ms of this thread's CPU, however busy the box
             pass
-    with tr.span("asleep") as asleep:
+    with tr.span("asleep"):
         time.sleep(0.03)
     spans = {e["name"]: e for e in tr.events}
     assert spans["busy"]["args"]["cpu_s"] - spans["asleep"]["args"]["cpu_s"] > 0.02
