@@ -74,9 +74,9 @@ bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per schem
 	$(BIN)/python -m bench.pretrain
 
 .PHONY: bench-pretrain-full
-bench-pretrain-full: venv  ## CMU 15-618's accuracy table at its size: Fashion-MNIST 60k/10k, 30 + 30 epochs, every scheme and the floors, seeds 0,1,2 -> pretrain_accuracy_fashion.{csv,md} (`make fashion` first; about 10 hours on 2 cores, in runs/bench-pretrain-full: stop it any time, the same command goes on from there)
+bench-pretrain-full: venv  ## CMU 15-618's accuracy table at its size: Fashion-MNIST 60k/10k, 30 + 30 epochs, every scheme and the floors, seeds 0,1,2 -> pretrain_accuracy_fashion.{csv,md} (`make fashion` first; about 10 hours on 2 cores, in runs/bench-pretrain-full: stop it any time, the same command goes on from there; each finished run is recorded in bench/results/records/pretrain_accuracy_fashion, so a clone with those records goes on too)
 	$(BIN)/python -m bench.pretrain --stages accuracy --accuracy-dataset fashion --epochs 30 --seeds 0,1,2 \
-	  --work runs/bench-pretrain-full
+	  --work runs/bench-pretrain-full --records bench/results/records/pretrain_accuracy_fashion
 
 .PHONY: bench-cae-speed
 bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs PyTorch at 1 and 2 threads -> peers.csv, cae_speed.md (~1 min)
@@ -119,8 +119,8 @@ study-eager: venv  ## Bhargava & Surana's eager parallel CAEs: small regime 3 se
 	$(BIN)/python -m bench.eager --work runs/bench-eager --large-seeds 0 --large-epochs 5 --large-mono-epochs 5 --large-curve 1,3
 
 .PHONY: study-eager-full
-study-eager-full: venv  ## the same study at the paper's epochs: small regime 3 seeds + Fashion-MNIST seeds 0,1,2 at the preset's 10 + 10 epochs, classified after every epoch -> eager_study.md (`make fashion` first; about 2 hours on 2 cores, in runs/bench-eager-full: stop it any time, the same command goes on from there)
-	$(BIN)/python -m bench.eager --work runs/bench-eager-full --large-seeds 0,1,2
+study-eager-full: venv  ## the same study at the paper's epochs: small regime 3 seeds + Fashion-MNIST seeds 0,1,2 at the preset's 10 + 10 epochs, classified after every epoch -> eager_study.md (`make fashion` first; 2-4 hours on 2 cores, in runs/bench-eager-full: stop it any time, the same command goes on from there; each finished run is recorded in bench/results/records/eager_full, so a clone with those records goes on too)
+	$(BIN)/python -m bench.eager --work runs/bench-eager-full --large-seeds 0,1,2 --records bench/results/records/eager_full
 
 reliability: venv  ## every injected fault, bad file, impossible option and --out case run for real; counts -> bench/results/reliability.md; then per scheme a seeded chaos run (5 random faults, each resumed on a random rank count) that must end bit for bit as the uninterrupted run -> chaos.md (~35 min)
 	$(BIN)/python -m bench.reliability

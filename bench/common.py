@@ -4,6 +4,7 @@ and its one statistic, and CSV rows that carry the machine they were measured on
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from typing import Callable
 
 __all__ = ["PY", "ONE_PROCESS", "mpirun", "mpi_env", "python_command", "fastest", "fastest_run", "Timing",
            "time_calls", "time_call", "across_ranks", "machine_columns", "with_machine", "read_rows",
-           "write_rows", "merge_rows", "KEY"]
+           "write_rows", "merge_rows", "KEY", "Records"]
 
 PY = sys.executable
 
@@ -87,6 +88,77 @@ def run_to_end(prog: str, name: str, cmd: list, out: Path, env: dict, cwd) -> No
     if child.returncode != 0:
         reason = stderr.strip()[-800:] or "no message on stderr"
         raise SystemExit(f"{prog}: {name} failed (exit {child.returncode}): {reason}")
+
+
+# ==== a long study in pieces =====================================================================
+class Records:
+    """The finished runs of a study of many hours, one JSON file each in ``folder`` (kept in
+    bench/results and committed as they come): the run's summary.json with its options,
+    ranks, command, date and commit. A run whose record has the same options and ranks is
+    read back instead of repeated, so such a study can be done in pieces (jobs of a few
+    hours, one seed per job or machine, a clone on another day) and each row keeps the
+    machine and date of its own run. ``folder`` None: no records (every run is done here)."""
+
+    def __init__(self, prog: str, folder=None):
+        self.prog, self.folder = prog, None if folder is None else Path(folder)
+
+    def _path(self, name: str) -> Path:
+        return self.folder / f"{name}.json"
+
+    def read(self, name: str, args, ranks: int, say: bool = True) -> dict | None:
+        """The record of run ``name`` made with ``args`` on ``ranks`` ranks ({"summary",
+        "launch", ...}), or None (no folder, no record, or one made with other options);
+        ``say``: one line on what was found."""
+        if self.folder is None or not self._path(name).exists():
+            return None
+        path = self._path(name)
+        try:
+            record = json.loads(path.read_text())
+            same = record["args"] == [str(a) for a in args] and int(record["ranks"]) == int(ranks)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"{self.prog}: {path}: not a run record ({exc}); move it away to run {name} again")
+        if not same:
+            if say:
+                print(f"{self.prog}: {name}: {path} was made with other options or ranks: running it again",
+                      flush=True)
+            return None
+        if say:
+            machine = (record["summary"].get("machine") or {}).get("cpu_model") or "an unrecorded machine"
+            print(f"{self.prog}: {name}: read back from {path} (run {record['launch'].get('date')} on {machine})",
+                  flush=True)
+        return record
+
+    def keep_if_new(self, name: str, args, ranks: int, summary: dict, launch: dict) -> None:
+        """:meth:`keep` a run found finished elsewhere (in the work directory) unless it is
+        recorded already (a record is not rewritten: its commit is that of the run)."""
+        if self.folder is not None and self.read(name, args, ranks, say=False) is None:
+            self.keep(name, args, ranks, summary, launch)
+
+    def keep(self, name: str, args, ranks: int, summary: dict, launch: dict) -> None:
+        """Record a finished run (written whole or not at all)."""
+        if self.folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        record = {"name": name, "args": [str(a) for a in args], "ranks": int(ranks), "launch": launch,
+                  "commit": _commit(), "summary": summary}
+        tmp = self._path(name).with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, self._path(name))
+
+
+def _commit() -> str | None:
+    """The checkout's commit (with "+" when it has uncommitted changes), or None."""
+    here = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
+                              text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
 
 # ==== timing =====================================================================================

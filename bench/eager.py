@@ -57,9 +57,11 @@ def machine_columns(summary: dict) -> dict:
 
 
 # ---- running -------------------------------------------------------------------------------------
-def launch(args_list, np_, work: Path, name: str, threads: int) -> tuple[dict, dict]:
+def launch(args_list, np_, work: Path, name: str, threads: int, records: common.Records = common.Records("bench.eager")
+           ) -> tuple[dict, dict]:
     """Run ``python -m aepar.eager args --out work/name`` on ``np_`` ranks (or read back an
-    earlier run of the same name); its summary.json and how it was launched."""
+    earlier run of the same name: from ``work``, else from ``records``); its summary.json and
+    how it was launched. A finished run is recorded in ``records``."""
     out = work / name
     meta_path = work / f"{name}.launch.json"
     if (out / "summary.json").exists():
@@ -67,7 +69,12 @@ def launch(args_list, np_, work: Path, name: str, threads: int) -> tuple[dict, d
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"command": "(unknown)", "wall_s": None}
         if not meta.get("date"):
             meta["date"] = run_date(out)
-        return json.loads((out / "summary.json").read_text()), meta
+        summary = json.loads((out / "summary.json").read_text())
+        records.keep_if_new(name, args_list, np_, summary, meta)
+        return summary, meta
+    record = records.read(name, args_list, np_)
+    if record is not None:
+        return record["summary"], record["launch"]
     continued = out.exists()  # an earlier call's run, stopped: it goes on from its checkpoint
     work.mkdir(parents=True, exist_ok=True)
     env = common.mpi_env(AEPAR_THREADS=threads)
@@ -80,7 +87,9 @@ def launch(args_list, np_, work: Path, name: str, threads: int) -> tuple[dict, d
     meta = {"command": shown, "wall_s": wall, "date": time.strftime("%Y-%m-%d %H:%M")}
     meta_path.write_text(json.dumps(meta, indent=1))
     print(f"bench.eager: {name}: done" + (f" in {wall:.0f}s" if wall is not None else ""), flush=True)
-    return json.loads((out / "summary.json").read_text()), meta
+    summary = json.loads((out / "summary.json").read_text())
+    records.keep(name, args_list, np_, summary, meta)
+    return summary, meta
 
 
 def run_date(out: Path) -> str:
@@ -392,7 +401,8 @@ def regime_section(regime, title, rows, runs, options) -> tuple[list[str], dict]
     lines += ["", "Runs (wall time of the whole command, start-up and every classification included):", ""]
     for name, meta in runs:
         wall = f"{meta['wall_s']:.0f} s" if meta.get("wall_s") is not None else "time unknown (reused or continued)"
-        lines.append(f"- `{name}`: {wall}, run {meta.get('date') or 'on an unknown date'}")
+        lines.append(f"- `{name}`: {wall}, run {meta.get('date') or 'on an unknown date'}"
+                     + (f" on {meta['machine']}" if meta.get("machine") else ""))
     lines.append("")
     return lines, v
 
@@ -420,12 +430,17 @@ def verdict_lines(title, v, regime) -> list[str]:
     return lines
 
 
-def study(sections, verdicts, notes, args, dates=()):
-    """eager_study.md; ``dates``: the runs' own (a reused run keeps the date it ran on)."""
+def study(sections, verdicts, notes, args, dates=(), machines=()):
+    """eager_study.md; ``dates``: the runs' own (a reused run keeps the date it ran on);
+    ``machines``: the CPUs they ran on, when some were read back from records (default this
+    machine)."""
     m = common.machine_columns()
+    here = f"{m['cpu_model']} ({m['isa']}), {m['cores']} cores, BLAS {m['blas']}, {m['mpi']}"
+    machines = {cpu for cpu in machines if cpu}
+    where = (f"Machine: {here}" if not machines - {m["cpu_model"]} else
+             "Machines (each run's is listed under its regime): " + "; ".join(sorted(machines)))
     lines = ["# Eager training of parallel CAEs: the study (Bhargava & Surana, Sections 5-6)", "",
-             f"Machine: {m['cpu_model']} ({m['isa']}), {m['cores']} cores, BLAS {m['blas']}, {m['mpi']}; "
-             f"{args.np} ranks x {threads_per_rank(args.np)} thread(s); measured {dates_text(dates)} by "
+             f"{where}; {args.np} ranks x {threads_per_rank(args.np)} thread(s); measured {dates_text(dates)} by "
              f"`python -m bench.eager {' '.join(sys.argv[1:])}`.".replace(" `.", "`."), "",
              "The paper's claim: with little data the parallel CAEs, stopped eagerly, classify better than the "
              "monolithic CAE (K times the filters) at low epochs; with more data (or more epochs) the two converge. "
@@ -462,22 +477,25 @@ def threads_per_rank(np_):
     return int(env) if env else max(1, usable_cores() // np_)
 
 
-def run_regime(name, preset_args, seeds, args, work, extra_name=""):
-    """Every seed's run of one regime, launched or read back from ``work``: (rows, runs)."""
+def run_regime(name, preset_args, seeds, args, work, extra_name="", records=common.Records("bench.eager")):
+    """Every seed's run of one regime, launched or read back from ``work`` or ``records``:
+    (rows, runs); each run's launch record names the machine it ran on."""
     rows, runs = [], []
     for seed in seeds:
         run_name = f"{name}-seed{seed}{extra_name}"
-        s, meta = launch([*preset_args, "--seed", seed], args.np, work, run_name, threads_per_rank(args.np))
+        s, meta = launch([*preset_args, "--seed", seed], args.np, work, run_name, threads_per_rank(args.np), records)
         rows += [dict(row, date=meta.get("date")) for row in run_rows(name, s)]
-        runs.append((run_name, meta))
+        runs.append((run_name, dict(meta, machine=machine_columns(s)["cpu_model"])))
     return rows, runs
 
 
 def publish_regime(name, title, preset_args, seeds, work, rows, runs, extra_name=""):
     """One regime's CSV, figures and study section (lines, verdict, the runs' dates)."""
-    src = work / f"{name}-seed{seeds[0]}{extra_name}" / "reconstructions.png"
-    if src.exists():
-        shutil.copyfile(src, RESULTS / f"eager_{name}_reconstructions.png")
+    # one run's reconstructions: the first seed run here (a run read back from a record has none)
+    for src in (work / f"{name}-seed{seed}{extra_name}" / "reconstructions.png" for seed in seeds):
+        if src.exists():
+            shutil.copyfile(src, RESULTS / f"eager_{name}_reconstructions.png")
+            break
     write_csv(rows, RESULTS / f"eager_{name}.csv")
     figures(rows, name, title, len(seeds))
     options = " ".join(map(str, preset_args))
@@ -512,6 +530,10 @@ def main(argv=None) -> int:
                     help="directory of the runs (default a new runs/bench-eager-DATE); runs already done in it "
                          "are read back, not repeated; one stopped half-way (Ctrl-C, a time limit) goes on from its "
                          "checkpoint")
+    ap.add_argument("--records", default=None, metavar="DIR",
+                    help="keep every finished run's summary in DIR (one JSON per run, to commit) and read a run "
+                         "recorded there back instead of repeating it: the study done in pieces, on several "
+                         "machines or days, each row with its own run's machine and date (default: no records)")
     ap.add_argument("--results", default=str(RESULTS),
                     help="where the CSVs, figures and eager_study.md go (default bench/results)")
     args = ap.parse_args(argv)
@@ -553,12 +575,13 @@ def main(argv=None) -> int:
             plans.append(("cifar", "CIFAR-10", ["--preset", "full", "--dataset", "cifar10", "--data-dir", where,
                                                 *large_args], args.large_seeds, large_name))
     # every run first, then every file: a study stopped half-way leaves bench/results as it was
-    ran = [run_regime(name, preset, seeds, args, work, suffix) for name, _, preset, seeds, suffix in plans]
+    records = common.Records("bench.eager", args.records)
+    ran = [run_regime(name, preset, seeds, args, work, suffix, records) for name, _, preset, seeds, suffix in plans]
     for (name, title, preset, seeds, suffix), (rows, runs) in zip(plans, ran):
         sec, verdicts[name], when = publish_regime(name, title, preset, seeds, work, rows, runs, suffix)
         sections.append(sec)
         dates += when
-    study(sections, verdicts, notes, args, dates)
+    study(sections, verdicts, notes, args, dates, [meta["machine"] for _, runs in ran for _, meta in runs])
     return 0
 
 

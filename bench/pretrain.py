@@ -42,16 +42,21 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import machine_columns, mpi_env, python_command, run_to_end
+from bench.common import Records, machine_columns, mpi_env, python_command, run_to_end
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 LARS_TRUST = 0.005  # the LARS configs' trust coefficient: of 0.005 and 0.02, the better at 10 + 10 epochs
 
 
-def machine_fields() -> dict:
-    """The machine columns these tables have always had: five of them, the CPU as ``cpu``."""
-    m = machine_columns()
+RECORDS = Records("bench.pretrain")  # --records: runs kept in, and read back from, a folder
+
+
+def machine_fields(summary: dict | None = None) -> dict:
+    """The machine columns these tables have always had: five of them, the CPU as ``cpu``;
+    the run's own (``summary``: one read back from a record may come from another machine),
+    else this one's."""
+    m = (summary or {}).get("machine") or machine_columns()
     return {"cpu": m["cpu_model"], "isa": m["isa"], "blas": m["blas"], "cores": m["cores"], "mpi": m["mpi"]}
 
 
@@ -61,10 +66,16 @@ def launch(module, args, np_, work: Path, name: str) -> dict:
     it save a checkpoint; killed outright, its last timed one) continues from its checkpoint
     (``--resume-or-start``): its times add up its stretches, its weights are those of an
     uninterrupted run."""
-    out = work / name
+    out, what = work / name, [module, *args]
     if (out / "summary.json").exists():  # done by an earlier call with the same --work
         print(f"bench.pretrain: {name}: reusing {out}", flush=True)
-        return json.loads((out / "summary.json").read_text())
+        summary = json.loads((out / "summary.json").read_text())
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime((out / "summary.json").stat().st_mtime))
+        RECORDS.keep_if_new(name, what, np_, summary, {"command": "(unknown)", "wall_s": None, "date": when})
+        return dict(summary, _date=when)
+    record = RECORDS.read(name, what, np_)
+    if record is not None:
+        return dict(record["summary"], _date=record["launch"]["date"])
     if out.exists():
         print(f"bench.pretrain: {name}: continuing {out}", flush=True)
     cmd = python_command(module, [*args, "--out", out, "--resume-or-start"], np_)
@@ -73,7 +84,10 @@ def launch(module, args, np_, work: Path, name: str) -> dict:
     summary = json.loads((out / "summary.json").read_text())
     summary["_wall_s"] = time.time() - t0
     print(f"bench.pretrain: {name}: done in {summary['_wall_s']:.0f}s", flush=True)
-    return summary
+    launched = {"command": " ".join(map(str, cmd)), "wall_s": summary["_wall_s"],
+                "date": time.strftime("%Y-%m-%d %H:%M")}
+    RECORDS.keep(name, what, np_, summary, launched)
+    return dict(summary, _date=launched["date"])
 
 
 def write(rows, stem, title, columns, notes=(), csv_rows=None):
@@ -84,15 +98,26 @@ def write(rows, stem, title, columns, notes=(), csv_rows=None):
         w = csv.DictWriter(f, fieldnames=list(csv_rows[0]))
         w.writeheader()
         w.writerows(csv_rows)
-    m = machine_fields()
-    lines = [f"# {title}", "", f"Machine: {m['cpu']} ({m['isa']}), {m['cores']} cores, BLAS {m['blas']}, "
-             f"{m['mpi']}; measured {time.strftime('%Y-%m-%d')} by `python -m bench.pretrain`.", "",
+    where, when = provenance(csv_rows)
+    lines = [f"# {title}", "", f"{where}; measured {when} by `python -m bench.pretrain`.", "",
              "| " + " | ".join(c for c, _ in columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
     for r in rows:
         lines.append("| " + " | ".join(fmt(r) for _, fmt in columns) + " |")
     lines += [""] + list(notes)
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
+
+
+def provenance(rows) -> tuple[str, str]:
+    """The machine(s) and the day(s) of the runs behind ``rows`` (rows read back from records
+    keep their own), as the tables and figures name them."""
+    machines = sorted({r["cpu"] for r in rows if r.get("cpu")})
+    days = sorted({str(r["date"])[:10] for r in rows if r.get("date")}) or [time.strftime("%Y-%m-%d")]
+    when = days[0] if len(days) == 1 else f"from {days[0]} to {days[-1]}"
+    if len(machines) > 1:
+        return "Machines (each row's is in the CSV): " + "; ".join(machines), when
+    m = rows[0] if rows and rows[0].get("cpu") else machine_fields()
+    return f"Machine: {m['cpu']} ({m['isa']}), {m['cores']} cores, BLAS {m['blas']}, {m['mpi']}", when
 
 
 def pct(x):
@@ -115,7 +140,8 @@ def accuracy(work, epochs, dataset="mnist5k", seeds=(0,)):
             extra = ["--no-plot", "--extra", "0,1,2,2", "--val-fraction", 0] if scheme in ("sync", "hybrid") else []
             s = launch("aepar.pretrain", ["--scheme", scheme, *net, *at, *extra], np_, work, f"acc-{scheme}{suffix}")
             c = s["classify"]
-            rows.append(dict(machine_fields(), model=f"{scheme} pre-training + fine-tuning", ranks=np_, seed=seed,
+            rows.append(dict(machine_fields(s), date=s.get("_date"), model=f"{scheme} pre-training + fine-tuning",
+                             ranks=np_, seed=seed,
                              epochs=f"{epochs} + {epochs}", test_accuracy=c["after"]["test"],
                              train_accuracy=c["after"]["train"], pretrained_only_test=c["before"]["test"],
                              pretrain_s=s["pretrain_time_s"], finetune_s=c["time_s"], data=s["source"]))
@@ -124,14 +150,16 @@ def accuracy(work, epochs, dataset="mnist5k", seeds=(0,)):
                                       "--classify-epochs", epochs, *at], 1, work,
                    f"acc-floors{suffix if suffix != '-all' else ''}")
         c = s["classify"]
-        rows.append(dict(machine_fields(), model="same network from random weights (Adam)", ranks=1, seed=seed,
+        rows.append(dict(machine_fields(s), date=s.get("_date"), model="same network from random weights (Adam)",
+                         ranks=1, seed=seed,
                          epochs=f"0 + {epochs}", test_accuracy=c["after"]["test"], train_accuracy=c["after"]["train"],
                          pretrained_only_test=None, pretrain_s=0.0, finetune_s=c["time_s"], data=s["source"]))
         curves.setdefault(rows[-1]["model"], []).append((0.0, c.get("epochs") or []))
         for key, label in (("raw", "softmax regression on raw pixels (floor)"),
                            ("pca", "softmax regression on PCA-30 (floor)")):
             f = s["floors"][key]
-            rows.append(dict(machine_fields(), model=label, ranks=1, seed=seed, epochs=f"0 + {epochs}",
+            rows.append(dict(machine_fields(s), date=s.get("_date"), model=label, ranks=1, seed=seed,
+                             epochs=f"0 + {epochs}",
                              test_accuracy=f["after"]["test"], train_accuracy=f["after"]["train"],
                              pretrained_only_test=None, pretrain_s=0.0, finetune_s=f["time_s"], data=s["source"]))
     table = over_seeds(rows, ["test_accuracy", "train_accuracy", "pretrained_only_test", "pretrain_s", "finetune_s"])
@@ -166,7 +194,8 @@ def accuracy(work, epochs, dataset="mnist5k", seeds=(0,)):
            f"Accuracy per model and against epochs and seconds: {stem}.png."], csv_rows=rows)
     accuracy_png(rows, curves, RESULTS / f"{stem}.png",
                  f"{source.split(',')[0].split(':')[0]}, {epochs} + {epochs} epochs, seeds "
-                 f"{', '.join(map(str, seeds))}\n{machine_fields()['cpu']}, {time.strftime('%Y-%m-%d')}, "
+                 f"{', '.join(map(str, seeds))}\n{' / '.join(sorted({r['cpu'] for r in rows}))}, "
+                 f"{provenance(rows)[1]}, "
                  f"`python -m bench.pretrain --stages accuracy"
                  f"{'' if dataset == 'mnist5k' else f' --accuracy-dataset {dataset}'} --epochs {epochs} "
                  f"--seeds {','.join(map(str, seeds))}`")
@@ -262,7 +291,7 @@ def largebatch(work, epochs, dataset):
         c = s["classify"]
         total = s["pretrain_time_s"] + c["time_s"]
         label = f"{label}, {n} + {m} epochs"
-        rows.append(dict(machine_fields(), config=label, dataset=s["source"].split(":")[0], ranks=2,
+        rows.append(dict(machine_fields(s), config=label, dataset=s["source"].split(":")[0], ranks=2,
                          epochs=f"{n} + {m}", test_accuracy=c["after"]["test"], classify_lr=c["lr"],
                          pretrain_s=s["pretrain_time_s"], finetune_s=c["time_s"], total_s=total))
         # time to accuracy: the test accuracy after each classification epoch, against the seconds so far
@@ -320,7 +349,7 @@ def sweep(work):
             blocks = 1 if extra else {"data": np_, "model": 1}.get(scheme, 8)
             s = launch("aepar.pretrain", ["--scheme", scheme, *net, "--batch", batch, *extra], np_, work,
                        f"sw-{scheme}-{np_}-{batch}" + ("-1block" if extra else ""))
-            rows.append(dict(machine_fields(), scheme=scheme, ranks=np_, blocks=blocks, batch=batch,
+            rows.append(dict(machine_fields(s), scheme=scheme, ranks=np_, blocks=blocks, batch=batch,
                              pretrain_s=s["pretrain_time_s"], epoch_s=s["pretrain_time_s"] / 2))
     write(rows, "pretrain_sweep", "Pre-training time per epoch (both layers) over batch sizes (lower is better)",
           [("scheme", lambda r: r["scheme"]), ("ranks", lambda r: str(r["ranks"])),
@@ -427,7 +456,7 @@ def profile(work, runs=PROFILE_RUNS, epochs=3):
         r = launch("aepar.pretrain", ["--scheme", scheme, *net], p, work, f"prof-{scheme}-{p}")
         panels[(scheme, p)] = (r["profile"], split, r["pretrain_time_s"], predicted)
         for rank in r["profile"]:
-            rows.append(dict(machine_fields(), scheme=scheme, ranks=p, rank=rank["rank"],
+            rows.append(dict(machine_fields(r), scheme=scheme, ranks=p, rank=rank["rank"],
                              **{f"{k}_s": round(rank[f"{k}_s"], 4) for k, _ in PHASES},
                              measured_pretrain_s=round(r["pretrain_time_s"], 3),
                              predicted_pretrain_s=None if predicted is None else round(predicted, 3),
@@ -503,11 +532,17 @@ def main(argv=None) -> int:
                          "configurations take twice as many (default 5)")
     ap.add_argument("--largebatch-dataset", default="fashion",
                     help="the largebatch stage's data (default fashion: Fashion-MNIST, `make fashion`)")
+    ap.add_argument("--records", default=None, metavar="DIR",
+                    help="keep every finished run's summary in DIR (one JSON per run, to commit) and read a run "
+                         "recorded there back instead of repeating it: a study of many hours done in pieces, on "
+                         "several machines or days, each row with its own run's machine and date (default: none)")
     ap.add_argument("--work", default=None,
                     help="run directory of the runs (default a new runs/bench-pretrain-DATE); runs already "
                          "done in it are read back, not repeated, and one left unfinished continues from its "
                          "checkpoint")
     args = ap.parse_args(argv)
+    global RECORDS
+    RECORDS = Records("bench.pretrain", args.records)
     work = Path(args.work) if args.work else REPO / "runs" / f"bench-pretrain-{time.strftime('%Y%m%d-%H%M%S')}"
     stages = args.stages.split(",")
     if "accuracy" in stages:

@@ -115,3 +115,26 @@ def test_merging_replaces_only_this_benchmarks_rows_of_this_machine(tmp_path):
     common.merge_rows([{"x": 4, **here}], path, "a")
     rows = common.read_rows(path)
     assert sorted((r["benchmark"], r["x"], r["y"]) for r in rows) == [("a", "2", ""), ("a", "4", ""), ("b", "", "3")]
+
+
+def test_a_finished_run_is_recorded_and_read_back_only_with_the_same_options(tmp_path, capsys):
+    """A study of many hours in pieces: a run recorded in one job (or on another machine) is
+    read back in the next, never one made with other options or ranks."""
+    records = common.Records("bench.x", tmp_path / "records")
+    summary = {"accuracy": 0.9, "machine": {"cpu_model": "Some CPU"}}
+    launch = {"command": "python -m aepar.eager --seed 0", "wall_s": 12.0, "date": "2026-01-02 03:04"}
+    assert records.read("large-seed0", ["--seed", 0], 2) is None  # nothing recorded yet
+    records.keep("large-seed0", ["--seed", 0], 2, summary, launch)
+    back = records.read("large-seed0", ["--seed", "0"], 2)
+    assert back["summary"] == summary and back["launch"] == launch and "commit" in back
+    assert "read back from" in capsys.readouterr().out
+    assert records.read("large-seed0", ["--seed", 1], 2) is None  # other options: run again
+    assert records.read("large-seed0", ["--seed", 0], 4) is None  # other ranks: run again
+    assert "other options or ranks" in capsys.readouterr().out
+    assert [p.name for p in (tmp_path / "records").iterdir()] == ["large-seed0.json"]  # no temporary left
+    none = common.Records("bench.x")
+    none.keep("large-seed0", [], 2, summary, launch)
+    assert none.read("large-seed0", [], 2) is None
+    (tmp_path / "records" / "large-seed0.json").write_text("{half a file")
+    with pytest.raises(SystemExit, match="large-seed0.json: not a run record"):
+        records.read("large-seed0", ["--seed", 0], 2)

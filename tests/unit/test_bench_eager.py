@@ -236,6 +236,36 @@ def test_reused_runs_rows_and_study_carry_their_dates_not_today(tmp_path, monkey
     assert time.strftime("%Y-%m-%d") not in text
 
 
+def test_runs_recorded_elsewhere_are_read_back_with_their_own_machine(tmp_path, monkeypatch):
+    """--records: the study done in pieces. A run recorded by an earlier job (another clone,
+    another CPU) is not launched again; its rows and the study name its machine; a run done
+    here is recorded for the next job."""
+    monkeypatch.setattr(eager, "figures", lambda *args: [])
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(eager, "RESULTS", results)
+    records = eager.common.Records("bench.eager", tmp_path / "records")
+    elsewhere = dict(summary(0), machine={"cpu_model": "Another CPU"})
+    records.keep("small-seed0", ["--preset", "small", "--seed", 0], 2, elsewhere,
+                 {"command": "x", "wall_s": 30.0, "date": "2026-01-02 03:04"})
+    work = tmp_path / "work"
+
+    def finish(prog, name, cmd, out, env, cwd):
+        assert name == "small-seed1", "a recorded run was launched again"
+        done_run(work, name, datetime.datetime(2026, 1, 3, 3, 4, 5), seed=1)
+    monkeypatch.setattr(eager.common, "run_to_end", finish)
+    args = argparse.Namespace(np=2)
+    rows, runs = eager.run_regime("small", ["--preset", "small"], [0, 1], args, work, "", records)
+    assert {r["cpu_model"] for r in rows if r["seed"] == 0} == {"Another CPU"}
+    assert json.loads((tmp_path / "records" / "small-seed1.json").read_text())["summary"]["seed"] == 1
+    lines, v, dates = eager.publish_regime("small", "Small", ["--preset", "small"], [0, 1], work, rows, runs)
+    assert "- `small-seed0`: 30 s, run 2026-01-02 03:04 on Another CPU" in lines
+    monkeypatch.setattr(eager.sys, "argv", ["bench.eager"])
+    eager.study([lines], {"small": v}, [], args, dates, [meta["machine"] for _, meta in runs])
+    head = (results / "eager_study.md").read_text().splitlines()[2]
+    assert head.startswith("Machines (each run's is listed under its regime): ") and "Another CPU" in head
+
+
 def test_the_days_of_the_runs():
     assert eager.dates_text(["2020-01-02 03:04", "2020-01-02 09:00"]) == "on 2020-01-02"
     assert eager.dates_text(["2020-01-05 07:08", None, "2020-01-02 03:04"]) == "from 2020-01-02 to 2020-01-05"

@@ -39,6 +39,48 @@ def test_the_stage_runs_every_scheme_and_the_floors_per_seed_and_writes_the_spre
     assert "pretrain_accuracy_fashion.png" in text
 
 
+def test_runs_read_back_from_records_keep_their_machine_and_date(tmp_path, monkeypatch):
+    """--records: 15-618's table done in pieces. A recorded run is not launched again; a run
+    found done in --work is recorded; every row names its own run's CPU and day, and the
+    table's head names every machine."""
+    import csv
+    import json
+
+    import bench.pretrain as bp
+
+    monkeypatch.setattr(bp, "RECORDS", bp.Records("bench.pretrain", tmp_path / "records"))
+    monkeypatch.setattr(bp, "run_to_end", lambda *a: (_ for _ in ()).throw(AssertionError("launched again")))
+    elsewhere = {"pretrain_time_s": 3.0, "machine": {"cpu_model": "Another CPU", "isa": "avx2", "blas": "b",
+                                                     "cores": 4, "mpi": "m"}}
+    bp.RECORDS.keep("acc-greedy-seed0", ["aepar.pretrain", "--seed", 0], 1, elsewhere,
+                    {"command": "x", "wall_s": 5.0, "date": "2026-01-02 03:04"})
+    assert bp.launch("aepar.pretrain", ["--seed", 0], 1, tmp_path / "work", "acc-greedy-seed0")["_date"] == \
+        "2026-01-02 03:04"
+    (tmp_path / "work" / "acc-data-seed0").mkdir(parents=True)
+    (tmp_path / "work" / "acc-data-seed0" / "summary.json").write_text(json.dumps({"pretrain_time_s": 2.0}))
+    bp.launch("aepar.pretrain", ["--seed", 0], 2, tmp_path / "work", "acc-data-seed0")
+    assert json.loads((tmp_path / "records" / "acc-data-seed0.json").read_text())["ranks"] == 2
+
+    def fake_launch(module, args, np_, work, name):
+        seed = int(args[args.index("--seed") + 1])
+        run = {"after": {"test": 0.9, "train": 0.95}, "before": {"test": 0.5}, "time_s": 2.0, "epochs": []}
+        floors = {k: {"after": {"test": 0.8, "train": 0.8}, "time_s": 1.0} for k in ("raw", "pca")}
+        here = {"machine": {"cpu_model": "Another CPU", "isa": "avx2", "blas": "b", "cores": 4, "mpi": "m"},
+                "_date": "2026-01-02 03:04"} if seed == 0 else {"_date": "2026-01-05 10:00"}
+        return {"classify": run, "pretrain_time_s": 3.0, "source": "fashion-mnist: 60000 train / 10000 test",
+                "floors": floors, **here}
+    monkeypatch.setattr(bp, "launch", fake_launch)
+    monkeypatch.setattr(bp, "RESULTS", tmp_path)
+    bp.accuracy(tmp_path / "work", 30, "fashion", [0, 1])
+    with open(tmp_path / "pretrain_accuracy_fashion.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["cpu"] for r in rows if r["seed"] == "0"} == {"Another CPU"}
+    assert {r["cpu"] for r in rows if r["seed"] == "1"} == {bp.machine_fields()["cpu"]}
+    head = (tmp_path / "pretrain_accuracy_fashion.md").read_text().splitlines()[2]
+    assert head.startswith("Machines (each row's is in the CSV): ") and "Another CPU" in head
+    assert "measured from 2026-01-02 to 2026-01-05 by" in head
+
+
 class _FakeRun:
     """subprocess.Popen's stand-in: records the command, prints ``printed``, then exits with
     ``code`` (writing summary.json when it is 0); with ``ctrl_c`` the first read of its output
