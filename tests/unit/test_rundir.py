@@ -161,6 +161,10 @@ def test_resumed_options_must_be_the_runs_own():
     assert args.epochs == 5 and args.quiet and args.data_dir == "/start/data"
     with pytest.raises(UserError, match="--epochs 6 differs from the run being resumed"):
         resumed_args(p.parse_args, ["--resume", "r", "--epochs", "6"], info)
+    # --quiet is the invocation's: a run started quiet by a script talks when resumed without it
+    quiet_start = dict(info, argv=["--epochs", "5", "--quiet"])
+    assert not resumed_args(p.parse_args, ["--resume", "r"], quiet_start).quiet
+    assert resumed_args(p.parse_args, ["--resume", "r", "--quiet"], quiet_start).quiet
 
 
 def test_a_resumed_run_must_find_the_same_data():
