@@ -314,7 +314,8 @@ def largebatch(work, epochs, dataset):
            "layer-wise adaptive rates (`--lars`); cosine: every rate decays after the warm-up (`--lr-decay "
            "cosine`). The epochs are pre-training + classification. The target: batch 5000 within 0.5 points of batch 100 in no more time "
            "(pre-training + fine-tuning). 15-618 measured 74.72% at batch 5000 against 96.62% at 100 (30 + 30 "
-           "epochs, MNIST). Accuracy against seconds: pretrain_largebatch.png."])
+           "epochs, MNIST). Seed 0 for every run (aepar's default): one run per configuration, so no spread. "
+           "Accuracy against seconds: pretrain_largebatch.png."])
     try:
         from aepar.report.figures import figure
     except ImportError:
