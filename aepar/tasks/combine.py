@@ -16,23 +16,33 @@ from aepar.cli import progress
 __all__ = ["combine", "standardized_codes"]
 
 
-def _codes(be, model, x):
-    """The encoder's codes of rows ``x`` (host, the run's dtype), in chunks."""
+def _codes(be, comm, model, rows: list) -> list:
+    """The encoder's codes of each array in ``rows`` (host, the run's dtype), on every rank.
+
+    Encoding is most of an evaluation, and every rank needs all the codes: the ranks share
+    the chunks of CHUNK rows, each encodes its own and broadcasts them. A chunk holds the
+    rows a single process would encode together, so the codes are the same bits on any
+    number of ranks."""
     from aepar.rows import CHUNK
 
-    out = np.empty((len(x), model.code_size), dtype=be.dtype)
-    for lo in range(0, len(x), CHUNK):
-        out[lo:lo + CHUNK] = be.to_host(model.encode(be.asarray(x[lo:lo + CHUNK])))
-    return out
+    codes = [np.empty((len(x), model.code_size), dtype=be.dtype) for x in rows]
+    chunks = [(i, lo) for i, x in enumerate(rows) for lo in range(0, len(x), CHUNK)]
+    owner = [k * comm.size // len(chunks) for k in range(len(chunks))]  # contiguous runs of chunks per rank
+    for (i, lo), rank in zip(chunks, owner):
+        if rank == comm.rank:
+            codes[i][lo:lo + CHUNK] = be.to_host(model.encode(be.asarray(rows[i][lo:lo + CHUNK])))
+    for (i, lo), rank in zip(chunks, owner):
+        comm.Bcast(codes[i][lo:lo + CHUNK], root=rank)
+    return codes
 
 
-def standardized_codes(be, model, split) -> list:
+def standardized_codes(be, comm, model, split) -> list:
     """The codes of the train, validation and test images, each feature shifted and scaled
     by its training mean and standard deviation (constant features left at 0). Raw ReLU
     codes run to tens with very different scales per feature; on them the softmax's Adam
     steps oscillate (the test accuracy swings from one epoch to the next, below the steady
     accuracy of standardized codes; docs/performance-notes.md)."""
-    parts = [_codes(be, model, x) for x in (split.train_x, split.val_x, split.test_x)]
+    parts = _codes(be, comm, model, [split.train_x, split.val_x, split.test_x])
     mean = parts[0].mean(axis=0, dtype=np.float64)
     std = np.sqrt(np.mean(np.square(parts[0] - mean.astype(parts[0].dtype), dtype=np.float64), axis=0))
     scale = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 0.0)
@@ -52,7 +62,7 @@ def combine(be, comm, split, models: dict, args, *, quiet=False) -> dict:
     from aepar.tasks.classify import fit_on_features
 
     hidden = (args.combine_hidden,) if args.combine_hidden else ()
-    codes = {n: standardized_codes(be, m, split) for n, m in models.items()}
+    codes = {n: standardized_codes(be, comm, m, split) for n, m in models.items()}
     names = sorted(models)
 
     def fit(parts, what):

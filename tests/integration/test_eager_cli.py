@@ -56,6 +56,11 @@ def test_same_per_model_weights_on_any_layout(tmp_path, reference, np_, models, 
     assert_same_snapshots(reference, out, names)
     s = json.loads((out / "summary.json").read_text())
     assert s["groups"] == (groups or min(models, np_)) and sum(s["ranks_per_group"]) == np_
+    if models == 4:  # the evaluation too (its encoding shared by the ranks): the same accuracies
+        one = json.loads((reference / "summary.json").read_text())["final"]
+        for part in ("validation", "test"):
+            assert s["final"]["combined"][part] == one["combined"][part]
+            assert s["final"]["vote"][part] == one["vote"][part]
 
 
 def test_outputs_table_csv_pngs_and_monolithic(tmp_path):
