@@ -301,6 +301,13 @@ STYLE = {"parallel": dict(color="tab:blue", label="5 parallel CAEs, codes combin
          "mono": dict(color="black", label="monolithic CAE")}
 
 
+def stamp(rows) -> str:
+    """Where, when and how the runs behind ``rows`` were measured, for a figure's title."""
+    cpus = sorted({r["cpu_model"] for r in rows if r.get("cpu_model")}) or ["an unrecorded machine"]
+    command = " ".join(["python -m bench.eager", *sys.argv[1:]])
+    return f"{' / '.join(cpus)}, {dates_text([r.get('date') for r in rows])}\n`{command}`"
+
+
 def figures(rows, regime, title, n_seeds):
     try:
         import matplotlib
@@ -323,7 +330,7 @@ def figures(rows, regime, title, n_seeds):
         ax.grid(alpha=0.3)
     axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{title}: classification accuracy on the CAEs' codes ({band})")
+    fig.suptitle(f"{title}: classification accuracy on the CAEs' codes ({band})\n{stamp(rows)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(RESULTS / f"eager_{regime}_accuracy.png", dpi=110)
     plt.close(fig)
@@ -344,7 +351,7 @@ def figures(rows, regime, title, n_seeds):
         ax.grid(alpha=0.3, which="both")
     axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{title}: reconstruction loss ({band})")
+    fig.suptitle(f"{title}: reconstruction loss ({band})\n{stamp(rows)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(RESULTS / f"eager_{regime}_loss.png", dpi=110)
     plt.close(fig)
