@@ -73,10 +73,10 @@ VERSION = 1
 # options a resumed run may change; everything else must be what the run started with
 RUN_CONTROL = {"out", "resume", "overwrite", "resume_or_start", "quiet", "checkpoint_every", "checkpoint_minutes",
                "timeout", "plot", "dp_ranks", "data_dir"}
-# run controls that belong to one invocation, not to the run: a resumed run takes them from
+# run-control flags that belong to one invocation, not to the run: a resumed run takes them from
 # its own command line only (a run started --quiet by a script shows its progress when a
 # person resumes it at a terminal)
-PER_INVOCATION = ("quiet",)
+PER_INVOCATION = ("--quiet",)
 # options holding paths: made absolute against the directory the run started in
 PATH_OPTIONS = ("data_dir", "images", "weights")
 
@@ -285,15 +285,12 @@ def resumed_args(parse, argv: list, info: dict):
         An option that differs from the run being resumed.
     """
     old_argv = list(info.get("argv") or [])
-    old, new = parse(old_argv), parse(old_argv + list(argv))
+    carried = [a for a in old_argv if a not in PER_INVOCATION]
+    old, new = parse(old_argv), parse(carried + list(argv))
     for name, value in vars(old).items():
         if name not in RUN_CONTROL and getattr(new, name, value) != value:
             raise UserError(f"--{name.replace('_', '-')} {getattr(new, name)} differs from the run being "
                             f"resumed ({value}); a resumed run keeps its options")
-    here = parse(list(argv))
-    for name in PER_INVOCATION:
-        if hasattr(new, name):
-            setattr(new, name, getattr(here, name))
     start_dir = info.get("cwd")
     for name in PATH_OPTIONS:
         value = getattr(new, name, None)

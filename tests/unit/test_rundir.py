@@ -156,13 +156,14 @@ def test_resumed_options_must_be_the_runs_own():
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--resume")
     p.add_argument("--data-dir")
-    info = {"argv": ["--epochs", "5", "--data-dir", "data"], "cwd": "/start"}
+    p.add_argument("--weights", required=True)  # as aepar.finetune's: --resume alone does not parse
+    info = {"argv": ["--epochs", "5", "--data-dir", "data", "--weights", "w.h5"], "cwd": "/start"}
     args = resumed_args(p.parse_args, ["--resume", "r", "--quiet"], info)
     assert args.epochs == 5 and args.quiet and args.data_dir == "/start/data"
     with pytest.raises(UserError, match="--epochs 6 differs from the run being resumed"):
         resumed_args(p.parse_args, ["--resume", "r", "--epochs", "6"], info)
     # --quiet is the invocation's: a run started quiet by a script talks when resumed without it
-    quiet_start = dict(info, argv=["--epochs", "5", "--quiet"])
+    quiet_start = dict(info, argv=["--epochs", "5", "--quiet", "--weights", "w.h5"])
     assert not resumed_args(p.parse_args, ["--resume", "r"], quiet_start).quiet
     assert resumed_args(p.parse_args, ["--resume", "r", "--quiet"], quiet_start).quiet
 
