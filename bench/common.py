@@ -17,7 +17,7 @@ from typing import Callable
 
 __all__ = ["PY", "ONE_PROCESS", "mpirun", "mpi_env", "python_command", "fastest", "fastest_run", "Timing",
            "time_calls", "time_call", "across_ranks", "machine_columns", "with_machine", "read_rows",
-           "write_rows", "merge_rows", "KEY", "Records"]
+           "write_rows", "merge_rows", "KEY", "Records", "dates_text"]
 
 PY = sys.executable
 
@@ -88,6 +88,14 @@ def run_to_end(prog: str, name: str, cmd: list, out: Path, env: dict, cwd) -> No
     if child.returncode != 0:
         reason = stderr.strip()[-800:] or "no message on stderr"
         raise SystemExit(f"{prog}: {name} failed (exit {child.returncode}): {reason}")
+
+
+def dates_text(dates) -> str:
+    """The days the runs were measured on: "on 2026-11-24" or "from 2026-11-22 to 2026-11-24"."""
+    days = sorted({d[:10] for d in dates if d})
+    if not days:
+        return "on unknown dates"
+    return f"on {days[0]}" if len(days) == 1 else f"from {days[0]} to {days[-1]}"
 
 
 # ==== a long study in pieces =====================================================================

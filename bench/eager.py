@@ -105,14 +105,6 @@ def run_date(out: Path) -> str:
     return when.strftime("%Y-%m-%d %H:%M")
 
 
-def dates_text(dates) -> str:
-    """The days the runs were measured on: "2026-11-24" or "2026-11-22 to 2026-11-24"."""
-    days = sorted({d[:10] for d in dates if d})
-    if not days:
-        return "on unknown dates"
-    return f"on {days[0]}" if len(days) == 1 else f"from {days[0]} to {days[-1]}"
-
-
 # ---- one run -> rows -----------------------------------------------------------------------------
 def run_rows(regime: str, s: dict) -> list[dict]:
     """One row per epoch trained and method; accuracies where the run classified that epoch
@@ -305,7 +297,7 @@ def stamp(rows) -> str:
     """Where, when and how the runs behind ``rows`` were measured, for a figure's title."""
     cpus = sorted({r["cpu_model"] for r in rows if r.get("cpu_model")}) or ["an unrecorded machine"]
     command = " ".join(["python -m bench.eager", *sys.argv[1:]])
-    return f"{' / '.join(cpus)}, {dates_text([r.get('date') for r in rows])}\n`{command}`"
+    return f"{' / '.join(cpus)}, {common.dates_text([r.get('date') for r in rows])}\n`{command}`"
 
 
 def figures(rows, regime, title, n_seeds):
@@ -447,7 +439,8 @@ def study(sections, verdicts, notes, args, dates=(), machines=()):
     where = (f"Machine: {here}" if not machines - {m["cpu_model"]} else
              "Machines (each run's is listed under its regime): " + "; ".join(sorted(machines)))
     lines = ["# Eager training of parallel CAEs: the study (Bhargava & Surana, Sections 5-6)", "",
-             f"{where}; {args.np} ranks x {threads_per_rank(args.np)} thread(s); measured {dates_text(dates)} by "
+             f"{where}; {args.np} ranks x {threads_per_rank(args.np)} thread(s); "
+             f"measured {common.dates_text(dates)} by "
              f"`python -m bench.eager {' '.join(sys.argv[1:])}`.".replace(" `.", "`."), "",
              "The paper's claim: with little data the parallel CAEs, stopped eagerly, classify better than the "
              "monolithic CAE (K times the filters) at low epochs; with more data (or more epochs) the two converge. "

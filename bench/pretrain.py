@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import Records, machine_columns, mpi_env, python_command, run_to_end
+from bench.common import Records, dates_text, machine_columns, mpi_env, python_command, run_to_end
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -112,8 +112,7 @@ def provenance(rows) -> tuple[str, str]:
     """The machine(s) and the day(s) of the runs behind ``rows`` (rows read back from records
     keep their own), as the tables and figures name them."""
     machines = sorted({r["cpu"] for r in rows if r.get("cpu")})
-    days = sorted({str(r["date"])[:10] for r in rows if r.get("date")}) or [time.strftime("%Y-%m-%d")]
-    when = days[0] if len(days) == 1 else f"from {days[0]} to {days[-1]}"
+    when = dates_text([r.get("date") for r in rows if r.get("date")] or [time.strftime("%Y-%m-%d")])
     if len(machines) > 1:
         return "Machines (each row's is in the CSV): " + "; ".join(machines), when
     m = rows[0] if rows and rows[0].get("cpu") else machine_fields()

@@ -267,9 +267,9 @@ def test_runs_recorded_elsewhere_are_read_back_with_their_own_machine(tmp_path, 
 
 
 def test_the_days_of_the_runs():
-    assert eager.dates_text(["2020-01-02 03:04", "2020-01-02 09:00"]) == "on 2020-01-02"
-    assert eager.dates_text(["2020-01-05 07:08", None, "2020-01-02 03:04"]) == "from 2020-01-02 to 2020-01-05"
-    assert eager.dates_text([None]) == "on unknown dates"
+    assert eager.common.dates_text(["2020-01-02 03:04", "2020-01-02 09:00"]) == "on 2020-01-02"
+    assert eager.common.dates_text(["2020-01-05 07:08", None, "2020-01-02 03:04"]) == "from 2020-01-02 to 2020-01-05"
+    assert eager.common.dates_text([None]) == "on unknown dates"
 
 
 def test_a_reused_run_of_an_older_aepar_gives_the_same_rows():
