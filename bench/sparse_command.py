@@ -108,18 +108,18 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, threads=1, re
     scipy.io.savemat(Path(work) / "IMAGES.mat", {"IMAGES": np.asarray(images, dtype=np.float64)})
     mat = str(Path(work) / "IMAGES.mat")
     env, py = _env(threads), sys.executable
-    sizes = ["--samples", str(samples), "--patch", str(patch), "--hidden", str(hidden), "--seed", str(seed)]
+    sizes = ["--patch", str(patch), "--hidden", str(hidden), "--seed", str(seed)]
     runs = itertools.count(1)  # each run writes into a directory of its own
 
     def aepar_cmd(its):
-        return [py, "-m", "aepar.sparse", *sizes, "--iterations", str(its), "--images", mat, "--quiet",
-                "--out", str(Path(work) / f"aepar-{next(runs)}")]
+        return [py, "-m", "aepar.sparse", "--limit", str(samples), *sizes, "--iterations", str(its), "--images", mat,
+                "--quiet", "--out", str(Path(work) / f"aepar-{next(runs)}")]
 
     def textbook_cmd():
         out = Path(work) / f"textbook-{next(runs)}"
         out.mkdir()
-        return [py, "-m", "bench.sparse_command", "--textbook-child", mat, *sizes, "--iterations", str(iterations),
-                "--child-out", str(out)]
+        return [py, "-m", "bench.sparse_command", "--textbook-child", mat, "--samples", str(samples), *sizes,
+                "--iterations", str(iterations), "--child-out", str(out)]
 
     commands = {"textbook command": textbook_cmd, "aepar command": lambda: aepar_cmd(iterations),
                 "aepar start-up (1 iteration)": lambda: aepar_cmd(1)}
