@@ -176,6 +176,22 @@ def test_tables_put_schemes_side_by_side(tmp_path):
     assert "| greedy pre-training (no fine-tuning) | – | – | 18.50 / 18.81 | 1.33x | none |" in tables({"greedy": no_ft})
 
 
+def test_no_ratio_against_a_pca_as_wide_as_the_input():
+    """A code layer at least as wide as the input gives PCA every component: its error is
+    rounding (1e-29), and dividing by it printed ratios of 1e29."""
+    rng = np.random.default_rng(3)
+    train, test = rng.random((50, 6)), rng.random((10, 6))
+    exact = pca_error(train, test, k=8)
+    assert exact["k"] == exact["features"] == 6
+    s = {"scheme": "greedy", "error": {"pretrained": {"train": 18.5, "test": 18.81}, "finetuned": None},
+         "pca": exact, "pretrain_time_s": 1.0, "finetune_time_s": 0.0, "finetune": {"n_epochs": 0}}
+    text = tables({"greedy": s})
+    assert "| greedy pre-training (no fine-tuning) | – | – | 18.50 / 18.81 | – | none |" in text
+    assert "| PCA-6 (same data, exact: as wide as the input) |" in text
+    s["pca"] = pca_error(train, test, k=3)
+    assert "| 18.50 / 18.81 | – |" not in tables({"greedy": s})
+
+
 def test_hms():
     assert hms(4.214) == "4.21s"
     assert hms(125) == "2m 05s"
