@@ -104,10 +104,11 @@ def _label(name, summary) -> str:
 
 
 def _recipe(ft) -> str:
-    """"sgd lr 0.001 / mse, 10 epochs" from a summary's fine-tuning part."""
+    """"adam lr 0.003, cosine decay / xent, 10 epochs" from a summary's fine-tuning part."""
     if not ft or not ft.get("n_epochs"):
         return "none"
-    return f"{ft.get('optimizer')} lr {ft.get('lr'):g} / {ft.get('loss')}, {ft.get('n_epochs')} epochs"
+    decay = ", cosine decay" if ft.get("lr_decay") == "cosine" else ""
+    return f"{ft.get('optimizer')} lr {ft.get('lr'):g}{decay} / {ft.get('loss')}, {ft.get('n_epochs')} epochs"
 
 
 def _row(cells):

@@ -11,12 +11,11 @@ layer-wise adaptive rate (LARS).
 """
 from __future__ import annotations
 
-import math
-
 from aepar.errors import UserError
 from aepar.parallel.layerwise import resume_point, train_layer_by_layer
 from aepar.rows import Shard
 from aepar.stack import BASE_BATCH
+from aepar.tasks.finetune import cosine
 
 
 def check(args, ranks, n_layers, n_rows):
@@ -34,7 +33,9 @@ def setup(job):
         base_f, base_c = args.finetune_lr, args.classify_lr
         args.finetune_lr = base_f * scale(args, args.finetune_batch)
         args.classify_lr = base_c * scale(args, args.classify_batch)
-        args.finetune_lr_at = schedule(args, base_f, args.finetune_lr, args.finetune_epochs)
+        # fine-tuning decays by its own default too (--finetune-lr-decay)
+        args.finetune_lr_at = schedule(args, base_f, args.finetune_lr, args.finetune_epochs,
+                                       "cosine" if "cosine" in (args.lr_decay, args.finetune_lr_decay) else "none")
         args.classify_lr_at = schedule(args, base_c, args.classify_lr, args.classify_epochs)
         job.summary.update(classify_lr=args.classify_lr, finetune_lr=args.finetune_lr)
     job.announce(f"data-parallel over {job.comm.size} rank(s), one Allreduce per step"
@@ -54,18 +55,18 @@ def scale(args, batch: int) -> float:
     return {"none": 1.0, "linear": batch / BASE_BATCH, "sqrt": (batch / BASE_BATCH) ** 0.5}[args.lr_scaling]
 
 
-def schedule(args, base: float, scaled: float, epochs: int):
+def schedule(args, base: float, scaled: float, epochs: int, decay: str | None = None):
     """The rate of (0-based) ``epoch`` of ``epochs``: from ``base`` (batch 100's, which works)
-    up to ``scaled`` linearly over --warmup-epochs, then ``scaled``, or with --lr-decay cosine
-    half a cosine from ``scaled`` toward 0 over the epochs after the warm-up."""
+    up to ``scaled`` linearly over --warmup-epochs, then ``scaled``, or with ``decay`` cosine
+    (default: --lr-decay's) half a cosine from ``scaled`` toward 0 over the epochs after the
+    warm-up."""
     warmup = args.warmup_epochs
+    after = cosine(scaled, epochs, warmup) if (decay or args.lr_decay) == "cosine" else (lambda epoch: scaled)
 
     def lr_at(epoch: int) -> float:
         if epoch < warmup:
             return base + (scaled - base) * (epoch + 1) / warmup
-        if args.lr_decay == "cosine" and epochs > warmup:
-            return scaled * 0.5 * (1.0 + math.cos(math.pi * (epoch - warmup) / (epochs - warmup)))
-        return scaled
+        return after(epoch)
     return lr_at
 
 

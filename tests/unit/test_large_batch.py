@@ -113,3 +113,43 @@ def test_the_classifier_takes_the_schedule_epoch_by_epoch(tmp_path):
     rows = [r for r in metrics.read(model.path / metrics.FILE) if r["phase"] == "classify"]
     want = [lr] + [lr * 0.5 * (1 + math.cos(math.pi * e / 3)) for e in range(3)]
     np.testing.assert_allclose([float(r["lr"]) for r in rows], want, rtol=1e-7)  # the CSV keeps 9 digits
+
+
+def test_fine_tuning_decays_along_a_cosine_by_default_epoch_by_epoch(tmp_path):
+    """Fine-tuning's own default (--finetune-lr-decay cosine, from --finetune-lr 0.003), in
+    any scheme: here greedy's, read back from metrics.csv; and --finetune-lr-decay none keeps
+    the rate."""
+    from aepar import api, metrics
+    rng = np.random.default_rng(0)
+    x = rng.random((400, 20))
+
+    def rates(**options):
+        model = api.pretrain(x, layers="20-12-6", scheme="greedy", epochs=1, finetune_epochs=3,
+                             out=tmp_path / f"run{len(list(tmp_path.iterdir()))}", quiet=True, **options)
+        return [float(r["lr"]) for r in metrics.read(model.path / metrics.FILE) if r["phase"] == "finetune"]
+
+    np.testing.assert_allclose(rates(), [3e-3 * 0.5 * (1 + math.cos(math.pi * e / 3)) for e in range(3)],
+                               rtol=1e-7)
+    np.testing.assert_allclose(rates(finetune_lr_decay="none", finetune_lr=0.002), [0.002] * 3, rtol=1e-7)
+
+
+def test_the_data_schemes_rules_keep_fine_tunings_own_decay():
+    """With a large-batch rule but no --lr-decay, the layers' rate stays after the warm-up,
+    fine-tuning's still decays (its default), unless --finetune-lr-decay none."""
+    from types import SimpleNamespace
+
+    from aepar.schemes import data
+
+    def args(decay):
+        return SimpleNamespace(lr_scaling="sqrt", warmup_epochs=1, lr_decay="none", lars=0.0, finetune_lr_decay=decay,
+                               finetune_lr=0.003, finetune_batch=400, finetune_epochs=5, classify_lr=0.001,
+                               classify_batch=100, classify_epochs=5)
+
+    job = SimpleNamespace(comm=SimpleNamespace(size=2), layers=[], summary={}, announce=lambda line: None)
+    for decay in ("cosine", "none"):
+        job.args = args(decay)
+        data.setup(job)
+        rates = [job.args.finetune_lr_at(e) for e in range(5)]
+        np.testing.assert_allclose(rates[:2], [0.006, 0.006], rtol=1e-12)  # warm-up from 0.003 to 0.003 x 2
+        assert (rates[4] < rates[2] < rates[1]) if decay == "cosine" else rates[4] == rates[1]
+        assert job.args.classify_lr_at(4) == job.args.classify_lr_at(1)  # the classifier's rate stays
