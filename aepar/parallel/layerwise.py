@@ -116,7 +116,9 @@ class _Stack:
         if state is not None or first:
             progress(self.comm, self.quiet, f"layer {i + 1}: resuming at epoch {first + 1}"
                                             + (f", batch {state.batch + 1}" if state else ""))
-        clock = {"t": 0.0}  # this epoch's training seconds, slowest rank
+        # this epoch's training seconds, slowest rank: a paused epoch's from its checkpoint
+        paused = record.pop("paused_epoch_s", 0.0)
+        clock = {"t": paused if state is not None else 0.0}
 
         def train_one(epoch, resume):
             return self._epoch(i, train, epoch, resume, clock)
@@ -125,7 +127,7 @@ class _Stack:
             self._after_epoch(i, test, epoch, result, clock)
 
         def save(epochs_done, epoch_state, why):
-            self._save(i, epochs_done, epoch_state, why)
+            self._save(i, epochs_done, epoch_state, why, clock["t"])
 
         if self.ckpt is None:
             for epoch in range(first, layer.epochs):
@@ -176,7 +178,9 @@ class _Stack:
                                    f"epoch {epoch + 1:3d}/{layer.epochs}  recon error {err:9.4f}  "
                                    f"test {test_err:9.4f}  {dt:7.2f}s", left=self.eta.left(done))
 
-    def _save(self, i, epochs_done, epoch_state, why):
+    def _save(self, i, epochs_done, epoch_state, why, paused_s):
+        """The checkpoint after ``epochs_done`` epochs of layer ``i``, or inside the next one
+        at ``epoch_state``, whose ``paused_s`` seconds so far the resumed epoch goes on from."""
         comm = self.comm
         params, opt, prog = self.outer() if self.outer is not None else ({}, {}, {})
         if comm.is_root:
@@ -184,6 +188,7 @@ class _Stack:
             params, opt = dict(params, **lp), dict(opt, **lo)
         label = (f"layer {i + 1} epoch {epochs_done + 1} batch {epoch_state.batch}" if epoch_state
                  else f"layer {i + 1}, {epochs_done} epochs done")
-        self.ckpt.save(params, opt, dict(prog, phase="pretrain", layer=i, pretrain=self.record,
+        record = dict(self.record, paused_epoch_s=paused_s) if epoch_state else self.record
+        self.ckpt.save(params, opt, dict(prog, phase="pretrain", layer=i, pretrain=record,
                                          state=epoch_state.to_dict() if epoch_state else None),
                        label, why, comm=comm)

@@ -141,3 +141,27 @@ def test_help_explains_the_scheme():
     assert result.returncode == 0
     for word in ("--layers", "--pretrainer", "--finetune-epochs", "--optimizer", "--loss", "tables.md"):
         assert word in result.stdout
+
+
+@needs_digits
+def test_an_epoch_paused_by_a_stop_keeps_its_seconds_before_the_stop(tmp_path):
+    """A stop inside an epoch saves the seconds it had trained (paused_epoch_s); the resumed
+    epoch goes on from them, so the epoch's and the pre-training's times are the whole
+    epoch's, not only the part after the resume."""
+    from aepar import checkpoint
+
+    out = tmp_path / "run"
+    args = [*TINY, "--limit", "1200", "--epochs", "3", "--finetune-epochs", "0", "--quiet", "--no-plot"]
+    env = dict(os.environ, AEPAR_THREADS="1", AEPAR_FAULT="0:9:sigterm")  # step 9 of the first epoch's 12
+    first = subprocess.run([sys.executable, "-m", "aepar.greedy", *args, "--out", out], capture_output=True,
+                           text=True, timeout=240, env=env, cwd=ROOT)
+    assert first.returncode == 75, first.stderr
+    record = checkpoint.load(out / "checkpoint.h5").config["progress"]["pretrain"]
+    paused = record["paused_epoch_s"]
+    assert paused > 0 and record["layers"][0]["epoch_times_s"] == []
+    then = _run("aepar.greedy", ["--resume", out, "--quiet"])
+    assert then.returncode == 0, then.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    epoch_times = summary["pretrain"]["layers"][0]["epoch_times_s"]
+    assert epoch_times[0] > paused
+    assert "paused_epoch_s" not in summary["pretrain"]
