@@ -6,7 +6,7 @@ drawn from fixed blocks of the rows, the blocks' gradients are added in one fixe
 any number of ranks takes the same steps. The default is Adam on pixel cross-entropy, its
 rate falling along half a cosine, which gains far more in the same epochs than the paper's
 literal recipe, plain SGD at learning rate 0.001 on squared error (``--optimizer sgd --loss
-mse``; docs/architecture.md, "Training recipes").
+mse --finetune-lr 0.001 --finetune-lr-decay none``; docs/architecture.md, "Training recipes").
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def add_finetune_args(parser, *, standalone=False):
                    help="epochs of backprop (default 10; 0 skips fine-tuning)")
     g.add_argument("--optimizer", choices=["sgd", "adam"], default="adam",
                    help="adam: Adam (default); sgd: plain SGD. The paper's literal recipe is --optimizer sgd "
-                        "--loss mse, which barely moves the weights in 10 epochs")
+                        "--loss mse --finetune-lr 0.001 --finetune-lr-decay none, which barely moves the weights in "
+                        "10 epochs")
     g.add_argument("--loss", choices=list(LOSSES), default="xent",
                    help="xent: pixel cross-entropy from logits (default, Hinton's fine-tuning objective); "
                         "mse: squared error (the paper)")
@@ -45,8 +46,7 @@ def add_finetune_args(parser, *, standalone=False):
                    help=f"learning rate at the first epoch (default {LR:g}, for either optimizer)")
     g.add_argument("--finetune-lr-decay", choices=["none", "cosine"], default="cosine",
                    help="cosine (default): the rate falls along half a cosine from --finetune-lr toward 0 by the "
-                        "last epoch, which ends lower in a fixed number of epochs than a constant rate; none: "
-                        "the rate stays")
+                        "last epoch (a lower error than a constant rate in the same epochs); none: the rate stays")
     g.add_argument("--finetune-momentum", type=momentum, default=0.0,
                    help="SGD momentum in [0, 1) (default 0: plain SGD, as the paper)")
     g.add_argument("--finetune-batch", type=positive_int, default=100,
