@@ -55,6 +55,7 @@ os.environ.setdefault("AEPAR_THREADS", "1")
 import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
+from aepar.report.stacked import recipe  # noqa: E402
 from bench.common import (KEY, fastest, machine_columns, merge_rows, mpi_env, python_command, time_call,  # noqa: E402
                           time_calls, with_machine, write_rows)
 from bench.torch_rbm import LAYERS  # noqa: E402
@@ -440,7 +441,8 @@ def main(argv=None) -> int:
                             for r in qrows)
         md += ["", f"PCA-30 test error {q['pca']['test']:.3f}. Santara et al.'s Table 2 as a target: the test error "
                f"at most 0.45x PCA-30's for greedy and sync: {verdict}. Sync within 5% of greedy: "
-               f"{q['test_error_vs_greedy']:.3f}x. One run, seed 0, {time.strftime('%Y-%m-%d')}, "
+               f"{q['test_error_vs_greedy']:.3f}x. Fine-tuning {recipe(q.get('finetune'))}. One run, seed 0, "
+               f"{time.strftime('%Y-%m-%d')}, "
                f"{q['machine']['cpu_model']} ({q['machine']['isa']}, {q['machine']['cores']} cores, "
                f"{q['machine']['blas']}), `python -m "
                f"bench.stacked --{which}{' --skip ' + args.skip if args.skip else ''}`.", f"Data: {q['source']}", ""]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["pca_error", "table2", "table3", "tables", "hms", "reconstructions_figure", "main"]
+__all__ = ["pca_error", "recipe", "table2", "table3", "tables", "hms", "reconstructions_figure", "main"]
 
 TABLES_FILE = "tables.md"
 SHOWN = 8  # test rows in reconstructions.png
@@ -103,7 +103,7 @@ def _label(name, summary) -> str:
     return f"{name} pre-training" if summary.get("scheme") in ("greedy", "sync") else name
 
 
-def _recipe(ft) -> str:
+def recipe(ft) -> str:
     """"adam lr 0.003, cosine decay / xent, 10 epochs" from a summary's fine-tuning part."""
     if not ft or not ft.get("n_epochs"):
         return "none"
@@ -140,7 +140,7 @@ def table2(summaries: dict) -> str:
         label = _label(name, s) + ("" if fin else " (no fine-tuning)")
         lines.append(_row([label, _num(fin.get("train")), _num(fin.get("test")),
                            f"{_num(pre.get('train'))} / {_num(pre.get('test'))}", ratio,
-                           _recipe(s.get("finetune"))]))
+                           recipe(s.get("finetune"))]))
     if pca:
         exact = "" if _baseline(pca) else ", exact: as wide as the input"
         lines.append(_row([f"PCA-{pca['k']} (same data{exact})", _num(pca.get("train")), _num(pca.get("test")),
