@@ -108,7 +108,8 @@ def recipe(ft) -> str:
     if not ft or not ft.get("n_epochs"):
         return "none"
     decay = ", cosine decay" if ft.get("lr_decay") == "cosine" else ""
-    return f"{ft.get('optimizer')} lr {ft.get('lr'):g}{decay} / {ft.get('loss')}, {ft.get('n_epochs')} epochs"
+    n = ft.get("n_epochs")
+    return f"{ft.get('optimizer')} lr {ft.get('lr'):g}{decay} / {ft.get('loss')}, {n} epoch{'' if n == 1 else 's'}"
 
 
 def _row(cells):
