@@ -272,12 +272,25 @@ def _resume_or_start(scheme: str, out, parse, argv: list) -> str:
     return "complete" if info.get("state") == "complete" else "resume"
 
 
+def started_options(args) -> dict:
+    """The options a run starts with, as parsed (before any scheme changes one), where JSON
+    holds them as they are: what a resumed run keeps when a later aepar has other defaults."""
+    plain = (str, int, float, bool, type(None))
+
+    def kept(value):
+        return isinstance(value, plain) or (isinstance(value, (list, tuple))
+                                            and all(isinstance(v, plain) for v in value))
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items() if kept(v)}
+
+
 def resumed_args(parse, argv: list, info: dict):
     """The options of a resumed run: the ones it started with, then ``argv`` on top.
 
     ``parse(list) -> namespace`` is the scheme's parser. Options other than the run
     controls (:data:`RUN_CONTROL`) must not change; relative paths are taken from the
-    directory the run started in.
+    directory the run started in. An option the run left at its default keeps the value it
+    started with (run.json's ``started_options``) where this aepar's default differs: a run
+    resumed after an upgrade trains on as it began.
 
     Raises
     ------
@@ -287,6 +300,14 @@ def resumed_args(parse, argv: list, info: dict):
     old_argv = list(info.get("argv") or [])
     carried = [a for a in old_argv if a not in PER_INVOCATION]
     old, new = parse(old_argv), parse(carried + list(argv))
+    for name, value in (info.get("started_options") or {}).items():
+        now = getattr(old, name, None)
+        if name in RUN_CONTROL or not hasattr(old, name) or started_options(argparse.Namespace(v=now)) == {"v": value}:
+            continue
+        was = tuple(value) if isinstance(now, tuple) and isinstance(value, list) else value
+        if getattr(new, name, None) == now:  # not given anew on this command line
+            setattr(new, name, was)
+        setattr(old, name, was)
     for name, value in vars(old).items():
         if name not in RUN_CONTROL and getattr(new, name, value) != value:
             raise UserError(f"--{name.replace('_', '-')} {getattr(new, name)} differs from the run being "
@@ -412,6 +433,7 @@ class RunDir:
         self._started = _now()
         self._id = uuid.uuid4().hex  # tells this run from any other that takes the same directory
         self._args = None  # the parsed options, the hosts of the ranks: see describe_job
+        self._started_options: dict | None = None
         self._hosts: list[str] = []
         self._machine: dict | None = None
         self._writes = 0  # files written through output(), counted for injected write faults
@@ -426,6 +448,7 @@ class RunDir:
             self._files = [f for f in previous.get("files", []) if isinstance(f, str)]
             self._history = list(previous.get("history", []))
             self._started = previous.get("started", self._started)
+            self._started_options = previous.get("started_options")
             self._id = previous.get("id", self._id)
             self._remove_stale_temporaries()
             self._write_marker("running")
@@ -448,6 +471,8 @@ class RunDir:
         (read when the marker is written: a value set after parsing, auto's chosen scheme,
         is the one recorded) and the host of every rank (``hosts[rank]``)."""
         self._args, self._hosts = args, list(hosts)
+        if self._started_options is None:  # a new run (a resumed one keeps its first's)
+            self._started_options = started_options(args)
 
     # ---- writing --------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -597,6 +622,7 @@ class RunDir:
                 "started": self._started, "updated": _now(), "checkpoint": self._checkpoint,
                 "files": list(self._files), "history": self._history, "aepar": _provenance(),
                 "options": None if self._args is None else vars(self._args),
+                "started_options": self._started_options,
                 "layout": _layout(self._hosts or [socket.gethostname()] * self.comm.size),
                 "machine": self._machine}
 

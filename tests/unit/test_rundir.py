@@ -168,6 +168,36 @@ def test_resumed_options_must_be_the_runs_own():
     assert resumed_args(p.parse_args, ["--resume", "r", "--quiet"], quiet_start).quiet
 
 
+def test_a_resumed_run_keeps_the_defaults_it_started_with(cwd):
+    """A run started by an aepar with other defaults (0.6.0 changed fine-tuning's rate) goes
+    on with the values it started with, not this aepar's defaults; the options it set, and
+    the ones whose default did not move, parse as before."""
+    import argparse
+
+    def parser(lr_default):
+        p = argparse.ArgumentParser()
+        p.add_argument("--epochs", type=int, default=3)
+        p.add_argument("--finetune-lr", type=float, default=lr_default)
+        p.add_argument("--layers", type=lambda s: tuple(int(v) for v in s.split("-")), default=(4, 2))
+        p.add_argument("--quiet", action="store_true")
+        p.add_argument("--resume")
+        return p.parse_args
+
+    run = open_run(out="r", argv=["--epochs", "5"])
+    run.describe_job(parser(0.001)(["--epochs", "5"]), ["host"])
+    run.save_checkpoint(lambda p: p.write_text("ckpt"), "epoch 1")
+    info = json.loads((cwd / "r" / MARKER).read_text())
+    assert info["started_options"] == {"epochs": 5, "finetune_lr": 0.001, "layers": [4, 2], "quiet": False,
+                                       "resume": None}
+    info["started_options"]["layers"] = [4, 3]  # as if --layers' default had moved too
+    args = resumed_args(parser(0.003), ["--resume", "r"], info)
+    assert (args.epochs, args.finetune_lr, args.layers) == (5, 0.001, (4, 3))
+    with pytest.raises(UserError, match="--finetune-lr 0.002 differs from the run being resumed"):
+        resumed_args(parser(0.003), ["--resume", "r", "--finetune-lr", "0.002"], info)
+    # a run from before run.json kept its started options takes the defaults as it always did
+    assert resumed_args(parser(0.003), ["--resume", "r"], dict(info, started_options=None)).finetune_lr == 0.003
+
+
 def test_a_resumed_run_must_find_the_same_data():
     a = np.arange(12.0).reshape(3, 4)
     same_data(fingerprint(a), fingerprint(a.copy()), "x")
