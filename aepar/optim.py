@@ -1,9 +1,10 @@
-"""Optimisers over dicts of named parameters, using the update kernels, and the L-BFGS
-driver (scipy) for full-batch objectives."""
+"""Optimisers over dicts of named parameters, using the update kernels, their learning-rate
+schedules, and the L-BFGS driver (scipy) for full-batch objectives."""
 from __future__ import annotations
 
 import functools
 import importlib.metadata
+import math
 import os
 import sys
 
@@ -113,6 +114,17 @@ def make_optimizer(be, params, kind: str, lr: float, momentum: float = 0.0):
     if kind == "adam":
         return Adam(be, params, lr=lr)
     return SGD(be, params, lr=lr, momentum=momentum)
+
+
+def cosine(lr: float, epochs: int, first: int = 0):
+    """A learning-rate schedule, the rate of each (0-based) epoch: half a cosine from ``lr``
+    at epoch ``first`` toward 0 by the end of epoch ``epochs``; ``lr`` before ``first`` (a
+    warm-up sets those)."""
+    def lr_at(epoch: int) -> float:
+        if epoch < first or epochs <= first:
+            return lr
+        return lr * 0.5 * (1.0 + math.cos(math.pi * (epoch - first) / (epochs - first)))
+    return lr_at
 
 
 class LBFGSB:

@@ -272,15 +272,23 @@ def _resume_or_start(scheme: str, out, parse, argv: list) -> str:
     return "complete" if info.get("state") == "complete" else "resume"
 
 
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _as_json(value):
+    """``value`` as started_options records it (tuples as lists), or None where JSON would
+    not hold it as it is."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value):
+        return list(value)
+    return None
+
+
 def started_options(args) -> dict:
     """The options a run starts with, as parsed (before any scheme changes one), where JSON
     holds them as they are: what a resumed run keeps when a later aepar has other defaults."""
-    plain = (str, int, float, bool, type(None))
-
-    def kept(value):
-        return isinstance(value, plain) or (isinstance(value, (list, tuple))
-                                            and all(isinstance(v, plain) for v in value))
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items() if kept(v)}
+    return {k: _as_json(v) for k, v in vars(args).items() if v is None or _as_json(v) is not None}
 
 
 def resumed_args(parse, argv: list, info: dict):
@@ -302,8 +310,8 @@ def resumed_args(parse, argv: list, info: dict):
     old, new = parse(old_argv), parse(carried + list(argv))
     for name, value in (info.get("started_options") or {}).items():
         now = getattr(old, name, None)
-        if name in RUN_CONTROL or not hasattr(old, name) or started_options(argparse.Namespace(v=now)) == {"v": value}:
-            continue
+        if name in RUN_CONTROL or not hasattr(old, name) or _as_json(now) == value:
+            continue  # a run control, an option gone, or a default that did not move
         was = tuple(value) if isinstance(now, tuple) and isinstance(value, list) else value
         if getattr(new, name, None) == now:  # not given anew on this command line
             setattr(new, name, was)

@@ -12,10 +12,10 @@ layer-wise adaptive rate (LARS).
 from __future__ import annotations
 
 from aepar.errors import UserError
+from aepar.optim import cosine
 from aepar.parallel.layerwise import resume_point, train_layer_by_layer
 from aepar.rows import Shard
 from aepar.stack import BASE_BATCH
-from aepar.tasks.finetune import cosine
 
 
 def check(args, ranks, n_layers, n_rows):

@@ -10,14 +10,12 @@ mse --finetune-lr 0.001 --finetune-lr-decay none``; docs/architecture.md, "Train
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from aepar import metrics
 from aepar.cli import add_reduce_blocks, learning_rate, momentum, non_negative_int, positive_int, progress, renamed
 from aepar.models.stacked import LOSSES, StackedAutoencoder
-from aepar.optim import make_optimizer
+from aepar.optim import cosine, make_optimizer
 from aepar.parallel.data_parallel import reducer
 from aepar.resume import BackpropRun, timed, warm_up
 from aepar.rows import Shard
@@ -72,15 +70,6 @@ def finetune_rate(args):
         return scheduled
     return cosine(args.finetune_lr, args.finetune_epochs)
 
-
-def cosine(lr: float, epochs: int, first: int = 0):
-    """Half a cosine from ``lr`` at epoch ``first`` toward 0 by the end of epoch ``epochs``;
-    ``lr`` before ``first`` (a warm-up sets those)."""
-    def lr_at(epoch: int) -> float:
-        if epoch < first or epochs <= first:
-            return lr
-        return lr * 0.5 * (1.0 + math.cos(math.pi * (epoch - first) / (epochs - first)))
-    return lr_at
 
 
 def _warm_up(be, args):
