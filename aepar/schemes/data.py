@@ -16,6 +16,7 @@ from aepar.optim import cosine
 from aepar.parallel.layerwise import resume_point, train_layer_by_layer
 from aepar.rows import Shard
 from aepar.stack import BASE_BATCH
+from aepar.tasks.finetune import finetune_decay
 
 
 def check(args, ranks, n_layers, n_rows):
@@ -33,9 +34,8 @@ def setup(job):
         base_f, base_c = args.finetune_lr, args.classify_lr
         args.finetune_lr = base_f * scale(args, args.finetune_batch)
         args.classify_lr = base_c * scale(args, args.classify_batch)
-        # fine-tuning decays by its own default too (--finetune-lr-decay)
-        args.finetune_lr_at = schedule(args, base_f, args.finetune_lr, args.finetune_epochs,
-                                       "cosine" if "cosine" in (args.lr_decay, args.finetune_lr_decay) else "none")
+        args.finetune_lr_decay = finetune_decay(args, args.lr_decay)  # as the run reports it
+        args.finetune_lr_at = schedule(args, base_f, args.finetune_lr, args.finetune_epochs, args.finetune_lr_decay)
         args.classify_lr_at = schedule(args, base_c, args.classify_lr, args.classify_epochs)
         job.summary.update(classify_lr=args.classify_lr, finetune_lr=args.finetune_lr)
     job.announce(f"data-parallel over {job.comm.size} rank(s), one Allreduce per step"

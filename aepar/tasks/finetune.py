@@ -20,7 +20,7 @@ from aepar.parallel.data_parallel import reducer
 from aepar.resume import BackpropRun, timed, warm_up
 from aepar.rows import Shard
 
-__all__ = ["add_finetune_args", "finetune_optimizer", "finetune_rate", "finetune_and_evaluate"]
+__all__ = ["add_finetune_args", "finetune_optimizer", "finetune_decay", "finetune_rate", "finetune_and_evaluate"]
 
 # Adam's first rate with the cosine decay: chosen on held-out rows of the Fashion-MNIST
 # training set (docs/architecture.md, "Training recipes")
@@ -61,12 +61,19 @@ def finetune_optimizer(be, params, args):
     return make_optimizer(be, params, args.optimizer, args.finetune_lr, args.finetune_momentum)
 
 
+def finetune_decay(args, scheme_decay: str = "none") -> str:
+    """Fine-tuning's rate decay, decided here only: cosine when --finetune-lr-decay says so
+    or when a scheme's rule for every rate does (``scheme_decay``: the data scheme's
+    --lr-decay), else none."""
+    return "cosine" if "cosine" in (args.finetune_lr_decay, scheme_decay) else "none"
+
+
 def finetune_rate(args):
     """The rate of each (0-based) fine-tuning epoch, or None for --finetune-lr throughout: a
     scheme's own schedule (``args.finetune_lr_at``, set by the data scheme's large-batch
-    rules), else --finetune-lr-decay's."""
+    rules, with :func:`finetune_decay`), else :func:`finetune_decay`'s."""
     scheduled = getattr(args, "finetune_lr_at", None)
-    if scheduled is not None or args.finetune_lr_decay == "none":
+    if scheduled is not None or finetune_decay(args) == "none":
         return scheduled
     return cosine(args.finetune_lr, args.finetune_epochs)
 

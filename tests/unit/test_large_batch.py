@@ -153,3 +153,21 @@ def test_the_data_schemes_rules_keep_fine_tunings_own_decay():
         np.testing.assert_allclose(rates[:2], [0.006, 0.006], rtol=1e-12)  # warm-up from 0.003 to 0.003 x 2
         assert (rates[4] < rates[2] < rates[1]) if decay == "cosine" else rates[4] == rates[1]
         assert job.args.classify_lr_at(4) == job.args.classify_lr_at(1)  # the classifier's rate stays
+
+
+def test_the_data_schemes_decay_for_every_rate_decays_fine_tuning_and_says_so():
+    """--lr-decay cosine lowers fine-tuning's rate too, even with --finetune-lr-decay none,
+    and the run reports the decay it applies (finetune_decay decides it for both)."""
+    from types import SimpleNamespace
+
+    from aepar.schemes import data
+    from aepar.tasks.finetune import finetune_rate
+
+    args = SimpleNamespace(lr_scaling="none", warmup_epochs=0, lr_decay="cosine", lars=0.0, finetune_lr_decay="none",
+                           finetune_lr=0.003, finetune_batch=100, finetune_epochs=5, classify_lr=0.001,
+                           classify_batch=100, classify_epochs=5)
+    data.setup(SimpleNamespace(args=args, comm=SimpleNamespace(size=2), layers=[], summary={},
+                               announce=lambda line: None))
+    rates = [finetune_rate(args)(e) for e in range(5)]
+    assert rates[0] == 0.003 and all(a > b for a, b in zip(rates, rates[1:]))
+    assert args.finetune_lr_decay == "cosine"
