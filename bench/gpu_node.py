@@ -1,0 +1,260 @@
+"""Every check that needs a GPU node (one GPU, 16 cores), in one pass that fits a short
+allocation: the GPU tests, GPU epochs against PyTorch CUDA, ranks sharing the GPU with the
+same bits as one rank, and the CPU at 16 ranks.
+
+    python -m bench.gpu_node --out DIR [--steps tests,epochs,shared,sixteen] [--budget 540]
+                             [--commit SHA] [--data-dir DIR] [--ranks 1,2,4] [--sixteen 16]
+
+Steps (each skipped, and its log says so, when the time left is below its estimate):
+
+- ``tests``: ``pytest tests -m gpu``, the CuPy kernels and the schemes on the GPU (every test
+  skipped, as without CuPy, is not a pass).
+- ``epochs``: ``bench.gpu_epoch``: the 784x1000 RBM and autoencoder layer at batches 100,
+  1000 and 5000, fine-tuning and the CAE at 100, 8 blocks and 1 against PyTorch CUDA
+  (OUT/gpu_epoch.csv).
+- ``shared``: greedy, sync and eager with ``--device gpu`` on each of ``--ranks``, all ranks
+  on the one GPU; every run's weights against the one-rank run's, bit for bit
+  (OUT/shared_gpu.csv; a difference fails the step).
+- ``sixteen``: on the CPU, one thread per rank: the sparse autoencoder at 10k and 160k
+  patches on 1 and ``--sixteen`` ranks, and the pre-training schemes on 1, 4 and
+  ``--sixteen`` ranks (OUT/sixteen.csv: the runs' seconds, compute and communication, and
+  sync's planned makespan over greedy's work).
+
+Every log (OUT/<step>.log) begins with its commands, the commit (``--commit``, for a copy
+of the tree without its git directory; else the checkout's) and the machine. Runs go to a
+scratch directory outside OUT. Exit 0 when every step ran and passed, 1 otherwise.
+Without a GPU the GPU steps are skipped (and counted as not run).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.chaos import differences
+from bench.common import PY, _commit, machine_columns, mpi_env, python_command
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = ("tests", "epochs", "shared", "sixteen")
+ESTIMATE_S = {"tests": 90, "epochs": 150, "shared": 120, "sixteen": 150}  # on the H100/H200 nodes seen so far
+# the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
+SHARED_RUNS = (
+    ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
+                                  "--finetune-epochs", 1]),
+    ("sync", "aepar.sync", ["--layers", "784-500-250-100-30", "--epochs", 2, "--extra", "0,1,1,1",
+                            "--finetune-epochs", 1, "--no-compare-greedy"]),
+    ("eager", "aepar.eager", ["--preset", "small", "--epochs", 1, "--mono-epochs", 1, "--classify-epochs", 1]),
+)
+SPARSE_PATCHES = (10_000, 160_000)
+PRETRAIN_SCHEMES = ("greedy", "data", "model", "sync", "hybrid")
+
+
+class Log:
+    """One step's log: its header (commit, machine), then each command with its output."""
+
+    def __init__(self, path: Path, step: str, commit: str):
+        self.path = path
+        self.file = path.open("w")
+        self.write(f"# bench.gpu_node step {step}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n"
+                   f"# commit {commit}\n# machine {machine()}\n")
+
+    def write(self, text: str):
+        self.file.write(text)
+        self.file.flush()
+
+    def run(self, cmd: list, env=None, timeout: float = 600.0, cwd=ROOT) -> tuple[int, str, float]:
+        """Run ``cmd``, its output into the log; (exit code, output, seconds)."""
+        self.write(f"\n$ {' '.join(map(str, cmd))}\n")
+        t0 = time.monotonic()
+        try:
+            done = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=env, cwd=cwd,
+                                  timeout=timeout)
+            rc, out = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, out = 124, f"{e.stdout or ''}{e.stderr or ''}\n(stopped after {timeout:.0f} s)"
+        except OSError as e:
+            rc, out = 127, str(e)
+        seconds = time.monotonic() - t0
+        self.write(out if out.endswith("\n") or not out else out + "\n")
+        self.write(f"# exit {rc} after {seconds:.1f} s\n")
+        return rc, out, seconds
+
+
+@functools.lru_cache(maxsize=None)
+def machine() -> str:
+    """CPU (as every benchmark row names it), ISA, cores, BLAS, MPI and the GPU, in one line."""
+    m = machine_columns()
+    return (f"{m['cpu_model']} ({m['isa']}), {m['cores']} cores, {m['blas']}, {m['mpi']}, "
+            f"GPU: {gpu_name() or 'none'}")
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_name() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0] if out else None
+
+
+def write_csv(path: Path, rows: list[dict]):
+    if not rows:
+        return
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def summary_of(run: Path) -> dict:
+    try:
+        return json.loads((run / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def step_tests(log: Log, opts) -> bool:
+    rc, out, _ = log.run([PY, "-m", "pytest", "tests", "-m", "gpu", "-q", "-p", "no:cacheprovider"], timeout=400)
+    return rc == 0 and re.search(r"\b[1-9]\d* passed", out) is not None  # all skipped (no CuPy): not a pass
+
+
+def step_epochs(log: Log, opts) -> bool:
+    data = ["--data-dir", opts.data_dir] if opts.data_dir else []
+    ok = True
+    for layers, batches in (("rbm,ae", "100,1000,5000"), ("finetune,cae", "100")):
+        rc, _, _ = log.run([PY, "-m", "bench.gpu_epoch", "--layers", layers, "--batches", batches,
+                            "--out", opts.out, *data], timeout=400)
+        ok &= rc == 0
+    return ok
+
+
+def step_shared(log: Log, opts, scratch: Path) -> bool:
+    """Each scheme on every rank count, on the one GPU, against one rank's weights."""
+    data = ["--data-dir", opts.data_dir, "--limit", 20_000] if opts.data_dir else ["--dataset", "mnist5k"]
+    rows, ok = [], True
+    for scheme, module, args in SHARED_RUNS:
+        reference = None
+        for ranks in opts.ranks:
+            out = scratch / f"shared-{scheme}-np{ranks}"
+            extra = [] if scheme == "eager" else data
+            cmd = python_command(module, [*args, *extra, "--device", opts.device, "--quiet", "--no-plot",
+                                          "--out", out], ranks)
+            rc, _, seconds = log.run(cmd, env=mpi_env(), timeout=300)
+            same = None
+            if rc == 0 and reference is None:
+                reference = out
+            elif rc == 0:
+                found = differences(reference, out)
+                same = not found
+                if found:
+                    log.write("# differs from 1 rank: " + "; ".join(found[:8]) + "\n")
+            ok &= rc == 0 and same is not False
+            rows.append({"scheme": scheme, "ranks": ranks, "device": opts.device, "exit": rc,
+                         "seconds": round(seconds, 2), "same_bits_as_first": same, "gpu": gpu_name() or "none",
+                         "machine": machine(), "commit": opts.commit})
+    write_csv(opts.out / "shared_gpu.csv", rows)
+    return ok
+
+
+def step_sixteen(log: Log, opts, scratch: Path) -> bool:
+    """The sparse autoencoder and the pre-training schemes at 1 and many ranks, on the CPU."""
+    env = mpi_env(AEPAR_THREADS=1)
+    big = opts.sixteen
+    rows, ok = [], True
+
+    def record(what, ranks, out, rc, seconds):
+        s = summary_of(out)
+        rows.append({"what": what, "ranks": ranks, "exit": rc, "wall_s": round(seconds, 2),
+                     **{k: s.get(k) for k in ("total_s", "compute_s", "comm_s", "pretrain_time_s",
+                                              "planned_vs_greedy", "replay_one_core_per_stage_s")},
+                     "machine": machine(), "commit": opts.commit})
+
+    for patches in SPARSE_PATCHES:
+        for ranks in (1, big):
+            out = scratch / f"sparse-{patches}-np{ranks}"
+            rc, _, seconds = log.run(python_command("aepar.sparse", ["--limit", patches, "--quiet", "--out", out],
+                                                    ranks), env=env, timeout=300)
+            ok &= rc == 0
+            record(f"sparse {patches} patches", ranks, out, rc, seconds)
+    data = ["--data-dir", opts.data_dir, "--limit", 20_000] if opts.data_dir else ["--dataset", "mnist5k"]
+    net = ["--layers", "784-500-250-100-30", "--pretrainer", "ae", "--epochs", 2, "--finetune-epochs", 0,
+           "--reduce-blocks", max(8, big), "--no-plot", "--quiet", *data]
+    for scheme in PRETRAIN_SCHEMES:
+        # model and sync take at most one rank per layer, hybrid more ranks than layers
+        counts = (1, 4) if scheme in ("model", "sync") else (big,) if scheme == "hybrid" else (1, 4, big)
+        for ranks in sorted({r for r in counts if scheme != "hybrid" or r > 4}):
+            out = scratch / f"pretrain-{scheme}-np{ranks}"
+            rc, _, seconds = log.run(python_command("aepar.pretrain", ["--scheme", scheme, *net, "--out", out],
+                                                    ranks), env=env, timeout=300)
+            ok &= rc == 0
+            record(f"pretrain {scheme}", ranks, out, rc, seconds)
+    write_csv(opts.out / "sixteen.csv", rows)
+    return ok
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu_node", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="where the logs and CSVs go (created)")
+    p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated (default {','.join(STEPS)})")
+    p.add_argument("--budget", type=float, default=540.0,
+                   help="seconds for all steps; a step whose estimate exceeds the time left is skipped (default 540)")
+    p.add_argument("--commit", default=os.environ.get("AEPAR_COMMIT") or _commit() or "unknown",
+                   help="the commit the logs name (default $AEPAR_COMMIT, else the checkout's)")
+    p.add_argument("--data-dir", default=None,
+                   help="IDX files (Fashion-MNIST's) for the epochs and the runs (default: Debian's Fashion-MNIST "
+                        "for the epochs, the embedded digits for the runs)")
+    p.add_argument("--ranks", default="1,2,4", help="rank counts sharing the GPU (default 1,2,4; the first is "
+                                                    "the reference)")
+    p.add_argument("--sixteen", type=int, default=16, help="the large rank count of the CPU step (default 16)")
+    p.add_argument("--device", choices=["gpu", "cpu"], default="gpu",
+                   help="the shared step's device (cpu: a dry run of its plumbing on a machine without a GPU)")
+    opts = p.parse_args(argv)
+    opts.ranks = [int(r) for r in opts.ranks.split(",")]
+    steps = [s for s in opts.steps.split(",") if s]
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        p.error(f"unknown steps {unknown}; choose from {','.join(STEPS)}")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    has_gpu = gpu_name() is not None
+    start, failed = time.monotonic(), []
+    with tempfile.TemporaryDirectory(prefix="aepar-gpu-node-") as tmp:
+        for step in steps:
+            left = opts.budget - (time.monotonic() - start)
+            needs_gpu = step in ("tests", "epochs") or (step == "shared" and opts.device == "gpu")
+            log = Log(opts.out / f"{step}.log", step, opts.commit)
+            if needs_gpu and not has_gpu:
+                log.write("# skipped: no GPU (nvidia-smi found none)\n")
+                failed.append(f"{step} (no GPU)")
+                continue
+            if left < ESTIMATE_S[step]:
+                log.write(f"# skipped: {left:.0f} s left, the step takes about {ESTIMATE_S[step]} s\n")
+                failed.append(f"{step} (no time left)")
+                continue
+            t0 = time.monotonic()
+            run = {"tests": step_tests, "epochs": step_epochs}.get(step)
+            ok = run(log, opts) if run else (step_shared if step == "shared" else step_sixteen)(log, opts, Path(tmp))
+            log.write(f"# step {'passed' if ok else 'FAILED'} in {time.monotonic() - t0:.0f} s\n")
+            print(f"bench.gpu_node: {step} {'passed' if ok else 'FAILED'} in {time.monotonic() - t0:.0f} s "
+                  f"({opts.out / (step + '.log')})", flush=True)
+            if not ok:
+                failed.append(step)
+    if failed:
+        print(f"bench.gpu_node: not passed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""bench.gpu_node's bookkeeping, without a GPU: steps that need one are skipped and counted
+as not run, a step with too little time left is skipped, and ranks whose weights differ
+from one rank's fail the shared step."""
+import csv
+
+import pytest
+
+from bench import gpu_node
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(gpu_node, "gpu_name", lambda: None)
+
+
+def test_without_a_gpu_the_gpu_steps_are_skipped_and_the_pass_fails(tmp_path, no_gpu):
+    assert gpu_node.main(["--out", str(tmp_path), "--steps", "tests,epochs", "--commit", "abc123"]) == 1
+    for step in ("tests", "epochs"):
+        text = (tmp_path / f"{step}.log").read_text()
+        assert "# commit abc123" in text and "skipped: no GPU" in text
+
+
+def test_a_step_with_too_little_time_left_is_skipped(tmp_path, no_gpu, monkeypatch):
+    def never(*args):
+        raise AssertionError("the step ran")
+    monkeypatch.setattr(gpu_node, "step_sixteen", never)
+    assert gpu_node.main(["--out", str(tmp_path), "--steps", "sixteen", "--budget", "10"]) == 1
+    assert "skipped: 10 s left" in (tmp_path / "sixteen.log").read_text()
+
+
+@pytest.mark.parametrize("found, passed", [([], True), (["weights.h5: W1 differs"], False)])
+def test_the_shared_step_fails_when_a_rank_count_gives_other_bits(tmp_path, no_gpu, monkeypatch, found, passed):
+    monkeypatch.setattr(gpu_node.Log, "run", lambda self, cmd, env=None, timeout=600.0: (0, "", 0.5))
+    monkeypatch.setattr(gpu_node, "differences", lambda a, b: found)
+    assert gpu_node.main(["--out", str(tmp_path), "--steps", "shared", "--device", "cpu"]) == (0 if passed else 1)
+    rows = list(csv.DictReader((tmp_path / "shared_gpu.csv").open()))
+    assert {r["same_bits_as_first"] for r in rows if r["ranks"] != "1"} == {str(passed)}
+    assert ("differs from 1 rank" in (tmp_path / "shared.log").read_text()) is not passed
