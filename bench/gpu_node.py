@@ -17,8 +17,9 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   (OUT/shared_gpu.csv; a difference fails the step).
 - ``sixteen``: on the CPU, one thread per rank: the sparse autoencoder at 10k and 160k
   patches on 1 and ``--sixteen`` ranks, and the pre-training schemes on 1, 4 and
-  ``--sixteen`` ranks (OUT/sixteen.csv: the runs' seconds, compute and communication, and
-  sync's planned makespan over greedy's work).
+  ``--sixteen`` ranks, greedy also as a quarter of the ranks with 4 threads each
+  (OUT/sixteen.csv: the runs' seconds, compute and communication, and sync's planned
+  makespan over greedy's work).
 
 Every log (OUT/<step>.log) begins with its commands, the commit (``--commit``, for a copy
 of the tree without its git directory; else the checkout's) and the machine. Runs go to a
@@ -175,9 +176,9 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
     big = opts.sixteen
     rows, ok = [], True
 
-    def record(what, ranks, out, rc, seconds):
+    def record(what, ranks, threads, out, rc, seconds):
         s = summary_of(out)
-        rows.append({"what": what, "ranks": ranks, "exit": rc, "wall_s": round(seconds, 2),
+        rows.append({"what": what, "ranks": ranks, "threads": threads, "exit": rc, "wall_s": round(seconds, 2),
                      **{k: s.get(k) for k in ("total_s", "compute_s", "comm_s", "pretrain_time_s",
                                               "planned_vs_greedy", "replay_one_core_per_stage_s")},
                      "machine": machine(), "commit": opts.commit})
@@ -188,19 +189,23 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
             rc, _, seconds = log.run(python_command("aepar.sparse", ["--limit", patches, "--quiet", "--out", out],
                                                     ranks), env=env, timeout=300)
             ok &= rc == 0
-            record(f"sparse {patches} patches", ranks, out, rc, seconds)
+            record(f"sparse {patches} patches", ranks, 1, out, rc, seconds)
     data = ["--data-dir", opts.data_dir, "--limit", 20_000] if opts.data_dir else ["--dataset", "mnist5k"]
     net = ["--layers", "784-500-250-100-30", "--pretrainer", "ae", "--epochs", 2, "--finetune-epochs", 0,
            "--reduce-blocks", max(8, big), "--no-plot", "--quiet", *data]
-    for scheme in PRETRAIN_SCHEMES:
-        # model and sync take at most one rank per layer, hybrid more ranks than layers
-        counts = (1, 4) if scheme in ("model", "sync") else (big,) if scheme == "hybrid" else (1, 4, big)
-        for ranks in sorted({r for r in counts if scheme != "hybrid" or r > 4}):
-            out = scratch / f"pretrain-{scheme}-np{ranks}"
-            rc, _, seconds = log.run(python_command("aepar.pretrain", ["--scheme", scheme, *net, "--out", out],
-                                                    ranks), env=env, timeout=300)
-            ok &= rc == 0
-            record(f"pretrain {scheme}", ranks, out, rc, seconds)
+    # (scheme, ranks, threads): model and sync take at most one rank per layer, hybrid more
+    # ranks than layers; greedy also as a quarter of the ranks with 4 threads each (its threads
+    # take whole blocks: data's one block per rank leaves them nothing)
+    runs = [(s, r, 1) for s in PRETRAIN_SCHEMES
+            for r in sorted({1, 4} if s in ("model", "sync") else {big} if s == "hybrid" else {1, 4, big})
+            if s != "hybrid" or r > 4]
+    runs += [("greedy", big // 4, 4)] if big >= 8 else []
+    for scheme, ranks, threads in runs:
+        out = scratch / f"pretrain-{scheme}-np{ranks}x{threads}"
+        rc, _, seconds = log.run(python_command("aepar.pretrain", ["--scheme", scheme, *net, "--out", out], ranks),
+                                 env=dict(env, AEPAR_THREADS=str(threads)), timeout=300)
+        ok &= rc == 0
+        record(f"pretrain {scheme}", ranks, threads, out, rc, seconds)
     write_csv(opts.out / "sixteen.csv", rows)
     return ok
 
