@@ -95,6 +95,10 @@ bench-gpu-epoch: venv bench-peers  ## epochs on the GPU, aepar's CuPy kernels vs
 bench-gpu-node: venv bench-peers  ## every check that needs a GPU node (a GPU, 16 cores) in one pass of about 9 min: GPU tests, GPU epochs vs PyTorch CUDA, 1/2/4 ranks sharing the GPU bit for bit, the CPU at 16 ranks -> runs/gpu-node/<date-time>/ (logs name the command, commit and machine)
 	$(BIN)/python -m bench.gpu_node --out runs/gpu-node/$$(date +%Y%m%d-%H%M%S)
 
+.PHONY: bench-layouts
+bench-layouts: venv  ## ranks or threads on one machine: the same greedy job (pre-training, fine-tuning) as 1 process x every core, 1 rank per core and 1 x 1, in turns -> layouts.{csv,md} (`make fashion` first; ~4 min on 2 cores)
+	$(BIN)/python -m bench.layouts --rounds 3
+
 .PHONY: bench-memory
 bench-memory: venv  ## a rank's peak memory reading a 2 GB --data .npy as --scheme data does, 1/2/4 ranks -> data_memory.csv, data_memory.md (~2 min)
 	$(BIN)/python -m bench.data_memory
