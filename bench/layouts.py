@@ -31,8 +31,9 @@ COMMAND = "python -m bench.layouts"
 
 def layouts(cores: int) -> list[tuple[int, int]]:
     """(ranks, threads per rank): every core as a thread of one process, one rank per core,
-    and one process with one thread (the baseline)."""
-    return list(dict.fromkeys([(1, cores), (cores, 1), (1, 1)]))
+    from 8 cores also ranks of 4 threads, and one process with one thread (the baseline)."""
+    middle = [(cores // 4, 4)] if cores >= 8 else []
+    return list(dict.fromkeys([(1, cores), (cores, 1), *middle, (1, 1)]))
 
 
 def run_once(ranks: int, threads: int, args, work: Path) -> dict:

@@ -12,6 +12,7 @@ def _row(ranks, threads, pre, fine, cpu="CPU A"):
 def test_the_layouts_of_a_machine():
     assert layouts(2) == [(1, 2), (2, 1), (1, 1)]
     assert layouts(1) == [(1, 1)]
+    assert layouts(16) == [(1, 16), (16, 1), (4, 4), (1, 1)]
 
 
 def test_each_machine_gets_its_section_with_the_fastest_round_and_the_ratio_to_one_thread():
