@@ -11,6 +11,7 @@ from bench import gpu_node
 @pytest.fixture
 def no_gpu(monkeypatch):
     monkeypatch.setattr(gpu_node, "gpu_name", lambda: None)
+    monkeypatch.setattr(gpu_node, "warm_up", lambda: None)  # no compilation in the background
 
 
 def test_without_a_gpu_the_gpu_steps_are_skipped_and_the_pass_fails(tmp_path, no_gpu):
