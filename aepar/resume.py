@@ -186,6 +186,11 @@ class BackpropRun:
         return True
 
     @property
+    def done_before(self) -> float:
+        """Epochs done before this process, a paused epoch's share included (for the time left)."""
+        return self.first + (self.state.share_done(self.train.blocks.n, self.batch) if self.state else 0.0)
+
+    @property
     def resuming_at(self) -> str:
         return f"epoch {self.first + 1}" + (f", batch {self.state.batch + 1}" if self.state else "")
 

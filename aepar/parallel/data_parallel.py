@@ -81,6 +81,11 @@ def reducer(comm):
     return lambda shard, fn: blockwise_sums(shard, fn, comm)
 
 
+def batches_per_epoch(rows: int, batch: int) -> int:
+    """Steps of one epoch over ``rows`` rows at a global ``batch``."""
+    return max(1, -(-int(rows) // int(batch)))
+
+
 class Minibatches:
     """The batches of one epoch over a shard's blocks (see the module docstring).
 
@@ -96,7 +101,7 @@ class Minibatches:
 
     def __init__(self, blocks: Blocks, batch: int, key: tuple, epoch: int):
         self.blocks = blocks
-        self.n_batches = max(1, -(-blocks.n // int(batch)))
+        self.n_batches = batches_per_epoch(blocks.n, batch)
         bounds = blocks.bounds
         sizes = np.diff(bounds)
         # rows of every block (all ranks') in every batch: the batch sizes
@@ -139,6 +144,11 @@ class EpochState:
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "batch": self.batch, "sums": list(map(float, self.sums)), "rng": self.rng}
+
+    def share_done(self, rows: int, batch: int) -> float:
+        """The share of its epoch done before the pause (``rows`` in ``batch``-row steps),
+        which the time left counts as done."""
+        return self.batch / batches_per_epoch(rows, batch)
 
     @classmethod
     def from_dict(cls, d: dict) -> "EpochState":

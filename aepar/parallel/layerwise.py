@@ -116,6 +116,8 @@ class _Stack:
         if state is not None or first:
             progress(self.comm, self.quiet, f"layer {i + 1}: resuming at epoch {first + 1}"
                                             + (f", batch {state.batch + 1}" if state else ""))
+        if state is not None:  # the paused epoch's steps before the stop are no pace of this process
+            self.eta.first += self._work(i, state.share_done(train.blocks.n, layer.batch))
         # this epoch's training seconds, slowest rank: a paused epoch's from its checkpoint
         paused = record.pop("paused_epoch_s", 0.0)
         clock = {"t": paused if state is not None else 0.0}

@@ -307,17 +307,25 @@ def _merge_segments(done: dict | None, result) -> dict:
 
 def _on_epoch(job, done):
     """Rank 0's call for every stage's finished epoch, as its record arrives: a metrics.csv
-    row and a progress line (the time left from the planned epochs)."""
+    row and a progress line. The time left is the plan's: how far along its clock the
+    finished epochs reach (the latest planned end), at the pace this process has gone.
+    Counting epochs instead would run ahead: the small layers' stages finish theirs many
+    times faster than the first layer's, which the run waits for."""
     args, layers, plan = job.args, job.layers, job.state["plan"]
     rows, line = metrics.of(job.ckpt.run), _stage_line(layers)
-    count = [len(done["epochs"]) if done else 0]
-    eta = metrics.Eta(sum(plan.epochs(l) for l in range(len(layers))), count[0])
+
+    def planned_end(r) -> float:
+        stage = plan.stages[r["stage"]]
+        return stage[min(r["epoch"], len(stage) - 1)].end  # newest-wins may add extras past the plan
+
+    reached = [max((planned_end(r) for r in done["epochs"]), default=0.0) if done else 0.0]
+    eta = metrics.Eta(plan.makespan, reached[0])
 
     def on_epoch(r):
         rows.add("pretrain", r["epoch"] + 1, stage=r["stage"] + 1, train_error=r["train_error"],
                  val_error=r["val_error"], lr=layers[r["stage"]].lr)
-        count[0] += 1
-        progress(job.comm, args.quiet, line(r), left=eta.left(count[0]))
+        reached[0] = max(reached[0], planned_end(r))
+        progress(job.comm, args.quiet, line(r), left=eta.left(reached[0]))
     return on_epoch
 
 

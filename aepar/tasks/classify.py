@@ -122,7 +122,7 @@ def _fit(be, comm, model, train, test, args, *, what, trace=None, ckpt=None, res
     progress(comm, quiet, f"  before: train accuracy {_pct(record['before']['train'])}  "
                           f"test {_pct(record['before']['test'])}")
 
-    rows, eta = metrics.of(run), metrics.Eta(epochs, fit.first)
+    rows, eta = metrics.of(run), metrics.Eta(epochs, fit.done_before)
 
     def after_epoch(epoch, result):
         loss, seen = result.means

@@ -170,7 +170,7 @@ def _after_epoch(be, comm, model, test, fit, args, ckpt, guard, quiet, prefix=""
     """What follows every epoch: checks, the test error, the record, metrics.csv and the progress line."""
     run = ckpt.run if ckpt else None
     reduce = reducer(comm)
-    rows, eta = metrics.of(run), metrics.Eta(args.finetune_epochs, fit.first)
+    rows, eta = metrics.of(run), metrics.Eta(args.finetune_epochs, fit.done_before)
 
     def after_epoch(epoch, result):
         loss, seen = result.means
