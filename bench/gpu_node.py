@@ -53,7 +53,7 @@ from bench.common import PY, _commit, machine_columns, mpi_env, python_command
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("tests", "epochs", "shared", "sixteen")
-ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 180}  # on the H100/H200 nodes seen so far
+ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 240}  # on the H100/H200 nodes seen so far
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
