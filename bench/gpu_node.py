@@ -88,8 +88,10 @@ class Log:
             done = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=env, cwd=cwd,
                                   timeout=timeout)
             rc, out = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, out = 124, f"{e.stdout or ''}{e.stderr or ''}\n(stopped after {timeout:.0f} s)"
+        except subprocess.TimeoutExpired as e:  # its output may come as bytes, whatever text= said
+            got = "".join(b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+                          for b in (e.stdout, e.stderr))
+            rc, out = 124, f"{got}\n(stopped after {timeout:.0f} s)"
         except OSError as e:
             rc, out = 127, str(e)
         seconds = time.monotonic() - t0
