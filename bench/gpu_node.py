@@ -36,7 +36,6 @@ Without a GPU the GPU steps are skipped (and counted as not run).
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import json
 import os
@@ -49,7 +48,7 @@ import time
 from pathlib import Path
 
 from bench.chaos import differences
-from bench.common import PY, _commit, machine_columns, mpi_env, python_command
+from bench.common import PY, _commit, machine_columns, mpi_env, python_command, write_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("tests", "epochs", "shared", "sixteen")
@@ -120,16 +119,6 @@ def gpu_name() -> str | None:
     return out.splitlines()[0] if out else None
 
 
-def write_csv(path: Path, rows: list[dict]):
-    if not rows:
-        return
-    fields = list(dict.fromkeys(k for row in rows for k in row))
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
-
-
 def summary_of(run: Path) -> dict:
     try:
         return json.loads((run / "summary.json").read_text())
@@ -178,7 +167,7 @@ def step_shared(log: Log, opts, scratch: Path) -> bool:
             rows.append({"scheme": scheme, "ranks": ranks, "device": opts.device, "exit": rc,
                          "seconds": round(seconds, 2), "same_bits_as_first": same, "gpu": gpu_name() or "none",
                          "machine": machine(), "commit": opts.commit})
-    write_csv(opts.out / "shared_gpu.csv", rows)
+    write_rows(opts.out / "shared_gpu.csv", rows)
     return ok
 
 
@@ -218,7 +207,7 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
                                  env=dict(env, AEPAR_THREADS=str(threads)), timeout=300)
         ok &= rc == 0
         record(f"pretrain {scheme}", ranks, threads, out, rc, seconds)
-    write_csv(opts.out / "sixteen.csv", rows)
+    write_rows(opts.out / "sixteen.csv", rows)
     # the scaling model's missing input on this machine: ranks sharing its cores and memory
     rc, _, _ = log.run([PY, "-m", "bench.scaling_model", "measure-contention", "--out",
                         opts.out / "contention.csv"], env=env, timeout=180)

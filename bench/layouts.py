@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from aepar._threads import usable_cores
 from bench.common import fastest, machine_columns, merge_rows, mpi_env, python_command, read_rows, with_machine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     p.add_argument("--dataset", default="fashion", help="aepar's --dataset (default fashion)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where layouts.csv and .md go (default bench/results)")
     args = p.parse_args(argv)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     machine = machine_columns()
     rows = []
     with tempfile.TemporaryDirectory(prefix="aepar-layouts-") as tmp:
