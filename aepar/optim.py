@@ -40,16 +40,21 @@ class SGD:
     decay, so every step moves a matrix by about the same fraction of its norm however
     large the batch (and so however small the averaged gradient); biases keep ``lr``."""
 
-    def __init__(self, be, params: dict, lr: float, momentum: float = 0.0, trust: float = 0.0):
+    def __init__(self, be, params: dict, lr: float, momentum: float = 0.0, trust: float = 0.0,
+                 weight_decay: float = 0.0):
         self.be, self.params, self.lr, self.momentum, self.trust = be, params, lr, momentum, trust
+        self.weight_decay = weight_decay  # every weight matrix's, where a step names none
         self.velocity = {k: be.zeros(p.shape, p.dtype) for k, p in params.items()}
 
     def step(self, grads: dict, lr: float | None = None, momentum: float | None = None,
              weight_decay: dict | None = None):
-        """One step; ``weight_decay`` (name -> coefficient) adds coefficient * p to those
-        gradients inside the step (the arrays in ``grads`` are left as they were)."""
+        """One step; ``weight_decay`` (name -> coefficient; default: the constructor's for
+        every 2-D parameter) adds coefficient * p to those gradients inside the step (the
+        arrays in ``grads`` are left as they were)."""
         lr = self.lr if lr is None else lr
         momentum = self.momentum if momentum is None else momentum
+        if weight_decay is None:
+            weight_decay = {k: self.weight_decay for k, p in self.params.items() if p.ndim >= 2}
         names = list(self.params)
         decay = [float((weight_decay or {}).get(k, 0.0)) for k in names]
         rates = [self.rate(self.params[k], grads[k], lr, c) for k, c in zip(names, decay)]
@@ -75,11 +80,18 @@ class SGD:
 
 
 class Adam:
-    """Adam (Kingma & Ba) with bias correction."""
+    """Adam (Kingma & Ba) with bias correction.
 
-    def __init__(self, be, params: dict, lr: float = 1e-3, beta1=0.9, beta2=0.999, eps=1e-8):
+    ``weight_decay`` > 0 shrinks the weight matrices (2-D parameters; biases are left) by
+    1 - lr * weight_decay each step, decoupled from the gradient (AdamW, Loshchilov &
+    Hutter 2019): an L2 term in the gradient would be rescaled away by Adam's own
+    per-element scaling."""
+
+    def __init__(self, be, params: dict, lr: float = 1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
+                 weight_decay: float = 0.0):
         self.be, self.params = be, params
         self.lr, self.beta1, self.beta2, self.eps = lr, beta1, beta2, eps
+        self.weight_decay = weight_decay
         self.m = {k: be.zeros(p.shape, p.dtype) for k, p in params.items()}
         self.v = {k: be.zeros(p.shape, p.dtype) for k, p in params.items()}
         self.t = 0
@@ -90,11 +102,13 @@ class Adam:
         names = list(self.params)
         arrays = ([self.params[k] for k in names], [grads[k] for k in names], [self.m[k] for k in names],
                   [self.v[k] for k in names])
+        decays = [self.weight_decay if self.params[k].ndim >= 2 else 0.0 for k in names]
         if threads() == 1:  # every parameter in one call (one launch on a GPU, not one each)
-            self.be.K.adam_update_many(*arrays, self.t, lr, self.beta1, self.beta2, self.eps)
+            self.be.K.adam_update_many(*arrays, self.t, lr, self.beta1, self.beta2, self.eps, decays)
             return
-        in_bands(lambda p, g, m, v: self.be.K.adam_update(p, g, m, v, self.t, lr, self.beta1, self.beta2, self.eps),
-                 *arrays)
+        in_bands(lambda p, g, m, v, c: self.be.K.adam_update(p, g, m, v, self.t, lr, self.beta1, self.beta2,
+                                                            self.eps, c),
+                 *arrays, extras=[(c,) for c in decays])
 
     def state(self) -> dict:
         out = {f"m/{k}": a for k, a in self.m.items()}
@@ -109,11 +123,13 @@ class Adam:
         self.t = int(state["t"])
 
 
-def make_optimizer(be, params, kind: str, lr: float, momentum: float = 0.0):
-    """The backprop optimiser a task asked for: ``kind`` "adam" (momentum unused) or "sgd"."""
+def make_optimizer(be, params, kind: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+    """The backprop optimiser a task asked for: ``kind`` "adam" (momentum unused) or "sgd",
+    with ``weight_decay`` on the weight matrices (Adam's decoupled, SGD's in the gradient:
+    without momentum both shrink the matrices by 1 - lr * weight_decay a step)."""
     if kind == "adam":
-        return Adam(be, params, lr=lr)
-    return SGD(be, params, lr=lr, momentum=momentum)
+        return Adam(be, params, lr=lr, weight_decay=weight_decay)
+    return SGD(be, params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
 def cosine(lr: float, epochs: int, first: int = 0):

@@ -79,6 +79,9 @@ RUN_CONTROL = {"out", "resume", "overwrite", "resume_or_start", "quiet", "checkp
 PER_INVOCATION = ("--quiet",)
 # options holding paths: made absolute against the directory the run started in
 PATH_OPTIONS = ("data_dir", "images", "weights")
+# options added since runs record their options, each with the value that trains as the
+# aepar before it did: a run started without the option goes on without it when resumed
+ADDED_OPTIONS = {"finetune_weight_decay": 0.0}  # 0.7.0
 
 
 def _now() -> str:
@@ -297,8 +300,9 @@ def resumed_args(parse, argv: list, info: dict):
     ``parse(list) -> namespace`` is the scheme's parser. Options other than the run
     controls (:data:`RUN_CONTROL`) must not change; relative paths are taken from the
     directory the run started in. An option the run left at its default keeps the value it
-    started with (run.json's ``started_options``) where this aepar's default differs: a run
-    resumed after an upgrade trains on as it began.
+    started with (run.json's ``started_options``) where this aepar's default differs, and an
+    option it did not have yet (:data:`ADDED_OPTIONS`) takes the value that trains as before:
+    a run resumed after an upgrade trains on as it began.
 
     Raises
     ------
@@ -308,7 +312,7 @@ def resumed_args(parse, argv: list, info: dict):
     old_argv = list(info.get("argv") or [])
     carried = [a for a in old_argv if a not in PER_INVOCATION]
     old, new = parse(old_argv), parse(carried + list(argv))
-    for name, value in (info.get("started_options") or {}).items():
+    for name, value in {**ADDED_OPTIONS, **(info.get("started_options") or {})}.items():
         now = getattr(old, name, None)
         if name in RUN_CONTROL or not hasattr(old, name) or _as_json(now) == value:
             continue  # a run control, an option gone, or a default that did not move

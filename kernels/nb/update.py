@@ -31,17 +31,18 @@ def _sgd_decay(p, g, v, lr, momentum, decay):
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
-def _adam(p, g, m, v, beta1, rest1, beta2, rest2, step, root_bc2, eps):
+def _adam(p, g, m, v, beta1, rest1, beta2, rest2, step, root_bc2, eps, keep):
     """The scalars come in the arrays' dtype, so float32 parameters are updated in float32
     arithmetic: with float64 scalars the division and square root ran in float64 and made
-    this pass compute-bound, several times slower."""
+    this pass compute-bound, several times slower. ``keep`` = 1 - lr * weight decay shrinks
+    p in the same pass (1 leaves the bits of no decay: keep * p - s rounds once, as p - s)."""
     for i in prange(p.size):
         gi = g[i]
         mi = beta1 * m[i] + rest1 * gi
         vi = beta2 * v[i] + rest2 * gi * gi
         m[i] = mi
         v[i] = vi
-        p[i] -= step * mi / (np.sqrt(vi) * root_bc2 + eps)
+        p[i] = keep * p[i] - step * mi / (np.sqrt(vi) * root_bc2 + eps)
 
 
 def _flat_views(*arrays):
@@ -65,21 +66,23 @@ def sgd_momentum_update(p, g, v, lr, momentum, weight_decay=0.0):
         _sgd(flat[0], flat[1], flat[2], dt(lr), dt(momentum))
 
 
-def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
-    """One Adam step with bias correction at step t = 1, 2, ..., in place. Returns None."""
+def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
+    """One Adam step with bias correction at step t = 1, 2, ..., in place, with decoupled
+    ``weight_decay`` (AdamW: p shrinks by 1 - lr * weight_decay). Returns None."""
     _ref.check_update("adam_update", p, g, m, v)
     _ref.check_step(t)
     flat = _flat_views(p, g, m, v)
     if flat is None or not (p.flags.writeable and m.flags.writeable and v.flags.writeable):
-        return _ref.adam_update(p, g, m, v, t, lr, beta1, beta2, eps)
+        return _ref.adam_update(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay)
     bc1 = 1.0 - float(beta1) ** int(t)
     bc2 = 1.0 - float(beta2) ** int(t)
     # lr m / bc1 / (sqrt(v / bc2) + eps), the bias corrections folded into two scalars
     dt = p.dtype.type
     _adam(*flat, dt(beta1), dt(1.0 - beta1), dt(beta2), dt(1.0 - beta2), dt(lr / bc1), dt(1.0 / math.sqrt(bc2)),
-          dt(eps))
+          dt(eps), dt(1.0 - lr * weight_decay))
 
 
-def adam_update_many(ps, gs, ms, vs, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
-    """:func:`adam_update` on each parameter's (p, g, m, v) of the four lists, in place."""
-    _ref.adam_each(adam_update, ps, gs, ms, vs, t, lr, beta1, beta2, eps)
+def adam_update_many(ps, gs, ms, vs, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decays=None):
+    """:func:`adam_update` on each parameter's (p, g, m, v) of the four lists, in place;
+    ``weight_decays``: each parameter's ``weight_decay`` (default none)."""
+    _ref.adam_each(adam_update, ps, gs, ms, vs, t, lr, beta1, beta2, eps, weight_decays)

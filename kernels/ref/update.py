@@ -35,14 +35,18 @@ def sgd_momentum_update(p, g, v, lr, momentum, weight_decay=0.0):
     p += v
 
 
-def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
+def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
     """One Adam step (Kingma & Ba, Algorithm 1) at step ``t`` (1, 2, ...), in place.
 
     m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;
     p -= lr * m_hat / (sqrt(v_hat) + eps), m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t).
+    ``weight_decay`` is decoupled from the gradient (AdamW, Loshchilov & Hutter): p is first
+    shrunk by the factor 1 - lr * weight_decay, whatever Adam's scaling of g.
     """
     check_update("adam_update", p, g, m, v)
     check_step(t)
+    if weight_decay:
+        p *= p.dtype.type(1.0 - lr * weight_decay)
     m *= beta1
     m += (1 - beta1) * g
     v *= beta2
@@ -52,15 +56,26 @@ def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
     p -= lr * m_hat / (np.sqrt(v_hat) + eps)
 
 
-def adam_update_many(ps, gs, ms, vs, t, lr, beta1=0.9, beta2=0.999, eps=1e-8):
-    """:func:`adam_update` on each parameter's (p, g, m, v) of the four lists, in place."""
-    adam_each(adam_update, ps, gs, ms, vs, t, lr, beta1, beta2, eps)
+def adam_update_many(ps, gs, ms, vs, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decays=None):
+    """:func:`adam_update` on each parameter's (p, g, m, v) of the four lists, in place;
+    ``weight_decays``: each parameter's ``weight_decay`` (default none)."""
+    adam_each(adam_update, ps, gs, ms, vs, t, lr, beta1, beta2, eps, weight_decays)
 
 
-def adam_each(update, ps, gs, ms, vs, t, lr, beta1, beta2, eps):
+def decays_of(ps, weight_decays) -> list:
+    """Each parameter's weight decay as a float: ``weight_decays`` checked against ``ps``,
+    or zeros when it is None."""
+    if weight_decays is None:
+        return [0.0] * len(ps)
+    if len(weight_decays) != len(ps):
+        raise ValueError(f"adam_update_many: {len(ps)} parameters but {len(weight_decays)} weight decays")
+    return [float(c) for c in weight_decays]
+
+
+def adam_each(update, ps, gs, ms, vs, t, lr, beta1, beta2, eps, weight_decays=None):
     """A set's ``adam_update_many`` as its ``update`` called on each parameter: the bits of
     one call each (a CPU set's; the cupy set's is one launch for all)."""
     check_many("adam_update_many", ps, gs, ms, vs)
     check_step(t)
-    for p, g, m, v in zip(ps, gs, ms, vs):
-        update(p, g, m, v, t, lr, beta1, beta2, eps)
+    for p, g, m, v, c in zip(ps, gs, ms, vs, decays_of(ps, weight_decays)):
+        update(p, g, m, v, t, lr, beta1, beta2, eps, c)

@@ -377,8 +377,9 @@ def test_parallel_map_waits_for_its_helpers_before_an_error_goes_up(monkeypatch)
 @given(shapes=st.lists(st.sampled_from([(1,), (7,), (40,), (3, 5), (33, 17)]), min_size=1, max_size=4),
        n_threads=st.integers(2, 4), adam=st.booleans(), seed=st.integers(0, 2**16))
 def test_optimiser_steps_over_the_threads_give_one_threads_bits(shapes, n_threads, adam, seed):
-    """SGD (with a weight decay on one parameter) and Adam cut each parameter into a band of
-    rows per thread: the step's bits are those of the whole arrays on one thread."""
+    """SGD (with a weight decay on one parameter) and Adam (with AdamW's on the matrices) cut
+    each parameter into a band of rows per thread: the step's bits are those of the whole
+    arrays on one thread."""
     from aepar.optim import SGD
     be = _be("numba", "float32")
     rng = np.random.default_rng(seed)
@@ -390,7 +391,7 @@ def test_optimiser_steps_over_the_threads_give_one_threads_bits(shapes, n_thread
         for threads in (1, n_threads):
             aepar.THREADS = threads
             params = {k: be.asarray(v.copy()) for k, v in start.items()}
-            opt = Adam(be, params, lr=1e-2) if adam else SGD(be, params, 0.1, 0.9)
+            opt = Adam(be, params, lr=1e-2, weight_decay=0.3) if adam else SGD(be, params, 0.1, 0.9)
             for g in grads:
                 opt.step(g) if adam else opt.step(g, weight_decay={"p0": 0.01})
             results.append({k: be.to_host(v).tobytes() for k, v in params.items()})

@@ -34,16 +34,19 @@ def test_reference_sgd_momentum_matches_formula(rng):
         np.testing.assert_allclose(p, p_direct, rtol=1e-14, atol=1e-15)
 
 
-def test_reference_adam_matches_formula(rng):
+@pytest.mark.parametrize("decay", [0.0, 3.0])
+def test_reference_adam_matches_formula(decay, rng):
+    """Adam, and AdamW's decoupled decay: p shrinks by 1 - lr * decay before the step."""
     lr, b1, b2, eps = 0.01, 0.8, 0.95, 1e-8
     p, m, v = rng.standard_normal(6), np.zeros(6), np.zeros(6)
     p_direct, m_direct, v_direct = p.copy(), m.copy(), v.copy()
     for t in range(1, STEPS + 1):
         g = rng.standard_normal(6)
-        assert REF.adam_update(p, g, m, v, t, lr, b1, b2, eps) is None
+        assert REF.adam_update(p, g, m, v, t, lr, b1, b2, eps, weight_decay=decay) is None
         m_direct = b1 * m_direct + (1 - b1) * g
         v_direct = b2 * v_direct + (1 - b2) * g ** 2
-        p_direct = p_direct - lr * (m_direct / (1 - b1 ** t)) / (np.sqrt(v_direct / (1 - b2 ** t)) + eps)
+        p_direct = (1 - lr * decay) * p_direct - lr * (m_direct / (1 - b1 ** t)) / (np.sqrt(v_direct / (1 - b2 ** t))
+                                                                                     + eps)
         np.testing.assert_allclose(m, m_direct, rtol=1e-14)
         np.testing.assert_allclose(v, v_direct, rtol=1e-14)
         np.testing.assert_allclose(p, p_direct, rtol=1e-14)
@@ -128,6 +131,13 @@ def test_matches_reference_update(kset, shape, dtype, rng):
     assert_close(v, v_ref, dtype, work=STEPS, name="adam v")
     assert_close(p, p_ref, dtype, work=STEPS, name="adam p")
 
+    p_ref, m_ref, v_ref = p0.copy(), np.zeros(shape, dtype), np.zeros(shape, dtype)
+    p, m, v = dev(p0.copy()), dev(np.zeros(shape, dtype)), dev(np.zeros(shape, dtype))
+    for t, g in enumerate(grads, start=1):  # AdamW: a decay of 1/6 a step at this rate
+        REF.adam_update(p_ref, g, m_ref, v_ref, t, 1e-2, weight_decay=16.0)
+        assert K.adam_update(p, dev(g), m, v, t, 1e-2, weight_decay=16.0) is None
+    assert_close(p, p_ref, dtype, work=STEPS, name="adamw p")
+
 
 @pytest.mark.parametrize("kset", ALL_SETS)
 def test_updates_work_in_place_on_views(kset, rng):
@@ -183,11 +193,12 @@ def test_adam_update_many_is_each_parameters_own_step(kset, dtype, rng):
     state = {name: ([new(np.zeros(s, dtype)) for s in shapes], [new(np.zeros(s, dtype)) for s in shapes])
              for name in ("many", "each")}
     assert not many[-1].flags.c_contiguous
+    decays = [5.0, 0.0, 5.0, 0.0, 5.0, 5.0]  # AdamW's on the matrices only, as aepar.optim.Adam
     for t in range(1, STEPS + 1):
         gs = [new(rng.standard_normal(s).astype(dtype)) for s in shapes]
-        assert K.adam_update_many(many, gs, *state["many"], t, 1e-2, 0.8, 0.95) is None
-        for p, g, m, v in zip(each, gs, *state["each"]):
-            K.adam_update(p, g, m, v, t, 1e-2, 0.8, 0.95)
+        assert K.adam_update_many(many, gs, *state["many"], t, 1e-2 * t, 0.8, 0.95, weight_decays=decays) is None
+        for p, g, m, v, c in zip(each, gs, *state["each"], decays):
+            K.adam_update(p, g, m, v, t, 1e-2 * t, 0.8, 0.95, weight_decay=c)
     for a, b in zip(many + state["many"][0] + state["many"][1], each + state["each"][0] + state["each"][1]):
         assert to_host(a).tobytes() == to_host(b).tobytes()
     assert not np.array_equal(to_host(many[0]), p0[0]) and not np.array_equal(to_host(many[-1]), p0[-1])
@@ -201,3 +212,5 @@ def test_adam_update_many_refuses_lists_that_do_not_match(kset, rng):
         K.adam_update_many(p, p[:1], p, p, 1, 1e-3)
     with pytest.raises(ValueError, match="shape"):
         K.adam_update_many(p, [p[1], p[0]], p, p, 1, 1e-3)
+    with pytest.raises(ValueError, match="2 parameters but 1 weight decays"):
+        K.adam_update_many(p, p, p, p, 1, 1e-3, weight_decays=[0.1])

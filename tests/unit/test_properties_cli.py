@@ -32,6 +32,7 @@ LAYERWISE = dict(COMMON, **{"--epochs": NUMBERS, "--batch": NUMBERS, "--reduce-b
                             "--code-lr": NUMBERS, "--momentum": NUMBERS, "--final-momentum": NUMBERS,
                             "--weight-cost": NUMBERS, "--finetune-epochs": NUMBERS, "--finetune-lr": NUMBERS,
                             "--finetune-momentum": NUMBERS, "--finetune-batch": NUMBERS,
+                            "--finetune-weight-decay": NUMBERS,
                             "--optimizer": st.sampled_from(["sgd", "adam", "lbfgs"]),
                             "--loss": st.sampled_from(["mse", "xent", "l1"]), "--layers": st.text(max_size=12)})
 SYNC = dict(LAYERWISE, **{"--val-fraction": NUMBERS, "--dp-ranks": NUMBERS, "--extra": st.text(max_size=10),
@@ -43,6 +44,7 @@ RANGES = {"seed": lambda v: v >= 0, "samples": lambda v: v >= 1, "iterations": l
           "beta": lambda v: math.isfinite(v) and v >= 0, "lr": lambda v: math.isfinite(v) and v >= 0,
           "finetune_lr": lambda v: math.isfinite(v) and v >= 0, "momentum": lambda v: 0 <= v < 1,
           "final_momentum": lambda v: 0 <= v < 1, "finetune_momentum": lambda v: 0 <= v < 1,
+          "finetune_weight_decay": lambda v: math.isfinite(v) and v >= 0,
           "checkpoint_minutes": lambda v: math.isfinite(v) and v >= 0,
           "timeout": lambda v: v is None or (math.isfinite(v) and v > 0), "reduce_blocks": lambda v: v >= 1,
           "val_fraction": lambda v: 0 <= v <= 0.5, "batch": lambda v: v >= 1}

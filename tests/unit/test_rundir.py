@@ -198,6 +198,25 @@ def test_a_resumed_run_keeps_the_defaults_it_started_with(cwd):
     assert resumed_args(parser(0.003), ["--resume", "r"], dict(info, started_options=None)).finetune_lr == 0.003
 
 
+def test_a_resumed_run_does_without_an_option_added_since_it_started(cwd):
+    """An option added after a run started (0.7.0's --finetune-weight-decay, default 0.05)
+    takes the value that trains as before (none) when that run is resumed, unless it is given
+    anew; a run started with the option keeps its own value."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--finetune-weight-decay", type=float, default=0.05)
+    p.add_argument("--resume")
+    before = {"argv": ["--epochs", "5"], "started_options": {"epochs": 5, "resume": None}}
+    assert resumed_args(p.parse_args, ["--resume", "r"], before).finetune_weight_decay == 0.0
+    assert resumed_args(p.parse_args, ["--resume", "r"], dict(before, started_options=None)).finetune_weight_decay == 0
+    with pytest.raises(UserError, match="--finetune-weight-decay 0.1 differs from the run being resumed"):
+        resumed_args(p.parse_args, ["--resume", "r", "--finetune-weight-decay", "0.1"], before)
+    since = dict(before, started_options={"epochs": 5, "finetune_weight_decay": 0.05, "resume": None})
+    assert resumed_args(p.parse_args, ["--resume", "r"], since).finetune_weight_decay == 0.05
+
+
 def test_a_resumed_run_must_find_the_same_data():
     a = np.arange(12.0).reshape(3, 4)
     same_data(fingerprint(a), fingerprint(a.copy()), "x")
