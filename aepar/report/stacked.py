@@ -104,10 +104,12 @@ def _label(name, summary) -> str:
 
 
 def recipe(ft) -> str:
-    """"adam lr 0.003, cosine decay / xent, 10 epochs" from a summary's fine-tuning part."""
+    """"adam lr 0.003, cosine decay, weight decay 0.05 / xent, 10 epochs" from a summary's
+    fine-tuning part."""
     if not ft or not ft.get("n_epochs"):
         return "none"
     decay = ", cosine decay" if ft.get("lr_decay") == "cosine" else ""
+    decay += f", weight decay {ft['weight_decay']:g}" if ft.get("weight_decay") else ""
     n = ft.get("n_epochs")
     return f"{ft.get('optimizer')} lr {ft.get('lr'):g}{decay} / {ft.get('loss')}, {n} epoch{'' if n == 1 else 's'}"
 

@@ -176,6 +176,8 @@ def test_tables_put_schemes_side_by_side(tmp_path):
     assert "| adam lr 0.003, cosine decay / xent, 10 epochs |" in tables({"greedy": decayed})
     decayed["finetune"]["n_epochs"] = 1
     assert "| adam lr 0.003, cosine decay / xent, 1 epoch |" in tables({"greedy": decayed})
+    decayed["finetune"]["weight_decay"] = 0.05
+    assert "| adam lr 0.003, cosine decay, weight decay 0.05 / xent, 1 epoch |" in tables({"greedy": decayed})
     no_ft = summary("greedy", None, None, 3.5, 0.0)
     no_ft["error"]["finetuned"], no_ft["finetune"] = None, {"n_epochs": 0}
     assert "| greedy pre-training (no fine-tuning) | – | – | 18.50 / 18.81 | 1.33x | none |" in tables({"greedy": no_ft})
