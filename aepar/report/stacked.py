@@ -104,7 +104,7 @@ def _label(name, summary) -> str:
 
 
 def recipe(ft) -> str:
-    """"adam lr 0.003, cosine decay, weight decay 0.05 / xent, 10 epochs" from a summary's
+    """"adam lr 0.004, cosine decay, weight decay 0.05 / xent, 10 epochs" from a summary's
     fine-tuning part."""
     if not ft or not ft.get("n_epochs"):
         return "none"

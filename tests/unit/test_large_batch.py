@@ -116,7 +116,7 @@ def test_the_classifier_takes_the_schedule_epoch_by_epoch(tmp_path):
 
 
 def test_fine_tuning_decays_along_a_cosine_by_default_epoch_by_epoch(tmp_path):
-    """Fine-tuning's own default (--finetune-lr-decay cosine, from --finetune-lr 0.003), in
+    """Fine-tuning's own default (--finetune-lr-decay cosine, from --finetune-lr 0.004), in
     any scheme: here greedy's, read back from metrics.csv; and --finetune-lr-decay none keeps
     the rate."""
     from aepar import api, metrics
@@ -128,7 +128,7 @@ def test_fine_tuning_decays_along_a_cosine_by_default_epoch_by_epoch(tmp_path):
                              out=tmp_path / f"run{len(list(tmp_path.iterdir()))}", quiet=True, **options)
         return [float(r["lr"]) for r in metrics.read(model.path / metrics.FILE) if r["phase"] == "finetune"]
 
-    np.testing.assert_allclose(rates(), [3e-3 * 0.5 * (1 + math.cos(math.pi * e / 3)) for e in range(3)],
+    np.testing.assert_allclose(rates(), [4e-3 * 0.5 * (1 + math.cos(math.pi * e / 3)) for e in range(3)],
                                rtol=1e-7)
     np.testing.assert_allclose(rates(finetune_lr_decay="none", finetune_lr=0.002), [0.002] * 3, rtol=1e-7)
 
