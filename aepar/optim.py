@@ -43,7 +43,8 @@ class SGD:
     def __init__(self, be, params: dict, lr: float, momentum: float = 0.0, trust: float = 0.0,
                  weight_decay: float = 0.0):
         self.be, self.params, self.lr, self.momentum, self.trust = be, params, lr, momentum, trust
-        self.weight_decay = weight_decay  # every weight matrix's, where a step names none
+        # every weight matrix's decay, where a step names none
+        self.weight_decay = {k: weight_decay for k, p in params.items() if p.ndim >= 2}
         self.velocity = {k: be.zeros(p.shape, p.dtype) for k, p in params.items()}
 
     def step(self, grads: dict, lr: float | None = None, momentum: float | None = None,
@@ -53,8 +54,7 @@ class SGD:
         arrays in ``grads`` are left as they were)."""
         lr = self.lr if lr is None else lr
         momentum = self.momentum if momentum is None else momentum
-        if weight_decay is None:
-            weight_decay = {k: self.weight_decay for k, p in self.params.items() if p.ndim >= 2}
+        weight_decay = self.weight_decay if weight_decay is None else weight_decay
         names = list(self.params)
         decay = [float((weight_decay or {}).get(k, 0.0)) for k in names]
         rates = [self.rate(self.params[k], grads[k], lr, c) for k, c in zip(names, decay)]
@@ -91,7 +91,7 @@ class Adam:
                  weight_decay: float = 0.0):
         self.be, self.params = be, params
         self.lr, self.beta1, self.beta2, self.eps = lr, beta1, beta2, eps
-        self.weight_decay = weight_decay
+        self.decays = [weight_decay if p.ndim >= 2 else 0.0 for p in params.values()]  # the matrices only
         self.m = {k: be.zeros(p.shape, p.dtype) for k, p in params.items()}
         self.v = {k: be.zeros(p.shape, p.dtype) for k, p in params.items()}
         self.t = 0
@@ -102,13 +102,12 @@ class Adam:
         names = list(self.params)
         arrays = ([self.params[k] for k in names], [grads[k] for k in names], [self.m[k] for k in names],
                   [self.v[k] for k in names])
-        decays = [self.weight_decay if self.params[k].ndim >= 2 else 0.0 for k in names]
         if threads() == 1:  # every parameter in one call (one launch on a GPU, not one each)
-            self.be.K.adam_update_many(*arrays, self.t, lr, self.beta1, self.beta2, self.eps, decays)
+            self.be.K.adam_update_many(*arrays, self.t, lr, self.beta1, self.beta2, self.eps, self.decays)
             return
         in_bands(lambda p, g, m, v, c: self.be.K.adam_update(p, g, m, v, self.t, lr, self.beta1, self.beta2,
                                                             self.eps, c),
-                 *arrays, extras=[(c,) for c in decays])
+                 *arrays, extras=[(c,) for c in self.decays])
 
     def state(self) -> dict:
         out = {f"m/{k}": a for k, a in self.m.items()}
