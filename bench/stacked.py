@@ -27,8 +27,9 @@ Files other than rbm_epoch.csv carry the configuration in their name (_quick, _f
   wall times here, and per hand-over bytes and seconds against epoch time, for both
   modes. Measured (4 ranks on 2 cores are oversubscribed: the waiting stages sleep).
 - quality.csv: error per digit of PCA-30, greedy and sync after fine-tuning, from one
-  ``aepar.sync`` run with --compare-greedy (quick: mnist5k; full: Fashion-MNIST, 20 + 10
-  epochs). Measured.
+  ``aepar.sync`` run with --compare-greedy per seed of ``--seeds`` (quick: mnist5k; full:
+  Fashion-MNIST, 20 + 10 epochs), and their mean and half the range. ``--reuse`` reads a
+  seed's finished run instead of running it again. Measured.
 - stacked_quick.md / stacked_full.md: all of the above as tables.
 
 The jobs' own run directories and logs go to runs/bench_stacked/.
@@ -302,6 +303,86 @@ def run_sync(np_, out: Path, args: list[str], log: Path) -> dict:
     return summary
 
 
+def parse_seeds(text: str) -> list[int] | None:
+    """``--seeds``'s distinct non-negative integers, or None."""
+    try:
+        seeds = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        return None
+    return seeds if seeds and min(seeds) >= 0 and len(set(seeds)) == len(seeds) else None
+
+
+def quality_run(which, cfg, runs, seed: int, reuse: bool) -> dict:
+    """One ``aepar.sync --compare-greedy`` run of ``seed``'s quality: its summary, with the
+    day it started. With ``reuse``, a finished run of the same options already in its
+    directory is read instead of run again."""
+    args = ["--preset", cfg["preset"], "--seed", str(seed)]
+    run_dir = runs / f"{which}_quality_seed{seed}"
+    meta = run_dir / "run.json"
+    done = json.loads(meta.read_text()) if reuse and meta.exists() else {}
+    argv = done.get("argv", [])
+
+    def option(name, default=None):
+        return argv[argv.index(name) + 1] if name in argv[:-1] else default
+    if done.get("state") == "complete" and (option("--preset"), option("--seed", "0")) == (cfg["preset"], str(seed)):
+        print(f"bench.stacked: reusing {run_dir}", flush=True)
+        summary = json.loads((run_dir / "summary.json").read_text())
+    else:
+        summary = run_sync(4 if which == "quick" else 2, run_dir, args, runs / f"{which}_quality_seed{seed}.log")
+        done = json.loads(meta.read_text())
+    summary["_day"] = done.get("started", "")[:10]
+    return summary
+
+
+def quality(which, cfg, runs, seeds, reuse, skip_text) -> tuple[list[dict], list[str]]:
+    """Santara et al.'s Table 2: greedy and sync after fine-tuning against PCA-30, a run per
+    seed, then each scheme's mean and half the range over the seeds."""
+    qrows, key = [], "finetuned"
+    for seed in seeds:
+        q = quality_run(which, cfg, runs, seed, reuse)
+        for name, s in (("greedy", q["greedy"]), ("sync", q)):
+            qrows.append({"seed": seed, "dataset": q["source"], "scheme": name,
+                          "train_error": s["error"][key]["train"], "test_error": s["error"][key]["test"],
+                          "pretrained_test_error": s["error"]["pretrained"]["test"],
+                          "pca30_test_error": q["pca"]["test"], "vs_pca": s["error"][key]["test"] / q["pca"]["test"],
+                          "pretrain_s": s["pretrain_time_s"], "finetune_s": s["finetune_time_s"],
+                          "ranks": s["ranks"], "kind": "measured", "day": q["_day"],
+                          "vs_greedy": q["test_error_vs_greedy"] if name == "sync" else 1.0,
+                          **q["machine"]})  # the machine the run was on (a reused one's too)
+    md = ["## Quality after fine-tuning (measured, one aepar.sync run with --compare-greedy per seed)", "",
+          "| seed | scheme | train | test | pre-trained only (test) | PCA-30 (test) | test / PCA-30 | sync / greedy |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in qrows:
+        md.append(f"| {r['seed']} | {r['scheme']} | {r['train_error']:.3f} | {r['test_error']:.3f} | "
+                  f"{r['pretrained_test_error']:.3f} | {r['pca30_test_error']:.3f} | {r['vs_pca']:.3f} | "
+                  f"{r['vs_greedy']:.3f} |")
+
+    def spread(values, digits=3):  # mean ± half the range, as every seeded table here
+        v = np.asarray(values, dtype=float)
+        return v.mean(), f"{v.mean():.{digits}f} ± {(v.max() - v.min()) / 2:.{digits}f}"
+    verdicts = []
+    for name in ("greedy", "sync"):
+        mine = [r for r in qrows if r["scheme"] == name]
+        mean_ratio, ratio = spread([r["vs_pca"] for r in mine])
+        md.append(f"| mean | {name} | {spread([r['train_error'] for r in mine])[1]} | "
+                  f"{spread([r['test_error'] for r in mine])[1]} | "
+                  f"{spread([r['pretrained_test_error'] for r in mine])[1]} | "
+                  f"{spread([r['pca30_test_error'] for r in mine])[1]} | {ratio} | "
+                  f"{spread([r['vs_greedy'] for r in mine])[1]} |")
+        verdicts.append(f"{name} {ratio} ({'met' if mean_ratio <= 0.45 else 'not met'})")
+    days = sorted({r["day"] for r in qrows if r["day"]})
+    machines = sorted({f"{r['cpu_model']} ({r['isa']}, {r['cores']} cores, {r['blas']})" for r in qrows})
+    md += ["", f"Santara et al.'s Table 2 as a target: the test error at most 0.45x PCA-30's for greedy and sync, "
+           f"on the mean over seeds {', '.join(map(str, seeds))} (± half the range): {'; '.join(verdicts)}. "
+           f"Sync within 5% of greedy on every seed: "
+           f"{'yes' if all(r['vs_greedy'] <= 1.05 for r in qrows) else 'no'}. "
+           f"Fine-tuning {recipe(q.get('finetune'))}. Runs of {', '.join(days)} on {'; '.join(machines)}, "
+           f"`python -m bench.stacked --{which}"
+           f"{' --skip ' + skip_text if skip_text else ''} --seeds {','.join(map(str, seeds))}`.",
+           f"Data: {q['source']}", ""]
+    return qrows, md
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.stacked", description=__doc__.splitlines()[0])
     g = p.add_mutually_exclusive_group()
@@ -324,10 +405,19 @@ def main(argv=None) -> int:
     p.add_argument("--rbm-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rbm-child-data", help=argparse.SUPPRESS)
     p.add_argument("--rbm-child-what", help=argparse.SUPPRESS)
+    p.add_argument("--seeds", default="0",
+                   help="the quality part's seeds, comma-separated: one aepar.sync --compare-greedy run each, "
+                        "then the mean and half the range (default %(default)s)")
+    p.add_argument("--reuse", action="store_true",
+                   help="the quality part reads a seed's finished run in runs/bench_stacked instead of "
+                        "running it again, where that run had the same options")
     p.add_argument("--out", default=str(RESULTS), help="directory of the results (default bench/results)")
     args = p.parse_args(argv)
     if args.rbm_hidden < 1 or args.rbm_batch < 1:
         p.error(f"--rbm-hidden and --rbm-batch must be positive, got {args.rbm_hidden} and {args.rbm_batch}")
+    seeds = parse_seeds(args.seeds)
+    if seeds is None:
+        p.error(f"--seeds wants distinct non-negative integers such as 0,1,2, not {args.seeds!r}")
     if args.rbm_child:
         return _rbm_child(args)
     which = "full" if args.full else "quick"
@@ -421,31 +511,9 @@ def main(argv=None) -> int:
                makespan.format_rows(measured + rows), ""]
 
     if "quality" not in skip:
-        q = run_sync(4 if which == "quick" else 2, runs / f"{which}_quality", ["--preset", cfg["preset"]],
-                     runs / f"{which}_quality.log")
-        gq, key = q["greedy"], "finetuned"
-        qrows = [{"dataset": q["source"], "scheme": name, "train_error": s["error"][key]["train"],
-                  "test_error": s["error"][key]["test"], "pretrained_test_error": s["error"]["pretrained"]["test"],
-                  "pca30_test_error": q["pca"]["test"], "vs_pca": s["error"][key]["test"] / q["pca"]["test"],
-                  "pretrain_s": s["pretrain_time_s"], "finetune_s": s["finetune_time_s"], "ranks": s["ranks"],
-                  "kind": "measured"} for name, s in (("greedy", gq), ("sync", q))]
-        qrows[1]["vs_greedy"] = q["test_error_vs_greedy"]
+        qrows, lines = quality(which, cfg, runs, seeds, args.reuse, args.skip)
         _write_csv(out / f"quality_{which}.csv", qrows)
-        md += ["## Quality after fine-tuning (measured, one aepar.sync run with --compare-greedy)", "",
-               "| scheme | train | test | pre-trained only (test) | test / PCA-30 | sync / greedy |",
-               "| --- | --- | --- | --- | --- | --- |"]
-        for r in qrows:
-            md.append(f"| {r['scheme']} | {r['train_error']:.3f} | {r['test_error']:.3f} | "
-                      f"{r['pretrained_test_error']:.3f} | {r['vs_pca']:.3f} | {r.get('vs_greedy', 1.0):.3f} |")
-        verdict = ", ".join(f"{r['scheme']} {r['vs_pca']:.3f}x ({'met' if r['vs_pca'] <= 0.45 else 'not met'})"
-                            for r in qrows)
-        md += ["", f"PCA-30 test error {q['pca']['test']:.3f}. Santara et al.'s Table 2 as a target: the test error "
-               f"at most 0.45x PCA-30's for greedy and sync: {verdict}. Sync within 5% of greedy: "
-               f"{q['test_error_vs_greedy']:.3f}x. Fine-tuning {recipe(q.get('finetune'))}. One run, seed 0, "
-               f"{time.strftime('%Y-%m-%d')}, "
-               f"{q['machine']['cpu_model']} ({q['machine']['isa']}, {q['machine']['cores']} cores, "
-               f"{q['machine']['blas']}), `python -m "
-               f"bench.stacked --{which}{' --skip ' + args.skip if args.skip else ''}`.", f"Data: {q['source']}", ""]
+        md += lines
     path = out / f"stacked_{which}.md"
     # a part skipped this time keeps its section from the last run
     text = merge_sections(path.read_text() if path.exists() else "", "\n".join(md) + "\n")
