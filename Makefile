@@ -22,7 +22,7 @@ export MPIRUN
 NP     ?= $(shell nproc 2>/dev/null || echo 2)
 RUN_ARGS ?=
 
-.PHONY: help venv run test check clean-runs test-gpu test-cluster bench bench-full bench-peers bench-pretrain bench-kernels reliability fashion docs clean distclean
+.PHONY: help venv run test check clean-runs test-gpu test-cluster bench bench-full bench-peers bench-pretrain bench-santara bench-kernels reliability fashion docs clean distclean
 
 help:  ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{n[NR]=$$1; d[NR]=$$2; if (length($$1)>w) w=length($$1)} \
@@ -77,6 +77,10 @@ bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per schem
 bench-pretrain-full: venv  ## CMU 15-618's accuracy table at its size: Fashion-MNIST 60k/10k, 30 + 30 epochs, every scheme and the floors, seeds 0,1,2 -> pretrain_accuracy_fashion.{csv,md} (`make fashion` first; about 10 hours on 2 cores, in runs/bench-pretrain-full: stop it any time, the same command goes on from there; each finished run is recorded in bench/results/records/pretrain_accuracy_fashion, so a clone with those records goes on too)
 	$(BIN)/python -m bench.pretrain --stages accuracy --accuracy-dataset fashion --epochs 30 --seeds 0,1,2 \
 	  --work runs/bench-pretrain-full --records bench/results/records/pretrain_accuracy_fashion
+
+.PHONY: bench-santara
+bench-santara: venv  ## Santara et al.'s Table 2 on Fashion-MNIST: greedy and sync (2 ranks), 20 + 10 epochs, against PCA-30, seeds 0,1,2 -> quality_full.csv, stacked_full.md (`make fashion` first; about 30 minutes on 2 cores)
+	$(BIN)/python -m bench.stacked --full --skip rbm,stages,measured --seeds 0,1,2
 
 .PHONY: bench-cae-speed
 bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs PyTorch at 1 and 2 threads -> peers.csv, cae_speed.md (~1 min)
