@@ -314,7 +314,7 @@ def parse_seeds(text: str) -> list[int] | None:
 
 def quality_run(which, cfg, runs, seed: int, reuse: bool) -> dict:
     """One ``aepar.sync --compare-greedy`` run of ``seed``'s quality: its summary, with the
-    day it started. With ``reuse``, a finished run of the same options already in its
+    day it started. With ``reuse``, a finished run of the same preset and seed already in its
     directory is read instead of run again."""
     args = ["--preset", cfg["preset"], "--seed", str(seed)]
     run_dir = runs / f"{which}_quality_seed{seed}"
@@ -414,7 +414,7 @@ def main(argv=None) -> int:
                         "then the mean and half the range (default %(default)s)")
     p.add_argument("--reuse", action="store_true",
                    help="the quality part reads a seed's finished run in runs/bench_stacked instead of "
-                        "running it again, where that run had the same options")
+                        "running it again, where that run had the same preset and seed")
     p.add_argument("--out", default=str(RESULTS), help="directory of the results (default bench/results)")
     args = p.parse_args(argv)
     if args.rbm_hidden < 1 or args.rbm_batch < 1:
