@@ -357,3 +357,20 @@ def merge_rows(rows: list[dict], path, benchmark: str, *, legacy: bool = False, 
         for r in old + rows:
             w.writerow(r)
     os.replace(tmp, path)
+
+
+def over_seeds(rows, keys, by="model"):
+    """One row per value of ``by``, in first-seen order: the mean of ``keys`` over its seeds
+    and, as ``key_spread``, half the min-max range (None stays None)."""
+    out = {}
+    for r in rows:
+        out.setdefault(r[by], []).append(r)
+    table = []
+    for group, mine in out.items():
+        row = {k: v for k, v in mine[0].items() if k not in keys}
+        for k in keys:
+            values = [m[k] for m in mine if m[k] is not None]
+            row[k] = sum(values) / len(values) if values else None
+            row[k + "_spread"] = (max(values) - min(values)) / 2 if values else None
+        table.append(row)
+    return table

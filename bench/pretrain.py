@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import Records, dates_text, machine_columns, mpi_env, python_command, run_to_end
+from bench.common import Records, dates_text, machine_columns, mpi_env, over_seeds, python_command, run_to_end
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -243,23 +243,6 @@ def accuracy_png(rows, curves, path, title):
     fig.suptitle(f"Test accuracy after pre-training and fine-tuning: {title}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=100)
-
-
-def over_seeds(rows, keys):
-    """One row per model, in first-seen order: the mean of ``keys`` over its seeds and, as
-    ``key_spread``, half the min-max range (None stays None)."""
-    out = {}
-    for r in rows:
-        out.setdefault(r["model"], []).append(r)
-    table = []
-    for model, mine in out.items():
-        row = {k: v for k, v in mine[0].items() if k not in keys}
-        for k in keys:
-            values = [m[k] for m in mine if m[k] is not None]
-            row[k] = sum(values) / len(values) if values else None
-            row[k + "_spread"] = (max(values) - min(values)) / 2 if values else None
-        table.append(row)
-    return table
 
 
 # ---- large batches -------------------------------------------------------------------------------

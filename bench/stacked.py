@@ -57,8 +57,8 @@ import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
 from aepar.report.stacked import recipe  # noqa: E402
-from bench.common import (KEY, fastest, machine_columns, merge_rows, mpi_env, python_command, time_call,  # noqa: E402
-                          time_calls, with_machine, write_rows)
+from bench.common import (KEY, fastest, machine_columns, merge_rows, mpi_env, over_seeds, python_command,  # noqa: E402
+                          time_call, time_calls, with_machine, write_rows)
 from bench.torch_rbm import LAYERS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -358,19 +358,12 @@ def quality(which, cfg, runs, seeds, reuse, skip_text) -> tuple[list[dict], list
                   f"{r['pretrained_test_error']:.3f} | {r['pca30_test_error']:.3f} | {r['vs_pca']:.3f} | "
                   f"{r['vs_greedy']:.3f} |")
 
-    def spread(values, digits=3):  # mean ± half the range, as every seeded table here
-        v = np.asarray(values, dtype=float)
-        return v.mean(), f"{v.mean():.{digits}f} ± {(v.max() - v.min()) / 2:.{digits}f}"
+    columns = ["train_error", "test_error", "pretrained_test_error", "pca30_test_error", "vs_pca", "vs_greedy"]
     verdicts = []
-    for name in ("greedy", "sync"):
-        mine = [r for r in qrows if r["scheme"] == name]
-        mean_ratio, ratio = spread([r["vs_pca"] for r in mine])
-        md.append(f"| mean | {name} | {spread([r['train_error'] for r in mine])[1]} | "
-                  f"{spread([r['test_error'] for r in mine])[1]} | "
-                  f"{spread([r['pretrained_test_error'] for r in mine])[1]} | "
-                  f"{spread([r['pca30_test_error'] for r in mine])[1]} | {ratio} | "
-                  f"{spread([r['vs_greedy'] for r in mine])[1]} |")
-        verdicts.append(f"{name} {ratio} ({'met' if mean_ratio <= 0.45 else 'not met'})")
+    for r in over_seeds(qrows, columns, by="scheme"):
+        shown = {k: f"{r[k]:.3f} ± {r[k + '_spread']:.3f}" for k in columns}
+        md.append(f"| mean | {r['scheme']} | " + " | ".join(shown[k] for k in columns) + " |")
+        verdicts.append(f"{r['scheme']} {shown['vs_pca']} ({'met' if r['vs_pca'] <= 0.45 else 'not met'})")
     # a reused run may predate a change of the defaults: then each seed's recipe is named
     used = next(iter(recipes)) if len(recipes) == 1 else \
         "; ".join(f"seeds {', '.join(ss)}: {text}" for text, ss in recipes.items())

@@ -2,7 +2,7 @@
 min-max range of each figure, in the order the models first ran."""
 import pytest
 
-from bench.pretrain import over_seeds
+from bench.common import over_seeds
 
 
 def test_a_row_per_model_with_the_mean_and_half_the_range_over_the_seeds():
