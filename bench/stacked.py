@@ -29,7 +29,7 @@ Files other than rbm_epoch.csv carry the configuration in their name (_quick, _f
 - quality.csv: error per digit of PCA-30, greedy and sync after fine-tuning, from one
   ``aepar.sync`` run with --compare-greedy per seed of ``--seeds`` (quick: mnist5k; full:
   Fashion-MNIST, 20 + 10 epochs), and their mean and half the range. ``--reuse`` reads a
-  seed's finished run instead of running it again. Measured.
+  seed's finished run instead of running it again where its options are today's. Measured.
 - stacked_quick.md / stacked_full.md: all of the above as tables.
 
 The jobs' own run directories and logs go to runs/bench_stacked/.
@@ -312,19 +312,29 @@ def parse_seeds(text: str) -> list[int] | None:
     return seeds if seeds and min(seeds) >= 0 and len(set(seeds)) == len(seeds) else None
 
 
+# options that change where a run writes or what it prints, not what it computes
+PRESENTATION = frozenset({"out", "quiet", "plot", "overwrite", "resume", "resume_or_start", "checkpoint_every",
+                          "checkpoint_minutes", "timeout"})
+
+
+def same_recipe(options: dict, args: list[str]) -> bool:
+    """Whether a run's resolved options (run.json's ``options``) are what ``aepar.sync
+    args`` resolves to today: the preset's values may have changed since the run, and its
+    argv alone would not show it. Every option counts but :data:`PRESENTATION`'s."""
+    from aepar.sync import parse_args
+    want = vars(parse_args(args))
+    return all(k in options and options[k] == v for k, v in want.items() if k not in PRESENTATION)
+
+
 def quality_run(which, cfg, runs, seed: int, reuse: bool) -> dict:
     """One ``aepar.sync --compare-greedy`` run of ``seed``'s quality: its summary, with the
-    day it started. With ``reuse``, a finished run of the same preset and seed already in its
-    directory is read instead of run again."""
+    day it started. With ``reuse``, a finished run already in its directory whose options
+    resolve as the preset and seed do today (:func:`same_recipe`) is read instead of run again."""
     args = ["--preset", cfg["preset"], "--seed", str(seed)]
     run_dir = runs / f"{which}_quality_seed{seed}"
     meta = run_dir / "run.json"
     done = json.loads(meta.read_text()) if reuse and meta.exists() else {}
-    argv = done.get("argv", [])
-
-    def option(name, default=None):
-        return argv[argv.index(name) + 1] if name in argv[:-1] else default
-    if done.get("state") == "complete" and (option("--preset"), option("--seed", "0")) == (cfg["preset"], str(seed)):
+    if done.get("state") == "complete" and same_recipe(done.get("options") or {}, args):
         print(f"bench.stacked: reusing {run_dir}", flush=True)
         summary = json.loads((run_dir / "summary.json").read_text())
     else:
@@ -407,7 +417,7 @@ def main(argv=None) -> int:
                         "then the mean and half the range (default %(default)s)")
     p.add_argument("--reuse", action="store_true",
                    help="the quality part reads a seed's finished run in runs/bench_stacked instead of "
-                        "running it again, where that run had the same preset and seed")
+                        "running it again, where that run's options are what the preset and seed give today")
     p.add_argument("--out", default=str(RESULTS), help="directory of the results (default bench/results)")
     args = p.parse_args(argv)
     if args.rbm_hidden < 1 or args.rbm_batch < 1:

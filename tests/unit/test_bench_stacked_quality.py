@@ -1,10 +1,11 @@
 """bench.stacked's Santara table over seeds: a row per seed and scheme, the mean ± half the
-range, the verdict on the mean; --reuse reads only a finished run of the same options."""
+range, the verdict on the mean; --reuse reads only a finished run whose options resolve as today's."""
 import json
 
 import pytest
 
 import bench.stacked as stacked
+from aepar.sync import parse_args
 
 MACHINE = {"hostname": "h", "cores": 2, "cpu_model": "Some CPU", "isa": "avx2", "blas": "b"}
 
@@ -18,11 +19,15 @@ def _summary(test_greedy, test_sync, pca=10.0):
             "greedy": {"ranks": 1, "pretrain_time_s": 1.0, "finetune_time_s": 1.0, "error": errors(test_greedy)}}
 
 
-def _finished(runs, seed, summary, argv_seed=None, state="complete"):
+def _finished(runs, seed, summary, argv_seed=None, state="complete", **changed):
+    """A run directory as aepar.sync leaves it: run.json's options resolved from its argv
+    (``changed``: options that differ, as from a preset of another release)."""
     d = runs / f"full_quality_seed{seed}"
     d.mkdir(parents=True)
     argv = ["--out", str(d), "--preset", "full"] + ([] if argv_seed is None else ["--seed", str(argv_seed)])
-    (d / "run.json").write_text(json.dumps({"state": state, "argv": argv, "started": "2026-11-29T01:00:00"}))
+    options = vars(parse_args(argv)) | changed
+    (d / "run.json").write_text(json.dumps({"state": state, "argv": argv, "options": options,
+                                            "started": "2026-11-29T01:00:00"}))
     (d / "summary.json").write_text(json.dumps(summary))
 
 
@@ -75,6 +80,16 @@ def test_reuse_takes_only_a_finished_run_of_the_same_seed(tmp_path, ran):
         stacked.quality("full", stacked.CONFIGS["full"], tmp_path, [4], False, "")
     rows, md = stacked.quality("full", stacked.CONFIGS["full"], tmp_path, [4], True, "")
     assert rows[1]["vs_greedy"] == pytest.approx(1.2) and "Sync within 5% of greedy on every seed: no" in md[-3]
+
+
+def test_reuse_reruns_a_run_whose_preset_resolved_otherwise(tmp_path, ran):
+    """The same --preset and --seed in argv, but the preset gave other values then."""
+    _finished(tmp_path, 0, _summary(5.0, 5.0), final_momentum=0.5)
+    with pytest.raises(AssertionError, match="ran"):
+        stacked.quality("full", stacked.CONFIGS["full"], tmp_path, [0], True, "")
+    _finished(tmp_path, 1, _summary(5.0, 5.0), argv_seed=1, quiet=False, timeout=60)  # presentation only
+    rows, _ = stacked.quality("full", stacked.CONFIGS["full"], tmp_path, [1], True, "")
+    assert len(rows) == 2
 
 
 @pytest.mark.parametrize("text", ["0,0", "-1", "x", ""])
