@@ -56,3 +56,15 @@ def test_the_docs_table_lists_every_renamed_option():
         row = next((line for line in page.splitlines() if old[0] in line and prog.split(".")[1] in line), None)
         assert row is not None, f"docs/options.md lacks {prog} {old[0]}"
         assert re.search(re.escape(new[0]), row), (row, new)
+
+
+@pytest.mark.parametrize("preset", ["quick", "full"])
+def test_a_preset_trains_the_same_stack_in_sync_and_pretrain(preset):
+    """One preset name, one recipe: the layer-wise stacks of ``aepar.sync --preset P`` and
+    ``aepar.pretrain --preset P`` (sync's scheme there) get the same pre-training and
+    fine-tuning options."""
+    a, b = vars(sync.parse_args(["--preset", preset])), vars(pretrain.parse_args(["--preset", preset]))
+    keys = ["dataset", "layers", "pretrainer", "epochs", "batch", "lr", "code_lr", "momentum", "final_momentum",
+            "momentum_switch", "weight_cost", "finetune_epochs", "optimizer", "loss", "finetune_lr",
+            "finetune_lr_decay", "finetune_weight_decay", "finetune_batch"]
+    assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
