@@ -312,18 +312,16 @@ def parse_seeds(text: str) -> list[int] | None:
     return seeds if seeds and min(seeds) >= 0 and len(set(seeds)) == len(seeds) else None
 
 
-# options that change where a run writes or what it prints, not what it computes
-PRESENTATION = frozenset({"out", "quiet", "plot", "overwrite", "resume", "resume_or_start", "checkpoint_every",
-                          "checkpoint_minutes", "timeout"})
-
-
-def same_recipe(options: dict, args: list[str]) -> bool:
-    """Whether a run's resolved options (run.json's ``options``) are what ``aepar.sync
-    args`` resolves to today: the preset's values may have changed since the run, and its
-    argv alone would not show it. Every option counts but :data:`PRESENTATION`'s."""
+def same_recipe(info: dict, args: list[str]) -> bool:
+    """Whether a run (its run.json ``info``) started with the options ``aepar.sync args``
+    resolves to today: a preset's values may have changed since the run, and its argv
+    alone would not show it. Every option counts but the run controls (where it writes,
+    what it prints: aepar.rundir.RUN_CONTROL), compared as run.json records them."""
+    from aepar.rundir import RUN_CONTROL, started_options
     from aepar.sync import parse_args
-    want = vars(parse_args(args))
-    return all(k in options and options[k] == v for k, v in want.items() if k not in PRESENTATION)
+    had = info.get("started_options") or {}
+    return all(k in had and had[k] == v for k, v in started_options(parse_args(args)).items()
+               if k not in RUN_CONTROL)
 
 
 def quality_run(which, cfg, runs, seed: int, reuse: bool) -> dict:
@@ -334,7 +332,7 @@ def quality_run(which, cfg, runs, seed: int, reuse: bool) -> dict:
     run_dir = runs / f"{which}_quality_seed{seed}"
     meta = run_dir / "run.json"
     done = json.loads(meta.read_text()) if reuse and meta.exists() else {}
-    if done.get("state") == "complete" and same_recipe(done.get("options") or {}, args):
+    if done.get("state") == "complete" and same_recipe(done, args):
         print(f"bench.stacked: reusing {run_dir}", flush=True)
         summary = json.loads((run_dir / "summary.json").read_text())
     else:

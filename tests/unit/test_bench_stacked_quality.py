@@ -5,6 +5,7 @@ import json
 import pytest
 
 import bench.stacked as stacked
+from aepar.rundir import started_options
 from aepar.sync import parse_args
 
 MACHINE = {"hostname": "h", "cores": 2, "cpu_model": "Some CPU", "isa": "avx2", "blas": "b"}
@@ -20,13 +21,13 @@ def _summary(test_greedy, test_sync, pca=10.0):
 
 
 def _finished(runs, seed, summary, argv_seed=None, state="complete", **changed):
-    """A run directory as aepar.sync leaves it: run.json's options resolved from its argv
-    (``changed``: options that differ, as from a preset of another release)."""
+    """A run directory as aepar.sync leaves it: run.json's started_options resolved from its
+    argv (``changed``: options that differ, as from a preset of another release)."""
     d = runs / f"full_quality_seed{seed}"
     d.mkdir(parents=True)
     argv = ["--out", str(d), "--preset", "full"] + ([] if argv_seed is None else ["--seed", str(argv_seed)])
-    options = vars(parse_args(argv)) | changed
-    (d / "run.json").write_text(json.dumps({"state": state, "argv": argv, "options": options,
+    options = started_options(parse_args(argv)) | changed
+    (d / "run.json").write_text(json.dumps({"state": state, "argv": argv, "started_options": options,
                                             "started": "2026-11-29T01:00:00"}))
     (d / "summary.json").write_text(json.dumps(summary))
 
@@ -87,7 +88,7 @@ def test_reuse_reruns_a_run_whose_preset_resolved_otherwise(tmp_path, ran):
     _finished(tmp_path, 0, _summary(5.0, 5.0), final_momentum=0.5)
     with pytest.raises(AssertionError, match="ran"):
         stacked.quality("full", stacked.CONFIGS["full"], tmp_path, [0], True, "")
-    _finished(tmp_path, 1, _summary(5.0, 5.0), argv_seed=1, quiet=False, timeout=60)  # presentation only
+    _finished(tmp_path, 1, _summary(5.0, 5.0), argv_seed=1, quiet=False, timeout=60)  # run controls only
     rows, _ = stacked.quality("full", stacked.CONFIGS["full"], tmp_path, [1], True, "")
     assert len(rows) == 2
 
