@@ -41,7 +41,7 @@ from aepar.parallel.planner import LayerCosts, choose, format_table, predict
 from aepar.parallel.synchronized import add_sync_args, parse_extras
 from aepar.rows import Shard
 from aepar.rundir import parse_and_open
-from aepar.stack import BASE_BATCH, add_pretrain_args, layers_from_args, parse_layers, warm_up
+from aepar.stack import BASE_BATCH, FULL_SIZE_RBMS, add_pretrain_args, layers_from_args, parse_layers, warm_up
 from aepar.tasks.classify import add_classify_args, check_labels
 from aepar.tasks.finetune import add_finetune_args
 
@@ -64,9 +64,8 @@ PRESETS = {
     # `make run`-sized: the embedded digits, the real architecture, Adam on cross-entropy
     "quick": dict(dataset="mnist5k", epochs=10, finetune_epochs=10, classify_epochs=10),
     # the paper's budget on full-size data (apt-get install dataset-fashion-mnist), the
-    # RBMs' recipe of aepar.sync --preset full (chosen on held-out Fashion rows)
-    "full": dict(dataset="fashion", epochs=20, finetune_epochs=10, classify_epochs=10, lr=0.05,
-                 final_momentum=0.95),
+    # RBMs' recipe chosen on held-out Fashion rows
+    "full": dict(dataset="fashion", epochs=20, finetune_epochs=10, classify_epochs=10, **FULL_SIZE_RBMS),
     # CMU 15-618's two networks at its two settings (autoencoder layers, then a classifier)
     "15618": dict(_CMU, layers="784-2000-2000-2000-2000", epochs=30, batch=100, classify_epochs=30,
                   classify_batch=100),

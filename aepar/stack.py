@@ -13,12 +13,16 @@ from aepar.resume import warm_up as warm_up_model
 from aepar.rows import Shard
 
 __all__ = ["parse_layers", "make_layers", "layers_from_args", "add_pretrain_args", "warm_up",
-           "PRETRAINERS", "DEFAULT_LAYERS"]
+           "PRETRAINERS", "DEFAULT_LAYERS", "FULL_SIZE_RBMS"]
 
 DEFAULT_LAYERS = "784-1000-500-250-30"
 # The batch the layers' learning rates were chosen for (Hinton & Salakhutdinov's recipe).
 BASE_BATCH = 100
 PRETRAINERS = {"rbm": RBM, "ae": AELayer}
+# The RBMs' rate and late momentum of every --preset full (Fashion-MNIST, 20 epochs per
+# layer): half Hinton & Salakhutdinov's rate at momentum 0.95, chosen on held-out Fashion
+# rows (docs/architecture.md, "Training recipes"); the command-line defaults stay theirs.
+FULL_SIZE_RBMS = dict(lr=0.05, final_momentum=0.95)
 
 
 def parse_layers(text: str, n_input: int) -> list[int]:

@@ -80,7 +80,7 @@ from aepar.cli import ArgumentParser, add_common, default_float32, parse_with_pr
 from aepar.comm import run_main
 from aepar.parallel.synchronized import add_sync_args
 from aepar.pretrain import offer_the_rest, run_program
-from aepar.stack import add_pretrain_args
+from aepar.stack import FULL_SIZE_RBMS, add_pretrain_args
 from aepar.tasks.finetune import add_finetune_args
 
 __all__ = ["build_parser", "parse_args", "main", "PRESETS"]
@@ -94,11 +94,10 @@ PRESETS = {
     "quick": dict(dataset="mnist5k", epochs=10, finetune_epochs=10, optimizer="adam", loss="xent",
                   dtype="float32", compare_greedy=True),
     # the paper's budget (20 pre-training epochs per layer, 10 of fine-tuning) on
-    # full-size data: Fashion-MNIST (apt-get install dataset-fashion-mnist); the RBMs at
-    # half Hinton's rate with momentum 0.95, chosen on held-out Fashion rows
-    # (docs/architecture.md, "Training recipes")
+    # full-size data: Fashion-MNIST (apt-get install dataset-fashion-mnist), the RBMs'
+    # recipe chosen on held-out Fashion rows
     "full": dict(dataset="fashion", epochs=20, finetune_epochs=10, optimizer="adam", loss="xent",
-                 dtype="float32", compare_greedy=True, val_fraction=1 / 6, lr=0.05, final_momentum=0.95),
+                 dtype="float32", compare_greedy=True, val_fraction=1 / 6, **FULL_SIZE_RBMS),
 }
 
 
