@@ -345,10 +345,9 @@ def quality_run(which, cfg, runs, seed: int, reuse: bool) -> dict:
 def quality(which, cfg, runs, seeds, reuse, skip_text) -> tuple[list[dict], list[str]]:
     """Santara et al.'s Table 2: greedy and sync after fine-tuning against PCA-30, a run per
     seed, then each scheme's mean and half the range over the seeds."""
-    qrows, key, recipes = [], "finetuned", {}
+    qrows, key = [], "finetuned"
     for seed in seeds:
         q = quality_run(which, cfg, runs, seed, reuse)
-        recipes.setdefault(recipe(q.get("finetune")), []).append(str(seed))
         for name, s in (("greedy", q["greedy"]), ("sync", q)):
             qrows.append({"seed": seed, "dataset": q["source"], "scheme": name,
                           "train_error": s["error"][key]["train"], "test_error": s["error"][key]["test"],
@@ -372,16 +371,13 @@ def quality(which, cfg, runs, seeds, reuse, skip_text) -> tuple[list[dict], list
         shown = {k: f"{r[k]:.3f} ± {r[k + '_spread']:.3f}" for k in columns}
         md.append(f"| mean | {r['scheme']} | " + " | ".join(shown[k] for k in columns) + " |")
         verdicts.append(f"{r['scheme']} {shown['vs_pca']} ({'met' if r['vs_pca'] <= 0.45 else 'not met'})")
-    # a reused run may predate a change of the defaults: then each seed's recipe is named
-    used = next(iter(recipes)) if len(recipes) == 1 else \
-        "; ".join(f"seeds {', '.join(ss)}: {text}" for text, ss in recipes.items())
     days = sorted({r["day"] for r in qrows if r["day"]})
     machines = sorted({f"{r['cpu_model']} ({r['isa']}, {r['cores']} cores, {r['blas']})" for r in qrows})
     md += ["", f"Santara et al.'s Table 2 as a target: the test error at most 0.45x PCA-30's for greedy and sync, "
            f"on the mean over seeds {', '.join(map(str, seeds))} (± half the range): {'; '.join(verdicts)}. "
            f"Sync within 5% of greedy on every seed: "
            f"{'yes' if all(r['vs_greedy'] <= 1.05 for r in qrows) else 'no'}. "
-           f"Fine-tuning {used}. Runs of {', '.join(days)} on {'; '.join(machines)}, "
+           f"Fine-tuning {recipe(q.get('finetune'))}. Runs of {', '.join(days)} on {'; '.join(machines)}, "
            f"`python -m bench.stacked --{which}"
            f"{' --skip ' + skip_text if skip_text else ''} --seeds {','.join(map(str, seeds))}`.",
            f"Data: {q['source']}", ""]

@@ -59,15 +59,6 @@ def test_mean_and_half_range_over_the_seeds_decide_the_verdict(tmp_path, ran):
     assert "Fine-tuning adam lr 0.004 / xent, 10 epochs. Runs of" in text
 
 
-def test_runs_of_different_fine_tuning_recipes_are_named_seed_by_seed(tmp_path, ran):
-    _finished(tmp_path, 0, _summary(4.4, 4.6))
-    older = _summary(4.6, 4.4)
-    older["finetune"]["lr"] = 0.003
-    _finished(tmp_path, 1, older, argv_seed=1)
-    rows, md = stacked.quality("full", stacked.CONFIGS["full"], tmp_path, [0, 1], True, "")
-    assert "Fine-tuning seeds 0: adam lr 0.004" in md[-3] and "; seeds 1: adam lr 0.003" in md[-3]
-
-
 def test_reuse_takes_only_a_finished_run_of_the_same_seed(tmp_path, ran):
     _finished(tmp_path, 1, _summary(5.0, 5.0), argv_seed=2)  # another seed's run in this directory
     with pytest.raises(AssertionError, match="ran"):
