@@ -73,6 +73,12 @@ MAX_ROWS = 32
 # not keep up with on the AVX2 path (the AVX-512 tiles ran the same either way;
 # block_outer_sum's D panel sits in L2 and gained nothing)
 PREFETCH_ROWS = 16
+# W's rows a multiple of ALIAS_BYTES apart put a column panel's lines into a few cache sets
+# of L1 and L2, which then hold few of them: every row tile read the panel from L3 (784 x
+# 1024 on the AVX2 path: half BLAS's rate). Such a panel is copied into a contiguous buffer
+# first (the AVX-512 tiles, four lines of a row at a time, ran at their usual rate there)
+PACK_ALIASED = target_isa() == "avx2"
+ALIAS_BYTES = 2048
 MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS
 SLOT = OR * OC * LANES32  # floats of one partial sum of a block_outer_sum tile on its stack
 # block_outer_sum takes blocks longer than this in stretches of as many rows (see
@@ -83,16 +89,15 @@ SEGMENT_ROWS = 128
 PREFETCH_TILES = 2
 
 
-def _fma_lines(rows, vecs, pad, masked=True, vstep="ldv"):
+def _fma_lines(rows, vecs, pad, masked=False, vstep="ldv"):
     """One step k of a rows x vecs tile: the vectors of w's row at ``wb`` (the last one
-    masked to ``nlast`` columns unless ``masked`` is False: w's rows padded to whole
-    vectors), each times v at ``vb + r * vstep`` added into a{r}_{c}."""
+    masked to ``nlast`` columns if ``masked``), each times v at ``vb + r * vstep`` added
+    into a{r}_{c}."""
     last = vecs - 1
     whole = last if masked else vecs  # the vectors loaded whole
     src = [f"{pad}w{c} = vload32(w, wb + {LANES32 * c})" for c in range(whole)]
     if masked:
-        src += [f"{pad}w{last} = vload32(w, wb + {LANES32 * last}) if nlast == {LANES32} "
-                f"else vload32m(w, wb + {LANES32 * last}, nlast)"]
+        src += [f"{pad}w{last} = vload32m(w, wb + {LANES32 * last}, nlast)"]
     for r in range(rows):
         src += [f"{pad}x = vbcast32(v, vb + {r} * {vstep})"]
         src += [f"{pad}a{r}_{c} = vfma32(x, w{c}, a{r}_{c})" for c in range(vecs)]
@@ -113,14 +118,19 @@ def _store_lines(rows, vecs, pad="    "):
 
 def _tile_source(rows, vecs):
     """rows x vecs vectors of out at row offset vo (v), column offset wo (W), out offset oo;
-    the last vector holds ``nlast`` (1..16) columns."""
+    the last vector holds ``nlast`` (1..16) columns. The k loop is written out twice, every
+    vector whole or the last one masked, rather than the load chosen inside it: LLVM then
+    split the loop itself, and on the AVX2 path the 5-row tile kept three of its sums on
+    the stack in every step (38 GFLOP/s against 107 for 6 rows; 102 written out so)."""
     name = f"_tile_{rows}x{vecs}"
     src = [f"    a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
-    src += ["    for k in range(K):",
-            "        wb = wo + k * ldw",
-            "        vb = vo + k"]
-    src += [f"        prefetch(w, wb + {PREFETCH_ROWS} * ldw + {LANES32 * c})" for c in range(vecs)]
-    src += _fma_lines(rows, vecs, " " * 8)
+    for test, masked in ((f"if nlast == {LANES32}:", False), ("else:", True)):
+        src += [f"    {test}",
+                "        for k in range(K):",
+                "            wb = wo + k * ldw",
+                "            vb = vo + k"]
+        src += [f"            prefetch(w, wb + {PREFETCH_ROWS} * ldw + {LANES32 * c})" for c in range(vecs)]
+        src += _fma_lines(rows, vecs, " " * 12, masked)
     src += _store_lines(rows, vecs)
     return name, _over_tiles(name, "v, ldv, w, wo, ldw, o, ldo, K, nlast", ["vo = r0 * ldv", "oo = r0 * ldo + wo"], src)
 
@@ -211,7 +221,7 @@ def _outer_source(rows, vecs):
     src += ["        for k in range(starts[b], starts[b + 1]):",
             "            wb = k * ldw + wo",
             "            vb = vo * ldv + k"]
-    src += _fma_lines(rows, vecs, " " * 12, masked=False)
+    src += _fma_lines(rows, vecs, " " * 12)
     src += _scale_merge_lines(rows, vecs, " " * 8, "b", "merges[b]", size)
     src += ["        if b + 1 < merges.size:  # the root's sum stays in registers for the store below"]
     src += _stack_lines(rows, vecs, " " * 12, "vstore32")
@@ -263,7 +273,7 @@ def _segment_source(rows, vecs):
     src += ["    for k in range(k0, k1):",
             "        wb = (k - k0) * ldw + wo",
             "        vb = vo * ldv + k - k0"]
-    src += _fma_lines(rows, vecs, " " * 8, masked=False)
+    src += _fma_lines(rows, vecs, " " * 8)
     src += ["    if block >= 0:"]
     src += _scale_merge_lines(rows, vecs, " " * 8, "block", "merges", SLOT)
     src += ["    if block < 0 or not root:"]
@@ -353,19 +363,33 @@ def _outer_row_tiles(M):
 
 
 @njit(**JIT)
-def _rows_times(v, W, out):
+def _rows_times(v, W, out, panel):
+    """out = v @ W by the row tiles, column panel by column panel. ``panel``: room for one
+    panel (K x CT vectors) that each is copied into before the tiles take it (N must then
+    be whole vectors), or empty to read W where it is."""
     M, K = v.shape
     N = W.shape[1]
     vf, wf, of = v.reshape(-1), W.reshape(-1), out.reshape(-1)
     tiles = _row_tiles(M, RT)
     runs = _tile_runs(tiles)
+    ldp = CT * LANES32
     j = 0
     while j < N:
         vecs = min(CT, (N - j + LANES32 - 1) // LANES32)
         nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
+        if panel.size:
+            for k in range(K):
+                for c in range(vecs):
+                    prefetch(wf, (k + PREFETCH_ROWS) * N + j + c * LANES32)
+                    vstore32(panel, k * ldp + c * LANES32, vload32(wf, k * N + j + c * LANES32))
         for q in range(runs.size - 1):
             t = runs[q]
-            _tile(tiles[t + 1] - tiles[t], vecs, vf, K, wf, j, N, of, N, K, nlast, tiles, t, runs[q + 1])
+            if panel.size:
+                # the tile takes one column offset for W and out: out from column j on
+                _tile(tiles[t + 1] - tiles[t], vecs, vf, K, panel, 0, ldp, of[j:], N, K, nlast, tiles, t,
+                      runs[q + 1])
+            else:
+                _tile(tiles[t + 1] - tiles[t], vecs, vf, K, wf, j, N, of, N, K, nlast, tiles, t, runs[q + 1])
         j += vecs * LANES32
 
 
@@ -477,7 +501,8 @@ def rows_times(v, W, out):
     if v.shape[1] == 0:
         out[...] = 0
     elif out.size:
-        _rows_times(v, W, out)
+        aliased = PACK_ALIASED and (W.shape[1] * W.itemsize) % ALIAS_BYTES == 0 and v.shape[0] > RT
+        _rows_times(v, W, out, empty(W.shape[0] * CT * LANES32 if aliased else 0, np.float32))
     return out
 
 

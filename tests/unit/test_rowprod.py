@@ -163,8 +163,9 @@ def test_sixteen_lane_sums_at_once_are_each_lanes_tree(seed):
 
 
 # Odd shapes on purpose: masked last vectors (n % 16 of 4, 8 and 11 columns: a tail in
-# the first half only, exactly one half, and both halves), row counts that leave short tiles.
-_ISA_SHAPES = ((13, 70, 37), (12, 75, 100), (7, 88, 72), (13, 130, 1000))
+# the first half only, exactly one half, and both halves), row counts that leave short tiles,
+# and W's rows 2 KiB apart (512 columns: the AVX2 build copies its column panels first).
+_ISA_SHAPES = ((13, 70, 37), (12, 75, 100), (7, 88, 72), (13, 130, 1000), (13, 40, 512))
 _ISA_SCRIPT = """
 import sys, numpy as np
 import aepar
@@ -217,3 +218,21 @@ def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
     assert runs["host"].keys() == runs["avx2"].keys()
     for name, want in runs["host"].items():
         np.testing.assert_array_equal(runs["avx2"][name].view(np.int32), want.view(np.int32), err_msg=name)
+
+
+@pytest.mark.parametrize("m,k,n", [(13, 40, 512), (100, 33, 64), (7, 20, 48)])
+def test_copied_column_panels_give_the_same_bits(m, k, n):
+    """Where W's rows alias in the caches the tiles read each column panel from a copy
+    (the AVX2 build, W rows a multiple of 2 KiB apart): the same bits as W read in place,
+    on this CPU's tiles whatever it is."""
+    from aepar.kernels.memory import empty
+    from aepar.kernels.nb import rowprod
+
+    rng = np.random.default_rng(m * k * n)
+    v, W = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
+    want = np.empty((m, n), np.float32)
+    rowprod._rows_times(v, W, want, empty(0, np.float32))
+    got = np.full((m, n), np.nan, np.float32)
+    rowprod._rows_times(v, W, got, empty(k * rowprod.CT * rowprod.LANES32, np.float32))
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+    np.testing.assert_allclose(got, v.astype(np.float64) @ W, rtol=1e-4, atol=1e-4)
