@@ -520,7 +520,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
             tiles = (len(_outer_row_tiles(out.shape[0])) - 1) * -(-out.shape[1] // (OC * LANES32))
             stack = empty(tiles * stack_depth(merges) * SLOT, np.float32)
             at = empty((A.shape[1], SEGMENT_ROWS), np.float32)
-            dp = empty((SEGMENT_ROWS, -(-D.shape[1] // LANES32) * LANES32), np.float32)
+            dp = empty((SEGMENT_ROWS, _padded_width(D.shape[1])), np.float32)
             _block_outer_sum_segments(A, D, starts, merges, scales, out, stack, at, dp)
         else:
             stack = empty(stack_depth(merges) * SLOT, np.float32)
@@ -532,13 +532,22 @@ def _padded(D):
     """D with its rows padded by zeros to whole vectors of 16, from a cache line's start
     (D itself if it is so): the tiles then load every vector whole and within one line. A
     masked last vector, tested inside the k loop (LLVM did not hoist it there), slowed the
-    AVX2 path (the AVX-512 tiles ran the same either way)."""
+    AVX2 path (the AVX-512 tiles ran the same either way). On the AVX2 path rows a multiple
+    of ALIAS_BYTES long get one vector more, so that a tile's column panel does not fall
+    into a few cache sets (see PACK_ALIASED)."""
     n = D.shape[1]
-    if n % LANES32 == 0 and is_aligned(D):
+    if _padded_width(n) == n and is_aligned(D):
         return D
-    out = zeros((D.shape[0], -(-n // LANES32) * LANES32), np.float32)
+    out = zeros((D.shape[0], _padded_width(n)), np.float32)
     out[:, :n] = D
     return out
+
+
+def _padded_width(n: int) -> int:
+    """The float32s a padded row of n columns takes: whole vectors, one more on the AVX2
+    path where they would be a multiple of ALIAS_BYTES."""
+    width = -(-n // LANES32) * LANES32
+    return width + LANES32 if PACK_ALIASED and (4 * width) % ALIAS_BYTES == 0 else width
 
 
 def thin(a, W, out, rows=None) -> bool:

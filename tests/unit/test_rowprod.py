@@ -189,6 +189,9 @@ starts = np.cumsum([0, 300, 0, 140, 129])
 A, D = rng.standard_normal((starts[-1], 70), np.float32), rng.standard_normal((starts[-1], 37), np.float32)
 out["AtD_long"] = block_outer_sum(A, D, starts, tree_merges(2, 0, 4), [0.5, -1.0, 1.0, 3.0],
                                   np.empty((70, 37), np.float32))
+D = rng.standard_normal((starts[-1], 512), np.float32)  # rows 2 KiB long: padded further on AVX2
+out["AtD_long512"] = block_outer_sum(A, D, starts, tree_merges(2, 0, 4), [0.5, -1.0, 1.0, 3.0],
+                                     np.empty((70, 512), np.float32))
 np.savez(sys.argv[1], **out)
 """ % (_ISA_SHAPES,)
 
