@@ -119,7 +119,7 @@ bench-kernels: venv  ## each kernel set checked against the NumPy reference, the
 	$(BIN)/python -m bench.kernels
 
 .PHONY: bench-blas-peers
-bench-blas-peers: venv bench-peers  ## the 784x1000 layer products at batch 100 and 5000: aepar's 8-block kernels vs one OpenBLAS call vs one torch.mm, 1 thread -> blas_peers.{csv,md} (~1 min)
+bench-blas-peers: venv bench-peers  ## the 784x1000 and 784x1024 layer products at batch 100 and 5000: aepar's 8-block kernels vs one OpenBLAS call vs one torch.mm, 1 thread -> blas_peers.{csv,md} (~1 min)
 	$(BIN)/python -m bench.blas_peers
 
 .PHONY: bench-model

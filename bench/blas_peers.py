@@ -1,7 +1,7 @@
 """The layer products three ways, one thread: ``python -m bench.blas_peers``.
 
 Where the CPU layer epochs lose to PyTorch: each product of a 784x1000 RBM / autoencoder
-step timed as aepar computes it (8 blocks, every block's bits its own, so that 1-8 ranks
+step (and of a 784x1024 one, ``--widths``) timed as aepar computes it (8 blocks, every block's bits its own, so that 1-8 ranks
 agree), as one OpenBLAS call over the whole batch (NumPy's BLAS, aepar's for products of
 many rows) and as one ``torch.mm`` (PyTorch's own BLAS: MKL on x86), at batch 100 and 5000:
 
@@ -41,7 +41,10 @@ from bench.epoch_peers import sgemm_gflops  # noqa: E402
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 BENCHMARK = "layer_products"
 BLOCKS = 8
-N_IN, N_OUT = 784, 1000
+N_IN = 784
+# 1000: the stack's first layer; 1024: W's rows 4 KiB apart, where the AVX2 tiles copy
+# each column panel of W before they read it (kernels/nb/rowprod.py, PACK_ALIASED)
+WIDTHS = (1000, 1024)
 
 
 def _torch():
@@ -53,8 +56,9 @@ def _torch():
     return torch
 
 
-def cases(batch: int, rng):
-    """(product, shape, flops, aepar's way, one OpenBLAS call, the operands for torch)."""
+def cases(batch: int, rng, n_out: int = WIDTHS[0]):
+    """(product, shape, flops, aepar's way, one OpenBLAS call, the operands for torch) of a
+    784 x ``n_out`` layer."""
     from aepar.kernels import nb
     from aepar.kernels.memory import aligned, empty
     from aepar.kernels.nb.dense import blocks_times
@@ -65,35 +69,35 @@ def cases(batch: int, rng):
     # every operand on a cache line, as a training step's (aepar.kernels.memory): NumPy's
     # own 16 or 32 bytes past one made rows_times_t's rate jump by 25-40% between runs
     v = aligned(rng.random((batch, N_IN), dtype=f32))
-    h = aligned(rng.random((batch, N_OUT), dtype=f32))
-    W = aligned(0.1 * rng.standard_normal((N_IN, N_OUT)), f32)
-    z, x = empty((batch, N_OUT), f32), empty((batch, N_IN), f32)
+    h = aligned(rng.random((batch, n_out), dtype=f32))
+    W = aligned(0.1 * rng.standard_normal((N_IN, n_out)), f32)
+    z, x = empty((batch, n_out), f32), empty((batch, N_IN), f32)
 
     A = aligned(rng.random((2 * batch, N_IN), dtype=f32))
-    D = aligned(rng.random((2 * batch, N_OUT), dtype=f32))
+    D = aligned(rng.random((2 * batch, n_out), dtype=f32))
     gstarts = 2 * starts
     merges = tree_merges(tree_top(BLOCKS), 0, BLOCKS)
-    dW = empty((N_IN, N_OUT), f32)
-    fwd = 2.0 * batch * N_IN * N_OUT
+    dW = empty((N_IN, n_out), f32)
+    fwd = 2.0 * batch * N_IN * n_out
     return [
-        ("v @ W", f"{batch}x{N_IN}x{N_OUT}", fwd, lambda: blocks_times(v, W, z, starts),
+        ("v @ W", f"{batch}x{N_IN}x{n_out}", fwd, lambda: blocks_times(v, W, z, starts),
          lambda: np.matmul(v, W, out=z), (v, W)),
-        ("h @ W.T", f"{batch}x{N_OUT}x{N_IN}", fwd, lambda: blocks_times(h, W.T, x, starts),
+        ("h @ W.T", f"{batch}x{n_out}x{N_IN}", fwd, lambda: blocks_times(h, W.T, x, starts),
          lambda: np.matmul(h, W.T, out=x), (h, W.T)),
-        ("[v0;vk].T @ [h0;-hk]", f"{N_IN}x{2 * batch}x{N_OUT}", 2 * fwd,
+        ("[v0;vk].T @ [h0;-hk]", f"{N_IN}x{2 * batch}x{n_out}", 2 * fwd,
          lambda: nb.block_outer_sum(A, D, gstarts, merges, [1.0] * BLOCKS, dW),
          lambda: np.matmul(A.T, D, out=dW), (A.T, D)),
     ]
 
 
-def measure(batches, repeats: int) -> list[dict]:
+def measure(batches, repeats: int, widths=WIDTHS) -> list[dict]:
     rng = np.random.default_rng(0)
     torch = _torch()
     sgemm, method = sgemm_gflops(1)
     machine = machine_columns(mpi=ONE_PROCESS, threads=1)
     rows = []
-    for batch in batches:
-        for name, shape, flops, ours, blas, (a, b) in cases(batch, rng):
+    for batch, n_out in [(batch, n_out) for n_out in widths for batch in batches]:
+        for name, shape, flops, ours, blas, (a, b) in cases(batch, rng, n_out):
             fns = {"ours": ours, "blas": blas}
             if torch is not None:
                 ta, tb = torch.from_numpy(a), torch.from_numpy(b)  # views as they are: MKL takes the transposes
@@ -148,18 +152,22 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.blas_peers", description=__doc__.split("\n\n")[0],
                                 epilog="Writes bench/results/blas_peers.{csv,md} (or --out DIR).")
     p.add_argument("--batches", default="100,5000", help="batch sizes, comma-separated (default 100,5000)")
+    p.add_argument("--widths", default=",".join(map(str, WIDTHS)),
+                   help="the layers' widths (784 x width), comma-separated (default 1000,1024: the stack's "
+                        "first layer, and W's rows 4 KiB apart)")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per product after a warm-up (default 5)")
     p.add_argument("--out", type=Path, default=RESULTS, help="directory of the CSV and table (default bench/results)")
     args = p.parse_args(argv)
     try:
         batches = [int(b) for b in args.batches.split(",")]
+        widths = [int(w) for w in args.widths.split(",")]
     except ValueError:
-        p.error(f"--batches {args.batches!r}: give whole numbers, e.g. 100,5000")
-    if any(b < BLOCKS for b in batches) or args.repeats < 1:
-        p.error(f"--batches need at least {BLOCKS} rows each (one per block) and --repeats at least 1")
-    rows = measure(batches, args.repeats)
+        p.error(f"--batches {args.batches!r} and --widths {args.widths!r}: give whole numbers, e.g. 100,5000")
+    if any(b < BLOCKS for b in batches) or args.repeats < 1 or any(w < 1 for w in widths):
+        p.error(f"--batches need at least {BLOCKS} rows each (one per block), --widths and --repeats at least 1")
+    rows = measure(batches, args.repeats, widths)
     path = args.out / "blas_peers.csv"
-    merge_rows(rows, path, BENCHMARK, key=KEY + ("product", "batch"))
+    merge_rows(rows, path, BENCHMARK, key=KEY + ("product", "batch", "shape"))
     with open(path, newline="") as f:
         everything = list(csv.DictReader(f))
     (args.out / "blas_peers.md").write_text("\n".join(table(everything)))

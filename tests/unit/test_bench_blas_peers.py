@@ -6,23 +6,27 @@ import pytest
 from bench import blas_peers
 
 
+@pytest.mark.parametrize("n_out", [1000, 1024])
 @pytest.mark.parametrize("batch", [16, 100, 520])  # row kernels; stacked blocks; blocks for BLAS
-def test_aepar_products_are_the_whole_batch_products(batch):
-    for name, shape, flops, ours, blas, _ in blas_peers.cases(batch, np.random.default_rng(1)):
+def test_aepar_products_are_the_whole_batch_products(batch, n_out):
+    for name, shape, flops, ours, blas, _ in blas_peers.cases(batch, np.random.default_rng(1), n_out):
         mine = ours().copy()
         np.testing.assert_allclose(mine, blas(), rtol=2e-5, atol=1e-4 * np.sqrt(flops / mine.size), err_msg=name)
 
 
 def test_runs_write_rows_and_tables_and_a_rerun_replaces_its_rows(tmp_path, capsys):
-    for batches in ("16", "16,24"):  # the second run on the same code path replaces batch 16's rows
-        assert blas_peers.main(["--batches", batches, "--repeats", "1", "--out", str(tmp_path)]) == 0
+    for batches, widths in (("16", "1000"), ("16,24", "1000,64")):  # the rerun replaces batch 16's 1000 rows
+        assert blas_peers.main(["--batches", batches, "--widths", widths, "--repeats", "1",
+                                "--out", str(tmp_path)]) == 0
     csv = (tmp_path / "blas_peers.csv").read_text().splitlines()
-    assert len(csv) == 1 + 6 and "aepar_gflops" in csv[0] and "cpu_model" in csv[0]
+    assert len(csv) == 1 + 12 and "aepar_gflops" in csv[0] and "cpu_model" in csv[0]
     table = (tmp_path / "blas_peers.md").read_text()
-    assert table.count("| 16 |") == 3 and table.count("| 24 |") == 3 and table.count("\n## ") == 1
+    assert table.count("| 16 |") == 6 and table.count("| 24 |") == 6 and table.count("\n## ") == 1
+    assert table.count("x64 |") == 4 and table.count("16x784x64 |") == 1
 
 
-@pytest.mark.parametrize("argv", [["--batches", "100,x"], ["--batches", "4"], ["--repeats", "0"]])
+@pytest.mark.parametrize("argv", [["--batches", "100,x"], ["--batches", "4"], ["--repeats", "0"],
+                                  ["--widths", "0"], ["--widths", "1k"]])
 def test_impossible_options_are_refused(argv, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         blas_peers.main(argv + ["--out", str(tmp_path)])
