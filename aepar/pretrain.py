@@ -38,7 +38,7 @@ from aepar.errors import UserError
 from aepar.guard import Guard
 from aepar.parallel.data_parallel import train_epoch
 from aepar.parallel.planner import LayerCosts, choose, format_table, predict
-from aepar.parallel.synchronized import add_sync_args, parse_extras
+from aepar.parallel.synchronized import FULL_SIZE_EXTRAS, add_sync_args, parse_extras
 from aepar.rows import Shard
 from aepar.rundir import parse_and_open
 from aepar.stack import BASE_BATCH, FULL_SIZE_RBMS, add_pretrain_args, layers_from_args, parse_layers, warm_up
@@ -64,8 +64,9 @@ PRESETS = {
     # `make run`-sized: the embedded digits, the real architecture, Adam on cross-entropy
     "quick": dict(dataset="mnist5k", epochs=10, finetune_epochs=10, classify_epochs=10),
     # the paper's budget on full-size data (apt-get install dataset-fashion-mnist), the
-    # RBMs' recipe chosen on held-out Fashion rows
-    "full": dict(dataset="fashion", epochs=20, finetune_epochs=10, classify_epochs=10, **FULL_SIZE_RBMS),
+    # RBMs' recipe and sync's extra epochs chosen on held-out Fashion rows
+    "full": dict(dataset="fashion", epochs=20, finetune_epochs=10, classify_epochs=10, extra=FULL_SIZE_EXTRAS,
+                 **FULL_SIZE_RBMS),
     # CMU 15-618's two networks at its two settings (autoencoder layers, then a classifier)
     "15618": dict(_CMU, layers="784-2000-2000-2000-2000", epochs=30, batch=100, classify_epochs=30,
                   classify_batch=100),
@@ -100,7 +101,8 @@ def build_parser(scheme=None):
                         "on the encoder trained end to end on the labels")
     g.add_argument("--preset", choices=list(PRESETS), default=None,
                    help="quick: mnist5k, 10 epochs per layer + 10; full: Fashion-MNIST, 20 + 10, the RBMs "
-                        "at --lr 0.05 and --final-momentum 0.95; 15618 / 15618-large: CMU 15-618's "
+                        f"at --lr 0.05 and --final-momentum 0.95, --extra {FULL_SIZE_EXTRAS} (sync, hybrid); "
+                        "15618 / 15618-large: CMU 15-618's "
                         "784-2000-2000-2000-2000 autoencoder layers at 30 + 30 epochs, batch 100 / 60 + 60, batch "
                         "5000, --task classify; 15618-skewed(-large): its "
                         "784-2000-1000-500-100. Options given explicitly override the preset")

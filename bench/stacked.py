@@ -377,6 +377,7 @@ def quality(which, cfg, runs, seeds, reuse, skip_text) -> tuple[list[dict], list
            f"on the mean over seeds {', '.join(map(str, seeds))} (± half the range): {'; '.join(verdicts)}. "
            f"Sync within 5% of greedy on every seed: "
            f"{'yes' if all(r['vs_greedy'] <= 1.05 for r in qrows) else 'no'}. "
+           f"Sync's extra epochs up to {','.join(map(str, q['extra']))} per layer. "
            f"Fine-tuning {recipe(q.get('finetune'))}. Runs of {', '.join(days)} on {'; '.join(machines)}, "
            f"`python -m bench.stacked --{which}"
            f"{' --skip ' + skip_text if skip_text else ''} --seeds {','.join(map(str, seeds))}`.",

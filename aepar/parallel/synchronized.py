@@ -34,11 +34,15 @@ from aepar.parallel.subset import data_parallel_ranks
 from aepar.report.spacetime import plot_spacetime
 from aepar.rows import check_blocks
 
-__all__ = ["PAPER_EXTRAS", "DEFAULT_HANDOVER_MODE", "default_extras", "parse_extras", "split_validation",
+__all__ = ["PAPER_EXTRAS", "FULL_SIZE_EXTRAS", "DEFAULT_HANDOVER_MODE", "default_extras", "parse_extras", "split_validation",
            "add_sync_args", "check", "prepare", "setup", "pretrain", "summarize", "tables", "handover_stats"]
 
 # The paper's extra epochs for layers 1-4; deeper stacks repeat the last value.
 PAPER_EXTRAS = (0, 5, 20, 40)
+# The full presets' caps (20 epochs per layer): high enough that every layer's last epoch
+# trains on its input's final version (the paper's leave layer 2 on layer 1's version 18 of
+# 20). Measured on held-out and test rows: docs/schemes/sync.md, "Extras".
+FULL_SIZE_EXTRAS = "0,10,40,80"
 
 # "auto" picks data (the least work in total) unless replaying the plan predicts weights
 # faster on cores of their own (docs/performance-notes.md).

@@ -16,7 +16,7 @@ def _summary(test_greedy, test_sync, pca=10.0):
         return {"finetuned": {"train": test - 0.5, "test": test}, "pretrained": {"test": 13.0}}
     return {"source": "data", "pca": {"test": pca}, "machine": MACHINE, "ranks": 2, "pretrain_time_s": 1.0,
             "finetune_time_s": 1.0, "error": errors(test_sync), "test_error_vs_greedy": test_sync / test_greedy,
-            "finetune": {"optimizer": "adam", "lr": 0.004, "n_epochs": 10, "loss": "xent"},
+            "finetune": {"optimizer": "adam", "lr": 0.004, "n_epochs": 10, "loss": "xent"}, "extra": [0, 10, 40, 80],
             "greedy": {"ranks": 1, "pretrain_time_s": 1.0, "finetune_time_s": 1.0, "error": errors(test_greedy)}}
 
 
@@ -56,7 +56,7 @@ def test_mean_and_half_range_over_the_seeds_decide_the_verdict(tmp_path, ran):
     assert "| mean | greedy | 4.000 ± 0.100 | 4.500 ± 0.100 |" in text
     assert "greedy 0.450 ± 0.010 (met); sync 0.450 ± 0.010 (met)" in text
     assert "--seeds 0,1`" in text and "--reuse" not in text
-    assert "Fine-tuning adam lr 0.004 / xent, 10 epochs. Runs of" in text
+    assert "Sync's extra epochs up to 0,10,40,80 per layer. Fine-tuning adam lr 0.004 / xent, 10 epochs. Runs of" in text
 
 
 def test_reuse_takes_only_a_finished_run_of_the_same_seed(tmp_path, ran):

@@ -66,5 +66,5 @@ def test_a_preset_trains_the_same_stack_in_sync_and_pretrain(preset):
     a, b = vars(sync.parse_args(["--preset", preset])), vars(pretrain.parse_args(["--preset", preset]))
     keys = ["dataset", "layers", "pretrainer", "epochs", "batch", "lr", "code_lr", "momentum", "final_momentum",
             "momentum_switch", "weight_cost", "finetune_epochs", "optimizer", "loss", "finetune_lr",
-            "finetune_lr_decay", "finetune_weight_decay", "finetune_batch"]
+            "finetune_lr_decay", "finetune_weight_decay", "finetune_batch", "extra"]
     assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
