@@ -1,9 +1,10 @@
 """The layer products three ways, one thread: ``python -m bench.blas_peers``.
 
 Where the CPU layer epochs lose to PyTorch: each product of a 784x1000 RBM / autoencoder
-step (and of a 784x1024 one, ``--widths``) timed as aepar computes it (8 blocks, every block's bits its own, so that 1-8 ranks
-agree), as one OpenBLAS call over the whole batch (NumPy's BLAS, aepar's for products of
-many rows) and as one ``torch.mm`` (PyTorch's own BLAS: MKL on x86), at batch 100 and 5000:
+step (and of a 784x1024 one, ``--widths``) timed as aepar computes it (8 blocks, every
+block's bits its own, so that 1-8 ranks agree), as one OpenBLAS call over the whole batch
+(NumPy's BLAS, aepar's for products of many rows) and as one ``torch.mm`` (PyTorch's own
+BLAS: MKL on x86), at batch 100 and 5000:
 
 - ``v @ W`` (batch x 784 x 1000) and ``h @ W.T`` (batch x 1000 x 784): aepar's row kernels
   on the eight stacked blocks at batch 100 (blocks of 12-13 rows), BLAS block by block at
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import os
 import sys
 import time
@@ -96,7 +98,7 @@ def measure(batches, repeats: int, widths=WIDTHS) -> list[dict]:
     sgemm, method = sgemm_gflops(1)
     machine = machine_columns(mpi=ONE_PROCESS, threads=1)
     rows = []
-    for batch, n_out in [(batch, n_out) for n_out in widths for batch in batches]:
+    for n_out, batch in itertools.product(widths, batches):
         for name, shape, flops, ours, blas, (a, b) in cases(batch, rng, n_out):
             fns = {"ours": ours, "blas": blas}
             if torch is not None:

@@ -34,8 +34,9 @@ from aepar.parallel.subset import data_parallel_ranks
 from aepar.report.spacetime import plot_spacetime
 from aepar.rows import check_blocks
 
-__all__ = ["PAPER_EXTRAS", "FULL_SIZE_EXTRAS", "DEFAULT_HANDOVER_MODE", "default_extras", "parse_extras", "split_validation",
-           "add_sync_args", "check", "prepare", "setup", "pretrain", "summarize", "tables", "handover_stats"]
+__all__ = ["PAPER_EXTRAS", "FULL_SIZE_EXTRAS", "DEFAULT_HANDOVER_MODE", "default_extras", "parse_extras",
+           "split_validation", "add_sync_args", "check", "prepare", "setup", "pretrain", "summarize", "tables",
+           "handover_stats"]
 
 # The paper's extra epochs for layers 1-4; deeper stacks repeat the last value.
 PAPER_EXTRAS = (0, 5, 20, 40)

@@ -121,7 +121,7 @@ def _tile_source(rows, vecs):
     the last vector holds ``nlast`` (1..16) columns. The k loop is written out twice, every
     vector whole or the last one masked, rather than the load chosen inside it: LLVM then
     split the loop itself, and on the AVX2 path the 5-row tile kept three of its sums on
-    the stack in every step (38 GFLOP/s against 107 for 6 rows; 102 written out so)."""
+    the stack in every step (docs/performance.md, "The price of the same bits")."""
     name = f"_tile_{rows}x{vecs}"
     src = [f"    a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
     for test, masked in ((f"if nlast == {LANES32}:", False), ("else:", True)):

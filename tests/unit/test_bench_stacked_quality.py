@@ -56,7 +56,8 @@ def test_mean_and_half_range_over_the_seeds_decide_the_verdict(tmp_path, ran):
     assert "| mean | greedy | 4.000 ± 0.100 | 4.500 ± 0.100 |" in text
     assert "greedy 0.450 ± 0.010 (met); sync 0.450 ± 0.010 (met)" in text
     assert "--seeds 0,1`" in text and "--reuse" not in text
-    assert "Sync's extra epochs up to 0,10,40,80 per layer. Fine-tuning adam lr 0.004 / xent, 10 epochs. Runs of" in text
+    assert "Sync's extra epochs up to 0,10,40,80 per layer. Fine-tuning adam lr 0.004 / xent, 10 epochs. " \
+           "Runs of" in text
 
 
 def test_reuse_takes_only_a_finished_run_of_the_same_seed(tmp_path, ran):
