@@ -79,6 +79,7 @@ PREFETCH_ROWS = 16
 # first (the AVX-512 tiles, four lines of a row at a time, ran at their usual rate there)
 PACK_ALIASED = target_isa() == "avx2"
 ALIAS_BYTES = 2048
+_NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
 MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS
 SLOT = OR * OC * LANES32  # floats of one partial sum of a block_outer_sum tile on its stack
 # block_outer_sum takes blocks longer than this in stretches of as many rows (see
@@ -377,19 +378,18 @@ def _rows_times(v, W, out, panel):
     while j < N:
         vecs = min(CT, (N - j + LANES32 - 1) // LANES32)
         nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
+        src, so, lds = wf, j, N  # where the tiles read the panel: in W, or copied
         if panel.size:
             for k in range(K):
                 for c in range(vecs):
                     prefetch(wf, (k + PREFETCH_ROWS) * N + j + c * LANES32)
                     vstore32(panel, k * ldp + c * LANES32, vload32(wf, k * N + j + c * LANES32))
+            src, so, lds = panel, 0, ldp
         for q in range(runs.size - 1):
             t = runs[q]
-            if panel.size:
-                # the tile takes one column offset for W and out: out from column j on
-                _tile(tiles[t + 1] - tiles[t], vecs, vf, K, panel, 0, ldp, of[j:], N, K, nlast, tiles, t,
-                      runs[q + 1])
-            else:
-                _tile(tiles[t + 1] - tiles[t], vecs, vf, K, wf, j, N, of, N, K, nlast, tiles, t, runs[q + 1])
+            # a tile takes one column offset for W and out: out from column j - so on
+            _tile(tiles[t + 1] - tiles[t], vecs, vf, K, src, so, lds, of[j - so:], N, K, nlast, tiles, t,
+                  runs[q + 1])
         j += vecs * LANES32
 
 
@@ -501,8 +501,8 @@ def rows_times(v, W, out):
     if v.shape[1] == 0:
         out[...] = 0
     elif out.size:
-        aliased = PACK_ALIASED and (W.shape[1] * W.itemsize) % ALIAS_BYTES == 0 and v.shape[0] > RT
-        _rows_times(v, W, out, empty(W.shape[0] * CT * LANES32 if aliased else 0, np.float32))
+        copy = _aliased(W.shape[1]) and v.shape[0] > RT  # one row tile reads the panel once anyway
+        _rows_times(v, W, out, empty(W.shape[0] * CT * LANES32, np.float32) if copy else _NO_PANEL)
     return out
 
 
@@ -544,10 +544,16 @@ def _padded(D):
 
 
 def _padded_width(n: int) -> int:
-    """The float32s a padded row of n columns takes: whole vectors, one more on the AVX2
-    path where they would be a multiple of ALIAS_BYTES."""
+    """The float32s a padded row of n columns takes: whole vectors, one more where they
+    would alias (:func:`_aliased`)."""
     width = -(-n // LANES32) * LANES32
-    return width + LANES32 if PACK_ALIASED and (4 * width) % ALIAS_BYTES == 0 else width
+    return width + LANES32 if _aliased(width) else width
+
+
+def _aliased(row: int) -> bool:
+    """Whether float32 rows of ``row`` columns put a column panel into a few cache sets on
+    a path that avoids it (see PACK_ALIASED)."""
+    return PACK_ALIASED and (4 * row) % ALIAS_BYTES == 0
 
 
 def thin(a, W, out, rows=None) -> bool:
