@@ -14,11 +14,13 @@ ISA        tile                                    AVX-512           AVX2
 PV         vectors per panel row (PW = 8 PV)       4 (32 samples)    2 (16 samples)
 RH         x W1, δ3 W2ᵀ: hidden units × PW         5                 2
 SB × TB    a2 W2: samples × vectors of units       8 × 2             8 × 1
+SG         a2 W2: samples per pass of its k loop   8                 4
 OJ × OV    weight gradients: units × vectors       5 × 4             2 × 2
 =========  ======================================  ================  ===============
 
 On an AVX2 target the AVX-512 shapes are much slower than these, and larger AVX2 tiles
-(2×3 hidden, 8×2 output or 2×3 gradient tiles) spill registers and are slower too.
+(2×3 hidden, 8×2 output or 2×3 gradient tiles) spill registers and are slower too; so
+did the 8 × 1 output tile in one pass (16 sums in 16 registers), hence SG.
 """
 from __future__ import annotations
 
@@ -27,10 +29,10 @@ from numba import njit
 from .simd import (JIT, LANES, prefetch, store_transposed, target_isa, vadd, vbcast, vfma, vfnma,  # noqa: F401
                    vload, vmul, vsigmoid, vsplat, vstore, vsub)
 
-TILE_SHAPES = {"avx512": dict(PV=4, RH=5, SB=8, TB=2, OJ=5, OV=4),
-               "avx2": dict(PV=2, RH=2, SB=8, TB=1, OJ=2, OV=2)}
+TILE_SHAPES = {"avx512": dict(PV=4, RH=5, SB=8, SG=8, TB=2, OJ=5, OV=4),
+               "avx2": dict(PV=2, RH=2, SB=8, SG=4, TB=1, OJ=2, OV=2)}
 ISA = target_isa()
-PV, RH, SB, TB, OJ, OV = (TILE_SHAPES[ISA][k] for k in ("PV", "RH", "SB", "TB", "OJ", "OV"))
+PV, RH, SB, SG, TB, OJ, OV = (TILE_SHAPES[ISA][k] for k in ("PV", "RH", "SB", "SG", "TB", "OJ", "OV"))
 PW = LANES * PV            # samples per panel
 
 
@@ -72,52 +74,60 @@ def _hidden_source(rows):
     return name, "\n".join(src)
 
 
-def _output_source(ns, nv, masked):
+def _output_source(ns, nv, masked, sg):
     """The output layer for ns = 8 samples of a panel: for each tile of 8·nv visible
     units (c0 = 0, 8·nv, ... < ldw), z = b2 + Σ_k a[ao + k·PW + r] · w2[k·ldw + c0 + ..]
     (a2 broadcast, weight rows as vectors); then, in registers, a3 = σ(z) and δ3 =
     (a3 − x)(a3 − a3²) into d3 (sample-major rows of ldw) and, transposed, into the
     feature-major panel zt (columns zto..) that δ3 W2ᵀ reads; err += (a3 − x)², db2 +=
     δ3 per visible unit. masked: padding columns (cmask) and rows >= nval count zero.
+    The samples go through the k loop sg at a time (all 8 with AVX-512; 4 with AVX2,
+    whose 16 registers cannot hold 8 samples' sums and the operands); the transpose
+    then reads the earlier passes' δ3 rows back from d3, and err and db2 are summed over
+    the samples in the same order either way, so the bits do not depend on sg.
     Iteration i over all tiles prefetches like _hidden's k-th."""
-    assert ns == LANES, "the register transpose takes 8 rows"
+    assert ns == LANES and ns % sg == 0, "the register transpose takes 8 rows"
     name = f"_output{ns}x{nv}{'m' if masked else ''}"
     cs = range(nv)
     src = [f"def {name}(a, ao, w, ldw, bias, K, pf, pfo, npf, x, xo, d3, do, zt, zto, err, db2, cmask,"
            " nval):",
            "    i = 0",
            f"    for c0 in range(0, ldw, {LANES * nv}):"]
-    src += [f"        s{r}_{c} = vload(bias, c0 + {LANES * c})" for r in range(ns) for c in cs]
-    src += ["        for k in range(K):",
-            "            if i < npf:",
-            "                prefetch(pf, pfo + 16 * i)",
-            "                prefetch(pf, pfo + 16 * i + 8)",
-            "            i += 1",
-            "            wb = k * ldw + c0",
-            f"            ab = ao + k * {PW}"]
-    src += [f"            w{c} = vload(w, wb + {LANES * c})" for c in cs]
-    for r in range(ns):
-        src.append(f"            b = vbcast(a, ab + {r})")
-        src += [f"            s{r}_{c} = vfma(b, w{c}, s{r}_{c})" for c in cs]
-    for c in cs:
-        src += [f"        cc = c0 + {LANES * c}",
-                "        se = vload(err, cc)",
-                "        sd = vload(db2, cc)"]
-        if masked:
-            src.append("        mk = vload(cmask, cc)")
-        for r in range(ns):
-            src += [f"        y = vsigmoid(s{r}_{c})",
-                    f"        d = vsub(y, vload(x, xo + {r} * ldw + cc))"]
+    for r0 in range(0, ns, sg):
+        rs = range(r0, r0 + sg)
+        src += [f"        s{r}_{c} = vload(bias, c0 + {LANES * c})" for r in rs for c in cs]
+        src += ["        for k in range(K):",
+                "            if i < npf:",
+                "                prefetch(pf, pfo + 16 * i)",
+                "                prefetch(pf, pfo + 16 * i + 8)",
+                "            i += 1",
+                "            wb = k * ldw + c0",
+                f"            ab = ao + k * {PW}"]
+        src += [f"            w{c} = vload(w, wb + {LANES * c})" for c in cs]
+        for r in rs:
+            src.append(f"            b = vbcast(a, ab + {r})")
+            src += [f"            s{r}_{c} = vfma(b, w{c}, s{r}_{c})" for c in cs]
+        for c in cs:
+            src += [f"        cc = c0 + {LANES * c}",
+                    "        se = vload(err, cc)",
+                    "        sd = vload(db2, cc)"]
             if masked:
-                src.append(f"        d = vmul(d, vmul(mk, vsplat(1.0 if {r} < nval else 0.0)))")
-            src += ["        se = vfma(d, d, se)",
-                    f"        t{r} = vmul(d, vfnma(y, y, y))",
-                    f"        vstore(d3, do + {r} * ldw + cc, t{r})",
-                    f"        sd = vadd(sd, t{r})"]
-        rows = ", ".join(f"t{r}" for r in range(ns))
-        src += [f"        store_transposed(zt, zto + cc * {PW}, {PW}, {rows})",
-                "        vstore(err, cc, se)",
-                "        vstore(db2, cc, sd)"]
+                src.append("        mk = vload(cmask, cc)")
+            for r in rs:
+                src += [f"        y = vsigmoid(s{r}_{c})",
+                        f"        d = vsub(y, vload(x, xo + {r} * ldw + cc))"]
+                if masked:
+                    src.append(f"        d = vmul(d, vmul(mk, vsplat(1.0 if {r} < nval else 0.0)))")
+                src += ["        se = vfma(d, d, se)",
+                        f"        t{r} = vmul(d, vfnma(y, y, y))",
+                        f"        vstore(d3, do + {r} * ldw + cc, t{r})",
+                        f"        sd = vadd(sd, t{r})"]
+            if r0 + sg == ns:  # the last pass: the earlier passes' rows back from d3
+                src += [f"        t{r} = vload(d3, do + {r} * ldw + cc)" for r in range(r0)]
+                rows = ", ".join(f"t{r}" for r in range(ns))
+                src.append(f"        store_transposed(zt, zto + cc * {PW}, {PW}, {rows})")
+            src += ["        vstore(err, cc, se)",
+                    "        vstore(db2, cc, sd)"]
     return name, "\n".join(src)
 
 
@@ -193,8 +203,8 @@ def _define(name_source):
 
 
 hidden_tile = _define(_hidden_source(RH))
-output_full = _define(_output_source(SB, TB, False))
-output_masked = _define(_output_source(SB, TB, True))
+output_full = _define(_output_source(SB, TB, False, SG))
+output_masked = _define(_output_source(SB, TB, True, SG))
 backward_fold = _define(_backward_source(RH, True))
 backward_split = _define(_backward_source(RH, False))
 outer_tile = _define(_outer_source(OJ, OV))

@@ -595,3 +595,58 @@ def test_features_png_and_summary(tmp_path, rng):
     assert rows[1][0] == "0.25" and rows[1][-1] == "a, \"quoted\" source"
     with pytest.raises(KeyError, match="final_cost"):
         summary_csv({"iterations": 1})
+
+
+_ISA_SCRIPT = """
+import sys, numpy as np
+import aepar.kernels.nb as K
+from aepar.kernels import ref
+from aepar.kernels.nb.simd import target_isa
+from aepar.rows import cover_merges
+out = {"isa": np.array(target_isa())}
+for m, v, h in ((1000, 64, 25), (517, 36, 13)):  # whole panels; a masked last panel and padded units
+    rng = np.random.default_rng(m)
+    x = rng.uniform(0.1, 0.9, (m, v))
+    W1, W2 = rng.uniform(-0.3, 0.3, (v, h)), rng.uniform(-0.3, 0.3, (h, v))
+    b1, b2 = rng.uniform(-0.1, 0.1, h), rng.uniform(-0.1, 0.1, v)
+    size = ref.sparse_ae_partials_size(v, h)
+    ws = K.sparse_ae_workspace(m, v, h, np.float64)
+    out[f"kl{m}"] = K.sparse_ae_partials(x, W1, b1, W2, b2, np.zeros(size), ws, (0.01, 3.0))
+    leaf, n = 128, -(-m // 128)
+    ws = K.sparse_ae_workspace(m, v, h, np.float64, leaf=leaf)
+    out[f"act{m}"] = act = K.sparse_ae_activations(x, W1, b1, np.zeros((n, h)), ws, leaf)
+    out[f"rounds{m}"] = K.sparse_ae_partials(x, W1, b1, W2, b2, np.zeros((1, size)), ws, (0.01, 3.0), leaf,
+                                             act.sum(axis=0) / m, cover_merges(0, n, n)[1])
+    out[f"leaf{m}"] = K.sparse_ae_partials(x, W1, b1, W2, b2, np.zeros((n, size)), ws, None, leaf)
+np.savez(sys.argv[1], **out)
+"""
+
+
+def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
+    """The float64 tiles sum every output in one order whatever their shape on the CPU
+    (AVX-512: 32-sample panels, 8 samples per output pass; AVX2: 16-sample panels, 4 per
+    pass), so the sparse autoencoder's partials, one shard or per leaf, are the same bits
+    on either kind of CPU: the AVX2 build (AEPAR_ISA=avx2, in a child) against this one."""
+    import os
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the AVX2 build is an x86-64 target")
+    from aepar.kernels.nb.simd import target_isa
+
+    if target_isa() == "avx2":
+        pytest.skip("this CPU's own build is the AVX2 one: the check needs an AVX-512 CPU")
+    runs = {}
+    for isa in ("host", "avx2"):
+        env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "AEPAR_ISA")}
+        if isa == "avx2":
+            env["AEPAR_ISA"] = "avx2"
+        path = tmp_path / f"{isa}.npz"
+        done = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, str(path)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs[isa] = dict(np.load(path))
+    assert str(runs["avx2"].pop("isa")) == "avx2"
+    runs["host"].pop("isa")
+    for name, want in runs["host"].items():
+        np.testing.assert_array_equal(runs["avx2"][name].view(np.int64), want.view(np.int64), err_msg=name)
