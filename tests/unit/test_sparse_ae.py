@@ -650,3 +650,20 @@ def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
     runs["host"].pop("isa")
     for name, want in runs["host"].items():
         np.testing.assert_array_equal(runs["avx2"][name].view(np.int64), want.view(np.int64), err_msg=name)
+
+
+@pytest.mark.parametrize("wrong", ["x", "b1", "W2", "b2"])
+def test_the_numba_kernels_refuse_shapes_that_do_not_match_W1(wrong):
+    """The tiles read through raw pointers: W1 given transposed, or an x of other
+    features, would read and write past the arrays' ends, so it is refused by name."""
+    nb = kernels.load("numba")
+    rng = np.random.default_rng(0)
+    args = {"x": rng.random((M, V)), "W1": rng.random((V, H)), "b1": np.zeros(H), "W2": rng.random((H, V)),
+            "b2": np.zeros(V)}
+    args[wrong] = rng.random({"x": (M, V + 1), "b1": (H + 1,), "W2": (V, H), "b2": (V - 1,)}[wrong])
+    out = np.zeros(ref.sparse_ae_partials_size(V, H))
+    with pytest.raises(ValueError, match=f"sparse_ae_partials: {wrong} has shape"):
+        nb.sparse_ae_partials(args["x"], args["W1"], args["b1"], args["W2"], args["b2"], out, kl=(RHO, BETA))
+    if wrong in ("x", "b1"):
+        with pytest.raises(ValueError, match=f"sparse_ae_activations: {wrong} has shape"):
+            nb.sparse_ae_activations(args["x"], args["W1"], args["b1"], np.zeros(H))
