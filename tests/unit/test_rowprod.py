@@ -3,20 +3,15 @@
 Against float64 products within float32 rounding; each row's result the same whatever
 other rows share the call (what makes it safe for the fixed blocks of aepar.rows); no
 memory past a row's end read or written (masked last vectors); refusals."""
-import os
-import platform
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar.kernels.nb.rowprod import MAX_ROWS, MIN_DOT, rows_times, rows_times_t, thin, thin_t
+from tests.conftest import host_and_avx2_runs
 
 EPS32 = np.finfo(np.float32).eps
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _padded(rng, shape, pad_rows=1):
@@ -200,27 +195,9 @@ def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
     """Every output's sums are in one fixed order whatever tiles the CPU's registers get
     (AVX-512: 16-lane dot tiles, AVX2: 8-lane halves), so a run gives the same weights on
     either kind of CPU: the AVX2 build (AEPAR_ISA=avx2, in a child) against this one."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("the AVX2 build is an x86-64 target")
-    from aepar.kernels.nb.simd import target_isa
-
-    if target_isa() == "avx2":  # both children would compile the same tiles: nothing to compare
-        pytest.skip("this CPU's own build is the AVX2 one: the check needs an AVX-512 CPU")
-    runs = {}
-    for isa in ("host", "avx2"):
-        env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "AEPAR_ISA")}
-        if isa == "avx2":
-            env["AEPAR_ISA"] = "avx2"
-        path = tmp_path / f"{isa}.npz"
-        done = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, str(path)], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
-        runs[isa] = dict(np.load(path))
-    assert str(runs["avx2"].pop("isa")) == "avx2"
-    runs["host"].pop("isa")
-    assert runs["host"].keys() == runs["avx2"].keys()
-    for name, want in runs["host"].items():
-        np.testing.assert_array_equal(runs["avx2"][name].view(np.int32), want.view(np.int32), err_msg=name)
+    host, avx2 = host_and_avx2_runs(_ISA_SCRIPT, tmp_path)
+    for name, want in host.items():
+        np.testing.assert_array_equal(avx2[name].view(np.int32), want.view(np.int32), err_msg=name)
 
 
 @pytest.mark.parametrize("m,k,n", [(13, 40, 512), (100, 33, 64), (7, 20, 48)])

@@ -16,7 +16,7 @@ from aepar.comm import Comm
 from aepar.models.sparse_ae import SparseAutoencoder, init_theta
 from aepar.rows import block_bounds
 from aepar.parallel.root_optimizer import FAILED, STOP, RootOptimizer
-from tests.conftest import kernel_set_params
+from tests.conftest import host_and_avx2_runs, kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad
 
 RHO, BETA, LAM = 0.05, 3.0, 1e-3
@@ -627,29 +627,9 @@ def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
     (AVX-512: 32-sample panels, 8 samples per output pass; AVX2: 16-sample panels, 4 per
     pass), so the sparse autoencoder's partials, one shard or per leaf, are the same bits
     on either kind of CPU: the AVX2 build (AEPAR_ISA=avx2, in a child) against this one."""
-    import os
-    import platform
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("the AVX2 build is an x86-64 target")
-    from aepar.kernels.nb.simd import target_isa
-
-    if target_isa() == "avx2":
-        pytest.skip("this CPU's own build is the AVX2 one: the check needs an AVX-512 CPU")
-    runs = {}
-    for isa in ("host", "avx2"):
-        env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "AEPAR_ISA")}
-        if isa == "avx2":
-            env["AEPAR_ISA"] = "avx2"
-        path = tmp_path / f"{isa}.npz"
-        done = subprocess.run([sys.executable, "-c", _ISA_SCRIPT, str(path)], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
-        runs[isa] = dict(np.load(path))
-    assert str(runs["avx2"].pop("isa")) == "avx2"
-    runs["host"].pop("isa")
-    for name, want in runs["host"].items():
-        np.testing.assert_array_equal(runs["avx2"][name].view(np.int64), want.view(np.int64), err_msg=name)
+    host, avx2 = host_and_avx2_runs(_ISA_SCRIPT, tmp_path)
+    for name, want in host.items():
+        np.testing.assert_array_equal(avx2[name].view(np.int64), want.view(np.int64), err_msg=name)
 
 
 @pytest.mark.parametrize("wrong", ["x", "b1", "W2", "b2"])
