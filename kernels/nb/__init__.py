@@ -9,6 +9,8 @@ lies under NUMBA_CACHE_DIR when the user set one, else in this package's __pycac
 name is part of the hash: a cached kernel records the module it came from, and one cached
 by ``import kernels.nb`` from a checkout's root could not be loaded as ``aepar.kernels.nb``
 (ModuleNotFoundError: No module named 'kernels').
+The same directory keeps the compiled code of the generated tile sources (``generated/``,
+see :mod:`.codegen`).
 """
 import hashlib
 import os

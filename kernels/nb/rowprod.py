@@ -46,6 +46,7 @@ from numba import njit
 from ..memory import empty, is_aligned, zeros
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
 from ..ref.blocksum import check_block_outer_sum, most_rows, stack_depth
+from .codegen import define
 from .simd import JIT, prefetch, target_isa
 from .simd32 import (LANES32, vbcast32, vfma32, vhsum32, vhsum32h, vhsum32x16, vload32, vload32h, vload32hm, vload32m,
                      vstore32, vstore32m, vupper32, vzero32, vzero32h)
@@ -290,11 +291,7 @@ def _segment_source(rows, vecs):
 
 def _define(name, source):
     """Compile generated source as if written in this file (so Numba caches it here)."""
-    scope = {}
-    exec(compile(source, __file__, "exec"), globals(), scope)  # noqa: S102  (our own generated source)
-    fn = njit(**JIT)(scope[name])
-    globals()[name] = fn
-    return fn
+    return define(name, source, globals(), __file__)
 
 
 _TILES = {(r, c): _define(*_tile_source(r, c)) for r in range(1, RT + 1) for c in range(1, CT + 1)}

@@ -24,8 +24,7 @@ did the 8 × 1 output tile in one pass (16 sums in 16 registers), hence SG.
 """
 from __future__ import annotations
 
-from numba import njit
-
+from .codegen import define
 from .simd import (JIT, LANES, prefetch, store_transposed, target_isa, vadd, vbcast, vfma, vfnma,  # noqa: F401
                    vload, vmul, vsigmoid, vsplat, vstore, vsub)
 
@@ -194,12 +193,7 @@ def _outer_source(nj, nv):
 
 def _define(name_source):
     """Compile generated source as if written in this file (so Numba caches it here)."""
-    name, source = name_source
-    scope = {}
-    exec(compile(source, __file__, "exec"), globals(), scope)
-    fn = njit(**JIT)(scope[name])
-    globals()[name] = fn
-    return fn
+    return define(*name_source, globals(), __file__)
 
 
 hidden_tile = _define(_hidden_source(RH))
