@@ -81,7 +81,10 @@ def textbook_program(images_mat, samples, iterations, patch, hidden, seed, out_d
 
 # ---------------------------------------------------------------------------- timing the commands
 def _env(threads: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
+    # PYTHONDONTWRITEBYTECODE (set in some environments) would make every timed process
+    # compile aepar's modules from source again, which a user's Python does not do: the
+    # warm-up runs write their bytecode caches, as a first use would
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSTARTUP", "PYTHONDONTWRITEBYTECODE")}
     env.update({var: str(threads) for var in THREAD_VARS})
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
@@ -128,7 +131,7 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, threads=1, re
     def call(key):
         cmd = commands[key]()
         last[key] = (cmd, _run(cmd, env))
-    # the untimed warm-up runs fill Numba's cache and the file cache
+    # the untimed warm-up runs fill Numba's cache, the bytecode caches and the file cache
     timings = time_calls({key: (lambda key=key: call(key)) for key in commands}, repeats)
     results = {}
     for key, (cmd, stdout) in last.items():
