@@ -12,7 +12,6 @@ file here (kernels/nb/__init__.py), so a change in this file recompiles them.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from llvmlite import ir
@@ -119,8 +118,9 @@ def sigmoid32(z):
     one, half its polynomial). |z| is capped at 72: exp(-72) < 2**-100 is flushed anyway,
     so 2^n stays a normal float32."""
     x = -min(abs(z), _F(72.0))
-    n = math.floor(x * _LOG2E_F + _F(0.5))
-    nf = _F(n)
+    # n as a float32 and then an int32: math.floor's int64 has no vector conversion on
+    # AVX2, which took each lane through a scalar register
+    nf = np.floor(x * _LOG2E_F + _F(0.5))
     r = (x - nf * _LN2_HI_F) - nf * _LN2_LO_F
     p = _P_F[0]
     p = p * r + _P_F[1]
@@ -128,7 +128,7 @@ def sigmoid32(z):
     p = p * r + _P_F[3]
     p = p * r + _P_F[4]
     p = p * r + _P_F[5]
-    e = (p * (r * r) + r + _F(1.0)) * bits_as_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+    e = (p * (r * r) + r + _F(1.0)) * bits_as_f32((np.int32(nf) + np.int32(127)) << np.int32(23))
     return (_F(1.0) if z >= 0 else e) / (_F(1.0) + e)
 
 

@@ -395,3 +395,23 @@ def test_rbm_cd_factors_blocks_reject_what_does_not_split_the_rows(name, rng):
         K.rbm_cd_factors_blocks(v0, W, bv, bh, noise, "bernoulli", [g[0]], [g[1]], [0, 2, 6])
     with pytest.raises(ValueError, match="noise"):
         K.rbm_cd_factors_blocks(v0, W, bv, bh, noise[:, :5], "bernoulli", [g[0]], [g[1]], [0, 6])
+
+
+def test_numba_float32_sigmoid_accuracy():
+    """The float32 RBM passes' sigmoid (nbmath.sigmoid32, vectorised in the pass): within
+    3 ulp of the float64 sigmoid for |z| <= 72; beyond, 1 above and at most σ(-72) (5e-32,
+    which the passes' flush takes to 0) below; no NaN."""
+    from aepar.kernels.nb.rbm import _visible_pass
+
+    z = np.concatenate([np.linspace(-110, 110, 220001), np.random.default_rng(2).normal(0, 4, 9999),
+                        [-1e30, 1e30, -np.inf, np.inf, 0.0, -0.0, 72.0, -72.0]]).astype(np.float32)
+    got = z.copy()[None, :]
+    _visible_pass(got, np.zeros(z.size, np.float32), 0.0)
+    got = got[0].astype(np.float64)
+    with np.errstate(over="ignore"):  # exp(1e30) is inf: want is then 0, as it should be
+        want = 1 / (1 + np.exp(-z.astype(np.float64)))
+    inside = np.abs(z) <= 72
+    ulp = np.spacing(want[inside].astype(np.float32)).astype(np.float64)
+    assert np.all(np.isfinite(got))
+    assert np.max(np.abs(got[inside] - want[inside]) / ulp) <= 3.0
+    assert np.all(got[z > 72] == 1.0) and np.all(got[z < -72] <= 1 / (1 + np.exp(72.0)) * (1 + 1e-6))
