@@ -37,7 +37,7 @@ import aepar  # noqa: E402,F401  (threads before numpy)
 import numpy as np  # noqa: E402
 
 from aepar.cli import positive_int  # noqa: E402
-from bench.common import ONE_PROCESS, fastest, machine_columns, merge_rows, read_rows, time_calls  # noqa: E402
+from bench.common import KEY, ONE_PROCESS, fastest, machine_columns, merge_rows, read_rows, time_calls  # noqa: E402
 from bench.epoch_peers import run_child, sgemm_gflops  # noqa: E402
 from bench.finetune_speed import load_rows  # noqa: E402  (Fashion-MNIST if installed, else the digits)
 
@@ -223,7 +223,8 @@ def main(argv=None) -> int:
                 print(f"{t} thread(s)  {workload:8s} {impl:18s} best {fastest(ts):.3f} s  "
                       f"({' '.join(f'{v:.3f}' for v in ts)})", flush=True)
         rows += rows_of(res, date, command.strip())
-    merge_rows(rows, Path(args.out), BENCHMARK)
+    # a run of some workloads or thread counts replaces those rows of this machine, no others
+    merge_rows(rows, Path(args.out), BENCHMARK, key=KEY + ("workload", "threads"))
     text = markdown([r for r in read_rows(args.out) if r.get("benchmark") == BENCHMARK])
     Path(args.md).write_text(text)
     print(text)

@@ -30,11 +30,19 @@ def test_the_ratios_are_8_blocks_over_1_block_and_over_the_faster_peer():
 
 def test_a_run_writes_its_rows_and_table(tmp_path):
     out, md = tmp_path / "block_tax.csv", tmp_path / "block_tax.md"
-    assert block_tax.main(["--threads", "1", "--workloads", "ae", "--rows", "300", "--repeats", "1", "--no-torch",
-                           "--out", str(out), "--md", str(md)]) == 0
+
+    def run(workload):
+        assert block_tax.main(["--threads", "1", "--workloads", workload, "--rows", "300", "--repeats", "1",
+                               "--no-torch", "--out", str(out), "--md", str(md)]) == 0
+    run("ae")
     lines = out.read_text().splitlines()
     assert len(lines) == 1 + 2 and "cpu_model" in lines[0] and "isa" in lines[0] and "blas" in lines[0]
     assert "autoencoder layer | 1 |" in md.read_text()
+    run("rbm")  # another workload on the same machine: added, the first one's rows kept
+    assert len(out.read_text().splitlines()) == 1 + 4
+    assert "autoencoder layer | 1 |" in md.read_text() and "RBM layer | 1 |" in md.read_text()
+    run("rbm")  # the same workload again: its rows replaced
+    assert len(out.read_text().splitlines()) == 1 + 4
 
 
 @pytest.mark.parametrize("argv", [["--workloads", "rbm,gan"], ["--threads", "1,x"], ["--repeats", "0"],
