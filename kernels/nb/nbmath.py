@@ -12,7 +12,6 @@ file here (kernels/nb/__init__.py), so a change in this file recompiles them.
 """
 from __future__ import annotations
 
-
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
