@@ -52,8 +52,8 @@ import numpy as np
 from numba import njit
 
 from ..memory import zeros
-from ..ref.sparse_ae import (leaf_rows, merge_plan, merge_rows, sparse_ae_layout, sparse_ae_partials_size,
-                             sparse_ae_theta_layout, sparse_ae_theta_size)
+from ..ref.sparse_ae import (check_shapes, leaf_rows, merge_plan, merge_rows, sparse_ae_layout,
+                             sparse_ae_partials_size, sparse_ae_theta_layout, sparse_ae_theta_size)
 from .nbmath import sigmoid64
 from .simd import JIT, LANES
 from .sparse_ae_panels import _activations_panels, _pack_panels, _partials_panels
@@ -309,7 +309,7 @@ def sparse_ae_activations(x, W1, b1, out, ws=None, leaf=None):
     rho_hat=...)`` at the same x, W1 and b1."""
     v, h = W1.shape
     m = x.shape[0]
-    _check_shapes("sparse_ae_activations", x, W1, b1)
+    check_shapes("sparse_ae_activations", x, W1, b1)
     rows = out.reshape(1, -1) if leaf is None else leaf_rows(m, out, None, leaf)
     if rows.shape[1] != h:
         raise ValueError(f"sparse_ae_activations: out needs {h} columns, got {rows.shape[1]}")
@@ -347,7 +347,7 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
     """
     v, h = W1.shape
     m = x.shape[0]
-    _check_shapes("sparse_ae_partials", x, W1, b1, W2, b2)
+    check_shapes("sparse_ae_partials", x, W1, b1, W2, b2)
     rows = _check_leaves(m, out, kl, leaf, rho_hat, merges)
     if ws is None or not ws.fits(x, W1, leaf):
         ws = SparseAEWorkspace(m, v, h, x.dtype, leaf=leaf)
@@ -387,16 +387,6 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
             V["err"][0] = ws.acc_err.sum()
             rows[i] = ws.acc
     return out
-
-
-def _check_shapes(name, x, W1, b1, W2=None, b2=None):
-    """The tiles read through raw pointers, so a wrong shape would read and write past the
-    arrays' ends: refused here instead."""
-    v, h = W1.shape
-    want = {"x": (x.shape[0], v), "b1": (h,), "W2": (h, v), "b2": (v,)}
-    for label, a in (("x", x), ("b1", b1), ("W2", W2), ("b2", b2)):
-        if a is not None and a.shape != want[label]:
-            raise ValueError(f"{name}: {label} has shape {a.shape}, W1 {W1.shape} needs {want[label]}")
 
 
 def _check_leaves(m, out, kl, leaf, rho_hat=None, merges=None):

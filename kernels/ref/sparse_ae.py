@@ -102,11 +102,23 @@ def _sigmoid(z):
     return 1.0 / (1.0 + np.exp(-z))
 
 
+def check_shapes(name, x, W1, b1, W2=None, b2=None):
+    """x, b1 (and W2, b2) against W1's (v, h): a ValueError naming the one that does not
+    fit. The Numba tiles read through raw pointers, where a wrong shape would read and
+    write past the arrays' ends; every set refuses alike."""
+    v, h = W1.shape
+    want = {"x": (x.shape[0], v), "b1": (h,), "W2": (h, v), "b2": (v,)}
+    for label, a in (("x", x), ("b1", b1), ("W2", W2), ("b2", b2)):
+        if a is not None and a.shape != want[label]:
+            raise ValueError(f"{name}: {label} has shape {a.shape}, W1 {W1.shape} needs {want[label]}")
+
+
 def sparse_ae_activations(x, W1, b1, out, ws=None, leaf=None):
     """Σ a2 over the shard's samples into ``out`` (h,), or with ``leaf`` per leaf into the
     rows of ``out`` (ceil(m / leaf), h); returns ``out``. The same sums as the ``act`` slots
     of :func:`sparse_ae_partials`, bit for bit (the fast sets also keep a2 in ``ws`` for
     the ``sparse_ae_partials(..., rho_hat=...)`` that follows)."""
+    check_shapes("sparse_ae_activations", x, W1, b1)
     if leaf is not None:
         rows = leaf_rows(x.shape[0], out, None, leaf)
         for i, i0 in enumerate(range(0, x.shape[0], int(leaf))):
@@ -137,6 +149,7 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
         partial sums follow it; aepar.rows.cover_merges), and ``out`` has one row per sum
         left (the tree nodes, in order) instead of one per leaf
     """
+    check_shapes("sparse_ae_partials", x, W1, b1, W2, b2)
     if leaf is None and merges is not None:
         raise ValueError("merges add leaves: give leaf too")
     if leaf is not None:

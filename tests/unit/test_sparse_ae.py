@@ -632,11 +632,13 @@ def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
         np.testing.assert_array_equal(avx2[name].view(np.int64), want.view(np.int64), err_msg=name)
 
 
+@pytest.mark.parametrize("name", ["numpy", "numba"])
 @pytest.mark.parametrize("wrong", ["x", "b1", "W2", "b2"])
-def test_the_numba_kernels_refuse_shapes_that_do_not_match_W1(wrong):
-    """The tiles read through raw pointers: W1 given transposed, or an x of other
-    features, would read and write past the arrays' ends, so it is refused by name."""
-    nb = kernels.load("numba")
+def test_the_kernels_refuse_shapes_that_do_not_match_W1(name, wrong):
+    """The Numba tiles read through raw pointers: W1 given transposed, or an x of other
+    features, would read and write past the arrays' ends, so it is refused by name, by
+    every CPU set alike."""
+    nb = kernels.load(name)
     rng = np.random.default_rng(0)
     args = {"x": rng.random((M, V)), "W1": rng.random((V, H)), "b1": np.zeros(H), "W2": rng.random((H, V)),
             "b2": np.zeros(V)}
