@@ -1,4 +1,4 @@
-"""MPI is initialised only under a launcher: a single process skips MPI_Init's second."""
+"""MPI is initialised only under a launcher, and Open MPI without its libfabric BTL."""
 import os
 import subprocess
 import sys
@@ -37,3 +37,18 @@ def test_single_process_does_not_initialise_mpi():
 
 def test_aepar_mpi_forces_it():
     assert _loads_mpi({"AEPAR_MPI": "1"}) == ["True", "1"]
+
+
+def _btls(env):
+    clean = {k: v for k, v in os.environ.items()
+             if not under_launcher({k: v}) and k not in ("AEPAR_MPI", "OMPI_MCA_btl")}
+    out = subprocess.run([sys.executable, "-c", "import os, aepar.comm; print(os.environ.get('OMPI_MCA_btl'))"],
+                         capture_output=True, text=True, env={**clean, "AEPAR_MPI": "1", **env}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_open_mpi_leaves_out_the_libfabric_btl_unless_the_user_chose():
+    # its close after a failed init costs every rank's MPI_Init about a second
+    assert _btls({}) == "^ofi"
+    assert _btls({"OMPI_MCA_btl": "self,tcp"}) == "self,tcp"
