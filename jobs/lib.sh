@@ -198,7 +198,8 @@ AEPAR_THREAD_VARS="AEPAR_THREADS OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_TH
 # started; true if they form one job of size P, else PROBE_WHY says what went wrong.
 aepar_probe() {
   local how=$1 p=$2 plugin=${3:-} got err=${AEPAR_SCRATCH:-$OUT/logs}/probe-$1${3:+-$3}-$2.log
-  local hello='from mpi4py import MPI; print(MPI.COMM_WORLD.Get_size())'
+  # through aepar.comm, which sets MPI's options (OMPI_MCA_btl) as the points will have them
+  local hello='import aepar.comm; from mpi4py import MPI; print(MPI.COMM_WORLD.Get_size())'
   aepar_place "$p"
   if [ "$how" = srun ]; then
     got=$(timeout 120 srun -n "$p" -N "$NODES_USED" --mpi="$plugin" --kill-on-bad-exit=1 \
