@@ -262,6 +262,7 @@ FAKE_SCHEME = '''"""Stand-in for aepar's schemes: sleeps --sleep x samples/1000/
 writes summary.json into --out, which must not exist; on SIGUSR1 keeps --out with a
 checkpoint and exits 75, as aepar's schemes do."""
 import argparse, json, os, signal, sys, time
+import aepar.comm  # MPI's options as aepar's schemes set them (OMPI_MCA_btl)
 from mpi4py import MPI
 
 p = argparse.ArgumentParser()
