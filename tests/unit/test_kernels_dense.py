@@ -261,6 +261,20 @@ def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, vi
     assert K.dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=False)[0] is None
 
 
+
+def test_numba_dense_results_start_on_a_cache_line(rng):
+    """The products' results are the next kernels' inputs (h @ W.T loads h's rows as
+    vectors) and their stores' targets: on a 64-byte boundary, as aepar.kernels.memory
+    gives them (NumPy's own start 16 bytes past one)."""
+    from aepar.kernels.memory import is_aligned
+
+    K, starts = kernels.load("numba"), [0, 13, 26, 38, 51, 63, 76, 88, 100]
+    x, W, b = dense_problem(rng, 100, 784, 1000, dtype=np.float32)
+    a = K.dense_forward_blocks(x, W, b, "sigmoid", starts)
+    dx, dz = K.dense_backward_blocks(a, x, W, a, "sigmoid", [np.zeros(1000) for _ in starts[1:]], starts)
+    one = K.dense_forward(x, W, b, "sigmoid")
+    assert all(is_aligned(v) for v in (a, dx, dz, one))
+
 @pytest.mark.parametrize("kset", ALL_SETS)
 def test_dense_blocks_reject_offsets_that_do_not_split_the_rows(kset, rng):
     K, dev = load(kset)
