@@ -297,7 +297,7 @@ def test_factored_gradients_take_the_steps_of_the_blocks_own_gradients(kind, ker
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("kernels,dtype", [("numpy", "float64"), ("numba", "float32")])
-@pytest.mark.parametrize("kind", ["rbm", "stacked", "classifier"])
+@pytest.mark.parametrize("kind", ["rbm", "ae", "stacked", "classifier"])
 def test_block_factors_of_several_blocks_are_each_blocks_own_bits(kind, kernels, dtype, threads, monkeypatch):
     """A rank's blocks go through the model together (layer by layer, over the threads):
     every block's sums, bias gradients and factors are the bits of that block alone."""
@@ -309,6 +309,8 @@ def test_block_factors_of_several_blocks_are_each_blocks_own_bits(kind, kernels,
         model = Classifier(be, [39, 16, 8], 3, seed=3, batch=60)
     elif kind == "rbm":
         model = RBM(be, 40, 24, batch=60, seed=3)
+    elif kind == "ae":
+        model = AELayer(be, 40, 24, batch=60, seed=3)
     else:
         model = StackedAutoencoder(be, [40, 24, 6], loss="xent", seed=3, batch=60)
     blocks = [x[0:13], x[13:26], x[26:38], x[38:39], x[39:60]]
