@@ -109,6 +109,7 @@ def _leaf_act(a2, leaf, out):
 def sparse_ae_activations(x, W1, b1, out, ws=None, leaf=None):
     """Σ a2 over the shard, or per leaf into the rows of ``out`` (see the reference):
     the same reductions, bit for bit, as the ``act`` slots of :func:`sparse_ae_partials`."""
+    _ref.check_shapes("sparse_ae_activations", x, W1, b1)
     v, h = W1.shape
     m = x.shape[0]
     if ws is None or not ws.fits(x, W1):
@@ -130,6 +131,7 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
     a2 is made again (one GEMM; the CPU kernels keep it from the activations instead).
     ``merges``: the leaves' rows then added in that tree (see the reference), a row at a time.
     """
+    _ref.check_shapes("sparse_ae_partials", x, W1, b1, W2, b2)
     v, h = W1.shape
     m = x.shape[0]
     if ws is None or not ws.fits(x, W1):

@@ -632,20 +632,24 @@ def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
         np.testing.assert_array_equal(avx2[name].view(np.int64), want.view(np.int64), err_msg=name)
 
 
-@pytest.mark.parametrize("name", ["numpy", "numba"])
+@pytest.mark.parametrize("name", ["numpy"] + kernel_set_params())
 @pytest.mark.parametrize("wrong", ["x", "b1", "W2", "b2"])
 def test_the_kernels_refuse_shapes_that_do_not_match_W1(name, wrong):
     """The Numba tiles read through raw pointers: W1 given transposed, or an x of other
     features, would read and write past the arrays' ends, so it is refused by name, by
-    every CPU set alike."""
-    nb = kernels.load(name)
+    every set alike."""
+    K = kernels.load(name)
+    xp = np
+    if name == "cupy":
+        import cupy as xp
     rng = np.random.default_rng(0)
     args = {"x": rng.random((M, V)), "W1": rng.random((V, H)), "b1": np.zeros(H), "W2": rng.random((H, V)),
             "b2": np.zeros(V)}
     args[wrong] = rng.random({"x": (M, V + 1), "b1": (H + 1,), "W2": (V, H), "b2": (V - 1,)}[wrong])
-    out = np.zeros(ref.sparse_ae_partials_size(V, H))
+    args = {k: xp.asarray(v) for k, v in args.items()}
+    out = xp.zeros(ref.sparse_ae_partials_size(V, H))
     with pytest.raises(ValueError, match=f"sparse_ae_partials: {wrong} has shape"):
-        nb.sparse_ae_partials(args["x"], args["W1"], args["b1"], args["W2"], args["b2"], out, kl=(RHO, BETA))
+        K.sparse_ae_partials(args["x"], args["W1"], args["b1"], args["W2"], args["b2"], out, kl=(RHO, BETA))
     if wrong in ("x", "b1"):
         with pytest.raises(ValueError, match=f"sparse_ae_activations: {wrong} has shape"):
-            nb.sparse_ae_activations(args["x"], args["W1"], args["b1"], np.zeros(H))
+            K.sparse_ae_activations(args["x"], args["W1"], args["b1"], xp.zeros(H))
