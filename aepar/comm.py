@@ -39,15 +39,13 @@ def under_launcher(environ=None) -> bool:
     return any(name.startswith(LAUNCHER_HINTS) for name in environ)
 
 
-# Open MPI's libfabric BTL carries nothing aepar sends (point-to-point and collectives go
-# through the PML; aepar makes no one-sided calls), yet where it finds no fabric it takes
-# about a second to close again, in every rank's MPI_Init. Left out unless the user chose
-# the BTLs; other MPI libraries ignore the variable.
-OPEN_MPI_BTLS = ("OMPI_MCA_btl", "^ofi")
-
 MPI = None
 if under_launcher():
-    os.environ.setdefault(*OPEN_MPI_BTLS)
+    # Open MPI's libfabric BTL carries nothing aepar sends (point-to-point and collectives
+    # go through the PML; aepar makes no one-sided calls), yet where it finds no fabric it
+    # takes about a second to close again, in every rank's MPI_Init. Left out unless the
+    # user chose the BTLs; other MPI libraries ignore the variable.
+    os.environ.setdefault("OMPI_MCA_btl", "^ofi")
     try:  # the only import of mpi4py in aepar
         from mpi4py import MPI
     except ImportError:  # serial fallback: one process, same API

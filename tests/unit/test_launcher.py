@@ -22,13 +22,19 @@ def test_under_launcher(env, expect):
     assert under_launcher(env) is expect
 
 
-def _loads_mpi(env):
-    clean = {k: v for k, v in os.environ.items() if not under_launcher({k: v}) and k != "AEPAR_MPI"}
-    out = subprocess.run([sys.executable, "-c", "import sys, aepar.comm as c; "
-                          "print('mpi4py.MPI' in sys.modules, c.world().size)"],
-                         capture_output=True, text=True, env={**clean, **env}, timeout=120)
+def _child(code, env):
+    """stdout of ``python -c code`` in this environment less every launcher's variables,
+    AEPAR_MPI and OMPI_MCA_btl, plus ``env``."""
+    clean = {k: v for k, v in os.environ.items()
+             if not under_launcher({k: v}) and k not in ("AEPAR_MPI", "OMPI_MCA_btl")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env},
+                         timeout=120)
     assert out.returncode == 0, out.stderr
-    return out.stdout.split()
+    return out.stdout
+
+
+def _loads_mpi(env):
+    return _child("import sys, aepar.comm as c; print('mpi4py.MPI' in sys.modules, c.world().size)", env).split()
 
 
 def test_single_process_does_not_initialise_mpi():
@@ -40,12 +46,7 @@ def test_aepar_mpi_forces_it():
 
 
 def _btls(env):
-    clean = {k: v for k, v in os.environ.items()
-             if not under_launcher({k: v}) and k not in ("AEPAR_MPI", "OMPI_MCA_btl")}
-    out = subprocess.run([sys.executable, "-c", "import os, aepar.comm; print(os.environ.get('OMPI_MCA_btl'))"],
-                         capture_output=True, text=True, env={**clean, "AEPAR_MPI": "1", **env}, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+    return _child("import os, aepar.comm; print(os.environ.get('OMPI_MCA_btl'))", {"AEPAR_MPI": "1", **env}).strip()
 
 
 def test_open_mpi_leaves_out_the_libfabric_btl_unless_the_user_chose():
