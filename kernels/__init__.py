@@ -64,7 +64,12 @@ Families (module: functions):
   ``conv2d_backward(dy, x, W, stride, pad, dW, db) -> dx``;
   ``conv2d_transpose_forward(x, W, b, stride=1, pad=0) -> y`` (W: Cin, Cout, kh, kw,
   output (H-1)*stride - 2*pad + kh); ``conv2d_transpose_backward(dy, x, W, stride, pad, dW, db) -> dx``;
-  ``maxpool2x2_forward(x) -> (y, argmax)``; ``maxpool2x2_backward(dy, argmax, x_shape) -> dx``
+  ``maxpool2x2_forward(x) -> (y, argmax)``; ``maxpool2x2_backward(dy, argmax, x_shape) -> dx``;
+  ``conv2d_forward_blocks(x, W, b, stride, pad, starts)``,
+  ``conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts)`` and the two
+  ``conv2d_transpose_*_blocks`` take the blocks of images ``starts[k]:starts[k+1]``
+  stacked, block k's gradients into ``dWs[k]``, ``dbs[k]``, each block's results the
+  bits of its call alone (the numba set in one call, the others block by block)
 - blocksum: ``block_outer_sum(A, D, starts, merges, alphas, out)``: out = Σ alphas[b]
   A_b.T @ D_b over the blocks of rows ``starts[b]:starts[b+1]``, added in the postfix tree
   ``merges`` (aepar.rows.tree_merges): a batch's weight gradient from its blocks, the same

@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
-from aepar.rows import mean_squared_error
-from aepar.models.trained import TrainedState
+from aepar.rows import each, mean_squared_error
+from aepar.models.trained import BlockActivations, TrainedState
 
 __all__ = ["ConvAutoencoder", "CAE_STREAM", "DEFAULT_FILTERS", "check_image_shape"]
 
@@ -95,16 +95,19 @@ class ConvAutoencoder(TrainedState):
     def _images(self, x):
         return x.reshape((x.shape[0],) + self.shape)
 
-    def forward(self, x):
-        """Every intermediate of rows ``x``: a dict with the code ``p2`` and the output ``y``."""
+    def forward(self, x, starts=None):
+        """Every intermediate of rows ``x``: a dict with the code ``p2`` and the output ``y``.
+        ``starts``: the offsets of the blocks stacked in ``x`` (default: one block), each
+        block's rows the bits of its pass alone."""
         K, p = self.be.K, self.params
+        starts = (0, x.shape[0]) if starts is None else starts
         t = {"x": self._images(x)}
-        t["a1"] = K.relu_forward(K.conv2d_forward(t["x"], p["W1"], p["b1"], 1, 1))
+        t["a1"] = K.relu_forward(K.conv2d_forward_blocks(t["x"], p["W1"], p["b1"], 1, 1, starts))
         t["p1"], t["i1"] = K.maxpool2x2_forward(t["a1"])
-        t["a2"] = K.relu_forward(K.conv2d_forward(t["p1"], p["W2"], p["b2"], 1, 1))
+        t["a2"] = K.relu_forward(K.conv2d_forward_blocks(t["p1"], p["W2"], p["b2"], 1, 1, starts))
         t["p2"], t["i2"] = K.maxpool2x2_forward(t["a2"])
-        t["a3"] = K.relu_forward(K.conv2d_transpose_forward(t["p2"], p["W3"], p["b3"], 2, 0))
-        t["y"] = K.sigmoid_forward(K.conv2d_transpose_forward(t["a3"], p["W4"], p["b4"], 2, 0))
+        t["a3"] = K.relu_forward(K.conv2d_transpose_forward_blocks(t["p2"], p["W3"], p["b3"], 2, 0, starts))
+        t["y"] = K.sigmoid_forward(K.conv2d_transpose_forward_blocks(t["a3"], p["W4"], p["b4"], 2, 0, starts))
         return t
 
     def loss_and_grad(self, x, grads, scale=None):
@@ -125,19 +128,34 @@ class ConvAutoencoder(TrainedState):
             The scaled loss and Σ (x − x̂)² over the batch (0-d arrays left on the GPU
             there: ``float()`` reads them and waits).
         """
-        K, p, g = self.be.K, self.params, grads
         scale = 1.0 / x.shape[0] if scale is None else float(scale)
-        t = self.forward(x)
-        sq_err = K.mse_forward(t["y"], t["x"], scale=2.0)
-        # mse_* carry a factor 1/2: scale 2s gives s·Σ(x − x̂)² and its gradient
-        dy = K.sigmoid_backward(K.mse_backward(t["y"], t["x"], scale=2.0 * scale), t["y"])
-        da3 = K.relu_backward(K.conv2d_transpose_backward(dy, t["a3"], p["W4"], 2, 0, g["W4"], g["b4"]), t["a3"])
-        dp2 = K.conv2d_transpose_backward(da3, t["p2"], p["W3"], 2, 0, g["W3"], g["b3"])
-        da2 = K.relu_backward(K.maxpool2x2_backward(dp2, t["i2"], t["a2"].shape), t["a2"])
-        dp1 = K.conv2d_backward(da2, t["p1"], p["W2"], 1, 1, g["W2"], g["b2"])
-        da1 = K.relu_backward(K.maxpool2x2_backward(dp1, t["i1"], t["a1"].shape), t["a1"])
-        K.conv2d_backward(da1, t["x"], p["W1"], 1, 1, g["W1"], g["b1"])
+        (sq_err,) = self._blocks_gradients(x, (0, x.shape[0]), [grads], scale)
         return scale * sq_err, sq_err
+
+    def _blocks_gradients(self, x, starts, grads, scale):
+        """The gradients of the blocks stacked in ``x`` (offsets ``starts``), block k's into
+        ``grads[k]``; returns each block's Σ (x − x̂)². A convolution, an activation and a
+        pooling work image by image: the whole stack is one kernel call per layer, and only
+        the weight and bias gradients and the loss are taken block by block (by the
+        *_blocks kernels), so each block gets the bits of its pass alone."""
+        K, p = self.be.K, self.params
+        t = self.forward(x, starts)
+        bounds = list(zip(starts[:-1], starts[1:]))
+        # mse_* carry a factor 1/2: scale 2s gives s·Σ(x − x̂)² and its gradient
+        sq_errs = [K.mse_forward(t["y"][lo:hi], t["x"][lo:hi], scale=2.0) for lo, hi in bounds]
+        dy = K.sigmoid_backward(K.mse_backward(t["y"], t["x"], scale=2.0 * scale), t["y"])
+
+        def each_block(name):
+            return [g[name] for g in grads]
+        da3 = K.relu_backward(K.conv2d_transpose_backward_blocks(dy, t["a3"], p["W4"], 2, 0, each_block("W4"),
+                                                                 each_block("b4"), starts), t["a3"])
+        dp2 = K.conv2d_transpose_backward_blocks(da3, t["p2"], p["W3"], 2, 0, each_block("W3"), each_block("b3"),
+                                                 starts)
+        da2 = K.relu_backward(K.maxpool2x2_backward(dp2, t["i2"], t["a2"].shape), t["a2"])
+        dp1 = K.conv2d_backward_blocks(da2, t["p1"], p["W2"], 1, 1, each_block("W2"), each_block("b2"), starts)
+        da1 = K.relu_backward(K.maxpool2x2_backward(dp1, t["i1"], t["a1"].shape), t["a1"])
+        K.conv2d_backward_blocks(da1, t["x"], p["W1"], 1, 1, each_block("W1"), each_block("b1"), starts)
+        return sq_errs
 
     def encode(self, x):
         """Code rows (batch, code_size) of image rows ``x``: the classifier's features."""
@@ -165,6 +183,16 @@ class ConvAutoencoder(TrainedState):
         (Σ over its rows of Σ_pixels (x − x̂)²,)."""
         _, sq_err = self.loss_and_grad(x, grads, scale=scale)
         return (sq_err,)
+
+    def block_factors(self, xs, rngs, scale, grads):
+        """:meth:`leaf_gradient` of several blocks at once: one group of consecutive blocks
+        per thread, each group's layers one kernel call (:meth:`_blocks_gradients`), every
+        block's gradients and sum the bits it would have alone. None of the gradients is
+        factored: returns ([(Σ (x − x̂)²,)], [{}]), one entry per block."""
+        acts = BlockActivations(list(xs), self.be.xp)
+        sq_errs = [e for group in each(lambda x, starts, g: self._blocks_gradients(x, starts, g, scale),
+                                       acts.layers[0], acts.starts, acts.split(list(grads))) for e in group]
+        return [(e,) for e in sq_errs], [{} for _ in sq_errs]
 
     def apply(self, grads, epoch):
         self.optimizer.step(grads)

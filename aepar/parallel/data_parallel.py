@@ -28,13 +28,14 @@ scale, grads)`` (adds one block's scaled gradient into ``grads``, returns its ``
 sums; ``rng`` is the block's own stream for any noise) and ``apply(grads, epoch)`` (the
 optimiser's step). It may provide ``fused_step(x, rng, epoch)`` too: gradient and step in
 one kernel, taken when the data is one block on one process, where there is nothing to
-add up; and ``epochs_done``, which a completed epoch advances. A model whose weight
-gradients are products ``alpha * A.T @ D`` of a block's rows may name them in
-``factored`` and provide ``block_factors(xs, rngs, scale, grads) -> ([sums], [{name: (A,
-D, alpha)}])``: all of a rank's blocks of a step at once (lists with one entry per block,
-``grads`` its dicts to fill), every block's result the bits it would have alone, the
-factored gradients left out. The model is free to take them layer by layer, so that a
-layer's weights are read once for all the blocks. Each tree node's sum of the factored
+add up; and ``epochs_done``, which a completed epoch advances. A model may provide
+``block_factors(xs, rngs, scale, grads) -> ([sums], [{name: (A, D, alpha)}])``, taken
+where there are several blocks: all of a rank's blocks of a step at once (lists with one
+entry per block, ``grads`` its dicts to fill), every block's result the bits it would
+have alone, the model free to take them layer by layer (a layer's weights read once for
+all the blocks, one kernel call per layer). The weight gradients it names in
+``factored``, products ``alpha * A.T @ D`` of a block's rows, it leaves out of ``grads``
+and returns as factors (the CAE names none). Each tree node's sum of the factored
 gradients is then one ``block_outer_sum`` call from its blocks' factors, the same bits as
 the blocks' own products added in the tree, without writing them out.
 
@@ -194,8 +195,8 @@ class _Buffers:
     def __init__(self, model, shard: Shard, comm, be, allreduce: bool):
         shapes = model.grad_shapes()
         # one block (one process) has nothing to add: BLAS's product into its vector is faster
-        self.factored = [k for k in getattr(model, "factored", ()) if k in shapes] \
-            if getattr(model, "block_factors", None) is not None and shard.blocks.count > 1 else []
+        self.batched = getattr(model, "block_factors", None) is not None and shard.blocks.count > 1
+        self.factored = [k for k in getattr(model, "factored", ()) if k in shapes] if self.batched else []
         # the factored gradients first: the rest of the row (what the blocks fill, clear and
         # add) is then one slice, one operation each (one launch on a GPU, not one per array)
         self.names = self.factored + [k for k in shapes if k not in self.factored]
@@ -451,7 +452,7 @@ class _Epoch:
 
         def clear(i):
             leaves[i][buf.filled] = 0
-        if buf.factored:  # all of this rank's blocks at once
+        if buf.batched:  # all of this rank's blocks at once
             for i in range(len(mine)):
                 clear(i)
             extras, found = model.block_factors([self.rows(mine[i], k) for i in live],

@@ -13,13 +13,15 @@ import os
 import cupy as cp
 import numpy as np
 
-from ..ref.conv import (check_bias, check_grad_shapes, check_nchw, conv_geometry,
-                        transpose_geometry)
+from ..ref.conv import (backward_by_block, check_bias, check_grad_shapes, check_nchw, conv_geometry,
+                        forward_by_block, transpose_geometry)
 from .c_types import C_TYPE
 from .gemm import matmul
 
 __all__ = ["conv2d_forward", "conv2d_backward", "conv2d_transpose_forward",
-           "conv2d_transpose_backward", "maxpool2x2_forward", "maxpool2x2_backward"]
+           "conv2d_transpose_backward", "maxpool2x2_forward", "maxpool2x2_backward",
+           "conv2d_forward_blocks", "conv2d_backward_blocks", "conv2d_transpose_forward_blocks",
+           "conv2d_transpose_backward_blocks"]
 
 _NAMES = [f"{k}<{t}>" for k in ("im2col", "col2im", "pack_maps", "unpack_maps", "channel_sums",
                                  "maxpool_fwd", "maxpool_bwd")
@@ -74,6 +76,29 @@ def conv2d_transpose_backward(dy, x, W, stride, pad, dW, db):
     _conv_grads(dy, x, W2, W.shape[2], W.shape[3], stride, pad, dW, dx, transpose=True)
     _channel_sums(dy, db)
     return dx
+
+
+# Several blocks of images: block by block, as the reference does. One cuBLAS product covers a
+# chunk's images, and cuBLAS may pick another algorithm for another column count: a block's
+# bits are only sure to be its own in a call of its own.
+def conv2d_forward_blocks(x, W, b, stride, pad, starts):
+    """See :func:`kernels.ref.conv.conv2d_forward_blocks`."""
+    return forward_by_block(conv2d_forward, cp, x, W, b, stride, pad, starts)
+
+
+def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
+    """See :func:`kernels.ref.conv.conv2d_backward_blocks`."""
+    return backward_by_block(conv2d_backward, cp, dy, x, W, stride, pad, dWs, dbs, starts)
+
+
+def conv2d_transpose_forward_blocks(x, W, b, stride, pad, starts):
+    """See :func:`kernels.ref.conv.conv2d_transpose_forward_blocks`."""
+    return forward_by_block(conv2d_transpose_forward, cp, x, W, b, stride, pad, starts)
+
+
+def conv2d_transpose_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
+    """See :func:`kernels.ref.conv.conv2d_transpose_backward_blocks`."""
+    return backward_by_block(conv2d_transpose_backward, cp, dy, x, W, stride, pad, dWs, dbs, starts)
 
 
 def maxpool2x2_forward(x):

@@ -11,6 +11,7 @@ used; the copies (im2col, col2im) are parallel over independent planes when that
 (see ``_copies``).
 Semantics, shapes and argmax encoding are those of the reference, :mod:`kernels.ref.conv`.
 """
+import math
 import os
 import threading
 import types
@@ -18,11 +19,13 @@ import types
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from ..ref.conv import (check_bias, check_grad_shapes, check_nchw, conv_geometry,
+from ..ref.conv import (check_bias, check_conv_starts, check_grad_shapes, check_nchw, conv_geometry,
                         transpose_geometry)
 
 __all__ = ["conv2d_forward", "conv2d_backward", "conv2d_transpose_forward",
-           "conv2d_transpose_backward", "maxpool2x2_forward", "maxpool2x2_backward"]
+           "conv2d_transpose_backward", "maxpool2x2_forward", "maxpool2x2_backward",
+           "conv2d_forward_blocks", "conv2d_backward_blocks", "conv2d_transpose_forward_blocks",
+           "conv2d_transpose_backward_blocks"]
 
 _COLS_ELEMENTS = 1 << 20   # target size of one chunk's im2col matrix (elements)
 
@@ -39,16 +42,21 @@ def conv2d_forward(x, W, b, stride=1, pad=0):
 
 def conv2d_backward(dy, x, W, stride, pad, dW, db):
     """Backward of :func:`conv2d_forward`: adds into ``dW``, ``db``; returns dx."""
+    return conv2d_backward_blocks(dy, x, W, stride, pad, [dW], [db], [0, x.shape[0]])
+
+
+def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
+    """:func:`kernels.ref.conv.conv2d_backward_blocks` in one call: a block's weight
+    gradient is its images' products added in image order from its own first image, as
+    alone; dx is image by image anyway."""
+    s = check_conv_starts(x, starts, dWs, dbs)
     Ho, Wo = conv_geometry(x.shape, W.shape, stride, pad)
-    check_grad_shapes(dy, (x.shape[0], W.shape[0], Ho, Wo), W, dW, db, W.shape[0])
+    for dW, db in zip(dWs, dbs):
+        check_grad_shapes(dy, (x.shape[0], W.shape[0], Ho, Wo), W, dW, db, W.shape[0])
     x, W2, dt = _prep(x, W)
     dy = np.ascontiguousarray(dy, dtype=dt)
     dx = np.empty(x.shape, dtype=dt)
-    dW2 = _wgrad_target(dW)
-    _conv_grads(x, dy, W2, W.shape[2], W.shape[3], stride, pad, dW2, dx, False,
-                _chunk(W2.shape[1], Ho * Wo))
-    _wgrad_done(dW, dW2)
-    db += dy.sum(axis=(0, 2, 3))
+    _block_grads(x, dy, W2, W.shape[2], W.shape[3], stride, pad, dWs, dbs, s, dx, False, _chunk(W2.shape[1], Ho * Wo))
     return dx
 
 
@@ -65,18 +73,37 @@ def conv2d_transpose_forward(x, W, b, stride=1, pad=0):
 
 def conv2d_transpose_backward(dy, x, W, stride, pad, dW, db):
     """Backward of :func:`conv2d_transpose_forward`: adds into ``dW``, ``db``; returns dx."""
+    return conv2d_transpose_backward_blocks(dy, x, W, stride, pad, [dW], [db], [0, x.shape[0]])
+
+
+def conv2d_transpose_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
+    """:func:`kernels.ref.conv.conv2d_transpose_backward_blocks` in one call (see
+    :func:`conv2d_backward_blocks`)."""
+    s = check_conv_starts(x, starts, dWs, dbs)
     yshape = transpose_geometry(x.shape, W.shape, stride, pad)
-    check_grad_shapes(dy, yshape, W, dW, db, W.shape[1])
+    for dW, db in zip(dWs, dbs):
+        check_grad_shapes(dy, yshape, W, dW, db, W.shape[1])
     x, W2, dt = _prep(x, W)
     dy = np.ascontiguousarray(dy, dtype=dt)
     dx = np.empty(x.shape, dtype=dt)
-    dW2 = _wgrad_target(dW)
     # the adjoint's gradients are conv2d's with dy in the role of the convolved input
-    _conv_grads(dy, x, W2, W.shape[2], W.shape[3], stride, pad, dW2, dx, True,
-                _chunk(W2.shape[1], x.shape[2] * x.shape[3]))
-    _wgrad_done(dW, dW2)
-    db += dy.sum(axis=(0, 2, 3))
+    _block_grads(dy, x, W2, W.shape[2], W.shape[3], stride, pad, dWs, dbs, s, dx, True,
+                 _chunk(W2.shape[1], x.shape[2] * x.shape[3]))
     return dx
+
+
+def conv2d_forward_blocks(x, W, b, stride, pad, starts):
+    """:func:`kernels.ref.conv.conv2d_forward_blocks`: one call, each image's output its
+    own product here whatever the batch."""
+    check_conv_starts(x, starts)
+    return conv2d_forward(x, W, b, stride, pad)
+
+
+def conv2d_transpose_forward_blocks(x, W, b, stride, pad, starts):
+    """:func:`kernels.ref.conv.conv2d_transpose_forward_blocks`: one call (as
+    :func:`conv2d_forward_blocks`)."""
+    check_conv_starts(x, starts)
+    return conv2d_transpose_forward(x, W, b, stride, pad)
 
 
 def maxpool2x2_forward(x):
@@ -114,6 +141,18 @@ def _chunk(K, P):
     return max(1, _COLS_ELEMENTS // max(1, K * P))
 
 
+def _block_grads(a, g, W2, kh, kw, stride, pad, dWs, dbs, starts, da, transpose, chunk):
+    """Each block's weight and bias gradients into its own ``dWs[k]``, ``dbs[k]`` (the bias
+    gradient summed over the block's rows of dy = g or a, as over the block alone), and the
+    input gradient of every image into ``da``."""
+    dy = a if transpose else g
+    for lo, hi, dW, db in zip(starts[:-1], starts[1:], dWs, dbs):
+        dW2 = _wgrad_target(dW)
+        _conv_grads(a, g, W2, kh, kw, stride, pad, dW2, da, transpose, chunk, lo, hi)
+        _wgrad_done(dW, dW2)
+        db += dy[lo:hi].sum(axis=(0, 2, 3))
+
+
 def _wgrad_target(dW):
     """A (rows, Cin*kh*kw) view of dW to add into, or a zeroed scratch when dW is strided."""
     if dW.flags.c_contiguous:
@@ -136,9 +175,10 @@ def _scratch(slot, shape, dtype):
 
     A fresh 1-2 MB np.empty per call came from mmap and was paid for in page faults on
     first touch: conv2d_backward of the CAE's second layer (13 images, 16 -> 32 channels,
-    14x14) spent longer in them than in its copies and GEMMs."""
+    14x14) spent longer in them than in its copies and GEMMs. Plain Python on the shape
+    (math.prod, not np.prod): with eight blocks a CAE step makes some 50 of these calls."""
     dtype = np.dtype(dtype)
-    size = int(np.prod(shape))
+    size = math.prod(shape)
     bufs = getattr(_SCRATCH, "bufs", None)
     if bufs is None:
         bufs = _SCRATCH.bufs = {}
@@ -154,10 +194,11 @@ def _copies():
 
     Parallel copies need an OpenMP runtime that sleeps when idle: with GNU OpenMP's default
     spin-wait, each hand-over from a parallel region to a multithreaded GEMM is costly (the
-    spinning workers starve OpenBLAS's threads). One thread: serial.
+    spinning workers starve OpenBLAS's threads). One thread: serial. The environment is
+    read first: Numba's get_num_threads costs more than the two lookups, on every call.
     """
-    if get_num_threads() > 1 and (os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive"
-                                  or os.environ.get("NUMBA_THREADING_LAYER", "") in ("tbb", "workqueue")):
+    if ((os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive"
+         or os.environ.get("NUMBA_THREADING_LAYER", "") in ("tbb", "workqueue")) and get_num_threads() > 1):
         return _im2col_par, _col2im_par
     return _im2col, _col2im
 
@@ -186,20 +227,21 @@ def _conv_adjoint(g, W2, bias, kh, kw, stride, pad, y, chunk):
         col2im(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, y)
 
 
-def _conv_grads(a, g, W2, kh, kw, stride, pad, dW2, da, transpose, chunk):
-    """Gradients of conv2d(a) paired with g: dW2 += sum_n g[n] @ cols(a)[n]^T, and the input
-    gradient: conv2d^T(g) into ``da`` (conv2d backward) or, with ``transpose``, conv2d(a)
-    into ``da`` (conv2d_transpose backward, where a is dy and g is the layer input)."""
+def _conv_grads(a, g, W2, kh, kw, stride, pad, dW2, da, transpose, chunk, lo, hi):
+    """Gradients of conv2d(a) paired with g over images lo..hi-1: dW2 += sum_n g[n] @
+    cols(a)[n]^T, and the input gradient: conv2d^T(g) into ``da`` (conv2d backward) or, with
+    ``transpose``, conv2d(a) into ``da`` (conv2d_transpose backward, where a is dy and g is
+    the layer input)."""
     im2col, col2im = _copies()
     N, Co, Ho, Wo = g.shape
     P, K = Ho * Wo, W2.shape[1]
     g2 = g.reshape(N, Co, P)
-    da2 = da.reshape(N, da.shape[1], -1)
+    da2 = da.reshape(N, da.shape[1], da.shape[2] * da.shape[3])  # also for no images
     zero = np.zeros(da.shape[1], dtype=a.dtype)
-    cols = _scratch("cols", (min(chunk, N), K, P), a.dtype)
-    dcols = _scratch("dcols", (1 if transpose else min(chunk, N), K, P), a.dtype)
-    for n0 in range(0, N, chunk):
-        nb = min(chunk, N - n0)
+    cols = _scratch("cols", (min(chunk, hi - lo), K, P), a.dtype)
+    dcols = _scratch("dcols", (1 if transpose else min(chunk, hi - lo), K, P), a.dtype)
+    for n0 in range(lo, hi, chunk):
+        nb = min(chunk, hi - n0)
         im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo, cols)
         _gemm_grads(W2, g2[n0:n0 + nb], cols, dW2, transpose, da2[n0:n0 + nb], dcols)
         if not transpose:

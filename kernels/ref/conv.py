@@ -14,8 +14,12 @@ as ``2*di + dj`` (int8); ties go to the first position in that order.
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from .blocksum import check_starts
+
 __all__ = ["conv2d_forward", "conv2d_backward", "conv2d_transpose_forward",
-           "conv2d_transpose_backward", "maxpool2x2_forward", "maxpool2x2_backward"]
+           "conv2d_transpose_backward", "maxpool2x2_forward", "maxpool2x2_backward",
+           "conv2d_forward_blocks", "conv2d_backward_blocks", "conv2d_transpose_forward_blocks",
+           "conv2d_transpose_backward_blocks"]
 
 
 def conv2d_forward(x, W, b, stride=1, pad=0):
@@ -168,6 +172,59 @@ def _windows2x2(x):
     Ho, Wo = H // 2, W // 2
     return (x[:, :, :2 * Ho, :2 * Wo].reshape(N, C, Ho, 2, Wo, 2).transpose(0, 1, 2, 4, 3, 5)
             .reshape(N, C, Ho, Wo, 4))
+
+
+# ---- several blocks of images stacked: each block's own bits -----------------------------
+
+def conv2d_forward_blocks(x, W, b, stride, pad, starts):
+    """:func:`conv2d_forward` of the stacked blocks of images ``x[starts[k]:starts[k + 1]]``:
+    block k's rows of the result are the bits of its call alone (aepar.rows' blocks: the
+    same weights on any number of ranks)."""
+    return forward_by_block(conv2d_forward, np, x, W, b, stride, pad, starts)
+
+
+def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
+    """:func:`conv2d_backward` of the stacked blocks: block k's weight and bias gradients
+    added into ``dWs[k]`` and ``dbs[k]``, dx stacked; every block's bits those of its call
+    alone."""
+    return backward_by_block(conv2d_backward, np, dy, x, W, stride, pad, dWs, dbs, starts)
+
+
+def conv2d_transpose_forward_blocks(x, W, b, stride, pad, starts):
+    """:func:`conv2d_transpose_forward` of the stacked blocks (see :func:`conv2d_forward_blocks`)."""
+    return forward_by_block(conv2d_transpose_forward, np, x, W, b, stride, pad, starts)
+
+
+def conv2d_transpose_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
+    """:func:`conv2d_transpose_backward` of the stacked blocks (see :func:`conv2d_backward_blocks`)."""
+    return backward_by_block(conv2d_transpose_backward, np, dy, x, W, stride, pad, dWs, dbs, starts)
+
+
+def forward_by_block(forward, xp, x, W, b, stride, pad, starts):
+    """``forward`` (a set's convolution) block by block, the results stacked by ``xp``."""
+    s = check_conv_starts(x, starts)
+    if len(s) == 2:
+        return forward(x, W, b, stride, pad)
+    return xp.concatenate([forward(x[lo:hi], W, b, stride, pad) for lo, hi in zip(s[:-1], s[1:])])
+
+
+def backward_by_block(backward, xp, dy, x, W, stride, pad, dWs, dbs, starts):
+    """``backward`` (a set's convolution backward) block by block, dx stacked by ``xp``."""
+    s = check_conv_starts(x, starts, dWs, dbs)
+    if len(s) == 2:
+        return backward(dy, x, W, stride, pad, dWs[0], dbs[0])
+    return xp.concatenate([backward(dy[lo:hi], x[lo:hi], W, stride, pad, dW, db)
+                           for lo, hi, dW, db in zip(s[:-1], s[1:], dWs, dbs)])
+
+
+def check_conv_starts(x, starts, dWs=None, dbs=None) -> list:
+    """The blocks' offsets (a list of ints) from 0 to every image of ``x``, never back; one
+    weight and one bias gradient per block."""
+    s = check_starts("conv blocks", x.shape[0], starts).tolist()
+    for what, grads in (("weight", dWs), ("bias", dbs)):
+        if grads is not None and len(grads) != len(s) - 1:
+            raise ValueError(f"conv blocks: {len(grads)} {what} gradients for {len(s) - 1} blocks")
+    return s
 
 
 # ---- shape checks shared with the numba and cupy sets ----------------------------------

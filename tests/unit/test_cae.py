@@ -92,6 +92,29 @@ def test_blocks_do_not_change_a_step_up_to_rounding():
     np.testing.assert_allclose(out[0], out[1], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
+def test_blocks_at_once_are_each_blocks_own_bits(kernels, threads, monkeypatch):
+    """block_factors (the trainer's path for several blocks: a group of blocks per thread,
+    one kernel call per layer) gives every block the gradients and loss of its
+    leaf_gradient alone, bit for bit, however the threads group the blocks."""
+    monkeypatch.setattr(aepar, "THREADS", threads)
+    be = _be(kernels, "float32")
+    model = ConvAutoencoder(be, (1, 8, 8), filters=(3, 4), seed=1, batch=20)
+    x = _images(20, (1, 8, 8), seed=2).astype(np.float32)
+    starts = [0, 3, 6, 10, 13, 17, 20]
+    xs = [x[lo:hi] for lo, hi in zip(starts[:-1], starts[1:])]
+    grads = [_zero_grads(model) for _ in xs]
+    sums, factors = model.block_factors(xs, [None] * len(xs), 1 / 20, grads)
+    assert factors == [{}] * len(xs)
+    for xb, g, (sq_err,) in zip(xs, grads, sums):
+        alone = _zero_grads(model)
+        (want,) = model.leaf_gradient(xb, None, 1 / 20, alone)
+        assert float(sq_err) == float(want)
+        for k in alone:
+            np.testing.assert_array_equal(g[k], alone[k], err_msg=k)
+
+
 def test_learns_to_reconstruct():
     be = _be("numba", "float32")
     rng = np.random.default_rng(0)

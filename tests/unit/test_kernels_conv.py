@@ -263,6 +263,56 @@ def test_matches_reference_conv2d_chunked_strided_inputs(name, transpose, monkey
     assert_close(db, rdb, np.float64, work=200, name="db")
 
 
+# ---- stacked blocks of images: each block's own bits ------------------------------------
+
+@pytest.mark.parametrize("sizes", [[3, 0, 5, 1], [4], [2, 7]], ids=["four", "one", "chunked"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("transpose", [False, True], ids=["conv2d", "transpose"])
+@pytest.mark.parametrize("name", ALL_SETS)
+def test_conv_blocks_give_each_blocks_own_bits(name, transpose, dtype, sizes, monkeypatch, rng):
+    """The *_blocks kernels on stacked images: bit for bit each block's call alone (its
+    rows of y and dx, its own dW and db), also where a block spans several chunks (the
+    numba set's chunks then start at the block's first image, as alone) and for an empty
+    block. The CAE trains its blocks so, one call per layer (aepar.models.cae)."""
+    K, dev, host = kit(name)
+    if name != "numpy":  # chunks of 2 images (conv2d) and 1 (transpose)
+        monkeypatch.setattr(importlib.import_module(K.__name__ + ".conv"), "_COLS_ELEMENTS", 500)
+    starts = np.cumsum([0] + sizes)
+    x = randn(rng, int(starts[-1]), 3, 6, 6, dtype=dtype)
+    W = randn(rng, 3, 4, 2, 2, dtype=dtype) if transpose else randn(rng, 4, 3, 3, 3, dtype=dtype)
+    b = randn(rng, 4, dtype=dtype)
+    stride, pad = (2, 0) if transpose else (1, 1)
+    fwd, bwd, fwd_blocks, bwd_blocks = (
+        (K.conv2d_transpose_forward, K.conv2d_transpose_backward, K.conv2d_transpose_forward_blocks,
+         K.conv2d_transpose_backward_blocks) if transpose else
+        (K.conv2d_forward, K.conv2d_backward, K.conv2d_forward_blocks, K.conv2d_backward_blocks))
+    bounds = list(zip(starts[:-1], starts[1:]))
+    y = host(fwd_blocks(dev(x), dev(W), dev(b), stride, pad, starts))
+    alone = [host(fwd(dev(x[lo:hi]), dev(W), dev(b), stride, pad)) for lo, hi in bounds]
+    np.testing.assert_array_equal(y, np.concatenate(alone))
+    dy = randn(rng, *y.shape, dtype=dtype)
+    dWs, dbs = [dev(np.zeros_like(W)) for _ in sizes], [dev(np.zeros_like(b)) for _ in sizes]
+    dx = host(bwd_blocks(dev(dy), dev(x), dev(W), stride, pad, dWs, dbs, starts))
+    for k, (lo, hi) in enumerate(bounds):
+        dW, db = dev(np.zeros_like(W)), dev(np.zeros_like(b))
+        np.testing.assert_array_equal(dx[lo:hi], host(bwd(dev(dy[lo:hi]), dev(x[lo:hi]), dev(W), stride, pad, dW, db)))
+        np.testing.assert_array_equal(host(dWs[k]), host(dW))
+        np.testing.assert_array_equal(host(dbs[k]), host(db))
+
+
+@pytest.mark.parametrize("name", CPU_SETS)
+def test_conv_blocks_refuse_offsets_and_gradients_that_do_not_fit(name):
+    K = kernels.load(name)
+    x, W, b = np.zeros((5, 2, 4, 4)), np.zeros((3, 2, 3, 3)), np.zeros(3)
+    with pytest.raises(ValueError, match="offsets"):
+        K.conv2d_forward_blocks(x, W, b, 1, 1, [0, 3])
+    dy = np.zeros((5, 3, 4, 4))
+    with pytest.raises(ValueError, match="1 weight gradients for 2 blocks"):
+        K.conv2d_backward_blocks(dy, x, W, 1, 1, [np.zeros_like(W)], [np.zeros(3)] * 2, [0, 2, 5])
+    with pytest.raises(ValueError, match="db"):
+        K.conv2d_backward_blocks(dy, x, W, 1, 1, [np.zeros_like(W)], [np.zeros(2)], [0, 5])
+
+
 # ---- bad shapes are refused with a message ---------------------------------------------
 
 @pytest.mark.parametrize("name", CPU_SETS)
