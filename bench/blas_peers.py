@@ -44,8 +44,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 BENCHMARK = "layer_products"
 BLOCKS = 8
 N_IN = 784
-# 1000: the stack's first layer; 1024: W's rows 4 KiB apart, where the AVX2 tiles copy
-# each column panel of W before they read it (kernels/nb/rowprod.py, PACK_ALIASED)
+# 1000: the stack's first layer; 1024: W's rows 4 KiB apart, where the row tiles copy
+# each column panel of W before they read it (kernels/nb/rowprod.py, ALIAS_BYTES)
 WIDTHS = (1000, 1024)
 
 

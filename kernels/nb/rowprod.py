@@ -76,10 +76,14 @@ MAX_ROWS = 32
 PREFETCH_ROWS = 16
 # W's rows a multiple of ALIAS_BYTES apart put a column panel's lines into a few cache sets
 # of L1 and L2, which then hold few of them: every row tile read the panel from L3 (784 x
-# 1024 on the AVX2 path: half BLAS's rate). Such a panel is copied into a contiguous buffer
-# first (the AVX-512 tiles, four lines of a row at a time, ran at their usual rate there)
-PACK_ALIASED = target_isa() == "avx2"
+# 1024 on the AVX2 path: half BLAS's rate). rows_times copies such a panel into a
+# contiguous buffer first, on every path: the AVX-512 tiles ran at their usual rate in
+# place on AMD Zen 4, but at 36 GFLOP/s on an Intel Xeon (family 6 model 167), 129 copied.
 ALIAS_BYTES = 2048
+# block_outer_sum pads D's rows one vector further where they would alias, on the AVX2
+# path only (784x200x1024: 0.63-0.72 -> 0.80-0.82 of OpenBLAS there; the AVX-512 tiles
+# gained nothing on either CPU, and the padding is a copy of D)
+PAD_ALIASED = target_isa() == "avx2"
 _NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
 MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS
 SLOT = OR * OC * LANES32  # floats of one partial sum of a block_outer_sum tile on its stack
@@ -531,7 +535,7 @@ def _padded(D):
     masked last vector, tested inside the k loop (LLVM did not hoist it there), slowed the
     AVX2 path (the AVX-512 tiles ran the same either way). On the AVX2 path rows a multiple
     of ALIAS_BYTES long get one vector more, so that a tile's column panel does not fall
-    into a few cache sets (see PACK_ALIASED)."""
+    into a few cache sets (see PAD_ALIASED)."""
     n = D.shape[1]
     if _padded_width(n) == n and is_aligned(D):
         return D
@@ -542,15 +546,15 @@ def _padded(D):
 
 def _padded_width(n: int) -> int:
     """The float32s a padded row of n columns takes: whole vectors, one more where they
-    would alias (:func:`_aliased`)."""
+    would alias (:func:`_aliased`) on a path that avoids it (PAD_ALIASED)."""
     width = -(-n // LANES32) * LANES32
-    return width + LANES32 if _aliased(width) else width
+    return width + LANES32 if PAD_ALIASED and _aliased(width) else width
 
 
 def _aliased(row: int) -> bool:
-    """Whether float32 rows of ``row`` columns put a column panel into a few cache sets on
-    a path that avoids it (see PACK_ALIASED)."""
-    return PACK_ALIASED and (4 * row) % ALIAS_BYTES == 0
+    """Whether float32 rows of ``row`` columns put a column panel into a few cache sets
+    (see ALIAS_BYTES)."""
+    return (4 * row) % ALIAS_BYTES == 0
 
 
 def thin(a, W, out, rows=None) -> bool:

@@ -159,7 +159,7 @@ def test_sixteen_lane_sums_at_once_are_each_lanes_tree(seed):
 
 # Odd shapes on purpose: masked last vectors (n % 16 of 4, 8 and 11 columns: a tail in
 # the first half only, exactly one half, and both halves), row counts that leave short tiles,
-# and W's rows 2 KiB apart (512 columns: the AVX2 build copies its column panels first).
+# and W's rows 2 KiB apart (512 columns: the tiles copy its column panels first).
 _ISA_SHAPES = ((13, 70, 37), (12, 75, 100), (7, 88, 72), (13, 130, 1000), (13, 40, 512))
 _ISA_SCRIPT = """
 import sys, numpy as np
@@ -200,11 +200,29 @@ def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
         np.testing.assert_array_equal(avx2[name].view(np.int32), want.view(np.int32), err_msg=name)
 
 
+@pytest.mark.parametrize("n,copied", [(1024, True), (512, True), (1000, False)])
+def test_aliased_rows_of_w_are_read_from_a_copy_on_every_path(n, copied, monkeypatch):
+    """W's rows a multiple of 2 KiB apart are read from a contiguous copy of each column
+    panel, on the host's tiles too (an Intel Xeon's AVX-512 tiles read 784 x 1024 in place
+    at a quarter of the copied rate); one row tile reads the panel once and needs none."""
+    from aepar.kernels.nb import rowprod
+
+    panels = []
+    real = rowprod._rows_times
+    monkeypatch.setattr(rowprod, "_rows_times", lambda v, W, out, panel: (panels.append(panel.size),
+                                                                          real(v, W, out, panel)))
+    rng = np.random.default_rng(n)
+    W = rng.standard_normal((40, n), np.float32)
+    for m in (rowprod.RT + 1, rowprod.RT):
+        rowprod.rows_times(rng.standard_normal((m, 40), np.float32), W, np.empty((m, n), np.float32))
+    assert [size > 0 for size in panels] == [copied, False]
+
+
 @pytest.mark.parametrize("m,k,n", [(13, 40, 512), (100, 33, 64), (7, 20, 48)])
 def test_copied_column_panels_give_the_same_bits(m, k, n):
-    """Where W's rows alias in the caches the tiles read each column panel from a copy
-    (the AVX2 build, W rows a multiple of 2 KiB apart): the same bits as W read in place,
-    on this CPU's tiles whatever it is."""
+    """Where W's rows alias in the caches (a multiple of 2 KiB apart) the tiles read each
+    column panel from a copy: the same bits as W read in place, on this CPU's tiles
+    whatever it is."""
     from aepar.kernels.memory import empty
     from aepar.kernels.nb import rowprod
 
