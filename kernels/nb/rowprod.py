@@ -26,8 +26,11 @@ own rows in a register tile (OR x OC: 8 x 3 on AVX-512, 6 x 1 on AVX2; OR - 1 an
 rows where M is not a fit), the tree's
 additions against a small stack in cache, so the blocks' gradients are never written
 out (written out, eight blocks' 784 x 1000 gradients are 8 zeroed 3 MB vectors, 8 GEMMs
-of K = 26 and 7 NumPy additions per step). It runs close to OpenBLAS's one K = 208
-product over all the blocks, which would give other bits on other ranks.
+of K = 26 and 7 NumPy additions per step). Each column panel of D is copied into a
+contiguous buffer before the row tiles pass over it: read in place, each row of a
+tile's panel lies on another page (docs/performance-notes.md has the figures). It runs
+close to OpenBLAS's one K = 208 product over all the blocks, which would give other bits
+on other ranks.
 
 Blocks longer than :data:`SEGMENT_ROWS` (batch 5000: 8 blocks of 1250 rows of [v0; vk]) go
 a stretch of rows at a time, every tile taking the stretch before the next one, the tiles'
@@ -409,22 +412,29 @@ def _rows_times_t(h, W, out):
 
 
 @njit(**JIT)
-def _block_outer_sum(At, D, starts, merges, alphas, out, stack):
+def _block_outer_sum(At, D, starts, merges, alphas, out, stack, panel):
     """The tiles of :func:`block_outer_sum` with A given transposed (At: m x rows), so
     that a tile's broadcasts read along its rows, and D's rows padded to whole vectors
-    (:func:`_padded`)."""
+    (:func:`_padded`). Each column panel of D is copied into ``panel`` (rows x OC vectors)
+    first, where the row tiles then read it."""
     M, N = out.shape
+    rows = D.shape[0]
     af, df, of = At.reshape(-1), D.reshape(-1), out.reshape(-1)
+    ldd, ldp = D.shape[1], OC * LANES32
     tiles = _outer_row_tiles(M)
     runs = _tile_runs(tiles)
     j = 0
     while j < N:  # a column panel of D stays in cache while the row tiles pass over it
         vecs = min(OC, (N - j + LANES32 - 1) // LANES32)
         nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
+        for k in range(rows):
+            for c in range(vecs):
+                vstore32(panel, k * ldp + c * LANES32, vload32(df, k * ldd + j + c * LANES32))
         for q in range(runs.size - 1):
             t = runs[q]
-            _outer(tiles[t + 1] - tiles[t], vecs, af, At.shape[1], df, D.shape[1], j, starts, merges, alphas,
-                   stack, of, N, nlast, tiles, t, runs[q + 1])
+            # the tiles take one column offset for D and out: out from column j on
+            _outer(tiles[t + 1] - tiles[t], vecs, af, At.shape[1], panel, ldp, 0, starts, merges, alphas,
+                   stack, of[j:], N, nlast, tiles, t, runs[q + 1])
         j += vecs * LANES32
 
 
@@ -525,7 +535,8 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
             _block_outer_sum_segments(A, D, starts, merges, scales, out, stack, at, dp)
         else:
             stack = empty(stack_depth(merges) * SLOT, np.float32)
-            _block_outer_sum(np.ascontiguousarray(A.T), _padded(D), starts, merges, scales, out, stack)
+            _block_outer_sum(np.ascontiguousarray(A.T), _padded(D), starts, merges, scales, out, stack,
+                             empty(D.shape[0] * OC * LANES32, np.float32))
     return out
 
 
