@@ -56,7 +56,7 @@ def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
     x, W2, dt = _prep(x, W)
     dy = np.ascontiguousarray(dy, dtype=dt)
     dx = np.empty(x.shape, dtype=dt)
-    _block_grads(x, dy, W2, W.shape[2], W.shape[3], stride, pad, dWs, dbs, s, dx, False, _chunk(W2.shape[1], Ho * Wo))
+    _conv_grads(x, dy, W2, W.shape[2], W.shape[3], stride, pad, dWs, dbs, s, dx, False, _chunk(W2.shape[1], Ho * Wo))
     return dx
 
 
@@ -87,7 +87,7 @@ def conv2d_transpose_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
     dy = np.ascontiguousarray(dy, dtype=dt)
     dx = np.empty(x.shape, dtype=dt)
     # the adjoint's gradients are conv2d's with dy in the role of the convolved input
-    _block_grads(dy, x, W2, W.shape[2], W.shape[3], stride, pad, dWs, dbs, s, dx, True,
+    _conv_grads(dy, x, W2, W.shape[2], W.shape[3], stride, pad, dWs, dbs, s, dx, True,
                  _chunk(W2.shape[1], x.shape[2] * x.shape[3]))
     return dx
 
@@ -139,18 +139,6 @@ def _prep(x, W):
 def _chunk(K, P):
     """Images per chunk so that one chunk's cols (K, chunk*P) is about _COLS_ELEMENTS."""
     return max(1, _COLS_ELEMENTS // max(1, K * P))
-
-
-def _block_grads(a, g, W2, kh, kw, stride, pad, dWs, dbs, starts, da, transpose, chunk):
-    """Each block's weight and bias gradients into its own ``dWs[k]``, ``dbs[k]`` (the bias
-    gradient summed over the block's rows of dy = g or a, as over the block alone), and the
-    input gradient of every image into ``da``."""
-    dy = a if transpose else g
-    for lo, hi, dW, db in zip(starts[:-1], starts[1:], dWs, dbs):
-        dW2 = _wgrad_target(dW)
-        _conv_grads(a, g, W2, kh, kw, stride, pad, dW2, da, transpose, chunk, lo, hi)
-        _wgrad_done(dW, dW2)
-        db += dy[lo:hi].sum(axis=(0, 2, 3))
 
 
 def _wgrad_target(dW):
@@ -227,25 +215,34 @@ def _conv_adjoint(g, W2, bias, kh, kw, stride, pad, y, chunk):
         col2im(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, y)
 
 
-def _conv_grads(a, g, W2, kh, kw, stride, pad, dW2, da, transpose, chunk, lo, hi):
-    """Gradients of conv2d(a) paired with g over images lo..hi-1: dW2 += sum_n g[n] @
-    cols(a)[n]^T, and the input gradient: conv2d^T(g) into ``da`` (conv2d backward) or, with
-    ``transpose``, conv2d(a) into ``da`` (conv2d_transpose backward, where a is dy and g is
-    the layer input)."""
+def _conv_grads(a, g, W2, kh, kw, stride, pad, dWs, dbs, starts, da, transpose, chunk):
+    """Gradients of conv2d(a) paired with g, block by block (images ``starts[k]`` to
+    ``starts[k + 1]``): ``dWs[k]`` += sum over the block's n of g[n] @ cols(a)[n]^T, in
+    image order from the block's first image, as alone, and ``dbs[k]`` += the block's
+    rows of dy (= g, or a with ``transpose``) summed as over the block alone; and the input
+    gradient of every image into ``da``: conv2d^T(g) (conv2d backward) or, with
+    ``transpose``, conv2d(a) (conv2d_transpose backward, where a is dy and g is the layer
+    input). What does not depend on the block is set up once."""
     im2col, col2im = _copies()
     N, Co, Ho, Wo = g.shape
     P, K = Ho * Wo, W2.shape[1]
     g2 = g.reshape(N, Co, P)
     da2 = da.reshape(N, da.shape[1], da.shape[2] * da.shape[3])  # also for no images
     zero = np.zeros(da.shape[1], dtype=a.dtype)
-    cols = _scratch("cols", (min(chunk, hi - lo), K, P), a.dtype)
-    dcols = _scratch("dcols", (1 if transpose else min(chunk, hi - lo), K, P), a.dtype)
-    for n0 in range(lo, hi, chunk):
-        nb = min(chunk, hi - n0)
-        im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo, cols)
-        _gemm_grads(W2, g2[n0:n0 + nb], cols, dW2, transpose, da2[n0:n0 + nb], dcols)
-        if not transpose:
-            col2im(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)
+    images = min(chunk, max(hi - lo for lo, hi in zip(starts[:-1], starts[1:])))
+    cols = _scratch("cols", (images, K, P), a.dtype)
+    dcols = _scratch("dcols", (1 if transpose else images, K, P), a.dtype)
+    dy = a if transpose else g
+    for lo, hi, dW, db in zip(starts[:-1], starts[1:], dWs, dbs):
+        dW2 = _wgrad_target(dW)
+        for n0 in range(lo, hi, chunk):
+            nb = min(chunk, hi - n0)
+            im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo, cols)
+            _gemm_grads(W2, g2[n0:n0 + nb], cols, dW2, transpose, da2[n0:n0 + nb], dcols)
+            if not transpose:
+                col2im(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)
+        _wgrad_done(dW, dW2)
+        db += dy[lo:hi].sum(axis=(0, 2, 3))
 
 
 # ---- compiled GEMM blocks (BLAS; serial loops over the chunk's images) ------------------
