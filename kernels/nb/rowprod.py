@@ -207,8 +207,10 @@ def _over_tiles(name, args, setup, body):
 
 def _outer_source(rows, vecs):
     """rows x vecs vectors of out = the tree over blocks b of alphas[b] * A_b.T @ D_b, from
-    A transposed (v, row vo: the rows of out) and D (w, column wo: its columns; its rows
-    padded to whole vectors, so that only the stores are masked): per block an FMA
+    A packed by row tiles (v: the tile of rows vo.. of out takes ``rows`` * ldv floats from
+    vo * ldv on, its rows' values of A's row k side by side at k * rows, so that a step's
+    broadcasts are at fixed offsets from one address) and D (w, column wo: its columns;
+    its rows padded to whole vectors, so that only the stores are masked): per block an FMA
     chain over the block's rows in order, one multiply by alphas[b], then the postfix
     tree's additions (``merges[b]`` of them) against the partial sums on ``stack``. The
     multiply and the additions are FMAs with -0 and 1 (rounded once, exactly a plain * and
@@ -229,8 +231,8 @@ def _outer_source(rows, vecs):
     src += [f"        a{r}_{c} = zero" for r, c in acc]
     src += ["        for k in range(starts[b], starts[b + 1]):",
             "            wb = k * ldw + wo",
-            "            vb = vo * ldv + k"]
-    src += _fma_lines(rows, vecs, " " * 12)
+            f"            vb = vo * ldv + k * {rows}"]
+    src += _fma_lines(rows, vecs, " " * 12, vstep="1")
     src += _scale_merge_lines(rows, vecs, " " * 8, "b", "merges[b]", size)
     src += ["        if b + 1 < merges.size:  # the root's sum stays in registers for the store below"]
     src += _stack_lines(rows, vecs, " " * 12, "vstore32")
@@ -412,17 +414,18 @@ def _rows_times_t(h, W, out):
 
 
 @njit(**JIT)
-def _block_outer_sum(At, D, starts, merges, alphas, out, stack, panel):
-    """The tiles of :func:`block_outer_sum` with A given transposed (At: m x rows), so
-    that a tile's broadcasts read along its rows, and D's rows padded to whole vectors
-    (:func:`_padded`). Each column panel of D is copied into ``panel`` (rows x OC vectors)
-    first, where the row tiles then read it."""
+def _block_outer_sum(A, D, starts, merges, alphas, out, stack, panel):
+    """The tiles of :func:`block_outer_sum`, with A (rows x m) packed by row tiles first
+    (see :func:`_outer_source`) and D's rows padded to whole vectors (:func:`_padded`).
+    Each column panel of D is copied into ``panel`` (rows x OC vectors) first, where the
+    row tiles then read it."""
     M, N = out.shape
     rows = D.shape[0]
-    af, df, of = At.reshape(-1), D.reshape(-1), out.reshape(-1)
-    ldd, ldp = D.shape[1], OC * LANES32
     tiles = _outer_row_tiles(M)
     runs = _tile_runs(tiles)
+    af = _pack_row_tiles(A, tiles)
+    df, of = D.reshape(-1), out.reshape(-1)
+    ldd, ldp = D.shape[1], OC * LANES32
     j = 0
     while j < N:  # a column panel of D stays in cache while the row tiles pass over it
         vecs = min(OC, (N - j + LANES32 - 1) // LANES32)
@@ -433,9 +436,25 @@ def _block_outer_sum(At, D, starts, merges, alphas, out, stack, panel):
         for q in range(runs.size - 1):
             t = runs[q]
             # the tiles take one column offset for D and out: out from column j on
-            _outer(tiles[t + 1] - tiles[t], vecs, af, At.shape[1], panel, ldp, 0, starts, merges, alphas,
+            _outer(tiles[t + 1] - tiles[t], vecs, af, rows, panel, ldp, 0, starts, merges, alphas,
                    stack, of[j:], N, nlast, tiles, t, runs[q + 1])
         j += vecs * LANES32
+
+
+@njit(**JIT)
+def _pack_row_tiles(A, tiles):
+    """A (rows x m) as the row tiles of out take it: tile [r0, r1) at r0 * rows, A[k, r0:r1]
+    at r0 * rows + k * (r1 - r0)."""
+    rows = A.shape[0]
+    packed = np.empty(A.size, np.float32)
+    for t in range(tiles.size - 1):
+        r0, r1 = tiles[t], tiles[t + 1]
+        width = r1 - r0
+        for k in range(rows):
+            base = r0 * rows + k * width
+            for r in range(width):
+                packed[base + r] = A[k, r0 + r]
+    return packed
 
 
 @njit(**JIT)
@@ -535,7 +554,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
             _block_outer_sum_segments(A, D, starts, merges, scales, out, stack, at, dp)
         else:
             stack = empty(stack_depth(merges) * SLOT, np.float32)
-            _block_outer_sum(np.ascontiguousarray(A.T), _padded(D), starts, merges, scales, out, stack,
+            _block_outer_sum(np.ascontiguousarray(A), _padded(D), starts, merges, scales, out, stack,
                              empty(D.shape[0] * OC * LANES32, np.float32))
     return out
 
