@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..memory import empty, is_aligned, zeros
+from ..memory import empty
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
 from ..ref.blocksum import check_block_outer_sum, most_rows, stack_depth
 from .codegen import define
@@ -83,9 +83,9 @@ PREFETCH_ROWS = 16
 # contiguous buffer first, on every path: the AVX-512 tiles ran at their usual rate in
 # place on AMD Zen 4, but at 36 GFLOP/s on an Intel Xeon (family 6 model 167), 129 copied.
 ALIAS_BYTES = 2048
-# block_outer_sum pads D's rows one vector further where they would alias, on the AVX2
-# path only (784x200x1024: 0.63-0.72 -> 0.80-0.82 of OpenBLAS there; the AVX-512 tiles
-# gained nothing on either CPU, and the padding is a copy of D)
+# block_outer_sum's stretches of long blocks copy D's rows into a buffer one vector wider
+# where they would alias, on the AVX2 path only (batch 5000's stretches: 0.74 -> 0.84 of
+# OpenBLAS there; the AVX-512 tiles gained nothing on either CPU)
 PAD_ALIASED = target_isa() == "avx2"
 _NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
 MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS
@@ -209,8 +209,9 @@ def _outer_source(rows, vecs):
     """rows x vecs vectors of out = the tree over blocks b of alphas[b] * A_b.T @ D_b, from
     A packed by row tiles (v: the tile of rows vo.. of out takes ``rows`` * ldv floats from
     vo * ldv on, its rows' values of A's row k side by side at k * rows, so that a step's
-    broadcasts are at fixed offsets from one address) and D (w, column wo: its columns;
-    its rows padded to whole vectors, so that only the stores are masked): per block an FMA
+    broadcasts are at fixed offsets from one address) and D (w, column wo: its columns, a
+    copied panel whose rows are whole vectors, so that only the stores are masked): per
+    block an FMA
     chain over the block's rows in order, one multiply by alphas[b], then the postfix
     tree's additions (``merges[b]`` of them) against the partial sums on ``stack``. The
     multiply and the additions are FMAs with -0 and 1 (rounded once, exactly a plain * and
@@ -416,9 +417,9 @@ def _rows_times_t(h, W, out):
 @njit(**JIT)
 def _block_outer_sum(A, D, starts, merges, alphas, out, stack, panel):
     """The tiles of :func:`block_outer_sum`, with A (rows x m) packed by row tiles first
-    (see :func:`_outer_source`) and D's rows padded to whole vectors (:func:`_padded`).
-    Each column panel of D is copied into ``panel`` (rows x OC vectors) first, where the
-    row tiles then read it."""
+    (see :func:`_outer_source`). Each column panel of D is copied into ``panel`` (rows x
+    OC vectors, the last one padded with zeros where D's rows end) first, where the row
+    tiles then read it: they load whole vectors."""
     M, N = out.shape
     rows = D.shape[0]
     tiles = _outer_row_tiles(M)
@@ -430,9 +431,12 @@ def _block_outer_sum(A, D, starts, merges, alphas, out, stack, panel):
     while j < N:  # a column panel of D stays in cache while the row tiles pass over it
         vecs = min(OC, (N - j + LANES32 - 1) // LANES32)
         nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
-        for k in range(rows):
-            for c in range(vecs):
+        for k in range(rows):  # the last vector masked where D's rows end: zeros past them
+            for c in range(vecs - 1):
                 vstore32(panel, k * ldp + c * LANES32, vload32(df, k * ldd + j + c * LANES32))
+            last = k * ldd + j + (vecs - 1) * LANES32
+            vstore32(panel, k * ldp + (vecs - 1) * LANES32,
+                     vload32(df, last) if nlast == LANES32 else vload32m(df, last, nlast))
         for q in range(runs.size - 1):
             t = runs[q]
             # the tiles take one column offset for D and out: out from column j on
@@ -554,23 +558,8 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
             _block_outer_sum_segments(A, D, starts, merges, scales, out, stack, at, dp)
         else:
             stack = empty(stack_depth(merges) * SLOT, np.float32)
-            _block_outer_sum(np.ascontiguousarray(A), _padded(D), starts, merges, scales, out, stack,
+            _block_outer_sum(np.ascontiguousarray(A), D, starts, merges, scales, out, stack,
                              empty(D.shape[0] * OC * LANES32, np.float32))
-    return out
-
-
-def _padded(D):
-    """D with its rows padded by zeros to whole vectors of 16, from a cache line's start
-    (D itself if it is so): the tiles then load every vector whole and within one line. A
-    masked last vector, tested inside the k loop (LLVM did not hoist it there), slowed the
-    AVX2 path (the AVX-512 tiles ran the same either way). On the AVX2 path rows a multiple
-    of ALIAS_BYTES long get one vector more, so that a tile's column panel does not fall
-    into a few cache sets (see PAD_ALIASED)."""
-    n = D.shape[1]
-    if _padded_width(n) == n and is_aligned(D):
-        return D
-    out = zeros((D.shape[0], _padded_width(n)), np.float32)
-    out[:, :n] = D
     return out
 
 

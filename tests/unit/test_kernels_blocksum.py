@@ -162,7 +162,7 @@ def test_long_blocks_in_stretches_are_the_whole_blocks_bits(count, m, n, seed, f
     NB.block_outer_sum(A, D, starts, merges, alphas, buf[:m])
     whole = np.empty((m, n), np.float32)
     scales = np.append(np.float32(alphas), np.float32([1, -0.0]))
-    rowprod._block_outer_sum(np.ascontiguousarray(A), rowprod._padded(D), starts, merges, scales, whole,
+    rowprod._block_outer_sum(np.ascontiguousarray(A), D, starts, merges, scales, whole,
                              empty(stack_depth(merges) * rowprod.SLOT, np.float32),
                              empty(D.shape[0] * rowprod.OC * rowprod.LANES32, np.float32))
     assert np.array_equal(buf[:m].view(np.int32), whole.view(np.int32))
