@@ -558,7 +558,8 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
             _block_outer_sum_segments(A, D, starts, merges, scales, out, stack, at, dp)
         else:
             stack = empty(stack_depth(merges) * SLOT, np.float32)
-            _block_outer_sum(np.ascontiguousarray(A), D, starts, merges, scales, out, stack,
+            # A as it comes (a thread's band of columns is a view): the packing is its one copy
+            _block_outer_sum(A, D, starts, merges, scales, out, stack,
                              empty(D.shape[0] * OC * LANES32, np.float32))
     return out
 
