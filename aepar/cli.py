@@ -76,7 +76,7 @@ fraction_to_half = _typed("fraction in [0, 0.5]", _finite, lambda v: 0 <= v <= 0
 
 def _plots_default() -> bool:
     """--plot's default: on unless $AEPAR_PLOTS says 0 (a test suite's or a sweep's many
-    short runs, where matplotlib's second per run is most of the time)."""
+    short runs, where drawing is a noticeable part of each)."""
     return os.environ.get("AEPAR_PLOTS", "1").strip().lower() not in ("0", "no", "false")
 
 
@@ -101,8 +101,8 @@ def add_common(parser: argparse.ArgumentParser, *, scheme: str):
                    help="no progress lines, tables or closing line on standard output (errors still go to "
                         "standard error)")
     g.add_argument("--plot", action=argparse.BooleanOptionalAction, default=_plots_default(),
-                   help="draw the run's figures (metrics.png, reconstructions, the scheme's own; needs "
-                        "matplotlib); --no-plot: numbers only (default on; $AEPAR_PLOTS=0 turns it off)")
+                   help="draw the run's figures (metrics.png with Pillow; reconstructions and the scheme's own "
+                        "with matplotlib); --no-plot: numbers only (default on; $AEPAR_PLOTS=0 turns it off)")
     r = parser.add_argument_group(
         "run directory and checkpoints",
         "A run writes only into its run directory. A path that exists and is not an aepar run "

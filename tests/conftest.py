@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# no metrics.png/reconstructions.png in the suite's many short runs (about a second each with
-# matplotlib); tests/integration/test_outputs.py turns them on
+# no metrics.png/reconstructions.png in the suite's many short runs (matplotlib's import alone
+# is about half a second); tests/integration/test_outputs.py turns them on
 os.environ.setdefault("AEPAR_PLOTS", "0")
 
 

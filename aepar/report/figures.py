@@ -1,11 +1,14 @@
 """Figures every program shares: the training curves of ``metrics.csv`` and originals over
 reconstructions.
 
-matplotlib is imported only to draw (Agg canvas, no pyplot state), so aepar runs without
-it: a missing matplotlib raises ImportError, which :func:`aepar.finish.finish` reports in
-one line and skips.
+The curves are drawn with Pillow (:mod:`aepar.report.chart`), the reconstructions with
+matplotlib; each is imported only to draw (matplotlib's Agg canvas, no pyplot state), so
+aepar runs without them: a missing one raises ImportError, which
+:func:`aepar.finish.finish` reports in one line and skips.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -27,54 +30,48 @@ def figure(width, height):
 
 
 def _number(text):
+    """A finite float, or None (an empty cell, a NaN or an infinity: nothing to draw)."""
     try:
-        return float(text)
+        value = float(text)
     except (TypeError, ValueError):
         return None
+    return value if math.isfinite(value) else None
 
 
 def metrics_png(rows: list, path, *, title: str = ""):
     """The curves of ``metrics.csv`` rows (aepar.metrics): one panel per phase and per
     kind of value (losses, errors), one line per stage and value, against the epoch (the
-    L-BFGS iteration); a logarithmic axis where the values span more than a decade."""
+    L-BFGS iteration); a logarithmic axis where the values span more than a decade.
+    Drawn by :mod:`aepar.report.chart` (Pillow), not matplotlib: every run draws it."""
+    from aepar.report.chart import Line, Panel, line_chart_png
+
     panels = []
     for phase in dict.fromkeys(r["phase"] for r in rows):
         mine = [r for r in rows if r["phase"] == phase]
         for kind in ("loss", "error"):
             cols = [c for c in CURVES if c[0].endswith(kind) and any(_number(r[c[0]]) is not None for r in mine)]
-            if cols:
-                panels.append((phase, kind, mine, cols))
+            if not cols:
+                continue
+            stages = list(dict.fromkeys(r["stage"] for r in mine))
+            panel = Panel(f"{phase}: {kind}", X_LABEL.get(phase, "epoch"), kind,
+                          legend_columns=2 if len(stages) > 4 else 1)
+            for s, stage in enumerate(stages):
+                part = [r for r in mine if r["stage"] == stage]
+                for col, label, style in cols:
+                    pts = [(_number(r["epoch"]), _number(r[col])) for r in part]
+                    pts = [p for p in pts if p[0] is not None and p[1] is not None]
+                    if pts:
+                        name = f"{'layer ' if stage.isdigit() else ''}{stage} {label}" if stage else label
+                        panel.lines.append(Line([p[0] for p in pts], [p[1] for p in pts], name, color=s,
+                                                dashed=style == "--"))
+            values = [y for line in panel.lines for y in line.ys]
+            positive = [v for v in values if v > 0]
+            panel.log_y = bool(positive) and len(positive) == len(values) and max(positive) > 10 * min(positive)
+            if panel.lines:
+                panels.append(panel)
     if not panels:
         raise ValueError("metrics.csv has no values to draw")
-    fig = figure(5.2 * len(panels), 3.8)
-    axes = np.atleast_1d(fig.subplots(1, len(panels)))
-    for ax, (phase, kind, mine, cols) in zip(axes, panels):
-        stages = list(dict.fromkeys(r["stage"] for r in mine))
-        values = []
-        for s, stage in enumerate(stages):
-            part = [r for r in mine if r["stage"] == stage]
-            for col, label, style in cols:
-                pts = [(_number(r["epoch"]), _number(r[col])) for r in part]
-                pts = [p for p in pts if p[0] is not None and p[1] is not None]
-                if not pts:
-                    continue
-                name = f"{'layer ' if stage.isdigit() else ''}{stage} {label}" if stage else label
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="." if len(pts) < 40 else None,
-                        color=f"C{s % 10}", lw=1.3, label=name)
-                values += [p[1] for p in pts]
-        positive = [v for v in values if v > 0]
-        if positive and len(positive) == len(values) and max(positive) > 10 * min(positive):
-            ax.set_yscale("log")
-        ax.set_xlabel(X_LABEL.get(phase, "epoch"))
-        ax.set_ylabel(kind)
-        ax.set_title(f"{phase}: {kind}", fontsize=10)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2 if len(stages) > 4 else 1)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)
+    line_chart_png(panels, path, title=title)
 
 
 def image_shape(n_features: int) -> tuple | None:

@@ -1,0 +1,268 @@
+"""Line charts drawn with Pillow: the training curves every run leaves behind (metrics.png).
+
+A run draws its curves on its way out, so the drawing is part of every command's time;
+matplotlib's import alone costs more than the sparse command's start-up, Pillow's (a
+matplotlib dependency, in the ``plots`` extra) a small part of it. The chart is drawn at
+twice its size and reduced, which smooths the lines; the text is FreeType's where Pillow
+has it. Figures that are studied rather than glanced at (the benchmarks', the eager
+study's) stay with matplotlib.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["Line", "Panel", "line_chart_png", "linear_ticks", "log_ticks", "tick_label"]
+
+# matplotlib's default cycle, so that a run's curves and the benchmarks' share colours
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+          "#bcbd22", "#17becf")
+SS = 2                          # drawn at SS times the size, then reduced
+PANEL = (520, 380)              # one panel's size in pixels
+MARGIN = dict(left=64, right=14, top=30, bottom=46)
+TITLE_HEIGHT = 26               # the whole figure's title, when there is one
+MARGINS = 0.05                  # room around the data, as a share of its range
+
+
+@dataclass
+class Line:
+    """One curve: points (x, y), its legend label, dashed or not, a colour index (COLORS)."""
+    xs: list
+    ys: list
+    label: str
+    color: int = 0
+    dashed: bool = False
+
+
+@dataclass
+class Panel:
+    """One set of axes: its title, axis labels and lines; ``log_y`` for a logarithmic y."""
+    title: str
+    xlabel: str
+    ylabel: str
+    lines: list = field(default_factory=list)
+    log_y: bool = False
+    integer_x: bool = True
+    legend_columns: int = 1
+
+
+def _nice_step(span: float, count: int) -> float:
+    """The step of 1, 2, 2.5 or 5 times a power of ten nearest above span / count."""
+    raw = span / max(count, 1)
+    power = 10.0 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1.0, 2.0, 2.5, 5.0, 10.0) if m * power >= raw * (1 - 1e-9))
+
+
+def linear_ticks(lo: float, hi: float, count: int = 6, integer: bool = False) -> list:
+    """Round values at one step from lo to hi (both included where they fall on it), about
+    ``count`` of them; whole numbers only with ``integer``."""
+    if not hi > lo:
+        return [lo]
+    step = _nice_step(hi - lo, count)
+    if integer:
+        step = max(1.0, float(math.ceil(step)))
+    first = math.ceil(lo / step - 1e-9)
+    ticks = []
+    k = first
+    while k * step <= hi + 1e-9 * step:
+        ticks.append(k * step)
+        k += 1
+    return ticks
+
+
+def log_ticks(lo: float, hi: float) -> list:
+    """Powers of ten from lo to hi (positive); with fewer than two of them, 1, 2 and 5 times
+    each power as well."""
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+
+    def inside(v):
+        return lo <= v * (1 + 1e-12) and v <= hi * (1 + 1e-12)
+    decades = [10.0 ** e for e in range(first, last + 1) if inside(10.0 ** e)]
+    if len(decades) >= 2:
+        return decades
+    return [m * 10.0 ** e for e in range(first, last + 1) for m in (1.0, 2.0, 5.0) if inside(m * 10.0 ** e)]
+
+
+def tick_label(value: float, step: float | None = None) -> str:
+    """A tick's text: as many decimals as the step needs (linear axes), else ``%g``."""
+    if step is None or value != 0 and not 1e-4 <= abs(value) < 1e6:
+        return f"{value:g}"
+    decimals = 0
+    while decimals < 8 and abs(round(step, decimals) - step) > 1e-9 * step:
+        decimals += 1
+    return f"{value:.{decimals}f}"
+
+
+class _Axes:
+    """Data -> pixel mapping of one panel's plot area (pixels of the drawing, SS times the
+    output's)."""
+
+    def __init__(self, box, xlim, ylim, log_y):
+        self.box, self.xlim, self.ylim, self.log_y = box, xlim, ylim, log_y
+
+    def _y(self, y):
+        return math.log10(y) if self.log_y else y
+
+    def px(self, x, y):
+        left, top, right, bottom = self.box
+        (x0, x1), (y0, y1) = self.xlim, (self._y(self.ylim[0]), self._y(self.ylim[1]))
+        return (left + (x - x0) / (x1 - x0) * (right - left),
+                bottom - (self._y(y) - y0) / (y1 - y0) * (bottom - top))
+
+
+def _limits(values, log: bool):
+    lo, hi = min(values), max(values)
+    if log:
+        a, b = math.log10(lo), math.log10(hi)
+        pad = (b - a) * MARGINS
+        return 10.0 ** (a - pad), 10.0 ** (b + pad)
+    if hi == lo:
+        pad = abs(lo) * 0.05 or 0.5
+        return lo - pad, hi + pad
+    pad = (hi - lo) * MARGINS
+    return lo - pad, hi + pad
+
+
+def _dashes(points, on: float, off: float):
+    """The pieces of a polyline that a dash pattern draws."""
+    pieces, current, left, drawing = [], [points[0]], on, True
+    for (x0, y0), (x1, y1) in zip(points[:-1], points[1:]):
+        length = math.hypot(x1 - x0, y1 - y0)
+        done = 0.0
+        while length - done > left:
+            done += left
+            t = done / length
+            p = (x0 + (x1 - x0) * t, y0 + (y1 - y0) * t)
+            if drawing:
+                current.append(p)
+                pieces.append(current)
+            current = [p]
+            drawing, left = not drawing, (off if drawing else on)
+        left -= length - done
+        if drawing:
+            current.append((x1, y1))
+    if drawing and len(current) > 1:
+        pieces.append(current)
+    return pieces
+
+
+def _panel(draw, image, panel: Panel, origin, fonts):
+    from PIL import Image, ImageDraw
+
+    ox, oy = origin
+    w, h = PANEL[0] * SS, PANEL[1] * SS
+    box = (ox + MARGIN["left"] * SS, oy + MARGIN["top"] * SS, ox + w - MARGIN["right"] * SS,
+           oy + h - MARGIN["bottom"] * SS)
+    xs = [x for line in panel.lines for x in line.xs]
+    ys = [y for line in panel.lines for y in line.ys]
+    xlim, ylim = _limits(xs, False), _limits(ys, panel.log_y)
+    axes = _Axes(box, xlim, ylim, panel.log_y)
+    left, top, right, bottom = box
+    grid, text = (225, 225, 225), (0, 0, 0)
+    xticks = linear_ticks(xlim[0], xlim[1], 7, integer=panel.integer_x)
+    if panel.log_y:
+        yticks, ystep = log_ticks(*ylim), None
+    else:
+        yticks = linear_ticks(*ylim, 6)
+        ystep = yticks[1] - yticks[0] if len(yticks) > 1 else None
+    xstep = xticks[1] - xticks[0] if len(xticks) > 1 else None
+    for x in xticks:
+        px = axes.px(x, ylim[0])[0]
+        draw.line([(px, top), (px, bottom)], fill=grid, width=SS)
+        draw.line([(px, bottom), (px, bottom + 4 * SS)], fill=text, width=SS)
+        draw.text((px, bottom + 6 * SS), tick_label(x, xstep), fill=text, font=fonts["tick"], anchor="mt")
+    widest = 0
+    for y in yticks:
+        py = axes.px(xlim[0], y)[1]
+        draw.line([(left, py), (right, py)], fill=grid, width=SS)
+        draw.line([(left - 4 * SS, py), (left, py)], fill=text, width=SS)
+        draw.text((left - 6 * SS, py), tick_label(y, ystep), fill=text, font=fonts["tick"], anchor="rm")
+        widest = max(widest, draw.textlength(tick_label(y, ystep), font=fonts["tick"]))
+    drawn = []  # every point and segment midpoint, for the legend's place
+    for line in panel.lines:
+        points = [axes.px(x, y) for x, y in zip(line.xs, line.ys)]
+        drawn += points + [((a[0] + b[0]) / 2, (a[1] + b[1]) / 2) for a, b in zip(points[:-1], points[1:])]
+        color = COLORS[line.color % len(COLORS)]
+        width = max(1, round(1.4 * SS))
+        for piece in (_dashes(points, 6 * SS, 4 * SS) if line.dashed and len(points) > 1 else [points]):
+            if len(piece) > 1:
+                draw.line(piece, fill=color, width=width, joint="curve")
+        if len(points) < 40:
+            r = 2.2 * SS
+            for px, py in points:
+                draw.ellipse((px - r, py - r, px + r, py + r), fill=color)
+    draw.rectangle(box, outline=text, width=SS)
+    draw.text(((left + right) / 2, oy + (MARGIN["top"] - 8) * SS), panel.title, fill=text, font=fonts["title"],
+              anchor="ms")
+    draw.text(((left + right) / 2, bottom + 36 * SS), panel.xlabel, fill=text, font=fonts["label"], anchor="mb")
+    label = Image.new("RGB", (int(draw.textlength(panel.ylabel, font=fonts["label"])) + 4 * SS, 18 * SS), "white")
+    ImageDraw.Draw(label).text((2 * SS, 9 * SS), panel.ylabel, fill=text, font=fonts["label"], anchor="lm")
+    label = label.rotate(90, expand=True)
+    beside_ticks = left - 10 * SS - widest - label.width
+    image.paste(label, (int(max(ox + 2 * SS, beside_ticks)), int((top + bottom - label.height) / 2)))
+    _legend(draw, panel, box, fonts["legend"], drawn)
+
+
+def _legend_corner(box, width, height, points):
+    """The top-left of the legend: the corner of the plot area (upper right first) whose
+    rectangle covers the fewest of the lines' points, as matplotlib's "best" does."""
+    inset = 6 * SS
+    corners = [(box[2] - inset - width, box[1] + inset), (box[0] + inset, box[1] + inset),
+               (box[0] + inset, box[3] - inset - height), (box[2] - inset - width, box[3] - inset - height)]
+
+    def covered(corner):
+        x, y = corner
+        return sum(x <= px <= x + width and y <= py <= y + height for px, py in points)
+    return min(corners, key=covered)  # min keeps the first of equals
+
+
+def _legend(draw, panel: Panel, box, font, points):
+    labelled = [line for line in panel.lines if line.label]
+    if not labelled:
+        return
+    cols = max(1, panel.legend_columns)
+    rows = math.ceil(len(labelled) / cols)
+    sample, gap, pad, row_h = 18 * SS, 5 * SS, 5 * SS, 13 * SS
+    col_w = max(int(draw.textlength(line.label, font=font)) for line in labelled) + sample + gap + pad
+    width, height = cols * col_w + pad, rows * row_h + 2 * pad
+    left, top = _legend_corner(box, width, height, points)
+    right = left + width
+    draw.rectangle((left, top, right, top + height), fill="white", outline=(200, 200, 200), width=SS)
+    for i, line in enumerate(labelled):
+        c, r = divmod(i, rows)
+        x, y = left + pad + c * col_w, top + pad + r * row_h + row_h / 2
+        color = COLORS[line.color % len(COLORS)]
+        segment = [(x, y), (x + sample, y)]
+        for piece in (_dashes(segment, 6 * SS, 4 * SS) if line.dashed else [segment]):
+            draw.line(piece, fill=color, width=max(1, round(1.4 * SS)))
+        draw.text((x + sample + gap, y), line.label, fill=(0, 0, 0), font=font, anchor="lm")
+
+
+def _fonts():
+    from PIL import ImageFont
+
+    def font(size):
+        try:
+            return ImageFont.load_default(size * SS)
+        except (TypeError, ValueError, OSError):  # a Pillow without FreeType: its fixed bitmap font
+            return ImageFont.load_default()
+    return {"tick": font(10), "label": font(11), "title": font(11), "legend": font(9), "suptitle": font(11)}
+
+
+def line_chart_png(panels: list, path, *, title: str = ""):
+    """Draw ``panels`` (:class:`Panel`, side by side) as one RGB PNG at ``path``."""
+    from PIL import Image, ImageDraw
+
+    panels = [p for p in panels if any(line.xs for line in p.lines)]
+    if not panels:
+        raise ValueError("a chart needs at least one line with points")
+    top = TITLE_HEIGHT if title else 0
+    size = (PANEL[0] * len(panels), PANEL[1] + top)
+    image = Image.new("RGB", (size[0] * SS, size[1] * SS), "white")
+    draw = ImageDraw.Draw(image)
+    fonts = _fonts()
+    if title:
+        draw.text((size[0] * SS / 2, (top - 7) * SS), title, fill=(0, 0, 0), font=fonts["suptitle"], anchor="ms")
+    for i, panel in enumerate(panels):
+        _panel(draw, image, panel, (i * PANEL[0] * SS, top * SS), fonts)
+    image.resize(size, Image.LANCZOS).save(path, format="PNG")
