@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 
 from aepar import checkpoint, metrics
-from aepar.machine import describe
+from aepar.machine import describe_run
 
 __all__ = ["Weights", "finish"]
 
@@ -41,7 +41,7 @@ def finish(run, comm, summary: dict, *, weights: Weights | None = None, tables: 
 
         title = f"{prog}: {summary.get('scheme', '')} ({os.path.basename(str(run.path))})"
         figures = {"metrics.png": lambda path: metrics_png(rows.rows, path, title=title), **figures}
-    summary.setdefault("machine", describe())
+    summary.setdefault("machine", describe_run(comm.size))
     if weights is not None:
         with run.output("weights.h5") as path:
             checkpoint.save(path, scheme=weights.scheme, params=weights.params, epoch=weights.epoch,

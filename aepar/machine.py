@@ -22,6 +22,10 @@ from aepar import _threads
 FIELDS = ("hostname", "cores", "cpu_model", "isa", "blas", "blas_coretype", "threads", "blas_threads", "mpi",
           "python", "numpy", "numba")
 
+#: The ``mpi`` field of a process that runs alone and never starts MPI (a serial run's
+#: summary, a one-process benchmark's rows).
+ONE_PROCESS = "not used (one process)"
+
 # the vector instruction sets that decide which kernels are fast (widest first)
 ISA_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "avx2", "fma", "avx", "sse4_2", "neon", "asimd", "sve")
 
@@ -219,6 +223,13 @@ def describe(mpi: str | None = None, threads: int | None = None) -> dict:
         "numpy": np.__version__,
         "numba": _numba_version(),
     }
+
+
+def describe_run(ranks: int) -> dict:
+    """:func:`describe` for a run's own records (summary.json, run.json): the MPI library
+    where the run's ranks use one, :data:`ONE_PROCESS` for a run alone (naming the library
+    would start MPI in that process for this one field)."""
+    return describe(mpi=None if ranks > 1 else ONE_PROCESS)
 
 
 if __name__ == "__main__":  # `python -m aepar.machine`: print the row as key: value

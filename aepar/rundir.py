@@ -627,7 +627,7 @@ class RunDir:
             self._history.append(entry)
         cwd = (self.previous or {}).get("cwd") if self.resumed else None
         if self._machine is None:  # once, when the backend (and CuPy, on a GPU) is loaded
-            self._machine = _machine()
+            self._machine = _machine(self.comm.size)
         return {"format": FORMAT, "version": VERSION, "id": self._id, "scheme": self.scheme, "prog": self.prog,
                 "state": state, "reason": reason, "argv": self.argv, "cwd": cwd or os.getcwd(),
                 "ranks": self.comm.size, "host": socket.gethostname(), "pid": os.getpid(),
@@ -764,12 +764,12 @@ def _layout(hosts: list) -> dict:
     return {"ranks": len(hosts), "hosts": per_host}
 
 
-def _machine() -> dict:
-    """:func:`aepar.machine.describe` of the root's machine, and its GPU when CuPy is loaded."""
+def _machine(ranks: int) -> dict:
+    """:func:`aepar.machine.describe_run` of the root's machine, and its GPU when CuPy is loaded."""
     from aepar import machine
 
     try:
-        info = machine.describe()
+        info = machine.describe_run(ranks)
     except Exception as e:  # a record of the run, never a reason for it to fail
         info = {"error": f"{type(e).__name__}: {e}"}
     info["gpu"] = None

@@ -275,7 +275,9 @@ def across_ranks(comm, timing: Timing) -> Timing:
 
 
 # ==== rows that carry the machine ================================================================
-#: The ``mpi`` column of a benchmark that runs in one process and never starts MPI.
+#: The ``mpi`` column of a benchmark that runs in one process and never starts MPI: the words
+#: of aepar.machine.ONE_PROCESS (not imported from there: importing aepar fixes the thread
+#: counts, which a benchmark sets from its options first).
 ONE_PROCESS = "not used (one process)"
 
 

@@ -5,6 +5,7 @@ import socket
 import subprocess
 
 import aepar
+from aepar.machine import ONE_PROCESS
 from tests.conftest import ROOT
 
 
@@ -20,5 +21,7 @@ def assert_run_json(run_dir, ranks: int, **options):
     for name, value in options.items():
         assert marker["options"][name] == value, (name, marker["options"].get(name), value)
     assert marker["machine"]["cpu_model"] and marker["machine"]["isa"] is not None and "gpu" in marker["machine"]
+    # the MPI library where ranks ran on one; a run alone names none (asking would start MPI)
+    assert (marker["machine"]["mpi"] == ONE_PROCESS) == (ranks == 1), marker["machine"]["mpi"]
     assert marker["layout"] == {"ranks": ranks, "hosts": {socket.gethostname(): ranks}}, marker["layout"]
     return marker

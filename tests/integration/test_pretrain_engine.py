@@ -63,6 +63,8 @@ def test_greedy_same_weights_on_any_number_of_ranks(tmp_path, np_):
     assert_same_bits(one, many)
     s = json.loads((many / "summary.json").read_text())
     assert s["scheme"] == "greedy" and s["ranks"] == np_ and s["machine"]["cpu_model"]
+    assert s["machine"]["mpi"] not in ("", "not used (one process)")  # the library the ranks ran on
+    assert json.loads((one / "summary.json").read_text())["machine"]["mpi"] == "not used (one process)"
 
 
 @pytest.mark.parametrize("np_, exact", [(1, True), (2, True), (4, False)])

@@ -49,6 +49,7 @@ def test_small_run_writes_every_output(tmp_path):
         assert key in rows[0] and str(summary[key]) == rows[0][key], key
     assert summary["iterations"] == 30 and summary["evaluations"] >= 30 and summary["processes"] == 1
     assert summary["collectives_per_evaluation"] == 4.0 and summary["kernels"] == "numba"
+    assert summary["machine"]["mpi"] == "not used (one process)"  # MPI was not started for this line
     assert 0 < summary["compute_s"] <= summary["total_s"]
     assert summary["compute_per_rank_s"] == [summary["compute_s"]] and "each rank's" not in lines[-1]
     assert float(progress[-1].split()[3]) == pytest.approx(summary["final_cost"], rel=1e-6)

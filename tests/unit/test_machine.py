@@ -118,6 +118,11 @@ def test_default_mpi_is_the_comm_library():
     assert machine.describe()["mpi"] == library()
 
 
+def test_one_process_is_said_alike_in_runs_and_benchmarks():
+    from bench.common import ONE_PROCESS
+    assert machine.ONE_PROCESS == ONE_PROCESS
+
+
 def test_avx2_path_holds_every_library_to_avx2():
     # the benchmarks' ratios on the AVX2 path compare code an AVX2-only CPU would run on
     # both sides: Numba's, OpenBLAS's and the PyTorch peers' (ATen, MKL, oneDNN)
