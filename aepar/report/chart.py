@@ -156,6 +156,12 @@ def _panel(draw, image, panel: Panel, origin, fonts):
     xs = [x for line in panel.lines for x in line.xs]
     ys = [y for line in panel.lines for y in line.ys]
     xlim, ylim = _limits(xs, False), _limits(ys, panel.log_y)
+    legend = _Legend(draw, panel, fonts["legend"])
+    if legend.entries:
+        place, covered = legend.inside(box, _trace(panel, _Axes(box, xlim, ylim, panel.log_y)))
+        if covered:  # no free place inside: the legend goes beside the axes, which narrow for it
+            box = (box[0], box[1], box[2] - legend.width - 8 * SS, box[3])
+            place = (box[2] + 6 * SS, box[1])
     axes = _Axes(box, xlim, ylim, panel.log_y)
     left, top, right, bottom = box
     grid, text = (225, 225, 225), (0, 0, 0)
@@ -178,10 +184,8 @@ def _panel(draw, image, panel: Panel, origin, fonts):
         draw.line([(left - 4 * SS, py), (left, py)], fill=text, width=SS)
         draw.text((left - 6 * SS, py), tick_label(y, ystep), fill=text, font=fonts["tick"], anchor="rm")
         widest = max(widest, draw.textlength(tick_label(y, ystep), font=fonts["tick"]))
-    drawn = []  # every point and segment midpoint, for the legend's place
     for line in panel.lines:
         points = [axes.px(x, y) for x, y in zip(line.xs, line.ys)]
-        drawn += points + [((a[0] + b[0]) / 2, (a[1] + b[1]) / 2) for a, b in zip(points[:-1], points[1:])]
         color = COLORS[line.color % len(COLORS)]
         width = max(1, round(1.4 * SS))
         for piece in (_dashes(points, 6 * SS, 4 * SS) if line.dashed and len(points) > 1 else [points]):
@@ -200,42 +204,70 @@ def _panel(draw, image, panel: Panel, origin, fonts):
     label = label.rotate(90, expand=True)
     beside_ticks = left - 10 * SS - widest - label.width
     image.paste(label, (int(max(ox + 2 * SS, beside_ticks)), int((top + bottom - label.height) / 2)))
-    _legend(draw, panel, box, fonts["legend"], drawn)
+    if legend.entries:
+        legend.draw(place)
+
+
+def _trace(panel: Panel, axes) -> list:
+    """Where the lines run, in pixels: every point and seven more along each segment."""
+    out = []
+    for line in panel.lines:
+        points = [axes.px(x, y) for x, y in zip(line.xs, line.ys)]
+        out += points + [(a[0] + (b[0] - a[0]) * t / 8, a[1] + (b[1] - a[1]) * t / 8)
+                         for a, b in zip(points[:-1], points[1:]) for t in range(1, 8)]
+    return out
 
 
 def _legend_corner(box, width, height, points):
-    """The top-left of the legend: the corner of the plot area (upper right first) whose
-    rectangle covers the fewest of the lines' points, as matplotlib's "best" does."""
+    """The top-left of the legend and how many of the lines' points it covers: of the plot
+    area's corners (upper right first), then the middles of its sides and its centre, the
+    place whose rectangle covers the fewest, as matplotlib's "best" does."""
     inset = 6 * SS
-    corners = [(box[2] - inset - width, box[1] + inset), (box[0] + inset, box[1] + inset),
-               (box[0] + inset, box[3] - inset - height), (box[2] - inset - width, box[3] - inset - height)]
+    left, right = box[0] + inset, box[2] - inset - width
+    top, bottom = box[1] + inset, box[3] - inset - height
+    mid_x, mid_y = (left + right) / 2, (top + bottom) / 2
+    corners = [(right, top), (left, top), (left, bottom), (right, bottom),
+               (right, mid_y), (left, mid_y), (mid_x, top), (mid_x, bottom), (mid_x, mid_y)]
 
     def covered(corner):
         x, y = corner
         return sum(x <= px <= x + width and y <= py <= y + height for px, py in points)
-    return min(corners, key=covered)  # min keeps the first of equals
+    best = min(corners, key=covered)  # min keeps the first of equals
+    return best, covered(best)
 
 
-def _legend(draw, panel: Panel, box, font, points):
-    labelled = [line for line in panel.lines if line.label]
-    if not labelled:
-        return
-    cols = max(1, panel.legend_columns)
-    rows = math.ceil(len(labelled) / cols)
-    sample, gap, pad, row_h = 18 * SS, 5 * SS, 5 * SS, 13 * SS
-    col_w = max(int(draw.textlength(line.label, font=font)) for line in labelled) + sample + gap + pad
-    width, height = cols * col_w + pad, rows * row_h + 2 * pad
-    left, top = _legend_corner(box, width, height, points)
-    right = left + width
-    draw.rectangle((left, top, right, top + height), fill="white", outline=(200, 200, 200), width=SS)
-    for i, line in enumerate(labelled):
-        c, r = divmod(i, rows)
-        x, y = left + pad + c * col_w, top + pad + r * row_h + row_h / 2
-        color = COLORS[line.color % len(COLORS)]
-        segment = [(x, y), (x + sample, y)]
-        for piece in (_dashes(segment, 6 * SS, 4 * SS) if line.dashed else [segment]):
-            draw.line(piece, fill=color, width=max(1, round(1.4 * SS)))
-        draw.text((x + sample + gap, y), line.label, fill=(0, 0, 0), font=font, anchor="lm")
+class _Legend:
+    """The labelled lines of a panel as a box of line samples and labels, in
+    ``panel.legend_columns`` columns."""
+
+    SAMPLE, GAP, PAD, ROW = 18 * SS, 5 * SS, 5 * SS, 13 * SS
+
+    def __init__(self, draw, panel: Panel, font):
+        self.drawer, self.font = draw, font
+        self.entries = [line for line in panel.lines if line.label]
+        self.cols = max(1, panel.legend_columns)
+        self.rows = math.ceil(len(self.entries) / self.cols)
+        widest = max((draw.textlength(line.label, font=font) for line in self.entries), default=0)
+        self.col_w = int(widest) + self.SAMPLE + self.GAP + self.PAD
+        self.width = self.cols * self.col_w + self.PAD
+        self.height = self.rows * self.ROW + 2 * self.PAD
+
+    def inside(self, box, points):
+        """The best place inside ``box`` and the points it covers (:func:`_legend_corner`)."""
+        return _legend_corner(box, self.width, self.height, points)
+
+    def draw(self, place):
+        draw, (left, top) = self.drawer, place
+        draw.rectangle((left, top, left + self.width, top + self.height), fill="white", outline=(200, 200, 200),
+                       width=SS)
+        for i, line in enumerate(self.entries):
+            c, r = divmod(i, self.rows)
+            x, y = left + self.PAD + c * self.col_w, top + self.PAD + r * self.ROW + self.ROW / 2
+            color = COLORS[line.color % len(COLORS)]
+            segment = [(x, y), (x + self.SAMPLE, y)]
+            for piece in (_dashes(segment, 6 * SS, 4 * SS) if line.dashed else [segment]):
+                draw.line(piece, fill=color, width=max(1, round(1.4 * SS)))
+            draw.text((x + self.SAMPLE + self.GAP, y), line.label, fill=(0, 0, 0), font=self.font, anchor="lm")
 
 
 def _fonts():

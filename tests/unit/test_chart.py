@@ -99,11 +99,13 @@ def test_a_dashed_line_has_gaps_and_a_solid_one_none(tmp_path):
 def test_the_legend_goes_where_it_covers_no_points():
     box, w, h = (0, 0, 1000, 600), 200, 100
     crowded_upper_right = [(900, 50), (950, 60)]
-    assert chart._legend_corner(box, w, h, [])[0] > 500  # upper right by default
-    left, top = chart._legend_corner(box, w, h, crowded_upper_right)
-    assert left < 500 and top < 300
+    assert chart._legend_corner(box, w, h, []) == ((1000 - 6 * chart.SS - w, 6 * chart.SS), 0)  # upper right
+    (left, top), covered = chart._legend_corner(box, w, h, crowded_upper_right)
+    assert left < 500 and top < 300 and covered == 0
     everywhere_but_lower_left = crowded_upper_right + [(50, 50), (900, 550)]
-    assert chart._legend_corner(box, w, h, everywhere_but_lower_left) == (6 * chart.SS, 600 - 6 * chart.SS - h)
+    assert chart._legend_corner(box, w, h, everywhere_but_lower_left) == ((6 * chart.SS, 600 - 6 * chart.SS - h), 0)
+    corners_taken = everywhere_but_lower_left + [(50, 550)]
+    assert chart._legend_corner(box, w, h, corners_taken)[1] == 0  # a side's middle or the centre is free
 
 
 def test_a_chart_needs_points(tmp_path):
@@ -126,3 +128,21 @@ print("matplotlib" in sys.modules)
     assert done.stdout.strip() == "False"
     pixels = _pixels(tmp_path / "m.png")
     assert pixels.shape == (chart.PANEL[1] + chart.TITLE_HEIGHT, 3 * chart.PANEL[0], 3)  # pretrain, 2 finetune panels
+
+
+def test_a_legend_with_no_free_place_inside_goes_beside_the_axes(tmp_path):
+    """Lines all over the plot area: with labels the axes narrow and the legend stands to
+    their right; without labels (no legend) the axes keep their width."""
+    xs = list(np.linspace(0, 10, 41))
+    lines = [Line(xs, [(i + 3 * k) % 7 for i in range(41)], f"line {k}", color=k) for k in range(4)]
+
+    def frame_right(path):
+        pixels = _pixels(path)
+        black = (pixels.sum(axis=2) < 500) & (np.ptp(pixels, axis=2) < 20)  # dark grey: the frame, not a line
+        height = black.shape[0]
+        columns = black[height // 4: 3 * height // 4].sum(axis=0)  # the frame's sides run the whole height
+        return int(np.nonzero(columns > height // 3)[0].max())
+    line_chart_png([Panel("t", "x", "y", lines, integer_x=False)], tmp_path / "legend.png")
+    line_chart_png([Panel("t", "x", "y", [Line(l.xs, l.ys, "") for l in lines], integer_x=False)],
+                   tmp_path / "none.png")
+    assert frame_right(tmp_path / "legend.png") < frame_right(tmp_path / "none.png") - 40
