@@ -87,6 +87,10 @@ ALIAS_BYTES = 2048
 # where they would alias, on the AVX2 path only (batch 5000's stretches: 0.74 -> 0.84 of
 # OpenBLAS there; the AVX-512 tiles gained nothing on either CPU)
 PAD_ALIASED = target_isa() == "avx2"
+# rows_times_t's dot tiles ask for their rows of h this many floats ahead: the tile's rows
+# of W stay in L1 while every row tile of h streams past them from L2, rows 4 kB apart
+# that the hardware prefetchers did not keep ahead of (asking for W too was slower)
+PREFETCH_DOT = 64
 _NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
 MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS
 SLOT = OR * OC * LANES32  # floats of one partial sum of a block_outer_sum tile on its stack
@@ -169,6 +173,7 @@ def _dot_source(rows, wrows, halves=False):
             "    while j < N:",
             f"        n = min({LANES32}, N - j)",
             f"        if n == {LANES32}:"]
+    src += [f"            prefetch(h, ho + {r} * ldh + j + {PREFETCH_DOT})" for r in range(rows)]
     src += step(" " * 12, False)
     src += ["        else:"]
     src += step(" " * 12, True)
