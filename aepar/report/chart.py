@@ -59,8 +59,8 @@ def linear_ticks(lo: float, hi: float, count: int = 6, integer: bool = False) ->
     if not hi > lo:
         return [lo]
     step = _nice_step(hi - lo, count)
-    if integer:
-        step = max(1.0, float(math.ceil(step)))
+    if integer:  # 1, 2, 5, 10, ...: a step of 2.5 becomes 5, anything under 1 becomes 1
+        step = max(1.0, step if step.is_integer() else 2.0 * step)
     first = math.ceil(lo / step - 1e-9)
     ticks = []
     k = first

@@ -27,7 +27,7 @@ def _blue_mask(pixels):
 
 
 @pytest.mark.parametrize("lo,hi,integer", [(0.4, 0.5, False), (-3.2, 17.0, False), (1, 400, True), (0.96, 20.04, True),
-                                           (1e-6, 3e-6, False), (5, 6, True)])
+                                           (1e-6, 3e-6, False), (5, 6, True), (0.3, 14.3, True)])
 def test_linear_ticks_are_round_steps_inside_the_range(lo, hi, integer):
     ticks = linear_ticks(lo, hi, 6, integer=integer)
     assert 2 <= len(ticks) <= 12
