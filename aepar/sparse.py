@@ -20,7 +20,7 @@ Writes into the run directory (``--out``, default a new runs/sparse/NNN): ``weig
 (W1, W2, b1, b2; aepar.checkpoint, scheme "sparse"), ``features.png`` (one tile per
 hidden unit: the paper's Figure 1.1), ``summary.json`` and ``summary.csv`` (final cost,
 iterations, evaluations, processes, times, communications per evaluation, data source),
-``run.json``.
+``metrics.csv`` and ``metrics.png`` (the cost every 25 iterations), ``run.json``.
 
 Examples
 --------
@@ -60,7 +60,8 @@ def build_parser() -> ArgumentParser:
                     "on any number of processes.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="outputs in the run directory: weights.h5, features.png (one tile per hidden unit),\n"
-               "  summary.json, summary.csv (cost, iterations, times, communications/evaluation), run.json\n"
+               "  summary.json, summary.csv (cost, iterations, times, communications/evaluation),\n"
+               "  metrics.csv and metrics.png (the cost every 25 iterations), run.json\n"
                "images: --data PATH (your images: a folder, .npy, .npz or HDF5), --images IMAGES.mat, else\n"
                "  IMAGES.mat or the first CIFAR-10 batch in --data-dir/$AEPAR_DATA (a directory with neither\n"
                "  is refused), else whitened photographs from the scikit-image wheel\n"
