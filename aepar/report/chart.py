@@ -1,11 +1,10 @@
 """Line charts drawn with Pillow: the training curves every run leaves behind (metrics.png).
 
-A run draws its curves on its way out, so the drawing is part of every command's time;
-matplotlib's import alone costs more than the sparse command's start-up, Pillow's (a
-matplotlib dependency, in the ``plots`` extra) a small part of it. The chart is drawn at
-twice its size and reduced, which smooths the lines; the text is FreeType's where Pillow
-has it. Figures that are studied rather than glanced at (the benchmarks', the eager
-study's) stay with matplotlib.
+A run draws its curves on its way out, so the drawing is part of every command's time:
+matplotlib's import alone is a noticeable part of a short command, Pillow's (a matplotlib
+dependency, in the ``plots`` extra) a small one. The chart is drawn at twice its size and
+reduced, which smooths the lines; the text is FreeType's where Pillow has it. The other
+figures (image grids, profiles, the benchmarks') stay with matplotlib.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ SS = 2                          # drawn at SS times the size, then reduced
 PANEL = (520, 380)              # one panel's size in pixels
 MARGIN = dict(left=64, right=14, top=30, bottom=46)
 TITLE_HEIGHT = 26               # the whole figure's title, when there is one
-MARGINS = 0.05                  # room around the data, as a share of its range
+DATA_PAD = 0.05                 # room around the data, as a share of its range
 
 
 @dataclass
@@ -114,12 +113,12 @@ def _limits(values, log: bool):
     lo, hi = min(values), max(values)
     if log:
         a, b = math.log10(lo), math.log10(hi)
-        pad = (b - a) * MARGINS
+        pad = (b - a) * DATA_PAD
         return 10.0 ** (a - pad), 10.0 ** (b + pad)
     if hi == lo:
         pad = abs(lo) * 0.05 or 0.5
         return lo - pad, hi + pad
-    pad = (hi - lo) * MARGINS
+    pad = (hi - lo) * DATA_PAD
     return lo - pad, hi + pad
 
 
