@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from aepar import checkpoint, metrics
 from aepar.machine import describe_run
+from aepar.report.figures import NothingToDraw
 
 __all__ = ["Weights", "finish"]
 
@@ -27,9 +28,9 @@ def finish(run, comm, summary: dict, *, weights: Weights | None = None, tables: 
 
     summary.json (with the machine it ran on), weights.h5, the tables (printed unless
     ``quiet``), ``texts`` {file name: text}, metrics.csv (:mod:`aepar.metrics`) and, with
-    ``plot`` (``--plot``), its curves in metrics.png and ``figures`` {file name: draw(path)}; a figure that needs
-    matplotlib, where it is missing, is left out in one line on stderr (the numbers are in
-    the other files).
+    ``plot`` (``--plot``), its curves in metrics.png and ``figures`` {file name: draw(path)}.
+    A figure whose library (Pillow, matplotlib) is missing, or whose data holds no finite
+    value, is left out in one line on stderr: the numbers are in the other files.
     """
     if not comm.is_root:
         return
@@ -55,7 +56,7 @@ def finish(run, comm, summary: dict, *, weights: Weights | None = None, tables: 
         try:
             with run.output(name) as path:
                 draw(path)
-        except ImportError as exc:
+        except (ImportError, NothingToDraw) as exc:
             print(f"{prog}: no {name} ({exc})", file=sys.stderr, flush=True)
     if tables is not None and not quiet:
         print(tables, flush=True)

@@ -12,11 +12,15 @@ import math
 
 import numpy as np
 
-__all__ = ["figure", "metrics_png", "image_shape", "reconstructions_png"]
+__all__ = ["NothingToDraw", "figure", "metrics_png", "image_shape", "reconstructions_png"]
 
 CURVES = (("train_loss", "train loss", "-"), ("val_loss", "validation loss", "--"),
           ("train_error", "train error", "-"), ("val_error", "validation error", "--"))
 X_LABEL = {"lbfgs": "L-BFGS iteration"}
+
+
+class NothingToDraw(ValueError):
+    """A figure's data holds no finite value: the figure is left out, the run goes on."""
 
 
 def figure(width, height):
@@ -70,7 +74,7 @@ def metrics_png(rows: list, path, *, title: str = ""):
             if panel.lines:
                 panels.append(panel)
     if not panels:
-        raise ValueError("metrics.csv has no values to draw")
+        raise NothingToDraw("metrics.csv has no finite values to draw")
     line_chart_png(panels, path, title=title)
 
 
