@@ -146,4 +146,3 @@ def test_a_legend_with_no_free_place_inside_goes_beside_the_axes(tmp_path):
     line_chart_png([Panel("t", "x", "y", [Line(l.xs, l.ys, "") for l in lines], integer_x=False)],
                    tmp_path / "none.png")
     assert frame_right(tmp_path / "legend.png") < frame_right(tmp_path / "none.png") - 40
-
