@@ -155,10 +155,17 @@ def _panel(draw, image, panel: Panel, origin, fonts):
     xs = [x for line in panel.lines for x in line.xs]
     ys = [y for line in panel.lines for y in line.ys]
     xlim, ylim = _limits(xs, False), _limits(ys, panel.log_y)
-    legend = _Legend(draw, panel, fonts["legend"])
+    legend = _Legend(draw, panel, fonts["legend"], panel.legend_columns)
     if legend.entries:
-        place, covered = legend.inside(box, _trace(panel, _Axes(box, xlim, ylim, panel.log_y)))
-        if covered:  # no free place inside: the legend goes beside the axes, which narrow for it
+        trace = _trace(panel, _Axes(box, xlim, ylim, panel.log_y))
+        shapes = [legend] + [_Legend(draw, panel, fonts["legend"], cols) for cols in (1, 2) if cols != legend.cols]
+        fits = [(shape, *shape.inside(box, trace)) for shape in shapes]
+        free = [(shape, place) for shape, place, covered in fits if not covered]
+        if free:
+            legend, place = free[0]
+        else:  # no free place inside: the legend goes beside the axes, which narrow for it
+            tall = [shape for shape in shapes if shape.height <= box[3] - box[1]]
+            legend = min(tall or shapes, key=lambda shape: shape.width)
             box = (box[0], box[1], box[2] - legend.width - 8 * SS, box[3])
             place = (box[2] + 6 * SS, box[1])
     axes = _Axes(box, xlim, ylim, panel.log_y)
@@ -236,15 +243,15 @@ def _legend_corner(box, width, height, points):
 
 
 class _Legend:
-    """The labelled lines of a panel as a box of line samples and labels, in
-    ``panel.legend_columns`` columns."""
+    """The labelled lines of a panel as a box of line samples and labels in ``cols``
+    columns."""
 
     SAMPLE, GAP, PAD, ROW = 18 * SS, 5 * SS, 5 * SS, 13 * SS
 
-    def __init__(self, draw, panel: Panel, font):
+    def __init__(self, draw, panel: Panel, font, cols: int):
         self.drawer, self.font = draw, font
         self.entries = [line for line in panel.lines if line.label]
-        self.cols = max(1, panel.legend_columns)
+        self.cols = max(1, cols)
         self.rows = math.ceil(len(self.entries) / self.cols)
         widest = max((draw.textlength(line.label, font=font) for line in self.entries), default=0)
         self.col_w = int(widest) + self.SAMPLE + self.GAP + self.PAD
