@@ -145,6 +145,15 @@ def _dashes(points, on: float, off: float):
     return pieces
 
 
+def _stroke(draw, line: Line, points):
+    """``line``'s colour and dash pattern along ``points`` (pixels): the curve, or its
+    sample in the legend."""
+    pieces = _dashes(points, 6 * SS, 4 * SS) if line.dashed and len(points) > 1 else [points]
+    for piece in pieces:
+        if len(piece) > 1:
+            draw.line(piece, fill=COLORS[line.color % len(COLORS)], width=max(1, round(1.4 * SS)), joint="curve")
+
+
 def _panel(draw, image, panel: Panel, origin, fonts):
     from PIL import Image, ImageDraw
 
@@ -188,19 +197,16 @@ def _panel(draw, image, panel: Panel, origin, fonts):
         py = axes.px(xlim[0], y)[1]
         draw.line([(left, py), (right, py)], fill=grid, width=SS)
         draw.line([(left - 4 * SS, py), (left, py)], fill=text, width=SS)
-        draw.text((left - 6 * SS, py), tick_label(y, ystep), fill=text, font=fonts["tick"], anchor="rm")
-        widest = max(widest, draw.textlength(tick_label(y, ystep), font=fonts["tick"]))
+        label = tick_label(y, ystep)
+        draw.text((left - 6 * SS, py), label, fill=text, font=fonts["tick"], anchor="rm")
+        widest = max(widest, draw.textlength(label, font=fonts["tick"]))
     for line in panel.lines:
         points = [axes.px(x, y) for x, y in zip(line.xs, line.ys)]
-        color = COLORS[line.color % len(COLORS)]
-        width = max(1, round(1.4 * SS))
-        for piece in (_dashes(points, 6 * SS, 4 * SS) if line.dashed and len(points) > 1 else [points]):
-            if len(piece) > 1:
-                draw.line(piece, fill=color, width=width, joint="curve")
+        _stroke(draw, line, points)
         if len(points) < 40:
             r = 2.2 * SS
             for px, py in points:
-                draw.ellipse((px - r, py - r, px + r, py + r), fill=color)
+                draw.ellipse((px - r, py - r, px + r, py + r), fill=COLORS[line.color % len(COLORS)])
     draw.rectangle(box, outline=text, width=SS)
     draw.text(((left + right) / 2, oy + (MARGIN["top"] - 8) * SS), panel.title, fill=text, font=fonts["title"],
               anchor="ms")
@@ -269,10 +275,7 @@ class _Legend:
         for i, line in enumerate(self.entries):
             c, r = divmod(i, self.rows)
             x, y = left + self.PAD + c * self.col_w, top + self.PAD + r * self.ROW + self.ROW / 2
-            color = COLORS[line.color % len(COLORS)]
-            segment = [(x, y), (x + self.SAMPLE, y)]
-            for piece in (_dashes(segment, 6 * SS, 4 * SS) if line.dashed else [segment]):
-                draw.line(piece, fill=color, width=max(1, round(1.4 * SS)))
+            _stroke(draw, line, [(x, y), (x + self.SAMPLE, y)])
             draw.text((x + self.SAMPLE + self.GAP, y), line.label, fill=(0, 0, 0), font=self.font, anchor="lm")
 
 
