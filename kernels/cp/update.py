@@ -87,12 +87,12 @@ def adam_update_many(ps, gs, ms, vs, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
 
 def _adam_launch(quads, decays, dt, t, lr, beta1, beta2, eps):
     keeps = tuple(1.0 - lr * c for c in decays)  # a rate's keeps stay for its epoch: cached with the table
-    key = tuple(a.data.ptr for q in quads for a in q) + tuple(q[0].size for q in quads) + keeps
+    key = (dt.str,) + tuple(a.data.ptr for q in quads for a in q) + tuple(q[0].size for q in quads) + keeps
     if key not in _tables:
         if len(_tables) > 64:  # models and rates come and go: keep the tables few
             _tables.clear()
         ends = np.cumsum([q[0].size for q in quads], dtype=np.int64)
-        _tables[key] = (cp.asarray(np.array(key[:4 * len(quads)], dtype=np.uint64)), cp.asarray(ends),
+        _tables[key] = (cp.asarray(np.array(key[1:1 + 4 * len(quads)], dtype=np.uint64)), cp.asarray(ends),
                         cp.asarray(np.array(keeps, dtype=dt)), int(ends[-1]))
     table, ends, keep, total = _tables[key]
     # bias corrections in double on the host, then cast once
