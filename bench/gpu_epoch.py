@@ -22,7 +22,7 @@ Data: the first ``--rows`` training images of the IDX files in ``--data-dir`` (F
 MNIST's, say), else of Debian's Fashion-MNIST, else of the embedded mnist5k repeated to
 ``--rows`` (the rows say which). Rows go to OUT/gpu_epoch.csv (default bench/results),
 replacing this benchmark's earlier rows from the same host and GPU, with the machine
-columns, the GPU's name and the CuPy, CUDA and PyTorch versions.
+columns, the GPU's name, the CuPy, CUDA and PyTorch versions, the date and the command.
 Exits 2 when there is no usable GPU (nothing written).
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ import importlib
 import itertools
 import os
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("AEPAR_THREADS", "1")
@@ -182,6 +183,8 @@ def main(argv=None) -> int:
     x, what = load_rows(args.rows, args.data_dir)
     print(f"bench.gpu_epoch: {gpu['gpu']}, {what}", flush=True)
     out, machine = [], None
+    shown = " ".join(sys.argv[1:] if argv is None else argv)
+    stamp = {"date": time.strftime("%Y-%m-%d"), "command": f"python -m bench.gpu_epoch {shown}"}
     for layer, batch in ((layer, batch) for layer in layers for batch in batches):
         times = epochs(x, batch, args.repeats, layer)
         if machine is None:  # after the first epochs: PyTorch is loaded by now
@@ -195,7 +198,7 @@ def main(argv=None) -> int:
                 "layer": NETWORKS[layer][0] if layer in NETWORKS else f"784x{HIDDEN} {LAYERS[layer]}",
                 "batch": batch, "dtype": "float32", "seconds": round(fastest(ts), 5),
                 "ratio": round(fastest(ts) / ours, 4), "repeats": args.repeats,
-                "all_seconds": " ".join(f"{v:.4f}" for v in ts), "kind": "measured"}], machine)
+                "all_seconds": " ".join(f"{v:.4f}" for v in ts), "kind": "measured", **stamp}], machine)
             print(f"  {layer} batch {batch:5d}  {name:62s} {fastest(ts):8.3f} s  ratio {fastest(ts) / ours:5.2f}",
                   flush=True)
     merge_rows(out, args.out / "gpu_epoch.csv", "gpu_epoch", key=KEY)
