@@ -389,12 +389,19 @@ def _layer_entry(comp: Compute, what: str, key: str, r: dict):
         lay.update(grad_bytes=int(r["grad_bytes"]), param_bytes=int(r["param_bytes"]), flops=float(r["flops"]))
 
 
+def read_contention(path: Path) -> dict:
+    """measure-contention's CSV as family -> {copies at once: the slowest copy's seconds}
+    ({} where the file is missing)."""
+    table: dict = {}
+    for r in read_rows(path) if Path(path).exists() else ():
+        table.setdefault(r["key"], {})[int(r["rows"])] = float(r["seconds"])
+    return table
+
+
 def load_compute(path: Path, contention: Path | None = None) -> Compute:
     """The :class:`Compute` record of measure-compute's CSV (and measure-contention's, where
     given and present)."""
-    comp = Compute()
-    for r in read_rows(contention) if contention is not None and Path(contention).exists() else ():
-        comp.contention.setdefault(r["key"], {})[int(r["rows"])] = float(r["seconds"])
+    comp = Compute(contention=read_contention(contention) if contention is not None else {})
     ev, checks, blocked, updates = {}, [], [], {}
     for r in read_rows(path):
         what, key, s = r["what"], r["key"], float(r["seconds"])

@@ -186,6 +186,18 @@ def tree_allreduce_s(net: Network, nbytes: float, p: int, count: int) -> float:
 # =============================================================================================
 # Compute record (measured, then pure lookups)
 # =============================================================================================
+def contention_factor(contention: dict, family: str, copies: int) -> float:
+    """How much slower a rank computes while ``copies`` ranks share a machine's cores and
+    memory (1 alone), from measure-contention's table (family -> {copies at once: the
+    slowest copy's seconds}): measured for one copy and one per core, linear between, the
+    last beyond; 1 where not measured."""
+    t = contention.get(family)
+    if not t or copies <= 1 or 1 not in t:
+        return 1.0
+    n = np.array(sorted(t), dtype=float)
+    return float(np.interp(copies, n, [t[k] for k in sorted(t)])) / t[1]
+
+
 @dataclass
 class Compute:
     """Per-machine compute costs (seconds), from :func:`measure_compute`'s CSV.
@@ -210,13 +222,8 @@ class Compute:
 
     def shared(self, family: str, copies: int) -> float:
         """How much slower a rank computes while ``copies`` ranks share this machine's cores
-        and memory (1 alone): measured for one copy and one per core, linear between,
-        the last beyond; 1 where not measured."""
-        t = self.contention.get(family)
-        if not t or copies <= 1 or 1 not in t:
-            return 1.0
-        n = np.array(sorted(t), dtype=float)
-        return float(np.interp(copies, n, [t[k] for k in sorted(t)])) / t[1]
+        and memory: :func:`contention_factor` of this machine's measure-contention."""
+        return contention_factor(self.contention, family, copies)
 
     def mem_s(self, op: str, nbytes: float) -> float:
         """Seconds of an add or copy of ``nbytes``: interpolated per byte, log-log in size."""

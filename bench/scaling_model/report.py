@@ -185,7 +185,8 @@ def _compute(comp) -> list:
          "slowest copy's median over the same work alone, one thread each): "
          + ("; ".join(f"{fam} " + ", ".join(f"{n} at once {comp.shared(fam, n):.2f}x" for n in sorted(t) if n > 1)
                       for fam, t in sorted(comp.contention.items())) or "not measured")
-         + " (applied to this machine's points and to the predictions, at the ranks per node).",
+         + " (applied to this machine's points and to the predictions, at the ranks per node; the "
+         "16-vCPU machine's points take the same measurement made there, scaling_16core/contention.csv).",
          "- check of the composition: one-block steps timed inside train_epoch over the same step "
          "composed from the isolated measurements: "
          + ", ".join(f"{x:.2f}" for x in comp.in_loop_ratios)
@@ -329,8 +330,9 @@ def _stops(pred, ranks_per_node) -> list:
 def _left_out() -> list:
     """Section 6: what the model leaves out."""
     L = ["", "## 6. What the model leaves out", "",
-         "- Memory-bandwidth contention between the ranks of a node: ranks are modelled as independent "
-         "one-thread processes (compute / P), so predictions with many ranks per node are optimistic.",
+         "- Memory-bandwidth contention between the ranks of a node, on machines where measure-contention "
+         "did not run: ranks are modelled there as independent one-thread processes (compute / P), so "
+         "predictions with many ranks per node are optimistic.",
          "- Network topology, congestion and collective algorithms' real switch points: one alpha/beta per "
          "profile, binomial or bandwidth-optimal form chosen by the lower cost.",
          "- Stragglers and OS noise: the slowest rank is the one with the most blocks, never a slow node.",

@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 from bench.common import read_rows
-from bench.scaling_model.measure import MPI_CSV, RESULTS, SPARSE_CSV, STACKED_CSV
-from bench.scaling_model.model import (Compute, Network, Stack, collective_s, oversubscription, pipeline_s,
-                                       sparse_run_s, stack_scheme_s, tree_allreduce_s, tree_reduce_s)
+from bench.scaling_model.measure import MPI_CSV, RESULTS, SPARSE_CSV, STACKED_CSV, read_contention
+from bench.scaling_model.model import (Compute, Network, Stack, collective_s, contention_factor, oversubscription,
+                                       pipeline_s, sparse_run_s, stack_scheme_s, tree_allreduce_s, tree_reduce_s)
 
 SIXTEEN = "scaling_16core"  # the seed's grid on the GPU machine's 16 vCPUs (its own peers.csv)
 
@@ -76,16 +76,19 @@ def kernel_scales(comp: Compute, here: tuple, results: Path = RESULTS) -> dict:
 class Points:
     """The validation rows, added one measured point at a time, each on its own machine."""
 
-    def __init__(self, here: dict, scales: dict, comp: Compute):
+    def __init__(self, here: dict, scales: dict, comp: Compute, folders: dict | None = None):
         self.here, self.scales, self.rows, self.comp = machine_of(here), scales, [], comp
         self.cores = int(here.get("cores") or 1)
         self.skipped: dict = {}  # (source, machine) -> points left out: no kernel of theirs timed there
+        # a results folder of one other machine -> its measure-contention table (contention.csv there)
+        self.folders = folders or {}
 
     def scale(self, source: str, row: dict, family: str, ranks: int = 1) -> float | None:
         """The compute factor of ``row``'s machine for a kernel ``family``: here, how much
         ``ranks`` ranks sharing its cores slow each other (measure-contention); elsewhere
-        the :func:`kernel_scales` factor (no contention measured there); None (the point
-        is left out, and counted) where that machine never timed the family's kernel."""
+        the :func:`kernel_scales` factor, times that contention where the point's folder
+        holds its machine's (``folders``); None (the point is left out, and counted) where
+        that machine never timed the family's kernel."""
         key = machine_of(row)
         if key == self.here:
             return self.shared(family, ranks)
@@ -93,7 +96,9 @@ class Points:
         if sc is None:
             where = (source, machine_label(key))
             self.skipped[where] = self.skipped.get(where, 0) + 1
-        return sc
+            return None
+        folder = source.rsplit("/", 1)[0] if "/" in source else ""
+        return sc * contention_factor(self.folders.get(folder, {}), family, ranks)
 
     def shared(self, family: str, ranks: int) -> float:
         """This machine's contention factor for ``ranks`` ranks on its cores."""
@@ -278,7 +283,8 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
 def validate(comp: Compute, net: Network, mpi_rows: list, here: dict) -> Points:
     """Every measured point: its ``rows`` (what was measured, the model's figure on that
     point's machine, the relative error), the ``scales`` used and the points ``skipped``."""
-    pts = Points(here, kernel_scales(comp, machine_of(here)), comp)
+    pts = Points(here, kernel_scales(comp, machine_of(here)), comp,
+                 folders={SIXTEEN: read_contention(RESULTS / SIXTEEN / "contention.csv")})
     _sparse_points(pts, comp, net)
     _xeon_sync_points(pts, comp, net)
     _sweep_points(pts, comp, net)

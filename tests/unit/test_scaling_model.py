@@ -318,3 +318,25 @@ def test_model_parallel_and_the_pipelines_are_the_planners_schedules():
         sync, hybrid = (pipeline_s(comp, net(), small_batch, p, replicas=r) for r in (False, True))
         assert (sync is None) == (p > stack.n_layers) and (hybrid is None) == (p <= stack.n_layers)
         assert (sync or hybrid)["seconds"] > 0
+
+
+def test_another_machines_points_take_the_contention_measured_in_their_folder(tmp_path):
+    """The 16-vCPU machine's points (its folder of bench/results) are slowed by the ranks
+    sharing its cores as measure-contention found there; other folders' points of that
+    machine, and one rank, are not."""
+    from bench.scaling_model.measure import read_contention
+    from bench.scaling_model.validate import Points
+
+    (tmp_path / "contention.csv").write_text("what,key,rows,seconds\n" "contention,sparse,1,2.0\n"
+                                             "contention,sparse,16,3.0\n")
+    table = read_contention(tmp_path / "contention.csv")
+    assert table == {"sparse": {1: 2.0, 16: 3.0}}
+    assert read_contention(tmp_path / "missing.csv") == {}
+    xeon = {"cpu_model": "Intel Xeon", "isa": "avx512f", "cores": "16"}
+    scales = {("Intel Xeon", "avx512f", "16"): {"sparse": 2.0, "layers": 4.0}}
+    pts = Points({"cpu_model": "AMD EPYC", "isa": "avx2", "cores": "2"}, scales, Compute(), folders={"big": table})
+    assert pts.scale("big/strong.csv", xeon, "sparse", 1) == pytest.approx(2.0)
+    assert pts.scale("big/strong.csv", xeon, "sparse", 16) == pytest.approx(3.0)
+    assert pts.scale("big/strong.csv", xeon, "sparse", 32) == pytest.approx(3.0)  # past the copies measured: the last
+    assert pts.scale("big/strong.csv", xeon, "layers", 16) == pytest.approx(4.0)  # not measured there
+    assert pts.scale("strong.csv", xeon, "sparse", 16) == pytest.approx(2.0)  # another folder
