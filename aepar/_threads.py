@@ -10,6 +10,7 @@ MKL_NUM_THREADS or NUMBA_NUM_THREADS yourself is respected, but then the results
 depend on it. This module must not import numpy.
 """
 import os
+import sys
 
 _LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE",
                     "SLURM_NTASKS_PER_NODE", "PMI_LOCAL_SIZE")
@@ -25,6 +26,14 @@ def local_ranks() -> int:
     return 1
 
 
+def local_rank() -> int:
+    """This rank's index among the ranks of its node, from the launcher's environment (0 if unknown)."""
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -37,6 +46,16 @@ def threads_per_rank() -> int:
     if chosen:
         return max(1, int(chosen))
     return max(1, usable_cores() // local_ranks())
+
+
+def crowded_note(threads: int, cores: int) -> str | None:
+    """One line when a rank is to run more of aepar's threads than it has cores (only an
+    AEPAR_THREADS beyond them does that): the threads would take turns on the cores, each
+    step waiting for the last. mpirun binds each rank to a core in some layouts."""
+    if threads <= cores:
+        return None
+    return (f"aepar: note: AEPAR_THREADS={threads} on {cores} core{'s' if cores != 1 else ''} this rank may use: "
+            f"the threads take turns; give mpirun --bind-to none or --map-by slot:PE={threads}, or fewer threads")
 
 
 # The variables aepar filled in, as "n:VAR,VAR": a child process (mpirun launched from a
@@ -84,4 +103,8 @@ def configure() -> int:
     # GNU OpenMP's idle threads (Numba's parallel loops) spin for milliseconds and starve
     # the other threads between a parallel loop and the next matrix product.
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-    return threads_per_rank()
+    threads = threads_per_rank()
+    note = crowded_note(threads, usable_cores())
+    if note is not None and local_rank() == 0:  # once per node, not once per rank
+        print(note, file=sys.stderr, flush=True)
+    return threads

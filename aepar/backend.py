@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aepar import kernels
+from aepar import _threads, kernels
 from aepar.kernels import memory
 from aepar.errors import UserError
 
@@ -68,7 +68,7 @@ def select(device: str | None = None, kernel_set: str = "auto", dtype="float64",
             raise UserError(f"--device gpu: no usable GPU ({type(exc).__name__}: {exc})".splitlines()[0]) from None
         if ngpu == 0:
             raise UserError("--device gpu: no GPU found")
-        xp.cuda.Device((local_rank if local_rank is not None else _local_rank()) % ngpu).use()
+        xp.cuda.Device((local_rank if local_rank is not None else _threads.local_rank()) % ngpu).use()
         # one host thread queues a GPU's work: aepar's block threads (aepar.rows) would only
         # contend for the GIL and CuPy's launches (many of them made the autoencoder layer's
         # step several times slower). The bits do not depend on the thread count.
@@ -79,8 +79,3 @@ def select(device: str | None = None, kernel_set: str = "auto", dtype="float64",
     return Backend(device, kernel_set, xp, kernels.load(kernel_set), np.dtype(dtype))
 
 
-def _local_rank() -> int:
-    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0

@@ -71,6 +71,26 @@ def test_threads_split_cores_between_local_ranks(monkeypatch):
     assert _threads.threads_per_rank() == 3
 
 
+def test_more_threads_than_cores_is_said_once_per_node():
+    """A rank bound to one core with AEPAR_THREADS=2 (mpirun's binding, here sched_setaffinity)
+    gets one line naming the fix, from the node's first rank only; enough cores, none."""
+    code = "import aepar; print(aepar.THREADS)"
+    base = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS") and k != "AEPAR_THREADS"
+            and k not in ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")}
+    core = min(os.sched_getaffinity(0))
+
+    def run(**env):
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env={**base, **env}, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    crowded = run(AEPAR_THREADS="2")
+    assert crowded.stdout.split() == ["2"]
+    assert "AEPAR_THREADS=2 on 1 core" in crowded.stderr and "--bind-to none" in crowded.stderr
+    assert len(crowded.stderr.strip().splitlines()) == 1
+    assert run(AEPAR_THREADS="2", OMPI_COMM_WORLD_LOCAL_RANK="1").stderr == ""  # the node's other ranks
+    assert run(AEPAR_THREADS="1").stderr == ""
+    assert _threads.crowded_note(4, 4) is None and _threads.crowded_note(5, 4) is not None
+
+
 def test_blas_is_single_threaded_and_aepar_takes_the_cores():
     """BLAS and Numba run one thread per rank (their results change with their thread
     count); aepar's own threads take the rank's share of the cores."""
