@@ -33,7 +33,7 @@ from aepar.errors import UserError
 
 __all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node",
            "tree_node_from", "tree_cover", "cover_merges", "tree_merges", "tree_sum", "tree_sum_rows", "local_sums",
-           "parallel_map", "each", "threads", "check_blocks", "CHUNK", "DEFAULT_BLOCKS"]
+           "parallel_map", "each", "threads", "check_blocks", "stacked_rows", "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8
@@ -297,6 +297,39 @@ def threads() -> int:
     import aepar
 
     return max(1, int(getattr(aepar, "THREADS", 1)))
+
+
+def stacked_rows(xp, parts, width: int, dtype):
+    """The rows of ``parts`` (2-D arrays of ``width`` columns; None or empty: no rows) one
+    after another. Where they already lie so in one array (consecutive blocks' factors
+    sliced from the array a kernel stacked them in) that array's rows are returned as they
+    are, a view; otherwise one copy. On a GPU a copy is a launch per part."""
+    live = [p for p in parts if p is not None and p.shape[0]]
+    if not live:
+        return xp.empty((0, width), dtype)
+    first, base = live[0], live[0].base
+    if len(live) == 1:
+        return first
+    if not _one_after_another(live, base):
+        return xp.concatenate(live)
+    start = (_address(first) - _address(base)) // first.itemsize
+    rows = sum(p.shape[0] for p in live)
+    return base.reshape(-1)[start:start + rows * width].reshape(rows, width)
+
+
+def _one_after_another(parts, base) -> bool:
+    """Whether ``parts`` are C-ordered views of the array ``base`` (C-ordered too), each
+    starting where the one before it ends."""
+    if not isinstance(base, type(parts[0])) or base.dtype != parts[0].dtype or not base.flags.c_contiguous:
+        return False
+    if any(p.base is not base or not p.flags.c_contiguous for p in parts):
+        return False
+    return all(_address(b) == _address(a) + a.nbytes for a, b in zip(parts, parts[1:]))
+
+
+def _address(a) -> int:
+    """Where an array's first element lies (a NumPy or a CuPy array)."""
+    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
 
 
 def parallel_map(fn, items) -> list:

@@ -68,8 +68,11 @@ class AELayer(RBM):
                                               [g["bv"] for g in grads], starts)
             _, dz1 = K.dense_backward_blocks(dh, x, p["W"], h, self.code_act, [g["bh"] for g in grads], starts,
                                              need_dx=False)
-            return [((err,), {"W": (xp.concatenate([x[lo:hi], dz2[lo:hi]]), xp.concatenate([dz1[lo:hi], h[lo:hi]]),
-                                    1.0)}) for (lo, hi), err in zip(bounds, errs)]
+            # every block's factors in one array each, block after block: one copy, and the
+            # trainer's sum takes their rows as they lie (aepar.rows.stacked_rows)
+            A = xp.concatenate([part for lo, hi in bounds for part in (x[lo:hi], dz2[lo:hi])])
+            D = xp.concatenate([part for lo, hi in bounds for part in (dz1[lo:hi], h[lo:hi])])
+            return [((err,), {"W": (A[2 * lo:2 * hi], D[2 * lo:2 * hi], 1.0)}) for (lo, hi), err in zip(bounds, errs)]
         out = [block for group in each(chain, acts.layers[0], acts.starts, acts.split(list(grads)))
                for block in group]
         return [sums for sums, _ in out], [f for _, f in out]

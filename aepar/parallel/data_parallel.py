@@ -60,7 +60,7 @@ from time import perf_counter
 import numpy as np
 
 from aepar.parallel.blocks import TreeSum
-from aepar.rows import Blocks, Shard, block_bounds, parallel_map, threads, tree_merges
+from aepar.rows import Blocks, Shard, block_bounds, parallel_map, stacked_rows, threads, tree_merges
 
 __all__ = ["Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums", "reducer"]
 
@@ -328,9 +328,8 @@ def _local_sum(be, buf, factors, first, merges, out):
     for name in buf.factored:
         m, n = grads[name].shape
         parts = [f[name] if f is not None else None for f in factors[first:first + len(merges)]]
-        xp = be.xp
-        a = xp.concatenate([p[0] if p else xp.empty((0, m), be.dtype) for p in parts])
-        d = xp.concatenate([p[1] if p else xp.empty((0, n), be.dtype) for p in parts])
+        a = stacked_rows(be.xp, [p[0] if p else None for p in parts], m, be.dtype)
+        d = stacked_rows(be.xp, [p[1] if p else None for p in parts], n, be.dtype)
         starts = np.cumsum([0] + [p[0].shape[0] if p else 0 for p in parts])
         alphas = [p[2] if p else 1.0 for p in parts]
         # the threads take a band of rows each: an element's sums are the same in any band

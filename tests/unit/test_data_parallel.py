@@ -13,7 +13,7 @@ from aepar.models.rbm import RBM
 from aepar.models.stacked import StackedAutoencoder
 from aepar.optim import Adam
 from aepar.parallel.data_parallel import blockwise_sums, reducer, train_epoch
-from aepar.rows import Blocks, Shard, local_sums, tree_sum, tree_sum_rows
+from aepar.rows import Blocks, Shard, local_sums, stacked_rows, tree_sum, tree_sum_rows
 
 
 def _be(kernels="numpy", dtype="float64"):
@@ -448,3 +448,19 @@ def test_a_blocks_row_fills_one_slice_after_its_factored_gradients(kind, blocks)
     again = buf.views(row)
     assert again is not views and all(again[k] is views[k] for k in views)
     assert not any(buf.views(row.copy())[k] is views[k] for k in views)
+
+
+def test_stacked_rows_take_consecutive_blocks_as_they_lie_and_copy_the_rest():
+    """The blocks' factors, sliced from the array a kernel stacked them in, are that array's
+    rows (no copy); parts from elsewhere, with a gap, or out of order are copied together.
+    Either way the rows are the parts' one after another."""
+    buffer = np.zeros(120, np.float32)
+    a = buffer[10:70].reshape(12, 5)  # a view, as a kernel's cached buffer gives
+    a[:] = np.arange(60).reshape(12, 5)
+    together = stacked_rows(np, [a[0:3], None, a[3:3], a[3:7], a[7:12]], 5, np.float32)
+    assert np.shares_memory(together, buffer) and np.array_equal(together, a)
+    other = a.copy()
+    for parts in ([a[0:3], other[3:7]], [a[0:3], a[4:7]], [a[3:7], a[0:3]], [a[:, :4], a[3:7, :4]]):
+        copied = stacked_rows(np, parts, parts[0].shape[1], np.float32)
+        assert not np.shares_memory(copied, buffer) and np.array_equal(copied, np.concatenate(parts))
+    assert stacked_rows(np, [None, a[0:0]], 5, np.float32).shape == (0, 5)
