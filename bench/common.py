@@ -48,10 +48,17 @@ def mpi_env(**changes) -> dict:
     return env
 
 
-def python_command(module: str, args=(), ranks: int = 1) -> list[str]:
-    """``python -m module args`` in one process, under :func:`mpirun` ``-np ranks`` for more."""
+def python_command(module: str, args=(), ranks: int = 1, threads: int = 1) -> list[str]:
+    """``python -m module args`` in one process, under :func:`mpirun` ``-np ranks`` for more.
+    Ranks of several ``threads`` run unbound (``--bind-to none``, as jobs/lib.sh runs them),
+    unless the launcher's options place them already: mpirun binds each of 2 ranks or
+    fewer to one core, where its threads would take turns."""
     cmd = [PY, "-m", module, *map(str, args)]
-    return mpirun() + ["-np", str(ranks)] + cmd if ranks > 1 else cmd
+    if ranks <= 1:
+        return cmd
+    launcher = mpirun()
+    placed = any(o.startswith(("--bind-to", "--map-by")) for o in launcher)
+    return launcher + (["--bind-to", "none"] if threads > 1 and not placed else []) + ["-np", str(ranks)] + cmd
 
 
 def run_to_end(prog: str, name: str, cmd: list, out: Path, env: dict, cwd) -> None:

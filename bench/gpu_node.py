@@ -204,7 +204,8 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
     runs += [("greedy", big // 4, 4)] if big >= 8 else []
     for scheme, ranks, threads in runs:
         out = scratch / f"pretrain-{scheme}-np{ranks}x{threads}"
-        rc, _, seconds = log.run(python_command("aepar.pretrain", ["--scheme", scheme, *net, "--out", out], ranks),
+        rc, _, seconds = log.run(python_command("aepar.pretrain", ["--scheme", scheme, *net, "--out", out], ranks,
+                                                threads),
                                  env=dict(env, AEPAR_THREADS=str(threads)), timeout=300)
         ok &= rc == 0
         record(f"pretrain {scheme}", ranks, threads, out, rc, seconds)

@@ -40,7 +40,7 @@ def run_once(ranks: int, threads: int, args, work: Path) -> dict:
     out = work / f"np{ranks}x{threads}-{time.monotonic_ns()}"
     job = ["--scheme", "greedy", "--dataset", args.dataset, "--limit", args.limit, "--epochs", args.epochs,
            "--finetune-epochs", args.epochs, "--no-plot", "--quiet", "--out", out]
-    cmd = python_command("aepar.pretrain", job, ranks)
+    cmd = python_command("aepar.pretrain", job, ranks, threads)
     done = subprocess.run(cmd, env=mpi_env(AEPAR_THREADS=threads), capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"bench.layouts: {' '.join(map(str, cmd))} failed (exit {done.returncode}): "
@@ -55,10 +55,10 @@ def table(rows: list[dict]) -> str:
              "`aepar.pretrain --scheme greedy` (784-1000-500-250-30 RBMs, 8 blocks, batch 100): epochs per layer, "
              "then as many of fine-tuning, as one process with every core as a thread, one rank per core, and one "
              "process with one thread; the layouts in turns, the fastest round counts (every round is in "
-             "layouts.csv). The weights are the same in every layout. Ranks run under mpirun with its default "
-             "binding; threads are aepar's own (AEPAR_THREADS), each taking whole blocks. A rank adds its blocks' "
-             "gradients in memory; ranks send theirs whole each step, which fine-tuning's eight weight matrices "
-             "make dear.", ""]
+             "layouts.csv). The weights are the same in every layout. Ranks of one thread run under mpirun with "
+             "its default binding, ranks of several unbound (--bind-to none); threads are aepar's own "
+             "(AEPAR_THREADS), each taking whole blocks. A rank adds its blocks' gradients in memory; ranks send "
+             "theirs whole each step, which fine-tuning's eight weight matrices make dear.", ""]
     machines = {}
     for r in rows:
         machines.setdefault((r["cpu_model"], r["isa"], r["blas"], r["cores"], r["mpi"]), []).append(r)

@@ -19,6 +19,16 @@ def test_one_rank_is_plain_python_and_more_go_through_the_launcher(monkeypatch):
         sys.executable, "-m", "aepar.sync", "--quiet"]
 
 
+def test_ranks_of_several_threads_run_unbound_unless_the_launcher_places_them(monkeypatch):
+    monkeypatch.setenv("MPIRUN", "mpirun --oversubscribe")
+    assert common.python_command("aepar.pretrain", [], 4, threads=4)[:5] == [
+        "mpirun", "--oversubscribe", "--bind-to", "none", "-np"]
+    assert "--bind-to" not in common.python_command("aepar.pretrain", [], 4)  # one thread: as mpirun places them
+    assert "--bind-to" not in common.python_command("aepar.pretrain", [], 1, threads=4)  # no mpirun
+    monkeypatch.setenv("MPIRUN", "mpirun --map-by slot:PE=4")
+    assert common.python_command("aepar.pretrain", [], 4, threads=4)[:4] == ["mpirun", "--map-by", "slot:PE=4", "-np"]
+
+
 def test_without_mpirun_set_the_launcher_next_to_this_python_oversubscribes(monkeypatch, tmp_path):
     monkeypatch.delenv("MPIRUN", raising=False)
     (tmp_path / "mpirun").write_text("")
