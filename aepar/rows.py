@@ -324,7 +324,8 @@ def _one_after_another(parts, base) -> bool:
         return False
     if any(p.base is not base or not p.flags.c_contiguous for p in parts):
         return False
-    return all(_address(b) == _address(a) + a.nbytes for a, b in zip(parts, parts[1:]))
+    at = [_address(p) for p in parts]
+    return all(at[i + 1] == at[i] + p.nbytes for i, p in enumerate(parts[:-1]))
 
 
 def _address(a) -> int:
