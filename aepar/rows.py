@@ -33,7 +33,8 @@ from aepar.errors import UserError
 
 __all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node",
            "tree_node_from", "tree_cover", "cover_merges", "tree_merges", "tree_sum", "tree_sum_rows", "local_sums",
-           "parallel_map", "each", "threads", "check_blocks", "stacked_rows", "CHUNK", "DEFAULT_BLOCKS"]
+           "parallel_map", "each", "threads", "check_blocks", "stacked_rows", "weighted_ranges", "CHUNK",
+           "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8
@@ -57,6 +58,23 @@ def rank_blocks(count: int, rank: int, size: int) -> tuple[int, int]:
     differing by at most one."""
     b = block_bounds(count, size)
     return int(b[rank]), int(b[rank + 1])
+
+
+def weighted_ranges(count: int, speeds) -> list[tuple[int, int]]:
+    """Each rank's (first, stop) of ``count`` blocks, contiguous and in rank order, the
+    counts near-proportional to ``speeds`` (blocks per second, one per rank), at least one
+    each: ranks that compute faster take more blocks. The fixed tree over the blocks does
+    not change, so neither do the bits."""
+    speeds = np.asarray(speeds, dtype=np.float64)
+    size = speeds.size
+    if size < 1 or count < size or not np.all(np.isfinite(speeds)) or np.any(speeds <= 0):
+        raise ValueError(f"{count} blocks for speeds {list(speeds)}: need positive speeds and a block per rank")
+    cuts = np.rint(count * np.cumsum(speeds)[:-1] / speeds.sum()).astype(np.int64)
+    bounds = [0]
+    for k, cut in enumerate(cuts, start=1):  # every rank keeps a block, the last ones too
+        bounds.append(int(min(max(cut, bounds[-1] + 1), count - (size - k))))
+    bounds.append(int(count))
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 @dataclass(frozen=True)

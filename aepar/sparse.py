@@ -2,12 +2,13 @@
 ``python -m aepar.sparse`` / ``mpirun -np N python -m aepar.sparse``.
 
 The scheme of Lewis & Canann (2015): the patches are sampled once from the seed (the same
-patches whatever the number of processes), every rank keeps an even shard of them and a
-copy of the weights; the root runs L-BFGS-B, and each evaluation of the cost is the
-paper's two rounds: a broadcast of θ, the sum of every rank's hidden activations on every
-rank (ρ̂, so that the KL sparsity term is folded into the backward pass), and one
-reduction of a packed buffer of partial sums (see aepar.kernels.ref.sparse_ae). The
-algorithm is aepar.schemes.sparse; this file is the program around it.
+patches whatever the number of processes), every rank keeps a share of them, even at first
+and then following the ranks' measured speeds (``--balance-every``), and a copy of the
+weights; the root runs L-BFGS-B, and each evaluation of the cost is the paper's two
+rounds: a broadcast of θ, the sum of every rank's hidden activations on every rank (ρ̂, so
+that the KL sparsity term is folded into the backward pass), and one reduction of a packed
+buffer of partial sums (see aepar.kernels.ref.sparse_ae). The algorithm is
+aepar.schemes.sparse; this file is the program around it.
 
 Same answer on any number of ranks: the patches are cut into fixed blocks of 128 and the
 blocks' sums are added in one fixed tree (aepar.rows), so 1, 2, 4 or 8
@@ -37,7 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from aepar import backend
-from aepar.cli import ArgumentParser, add_common, non_negative_float, positive_int, progress, renamed, unit_interval
+from aepar.cli import (ArgumentParser, add_common, non_negative_float, non_negative_int, positive_int, progress,
+                       renamed, unit_interval)
 from aepar.comm import run_main
 from aepar.errors import UserError
 from aepar.finish import finish
@@ -87,6 +89,12 @@ def build_parser() -> ArgumentParser:
                    help="weight decay λ >= 0 (default 1e-4)")
     renamed(g, "--lam", "--weight-cost", dest="lam", type=non_negative_float)
     g.add_argument("--beta", type=non_negative_float, default=3.0, help="sparsity weight β >= 0 (default 3)")
+    g = p.add_argument_group("processes")
+    g.add_argument("--balance-every", type=non_negative_int, default=50, metavar="N",
+                   help="every N evaluations the processes share the blocks anew in proportion to their "
+                        "measured speed, where that shortens the slowest share by 5%% or more: the same bits, "
+                        "less waiting where cores run at different speeds; 0: equal shares throughout "
+                        "(default 50)")
     g.add_argument("--images", metavar="PATH",
                    help="an IMAGES.mat (variable IMAGES, rows x columns x images); default: "
                         "IMAGES.mat or the first CIFAR-10 batch in --data-dir, else the scikit-image photographs")
@@ -101,6 +109,7 @@ class Setup:
     blocks: object        # aepar.rows.Blocks
     source: str
     fingerprint: str | None  # of all patches (root)
+    all_patches: np.ndarray | None = None  # every block's, where shares may move (several ranks)
 
 
 def _setup(args, rank: int, size: int, images=None) -> Setup:
@@ -137,7 +146,8 @@ def _setup(args, rank: int, size: int, images=None) -> Setup:
     except UserError as e:  # the sampler cannot know which file the images came from
         raise UserError(f"{args.data or args.images or source}: {e}") from None
     digest = fingerprint(patches) if rank == 0 else None
-    return Setup(be, patches[blocks.rows].copy(), blocks, source, digest)  # .copy() frees the rest
+    keep = patches if size > 1 and args.balance_every else None  # else .copy() frees the rest
+    return Setup(be, patches[blocks.rows].copy(), blocks, source, digest, keep)
 
 
 def _spread(summary) -> str:

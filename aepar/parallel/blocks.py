@@ -33,13 +33,20 @@ class TreeSum:
         The ranks sharing the blocks (``count >= comm.size``).
     count : int
         Number of blocks.
+    ranges : list of (first, stop), optional
+        Every rank's blocks, contiguous and in rank order (default: equal shares,
+        :func:`aepar.rows.rank_blocks`); the sum's bits are the same for any.
     """
 
-    def __init__(self, comm, count: int):
+    def __init__(self, comm, count: int, ranges=None):
         if count < comm.size:
             raise ValueError(f"{count} blocks cannot be shared by {comm.size} ranks")
         self.comm, self.count = comm, int(count)
-        self.ranges = [rank_blocks(count, r, comm.size) for r in range(comm.size)]
+        self.ranges = [rank_blocks(count, r, comm.size) for r in range(comm.size)] if ranges is None else \
+            [(int(f), int(s)) for f, s in ranges]
+        if len(self.ranges) != comm.size or self.ranges[0][0] != 0 or self.ranges[-1][1] != count or any(
+                f >= s for f, s in self.ranges) or any(a[1] != b[0] for a, b in zip(self.ranges, self.ranges[1:])):
+            raise ValueError(f"ranges {self.ranges} do not share {count} blocks among {comm.size} ranks in order")
         self.first, self.stop = self.ranges[comm.rank]
         owner = {}
         for r, (f, s) in enumerate(self.ranges):

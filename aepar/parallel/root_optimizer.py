@@ -15,6 +15,13 @@ only the root runs the optimiser (L-BFGS-B). Each evaluation of J(θ) is
    the same bits on any number of ranks;
 5. root: J and ∂J/∂θ from the summed buffer (``model.assemble``).
 
+Every ``balance_every`` evaluations the root broadcasts "balance" instead: the ranks share
+their seconds per block since the last time and, where that shortens the slowest rank's
+share by 5% or more, take new contiguous runs of blocks in proportion to their speeds
+(``reattach`` gives the model its new samples). The blocks and their tree stay the same,
+so the bits do too; only who computes which block moves, towards the ranks that compute
+faster (machines of mixed speeds, or virtual CPUs that run at different speeds).
+
 The workers loop on the broadcast until the root says stop. An exception on the root (in
 the optimiser, in the assembly or in its own partials) never leaves the workers waiting:
 the root broadcasts "failed" and the error, and the workers raise the same kind of error
@@ -24,16 +31,19 @@ reduction it still takes part in both sums first, so the communications stay mat
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from aepar import errors
 from aepar.parallel.blocks import TreeSum
+from aepar.rows import weighted_ranges
 
-__all__ = ["RootOptimizer", "RootResult", "RootFailure", "EVALUATE", "STOP", "PAUSE", "FAILED"]
+__all__ = ["RootOptimizer", "RootResult", "RootFailure", "EVALUATE", "STOP", "PAUSE", "FAILED", "BALANCE"]
 
-EVALUATE, STOP, PAUSE, FAILED = 1.0, 0.0, 2.0, -1.0
+EVALUATE, STOP, PAUSE, FAILED, BALANCE = 1.0, 0.0, 2.0, -1.0, 3.0
+# a new share of the blocks is taken only if it makes the slowest rank's share this much shorter
+BALANCE_GAIN = 0.95
 
 
 class RootFailure(RuntimeError):
@@ -61,6 +71,7 @@ class RootResult:
     message: str = ""
     success: bool | None = None
     paused: bool = False
+    rebalances: int = 0            # times the blocks were shared anew (balance_every)
 
     @property
     def collectives_per_evaluation(self) -> float:
@@ -87,29 +98,43 @@ class RootOptimizer:
         Waits for queued device work so that GPU compute is not booked as communication.
     guard : aepar.guard.Guard, optional
         Steps, flags and divergence checks.
+    balance_every : int
+        Evaluations between two balances of the blocks over the ranks (0: never).
+    reattach : callable, optional
+        ``reattach(blocks)`` gives the model the samples of its new share (an
+        aepar.rows.Blocks); without it the shares stay as they are.
     """
 
-    def __init__(self, comm, model, *, xp=np, dtype=np.float64, synchronize=None, guard=None, run=None):
-        self.comm, self.model, self.xp = comm, model, xp
+    def __init__(self, comm, model, *, xp=np, dtype=np.float64, synchronize=None, guard=None, run=None,
+                 balance_every: int = 0, reattach=None):
+        self.comm, self.model, self.xp, self.dtype = comm, model, xp, dtype
         self.n_theta = int(model.n_theta)
         self.n = int(model.n_partials)
-        blocks = model.blocks
-        self.tree = TreeSum(comm, blocks.count)
-        self.leaves = xp.zeros((blocks.stop - blocks.first, self.n + 1), dtype=dtype)  # + the flags
-        self.shared_rows = xp.zeros((blocks.stop - blocks.first, int(model.n_shared)), dtype=dtype)
+        self._share(model.blocks)
         self.shared = xp.zeros(int(model.n_shared), dtype=dtype)
         self.buffer = xp.zeros(self.n_theta + 1, dtype=dtype)  # [control, θ]
         self.synchronize = synchronize or (lambda: None)
         self.guard, self.run_dir = guard, run
+        self.balance_every = int(balance_every) if comm.size > 1 and reattach is not None else 0
+        self.reattach = reattach
         self.flags = 0.0
         self.optimizer = None
         self._reset()
+
+    def _share(self, blocks, ranges=None):
+        """The tree and the buffers of this rank's share of the blocks."""
+        self.tree = TreeSum(self.comm, blocks.count, ranges)
+        mine = blocks.stop - blocks.first
+        self.leaves = self.xp.zeros((mine, self.n + 1), dtype=self.dtype)  # + the flags
+        self.shared_rows = self.xp.zeros((mine, int(self.model.n_shared)), dtype=self.dtype)
 
     def _reset(self):
         self.evaluations = 0
         self.collectives = 0
         self.compute_s = 0.0
         self.comm_s = 0.0
+        self.blocks_s = 0.0  # this rank's own blocks since the last balance
+        self.rebalances = 0
 
     # ---- one evaluation, every rank ----------------------------------------------------------
     def _local(self, theta):
@@ -145,6 +170,7 @@ class RootOptimizer:
                  else self.tree.reduce_nodes(self.tree.node_values_from(known)))
         self.comm_s += (t3 - t2) + (wtime() - t4)
         self.compute_s += (t2 - t1) + (t4 - t3)
+        self.blocks_s += (t2 - t1) + (t4 - t3)
         self.collectives += 4  # the broadcast of θ, the first sum (a reduction and a broadcast), the second
         if failure is not None:
             raise failure
@@ -161,6 +187,11 @@ class RootOptimizer:
     def evaluate(self, theta64):
         """J(θ), ∂J/∂θ over every rank's samples (root only; workers must be serving)."""
         wtime = self.comm.wtime
+        if self.balance_every and self.evaluations and self.evaluations % self.balance_every == 0:
+            t0 = wtime()
+            self._send(BALANCE)
+            self.comm_s += wtime() - t0
+            self._balance()
         t0 = wtime()
         self.buffer[0] = EVALUATE
         self.buffer[1:] = self.xp.asarray(theta64, dtype=self.buffer.dtype)
@@ -203,7 +234,7 @@ class RootOptimizer:
             total_s=self.comm.wtime() - start,
             message="" if res is None or res is PAUSE else str(res.message),
             success=None if res is None or res is PAUSE else bool(res.success),
-            paused=res is PAUSE or bool(getattr(res, "paused", False)))
+            paused=res is PAUSE or bool(getattr(res, "paused", False)), rebalances=self.rebalances)
 
     def _run_root(self, theta0, maxiter, on_iteration, state):
         from aepar.optim import LBFGSB
@@ -226,6 +257,27 @@ class RootOptimizer:
         self._send(PAUSE if res.paused else STOP)
         return res
 
+    def _balance(self):
+        """Every rank: the blocks shared anew in proportion to the ranks' speeds since the
+        last balance, where that shortens the slowest share by 1 - BALANCE_GAIN or more
+        (every rank decides the same from the same gathered times)."""
+        t0 = self.comm.wtime()
+        blocks = self.model.blocks
+        per_block = self.comm.allgather(self.blocks_s / (blocks.stop - blocks.first))
+        self.blocks_s = 0.0
+        if min(per_block) > 0:
+            now = self.tree.ranges
+            new = weighted_ranges(blocks.count, [1.0 / t for t in per_block])
+
+            def slowest(ranges):
+                return max((stop - first) * t for (first, stop), t in zip(ranges, per_block))
+            if new != now and slowest(new) < BALANCE_GAIN * slowest(now):
+                first, stop = new[self.comm.rank]
+                self.reattach(replace(blocks, first=first, stop=stop))
+                self._share(self.model.blocks, new)
+                self.rebalances += 1
+        self.comm_s += self.comm.wtime() - t0
+
     def _send(self, code: float):
         self.buffer[0] = code
         self.comm.Bcast(self.buffer)
@@ -242,6 +294,9 @@ class RootOptimizer:
                 return None
             if code == PAUSE:
                 return PAUSE
+            if code == BALANCE:
+                self._balance()
+                continue
             if code != EVALUATE:
                 raise _rebuild(comm.bcast(None))
             self._local(theta)

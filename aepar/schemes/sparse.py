@@ -10,8 +10,10 @@ L-BFGS-B. Each evaluation of J(θ):
    the cost and the gradient and takes the next L-BFGS step.
 
 The blocks (128 patches) and the tree do not depend on the number of processes, so 1-16
-processes take bit-identical steps. A checkpoint holds θ and the whole L-BFGS memory: a run
-stopped by a signal goes on from it, on any number of processes, to the same final θ.
+processes take bit-identical steps; nor on which rank holds which block, so every
+``--balance-every`` evaluations the ranks share the blocks anew by their measured speeds.
+A checkpoint holds θ and the whole L-BFGS memory: a run stopped by a signal goes on from
+it, on any number of processes, to the same final θ.
 """
 from __future__ import annotations
 
@@ -68,7 +70,10 @@ def train(args, comm, setup, *, resume=None, run=None, guard=None):
     be = setup.be
     model = SparseAutoencoder(be, args.patch * args.patch, args.hidden, rho=args.rho, beta=args.beta, lam=args.lam)
     model.attach(setup.patches, setup.blocks)
-    opt = RootOptimizer(comm, model, xp=be.xp, dtype=be.dtype, synchronize=be.synchronize, guard=guard, run=run)
+    patches = setup.all_patches  # every block's, where shares may move
+    opt = RootOptimizer(comm, model, xp=be.xp, dtype=be.dtype, synchronize=be.synchronize, guard=guard, run=run,
+                        balance_every=args.balance_every,
+                        reattach=None if patches is None else lambda blocks: model.attach(patches[blocks.rows], blocks))
     theta0 = model.init_theta(args.seed) if comm.is_root else None
     # warm-up (not timed, not counted): loads the compiled kernels and touches every buffer
     opt.warm_up()
@@ -92,9 +97,11 @@ def train(args, comm, setup, *, resume=None, run=None, guard=None):
     # every rank's own compute (the slowest is the run's): the spread is what the others
     # wait for at each evaluation
     per_rank = comm.gather(float(result.compute_s))
+    shares = comm.gather(model.blocks.stop - model.blocks.first)
     if not comm.is_root:
         return {}, model, None
-    times = {"total_s": total_s, "compute_s": max(per_rank), "comm_s": comm_s, "compute_per_rank_s": per_rank}
+    times = {"total_s": total_s, "compute_s": max(per_rank), "comm_s": comm_s, "compute_per_rank_s": per_rank,
+             "blocks_per_rank": shares, "rebalances": result.rebalances}
     return _summary(args, comm, setup, opt, result, times, resume), model, result.theta
 
 

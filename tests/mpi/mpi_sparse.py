@@ -7,6 +7,9 @@
                                  1e-12, for the numpy and numba kernels; then a short CLI run
                                  into OUTDIR; every rank prints "ok rank R of N", rank 0
                                  prints "cost <final cost>"
+    mpi_sparse.py balance OUTDIR a short CLI run whose last rank computes slowly (a sleep
+                                 in its partials), balanced every 3 evaluations; rank 0
+                                 prints the summary's blocks per rank and rebalances
     mpi_sparse.py fail-shared_sums OUTDIR | fail-partials OUTDIR | fail-assemble OUTDIR
                                  a short CLI run whose root raises at its 4th evaluation
                                  (inside its own first round, before the first sum; its
@@ -81,9 +84,23 @@ def inject_root_failure(where, after=3):
     setattr(mod.SparseAutoencoder, where, failing)
 
 
+def slow_partials(seconds):
+    """Make this rank's model sleep ``seconds`` in every partials call: a slower core."""
+    import time
+
+    import aepar.models.sparse_ae as mod
+
+    original = mod.SparseAutoencoder.partials
+
+    def slow(self, *args, **kwargs):
+        time.sleep(seconds)
+        return original(self, *args, **kwargs)
+    mod.SparseAutoencoder.partials = slow
+
+
 def main(argv, comm):
     mode, out = argv
-    if mode not in ("check", "grad", "fail-shared_sums", "fail-partials", "fail-assemble"):
+    if mode not in ("check", "grad", "balance", "fail-shared_sums", "fail-partials", "fail-assemble"):
         raise SystemExit(f"unknown mode {mode}")
     # "grad" (8 oversubscribed ranks) stays with the NumPy kernels: no Numba start-up x 8
     for kset in {"check": ("numpy", "numba"), "grad": ("numpy",)}.get(mode, ()):
@@ -93,6 +110,12 @@ def main(argv, comm):
         if comm.is_root:
             assert summary["processes"] == comm.size and summary["collectives_per_evaluation"] == 4.0
             print(f"cost {summary['final_cost']!r}", flush=True)
+    if mode == "balance":
+        if comm.rank == comm.size - 1:
+            slow_partials(0.01)
+        summary = short_run(comm, out, ["--balance-every", "3"])
+        if comm.is_root:
+            print(f"blocks {summary['blocks_per_rank']} rebalances {summary['rebalances']}", flush=True)
     if mode.startswith("fail-"):
         if comm.is_root:
             inject_root_failure(mode.split("-", 1)[1])

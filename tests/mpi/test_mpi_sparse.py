@@ -66,6 +66,28 @@ def test_same_weights_bit_for_bit_on_1_to_4_ranks(tmp_path):
         assert not differ, (ranks, differ)
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_a_slow_rank_gives_blocks_away_and_the_bits_stay(ranks, tmp_path):
+    """The last rank sleeps in every evaluation: at the balances (every 3 evaluations) it
+    takes fewer blocks than an even share and the others more, and the weights are the
+    same bits as one process's."""
+    alone = tmp_path / "np1"
+    p = run_mpi(1, ["-m", "aepar.sparse", "--limit", 1003, "--iterations", 12, "--quiet", "--out", alone],
+                timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = tmp_path / f"np{ranks}"
+    p = run_mpi(ranks, ["tests/mpi/mpi_sparse.py", "balance", out], timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = next(l for l in p.stdout.splitlines() if l.startswith("blocks "))
+    summary = json.loads((out / "summary.json").read_text())
+    shares, rebalances = summary["blocks_per_rank"], summary["rebalances"]
+    assert rebalances >= 1 and sum(shares) == 8 and min(shares) >= 1, line
+    assert shares[-1] < 8 // ranks and max(shares[:-1]) > 8 // ranks, line
+    one, many = h5_arrays(alone / "weights.h5"), h5_arrays(out / "weights.h5")
+    assert set(one) == set(many) and all(np.array_equal(one[k], many[k]) and one[k].dtype == many[k].dtype
+                                         for k in one)
+
+
 def test_gradient_at_8_oversubscribed_ranks(tmp_path):
     """Eight ranks on two cores, one block of 128 samples each: the same cost and gradient."""
     p = run_mpi(8, ["tests/mpi/mpi_sparse.py", "grad", tmp_path / "run"], timeout=240)

@@ -13,7 +13,7 @@ from aepar.models.rbm import RBM
 from aepar.models.stacked import StackedAutoencoder
 from aepar.optim import Adam
 from aepar.parallel.data_parallel import blockwise_sums, reducer, train_epoch
-from aepar.rows import Blocks, Shard, local_sums, stacked_rows, tree_sum, tree_sum_rows
+from aepar.rows import Blocks, Shard, local_sums, stacked_rows, tree_sum, tree_sum_rows, weighted_ranges
 
 
 def _be(kernels="numpy", dtype="float64"):
@@ -464,3 +464,39 @@ def test_stacked_rows_take_consecutive_blocks_as_they_lie_and_copy_the_rest():
         copied = stacked_rows(np, parts, parts[0].shape[1], np.float32)
         assert not np.shares_memory(copied, buffer) and np.array_equal(copied, np.concatenate(parts))
     assert stacked_rows(np, [None, a[0:0]], 5, np.float32).shape == (0, 5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.05, 20.0), min_size=1, max_size=16), st.integers(0, 200))
+def test_weighted_ranges_share_every_block_in_order_by_speed(speeds, extra):
+    """Contiguous runs in rank order covering every block, a block at least each, and a
+    faster rank never holds fewer blocks than a slower one by more than the rounding."""
+    count = len(speeds) + extra
+    ranges = weighted_ranges(count, speeds)
+    assert ranges[0][0] == 0 and ranges[-1][1] == count and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    sizes = [stop - first for first, stop in ranges]
+    assert min(sizes) >= 1
+    total = sum(speeds)
+    for size, speed in zip(sizes, speeds):  # near the proportional share; the floor of one block aside
+        assert size <= max(1, count * speed / total) + len(speeds) + 1
+
+
+def test_weighted_ranges_follow_the_speeds_and_refuse_what_cannot_be_shared():
+    assert weighted_ranges(8, [1, 1]) == [(0, 4), (4, 8)]
+    assert weighted_ranges(8, [3, 1]) == [(0, 6), (6, 8)]
+    assert weighted_ranges(4, [1, 1, 1, 100]) == [(0, 1), (1, 2), (2, 3), (3, 4)]  # a block each at least
+    for count, speeds in ((1, [1, 1]), (8, [1, 0]), (8, [1, float("nan")]), (8, [])):
+        with pytest.raises(ValueError):
+            weighted_ranges(count, speeds)
+
+
+def test_a_tree_sum_takes_any_share_of_the_blocks_in_order_and_refuses_others():
+    from aepar.parallel.blocks import TreeSum
+
+    class TwoRanks:  # the plan is made from the ranges alone: no messages here
+        size, rank = 2, 0
+    for bad in ([(0, 5), (6, 8)], [(0, 8), (8, 8)], [(0, 4)], [(4, 8), (0, 4)]):
+        with pytest.raises(ValueError, match="do not share"):
+            TreeSum(TwoRanks(), 8, bad)
+    tree = TreeSum(TwoRanks(), 8, [(0, 7), (7, 8)])
+    assert (tree.first, tree.stop) == (0, 7) and tree.nodes == [(2, 0), (1, 4), (0, 6)]
