@@ -103,6 +103,10 @@ bench-gpu-node: venv bench-peers  ## every check that needs a GPU node (a GPU, 1
 bench-layouts: venv  ## ranks or threads on one machine: the same greedy job (pre-training, fine-tuning) as 1 process x every core, 1 rank per core and 1 x 1, in turns -> layouts.{csv,md} (`make fashion` first; ~4 min on 2 cores)
 	$(BIN)/python -m bench.layouts --rounds 3
 
+.PHONY: bench-balance
+bench-balance: venv  ## aepar.sparse on every core with equal shares of the blocks and with shares by the ranks' speeds (--balance-every), in turns, the weights compared bit for bit -> balance.{csv,md} (add --busy-core C through `python -m bench.balance` to slow one core; ~1 min on 2 cores)
+	$(BIN)/python -m bench.balance --rounds 2
+
 .PHONY: bench-memory
 bench-memory: venv  ## a rank's peak memory reading a 2 GB --data .npy as --scheme data does, 1/2/4 ranks -> data_memory.csv, data_memory.md (~2 min)
 	$(BIN)/python -m bench.data_memory

@@ -92,7 +92,7 @@ def build_parser() -> ArgumentParser:
     g = p.add_argument_group("processes")
     g.add_argument("--balance-every", type=non_negative_int, default=50, metavar="N",
                    help="every N evaluations the processes share the blocks anew in proportion to their "
-                        "measured speed, where that shortens the slowest share by 5%% or more: the same bits, "
+                        "measured speed, where that shortens the slowest share by 10%% or more: the same bits, "
                         "less waiting where cores run at different speeds; 0: equal shares throughout "
                         "(default 50)")
     g.add_argument("--images", metavar="PATH",

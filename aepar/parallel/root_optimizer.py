@@ -16,8 +16,8 @@ only the root runs the optimiser (L-BFGS-B). Each evaluation of J(θ) is
 5. root: J and ∂J/∂θ from the summed buffer (``model.assemble``).
 
 Every ``balance_every`` evaluations the root broadcasts "balance" instead: the ranks share
-their seconds per block since the last time and, where that shortens the slowest rank's
-share by 5% or more, take new contiguous runs of blocks in proportion to their speeds
+their seconds per block since the run's start and, where that shortens the slowest rank's
+share by 10% or more, take new contiguous runs of blocks in proportion to their speeds
 (``reattach`` gives the model its new samples). The blocks and their tree stay the same,
 so the bits do too; only who computes which block moves, towards the ranks that compute
 faster (machines of mixed speeds, or virtual CPUs that run at different speeds).
@@ -43,7 +43,7 @@ __all__ = ["RootOptimizer", "RootResult", "RootFailure", "EVALUATE", "STOP", "PA
 
 EVALUATE, STOP, PAUSE, FAILED, BALANCE = 1.0, 0.0, 2.0, -1.0, 3.0
 # a new share of the blocks is taken only if it makes the slowest rank's share this much shorter
-BALANCE_GAIN = 0.95
+BALANCE_GAIN = 0.9
 
 
 class RootFailure(RuntimeError):
@@ -133,7 +133,8 @@ class RootOptimizer:
         self.collectives = 0
         self.compute_s = 0.0
         self.comm_s = 0.0
-        self.blocks_s = 0.0  # this rank's own blocks since the last balance
+        self.blocks_s = 0.0  # seconds on this rank's own blocks, and their count times the evaluations
+        self.block_evaluations = 0
         self.rebalances = 0
 
     # ---- one evaluation, every rank ----------------------------------------------------------
@@ -171,6 +172,7 @@ class RootOptimizer:
         self.comm_s += (t3 - t2) + (wtime() - t4)
         self.compute_s += (t2 - t1) + (t4 - t3)
         self.blocks_s += (t2 - t1) + (t4 - t3)
+        self.block_evaluations += self.leaves.shape[0]
         self.collectives += 4  # the broadcast of θ, the first sum (a reduction and a broadcast), the second
         if failure is not None:
             raise failure
@@ -259,12 +261,14 @@ class RootOptimizer:
 
     def _balance(self):
         """Every rank: the blocks shared anew in proportion to the ranks' speeds since the
-        last balance, where that shortens the slowest share by 1 - BALANCE_GAIN or more
-        (every rank decides the same from the same gathered times)."""
+        run's start, where that shortens the slowest share by 1 - BALANCE_GAIN or more
+        (every rank decides the same from the same gathered times). Over the whole run, not
+        the last stretch: ranks that the system moves between cores, or that share one
+        with another process in turns, are slow one stretch and fast the next, and shares
+        made from single stretches only chase that (measured: slower than equal shares)."""
         t0 = self.comm.wtime()
         blocks = self.model.blocks
-        per_block = self.comm.allgather(self.blocks_s / (blocks.stop - blocks.first))
-        self.blocks_s = 0.0
+        per_block = self.comm.allgather(self.blocks_s / max(self.block_evaluations, 1))
         if min(per_block) > 0:
             now = self.tree.ranges
             new = weighted_ranges(blocks.count, [1.0 / t for t in per_block])
