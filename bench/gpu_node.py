@@ -16,8 +16,9 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   on the one GPU; every run's weights against the one-rank run's, bit for bit
   (OUT/shared_gpu.csv; a difference fails the step).
 - ``sixteen``: on the CPU, one thread per rank: the sparse autoencoder at 10k and 160k
-  patches on 1 and ``--sixteen`` ranks, and the pre-training schemes (autoencoder layers
-  784-500-250-100-30, 3 epochs of the 60k training images): greedy on 1, 4 and
+  patches on 1 and ``--sixteen`` ranks (there also with equal shares throughout,
+  ``--balance-every 0``), and the pre-training schemes (autoencoder layers
+  784-500-250-100-30, 2 epochs of the 60k training images): greedy on 1, 4 and
   ``--sixteen`` ranks, data on 4 and ``--sixteen``, model and sync on 4 (a rank per
   layer), hybrid on ``--sixteen``, greedy as a quarter of the ranks with 4 threads each
   (OUT/sixteen.csv: the runs' seconds, compute and communication, and sync's planned
@@ -55,8 +56,9 @@ from bench.common import PY, _commit, machine_columns, mpi_env, python_command, 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("tests", "epochs", "shared", "sixteen")
 # seconds, as the steps took on the H200 machine (bench/results/gpu, 2026-11-30; tests with
-# CuPy's kernel cache cold), rounded up
-ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 270}
+# CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
+# added since (equal shares at 16 ranks, the schemes on 3x the rows) priced from its log
+ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 300}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -67,7 +69,7 @@ SHARED_RUNS = (
 )
 SPARSE_PATCHES = (10_000, 160_000)
 # the schemes' job: every Fashion-MNIST training image, long enough for 16 ranks to have work
-PRETRAIN_ROWS, PRETRAIN_EPOCHS = 60_000, 3
+PRETRAIN_ROWS, PRETRAIN_EPOCHS = 60_000, 2
 
 
 class Log:
@@ -184,17 +186,20 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
     def record(what, ranks, threads, out, rc, seconds):
         s = summary_of(out)
         rows.append({"what": what, "ranks": ranks, "threads": threads, "exit": rc, "wall_s": round(seconds, 2),
-                     **{k: s.get(k) for k in ("total_s", "compute_s", "comm_s", "pretrain_time_s",
+                     **{k: s.get(k) for k in ("total_s", "compute_s", "comm_s", "rebalances", "pretrain_time_s",
                                               "planned_vs_greedy", "replay_one_core_per_stage_s")},
                      "machine": machine(), "commit": opts.commit})
 
+    # at many ranks also with equal shares throughout: what balancing by speed gains there
     for patches in SPARSE_PATCHES:
-        for ranks in (1, big):
-            out = scratch / f"sparse-{patches}-np{ranks}"
-            rc, _, seconds = log.run(python_command("aepar.sparse", ["--limit", patches, "--quiet", "--out", out],
-                                                    ranks), env=env, timeout=300)
+        for ranks, every in ((1, None), (big, None), (big, 0)):
+            out = scratch / (f"sparse-{patches}-np{ranks}" + ("" if every is None else f"-every{every}"))
+            extra = [] if every is None else ["--balance-every", every]
+            rc, _, seconds = log.run(python_command("aepar.sparse", ["--limit", patches, *extra, "--quiet",
+                                                                     "--out", out], ranks), env=env, timeout=300)
             ok &= rc == 0
-            record(f"sparse {patches} patches", ranks, 1, out, rc, seconds)
+            record(f"sparse {patches} patches" + ("" if every is None else ", equal shares"), ranks, 1, out, rc,
+                   seconds)
     data = ["--data-dir", opts.data_dir, "--limit", PRETRAIN_ROWS] if opts.data_dir else ["--dataset", "mnist5k"]
     net = ["--layers", "784-500-250-100-30", "--pretrainer", "ae", "--epochs", PRETRAIN_EPOCHS,
            "--finetune-epochs", 0, "--reduce-blocks", max(8, big), "--no-plot", "--quiet", *data]
