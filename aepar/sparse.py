@@ -156,7 +156,10 @@ def _spread(summary) -> str:
     if len(per_rank) < 2:
         return ""
     slowest = max(range(len(per_rank)), key=per_rank.__getitem__)
-    return f"; each rank's compute {min(per_rank):.2f}-{max(per_rank):.2f} s, slowest rank {slowest}"
+    moved = summary.get("rebalances") or 0
+    return (f"; each rank's compute {min(per_rank):.2f}-{max(per_rank):.2f} s, slowest rank {slowest}"
+            + (f"; blocks shared by speed {moved} time{'s' if moved > 1 else ''}, now "
+               f"{'/'.join(map(str, summary['blocks_per_rank']))}" if moved else ""))
 
 
 def _results(args, model, theta, summary) -> dict:

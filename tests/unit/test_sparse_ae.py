@@ -653,3 +653,13 @@ def test_the_kernels_refuse_shapes_that_do_not_match_W1(name, wrong):
     if wrong in ("x", "b1"):
         with pytest.raises(ValueError, match=f"sparse_ae_activations: {wrong} has shape"):
             K.sparse_ae_activations(args["x"], args["W1"], args["b1"], xp.zeros(H))
+
+
+def test_the_last_line_names_the_spread_and_where_the_blocks_went():
+    from aepar.sparse import _spread
+
+    assert _spread({"compute_per_rank_s": [1.0]}) == ""
+    two = {"compute_per_rank_s": [1.0, 1.5], "rebalances": 0, "blocks_per_rank": [4, 4]}
+    assert _spread(two) == "; each rank's compute 1.00-1.50 s, slowest rank 1"
+    moved = dict(two, rebalances=2, blocks_per_rank=[5, 3])
+    assert _spread(moved).endswith("; blocks shared by speed 2 times, now 5/3")
