@@ -146,8 +146,9 @@ def _setup(args, rank: int, size: int, images=None) -> Setup:
     except UserError as e:  # the sampler cannot know which file the images came from
         raise UserError(f"{args.data or args.images or source}: {e}") from None
     digest = fingerprint(patches) if rank == 0 else None
-    keep = patches if size > 1 and args.balance_every else None  # else .copy() frees the rest
-    return Setup(be, patches[blocks.rows].copy(), blocks, source, digest, keep)
+    if size > 1 and args.balance_every:  # shares may move: every block's patches stay
+        return Setup(be, patches[blocks.rows], blocks, source, digest, patches)
+    return Setup(be, patches[blocks.rows].copy(), blocks, source, digest)  # .copy() frees the rest
 
 
 def _spread(summary) -> str:

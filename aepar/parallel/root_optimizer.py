@@ -169,9 +169,10 @@ class RootOptimizer:
         # the same messages either way; after a failure, whatever the rows hold
         total = (self.tree.reduce(self.leaves) if failure is not None
                  else self.tree.reduce_nodes(self.tree.node_values_from(known)))
+        own = (t2 - t1) + (t4 - t3)
         self.comm_s += (t3 - t2) + (wtime() - t4)
-        self.compute_s += (t2 - t1) + (t4 - t3)
-        self.blocks_s += (t2 - t1) + (t4 - t3)
+        self.compute_s += own
+        self.blocks_s += own
         self.block_evaluations += self.leaves.shape[0]
         self.collectives += 4  # the broadcast of θ, the first sum (a reduction and a broadcast), the second
         if failure is not None:
