@@ -319,28 +319,30 @@ def threads() -> int:
 
 def stacked_rows(xp, parts, width: int, dtype):
     """The rows of ``parts`` (2-D arrays of ``width`` columns; None or empty: no rows) one
-    after another. Where they already lie so in one array (consecutive blocks' factors
-    sliced from the array a kernel stacked them in) that array's rows are returned as they
-    are, a view; otherwise one copy. On a GPU a copy is a launch per part."""
+    after another. Where they already lie so in one allocation (consecutive blocks' factors
+    sliced from the array a kernel stacked them in) those rows are returned as they are, a
+    view; otherwise one copy. On a GPU a copy is a launch per part."""
     live = [p for p in parts if p is not None and p.shape[0]]
     if not live:
         return xp.empty((0, width), dtype)
-    first, base = live[0], live[0].base
+    first = live[0]
     if len(live) == 1:
         return first
-    if not _one_after_another(live, base):
+    if any(p.shape[1] != width for p in live) or not _one_after_another(live, first.base):
         return xp.concatenate(live)
-    start = (_address(first) - _address(base)) // first.itemsize
-    rows = sum(p.shape[0] for p in live)
-    return base.reshape(-1)[start:start + rows * width].reshape(rows, width)
+    # the owner may hold another dtype (kernels.memory's aligned arrays are views of bytes):
+    # the rows are found by their byte offset in it
+    start = _address(first) - _address(first.base)
+    nbytes = sum(p.shape[0] for p in live) * width * first.itemsize
+    return first.base.reshape(-1).view(xp.uint8)[start:start + nbytes].view(first.dtype).reshape(-1, width)
 
 
 def _one_after_another(parts, base) -> bool:
-    """Whether ``parts`` are C-ordered views of the array ``base`` (C-ordered too), each
-    starting where the one before it ends."""
-    if not isinstance(base, type(parts[0])) or base.dtype != parts[0].dtype or not base.flags.c_contiguous:
+    """Whether ``parts`` are C-ordered views of one C-ordered array ``base`` (of any dtype),
+    each starting where the one before it ends."""
+    if not isinstance(base, type(parts[0])) or not base.flags.c_contiguous:
         return False
-    if any(p.base is not base or not p.flags.c_contiguous for p in parts):
+    if any(p.base is not base or not p.flags.c_contiguous or p.dtype != parts[0].dtype for p in parts):
         return False
     at = [_address(p) for p in parts]
     return all(at[i + 1] == at[i] + p.nbytes for i, p in enumerate(parts[:-1]))
@@ -348,7 +350,7 @@ def _one_after_another(parts, base) -> bool:
 
 def _address(a) -> int:
     """Where an array's first element lies (a NumPy or a CuPy array)."""
-    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
+    return a.data.ptr if hasattr(a.data, "ptr") else a.__array_interface__["data"][0]
 
 
 def parallel_map(fn, items) -> list:

@@ -7,6 +7,7 @@ from hypothesis import given, settings, strategies as st
 import aepar  # noqa: F401  (threads before numpy work)
 from aepar import backend
 from aepar.comm import Comm
+from aepar.kernels import memory
 from aepar.models.ae_layer import AELayer
 from aepar.models.classifier import Classifier
 from aepar.models.rbm import RBM
@@ -464,6 +465,13 @@ def test_stacked_rows_take_consecutive_blocks_as_they_lie_and_copy_the_rest():
         copied = stacked_rows(np, parts, parts[0].shape[1], np.float32)
         assert not np.shares_memory(copied, buffer) and np.array_equal(copied, np.concatenate(parts))
     assert stacked_rows(np, [None, a[0:0]], 5, np.float32).shape == (0, 5)
+    # the CPU kernels' arrays: aligned views of a byte buffer (kernels.memory), as the
+    # factors of rbm_cd_factors_blocks come
+    aligned = memory.empty((12, 5), np.float32)
+    aligned[:] = a
+    together = stacked_rows(np, [aligned[0:3], aligned[3:7], aligned[7:12]], 5, np.float32)
+    assert np.shares_memory(together, aligned) and np.array_equal(together, a)
+    assert together.__array_interface__["data"][0] == aligned.__array_interface__["data"][0]
 
 
 @settings(max_examples=60, deadline=None)
