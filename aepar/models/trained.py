@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aepar.rows import block_bounds, each, threads
+from aepar.rows import block_bounds, each, stacked_rows, threads
 
 __all__ = ["TrainedState", "DenseBackprop", "BlockActivations"]
 
@@ -44,7 +44,11 @@ class BlockActivations:
         self.groups = list(zip(bounds[:-1], bounds[1:]))
         self.starts = [np.cumsum([0] + [x.shape[0] for x in xs[lo:hi]]) for lo, hi in self.groups]
         self.xp = xp
-        self.layers = [self.stack(xs)]
+        # the rows as they lie where a group's blocks come one after another in one array
+        # (the trainer gathers a step's rows in one call), else stacked
+        self.layers = [[xp.ascontiguousarray(stacked_rows(xp, xs[lo:hi], xs[lo].shape[1], xs[lo].dtype))
+                        for lo, hi in self.groups]
+                       if xs and all(x.ndim == 2 for x in xs) else self.stack(xs)]
 
     def stack(self, items) -> list:
         """Per-block arrays (block order) stacked per group, C-contiguous also where a group

@@ -379,8 +379,13 @@ class _Epoch:
         self.fused = getattr(model, "fused_step", None) \
             if shard.blocks.count == 1 and (comm is None or comm.size == 1) and plain else None
         # the epoch's row order goes to the device once: a copy of a step's indices costs a GPU
-        # tens of microseconds of host time; each batch's rows are gathered from it
-        self.orders = {b: be.xp.asarray(mb.rows(b)) for b in self.mine}
+        # tens of microseconds of host time; each batch's rows are gathered from it, per block
+        # or (all blocks at once) batch k's rows of every own block, block after block
+        self.orders = {} if buf.batched else {b: be.xp.asarray(mb.rows(b)) for b in self.mine}
+        if buf.batched:
+            parts = [mb.rows(b, k) for k in range(mb.n_batches) for b in self.mine]
+            self.batch_order = be.xp.asarray(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+            self.batch_starts = np.cumsum([0] + [len(p) for p in parts])[::max(len(self.mine), 1)]
         self.seconds = dict.fromkeys(("fused step",) if self.fused is not None else
                                      ("gradient", "block sums", "reduction", "update"), 0.0)
 
@@ -454,7 +459,13 @@ class _Epoch:
         if buf.batched:  # all of this rank's blocks at once
             for i in range(len(mine)):
                 clear(i)
-            extras, found = model.block_factors([self.rows(mine[i], k) for i in live],
+            xs = []
+            if live:  # the step's rows of all own blocks in one gather, each block's a view
+                x = self.be.xp.take(self.shard.x, self.batch_order[self.batch_starts[k]:self.batch_starts[k + 1]],
+                                    axis=0)
+                ends = np.cumsum([0] + [mb.cuts(b)[k + 1] - mb.cuts(b)[k] for b in mine])
+                xs = [x[ends[i]:ends[i + 1]] for i in live]
+            extras, found = model.block_factors(xs,
                                                 [mb.rngs[mine[i]] for i in live],
                                                 scale, [buf.views(leaves[i]) for i in live])
             for i, f in zip(live, found):
