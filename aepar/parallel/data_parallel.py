@@ -379,13 +379,16 @@ class _Epoch:
         self.fused = getattr(model, "fused_step", None) \
             if shard.blocks.count == 1 and (comm is None or comm.size == 1) and plain else None
         # the epoch's row order goes to the device once: a copy of a step's indices costs a GPU
-        # tens of microseconds of host time; each batch's rows are gathered from it, per block
-        # or (all blocks at once) batch k's rows of every own block, block after block
-        self.orders = {} if buf.batched else {b: be.xp.asarray(mb.rows(b)) for b in self.mine}
-        if buf.batched:
-            parts = [mb.rows(b, k) for k in range(mb.n_batches) for b in self.mine]
-            self.batch_order = be.xp.asarray(np.concatenate(parts) if parts else np.zeros(0, np.int64))
-            self.batch_starts = np.cumsum([0] + [len(p) for p in parts])[::max(len(self.mine), 1)]
+        # tens of microseconds of host time; each batch's rows are gathered from it
+        if buf.batched and self.mine:  # all own blocks at once: batch k's rows block after block
+            sizes = np.stack([np.diff(mb.cuts(b)) for b in self.mine], axis=1)  # batch x block
+            self.batch_order = be.xp.asarray(np.concatenate([mb.rows(b, k) for k in range(mb.n_batches)
+                                                             for b in self.mine]))
+            self.batch_starts = np.concatenate([[0], np.cumsum(sizes.sum(axis=1))])
+            self.block_ends = np.hstack([np.zeros((mb.n_batches, 1), np.int64), np.cumsum(sizes, axis=1)])
+            self.orders = {}
+        else:
+            self.orders = {b: be.xp.asarray(mb.rows(b)) for b in self.mine}
         self.seconds = dict.fromkeys(("fused step",) if self.fused is not None else
                                      ("gradient", "block sums", "reduction", "update"), 0.0)
 
@@ -463,7 +466,7 @@ class _Epoch:
             if live:  # the step's rows of all own blocks in one gather, each block's a view
                 x = self.be.xp.take(self.shard.x, self.batch_order[self.batch_starts[k]:self.batch_starts[k + 1]],
                                     axis=0)
-                ends = np.cumsum([0] + [mb.cuts(b)[k + 1] - mb.cuts(b)[k] for b in mine])
+                ends = self.block_ends[k]
                 xs = [x[ends[i]:ends[i + 1]] for i in live]
             extras, found = model.block_factors(xs,
                                                 [mb.rngs[mine[i]] for i in live],
