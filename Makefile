@@ -96,7 +96,7 @@ bench-gpu-epoch: venv bench-peers  ## epochs on the GPU, aepar's CuPy kernels vs
 	$(BIN)/python -m bench.gpu_epoch --layers finetune,cae --batches 100 --out bench/results/gpu
 
 .PHONY: bench-gpu-node
-bench-gpu-node: venv bench-peers  ## every check that needs a GPU node (a GPU, 16 cores) in one pass of about 560 s: GPU tests, GPU epochs vs PyTorch CUDA, 1/2/4 ranks sharing the GPU bit for bit, the CPU at 16 ranks -> runs/gpu-node/<date-time>/ (logs name the command, commit and machine)
+bench-gpu-node: venv bench-peers  ## every check that needs a GPU node (a GPU, 16 cores) in one pass of about 560 s: GPU tests, GPU epochs vs PyTorch CUDA, 1/2/4 ranks sharing the GPU bit for bit, the CPU at 16 ranks, the block tax on its CPU -> runs/gpu-node/<date-time>/ (logs name the command, commit and machine)
 	$(BIN)/python -m bench.gpu_node --out runs/gpu-node/$$(date +%Y%m%d-%H%M%S)
 
 .PHONY: bench-layouts

