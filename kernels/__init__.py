@@ -73,7 +73,11 @@ Families (module: functions):
 - blocksum: ``block_outer_sum(A, D, starts, merges, alphas, out)``: out = Σ alphas[b]
   A_b.T @ D_b over the blocks of rows ``starts[b]:starts[b+1]``, added in the postfix tree
   ``merges`` (aepar.rows.tree_merges): a batch's weight gradient from its blocks, the same
-  bits as each block's product added in that tree. ``rbm_cd_factors(v0, W, bv, bh, noise,
+  bits as each block's product added in that tree.
+  ``block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0)``
+  is ``sgd_momentum_update(p, g, v, lr, momentum, weight_decay)`` with that sum as g, the
+  same bits (the numba set steps p and v where each tile of g ends, g never written out).
+  ``rbm_cd_factors(v0, W, bv, bh, noise,
   hidden, dbv, dbh, scale) -> (A, D, alpha, sq_err)`` is rbm_cd_backward with its W
   gradient left as alpha * A.T @ D for it; ``rbm_cd_factors_blocks(v0, W, bv, bh, noise,
   hidden, dbvs, dbhs, starts, scale) -> (A, D, alpha, sq_errs)`` does so for each block of
@@ -83,7 +87,8 @@ Families (module: functions):
   matrix ``out`` get ``rngs[i].random(dtype=np.float32)`` (NumPy Generators on PCG64), each
   generator left where that call leaves it; the numpy and numba sets draw on the host, the
   cupy set jumps each PCG64 stream ahead on the GPU (no host draws, no copy).
-- update: ``sgd_momentum_update(p, g, v, lr, momentum)`` (v = momentum*v - lr*g; p += v);
+- update: ``sgd_momentum_update(p, g, v, lr, momentum, weight_decay=0.0)``
+  (v = momentum*v - lr*(g + weight_decay*p); p += v);
   ``adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8)``: in place;
   ``adam_update_many(ps, gs, ms, vs, t, lr, ...)``: adam_update on each parameter of the
   four lists, the same bits (the cupy set in one launch).

@@ -1,8 +1,11 @@
 """The blocks' tree-summed outer products on the GPU: the reference's loop over cuBLAS products."""
+import cupy as cp
+
 from ..ref.blocksum import block_outer_sum as _by_tree, check_block_outer_sum
 from .gemm import matmul
+from .update import sgd_momentum_update
 
-__all__ = ["block_outer_sum"]
+__all__ = ["block_outer_sum", "block_outer_sum_sgd"]
 
 
 def block_outer_sum(A, D, starts, merges, alphas, out):
@@ -13,3 +16,10 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
         check_block_outer_sum(A, D, starts, merges, alphas, out)
         return matmul(A.T, D, out=out)
     return _by_tree(A, D, starts, merges, alphas, out)
+
+
+def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0):
+    """See :func:`kernels.ref.blocksum.block_outer_sum_sgd`: the sum into a buffer from the
+    memory pool, then the step."""
+    g = block_outer_sum(A, D, starts, merges, alphas, cp.empty_like(p))
+    sgd_momentum_update(p, g, v, lr, momentum, weight_decay)

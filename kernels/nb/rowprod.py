@@ -40,6 +40,12 @@ small buffers that stay in cache (instead of whole copies of A.T and of D padded
 run of tiles of one row count is one call. Each of these made long blocks faster, the
 copies included (whole blocks ran far slower); OpenBLAS's one product, with other bits,
 is somewhat faster still.
+
+:func:`block_outer_sum_sgd` is that sum with the SGD step of :mod:`.update` in each tile's
+epilogue: where a tile's sums reach the tree's root they step its elements of the
+weights and velocity in registers, so the gradient is never written out and the step is
+not a second pass over memory the size of the weights. The same bits as the sum, then
+the step.
 """
 from __future__ import annotations
 
@@ -51,10 +57,11 @@ from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
 from ..ref.blocksum import check_block_outer_sum, most_rows, stack_depth
 from .codegen import define
 from .simd import JIT, prefetch, target_isa
+from .update import sgd_momentum_update
 from .simd32 import (LANES32, vbcast32, vfma32, vhsum32, vhsum32h, vhsum32x16, vload32, vload32h, vload32hm, vload32m,
                      vstore32, vstore32m, vupper32, vzero32, vzero32h)
 
-__all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum"]
+__all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum", "block_outer_sum_sgd"]
 
 # OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1: the fastest of the 4-8 shapes timed
 # for each ISA, on 1-block and 8-block sums of the stack's eight weight shapes). HALVES: the
@@ -243,9 +250,41 @@ def _outer_source(rows, vecs):
     src += ["        if b + 1 < merges.size:  # the root's sum stays in registers for the store below"]
     src += _stack_lines(rows, vecs, " " * 12, "vstore32")
     src += [f"            top += {size}"]
-    src += _store_lines(rows, vecs)
-    return name, _over_tiles(name, "v, ldv, w, ldw, wo, starts, merges, alphas, stack, o, ldo, nlast",
+    src += ["    if sgd:"]
+    src += _sgd_lines(rows, vecs, " " * 8)
+    src += ["    else:"]
+    src += _store_lines(rows, vecs, " " * 8)
+    return name, _over_tiles(name, "v, ldv, w, ldw, wo, starts, merges, alphas, stack, o, vel, ldo, nlast, sgd",
                              ["vo = r0", "oo = r0 * ldo + wo"], src)
+
+
+def _sgd_lines(rows, vecs, pad):
+    """The tile's finished sums g as the step :func:`kernels.nb.update.sgd_momentum_update`
+    takes with them, instead of stored: at every element of p (``o``) and v (``vel``),
+    v = momentum v - lr (g + decay p), p += v, each product and sum rounded once as there
+    (FMAs with 1, -1 and -0), the decay left out where it is 0 (as that kernel does). The
+    scalars: ``alphas``' last six, [decay, momentum, lr, -1, 1, -0]."""
+    src = [f"{pad}dec = vbcast32(alphas, alphas.size - 6)",
+           f"{pad}mom = vbcast32(alphas, alphas.size - 5)",
+           f"{pad}rate = vbcast32(alphas, alphas.size - 4)",
+           f"{pad}minus1 = vbcast32(alphas, alphas.size - 3)",
+           f"{pad}decays = alphas[alphas.size - 6] != 0"]
+    last = vecs - 1
+    for r in range(rows):
+        for c in range(vecs):
+            at = f"oo + {r} * ldo + {LANES32 * c}"
+            for whole, inner in ((True, pad + "    "), (False, pad + "    ")) if c == last else ((True, pad),):
+                if c == last:
+                    src += [f"{pad}if nlast == {LANES32}:" if whole else f"{pad}else:"]
+                load = (lambda a: f"vload32({a}, {at})") if whole else (lambda a: f"vload32m({a}, {at}, nlast)")
+                store = (lambda a, x: f"vstore32({a}, {at}, {x})") if whole else \
+                    (lambda a, x: f"vstore32m({a}, {at}, {x}, nlast)")
+                src += [f"{inner}p = {load('o')}",
+                        f"{inner}g = vfma32(a{r}_{c}, one, vfma32(dec, p, minus0)) if decays else a{r}_{c}",
+                        f"{inner}s = vfma32(vfma32(rate, g, minus0), minus1, vfma32(mom, {load('vel')}, minus0))",
+                        f"{inner}{store('vel', 's')}",
+                        f"{inner}{store('o', 'vfma32(p, one, s)')}"]
+    return src
 
 
 def _scale_merge_lines(rows, vecs, pad, b, merges, size):
@@ -330,7 +369,7 @@ _SEGMENTS = {(r, c): _define(*_segment_source(r, c)) for r in _OUTER_ROWS for c 
 _tile = _define(*_dispatch_source("_tile", "_tile_", _TILES, "v, ldv, w, wo, ldw, o, ldo, K, nlast, tiles, t0, t1"))
 _dot = _define(*_dispatch_source("_dot", "_dot_", _DOTS, "h, ldh, w, wo, ldw, o, oi, ldo, N, tiles, t0, t1"))
 _outer = _define(*_dispatch_source("_outer", "_outer_", _OUTERS, "v, ldv, w, ldw, wo, starts, merges, alphas, "
-                                   "stack, o, ldo, nlast, tiles, t0, t1"))
+                                   "stack, o, vel, ldo, nlast, sgd, tiles, t0, t1"))
 _segment = _define(*_dispatch_source("_segment", "_segment_", _SEGMENTS, "v, ldv, w, ldw, wo, k0, k1, fresh, block, "
                                      "merges, root, alphas, stack, top0, region, lo, o, ldo, nlast, tiles, t0, t1"))
 
@@ -420,17 +459,18 @@ def _rows_times_t(h, W, out):
 
 
 @njit(**JIT)
-def _block_outer_sum(A, D, starts, merges, alphas, out, stack, panel):
+def _block_outer_sum(A, D, starts, merges, alphas, out, stack, panel, vel, sgd):
     """The tiles of :func:`block_outer_sum`, with A (rows x m) packed by row tiles first
     (see :func:`_outer_source`). Each column panel of D is copied into ``panel`` (rows x
     OC vectors, the last one padded with zeros where D's rows end) first, where the row
-    tiles then read it: they load whole vectors."""
+    tiles then read it: they load whole vectors. With ``sgd`` the sums are not stored
+    but step ``out`` (the parameter) and ``vel`` (its velocity; see :func:`_sgd_lines`)."""
     M, N = out.shape
     rows = D.shape[0]
     tiles = _outer_row_tiles(M)
     runs = _tile_runs(tiles)
     af = _pack_row_tiles(A, tiles)
-    df, of = D.reshape(-1), out.reshape(-1)
+    df, of, vf = D.reshape(-1), out.reshape(-1), vel.reshape(-1)
     ldd, ldp = D.shape[1], OC * LANES32
     j = 0
     while j < N:  # a column panel of D stays in cache while the row tiles pass over it
@@ -446,7 +486,7 @@ def _block_outer_sum(A, D, starts, merges, alphas, out, stack, panel):
             t = runs[q]
             # the tiles take one column offset for D and out: out from column j on
             _outer(tiles[t + 1] - tiles[t], vecs, af, rows, panel, ldp, 0, starts, merges, alphas,
-                   stack, of[j:], N, nlast, tiles, t, runs[q + 1])
+                   stack, of[j:], vf[j:] if sgd else vf, N, nlast, sgd, tiles, t, runs[q + 1])
         j += vecs * LANES32
 
 
@@ -554,7 +594,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     if not (A.dtype == D.dtype == out.dtype == np.float32 and D.flags.c_contiguous and out.flags.c_contiguous):
         return _ref_block_outer_sum(A, D, starts, merges, alphas, out)
     if out.size:
-        scales = np.append(np.asarray(alphas, np.float32), np.float32([1, -0.0]))  # see _outer_source
+        scales = np.append(np.asarray(alphas, np.float32), np.float32([0, 0, 0, -1, 1, -0.0]))  # see _outer_source
         if most_rows(starts) > SEGMENT_ROWS:
             tiles = (len(_outer_row_tiles(out.shape[0])) - 1) * -(-out.shape[1] // (OC * LANES32))
             stack = empty(tiles * stack_depth(merges) * SLOT, np.float32)
@@ -565,8 +605,30 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
             stack = empty(stack_depth(merges) * SLOT, np.float32)
             # A as it comes (a thread's band of columns is a view): the packing is its one copy
             _block_outer_sum(A, D, starts, merges, scales, out, stack,
-                             empty(D.shape[0] * OC * LANES32, np.float32))
+                             empty(D.shape[0] * OC * LANES32, np.float32), _NO_PANEL, False)
     return out
+
+
+def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0):
+    """The SGD step of :func:`kernels.nb.update.sgd_momentum_update` on ``p`` and ``v`` with
+    the gradient g = :func:`block_outer_sum` (A, D, ...), the same bits, g not written out:
+    each tile of g steps its elements of p and v where it ends, in registers (written out,
+    g is a pass over memory the size of W and the step another over W, v and g). Returns
+    None."""
+    starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, p)
+    if v.shape != p.shape:
+        raise ValueError(f"block_outer_sum_sgd: v {v.shape} does not match p {p.shape}")
+    fits = (A.dtype == D.dtype == p.dtype == v.dtype == np.float32 and D.flags.c_contiguous
+            and p.flags.c_contiguous and v.flags.c_contiguous and p.flags.writeable and v.flags.writeable)
+    if not fits or most_rows(starts) > SEGMENT_ROWS:  # the sum, then the step
+        g = empty(p.shape, p.dtype)
+        block_outer_sum(A, D, starts, merges, alphas, g)
+        return sgd_momentum_update(p, g, v, lr, momentum, weight_decay)
+    if p.size:
+        scales = np.append(np.asarray(alphas, np.float32),
+                           np.float32([weight_decay, momentum, lr, -1, 1, -0.0]))  # see _sgd_lines
+        _block_outer_sum(A, D, starts, merges, scales, p, empty(stack_depth(merges) * SLOT, np.float32),
+                         empty(D.shape[0] * OC * LANES32, np.float32), v, True)
 
 
 def _padded_width(n: int) -> int:

@@ -10,7 +10,7 @@ and adding them in that tree with NumPy gives the same bits as one call over all
 """
 import numpy as np
 
-__all__ = ["block_outer_sum"]
+__all__ = ["block_outer_sum", "block_outer_sum_sgd"]
 
 
 def check_starts(what, rows, starts):
@@ -91,3 +91,14 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
         stack.append(value)
     out[...] = stack[0]
     return out
+
+
+def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0):
+    """SGD with momentum on ``p`` and its velocity ``v`` (:func:`kernels.ref.update.sgd_momentum_update`,
+    in place) with the gradient g = :func:`block_outer_sum` (A, D, starts, merges, alphas):
+    here the two calls. The numba set steps each tile of g where it ends instead of writing
+    g out, with these bits. Returns None."""
+    from .update import sgd_momentum_update
+
+    g = block_outer_sum(A, D, starts, merges, alphas, np.empty(p.shape, p.dtype))
+    sgd_momentum_update(p, g, v, lr, momentum, weight_decay)

@@ -161,11 +161,49 @@ def test_long_blocks_in_stretches_are_the_whole_blocks_bits(count, m, n, seed, f
     buf = np.full((m + 1, n), 7.0, np.float32)  # a row past out: must stay
     NB.block_outer_sum(A, D, starts, merges, alphas, buf[:m])
     whole = np.empty((m, n), np.float32)
-    scales = np.append(np.float32(alphas), np.float32([1, -0.0]))
+    scales = np.append(np.float32(alphas), np.float32([0, 0, 0, -1, 1, -0.0]))
     rowprod._block_outer_sum(np.ascontiguousarray(A), D, starts, merges, scales, whole,
                              empty(stack_depth(merges) * rowprod.SLOT, np.float32),
-                             empty(D.shape[0] * rowprod.OC * rowprod.LANES32, np.float32))
+                             empty(D.shape[0] * rowprod.OC * rowprod.LANES32, np.float32), rowprod._NO_PANEL, False)
     assert np.array_equal(buf[:m].view(np.int32), whole.view(np.int32))
     assert np.all(buf[m] == 7.0)
     assert_sums_close(buf[:m], REF.block_outer_sum(A, D, starts, merges, alphas, np.empty((m, n), np.float32)),
                       A, D, starts, alphas, "block_outer_sum in stretches")
+
+
+@pytest.mark.parametrize("name", ["numpy", "numba"])
+@settings(max_examples=30, deadline=None)
+@given(count=st.integers(1, 8), m=st.integers(1, 40), n=st.integers(1, 90), seed=st.integers(0, 2 ** 16),
+       decay=st.sampled_from([0.0, 2e-4, 0.3]), momentum=st.sampled_from([0.0, 0.5, 0.9]), long=st.booleans())
+def test_the_step_with_the_sum_is_the_sum_then_the_step(name, count, m, n, seed, decay, momentum, long):
+    """block_outer_sum_sgd: the bits of block_outer_sum and then sgd_momentum_update of the
+    same set (the numba set steps p and v where each tile's sums end, the sum never written
+    out), signed zeros included, and nothing written past p or v."""
+    from aepar.kernels.nb import rowprod
+
+    K = kernels.load(name)
+    rng = np.random.default_rng(seed)
+    sizes = list(rng.integers(0, 30, count))
+    if long:  # a block the numba set takes in stretches: there the sum, then the step
+        sizes[int(rng.integers(count))] = rowprod.SEGMENT_ROWS + 1 + int(rng.integers(60))
+    A, D, starts, alphas = problem(rng, sizes, m, n)
+    A[: max(1, A.shape[0] // 3)] = 0  # some sums -0 or 0
+    merges = tree_merges(tree_top(count), 0, count)
+    p0 = rng.standard_normal((m + 1, n)).astype(np.float32)
+    v0 = rng.standard_normal((m + 1, n)).astype(np.float32)
+    p0[:m][rng.random((m, n)) < 0.2], v0[:m][rng.random((m, n)) < 0.2] = -0.0, 0.0
+    p, v = p0.copy(), v0.copy()
+    assert K.block_outer_sum_sgd(A, D, starts, merges, alphas, p[:m], v[:m], 0.1, momentum, decay) is None
+    p2, v2 = p0[:m].copy(), v0[:m].copy()
+    g = K.block_outer_sum(A, D, starts, merges, alphas, np.empty((m, n), np.float32))
+    K.sgd_momentum_update(p2, g, v2, 0.1, momentum, decay)
+    assert p[:m].tobytes() == p2.tobytes() and v[:m].tobytes() == v2.tobytes()
+    assert p[m].tobytes() == p0[m].tobytes() and v[m].tobytes() == v0[m].tobytes()
+
+
+def test_the_step_with_the_sum_refuses_a_velocity_of_another_shape():
+    A, D, starts, alphas = problem(np.random.default_rng(0), [3, 4], 5, 6)
+    p = np.zeros((5, 6), np.float32)
+    for K in (REF, NB):
+        with pytest.raises(ValueError):
+            K.block_outer_sum_sgd(A, D, starts, [0, 1], alphas, p, np.zeros((5, 7), np.float32), 0.1, 0.9)
