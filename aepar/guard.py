@@ -309,6 +309,10 @@ class StepsOnly:
         self.guard = guard
         self.safe_point = safe_point  # what a stop signal waits for, said when one comes
 
+    @property
+    def faults(self) -> list:
+        return self.guard.faults
+
     def step(self, poison=None):
         self.guard.step(poison, self.safe_point)
 

@@ -13,23 +13,59 @@ import numpy as np
 from aepar.rows import block_bounds, parallel_map, threads
 
 
-def in_bands(update, *arrays_per_param, extras=None):
+def in_bands(update, *arrays_per_param, extras=None, more=()):
     """``update(*arrays, *extra)`` on every parameter's arrays, each cut into one band of
     rows per thread and the bands spread over this rank's threads in one hand-off (``extras``:
-    one tuple of arguments per parameter). The updates are element-wise, so a band gives the
-    bits the whole array would (on one thread Adam's update was a large share of a 2-thread
-    fine-tuning epoch)."""
+    one tuple of arguments per parameter; ``more``: calls of no arguments to run in the same
+    hand-off). The updates are element-wise, so a band gives the bits the whole array would
+    (on one thread Adam's update was a large share of a 2-thread fine-tuning epoch)."""
     extras = extras or [()] * len(arrays_per_param[0])
     if threads() == 1:  # one band per parameter: the whole of it (a GPU's run, or one core)
+        for call in more:
+            call()
         for arrays, extra in zip(zip(*arrays_per_param), extras):
             update(*arrays, *extra)
         return
-    bands = []
+    calls = list(more)
     for arrays, extra in zip(zip(*arrays_per_param), extras):
         rows = arrays[0].shape[0]
         bounds = block_bounds(rows, max(1, min(threads(), rows)))
-        bands += [tuple(a[lo:hi] for a in arrays) + tuple(extra) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    parallel_map(lambda band: update(*band), bands)
+        calls += [functools.partial(update, *(a[lo:hi] for a in arrays), *extra)
+                  for lo, hi in zip(bounds[:-1], bounds[1:])]
+    parallel_map(lambda call: call(), calls)
+
+
+class FactoredGradient:
+    """A weight's gradient left as its blocks' factors, Σ_b alphas[b] A_b.T @ D_b added in
+    the fixed tree ``merges`` (``block_outer_sum``), in bands of the weight's rows, one per
+    thread: (A's columns of the band, D, starts, alphas, first row, end row). The
+    data-parallel trainer hands it to the step where one process holds every block: SGD
+    takes it inside its step (``block_outer_sum_sgd``: written out, the gradient is a pass
+    over memory the size of the weight, and the step another over it), anything else
+    has it written into ``out`` first (:func:`written`)."""
+
+    def __init__(self, K, bands, merges, out):
+        self.K, self.bands, self.merges, self.out = K, bands, merges, out
+
+    def write_calls(self) -> list:
+        """Writing the gradient into ``out``, as calls of no arguments, one per band."""
+        return [functools.partial(self.K.block_outer_sum, A, D, starts, self.merges, alphas, self.out[lo:hi])
+                for A, D, starts, alphas, lo, hi in self.bands]
+
+    def step_calls(self, p, v, lr: float, momentum: float, weight_decay: float) -> list:
+        """SGD with momentum on ``p`` and its velocity ``v`` with this gradient, as calls
+        of no arguments, one per band (the same bits as ``sgd_momentum_update`` with the
+        gradient written out)."""
+        return [functools.partial(self.K.block_outer_sum_sgd, A, D, starts, self.merges, alphas, p[lo:hi], v[lo:hi],
+                                  lr, momentum, weight_decay) for A, D, starts, alphas, lo, hi in self.bands]
+
+
+def written(grads: dict) -> dict:
+    """``grads`` with every :class:`FactoredGradient` written out (all their bands in one
+    hand-off to the threads: thread k takes every k-th, its band of each weight)."""
+    parallel_map(lambda call: call(), [c for g in grads.values() if isinstance(g, FactoredGradient)
+                                       for c in g.write_calls()])
+    return {k: g.out if isinstance(g, FactoredGradient) else g for k, g in grads.items()}
 
 
 class SGD:
@@ -55,12 +91,17 @@ class SGD:
         lr = self.lr if lr is None else lr
         momentum = self.momentum if momentum is None else momentum
         weight_decay = self.weight_decay if weight_decay is None else weight_decay
-        names = list(self.params)
-        decay = [float((weight_decay or {}).get(k, 0.0)) for k in names]
-        rates = [self.rate(self.params[k], grads[k], lr, c) for k, c in zip(names, decay)]
+        if self.trust:  # LARS's rates need the gradients' norms
+            grads = written(grads)
+        decay = {k: float((weight_decay or {}).get(k, 0.0)) for k in self.params}
+        factored = [k for k in self.params if isinstance(grads[k], FactoredGradient)]
+        names = [k for k in self.params if k not in factored]
+        rates = [self.rate(self.params[k], grads[k], lr, decay[k]) for k in names]
+        more = [call for k in factored
+                for call in grads[k].step_calls(self.params[k], self.velocity[k], lr, momentum, decay[k])]
         in_bands(lambda p, g, v, rate, c: self.be.K.sgd_momentum_update(p, g, v, rate, momentum, c),
                  [self.params[k] for k in names], [grads[k] for k in names], [self.velocity[k] for k in names],
-                 extras=list(zip(rates, decay)))
+                 extras=[(rate, decay[k]) for rate, k in zip(rates, names)], more=more)
 
     def rate(self, p, g, lr: float, decay: float) -> float:
         """The step's rate for parameter ``p`` with gradient ``g``: ``lr``, or LARS's."""
@@ -99,6 +140,7 @@ class Adam:
     def step(self, grads: dict, lr: float | None = None):
         self.t += 1
         lr = self.lr if lr is None else lr
+        grads = written(grads)
         names = list(self.params)
         arrays = ([self.params[k] for k in names], [grads[k] for k in names], [self.m[k] for k in names],
                   [self.v[k] for k in names])

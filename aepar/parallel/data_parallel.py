@@ -59,6 +59,7 @@ from time import perf_counter
 
 import numpy as np
 
+from aepar.optim import FactoredGradient, written
 from aepar.parallel.blocks import TreeSum
 from aepar.rows import Blocks, Shard, block_bounds, parallel_map, stacked_rows, threads, tree_merges
 
@@ -308,11 +309,12 @@ def train_epoch(model, shard: Shard, epoch: int, comm=None, *, batch: int | None
     return result
 
 
-def _local_sum(be, buf, factors, first, merges, out):
+def _local_sum(be, buf, factors, first, merges, out, defer=False):
     """This rank's blocks ``first``.. added in the postfix tree ``merges`` into the row
     ``out``: the slice the blocks filled by NumPy in the leftmost block's row, the
     factored gradients by ``block_outer_sum`` from the blocks' factors (an empty block's
-    are none: a zero product)."""
+    are none: a zero product). Returns ``out``, and with ``defer`` the factored gradients
+    left unwritten, as {name: aepar.optim.FactoredGradient} for the step."""
     leaves, stack = buf.rows, []
     for i, m in zip(range(first, first + len(merges)), merges):
         right = leaves[i]
@@ -323,8 +325,7 @@ def _local_sum(be, buf, factors, first, merges, out):
         stack.append(right)
     if stack[0] is not out:
         out[buf.filled] = stack[0][buf.filled]
-    grads = buf.views(out)
-    bands = []  # (A, D, starts, alphas, rows of the gradient): every factored weight's bands at once
+    grads, factored = buf.views(out), {}
     for name in buf.factored:
         m, n = grads[name].shape
         parts = [f[name] if f is not None else None for f in factors[first:first + len(merges)]]
@@ -334,10 +335,12 @@ def _local_sum(be, buf, factors, first, merges, out):
         alphas = [p[2] if p else 1.0 for p in parts]
         # the threads take a band of rows each: an element's sums are the same in any band
         bounds = block_bounds(m, max(1, min(threads(), m)))
-        bands += [(a[:, lo:hi], d, starts, alphas, grads[name][lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    # one hand-off for all of them (thread k takes every k-th band: its band of each weight)
-    parallel_map(lambda band: be.K.block_outer_sum(band[0], band[1], band[2], merges, band[3], band[4]), bands)
-    return out
+        factored[name] = FactoredGradient(be.K, [(a[:, lo:hi], d, starts, alphas, lo, hi)
+                                                 for lo, hi in zip(bounds[:-1], bounds[1:])], merges, grads[name])
+    if defer:
+        return out, factored
+    written(factored)  # every weight's bands in one hand-off
+    return out, {}
 
 
 def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) -> EpochResult:
@@ -420,10 +423,16 @@ class _Epoch:
         factors = self.leaf_gradients(k, scale)
         t1 = perf_counter()
         # this rank's sums: its tree nodes, or (allreduce) its blocks in order; a rank
-        # without blocks still sends a row: zeros and its guard flag
-        values = {node: _local_sum(self.be, buf, factors, first, merges,
-                                   buf.total if node is None else buf.rows[first])
-                  for node, first, merges in buf.groups}
+        # without blocks still sends a row: zeros and its guard flag. One process holding
+        # the whole tree leaves the weights' sums to the step, which takes them as they
+        # come (not where faults are planted: they poison the gradient as written)
+        alone = buf.tree is not None and buf.tree.comm.size == 1 and len(buf.groups) == 1
+        defer = alone and (guard is None or not guard.faults)
+        values, deferred = {}, {}
+        for node, first, merges in buf.groups:
+            values[node], left = _local_sum(self.be, buf, factors, first, merges,
+                                            buf.total if node is None else buf.rows[first], defer)
+            deferred.update(left)
         t2 = perf_counter()
         if guard is not None:
             head = next(iter(values.values()))
@@ -438,7 +447,7 @@ class _Epoch:
             if comm is not None:
                 comm.Allreduce(total)
         t3 = perf_counter()
-        self.model.apply(buf.views(total), self.epoch)
+        self.model.apply({**buf.views(total), **deferred}, self.epoch)
         seconds = self.seconds
         seconds["gradient"] += t1 - t0
         seconds["block sums"] += t2 - t1

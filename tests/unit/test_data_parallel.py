@@ -508,3 +508,77 @@ def test_a_tree_sum_takes_any_share_of_the_blocks_in_order_and_refuses_others():
             TreeSum(TwoRanks(), 8, bad)
     tree = TreeSum(TwoRanks(), 8, [(0, 7), (7, 8)])
     assert (tree.first, tree.stop) == (0, 7) and tree.nodes == [(2, 0), (1, 4), (0, 6)]
+
+
+@settings(max_examples=15, deadline=None)
+@given(n_threads=st.integers(1, 3), adam=st.booleans(), trust=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 2**16))
+def test_a_gradient_left_as_factors_steps_as_the_written_one(n_threads, adam, trust, seed):
+    """aepar.optim.FactoredGradient: SGD takes it inside its step (block_outer_sum_sgd, one
+    call per band of rows), LARS and Adam write it out first: the bits of the step with
+    the gradient written out, on any number of threads."""
+    from aepar.optim import SGD, FactoredGradient
+    from aepar.rows import block_bounds, tree_merges, tree_top
+    be = _be("numba", "float32")
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((60, 33)).astype(np.float32)
+    D = rng.standard_normal((60, 21)).astype(np.float32)
+    starts, merges, alphas = [0, 13, 26, 38, 39, 60], tree_merges(tree_top(5), 0, 5), [1.0, -0.5, 1.0, 2.0, 1.0]
+    start = {"W": rng.standard_normal((33, 21)).astype(np.float32), "b": rng.standard_normal(21).astype(np.float32)}
+    gb = rng.standard_normal(21).astype(np.float32)
+    old = aepar.THREADS
+    results = []
+    try:
+        aepar.THREADS = n_threads
+        for factored in (False, True):
+            params = {k: v.copy() for k, v in start.items()}
+            opt = Adam(be, params, lr=1e-2, weight_decay=0.3) if adam else SGD(be, params, 0.1, 0.9, trust=trust)
+            for _ in range(2):
+                out = np.full((33, 21), np.nan, np.float32)
+                if factored:
+                    bounds = block_bounds(33, n_threads)
+                    W = FactoredGradient(be.K, [(A[:, lo:hi], D, starts, alphas, lo, hi)
+                                                for lo, hi in zip(bounds[:-1], bounds[1:])], merges, out)
+                else:
+                    W = be.K.block_outer_sum(A, D, starts, merges, alphas, out)
+                opt.step({"W": W, "b": gb}) if adam else opt.step({"W": W, "b": gb}, weight_decay={"W": 2e-4})
+            state = opt.m if adam else opt.velocity
+            results.append([params[k].tobytes() for k in params] + [state[k].tobytes() for k in state])
+    finally:
+        aepar.THREADS = old
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", ["rbm", "ae"])
+def test_one_process_steps_its_weights_inside_the_sum(kind, threads, monkeypatch):
+    """One process holding every block: the layers' weights take their SGD step inside the
+    blocks' sum (block_outer_sum_sgd), with the weights of the step on the written sum."""
+    import aepar.kernels.nb as nb
+    monkeypatch.setattr(aepar, "THREADS", threads)
+    be = _be("numba", "float32")
+    x = _data(n=300, d=40, seed=2).astype(np.float32)
+
+    class Planted:
+        """A guard with a fault planted that never fires: the trainer then writes every
+        sum out (a fault may poison it), as it does on several ranks."""
+        faults = ["never"]
+
+        def flags(self):
+            return 0.0
+
+        def step(self, poison=None):
+            pass
+
+        def decide(self, flags):
+            return False, False
+
+    def trained(guard=None):
+        model = (RBM if kind == "rbm" else AELayer)(be, 40, 24, batch=100, seed=3)
+        train_epoch(model, Shard.of(be, x, 8), 0, guard=guard)
+        return {k: be.to_host(v).tobytes() for k, v in model.params.items()}
+    calls = []
+    real = nb.block_outer_sum_sgd
+    monkeypatch.setattr(nb, "block_outer_sum_sgd", lambda *a: calls.append(1) or real(*a))
+    inside = trained()
+    assert len(calls) == 3 * threads  # a call per step and band
+    assert trained(Planted()) == inside and len(calls) == 3 * threads
