@@ -217,8 +217,9 @@ def add_reduce_blocks(group):
                        help=f"fixed blocks the rows are cut into; a step adds the blocks' gradients in one "
                             f"fixed tree, so up to R ranks (any number of threads) give bit-identical "
                             f"results (default {DEFAULT_BLOCKS}; 1 allows one rank only and runs on one thread, "
-                            f"as threads take whole blocks: on the CPU it is somewhat faster at one thread and "
-                            f"slower at several (bench/results/block_tax.md); on a GPU each block is its own "
+                            f"as threads take whole blocks: on the CPU about as fast at one thread with AVX-512, "
+                            f"up to a fifth faster without it, and slower at several "
+                            f"(bench/results/block_tax.md); on a GPU each block is its own "
                             f"kernel launches, and at batch 100 the default {DEFAULT_BLOCKS} blocks train several "
                             f"times slower than 1)")
 
