@@ -438,7 +438,7 @@ class _Epoch:
             head = next(iter(values.values()))
             head[flag] = flags = guard.flags()
             guard.step(poison=head[:buf.n_grad])
-        if buf.tree is not None and buf.tree.comm.size == 1 and len(values) == 1:
+        if alone:
             total = next(iter(values.values()))  # one process: its one node is the whole tree, no copy
         elif buf.tree is not None:
             total = buf.tree.allreduce_nodes(values, buf.total)

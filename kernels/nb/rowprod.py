@@ -273,7 +273,8 @@ def _sgd_lines(rows, vecs, pad):
     for r in range(rows):
         for c in range(vecs):
             at = f"oo + {r} * ldo + {LANES32 * c}"
-            for whole, inner in ((True, pad + "    "), (False, pad + "    ")) if c == last else ((True, pad),):
+            inner = pad + "    " if c == last else pad  # the last vector: whole or masked
+            for whole in (True, False) if c == last else (True,):
                 if c == last:
                     src += [f"{pad}if nlast == {LANES32}:" if whole else f"{pad}else:"]
                 load = (lambda a: f"vload32({a}, {at})") if whole else (lambda a: f"vload32m({a}, {at}, nlast)")
@@ -594,7 +595,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     if not (A.dtype == D.dtype == out.dtype == np.float32 and D.flags.c_contiguous and out.flags.c_contiguous):
         return _ref_block_outer_sum(A, D, starts, merges, alphas, out)
     if out.size:
-        scales = np.append(np.asarray(alphas, np.float32), np.float32([0, 0, 0, -1, 1, -0.0]))  # see _outer_source
+        scales = _scales(alphas)
         if most_rows(starts) > SEGMENT_ROWS:
             tiles = (len(_outer_row_tiles(out.shape[0])) - 1) * -(-out.shape[1] // (OC * LANES32))
             stack = empty(tiles * stack_depth(merges) * SLOT, np.float32)
@@ -602,11 +603,15 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
             dp = empty((SEGMENT_ROWS, _padded_width(D.shape[1])), np.float32)
             _block_outer_sum_segments(A, D, starts, merges, scales, out, stack, at, dp)
         else:
-            stack = empty(stack_depth(merges) * SLOT, np.float32)
-            # A as it comes (a thread's band of columns is a view): the packing is its one copy
-            _block_outer_sum(A, D, starts, merges, scales, out, stack,
-                             empty(D.shape[0] * OC * LANES32, np.float32), _NO_PANEL, False)
+            _in_tiles(A, D, starts, merges, scales, out, _NO_PANEL, False)
     return out
+
+
+def _in_tiles(A, D, starts, merges, scales, out, vel, sgd):
+    """:func:`_block_outer_sum` with its scratch: the tree's stack and D's column panel
+    (A as it comes, a thread's band of columns being a view: the packing is its one copy)."""
+    _block_outer_sum(A, D, starts, merges, scales, out, empty(stack_depth(merges) * SLOT, np.float32),
+                     empty(D.shape[0] * OC * LANES32, np.float32), vel, sgd)
 
 
 def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0):
@@ -625,10 +630,13 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
         block_outer_sum(A, D, starts, merges, alphas, g)
         return sgd_momentum_update(p, g, v, lr, momentum, weight_decay)
     if p.size:
-        scales = np.append(np.asarray(alphas, np.float32),
-                           np.float32([weight_decay, momentum, lr, -1, 1, -0.0]))  # see _sgd_lines
-        _block_outer_sum(A, D, starts, merges, scales, p, empty(stack_depth(merges) * SLOT, np.float32),
-                         empty(D.shape[0] * OC * LANES32, np.float32), v, True)
+        _in_tiles(A, D, starts, merges, _scales(alphas, weight_decay, momentum, lr), p, v, True)
+
+
+def _scales(alphas, weight_decay=0.0, momentum=0.0, lr=0.0):
+    """The tiles' one float32 array of scalars: the blocks' alphas, then the step's
+    [decay, momentum, lr] (:func:`_sgd_lines`), then -1, 1 and -0 (:func:`_outer_source`)."""
+    return np.append(np.asarray(alphas, np.float32), np.float32([weight_decay, momentum, lr, -1, 1, -0.0]))
 
 
 def _padded_width(n: int) -> int:

@@ -10,6 +10,8 @@ and adding them in that tree with NumPy gives the same bits as one call over all
 """
 import numpy as np
 
+from .update import sgd_momentum_update
+
 __all__ = ["block_outer_sum", "block_outer_sum_sgd"]
 
 
@@ -98,7 +100,5 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
     in place) with the gradient g = :func:`block_outer_sum` (A, D, starts, merges, alphas):
     here the two calls. The numba set steps each tile of g where it ends instead of writing
     g out, with these bits. Returns None."""
-    from .update import sgd_momentum_update
-
     g = block_outer_sum(A, D, starts, merges, alphas, np.empty(p.shape, p.dtype))
     sgd_momentum_update(p, g, v, lr, momentum, weight_decay)
