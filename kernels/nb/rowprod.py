@@ -98,6 +98,10 @@ PAD_ALIASED = target_isa() == "avx2"
 # of W stay in L1 while every row tile of h streams past them from L2, rows 4 kB apart
 # that the hardware prefetchers did not keep ahead of (asking for W too was slower)
 PREFETCH_DOT = 64
+# block_outer_sum_sgd's tiles ask for their lines of the velocity with those of W: on the
+# AVX2 path its one-line-wide tiles then waited on them (784 x 1000, 8 blocks, the sum and
+# step 3.51 -> 3.30 ms); the AVX-512 tiles ran slower with them
+PREFETCH_VEL = target_isa() == "avx2"
 _NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
 MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS
 SLOT = OR * OC * LANES32  # floats of one partial sum of a block_outer_sum tile on its stack
@@ -239,6 +243,9 @@ def _outer_source(rows, vecs):
     # gradient row is seldom in cache (a store that misses stalled the tile's stack stores);
     # both ends of each vector, which straddles two lines where a row is not whole lines
     src += [f"    prefetch(o, oo + {r} * ldo + {LANES32 * c + e})" for r, c in acc for e in (0, LANES32 - 1)]
+    if PREFETCH_VEL:
+        src += ["    if sgd:"]
+        src += [f"        prefetch(vel, oo + {r} * ldo + {LANES32 * c + e})" for r, c in acc for e in (0, LANES32 - 1)]
     src += [f"    a{r}_{c} = zero" for r, c in acc]
     src += ["    top = 0", "    for b in range(merges.size):"]
     src += [f"        a{r}_{c} = zero" for r, c in acc]

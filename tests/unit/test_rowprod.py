@@ -164,7 +164,7 @@ _ISA_SHAPES = ((13, 70, 37), (12, 75, 100), (7, 88, 72), (13, 130, 1000), (13, 4
 _ISA_SCRIPT = """
 import sys, numpy as np
 import aepar
-from aepar.kernels.nb.rowprod import block_outer_sum, rows_times, rows_times_t
+from aepar.kernels.nb.rowprod import block_outer_sum, block_outer_sum_sgd, rows_times, rows_times_t
 from aepar.kernels.nb.simd import target_isa
 from aepar.rows import tree_merges
 out = {"isa": np.array(target_isa())}
@@ -179,6 +179,10 @@ for m, k, n in %r:
     A, D = rng.standard_normal((starts[-1], k), np.float32), rng.standard_normal((starts[-1], n), np.float32)
     out[f"AtD{m}x{k}x{n}"] = block_outer_sum(A, D, starts, tree_merges(2, 0, 4), [0.5, -1.0, 1.0, 3.0],
                                              np.empty((k, n), np.float32))
+    # the SGD step in the tiles (their epilogue differs between the paths)
+    p, vel = rng.standard_normal((k, n), np.float32), rng.standard_normal((k, n), np.float32)
+    block_outer_sum_sgd(A, D, starts, tree_merges(2, 0, 4), [0.5, -1.0, 1.0, 3.0], p, vel, 0.1, 0.9, 2e-4)
+    out[f"sgd_p{m}x{k}x{n}"], out[f"sgd_v{m}x{k}x{n}"] = p, vel
 # blocks longer than SEGMENT_ROWS: taken in stretches
 starts = np.cumsum([0, 300, 0, 140, 129])
 A, D = rng.standard_normal((starts[-1], 70), np.float32), rng.standard_normal((starts[-1], 37), np.float32)
