@@ -115,6 +115,13 @@ def test_one_call_is_the_blocks_apart_added_in_the_tree(count, m, n, seed, fold)
     for lo, hi in ((0, cut), (cut, m)):
         NB.block_outer_sum(A[:, lo:hi], D, starts, merges, alphas, bands[lo:hi])
     assert np.array_equal(bands, out)
+    # A in other layouts (read through its row stride, or copied first): the same bits
+    wide = np.zeros((A.shape[0], 3 * m + 5), np.float32)
+    wide[:, :2 * m:2], wide[:, 2 * m + 3:3 * m + 3] = A, A
+    for other in (np.asfortranarray(A), wide[:, :2 * m:2], wide[:, 2 * m + 3:3 * m + 3]):
+        got = np.full((m, n), np.nan, np.float32)
+        NB.block_outer_sum(other, D, starts, merges, alphas, got)
+        assert np.array_equal(got.view(np.int32), out.view(np.int32))
     exact = sum(np.float64(a) * (A[s:e].astype(np.float64).T @ D[s:e].astype(np.float64))
                 for s, e, a in zip(starts[:-1], starts[1:], alphas))
     bound = (A.shape[0] + count + 2) * np.finfo(np.float32).eps * sum(
@@ -147,9 +154,7 @@ def test_long_blocks_in_stretches_are_the_whole_blocks_bits(count, m, n, seed, f
     """Blocks longer than SEGMENT_ROWS are taken a stretch of rows at a time (every tile's
     sums kept on its stack between stretches): the same bits as the kernel that takes each
     block whole, and nothing written past out."""
-    from aepar.kernels.memory import empty
     from aepar.kernels.nb import rowprod
-    from aepar.kernels.ref.blocksum import stack_depth
 
     most = 3 * rowprod.SEGMENT_ROWS
     sizes = data.draw(st.lists(st.integers(0, most), min_size=count, max_size=count))
@@ -162,9 +167,7 @@ def test_long_blocks_in_stretches_are_the_whole_blocks_bits(count, m, n, seed, f
     NB.block_outer_sum(A, D, starts, merges, alphas, buf[:m])
     whole = np.empty((m, n), np.float32)
     scales = np.append(np.float32(alphas), np.float32([0, 0, 0, -1, 1, -0.0]))
-    rowprod._block_outer_sum(np.ascontiguousarray(A), D, starts, merges, scales, whole,
-                             empty(stack_depth(merges) * rowprod.SLOT, np.float32),
-                             empty(D.shape[0] * rowprod.OC * rowprod.LANES32, np.float32), rowprod._NO_PANEL, False)
+    rowprod._in_tiles(A, D, starts, merges, scales, whole, rowprod._NO_PANEL, False)  # each block whole
     assert np.array_equal(buf[:m].view(np.int32), whole.view(np.int32))
     assert np.all(buf[m] == 7.0)
     assert_sums_close(buf[:m], REF.block_outer_sum(A, D, starts, merges, alphas, np.empty((m, n), np.float32)),
