@@ -98,9 +98,9 @@ PAD_ALIASED = target_isa() == "avx2"
 # of W stay in L1 while every row tile of h streams past them from L2, rows 4 kB apart
 # that the hardware prefetchers did not keep ahead of (asking for W too was slower)
 PREFETCH_DOT = 64
-# block_outer_sum_sgd's tiles ask for their lines of the velocity with those of W: on the
-# AVX2 path its one-line-wide tiles then waited on them (784 x 1000, 8 blocks, the sum and
-# step 3.51 -> 3.30 ms); the AVX-512 tiles ran slower with them
+# block_outer_sum_sgd's tiles ask for their lines of the velocity with those of W: the
+# AVX2 path's tiles, one line wide, otherwise waited on them in the step; the AVX-512
+# tiles ran slower with them (docs/performance-notes.md)
 PREFETCH_VEL = target_isa() == "avx2"
 _NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
 MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS
@@ -471,8 +471,9 @@ def _block_outer_sum(af, lda, D, starts, merges, alphas, out, stack, panel, vel,
     """The tiles of :func:`block_outer_sum`, with A (rows x m, its rows ``lda`` floats
     apart in ``af``) packed by row tiles first (see :func:`_outer_source`). Each column
     panel of D is copied into ``panel`` (rows x OC vectors, the last one padded with zeros
-    where D's rows end) first, where the row tiles then read it: they load whole vectors. With ``sgd`` the sums are not stored
-    but step ``out`` (the parameter) and ``vel`` (its velocity; see :func:`_sgd_lines`)."""
+    where D's rows end) first, where the row tiles then read it: they load whole vectors.
+    With ``sgd`` the sums are not stored but step ``out`` (the parameter) and ``vel`` (its
+    velocity; see :func:`_sgd_lines`)."""
     M, N = out.shape
     rows = D.shape[0]
     tiles = _outer_row_tiles(M)
@@ -501,9 +502,9 @@ def _block_outer_sum(af, lda, D, starts, merges, alphas, out, stack, panel, vel,
 @njit(**JIT)
 def _pack_row_tiles(af, lda, rows, m, tiles):
     """A (rows x m, row k at af[k * lda:]) as the row tiles of out take it: tile [r0, r1)
-    at r0 * rows, A[k, r0:r1] at r0 * rows + k * (r1 - r0), as one masked vector (a tile
-    has at most OR <= 16 rows; element by element the packing took 4-14% of the product
-    at 100 rows)."""
+    at r0 * rows, A[k, r0:r1] at r0 * rows + k * (r1 - r0), each such piece one masked
+    vector (a tile has at most OR <= 16 rows), not element by element: at 100 rows the
+    packing is then a small part of the product (docs/performance-notes.md)."""
     packed = np.empty(rows * m, np.float32)
     for t in range(tiles.size - 1):
         r0, r1 = tiles[t], tiles[t + 1]
