@@ -481,7 +481,7 @@ def _block_outer_sum(af, lda, D, starts, merges, alphas, out, stack, panel, vel,
     rows = D.shape[0]
     tiles = _outer_row_tiles(M)
     runs = _tile_runs(tiles)
-    af = _pack_row_tiles(af, lda, rows, M, tiles)
+    packed = _pack_row_tiles(af, lda, rows, M, tiles)
     df, of, vf = D.reshape(-1), out.reshape(-1), vel.reshape(-1)
     ldd, ldp = D.shape[1], OC * LANES32
     j = 0
@@ -497,7 +497,7 @@ def _block_outer_sum(af, lda, D, starts, merges, alphas, out, stack, panel, vel,
         for q in range(runs.size - 1):
             t = runs[q]
             # the tiles take one column offset for D and out: out from column j on
-            _outer(tiles[t + 1] - tiles[t], vecs, af, rows, panel, ldp, 0, starts, merges, alphas,
+            _outer(tiles[t + 1] - tiles[t], vecs, packed, rows, panel, ldp, 0, starts, merges, alphas,
                    stack, of[j:], vf[j:] if sgd else vf, N, nlast, sgd, tiles, t, runs[q + 1])
         j += vecs * LANES32
 
