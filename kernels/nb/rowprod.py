@@ -14,8 +14,13 @@ last vector of a row is masked, so no memory past a row's end is read or written
 ISA         tile                        AVX-512  AVX2
 ==========  ==========================  =======  ======
 RT x CT     rows x 16-column vectors    6 x 4    6 x 1
-DR x DI     h @ W.T: h rows x W rows    4 x 6    2 x 3 (in 8-lane halves)
 ==========  ==========================  =======  ======
+
+:func:`rows_times_t` (h @ W.T) takes the same tiles over W.T, a column panel at a time
+copied transposed out of W's rows (16 x 16 blocks in registers): every out[r, i] is the
+FMA chain over row r of h and row i of W in order, as v @ W's. Dot products of h's and
+W's rows, 16 lanes each added in a tree at the end, ran slower on AVX2 (its 16 registers
+held a 2 x 3 tile of 16-lane sums only as 8-lane halves) and at 50 or more rows on AVX-512.
 
 For a block's rows these tiles beat OpenBLAS; for 100 rows OpenBLAS is faster:
 :data:`MAX_ROWS` picks.
@@ -58,24 +63,15 @@ from ..ref.blocksum import check_block_outer_sum, most_rows, stack_depth
 from .codegen import define
 from .simd import JIT, prefetch, target_isa
 from .update import sgd_momentum_update
-from .simd32 import (LANES32, vbcast32, vfma32, vhsum32, vhsum32h, vhsum32x16, vload32, vload32h, vload32hm, vload32m,
-                     vstore32, vstore32m, vupper32, vzero32, vzero32h)
+from .simd32 import LANES32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m, vtranspose32, vzero32
 
 __all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum", "block_outer_sum_sgd"]
 
 # OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1: the fastest of the 4-8 shapes timed
-# for each ISA, on 1-block and 8-block sums of the stack's eight weight shapes). HALVES: the
-# dot tiles hold each 16-lane sum as two 8-lane halves and load half by half (AVX2: the
-# 2 x 3 tiles fit its 16 registers only so, and beat 2 x 2 tiles of 16 lanes and 3 x 2
-# ones; the same sums)
-# AVX-512 dot tiles 4 x 6 (29 of the 32 registers; 10 loads per 24 FMAs, where 4 x 4 takes
-# 8 per 16: faster than 4 x 4; 5 x 5 about the same, 6 x 4 and 8 x 3 slower). Their 24 lane
-# sums end as two rows at a time through simd32.vhsum32x16 (the same tree per output, 45
-# instructions per 16 sums instead of 128) and vector stores: faster, the same bits.
-# The figures behind these choices: docs/performance-notes.md.
-TILE_SHAPES = {"avx512": dict(RT=6, CT=4, DR=4, DI=6, OR=8, OC=3, HALVES=False),
-               "avx2": dict(RT=6, CT=1, DR=2, DI=3, OR=6, OC=1, HALVES=True)}
-RT, CT, DR, DI, OR, OC, HALVES = (TILE_SHAPES[target_isa()][k] for k in ("RT", "CT", "DR", "DI", "OR", "OC", "HALVES"))
+# for each ISA, on 1-block and 8-block sums of the stack's eight weight shapes). The figures
+# behind these choices: docs/performance-notes.md.
+TILE_SHAPES = {"avx512": dict(RT=6, CT=4, OR=8, OC=3), "avx2": dict(RT=6, CT=1, OR=6, OC=1)}
+RT, CT, OR, OC = (TILE_SHAPES[target_isa()][k] for k in ("RT", "CT", "OR", "OC"))
 # products with at most this many rows go through these kernels, larger ones through BLAS
 # (a choice made from the shapes alone: a block's rows get the same kernel on any rank)
 MAX_ROWS = 32
@@ -94,16 +90,12 @@ ALIAS_BYTES = 2048
 # where they would alias, on the AVX2 path only (batch 5000's stretches: 0.74 -> 0.84 of
 # OpenBLAS there; the AVX-512 tiles gained nothing on either CPU)
 PAD_ALIASED = target_isa() == "avx2"
-# rows_times_t's dot tiles ask for their rows of h this many floats ahead: the tile's rows
-# of W stay in L1 while every row tile of h streams past them from L2, rows 4 kB apart
-# that the hardware prefetchers did not keep ahead of (asking for W too was slower)
-PREFETCH_DOT = 64
 # block_outer_sum_sgd's tiles ask for their lines of the velocity with those of W: the
 # AVX2 path's tiles, one line wide, otherwise waited on them in the step; the AVX-512
 # tiles ran slower with them (docs/performance-notes.md)
 PREFETCH_VEL = target_isa() == "avx2"
 _NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
-MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS
+MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS (faster there)
 SLOT = OR * OC * LANES32  # floats of one partial sum of a block_outer_sum tile on its stack
 # block_outer_sum takes blocks longer than this in stretches of as many rows (see
 # _segment_source; 64, 128, 256 and 512 ran within the noise of each other at batch 5000)
@@ -162,63 +154,13 @@ def _tile_source(rows, vecs):
     return name, _over_tiles(name, "v, ldv, w, wo, ldw, o, ldo, K, nlast", ["vo = r0 * ldv", "oo = r0 * ldo + wo"], src)
 
 
-def _dot_source(rows, wrows, halves=False):
-    """out[r, i] = Σ_j h[r, j] W[i, j] for rows x wrows outputs: 16 lanes each sum every
-    16th j in order, the masked last vector adds its columns, then the lanes are added in
-    a fixed tree (:func:`vhsum32`). With ``halves`` each sum is kept as lanes 0-7 and
-    8-15, and the loads go half by half (h's rows, then W's one at a time): the same sums."""
-    name = f"_dot_{rows}x{wrows}"
-    parts = [("_0", 0), ("_1", LANES32 // 2)] if halves else [("", 0)]  # (name suffix, first lane)
-    zero, load, loadm, hsum = ("vzero32h", "vload32h", "vload32hm", "vhsum32h") if halves else \
-        ("vzero32", "vload32", "vload32m", "vhsum32")
-    src = [f"    a{r}_{i}{q} = {zero}()" for r in range(rows) for i in range(wrows) for q, _ in parts]
-
-    def step(pad, masked):  # one vector of 16 columns (n of them when masked)
-        lines = []
-        for q, lo in parts:
-            ld = (lambda a, at: f"{loadm}({a}, {at} + j + {lo}, n - {lo})") if masked else \
-                (lambda a, at: f"{load}({a}, {at} + j + {lo})")
-            lines += [f"{pad}x{r} = {ld('h', f'ho + {r} * ldh')}" for r in range(rows)]
-            for i in range(wrows):
-                lines += [f"{pad}y = {ld('w', f'wo + {i} * ldw')}"]
-                lines += [f"{pad}a{r}_{i}{q} = vfma32(x{r}, y, a{r}_{i}{q})" for r in range(rows)]
-        return lines
-    src += ["    j = 0",
-            "    while j < N:",
-            f"        n = min({LANES32}, N - j)",
-            f"        if n == {LANES32}:"]
-    src += [f"            prefetch(h, ho + {r} * ldh + j + {PREFETCH_DOT})" for r in range(rows)]
-    src += step(" " * 12, False)
-    src += ["        else:"]
-    src += step(" " * 12, True)
-    src += [f"        j += {LANES32}"]
-    if halves or wrows > LANES32 // 2:
-        sums = ", ".join(f"a{{r}}_{{i}}{q}" for q, _ in parts)
-        src += [f"    o[oo + {r} * ldo + {i}] = {hsum}({sums.format(r=r, i=i)})" for r in range(rows)
-                for i in range(wrows)]
-        return name, _over_tiles(name, "h, ldh, w, wo, ldw, o, oi, ldo, N", ["ho = r0 * ldh", "oo = r0 * ldo + oi"], src)
-    # two rows' sums at once, each row in 8 lanes (vhsum32x16: the same tree, a third of
-    # the instructions), stored as vectors of wrows lanes
-    src += ["    z = vzero32()"]
-    for r0 in range(0, rows, 2):
-        slots = []
-        for r in (r0, r0 + 1):
-            row = [f"a{r}_{i}" for i in range(wrows)] if r < rows else []
-            slots += row + ["z"] * (LANES32 // 2 - len(row))
-        src += [f"    t = vhsum32x16({', '.join(slots)})",
-                f"    vstore32m(o, oo + {r0} * ldo, t, {wrows})"]
-        if r0 + 1 < rows:
-            src += [f"    vstore32m(o, oo + {r0 + 1} * ldo, vupper32(t), {wrows})"]
-    return name, _over_tiles(name, "h, ldh, w, wo, ldw, o, oi, ldo, N", ["ho = r0 * ldh", "oo = r0 * ldo + oi"], src)
-
-
 def _over_tiles(name, args, setup, body):
     """The source of ``name(args, tiles, t0, t1)``: the tile code ``body`` (lines of a
     function body) once for each row tile t0..t1, starting at row ``r0 = tiles[tile]``,
     after ``setup``. One call per run of tiles of one row count, not one per tile (each
     call passes every array's fields through the dispatcher and the tile): faster for
-    h @ W.T and block_outer_sum, whole blocks and stretches alike; v @ W unchanged (a few
-    calls per product)."""
+    block_outer_sum, whole blocks and stretches alike; v @ W unchanged (a few calls per
+    product)."""
     src = [f"def {name}({args}, tiles, t0, t1):", "    for tile in range(t0, t1):", "        r0 = tiles[tile]"]
     src += [f"        {line}" for line in setup]
     return "\n".join(src + ["    " + line for line in body])
@@ -371,14 +313,12 @@ def _dispatch_source(name, prefix, tiles, args):
     return name, "\n".join(src)
 
 
-_DOTS = {(r, i): _define(*_dot_source(r, i, HALVES)) for r in range(1, DR + 1) for i in range(1, DI + 1)}
 # three row counts only (see _outer_row_tiles): each generated tile takes a while to
 # compile on first use, and every rank of a first run compiles them at once
 _OUTER_ROWS = sorted({1, OR - 1, OR})
 _OUTERS = {(r, c): _define(*_outer_source(r, c)) for r in _OUTER_ROWS for c in range(1, OC + 1)}
 _SEGMENTS = {(r, c): _define(*_segment_source(r, c)) for r in _OUTER_ROWS for c in range(1, OC + 1)}
 _tile = _define(*_dispatch_source("_tile", "_tile_", _TILES, "v, ldv, w, wo, ldw, o, ldo, K, nlast, tiles, t0, t1"))
-_dot = _define(*_dispatch_source("_dot", "_dot_", _DOTS, "h, ldh, w, wo, ldw, o, oi, ldo, N, tiles, t0, t1"))
 _outer = _define(*_dispatch_source("_outer", "_outer_", _OUTERS, "v, ldv, w, ldw, wo, starts, merges, alphas, "
                                    "stack, o, vel, ldo, nlast, sgd, tiles, t0, t1"))
 _segment = _define(*_dispatch_source("_segment", "_segment_", _SEGMENTS, "v, ldv, w, ldw, wo, k0, k1, fresh, block, "
@@ -456,17 +396,44 @@ def _rows_times(v, W, out, panel):
 
 
 @njit(**JIT)
-def _rows_times_t(h, W, out):
+def _transposed_panel(wf, N, j, cols, panel, ldp):
+    """panel[n, c] = W[j + c, n] for the ``cols`` rows of W (rows N floats apart in
+    ``wf``) from row j on, zeros from column ``cols`` to its last vector: 16 x 16 blocks
+    transposed in registers, the rest (a row count or a width not a multiple of 16) one
+    float at a time."""
+    whole, nw = cols // LANES32 * LANES32, N // LANES32 * LANES32
+    for c in range(0, whole, LANES32):
+        for n in range(0, nw, LANES32):
+            vtranspose32(panel, n * ldp + c, ldp, wf, (j + c) * N + n, N)
+        for n in range(nw, N):
+            for i in range(c, c + LANES32):
+                panel[n * ldp + i] = wf[(j + i) * N + n]
+    if whole < cols:
+        for n in range(N):
+            for i in range(whole, whole + LANES32):
+                panel[n * ldp + i] = wf[(j + i) * N + n] if i < cols else 0
+
+
+@njit(**JIT)
+def _rows_times_t(h, W, out, panel):
+    """out = h @ W.T as :func:`_rows_times` takes v @ W: each column panel of W.T (a
+    slab of W's rows) copied transposed into ``panel`` (N x CT vectors), then the row
+    tiles over it: every out[r, i] the FMA chain over h's row r and W's row i in order."""
     M, N = h.shape
     K = W.shape[0]
     hf, wf, of = h.reshape(-1), W.reshape(-1), out.reshape(-1)
-    tiles = _row_tiles(M, DR)
+    tiles = _row_tiles(M, RT)
     runs = _tile_runs(tiles)
-    for i in range(0, K, DI):
-        wrows = min(DI, K - i)
+    ldp = CT * LANES32
+    j = 0
+    while j < K:
+        vecs = min(CT, (K - j + LANES32 - 1) // LANES32)
+        nlast = min(LANES32, K - j - (vecs - 1) * LANES32)
+        _transposed_panel(wf, N, j, min(ldp, K - j), panel, ldp)
         for q in range(runs.size - 1):
             t = runs[q]
-            _dot(tiles[t + 1] - tiles[t], wrows, hf, N, wf, i * N, N, of, i, K, N, tiles, t, runs[q + 1])
+            _tile(tiles[t + 1] - tiles[t], vecs, hf, N, panel, 0, ldp, of[j:], K, N, nlast, tiles, t, runs[q + 1])
+        j += vecs * LANES32
 
 
 @njit(**JIT)
@@ -574,13 +541,14 @@ def _check(name, a, W, out, shape):
 
 
 def rows_times_t(h, W, out):
-    """out = h @ W.T for C-contiguous float32 h (M, N), W (K, N) and out (M, K), each
-    out[r, i] summed in a fixed order that depends on row r of h alone. Returns out."""
+    """out = h @ W.T for C-contiguous float32 h (M, N), W (K, N) and out (M, K): each
+    out[r, i] is fma(h[r, N-1], W[i, N-1], ... fma(h[r, 0], W[i, 0], 0)), in that order
+    (:func:`rows_times` on W.T), whatever the other rows of the call. Returns out."""
     _check("rows_times_t", h, W, out, (h.shape[0], W.shape[0]) if W.shape[1:] == h.shape[1:] else None)
     if h.shape[1] == 0:
         out[...] = 0
     elif out.size:
-        _rows_times_t(h, W, out)
+        _rows_times_t(h, W, out, empty(h.shape[1] * CT * LANES32, np.float32))
     return out
 
 

@@ -91,70 +91,35 @@ def test_refusals_and_which_products_it_takes():
     assert not thin_t(np.zeros((4, MIN_DOT - 1), np.float32), W[:, 1:].copy(), np.zeros((4, 5), np.float32))
 
 
-def test_rows_times_t_adds_its_16_lanes_in_a_fixed_tree():
-    """h @ W.T's last step adds the 16 lane sums as the tree (i + i+8), (i + i+4), (i + i+2),
-    (i + i+1): the order is part of the bits. Lane values whose float32 sums differ between
-    that tree and a left-to-right chain (checked here, so the test can tell them apart)."""
-    lanes = np.float32([1e8, 1, 1, 1, 1, 1, 1, 1, -1e8, 3, 3, 3, 3, 3, 3, 3])
-    h = np.ones((1, 16), np.float32)
+def test_rows_times_t_adds_in_order_along_the_row():
+    """h @ W.T's out[r, i] is the FMA chain over h's row r and W's row i in order (as
+    v @ W's), not lane sums added in a tree: values whose float32 sums differ between the
+    two orders (checked here, so that the test can tell them apart)."""
+    lanes = np.float32([1e8, 1, 1, 1, 1, 1, 1, 1, -1e8, 3, 3, 3, 3, 3, 3, 3] * 5)
+    h = np.ones((1, lanes.size), np.float32)
     out = rows_times_t(h, lanes[None, :].copy(), np.empty((1, 1), np.float32))
-    s = lanes.copy()
-    while s.size > 1:  # float32 arithmetic, correctly rounded
-        s = s[:s.size // 2] + s[s.size // 2:]
     chain = np.float32(0)
-    for v in lanes:
+    for v in lanes:  # h is 1: each FMA is a float32 addition
         chain = np.float32(chain + v)
-    assert s[0] != chain
-    assert out[0, 0] == s[0]
-
-
-def _tree16(lanes):
-    """float32 sum of 16 lanes in the kernels' tree: (i + i+8), (i + i+4), (i + i+2), (i + i+1)."""
-    s = np.asarray(lanes, np.float32).copy()
+    s = lanes.reshape(-1, 16).sum(axis=0, dtype=np.float32)
     while s.size > 1:
         s = s[:s.size // 2] + s[s.size // 2:]
-    return s[0]
+    assert s[0] != chain
+    assert out[0, 0] == chain
 
 
-def test_every_output_of_a_dot_tile_adds_its_lanes_in_the_tree():
-    """The AVX-512 dot tiles sum two rows' outputs at once (vhsum32x16): each output of
-    every tile position (4 x 6 tiles and the short ones at the edges) is its own lanes'
-    tree sum. Each W row holds lanes whose tree and chain sums differ, shuffled per row."""
-    rng = np.random.default_rng(5)
-    base = np.float32([1e8, 1, 1, 1, 1, 1, 1, 1, -1e8, 3, 3, 3, 3, 3, 3, 3])
-    W = np.stack([rng.permutation(base) * np.float32(1 + i) for i in range(15)]).astype(np.float32)
-    h = np.ones((7, 16), np.float32)
-    out = rows_times_t(h, W, np.empty((7, 15), np.float32))
-    want = np.float32([_tree16(w) for w in W])
-    for r in range(7):
-        np.testing.assert_array_equal(out[r].view(np.int32), want.view(np.int32))
-
-
-@settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1))
-def test_sixteen_lane_sums_at_once_are_each_lanes_tree(seed):
-    """simd.vhsum32x16 against vhsum32 vector by vector, bit for bit, on values spread over
-    16 decades (where the order of additions shows in the last bits)."""
-    from numba import njit
-
-    from aepar.kernels.nb.simd import JIT
-    from aepar.kernels.nb.simd32 import vhsum32, vhsum32x16, vload32, vstore32
-
-    @njit(**{k: v for k, v in JIT.items() if k != "cache"})
-    def both(x, out, ref):
-        s = vhsum32x16(vload32(x, 0), vload32(x, 16), vload32(x, 32), vload32(x, 48), vload32(x, 64),
-                       vload32(x, 80), vload32(x, 96), vload32(x, 112), vload32(x, 128), vload32(x, 144),
-                       vload32(x, 160), vload32(x, 176), vload32(x, 192), vload32(x, 208), vload32(x, 224),
-                       vload32(x, 240))
-        vstore32(out, 0, s)
-        for k in range(16):
-            ref[k] = vhsum32(vload32(x, 16 * k))
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 20), k=st.integers(1, 90), n=st.integers(MIN_DOT, 150), seed=st.integers(0, 2**16))
+def test_rows_times_t_is_rows_times_on_the_transpose_bit_for_bit(m, k, n, seed):
+    """W's rows copied transposed into each column panel (16 x 16 blocks in registers, a
+    width or row count not a multiple of 16 one float at a time): the same bits as
+    rows_times given W.T as an array."""
     rng = np.random.default_rng(seed)
-    x = (rng.standard_normal(256) * 10.0 ** rng.integers(-8, 8, 256)).astype(np.float32)
-    out, ref = np.zeros(16, np.float32), np.zeros(16, np.float32)
-    both(x, out, ref)
-    np.testing.assert_array_equal(out.view(np.int32), ref.view(np.int32))
-    assert np.array_equal(ref, np.float32([_tree16(x[16 * k:16 * k + 16]) for k in range(16)]))
+    h = rng.standard_normal((m, n), np.float32)
+    W = rng.standard_normal((k, n), np.float32)
+    want = rows_times(h, np.ascontiguousarray(W.T), np.empty((m, k), np.float32))
+    got = rows_times_t(h, W, np.full((m, k), np.nan, np.float32))
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
 
 
 # Odd shapes on purpose: masked last vectors (n % 16 of 4, 8 and 11 columns: a tail in
@@ -197,8 +162,8 @@ np.savez(sys.argv[1], **out)
 
 def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
     """Every output's sums are in one fixed order whatever tiles the CPU's registers get
-    (AVX-512: 16-lane dot tiles, AVX2: 8-lane halves), so a run gives the same weights on
-    either kind of CPU: the AVX2 build (AEPAR_ISA=avx2, in a child) against this one."""
+    (AVX-512: 6 x 4 vectors, AVX2: 6 x 1), so a run gives the same weights on either kind
+    of CPU: the AVX2 build (AEPAR_ISA=avx2, in a child) against this one."""
     host, avx2 = host_and_avx2_runs(_ISA_SCRIPT, tmp_path)
     for name, want in host.items():
         np.testing.assert_array_equal(avx2[name].view(np.int32), want.view(np.int32), err_msg=name)
