@@ -41,32 +41,19 @@ class _F32x16Model(models.PrimitiveModel):
         super().__init__(dmm, fe_type, _VEC32)
 
 
-def _ptr32(context, builder, sig, args, vec=_VEC32):
-    """&a[i] as a pointer to ``vec`` (<16 x float> unless told) for the (array, index,
-    ...) arguments."""
+def _ptr32(context, builder, sig, args):
+    """&a[i] as a <16 x float> pointer for the (array, index, ...) arguments."""
     data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
     idx = context.cast(builder, args[1], sig.args[1], types.intp)
-    return builder.bitcast(builder.gep(data, [idx]), vec.as_pointer())
+    return builder.bitcast(builder.gep(data, [idx]), _VEC32.as_pointer())
 
 
-def _lanes_below(context, builder, n, nty, lanes=LANES32):
-    """<lanes x i1>: lane < n."""
-    ivec = ir.VectorType(_I32, lanes)
+def _lanes_below(context, builder, n, nty):
+    """<16 x i1>: lane < n."""
     n32 = context.cast(builder, n, nty, types.int32)
-    splat = builder.shuffle_vector(builder.insert_element(ir.Constant(ivec, ir.Undefined), n32, ir.Constant(_I32, 0)),
-                                   ir.Constant(ivec, ir.Undefined), ir.Constant(ivec, [0] * lanes))
-    return builder.icmp_signed("<", ir.Constant(ivec, list(range(lanes))), splat)
-
-
-def _masked_load(context, builder, sig, args, vec):
-    """The first n lanes of ``vec`` from a[i:], zeros in the rest; no memory past them read."""
-    lanes = vec.count
-    ptr = _ptr32(context, builder, sig, args, vec)
-    mask = _lanes_below(context, builder, args[2], sig.args[2], lanes)
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(vec, [ptr.type, _I32, mask.type, vec]),
-        f"llvm.masked.load.v{lanes}f32." + ("p0" if llvm_version_info >= (15,) else f"p0v{lanes}f32"))
-    return builder.call(fn, [ptr, ir.Constant(_I32, 4), mask, ir.Constant(vec, [0.0] * lanes)])
+    splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_IVEC32, ir.Undefined), n32, ir.Constant(_I32, 0)),
+                                   ir.Constant(_IVEC32, ir.Undefined), ir.Constant(_IVEC32, [0] * LANES32))
+    return builder.icmp_signed("<", ir.Constant(_IVEC32, list(range(LANES32))), splat)
 
 
 @intrinsic
@@ -98,7 +85,12 @@ def vload32m(typingctx, a, i, n):
         return None
 
     def codegen(context, builder, sig, args):
-        return _masked_load(context, builder, sig, args, _VEC32)
+        ptr = _ptr32(context, builder, sig, args)
+        mask = _lanes_below(context, builder, args[2], sig.args[2])
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_VEC32, [ptr.type, _I32, mask.type, _VEC32]),
+            "llvm.masked.load.v16f32." + ("p0" if llvm_version_info >= (15,) else "p0v16f32"))
+        return builder.call(fn, [ptr, ir.Constant(_I32, 4), mask, ir.Constant(_VEC32, [0.0] * LANES32)])
 
     return f32x16(a, i, n), codegen
 
