@@ -366,12 +366,14 @@ def _outer_row_tiles(M):
 
 
 @njit(**JIT)
-def _rows_times(v, W, out, panel):
+def _rows_times(v, W, out, panel, transposed=False):
     """out = v @ W by the row tiles, column panel by column panel. ``panel``: room for one
     panel (K x CT vectors) that each is copied into before the tiles take it (N must then
-    be whole vectors), or empty to read W where it is."""
+    be whole vectors), or empty to read W where it is. ``transposed``: out = v @ W.T,
+    each panel of W.T copied transposed out of W's rows (:func:`_transposed_panel`), so
+    that every out[r, i] is the same FMA chain over v's row r and W's row i."""
     M, K = v.shape
-    N = W.shape[1]
+    N = out.shape[1]
     vf, wf, of = v.reshape(-1), W.reshape(-1), out.reshape(-1)
     tiles = _row_tiles(M, RT)
     runs = _tile_runs(tiles)
@@ -381,7 +383,10 @@ def _rows_times(v, W, out, panel):
         vecs = min(CT, (N - j + LANES32 - 1) // LANES32)
         nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
         src, so, lds = wf, j, N  # where the tiles read the panel: in W, or copied
-        if panel.size:
+        if transposed:
+            _transposed_panel(wf, K, j, min(ldp, N - j), panel, ldp)
+            src, so, lds = panel, 0, ldp
+        elif panel.size:
             for k in range(K):
                 for c in range(vecs):
                     prefetch(wf, (k + PREFETCH_ROWS) * N + j + c * LANES32)
@@ -412,28 +417,6 @@ def _transposed_panel(wf, N, j, cols, panel, ldp):
         for n in range(N):
             for i in range(whole, whole + LANES32):
                 panel[n * ldp + i] = wf[(j + i) * N + n] if i < cols else 0
-
-
-@njit(**JIT)
-def _rows_times_t(h, W, out, panel):
-    """out = h @ W.T as :func:`_rows_times` takes v @ W: each column panel of W.T (a
-    slab of W's rows) copied transposed into ``panel`` (N x CT vectors), then the row
-    tiles over it: every out[r, i] the FMA chain over h's row r and W's row i in order."""
-    M, N = h.shape
-    K = W.shape[0]
-    hf, wf, of = h.reshape(-1), W.reshape(-1), out.reshape(-1)
-    tiles = _row_tiles(M, RT)
-    runs = _tile_runs(tiles)
-    ldp = CT * LANES32
-    j = 0
-    while j < K:
-        vecs = min(CT, (K - j + LANES32 - 1) // LANES32)
-        nlast = min(LANES32, K - j - (vecs - 1) * LANES32)
-        _transposed_panel(wf, N, j, min(ldp, K - j), panel, ldp)
-        for q in range(runs.size - 1):
-            t = runs[q]
-            _tile(tiles[t + 1] - tiles[t], vecs, hf, N, panel, 0, ldp, of[j:], K, N, nlast, tiles, t, runs[q + 1])
-        j += vecs * LANES32
 
 
 @njit(**JIT)
@@ -548,7 +531,7 @@ def rows_times_t(h, W, out):
     if h.shape[1] == 0:
         out[...] = 0
     elif out.size:
-        _rows_times_t(h, W, out, empty(h.shape[1] * CT * LANES32, np.float32))
+        _rows_times(h, W, out, empty(h.shape[1] * CT * LANES32, np.float32), True)
     return out
 
 
