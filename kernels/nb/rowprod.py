@@ -86,6 +86,13 @@ PREFETCH_ROWS = 16
 # contiguous buffer first, on every path: the AVX-512 tiles ran at their usual rate in
 # place on AMD Zen 4, but at 36 GFLOP/s on an Intel Xeon (family 6 model 167), 129 copied.
 ALIAS_BYTES = 2048
+# the AVX2 path's rows_times copies every column panel of W first when a call has at least
+# this many rows (several blocks stacked, e.g. a step's eight on one thread): each panel
+# row then lies next to the last, not a row of W (4 kB) away, and the copy is paid once
+# for all the row tiles. A block of 13 rows ran up to 24% slower copied, and the AVX-512
+# tiles gained at 100 rows on some shapes and lost on others, so they read W in place
+# (an Intel Xeon, family 6 model 106: docs/performance-notes.md).
+COPY_ROWS = {"avx512": None, "avx2": 24}[target_isa()]
 # block_outer_sum's stretches of long blocks copy D's rows into a buffer one vector wider
 # where they would alias, on the AVX2 path only (batch 5000's stretches: 0.74 -> 0.84 of
 # OpenBLAS there; the AVX-512 tiles gained nothing on either CPU)
@@ -368,8 +375,8 @@ def _outer_row_tiles(M):
 @njit(**JIT)
 def _rows_times(v, W, out, panel, transposed=False):
     """out = v @ W by the row tiles, column panel by column panel. ``panel``: room for one
-    panel (K x CT vectors) that each is copied into before the tiles take it (N must then
-    be whole vectors), or empty to read W where it is. ``transposed``: out = v @ W.T,
+    panel (K x CT vectors) that each is copied into before the tiles take it, or empty to
+    read W where it is. ``transposed``: out = v @ W.T,
     each panel of W.T copied transposed out of W's rows (:func:`_transposed_panel`), so
     that every out[r, i] is the same FMA chain over v's row r and W's row i."""
     M, K = v.shape
@@ -390,7 +397,10 @@ def _rows_times(v, W, out, panel, transposed=False):
             for k in range(K):
                 for c in range(vecs):
                     prefetch(wf, (k + PREFETCH_ROWS) * N + j + c * LANES32)
-                    vstore32(panel, k * ldp + c * LANES32, vload32(wf, k * N + j + c * LANES32))
+                    if c < vecs - 1 or nlast == LANES32:
+                        vstore32(panel, k * ldp + c * LANES32, vload32(wf, k * N + j + c * LANES32))
+                    else:  # W's last columns: nothing past the row's end is read
+                        vstore32(panel, k * ldp + c * LANES32, vload32m(wf, k * N + j + c * LANES32, nlast))
             src, so, lds = panel, 0, ldp
         for q in range(runs.size - 1):
             t = runs[q]
@@ -542,7 +552,8 @@ def rows_times(v, W, out):
     if v.shape[1] == 0:
         out[...] = 0
     elif out.size:
-        copy = _aliased(W.shape[1]) and v.shape[0] > RT  # one row tile reads the panel once anyway
+        # one row tile reads the panel once anyway; many read it from the copy faster
+        copy = v.shape[0] > RT and (_aliased(W.shape[1]) or (COPY_ROWS is not None and v.shape[0] >= COPY_ROWS))
         _rows_times(v, W, out, empty(W.shape[0] * CT * LANES32, np.float32) if copy else _NO_PANEL)
     return out
 

@@ -124,8 +124,9 @@ def test_rows_times_t_is_rows_times_on_the_transpose_bit_for_bit(m, k, n, seed):
 
 # Odd shapes on purpose: masked last vectors (n % 16 of 4, 8 and 11 columns: a tail in
 # the first half only, exactly one half, and both halves), row counts that leave short tiles,
-# and W's rows 2 KiB apart (512 columns: the tiles copy its column panels first).
-_ISA_SHAPES = ((13, 70, 37), (12, 75, 100), (7, 88, 72), (13, 130, 1000), (13, 40, 512))
+# W's rows 2 KiB apart (512 columns: the tiles copy its column panels first), and enough
+# rows for the AVX2 path to copy every panel (COPY_ROWS) where the host's reads W in place.
+_ISA_SHAPES = ((13, 70, 37), (12, 75, 100), (7, 88, 72), (13, 130, 1000), (13, 40, 512), (30, 70, 100))
 _ISA_SCRIPT = """
 import sys, numpy as np
 import aepar
@@ -187,11 +188,29 @@ def test_aliased_rows_of_w_are_read_from_a_copy_on_every_path(n, copied, monkeyp
     assert [size > 0 for size in panels] == [copied, False]
 
 
-@pytest.mark.parametrize("m,k,n", [(13, 40, 512), (100, 33, 64), (7, 20, 48)])
+def test_stacked_blocks_are_read_from_a_copy_where_the_path_says(monkeypatch):
+    """From COPY_ROWS rows on (the AVX2 path's stacked blocks) every column panel is
+    copied first, whatever W's width; below it, or where the path names no such count,
+    W is read in place."""
+    from aepar.kernels.nb import rowprod
+
+    panels = []
+    real = rowprod._rows_times
+    monkeypatch.setattr(rowprod, "_rows_times", lambda v, W, out, panel: (panels.append(panel.size),
+                                                                          real(v, W, out, panel)))
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((40, 1000), np.float32)
+    rows = [rowprod.COPY_ROWS, rowprod.COPY_ROWS - 1] if rowprod.COPY_ROWS is not None else [100]
+    for m in rows:
+        rowprod.rows_times(rng.standard_normal((m, 40), np.float32), W, np.empty((m, 1000), np.float32))
+    assert [size > 0 for size in panels] == ([True, False] if rowprod.COPY_ROWS is not None else [False])
+
+
+@pytest.mark.parametrize("m,k,n", [(13, 40, 512), (100, 33, 64), (7, 20, 48), (30, 40, 1000), (25, 33, 37)])
 def test_copied_column_panels_give_the_same_bits(m, k, n):
-    """Where W's rows alias in the caches (a multiple of 2 KiB apart) the tiles read each
-    column panel from a copy: the same bits as W read in place, on this CPU's tiles
-    whatever it is."""
+    """Where the tiles read each column panel from a copy (W's rows aliasing in the
+    caches, or many rows stacked), the bits are those of W read in place, masked last
+    columns included, on this CPU's tiles whatever it is."""
     from aepar.kernels.memory import empty
     from aepar.kernels.nb import rowprod
 
