@@ -376,9 +376,9 @@ def _outer_row_tiles(M):
 def _rows_times(v, W, out, panel, transposed=False):
     """out = v @ W by the row tiles, column panel by column panel. ``panel``: room for one
     panel (K x CT vectors) that each is copied into before the tiles take it, or empty to
-    read W where it is. ``transposed``: out = v @ W.T,
-    each panel of W.T copied transposed out of W's rows (:func:`_transposed_panel`), so
-    that every out[r, i] is the same FMA chain over v's row r and W's row i."""
+    read W where it is. ``transposed``: out = v @ W.T, each panel of W.T copied
+    transposed out of W's rows (:func:`_transposed_panel`), so that every out[r, i] is
+    the same FMA chain over v's row r and W's row i."""
     M, K = v.shape
     N = out.shape[1]
     vf, wf, of = v.reshape(-1), W.reshape(-1), out.reshape(-1)

@@ -250,10 +250,11 @@ def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, vi
     assert_close(a, REF.dense_forward(x, W, b, act), dtype, work=shape[0], name="a")
 
     da = rng.standard_normal(a.shape).astype(dtype)
-    dbs = [np.zeros(shape[1]) for _ in sizes]
+    before = rng.standard_normal(shape[1])  # the column sums are added to what the dbs hold
+    dbs = [before.copy() for _ in sizes]
     dx, dz = K.dense_backward_blocks(da, x, W, a, act, dbs, starts)
     for k, (lo, hi) in enumerate(zip(starts[:-1], starts[1:])):
-        db = np.zeros(shape[1])
+        db = before.copy()
         dx_k, dz_k = K.dense_backward_factors(da[lo:hi], x[lo:hi], W, a[lo:hi], act, db)
         assert np.array_equal(dx[lo:hi], dx_k) and np.array_equal(dz[lo:hi], dz_k) and np.array_equal(dbs[k], db)
     assert_close(dx, REF.dense_backward_factors(da, x, W, a, act, np.zeros(shape[1]))[0], dtype, work=shape[1],

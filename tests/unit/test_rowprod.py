@@ -170,11 +170,9 @@ def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
         np.testing.assert_array_equal(avx2[name].view(np.int32), want.view(np.int32), err_msg=name)
 
 
-@pytest.mark.parametrize("n,copied", [(1024, True), (512, True), (1000, False)])
-def test_aliased_rows_of_w_are_read_from_a_copy_on_every_path(n, copied, monkeypatch):
-    """W's rows a multiple of 2 KiB apart are read from a contiguous copy of each column
-    panel, on the host's tiles too (an Intel Xeon's AVX-512 tiles read 784 x 1024 in place
-    at a quarter of the copied rate); one row tile reads the panel once and needs none."""
+def _copied(monkeypatch, rows, n) -> list:
+    """Whether ``rows_times`` copied W's column panels, for each row count in ``rows``
+    (W 40 x n)."""
     from aepar.kernels.nb import rowprod
 
     panels = []
@@ -183,9 +181,19 @@ def test_aliased_rows_of_w_are_read_from_a_copy_on_every_path(n, copied, monkeyp
                                                                           real(v, W, out, panel)))
     rng = np.random.default_rng(n)
     W = rng.standard_normal((40, n), np.float32)
-    for m in (rowprod.RT + 1, rowprod.RT):
+    for m in rows:
         rowprod.rows_times(rng.standard_normal((m, 40), np.float32), W, np.empty((m, n), np.float32))
-    assert [size > 0 for size in panels] == [copied, False]
+    return [size > 0 for size in panels]
+
+
+@pytest.mark.parametrize("n,copied", [(1024, True), (512, True), (1000, False)])
+def test_aliased_rows_of_w_are_read_from_a_copy_on_every_path(n, copied, monkeypatch):
+    """W's rows a multiple of 2 KiB apart are read from a contiguous copy of each column
+    panel, on the host's tiles too (an Intel Xeon's AVX-512 tiles read 784 x 1024 in place
+    at a quarter of the copied rate); one row tile reads the panel once and needs none."""
+    from aepar.kernels.nb import rowprod
+
+    assert _copied(monkeypatch, (rowprod.RT + 1, rowprod.RT), n) == [copied, False]
 
 
 def test_stacked_blocks_are_read_from_a_copy_where_the_path_says(monkeypatch):
@@ -194,16 +202,10 @@ def test_stacked_blocks_are_read_from_a_copy_where_the_path_says(monkeypatch):
     W is read in place."""
     from aepar.kernels.nb import rowprod
 
-    panels = []
-    real = rowprod._rows_times
-    monkeypatch.setattr(rowprod, "_rows_times", lambda v, W, out, panel: (panels.append(panel.size),
-                                                                          real(v, W, out, panel)))
-    rng = np.random.default_rng(0)
-    W = rng.standard_normal((40, 1000), np.float32)
-    rows = [rowprod.COPY_ROWS, rowprod.COPY_ROWS - 1] if rowprod.COPY_ROWS is not None else [100]
-    for m in rows:
-        rowprod.rows_times(rng.standard_normal((m, 40), np.float32), W, np.empty((m, 1000), np.float32))
-    assert [size > 0 for size in panels] == ([True, False] if rowprod.COPY_ROWS is not None else [False])
+    if rowprod.COPY_ROWS is None:
+        assert _copied(monkeypatch, (100,), 1000) == [False]
+    else:
+        assert _copied(monkeypatch, (rowprod.COPY_ROWS, rowprod.COPY_ROWS - 1), 1000) == [True, False]
 
 
 @pytest.mark.parametrize("m,k,n", [(13, 40, 512), (100, 33, 64), (7, 20, 48), (30, 40, 1000), (25, 33, 37)])
