@@ -54,6 +54,8 @@ the step.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from numba import njit
 
@@ -303,6 +305,21 @@ def _segment_source(rows, vecs):
                              "region, lo, o, ldo, nlast", setup, src)
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(name: str, size: int) -> np.ndarray:
+    """``size`` float32s of this thread's scratch buffer ``name`` (a copied panel, the
+    tree's stack), kept from call to call: a fresh aligned buffer per call cost about as
+    much as a narrow layer's whole product. Each thread has its own (aepar's threads take
+    bands and groups at once); a call's scratch is never returned to its caller."""
+    buf = getattr(_SCRATCH, name, None)
+    if buf is None or buf.size < size:
+        buf = empty(max(size, 1), np.float32)
+        setattr(_SCRATCH, name, buf)
+    return buf[:size]
+
+
 def _define(name, source):
     """Compile generated source as if written in this file (so Numba caches it here)."""
     return define(name, source, globals(), __file__)
@@ -541,7 +558,7 @@ def rows_times_t(h, W, out):
     if h.shape[1] == 0:
         out[...] = 0
     elif out.size:
-        _rows_times(h, W, out, empty(h.shape[1] * CT * LANES32, np.float32), True)
+        _rows_times(h, W, out, _scratch("panel", h.shape[1] * CT * LANES32), True)
     return out
 
 
@@ -554,7 +571,7 @@ def rows_times(v, W, out):
     elif out.size:
         # one row tile reads the panel once anyway; many read it from the copy faster
         copy = v.shape[0] > RT and (_aliased(W.shape[1]) or (COPY_ROWS is not None and v.shape[0] >= COPY_ROWS))
-        _rows_times(v, W, out, empty(W.shape[0] * CT * LANES32, np.float32) if copy else _NO_PANEL)
+        _rows_times(v, W, out, _scratch("panel", W.shape[0] * CT * LANES32) if copy else _NO_PANEL)
     return out
 
 
@@ -587,10 +604,13 @@ def _in_tiles(A, D, starts, merges, scales, out, vel, sgd):
         A = np.ascontiguousarray(A)
     lda = A.strides[0] // A.itemsize
     # one flat view from A[0, 0] to A[-1, -1], the rows' gaps included
-    af = np.lib.stride_tricks.as_strided(A, ((A.shape[0] - 1) * lda + A.shape[1],), (A.itemsize,)) \
-        if A.size else np.empty(0, np.float32)
-    _block_outer_sum(af, lda, D, starts, merges, scales, out, empty(stack_depth(merges) * SLOT, np.float32),
-                     empty(D.shape[0] * OC * LANES32, np.float32), vel, sgd)
+    if A.flags.c_contiguous:
+        af = A.reshape(-1)
+    else:
+        af = np.lib.stride_tricks.as_strided(A, ((A.shape[0] - 1) * lda + A.shape[1],), (A.itemsize,)) \
+            if A.size else np.empty(0, np.float32)
+    _block_outer_sum(af, lda, D, starts, merges, scales, out, _scratch("stack", stack_depth(merges.tolist()) * SLOT),
+                     _scratch("panel", D.shape[0] * OC * LANES32), vel, sgd)
 
 
 def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0):
@@ -615,7 +635,7 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
 def _scales(alphas, weight_decay=0.0, momentum=0.0, lr=0.0):
     """The tiles' one float32 array of scalars: the blocks' alphas, then the step's
     [decay, momentum, lr] (:func:`_sgd_lines`), then -1, 1 and -0 (:func:`_outer_source`)."""
-    return np.append(np.asarray(alphas, np.float32), np.float32([weight_decay, momentum, lr, -1, 1, -0.0]))
+    return np.array([*alphas, weight_decay, momentum, lr, -1, 1, -0.0], np.float32)
 
 
 def _padded_width(n: int) -> int:

@@ -224,3 +224,34 @@ def test_copied_column_panels_give_the_same_bits(m, k, n):
     rowprod._rows_times(v, W, got, empty(k * rowprod.CT * rowprod.LANES32, np.float32))
     np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
     np.testing.assert_allclose(got, v.astype(np.float64) @ W, rtol=1e-4, atol=1e-4)
+
+
+def test_threads_at_once_each_get_their_own_bits():
+    """aepar's threads run these kernels at the same time (bands of a weight, groups of
+    blocks), each kernel copying panels into scratch kept between calls: every thread's
+    results are those of the same calls made one after another."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aepar.kernels.nb import rowprod
+    from aepar.rows import tree_merges
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        A, D = rng.standard_normal((100, 300), np.float32), rng.standard_normal((100, 400), np.float32)
+        W = rng.standard_normal((300, 400), np.float32)
+        starts = [0, 13, 26, 39, 52, 64, 76, 88, 100]
+        out = []
+        for _ in range(5):
+            out.append(rowprod.block_outer_sum(A, D, starts, tree_merges(3, 0, 8), [1.0] * 8,
+                                               np.empty((300, 400), np.float32)))
+            out.append(rowprod.rows_times(A, W, np.empty((100, 400), np.float32)))
+            out.append(rowprod.rows_times_t(D, W, np.empty((100, 300), np.float32)))
+        return out
+
+    seeds = range(4)
+    alone = [work(s) for s in seeds]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(work, seeds))
+    for want, got in zip(alone, together):
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g.view(np.int32), w.view(np.int32))
