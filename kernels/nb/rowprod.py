@@ -310,9 +310,10 @@ _SCRATCH = threading.local()
 
 def _scratch(name: str, size: int) -> np.ndarray:
     """``size`` float32s of this thread's scratch buffer ``name`` (a copied panel, the
-    tree's stack), kept from call to call: a fresh aligned buffer per call cost about as
-    much as a narrow layer's whole product. Each thread has its own (aepar's threads take
-    bands and groups at once); a call's scratch is never returned to its caller."""
+    tree's stack), kept from call to call rather than allocated in each: for a narrow
+    layer the allocations were a sizeable part of the call (docs/performance-notes.md).
+    Each thread has its own (aepar's threads take bands and groups at once); a call's
+    scratch is never returned to its caller."""
     buf = getattr(_SCRATCH, name, None)
     if buf is None or buf.size < size:
         buf = empty(max(size, 1), np.float32)
