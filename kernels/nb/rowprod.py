@@ -587,6 +587,8 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     if out.size:
         scales = _scales(alphas)
         if most_rows(starts) > SEGMENT_ROWS:
+            # allocated per call, not kept (_scratch): megabytes at batch 5000, and one such
+            # call is long enough that the allocation does not count
             tiles = (len(_outer_row_tiles(out.shape[0])) - 1) * -(-out.shape[1] // (OC * LANES32))
             stack = empty(tiles * stack_depth(merges) * SLOT, np.float32)
             at = empty((A.shape[1], SEGMENT_ROWS), np.float32)
