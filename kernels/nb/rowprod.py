@@ -63,7 +63,7 @@ from ..memory import empty
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
 from ..ref.blocksum import check_block_outer_sum, most_rows, stack_depth
 from .codegen import define
-from .simd import JIT, prefetch, target_isa
+from .simd import JIT, prefetch, prefetch_l2, target_isa
 from .update import sgd_momentum_update
 from .simd32 import LANES32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m, vtranspose32, vzero32
 
@@ -99,10 +99,6 @@ COPY_ROWS = {"avx512": None, "avx2": 24}[target_isa()]
 # where they would alias, on the AVX2 path only (batch 5000's stretches: 0.74 -> 0.84 of
 # OpenBLAS there; the AVX-512 tiles gained nothing on either CPU)
 PAD_ALIASED = target_isa() == "avx2"
-# block_outer_sum_sgd's tiles ask for their lines of the velocity with those of W: the
-# AVX2 path's tiles, one line wide, otherwise waited on them in the step; the AVX-512
-# tiles ran slower with them (docs/performance-notes.md)
-PREFETCH_VEL = target_isa() == "avx2"
 _NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
 MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS (faster there)
 SLOT = OR * OC * LANES32  # floats of one partial sum of a block_outer_sum tile on its stack
@@ -193,13 +189,15 @@ def _outer_source(rows, vecs):
     src = ["    zero = vzero32()",
             "    one = vbcast32(alphas, alphas.size - 2)",
             "    minus0 = vbcast32(alphas, alphas.size - 1)"]
-    # ask for out's lines now: the tile's stores come after all its blocks' FMAs, and a
-    # gradient row is seldom in cache (a store that misses stalled the tile's stack stores);
-    # both ends of each vector, which straddles two lines where a row is not whole lines
-    src += [f"    prefetch(o, oo + {r} * ldo + {LANES32 * c + e})" for r, c in acc for e in (0, LANES32 - 1)]
-    if PREFETCH_VEL:
-        src += ["    if sgd:"]
-        src += [f"        prefetch(vel, oo + {r} * ldo + {LANES32 * c + e})" for r, c in acc for e in (0, LANES32 - 1)]
+    # ask for out's lines now (and, where the tile steps, the velocity's): its stores and
+    # the step's loads come after all its blocks' FMAs, and a weight row is seldom in
+    # cache (a store that misses stalled the tile's stack stores). Into L2, not L1, where
+    # the FMAs read D's panel and A's tile: the step ran 6-8% faster over the stack's
+    # shapes on both paths than with out's lines in L1 (docs/performance-notes.md). Both
+    # ends of each vector, which straddles two lines where a row is not whole lines.
+    src += [f"    prefetch_l2(o, oo + {r} * ldo + {LANES32 * c + e})" for r, c in acc for e in (0, LANES32 - 1)]
+    src += ["    if sgd:"]
+    src += [f"        prefetch_l2(vel, oo + {r} * ldo + {LANES32 * c + e})" for r, c in acc for e in (0, LANES32 - 1)]
     src += [f"    a{r}_{c} = zero" for r, c in acc]
     src += ["    top = 0", "    for b in range(merges.size):"]
     src += [f"        a{r}_{c} = zero" for r, c in acc]

@@ -20,7 +20,7 @@ from numba.extending import intrinsic, models, register_model
 
 from .nbmath import C1, C2, C3, C4, C5, C6, LN2_HI, LN2_LO, LOG2E, SHIFTER
 
-__all__ = ["LANES", "f64x8", "dptr", "rowptr", "vload", "vstore", "vbcast", "prefetch", "vsplat", "vfma", "vfnma",
+__all__ = ["LANES", "f64x8", "dptr", "rowptr", "vload", "vstore", "vbcast", "prefetch", "prefetch_l2", "vsplat", "vfma", "vfnma",
            "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vpow2n", "vsigmoid", "vsigmoid_array",
            "store_transposed", "JIT", "target_isa"]
 
@@ -154,24 +154,33 @@ def vbcast(typingctx, a, i):
 _PREFETCH = "llvm.prefetch.p0" if llvm_version_info >= (15,) else "llvm.prefetch.p0i8"
 
 
-@intrinsic
-def prefetch(typingctx, a, i):
-    """Ask for the cache line holding a[i] of a flat float64 or float32 array (a hint:
+def _prefetcher(locality, doc):
+    """An intrinsic f(a, i) asking for the cache line holding a[i] of a flat float64 or
+    float32 array with llvm.prefetch's ``locality`` (3: into L1, 2: into L2; a hint:
     never faults, even past the end)."""
-    if not ((_flat_f64(a) or _flat_f32(a)) and isinstance(i, types.Integer)):
-        return None
+    @intrinsic
+    def ask(typingctx, a, i):
+        if not ((_flat_f64(a) or _flat_f32(a)) and isinstance(i, types.Integer)):
+            return None
 
-    def codegen(context, builder, sig, args):
-        data = _data(context, builder, sig.args[0], args[0])
-        idx = context.cast(builder, args[1], sig.args[1], types.intp)
-        ptr = builder.bitcast(builder.gep(data, [idx]), ir.PointerType(ir.IntType(8)))
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]), _PREFETCH)
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
+        def codegen(context, builder, sig, args):
+            data = _data(context, builder, sig.args[0], args[0])
+            idx = context.cast(builder, args[1], sig.args[1], types.intp)
+            ptr = builder.bitcast(builder.gep(data, [idx]), ir.PointerType(ir.IntType(8)))
+            i32 = ir.IntType(32)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]), _PREFETCH)
+            builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
+            return context.get_dummy_value()
 
-    return types.none(a, i), codegen
+        return types.none(a, i), codegen
+    ask.__doc__ = doc
+    return ask
+
+
+prefetch = _prefetcher(3, "Ask for the cache line holding a[i] in L1 (x86: prefetcht0).")
+# where L1 is busy with a kernel's own operands and the line is wanted only later
+prefetch_l2 = _prefetcher(2, "Ask for the cache line holding a[i] in L2, not L1 (x86: prefetcht1).")
 
 
 @intrinsic

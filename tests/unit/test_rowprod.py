@@ -255,3 +255,25 @@ def test_threads_at_once_each_get_their_own_bits():
     for want, got in zip(alone, together):
         for w, g in zip(want, got):
             np.testing.assert_array_equal(g.view(np.int32), w.view(np.int32))
+
+
+def test_the_weight_step_asks_for_its_rows_in_l2_not_l1():
+    """prefetch_l2 is x86's prefetcht1 (prefetch: prefetcht0), and block_outer_sum's tiles
+    ask for out's lines and, where they step, the velocity's with it: into L1 they pushed
+    out the tile's panel of D (docs/performance-notes.md, 0.8.4)."""
+    from numba import njit
+    from aepar.kernels.nb import rowprod
+    from aepar.kernels.nb.simd import prefetch, prefetch_l2
+
+    @njit
+    def ask(a):
+        prefetch(a, 0)
+        prefetch_l2(a, 64)
+
+    ask(np.zeros(128, np.float32))
+    asm = next(iter(ask.inspect_asm().values()))
+    assert "prefetcht0" in asm and "prefetcht1" in asm
+    source = rowprod._outer_source(rowprod.OR, rowprod.OC)[1]
+    asks = [line.strip() for line in source.splitlines() if "prefetch" in line]
+    assert asks and all(line.startswith("prefetch_l2(") for line in asks)
+    assert {line.split("(")[1].split(",")[0] for line in asks} == {"o", "vel"}
