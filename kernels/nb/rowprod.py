@@ -63,9 +63,11 @@ from ..memory import empty
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
 from ..ref.blocksum import check_block_outer_sum, most_rows, stack_depth
 from .codegen import define
-from .simd import JIT, prefetch, prefetch_l2, target_isa
+# the generated tiles (_define) call these by name
+from .simd import JIT, prefetch, prefetch_l2, target_isa  # noqa: F401
 from .update import sgd_momentum_update
-from .simd32 import LANES32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m, vtranspose32, vzero32
+from .simd32 import (LANES32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m,  # noqa: F401
+                     vtranspose32, vzero32)
 
 __all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum", "block_outer_sum_sgd"]
 
