@@ -20,8 +20,8 @@ from numba.extending import intrinsic, models, register_model
 
 from .nbmath import C1, C2, C3, C4, C5, C6, LN2_HI, LN2_LO, LOG2E, SHIFTER
 
-__all__ = ["LANES", "f64x8", "dptr", "rowptr", "vload", "vstore", "vbcast", "prefetch", "prefetch_l2", "vsplat", "vfma", "vfnma",
-           "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vpow2n", "vsigmoid", "vsigmoid_array",
+__all__ = ["LANES", "f64x8", "dptr", "rowptr", "vload", "vstore", "vbcast", "prefetch", "prefetch_l2", "vsplat",
+           "vfma", "vfnma", "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vpow2n", "vsigmoid", "vsigmoid_array",
            "store_transposed", "JIT", "target_isa"]
 
 # error_model="numpy": no ZeroDivisionError branch, which would stop LLVM from
