@@ -606,12 +606,12 @@ def _in_tiles(A, D, starts, merges, scales, out, vel, sgd):
     if A.strides[1] != A.itemsize or A.strides[0] < 0 or A.strides[0] % A.itemsize:
         A = np.ascontiguousarray(A)
     lda = A.strides[0] // A.itemsize
-    # one flat view from A[0, 0] to A[-1, -1], the rows' gaps included
+    # one flat view from A[0, 0] to A[-1, -1], the rows' gaps included (an empty A is
+    # C-contiguous, so the strided view always has a first and a last row)
     if A.flags.c_contiguous:
         af = A.reshape(-1)
     else:
-        af = np.lib.stride_tricks.as_strided(A, ((A.shape[0] - 1) * lda + A.shape[1],), (A.itemsize,)) \
-            if A.size else np.empty(0, np.float32)
+        af = np.lib.stride_tricks.as_strided(A, ((A.shape[0] - 1) * lda + A.shape[1],), (A.itemsize,))
     _block_outer_sum(af, lda, D, starts, merges, scales, out, _scratch("stack", stack_depth(merges.tolist()) * SLOT),
                      _scratch("panel", D.shape[0] * OC * LANES32), vel, sgd)
 
