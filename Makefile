@@ -51,7 +51,7 @@ $(STAMP): setup.py pyproject.toml
 run: venv  ## the main job: synchronized pre-training on embedded real MNIST, one rank per core (NP), against greedy on the same ranks
 	$(MPIRUN) -np $(NP) $(BIN)/python -m aepar.sync --preset quick $(RUN_ARGS)
 
-test: venv  ## the full suite CI runs: unit, MPI (mpirun -np 1-8), reliability and end-to-end tests (~10 min on 2 cores)
+test: venv  ## the full suite CI runs: unit, MPI (mpirun -np 1-8), reliability and end-to-end tests (~15 min on 2 cores)
 	$(BIN)/python -m pytest tests
 
 check: venv  ## the quick tier for the edit loop (< 3 min on 2 cores): unit tests without MPI, one small MPI test
