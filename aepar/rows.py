@@ -33,8 +33,8 @@ from aepar.errors import UserError
 
 __all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node",
            "tree_node_from", "tree_cover", "cover_merges", "tree_merges", "tree_sum", "tree_sum_rows", "local_sums",
-           "parallel_map", "each", "threads", "check_blocks", "stacked_rows", "weighted_ranges", "CHUNK",
-           "DEFAULT_BLOCKS"]
+           "parallel_map", "each", "threads", "check_blocks", "stacked_rows", "BlockRows", "BlockFactor",
+           "factor_rows", "weighted_ranges", "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8
@@ -317,11 +317,59 @@ def threads() -> int:
     return max(1, int(getattr(aepar, "THREADS", 1)))
 
 
+class BlockRows(list):
+    """Blocks whose rows lie one after another in one array: item k is the view
+    ``rows[starts[k]:starts[k + 1]]``. Consecutive items (a slice) are a BlockRows of the
+    same array, which :func:`stacked_rows` returns as one view of it without looking up
+    where each view lies (a look-up costs microseconds of host time, and a step of 8
+    blocks made dozens)."""
+
+    def __init__(self, rows, starts):
+        self.rows, self.starts = rows, [int(s) for s in starts]
+        super().__init__(rows[lo:hi] for lo, hi in zip(self.starts[:-1], self.starts[1:]))
+
+    def __getitem__(self, index):
+        if isinstance(index, slice) and index.step in (None, 1):
+            lo, hi, _ = index.indices(len(self))
+            return BlockRows(self.rows, self.starts[lo:max(lo, hi) + 1])
+        return super().__getitem__(index)
+
+    def stacked(self):
+        """All the items' rows: one view of the array."""
+        return self.rows[self.starts[0]:self.starts[-1]]
+
+
+class BlockFactor(tuple):
+    """One block's factors (A, D, alpha) (see aepar.parallel.data_parallel) whose rows are
+    item ``k`` of two :class:`BlockRows`: the trainer stacks consecutive blocks' factors as
+    views of those arrays (:func:`factor_rows`)."""
+
+    def __new__(cls, a_rows: BlockRows, d_rows: BlockRows, k: int, alpha):
+        factor = super().__new__(cls, (a_rows[k], d_rows[k], alpha))
+        factor.source = (a_rows, d_rows, k)
+        return factor
+
+
+def factor_rows(xp, parts, widths, dtype) -> tuple:
+    """(A, D): the rows of consecutive blocks' factors ``parts`` ((A, D, alpha) or None:
+    no rows) one after another, each of ``widths`` columns. BlockFactors of the same
+    arrays, in order, give views of them; anything else :func:`stacked_rows`'s stacking."""
+    sources = [getattr(p, "source", None) for p in parts]
+    if sources and sources[0] is not None:
+        a_rows, d_rows, k = sources[0]
+        if all(s is not None and s[0] is a_rows and s[1] is d_rows and s[2] == k + i for i, s in enumerate(sources)):
+            parts_a, parts_d = a_rows[k:k + len(parts)], d_rows[k:k + len(parts)]
+            return stacked_rows(xp, parts_a, widths[0], dtype), stacked_rows(xp, parts_d, widths[1], dtype)
+    return tuple(stacked_rows(xp, [p[j] if p else None for p in parts], widths[j], dtype) for j in (0, 1))
+
+
 def stacked_rows(xp, parts, width: int, dtype):
     """The rows of ``parts`` (2-D arrays of ``width`` columns; None or empty: no rows) one
     after another. Where they already lie so in one allocation (consecutive blocks' factors
     sliced from the array a kernel stacked them in) those rows are returned as they are, a
     view; otherwise one copy. On a GPU a copy is a launch per part."""
+    if isinstance(parts, BlockRows) and parts.rows.ndim == 2 and parts.rows.shape[1] == width:
+        return parts.stacked()
     live = [p for p in parts if p is not None and p.shape[0]]
     if not live:
         return xp.empty((0, width), dtype)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aepar.models.rbm import RBM
 from aepar.models.trained import BlockActivations
-from aepar.rows import each
+from aepar.rows import BlockFactor, BlockRows, each
 
 __all__ = ["AELayer"]
 
@@ -56,7 +56,7 @@ class AELayer(RBM):
         D = [dz1; h]. The blocks are stacked in one group per thread, each layer one
         kernel call per group (``dense_*_blocks``), with each block's own bits."""
         K, p, xp = self.be.K, self.params, self.be.xp
-        acts = BlockActivations(list(xs), xp)
+        acts = BlockActivations(xs, xp)
         Wt = p["W"].T  # a view: the kernels take it as it is (a copy is a pass over W every step)
 
         def chain(x, starts, grads):
@@ -69,10 +69,11 @@ class AELayer(RBM):
             _, dz1 = K.dense_backward_blocks(dh, x, p["W"], h, self.code_act, [g["bh"] for g in grads], starts,
                                              need_dx=False)
             # every block's factors in one array each, block after block: one copy, and the
-            # trainer's sum takes their rows as they lie (aepar.rows.stacked_rows)
+            # trainer's sum takes their rows as they lie (aepar.rows.factor_rows)
             A = xp.concatenate([part for lo, hi in bounds for part in (x[lo:hi], dz2[lo:hi])])
             D = xp.concatenate([part for lo, hi in bounds for part in (dz1[lo:hi], h[lo:hi])])
-            return [((err,), {"W": (A[2 * lo:2 * hi], D[2 * lo:2 * hi], 1.0)}) for (lo, hi), err in zip(bounds, errs)]
+            a_rows, d_rows = BlockRows(A, 2 * starts), BlockRows(D, 2 * starts)
+            return [((err,), {"W": BlockFactor(a_rows, d_rows, k, 1.0)}) for k, err in enumerate(errs)]
         out = [block for group in each(chain, acts.layers[0], acts.starts, acts.split(list(grads)))
                for block in group]
         return [sums for sums, _ in out], [f for _, f in out]

@@ -189,7 +189,7 @@ class ConvAutoencoder(TrainedState):
         per thread, each group's layers one kernel call (:meth:`_blocks_gradients`), every
         block's gradients and sum the bits it would have alone. None of the gradients is
         factored: returns ([(Σ (x − x̂)²,)], [{}]), one entry per block."""
-        acts = BlockActivations(list(xs), self.be.xp)
+        acts = BlockActivations(xs, self.be.xp)
         sq_errs = [e for group in each(lambda x, starts, g: self._blocks_gradients(x, starts, g, scale),
                                        acts.layers[0], acts.starts, acts.split(list(grads))) for e in group]
         return [(e,) for e in sq_errs], [{} for _ in sq_errs]

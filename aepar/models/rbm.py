@@ -24,7 +24,7 @@ import numpy as np
 
 from aepar.models.trained import BlockActivations
 from aepar.optim import SGD
-from aepar.rows import Shard, each, mean_squared_error
+from aepar.rows import BlockFactor, BlockRows, Shard, each, mean_squared_error
 
 __all__ = ["RBM"]
 
@@ -110,15 +110,15 @@ class RBM:
         group per thread and each group's chains are one kernel call
         (``rbm_cd_factors_blocks``), with each block's own bits."""
         be, p = self.be, self.params
-        acts = BlockActivations(list(xs), be.xp)
+        acts = BlockActivations(xs, be.xp)
 
         def chain(x, starts, rngs, grads):
             noise = self._noise(rngs, starts)  # each block's draws from its own stream, as alone
             a, d, alpha, errs = be.K.rbm_cd_factors_blocks(
                 x, p["W"], p["bv"], p["bh"], noise, self.hidden, [g["bv"] for g in grads],
                 [g["bh"] for g in grads], starts, scale)
-            return [((err,), {"W": (a[2 * lo:2 * hi], d[2 * lo:2 * hi], alpha)})
-                    for lo, hi, err in zip(starts[:-1], starts[1:], errs)]
+            a_rows, d_rows = BlockRows(a, 2 * starts), BlockRows(d, 2 * starts)  # block b: rows 2 starts[b]..
+            return [((err,), {"W": BlockFactor(a_rows, d_rows, k, alpha)}) for k, err in enumerate(errs)]
         out = [block for group in each(chain, acts.layers[0], acts.starts, acts.split(list(rngs)),
                                        acts.split(list(grads))) for block in group]
         return [sums for sums, _ in out], [f for _, f in out]

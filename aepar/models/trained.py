@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aepar.rows import block_bounds, each, stacked_rows, threads
+from aepar.rows import BlockFactor, BlockRows, block_bounds, each, stacked_rows, threads
 
 __all__ = ["TrainedState", "DenseBackprop", "BlockActivations"]
 
@@ -40,12 +40,18 @@ class BlockActivations:
     ``starts[g][k + 1]``), so that a layer is one kernel call per group."""
 
     def __init__(self, xs, xp):
+        """``xs``: the blocks' rows, a list of arrays or an aepar.rows.BlockRows."""
         bounds = block_bounds(len(xs), min(threads(), len(xs))) if len(xs) else [0]
         self.groups = list(zip(bounds[:-1], bounds[1:]))
-        self.starts = [np.cumsum([0] + [x.shape[0] for x in xs[lo:hi]]) for lo, hi in self.groups]
         self.xp = xp
-        # the rows as they lie where a group's blocks come one after another in one array
-        # (the trainer gathers a step's rows in one call), else stacked
+        if isinstance(xs, BlockRows):  # the trainer gathers a step's rows in one call: a group's are a view
+            self.starts = [np.array(xs.starts[lo:hi + 1]) - xs.starts[lo] for lo, hi in self.groups]
+            self.layers = [[xp.ascontiguousarray(xs[lo:hi].stacked()) for lo, hi in self.groups]]
+            return
+        xs = list(xs)
+        self.starts = [np.cumsum([0] + [x.shape[0] for x in xs[lo:hi]]) for lo, hi in self.groups]
+        # the rows as they lie where a group's blocks come one after another in one array,
+        # else stacked
         self.layers = [[xp.ascontiguousarray(stacked_rows(xp, xs[lo:hi], xs[lo].shape[1], xs[lo].dtype))
                         for lo, hi in self.groups]
                        if xs and all(x.ndim == 2 for x in xs) else self.stack(xs)]
@@ -92,7 +98,7 @@ class DenseBackprop:
         not free: a layer at a time made eight per pass, and they ate what a second thread
         gained)."""
         K, p = self.be.K, self.params
-        acts = BlockActivations(list(xs), self.be.xp)
+        acts = BlockActivations(xs, self.be.xp)
         layers = [(p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i]) for i in range(self.n_layers)]
 
         def through(a, s):
@@ -135,5 +141,8 @@ class DenseBackprop:
         if factors is not None:
             for i in range(self.n_layers):
                 w_name = f"W{i + 1}"
-                for f, x, dz in zip(factors, acts.blocks(acts.layers[i]), acts.blocks([d[w_name] for d in dzs])):
-                    f[w_name] = (x, dz, 1.0)
+                groups = [(BlockRows(x, s), BlockRows(d[w_name], s))
+                          for x, d, s in zip(acts.layers[i], dzs, acts.starts)]
+                blocks = (BlockFactor(a_rows, d_rows, k, 1.0) for a_rows, d_rows in groups for k in range(len(a_rows)))
+                for f, factor in zip(factors, blocks):  # each block's rows: views of its group's arrays
+                    f[w_name] = factor

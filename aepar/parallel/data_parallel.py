@@ -37,7 +37,10 @@ all the blocks, one kernel call per layer). The weight gradients it names in
 ``factored``, products ``alpha * A.T @ D`` of a block's rows, it leaves out of ``grads``
 and returns as factors (the CAE names none). Each tree node's sum of the factored
 gradients is then one ``block_outer_sum`` call from its blocks' factors, the same bits as
-the blocks' own products added in the tree, without writing them out.
+the blocks' own products added in the tree, without writing them out. Where the blocks'
+factors lie one after another in arrays the model made (``aepar.rows.BlockFactor``), a
+node's rows are views of those arrays; the step's rows come to the model that way too
+(``xs`` an ``aepar.rows.BlockRows`` of one gathered array).
 
 Models never see ranks: where one needs a sum over all ranks' rows (an evaluation) it is
 handed ``reducer(comm)``.
@@ -61,7 +64,7 @@ import numpy as np
 
 from aepar.optim import FactoredGradient, written
 from aepar.parallel.blocks import TreeSum
-from aepar.rows import Blocks, Shard, block_bounds, parallel_map, stacked_rows, threads, tree_merges
+from aepar.rows import BlockRows, Blocks, Shard, block_bounds, factor_rows, parallel_map, threads, tree_merges
 
 __all__ = ["Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums", "reducer"]
 
@@ -329,8 +332,7 @@ def _local_sum(be, buf, factors, first, merges, out, defer=False):
     for name in buf.factored:
         m, n = grads[name].shape
         parts = [f[name] if f is not None else None for f in factors[first:first + len(merges)]]
-        a = stacked_rows(be.xp, [p[0] if p else None for p in parts], m, be.dtype)
-        d = stacked_rows(be.xp, [p[1] if p else None for p in parts], n, be.dtype)
+        a, d = factor_rows(be.xp, parts, (m, n), be.dtype)
         starts = np.cumsum([0] + [p[0].shape[0] if p else 0 for p in parts])
         alphas = [p[2] if p else 1.0 for p in parts]
         # the threads take a band of rows each: an element's sums are the same in any band
@@ -475,8 +477,8 @@ class _Epoch:
             if live:  # the step's rows of all own blocks in one gather, each block's a view
                 x = self.be.xp.take(self.shard.x, self.batch_order[self.batch_starts[k]:self.batch_starts[k + 1]],
                                     axis=0)
-                ends = self.block_ends[k]
-                xs = [x[ends[i]:ends[i + 1]] for i in live]
+                ends = self.block_ends[k]  # the live blocks' rows lie one after another in x
+                xs = BlockRows(x, [ends[i] for i in live] + [ends[live[-1] + 1]])
             extras, found = model.block_factors(xs,
                                                 [mb.rngs[mine[i]] for i in live],
                                                 scale, [buf.views(leaves[i]) for i in live])

@@ -14,7 +14,8 @@ from aepar.models.rbm import RBM
 from aepar.models.stacked import StackedAutoencoder
 from aepar.optim import Adam
 from aepar.parallel.data_parallel import blockwise_sums, reducer, train_epoch
-from aepar.rows import Blocks, Shard, local_sums, stacked_rows, tree_sum, tree_sum_rows, weighted_ranges
+from aepar.rows import (BlockFactor, BlockRows, Blocks, Shard, factor_rows, local_sums, stacked_rows, tree_sum,
+                        tree_sum_rows, weighted_ranges)
 
 
 def _be(kernels="numpy", dtype="float64"):
@@ -296,12 +297,15 @@ def test_factored_gradients_take_the_steps_of_the_blocks_own_gradients(kind, ker
         assert not np.array_equal(plain.params[k], make().params[k])
 
 
+@pytest.mark.parametrize("given_as", ["list", "rows of one array"])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("kernels,dtype", [("numpy", "float64"), ("numba", "float32")])
 @pytest.mark.parametrize("kind", ["rbm", "ae", "stacked", "classifier"])
-def test_block_factors_of_several_blocks_are_each_blocks_own_bits(kind, kernels, dtype, threads, monkeypatch):
+def test_block_factors_of_several_blocks_are_each_blocks_own_bits(kind, kernels, dtype, threads, given_as,
+                                                                   monkeypatch):
     """A rank's blocks go through the model together (layer by layer, over the threads):
-    every block's sums, bias gradients and factors are the bits of that block alone."""
+    every block's sums, bias gradients and factors are the bits of that block alone,
+    whether the blocks come as a list of arrays or as the trainer gives them (BlockRows)."""
     monkeypatch.setattr(aepar, "THREADS", threads)
     be = _be(kernels, dtype)
     x = _data(n=60, d=40, seed=4).astype(dtype)
@@ -315,6 +319,8 @@ def test_block_factors_of_several_blocks_are_each_blocks_own_bits(kind, kernels,
     else:
         model = StackedAutoencoder(be, [40, 24, 6], loss="xent", seed=3, batch=60)
     blocks = [x[0:13], x[13:26], x[26:38], x[38:39], x[39:60]]
+    if given_as != "list":
+        blocks = BlockRows(x, [0, 13, 26, 38, 39, 60])
 
     def grads():
         return {k: be.xp.zeros(s, dtype) for k, s in model.grad_shapes().items()}
@@ -472,6 +478,34 @@ def test_stacked_rows_take_consecutive_blocks_as_they_lie_and_copy_the_rest():
     together = stacked_rows(np, [aligned[0:3], aligned[3:7], aligned[7:12]], 5, np.float32)
     assert np.shares_memory(together, aligned) and np.array_equal(together, a)
     assert together.__array_interface__["data"][0] == aligned.__array_interface__["data"][0]
+
+
+def test_block_rows_stack_consecutive_blocks_as_views_of_their_array():
+    """Blocks known to lie in one array (BlockRows) stack as a view of it, a slice of them
+    too; their factors (BlockFactor) stack as views where they are consecutive blocks of
+    the same arrays, and are copied together otherwise: the same rows either way."""
+    a = memory.empty((12, 5), np.float32)
+    a[:] = np.arange(60).reshape(12, 5)
+    rows = BlockRows(a, [0, 3, 3, 7, 12])
+    assert len(rows) == 4 and [r.shape[0] for r in rows] == [3, 0, 4, 5]
+    for part in (rows, rows[1:], rows[2:3], rows[4:]):
+        together = stacked_rows(np, part, 5, np.float32)
+        assert np.shares_memory(together, a) or together.size == 0
+        assert np.array_equal(together, np.concatenate([np.empty((0, 5), np.float32)] + list(part)))
+    d = memory.empty((12, 2), np.float32)
+    d[:] = np.arange(24).reshape(12, 2)
+    d_rows = BlockRows(d, rows.starts)
+    factors = [BlockFactor(rows, d_rows, k, 0.5) for k in range(4)]
+    assert factors[3][2] == 0.5 and np.array_equal(factors[3][0], a[7:12])
+    viewed = factor_rows(np, factors[1:], (5, 2), np.float32)
+    assert np.shares_memory(viewed[0], a) and np.shares_memory(viewed[1], d)
+    assert np.array_equal(viewed[0], a[3:12]) and np.array_equal(viewed[1], d[3:12])
+    other = BlockFactor(BlockRows(a.copy(), rows.starts), d_rows, 3, 0.5)  # the same rows, another array
+    for parts in ([factors[0], factors[3]], [factors[2], factors[0]], [factors[0], None, factors[3]],
+                  [factors[2], other]):  # a gap, out of order, a block with no factors, another array
+        copied = factor_rows(np, parts, (5, 2), np.float32)
+        want = [np.concatenate([p[j] for p in parts if p is not None]) for j in (0, 1)]
+        assert not np.shares_memory(copied[0], a) and all(np.array_equal(c, w) for c, w in zip(copied, want))
 
 
 @settings(max_examples=60, deadline=None)
