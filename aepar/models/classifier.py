@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aepar.rows import each, local_sums
+from aepar.rows import local_sums
 from aepar.models.trained import DenseBackprop, TrainedState
 
 __all__ = ["Classifier", "with_labels", "split_labels", "CLASSIFY_STREAM", "HIDDEN_ACTS", "UNIT_ACTS", "HIDDEN_INIT",
@@ -204,16 +204,14 @@ class Classifier(TrainedState, DenseBackprop):
     def _blocks_loss_and_grad(self, xs, labels, grads, scale, factors=None):
         """:meth:`loss_and_grad` of every block in ``xs`` at once, layer by layer; with
         ``factors`` (one dict per block) the weight gradients are left there
-        (:meth:`backprop`). Returns [(loss, correct)] per block."""
+        (:meth:`blocks_pass`). Returns [(loss, correct)] per block."""
         K = self.be.K
-        acts = self.forward_blocks(xs)
 
         def head(logits, y):
             loss, probs = K.softmax_xent_forward(logits, y, scale=scale)
             correct = (probs.argmax(axis=1) == y).sum()  # on the GPU it stays there, as the loss
             return loss, correct, K.softmax_xent_backward(probs, y, scale=scale)  # d/dlogits: through "identity"
-        heads = each(head, acts.blocks(acts.layers[-1]), labels)
-        self.backprop(acts, [da for _, _, da in heads], grads, factors)
+        heads = self.blocks_pass(xs, head, labels, grads, factors)
         return [(loss, correct) for loss, correct, _ in heads]
 
     # ---- the trainer's protocol ------------------------------------------------------------

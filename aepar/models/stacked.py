@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from aepar.models.trained import DenseBackprop
-from aepar.rows import Shard, each, mean_squared_error
+from aepar.rows import Shard, mean_squared_error
 
 __all__ = ["StackedAutoencoder", "LOSSES", "FINETUNE_STREAM"]
 
@@ -140,9 +140,8 @@ class StackedAutoencoder(DenseBackprop):
     def _blocks_loss_and_grad(self, xs, grads, scale, factors=None):
         """:meth:`loss_and_grad` of every block in ``xs`` (one ``grads`` dict each) at once,
         layer by layer; with ``factors`` (one dict per block) the weight gradients are left
-        there (:meth:`backprop`). Returns [(loss, sq_err)] per block."""
+        there (:meth:`blocks_pass`). Returns [(loss, sq_err)] per block."""
         K = self.be.K
-        acts = self.forward_blocks(xs)
 
         def head(out, x):
             if self.loss == "mse":
@@ -152,8 +151,7 @@ class StackedAutoencoder(DenseBackprop):
             loss, y = K.sigmoid_xent_forward(out, x, scale=scale)
             # d/dlogits: through "identity"
             return loss, K.mse_forward(y, x, scale=2.0), K.sigmoid_xent_backward(y, x, scale=scale)
-        heads = each(head, acts.blocks(acts.layers[-1]), xs)
-        self.backprop(acts, [da for _, _, da in heads], grads, factors)
+        heads = self.blocks_pass(xs, head, xs, grads, factors)
         return [(loss, sq_err) for loss, sq_err, _ in heads]
 
     # ---- training and evaluation ---------------------------------------------------------

@@ -66,10 +66,6 @@ class BlockActivations:
         """Per-block items (block order) listed per group."""
         return [items[lo:hi] for lo, hi in self.groups]
 
-    def blocks(self, stacked) -> list:
-        """Each block's rows of per-group arrays (``layers[l]``, or dz), in block order."""
-        return [a[s[k]:s[k + 1]] for a, s in zip(stacked, self.starts) for k in range(len(s) - 1)]
-
 
 class DenseBackprop:
     """The forward and backward passes of a model with dense layers ``W1, b1 .. W{n}, b{n}``
@@ -97,52 +93,72 @@ class DenseBackprop:
         group through all the layers, one hand-off per pass (a thread pool's hand-off is
         not free: a layer at a time made eight per pass, and they ate what a second thread
         gained)."""
-        K, p = self.be.K, self.params
         acts = BlockActivations(xs, self.be.xp)
-        layers = [(p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i]) for i in range(self.n_layers)]
-
-        def through(a, s):
-            out = []
-            for W, b, act in layers:
-                a = K.dense_forward_blocks(a, W, b, act, s)
-                out.append(a)
-            return out
-        per_group = each(through, acts.layers[0], acts.starts)
+        per_group = each(self._through, acts.layers[0], acts.starts)
         acts.layers += [[outs[i] for outs in per_group] for i in range(self.n_layers)]
         return acts
 
-    def backprop(self, acts: BlockActivations, das, grads, factors=None):
-        """From d/d(last output) back through every layer, for the blocks of
-        :meth:`forward_blocks`' ``acts``: ``das``, ``grads`` (dicts) and ``factors`` hold one
-        entry per block. Bias gradients are added into ``grads``, and weight gradients too,
-        unless ``factors`` is given: then each block's ``factors[b][f"W{i}"]`` gets (layer
-        input, dz, 1.0), its gradient being input.T @ dz. Each thread takes its group back
-        through all the layers (one hand-off, as in :meth:`forward_blocks`)."""
-        K, p, xp = self.be.K, self.params, self.be.xp
+    def _through(self, a, starts) -> list:
+        """One group's rows ``a`` (blocks at ``starts``) forward: every layer's output."""
+        K, p, out = self.be.K, self.params, []
+        for i in range(self.n_layers):
+            a = K.dense_forward_blocks(a, p[f"W{i + 1}"], p[f"b{i + 1}"], self.acts[i], starts)
+            out.append(a)
+        return out
 
-        def back(g, da, gs):
-            """Group g from its output back; returns its dz per layer (factors) or {}."""
-            s, dzs = acts.starts[g], {}
-            for i in reversed(range(self.n_layers)):
-                W, act, need_dx = p[f"W{i + 1}"], self.acts[i], i > 0
-                w_name, b_name = f"W{i + 1}", f"b{i + 1}"
-                x, a = acts.layers[i][g], acts.layers[i + 1][g]
-                if factors is None and len(gs) == 1:  # one block (a GPU's batch): no row views to make
-                    da = K.dense_backward(da, x, W, a, act, gs[0][w_name], gs[0][b_name], need_dx=need_dx)
-                elif factors is None:
-                    dxs = [K.dense_backward(da[lo:hi], x[lo:hi], W, a[lo:hi], act, gb[w_name], gb[b_name],
-                                            need_dx=need_dx) for lo, hi, gb in zip(s[:-1], s[1:], gs)]
-                    da = (dxs[0] if len(dxs) == 1 else xp.concatenate(dxs)) if need_dx else None
-                else:
-                    da, dzs[w_name] = K.dense_backward_blocks(da, x, W, a, act, [gb[b_name] for gb in gs], s,
-                                                              need_dx=need_dx)
-            return dzs
-        dzs = each(back, range(len(acts.groups)), acts.stack(das), acts.split(grads))
+    def blocks_pass(self, xs, head, targets, grads, factors=None) -> list:
+        """Every block of ``xs`` forward, through ``head`` and back, in one hand-off to the
+        threads: each takes its group of blocks through all the layers, the loss and back
+        (nothing on the way needs another group's rows; three hand-offs, one per pass, cost
+        a 2-vCPU VM about 200 µs each). ``head(output rows, target) -> (..., d/d output)``
+        is called per block with its entry of ``targets``; returns its results per block,
+        in block order. Bias gradients are added into ``grads`` (one dict per block), and
+        weight gradients too, unless ``factors`` is given: then each block's
+        ``factors[b][f"W{i}"]`` gets (layer input, dz, 1.0), its gradient being input.T @ dz."""
+        xp = self.be.xp
+        acts = BlockActivations(xs, xp)
+        targets, per_grads = acts.split(list(targets)), acts.split(grads)
+
+        def group(g):
+            s = acts.starts[g]
+            layers = [acts.layers[0][g]] + self._through(acts.layers[0][g], s)
+            heads = [head(layers[-1][lo:hi], t) for lo, hi, t in zip(s[:-1], s[1:], targets[g])]
+            das = [h[-1] for h in heads]
+            da = xp.ascontiguousarray(das[0]) if len(das) == 1 else xp.concatenate(das)  # as .stack does
+            return layers, heads, self._back(layers, s, da, per_grads[g], factors is not None)
+        per_group = each(group, range(len(acts.groups)))
+        acts.layers = [[layers[i] for layers, _, _ in per_group] for i in range(self.n_layers + 1)]
         if factors is not None:
-            for i in range(self.n_layers):
-                w_name = f"W{i + 1}"
-                groups = [(BlockRows(x, s), BlockRows(d[w_name], s))
-                          for x, d, s in zip(acts.layers[i], dzs, acts.starts)]
-                blocks = (BlockFactor(a_rows, d_rows, k, 1.0) for a_rows, d_rows in groups for k in range(len(a_rows)))
-                for f, factor in zip(factors, blocks):  # each block's rows: views of its group's arrays
-                    f[w_name] = factor
+            self._put_factors(acts, [dzs for _, _, dzs in per_group], factors)
+        return [h for _, heads, _ in per_group for h in heads]
+
+    def _back(self, layers, s, da, gs, factored: bool) -> dict:
+        """One group from d/d(its output) ``da`` back through ``layers`` (its input and every
+        layer's output; blocks at ``s``, their gradient dicts ``gs``). Returns its dz per
+        weight where ``factored``, else {} (the weight gradients then added into ``gs``)."""
+        K, p, xp = self.be.K, self.params, self.be.xp
+        dzs = {}
+        for i in reversed(range(self.n_layers)):
+            W, act, need_dx = p[f"W{i + 1}"], self.acts[i], i > 0
+            w_name, b_name = f"W{i + 1}", f"b{i + 1}"
+            x, a = layers[i], layers[i + 1]
+            if not factored and len(gs) == 1:  # one block (a GPU's batch): no row views to make
+                da = K.dense_backward(da, x, W, a, act, gs[0][w_name], gs[0][b_name], need_dx=need_dx)
+            elif not factored:
+                dxs = [K.dense_backward(da[lo:hi], x[lo:hi], W, a[lo:hi], act, gb[w_name], gb[b_name],
+                                        need_dx=need_dx) for lo, hi, gb in zip(s[:-1], s[1:], gs)]
+                da = (dxs[0] if len(dxs) == 1 else xp.concatenate(dxs)) if need_dx else None
+            else:
+                da, dzs[w_name] = K.dense_backward_blocks(da, x, W, a, act, [gb[b_name] for gb in gs], s,
+                                                          need_dx=need_dx)
+        return dzs
+
+    def _put_factors(self, acts, dzs, factors):
+        """Each block's ``factors[b][f"W{i}"]``: (layer input, dz, 1.0), views of its group's
+        arrays (``dzs``: each group's dz per weight)."""
+        for i in range(self.n_layers):
+            w_name = f"W{i + 1}"
+            groups = [(BlockRows(x, s), BlockRows(d[w_name], s)) for x, d, s in zip(acts.layers[i], dzs, acts.starts)]
+            blocks = (BlockFactor(a_rows, d_rows, k, 1.0) for a_rows, d_rows in groups for k in range(len(a_rows)))
+            for f, factor in zip(factors, blocks):
+                f[w_name] = factor
