@@ -33,6 +33,12 @@ class TrainedState:
             self.optimizer.load_state(opt)
 
 
+def one_array(xp, items):
+    """Consecutive blocks' arrays as one C-contiguous array (a block alone too: a kernel
+    then takes a block's rows the same way alone or stacked)."""
+    return xp.ascontiguousarray(items[0]) if len(items) == 1 else xp.concatenate(items)
+
+
 class BlockActivations:
     """Several blocks of rows through the layers, stacked by groups: the blocks are split
     into one group of consecutive blocks per thread, and ``layers[l][g]`` holds the rows of
@@ -57,10 +63,8 @@ class BlockActivations:
                        if xs and all(x.ndim == 2 for x in xs) else self.stack(xs)]
 
     def stack(self, items) -> list:
-        """Per-block arrays (block order) stacked per group, C-contiguous also where a group
-        is one block: a kernel then takes a block's rows the same way alone or stacked."""
-        return [self.xp.ascontiguousarray(items[lo]) if hi - lo == 1 else self.xp.concatenate(items[lo:hi])
-                for lo, hi in self.groups]
+        """Per-block arrays (block order) stacked per group (:func:`one_array`)."""
+        return [one_array(self.xp, items[lo:hi]) for lo, hi in self.groups]
 
     def split(self, items) -> list:
         """Per-block items (block order) listed per group."""
@@ -123,8 +127,7 @@ class DenseBackprop:
             s = acts.starts[g]
             layers = [acts.layers[0][g]] + self._through(acts.layers[0][g], s)
             heads = [head(layers[-1][lo:hi], t) for lo, hi, t in zip(s[:-1], s[1:], targets[g])]
-            das = [h[-1] for h in heads]
-            da = xp.ascontiguousarray(das[0]) if len(das) == 1 else xp.concatenate(das)  # as .stack does
+            da = one_array(xp, [h[-1] for h in heads])
             return layers, heads, self._back(layers, s, da, per_grads[g], factors is not None)
         per_group = each(group, range(len(acts.groups)))
         acts.layers = [[layers[i] for layers, _, _ in per_group] for i in range(self.n_layers + 1)]
