@@ -1,6 +1,6 @@
 """Runs that share a working directory or meet a full disk lose nothing.
 
-- Eight runs started together without ``--out`` (plain processes, and 2-rank jobs under
+- Runs started together without ``--out`` (eight plain processes, four 2-rank jobs under
   mpirun) each end in a numbered directory of their own, with their own complete results.
 - A run whose disk fills ends with one line naming the file and what was kept, exit 74,
   every rank ending: on a real 300 KB tmpfs where the tests run as root, and with an
@@ -17,7 +17,7 @@ import pytest
 from aepar import checkpoint
 from tests.conftest import ROOT, mpirun_cmd
 
-RUNS = 8
+RUNS = {1: 8, 2: 4}  # runs started together, by ranks per run (four 2-rank jobs: 8 processes on the cores)
 SPARSE = ["--limit", "512", "--iterations", "20"]  # not --quiet: the last line names the run
 GREEDY = ["--dataset", "mnist5k", "--layers", "784-64-16", "--epochs", "2", "--finetune-epochs", "1",
           "--limit", "800", "--quiet"]
@@ -42,7 +42,7 @@ def aepar_lines(stderr, prog):
 def test_runs_started_together_in_one_directory_each_keep_their_results(tmp_path, ranks):
     if ranks > 1 and mpirun_cmd() is None:
         pytest.skip("no mpirun found")
-    seeds = list(range(1, RUNS + 1))
+    seeds = list(range(1, RUNS[ranks] + 1))
     jobs = [subprocess.Popen(_command(ranks, "aepar.sparse", SPARSE + ["--seed", seed]), cwd=tmp_path,
                              env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for seed in seeds]
@@ -53,7 +53,7 @@ def test_runs_started_together_in_one_directory_each_keep_their_results(tmp_path
         said.append(out.strip().rsplit("wrote ", 1)[-1])
     base = tmp_path / "runs" / "sparse"
     dirs = sorted(p.name for p in base.iterdir())
-    assert dirs == [f"{i:03d}" for i in range(1, RUNS + 1)], dirs  # no staging left, none replaced
+    assert dirs == [f"{i:03d}" for i in range(1, RUNS[ranks] + 1)], dirs  # no staging left, none replaced
     assert sorted(said) == [f"runs/sparse/{d}" for d in dirs]  # each run names its own directory
     found = []
     for d in dirs:

@@ -1,5 +1,7 @@
 """bench.block_tax: the ratios and their targets per machine, a real run's rows and
 table, impossible options refused with nothing written."""
+import csv
+
 import pytest
 
 from bench import block_tax
@@ -34,15 +36,16 @@ def test_a_run_writes_its_rows_and_table(tmp_path):
     def run(workload):
         assert block_tax.main(["--threads", "1", "--workloads", workload, "--rows", "300", "--repeats", "1",
                                "--no-torch", "--out", str(out), "--md", str(md)]) == 0
-    run("ae")
+    run("ae,rbm")
     lines = out.read_text().splitlines()
-    assert len(lines) == 1 + 2 and "cpu_model" in lines[0] and "isa" in lines[0] and "blas" in lines[0]
-    assert "autoencoder layer | 1 |" in md.read_text()
-    run("rbm")  # another workload on the same machine: added, the first one's rows kept
-    assert len(out.read_text().splitlines()) == 1 + 4
+    assert len(lines) == 1 + 4 and "cpu_model" in lines[0] and "isa" in lines[0] and "blas" in lines[0]
     assert "autoencoder layer | 1 |" in md.read_text() and "RBM layer | 1 |" in md.read_text()
-    run("rbm")  # the same workload again: its rows replaced
-    assert len(out.read_text().splitlines()) == 1 + 4
+    kept = [r["all_seconds"] for r in csv.DictReader(open(out)) if r["workload"] == "ae"]
+    run("rbm")  # one workload again on the same machine: its rows replaced, the other's kept
+    again = list(csv.DictReader(open(out)))
+    assert sorted(r["workload"] for r in again) == ["ae", "ae", "rbm", "rbm"]
+    assert [r["all_seconds"] for r in again if r["workload"] == "ae"] == kept
+    assert "autoencoder layer | 1 |" in md.read_text() and "RBM layer | 1 |" in md.read_text()
 
 
 @pytest.mark.parametrize("argv", [["--workloads", "rbm,gan"], ["--threads", "1,x"], ["--repeats", "0"],
