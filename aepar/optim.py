@@ -41,16 +41,22 @@ class FactoredGradient:
     thread: (A's columns of the band, D, starts, alphas, first row, end row). The
     data-parallel trainer hands it to the step where one process holds every block: SGD
     takes it inside its step (``block_outer_sum_sgd``: written out, the gradient is a pass
-    over memory the size of the weight, and the step another over it), anything else
-    has it written into ``out`` first (:func:`written`)."""
+    over memory the size of the weight, and the step another over it), Adam writes each
+    band into ``out`` and steps it in the same call, LARS has it all written first (its
+    rates need the norms; :func:`written`)."""
 
     def __init__(self, K, bands, merges, out):
         self.K, self.bands, self.merges, self.out = K, bands, merges, out
 
-    def write_calls(self) -> list:
-        """Writing the gradient into ``out``, as calls of no arguments, one per band."""
-        return [functools.partial(self.K.block_outer_sum, A, D, starts, self.merges, alphas, self.out[lo:hi])
-                for A, D, starts, alphas, lo, hi in self.bands]
+    def write_calls(self, then=None) -> list:
+        """Writing the gradient into ``out``, as calls of no arguments, one per band;
+        ``then(lo, hi)``, if given, runs in the same call right after its band's rows
+        lo:hi are written (an element-wise step of those rows: no second hand-off)."""
+        def write(A, D, starts, alphas, lo, hi):
+            self.K.block_outer_sum(A, D, starts, self.merges, alphas, self.out[lo:hi])
+            if then is not None:
+                then(lo, hi)
+        return [functools.partial(write, *band) for band in self.bands]
 
     def step_calls(self, p, v, lr: float, momentum: float, weight_decay: float) -> list:
         """SGD with momentum on ``p`` and its velocity ``v`` with this gradient, as calls
@@ -140,16 +146,26 @@ class Adam:
     def step(self, grads: dict, lr: float | None = None):
         self.t += 1
         lr = self.lr if lr is None else lr
-        grads = written(grads)
-        names = list(self.params)
-        arrays = ([self.params[k] for k in names], [grads[k] for k in names], [self.m[k] for k in names],
-                  [self.v[k] for k in names])
+
+        def update(p, g, m, v, c):
+            self.be.K.adam_update(p, g, m, v, self.t, lr, self.beta1, self.beta2, self.eps, c)
         if threads() == 1:  # every parameter in one call (one launch on a GPU, not one each)
-            self.be.K.adam_update_many(*arrays, self.t, lr, self.beta1, self.beta2, self.eps, self.decays)
+            grads = written(grads)
+            names = list(self.params)
+            self.be.K.adam_update_many([self.params[k] for k in names], [grads[k] for k in names],
+                                       [self.m[k] for k in names], [self.v[k] for k in names], self.t, lr,
+                                       self.beta1, self.beta2, self.eps, self.decays)
             return
-        in_bands(lambda p, g, m, v, c: self.be.K.adam_update(p, g, m, v, self.t, lr, self.beta1, self.beta2,
-                                                            self.eps, c),
-                 *arrays, extras=[(c,) for c in self.decays])
+        # a factored gradient's band is written and stepped by one call: the step is
+        # element-wise, so each thread's rows need only their own band (one hand-off a step)
+        decay = dict(zip(self.params, self.decays))
+        factored = [k for k in self.params if isinstance(grads[k], FactoredGradient)]
+        more = [call for k in factored for call in grads[k].write_calls(
+            then=lambda lo, hi, k=k, g=grads[k].out: update(self.params[k][lo:hi], g[lo:hi], self.m[k][lo:hi],
+                                                            self.v[k][lo:hi], decay[k]))]
+        names = [k for k in self.params if k not in factored]
+        in_bands(update, [self.params[k] for k in names], [grads[k] for k in names], [self.m[k] for k in names],
+                 [self.v[k] for k in names], extras=[(decay[k],) for k in names], more=more)
 
     def state(self) -> dict:
         out = {f"m/{k}": a for k, a in self.m.items()}

@@ -549,7 +549,8 @@ def test_a_tree_sum_takes_any_share_of_the_blocks_in_order_and_refuses_others():
 @given(n_threads=st.integers(1, 3), adam=st.booleans(), trust=st.sampled_from([0.0, 0.01]), seed=st.integers(0, 2**16))
 def test_a_gradient_left_as_factors_steps_as_the_written_one(n_threads, adam, trust, seed):
     """aepar.optim.FactoredGradient: SGD takes it inside its step (block_outer_sum_sgd, one
-    call per band of rows), LARS and Adam write it out first: the bits of the step with
+    call per band of rows), Adam writes and steps each band in one call, LARS writes it
+    out first (its rates need the norms): the bits of the step with
     the gradient written out, on any number of threads."""
     from aepar.optim import SGD, FactoredGradient
     from aepar.rows import block_bounds, tree_merges, tree_top
@@ -581,6 +582,33 @@ def test_a_gradient_left_as_factors_steps_as_the_written_one(n_threads, adam, tr
     finally:
         aepar.THREADS = old
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("adam", [False, True])
+def test_a_step_on_factored_gradients_is_one_hand_off_to_the_threads(adam, monkeypatch):
+    """SGD and Adam take a factored weight gradient band by band, each band written and
+    stepped by the same call, with the other parameters' bands: one hand-off a step (Adam
+    wrote every band out in a hand-off of its own, then stepped in another)."""
+    import aepar.optim as optim
+    from aepar.optim import SGD, FactoredGradient
+    from aepar.rows import block_bounds, tree_merges, tree_top
+    monkeypatch.setattr(aepar, "THREADS", 2)
+    calls = []
+    real = optim.parallel_map
+    monkeypatch.setattr(optim, "parallel_map", lambda fn, items: calls.append(1) or real(fn, items))
+    be = _be("numba", "float32")
+    rng = np.random.default_rng(7)
+    A, D = rng.standard_normal((26, 9)).astype(np.float32), rng.standard_normal((26, 5)).astype(np.float32)
+    params = {"W": rng.standard_normal((9, 5)).astype(np.float32), "b": np.zeros(5, np.float32)}
+    opt = Adam(be, params, lr=1e-2) if adam else SGD(be, params, 0.1, 0.9)
+    bounds = block_bounds(9, 2)
+    W = FactoredGradient(be.K, [(A[:, lo:hi], D, [0, 13, 26], [1.0, 1.0], lo, hi)
+                                for lo, hi in zip(bounds[:-1], bounds[1:])], tree_merges(tree_top(2), 0, 2),
+                         np.full((9, 5), np.nan, np.float32))
+    before = params["W"].copy()
+    opt.step({"W": W, "b": np.ones(5, np.float32)})
+    assert len(calls) == 1 and not (params["W"] == before).any()
+    assert np.isfinite(W.out).all() == adam  # Adam writes the gradient out; SGD steps inside the sum
 
 
 @pytest.mark.parametrize("threads", [1, 2])
