@@ -347,6 +347,159 @@ class LBFGSB:
                            success=not paused, paused=bool(paused))
 
 
+class LBFGS:
+    """L-BFGS without bounds (Nocedal & Wright, Algorithm 7.5), the two-loop direction in
+    aepar's own kernel and a strong-Wolfe line search (their Algorithms 3.5 and 3.6, cubic
+    interpolation): the method of UFLDL's minFunc, with :class:`LBFGSB`'s interface, limits
+    and stopping tests (10 pairs, ftol 2.2e-9 on the relative decrease, gtol 1e-5 on the
+    largest gradient element, 20 evaluations a line search).
+
+    For objectives with no bounds, such as the sparse autoencoder's. The root optimiser's
+    step is serial: every other rank waits for it, so its cost bounds the speed-up at many
+    ranks. Here it is one kernel call over the stored pairs; L-BFGS-B's bound-handling
+    machinery (scipy's ``setulb``) costs several times more for the same n. Its iterates are
+    its own, not L-BFGS-B's. The whole state is a handful of arrays, so a resumed run takes
+    exactly the steps of an uninterrupted one.
+    """
+
+    MEMORY, FTOL, GTOL, MAXLS, C1, C2 = 10, LBFGSB.FTOL, LBFGSB.GTOL, LBFGSB.MAXLS, 1e-4, 0.9
+    exact_resume = True
+
+    def __init__(self, fun, theta0, maxiter: int):
+        from aepar.kernels.nb import lbfgs as kernel
+
+        self.fun, self.kernel = fun, kernel
+        self.maxiter, self.maxfun = int(maxiter), 2 * int(maxiter) + 20
+        n = np.size(theta0)
+        self.x = np.array(theta0, dtype=np.float64).reshape(-1)
+        self.f = np.array(np.nan)
+        self.g = np.zeros(n)
+        self.S, self.Y = np.zeros((self.MEMORY, n)), np.zeros((self.MEMORY, n))
+        self.rho = np.zeros(self.MEMORY)
+        self.pairs = 0  # pairs stored so far: pair k in row k % MEMORY
+        self.iterations = self.evaluations = 0
+        self.message = ""
+
+    _STATE = ("x", "f", "g", "S", "Y", "rho")
+
+    def state(self) -> dict:
+        """Everything needed to continue (between iterations), as arrays."""
+        out = {k: np.array(getattr(self, k)) for k in self._STATE}
+        out["counts"] = np.array([self.iterations, self.evaluations, self.pairs], dtype=np.int64)
+        return out
+
+    def load_state(self, state: dict):
+        for k in self._STATE:
+            value = np.array(state[k], dtype=np.float64)
+            if value.shape != np.shape(getattr(self, k)):
+                raise ValueError(f"L-BFGS state {k} has shape {value.shape}, not {np.shape(getattr(self, k))}")
+            setattr(self, k, value)
+        self.iterations, self.evaluations, self.pairs = (int(c) for c in np.asarray(state["counts"]))
+
+    def _evaluate(self, x):
+        f, g = self.fun(x)
+        self.evaluations += 1
+        return float(f), np.array(g, dtype=np.float64).reshape(-1)
+
+    def run(self, callback=None):
+        """Iterate until a stopping test or until ``callback(iteration, cost, theta)``
+        returns True (then :meth:`state` continues from there). Returns an
+        :class:`LBFGSResult`."""
+        if not np.isfinite(self.f):  # a fresh start: the first evaluation
+            f, self.g = self._evaluate(self.x)
+            self.f = np.array(f)
+        d = np.empty_like(self.x)
+        status, paused = "STOP: iterations", False
+        while self.iterations < self.maxiter:
+            if np.max(np.abs(self.g)) <= self.GTOL:
+                status = "CONVERGENCE: the gradient"
+                break
+            self.kernel.two_loop(self.S, self.Y, self.rho, self.pairs, self.g, d)
+            slope = self.kernel.dot(self.g, d)
+            if not slope < 0:  # no descent along it (rounding): forget the pairs, go downhill
+                self.pairs, d[:] = 0, -self.g
+                slope = -self.kernel.dot(self.g, self.g)
+            # the first step scaled to a unit move (minFunc's), later ones the quasi-Newton step
+            t = min(1.0, 1.0 / np.sum(np.abs(self.g))) if self.pairs == 0 else 1.0
+            found = self._line_search(d, float(self.f), slope, t)
+            if found is None:
+                status = "ABNORMAL: the line search found no acceptable step"
+                break
+            t, f_new, g_new = found
+            f_old = float(self.f)
+            # x += t d (the point evaluated), g = g_new, and the pair (s, y) kept
+            self.pairs = self.kernel.keep_pair(self.x, t, d, self.g, g_new, self.S, self.Y, self.rho, self.pairs)
+            self.f = np.array(f_new)
+            self.iterations += 1
+            small = f_old - f_new <= self.FTOL * max(abs(f_old), abs(f_new), 1.0)
+            done = ("CONVERGENCE: the relative decrease" if small
+                    else "STOP: evaluations" if self.evaluations > self.maxfun else None)
+            # the callback sees every iteration, the last included (where it cannot pause)
+            if callback is not None and callback(self.iterations, f_new, self.x) and not done \
+                    and self.iterations < self.maxiter:
+                paused = True
+                break
+            if done:
+                status = done
+                break
+        return LBFGSResult(x=self.x.copy(), fun=float(self.f), nit=self.iterations, nfev=self.evaluations,
+                           message="paused" if paused else status, paused=paused,
+                           success=not paused and not status.startswith("ABNORMAL"))
+
+    def _line_search(self, d, f0, slope, t):
+        """A step t along ``d`` with the strong Wolfe conditions: (t, f, g) or None."""
+        prev = (0.0, f0, slope, self.g)
+        trial = np.empty_like(self.x)
+        for k in range(self.MAXLS):
+            self.kernel.step_to(self.x, t, d, trial)
+            f, g = self._evaluate(trial)
+            gd = self.kernel.dot(g, d)
+            point = (t, f, gd, g)
+            if not math.isfinite(f) or f > f0 + self.C1 * t * slope or (k and f >= prev[1]):
+                return self._zoom(d, f0, slope, prev, point, self.MAXLS - k - 1, trial)
+            if abs(gd) <= -self.C2 * slope:
+                return t, f, g
+            if gd >= 0:
+                return self._zoom(d, f0, slope, point, prev, self.MAXLS - k - 1, trial)
+            prev, t = point, _cubic_step(prev, point, 1.1 * t, 10.0 * t) if k else 2.0 * t
+        return None
+
+    def _zoom(self, d, f0, slope, lo, hi, left, trial):
+        """Algorithm 3.6: ``lo`` the end with the lower cost, the minimiser between lo and hi."""
+        for _ in range(left):
+            a, b = min(lo[0], hi[0]), max(lo[0], hi[0])
+            t = _cubic_step(lo, hi, a + 0.1 * (b - a), b - 0.1 * (b - a))
+            self.kernel.step_to(self.x, t, d, trial)
+            f, g = self._evaluate(trial)
+            gd = self.kernel.dot(g, d)
+            if not math.isfinite(f) or f > f0 + self.C1 * t * slope or f >= lo[1]:
+                hi = (t, f, gd, g)
+                continue
+            if abs(gd) <= -self.C2 * slope:
+                return t, f, g
+            if gd * (hi[0] - lo[0]) >= 0:
+                hi = lo
+            lo = (t, f, gd, g)
+        return (lo[0], lo[1], lo[3]) if lo[0] > 0 else None  # the best decrease found, if any
+
+
+def _cubic_step(p, q, lo: float, hi: float) -> float:
+    """The minimiser of the cubic through two points (t, f, f'(t), ...), kept in [lo, hi];
+    the middle where the cubic has none or a cost is not finite."""
+    (a, fa, ga), (b, fb, gb) = p[:3], q[:3]
+    if math.isfinite(fa) and math.isfinite(fb) and a != b:
+        d1 = ga + gb - 3.0 * (fa - fb) / (a - b)
+        disc = d1 * d1 - ga * gb
+        if disc >= 0.0:
+            d2 = math.copysign(math.sqrt(disc), b - a)
+            denom = gb - ga + 2.0 * d2
+            if denom != 0.0:
+                t = b - (b - a) * (gb + d2 - d1) / denom
+                if math.isfinite(t):
+                    return min(max(t, lo), hi)
+    return 0.5 * (lo + hi)
+
+
 class LBFGSResult(dict):
     """What scipy's OptimizeResult gives (x, fun, nit, nfev, message, success, paused), as a
     dict whose keys are also attributes, without importing scipy.optimize."""

@@ -54,7 +54,7 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(
         prog="python -m aepar.sparse",
         description="Train Ng's sparse autoencoder (sigmoid v-h-v, squared error + weight decay\n"
-                    "+ KL sparsity) on natural-image patches with L-BFGS-B on the root rank. Under\n"
+                    "+ KL sparsity) on natural-image patches with L-BFGS(-B) on the root rank. Under\n"
                     "mpirun every rank evaluates the cost on its blocks of patches in the paper's\n"
                     "two rounds: a broadcast of the weights, the fixed-tree sum of the hidden\n"
                     "activations (so every rank knows the KL term before its backward pass), then\n"
@@ -80,7 +80,12 @@ def build_parser() -> ArgumentParser:
                    help="training rows: random patches sampled, in blocks of 128 shared by the processes "
                         "(default 10000)")
     renamed(g, "--samples", "--limit", dest="samples", type=positive_int)
-    g.add_argument("--iterations", type=positive_int, default=400, help="L-BFGS-B iterations (default 400)")
+    g.add_argument("--iterations", type=positive_int, default=400, help="optimiser iterations (default 400)")
+    g.add_argument("--optimizer", choices=("lbfgs-b", "lbfgs"), default="lbfgs-b",
+                   help="the root's optimiser: lbfgs-b, scipy's L-BFGS-B (the textbook's); lbfgs, aepar's "
+                        "L-BFGS without bounds (UFLDL's minFunc method: two-loop direction, strong-Wolfe line "
+                        "search), whose serial step, which every other rank waits for, costs less; its iterates "
+                        "are its own (default lbfgs-b)")
     g.add_argument("--patch", type=positive_int, default=8,
                    help="patch side in pixels: v = patch² inputs (default 8)")
     g.add_argument("--hidden", type=positive_int, default=25, help="hidden units h (default 25)")

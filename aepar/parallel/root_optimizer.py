@@ -1,7 +1,7 @@
 """Root-only optimisation of a full-batch objective whose sums live on every rank.
 
 Lewis & Canann's scheme: every rank holds the parameters and a shard of the samples;
-only the root runs the optimiser (L-BFGS-B). Each evaluation of J(θ) is
+only the root runs the optimiser (L-BFGS-B, or aepar's L-BFGS). Each evaluation of J(θ) is
 
 1. root: ``Bcast`` of one preallocated buffer [control word, θ] (control: evaluate,
    stop, pause, or "the root failed");
@@ -42,6 +42,8 @@ from aepar.rows import weighted_ranges
 __all__ = ["RootOptimizer", "RootResult", "RootFailure", "EVALUATE", "STOP", "PAUSE", "FAILED", "BALANCE"]
 
 EVALUATE, STOP, PAUSE, FAILED, BALANCE = 1.0, 0.0, 2.0, -1.0, 3.0
+# the root's optimisers by name (aepar.optim): scipy's L-BFGS-B, aepar's L-BFGS without bounds
+OPTIMIZERS = {"lbfgs-b": "LBFGSB", "lbfgs": "LBFGS"}
 # a new share of the blocks is taken only if it makes the slowest rank's share this much shorter
 BALANCE_GAIN = 0.9
 
@@ -106,8 +108,11 @@ class RootOptimizer:
     """
 
     def __init__(self, comm, model, *, xp=np, dtype=np.float64, synchronize=None, guard=None, run=None,
-                 balance_every: int = 0, reattach=None):
+                 balance_every: int = 0, reattach=None, optimizer: str = "lbfgs-b"):
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
         self.comm, self.model, self.xp, self.dtype = comm, model, xp, dtype
+        self.method = optimizer
         self.n_theta = int(model.n_theta)
         self.n = int(model.n_partials)
         self._share(model.blocks)
@@ -220,8 +225,9 @@ class RootOptimizer:
         Every rank calls it; workers ignore the arguments and serve evaluations until the
         root stops. ``on_iteration(optimizer, cost, flags) -> bool`` runs on the root after
         each iteration (``flags``: every rank's guard flags summed); True pauses the run
-        there (``paused`` in the result, on every rank). ``state``: an
-        :meth:`aepar.optim.LBFGSB.state` to continue from (root).
+        there (``paused`` in the result, on every rank). ``state``: the optimiser's
+        ``state()`` (:class:`aepar.optim.LBFGSB` or :class:`aepar.optim.LBFGS`) to continue
+        from (root).
         """
         self._reset()
         start = self.comm.wtime()
@@ -240,9 +246,9 @@ class RootOptimizer:
             paused=res is PAUSE or bool(getattr(res, "paused", False)), rebalances=self.rebalances)
 
     def _run_root(self, theta0, maxiter, on_iteration, state):
-        from aepar.optim import LBFGSB
+        from aepar import optim
 
-        self.optimizer = opt = LBFGSB(self.evaluate, theta0, maxiter)
+        self.optimizer = opt = getattr(optim, OPTIMIZERS[self.method])(self.evaluate, theta0, maxiter)
         if state is not None:
             opt.load_state(state)
 

@@ -39,6 +39,9 @@ def load_resume(args, run, setup):
                          shapes={"W1": (v, h), "W2": (h, v), "b1": (h,), "b2": (v,)})
     if ck.opt_state is None or "counts" not in ck.opt_state:
         raise UserError(f"{run.checkpoint_path}: holds no optimiser state to resume from")
+    if ("S" in ck.opt_state) != (args.optimizer == "lbfgs"):  # the pairs of L-BFGS, the work arrays of L-BFGS-B
+        raise UserError(f"{run.checkpoint_path}: holds the state of the other optimiser than --optimizer "
+                        f"{args.optimizer}")
     same_data(ck.config.get("data"), setup.fingerprint, run.checkpoint_path)
     return ck
 
@@ -72,7 +75,7 @@ def train(args, comm, setup, *, resume=None, run=None, guard=None):
     model.attach(setup.patches, setup.blocks)
     patches = setup.all_patches  # every block's, where shares may move
     opt = RootOptimizer(comm, model, xp=be.xp, dtype=be.dtype, synchronize=be.synchronize, guard=guard, run=run,
-                        balance_every=args.balance_every,
+                        balance_every=args.balance_every, optimizer=args.optimizer,
                         reattach=None if patches is None else lambda blocks: model.attach(patches[blocks.rows], blocks))
     theta0 = model.init_theta(args.seed) if comm.is_root else None
     # warm-up (not timed, not counted): loads the compiled kernels and touches every buffer
@@ -153,7 +156,7 @@ def _summary(args, comm, setup, opt, result, times: dict, resume) -> dict:
         "rho": args.rho, "lam": args.lam, "beta": args.beta,
         "blocks": setup.blocks.count, "samples_on_root": int(setup.patches.shape[0]),
         "resumed_from_iteration": resumed_at(resume),
-        "exact_resume": opt.optimizer.exact_resume,
+        "optimizer": args.optimizer, "exact_resume": opt.optimizer.exact_resume,
         "optimizer_message": result.message,
     }
 

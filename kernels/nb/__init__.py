@@ -43,5 +43,6 @@ try:
     from .sparsity import *  # noqa: F401,F403,E402
     from .sparse_ae import *  # noqa: F401,F403,E402
     from .update import *  # noqa: F401,F403,E402
+    from . import lbfgs  # noqa: F401,E402  (the host's L-BFGS direction, aepar.optim.LBFGS; not a set kernel)
 finally:
     _numba_config.CACHE_DIR = _user_cache_dir

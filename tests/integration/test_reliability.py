@@ -164,6 +164,20 @@ def test_sparse_resumes_to_the_same_bits(references, tmp_path, np_first, fault, 
     assert s["exact_resume"] and s["resumed_from_iteration"] > 0
 
 
+def test_sparse_with_aepar_lbfgs_resumes_on_other_ranks_to_one_process_bits(tmp_path):
+    """--optimizer lbfgs (aepar's L-BFGS): interrupted on 4 ranks, resumed on 2, the weights
+    of one uninterrupted process, bit for bit; its iterates are its own, not L-BFGS-B's."""
+    args = [*SPARSE, "--optimizer", "lbfgs"]
+    alone = tmp_path / "alone"
+    r = cli("aepar.sparse", [*args, "--out", alone])
+    assert r.returncode == 0, r.stderr
+    out = interrupt_and_resume(tmp_path, "aepar.sparse", args, 4, "1:40:sigterm", 2)
+    assert_same_bits(alone, out)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["optimizer"] == "lbfgs" and s["exact_resume"] and s["resumed_from_iteration"] > 0
+    assert s["iterations"] == 120
+
+
 def test_sparse_without_scipys_private_driver_restarts_its_memory(references, tmp_path):
     """Where L-BFGS-B's memory cannot be saved (a scipy without the setulb interface aepar
     drives) the resumed run restarts it from the saved θ: it says so, completes its

@@ -1,0 +1,111 @@
+"""aepar's L-BFGS (``--optimizer lbfgs``): the two-loop kernel against the NumPy reference and
+the secant equation, minima of smooth functions, and a paused run resumed from its state
+taking exactly the steps of an uninterrupted one."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import aepar  # noqa: F401  (fixes thread counts before numpy loads)
+from aepar import optim
+from aepar.kernels.nb import lbfgs as nb
+from aepar.kernels.ref import lbfgs as ref
+
+
+def _pairs(rng, n, m, count):
+    """``count`` pairs of a convex quadratic (y = A s) stored in a ring of m rows."""
+    q = rng.standard_normal((n, n))
+    A = q @ q.T + n * np.eye(n)
+    S, Y, rho = np.zeros((m, n)), np.zeros((m, n)), np.zeros(m)
+    for k in range(count):
+        s = rng.standard_normal(n)
+        S[k % m], Y[k % m] = s, A @ s
+        rho[k % m] = 1.0 / (S[k % m] @ Y[k % m])
+    return S, Y, rho
+
+
+@pytest.mark.parametrize("n, m, count", [(1, 3, 0), (13, 4, 2), (37, 10, 10), (101, 5, 17), (3289, 10, 23)])
+def test_the_kernels_direction_is_the_references(n, m, count):
+    rng = np.random.default_rng(n + count)
+    S, Y, rho = _pairs(rng, n, m, count)
+    g = rng.standard_normal(n)
+    want, got = np.empty(n), np.full(n, np.nan)
+    ref.two_loop(S, Y, rho, count, g, want)
+    nb.two_loop(S, Y, rho, count, g, got)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * np.abs(want).max())
+    if count == 0:
+        assert np.array_equal(got, -g)
+
+
+@pytest.mark.parametrize("count", [1, 3, 12])
+def test_the_direction_meets_the_newest_secant_equation(count):
+    """H y = s for the newest pair (s, y), whatever came before: d(g = y) = -s."""
+    rng = np.random.default_rng(count)
+    S, Y, rho = _pairs(rng, 9, 4, count)
+    newest = (count - 1) % 4
+    for two_loop in (ref.two_loop, nb.two_loop):
+        d = np.empty(9)
+        two_loop(S, Y, rho, count, Y[newest].copy(), d)
+        np.testing.assert_allclose(d, -S[newest], rtol=1e-10, atol=1e-12)
+
+
+def test_a_step_moves_to_the_point_evaluated_and_keeps_its_pair_only_with_curvature():
+    rng = np.random.default_rng(5)
+    n, m = 21, 4
+    x0, d, g, g_new = (rng.standard_normal(n) for _ in range(4))
+    g_new = g + 0.5 * d  # s·y = 0.5 t |d|² > 0
+    S, Y, rho = np.zeros((m, n)), np.zeros((m, n)), np.zeros(m)
+    x, g_now, trial = x0.copy(), g.copy(), np.empty(n)
+    nb.step_to(x0, 0.3, d, trial)
+    assert np.array_equal(trial, x0 + 0.3 * d)
+    assert nb.keep_pair(x, 0.3, d, g_now, g_new, S, Y, rho, 6) == 7
+    assert np.array_equal(x, trial) and np.array_equal(g_now, g_new)  # the point evaluated, bit for bit
+    assert np.array_equal(S[2], 0.3 * d) and np.array_equal(Y[2], g_new - g)  # pair 6 in row 6 % 4
+    np.testing.assert_allclose(rho[2], 1.0 / ((0.3 * d) @ (g_new - g)), rtol=1e-13)
+    kept = S.copy()
+    assert nb.keep_pair(x, 0.3, d, g_now, g_now.copy(), S, Y, rho, 7) == 7  # y = 0: dropped
+    assert np.array_equal(S, kept) and np.array_equal(x, trial + 0.3 * d)
+
+
+def test_impossible_shapes_are_refused():
+    with pytest.raises(ValueError, match="two_loop"):
+        nb.two_loop(np.zeros((3, 5)), np.zeros((3, 4)), np.zeros(3), 1, np.zeros(5), np.zeros(5))
+
+
+def _rosenbrock(x):
+    a, b = x[:-1], x[1:]
+    f = float(np.sum(100.0 * (b - a * a) ** 2 + (1.0 - a) ** 2))
+    g = np.zeros_like(x)
+    g[:-1] = -400.0 * a * (b - a * a) - 2.0 * (1.0 - a)
+    g[1:] += 200.0 * (b - a * a)
+    return f, g
+
+
+def test_it_finds_the_minimum_of_a_quadratic_and_of_rosenbrocks_valley():
+    centre = np.arange(7.0)
+    res = optim.LBFGS(lambda x: (float((x - centre) @ (x - centre)), 2.0 * (x - centre)), np.zeros(7), 100).run()
+    assert res.success and res.message.startswith("CONVERGENCE") and np.allclose(res.x, centre, atol=1e-5)
+    res = optim.LBFGS(_rosenbrock, np.full(6, -1.2), 500).run()
+    assert res.success and np.allclose(res.x, 1.0, atol=1e-4), (res.x, res.message)
+    assert res.nfev <= 2 * res.nit + 20
+
+
+def test_a_paused_run_resumed_from_its_state_takes_the_same_steps():
+    x0 = np.linspace(-1.5, 1.0, 8)
+    whole = optim.LBFGS(_rosenbrock, x0, 40).run()
+    first = optim.LBFGS(_rosenbrock, x0, 40)
+    paused = first.run(callback=lambda it, f, x: it == 13)
+    assert paused.paused and paused.nit == 13 and not paused.success
+    state = {k: np.array(v) for k, v in first.state().items()}  # as a checkpoint stores them
+    then = optim.LBFGS(_rosenbrock, np.zeros(8), 40)
+    then.load_state(state)
+    rest = then.run()
+    assert rest.nit == whole.nit and rest.nfev == whole.nfev and np.array_equal(rest.x, whole.x)
+    with pytest.raises(ValueError, match="shape"):
+        optim.LBFGS(_rosenbrock, np.zeros(5), 40).load_state(state)
+
+
+def test_the_callback_sees_every_iteration_the_last_included():
+    seen = []
+    res = optim.LBFGS(_rosenbrock, np.full(4, 0.5), 30).run(callback=lambda it, f, x: seen.append(it))
+    assert seen == list(range(1, res.nit + 1))
