@@ -17,7 +17,8 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   (OUT/shared_gpu.csv; a difference fails the step).
 - ``sixteen``: on the CPU, one thread per rank: the sparse autoencoder at 10k and 160k
   patches on 1 and ``--sixteen`` ranks (there also with equal shares throughout,
-  ``--balance-every 0``), and the pre-training schemes (autoencoder layers
+  ``--balance-every 0``; at 10k also with ``--optimizer lbfgs``, aepar's L-BFGS, whose
+  serial step is cheaper), and the pre-training schemes (autoencoder layers
   784-500-250-100-30, 2 epochs of the 60k training images): greedy on 1, 4 and
   ``--sixteen`` ranks, data on 4 and ``--sixteen``, model and sync on 4 (a rank per
   layer), hybrid on ``--sixteen``, greedy as a quarter of the ranks with 4 threads each
@@ -63,7 +64,7 @@ STEPS = ("tests", "epochs", "shared", "sixteen", "tax")
 # CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
 # added since (equal shares at 16 ranks, the schemes on 3x the rows) priced from its log
 # tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167)
-ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 300, "tax": 120}
+ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 310, "tax": 120}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -191,20 +192,26 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
     def record(what, ranks, threads, out, rc, seconds):
         s = summary_of(out)
         rows.append({"what": what, "ranks": ranks, "threads": threads, "exit": rc, "wall_s": round(seconds, 2),
-                     **{k: s.get(k) for k in ("total_s", "compute_s", "comm_s", "rebalances", "pretrain_time_s",
+                     **{k: s.get(k) for k in ("total_s", "compute_s", "comm_s", "evaluations", "rebalances",
+                                              "pretrain_time_s",
                                               "planned_vs_greedy", "replay_one_core_per_stage_s")},
                      "machine": machine(), "commit": opts.commit})
 
-    # at many ranks also with equal shares throughout: what balancing by speed gains there
+    # at many ranks also with equal shares throughout (what balancing by speed gains there)
+    # and, at 10k where the root's serial step bounds the speed-up, with aepar's L-BFGS
     for patches in SPARSE_PATCHES:
-        for ranks, every in ((1, None), (big, None), (big, 0)):
-            out = scratch / (f"sparse-{patches}-np{ranks}" + ("" if every is None else f"-every{every}"))
-            extra = [] if every is None else ["--balance-every", every]
+        runs = [(1, None, None), (big, None, None), (big, 0, None)]
+        runs += [(1, None, "lbfgs"), (big, None, "lbfgs")] if patches == min(SPARSE_PATCHES) else []
+        for ranks, every, optimizer in runs:
+            out = scratch / (f"sparse-{patches}-np{ranks}" + ("" if every is None else f"-every{every}")
+                             + (f"-{optimizer}" if optimizer else ""))
+            extra = ([] if every is None else ["--balance-every", every]) + (["--optimizer", optimizer]
+                                                                             if optimizer else [])
             rc, _, seconds = log.run(python_command("aepar.sparse", ["--limit", patches, *extra, "--quiet",
                                                                      "--out", out], ranks), env=env, timeout=300)
             ok &= rc == 0
-            record(f"sparse {patches} patches" + ("" if every is None else ", equal shares"), ranks, 1, out, rc,
-                   seconds)
+            record(f"sparse {patches} patches" + ("" if every is None else ", equal shares")
+                   + (f", --optimizer {optimizer}" if optimizer else ""), ranks, 1, out, rc, seconds)
     data = ["--data-dir", opts.data_dir, "--limit", PRETRAIN_ROWS] if opts.data_dir else ["--dataset", "mnist5k"]
     net = ["--layers", "784-500-250-100-30", "--pretrainer", "ae", "--epochs", PRETRAIN_EPOCHS,
            "--finetune-epochs", 0, "--reduce-blocks", max(8, big), "--no-plot", "--quiet", *data]
