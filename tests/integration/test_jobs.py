@@ -459,15 +459,18 @@ def test_textbook_peer_agrees_and_writes_peers_csv(tmp_path):
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["implementation"]: r for r in _csv(out)}
-    assert set(rows) == {"textbook", "aepar"}
+    assert set(rows) == {"textbook", "aepar", "aepar lbfgs"}
     for r in rows.values():
         assert float(r["seconds"]) > 0 and float(r["dgemm_peak_gflops"]) > 0
+        assert 0 < float(r["optimizer_ms_per_evaluation"]) * 1e-3 * int(r["evaluations"]) < float(r["seconds"])
         # 10·m·v·h FLOPs per evaluation at m = 1000, v = 64, h = 25
         assert float(r["gflop_per_evaluation"]) == pytest.approx(0.016)
         runs = [float(t) for t in r["all_seconds"].split()]
         assert len(runs) == int(r["repeats"]) == 3 and float(r["seconds"]) == pytest.approx(min(runs), abs=6e-4)
     # same function, same start, same optimiser: the same minimum to a few digits
     assert float(rows["aepar"]["final_cost"]) == pytest.approx(float(rows["textbook"]["final_cost"]), rel=1e-3)
+    # aepar's L-BFGS takes its own steps to about the same cost
+    assert float(rows["aepar lbfgs"]["final_cost"]) == pytest.approx(float(rows["aepar"]["final_cost"]), rel=0.05)
 
 
 @pytest.mark.parametrize("script, prefix, wanted", [
