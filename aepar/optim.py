@@ -356,10 +356,11 @@ class LBFGS:
 
     For objectives with no bounds, such as the sparse autoencoder's. The root optimiser's
     step is serial: every other rank waits for it, so its cost bounds the speed-up at many
-    ranks. Here it is one kernel call over the stored pairs; L-BFGS-B's bound-handling
-    machinery (scipy's ``setulb``) costs several times more for the same n. Its iterates are
-    its own, not L-BFGS-B's. The whole state is a handful of arrays, so a resumed run takes
-    exactly the steps of an uninterrupted one.
+    ranks. Here the direction is one kernel call over the stored pairs, where L-BFGS-B
+    (scipy's ``setulb``) also runs its bound-handling machinery (the Cauchy point, the
+    subspace minimisation), work for nothing without bounds. Its iterates are its own, not
+    L-BFGS-B's. The whole state is a handful of arrays, so a resumed run takes exactly the
+    steps of an uninterrupted one.
     """
 
     MEMORY, FTOL, GTOL, MAXLS, C1, C2 = 10, LBFGSB.FTOL, LBFGSB.GTOL, LBFGSB.MAXLS, 1e-4, 0.9
@@ -378,7 +379,6 @@ class LBFGS:
         self.rho = np.zeros(self.MEMORY)
         self.pairs = 0  # pairs stored so far: pair k in row k % MEMORY
         self.iterations = self.evaluations = 0
-        self.message = ""
 
     _STATE = ("x", "f", "g", "S", "Y", "rho")
 
