@@ -50,6 +50,13 @@ class Backend:
             self.xp.cuda.get_current_stream().synchronize()
 
 
+def host_kernels():
+    """The CPU's kernel set (Numba) for work that runs on the host whatever the run's
+    device: the root optimiser's L-BFGS direction, float64 (``host_kernels().lbfgs``,
+    :class:`aepar.optim.LBFGS`)."""
+    return kernels.load("numba")
+
+
 def select(device: str | None = None, kernel_set: str = "auto", dtype="float64",
            local_rank: int | None = None) -> Backend:
     """Pick xp and kernels once. GPU runs bind GPU = local rank % number of GPUs."""

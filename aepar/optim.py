@@ -367,9 +367,9 @@ class LBFGS:
     exact_resume = True
 
     def __init__(self, fun, theta0, maxiter: int):
-        from aepar.kernels.nb import lbfgs as kernel
+        from aepar.backend import host_kernels
 
-        self.fun, self.kernel = fun, kernel
+        self.fun, self.kernel = fun, host_kernels().lbfgs
         self.maxiter, self.maxfun = int(maxiter), 2 * int(maxiter) + 20
         n = np.size(theta0)
         self.x = np.array(theta0, dtype=np.float64).reshape(-1)
