@@ -74,34 +74,23 @@ def step_to(x, t, d, out):
 
 
 @njit(cache=True, nogil=True)
-def _sy(t, d, g, g_new):
-    """s·y for s = t d, y = g_new - g, with :func:`_dot`'s partial sums."""
-    n = d.size
-    full = n - n % 8
-    acc = np.zeros(8)
-    for i in range(0, full, 8):
-        for k in range(8):
-            acc[k] += (t * d[i + k]) * (g_new[i + k] - g[i + k])
-    total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
-    for i in range(full, n):
-        total += (t * d[i]) * (g_new[i] - g[i])
-    return total
-
-
-@njit(cache=True, nogil=True)
 def keep_pair(x, t, d, g, g_new, S, Y, rho, pairs):
     """The step: x += s, g = g_new, and the pair s = t d, y = g_new - g kept in row
     ``pairs`` % m of S and Y with rho = 1 / (s·y) where s·y > 1e-10 (a pair with less
     would break H's positive definiteness: dropped). Returns the pairs kept so far."""
-    s_y = _sy(t, d, g, g_new)
+    n = x.size
+    s, y = np.empty(n), np.empty(n)
+    for i in range(n):
+        s[i] = t * d[i]
+        y[i] = g_new[i] - g[i]
+    s_y = _dot(s, y)
     keep = s_y > 1e-10
     r = pairs % S.shape[0]
-    for i in range(x.size):
-        s = t * d[i]
+    for i in range(n):
         if keep:
-            S[r, i] = s
-            Y[r, i] = g_new[i] - g[i]
-        x[i] += s
+            S[r, i] = s[i]
+            Y[r, i] = y[i]
+        x[i] += s[i]
         g[i] = g_new[i]
     if keep:
         rho[r] = 1.0 / s_y
