@@ -40,8 +40,8 @@ def load_resume(args, run, setup):
     if ck.opt_state is None or "counts" not in ck.opt_state:
         raise UserError(f"{run.checkpoint_path}: holds no optimiser state to resume from")
     if ("S" in ck.opt_state) != (args.optimizer == "lbfgs"):  # the pairs of L-BFGS, the work arrays of L-BFGS-B
-        raise UserError(f"{run.checkpoint_path}: holds the state of the other optimiser than --optimizer "
-                        f"{args.optimizer}")
+        raise UserError(f"{run.checkpoint_path}: holds the other optimiser's state, not --optimizer "
+                        f"{args.optimizer}'s")
     same_data(ck.config.get("data"), setup.fingerprint, run.checkpoint_path)
     return ck
 
