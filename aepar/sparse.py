@@ -43,6 +43,7 @@ from aepar.cli import (ArgumentParser, add_common, non_negative_float, non_negat
 from aepar.comm import run_main
 from aepar.errors import UserError
 from aepar.finish import finish
+from aepar.parallel.root_optimizer import OPTIMIZERS
 from aepar.schemes import sparse as scheme
 
 __all__ = ["build_parser", "main", "PROG"]
@@ -81,7 +82,7 @@ def build_parser() -> ArgumentParser:
                         "(default 10000)")
     renamed(g, "--samples", "--limit", dest="samples", type=positive_int)
     g.add_argument("--iterations", type=positive_int, default=400, help="optimiser iterations (default 400)")
-    g.add_argument("--optimizer", choices=("lbfgs-b", "lbfgs"), default="lbfgs-b",
+    g.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="lbfgs-b",
                    help="the root's optimiser: lbfgs-b, scipy's L-BFGS-B (the textbook's); lbfgs, aepar's "
                         "L-BFGS without bounds (UFLDL's minFunc method: two-loop direction, strong-Wolfe line "
                         "search), whose serial step, which every other rank waits for, costs less; its iterates "

@@ -62,7 +62,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("tests", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu, 2026-11-30; tests with
 # CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
-# added since (equal shares at 16 ranks, the schemes on 3x the rows) priced from its log
+# added since (equal shares at 16 ranks, the schemes on 3x the rows, aepar's L-BFGS at 10k)
+# priced from its log
 # tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167)
 ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 310, "tax": 120}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
