@@ -411,7 +411,7 @@ class LBFGS:
         d = np.empty_like(self.x)
         status, paused = "STOP: iterations", False
         while self.iterations < self.maxiter:
-            if np.max(np.abs(self.g)) <= self.GTOL:
+            if self.kernel.max_abs(self.g) <= self.GTOL:
                 status = "CONVERGENCE: the gradient"
                 break
             self.kernel.two_loop(self.S, self.Y, self.rho, self.pairs, self.g, d)

@@ -1,71 +1,129 @@
 """The L-BFGS two-loop recursion (Numba), float64 on the host (see kernels.ref.lbfgs).
 
-Each dot product keeps eight partial sums (element i in sum i % 8) added in a fixed order
-at the end: eight times fewer dependent adds than one running sum, and the same bits
-whatever vector width the compiler picks (it may not reorder the adds of one sum)."""
+Each dot product keeps eight partial sums (element i in sum i % 8, one 8-lane vector)
+added in a fixed tree at the end (:func:`.simd.vtreesum`), then the last n % 8 products
+one by one: the same bits on AVX-512 and AVX2, where one running sum would be a chain
+of n dependent adds. Products and sums are rounded one by one (no FMA), as NumPy's
+``d - a * y`` is. The two loops go over the pairs with each update of d and the next
+pair's product with d in one pass, so d streams once per pair, not twice."""
 import numpy as np
 from numba import njit
 
 from ..ref.lbfgs import check_two_loop
+from .simd import LANES, vadd, vload, vmul, vsplat, vstore, vsub, vtreesum
 
-__all__ = ["two_loop", "dot", "step_to", "keep_pair"]
+__all__ = ["two_loop", "dot", "step_to", "keep_pair", "max_abs"]
+
+# no fastmath "contract": a * y + d must round the product first, as the reference does
+_JIT = dict(cache=True, nogil=True, error_model="numpy")
 
 
-@njit(cache=True, nogil=True)
+@njit(**_JIT)
 def _dot(a, b):
     n = a.size
-    full = n - n % 8
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-    for i in range(0, full, 8):
-        s0 += a[i] * b[i]
-        s1 += a[i + 1] * b[i + 1]
-        s2 += a[i + 2] * b[i + 2]
-        s3 += a[i + 3] * b[i + 3]
-        s4 += a[i + 4] * b[i + 4]
-        s5 += a[i + 5] * b[i + 5]
-        s6 += a[i + 6] * b[i + 6]
-        s7 += a[i + 7] * b[i + 7]
-    total = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    full = n - n % LANES
+    acc = vsplat(0.0)
+    for i in range(0, full, LANES):
+        acc = vadd(acc, vmul(vload(a, i), vload(b, i)))
+    total = vtreesum(acc)
     for i in range(full, n):
         total += a[i] * b[i]
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(**_JIT)
+def _sub_scaled_dot(d, a, y, s):
+    """d -= a y, then s·d (the new d), in one pass."""
+    n = d.size
+    full = n - n % LANES
+    va, acc = vsplat(a), vsplat(0.0)
+    for i in range(0, full, LANES):
+        v = vsub(vload(d, i), vmul(va, vload(y, i)))
+        vstore(d, i, v)
+        acc = vadd(acc, vmul(vload(s, i), v))
+    total = vtreesum(acc)
+    for i in range(full, n):
+        d[i] -= a * y[i]
+    for i in range(full, n):
+        total += s[i] * d[i]
+    return total
+
+
+@njit(**_JIT)
+def _add_scaled_dot(d, c, s, y):
+    """d += c s, then y·d (the new d), in one pass."""
+    n = d.size
+    full = n - n % LANES
+    vc, acc = vsplat(c), vsplat(0.0)
+    for i in range(0, full, LANES):
+        v = vadd(vload(d, i), vmul(vc, vload(s, i)))
+        vstore(d, i, v)
+        acc = vadd(acc, vmul(vload(y, i), v))
+    total = vtreesum(acc)
+    for i in range(full, n):
+        d[i] += c * s[i]
+    for i in range(full, n):
+        total += y[i] * d[i]
+    return total
+
+
+@njit(**_JIT)
+def _scale_dot(d, gamma, y):
+    """d *= gamma, then y·d, in one pass."""
+    n = d.size
+    full = n - n % LANES
+    vg, acc = vsplat(gamma), vsplat(0.0)
+    for i in range(0, full, LANES):
+        v = vmul(vload(d, i), vg)
+        vstore(d, i, v)
+        acc = vadd(acc, vmul(vload(y, i), v))
+    total = vtreesum(acc)
+    for i in range(full, n):
+        d[i] *= gamma
+    for i in range(full, n):
+        total += y[i] * d[i]
+    return total
+
+
+@njit(**_JIT)
 def _two_loop(S, Y, rho, count, g, d):
     m, n = S.shape
     k = min(count, m)
-    alpha = np.empty(k)
     for i in range(n):
         d[i] = -g[i]
+    if k == 0:
+        return
+    alpha = np.empty(k)
+    # newest pair first: alpha_j = rho S_j·d, d -= alpha_j Y_j, with the next older S·d
+    # (after the oldest pair the product is not needed, but the pass is)
+    product = _dot(S[(count - 1) % m], d)
     for j in range(k):
         r = (count - 1 - j) % m
-        a = rho[r] * _dot(S[r], d)
-        alpha[j] = a
-        for i in range(n):
-            d[i] -= a * Y[r, i]
-    if k:
-        r = (count - 1) % m
-        gamma = _dot(S[r], Y[r]) / _dot(Y[r], Y[r])
-        for i in range(n):
-            d[i] *= gamma
+        alpha[j] = rho[r] * product
+        product = _sub_scaled_dot(d, alpha[j], Y[r], S[(count - 2 - j) % m])
+    # the initial H: (s·y)/(y·y) of the newest pair, with the oldest Y·d
+    newest, oldest = (count - 1) % m, (count - k) % m
+    gamma = _dot(S[newest], Y[newest]) / _dot(Y[newest], Y[newest])
+    product = _scale_dot(d, gamma, Y[oldest])
+    # oldest pair first: d += (alpha_j - rho Y_j·d) S_j, with the next newer Y·d
     for j in range(k - 1, -1, -1):
         r = (count - 1 - j) % m
-        c = alpha[j] - rho[r] * _dot(Y[r], d)
-        for i in range(n):
-            d[i] += c * S[r, i]
+        product = _add_scaled_dot(d, alpha[j] - rho[r] * product, S[r], Y[(count - j) % m])
 
 
 def two_loop(S, Y, rho, count, g, d):
-    """See :func:`kernels.ref.lbfgs.two_loop`."""
+    """See :func:`kernels.ref.lbfgs.two_loop` (float64, C-contiguous arrays)."""
     check_two_loop(S, Y, rho, count, g, d)
+    for name, a in (("S", S), ("Y", Y), ("g", g), ("d", d)):
+        if a.dtype != np.float64 or not a.flags.c_contiguous:
+            raise ValueError(f"two_loop: {name} must be a C-contiguous float64 array, got {a.dtype}")
     _two_loop(S, Y, rho, int(count), g, d)
 
 
 dot = _dot  # the line search's products, with the same partial sums
 
 
-@njit(cache=True, nogil=True)
+@njit(**_JIT)
 def step_to(x, t, d, out):
     """out = x + t d (t d rounded first, as NumPy's x + t * d: the point the step reaches
     is the point that was evaluated)."""
@@ -73,26 +131,43 @@ def step_to(x, t, d, out):
         out[i] = x[i] + t * d[i]
 
 
-@njit(cache=True, nogil=True)
+@njit(**_JIT)
 def keep_pair(x, t, d, g, g_new, S, Y, rho, pairs):
     """The step: x += s, g = g_new, and the pair s = t d, y = g_new - g kept in row
     ``pairs`` % m of S and Y with rho = 1 / (s·y) where s·y > 1e-10 (a pair with less
-    would break H's positive definiteness: dropped). Returns the pairs kept so far."""
+    would break H's positive definiteness: dropped). Returns the pairs kept so far.
+    s·y is summed first, without storing s and y, so a dropped pair leaves its row alone."""
     n = x.size
-    s, y = np.empty(n), np.empty(n)
-    for i in range(n):
-        s[i] = t * d[i]
-        y[i] = g_new[i] - g[i]
-    s_y = _dot(s, y)
+    full = n - n % LANES
+    vt, acc = vsplat(t), vsplat(0.0)
+    for i in range(0, full, LANES):
+        acc = vadd(acc, vmul(vmul(vt, vload(d, i)), vsub(vload(g_new, i), vload(g, i))))
+    s_y = vtreesum(acc)
+    for i in range(full, n):
+        s_y += (t * d[i]) * (g_new[i] - g[i])
     keep = s_y > 1e-10
     r = pairs % S.shape[0]
     for i in range(n):
+        s = t * d[i]
         if keep:
-            S[r, i] = s[i]
-            Y[r, i] = y[i]
-        x[i] += s[i]
+            S[r, i] = s
+            Y[r, i] = g_new[i] - g[i]
+        x[i] += s
         g[i] = g_new[i]
     if keep:
         rho[r] = 1.0 / s_y
         return pairs + 1
     return pairs
+
+
+@njit(**_JIT)
+def max_abs(a):
+    """The largest |a_i| (NaN if any a_i is NaN), for the gradient's stopping test."""
+    top = 0.0
+    for i in range(a.size):
+        v = abs(a[i])
+        if not v <= top:  # NaN wins, as in NumPy's max
+            top = v
+            if v != v:
+                return v
+    return top

@@ -21,8 +21,8 @@ from numba.extending import intrinsic, models, register_model
 from .nbmath import C1, C2, C3, C4, C5, C6, LN2_HI, LN2_LO, LOG2E, SHIFTER
 
 __all__ = ["LANES", "f64x8", "dptr", "rowptr", "vload", "vstore", "vbcast", "prefetch", "prefetch_l2", "vsplat",
-           "vfma", "vfnma", "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vpow2n", "vsigmoid", "vsigmoid_array",
-           "store_transposed", "JIT", "target_isa"]
+           "vfma", "vfnma", "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vtreesum", "vpow2n", "vsigmoid",
+           "vsigmoid_array", "store_transposed", "JIT", "target_isa"]
 
 # error_model="numpy": no ZeroDivisionError branch, which would stop LLVM from
 # vectorising; "contract" lets it use FMAs (no reassociation, so rounding tricks survive).
@@ -251,6 +251,22 @@ def vhsum(typingctx, v):
         for i in range(1, LANES):
             s = builder.fadd(s, builder.extract_element(args[0], ir.Constant(ir.IntType(32), i)))
         return s
+
+    return types.float64(v), codegen
+
+
+@intrinsic
+def vtreesum(typingctx, v):
+    """((lane 0 + lane 1) + (lane 2 + lane 3)) + ((lane 4 + lane 5) + (lane 6 + lane 7)):
+    eight partial sums added in a fixed tree, as a scalar kernel with eight named sums would."""
+    if v != f64x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        level = [builder.extract_element(args[0], ir.Constant(ir.IntType(32), i)) for i in range(LANES)]
+        while len(level) > 1:
+            level = [builder.fadd(level[i], level[i + 1]) for i in range(0, len(level), 2)]
+        return level[0]
 
     return types.float64(v), codegen
 
