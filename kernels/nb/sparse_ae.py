@@ -242,11 +242,12 @@ class SparseAEWorkspace:
         self.mask = z(2 * PW)  # lanes of a full panel, then of the last panel
         self.mask[:PW + (self.m - (npan - 1) * PW if npan else PW)] = 1.0
         self.vp, self.hp = vp, hp
-        self._packed = None  # (x, its fingerprint) last packed
+        self._packed, self._samples = None, None  # the x packed last, and its values at ~64 places
         # each leaf's Σ a2 from sparse_ae_activations, and the (W1, b1) its a2 in the
         # panels belong to (None: the panels hold no current a2)
         self.leaf_act = np.zeros((max(1, -(-self.m // (self.leaf or max(self.m, 1)))), h))
-        self._hidden = None
+        self._hidden = False
+        self._hidden_w1, self._hidden_b1 = np.empty(v * h), np.empty(h)
         self.no_stack = np.zeros((1, 1))
         self._stack = self.no_stack
 
@@ -275,24 +276,50 @@ class SparseAEWorkspace:
                 and (leaf is None or self.leaf == int(leaf)))
 
     @staticmethod
-    def _fingerprint(x):
-        flat = x.reshape(-1)
-        return flat[::max(1, flat.size // 61)].copy()
+    def _sampling(flat):
+        return max(1, flat.size // 61)
 
     def pack(self, x):
         """Pack ``x`` into the panels unless it is the array packed last time, unchanged
-        (same object and the same values at ~64 spread-out places)."""
-        if self._packed is not None and self._packed[0] is x \
-                and np.array_equal(self._packed[1], self._fingerprint(x)):
+        (same object and the same values at ~64 spread-out places). The checks are small
+        kernels because they run right after the big ones, when NumPy's Python for them
+        would find nothing in cache."""
+        flat = x.reshape(-1)
+        step = self._sampling(flat)
+        if self._packed is x and _same_samples(flat, step, self._samples):
             return
         _pack_panels(x, self.blocks, self.vp, self.hp)
-        self._packed = (x, self._fingerprint(x))
-        self._hidden = None
+        self._packed, self._samples = x, flat[::step].copy()
+        self._hidden = False
+
+    def keep_hidden(self, W1, b1):
+        """The panels now hold a2 at (W1, b1)."""
+        self._hidden_w1[:] = W1.reshape(-1)
+        self._hidden_b1[:] = b1
+        self._hidden = True
 
     def holds_hidden(self, W1, b1) -> bool:
         """Whether the panels hold a2 at this (W1, b1) (and the x packed last)."""
-        return (self._hidden is not None and np.array_equal(self._hidden[0], W1)
-                and np.array_equal(self._hidden[1], b1))
+        return (self._hidden and W1.size == self._hidden_w1.size and b1.size == self._hidden_b1.size
+                and _same_values(np.ravel(W1), self._hidden_w1) and _same_values(np.ravel(b1), self._hidden_b1))
+
+
+@njit(cache=True, nogil=True)
+def _same_samples(flat, step, samples):
+    """flat[::step] == samples, element for element (NaN equals nothing)."""
+    for k in range(samples.size):
+        if flat[k * step] != samples[k]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _same_values(a, b):
+    """a == b element for element, 1-D of one size (NaN equals nothing)."""
+    for i in range(a.size):
+        if a[i] != b[i]:
+            return False
+    return True
 
 
 def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None,
@@ -322,7 +349,7 @@ def sparse_ae_activations(x, W1, b1, out, ws=None, leaf=None):
         ws.pack(x)
         _activations_panels(ws.blocks, W1, b1, ws.w1, ws.b1p, ws.act, ws.mask, ws.vp, ws.hp,
                             0 if leaf is None else int(leaf) // PW, rows, ws.leaf_act)
-        ws._hidden = (W1.copy(), b1.copy())
+        ws.keep_hidden(W1, b1)
         return out
     step = max(m if leaf is None else int(leaf), 1)
     act = np.empty(h)

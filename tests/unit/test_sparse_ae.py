@@ -397,6 +397,25 @@ def test_numba_workspace_repacks_new_or_changed_samples(rng):
     assert_close(run(y), want(y), np.float64, work=m * v)
 
 
+@pytest.mark.parametrize("changed", ["W1", "b1", "none"])
+def test_numba_second_round_makes_a2_again_where_the_weights_changed(rng, changed):
+    """The second round takes the a2 that the first round left in the workspace only at the
+    same W1 and b1: weights rewritten in place in between give the partials at the new ones."""
+    nb = kernels.load("numba")
+    m, v, h, leaf = 96, 16, 5, 32
+    x = rng.uniform(0.1, 0.9, size=(m, v))
+    W1, b1, W2, b2 = (a.copy() for a in unpack(theta_for(rng, v, h, scale=2.0), v, h))
+    n, size = m // leaf, ref.sparse_ae_partials_size(v, h)
+    ws = nb.sparse_ae_workspace(m, v, h, np.float64, None, leaf)
+    rho_hat = nb.sparse_ae_activations(x, W1, b1, np.empty((n, h)), ws, leaf).sum(axis=0) / m
+    if changed != "none":
+        weights = {"W1": W1, "b1": b1}[changed]
+        weights[...] = weights[::-1].copy() if weights.ndim == 1 else weights[:, ::-1].copy()
+    got = nb.sparse_ae_partials(x, W1, b1, W2, b2, np.empty((n, size)), ws, (RHO, BETA), leaf, rho_hat)
+    want = ref.sparse_ae_partials(x, W1, b1, W2, b2, np.empty((n, size)), None, (RHO, BETA), leaf, rho_hat)
+    assert_close(got, want, np.float64, work=leaf * v)
+
+
 def test_numba_workspace_buffers_are_cache_line_aligned():
     """Vector loads that straddle two cache lines would halve the kernels' speed."""
     nb = kernels.load("numba")
