@@ -88,6 +88,7 @@ class SparseAutoencoder:
         self.blocks = None
         self._chunks = []
         self._theta_buf = None  # for cost_grad
+        self._round_views = (None, None)  # (the θ array both rounds were given last, its views)
 
     # ---- data -----------------------------------------------------------------------
     def attach(self, x_local, blocks: Blocks | None = None):
@@ -137,6 +138,14 @@ class SparseAutoencoder:
         """W1, W2, b1, b2 as views into a packed θ (any array type and dtype)."""
         return {name: theta[start:end].reshape(shape) for name, start, end, shape in self._slices}
 
+    def _views_of(self, theta) -> dict:
+        """:meth:`views` of the θ array the rounds are given, kept while it is the same
+        array (the root optimiser's buffer, cost_grad's): each round's views cost a few
+        NumPy calls, and a small shard's evaluation is short."""
+        if self._round_views[0] is not theta:
+            self._round_views = (theta, self.views(theta))
+        return self._round_views[1]
+
     def init_theta(self, seed) -> np.ndarray:
         return init_theta(self.visible, self.hidden, seed)
 
@@ -155,7 +164,7 @@ class SparseAutoencoder:
         ``n_shared`` columns): the first round, whose total :meth:`partials` needs."""
         if self.x is None:
             raise RuntimeError("attach() the samples first")
-        p = self.views(theta)
+        p = self._views_of(theta)
         K = self.K
 
         def run(chunk):
@@ -172,7 +181,7 @@ class SparseAutoencoder:
         backward pass."""
         if self.x is None:
             raise RuntimeError("attach() the samples first")
-        p = self.views(theta)
+        p = self._views_of(theta)
         K = self.K
         kl = (self.rho, self.beta)
         rho_hat = np.asarray(self.be.to_host(shared), dtype=np.float64)[:self.n_shared] / self.m_total

@@ -118,6 +118,7 @@ class RootOptimizer:
         self._share(model.blocks)
         self.shared = xp.zeros(int(model.n_shared), dtype=dtype)
         self.buffer = xp.zeros(self.n_theta + 1, dtype=dtype)  # [control, θ]
+        self.theta = self.buffer[1:]  # one view, so that the model can keep its views of it
         self.synchronize = synchronize or (lambda: None)
         self.guard, self.run_dir = guard, run
         self.balance_every = int(balance_every) if comm.size > 1 and reattach is not None else 0
@@ -187,7 +188,7 @@ class RootOptimizer:
     def warm_up(self):
         """Both rounds on this rank's blocks alone, without messages: loads the compiled
         kernels and touches every buffer (at the θ buffer as it is)."""
-        theta = self.buffer[1:]
+        theta = self.theta
         self.model.shared_sums(theta, self.shared_rows)
         self.shared[...] = self.shared_rows.sum(axis=0)  # not the total, but a ρ̂ in (0, 1)
         self.model.partials(theta, self.leaves, self.shared)
@@ -205,7 +206,7 @@ class RootOptimizer:
         self.buffer[1:] = self.xp.asarray(theta64, dtype=self.buffer.dtype)
         self.comm.Bcast(self.buffer)
         self.comm_s += wtime() - t0
-        total = self._local(self.buffer[1:])
+        total = self._local(self.theta)
         t3 = wtime()
         total = self.xp.asarray(total)
         self.flags = float(total[self.n])
@@ -295,7 +296,7 @@ class RootOptimizer:
 
     def _serve(self):
         comm, wtime = self.comm, self.comm.wtime
-        theta = self.buffer[1:]
+        theta = self.theta
         while True:
             t0 = wtime()
             comm.Bcast(self.buffer)

@@ -439,6 +439,21 @@ def test_model_cost_grad_equals_textbook(rng, kset):
 
 
 
+def test_model_rounds_follow_the_theta_array_they_are_given(rng):
+    """The model keeps its views of the θ array its rounds were given last: another array
+    (here cost_grad's own, after a root optimiser's buffer) gives the sums at its values."""
+    be = backend.select("cpu", "numba", "float64")
+    x, theta = data(rng, m=300), theta_for(rng)
+    other = theta_for(rng)
+    model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(x)
+    opt = RootOptimizer(Comm.serial(), model)
+    opt.buffer[1:] = other
+    opt.warm_up()  # both rounds at the root optimiser's θ buffer
+    cost, grad = model.cost_grad(theta)
+    want_cost, want_grad = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(x).cost_grad(theta)
+    assert cost == want_cost and np.array_equal(grad, want_grad)
+
+
 @pytest.mark.parametrize("kset", ["numpy", "numba"])
 def test_model_attach_keeps_a_private_copy(rng, kset):
     """Rewriting the caller's array after attach() changes nothing: the model (and the
