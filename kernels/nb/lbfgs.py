@@ -32,56 +32,22 @@ def _dot(a, b):
 
 
 @njit(**_JIT)
-def _sub_scaled_dot(d, a, y, s):
-    """d -= a y, then s·d (the new d), in one pass."""
+def _update_dot(d, c, u, scale, w):
+    """d = (d + c u) * scale, then w·d (the new d), in one pass. d - a y is d + (-a) y and
+    x * 1.0 is x, bit for bit, so both loops' updates and the scaling by the initial H
+    are this one pass."""
     n = d.size
     full = n - n % LANES
-    va, acc = vsplat(a), vsplat(0.0)
+    vc, vs, acc = vsplat(c), vsplat(scale), vsplat(0.0)
     for i in range(0, full, LANES):
-        v = vsub(vload(d, i), vmul(va, vload(y, i)))
+        v = vmul(vadd(vload(d, i), vmul(vc, vload(u, i))), vs)
         vstore(d, i, v)
-        acc = vadd(acc, vmul(vload(s, i), v))
+        acc = vadd(acc, vmul(vload(w, i), v))
     total = vtreesum(acc)
     for i in range(full, n):
-        d[i] -= a * y[i]
+        d[i] = (d[i] + c * u[i]) * scale
     for i in range(full, n):
-        total += s[i] * d[i]
-    return total
-
-
-@njit(**_JIT)
-def _add_scaled_dot(d, c, s, y):
-    """d += c s, then y·d (the new d), in one pass."""
-    n = d.size
-    full = n - n % LANES
-    vc, acc = vsplat(c), vsplat(0.0)
-    for i in range(0, full, LANES):
-        v = vadd(vload(d, i), vmul(vc, vload(s, i)))
-        vstore(d, i, v)
-        acc = vadd(acc, vmul(vload(y, i), v))
-    total = vtreesum(acc)
-    for i in range(full, n):
-        d[i] += c * s[i]
-    for i in range(full, n):
-        total += y[i] * d[i]
-    return total
-
-
-@njit(**_JIT)
-def _scale_dot(d, gamma, y):
-    """d *= gamma, then y·d, in one pass."""
-    n = d.size
-    full = n - n % LANES
-    vg, acc = vsplat(gamma), vsplat(0.0)
-    for i in range(0, full, LANES):
-        v = vmul(vload(d, i), vg)
-        vstore(d, i, v)
-        acc = vadd(acc, vmul(vload(y, i), v))
-    total = vtreesum(acc)
-    for i in range(full, n):
-        d[i] *= gamma
-    for i in range(full, n):
-        total += y[i] * d[i]
+        total += w[i] * d[i]
     return total
 
 
@@ -94,21 +60,23 @@ def _two_loop(S, Y, rho, count, g, d):
     if k == 0:
         return
     alpha = np.empty(k)
-    # newest pair first: alpha_j = rho S_j·d, d -= alpha_j Y_j, with the next older S·d
-    # (after the oldest pair the product is not needed, but the pass is)
-    product = _dot(S[(count - 1) % m], d)
+    newest, oldest = (count - 1) % m, (count - k) % m
+    gamma = _dot(S[newest], Y[newest]) / _dot(Y[newest], Y[newest])  # the initial H, (s·y)/(y·y)
+    # newest pair first: alpha_j = rho S_j·d, d -= alpha_j Y_j, each pass taking the next
+    # older S·d; the last one scales d by the initial H and takes the oldest Y·d
+    product = _dot(S[newest], d)
     for j in range(k):
         r = (count - 1 - j) % m
         alpha[j] = rho[r] * product
-        product = _sub_scaled_dot(d, alpha[j], Y[r], S[(count - 2 - j) % m])
-    # the initial H: (s·y)/(y·y) of the newest pair, with the oldest Y·d
-    newest, oldest = (count - 1) % m, (count - k) % m
-    gamma = _dot(S[newest], Y[newest]) / _dot(Y[newest], Y[newest])
-    product = _scale_dot(d, gamma, Y[oldest])
-    # oldest pair first: d += (alpha_j - rho Y_j·d) S_j, with the next newer Y·d
+        if j + 1 < k:
+            product = _update_dot(d, -alpha[j], Y[r], 1.0, S[(count - 2 - j) % m])
+        else:
+            product = _update_dot(d, -alpha[j], Y[r], gamma, Y[oldest])
+    # oldest pair first: d += (alpha_j - rho Y_j·d) S_j, each pass taking the next newer Y·d
+    # (after the newest pair the product is not needed, but the pass is)
     for j in range(k - 1, -1, -1):
         r = (count - 1 - j) % m
-        product = _add_scaled_dot(d, alpha[j] - rho[r] * product, S[r], Y[(count - j) % m])
+        product = _update_dot(d, alpha[j] - rho[r] * product, S[r], 1.0, Y[(count - j) % m])
 
 
 def two_loop(S, Y, rho, count, g, d):

@@ -244,7 +244,7 @@ class SparseAEWorkspace:
         self.vp, self.hp = vp, hp
         self._packed, self._samples = None, None  # the x packed last, and its values at ~64 places
         # each leaf's Σ a2 from sparse_ae_activations, and the (W1, b1) its a2 in the
-        # panels belong to (None: the panels hold no current a2)
+        # panels belong to (_hidden False: the panels hold no current a2)
         self.leaf_act = np.zeros((max(1, -(-self.m // (self.leaf or max(self.m, 1)))), h))
         self._hidden = False
         self._hidden_w1, self._hidden_b1 = np.empty(v * h), np.empty(h)
@@ -275,17 +275,13 @@ class SparseAEWorkspace:
         return (x.shape[0] == self.m and W1.shape == (self.visible, self.hidden) and x.dtype == self.dtype
                 and (leaf is None or self.leaf == int(leaf)))
 
-    @staticmethod
-    def _sampling(flat):
-        return max(1, flat.size // 61)
-
     def pack(self, x):
         """Pack ``x`` into the panels unless it is the array packed last time, unchanged
         (same object and the same values at ~64 spread-out places). The checks are small
         kernels because they run right after the big ones, when NumPy's Python for them
         would find nothing in cache."""
         flat = x.reshape(-1)
-        step = self._sampling(flat)
+        step = max(1, flat.size // 61)
         if self._packed is x and _same_samples(flat, step, self._samples):
             return
         _pack_panels(x, self.blocks, self.vp, self.hp)
