@@ -280,29 +280,27 @@ class SparseAEWorkspace:
         (same object and the same values at ~64 spread-out places). The checks are small
         kernels because they run right after the big ones, when NumPy's Python for them
         would find nothing in cache."""
-        flat = x.reshape(-1)
-        step = max(1, flat.size // 61)
-        if self._packed is x and _same_samples(flat, step, self._samples):
+        step = max(1, x.size // 61)
+        if self._packed is x and _same_samples(x, step, self._samples):
             return
         _pack_panels(x, self.blocks, self.vp, self.hp)
-        self._packed, self._samples = x, flat[::step].copy()
+        self._packed, self._samples = x, x.reshape(-1)[::step].copy()
         self._hidden = False
 
     def keep_hidden(self, W1, b1):
         """The panels now hold a2 at (W1, b1)."""
-        self._hidden_w1[:] = W1.reshape(-1)
-        self._hidden_b1[:] = b1
+        _keep_weights(W1, b1, self._hidden_w1, self._hidden_b1)
         self._hidden = True
 
     def holds_hidden(self, W1, b1) -> bool:
         """Whether the panels hold a2 at this (W1, b1) (and the x packed last)."""
-        return (self._hidden and W1.size == self._hidden_w1.size and b1.size == self._hidden_b1.size
-                and _same_values(np.ravel(W1), self._hidden_w1) and _same_values(np.ravel(b1), self._hidden_b1))
+        return self._hidden and _same_weights(W1, b1, self._hidden_w1, self._hidden_b1)
 
 
 @njit(cache=True, nogil=True)
-def _same_samples(flat, step, samples):
-    """flat[::step] == samples, element for element (NaN equals nothing)."""
+def _same_samples(x, step, samples):
+    """x's elements [::step] in C order == samples, one by one (NaN equals nothing)."""
+    flat = x.reshape(-1)
     for k in range(samples.size):
         if flat[k * step] != samples[k]:
             return False
@@ -310,10 +308,27 @@ def _same_samples(flat, step, samples):
 
 
 @njit(cache=True, nogil=True)
-def _same_values(a, b):
-    """a == b element for element, 1-D of one size (NaN equals nothing)."""
-    for i in range(a.size):
-        if a[i] != b[i]:
+def _keep_weights(W1, b1, kept_w1, kept_b1):
+    v, h = W1.shape
+    for i in range(v):
+        for j in range(h):
+            kept_w1[i * h + j] = W1[i, j]
+    for j in range(h):
+        kept_b1[j] = b1[j]
+
+
+@njit(cache=True, nogil=True)
+def _same_weights(W1, b1, kept_w1, kept_b1):
+    """W1 and b1 equal to the kept ones, element for element (NaN equals nothing)."""
+    v, h = W1.shape
+    if v * h != kept_w1.size or b1.size != kept_b1.size:
+        return False
+    for i in range(v):
+        for j in range(h):
+            if W1[i, j] != kept_w1[i * h + j]:
+                return False
+    for j in range(h):
+        if b1[j] != kept_b1[j]:
             return False
     return True
 
@@ -377,15 +392,17 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
     c = np.ascontiguousarray
     fold, given = kl is not None, rho_hat is not None
     rho, beta = (float(kl[0]), float(kl[1])) if fold else (0.0, 0.0)
-    k = np.zeros(h)
-    if fold and given:
-        kl_grad_into(c(rho_hat, dtype=np.float64), rho, beta, k)
     if ws.simd:
         x = c(x)
         ws.pack(x)
         if given and not ws.holds_hidden(W1, b1):  # one activation row per leaf
             sparse_ae_activations(x, W1, b1, np.empty((1 if leaf is None else len(ws.leaf_act), h)), ws, leaf)
-        ws.kv[:h] = k
+        if fold and given:  # the KL gradient into the first h of the kernel's vector (zeros past them)
+            if np.shape(rho_hat) != (h,):
+                raise ValueError(f"sparse_ae_partials: rho_hat needs {h} values, got shape {np.shape(rho_hat)}")
+            kl_grad_into(c(rho_hat, dtype=np.float64), rho, beta, ws.kv)
+        else:
+            ws.kv[:h] = 0.0
         order, stack = _NO_MERGES, ws.no_stack
         if merges is not None:
             depth, _, order = merge_plan(tuple(merges))
@@ -400,6 +417,9 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
         sparse_ae_partials(x, W1, b1, W2, b2, each, ws, kl, leaf, rho_hat)
         merge_rows(each, merges, rows)
     else:
+        k = np.zeros(h)
+        if fold and given:
+            kl_grad_into(c(rho_hat, dtype=np.float64), rho, beta, k)
         V = ws.views
         step = m if leaf is None else int(leaf)
         for i, i0 in enumerate(range(0, max(m, 1), max(step, 1))):
