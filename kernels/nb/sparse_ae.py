@@ -392,17 +392,19 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
     c = np.ascontiguousarray
     fold, given = kl is not None, rho_hat is not None
     rho, beta = (float(kl[0]), float(kl[1])) if fold else (0.0, 0.0)
+    # the KL gradient: in float64 straight into the first h of the kernel's vector (zeros past them)
+    k = ws.kv if ws.simd else np.zeros(h)
+    if fold and given:
+        if np.shape(rho_hat) != (h,):
+            raise ValueError(f"sparse_ae_partials: rho_hat needs {h} values, got shape {np.shape(rho_hat)}")
+        kl_grad_into(c(rho_hat, dtype=np.float64), rho, beta, k)
+    else:
+        k[:h] = 0.0
     if ws.simd:
         x = c(x)
         ws.pack(x)
         if given and not ws.holds_hidden(W1, b1):  # one activation row per leaf
             sparse_ae_activations(x, W1, b1, np.empty((1 if leaf is None else len(ws.leaf_act), h)), ws, leaf)
-        if fold and given:  # the KL gradient into the first h of the kernel's vector (zeros past them)
-            if np.shape(rho_hat) != (h,):
-                raise ValueError(f"sparse_ae_partials: rho_hat needs {h} values, got shape {np.shape(rho_hat)}")
-            kl_grad_into(c(rho_hat, dtype=np.float64), rho, beta, ws.kv)
-        else:
-            ws.kv[:h] = 0.0
         order, stack = _NO_MERGES, ws.no_stack
         if merges is not None:
             depth, _, order = merge_plan(tuple(merges))
@@ -417,9 +419,6 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
         sparse_ae_partials(x, W1, b1, W2, b2, each, ws, kl, leaf, rho_hat)
         merge_rows(each, merges, rows)
     else:
-        k = np.zeros(h)
-        if fold and given:
-            kl_grad_into(c(rho_hat, dtype=np.float64), rho, beta, k)
         V = ws.views
         step = m if leaf is None else int(leaf)
         for i, i0 in enumerate(range(0, max(m, 1), max(step, 1))):
