@@ -42,10 +42,11 @@ binomial tree / recursive doubling (ceil(log2) levels of alpha + n/beta [+ n gam
 sum]) and the bandwidth-optimal form (scatter or reduce-scatter + allgather: twice the
 latency, 2(P-1)/P n / beta) - what MPI libraries switch between by message size. At P = 2 on
 one node the smaller is the tree: the fitted alpha + n/beta itself. Point-to-point messages
-use the one-way Send/Recv fit (what TreeSum and the hand-overs do), not half a ping-pong. aepar's fixed tree is not an MPI
-collective: it is simulated message by message along TreeSum's own plan (every cross-rank
-node is one Send/Recv + an add; a sending rank is busy until delivery), then the Bcast of
-the sum where the scheme needs it everywhere.
+use the one-way Send/Recv fit (what TreeSum and the hand-overs do), not half a ping-pong.
+aepar's fixed tree is not an MPI collective: it is simulated message by message along
+TreeSum's own plan (every cross-rank node is TreeSum's own time, fitted at P = 2 from its
+small sums, + one Send/Recv + an add; a sending rank is busy until delivery), then the
+Bcast of the sum where the scheme needs it everywhere.
 
 Not modelled (each makes the predictions optimistic): contention for memory on machines
 where measure-contention did not run, network congestion and topology, OS noise and stragglers (the model's

@@ -88,6 +88,9 @@ class Network:
     one message). ``inter``: the profile's link between nodes, or None (all ranks on one
     node: every level uses ``intra``). ``gamma``: seconds per byte of an add, for the sums
     across nodes (inside a node it is part of the fitted beta). ``ranks_per_node``.
+    ``tree_o``: aepar's own seconds per fixed-tree message beyond the message and the add
+    (TreeSum's Python: its plan's loop, the receive buffer, the add's call), the same on
+    any network (:func:`fit_tree_overhead`).
     """
 
     name: str
@@ -95,6 +98,7 @@ class Network:
     inter: Link | None
     ranks_per_node: int
     gamma: float
+    tree_o: float = 0.0
 
     def node(self, rank: int) -> int:
         return rank // self.ranks_per_node if self.inter is not None else 0
@@ -161,7 +165,8 @@ def _tree_ops(count: int, p: int) -> tuple:
 def tree_reduce_s(net: Network, nbytes: float, p: int, count: int) -> float:
     """aepar's fixed-tree sum of ``count`` blocks over ``p`` ranks to rank 0, after every
     rank summed its own blocks: TreeSum's cross-rank nodes in plan order, each a message
-    (sender busy until delivered) and an add of ``nbytes`` at the receiver."""
+    (sender busy until delivered, after aepar's own ``tree_o``) and an add of ``nbytes``
+    at the receiver."""
     if p <= 1:
         return 0.0
     if count < p:
@@ -172,10 +177,22 @@ def tree_reduce_s(net: Network, nbytes: float, p: int, count: int) -> float:
         if left == right:
             ready[left] += add
             continue
-        arrive = ready[right] + net.p2p(nbytes, left, right)
+        arrive = ready[right] + net.tree_o + net.p2p(nbytes, left, right)
         ready[right] = arrive
         ready[left] = max(ready[left], arrive) + add
     return ready[0]
+
+
+def fit_tree_overhead(send: Link, tree_reduce: dict, gamma: float, small: int = 2048) -> float:
+    """TreeSum's own time per message: the median over the small sizes (``tree_reduce``:
+    bytes -> seconds of one fixed-tree sum over two ranks, one message and one add) of what
+    the message (``send``'s fit) and the add (``gamma``) leave unexplained; 0 if none.
+
+    At two ranks the tree is one message, so the Python around it shows as a constant that
+    no alpha-beta line of MPI's own calls holds; the model adds it per message of larger
+    trees, where a rank waits for each level's sender in turn."""
+    gaps = [t - send.t(n) - n * gamma for n, t in tree_reduce.items() if n <= small]
+    return max(0.0, float(np.median(gaps))) if gaps else 0.0
 
 
 def tree_allreduce_s(net: Network, nbytes: float, p: int, count: int) -> float:
@@ -549,7 +566,7 @@ def stops_scaling(times: dict) -> tuple:
 # =============================================================================================
 
 
-def networks(links: dict, gamma: float, ranks_per_node: int) -> dict:
+def networks(links: dict, gamma: float, ranks_per_node: int, tree_o: float = 0.0) -> dict:
     """The measured links inside a node, each profile's between nodes."""
-    return {name: Network(name, links, Link(pr["alpha"], pr["beta"]), ranks_per_node, gamma)
+    return {name: Network(name, links, Link(pr["alpha"], pr["beta"]), ranks_per_node, gamma, tree_o)
             for name, pr in PROFILES.items()}

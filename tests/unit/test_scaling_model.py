@@ -7,15 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.scaling_model.model import (OPS, Compute, Link, Network, Stack, collective_s, efficiency,
-                                       fit_alpha_beta, free_network, layer_key, layerwise_s, sparse_eval_s,
-                                       sparse_run_s, stops_scaling, tree_allreduce_s, tree_reduce_s)
+                                       fit_alpha_beta, fit_tree_overhead, free_network, layer_key, layerwise_s,
+                                       sparse_eval_s, sparse_run_s, stops_scaling, tree_allreduce_s, tree_reduce_s)
 
 PROPS = settings(max_examples=100, deadline=None, derandomize=True, database=None)
 POW2 = [2 ** k for k in range(11)]
 
 
-def net(alpha=5e-6, beta=5e9, inter=None, ranks_per_node=2, gamma=1e-10):
-    return Network("test", {op: Link(alpha, beta) for op in OPS}, inter, ranks_per_node, gamma)
+def net(alpha=5e-6, beta=5e9, inter=None, ranks_per_node=2, gamma=1e-10, tree_o=0.0):
+    return Network("test", {op: Link(alpha, beta) for op in OPS}, inter, ranks_per_node, gamma, tree_o)
 
 
 def sparse_compute(block_s=1e-4, serial_s=1e-3):
@@ -90,6 +90,23 @@ def test_collectives_never_cheaper_with_more_ranks(nbytes, count_extra):
         assert aligned == pytest.approx(min(k, 1) * intra + max(k - 1, 0) * inter + k * add)
         assert tree_reduce_s(n, nbytes, p, 1024 + count_extra) >= aligned * (1 - 1e-12)
     assert tree_allreduce_s(n, nbytes, 8, 64) >= tree_reduce_s(n, nbytes, 8, 64)
+
+
+def test_the_fixed_trees_own_time_is_fitted_at_two_ranks_and_paid_once_per_level():
+    send, gamma, o = Link(2e-6, 15e9), 1e-10, 3e-6
+    sizes = [2 ** k for k in range(3, 27)]
+    # planted: every small tree_reduce costs the message, the add and o; larger ones
+    # something else again (a protocol switch), which the fit must not read as overhead
+    rows = {n: send.t(n) + n * gamma + (o if n <= 2048 else 5 * o) for n in sizes}
+    assert fit_tree_overhead(send, rows, gamma) == pytest.approx(o)
+    assert fit_tree_overhead(send, {n: send.t(n) + n * gamma for n in sizes}, gamma) == pytest.approx(0.0, abs=1e-15)
+    assert fit_tree_overhead(send, {8: send.t(8) / 2}, gamma) == 0.0  # faster than the fit: none, not negative
+    assert fit_tree_overhead(send, {}, gamma) == 0.0
+    # aligned blocks: one message per level, each with its own time
+    plain, own = net(gamma=gamma), net(gamma=gamma, tree_o=o)
+    for k, p in enumerate(POW2[:6]):
+        assert tree_reduce_s(own, 512, p, 64) == pytest.approx(tree_reduce_s(plain, 512, p, 64) + k * o)
+    assert tree_allreduce_s(own, 512, 8, 8) == pytest.approx(tree_allreduce_s(plain, 512, 8, 8) + 3 * o)
 
 
 def test_slower_network_costs_more():
