@@ -55,6 +55,10 @@ class TreeSum:
         self._local = tree_cover(self.first, self.stop, count)
         self._ops = []  # (level, start, left owner, right owner), children before parents
         self._plan(tree_top(count), 0, owner)
+        # each own node's rows in a 2-D array of this rank's block vectors
+        self._spans = [(level, start, start - self.first, min(start + (1 << level), count) - self.first)
+                       for level, start in self._local]
+        self._steps, self._result = self._schedule()
         self._scratch = None
 
     def _plan(self, level, start, owner):
@@ -68,6 +72,29 @@ class TreeSum:
         right = self._plan(level - 1, start + half, owner)
         self._ops.append((level, start, left, right))
         return left
+
+    def _schedule(self):
+        """This rank's part of :attr:`_ops`, resolved once: (what, a, b) steps over the
+        slots of its own nodes' vectors (slot i: the i-th of :attr:`nodes`), and the slot of
+        the total (rank 0; None elsewhere). ``("add", a, b)``: slot a += slot b (both halves
+        here); ``("send", a, rank)``; ``("recv", a, rank)``: slot a += what rank sends.
+        A node's sum lands in its left half's vector, so its slot is its left half's."""
+        slot = {node: i for i, node in enumerate(self._local)}
+        me, steps = self.comm.rank, []
+
+        def held(level, start):  # a node's sum is in its leftmost own node's vector
+            while (level, start) not in slot:
+                level -= 1
+            return slot[(level, start)]
+        for level, start, left, right in self._ops:
+            half = 1 << (level - 1)
+            if left == right == me:
+                steps.append(("add", held(level - 1, start), held(level - 1, start + half)))
+            elif right == me:
+                steps.append(("send", held(level - 1, start + half), left))
+            elif left == me:
+                steps.append(("recv", held(level - 1, start), right))
+        return steps, (held(tree_top(self.count), 0) if me == 0 else None)
 
     @property
     def nodes(self) -> list[tuple[int, int]]:
@@ -84,9 +111,7 @@ class TreeSum:
             raise ValueError(f"rank {self.comm.rank} owns {self.stop - self.first} blocks, got "
                              f"{len(vectors)} vectors")
         if add is None and getattr(vectors, "ndim", 1) == 2:
-            return {(level, start): tree_sum_rows(vectors[start - self.first:
-                                                          min(start + (1 << level), self.count) - self.first])
-                    for level, start in self._local}
+            return {(level, start): tree_sum_rows(vectors[lo:hi]) for level, start, lo, hi in self._spans}
         leaves = {self.first + i: v for i, v in enumerate(vectors)}
         return {node: tree_node(*node, leaves, self.count, add or operator.iadd) for node in self._local}
 
@@ -102,30 +127,21 @@ class TreeSum:
         return self._combine(values, add or operator.iadd)
 
     def _combine(self, values, add):
-        """The sum on rank 0 from every rank's :meth:`node_values` (messages between ranks)."""
-        values = dict(values)
-        me = self.comm.rank
-        for level, start, left, right in self._ops:
-            half = 1 << (level - 1)
-            if left == right == me:  # both halves here, one of them assembled from other ranks
-                mine = self._value(values, level - 1, start)
-                add(mine, self._value(values, level - 1, start + half))
-                values[(level, start)] = mine
-            elif right == me:
-                self.comm.Send(self._value(values, level - 1, start + half), left, TAG_TREE)
-            elif left == me:
-                mine = self._value(values, level - 1, start)
+        """The sum on rank 0 from every rank's :meth:`node_values` (messages between ranks),
+        along this rank's steps of the plan (:meth:`_schedule`)."""
+        held = [values[node] for node in self._local]
+        comm = self.comm
+        for what, a, b in self._steps:
+            if what == "add":  # both halves here, one of them assembled from other ranks
+                add(held[a], held[b])
+            elif what == "send":
+                comm.Send(held[a], b, TAG_TREE)
+            else:
+                mine = held[a]
                 if self._scratch is None or self._scratch.shape != mine.shape or self._scratch.dtype != mine.dtype:
                     self._scratch = np.empty_like(mine)
-                add(mine, self.comm.Recv(self._scratch, right, TAG_TREE))
-                values[(level, start)] = mine
-        return self._value(values, tree_top(self.count), 0) if me == 0 else None
-
-    def _value(self, values, level, start):
-        """The value held for node (level, start): itself, or the left half it reduces to."""
-        while (level, start) not in values:
-            level -= 1
-        return values[(level, start)]
+                add(mine, comm.Recv(self._scratch, b, TAG_TREE))
+        return held[self._result] if self._result is not None else None
 
     def reduce(self, vectors, add=None):
         """The sum on rank 0 (a vector there, clobbering its first block's vector), None elsewhere."""
