@@ -20,6 +20,9 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export MPIRUN
 # ranks for `make run`: one per core (Open MPI's --oversubscribe only lets more run, slower)
 NP     ?= $(shell nproc 2>/dev/null || echo 2)
+# aepar's bytecode, written once before the many processes of a run or the suite: where
+# PYTHONDONTWRITEBYTECODE is set, each would otherwise compile aepar from source again
+BYTECODE = $(BIN)/python -m compileall -q aepar kernels bench
 RUN_ARGS ?=
 
 .PHONY: help venv run test check clean-runs test-gpu test-cluster bench bench-full bench-peers bench-pretrain bench-santara bench-kernels reliability fashion docs clean distclean
@@ -49,9 +52,11 @@ $(STAMP): setup.py pyproject.toml
 	@touch $(STAMP)
 
 run: venv  ## the main job: synchronized pre-training on embedded real MNIST, one rank per core (NP), against greedy on the same ranks
+	@$(BYTECODE)
 	$(MPIRUN) -np $(NP) $(BIN)/python -m aepar.sync --preset quick $(RUN_ARGS)
 
 test: venv  ## the full suite CI runs: unit, MPI (mpirun -np 1-8), reliability and end-to-end tests (~15 min on 2 cores)
+	@$(BYTECODE)
 	$(BIN)/python -m pytest tests
 
 check: venv  ## the quick tier for the edit loop (< 3 min on 2 cores): unit tests without MPI, one small MPI test
