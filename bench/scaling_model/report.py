@@ -168,10 +168,12 @@ def _communication(links, resid, mpi_rows, tree_o) -> list:
                  f"| {op} | {callers[op]} | {lk.alpha * 1e6:.2f} | {lk.beta / 1e9:.2f} | {_pct(resid[op])} | – | – |")
     L += ["", "One Hockney line per operation misses the protocol switches (eager to rendezvous, cache "
           "to memory): the max residual says by how much; the model uses the line.", "",
-          f"aepar's fixed tree adds its own time to each message: the tree_reduce rows of 2 KB and less "
+          "aepar's fixed tree adds its own time to each message: the tree_reduce rows of 2 KB and less "
           f"(one message and one add at np 2) took {tree_o * 1e6:.2f} us (median) more than the send fit "
-          "and the add explain. That is TreeSum's Python around the message (its plan's loop, the receive "
-          "buffer, the add's call); the model charges it once per fixed-tree message, on every network. "
+          "and the add explain. That is TreeSum's Python around the message (its steps' loop, the receive "
+          "buffer, the add's call; rows measured before 0.8.8, whose TreeSum walked its whole plan at every "
+          "sum: under mpirun -np 2 on an Intel Xeon that version took about twice as long); the model "
+          "charges it once per fixed-tree message, on every network. "
           "So the np 2 tree rows of section 4 are no longer independent of the model below 2 KB; the "
           "16-vCPU machine's tree rows (4 levels) still are.", ""]
     return L
@@ -245,7 +247,7 @@ def _models(comp, tree_o) -> list:
          "message is not charged), the faster mode as `auto` picks.",
          "- Collectives: Li levels inside a node at the fitted alpha/beta of that operation, Le levels across "
          "nodes at the profile's (+ an add per byte for sums): min(binomial tree, 2x latency + "
-         f"2 (P-1)/P n / beta). The fixed tree: TreeSum's own plan simulated message by message, each "
+         "2 (P-1)/P n / beta). The fixed tree: TreeSum's own plan simulated message by message, each "
          f"message + {tree_o * 1e6:.2f} us of TreeSum's own time (section 1). "
          "Compute: the busiest rank's, times the measured contention of the ranks sharing a node, times "
          "active threads / cores when oversubscribed (validation only).", ""]
