@@ -58,7 +58,7 @@ class TreeSum:
         # each own node's rows in a 2-D array of this rank's block vectors
         self._spans = [(level, start, start - self.first, min(start + (1 << level), count) - self.first)
                        for level, start in self._local]
-        self._steps, self._result = self._schedule()
+        self._steps = self._schedule()
         self._scratch = None
 
     def _plan(self, level, start, owner):
@@ -75,10 +75,10 @@ class TreeSum:
 
     def _schedule(self):
         """This rank's part of :attr:`_ops`, resolved once: (what, a, b) steps over the
-        slots of its own nodes' vectors (slot i: the i-th of :attr:`nodes`), and the slot of
-        the total (rank 0; None elsewhere). ``("add", a, b)``: slot a += slot b (both halves
-        here); ``("send", a, rank)``; ``("recv", a, rank)``: slot a += what rank sends.
-        A node's sum lands in its left half's vector, so its slot is its left half's."""
+        slots of its own nodes' vectors (slot i: the i-th of :attr:`nodes`).
+        ``("add", a, b)``: slot a += slot b (both halves here); ``("send", a, rank)``;
+        ``("recv", a, rank)``: slot a += what rank sends. A node's sum lands in its left
+        half's vector, so its slot is its left half's (and the total, rank 0's slot 0)."""
         slot = {node: i for i, node in enumerate(self._local)}
         me, steps = self.comm.rank, []
 
@@ -94,7 +94,7 @@ class TreeSum:
                 steps.append(("send", held(level - 1, start + half), left))
             elif left == me:
                 steps.append(("recv", held(level - 1, start), right))
-        return steps, (held(tree_top(self.count), 0) if me == 0 else None)
+        return steps
 
     @property
     def nodes(self) -> list[tuple[int, int]]:
@@ -141,7 +141,7 @@ class TreeSum:
                 if self._scratch is None or self._scratch.shape != mine.shape or self._scratch.dtype != mine.dtype:
                     self._scratch = np.empty_like(mine)
                 add(mine, comm.Recv(self._scratch, b, TAG_TREE))
-        return held[self._result] if self._result is not None else None
+        return held[0] if self.comm.rank == 0 else None
 
     def reduce(self, vectors, add=None):
         """The sum on rank 0 (a vector there, clobbering its first block's vector), None elsewhere."""
