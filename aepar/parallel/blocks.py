@@ -141,7 +141,7 @@ class TreeSum:
                 if self._scratch is None or self._scratch.shape != mine.shape or self._scratch.dtype != mine.dtype:
                     self._scratch = np.empty_like(mine)
                 add(mine, comm.Recv(self._scratch, b, TAG_TREE))
-        return held[0] if self.comm.rank == 0 else None
+        return held[0] if comm.rank == 0 else None
 
     def reduce(self, vectors, add=None):
         """The sum on rank 0 (a vector there, clobbering its first block's vector), None elsewhere."""

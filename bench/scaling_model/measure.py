@@ -110,17 +110,21 @@ def measure_mpi(out: Path, quick: bool = False, target_s: float = 0.15) -> int:
     return 0
 
 
+def fastest_times(rows: list, op: str) -> dict:
+    """bytes -> seconds of ``op``'s fastest trial in measure-mpi's rows: on this VM the same
+    operation varies 2-4x from one minute to the next and other jobs' time slices hit whole
+    trials; the fastest is the figure a rerun reproduces (what every fit reads)."""
+    return {int(r["bytes"]): float(r.get("min_seconds") or r["seconds"]) for r in rows if r["op"] == op}
+
+
 def load_mpi(path: Path) -> tuple[dict, dict, list]:
     """(op -> Link, op -> max relative residual, rows) from measure-mpi's CSV."""
     rows = read_rows(path)
     links, resid = {}, {}
     for op in OPS:
-        # the fastest trial: on this VM the same operation varies 2-4x from one minute to
-        # the next and other jobs' time slices hit whole trials; the fastest is the figure
-        # a rerun reproduces
-        pts = [(int(r["bytes"]), float(r.get("min_seconds") or r["seconds"])) for r in rows if r["op"] == op]
+        pts = fastest_times(rows, op)
         if len(pts) >= 2:
-            links[op], resid[op] = fit_alpha_beta(*zip(*pts))
+            links[op], resid[op] = fit_alpha_beta(list(pts), list(pts.values()))
     return links, resid, rows
 
 

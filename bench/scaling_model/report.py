@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import write_rows
-from bench.scaling_model.measure import (COMPUTE_CSV, CONTENTION_CSV, MPI_CSV, RESULTS, load_compute, load_mpi,
-                                         measured_on)
+from bench.scaling_model.measure import (COMPUTE_CSV, CONTENTION_CSV, MPI_CSV, RESULTS, fastest_times, load_compute,
+                                         load_mpi, measured_on)
 from bench.scaling_model.model import (OPS, PROFILES, RANKS, Compute, Network, Stack, efficiency,
                                        fit_tree_overhead, networks, sparse_run_s, stack_scheme_s, stops_scaling)
 from bench.scaling_model.validate import SIXTEEN, machine_label, machine_of, scaled_label, validate
@@ -445,8 +445,7 @@ def report(mpi_csv=MPI_CSV, compute_csv=COMPUTE_CSV, ranks_per_node: int = 2, co
     comp = load_compute(Path(compute_csv), CONTENTION_CSV)
     machine = measured_on(Path(compute_csv))
     gamma = comp.gamma()
-    tree_o = fit_tree_overhead(links["send"], {int(r["bytes"]): float(r.get("min_seconds") or r["seconds"])
-                                               for r in mpi_rows if r["op"] == "tree_reduce"}, gamma)
+    tree_o = fit_tree_overhead(links["send"], fastest_times(mpi_rows, "tree_reduce"), gamma)
     here = Network("this machine", links, None, ranks_per_node, gamma, tree_o)
     points = validate(comp, here, mpi_rows, machine)
     valid = points.rows
