@@ -41,10 +41,11 @@ Blocks longer than :data:`SEGMENT_ROWS` (batch 5000: 8 blocks of 1250 rows of [v
 a stretch of rows at a time, every tile taking the stretch before the next one, the tiles'
 unfinished sums waiting on their stacks: the same bits, but D's panel no longer comes from
 L3 for every tile. Each stretch's rows of A are copied transposed, and of D padded, into
-small buffers that stay in cache (instead of whole copies of A.T and of D padded), and a
-run of tiles of one row count is one call. Each of these made long blocks faster, the
-copies included (whole blocks ran far slower); OpenBLAS's one product, with other bits,
-is somewhat faster still.
+small buffers that stay in cache (instead of whole copies of A.T and of D padded; A's
+through 16 x 16 register transposes), and a run of tiles of one row count is one call.
+Each of these made long blocks faster, the copies included (whole blocks ran far
+slower); OpenBLAS's one product over all the blocks, with other bits, runs about as fast
+with AVX-512 and somewhat faster with AVX2.
 
 :func:`block_outer_sum_sgd` is that sum with the SGD step of :mod:`.update` in each tile's
 epilogue: where a tile's sums reach the tree's root they step its elements of the
@@ -496,17 +497,18 @@ def _pack_row_tiles(af, lda, rows, m, tiles):
 
 
 @njit(**JIT)
-def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack, at, dp):
+def _block_outer_sum_segments(af, lda, D, starts, merges, alphas, out, stack, at, dp):
     """:func:`_block_outer_sum` for long blocks: each block in stretches of
     :data:`SEGMENT_ROWS` rows, every tile of out taking a stretch before the next one
     (``stack``: :func:`stack_depth` slots of :data:`SLOT` floats per tile, as many floats
     as out times the tree's depth: 12.6 MB for 784 x 1000 and 8 blocks). A stretch's rows
-    are first copied into small buffers that stay in cache: A's transposed into ``at`` (m x
-    SEGMENT_ROWS), so that a tile's broadcasts read along its rows, and D's into ``dp``
-    (SEGMENT_ROWS x n padded to whole vectors, the padding zero), instead of whole
-    transposed and padded copies of A and D (see the module docstring)."""
+    are first copied into small buffers that stay in cache: A's (rows x m, its rows ``lda``
+    floats apart in ``af``) transposed into ``at`` (m x SEGMENT_ROWS), so that a tile's
+    broadcasts read along its rows, and D's into ``dp`` (SEGMENT_ROWS x n padded to whole
+    vectors, the padding zero), instead of whole transposed and padded copies of A and D
+    (see the module docstring)."""
     M, N = out.shape
-    m, ldd = A.shape[1], dp.shape[1]
+    m, ldd = at.shape[0], dp.shape[1]
     tiles = _outer_row_tiles(M)
     runs = _tile_runs(tiles)
     ntile = tiles.size - 1
@@ -520,9 +522,8 @@ def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack, at, dp):
         while True:  # a stretch's rows of A and D stay in cache while every tile takes them
             k1 = min(end, k0 + SEGMENT_ROWS)
             last = b if k1 == end else -1
+            _transposed_stretch(af, lda, k0, k1, m, atf, SEGMENT_ROWS)
             for k in range(k0, k1):
-                for i in range(m):
-                    at[i, k - k0] = A[k, i]
                 for i in range(N):
                     dp[k - k0, i] = D[k, i]
             slot = depth * SLOT
@@ -540,6 +541,24 @@ def _block_outer_sum_segments(A, D, starts, merges, alphas, out, stack, at, dp):
                 break
             k0 = k1
         depth += 1 - merges[b]
+
+
+@njit(**JIT)
+def _transposed_stretch(af, lda, k0, k1, m, atf, ldt):
+    """at[i, k - k0] = A[k, i] for rows k0..k1 of A (rows ``lda`` floats apart in ``af``)
+    and its m columns, ``at`` rows ``ldt`` apart: 16 x 16 blocks transposed in registers
+    (one element at a time, a stretch's copy took a tenth of a batch-5000 weight
+    gradient), the rest of the rows and columns one float at a time."""
+    kw, mw = k0 + (k1 - k0) // LANES32 * LANES32, m // LANES32 * LANES32
+    for k in range(k0, kw, LANES32):
+        for i in range(0, mw, LANES32):
+            vtranspose32(atf, i * ldt + k - k0, ldt, af, k * lda + i, lda)
+        for i in range(mw, m):
+            for r in range(k, k + LANES32):
+                atf[i * ldt + r - k0] = af[r * lda + i]
+    for k in range(kw, k1):
+        for i in range(m):
+            atf[i * ldt + k - k0] = af[k * lda + i]
 
 
 def _check(name, a, W, out, shape):
@@ -593,7 +612,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
             stack = empty(tiles * stack_depth(merges) * SLOT, np.float32)
             at = empty((A.shape[1], SEGMENT_ROWS), np.float32)
             dp = empty((SEGMENT_ROWS, _padded_width(D.shape[1])), np.float32)
-            _block_outer_sum_segments(A, D, starts, merges, scales, out, stack, at, dp)
+            _block_outer_sum_segments(*_flat_rows(A), D, starts, merges, scales, out, stack, at, dp)
         else:
             _in_tiles(A, D, starts, merges, scales, out, _NO_PANEL, False)
     return out
@@ -601,19 +620,24 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
 
 def _in_tiles(A, D, starts, merges, scales, out, vel, sgd):
     """:func:`_block_outer_sum` with its scratch: the tree's stack and D's column panel.
-    A is read where it lies, its rows ``lda`` apart (a thread's band of columns is a
-    view: the packing is its one copy); other layouts are copied first."""
+    A is read where it lies (:func:`_flat_rows`; a thread's band of columns is a view:
+    the packing is its one copy)."""
+    af, lda = _flat_rows(A)
+    _block_outer_sum(af, lda, D, starts, merges, scales, out, _scratch("stack", stack_depth(merges.tolist()) * SLOT),
+                     _scratch("panel", D.shape[0] * OC * LANES32), vel, sgd)
+
+
+def _flat_rows(A):
+    """(af, lda): A's rows as one flat float32 view from A[0, 0] to A[-1, -1], rows ``lda``
+    floats apart, the gaps between them included: A read where it lies when its rows are
+    contiguous (a view of a band of columns too), else a contiguous copy."""
     if A.strides[1] != A.itemsize or A.strides[0] < 0 or A.strides[0] % A.itemsize:
         A = np.ascontiguousarray(A)
     lda = A.strides[0] // A.itemsize
-    # one flat view from A[0, 0] to A[-1, -1], the rows' gaps included (an empty A is
-    # C-contiguous, so the strided view always has a first and a last row)
+    # an empty A is C-contiguous, so the strided view always has a first and a last row
     if A.flags.c_contiguous:
-        af = A.reshape(-1)
-    else:
-        af = np.lib.stride_tricks.as_strided(A, ((A.shape[0] - 1) * lda + A.shape[1],), (A.itemsize,))
-    _block_outer_sum(af, lda, D, starts, merges, scales, out, _scratch("stack", stack_depth(merges.tolist()) * SLOT),
-                     _scratch("panel", D.shape[0] * OC * LANES32), vel, sgd)
+        return A.reshape(-1), lda
+    return np.lib.stride_tricks.as_strided(A, ((A.shape[0] - 1) * lda + A.shape[1],), (A.itemsize,)), lda
 
 
 def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0):

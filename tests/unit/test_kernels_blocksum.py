@@ -152,8 +152,9 @@ def test_refusals(K):
        fold=st.booleans(), data=st.data())
 def test_long_blocks_in_stretches_are_the_whole_blocks_bits(count, m, n, seed, fold, data):
     """Blocks longer than SEGMENT_ROWS are taken a stretch of rows at a time (every tile's
-    sums kept on its stack between stretches): the same bits as the kernel that takes each
-    block whole, and nothing written past out."""
+    sums kept on its stack between stretches, each stretch's rows of A copied transposed):
+    the same bits as the kernel that takes each block whole, A's rows contiguous or
+    strided, and nothing written past out."""
     from aepar.kernels.nb import rowprod
 
     most = 3 * rowprod.SEGMENT_ROWS
@@ -170,6 +171,12 @@ def test_long_blocks_in_stretches_are_the_whole_blocks_bits(count, m, n, seed, f
     rowprod._in_tiles(A, D, starts, merges, scales, whole, rowprod._NO_PANEL, False)  # each block whole
     assert np.array_equal(buf[:m].view(np.int32), whole.view(np.int32))
     assert np.all(buf[m] == 7.0)
+    # A's rows read through their stride (a band of a wider array): the same bits
+    wide = np.zeros((A.shape[0], m + 19), np.float32)
+    wide[:, 3:m + 3] = A
+    banded = np.full((m, n), np.nan, np.float32)
+    NB.block_outer_sum(wide[:, 3:m + 3], D, starts, merges, alphas, banded)
+    assert np.array_equal(banded.view(np.int32), whole.view(np.int32))
     assert_sums_close(buf[:m], REF.block_outer_sum(A, D, starts, merges, alphas, np.empty((m, n), np.float32)),
                       A, D, starts, alphas, "block_outer_sum in stretches")
 
