@@ -8,6 +8,7 @@ import importlib.util
 import os
 import pathlib
 import pickle
+import struct
 import sys
 
 import numpy as np
@@ -304,6 +305,41 @@ def test_images_mat_round_trip(tmp_path, rng):
     np.testing.assert_array_equal(got, images)
     scipy.io.savemat(path, {"IMAGES": images.astype(np.float32)})
     np.testing.assert_allclose(read_images_mat(path), images, rtol=1e-6)
+    # MATLAB's default since v7: each variable zlib-compressed; a one-letter name is a
+    # small data element (name and tag in 8 bytes); integers stored narrower than doubles
+    scipy.io.savemat(path, {"x": np.arange(3.0), "IMAGES": images, "y": np.ones((2, 2, 2))}, do_compression=True)
+    np.testing.assert_array_equal(read_images_mat(path), images)
+    np.testing.assert_array_equal(read_images_mat(path, "y"), np.ones((2, 2, 2)))
+    scipy.io.savemat(path, {"IMAGES": (images > 0).astype(np.uint8)})
+    np.testing.assert_array_equal(read_images_mat(path), images > 0)
+
+
+def _mat5_big_endian(name: str, values: np.ndarray, shape=None) -> bytes:
+    """A MAT v5 file written big-endian ("MI"), one double matrix, by the format's layout
+    (what a big-endian MATLAB writes; scipy.io.savemat writes the machine's order);
+    ``shape``: the dimensions declared, if not the values'."""
+    def element(kind, data):
+        return struct.pack(">II", kind, len(data)) + data + bytes(-len(data) % 8)
+
+    header = b"MATLAB 5.0 MAT-file, big-endian test".ljust(116) + bytes(8) + b"\x01\x00MI"
+    body = (element(6, struct.pack(">II", 6, 0))  # array flags: class double, no flags
+            + element(5, struct.pack(f">{values.ndim}i", *(shape or values.shape)))
+            + element(1, name.encode())
+            + element(9, values.astype(">f8").tobytes(order="F")))
+    return header + element(14, body)
+
+
+def test_images_mat_big_endian(tmp_path, rng):
+    images = rng.standard_normal((4, 5, 3))
+    path = tmp_path / "IMAGES.mat"
+    path.write_bytes(_mat5_big_endian("IMAGES", images))
+    np.testing.assert_array_equal(read_images_mat(path), images)
+    # dimensions that do not match the values stored: refused before any array is made
+    for shape in ((4, 5, 4), (4, 5, 2), (2 ** 30, 2 ** 30, 8)):
+        path.write_bytes(_mat5_big_endian("IMAGES", images, shape))
+        with pytest.raises(DataError, match="not a MAT file") as e:
+            read_images_mat(path)
+        _check_message(e, path)
 
 
 def test_images_mat_v73_hdf5(tmp_path, rng):
