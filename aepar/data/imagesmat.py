@@ -2,9 +2,9 @@
 
 The file holds one variable ``IMAGES`` of shape (512, 512, 10) (rows, columns, image).
 MATLAB v5-v7.2 files (UFLDL's, and what ``scipy.io.savemat`` writes) are read here, by
-the few lines of the MAT-file format a numeric array needs (MathWorks, "MAT-File
-Format"): importing scipy.io, which imports scipy.sparse, took 0.12-0.18 s of every
-``python -m aepar.sparse --images`` run. v7.3 files are HDF5 and are read with h5py
+the few elements of the MAT-file format a numeric array needs (MathWorks, "MAT-File
+Format"): importing scipy.io, which imports scipy.sparse, was a sizeable part of
+``python -m aepar.sparse``'s start-up. v7.3 files are HDF5 and are read with h5py
 (MATLAB stores them column-major, so the axes come back reversed). v4 files hold 2-D
 matrices only, so they never hold an image stack.
 """

@@ -547,8 +547,8 @@ def _block_outer_sum_segments(af, lda, D, starts, merges, alphas, out, stack, at
 def _transposed_stretch(af, lda, k0, k1, m, atf, ldt):
     """at[i, k - k0] = A[k, i] for rows k0..k1 of A (rows ``lda`` floats apart in ``af``)
     and its m columns, ``at`` rows ``ldt`` apart: 16 x 16 blocks transposed in registers
-    (one element at a time, a stretch's copy took a tenth of a batch-5000 weight
-    gradient), the rest of the rows and columns one float at a time."""
+    (copied element by element, the stretches were a sizeable part of a long block's
+    product), the rest of the rows and columns one float at a time."""
     kw, mw = k0 + (k1 - k0) // LANES32 * LANES32, m // LANES32 * LANES32
     for k in range(k0, kw, LANES32):
         for i in range(0, mw, LANES32):
