@@ -26,7 +26,7 @@ VARIABLE = "IMAGES"
 # the MAT v5 data types a numeric array's values may be stored in, and the compressed
 # and matrix elements that hold the variables
 _MI_DTYPES = {1: "i1", 2: "u1", 3: "i2", 4: "u2", 5: "i4", 6: "u4", 7: "f4", 9: "f8", 12: "i8", 13: "u8"}
-MI_INT8, MI_UINT32, MI_INT32, MI_MATRIX, MI_COMPRESSED = 1, 6, 5, 14, 15
+_MI_INT8, _MI_UINT32, _MI_INT32, _MI_MATRIX, _MI_COMPRESSED = 1, 6, 5, 14, 15
 # array classes that are not real numbers (6-15 are the numeric ones)
 _NOT_NUMBERS = {1: "a cell array", 2: "a struct", 3: "an object", 4: "text", 5: "a sparse matrix",
                 16: "a function handle", 17: "an opaque object"}
@@ -52,21 +52,21 @@ def _element(buf, pos: int, order: str):
     if end > len(buf):
         raise _Malformed(f"an element says {nbytes} bytes, past its end")
     # elements start 8-byte aligned, but for compressed ones, which are not padded
-    return word, buf[pos + 8:end], end if word == MI_COMPRESSED else pos + 8 + (nbytes + 7) // 8 * 8
+    return word, buf[pos + 8:end], end if word == _MI_COMPRESSED else pos + 8 + (nbytes + 7) // 8 * 8
 
 
 def _matrix_header(buf, order: str):
     """(class, flags, dims, name, position of the values) of a miMATRIX element's data."""
     kind, flags, pos = _element(buf, 0, order)
-    if kind != MI_UINT32 or len(flags) < 8:
+    if kind != _MI_UINT32 or len(flags) < 8:
         raise _Malformed("a matrix without its array flags")
     word = struct.unpack_from(order + "I", flags)[0]
     kind, dims, pos = _element(buf, pos, order)
-    if kind != MI_INT32 or len(dims) % 4 or len(dims) < 8:
+    if kind != _MI_INT32 or len(dims) % 4 or len(dims) < 8:
         raise _Malformed("a matrix without its dimensions")
     dims = struct.unpack(order + f"{len(dims) // 4}i", dims)
     kind, name, pos = _element(buf, pos, order)
-    if kind != MI_INT8:
+    if kind != _MI_INT8:
         raise _Malformed("a matrix without its name")
     return word & 0xFF, word, dims, bytes(name).decode("latin-1"), pos
 
@@ -96,14 +96,14 @@ def _read_v5(path: Path, blob, variable: str, order: str):
     names, pos = [], 0
     while pos < len(blob):
         kind, data, pos = _element(blob, pos, order)
-        if kind == MI_COMPRESSED:
+        if kind == _MI_COMPRESSED:
             unzip = zlib.decompressobj()
             try:
                 head = unzip.decompress(data, 8)  # the inner tag: the matrix's size
                 if len(head) < 8:
                     raise _Malformed("a compressed element too short for its tag")
                 inner, size = struct.unpack(order + "II", head)
-                if inner != MI_MATRIX:
+                if inner != _MI_MATRIX:
                     continue
                 # no more than the tag declares: a small file cannot unpack into gigabytes
                 body = unzip.decompress(unzip.unconsumed_tail, size)
@@ -112,7 +112,7 @@ def _read_v5(path: Path, blob, variable: str, order: str):
             except zlib.error as e:
                 raise _Malformed(f"a compressed element does not decompress ({e})") from None
             data = body
-        elif kind != MI_MATRIX:
+        elif kind != _MI_MATRIX:
             continue
         cls, flags, dims, name, at = _matrix_header(data, order)
         if name == variable:
