@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aepar.errors import DataError
+from aepar.errors import DataError, describe
 
 __all__ = ["read_images_mat", "VARIABLE"]
 
@@ -122,10 +122,6 @@ def _read_v5(path: Path, blob, variable: str, order: str):
     raise DataError(path, f"no {variable} variable (has: {', '.join(sorted(names)) or 'none'})")
 
 
-def _first_line(e: Exception) -> str:
-    return str(e).splitlines()[0] if str(e) else ""
-
-
 def _mat_version(blob):
     """("v5" | "v7.3" | "v4" | None, byte order) from the 128-byte header (or its absence)."""
     mark = bytes(blob[126:128])
@@ -193,7 +189,7 @@ def read_images_mat(path, variable: str = VARIABLE) -> np.ndarray:
         except DataError:
             raise
         except Exception as e:  # h5py's errors on a damaged file
-            raise DataError(path, f"not a readable MAT v7.3 file ({type(e).__name__}: {_first_line(e)})") from None
+            raise DataError(path, "not a readable MAT v7.3 file ({}: {})".format(*describe(e))) from None
     elif version == "v4":
         raise DataError(path, f"a MATLAB v4 file (2-D matrices only), need a v5 or v7.3 file with a 3-D {variable}")
     elif version is None:
