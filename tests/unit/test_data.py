@@ -306,7 +306,7 @@ def test_images_mat_round_trip(tmp_path, rng):
     scipy.io.savemat(path, {"IMAGES": images.astype(np.float32)})
     np.testing.assert_allclose(read_images_mat(path), images, rtol=1e-6)
     # MATLAB's default since v7: each variable zlib-compressed; a one-letter name is a
-    # small data element (name and tag in 8 bytes); integers stored narrower than doubles
+    # small data element (name and tag in 8 bytes); then a uint8 stack (integer images)
     scipy.io.savemat(path, {"x": np.arange(3.0), "IMAGES": images, "y": np.ones((2, 2, 2))}, do_compression=True)
     np.testing.assert_array_equal(read_images_mat(path), images)
     np.testing.assert_array_equal(read_images_mat(path, "y"), np.ones((2, 2, 2)))
