@@ -12,7 +12,7 @@ import numpy as np
 
 from aepar import _threads, kernels
 from aepar.kernels import memory
-from aepar.errors import UserError
+from aepar.errors import UserError, one_line
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def select(device: str | None = None, kernel_set: str = "auto", dtype="float64",
             import cupy as xp
             ngpu = xp.cuda.runtime.getDeviceCount()
         except Exception as exc:  # no cupy, no driver, no device
-            raise UserError(f"--device gpu: no usable GPU ({type(exc).__name__}: {exc})".splitlines()[0]) from None
+            raise UserError(f"--device gpu: no usable GPU ({one_line(exc)})") from None
         if ngpu == 0:
             raise UserError("--device gpu: no GPU found")
         xp.cuda.Device((local_rank if local_rank is not None else _threads.local_rank()) % ngpu).use()

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from aepar.errors import CheckpointError
+from aepar.errors import CheckpointError, one_line
 from aepar.models.stacked import StackedAutoencoder
 
 __all__ = ["save", "load", "Checkpoint", "restore_rng", "FORMAT", "VERSION", "layers_to_params",
@@ -239,11 +239,6 @@ def _fsync_dir(directory: Path):
         os.close(fd)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
 _REQUIRED = object()
 
 
@@ -270,7 +265,7 @@ def _attr(f, name: str, path: Path, kind: str, default=_REQUIRED):
             return json.loads(value, object_hook=_json_hook)
         except (ValueError, TypeError, RecursionError) as e:
             raise CheckpointError(f"{path}: corrupt checkpoint (attribute {name!r} is not the "
-                                  f"JSON aepar writes: {_first_line(e)})") from None
+                                  f"JSON aepar writes: {one_line(e)})") from None
     return value
 
 
@@ -338,7 +333,7 @@ def load(path, *, scheme: str | tuple | None = None, shapes: dict | None = None)
         f = h5py.File(path, "r")
     except Exception as e:  # OSError mostly; h5py raises others on some damaged files
         raise CheckpointError(f"{path}: not an HDF5 checkpoint (corrupt or truncated: "
-                              f"{_first_line(e)})") from None
+                              f"{one_line(e)})") from None
     with f:
         try:
             mark = f.attrs.get("format")
@@ -373,7 +368,7 @@ def load(path, *, scheme: str | tuple | None = None, shapes: dict | None = None)
         except CheckpointError:
             raise
         except Exception as e:  # h5py raises many types on a damaged file: all mean corrupt
-            raise CheckpointError(f"{path}: corrupt checkpoint ({_first_line(e)})") from None
+            raise CheckpointError(f"{path}: corrupt checkpoint ({one_line(e)})") from None
     for name, shape in (shapes or {}).items():
         if name not in params:
             raise CheckpointError(f"{path}: parameter {name!r} missing (the file has "

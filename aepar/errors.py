@@ -62,6 +62,13 @@ def describe(exc) -> tuple:
     return type(exc).__name__, text
 
 
+def one_line(exc) -> str:
+    """``Name: first line of the message`` (the name alone when there is none): how an
+    error aepar did not raise itself is quoted inside one of its own one-line messages."""
+    name, text = describe(exc)
+    return f"{name}: {text}" if text else name
+
+
 def rebuild(described) -> UserError | None:
     """An error another rank described (:func:`describe`) as the same user-facing kind
     (collective: every rank raises it), or None when it was not a :class:`UserError`."""

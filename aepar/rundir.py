@@ -60,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aepar.errors import UserError, WriteFailed
+from aepar.errors import UserError, WriteFailed, one_line
 from aepar.guard import FAULT_ENV, WRITE_FAULTS, Fault
 
 __all__ = ["RunDir", "MARKER", "CHECKPOINT", "read_marker", "resumed_args", "fingerprint", "same_data",
@@ -603,7 +603,7 @@ class RunDir:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
             state = getattr(exc, "run_state", "failed")
-            self.abandon(state, f"{exc_type.__name__}: {exc}".splitlines()[0])
+            self.abandon(state, one_line(exc))
         return False
 
     # ---- internals ------------------------------------------------------------------------

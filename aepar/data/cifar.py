@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aepar.errors import DataError
+from aepar.errors import DataError, one_line
 
 __all__ = ["read_cifar10_batch", "load_cifar10", "find_cifar10", "Cifar10", "CLASSES", "BATCHES"]
 
@@ -87,8 +87,7 @@ def read_cifar10_batch(path):
     try:
         batch = _NumpyOnlyUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except Exception as e:  # pickle raises many types on garbage: all mean "not a batch"
-        raise DataError(path, f"not a CIFAR batch (unpickling failed: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        raise DataError(path, f"not a CIFAR batch (unpickling failed: {one_line(e)})") from None
     if not isinstance(batch, dict):
         raise DataError(path, f"not a CIFAR batch (a pickled {type(batch).__name__}, not a dict)")
     # Python-2 pickles have bytes keys; a batch re-pickled by Python 3 may have str keys

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aepar.errors import DataError, describe
+from aepar.errors import DataError, one_line
 
 __all__ = ["read_images_mat", "VARIABLE"]
 
@@ -189,7 +189,7 @@ def read_images_mat(path, variable: str = VARIABLE) -> np.ndarray:
         except DataError:
             raise
         except Exception as e:  # h5py's errors on a damaged file
-            raise DataError(path, "not a readable MAT v7.3 file ({}: {})".format(*describe(e))) from None
+            raise DataError(path, f"not a readable MAT v7.3 file ({one_line(e)})") from None
     elif version == "v4":
         raise DataError(path, f"a MATLAB v4 file (2-D matrices only), need a v5 or v7.3 file with a 3-D {variable}")
     elif version is None:

@@ -9,7 +9,7 @@ import pytest
 from aepar import _threads
 from aepar.backend import select
 from aepar.cli import ArgumentParser, add_common
-from aepar.errors import UserError
+from aepar.errors import UserError, one_line
 from tests.conftest import HAVE_GPU
 
 
@@ -29,6 +29,12 @@ def test_gpu_without_gpu_is_a_one_line_user_error():
     with pytest.raises(UserError) as err:
         select("gpu")
     assert "\n" not in str(err.value) and "--device gpu" in str(err.value)
+
+
+def test_a_foreign_error_is_quoted_in_one_line():
+    assert one_line(OSError("disk gone\nerrno 5 detail")) == "OSError: disk gone"
+    assert one_line(KeyError()) == "KeyError"
+    assert one_line(ValueError("")) == "ValueError"
 
 
 @pytest.mark.gpu
