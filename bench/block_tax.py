@@ -7,8 +7,11 @@ that costs and where aepar stands against PyTorch, side by side in one run on on
 
 - workloads: the CD-1 epoch of the stack's 784x1000 RBM layer (``rbm``), the 784x1000
   tied autoencoder layer (``ae``), one fine-tuning epoch of the unrolled
-  784-1000-500-250-30 autoencoder (``finetune``) and one epoch of the convolutional
-  autoencoder (``cae``), float32, batch 100, on the embedded MNIST digits (or the first
+  784-1000-500-250-30 autoencoder (``finetune``), one epoch of the convolutional
+  autoencoder (``cae``) and one CD-1 epoch of every RBM of the 784-1000-500-250-30 stack, each
+  on the rows the layer below gives (``greedy``: greedy pre-training's work per epoch;
+  Bernoulli hidden units throughout, as the PyTorch peer has no Gaussian layer), float32,
+  batch 100, on the embedded MNIST digits (or the first
   ``--rows`` Fashion-MNIST images when installed: ``make fashion``);
 - for each: aepar with the default 8 blocks, aepar with the batch as one block (one
   process only: no guarantee across rank counts), and the PyTorch peers of bench/
@@ -26,6 +29,7 @@ rebuilt from every machine's rows there: the 8-block/1-block ratio (target <= 1.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -45,9 +49,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 BENCHMARK = "block_tax"
 CHILD_TAG = "BLOCK-TAX "
-WORKLOADS = ("rbm", "ae", "finetune", "cae")
+WORKLOADS = ("rbm", "ae", "finetune", "cae", "greedy")
 TITLES = {"rbm": "CD-1 epoch, 784x1000 RBM layer", "ae": "epoch, 784x1000 autoencoder layer",
-          "finetune": "fine-tuning epoch, 784-1000-500-250-30 unrolled", "cae": "CAE epoch, 28x28 16/32 filters"}
+          "finetune": "fine-tuning epoch, 784-1000-500-250-30 unrolled", "cae": "CAE epoch, 28x28 16/32 filters",
+          "greedy": "greedy pre-training epoch, 784-1000-500-250-30 RBMs"}
+STACK = (784, 1000, 500, 250, 30)  # the greedy workload's layers
 # what the ratios are held to (issue: the 8-block epoch within 1.10x of one block, and at
 # least as fast as the faster PyTorch peer)
 TAX_TARGET, PEER_TARGET = 1.10, 1.00
@@ -65,6 +71,8 @@ def workload_epochs(workload: str, x, threads: int, torch: bool) -> tuple[dict, 
         names = {AEPAR_NAME: EIGHT, ONE_BLOCK_NAME: ONE}
         names.update({v: f"pytorch {k}" for k, v in TORCH_NAMES.items()})
         return {names[k]: fn for k, fn in epochs.items()}, model.flops_per_sample()
+    if workload == "greedy":
+        return greedy_epochs(x, threads, torch)
     if workload == "finetune":
         from bench.finetune_speed import TorchUnrolled as Peer
         from bench.finetune_speed import aepar_epoch
@@ -84,6 +92,55 @@ def workload_epochs(workload: str, x, threads: int, torch: bool) -> tuple[dict, 
     for fn in epochs.values():
         fn()  # warm-up: JIT (cached), buffers, BLAS
     return epochs, model.flops_per_sample()
+
+
+def greedy_epochs(x, threads: int, torch: bool) -> tuple[dict, float]:
+    """:func:`workload_epochs` of ``greedy``: one CD-1 epoch of every layer of :data:`STACK`,
+    in order, each layer on its own input rows. The upper layers' rows are made once,
+    untimed, by the 8-block aepar layers after their warm-up epoch, and every implementation
+    trains on the same rows."""
+    from aepar import backend
+    from aepar.models.rbm import RBM
+    from aepar.parallel.data_parallel import train_epoch
+    from aepar.rows import DEFAULT_BLOCKS, Shard
+    from bench import torch_rbm
+
+    be = backend.select("cpu", "numba", "float32")
+    shapes = list(zip(STACK[:-1], STACK[1:]))
+
+    def layers():
+        return [RBM(be, n_in, n_out, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
+                    momentum_switch_epoch=5, batch=100, seed=i, layer_index=i)
+                for i, (n_in, n_out) in enumerate(shapes)]
+
+    stacks = {EIGHT: (layers(), DEFAULT_BLOCKS), ONE: (layers(), 1)}
+    inputs, rows = [], x
+    for layer in stacks[EIGHT][0]:  # warm-up epochs (JIT, buffers), and the rows of the layer above
+        inputs.append(rows)
+        train_epoch(layer, Shard.of(be, rows, DEFAULT_BLOCKS), 0)
+        rows = np.ascontiguousarray(layer.transform(Shard.of(be, rows, DEFAULT_BLOCKS)).x)
+    for layer, rows in zip(stacks[ONE][0], inputs):
+        train_epoch(layer, Shard.of(be, rows, 1), 0)
+    epochs = {}
+    for name, (stack, blocks) in stacks.items():
+        shards = [Shard.of(be, rows, blocks) for rows in inputs]
+
+        def epoch(stack=stack, shards=shards, counter=itertools.count(6)):  # past the momentum switch
+            e = next(counter)
+            for layer, shard in zip(stack, shards):
+                train_epoch(layer, shard, e)
+        epochs[name] = epoch
+    if torch and torch_rbm.available():
+        for style in torch_rbm.STYLES:
+            peers = [torch_rbm.TorchRBM(n_in, n_out, batch=100, threads=threads, seed=i, style=style)
+                     for i, (n_in, n_out) in enumerate(shapes)]
+
+            def epoch(peers=peers):
+                for peer, rows in zip(peers, inputs):
+                    peer.train_epoch(rows)
+            epoch()  # warm-up
+            epochs[f"pytorch {style}"] = epoch
+    return epochs, sum(layer.flops_per_sample() for layer in stacks[EIGHT][0])
 
 
 def child(args) -> int:

@@ -103,7 +103,12 @@ COPY_ROWS = {"avx512": None, "avx2": 24}[target_isa()]
 # OpenBLAS there; the AVX-512 tiles gained nothing on either CPU)
 PAD_ALIASED = target_isa() == "avx2"
 _NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
-MIN_DOT = 64  # rows_times_t's rows shorter than this (e.g. the 30-unit code) are left to BLAS (faster there)
+# rows_times_t's rows shorter than this are left to BLAS. The 30-unit code's rows take the
+# row kernel: one block alone runs slower there than in BLAS (250x30 at 13 rows: 9 us
+# against 5), but then CD-1 on 8 blocks takes one call per product for all of them, where
+# a chain of BLAS calls per block, with its Python, made the 250-30 layer's 8-block epoch
+# 2.8x its 1-block epoch (1.9x with one call per product; docs/performance-notes.md)
+MIN_DOT = 16
 SLOT = OR * OC * LANES32  # floats of one partial sum of a block_outer_sum tile on its stack
 # block_outer_sum takes blocks longer than this in stretches of as many rows (see
 # _segment_source; 64, 128, 256 and 512 ran within the noise of each other at batch 5000)
