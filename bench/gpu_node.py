@@ -64,8 +64,9 @@ STEPS = ("tests", "epochs", "shared", "sixteen", "tax")
 # CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
 # added since (equal shares at 16 ranks, the schemes on 3x the rows, aepar's L-BFGS at 10k)
 # priced from its log
-# tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167)
-ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 310, "tax": 120}
+# tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its
+# fifth workload (greedy, about a quarter more)
+ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 310, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,

@@ -55,3 +55,26 @@ def test_impossible_options_are_refused(argv, tmp_path, capsys):
         block_tax.main(argv + ["--out", str(tmp_path / "t.csv"), "--md", str(tmp_path / "t.md")])
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_the_greedy_workload_trains_every_layer_of_the_stack_on_the_rows_below(monkeypatch):
+    """One greedy epoch is a CD-1 epoch of each RBM of the stack, in order, on the rows the
+    layer below gives (its width, every row), with 8 blocks and with one."""
+    import numpy as np
+    from aepar.parallel import data_parallel
+
+    calls, real = [], data_parallel.train_epoch
+
+    def recording(layer, shard, epoch):
+        calls.append((layer.n_in, layer.n_out, int(shard.x.shape[0]), int(shard.x.shape[1]), shard.blocks.count))
+        return real(layer, shard, epoch)
+    monkeypatch.setattr(data_parallel, "train_epoch", recording)
+    x = np.random.default_rng(0).random((120, 784), dtype=np.float32)
+    epochs, flops = block_tax.greedy_epochs(x, 1, torch=False)
+    assert set(epochs) == {block_tax.EIGHT, block_tax.ONE}
+    layers = list(zip(block_tax.STACK[:-1], block_tax.STACK[1:]))
+    assert flops == sum(10.0 * a * b + 12.0 * (a + b) for a, b in layers)
+    for name, blocks in ((block_tax.EIGHT, 8), (block_tax.ONE, 1)):
+        calls.clear()
+        epochs[name]()
+        assert calls == [(a, b, 120, a, blocks) for a, b in layers]
