@@ -147,13 +147,33 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
     _visible_pass(vk, bv, flush)
     rows_times(vk, W, hk)
     _hidden_pass(hk, bh, gauss, hk, hk, False, flush, -1.0)
-    sq_errs = []
-    for lo, hi, dbv, dbh in zip(starts[:-1], starts[1:], dbvs, dbhs):
-        mid, end = lo + hi, 2 * hi  # block b's rows of vs: [v0_b; vk_b] from 2 lo; of hs: [h0_b; -hk_b]
-        vs[2 * lo:mid], vs[mid:end], hs[2 * lo:mid], hs[mid:end] = v0[lo:hi], vk[lo:hi], h0[lo:hi], hk[lo:hi]
-        sq_errs.append(float(_sq_err(vk[lo:hi], v0[lo:hi])))
-        _add_bias_grads(vs[2 * lo:end], hs[2 * lo:end], hi - lo, scale, dbv, dbh)
-    return vs, hs, -scale, sq_errs
+    blocks = len(starts) - 1
+    sq_errs, gv, gh = np.empty(blocks), np.empty((blocks, nv), dt), np.empty((blocks, nh), dt)
+    _stack_blocks(v0, vk, h0, hk, starts, scale, vs, hs, sq_errs, gv, gh)
+    for b, (dbv, dbh) in enumerate(zip(dbvs, dbhs)):
+        dbv += gv[b]
+        dbh += gh[b]
+    return vs, hs, -scale, sq_errs.tolist()
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _stack_blocks(v0, vk, h0, hk, starts, scale, vs, hs, sq_errs, gv, gh):
+    """Every block's chain stacked where :func:`rbm_cd_factors_blocks` returns it (block b's
+    rows of vs: [v0_b; vk_b] from 2 starts[b], of hs: [h0_b; -hk_b], hk holding -hk), its
+    squared error and its bias gradients (row b of gv and gh), by the functions a block
+    alone gets them from: one call for all blocks, where a loop of calls per block took
+    about 0.1 ms a step."""
+    for b in range(starts.size - 1):
+        lo, hi = starts[b], starts[b + 1]
+        mid, end = lo + hi, 2 * hi
+        vs[2 * lo:mid] = v0[lo:hi]
+        vs[mid:end] = vk[lo:hi]
+        hs[2 * lo:mid] = h0[lo:hi]
+        hs[mid:end] = hk[lo:hi]
+        sq_errs[b] = _sq_err(vk[lo:hi], v0[lo:hi])
+        g_v, g_h = _bias_grads(vs[2 * lo:end], hs[2 * lo:end], hi - lo, scale)
+        gv[b] = g_v
+        gh[b] = g_h
 
 
 def _add_bias_grads(vs, hs, batch, scale, dbv, dbh):
