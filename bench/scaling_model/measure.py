@@ -17,7 +17,7 @@ import numpy as np
 
 from bench.common import (across_ranks, fastest, fastest_run, machine_columns, mpi_env, python_command, read_rows,
                           time_call, with_machine, write_rows)
-from bench.scaling_model.model import OPS, Compute, fit_alpha_beta, layer_key
+from bench.scaling_model.model import Curve, OPS, Compute, fit_alpha_beta, layer_key
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
@@ -118,13 +118,16 @@ def fastest_times(rows: list, op: str) -> dict:
 
 
 def load_mpi(path: Path) -> tuple[dict, dict, list]:
-    """(op -> Link, op -> max relative residual, rows) from measure-mpi's CSV."""
+    """(op -> Curve: its fitted line and its fastest time per size, op -> the line's max
+    relative residual, rows) from measure-mpi's CSV."""
     rows = read_rows(path)
     links, resid = {}, {}
     for op in OPS:
         pts = fastest_times(rows, op)
         if len(pts) >= 2:
-            links[op], resid[op] = fit_alpha_beta(list(pts), list(pts.values()))
+            line, resid[op] = fit_alpha_beta(list(pts), list(pts.values()))
+            sizes = sorted(pts)
+            links[op] = Curve(line.alpha, line.beta, tuple(map(float, sizes)), tuple(pts[n] for n in sizes))
     return links, resid, rows
 
 

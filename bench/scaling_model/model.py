@@ -52,6 +52,29 @@ class Link:
         return self.alpha + float(nbytes) / self.beta
 
 
+@dataclass(frozen=True)
+class Curve(Link):
+    """An operation measured at np 2: ``alpha`` and ``beta`` its fitted line (the report's
+    figures, the bandwidth-optimal form's latency), ``t(n)`` the measured points themselves,
+    log-log between the sizes measured (one line misses the switches from eager to
+    rendezvous and from cache to memory: a reduce just past the L3 cache took an order of
+    magnitude longer than one just inside it), the
+    smallest size's time below them and the largest's seconds per byte beyond."""
+
+    sizes: tuple = ()
+    times: tuple = ()
+
+    def t(self, nbytes: float) -> float:
+        n = float(nbytes)
+        if len(self.sizes) < 2:
+            return Link.t(self, n)
+        if n <= self.sizes[0]:
+            return self.times[0]
+        if n >= self.sizes[-1]:
+            return self.times[-1] * n / self.sizes[-1]
+        return float(np.exp(np.interp(np.log(n), np.log(self.sizes), np.log(self.times))))
+
+
 def fit_alpha_beta(nbytes, seconds) -> tuple[Link, float]:
     """Fit t = alpha + n / beta to measured (n, t), minimising the relative error.
 
@@ -132,19 +155,24 @@ def _levels(p: int, net: Network) -> tuple[int, int]:
 def collective_s(net: Network, op: str, nbytes: float, p: int) -> float:
     """One MPI collective (``bcast``, ``reduce``, ``allreduce``) of ``nbytes`` over ``p`` ranks.
 
-    min(tree, bandwidth-optimal): tree = Li (a_i + n/b_i) + Le (a_e + n/b_e + n g);
-    bandwidth-optimal = 2 (Li a_i + Le a_e) + 2 (P-1)/P n / b_slowest [+ (P-1)/P n g].
+    Inside one node: a tree, Li t_i(n), t_i the operation as measured at np 2 (a
+    :class:`Curve`). Across nodes: min(tree, bandwidth-optimal), tree = Li t_i(n) + Le (a_e +
+    n/b_e + n g), bandwidth-optimal = 2 (Li a_i + Le a_e) + 2 (P-1)/P n / b_e + (P-1)/P n g.
+    Inside a node the bandwidth-optimal form priced from the np 2 line came out far too fast
+    for the 16-vCPU machine's collectives at 16 ranks, the tree on the measured points much
+    closer (bench/results/scaling_model.md, section 4).
     """
     if p <= 1:
         return 0.0
     li, le = _levels(p, net)
     a = net.intra[op]
-    e = net.inter if net.inter is not None else a
+    tree = li * a.t(nbytes)
+    if not le:
+        return tree
+    e = net.inter
     g = net.gamma if op in ("reduce", "allreduce") else 0.0
-    tree = li * a.t(nbytes) + le * (e.t(nbytes) + nbytes * g)
-    slow = e.beta if le else a.beta
-    pipe = 2.0 * (li * a.alpha + le * e.alpha) + 2.0 * (p - 1) / p * nbytes / slow + (
-        (p - 1) / p * nbytes * g if le else 0.0)
+    tree += le * (e.t(nbytes) + nbytes * g)
+    pipe = 2.0 * (li * a.alpha + le * e.alpha) + 2.0 * (p - 1) / p * nbytes * (1.0 / e.beta + 0.5 * g)
     return min(tree, pipe)
 
 

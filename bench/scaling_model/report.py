@@ -167,7 +167,9 @@ def _communication(links, resid, mpi_rows, tree_o) -> list:
                  f"{small * 1e6:.1f} us | {big * 1e3:.1f} ms |" if small and big else
                  f"| {op} | {callers[op]} | {lk.alpha * 1e6:.2f} | {lk.beta / 1e9:.2f} | {_pct(resid[op])} | – | – |")
     L += ["", "One Hockney line per operation misses the protocol switches (eager to rendezvous, cache "
-          "to memory): the max residual says by how much; the model uses the line.", "",
+          "to memory): the max residual says by how much. Inside a node the model takes each operation's "
+          "measured points instead (its fastest trial per size, log-log between the sizes); the lines give "
+          "the latencies of the bandwidth-optimal form across nodes.", "",
           "aepar's fixed tree adds its own time to each message: the tree_reduce rows of 2 KB and less "
           f"(one message and one add at np 2) took {tree_o * 1e6:.2f} us (median) more than the send fit "
           "and the add explain. That is TreeSum's Python around the message (its steps' loop, the receive "
@@ -245,9 +247,9 @@ def _models(comp, tree_o) -> list:
          "over the stage's replicas (+ validation rows), hand-overs = transform of the stage's rows + "
          "Send/Recv of its activations (data mode) or the consumer's recompute (weights mode; the weights' "
          "message is not charged), the faster mode as `auto` picks.",
-         "- Collectives: Li levels inside a node at the fitted alpha/beta of that operation, Le levels across "
-         "nodes at the profile's (+ an add per byte for sums): min(binomial tree, 2x latency + "
-         "2 (P-1)/P n / beta). The fixed tree: TreeSum's own plan simulated message by message, each "
+         "- Collectives: inside a node a tree of Li levels, each that operation as measured at np 2 (its points, "
+         "section 1); across nodes Le more levels at the profile's link (+ an add per byte for sums), "
+         "min(that tree, 2x latency + 2 (P-1)/P n / beta). The fixed tree: TreeSum's own plan simulated message by message, each "
          f"message + {tree_o * 1e6:.2f} us of TreeSum's own time (section 1). "
          "Compute: the busiest rank's, times the measured contention of the ranks sharing a node, times "
          "active threads / cores when oversubscribed (validation only).", ""]

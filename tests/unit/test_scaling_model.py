@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.scaling_model.model import (OPS, Compute, Link, Network, Stack, collective_s, efficiency,
+from bench.scaling_model.model import (OPS, Compute, Curve, Link, Network, Stack, collective_s, efficiency,
                                        fit_alpha_beta, fit_tree_overhead, free_network, layer_key, layerwise_s,
                                        sparse_eval_s, sparse_run_s, stops_scaling, tree_allreduce_s, tree_reduce_s)
 
@@ -107,6 +107,20 @@ def test_the_fixed_trees_own_time_is_fitted_at_two_ranks_and_paid_once_per_level
     for k, p in enumerate(POW2[:6]):
         assert tree_reduce_s(own, 512, p, 64) == pytest.approx(tree_reduce_s(plain, 512, p, 64) + k * o)
     assert tree_allreduce_s(own, 512, 8, 8) == pytest.approx(tree_allreduce_s(plain, 512, 8, 8) + 3 * o)
+
+
+def test_inside_a_node_a_collective_is_a_tree_of_the_measured_points():
+    """A Curve is its points (log-log between them, the smallest's time below, the
+    largest's seconds per byte beyond), and inside one node a collective over P ranks is
+    log2 P of them, whatever the line's bandwidth-optimal form would price."""
+    c = Curve(1e-6, 1e10, (8.0, 1024.0, 2.0 ** 20), (2e-6, 3e-6, 4e-4))
+    assert c.t(1) == c.t(8) == 2e-6 and c.t(1024) == pytest.approx(3e-6)
+    assert c.t(32768) == pytest.approx(math.exp(np.interp(math.log(32768), np.log([1024, 2 ** 20]),
+                                                          np.log([3e-6, 4e-4]))))
+    assert c.t(2 ** 21) == pytest.approx(8e-4)
+    node = Network("node", {op: c for op in OPS}, None, 16, 1e-10)
+    for op in ("bcast", "reduce", "allreduce"):
+        assert collective_s(node, op, 2 ** 20, 16) == pytest.approx(4 * 4e-4)
 
 
 def test_slower_network_costs_more():
