@@ -249,7 +249,8 @@ def _models(comp, tree_o) -> list:
          "message is not charged), the faster mode as `auto` picks.",
          "- Collectives: inside a node a tree of Li levels, each that operation as measured at np 2 (its points, "
          "section 1); across nodes Le more levels at the profile's link (+ an add per byte for sums), "
-         "min(that tree, 2x latency + 2 (P-1)/P n / beta). The fixed tree: TreeSum's own plan simulated message by message, each "
+         "min(that tree, 2x latency + 2 (P-1)/P n / beta). The fixed tree: TreeSum's own plan simulated "
+         "message by message, each "
          f"message + {tree_o * 1e6:.2f} us of TreeSum's own time (section 1). "
          "Compute: the busiest rank's, times the measured contention of the ranks sharing a node, times "
          "active threads / cores when oversubscribed (validation only).", ""]
