@@ -36,12 +36,14 @@ Three layers, each a place where the figures can be wrong:
    step) + the collectives the scheme issues, with their message sizes; model-parallel
    and the pipelines through aepar.parallel.planner's schedules, fed these costs.
 
-Collectives over P ranks (``ranks_per_node`` per node; levels of a tree inside a node use the
-alpha/beta fitted here, levels across nodes the network profile's): the smaller of a
-binomial tree / recursive doubling (ceil(log2) levels of alpha + n/beta [+ n gamma for a
-sum]) and the bandwidth-optimal form (scatter or reduce-scatter + allgather: twice the
-latency, 2(P-1)/P n / beta) - what MPI libraries switch between by message size. At P = 2 on
-one node the smaller is the tree: the fitted alpha + n/beta itself. Point-to-point messages
+Collectives over P ranks (``ranks_per_node`` per node): inside a node a binomial tree of
+ceil(log2) levels, each the operation as measured at np 2 (its fastest trial per size,
+log-log between the sizes: one line misses the switches from eager to rendezvous and from
+cache to memory); across nodes the smaller of that tree with the profile's levels added
+(alpha + n/beta [+ n gamma for a sum]) and the bandwidth-optimal form (scatter or
+reduce-scatter + allgather: twice the latency, 2(P-1)/P n / beta) - what MPI libraries
+switch between by message size. At P = 2 on one node that is the measured operation itself.
+Point-to-point messages
 use the one-way Send/Recv fit (what TreeSum and the hand-overs do), not half a ping-pong.
 aepar's fixed tree is not an MPI collective: it is simulated message by message along
 TreeSum's own plan (every cross-rank node is TreeSum's own time, fitted at P = 2 from its
