@@ -43,8 +43,8 @@ cache to memory); across nodes the smaller of that tree with the profile's level
 (alpha + n/beta [+ n gamma for a sum]) and the bandwidth-optimal form (scatter or
 reduce-scatter + allgather: twice the latency, 2(P-1)/P n / beta) - what MPI libraries
 switch between by message size. At P = 2 on one node that is the measured operation itself.
-Point-to-point messages
-use the one-way Send/Recv fit (what TreeSum and the hand-overs do), not half a ping-pong.
+Point-to-point messages inside a node are the one-way Send/Recv as measured (what TreeSum and
+the hand-overs do), not half a ping-pong.
 aepar's fixed tree is not an MPI collective: it is simulated message by message along
 TreeSum's own plan (every cross-rank node is TreeSum's own time, fitted at P = 2 from its
 small sums, + one Send/Recv + an add; a sending rank is busy until delivery), then the

@@ -107,8 +107,8 @@ def fit_alpha_beta(nbytes, seconds) -> tuple[Link, float]:
 class Network:
     """Links between ranks: the measured ones inside a node, a profile's between nodes.
 
-    ``intra``: op -> Link fitted at np 2 on one node (ops of :data:`OPS`; ``sendrecv`` is
-    one message). ``inter``: the profile's link between nodes, or None (all ranks on one
+    ``intra``: op -> Link measured at np 2 on one node (a :class:`Curve` from
+    measure-mpi; ops of :data:`OPS`; ``sendrecv`` is one message). ``inter``: the profile's link between nodes, or None (all ranks on one
     node: every level uses ``intra``). ``gamma``: seconds per byte of an add, for the sums
     across nodes (inside a node it is part of the fitted beta). ``ranks_per_node``.
     ``tree_o``: aepar's own seconds per fixed-tree message beyond the message and the add
