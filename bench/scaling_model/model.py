@@ -107,10 +107,11 @@ def fit_alpha_beta(nbytes, seconds) -> tuple[Link, float]:
 class Network:
     """Links between ranks: the measured ones inside a node, a profile's between nodes.
 
-    ``intra``: op -> Link measured at np 2 on one node (a :class:`Curve` from
-    measure-mpi; ops of :data:`OPS`; ``sendrecv`` is one message). ``inter``: the profile's link between nodes, or None (all ranks on one
-    node: every level uses ``intra``). ``gamma``: seconds per byte of an add, for the sums
-    across nodes (inside a node it is part of the fitted beta). ``ranks_per_node``.
+    ``intra``: op -> Link measured at np 2 on one node (a :class:`Curve` from measure-mpi;
+    ops of :data:`OPS`; ``sendrecv`` is one message). ``inter``: the profile's link between
+    nodes, or None (all ranks on one node: every level uses ``intra``). ``gamma``: seconds
+    per byte of an add, for the sums across nodes (inside a node it is part of the measured
+    times). ``ranks_per_node``.
     ``tree_o``: aepar's own seconds per fixed-tree message beyond the message and the add
     (TreeSum's Python: its plan's loop, the receive buffer, the add's call), the same on
     any network (:func:`fit_tree_overhead`).
