@@ -108,10 +108,8 @@ def greedy_epochs(x, threads: int, torch: bool) -> tuple[dict, float]:
     be = backend.select("cpu", "numba", "float32")
     shapes = list(zip(STACK[:-1], STACK[1:]))
 
-    def layers():
-        return [RBM(be, n_in, n_out, hidden="bernoulli", lr=0.1, weight_cost=2e-4, momentum=(0.5, 0.9),
-                    momentum_switch_epoch=5, batch=100, seed=i, layer_index=i)
-                for i, (n_in, n_out) in enumerate(shapes)]
+    def layers():  # the RBM's defaults are the seed's recipe (Bernoulli units, batch 100)
+        return [RBM(be, n_in, n_out, seed=i, layer_index=i) for i, (n_in, n_out) in enumerate(shapes)]
 
     stacks = {EIGHT: (layers(), DEFAULT_BLOCKS), ONE: (layers(), 1)}
     inputs, rows = [], x
