@@ -160,20 +160,33 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
 def _stack_blocks(v0, vk, h0, hk, starts, scale, vs, hs, sq_errs, gv, gh):
     """Every block's chain stacked where :func:`rbm_cd_factors_blocks` returns it (block b's
     rows of vs: [v0_b; vk_b] from 2 starts[b], of hs: [h0_b; -hk_b], hk holding -hk), its
-    squared error and its bias gradients (row b of gv and gh), by the functions a block
-    alone gets them from: one call for all blocks, where a loop of calls per block took
-    about 0.1 ms a step."""
+    squared error (:func:`_sq_err`) and its bias gradients (row b of gv and gh), in one call
+    for all blocks. The bias sums are :func:`_bias_grads`' own, element by element in the
+    same order, taken while the rows are copied: one pass over them where slice copies,
+    then the sums, read them twice (and allocated four arrays a block)."""
+    nv, nh = vs.shape[1], hs.shape[1]
+    sv, sh = np.empty(nv), np.empty(nh)  # float64, as _bias_grads sums
     for b in range(starts.size - 1):
         lo, hi = starts[b], starts[b + 1]
-        mid, end = lo + hi, 2 * hi
-        vs[2 * lo:mid] = v0[lo:hi]
-        vs[mid:end] = vk[lo:hi]
-        hs[2 * lo:mid] = h0[lo:hi]
-        hs[mid:end] = hk[lo:hi]
+        n = hi - lo
+        sv[:] = 0.0
+        sh[:] = 0.0
+        for r in range(n):
+            for j in range(nv):
+                first, last = v0[lo + r, j], vk[lo + r, j]
+                vs[2 * lo + r, j] = first
+                vs[2 * lo + n + r, j] = last
+                sv[j] += np.float64(last) - np.float64(first)
+            for j in range(nh):
+                first, last = h0[lo + r, j], hk[lo + r, j]
+                hs[2 * lo + r, j] = first
+                hs[2 * lo + n + r, j] = last
+                sh[j] -= np.float64(last) + np.float64(first)
         sq_errs[b] = _sq_err(vk[lo:hi], v0[lo:hi])
-        g_v, g_h = _bias_grads(vs[2 * lo:end], hs[2 * lo:end], hi - lo, scale)
-        gv[b] = g_v
-        gh[b] = g_h
+        for j in range(nv):  # rounded to the arrays' dtype as _bias_grads' astype does
+            gv[b, j] = sv[j] * scale
+        for j in range(nh):
+            gh[b, j] = sh[j] * scale
 
 
 def _add_bias_grads(vs, hs, batch, scale, dbv, dbh):
