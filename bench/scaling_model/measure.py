@@ -405,6 +405,18 @@ def read_contention(path: Path) -> dict:
     return table
 
 
+def read_bandwidth(path: Path) -> dict:
+    """The per-process memory bandwidth of a probe run with 1..N processes at once, from the
+    JSON lines of its log (``{"processes": N, ..., "triad_min": GB/s}``, a STREAM triad in
+    each process, the slowest one's rate), as processes -> GB/s ({} where the file is missing)."""
+    table: dict = {}
+    for line in Path(path).read_text().splitlines() if Path(path).exists() else ():
+        if line.startswith('{"processes"'):
+            r = json.loads(line)
+            table[int(r["processes"])] = float(r["triad_min"])
+    return table
+
+
 def load_compute(path: Path, contention: Path | None = None) -> Compute:
     """The :class:`Compute` record of measure-compute's CSV (and measure-contention's, where
     given and present)."""

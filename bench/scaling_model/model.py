@@ -9,7 +9,7 @@ collectives, per-replica epochs, hand-over messages); see each one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from types import SimpleNamespace
 
@@ -139,6 +139,39 @@ def free_network(ranks_per_node: int = 1) -> Network:
     """Communication that costs nothing (for tests and the ideal-speedup check)."""
     zero = Link(0.0, math.inf)
     return Network("free", {op: zero for op in OPS}, zero, ranks_per_node, 0.0)
+
+
+def memory_slowdown(bandwidth: dict, p: int) -> float:
+    """How much slower the bytes of a tree over ``p`` ranks move than those of two ranks
+    alone, on a machine whose per-process memory bandwidth was measured with 1..N processes
+    at once (``bandwidth``: processes -> the slowest process's rate). Level k of a binomial
+    tree copies in 2^k processes at once and waits for its slowest pair: the mean over the
+    levels of the rate alone over the rate then (linear between the counts measured, the
+    last beyond); 1 where not measured."""
+    if p <= 1 or 1 not in bandwidth:
+        return 1.0
+    n = sorted(bandwidth)
+    rates = [bandwidth[k] for k in n]
+    return float(np.mean([bandwidth[1] / np.interp(min(2 ** k, p), n, rates) for k in range(1, _log2c(p) + 1)]))
+
+
+def relinked(net: Network, send_there: Link, slowdown: float = 1.0) -> Network:
+    """``net``'s links (each operation measured here at np 2) on another machine whose own
+    one-way send was measured (``send_there``, under mpirun there): at each measured size,
+    the part of an operation's time beyond its smallest message's (what its bytes take)
+    times send_there(n) / send_here(n) (that machine's link against this one's, log-log
+    between the sizes) and ``slowdown`` (:func:`memory_slowdown`, the copies of a level
+    sharing that machine's memory). The latencies stay this machine's: a call timed there
+    includes the ranks' skew leaving the barrier before it, which a tree pays once, not per
+    level (the small sends there do not even grow with the size). The fitted lines (the
+    forms across nodes) are left as they are."""
+    here = net.intra["send"]
+
+    def curve(c: Curve) -> Curve:
+        base = c.times[0]
+        return replace(c, times=tuple(base + (t - base) * slowdown * send_there.t(n) / here.t(n)
+                                      for n, t in zip(c.sizes, c.times)))
+    return replace(net, intra={op: curve(c) for op, c in net.intra.items()})
 
 
 def _log2c(n: int) -> int:
@@ -497,7 +530,7 @@ def _pipeline_layout(plan_costs: planner.LayerCosts, p: int, replicas: bool, end
 
     c = plan_costs
     plan = plan_schedule(c.plan_epoch, c.plan_handover, c.epochs, c.extras, end_with_first)
-    totals = [c.plan_epoch[l] * plan.epochs(l) for l in range(c.n_layers)]
+    totals = [c.plan_epoch[j] * plan.epochs(j) for j in range(c.n_layers)]
     return make_layout(totals, p if replicas else min(p, c.n_layers), max_per_stage=min(c.batch, c.blocks))
 
 
@@ -532,21 +565,21 @@ def pipeline_s(comp, net, st: Stack, p: int, *, replicas: bool, mode: str | None
     except ValueError:
         return None
     keys = st.keys()
-    reps = [layout.replicas(l) for l in range(n)]
+    reps = [layout.replicas(j) for j in range(n)]
     group_of = {s: g for g, stages in enumerate(layout.groups) for s in stages}
 
     def replay(md, f):
         epoch, transform, tree = [], [], []
-        for l in range(n):
-            c, m = step_s(comp, net, st, l, reps[l], blocks=blocks, allreduce=False, f=f)
-            val = comp.layers[keys[l]]["recon_row"] * -(-st.n_val // reps[l]) * f
-            epoch.append(reps[l] * (st.steps * (c + m) + val))
+        for j in range(n):
+            c, m = step_s(comp, net, st, j, reps[j], blocks=blocks, allreduce=False, f=f)
+            val = comp.layers[keys[j]]["recon_row"] * -(-st.n_val // reps[j]) * f
+            epoch.append(reps[j] * (st.steps * (c + m) + val))
             tree.append(st.steps * m)
-            transform.append(comp.layers[keys[l]]["transform_row"] * (st.n_train + st.n_val) * f)
-            if md == "data" and l + 1 < n and group_of[l] != group_of[l + 1]:
-                nbytes = (st.n_train + st.n_val) * st.sizes[l + 1] * st.itemsize / reps[l]
-                a, b = layout.ranks[group_of[l]][0], layout.ranks[group_of[l + 1]][0]
-                transform[l] += reps[l] * net.p2p(nbytes, a, b)
+            transform.append(comp.layers[keys[j]]["transform_row"] * (st.n_train + st.n_val) * f)
+            if md == "data" and j + 1 < n and group_of[j] != group_of[j + 1]:
+                nbytes = (st.n_train + st.n_val) * st.sizes[j + 1] * st.itemsize / reps[j]
+                a, b = layout.ranks[group_of[j]][0], layout.ranks[group_of[j + 1]][0]
+                transform[j] += reps[j] * net.p2p(nbytes, a, b)
         out = planner.pipeline_s(layer_costs(st, epoch, transform, blocks), p, replicas=replicas, mode=md,
                                  end_with_first=end_with_first, **NO_LINK)
         assert out["layout"] == layout.describe(), (out["layout"], layout.describe())
@@ -556,7 +589,7 @@ def pipeline_s(comp, net, st: Stack, p: int, *, replicas: bool, mode: str | None
     times = {md: replay(md, scale) for md in modes}
     if cores and layout.n_ranks > cores:
         r = min(times.values(), key=lambda x: x["seconds"])
-        active = sum(b * reps[l] for l, b in enumerate(r["busy"])) / r["seconds"]
+        active = sum(b * reps[j] for j, b in enumerate(r["busy"])) / r["seconds"]
         times = {md: replay(md, scale * max(1.0, active / cores)) for md in modes}
     chosen = min(times, key=lambda k: (times[k]["seconds"], k != "data"))
     return {"seconds": times[chosen]["seconds"], "mode": chosen, "comm_s": times[chosen]["tree_s"],

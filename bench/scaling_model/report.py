@@ -13,8 +13,9 @@ from bench.common import write_rows
 from bench.scaling_model.measure import (COMPUTE_CSV, CONTENTION_CSV, MPI_CSV, RESULTS, fastest_times, load_compute,
                                          load_mpi, measured_on)
 from bench.scaling_model.model import (OPS, PROFILES, RANKS, Compute, Network, Stack, efficiency,
-                                       fit_tree_overhead, networks, sparse_run_s, stack_scheme_s, stops_scaling)
-from bench.scaling_model.validate import SIXTEEN, machine_label, machine_of, scaled_label, validate
+                                       fit_tree_overhead, memory_slowdown, networks, sparse_run_s, stack_scheme_s,
+                                       stops_scaling)
+from bench.scaling_model.validate import OWN_LINKS, SIXTEEN, machine_label, machine_of, scaled_label, validate
 
 PRED_CSV = RESULTS / "scaling_model.csv"
 VALID_CSV = RESULTS / "scaling_model_validation.csv"
@@ -84,7 +85,8 @@ def predict_all(comp: Compute, nets: dict, machine: dict) -> list:
                         "serial_s": r.get("serial_s") if r else None,
                         "speedup": base / times[p] if times[p] and base else None,
                         "speedup_vs_one_process": fastest1 / times[p] if times[p] and fastest1 else None,
-                        "efficiency": eff.get(p) if times[p] is not None else None, "detail": (r.get("layout") or r.get("mode") or "") if r else "",
+                        "efficiency": eff.get(p) if times[p] is not None else None,
+                        "detail": (r.get("layout") or r.get("mode") or "") if r else "",
                         "note": note or "predicted (model), not measured", **machine})
     return rows
 
@@ -251,13 +253,53 @@ def _models(comp, tree_o) -> list:
          "section 1); across nodes Le more levels at the profile's link (+ an add per byte for sums), "
          "min(that tree, 2x latency + 2 (P-1)/P n / beta). The fixed tree: TreeSum's own plan simulated "
          "message by message, each "
-         f"message + {tree_o * 1e6:.2f} us of TreeSum's own time (section 1). "
+         f"message + {tree_o * 1e6:.2f} us of TreeSum's own time (section 1). On the 16-vCPU machine the "
+         "bytes of those points move on its own link and memory (section 4). "
          "Compute: the busiest rank's, times the measured contention of the ranks sharing a node, times "
          "active threads / cores when oversubscribed (validation only).", ""]
     return L
 
 
-def _validation(valid, machine, scales, skipped) -> list:
+def _own_links(links, here_send) -> list:
+    """Section 4's inputs of the 16-vCPU machine, whose own links were measured: the link
+    factor per size and the memory slowdown per tree level ([] where they are missing)."""
+    if SIXTEEN not in links:
+        return []
+    (send, bandwidth), (mpi, log) = links[SIXTEEN], OWN_LINKS[SIXTEEN]
+    n = sorted(bandwidth)
+    levels = [bandwidth[1] / float(np.interp(2 ** k, n, [bandwidth[m] for m in n])) for k in range(1, 5)]
+    L = [f"**The 16-vCPU machine's links** ({SIXTEEN}; Intel Xeon family 6 model 207). Its collectives "
+         "at 16 ranks (mpi_16ranks.csv: measure-mpi under `mpirun -np 16`) are predicted from this "
+         "machine's np 2 points over log2 16 = 4 levels, with their bytes moved as that machine moves "
+         "them. Two inputs, measured there and not validated:", "",
+         f"- its one-way `send` under `mpirun -np 16` ({mpi}'s send rows, fastest trials) over this "
+         "machine's at np 2 (table): each operation's time beyond its smallest message's (what its bytes "
+         "take) is multiplied by this factor at its size (log-log between the sizes). The latencies "
+         "stay this machine's: a call timed there includes the ranks' skew leaving the barrier before "
+         "it, which a tree pays once, not per level, and the small sends there do not grow with the "
+         f"size ({send.t(8) * 1e6:.1f} us at 8 B, {send.t(64) * 1e6:.1f} us at 64 B).",
+         "- its memory with ranks copying at once: a STREAM triad in "
+         + ", ".join(str(k) for k in n) + " processes at once, the slowest process "
+         + ", ".join(f"{bandwidth[k]:.1f}" for k in n) + f" GB/s ({log}, the same day). Level k of a "
+         "binomial tree copies in 2^k processes at once and waits for its slowest pair: "
+         + ", ".join(f"{x:.2f}x" for x in levels) + " at levels 1-4, a mean of "
+         f"{memory_slowdown(bandwidth, 16):.2f}x over the tree of 16 ranks ("
+         + ", ".join(f"{memory_slowdown(bandwidth, p):.2f}x over {p}" for p in (2, 4, 8)) + ").",
+         "- not counted twice: the send rows moved one pair's bytes while the other 14 ranks waited in "
+         "the barrier, so they hold that machine's link with 16 ranks started but two copying "
+         f"({levels[0]:.2f}x in the triad's terms); the triad's slowdown is what a level's pairs "
+         "copying at once add.",
+         "- the whole runs there (strong.csv, weak.csv) take the same links at their ranks. The send "
+         "rows are inputs and sendrecv (half a ping-pong) is not used: neither is in the tables below.", "",
+         "| bytes | send here, np 2 (us) | send there, np 16 (us) | factor on the bytes' time |",
+         "| ---: | ---: | ---: | ---: |"]
+    L += [f"| {int(b)} | {here_send.t(b) * 1e6:.1f} | {t * 1e6:.1f} | {t / here_send.t(b):.2f} |"
+          for b, t in zip(send.sizes, send.times)]
+    L.append("")
+    return L
+
+
+def _validation(valid, machine, scales, skipped, links=None, here_send=None) -> list:
     """Section 4: the model against every measured point."""
     here = machine_of(machine)
     scaled = {r["machine"] for r in valid if not r["machine_match"] and r["kind"] != "collective"}
@@ -268,23 +310,24 @@ def _validation(valid, machine, scales, skipped) -> list:
           "kernel family: `sparse` (aepar's cost+gradient of 10k patches, peers.csv) for the sparse "
           "autoencoder, `layers` (one fused CD-1 epoch 784x1000, rbm_epoch.csv) for the stacked schemes. "
           "Two CPUs' ratio differs by kernel, so a DGEMM or clock ratio would not do. Communication "
-          "everywhere uses this machine's np 2 fit: the model knows nothing of another machine's memory "
-          "bandwidth or of ranks sharing it. The factors used:", ""]
+          "uses this machine's np 2 points (section 1) on every machine, on the 16-vCPU machine with "
+          "their bytes on its own link and memory (below); elsewhere the model knows nothing of another "
+          "machine's links, memory bandwidth or ranks sharing it. The factors used:", ""]
     L += [f"- {machine_label(k)}: " + ", ".join(f"{fam} {v:.3f}" for fam, v in sorted(f.items()))
           for k, f in sorted(scales.items()) if scaled_label(k) in scaled]
     if skipped:
         L += ["", "Left out, because that machine never timed the kernel its factor needs:", ""]
         L += [f"- {src}: {n} point(s) on {m}" for (src, m), n in sorted(skipped.items())]
-    L += ["", f"{SIXTEEN}/mpi_16ranks.csv is measure-mpi under `mpirun -np 16` on the 16-vCPU machine: the "
-          "collectives at 16 ranks against this machine's np 2 fits composed over log2 16 = 4 levels.", "",
-          "Time and code drift: a row records its machine but not the code it ran, so a point measured "
+    L += [""] + _own_links(links or {}, here_send)
+    L += ["Time and code drift: a row records its machine but not the code it ran, so a point measured "
           "before a kernel change is held against today's compute (pretrain_accuracy.csv's greedy ran "
           "its 8 blocks before they became one factored sum). And a 2-vCPU VM drifts: on the AVX2 AMD EPYC, "
           "2026-11-29, measure-compute's one-block gradient of the 784-2000 layer at 100 rows took 27, 12, "
           "20 and 20 ms in four runs within two hours, and the same `mpirun -np 2 ... --scheme data --batch "
           "2000` run took 0.99-2.1 s in three consecutive tries on the AVX-512 EPYC: single points carry "
           "+-30% of machine noise whatever the model.", "",
-          "| source | kind | points | machine | max abs. rel. error | median |", "| --- | --- | ---: | --- | ---: | ---: |"]
+          "| source | kind | points | machine | max abs. rel. error | median |",
+          "| --- | --- | ---: | --- | ---: | ---: |"]
     for src in sorted({r["source"] for r in valid}):
         for kind in ("run", "speedup", "collective"):
             rs = [r for r in valid if r["source"] == src and r["kind"] == kind]
@@ -339,12 +382,24 @@ def _stops(pred, ranks_per_node) -> list:
     return L
 
 
-def _left_out() -> list:
+def _left_out(links) -> list:
     """Section 6: what the model leaves out."""
+    jump = {op: links[op].t(2 ** 26) / links[op].t(2 ** 24) for op in ("reduce", "allreduce") if op in links}
     L = ["", "## 6. What the model leaves out", "",
          "- Memory-bandwidth contention between the ranks of a node, on machines where measure-contention "
          "did not run: ranks are modelled there as independent one-thread processes (compute / P), so "
          "predictions with many ranks per node are optimistic.",
+         "- Another machine's collectives as such: they are this machine's np 2 points composed over "
+         "binomial levels, with this machine's cache sizes and MPI's choices at np 2 in them (here a "
+         "64 MB reduce / allreduce took " + " / ".join(f"{v:.0f}x" for v in jump.values())
+         + " its 16 MB time, past the 32 MiB L3); Open MPI's own algorithms at 16 ranks (segmented, "
+         "pipelined, bandwidth-optimal) are not modelled. Only the bytes' time moves to the 16-vCPU "
+         "machine's link and memory; the latencies are this machine's everywhere, and where a machine's "
+         "own links were not measured, so is the rest.",
+         "- The memory slowdown of a tree level (the triad's) applies to all of its bytes, in cache or not; "
+         "allreduce's levels are priced as the binomial tree's (2^k processes copying at level k), not as "
+         "recursive doubling's (every rank at every level); the adds of the sums and TreeSum's own time per "
+         "message stay this machine's.",
          "- Network topology, congestion and collective algorithms' real switch points: one alpha/beta per "
          "profile, binomial or bandwidth-optimal form chosen by the lower cost.",
          "- Stragglers and OS noise: the slowest rank is the one with the most blocks, never a slow node.",
@@ -368,10 +423,10 @@ def _left_out() -> list:
 
 
 def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, contended, scales, skipped,
-                   ranks_per_node, how="python -m bench.scaling_model", tree_o=0.0):
+                   ranks_per_node, how="python -m bench.scaling_model", tree_o=0.0, own=None):
     sections = (_head(machine, contended, how), _communication(links, resid, mpi_rows, tree_o), _compute(comp),
-                _models(comp, tree_o), _validation(valid, machine, scales, skipped), _stops(pred, ranks_per_node),
-                _left_out())
+                _models(comp, tree_o), _validation(valid, machine, scales, skipped, own, links.get("send")),
+                _stops(pred, ranks_per_node), _left_out(links))
     Path(path).write_text("\n".join(line for section in sections for line in section) + "\n")
 
 
@@ -457,7 +512,7 @@ def report(mpi_csv=MPI_CSV, compute_csv=COMPUTE_CSV, ranks_per_node: int = 2, co
     write_rows(PRED_CSV, pred)
     plot(PNG, valid, pred)
     write_markdown(MD, links, resid, mpi_rows, valid, pred, comp, machine, contended, points.scales, points.skipped,
-                   ranks_per_node, how, tree_o)
+                   ranks_per_node, how, tree_o, points.links)
     for op in OPS:
         if op in links:
             print(f"{op:15s} alpha {links[op].alpha * 1e6:8.2f} us  beta {links[op].beta / 1e9:7.2f} GB/s  "

@@ -8,11 +8,16 @@ import re
 from pathlib import Path
 
 from bench.common import read_rows
-from bench.scaling_model.measure import MPI_CSV, RESULTS, SPARSE_CSV, STACKED_CSV, read_contention
-from bench.scaling_model.model import (Compute, Network, Stack, collective_s, contention_factor, oversubscription,
-                                       pipeline_s, sparse_run_s, stack_scheme_s, tree_allreduce_s, tree_reduce_s)
+from bench.scaling_model.measure import (MPI_CSV, RESULTS, SPARSE_CSV, STACKED_CSV, load_mpi, read_bandwidth,
+                                         read_contention)
+from bench.scaling_model.model import (Compute, Network, Stack, collective_s, contention_factor, memory_slowdown,
+                                       oversubscription, pipeline_s, relinked, sparse_run_s, stack_scheme_s,
+                                       tree_allreduce_s, tree_reduce_s)
 
 SIXTEEN = "scaling_16core"  # the seed's grid on the GPU machine's 16 vCPUs (its own peers.csv)
+# machines with their own links measured, by results folder: measure-mpi under mpirun there (its
+# one-way send) and a memory-bandwidth probe with 1..N processes at once (a log's JSON lines)
+OWN_LINKS = {SIXTEEN: (f"{SIXTEEN}/mpi_16ranks.csv", "gpu/device_log_run5.txt")}
 
 
 def machine_of(row: dict) -> tuple:
@@ -26,6 +31,23 @@ def machine_label(key: tuple) -> str:
     """A short name for a machine in the tables: the CPU name, its widest vector ISA, its cores."""
     isa = "AVX-512" if "avx512f" in key[1] else "AVX2" if "avx2" in key[1] else key[1]
     return f"{key[0]} ({isa}, {key[2]} cores)"
+
+
+def folder_of(source: str) -> str:
+    """The results folder of a validation source ('' for bench/results itself)."""
+    return source.rsplit("/", 1)[0] if "/" in source else ""
+
+
+def own_links(results: Path = RESULTS) -> dict:
+    """Per results folder of :data:`OWN_LINKS` whose files are there: (that machine's one-way
+    send, a :class:`~bench.scaling_model.model.Curve` of its fastest trials; its memory
+    bandwidth, processes at once -> the slowest process's GB/s)."""
+    out = {}
+    for folder, (mpi, log) in OWN_LINKS.items():
+        send = load_mpi(results / mpi)[0].get("send") if (results / mpi).exists() else None
+        if send is not None:
+            out[folder] = (send, read_bandwidth(results / log))
+    return out
 
 
 def scaled_label(key: tuple) -> str:
@@ -76,12 +98,24 @@ def kernel_scales(comp: Compute, here: tuple, results: Path = RESULTS) -> dict:
 class Points:
     """The validation rows, added one measured point at a time, each on its own machine."""
 
-    def __init__(self, here: dict, scales: dict, comp: Compute, folders: dict | None = None):
+    def __init__(self, here: dict, scales: dict, comp: Compute, folders: dict | None = None,
+                 links: dict | None = None):
         self.here, self.scales, self.rows, self.comp = machine_of(here), scales, [], comp
         self.cores = int(here.get("cores") or 1)
         self.skipped: dict = {}  # (source, machine) -> points left out: no kernel of theirs timed there
         # a results folder of one other machine -> its measure-contention table (contention.csv there)
         self.folders = folders or {}
+        self.links = links or {}  # a results folder of one other machine -> :func:`own_links`' entry
+
+    def network(self, source: str, net: Network, ranks: int) -> Network:
+        """The links of ``source``'s machine at ``ranks`` ranks: this machine's (``net``), or
+        where that machine's own send and memory bandwidth were measured (``links``), those
+        :func:`~bench.scaling_model.model.relinked` to them."""
+        own = self.links.get(folder_of(source))
+        if own is None:
+            return net
+        send, bandwidth = own
+        return relinked(net, send, memory_slowdown(bandwidth, ranks))
 
     def scale(self, source: str, row: dict, family: str, ranks: int = 1) -> float | None:
         """The compute factor of ``row``'s machine for a kernel ``family``: here, how much
@@ -97,8 +131,7 @@ class Points:
             where = (source, machine_label(key))
             self.skipped[where] = self.skipped.get(where, 0) + 1
             return None
-        folder = source.rsplit("/", 1)[0] if "/" in source else ""
-        return sc * contention_factor(self.folders.get(folder, {}), family, ranks)
+        return sc * contention_factor(self.folders.get(folder_of(source), {}), family, ranks)
 
     def shared(self, family: str, ranks: int) -> float:
         """This machine's contention factor for ``ranks`` ranks on its cores."""
@@ -128,7 +161,8 @@ def _sparse_points(pts: Points, comp, net):
             if sc is None:
                 continue
             cores = int(r.get("cores") or 2)
-            pred = sparse_run_s(comp, net, p, s_, int(r["iterations"]), evaluations=ev, scale=sc, cores=cores)
+            pred = sparse_run_s(comp, pts.network(src, net, p), p, s_, int(r["iterations"]), evaluations=ev,
+                                scale=sc, cores=cores)
             key = (src.rsplit("/", 1)[0] if "/" in src else src != SPARSE_CSV.name, p, s_)
             dup = src.replace("weak", "strong") if src.endswith("weak.csv") and key in seen else ""
             seen.add(key)
@@ -136,7 +170,8 @@ def _sparse_points(pts: Points, comp, net):
                     float(r["seconds"]), pred["seconds"], row=r, scale=sc, duplicate=dup,
                     series=f"{src}: aepar.sparse {s_} patches",
                     note="this run's own" if src == SPARSE_CSV.name else
-                    "compute scaled by the cost+gradient timed on that machine; communication from the np 2 fit here")
+                    "compute scaled by the cost+gradient timed on that machine; communication from the np 2 points "
+                    "here" + (", on that machine's send and memory" if folder_of(src) in pts.links else ""))
 
 
 def _xeon_sync_points(pts: Points, comp, net):
@@ -266,18 +301,20 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
         pts.add("determinism.csv", f"{r['what']}: {r['variant']}", "collective", p, float(r["seconds"]),
                 (local + comm) * oversubscription(p, 2), kind="collective", row=r, over=p > 2,
                 note="copies and local adds of the rank's blocks + the sum")
-    # measure-mpi there, one block per rank, against this machine's np 2 fits over log2 P levels
-    for r in read_rows(RESULTS / SIXTEEN / "mpi_16ranks.csv"):
+    # measure-mpi there, one block per rank: this machine's np 2 points over log2 P levels, on that
+    # machine's links (its send rows are their input, so not validated; sendrecv is unused)
+    src = f"{SIXTEEN}/mpi_16ranks.csv"
+    for r in read_rows(RESULTS / src):
         p, n_, op = int(r["ranks"]), int(r["bytes"]), r["op"]
-        if op in ("bcast", "reduce", "allreduce"):
-            pred = collective_s(net, op, n_, p)
-        elif op in ("tree_reduce", "tree_allreduce"):
-            pred = _tree_op_s(comp, net, op, n_, p)
-        else:
+        if op not in ("bcast", "reduce", "allreduce", "tree_reduce", "tree_allreduce"):
             continue
-        pts.add(f"{SIXTEEN}/mpi_16ranks.csv", f"{op} {n_} B at {p} ranks", "collective", p, float(r["seconds"]),
-                pred, kind="collective", row=r, series=f"{SIXTEEN}/mpi_16ranks.csv: {op}",
-                note="measured there; predicted from this machine's np 2 fits over log2 P levels")
+        there = pts.network(src, net, p)
+        pred = collective_s(there, op, n_, p) if op in ("bcast", "reduce", "allreduce") else \
+            _tree_op_s(comp, there, op, n_, p)
+        pts.add(src, f"{op} {n_} B at {p} ranks", "collective", p, float(r["seconds"]), pred, kind="collective",
+                row=r, series=f"{src}: {op}",
+                note="measured there; predicted from this machine's np 2 points over log2 P levels"
+                     + (", their bytes on that machine's send and memory" if there is not net else ""))
     for r in mpi_rows:
         if r["op"] in ("tree_reduce", "tree_allreduce"):
             n_ = int(r["bytes"])
@@ -292,7 +329,7 @@ def validate(comp: Compute, net: Network, mpi_rows: list, here: dict) -> Points:
     """Every measured point: its ``rows`` (what was measured, the model's figure on that
     point's machine, the relative error), the ``scales`` used and the points ``skipped``."""
     pts = Points(here, kernel_scales(comp, machine_of(here)), comp,
-                 folders={SIXTEEN: read_contention(RESULTS / SIXTEEN / "contention.csv")})
+                 folders={SIXTEEN: read_contention(RESULTS / SIXTEEN / "contention.csv")}, links=own_links())
     _sparse_points(pts, comp, net)
     _xeon_sync_points(pts, comp, net)
     _sweep_points(pts, comp, net)
