@@ -371,3 +371,76 @@ def test_another_machines_points_take_the_contention_measured_in_their_folder(tm
     assert pts.scale("big/strong.csv", xeon, "sparse", 32) == pytest.approx(3.0)  # past the copies measured: the last
     assert pts.scale("big/strong.csv", xeon, "layers", 16) == pytest.approx(4.0)  # not measured there
     assert pts.scale("strong.csv", xeon, "sparse", 16) == pytest.approx(2.0)  # another folder
+
+
+def test_memory_slowdown_is_the_mean_over_a_trees_levels_of_the_rate_alone_over_the_rate_shared():
+    """Level k of a tree over P ranks copies in 2^k processes at once: each level's bytes
+    move at the slowest process's rate with that many at once (linear between the counts
+    measured, the last beyond), and a tree's slowdown is the mean over its levels."""
+    from bench.scaling_model.model import memory_slowdown
+
+    bw = {1: 20.0, 4: 20.0, 8: 10.0, 16: 5.0}
+    assert memory_slowdown(bw, 1) == 1.0
+    assert memory_slowdown(bw, 2) == pytest.approx(1.0)  # 2 processes: between 1 and 4, both 20
+    assert memory_slowdown(bw, 8) == pytest.approx((1.0 + 1.0 + 2.0) / 3)
+    assert memory_slowdown(bw, 16) == pytest.approx((1.0 + 1.0 + 2.0 + 4.0) / 4)
+    assert memory_slowdown(bw, 32) == pytest.approx((1.0 + 1.0 + 2.0 + 4.0 + 4.0) / 5)  # the last count beyond
+    assert memory_slowdown({}, 16) == 1.0  # not measured: no factor
+    assert memory_slowdown({1: 20.0, 8: 10.0}, 4) == pytest.approx((20 / (20 - 10 / 7) + 20 / (20 - 30 / 7)) / 2)
+
+
+def test_relinked_moves_only_the_bytes_at_the_other_machines_send_and_memory():
+    """On another machine each point keeps its smallest message's time (the latency) and
+    the rest is scaled by that machine's send over this one's at the same size, and by the
+    memory slowdown; the fitted lines stay."""
+    from bench.scaling_model.model import relinked
+
+    sizes = (8.0, 1024.0, 2.0 ** 20)
+    here = Curve(1e-6, 1e10, sizes, (2e-6, 4e-6, 2e-4))
+    there = Curve(1e-6, 1e10, sizes, (2e-6, 6e-6, 8e-4))  # send there: 1.5x at 1 KB, 4x at 1 MB
+    node = Network("node", {op: here for op in OPS}, None, 16, 1e-10)
+    moved = relinked(node, there, slowdown=2.0)
+    for op in OPS:
+        c = moved.intra[op]
+        assert (c.alpha, c.beta, c.sizes) == (here.alpha, here.beta, sizes)
+        assert c.times[0] == pytest.approx(2e-6)
+        assert c.times[1] == pytest.approx(2e-6 + 2e-6 * 2.0 * 1.5)
+        assert c.times[2] == pytest.approx(2e-6 + (2e-4 - 2e-6) * 2.0 * 4.0)
+    assert relinked(node, here).intra["bcast"].times == here.times  # the same link, no slowdown: unchanged
+    assert node.intra["bcast"] is here  # the network it was given is left as it was
+
+
+def test_only_the_machine_whose_links_were_measured_takes_them(tmp_path):
+    """Points of the folder with its own send and triad are priced on them, at their rank
+    count; every other folder keeps this machine's links; missing files give no entry."""
+    import json
+
+    from bench.scaling_model.validate import Points, own_links
+
+    here = Curve(1e-6, 1e10, (8.0, 2.0 ** 20), (2e-6, 2e-4))
+    node = Network("node", {op: here for op in OPS}, None, 16, 1e-10)
+    (tmp_path / "big").mkdir()
+    cols = "op,bytes,seconds,min_seconds,max_seconds,reps,trials,ranks\n"
+    (tmp_path / "big" / "mpi.csv").write_text(cols + "send,8,2e-6,2e-6,2e-6,10,1,16\n"
+                                              "send,1048576,4e-4,4e-4,4e-4,10,1,16\n")
+    (tmp_path / "probe.log").write_text("\n".join(json.dumps({"processes": k, "triad_min": r})
+                                                  for k, r in ((1, 20.0), (16, 10.0))))
+    import bench.scaling_model.validate as validate
+    links = {"big": ("big/mpi.csv", "probe.log")}
+    old = validate.OWN_LINKS
+    validate.OWN_LINKS = links
+    try:
+        found = own_links(tmp_path)
+        assert set(found) == {"big"} and found["big"][1] == {1: 20.0, 16: 10.0}
+        validate.OWN_LINKS = {**links, "gone": ("gone/mpi.csv", "probe.log")}
+        assert set(own_links(tmp_path)) == {"big"}
+    finally:
+        validate.OWN_LINKS = old
+    pts = Points({"cpu_model": "AMD EPYC", "isa": "avx2", "cores": "2"}, {}, Compute(), links=found)
+    assert pts.network("strong.csv", node, 16) is node
+    assert pts.network("other/strong.csv", node, 16) is node
+    big = pts.network("big/strong.csv", node, 2).intra["reduce"].times[-1]
+    # one level of 2 processes copying: the link (2x at 1 MB) and the triad between 1 and 16 at once
+    assert big == pytest.approx(2e-6 + (2e-4 - 2e-6) * 2.0 * 20.0 / (20.0 - 10.0 / 15))
+    slowed = pts.network("big/strong.csv", node, 4).intra["reduce"].times[-1]
+    assert slowed > big
