@@ -23,8 +23,11 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   ``--sixteen`` ranks, data on 4 and ``--sixteen``, model and sync on 4 (a rank per
   layer), hybrid on ``--sixteen``, greedy as a quarter of the ranks with 4 threads each
   (OUT/sixteen.csv: the runs' seconds, compute and communication, and sync's planned
-  makespan over greedy's work); then the scaling model's ``measure-contention`` (one
-  process per core against one alone, OUT/contention.csv).
+  makespan over greedy's work); then the scaling model's inputs for this machine:
+  ``measure-contention`` (one process per core against one alone, OUT/contention.csv) and
+  ``measure-mpi --quick`` under 2 and ``--sixteen`` ranks (OUT/mpi_2ranks.csv,
+  OUT/mpi_16ranks.csv: copied to bench/results/scaling_16core, the model prices that
+  machine's collectives with its own points).
 - ``tax``: ``bench.block_tax`` on this machine's CPU at 1 and 2 threads (8 blocks against
   1 and against PyTorch, every workload), merged into a copy of bench/results/block_tax.csv
   (OUT/block_tax.csv and .md, ready to replace the committed pair). Last in the default
@@ -63,10 +66,11 @@ STEPS = ("tests", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu, 2026-11-30; tests with
 # CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
 # added since (equal shares at 16 ranks, the schemes on 3x the rows, aepar's L-BFGS at 10k)
-# priced from its log
+# priced from its log, and 20 s for the collectives at 2 and 16 ranks (measure-mpi --quick took
+# 10 s at 2 ranks on a 2-vCPU Xeon)
 # tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its
 # fifth workload (greedy, about a quarter more)
-ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 310, "tax": 150}
+ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 330, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -234,9 +238,15 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
         ok &= rc == 0
         record(f"pretrain {scheme}", ranks, threads, out, rc, seconds)
     write_rows(opts.out / "sixteen.csv", rows)
-    # the scaling model's missing input on this machine: ranks sharing its cores and memory
+    # the scaling model's missing inputs on this machine: ranks sharing its cores and memory,
+    # and its own collectives at 2 ranks (the points its trees are made of) and at 16
     rc, _, _ = log.run([PY, "-m", "bench.scaling_model", "measure-contention", "--out",
                         opts.out / "contention.csv"], env=env, timeout=180)
+    for ranks in (2, big):
+        done, _, _ = log.run(python_command("bench.scaling_model", ["measure-mpi", "--quick", "--out",
+                                                                    opts.out / f"mpi_{ranks}ranks.csv"], ranks),
+                             env=env, timeout=120)
+        rc = rc or done
     return ok and rc == 0
 
 

@@ -265,19 +265,28 @@ def _own_links(links, here_send) -> list:
     factor per size and the memory slowdown per tree level ([] where they are missing)."""
     if SIXTEEN not in links:
         return []
-    (send, bandwidth), (mpi, log) = links[SIXTEEN], OWN_LINKS[SIXTEEN]
+    (send, bandwidth, intra), (mpi, log, pair) = links[SIXTEEN], OWN_LINKS[SIXTEEN]
     n = sorted(bandwidth)
     levels = [bandwidth[1] / float(np.interp(2 ** k, n, [bandwidth[m] for m in n])) for k in range(1, 5)]
-    L = [f"**The 16-vCPU machine's links** ({SIXTEEN}; Intel Xeon family 6 model 207). Its collectives "
-         "at 16 ranks (mpi_16ranks.csv: measure-mpi under `mpirun -np 16`) are predicted from this "
-         "machine's np 2 points over log2 16 = 4 levels, with their bytes moved as that machine moves "
-         "them. Two inputs, measured there and not validated:", "",
-         f"- its one-way `send` under `mpirun -np 16` ({mpi}'s send rows, fastest trials) over this "
-         "machine's at np 2 (table): each operation's time beyond its smallest message's (what its bytes "
-         "take) is multiplied by this factor at its size (log-log between the sizes). The latencies "
-         "stay this machine's: a call timed there includes the ranks' skew leaving the barrier before "
-         "it, which a tree pays once, not per level, and the small sends there do not grow with the "
-         f"size ({send.t(8) * 1e6:.1f} us at 8 B, {send.t(64) * 1e6:.1f} us at 64 B).",
+    if intra is not None:
+        L = [f"**The 16-vCPU machine's links** ({SIXTEEN}; Intel Xeon family 6 model 207). Its collectives "
+             "at 16 ranks (mpi_16ranks.csv: measure-mpi under `mpirun -np 16`) are predicted from that "
+             f"machine's own np 2 points ({pair}: measure-mpi under `mpirun -np 2` there, fastest trials, in "
+             "place of this machine's) over log2 16 = 4 levels, their bytes slowed as a level's copies share "
+             "its memory. The inputs, measured there and not validated:", ""]
+    else:
+        L = [f"**The 16-vCPU machine's links** ({SIXTEEN}; Intel Xeon family 6 model 207). Its collectives "
+             "at 16 ranks (mpi_16ranks.csv: measure-mpi under `mpirun -np 16`) are predicted from this "
+             "machine's np 2 points over log2 16 = 4 levels, with their bytes moved as that machine moves "
+             f"them ({pair}, that machine's own np 2 points, was not measured). Two inputs, measured there "
+             "and not validated:", "",
+             f"- its one-way `send` under `mpirun -np 16` ({mpi}'s send rows, fastest trials) over this "
+             "machine's at np 2 (table): each operation's time beyond its smallest message's (what its "
+             "bytes take) is multiplied by this factor at its size (log-log between the sizes). The "
+             "latencies stay this machine's: a call timed there includes the ranks' skew leaving the "
+             "barrier before it, which a tree pays once, not per level, and the small sends there do not "
+             f"grow with the size ({send.t(8) * 1e6:.1f} us at 8 B, {send.t(64) * 1e6:.1f} us at 64 B)."]
+    L += [
          "- its memory with ranks copying at once: a STREAM triad in "
          + ", ".join(str(k) for k in n) + " processes at once, the slowest process "
          + ", ".join(f"{bandwidth[k]:.1f}" for k in n) + f" GB/s ({log}, the same day). Level k of a "
@@ -285,14 +294,20 @@ def _own_links(links, here_send) -> list:
          + ", ".join(f"{x:.2f}x" for x in levels) + " at levels 1-4, a mean of "
          f"{memory_slowdown(bandwidth, 16):.2f}x over the tree of 16 ranks ("
          + ", ".join(f"{memory_slowdown(bandwidth, p):.2f}x over {p}" for p in (2, 4, 8)) + ").",
-         "- not counted twice: the send rows moved one pair's bytes while the other 14 ranks waited in "
-         "the barrier, so they hold that machine's link with 16 ranks started but two copying "
-         f"({levels[0]:.2f}x in the triad's terms); the triad's slowdown is what a level's pairs "
+         "- not counted twice: " + ("the np 2 points ran two ranks alone on that machine" if intra is not None
+                                     else "the send rows moved one pair's bytes while the other 14 ranks waited "
+                                          "in the barrier, so they hold that machine's link with 16 ranks "
+                                          "started but two copying")
+         + f" ({levels[0]:.2f}x in the triad's terms); the triad's slowdown is what a level's pairs "
          "copying at once add.",
-         "- the whole runs there (strong.csv, weak.csv) take the same links at their ranks. The send "
-         "rows are inputs and sendrecv (half a ping-pong) is not used: neither is in the tables below.", "",
-         "| bytes | send here, np 2 (us) | send there, np 16 (us) | factor on the bytes' time |",
-         "| ---: | ---: | ---: | ---: |"]
+         "- the whole runs there (strong.csv, weak.csv) take the same links at their ranks. "
+         + ("Its send and sendrecv rows at 16 ranks are not used" if intra is not None else
+            "The send rows are inputs and sendrecv (half a ping-pong) is not used")
+         + ": neither is in the tables below.", ""]
+    if intra is not None:
+        return L
+    L += ["| bytes | send here, np 2 (us) | send there, np 16 (us) | factor on the bytes' time |",
+          "| ---: | ---: | ---: | ---: |"]
     L += [f"| {int(b)} | {here_send.t(b) * 1e6:.1f} | {t * 1e6:.1f} | {t / here_send.t(b):.2f} |"
           for b, t in zip(send.sizes, send.times)]
     L.append("")

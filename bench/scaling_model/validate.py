@@ -5,6 +5,7 @@ size) and the relative error.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from bench.common import read_rows
@@ -16,8 +17,9 @@ from bench.scaling_model.model import (Compute, Network, Stack, collective_s, co
 
 SIXTEEN = "scaling_16core"  # the seed's grid on the GPU machine's 16 vCPUs (its own peers.csv)
 # machines with their own links measured, by results folder: measure-mpi under mpirun there (its
-# one-way send) and a memory-bandwidth probe with 1..N processes at once (a log's JSON lines)
-OWN_LINKS = {SIXTEEN: (f"{SIXTEEN}/mpi_16ranks.csv", "gpu/device_log_run5.txt")}
+# one-way send), a memory-bandwidth probe with 1..N processes at once (a log's JSON lines) and,
+# where bench.gpu_node's sixteen step ran, measure-mpi at 2 ranks there (its own points)
+OWN_LINKS = {SIXTEEN: (f"{SIXTEEN}/mpi_16ranks.csv", "gpu/device_log_run5.txt", f"{SIXTEEN}/mpi_2ranks.csv")}
 
 
 def machine_of(row: dict) -> tuple:
@@ -41,12 +43,14 @@ def folder_of(source: str) -> str:
 def own_links(results: Path = RESULTS) -> dict:
     """Per results folder of :data:`OWN_LINKS` whose files are there: (that machine's one-way
     send, a :class:`~bench.scaling_model.model.Curve` of its fastest trials; its memory
-    bandwidth, processes at once -> the slowest process's GB/s)."""
+    bandwidth, processes at once -> the slowest process's GB/s; its own np 2 points, op ->
+    Curve, or None where they were not measured)."""
     out = {}
-    for folder, (mpi, log) in OWN_LINKS.items():
+    for folder, (mpi, log, pair) in OWN_LINKS.items():
         send = load_mpi(results / mpi)[0].get("send") if (results / mpi).exists() else None
+        intra = load_mpi(results / pair)[0] if (results / pair).exists() else None
         if send is not None:
-            out[folder] = (send, read_bandwidth(results / log))
+            out[folder] = (send, read_bandwidth(results / log), intra if intra and "send" in intra else None)
     return out
 
 
@@ -110,11 +114,16 @@ class Points:
     def network(self, source: str, net: Network, ranks: int) -> Network:
         """The links of ``source``'s machine at ``ranks`` ranks: this machine's (``net``), or
         where that machine's own send and memory bandwidth were measured (``links``), those
-        :func:`~bench.scaling_model.model.relinked` to them."""
+        :func:`~bench.scaling_model.model.relinked` to them; where its own np 2 points were
+        measured too, those in place of this machine's (its link is in them; the memory
+        shared by a level's copies is not)."""
         own = self.links.get(folder_of(source))
         if own is None:
             return net
-        send, bandwidth = own
+        send, bandwidth, intra = own
+        if intra is not None:
+            return relinked(replace(net, intra={**net.intra, **intra}), intra["send"],
+                            memory_slowdown(bandwidth, ranks))
         return relinked(net, send, memory_slowdown(bandwidth, ranks))
 
     def scale(self, source: str, row: dict, family: str, ranks: int = 1) -> float | None:

@@ -426,13 +426,13 @@ def test_only_the_machine_whose_links_were_measured_takes_them(tmp_path):
     (tmp_path / "probe.log").write_text("\n".join(json.dumps({"processes": k, "triad_min": r})
                                                   for k, r in ((1, 20.0), (16, 10.0))))
     import bench.scaling_model.validate as validate
-    links = {"big": ("big/mpi.csv", "probe.log")}
+    links = {"big": ("big/mpi.csv", "probe.log", "big/pair.csv")}
     old = validate.OWN_LINKS
     validate.OWN_LINKS = links
     try:
         found = own_links(tmp_path)
         assert set(found) == {"big"} and found["big"][1] == {1: 20.0, 16: 10.0}
-        validate.OWN_LINKS = {**links, "gone": ("gone/mpi.csv", "probe.log")}
+        validate.OWN_LINKS = {**links, "gone": ("gone/mpi.csv", "probe.log", "gone/pair.csv")}
         assert set(own_links(tmp_path)) == {"big"}
     finally:
         validate.OWN_LINKS = old
@@ -444,3 +444,20 @@ def test_only_the_machine_whose_links_were_measured_takes_them(tmp_path):
     assert big == pytest.approx(2e-6 + (2e-4 - 2e-6) * 2.0 * 20.0 / (20.0 - 10.0 / 15))
     slowed = pts.network("big/strong.csv", node, 4).intra["reduce"].times[-1]
     assert slowed > big
+    # that machine's own np 2 points, where measured, replace this machine's: its link is in
+    # them, and only the memory's slowdown is added
+    (tmp_path / "big" / "pair.csv").write_text(cols + "send,8,3e-6,3e-6,3e-6,10,1,2\n"
+                                               "send,1048576,5e-4,5e-4,5e-4,10,1,2\n"
+                                               "reduce,8,4e-6,4e-6,4e-6,10,1,2\n"
+                                               "reduce,1048576,6e-4,6e-4,6e-4,10,1,2\n")
+    validate.OWN_LINKS = {"big": ("big/mpi.csv", "probe.log", "big/pair.csv")}
+    try:
+        found = own_links(tmp_path)
+    finally:
+        validate.OWN_LINKS = old
+    assert set(found["big"][2]) == {"send", "reduce"}
+    pts = Points({"cpu_model": "AMD EPYC", "isa": "avx2", "cores": "2"}, {}, Compute(), links=found)
+    there = pts.network("big/strong.csv", node, 2).intra
+    assert there["reduce"].times[-1] == pytest.approx(4e-6 + (6e-4 - 4e-6) * 20.0 / (20.0 - 10.0 / 15))
+    # not measured there: this machine's points, with the memory's slowdown alone
+    assert there["bcast"].times[-1] == pytest.approx(2e-6 + (2e-4 - 2e-6) * 20.0 / (20.0 - 10.0 / 15))
