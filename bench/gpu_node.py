@@ -17,12 +17,12 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   (OUT/shared_gpu.csv; a difference fails the step).
 - ``sixteen``: on the CPU, one thread per rank: the sparse autoencoder at 10k and 160k
   patches on 1 and ``--sixteen`` ranks (there also with equal shares throughout,
-  ``--balance-every 0``; at 10k also with ``--optimizer lbfgs``, aepar's L-BFGS, whose
-  serial step is cheaper), and the pre-training schemes (autoencoder layers
-  784-500-250-100-30, 2 epochs of the 60k training images): greedy on 1, 4 and
-  ``--sixteen`` ranks, data on 4 and ``--sixteen``, model and sync on 4 (a rank per
-  layer), hybrid on ``--sixteen``, greedy as a quarter of the ranks with 4 threads each
-  (OUT/sixteen.csv: the runs' seconds, compute and communication, and sync's planned
+  ``--balance-every 0``, and as a quarter of the ranks with 4 threads each; at 10k also
+  with ``--optimizer lbfgs``, aepar's L-BFGS, whose serial step is cheaper), and the
+  pre-training schemes (autoencoder layers 784-500-250-100-30, 2 epochs of the 60k
+  training images): greedy on 1, 4 and ``--sixteen`` ranks, data on 4 and ``--sixteen``,
+  model and sync on 4 (a rank per layer), hybrid on ``--sixteen``, greedy as a quarter of
+  the ranks with 4 threads each (OUT/sixteen.csv: the runs' seconds, compute and communication, and sync's planned
   makespan over greedy's work); then the scaling model's inputs for this machine:
   ``measure-contention`` (one process per core against one alone, OUT/contention.csv) and
   ``measure-mpi --quick`` under 2 and ``--sixteen`` ranks (OUT/mpi_2ranks.csv,
@@ -66,11 +66,11 @@ STEPS = ("tests", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu, 2026-11-30; tests with
 # CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
 # added since (equal shares at 16 ranks, the schemes on 3x the rows, aepar's L-BFGS at 10k)
-# priced from its log, and 20 s for the collectives at 2 and 16 ranks (measure-mpi --quick took
-# 10 s at 2 ranks on a 2-vCPU Xeon)
+# priced from its log, 15 s for the sparse runs on 4 threads a rank, and 20 s for the
+# collectives at 2 and 16 ranks (measure-mpi --quick took 10 s at 2 ranks on a 2-vCPU Xeon)
 # tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its
 # fifth workload (greedy, about a quarter more)
-ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 330, "tax": 150}
+ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 345, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -203,21 +203,24 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
                                               "planned_vs_greedy", "replay_one_core_per_stage_s")},
                      "machine": machine(), "commit": opts.commit})
 
-    # at many ranks also with equal shares throughout (what balancing by speed gains there)
-    # and, at 10k where the root's serial step bounds the speed-up, with aepar's L-BFGS
+    # at many ranks also with equal shares throughout (what balancing by speed gains there),
+    # as a quarter of the ranks with 4 threads each (fewer messages, the same cores) and, at
+    # 10k where the root's serial step bounds the speed-up, with aepar's L-BFGS
     for patches in SPARSE_PATCHES:
-        runs = [(1, None, None), (big, None, None), (big, 0, None)]
-        runs += [(1, None, "lbfgs"), (big, None, "lbfgs")] if patches == min(SPARSE_PATCHES) else []
-        for ranks, every, optimizer in runs:
-            out = scratch / (f"sparse-{patches}-np{ranks}" + ("" if every is None else f"-every{every}")
+        runs = [(1, 1, None, None), (big, 1, None, None), (big, 1, 0, None)]
+        runs += [(big // 4, 4, None, None)] if big >= 8 else []
+        runs += [(1, 1, None, "lbfgs"), (big, 1, None, "lbfgs")] if patches == min(SPARSE_PATCHES) else []
+        for ranks, threads, every, optimizer in runs:
+            out = scratch / (f"sparse-{patches}-np{ranks}x{threads}" + ("" if every is None else f"-every{every}")
                              + (f"-{optimizer}" if optimizer else ""))
             extra = ([] if every is None else ["--balance-every", every]) + (["--optimizer", optimizer]
                                                                              if optimizer else [])
             rc, _, seconds = log.run(python_command("aepar.sparse", ["--limit", patches, *extra, "--quiet",
-                                                                     "--out", out], ranks), env=env, timeout=300)
+                                                                     "--out", out], ranks, threads),
+                                     env=dict(env, AEPAR_THREADS=str(threads)), timeout=300)
             ok &= rc == 0
             record(f"sparse {patches} patches" + ("" if every is None else ", equal shares")
-                   + (f", --optimizer {optimizer}" if optimizer else ""), ranks, 1, out, rc, seconds)
+                   + (f", --optimizer {optimizer}" if optimizer else ""), ranks, threads, out, rc, seconds)
     data = ["--data-dir", opts.data_dir, "--limit", PRETRAIN_ROWS] if opts.data_dir else ["--dataset", "mnist5k"]
     net = ["--layers", "784-500-250-100-30", "--pretrainer", "ae", "--epochs", PRETRAIN_EPOCHS,
            "--finetune-epochs", 0, "--reduce-blocks", max(8, big), "--no-plot", "--quiet", *data]
