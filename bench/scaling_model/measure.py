@@ -307,11 +307,23 @@ def measure_compute(out: Path, quick: bool = False) -> int:
     return 0
 
 
+TRIAD_BYTES = 16 << 20  # each array of measure-contention's memory triad
+
+
 def _contended_work(family: str):
     """One unit of a kernel family's work, as a rank does it (one thread): ``layers`` one
     training epoch of the 784-2000 autoencoder layer over 2,000 rows, one block, batch 100;
-    ``sparse`` the partial sums of 10k patches' blocks."""
+    ``sparse`` the partial sums of 10k patches' blocks; ``memory`` a STREAM triad
+    (a = b + s c) over float64 arrays of 16 MB each, the size of the larger messages whose
+    copies a collective's level makes at once."""
     rng = np.random.default_rng(0)
+    if family == "memory":
+        a, b, c = (np.full(TRIAD_BYTES // 8, 1.0) for _ in range(3))
+
+        def triad():
+            np.multiply(c, 3.0, out=a)
+            np.add(a, b, out=a)
+        return triad
     if family == "layers":
         from aepar import backend
         from aepar.models.ae_layer import AELayer
@@ -354,8 +366,11 @@ def _contended_round(ctx, family: str, copies: int, budget: float) -> list:
     return medians
 
 
+CONTENDED = ("layers", "sparse", "memory")  # measure-contention's families of work (_contended_work)
+
+
 def measure_contention(out: Path, rounds: int = 5, budget: float = 2.0) -> int:
-    """How ranks sharing a machine slow each other: each kernel family's work in 1 process,
+    """How ranks sharing a machine slow each other: each family's work in 1 process,
     then in one process per core started together (fresh processes of one thread each),
     the two taken in turns ``rounds`` times, because this VM's speed drifts by more than
     the effect between minutes. Every step waits for the slowest rank, so a round keeps
@@ -367,7 +382,7 @@ def measure_contention(out: Path, rounds: int = 5, budget: float = 2.0) -> int:
     ctx = multiprocessing.get_context("spawn")
     machine, rows = machine_columns(), []
     cores = int(machine.get("cores") or os.cpu_count() or 1)
-    for family in ("layers", "sparse"):
+    for family in CONTENDED:
         alone, together = [], []
         for _ in range(rounds):
             alone.append(max(_contended_round(ctx, family, 1, budget)))
@@ -403,6 +418,13 @@ def read_contention(path: Path) -> dict:
     for r in read_rows(path) if Path(path).exists() else ():
         table.setdefault(r["key"], {})[int(r["rows"])] = float(r["seconds"])
     return table
+
+
+def memory_bandwidth(contention: dict) -> dict:
+    """Processes at once -> the slowest process's triad rate, relative (the rate alone 1.0),
+    from :func:`read_contention`'s table ({} where its memory triad was not measured)."""
+    seconds = contention.get("memory", {})
+    return {k: seconds[1] / t for k, t in seconds.items()} if 1 in seconds else {}
 
 
 def read_bandwidth(path: Path) -> dict:

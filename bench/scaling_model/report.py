@@ -265,7 +265,7 @@ def _own_links(links, here_send) -> list:
     factor per size and the memory slowdown per tree level ([] where they are missing)."""
     if SIXTEEN not in links:
         return []
-    (send, bandwidth, intra), (mpi, log, pair) = links[SIXTEEN], OWN_LINKS[SIXTEEN]
+    (send, bandwidth, intra, source), (mpi, _, pair) = links[SIXTEEN], OWN_LINKS[SIXTEEN]
     n = sorted(bandwidth)
     levels = [bandwidth[1] / float(np.interp(2 ** k, n, [bandwidth[m] for m in n])) for k in range(1, 5)]
     if intra is not None:
@@ -289,7 +289,9 @@ def _own_links(links, here_send) -> list:
     L += [
          "- its memory with ranks copying at once: a STREAM triad in "
          + ", ".join(str(k) for k in n) + " processes at once, the slowest process "
-         + ", ".join(f"{bandwidth[k]:.1f}" for k in n) + f" GB/s ({log}, the same day). Level k of a "
+         + (", ".join(f"{bandwidth[k]:.1f}" for k in n) + f" GB/s ({source}, the same day)"
+            if source.endswith(".txt") else ", ".join(f"{bandwidth[k]:.2f}" for k in n)
+            + f" of its rate alone ({source}: measure-contention's memory triad)") + ". Level k of a "
          "binomial tree copies in 2^k processes at once and waits for its slowest pair: "
          + ", ".join(f"{x:.2f}x" for x in levels) + " at levels 1-4, a mean of "
          f"{memory_slowdown(bandwidth, 16):.2f}x over the tree of 16 ranks ("

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.common import read_rows
-from bench.scaling_model.measure import (MPI_CSV, RESULTS, SPARSE_CSV, STACKED_CSV, load_mpi, read_bandwidth,
-                                         read_contention)
+from bench.scaling_model.measure import (MPI_CSV, RESULTS, SPARSE_CSV, STACKED_CSV, load_mpi, memory_bandwidth,
+                                         read_bandwidth, read_contention)
 from bench.scaling_model.model import (Compute, Network, Stack, collective_s, contention_factor, memory_slowdown,
                                        oversubscription, pipeline_s, relinked, sparse_run_s, stack_scheme_s,
                                        tree_allreduce_s, tree_reduce_s)
@@ -43,14 +43,17 @@ def folder_of(source: str) -> str:
 def own_links(results: Path = RESULTS) -> dict:
     """Per results folder of :data:`OWN_LINKS` whose files are there: (that machine's one-way
     send, a :class:`~bench.scaling_model.model.Curve` of its fastest trials; its memory
-    bandwidth, processes at once -> the slowest process's GB/s; its own np 2 points, op ->
-    Curve, or None where they were not measured)."""
+    bandwidth, processes at once -> the slowest process's rate, from measure-contention's
+    triad in that folder's contention.csv where it ran, else the probe's log; its own np 2
+    points, op -> Curve, or None where they were not measured; the bandwidth's file)."""
     out = {}
     for folder, (mpi, log, pair) in OWN_LINKS.items():
         send = load_mpi(results / mpi)[0].get("send") if (results / mpi).exists() else None
         intra = load_mpi(results / pair)[0] if (results / pair).exists() else None
+        triad = memory_bandwidth(read_contention(results / folder / "contention.csv"))
         if send is not None:
-            out[folder] = (send, read_bandwidth(results / log), intra if intra and "send" in intra else None)
+            out[folder] = (send, triad or read_bandwidth(results / log), intra if intra and "send" in intra else None,
+                           f"{folder}/contention.csv" if triad else log)
     return out
 
 
@@ -120,7 +123,7 @@ class Points:
         own = self.links.get(folder_of(source))
         if own is None:
             return net
-        send, bandwidth, intra = own
+        send, bandwidth, intra, _ = own
         if intra is not None:
             return relinked(replace(net, intra={**net.intra, **intra}), intra["send"],
                             memory_slowdown(bandwidth, ranks))

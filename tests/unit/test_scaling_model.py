@@ -455,7 +455,16 @@ def test_only_the_machine_whose_links_were_measured_takes_them(tmp_path):
         found = own_links(tmp_path)
     finally:
         validate.OWN_LINKS = old
-    assert set(found["big"][2]) == {"send", "reduce"}
+    assert set(found["big"][2]) == {"send", "reduce"} and found["big"][3] == "probe.log"
+    # measure-contention's memory triad in that folder, where it ran, in place of the probe's log
+    (tmp_path / "big" / "contention.csv").write_text("what,key,rows,seconds\n" "contention,memory,1,2.0\n"
+                                                     "contention,memory,16,4.0\n" "contention,sparse,16,9.0\n")
+    validate.OWN_LINKS = {"big": ("big/mpi.csv", "probe.log", "big/pair.csv")}
+    try:
+        triad = own_links(tmp_path)["big"]
+    finally:
+        validate.OWN_LINKS = old
+    assert triad[1] == {1: 1.0, 16: 0.5} and triad[3] == "big/contention.csv"
     pts = Points({"cpu_model": "AMD EPYC", "isa": "avx2", "cores": "2"}, {}, Compute(), links=found)
     there = pts.network("big/strong.csv", node, 2).intra
     assert there["reduce"].times[-1] == pytest.approx(4e-6 + (6e-4 - 4e-6) * 20.0 / (20.0 - 10.0 / 15))
