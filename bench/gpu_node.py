@@ -22,9 +22,13 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   pre-training schemes (autoencoder layers 784-500-250-100-30, 2 epochs of the 60k
   training images): greedy on 1, 4 and ``--sixteen`` ranks, data on 4 and ``--sixteen``,
   model and sync on 4 (a rank per layer), hybrid on ``--sixteen``, greedy as a quarter of
-  the ranks with 4 threads each (OUT/sixteen.csv: the runs' seconds, compute and communication, and sync's planned
-  makespan over greedy's work); then the scaling model's inputs for this machine:
-  ``measure-contention`` (one process per core against one alone, OUT/contention.csv) and
+  the ranks with 4 threads each (OUT/sixteen.csv: the runs' seconds, compute and
+  communication, and sync's planned makespan over greedy's work); where a rank's time goes
+  under mpirun, each process's rusage (``bench.rank_usage``) and, where ``perf stat``
+  counts, its counters: 10k patches a rank on ``--sixteen`` ranks, alone, and as
+  ``--sixteen`` independent processes (OUT/rank_usage.csv); then the scaling model's inputs
+  for this machine: ``measure-contention`` (one process per core against one alone,
+  OUT/contention.csv) and
   ``measure-mpi --quick`` under 2 and ``--sixteen`` ranks (OUT/mpi_2ranks.csv,
   OUT/mpi_16ranks.csv: copied to bench/results/scaling_16core, the model prices that
   machine's collectives with its own points).
@@ -59,18 +63,20 @@ import time
 from pathlib import Path
 
 from bench.chaos import differences
-from bench.common import PY, _commit, machine_columns, mpi_env, python_command, write_rows
+from bench.common import PY, _commit, machine_columns, mpi_env, mpirun, python_command, write_rows
+from bench.rank_usage import usage_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("tests", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu, 2026-11-30; tests with
 # CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
 # added since (equal shares at 16 ranks, the schemes on 3x the rows, aepar's L-BFGS at 10k)
-# priced from its log, 15 s for the sparse runs on 4 threads a rank, and 20 s for the
-# collectives at 2 and 16 ranks (measure-mpi --quick took 10 s at 2 ranks on a 2-vCPU Xeon)
+# priced from its log, 15 s for the sparse runs on 4 threads a rank, 15 s for the rusage runs
+# and 20 s for the collectives at 2 and 16 ranks (measure-mpi --quick took 10 s at 2 ranks on a
+# 2-vCPU Xeon)
 # tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its
 # fifth workload (greedy, about a quarter more)
-ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 345, "tax": 150}
+ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 360, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -80,6 +86,7 @@ SHARED_RUNS = (
     ("eager", "aepar.eager", ["--preset", "small", "--epochs", 1, "--mono-epochs", 1, "--classify-epochs", 1]),
 )
 SPARSE_PATCHES = (10_000, 160_000)
+USAGE_PATCHES = 10_000  # a rank's share in bench.rank_usage's runs (the seed's 160k over 16 ranks)
 # the schemes' job: every Fashion-MNIST training image, long enough for 16 ranks to have work
 PRETRAIN_ROWS, PRETRAIN_EPOCHS = 60_000, 2
 
@@ -241,6 +248,7 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
         ok &= rc == 0
         record(f"pretrain {scheme}", ranks, threads, out, rc, seconds)
     write_rows(opts.out / "sixteen.csv", rows)
+    ok &= usage_runs(log, opts, scratch, env)
     # the scaling model's missing inputs on this machine: ranks sharing its cores and memory,
     # and its own collectives at 2 ranks (the points its trees are made of) and at 16
     rc, _, _ = log.run([PY, "-m", "bench.scaling_model", "measure-contention", "--out",
@@ -251,6 +259,54 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
                              env=env, timeout=120)
         rc = rc or done
     return ok and rc == 0
+
+
+PERF_EVENTS = "task-clock,context-switches,cpu-migrations,cycles,instructions,cache-misses"
+
+
+@functools.lru_cache(maxsize=None)
+def perf_works() -> bool:
+    """Whether ``perf stat`` counts here (installed, and perf events allowed)."""
+    if shutil.which("perf") is None:
+        return False
+    try:
+        return subprocess.run(["perf", "stat", "-x,", "-e", "task-clock", "true"], capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def usage_runs(log: Log, opts, scratch: Path, env: dict) -> bool:
+    """Where a rank's time goes under mpirun (bench.rank_usage, and ``perf stat`` per process
+    where it counts): the sparse autoencoder with 10k patches a rank on ``--sixteen`` ranks,
+    one rank's share alone, and as ``--sixteen`` independent processes started together
+    (each alone in MPI's terms). OUT/rank_usage.csv: one row per process."""
+    big, share = opts.sixteen, USAGE_PATCHES
+    folder = opts.out / "rank_usage"
+    folder.mkdir(parents=True, exist_ok=True)  # perf opens its file before the process runs
+
+    def command(tag, ranks, patches):
+        cmd = [PY, "-m", "bench.rank_usage", "--out", folder, "--tag", tag, "-m", "aepar.sparse", "--limit",
+               patches, "--quiet", "--out", scratch / f"usage-{tag}"]
+        if perf_works():  # each process's counters into its own file (the rank from the launcher)
+            cmd = ["sh", "-c", f'exec perf stat -x, -e {PERF_EVENTS} -o "$0-rank${{OMPI_COMM_WORLD_RANK:-0}}.csv" '
+                   '-- "$@"', folder / f"{tag}-perf", *cmd]
+        return mpirun() + ["-np", str(ranks)] + cmd if ranks > 1 else cmd
+
+    ok = True
+    for tag, ranks, patches in (("mpi", big, share * big), ("alone", 1, share)):
+        rc, _, _ = log.run(command(tag, ranks, patches), env=env, timeout=300)
+        ok &= rc == 0
+    copies = [command(f"copy{i}", 1, share) for i in range(big)]
+    log.write("\n$ (" + str(big) + " at once) " + " ".join(map(str, copies[0])) + "\n")
+    procs = [subprocess.Popen(list(map(str, c)), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for c in copies]
+    codes = [p.wait(timeout=300) for p in procs]
+    log.write(f"# exits {sorted(set(codes))}\n")
+    ok &= not any(codes)
+    rows = [{**r, "machine": machine(), "commit": opts.commit} for r in usage_rows(folder)]
+    write_rows(opts.out / "rank_usage.csv", rows)
+    return ok
 
 
 def step_tax(log: Log, opts) -> bool:
