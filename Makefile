@@ -101,8 +101,8 @@ bench-gpu-epoch: venv bench-peers  ## epochs on the GPU, aepar's CuPy kernels vs
 	$(BIN)/python -m bench.gpu_epoch --layers finetune,cae --batches 100 --out bench/results/gpu
 
 .PHONY: bench-gpu-node
-bench-gpu-node: venv bench-peers  ## every check that needs a GPU node (a GPU, 16 cores) in one pass of about 560 s: GPU tests, GPU epochs vs PyTorch CUDA, 1/2/4 ranks sharing the GPU bit for bit, the CPU at 16 ranks, the block tax on its CPU -> runs/gpu-node/<date-time>/ (logs name the command, commit and machine)
-	$(BIN)/python -m bench.gpu_node --out runs/gpu-node/$$(date +%Y%m%d-%H%M%S)
+bench-gpu-node: venv bench-peers  ## every check that needs a GPU node (a GPU, 16 cores) in a pass of at most 560 s: GPU tests, GPU epochs vs PyTorch CUDA, 1/2/4 ranks sharing the GPU bit for bit, the CPU at 16 ranks, the block tax on its CPU; a step the time left cannot hold is skipped and logged (STEPS=tests,epochs,shared then STEPS=sixteen,tax: all in two passes) -> runs/gpu-node/<date-time>/ (logs name the command, commit and machine)
+	$(BIN)/python -m bench.gpu_node --out runs/gpu-node/$$(date +%Y%m%d-%H%M%S) $(if $(STEPS),--steps $(STEPS))
 
 .PHONY: bench-layouts
 bench-layouts: venv  ## ranks or threads on one machine: the same greedy job (pre-training, fine-tuning) as 1 process x every core, 1 rank per core and 1 x 1, in turns -> layouts.{csv,md} (`make fashion` first; ~4 min on 2 cores)

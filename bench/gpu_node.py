@@ -24,14 +24,13 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   model and sync on 4 (a rank per layer), hybrid on ``--sixteen``, greedy as a quarter of
   the ranks with 4 threads each (OUT/sixteen.csv: the runs' seconds, compute and
   communication, and sync's planned makespan over greedy's work); where a rank's time goes
-  under mpirun, each process's rusage (``bench.rank_usage``) and, where ``perf stat``
-  counts, its counters: 10k patches a rank on ``--sixteen`` ranks, alone, and as
-  ``--sixteen`` independent processes (OUT/rank_usage.csv); then the scaling model's inputs
-  for this machine: ``measure-contention`` (one process per core against one alone,
-  OUT/contention.csv) and
-  ``measure-mpi --quick`` under 2 and ``--sixteen`` ranks (OUT/mpi_2ranks.csv,
-  OUT/mpi_16ranks.csv: copied to bench/results/scaling_16core, the model prices that
-  machine's collectives with its own points).
+  under mpirun: every sparse run's processes' rusage (``bench.rank_usage``) and, where
+  ``perf stat`` counts, their counters, beside ``--sixteen`` independent processes of one
+  rank's share, 10k patches (OUT/rank_usage.csv); then the scaling model's inputs for this
+  machine: ``measure-contention`` (one process per core against one alone, a memory triad
+  too: OUT/contention.csv) and ``measure-mpi --quick`` under 2 and ``--sixteen`` ranks
+  (OUT/mpi_2ranks.csv, OUT/mpi_16ranks.csv). Copied to bench/results/scaling_16core, the
+  model prices that machine's collectives with its own points.
 - ``tax``: ``bench.block_tax`` on this machine's CPU at 1 and 2 threads (8 blocks against
   1 and against PyTorch, every workload), merged into a copy of bench/results/block_tax.csv
   (OUT/block_tax.csv and .md, ready to replace the committed pair). Last in the default
@@ -63,7 +62,7 @@ import time
 from pathlib import Path
 
 from bench.chaos import differences
-from bench.common import PY, _commit, machine_columns, mpi_env, mpirun, python_command, write_rows
+from bench.common import PY, _commit, machine_columns, mpi_env, python_command, write_rows
 from bench.rank_usage import usage_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,12 +70,12 @@ STEPS = ("tests", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu, 2026-11-30; tests with
 # CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
 # added since (equal shares at 16 ranks, the schemes on 3x the rows, aepar's L-BFGS at 10k)
-# priced from its log, 15 s for the sparse runs on 4 threads a rank, 15 s for the rusage runs
-# and 20 s for the collectives at 2 and 16 ranks (measure-mpi --quick took 10 s at 2 ranks on a
+# priced from its log, 15 s for the sparse runs on 4 threads a rank, 5 s for the independent
+# copies and 20 s for the collectives at 2 and 16 ranks (measure-mpi --quick took 10 s at 2 ranks on a
 # 2-vCPU Xeon)
 # tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its
 # fifth workload (greedy, about a quarter more)
-ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 360, "tax": 150}
+ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 350, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -86,7 +85,7 @@ SHARED_RUNS = (
     ("eager", "aepar.eager", ["--preset", "small", "--epochs", 1, "--mono-epochs", 1, "--classify-epochs", 1]),
 )
 SPARSE_PATCHES = (10_000, 160_000)
-USAGE_PATCHES = 10_000  # a rank's share in bench.rank_usage's runs (the seed's 160k over 16 ranks)
+USAGE_PATCHES = 10_000  # the independent copies' patches: a rank's share of 160k on 16 ranks
 # the schemes' job: every Fashion-MNIST training image, long enough for 16 ranks to have work
 PRETRAIN_ROWS, PRETRAIN_EPOCHS = 60_000, 2
 
@@ -212,7 +211,10 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
 
     # at many ranks also with equal shares throughout (what balancing by speed gains there),
     # as a quarter of the ranks with 4 threads each (fewer messages, the same cores) and, at
-    # 10k where the root's serial step bounds the speed-up, with aepar's L-BFGS
+    # 10k where the root's serial step bounds the speed-up, with aepar's L-BFGS; each
+    # process's usage into OUT/rank_usage (:func:`with_usage`)
+    usage = opts.out / "rank_usage"
+    usage.mkdir(parents=True, exist_ok=True)  # perf opens its file before the process runs
     for patches in SPARSE_PATCHES:
         runs = [(1, 1, None, None), (big, 1, None, None), (big, 1, 0, None)]
         runs += [(big // 4, 4, None, None)] if big >= 8 else []
@@ -222,8 +224,9 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
                              + (f"-{optimizer}" if optimizer else ""))
             extra = ([] if every is None else ["--balance-every", every]) + (["--optimizer", optimizer]
                                                                              if optimizer else [])
-            rc, _, seconds = log.run(python_command("aepar.sparse", ["--limit", patches, *extra, "--quiet",
-                                                                     "--out", out], ranks, threads),
+            rc, _, seconds = log.run(with_usage(usage, out.name, "aepar.sparse", ["--limit", patches, *extra,
+                                                                               "--quiet", "--out", out],
+                                                ranks, threads),
                                      env=dict(env, AEPAR_THREADS=str(threads)), timeout=300)
             ok &= rc == 0
             record(f"sparse {patches} patches" + ("" if every is None else ", equal shares")
@@ -248,7 +251,7 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
         ok &= rc == 0
         record(f"pretrain {scheme}", ranks, threads, out, rc, seconds)
     write_rows(opts.out / "sixteen.csv", rows)
-    ok &= usage_runs(log, opts, scratch, env)
+    ok &= independent_copies(log, opts, scratch, env, usage)
     # the scaling model's missing inputs on this machine: ranks sharing its cores and memory,
     # and its own collectives at 2 ranks (the points its trees are made of) and at 16
     rc, _, _ = log.run([PY, "-m", "bench.scaling_model", "measure-contention", "--out",
@@ -276,37 +279,34 @@ def perf_works() -> bool:
         return False
 
 
-def usage_runs(log: Log, opts, scratch: Path, env: dict) -> bool:
-    """Where a rank's time goes under mpirun (bench.rank_usage, and ``perf stat`` per process
-    where it counts): the sparse autoencoder with 10k patches a rank on ``--sixteen`` ranks,
-    one rank's share alone, and as ``--sixteen`` independent processes started together
-    (each alone in MPI's terms). OUT/rank_usage.csv: one row per process."""
-    big, share = opts.sixteen, USAGE_PATCHES
-    folder = opts.out / "rank_usage"
-    folder.mkdir(parents=True, exist_ok=True)  # perf opens its file before the process runs
+def with_usage(folder: Path, tag: str, module: str, args: list, ranks: int = 1, threads: int = 1) -> list:
+    """:func:`bench.common.python_command` with each process run through bench.rank_usage
+    (its rusage into ``folder``/<tag>-rank<R>.json) and, where ``perf stat`` counts, perf's
+    counters beside it (<tag>-perf-rank<R>.csv, the rank from the launcher's environment)."""
+    launch = python_command(module, args, ranks, threads)
+    inner = [PY, "-m", "bench.rank_usage", "--out", folder, "--tag", tag, "-m", module, *args]
+    if perf_works():
+        inner = ["sh", "-c", f'exec perf stat -x, -e {PERF_EVENTS} -o "$0-rank${{OMPI_COMM_WORLD_RANK:-0}}.csv" '
+                 '-- "$@"', folder / f"{tag}-perf", *inner]
+    return launch[:len(launch) - len(args) - 3] + inner  # the launcher, then the process's command
 
-    def command(tag, ranks, patches):
-        cmd = [PY, "-m", "bench.rank_usage", "--out", folder, "--tag", tag, "-m", "aepar.sparse", "--limit",
-               patches, "--quiet", "--out", scratch / f"usage-{tag}"]
-        if perf_works():  # each process's counters into its own file (the rank from the launcher)
-            cmd = ["sh", "-c", f'exec perf stat -x, -e {PERF_EVENTS} -o "$0-rank${{OMPI_COMM_WORLD_RANK:-0}}.csv" '
-                   '-- "$@"', folder / f"{tag}-perf", *cmd]
-        return mpirun() + ["-np", str(ranks)] + cmd if ranks > 1 else cmd
 
-    ok = True
-    for tag, ranks, patches in (("mpi", big, share * big), ("alone", 1, share)):
-        rc, _, _ = log.run(command(tag, ranks, patches), env=env, timeout=300)
-        ok &= rc == 0
-    copies = [command(f"copy{i}", 1, share) for i in range(big)]
-    log.write("\n$ (" + str(big) + " at once) " + " ".join(map(str, copies[0])) + "\n")
+def independent_copies(log: Log, opts, scratch: Path, env: dict, folder: Path) -> bool:
+    """The sparse autoencoder with one rank's share (10k patches) as ``--sixteen`` independent
+    processes started together (each alone in MPI's terms: what the machine allows, against
+    the same work under mpirun), then every process's usage in ``folder`` as
+    OUT/rank_usage.csv, one row per process."""
+    copies = [with_usage(folder, f"copy{i}", "aepar.sparse", ["--limit", USAGE_PATCHES, "--quiet", "--out",
+                                                              scratch / f"copy{i}"]) for i in range(opts.sixteen)]
+    log.write(f"\n$ ({opts.sixteen} at once) " + " ".join(map(str, copies[0])) + "\n")
+    t0 = time.monotonic()
     procs = [subprocess.Popen(list(map(str, c)), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True) for c in copies]
+                              stderr=subprocess.DEVNULL) for c in copies]
     codes = [p.wait(timeout=300) for p in procs]
-    log.write(f"# exits {sorted(set(codes))}\n")
-    ok &= not any(codes)
-    rows = [{**r, "machine": machine(), "commit": opts.commit} for r in usage_rows(folder)]
-    write_rows(opts.out / "rank_usage.csv", rows)
-    return ok
+    log.write(f"# exits {sorted(set(codes))} after {time.monotonic() - t0:.1f} s\n")
+    write_rows(opts.out / "rank_usage.csv", [{**r, "machine": machine(), "commit": opts.commit}
+                                             for r in usage_rows(folder)])
+    return not any(codes)
 
 
 def step_tax(log: Log, opts) -> bool:
