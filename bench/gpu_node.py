@@ -284,7 +284,7 @@ def with_usage(folder: Path, tag: str, module: str, args: list, ranks: int = 1, 
     (its rusage into ``folder``/<tag>-rank<R>.json) and, where ``perf stat`` counts, perf's
     counters beside it (<tag>-perf-rank<R>.csv, the rank from the launcher's environment)."""
     launch = python_command(module, args, ranks, threads)
-    inner = [PY, "-m", "bench.rank_usage", "--out", folder, "--tag", tag, "-m", module, *args]
+    inner = [PY, "-m", "bench.rank_usage", "--out", folder, "--tag", tag, "-m", module, *map(str, args)]
     if perf_works():
         inner = ["sh", "-c", f'exec perf stat -x, -e {PERF_EVENTS} -o "$0-rank${{OMPI_COMM_WORLD_RANK:-0}}.csv" '
                  '-- "$@"', folder / f"{tag}-perf", *inner]

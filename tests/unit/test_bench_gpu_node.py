@@ -37,3 +37,21 @@ def test_the_shared_step_fails_when_a_rank_count_gives_other_bits(tmp_path, no_g
     rows = list(csv.DictReader((tmp_path / "shared_gpu.csv").open()))
     assert {r["same_bits_as_first"] for r in rows if r["ranks"] != "1"} == {str(passed)}
     assert ("differs from 1 rank" in (tmp_path / "shared.log").read_text()) is not passed
+
+
+def test_each_measured_process_runs_through_rank_usage_under_the_launcher_python_command_gives(tmp_path,
+                                                                                               monkeypatch):
+    """with_usage keeps the launcher and its placement (threads: unbound ranks) and puts
+    bench.rank_usage, under perf stat where perf counts, between it and the module."""
+    monkeypatch.setenv("MPIRUN", "mpirun --oversubscribe")
+    monkeypatch.setattr(gpu_node, "perf_works", lambda: False)
+    cmd = gpu_node.with_usage(tmp_path, "run", "aepar.sparse", ["--limit", 10], ranks=4, threads=4)
+    assert cmd[:5] == ["mpirun", "--oversubscribe", "--bind-to", "none", "-np"] and cmd[5] == "4"
+    assert cmd[6:] == [gpu_node.PY, "-m", "bench.rank_usage", "--out", tmp_path, "--tag", "run", "-m",
+                       "aepar.sparse", "--limit", "10"]
+    alone = gpu_node.with_usage(tmp_path, "run", "aepar.sparse", ["--limit", 10])
+    assert alone[0] == gpu_node.PY and alone[-2:] == ["--limit", "10"]
+    monkeypatch.setattr(gpu_node, "perf_works", lambda: True)
+    perf = gpu_node.with_usage(tmp_path, "run", "aepar.sparse", ["--limit", 10], ranks=2)
+    assert perf[perf.index("sh"):perf.index("sh") + 2] == ["sh", "-c"] and "perf stat" in perf[perf.index("sh") + 2]
+    assert perf[perf.index("sh") + 3] == tmp_path / "run-perf" and perf[-4:] == ["-m", "aepar.sparse", "--limit", "10"]
