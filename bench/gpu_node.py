@@ -17,7 +17,8 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   (OUT/shared_gpu.csv; a difference fails the step).
 - ``sixteen``: on the CPU, one thread per rank: the sparse autoencoder at 10k and 160k
   patches on 1 and ``--sixteen`` ranks (there also with equal shares throughout,
-  ``--balance-every 0``, and as a quarter of the ranks with 4 threads each; at 10k also
+  ``--balance-every 0``, as a quarter of the ranks with 4 threads each, and with Open
+  MPI's waiting ranks yielding or sleeping instead of polling, :data:`WAITS`; at 10k also
   with ``--optimizer lbfgs``, aepar's L-BFGS, whose serial step is cheaper), and the
   pre-training schemes (autoencoder layers 784-500-250-100-30, 2 epochs of the 60k
   training images): greedy on 1, 4 and ``--sixteen`` ranks, data on 4 and ``--sixteen``,
@@ -70,12 +71,12 @@ STEPS = ("tests", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu, 2026-11-30; tests with
 # CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
 # added since (equal shares at 16 ranks, the schemes on 3x the rows, aepar's L-BFGS at 10k)
-# priced from its log, 15 s for the sparse runs on 4 threads a rank, 5 s for the independent
-# copies and 20 s for the collectives at 2 and 16 ranks (measure-mpi --quick took 10 s at 2 ranks on a
-# 2-vCPU Xeon)
+# priced from its log, 15 s for the sparse runs on 4 threads a rank, 15 s for those with
+# other waits, 5 s for the independent copies and 20 s for the collectives at 2 and 16 ranks
+# (measure-mpi --quick took 10 s at 2 ranks on a 2-vCPU Xeon)
 # tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its
 # fifth workload (greedy, about a quarter more)
-ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 350, "tax": 150}
+ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 365, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -86,6 +87,12 @@ SHARED_RUNS = (
 )
 SPARSE_PATCHES = (10_000, 160_000)
 USAGE_PATCHES = 10_000  # the independent copies' patches: a rank's share of 160k on 16 ranks
+# how a rank waits for a message, beside Open MPI's default busy polling (a rank that spins
+# while another computes may take that one's core's shared parts: a vCPU's sibling thread,
+# its caches' bandwidth): yielding the core each poll, or sleeping in each
+WAITS = {"yield": {"OMPI_MCA_mpi_yield_when_idle": "1"},
+         "sleep": {"OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_threads_pthreads_yield_strategy": "nanosleep",
+                   "OMPI_MCA_threads_pthreads_nanosleep_time": "20000"}}
 # the schemes' job: every Fashion-MNIST training image, long enough for 16 ranks to have work
 PRETRAIN_ROWS, PRETRAIN_EPOCHS = 60_000, 2
 
@@ -216,21 +223,25 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
     usage = opts.out / "rank_usage"
     usage.mkdir(parents=True, exist_ok=True)  # perf opens its file before the process runs
     for patches in SPARSE_PATCHES:
-        runs = [(1, 1, None, None), (big, 1, None, None), (big, 1, 0, None)]
-        runs += [(big // 4, 4, None, None)] if big >= 8 else []
-        runs += [(1, 1, None, "lbfgs"), (big, 1, None, "lbfgs")] if patches == min(SPARSE_PATCHES) else []
-        for ranks, threads, every, optimizer in runs:
+        runs = [(1, 1, None, None, None), (big, 1, None, None, None), (big, 1, 0, None, None)]
+        runs += [(big // 4, 4, None, None, None)] if big >= 8 else []
+        runs += [(big, 1, None, None, wait) for wait in WAITS]
+        runs += [(1, 1, None, "lbfgs", None), (big, 1, None, "lbfgs", None)] if patches == min(SPARSE_PATCHES) else []
+        for ranks, threads, every, optimizer, wait in runs:
             out = scratch / (f"sparse-{patches}-np{ranks}x{threads}" + ("" if every is None else f"-every{every}")
-                             + (f"-{optimizer}" if optimizer else ""))
+                             + (f"-{optimizer}" if optimizer else "") + (f"-{wait}" if wait else ""))
             extra = ([] if every is None else ["--balance-every", every]) + (["--optimizer", optimizer]
                                                                              if optimizer else [])
+            if wait:
+                log.write("\n# with " + " ".join(f"{k}={v}" for k, v in WAITS[wait].items()))
             rc, _, seconds = log.run(with_usage(usage, out.name, "aepar.sparse", ["--limit", patches, *extra,
                                                                                "--quiet", "--out", out],
                                                 ranks, threads),
-                                     env=dict(env, AEPAR_THREADS=str(threads)), timeout=300)
+                                     env=dict(env, AEPAR_THREADS=str(threads), **WAITS.get(wait, {})), timeout=300)
             ok &= rc == 0
             record(f"sparse {patches} patches" + ("" if every is None else ", equal shares")
-                   + (f", --optimizer {optimizer}" if optimizer else ""), ranks, threads, out, rc, seconds)
+                   + (f", --optimizer {optimizer}" if optimizer else "") + (f", MPI waits: {wait}" if wait else ""),
+                   ranks, threads, out, rc, seconds)
     data = ["--data-dir", opts.data_dir, "--limit", PRETRAIN_ROWS] if opts.data_dir else ["--dataset", "mnist5k"]
     net = ["--layers", "784-500-250-100-30", "--pretrainer", "ae", "--epochs", PRETRAIN_EPOCHS,
            "--finetune-epochs", 0, "--reduce-blocks", max(8, big), "--no-plot", "--quiet", *data]
