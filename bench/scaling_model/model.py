@@ -141,18 +141,25 @@ def free_network(ranks_per_node: int = 1) -> Network:
     return Network("free", {op: zero for op in OPS}, zero, ranks_per_node, 0.0)
 
 
-def memory_slowdown(bandwidth: dict, p: int) -> float:
-    """How much slower the bytes of a tree over ``p`` ranks move than those of two ranks
-    alone, on a machine whose per-process memory bandwidth was measured with 1..N processes
-    at once (``bandwidth``: processes -> the slowest process's rate). Level k of a binomial
-    tree copies in 2^k processes at once and waits for its slowest pair: the mean over the
-    levels of the rate alone over the rate then (linear between the counts measured, the
-    last beyond); 1 where not measured."""
+def level_slowdowns(bandwidth: dict, p: int) -> list:
+    """How much slower each level of a binomial tree over ``p`` ranks moves its bytes than
+    one process alone, on a machine whose per-process memory bandwidth was measured with
+    1..N processes at once (``bandwidth``: processes -> the slowest process's rate): level
+    k copies in 2^k processes at once and waits for its slowest pair, at the rate alone over
+    the rate then (linear between the counts measured, the last beyond). [] where not
+    measured."""
     if p <= 1 or 1 not in bandwidth:
-        return 1.0
+        return []
     n = sorted(bandwidth)
     rates = [bandwidth[k] for k in n]
-    return float(np.mean([bandwidth[1] / np.interp(min(2 ** k, p), n, rates) for k in range(1, _log2c(p) + 1)]))
+    return [bandwidth[1] / float(np.interp(min(2 ** k, p), n, rates)) for k in range(1, _log2c(p) + 1)]
+
+
+def memory_slowdown(bandwidth: dict, p: int) -> float:
+    """How much slower the bytes of a tree over ``p`` ranks move than those of two ranks
+    alone: the mean of :func:`level_slowdowns` (1 where not measured)."""
+    levels = level_slowdowns(bandwidth, p)
+    return float(np.mean(levels)) if levels else 1.0
 
 
 def relinked(net: Network, send_there: Link, slowdown: float = 1.0) -> Network:

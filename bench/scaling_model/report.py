@@ -13,8 +13,8 @@ from bench.common import write_rows
 from bench.scaling_model.measure import (COMPUTE_CSV, CONTENTION_CSV, MPI_CSV, RESULTS, fastest_times, load_compute,
                                          load_mpi, measured_on)
 from bench.scaling_model.model import (OPS, PROFILES, RANKS, Compute, Network, Stack, efficiency,
-                                       fit_tree_overhead, memory_slowdown, networks, sparse_run_s, stack_scheme_s,
-                                       stops_scaling)
+                                       fit_tree_overhead, level_slowdowns, memory_slowdown, networks, sparse_run_s,
+                                       stack_scheme_s, stops_scaling)
 from bench.scaling_model.validate import OWN_LINKS, SIXTEEN, machine_label, machine_of, scaled_label, validate
 
 PRED_CSV = RESULTS / "scaling_model.csv"
@@ -266,8 +266,7 @@ def _own_links(links, here_send) -> list:
     if SIXTEEN not in links:
         return []
     (send, bandwidth, intra, source), (mpi, _, pair) = links[SIXTEEN], OWN_LINKS[SIXTEEN]
-    n = sorted(bandwidth)
-    levels = [bandwidth[1] / float(np.interp(2 ** k, n, [bandwidth[m] for m in n])) for k in range(1, 5)]
+    n, levels = sorted(bandwidth), level_slowdowns(bandwidth, 16)
     if intra is not None:
         L = [f"**The 16-vCPU machine's links** ({SIXTEEN}; Intel Xeon family 6 model 207). Its collectives "
              "at 16 ranks (mpi_16ranks.csv: measure-mpi under `mpirun -np 16`) are predicted from that "
@@ -399,9 +398,10 @@ def _stops(pred, ranks_per_node) -> list:
     return L
 
 
-def _left_out(links) -> list:
+def _left_out(links, own=None) -> list:
     """Section 6: what the model leaves out."""
     jump = {op: links[op].t(2 ** 26) / links[op].t(2 ** 24) for op in ("reduce", "allreduce") if op in links}
+    own_points = (own or {}).get(SIXTEEN, (None, None, None))[2] is not None
     L = ["", "## 6. What the model leaves out", "",
          "- Memory-bandwidth contention between the ranks of a node, on machines where measure-contention "
          "did not run: ranks are modelled there as independent one-thread processes (compute / P), so "
@@ -410,9 +410,11 @@ def _left_out(links) -> list:
          "binomial levels, with this machine's cache sizes and MPI's choices at np 2 in them (here a "
          "64 MB reduce / allreduce took " + " / ".join(f"{v:.0f}x" for v in jump.values())
          + " its 16 MB time, past the 32 MiB L3); Open MPI's own algorithms at 16 ranks (segmented, "
-         "pipelined, bandwidth-optimal) are not modelled. Only the bytes' time moves to the 16-vCPU "
-         "machine's link and memory; the latencies are this machine's everywhere, and where a machine's "
-         "own links were not measured, so is the rest.",
+         "pipelined, bandwidth-optimal) are not modelled. "
+         + ("The 16-vCPU machine's collectives are its own np 2 points composed the same way. "
+            if own_points else "Only the bytes' time moves to the 16-vCPU machine's link and memory; the "
+            "latencies are this machine's everywhere. ")
+         + "Where a machine's own links were not measured, they are this machine's.",
          "- The memory slowdown of a tree level (the triad's) applies to all of its bytes, in cache or not; "
          "allreduce's levels are priced as the binomial tree's (2^k processes copying at level k), not as "
          "recursive doubling's (every rank at every level); the adds of the sums and TreeSum's own time per "
@@ -443,7 +445,7 @@ def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, con
                    ranks_per_node, how="python -m bench.scaling_model", tree_o=0.0, own=None):
     sections = (_head(machine, contended, how), _communication(links, resid, mpi_rows, tree_o), _compute(comp),
                 _models(comp, tree_o), _validation(valid, machine, scales, skipped, own, links.get("send")),
-                _stops(pred, ranks_per_node), _left_out(links))
+                _stops(pred, ranks_per_node), _left_out(links, own))
     Path(path).write_text("\n".join(line for section in sections for line in section) + "\n")
 
 
