@@ -311,10 +311,15 @@ def independent_copies(log: Log, opts, scratch: Path, env: dict, folder: Path) -
                                                               scratch / f"copy{i}"]) for i in range(opts.sixteen)]
     log.write(f"\n$ ({opts.sixteen} at once) " + " ".join(map(str, copies[0])) + "\n")
     t0 = time.monotonic()
-    procs = [subprocess.Popen(list(map(str, c)), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for c in copies]
+    errs = [scratch / f"copy{i}.err" for i in range(opts.sixteen)]
+    procs = [subprocess.Popen(list(map(str, c)), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=e.open("w"))
+             for c, e in zip(copies, errs)]
     codes = [p.wait(timeout=300) for p in procs]
     log.write(f"# exits {sorted(set(codes))} after {time.monotonic() - t0:.1f} s\n")
+    for code, err in zip(codes, errs):
+        if code:  # the first failure's last line says why
+            log.write(f"# {err.name}: " + (err.read_text().strip().splitlines() or ["no output"])[-1] + "\n")
+            break
     write_rows(opts.out / "rank_usage.csv", [{**r, "machine": machine(), "commit": opts.commit}
                                              for r in usage_rows(folder)])
     return not any(codes)
