@@ -51,6 +51,7 @@ Without a GPU the GPU steps are skipped (and counted as not run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -312,9 +313,10 @@ def independent_copies(log: Log, opts, scratch: Path, env: dict, folder: Path) -
     log.write(f"\n$ ({opts.sixteen} at once) " + " ".join(map(str, copies[0])) + "\n")
     t0 = time.monotonic()
     errs = [scratch / f"copy{i}.err" for i in range(opts.sixteen)]
-    procs = [subprocess.Popen(list(map(str, c)), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=e.open("w"))
-             for c, e in zip(copies, errs)]
-    codes = [p.wait(timeout=300) for p in procs]
+    with contextlib.ExitStack() as files:
+        procs = [subprocess.Popen(list(map(str, c)), env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                  stderr=files.enter_context(e.open("w"))) for c, e in zip(copies, errs)]
+        codes = [p.wait(timeout=300) for p in procs]
     log.write(f"# exits {sorted(set(codes))} after {time.monotonic() - t0:.1f} s\n")
     for code, err in zip(codes, errs):
         if code:  # the first failure's last line says why
