@@ -124,9 +124,8 @@ class Points:
         if own is None:
             return net
         send, bandwidth, intra, _ = own
-        if intra is not None:
-            return relinked(replace(net, intra={**net.intra, **intra}), intra["send"],
-                            memory_slowdown(bandwidth, ranks))
+        if intra is not None:  # its own points: their link is that machine's already
+            net, send = replace(net, intra={**net.intra, **intra}), intra["send"]
         return relinked(net, send, memory_slowdown(bandwidth, ranks))
 
     def scale(self, source: str, row: dict, family: str, ranks: int = 1) -> float | None:
@@ -325,8 +324,8 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
             _tree_op_s(comp, there, op, n_, p)
         pts.add(src, f"{op} {n_} B at {p} ranks", "collective", p, float(r["seconds"]), pred, kind="collective",
                 row=r, series=f"{src}: {op}",
-                note="measured there; predicted from this machine's np 2 points over log2 P levels"
-                     + (", their bytes on that machine's send and memory" if there is not net else ""))
+                note="measured there; predicted from np 2 points over log2 P levels"
+                     + (", on that machine's own links and memory" if there is not net else ""))
     for r in mpi_rows:
         if r["op"] in ("tree_reduce", "tree_allreduce"):
             n_ = int(r["bytes"])
