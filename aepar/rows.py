@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import operator
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
@@ -317,22 +318,36 @@ def threads() -> int:
     return max(1, int(getattr(aepar, "THREADS", 1)))
 
 
-class BlockRows(list):
+class BlockRows(Sequence):
     """Blocks whose rows lie one after another in one array: item k is the view
-    ``rows[starts[k]:starts[k + 1]]``. Consecutive items (a slice) are a BlockRows of the
-    same array, which :func:`stacked_rows` returns as one view of it without looking up
-    where each view lies (a look-up costs microseconds of host time, and a step of 8
-    blocks made dozens)."""
+    ``rows[starts[k]:starts[k + 1]]``, made when it is read. Consecutive items (a slice)
+    are a BlockRows of the same array, which :func:`stacked_rows` returns as one view of it
+    without looking up where each view lies (a view or a look-up costs host microseconds,
+    and a step of 8 blocks made dozens of each)."""
+
+    __slots__ = ("rows", "starts")
 
     def __init__(self, rows, starts):
         self.rows, self.starts = rows, [int(s) for s in starts]
-        super().__init__(rows[lo:hi] for lo, hi in zip(self.starts[:-1], self.starts[1:]))
+
+    def __len__(self):
+        return len(self.starts) - 1
 
     def __getitem__(self, index):
-        if isinstance(index, slice) and index.step in (None, 1):
-            lo, hi, _ = index.indices(len(self))
-            return BlockRows(self.rows, self.starts[lo:max(lo, hi) + 1])
-        return super().__getitem__(index)
+        if isinstance(index, slice):
+            lo, hi, step = index.indices(len(self))
+            if step == 1:
+                return BlockRows(self.rows, self.starts[lo:max(lo, hi) + 1])
+            return [self[k] for k in range(lo, hi, step)]
+        starts = self.starts
+        k = index + len(starts) - 1 if index < 0 else index  # a negative index as a list's
+        if not 0 <= k < len(starts) - 1:
+            raise IndexError("BlockRows index out of range")
+        return self.rows[starts[k]:starts[k + 1]]
+
+    def __iter__(self):
+        rows, starts = self.rows, self.starts
+        return (rows[lo:hi] for lo, hi in zip(starts[:-1], starts[1:]))
 
     def stacked(self):
         """All the items' rows: one view of the array."""

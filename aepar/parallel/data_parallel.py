@@ -223,6 +223,7 @@ class _Buffers:
         # every row as one object, with its gradients' views, made once: making a view costs
         # host microseconds per array and step (a GPU's steps wait on the host)
         self.rows = [self.leaves[i] for i in range(self.leaves.shape[0])]
+        self.filled_rows = [row[self.filled] for row in self.rows]  # what the tree's additions take
         self._held = {id(a): (a, self._make_views(a)) for a in self.rows + [self.total]}
         self.tree = None if allreduce else TreeSum(_serial_if_none(comm), shard.blocks.count)
         # the sums this rank takes alone: (tree node or None, its first own block, its
@@ -318,16 +319,16 @@ def _local_sum(be, buf, factors, first, merges, out, defer=False):
     factored gradients by ``block_outer_sum`` from the blocks' factors (an empty block's
     are none: a zero product). Returns ``out``, and with ``defer`` the factored gradients
     left unwritten, as {name: aepar.optim.FactoredGradient} for the step."""
-    leaves, stack = buf.rows, []
+    filled, stack = buf.filled_rows, []  # the rows' filled slices, by block; the tree's partial sums
     for i, m in zip(range(first, first + len(merges)), merges):
-        right = leaves[i]
+        right = i
         for _ in range(m):
             left = stack.pop()
-            left[buf.filled] += right[buf.filled]
+            filled[left] += filled[right]
             right = left
         stack.append(right)
-    if stack[0] is not out:
-        out[buf.filled] = stack[0][buf.filled]
+    if buf.rows[stack[0]] is not out:
+        out[buf.filled] = filled[stack[0]]
     grads, factored = buf.views(out), {}
     for name in buf.factored:
         m, n = grads[name].shape
@@ -336,7 +337,8 @@ def _local_sum(be, buf, factors, first, merges, out, defer=False):
         starts = np.cumsum([0] + [p[0].shape[0] if p else 0 for p in parts])
         alphas = [p[2] if p else 1.0 for p in parts]
         # the threads take a band of rows each: an element's sums are the same in any band
-        bounds = block_bounds(m, max(1, min(threads(), m)))
+        bands = max(1, min(threads(), m))
+        bounds = (0, m) if bands == 1 else block_bounds(m, bands)
         factored[name] = FactoredGradient(be.K, [(a[:, lo:hi], d, starts, alphas, lo, hi)
                                                  for lo, hi in zip(bounds[:-1], bounds[1:])], merges, grads[name])
     if defer:
@@ -387,10 +389,14 @@ class _Epoch:
         # tens of microseconds of host time; each batch's rows are gathered from it
         if buf.batched and self.mine:  # all own blocks at once: batch k's rows block after block
             sizes = np.stack([np.diff(mb.cuts(b)) for b in self.mine], axis=1)  # batch x block
-            self.batch_order = be.xp.asarray(np.concatenate([mb.rows(b, k) for k in range(mb.n_batches)
-                                                             for b in self.mine]))
+            # every own row tagged with its batch, block after block; a stable sort by the
+            # batch then puts each batch's rows block after block, each block's in its order
+            batch_of = np.concatenate([np.repeat(np.arange(mb.n_batches), sizes[:, i]) for i in range(len(self.mine))])
+            order = np.concatenate([mb.rows(b) for b in self.mine])[np.argsort(batch_of, kind="stable")]
+            self.batch_order = be.xp.asarray(order)
             self.batch_starts = np.concatenate([[0], np.cumsum(sizes.sum(axis=1))])
             self.block_ends = np.hstack([np.zeros((mb.n_batches, 1), np.int64), np.cumsum(sizes, axis=1)])
+            self.live = sizes > 0  # the blocks with rows in each batch (an empty block's row stays 0)
             self.orders = {}
         else:
             self.orders = {b: be.xp.asarray(mb.rows(b)) for b in self.mine}
@@ -465,14 +471,13 @@ class _Epoch:
         """Each own block's gradient and sums of batch k into its row; returns the blocks'
         factors of the factored gradients (None for a block without any)."""
         model, buf, mb, mine, leaves = self.model, self.buf, self.mb, self.mine, self.buf.rows
-        live = [i for i, b in enumerate(mine) if mb.cuts(b)[k + 1] > mb.cuts(b)[k]]  # an empty block's row stays 0
         factors = [None] * max(len(mine), 1)
 
         def clear(i):
             leaves[i][buf.filled] = 0
         if buf.batched:  # all of this rank's blocks at once
-            for i in range(len(mine)):
-                clear(i)
+            live = np.flatnonzero(self.live[k]).tolist() if mine else []
+            buf.leaves[:len(mine), buf.filled] = 0  # every own block's row, in one operation
             xs = []
             if live:  # the step's rows of all own blocks in one gather, each block's a view
                 x = self.be.xp.take(self.shard.x, self.batch_order[self.batch_starts[k]:self.batch_starts[k + 1]],
@@ -485,6 +490,8 @@ class _Epoch:
             for i, f in zip(live, found):
                 factors[i] = f
         else:
+            live = [i for i, b in enumerate(mine) if mb.cuts(b)[k + 1] > mb.cuts(b)[k]]  # an empty block's row stays 0
+
             def leaf(i):
                 clear(i)
                 return model.leaf_gradient(self.rows(mine[i], k), mb.rngs[mine[i]], scale, buf.views(leaves[i])) \
