@@ -328,7 +328,8 @@ class BlockRows(Sequence):
     __slots__ = ("rows", "starts")
 
     def __init__(self, rows, starts):
-        self.rows, self.starts = rows, [int(s) for s in starts]
+        self.rows = rows
+        self.starts = starts.tolist() if isinstance(starts, np.ndarray) else [int(s) for s in starts]
 
     def __len__(self):
         return len(self.starts) - 1

@@ -34,6 +34,7 @@ def uniform_rows(rngs, starts, out):
 def check_uniform_rows(rngs, starts, out):
     if out.ndim != 2 or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"uniform_rows: out must be a C-contiguous float32 matrix, not {out.dtype} {out.shape}")
+    starts = starts.tolist() if isinstance(starts, np.ndarray) else list(starts)  # a few offsets: Python's loop
     if len(starts) != len(rngs) + 1 or starts[0] != 0 or starts[-1] != out.shape[0] \
             or any(b < a for a, b in zip(starts[:-1], starts[1:])):
         raise ValueError(f"uniform_rows: starts {list(starts)} do not split {out.shape[0]} rows among "
