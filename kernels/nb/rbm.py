@@ -232,8 +232,10 @@ _work = threading.local()
 
 # rbm_cd_factors_blocks keeps its chain's scratch between calls up to this size (a batch of
 # 100 of the 784x1000 layer: 1.5 MB); larger batches allocate it per call, where the
-# allocation is a small part of the step and keeping it would hold memory per thread and layer
-KEEP_CHAIN_BYTES = 4 << 20
+# allocation is a small part of the step and keeping it would hold memory per thread and
+# layer. Each kind of kept buffers holds this many shapes a thread (a stack's layers, each
+# with its last, shorter batch)
+KEEP_CHAIN_BYTES, KEEP_SHAPES = 4 << 20, 16
 
 
 def _chain_workspace(rows, nv, nh, dt):
@@ -244,22 +246,29 @@ def _chain_workspace(rows, nv, nh, dt):
         return empty((rows, nh), dt), empty((rows, nh), dt), empty((rows, nv), dt), empty((rows, nh), dt)
     if rows * (3 * nh + nv) * np.dtype(dt).itemsize > KEEP_CHAIN_BYTES:
         return fresh()
-    cache = _work.__dict__.setdefault("chains", {})
-    key = (rows, nv, nh, np.dtype(dt).str)
-    bufs = cache.get(key)
-    if bufs is None:
-        bufs = cache[key] = fresh()
-    return bufs
+    return _kept("chains", (rows, nv, nh, np.dtype(dt).str), fresh)
 
 
 def _workspace(batch, nv, nh, dt):
     """This thread's (vs, hs, state) buffers for a layer shape, at least ``batch`` rows."""
-    cache = _work.__dict__.setdefault("bufs", {})
-    key = (nv, nh, np.dtype(dt).str)
-    bufs = cache.get(key)
-    if bufs is None or bufs[2].shape[0] < batch:
-        bufs = cache[key] = (empty((2 * batch, nv), dt), empty((2 * batch, nh), dt), empty((batch, nh), dt))
+    bufs = _kept("bufs", (nv, nh, np.dtype(dt).str),
+                 lambda: (empty((2 * batch, nv), dt), empty((2 * batch, nh), dt), empty((batch, nh), dt)),
+                 lambda bufs: bufs[2].shape[0] >= batch)
     return bufs[0][:2 * batch], bufs[1][:2 * batch], bufs[2][:batch]
+
+
+def _kept(name, key, make, fits=lambda bufs: True):
+    """This thread's buffers ``key`` of the kind ``name``, made by ``make()`` where there are
+    none that ``fits``: the most recent KEEP_SHAPES keys of each kind are kept (a
+    notebook that tries many shapes holds only the latest)."""
+    cache = _work.__dict__.setdefault(name, {})
+    bufs = cache.pop(key, None)
+    if bufs is None or not fits(bufs):
+        bufs = make()
+    cache[key] = bufs  # the newest last
+    if len(cache) > KEEP_SHAPES:
+        del cache[next(iter(cache))]
+    return bufs
 
 
 def _chain(v0, W, bv, bh, noise, hidden, vs, hs, state):

@@ -398,6 +398,25 @@ def test_rbm_cd_factors_blocks_reject_what_does_not_split_the_rows(name, rng):
         K.rbm_cd_factors_blocks(v0, W, bv, bh, noise[:, :5], "bernoulli", [g[0]], [g[1]], [0, 6])
 
 
+def test_numba_rbm_scratch_is_kept_per_shape_for_the_latest_shapes_only():
+    """The numba set's CD-1 scratch: the same arrays again for a shape seen last call, fresh
+    ones for a batch too large to keep, and no more than KEEP_SHAPES shapes held per
+    thread and kind (a notebook trying shape after shape must not grow without bound)."""
+    from aepar.kernels.nb import rbm as nb_rbm
+
+    first = nb_rbm._chain_workspace(100, 784, 1000, np.float32)
+    assert all(a is b for a, b in zip(first, nb_rbm._chain_workspace(100, 784, 1000, np.float32)))
+    assert [a.shape for a in first] == [(100, 1000), (100, 1000), (100, 784), (100, 1000)]
+    big = nb_rbm._chain_workspace(5000, 784, 1000, np.float32)
+    assert not any(a is b for a, b in zip(big, nb_rbm._chain_workspace(5000, 784, 1000, np.float32)))
+    for nh in range(1, 3 * nb_rbm.KEEP_SHAPES):
+        nb_rbm._chain_workspace(10, 20, nh, np.float32)
+        nb_rbm._workspace(10, 20, nh, np.float32)
+    assert len(nb_rbm._work.chains) == len(nb_rbm._work.bufs) == nb_rbm.KEEP_SHAPES
+    # the oldest went first: the 784x1000 scratch is made afresh
+    assert not any(a is b for a, b in zip(first, nb_rbm._chain_workspace(100, 784, 1000, np.float32)))
+
+
 def test_numba_float32_sigmoid_accuracy():
     """The float32 RBM passes' sigmoid (nbmath.sigmoid32, vectorised in the pass): within
     3 ulp of the float64 sigmoid for |z| <= 72; beyond, 1 above and at most σ(-72) (5e-32,
