@@ -21,6 +21,7 @@ labelled images, combines their codes into one classifier and returns its run
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +90,7 @@ class Autoencoder:
         return cls(network or StackedAutoencoder.from_layers(be, layers, loss=loss), be, path=Path(path).parent)
 
 
-def pretrain(x, y=None, *, test=None, test_fraction: float = 0.2, layers: str | None = None,
+def pretrain(x, y=None, *, test=None, test_fraction: float = 0.2, layers=None,
              scheme: str = "greedy", epochs: int = 10, finetune_epochs: int = 10, seed: int = 0,
              out=None, quiet: bool = True, **options) -> Autoencoder:
     """Pre-train a stacked autoencoder on the rows of ``x`` and fine-tune it.
@@ -102,8 +103,9 @@ def pretrain(x, y=None, *, test=None, test_fraction: float = 0.2, layers: str | 
         Integer labels, needed for ``task="classify"``; without them the rows are one class.
     test : (x_test, y_test or None), optional
         Rows to report the test error on; default: ``test_fraction`` of ``x``, drawn by ``seed``.
-    layers : str, optional
-        Sizes from the input to the code, e.g. "100-50-10" (default: d-1000-500-250-30).
+    layers : str or sequence of int, optional
+        Sizes from the input to the code, "100-50-10" or [100, 50, 10] (default:
+        d-1000-500-250-30).
     scheme : str
         Any of ``aepar.schemes.names()`` or "auto" (the fastest predicted).
     epochs, finetune_epochs, seed, out, quiet :
@@ -120,7 +122,8 @@ def pretrain(x, y=None, *, test=None, test_fraction: float = 0.2, layers: str | 
     """
     data = _digits(x, y, test, test_fraction, seed)
     argv = _argv(dict(scheme=scheme, epochs=epochs, finetune_epochs=finetune_epochs, seed=seed,
-                      layers=layers or f"{data.train_x.shape[1]}-1000-500-250-30", out=out, quiet=quiet, **options))
+                      layers=_layers_text(layers) or f"{data.train_x.shape[1]}-1000-500-250-30", out=out,
+                      quiet=quiet, **options))
     comm = world()
     summary, path = run_program(argv, comm, kind="pretrain", prog=PROG, parse=parse_args, data=data)
     comm.barrier()  # rank 0 has published the run directory
@@ -164,6 +167,20 @@ def _held_out(n: int, test_fraction: float, seed: int) -> tuple:
     order = np.random.default_rng(seed).permutation(n)
     cut = n - max(1, int(round(test_fraction * n)))
     return np.sort(order[:cut]), np.sort(order[cut:])
+
+
+def _layers_text(layers):
+    """``layers`` as ``--layers`` takes it: a string as it is, a sequence of sizes joined by '-'."""
+    if layers is None or isinstance(layers, str):
+        return layers
+    try:
+        text = "-".join(str(operator.index(size)) for size in layers)
+    except TypeError:
+        text = ""
+    if not text:
+        raise UserError(f"layers={layers!r}: give the sizes as integers, e.g. [100, 50, 10] or "
+                        "\"100-50-10\"")
+    return text
 
 
 def _argv(options: dict) -> list:

@@ -69,6 +69,17 @@ def test_bad_arrays_are_one_line(x, y, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_layers_as_a_list_train_what_the_string_does(tmp_path):
+    x = np.random.default_rng(3).random((240, 12))
+    as_list = ae.pretrain(x, layers=[12, np.int64(6), 3], epochs=1, finetune_epochs=0, batch=40, out=tmp_path / "a")
+    ae.pretrain(x, layers="12-6-3", epochs=1, finetune_epochs=0, batch=40, out=tmp_path / "b")
+    assert as_list.sizes == [12, 6, 3] and _same(tmp_path / "a" / "weights.h5", tmp_path / "b" / "weights.h5")
+    for bad in ([12, 6.5, 3], [], [12, "6", 3], 7):
+        with pytest.raises(UserError, match="give the sizes as integers") as err:
+            ae.pretrain(x, layers=bad, epochs=1)
+        assert "\n" not in str(err.value)
+
+
 SCRIPT = """
 import sys, numpy as np, aepar.api as ae
 x = np.random.default_rng(1).random((512, 20))
