@@ -472,9 +472,6 @@ class _Epoch:
         factors of the factored gradients (None for a block without any)."""
         model, buf, mb, mine, leaves = self.model, self.buf, self.mb, self.mine, self.buf.rows
         factors = [None] * max(len(mine), 1)
-
-        def clear(i):
-            leaves[i][buf.filled] = 0
         if buf.batched:  # all of this rank's blocks at once
             live = np.flatnonzero(self.live[k]).tolist() if mine else []
             buf.leaves[:len(mine), buf.filled] = 0  # every own block's row, in one operation
@@ -493,7 +490,7 @@ class _Epoch:
             live = [i for i, b in enumerate(mine) if mb.cuts(b)[k + 1] > mb.cuts(b)[k]]  # an empty block's row stays 0
 
             def leaf(i):
-                clear(i)
+                leaves[i][buf.filled] = 0
                 return model.leaf_gradient(self.rows(mine[i], k), mb.rngs[mine[i]], scale, buf.views(leaves[i])) \
                     if i in live else None
             extras = [e for e in parallel_map(leaf, range(len(mine))) if e is not None]
