@@ -33,6 +33,7 @@ import numpy as np
 from numba import njit
 
 from ..memory import empty
+from ..ref.blocksum import most_rows
 from ..ref.rbm import cd_update_via, check_cd, check_cd_blocks, check_rbm
 from .blas import gemm
 from .nbmath import sig as _sig
@@ -129,8 +130,7 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
     M, nv, nh = v0.shape[0], W.shape[0], W.shape[1]
     scale = 1.0 / M if scale is None else float(scale)
     h0, state, vk, hk = _chain_workspace(M, nv, nh, dt)
-    bounds = starts.tolist()
-    most = max(hi - lo for lo, hi in zip(bounds[:-1], bounds[1:]))
+    most = most_rows(starts)
     bv, bh = bv.astype(dt, copy=False), bh.astype(dt, copy=False)
     vs, hs = empty((2 * M, nv), dt), empty((2 * M, nh), dt)
     if noise.shape[0] != 1 or not (thin(v0, W, h0, most) and thin_t(state, W, vk, most)):
