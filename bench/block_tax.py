@@ -200,6 +200,7 @@ def summary(rows: list[dict]) -> list[dict]:
                     "eight": eight, "one": one, "tax": eight / one, "peer": peer,
                     "peer_seconds": peers.get(peer), "vs_peer": eight / peers[peer] if peer else None,
                     "of_sgemm": float(impls[EIGHT]["fraction_of_sgemm"]),
+                    "peer_of_sgemm": float(impls[peer]["fraction_of_sgemm"]) if peer else None,
                     "date": impls[EIGHT].get("date", ""), "command": impls[EIGHT].get("command", "")})
     return out
 
@@ -212,7 +213,9 @@ def markdown(rows: list[dict]) -> str:
              "process per thread count; the fastest of the repeats counts (every sample is in "
              "`block_tax.csv`). Targets: 8 blocks / 1 block <= "
              f"{TAX_TARGET:.2f}, 8 blocks / PyTorch <= {PEER_TARGET:.2f}. `of SGEMM`: the 8-block epoch's "
-             "GFLOP/s over a float32 2000x2000 SGEMM at the same threads in the same process. aepar's threads "
+             "GFLOP/s over a float32 2000x2000 SGEMM at the same threads in the same process, and the faster "
+             "PyTorch peer's (what batch-100 products and the work between them leave of that rate for any "
+             "implementation). aepar's threads "
              "take whole blocks (BLAS single-threaded inside each), so one block runs on one thread at any "
              "thread count.", ""]
     by_machine = {}
@@ -225,7 +228,7 @@ def markdown(rows: list[dict]) -> str:
                   f"Measured {', '.join(dates) or '(date not recorded)'} with "
                   f"`{'`, `'.join(commands) or 'python -m bench.block_tax'}`.", "",
                   "| workload | threads | 8 blocks (s) | 1 block (s) | 8 / 1 | faster PyTorch (s) | 8 / PyTorch "
-                  "| of SGEMM |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| of SGEMM (PyTorch's) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for s in sorted(group, key=lambda s: (WORKLOADS.index(s["workload"]) if s["workload"] in WORKLOADS
                                               else 99, s["threads"])):
             tax = f"{s['tax']:.2f}" + ("" if s["tax"] <= TAX_TARGET else " (over)")
@@ -234,8 +237,9 @@ def markdown(rows: list[dict]) -> str:
                 vs = f"{s['vs_peer']:.2f}" + ("" if s["vs_peer"] <= PEER_TARGET else " (slower)")
             else:
                 peer = vs = "not measured"
+            share = f"{s['of_sgemm']:.0%}" + (f" ({s['peer_of_sgemm']:.0%})" if s["peer"] else "")
             lines.append(f"| {TITLES.get(s['workload'], s['workload'])} | {s['threads']} | {s['eight']:.3f} | "
-                         f"{s['one']:.3f} | {tax} | {peer} | {vs} | {s['of_sgemm']:.0%} |")
+                         f"{s['one']:.3f} | {tax} | {peer} | {vs} | {share} |")
         lines.append("")
     return "\n".join(lines)
 
