@@ -118,15 +118,15 @@ SEGMENT_ROWS = 128
 PREFETCH_TILES = 2
 
 
-def _fma_lines(rows, vecs, pad, masked=False, vstep="ldv"):
+def _fma_lines(rows, vecs, pad, masked=False, vstep="ldv", width="nlast"):
     """One step k of a rows x vecs tile: the vectors of w's row at ``wb`` (the last one
-    masked to ``nlast`` columns if ``masked``), each times v at ``vb + r * vstep`` added
+    masked to ``width`` columns if ``masked``), each times v at ``vb + r * vstep`` added
     into a{r}_{c}."""
     last = vecs - 1
     whole = last if masked else vecs  # the vectors loaded whole
     src = [f"{pad}w{c} = vload32(w, wb + {LANES32 * c})" for c in range(whole)]
     if masked:
-        src += [f"{pad}w{last} = vload32m(w, wb + {LANES32 * last}, nlast)"]
+        src += [f"{pad}w{last} = vload32m(w, wb + {LANES32 * last}, {width})"]
     for r in range(rows):
         src += [f"{pad}x = vbcast32(v, vb + {r} * {vstep})"]
         src += [f"{pad}a{r}_{c} = vfma32(x, w{c}, a{r}_{c})" for c in range(vecs)]
@@ -147,24 +147,29 @@ def _store_lines(rows, vecs, pad="    "):
 
 def _tile_source(rows, vecs):
     """rows x vecs vectors of out at row offset vo (v), column offset wo (W), out offset oo;
-    the last vector holds ``nlast`` (1..16) columns. The k loop is written out twice, every
-    vector whole or the last one masked, rather than the load chosen inside it: LLVM then
-    split the loop itself, and on the AVX2 path the 5-row tile kept three of its sums on
-    the stack in every step (docs/performance.md, "The price of the same bits")."""
+    the last vector holds ``nlast`` (1..16) columns, and the tile loads ``wlast`` of W's:
+    ``nlast`` where it reads W in place (nothing past a row's end), all 16 from a copied
+    panel, whose padding is zeros (a masked load in every step had made the 784x1000
+    layer's x @ W and h @ W.T about 5% slower on the AVX2 path). The k loop is written out
+    twice, every vector whole or the last one masked, rather than the load chosen inside
+    it: LLVM then split the loop itself, and on the AVX2 path the 5-row tile kept three of
+    its sums on the stack in every step (docs/performance.md, "The price of the same
+    bits")."""
     name = f"_tile_{rows}x{vecs}"
     src = [f"    a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
-    for test, masked in ((f"if nlast == {LANES32}:", False), ("else:", True)):
+    for test, masked in ((f"if wlast == {LANES32}:", False), ("else:", True)):
         # two steps a pass, then the odd one: fewer loop instructions per FMA (the AVX2
         # tiles' loop was near the core's issue limit); the sums in the same order
         src += [f"    {test}", "        for k0 in range(0, K - 1, 2):"]
         for step in range(2):
             src += [f"            k = k0 + {step}", "            wb = wo + k * ldw", "            vb = vo + k"]
             src += [f"            prefetch(w, wb + {PREFETCH_ROWS} * ldw + {LANES32 * c})" for c in range(vecs)]
-            src += _fma_lines(rows, vecs, " " * 12, masked)
+            src += _fma_lines(rows, vecs, " " * 12, masked, width="wlast")
         src += ["        if K % 2:", "            wb = wo + (K - 1) * ldw", "            vb = vo + K - 1"]
-        src += _fma_lines(rows, vecs, " " * 12, masked)
+        src += _fma_lines(rows, vecs, " " * 12, masked, width="wlast")
     src += _store_lines(rows, vecs)
-    return name, _over_tiles(name, "v, ldv, w, wo, ldw, o, ldo, K, nlast", ["vo = r0 * ldv", "oo = r0 * ldo + wo"], src)
+    return name, _over_tiles(name, "v, ldv, w, wo, ldw, o, ldo, K, nlast, wlast",
+                             ["vo = r0 * ldv", "oo = r0 * ldo + wo"], src)
 
 
 def _over_tiles(name, args, setup, body):
@@ -349,7 +354,8 @@ def _dispatch_source(name, prefix, tiles, args):
 _OUTER_ROWS = sorted({1, OR - 1, OR})
 _OUTERS = {(r, c): _define(*_outer_source(r, c)) for r in _OUTER_ROWS for c in range(1, OC + 1)}
 _SEGMENTS = {(r, c): _define(*_segment_source(r, c)) for r in _OUTER_ROWS for c in range(1, OC + 1)}
-_tile = _define(*_dispatch_source("_tile", "_tile_", _TILES, "v, ldv, w, wo, ldw, o, ldo, K, nlast, tiles, t0, t1"))
+_tile = _define(*_dispatch_source("_tile", "_tile_", _TILES, "v, ldv, w, wo, ldw, o, ldo, K, nlast, wlast, tiles, "
+                                  "t0, t1"))
 _outer = _define(*_dispatch_source("_outer", "_outer_", _OUTERS, "v, ldv, w, ldw, wo, starts, merges, alphas, "
                                    "stack, o, vel, ldo, nlast, sgd, tiles, t0, t1"))
 _segment = _define(*_dispatch_source("_segment", "_segment_", _SEGMENTS, "v, ldv, w, ldw, wo, k0, k1, fresh, block, "
@@ -413,10 +419,10 @@ def _rows_times(v, W, out, panel, transposed=False):
     while j < N:
         vecs = min(CT, (N - j + LANES32 - 1) // LANES32)
         nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
-        src, so, lds = wf, j, N  # where the tiles read the panel: in W, or copied
+        src, so, lds, wlast = wf, j, N, nlast  # where the tiles read the panel: in W, or copied (whole vectors)
         if transposed:
             _transposed_panel(wf, K, j, min(ldp, N - j), panel, ldp)
-            src, so, lds = panel, 0, ldp
+            src, so, lds, wlast = panel, 0, ldp, LANES32
         elif panel.size:
             for k in range(K):
                 for c in range(vecs):
@@ -425,11 +431,11 @@ def _rows_times(v, W, out, panel, transposed=False):
                         vstore32(panel, k * ldp + c * LANES32, vload32(wf, k * N + j + c * LANES32))
                     else:  # W's last columns: nothing past the row's end is read
                         vstore32(panel, k * ldp + c * LANES32, vload32m(wf, k * N + j + c * LANES32, nlast))
-            src, so, lds = panel, 0, ldp
+            src, so, lds, wlast = panel, 0, ldp, LANES32
         for q in range(runs.size - 1):
             t = runs[q]
             # a tile takes one column offset for W and out: out from column j - so on
-            _tile(tiles[t + 1] - tiles[t], vecs, vf, K, src, so, lds, of[j - so:], N, K, nlast, tiles, t,
+            _tile(tiles[t + 1] - tiles[t], vecs, vf, K, src, so, lds, of[j - so:], N, K, nlast, wlast, tiles, t,
                   runs[q + 1])
         j += vecs * LANES32
 
