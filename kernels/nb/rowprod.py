@@ -149,8 +149,8 @@ def _tile_source(rows, vecs):
     """rows x vecs vectors of out at row offset vo (v), column offset wo (W), out offset oo;
     the last vector holds ``nlast`` (1..16) columns, and the tile loads ``wlast`` of W's:
     ``nlast`` where it reads W in place (nothing past a row's end), all 16 from a copied
-    panel, whose padding is zeros (a masked load in every step had made the 784x1000
-    layer's x @ W and h @ W.T about 5% slower on the AVX2 path). The k loop is written out
+    panel, whose padding is zeros (a masked load in every step had made products 500 or
+    1000 wide, such as the 784-1000 layer's x @ W, 5-8% slower on the AVX2 path). The k loop is written out
     twice, every vector whole or the last one masked, rather than the load chosen inside
     it: LLVM then split the loop itself, and on the AVX2 path the 5-row tile kept three of
     its sums on the stack in every step (docs/performance.md, "The price of the same
