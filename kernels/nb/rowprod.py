@@ -102,6 +102,13 @@ COPY_ROWS = {"avx512": None, "avx2": 24}[target_isa()]
 # where they would alias, on the AVX2 path only (batch 5000's stretches: 0.74 -> 0.84 of
 # OpenBLAS there; the AVX-512 tiles gained nothing on either CPU)
 PAD_ALIASED = target_isa() == "avx2"
+# rows_times copies this many column panels of W in one pass over its rows, each row then
+# a run of lines (256 B on the AVX2 path, 512 B on AVX-512) rather than one panel's: on
+# the AVX2 path the copy of one 64-byte panel at a time, a line from every row of W, had
+# taken 10-20% of a 100-row product (the tiles alone ran faster than OpenBLAS). Four or
+# eight AVX2 panels ran alike, all of W at once slower (it left L2); on AVX-512 the
+# aliased shapes it copies gained 4-7% with two.
+COPY_PANELS = {"avx512": 2, "avx2": 4}[target_isa()]
 _NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
 # rows_times_t's rows shorter than this are left to BLAS. The 30-unit code's rows take the
 # row kernel: one block alone runs slower there than in BLAS (250x30 at 13 rows: 9 us
@@ -424,20 +431,37 @@ def _rows_times(v, W, out, panel, transposed=False):
             _transposed_panel(wf, K, j, min(ldp, N - j), panel, ldp)
             src, so, lds, wlast = panel, 0, ldp, LANES32
         elif panel.size:
-            for k in range(K):
-                for c in range(vecs):
-                    prefetch(wf, (k + PREFETCH_ROWS) * N + j + c * LANES32)
-                    if c < vecs - 1 or nlast == LANES32:
-                        vstore32(panel, k * ldp + c * LANES32, vload32(wf, k * N + j + c * LANES32))
-                    else:  # W's last columns: nothing past the row's end is read
-                        vstore32(panel, k * ldp + c * LANES32, vload32m(wf, k * N + j + c * LANES32, nlast))
-            src, so, lds, wlast = panel, 0, ldp, LANES32
+            count = panel.size // (K * ldp)  # the panels ``panel`` holds (COPY_PANELS from rows_times)
+            group = j // ldp % count  # this panel's place among them
+            if group == 0:
+                _copy_panels(wf, K, N, j, panel, ldp, count)
+            src, so, lds, wlast = panel[group * K * ldp:], 0, ldp, LANES32
         for q in range(runs.size - 1):
             t = runs[q]
             # a tile takes one column offset for W and out: out from column j - so on
             _tile(tiles[t + 1] - tiles[t], vecs, vf, K, src, so, lds, of[j - so:], N, K, nlast, wlast, tiles, t,
                   runs[q + 1])
         j += vecs * LANES32
+
+
+@njit(**JIT)
+def _copy_panels(wf, K, N, j, panel, ldp, count):
+    """The column panels of W (K rows ``N`` floats apart in ``wf``) from column j on, up to
+    ``count`` of them, each into its K x ``ldp`` floats of ``panel``, one after
+    another; a last vector that W's row ends inside is padded with zeros (nothing past
+    the row's end is read). Several panels a pass: each row of W then gives one run of
+    lines rather than one line, which the AVX2 tiles had waited for."""
+    vectors = min(count * ldp, N - j + LANES32 - 1) // LANES32  # those W's row reaches
+    whole = (N - j) // LANES32  # vectors before a last, partial one
+    for k in range(K):
+        prefetch(wf, (k + PREFETCH_ROWS) * N + j)
+        row = k * N + j
+        for c in range(min(whole, vectors)):
+            vstore32(panel, (c // CT * K + k) * ldp + c % CT * LANES32, vload32(wf, row + c * LANES32))
+        if whole < vectors:
+            c = whole
+            vstore32(panel, (c // CT * K + k) * ldp + c % CT * LANES32,
+                     vload32m(wf, row + c * LANES32, N - j - c * LANES32))
 
 
 @njit(**JIT)
@@ -602,7 +626,7 @@ def rows_times(v, W, out):
     elif out.size:
         # one row tile reads the panel once anyway; many read it from the copy faster
         copy = v.shape[0] > RT and (_aliased(W.shape[1]) or (COPY_ROWS is not None and v.shape[0] >= COPY_ROWS))
-        _rows_times(v, W, out, _scratch("panel", W.shape[0] * CT * LANES32) if copy else _NO_PANEL)
+        _rows_times(v, W, out, _scratch("panel", COPY_PANELS * W.shape[0] * CT * LANES32) if copy else _NO_PANEL)
     return out
 
 

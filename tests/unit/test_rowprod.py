@@ -208,11 +208,13 @@ def test_stacked_blocks_are_read_from_a_copy_where_the_path_says(monkeypatch):
         assert _copied(monkeypatch, (rowprod.COPY_ROWS, rowprod.COPY_ROWS - 1), 1000) == [True, False]
 
 
+@pytest.mark.parametrize("panels", [1, 2, 3])
 @pytest.mark.parametrize("m,k,n", [(13, 40, 512), (100, 33, 64), (7, 20, 48), (30, 40, 1000), (25, 33, 37)])
-def test_copied_column_panels_give_the_same_bits(m, k, n):
+def test_copied_column_panels_give_the_same_bits(m, k, n, panels):
     """Where the tiles read each column panel from a copy (W's rows aliasing in the
-    caches, or many rows stacked), the bits are those of W read in place, masked last
-    columns included, on this CPU's tiles whatever it is."""
+    caches, or many rows stacked), copied one or several panels at a time, the bits are
+    those of W read in place, masked last columns included, on this CPU's tiles whatever
+    it is."""
     from aepar.kernels.memory import empty
     from aepar.kernels.nb import rowprod
 
@@ -221,7 +223,7 @@ def test_copied_column_panels_give_the_same_bits(m, k, n):
     want = np.empty((m, n), np.float32)
     rowprod._rows_times(v, W, want, empty(0, np.float32))
     got = np.full((m, n), np.nan, np.float32)
-    rowprod._rows_times(v, W, got, empty(k * rowprod.CT * rowprod.LANES32, np.float32))
+    rowprod._rows_times(v, W, got, empty(panels * k * rowprod.CT * rowprod.LANES32, np.float32))
     np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
     np.testing.assert_allclose(got, v.astype(np.float64) @ W, rtol=1e-4, atol=1e-4)
 
