@@ -157,11 +157,11 @@ def _tile_source(rows, vecs):
     the last vector holds ``nlast`` (1..16) columns, and the tile loads ``wlast`` of W's:
     ``nlast`` where it reads W in place (nothing past a row's end), all 16 from a copied
     panel, whose padding is zeros (a masked load in every step had made products 500 or
-    1000 wide, such as the 784-1000 layer's x @ W, 5-8% slower on the AVX2 path). The k loop is written out
-    twice, every vector whole or the last one masked, rather than the load chosen inside
-    it: LLVM then split the loop itself, and on the AVX2 path the 5-row tile kept three of
-    its sums on the stack in every step (docs/performance.md, "The price of the same
-    bits")."""
+    1000 wide, such as the 784-1000 layer's x @ W, 5-8% slower on the AVX2 path). The k
+    loop is written out twice, every vector whole or the last one masked, rather than the
+    load chosen inside it: LLVM then split the loop itself, and on the AVX2 path the 5-row
+    tile kept three of its sums on the stack in every step (docs/performance.md, "The
+    price of the same bits")."""
     name = f"_tile_{rows}x{vecs}"
     src = [f"    a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
     for test, masked in ((f"if wlast == {LANES32}:", False), ("else:", True)):
@@ -412,8 +412,9 @@ def _outer_row_tiles(M):
 @njit(**JIT)
 def _rows_times(v, W, out, panel, transposed=False):
     """out = v @ W by the row tiles, column panel by column panel. ``panel``: room for one
-    panel (K x CT vectors) that each is copied into before the tiles take it, or empty to
-    read W where it is. ``transposed``: out = v @ W.T, each panel of W.T copied
+    or more panels (K x CT vectors each) that W's are copied into, as many at a time as it
+    holds (:func:`_copy_panels`), before the tiles take them, or empty to read W where it
+    is. ``transposed``: out = v @ W.T, each panel of W.T copied
     transposed out of W's rows (:func:`_transposed_panel`), so that every out[r, i] is
     the same FMA chain over v's row r and W's row i."""
     M, K = v.shape
@@ -449,8 +450,9 @@ def _copy_panels(wf, K, N, j, panel, ldp, count):
     """The column panels of W (K rows ``N`` floats apart in ``wf``) from column j on, up to
     ``count`` of them, each into its K x ``ldp`` floats of ``panel``, one after
     another; a last vector that W's row ends inside is padded with zeros (nothing past
-    the row's end is read). Several panels a pass: each row of W then gives one run of
-    lines rather than one line, which the AVX2 tiles had waited for."""
+    the row's end is read). ``ldp`` is CT vectors, as everywhere here. Several panels a
+    pass: each row of W then gives one run of lines rather than one line, which the AVX2
+    tiles had waited for."""
     vectors = min(count * ldp, N - j + LANES32 - 1) // LANES32  # those W's row reaches
     whole = (N - j) // LANES32  # vectors before a last, partial one
     for k in range(K):
