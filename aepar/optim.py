@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from aepar.rows import block_bounds, parallel_map, threads
+from aepar.rows import parallel_map, thread_bands, threads
 
 
 def in_bands(update, *arrays_per_param, extras=None, more=()):
@@ -28,8 +28,7 @@ def in_bands(update, *arrays_per_param, extras=None, more=()):
         return
     calls = list(more)
     for arrays, extra in zip(zip(*arrays_per_param), extras):
-        rows = arrays[0].shape[0]
-        bounds = block_bounds(rows, max(1, min(threads(), rows)))
+        bounds = thread_bands(arrays[0].shape[0])
         calls += [functools.partial(update, *(a[lo:hi] for a in arrays), *extra)
                   for lo, hi in zip(bounds[:-1], bounds[1:])]
     parallel_map(lambda call: call(), calls)

@@ -34,7 +34,7 @@ from aepar.errors import UserError
 
 __all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node",
            "tree_node_from", "tree_cover", "cover_merges", "tree_merges", "tree_sum", "tree_sum_rows", "local_sums",
-           "parallel_map", "each", "threads", "check_blocks", "stacked_rows", "BlockRows", "BlockFactor",
+           "parallel_map", "each", "threads", "thread_bands", "check_blocks", "stacked_rows", "BlockRows", "BlockFactor",
            "factor_rows", "weighted_ranges", "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
@@ -316,6 +316,14 @@ def threads() -> int:
     import aepar
 
     return max(1, int(getattr(aepar, "THREADS", 1)))
+
+
+def thread_bands(n: int) -> list[int]:
+    """Offsets of the bands that ``n`` items are cut into, one per thread (at most ``n``,
+    at least one): :func:`block_bounds` of them. One thread's [0, n] takes no NumPy
+    call: a step asks for these several times, on the host's critical path."""
+    count = max(1, min(threads(), n))
+    return [0, int(n)] if count == 1 else block_bounds(n, count).tolist()
 
 
 class BlockRows(Sequence):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aepar.rows import (Blocks, block_bounds, cover_merges, parallel_map, threads, tree_node_from, tree_sum_rows,
+from aepar.rows import (Blocks, cover_merges, parallel_map, thread_bands, tree_node_from, tree_sum_rows,
                         tree_top)
 
 __all__ = ["SparseAutoencoder", "init_theta", "LEAF"]
@@ -115,7 +115,7 @@ class SparseAutoencoder:
         self.blocks = blocks
         self.x = self.be.xp.array(self.be.asarray(x_local), order="C", copy=True)
         mine = blocks.stop - blocks.first
-        cuts = block_bounds(mine, max(1, min(threads(), mine)))
+        cuts = thread_bands(mine)
         self._chunks = []
         for a, b in zip(cuts[:-1], cuts[1:]):
             lo, hi = blocks.local(blocks.first + int(a)).start, blocks.local(blocks.first + int(b) - 1).stop

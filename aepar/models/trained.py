@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aepar.rows import BlockFactor, BlockRows, block_bounds, each, stacked_rows, threads
+from aepar.rows import BlockFactor, BlockRows, each, stacked_rows, thread_bands
 
 __all__ = ["TrainedState", "DenseBackprop", "BlockActivations"]
 
@@ -47,7 +47,7 @@ class BlockActivations:
 
     def __init__(self, xs, xp):
         """``xs``: the blocks' rows, a list of arrays or an aepar.rows.BlockRows."""
-        bounds = block_bounds(len(xs), min(threads(), len(xs))) if len(xs) else [0]
+        bounds = thread_bands(len(xs)) if len(xs) else [0]
         self.groups = list(zip(bounds[:-1], bounds[1:]))
         self.xp = xp
         if isinstance(xs, BlockRows):  # the trainer gathers a step's rows in one call: a group's are a view

@@ -64,7 +64,7 @@ import numpy as np
 
 from aepar.optim import FactoredGradient, written
 from aepar.parallel.blocks import TreeSum
-from aepar.rows import BlockRows, Blocks, Shard, block_bounds, factor_rows, parallel_map, threads, tree_merges
+from aepar.rows import BlockRows, Blocks, Shard, block_bounds, factor_rows, parallel_map, thread_bands, tree_merges
 
 __all__ = ["Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums", "reducer"]
 
@@ -337,8 +337,7 @@ def _local_sum(be, buf, factors, first, merges, out, defer=False):
         starts = np.cumsum([0] + [p[0].shape[0] if p else 0 for p in parts])
         alphas = [p[2] if p else 1.0 for p in parts]
         # the threads take a band of rows each: an element's sums are the same in any band
-        bands = max(1, min(threads(), m))
-        bounds = (0, m) if bands == 1 else block_bounds(m, bands)
+        bounds = thread_bands(m)
         factored[name] = FactoredGradient(be.K, [(a[:, lo:hi], d, starts, alphas, lo, hi)
                                                  for lo, hi in zip(bounds[:-1], bounds[1:])], merges, grads[name])
     if defer:

@@ -342,6 +342,18 @@ def test_block_factors_of_several_blocks_are_each_blocks_own_bits(kind, kernels,
             assert factors[b][k][2] == f[k][2]
 
 
+@pytest.mark.parametrize("n_threads", [1, 2, 3, 8])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 784])
+def test_thread_bands_are_one_band_per_thread_at_most_one_per_item(monkeypatch, n, n_threads):
+    """rows.thread_bands: block_bounds of n items over min(threads, n) bands (one at least),
+    as plain ints, whatever the thread count."""
+    from aepar.rows import block_bounds, thread_bands
+    monkeypatch.setattr(aepar, "THREADS", n_threads)
+    bands = thread_bands(n)
+    assert bands == block_bounds(n, max(1, min(n_threads, n))).tolist()
+    assert all(type(b) is int for b in bands) and bands[0] == 0 and bands[-1] == n
+
+
 @settings(max_examples=30, deadline=None)
 @given(n_items=st.integers(0, 11), n_threads=st.integers(1, 4))
 def test_parallel_map_is_the_list_in_order_on_any_number_of_threads(n_items, n_threads):
