@@ -85,8 +85,10 @@ Families (module: functions):
   2 starts[b+1] of A and D).
 - draws: ``uniform_rows(rngs, starts, out)``: rows ``starts[i]:starts[i+1]`` of the float32
   matrix ``out`` get ``rngs[i].random(dtype=np.float32)`` (NumPy Generators on PCG64), each
-  generator left where that call leaves it; the numpy and numba sets draw on the host, the
-  cupy set jumps each PCG64 stream ahead on the GPU (no host draws, no copy).
+  generator left where that call leaves it; the numpy set draws through NumPy, the numba
+  set steps PCG64 in compiled code on the host (through NumPy where its check of NumPy's
+  state layout fails, or for other bit generators), the cupy set jumps each PCG64 stream
+  ahead on the GPU (no host draws, no copy).
 - update: ``sgd_momentum_update(p, g, v, lr, momentum, weight_decay=0.0)``
   (v = momentum*v - lr*(g + weight_decay*p); p += v);
   ``adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8)``: in place;

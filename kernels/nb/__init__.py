@@ -37,7 +37,7 @@ try:
     from .conv import *  # noqa: F401,F403,E402
     from .rowprod import block_outer_sum, block_outer_sum_sgd  # noqa: F401,E402
     from .dense import *  # noqa: F401,F403,E402
-    from ..ref.draws import uniform_rows  # noqa: F401,E402  (drawn on the host, as NumPy does)
+    from .draws import uniform_rows  # noqa: F401,E402  (drawn on the host, as NumPy does)
     from .loss import *  # noqa: F401,F403,E402
     from .rbm import *  # noqa: F401,F403,E402
     from .sparsity import *  # noqa: F401,F403,E402

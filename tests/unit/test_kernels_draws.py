@@ -122,3 +122,62 @@ def test_uniform_rows_refuses_what_does_not_fit():
     with pytest.raises(ValueError, match="do not split"):
         REF.uniform_rows(g, [0, 1], np.empty((2, 3), np.float32))
 
+
+
+def _numba_draws():
+    return pytest.importorskip("aepar.kernels.nb.draws")
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=5), width=st.integers(1, 9),
+       leads=st.lists(st.integers(0, 3), min_size=5, max_size=5), seed=st.integers(0, 2 ** 32 - 1))
+def test_the_compiled_draws_are_numpys(sizes, width, leads, seed):
+    """The Numba set's own PCG64 loop (two generators side by side, a last one alone): NumPy's
+    numbers and states for any block sizes, widths and buffered halves."""
+    nb_draws = _numba_draws()
+    want, after = expected(seed, sizes, width, leads)
+    gens = generators(seed, len(sizes), leads)
+    got = nb_draws.uniform_rows(gens, starts_of(sizes), np.full((int(sum(sizes)), width), np.nan, np.float32))
+    assert nb_draws._CHECKED == [True], "drawn through NumPy: the compiled loop failed its check"
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert [g.bit_generator.state for g in gens] == [h.bit_generator.state for h in after]
+
+
+def test_the_compiled_draws_run_where_numpy_keeps_the_state_as_read(monkeypatch):
+    """On this NumPy the layout check passes, so the tests above ran the compiled loop, not
+    the fallback; and the check refuses a loop that gets the numbers or the states wrong."""
+    import ctypes
+
+    nb_draws = _numba_draws()
+    assert nb_draws.same_as_numpy()
+    real = nb_draws._fill_rows
+
+    def numbers_off(out, starts, addresses):
+        real(out, starts, addresses)
+        out[-1, -1] = np.nextafter(out[-1, -1], np.float32(1))
+
+    def states_not_moved(out, starts, addresses):  # the right numbers, the 128-bit states put back
+        states = [ctypes.c_uint64.from_address(int(a)).value for a in addresses]
+        saved = [ctypes.string_at(s, 16) for s in states]
+        real(out, starts, addresses)
+        for s, b in zip(states, saved):
+            ctypes.memmove(s, b, 16)
+
+    for planted in (numbers_off, states_not_moved):
+        monkeypatch.setattr(nb_draws, "_fill_rows", planted)
+        assert not nb_draws.same_as_numpy(), planted.__name__
+
+
+def test_other_generators_and_a_failed_check_draw_through_numpy(monkeypatch):
+    nb_draws = _numba_draws()
+    sizes, width = [3, 4], 5
+    philox = [np.random.Generator(np.random.Philox(i)) for i in range(2)]
+    twins = [np.random.Generator(np.random.Philox(i)) for i in range(2)]
+    got = nb_draws.uniform_rows(philox, starts_of(sizes), np.empty((7, width), np.float32))
+    assert np.array_equal(got, np.concatenate([g.random((n, width), dtype=np.float32) for g, n in zip(twins, sizes)]))
+    monkeypatch.setattr(nb_draws, "_CHECKED", [False])
+    monkeypatch.setattr(nb_draws, "_fill_rows", lambda *a: pytest.fail("the compiled loop ran after a failed check"))
+    want, after = expected(5, sizes, width, [1, 0])
+    gens = generators(5, 2, [1, 0])
+    assert np.array_equal(nb_draws.uniform_rows(gens, starts_of(sizes), np.empty((7, width), np.float32)), want)
+    assert [g.bit_generator.state for g in gens] == [h.bit_generator.state for h in after]
