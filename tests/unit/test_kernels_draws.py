@@ -123,7 +123,6 @@ def test_uniform_rows_refuses_what_does_not_fit():
         REF.uniform_rows(g, [0, 1], np.empty((2, 3), np.float32))
 
 
-
 def _numba_draws():
     return pytest.importorskip("aepar.kernels.nb.draws")
 
@@ -157,11 +156,11 @@ def test_the_compiled_draws_run_where_numpy_keeps_the_state_as_read(monkeypatch)
         out[-1, -1] = np.nextafter(out[-1, -1], np.float32(1))
 
     def states_not_moved(out, starts, addresses):  # the right numbers, the 128-bit states put back
-        states = [ctypes.c_uint64.from_address(int(a)).value for a in addresses]
-        saved = [ctypes.string_at(s, 16) for s in states]
+        pcgs = [ctypes.c_uint64.from_address(int(a)).value for a in addresses]  # each one's state and increment
+        saved = [ctypes.string_at(p, 16) for p in pcgs]
         real(out, starts, addresses)
-        for s, b in zip(states, saved):
-            ctypes.memmove(s, b, 16)
+        for p, state in zip(pcgs, saved):
+            ctypes.memmove(p, state, 16)
 
     for planted in (numbers_off, states_not_moved):
         monkeypatch.setattr(nb_draws, "_fill_rows", planted)
