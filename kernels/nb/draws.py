@@ -129,7 +129,8 @@ def _finish(dst, state_address, pcg, s_lo, s_hi, buffered, kept, take, outputs, 
 @njit(cache=True, nogil=True)
 def _fill_rows(out, starts, addresses):
     """Rows starts[b]:starts[b + 1] of ``out`` from the generator at addresses[b], the
-    generators two at a time (with a last one alone)."""
+    generators two at a time (an odd one out paired with nothing: no rows, no steps, its
+    state not written)."""
     flat, width = out.reshape(-1), out.shape[1]
     most = 0
     for b in range(addresses.size):
@@ -137,16 +138,12 @@ def _fill_rows(out, starts, addresses):
     scratch = np.empty((2, most // 2 + 1), np.uint64)
     a_out, b_out = scratch[0], scratch[1]
     for b in range(0, addresses.size, 2):
+        pair = b + 1 < addresses.size
         a_dst = flat[starts[b] * width:starts[b + 1] * width]
+        b_dst = flat[starts[b + 1] * width:starts[b + 2] * width] if pair else a_dst[:0]
+        b_addr = addresses[b + 1] if pair else addresses[b]
         a_pcg, a_lo, a_hi, a_ilo, a_ihi, a_buf, a_kept, a_take, a_steps = _start(addresses[b], a_dst.size)
-        if b + 1 == addresses.size:
-            for j in range(a_steps):
-                a_lo, a_hi = _lcg_step(a_lo, a_hi, a_ilo, a_ihi)
-                a_out[j] = _output(a_lo, a_hi)
-            _finish(a_dst, addresses[b], a_pcg, a_lo, a_hi, a_buf, a_kept, a_take, a_steps, a_out)
-            break
-        b_dst = flat[starts[b + 1] * width:starts[b + 2] * width]
-        b_pcg, b_lo, b_hi, b_ilo, b_ihi, b_buf, b_kept, b_take, b_steps = _start(addresses[b + 1], b_dst.size)
+        b_pcg, b_lo, b_hi, b_ilo, b_ihi, b_buf, b_kept, b_take, b_steps = _start(b_addr, b_dst.size)
         both = min(a_steps, b_steps)
         for j in range(both):  # two independent chains of multiplies
             a_lo, a_hi = _lcg_step(a_lo, a_hi, a_ilo, a_ihi)
@@ -160,7 +157,8 @@ def _fill_rows(out, starts, addresses):
             b_lo, b_hi = _lcg_step(b_lo, b_hi, b_ilo, b_ihi)
             b_out[j] = _output(b_lo, b_hi)
         _finish(a_dst, addresses[b], a_pcg, a_lo, a_hi, a_buf, a_kept, a_take, a_steps, a_out)
-        _finish(b_dst, addresses[b + 1], b_pcg, b_lo, b_hi, b_buf, b_kept, b_take, b_steps, b_out)
+        if pair:
+            _finish(b_dst, b_addr, b_pcg, b_lo, b_hi, b_buf, b_kept, b_take, b_steps, b_out)
 
 
 def _addresses(rngs):
