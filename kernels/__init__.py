@@ -37,7 +37,9 @@ Families (module: functions):
 - activation: ``sigmoid_forward(z)``, ``relu_forward(z)``, ``identity_forward(z)``;
   ``sigmoid_backward(da, a)``, ``relu_backward(da, a)``, ``identity_backward(da, a)`` -> dz
 - loss: ``mse_forward(y, t, scale=None) -> loss`` = scale * 0.5 * sum((y - t)**2),
-  scale defaulting to 1/batch; ``mse_backward(y, t, scale=None) -> dy``;
+  scale defaulting to 1/batch; ``mse_forward_blocks(y, t, starts, scale=None) -> [loss]``,
+  mse_forward of each block of rows starts[b]:starts[b+1], the bits of a call per block
+  (the numba set adds four blocks' sums side by side); ``mse_backward(y, t, scale=None) -> dy``;
   ``softmax_xent_forward(z, labels, scale=None) -> (loss, probs)`` (labels are ints,
   loss = -scale * sum log p[label]); ``softmax_xent_backward(probs, labels, scale=None) -> dz``;
   ``sigmoid_xent_forward(z, t, scale=None) -> (loss, y)`` (pixel cross-entropy from logits,

@@ -63,7 +63,7 @@ class AELayer(RBM):
             h = K.dense_forward_blocks(x, p["W"], p["bh"], self.code_act, starts)
             y = K.dense_forward_blocks(h, Wt, p["bv"], "sigmoid", starts)
             bounds = list(zip(starts[:-1], starts[1:]))
-            errs = [K.mse_forward(y[lo:hi], x[lo:hi], scale=2.0) for lo, hi in bounds]  # Σ (x̂ − x)²
+            errs = K.mse_forward_blocks(y, x, starts, scale=2.0)  # each block's Σ (x̂ − x)²
             dh, dz2 = K.dense_backward_blocks(K.mse_backward(y, x, scale=scale), h, Wt, y, "sigmoid",
                                               [g["bv"] for g in grads], starts)
             _, dz1 = K.dense_backward_blocks(dh, x, p["W"], h, self.code_act, [g["bh"] for g in grads], starts,

@@ -140,9 +140,8 @@ class ConvAutoencoder(TrainedState):
         *_blocks kernels), so each block gets the bits of its pass alone."""
         K, p = self.be.K, self.params
         t = self.forward(x, starts)
-        bounds = list(zip(starts[:-1], starts[1:]))
         # mse_* carry a factor 1/2: scale 2s gives s·Σ(x − x̂)² and its gradient
-        sq_errs = [K.mse_forward(t["y"][lo:hi], t["x"][lo:hi], scale=2.0) for lo, hi in bounds]
+        sq_errs = K.mse_forward_blocks(t["y"], t["x"], starts, scale=2.0)
         dy = K.sigmoid_backward(K.mse_backward(t["y"], t["x"], scale=2.0 * scale), t["y"])
 
         def each_block(name):

@@ -8,11 +8,12 @@ behind it. ``float(loss)`` reads it.
 import cupy as cp
 import numpy as np
 
+from ..ref.blocksum import check_starts
 from ..ref.loss import check_same_shape, default_scale
 from .activation import _sigmoid
 from .c_types import C_TYPE
 
-__all__ = ["mse_forward", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
+__all__ = ["mse_forward", "mse_forward_blocks", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
            "sigmoid_xent_forward", "sigmoid_xent_backward"]
 
 # A whole-array ReductionKernel runs in one thread block (slow on a large batch), so the
@@ -109,6 +110,14 @@ def mse_forward(y, t, scale=None):
     """scale * 0.5 * sum((y - t)**2) as a 0-d float64 array (scale defaults to 1/batch)."""
     check_same_shape("mse_forward", y, t)
     return _scaled_total("sq_diff", y, t, 0.5 * default_scale(y, scale))
+
+
+def mse_forward_blocks(y, t, starts, scale=None):
+    """:func:`mse_forward` of each block of rows starts[b]:starts[b + 1] (0-d arrays, left
+    on the device)."""
+    check_same_shape("mse_forward_blocks", y, t)
+    s = check_starts("mse_forward_blocks", y.shape[0], starts).tolist()
+    return [mse_forward(y[lo:hi], t[lo:hi], scale) for lo, hi in zip(s[:-1], s[1:])]
 
 
 def mse_backward(y, t, scale=None):

@@ -8,11 +8,12 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ..ref.blocksum import check_starts
 from ..ref.loss import check_labels, check_same_shape, default_scale
 from .activation import _flat
 from .nbmath import exp_parts, log1p_unit
 
-__all__ = ["mse_forward", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
+__all__ = ["mse_forward", "mse_forward_blocks", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
            "sigmoid_xent_forward", "sigmoid_xent_backward"]
 
 
@@ -23,6 +24,49 @@ def _sq_diff_sum(y, t):
         d = np.float64(y[i]) - np.float64(t[i])
         s += d * d
     return s
+
+
+# the squares a group of blocks' sums take per pass (4 blocks x 1024 float64s: in L1)
+SQ_CHUNK = 1024
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _sq_diff_sums(y, t, bounds, out):
+    """out[b] = :func:`_sq_diff_sum` of y[bounds[b]:bounds[b + 1]] and t's, each block's
+    terms added in index order as there (the same bits). Each sum is a chain of dependent
+    adds, which one block at a time leaves the core waiting on (the autoencoder layer's
+    eight calls a step took 1.5% of its epoch), so four blocks' sums run side by side, a
+    chunk at a time: the squares first, in a pass that vectorises, then the four chains."""
+    blocks = bounds.size - 1
+    lo, n = np.empty(4, np.int64), np.empty(4, np.int64)
+    sq = np.empty((4, SQ_CHUNK))
+    for g in range(0, blocks, 4):
+        count = min(4, blocks - g)
+        for i in range(4):  # a group of fewer than four repeats its first block (and drops it)
+            b = g + i if i < count else g
+            lo[i], n[i] = bounds[b], bounds[b + 1] - bounds[b]
+        common = min(n[0], n[1], n[2], n[3])
+        s0 = s1 = s2 = s3 = 0.0
+        for c0 in range(0, common, SQ_CHUNK):
+            m = min(SQ_CHUNK, common - c0)
+            for i in range(4):
+                yi, ti, qi = y[lo[i] + c0:lo[i] + c0 + m], t[lo[i] + c0:lo[i] + c0 + m], sq[i]
+                for j in range(m):
+                    d = np.float64(yi[j]) - np.float64(ti[j])
+                    qi[j] = d * d
+            q0, q1, q2, q3 = sq[0], sq[1], sq[2], sq[3]
+            for j in range(m):
+                s0 += q0[j]
+                s1 += q1[j]
+                s2 += q2[j]
+                s3 += q3[j]
+        sums = (s0, s1, s2, s3)
+        for i in range(count):  # each block's own rest, on its own chain
+            s = sums[i]
+            for j in range(lo[i] + common, lo[i] + n[i]):
+                d = np.float64(y[j]) - np.float64(t[j])
+                s += d * d
+            out[g + i] = s
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -90,6 +134,20 @@ def mse_forward(y, t, scale=None):
     """scale * 0.5 * sum((y - t)**2) as a Python float (scale defaults to 1/batch)."""
     check_same_shape("mse_forward", y, t)
     return default_scale(y, scale) * 0.5 * float(_sq_diff_sum(_flat(y), _flat(t)))
+
+
+def mse_forward_blocks(y, t, starts, scale=None):
+    """:func:`mse_forward` of each block of rows starts[b]:starts[b + 1] (the same bits as
+    a call per block), one Python float per block, in one call."""
+    check_same_shape("mse_forward_blocks", y, t)
+    s = check_starts("mse_forward_blocks", y.shape[0], starts)
+    yf, tf = _flat(y), _flat(t)
+    width = yf.size // y.shape[0] if y.shape[0] else 0
+    sums = np.empty(s.size - 1)
+    _sq_diff_sums(yf, tf, s * width, sums)
+    rows = s[1:] - s[:-1]
+    return [(float(scale) if scale is not None else default_scale(y[:r], None)) * 0.5 * float(total)
+            for r, total in zip(rows.tolist(), sums.tolist())]
 
 
 def mse_backward(y, t, scale=None):

@@ -8,8 +8,9 @@ are summed in float64 and returned as Python floats; arrays keep the input dtype
 import numpy as np
 
 from .activation import sigmoid_forward
+from .blocksum import check_starts
 
-__all__ = ["mse_forward", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
+__all__ = ["mse_forward", "mse_forward_blocks", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
            "sigmoid_xent_forward", "sigmoid_xent_backward"]
 
 
@@ -43,6 +44,14 @@ def mse_forward(y, t, scale=None):
     check_same_shape("mse_forward", y, t)
     d = y.astype(np.float64) - t
     return default_scale(y, scale) * 0.5 * float(np.vdot(d, d))
+
+
+def mse_forward_blocks(y, t, starts, scale=None):
+    """:func:`mse_forward` of each block of rows starts[b]:starts[b + 1], one loss per block
+    (``scale`` defaults to each block's 1/rows)."""
+    check_same_shape("mse_forward_blocks", y, t)
+    s = check_starts("mse_forward_blocks", y.shape[0], starts).tolist()
+    return [mse_forward(y[lo:hi], t[lo:hi], scale) for lo, hi in zip(s[:-1], s[1:])]
 
 
 def mse_backward(y, t, scale=None):

@@ -262,3 +262,36 @@ def test_cupy_totals_are_the_rows_reductions(kset, rows, rng):
     # a transposed (non-contiguous) pair takes the ReductionKernels too
     assert float(loss._scaled_total("sq_diff", y.T, t.T, 1.0)) == \
         pytest.approx(float(loss._scaled_total("sq_diff", y, t, 1.0)), rel=1e-12)
+
+
+# ---------------------------------------------------------------- per-block squared errors
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+@pytest.mark.parametrize("shape,starts", [((100, 784), [0, 13, 25, 38, 50, 63, 75, 88, 100]),
+                                          ((9, 1, 4, 4), [0, 0, 2, 2, 3, 9]), ((5, 3), [0, 5]),
+                                          ((2100, 3), [0, 1000, 2000, 2001, 2002, 2003, 2100])],
+                         ids=["ae-layer", "cae-empty-blocks", "one-block", "chunks-and-tails"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+def test_blocks_squared_errors_are_a_call_per_block(kset, shape, starts, dtype, rng):
+    """mse_forward_blocks gives, bit for bit, what the same set's mse_forward gives on each
+    block alone (the Numba set adds four blocks' sums side by side, in chunks, with a tail
+    per block; each block's sum must stay its own chain in index order)."""
+    K, dev = load(kset)
+    y, t = rng.random(shape).astype(dtype), rng.random(shape).astype(dtype)
+    for scale in (2.0, None) if starts[1] > 0 else (2.0,):
+        got = K.mse_forward_blocks(dev(y), dev(t), starts, scale)
+        want = [K.mse_forward(dev(y[lo:hi]), dev(t[lo:hi]), scale) for lo, hi in zip(starts[:-1], starts[1:])]
+        assert [float(scalar_value(a)).hex() for a in got] == [float(scalar_value(b)).hex() for b in want]
+
+
+@pytest.mark.parametrize("kset", ["numpy", "numba"])
+def test_blocks_squared_errors_refuse_offsets_that_do_not_split_the_rows(kset):
+    K = kernels.load(kset)
+    y = np.zeros((4, 3))
+    with pytest.raises(ValueError, match="do not split"):
+        K.mse_forward_blocks(y, y, [0, 3])
+    with pytest.raises(ValueError, match="do not split"):
+        K.mse_forward_blocks(y, y, [0, 3, 2, 4])
+    with pytest.raises(ValueError, match="shape"):
+        K.mse_forward_blocks(y, y[:2], [0, 2])
