@@ -2,10 +2,9 @@
 
 ``uniform_rows(rngs, starts, out)`` gives :func:`kernels.ref.draws.uniform_rows`' numbers
 and leaves every generator where that function would. NumPy draws each float32 through a
-call of the bit generator (1.3-1.6 ns a number: a few percent of a CD-1 step); here the
-128-bit LCG steps inline, two generators side by side so that the core overlaps their
-multiplies, each output kept in a scratch row, and the floats made from the scratch in a
-pass that vectorises.
+call of the bit generator; here the 128-bit LCG steps inline, two generators side by side
+so that the core overlaps their multiplies, each output kept in a scratch row, and the
+floats made from the scratch in a pass that vectorises (docs/performance-notes.md).
 
 The states are read and written where NumPy keeps them (``bit_generator.ctypes.
 state_address``: NumPy's ``pcg64_state``, a pointer to the 128-bit state and increment,

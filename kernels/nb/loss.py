@@ -34,9 +34,9 @@ SQ_CHUNK = 1024
 def _sq_diff_sums(y, t, bounds, out):
     """out[b] = :func:`_sq_diff_sum` of y[bounds[b]:bounds[b + 1]] and t's, each block's
     terms added in index order as there (the same bits). Each sum is a chain of dependent
-    adds, which one block at a time leaves the core waiting on (the autoencoder layer's
-    eight calls a step took 1.5% of its epoch), so four blocks' sums run side by side, a
-    chunk at a time: the squares first, in a pass that vectorises, then the four chains."""
+    adds, which one block at a time leaves the core waiting on, so four blocks' sums run
+    side by side, a chunk at a time: the squares first, in a pass that vectorises, then the
+    four chains (docs/performance-notes.md)."""
     blocks = bounds.size - 1
     lo, n = np.empty(4, np.int64), np.empty(4, np.int64)
     sq = np.empty((4, SQ_CHUNK))
