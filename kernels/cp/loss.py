@@ -8,8 +8,7 @@ behind it. ``float(loss)`` reads it.
 import cupy as cp
 import numpy as np
 
-from ..ref.blocksum import check_starts
-from ..ref.loss import check_same_shape, default_scale
+from ..ref.loss import check_same_shape, default_scale, mse_forward_blocks_via
 from .activation import _sigmoid
 from .c_types import C_TYPE
 
@@ -115,9 +114,7 @@ def mse_forward(y, t, scale=None):
 def mse_forward_blocks(y, t, starts, scale=None):
     """:func:`mse_forward` of each block of rows starts[b]:starts[b + 1] (0-d arrays, left
     on the device)."""
-    check_same_shape("mse_forward_blocks", y, t)
-    s = check_starts("mse_forward_blocks", y.shape[0], starts).tolist()
-    return [mse_forward(y[lo:hi], t[lo:hi], scale) for lo, hi in zip(s[:-1], s[1:])]
+    return mse_forward_blocks_via(mse_forward, y, t, starts, scale)
 
 
 def mse_backward(y, t, scale=None):

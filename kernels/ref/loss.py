@@ -49,6 +49,12 @@ def mse_forward(y, t, scale=None):
 def mse_forward_blocks(y, t, starts, scale=None):
     """:func:`mse_forward` of each block of rows starts[b]:starts[b + 1], one loss per block
     (``scale`` defaults to each block's 1/rows)."""
+    return mse_forward_blocks_via(mse_forward, y, t, starts, scale)
+
+
+def mse_forward_blocks_via(mse_forward, y, t, starts, scale=None):
+    """:func:`mse_forward_blocks` as a call of a set's ``mse_forward`` per block (the
+    reference's and the GPU set's way)."""
     check_same_shape("mse_forward_blocks", y, t)
     s = check_starts("mse_forward_blocks", y.shape[0], starts).tolist()
     return [mse_forward(y[lo:hi], t[lo:hi], scale) for lo, hi in zip(s[:-1], s[1:])]
