@@ -57,6 +57,7 @@ so the phases would time the queueing: none are reported there.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from time import perf_counter
 
@@ -334,7 +335,7 @@ def _local_sum(be, buf, factors, first, merges, out, defer=False):
         m, n = grads[name].shape
         parts = [f[name] if f is not None else None for f in factors[first:first + len(merges)]]
         a, d = factor_rows(be.xp, parts, (m, n), be.dtype)
-        starts = np.cumsum([0] + [p[0].shape[0] if p else 0 for p in parts])
+        starts = list(itertools.accumulate((p[0].shape[0] if p else 0 for p in parts), initial=0))
         alphas = [p[2] if p else 1.0 for p in parts]
         # the threads take a band of rows each: an element's sums are the same in any band
         bounds = thread_bands(m)

@@ -62,7 +62,7 @@ from numba import njit
 
 from ..memory import empty
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
-from ..ref.blocksum import check_block_outer_sum, most_rows, stack_depth
+from ..ref.blocksum import check_block_outer_sum, most_rows, postfix_tree
 from .codegen import define
 # the generated tiles (_define) call these by name
 from .simd import JIT, prefetch, prefetch_l2, target_isa  # noqa: F401
@@ -646,7 +646,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
             # allocated per call, not kept (_scratch): megabytes at batch 5000, and one such
             # call is long enough that the allocation does not count
             tiles = (len(_outer_row_tiles(out.shape[0])) - 1) * -(-out.shape[1] // (OC * LANES32))
-            stack = empty(tiles * stack_depth(merges) * SLOT, np.float32)
+            stack = empty(tiles * postfix_tree(merges).depth * SLOT, np.float32)
             at = empty((A.shape[1], SEGMENT_ROWS), np.float32)
             dp = empty((SEGMENT_ROWS, _padded_width(D.shape[1])), np.float32)
             _block_outer_sum_segments(*_flat_rows(A), D, starts, merges, scales, out, stack, at, dp)
@@ -660,7 +660,7 @@ def _in_tiles(A, D, starts, merges, scales, out, vel, sgd):
     A is read where it lies (:func:`_flat_rows`; a thread's band of columns is a view:
     the packing is its one copy)."""
     af, lda = _flat_rows(A)
-    _block_outer_sum(af, lda, D, starts, merges, scales, out, _scratch("stack", stack_depth(merges.tolist()) * SLOT),
+    _block_outer_sum(af, lda, D, starts, merges, scales, out, _scratch("stack", postfix_tree(merges).depth * SLOT),
                      _scratch("panel", D.shape[0] * OC * LANES32), vel, sgd)
 
 

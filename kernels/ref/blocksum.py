@@ -8,6 +8,8 @@ product come ``merges[b]`` additions, each of the newest partial sum into the on
 it on a stack (:func:`aepar.rows.tree_merges`). Computing every block's product apart
 and adding them in that tree with NumPy gives the same bits as one call over all of them.
 """
+from typing import NamedTuple
+
 import numpy as np
 
 from .update import sgd_momentum_update
@@ -16,42 +18,103 @@ __all__ = ["block_outer_sum", "block_outer_sum_sgd"]
 
 
 def check_starts(what, rows, starts):
-    """A batch's blocks as offsets (returned as int64): from 0 to every one of ``rows`` rows,
-    never back (the stacked-blocks kernels of the dense and rbm families)."""
-    s = np.asarray(starts, dtype=np.int64)
-    # in Python: a step checks a few offsets several times, and NumPy's calls cost more
-    values = s.tolist() if s.ndim == 1 else None
-    if values is None or len(values) < 2 or values[0] != 0 or values[-1] != rows or \
-            any(a > b for a, b in zip(values, values[1:])):
-        raise ValueError(f"{what}: offsets {list(s.ravel())} do not split {rows} rows into blocks")
-    return s
+    """A batch's blocks as offsets, returned as int64 (the array :func:`offsets` keeps for
+    them: read, never written): from 0 to every one of ``rows`` rows, never back (the
+    stacked-blocks kernels of the dense and rbm families)."""
+    found = offsets(starts)
+    if found is None or found.rows != rows:
+        raise ValueError(f"{what}: offsets {np.ravel(starts).tolist()} do not split {rows} rows into blocks")
+    return found.array
 
 
 def check_block_outer_sum(A, D, starts, merges, alphas, out):
-    """Shared by every kernel set; returns (starts, merges) as int64 arrays. The offsets
-    and the tree are a few numbers checked on every layer of every step: in Python, whose
-    loops over them cost less than NumPy's calls."""
-    s, m = np.asarray(starts, dtype=np.int64), np.asarray(merges, dtype=np.int64)
-    starts, merges = s.tolist(), m.ravel().tolist()
-    n = len(merges)
+    """Shared by every kernel set; returns (starts, merges) as int64 arrays (those that
+    :func:`offsets` and :func:`postfix_tree` keep: read, never written)."""
+    found, tree = offsets(starts), postfix_tree(merges)
+    n = tree.array.size if tree is not None else len(merges)
     if A.ndim != 2 or D.ndim != 2 or A.shape[0] != D.shape[0] or out.shape != (A.shape[1], D.shape[1]):
         raise ValueError(f"block_outer_sum: A {A.shape}, D {D.shape} -> out {out.shape} do not match "
                          "(A: rows x m, D: rows x n, out: m x n)")
-    if n < 1 or s.shape != (n + 1,) or len(alphas) != n:
+    if n < 1 or len(starts) != n + 1 or len(alphas) != n:
         raise ValueError(f"block_outer_sum: {n} blocks need {n + 1} starts and {n} alphas, got "
-                         f"{s.shape[0] if s.ndim else 1} and {len(alphas)}")
-    if starts[0] != 0 or starts[-1] != A.shape[0] or any(a > b for a, b in zip(starts, starts[1:])):
-        raise ValueError(f"block_outer_sum: starts {starts} must rise from 0 to {A.shape[0]}")
-    if m.ndim != 1 or merges[0] != 0 or min(merges) < 0 or stack_depth(merges) < 1 or n - sum(merges) != 1:
-        raise ValueError(f"block_outer_sum: merges {merges} are not one postfix tree")
-    return s, m
+                         f"{len(starts)} and {len(alphas)}")
+    if found is None or found.rows != A.shape[0]:
+        raise ValueError(f"block_outer_sum: starts {np.ravel(starts).tolist()} must rise from 0 to {A.shape[0]}")
+    if tree is None:
+        raise ValueError(f"block_outer_sum: merges {np.ravel(merges).tolist()} are not one postfix tree")
+    return found.array, tree.array
+
+
+# A step checks the same few offsets and trees in every kernel of every layer: each is
+# checked once a process, in Python (whose loops over a few numbers cost less than NumPy's
+# calls), and kept here; a run repeats a few, so anything past KEPT is not kept for long.
+KEPT = 256
+_OFFSETS: dict = {}
+_TREES: dict = {}
+
+
+class Offsets(NamedTuple):
+    """Blocks' offsets as the kernels take them (:func:`offsets`)."""
+
+    array: np.ndarray  # int64
+    rows: int  # the last offset: the rows of all the blocks
+    most_rows: int  # of any block
+
+
+class PostfixTree(NamedTuple):
+    """A postfix tree as the kernels take it (:func:`postfix_tree`)."""
+
+    array: np.ndarray  # int64
+    depth: int  # the most partial sums it holds at once (stack_depth)
+
+
+def _key(values) -> tuple:
+    return tuple(values.tolist() if isinstance(values, np.ndarray) else values)
+
+
+def _keep(kept: dict, key, value):
+    if len(kept) >= KEPT:
+        kept.clear()
+    kept[key] = value
+    return value
+
+
+def offsets(starts) -> Offsets | None:
+    """:class:`Offsets` of integers that rise from 0, never back (at least two), else None."""
+    key = _key(starts)
+    found = _OFFSETS.get(key)
+    if found is not None:
+        return found
+    s = np.asarray(starts, dtype=np.int64)
+    values = s.tolist() if s.ndim == 1 else None
+    if values is None or len(values) < 2 or values[0] != 0 or values != sorted(values) or tuple(values) != key:
+        return None
+    return _keep(_OFFSETS, key, Offsets(s, values[-1], max(b - a for a, b in zip(values, values[1:]))))
+
+
+def postfix_tree(merges) -> PostfixTree | None:
+    """:class:`PostfixTree` of integers that are one postfix tree (see the module
+    docstring), else None."""
+    key = _key(merges)
+    found = _TREES.get(key)
+    if found is not None:
+        return found
+    m = np.asarray(merges, dtype=np.int64)
+    values = m.tolist() if m.ndim == 1 else None
+    if values is None or not values or tuple(values) != key or values[0] != 0 or min(values) < 0 \
+            or stack_depth(values) < 1 or len(values) - sum(values) != 1:
+        return None
+    return _keep(_TREES, key, PostfixTree(m, stack_depth(values)))
 
 
 def most_rows(starts) -> int:
-    """The most rows of any block of the offsets ``starts`` (in Python: a few offsets, read
-    on every layer of every step)."""
-    bounds = starts.tolist() if isinstance(starts, np.ndarray) else list(starts)
-    return max(b - a for a, b in zip(bounds, bounds[1:]))
+    """The most rows of any block of the offsets ``starts`` (rising from 0, as every kernel
+    checks them)."""
+    found = offsets(starts)
+    if found is None:
+        bounds = starts.tolist() if isinstance(starts, np.ndarray) else list(starts)
+        return max(b - a for a, b in zip(bounds, bounds[1:]))
+    return found.most_rows
 
 
 def stack_depth(merges) -> int:

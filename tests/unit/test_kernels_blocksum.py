@@ -145,6 +145,28 @@ def test_refusals(K):
     for merges in ([0, 2], [0, 0], [1, 0]):
         with pytest.raises(ValueError, match="postfix tree"):
             K.block_outer_sum(A, D, [0, 2, 4], merges, [1.0, 1.0], out)
+    # offsets and trees are checked once and then looked up: the same ones with other
+    # arrays are checked against those arrays again, and numbers that only round to them
+    # are not taken for them
+    K.block_outer_sum(A, D, [0, 2, 4], [0, 1], [1.0, 1.0], out)
+    with pytest.raises(ValueError, match="must rise from 0 to 5"):
+        K.block_outer_sum(np.zeros((5, 3), np.float32), np.zeros((5, 5), np.float32), [0, 2, 4], [0, 1],
+                          [1.0, 1.0], out)
+    with pytest.raises(ValueError, match=r"starts \[0.0, 2.5, 4.0\] must rise"):
+        K.block_outer_sum(A, D, [0, 2.5, 4], [0, 1], [1.0, 1.0], out)
+    with pytest.raises(ValueError, match="postfix tree"):
+        K.block_outer_sum(A, D, [0, 2, 4], [0, 1.5], [1.0, 1.0], out)
+
+
+def test_offsets_checked_once_are_checked_against_each_call():
+    """check_starts keeps the offsets it has checked: the same offsets for another row count,
+    or values that only round to them, are refused as the first time."""
+    from aepar.kernels.ref.blocksum import check_starts, most_rows
+
+    assert check_starts("t", 5, [0, 2, 5]).tolist() == [0, 2, 5] and most_rows([0, 2, 5]) == 3
+    for rows, starts in ((6, [0, 2, 5]), (5, [0, 2.5, 5]), (5, [0, 3, 2, 5]), (5, [1, 2, 5]), (5, [5])):
+        with pytest.raises(ValueError, match="do not split"):
+            check_starts("t", rows, starts)
 
 
 @settings(max_examples=25, deadline=None)
