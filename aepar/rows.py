@@ -34,8 +34,8 @@ from aepar.errors import UserError
 
 __all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node",
            "tree_node_from", "tree_cover", "cover_merges", "tree_merges", "tree_sum", "tree_sum_rows", "local_sums",
-           "parallel_map", "each", "threads", "thread_bands", "check_blocks", "stacked_rows", "BlockRows", "BlockFactor",
-           "factor_rows", "weighted_ranges", "CHUNK", "DEFAULT_BLOCKS"]
+           "parallel_map", "each", "threads", "thread_bands", "check_blocks", "stacked_rows", "BlockRows",
+           "BlockFactor", "factor_rows", "as_parts", "weighted_ranges", "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8
@@ -331,7 +331,9 @@ class BlockRows(Sequence):
     ``rows[starts[k]:starts[k + 1]]``, made when it is read. Consecutive items (a slice)
     are a BlockRows of the same array, which :func:`stacked_rows` returns as one view of it
     without looking up where each view lies (a view or a look-up costs host microseconds,
-    and a step of 8 blocks made dozens of each)."""
+    and a step of 8 blocks made dozens of each). ``rows`` may be a tuple of such arrays,
+    the parts of a factor (kernels' ``block_outer_sum``): an item is then the tuple of
+    each part's view, and so is :meth:`stacked`."""
 
     __slots__ = ("rows", "starts")
 
@@ -352,15 +354,26 @@ class BlockRows(Sequence):
         k = index + len(starts) - 1 if index < 0 else index  # a negative index as a list's
         if not 0 <= k < len(starts) - 1:
             raise IndexError("BlockRows index out of range")
-        return self.rows[starts[k]:starts[k + 1]]
+        return self._rows(starts[k], starts[k + 1])
 
     def __iter__(self):
-        rows, starts = self.rows, self.starts
-        return (rows[lo:hi] for lo, hi in zip(starts[:-1], starts[1:]))
+        starts = self.starts
+        return (self._rows(lo, hi) for lo, hi in zip(starts[:-1], starts[1:]))
 
     def stacked(self):
-        """All the items' rows: one view of the array."""
-        return self.rows[self.starts[0]:self.starts[-1]]
+        """All the items' rows: one view of the array (of each part)."""
+        return self._rows(self.starts[0], self.starts[-1])
+
+    def _rows(self, lo, hi):
+        rows = self.rows
+        return tuple(part[lo:hi] for part in rows) if isinstance(rows, tuple) else rows[lo:hi]
+
+
+def as_parts(a) -> tuple:
+    """A factor's parts (see :class:`BlockRows`): its tuple, or the array alone. The kernels
+    read them the same way (kernels' ``block_outer_sum``), which aepar reaches through its
+    backend only."""
+    return a if isinstance(a, tuple) and a else (a,)
 
 
 class BlockFactor(tuple):
@@ -391,9 +404,13 @@ def stacked_rows(xp, parts, width: int, dtype):
     """The rows of ``parts`` (2-D arrays of ``width`` columns; None or empty: no rows) one
     after another. Where they already lie so in one allocation (consecutive blocks' factors
     sliced from the array a kernel stacked them in) those rows are returned as they are, a
-    view; otherwise one copy. On a GPU a copy is a launch per part."""
-    if isinstance(parts, BlockRows) and parts.rows.ndim == 2 and parts.rows.shape[1] == width:
+    view; otherwise one copy. On a GPU a copy is a launch per part. Items that are tuples
+    (a factor's parts, see :class:`BlockRows`) are stacked part by part, into a tuple."""
+    if isinstance(parts, BlockRows) and all(r.ndim == 2 and r.shape[1] == width for r in as_parts(parts.rows)):
         return parts.stacked()
+    if any(isinstance(p, tuple) for p in parts):
+        count = next(len(p) for p in parts if isinstance(p, tuple))
+        return tuple(stacked_rows(xp, [None if p is None else p[i] for p in parts], width, dtype) for i in range(count))
     live = [p for p in parts if p is not None and p.shape[0]]
     if not live:
         return xp.empty((0, width), dtype)

@@ -75,7 +75,9 @@ Families (module: functions):
 - blocksum: ``block_outer_sum(A, D, starts, merges, alphas, out)``: out = Σ alphas[b]
   A_b.T @ D_b over the blocks of rows ``starts[b]:starts[b+1]``, added in the postfix tree
   ``merges`` (aepar.rows.tree_merges): a batch's weight gradient from its blocks, the same
-  bits as each block's product added in that tree.
+  bits as each block's product added in that tree. A and D may also be tuples of parts
+  (a tied autoencoder's (x, dz2) and (dz1, h)): block b's rows are then its rows of each
+  part, one part after another, without the parts copied into one array first.
   ``block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0)``
   is ``sgd_momentum_update(p, g, v, lr, momentum, weight_decay)`` with that sum as g, the
   same bits (the numba set steps p and v where each tile of g ends, g never written out).

@@ -44,8 +44,9 @@ class AELayer(RBM):
         """Add one block's gradient of ½ Σ(x̂ − x)², scaled by ``scale``, into ``grads``.
         Returns (Σ‖x̂ − x‖²,)."""
         (sums,), (factors,) = self.block_factors([x], [rng], scale, [grads])
-        A, D, _ = factors["W"]  # alpha is 1 (block_factors)
-        grads["W"] += A.T @ D  # one product for the encoder's and the decoder's parts
+        (x, dz2), (dz1, h), _ = factors["W"]  # alpha is 1 (block_factors)
+        xp = self.be.xp
+        grads["W"] += xp.concatenate([x, dz2]).T @ xp.concatenate([dz1, h])  # one product for both parts
         return sums
 
     def block_factors(self, xs, rngs, scale, grads):
@@ -53,8 +54,11 @@ class AELayer(RBM):
         each block's bias gradients into its ``grads`` dict and returns ([(Σ‖x̂ − x‖²,)],
         [{"W": (A, D, 1.0)}]), one entry per block. W is tied, so its gradient has an
         encoder part x.T @ dz1 and a decoder part (h.T @ dz2).T = dz2.T @ h: A = [x; dz2],
-        D = [dz1; h]. The blocks are stacked in one group per thread, each layer one
-        kernel call per group (``dense_*_blocks``), with each block's own bits."""
+        D = [dz1; h], given as their parts, A = (x, dz2) and D = (dz1, h) (kernels'
+        ``block_outer_sum`` runs each block's chain over both; stacking them into one array
+        was a copy of four activations a step). The blocks are stacked in one group per
+        thread, each layer one kernel call per group (``dense_*_blocks``), with each
+        block's own bits."""
         K, p, xp = self.be.K, self.params, self.be.xp
         acts = BlockActivations(xs, xp)
         Wt = p["W"].T  # a view: the kernels take it as it is (a copy is a pass over W every step)
@@ -62,17 +66,13 @@ class AELayer(RBM):
         def chain(x, starts, grads):
             h = K.dense_forward_blocks(x, p["W"], p["bh"], self.code_act, starts)
             y = K.dense_forward_blocks(h, Wt, p["bv"], "sigmoid", starts)
-            bounds = list(zip(starts[:-1], starts[1:]))
             errs = K.mse_forward_blocks(y, x, starts, scale=2.0)  # each block's Σ (x̂ − x)²
             dh, dz2 = K.dense_backward_blocks(K.mse_backward(y, x, scale=scale), h, Wt, y, "sigmoid",
                                               [g["bv"] for g in grads], starts)
             _, dz1 = K.dense_backward_blocks(dh, x, p["W"], h, self.code_act, [g["bh"] for g in grads], starts,
                                              need_dx=False)
-            # every block's factors in one array each, block after block: one copy, and the
-            # trainer's sum takes their rows as they lie (aepar.rows.factor_rows)
-            A = xp.concatenate([part for lo, hi in bounds for part in (x[lo:hi], dz2[lo:hi])])
-            D = xp.concatenate([part for lo, hi in bounds for part in (dz1[lo:hi], h[lo:hi])])
-            a_rows, d_rows = BlockRows(A, 2 * starts), BlockRows(D, 2 * starts)
+            # the trainer's sum takes the blocks' rows of both parts as they lie (aepar.rows.factor_rows)
+            a_rows, d_rows = BlockRows((x, dz2), starts), BlockRows((dz1, h), starts)
             return [((err,), {"W": BlockFactor(a_rows, d_rows, k, 1.0)}) for k, err in enumerate(errs)]
         out = [block for group in each(chain, acts.layers[0], acts.starts, acts.split(list(grads)))
                for block in group]

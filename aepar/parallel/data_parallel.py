@@ -65,7 +65,8 @@ import numpy as np
 
 from aepar.optim import FactoredGradient, written
 from aepar.parallel.blocks import TreeSum
-from aepar.rows import BlockRows, Blocks, Shard, block_bounds, factor_rows, parallel_map, thread_bands, tree_merges
+from aepar.rows import (BlockRows, Blocks, Shard, as_parts, block_bounds, factor_rows, parallel_map, thread_bands,
+                        tree_merges)
 
 __all__ = ["Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums", "reducer"]
 
@@ -335,16 +336,22 @@ def _local_sum(be, buf, factors, first, merges, out, defer=False):
         m, n = grads[name].shape
         parts = [f[name] if f is not None else None for f in factors[first:first + len(merges)]]
         a, d = factor_rows(be.xp, parts, (m, n), be.dtype)
-        starts = list(itertools.accumulate((p[0].shape[0] if p else 0 for p in parts), initial=0))
+        # a factor's rows (of each of its parts: kernels' block_outer_sum)
+        starts = list(itertools.accumulate((as_parts(p[0])[0].shape[0] if p else 0 for p in parts), initial=0))
         alphas = [p[2] if p else 1.0 for p in parts]
         # the threads take a band of rows each: an element's sums are the same in any band
         bounds = thread_bands(m)
-        factored[name] = FactoredGradient(be.K, [(a[:, lo:hi], d, starts, alphas, lo, hi)
+        factored[name] = FactoredGradient(be.K, [(_columns(a, lo, hi), d, starts, alphas, lo, hi)
                                                  for lo, hi in zip(bounds[:-1], bounds[1:])], merges, grads[name])
     if defer:
         return out, factored
     written(factored)  # every weight's bands in one hand-off
     return out, {}
+
+
+def _columns(a, lo: int, hi: int):
+    """Columns lo:hi of a factor (of each of its parts), as views."""
+    return tuple(part[:, lo:hi] for part in a) if isinstance(a, tuple) else a[:, lo:hi]
 
 
 def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) -> EpochResult:

@@ -1,7 +1,7 @@
 """The blocks' tree-summed outer products on the GPU: the reference's loop over cuBLAS products."""
 import cupy as cp
 
-from ..ref.blocksum import block_outer_sum as _by_tree, check_block_outer_sum
+from ..ref.blocksum import block_outer_sum as _by_tree, check_block_outer_sum, interleaved
 from .gemm import matmul
 from .update import sgd_momentum_update
 
@@ -14,6 +14,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     temporary, scaling or copy."""
     if len(alphas) == 1 and float(alphas[0]) == 1.0:
         check_block_outer_sum(A, D, starts, merges, alphas, out)
+        A, D, _ = interleaved(A, D, starts)
         return matmul(A.T, D, out=out)
     return _by_tree(A, D, starts, merges, alphas, out)
 

@@ -62,7 +62,7 @@ from numba import njit
 
 from ..memory import empty
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
-from ..ref.blocksum import check_block_outer_sum, most_rows, postfix_tree
+from ..ref.blocksum import as_parts, check_block_outer_sum, interleaved, most_rows, postfix_tree
 from .codegen import define
 # the generated tiles (_define) call these by name
 from .simd import JIT, prefetch, prefetch_l2, target_isa  # noqa: F401
@@ -486,50 +486,80 @@ def _transposed_panel(wf, N, j, cols, panel, ldp):
 
 
 @njit(**JIT)
-def _block_outer_sum(af, lda, D, starts, merges, alphas, out, stack, panel, vel, sgd):
+def _block_outer_sum(af, lda, af2, lda2, D, D2, parts, starts, merges, alphas, out, stack, panel, vel, sgd):
     """The tiles of :func:`block_outer_sum`, with A (rows x m, its rows ``lda`` floats
     apart in ``af``) packed by row tiles first (see :func:`_outer_source`). Each column
     panel of D is copied into ``panel`` (rows x OC vectors, the last one padded with zeros
     where D's rows end) first, where the row tiles then read it: they load whole vectors.
-    With ``sgd`` the sums are not stored but step ``out`` (the parameter) and ``vel`` (its
-    velocity; see :func:`_sgd_lines`)."""
+    With ``parts`` = 2, A and D are two parts each (A's second in ``af2``, ``lda2``, D's in
+    ``D2``), and a block's rows are its rows of the first part, then of the second
+    (:func:`_chain`): the packing and the panels' copies gather them, so the parts are
+    never copied into one array first. With ``sgd`` the sums are not stored but step
+    ``out`` (the parameter) and ``vel`` (its velocity; see :func:`_sgd_lines`)."""
     M, N = out.shape
-    rows = D.shape[0]
+    part, row, chain = _chain(starts, parts)
+    rows = chain[-1]
     tiles = _outer_row_tiles(M)
     runs = _tile_runs(tiles)
-    packed = _pack_row_tiles(af, lda, rows, M, tiles)
-    df, of, vf = D.reshape(-1), out.reshape(-1), vel.reshape(-1)
+    packed = _pack_row_tiles(af, lda, af2, lda2, part, row, M, tiles)
+    df, df2, of, vf = D.reshape(-1), D2.reshape(-1), out.reshape(-1), vel.reshape(-1)
     ldd, ldp = D.shape[1], OC * LANES32
     j = 0
     while j < N:  # a column panel of D stays in cache while the row tiles pass over it
         vecs = min(OC, (N - j + LANES32 - 1) // LANES32)
         nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
         for k in range(rows):  # the last vector masked where D's rows end: zeros past them
+            src = df if part[k] == 0 else df2
+            first = row[k] * ldd + j
             for c in range(vecs - 1):
-                vstore32(panel, k * ldp + c * LANES32, vload32(df, k * ldd + j + c * LANES32))
-            last = k * ldd + j + (vecs - 1) * LANES32
+                vstore32(panel, k * ldp + c * LANES32, vload32(src, first + c * LANES32))
+            last = first + (vecs - 1) * LANES32
             vstore32(panel, k * ldp + (vecs - 1) * LANES32,
-                     vload32(df, last) if nlast == LANES32 else vload32m(df, last, nlast))
+                     vload32(src, last) if nlast == LANES32 else vload32m(src, last, nlast))
         for q in range(runs.size - 1):
             t = runs[q]
             # the tiles take one column offset for D and out: out from column j on
-            _outer(tiles[t + 1] - tiles[t], vecs, packed, rows, panel, ldp, 0, starts, merges, alphas,
+            _outer(tiles[t + 1] - tiles[t], vecs, packed, rows, panel, ldp, 0, chain, merges, alphas,
                    stack, of[j:], vf[j:] if sgd else vf, N, nlast, sgd, tiles, t, runs[q + 1])
         j += vecs * LANES32
 
 
 @njit(**JIT)
-def _pack_row_tiles(af, lda, rows, m, tiles):
-    """A (rows x m, row k at af[k * lda:]) as the row tiles of out take it: tile [r0, r1)
-    at r0 * rows, A[k, r0:r1] at r0 * rows + k * (r1 - r0), each such piece one masked
-    vector (a tile has at most OR <= 16 rows), not element by element: at 100 rows the
-    packing is then a small part of the product (docs/performance-notes.md)."""
+def _chain(starts, parts):
+    """The rows of one call as its blocks' FMA chains run over them: block after block,
+    each block's rows of every part, one part after another. Returns (each chain row's
+    part, its row in that part, the blocks' offsets in the chain)."""
+    blocks = starts.size - 1
+    part = np.empty(starts[blocks] * parts, np.int64)
+    row = np.empty(starts[blocks] * parts, np.int64)
+    chain = np.empty(blocks + 1, np.int64)
+    k = 0
+    for b in range(blocks):
+        chain[b] = k
+        for p in range(parts):
+            for r in range(starts[b], starts[b + 1]):
+                part[k], row[k] = p, r
+                k += 1
+    chain[blocks] = k
+    return part, row, chain
+
+
+@njit(**JIT)
+def _pack_row_tiles(af, lda, af2, lda2, part, row, m, tiles):
+    """A's chain rows (:func:`_chain`: row k is ``row[k]`` of the first part, at
+    af[row[k] * lda:], or of the second, at af2[row[k] * lda2:]) as the row tiles of out
+    take them: tile [r0, r1) at r0 * rows, A[k, r0:r1] at r0 * rows + k * (r1 - r0), each
+    such piece one masked vector (a tile has at most OR <= 16 rows), not element by
+    element: at 100 rows the packing is then a small part of the product
+    (docs/performance-notes.md)."""
+    rows = part.size
     packed = np.empty(rows * m, np.float32)
     for t in range(tiles.size - 1):
         r0, r1 = tiles[t], tiles[t + 1]
         width = r1 - r0
         for k in range(rows):
-            vstore32m(packed, r0 * rows + k * width, vload32m(af, k * lda + r0, width), width)
+            src, first = (af, row[k] * lda) if part[k] == 0 else (af2, row[k] * lda2)
+            vstore32m(packed, r0 * rows + k * width, vload32m(src, first + r0, width), width)
     return packed
 
 
@@ -634,17 +664,20 @@ def rows_times(v, W, out):
 
 def block_outer_sum(A, D, starts, merges, alphas, out):
     """out = the tree over blocks of alphas[b] * A_b.T @ D_b; see
-    :func:`kernels.ref.blocksum.block_outer_sum`. Float32 C-contiguous arrays take the
-    register tiles here (every out[i, j] of a block an FMA chain over its rows in order,
-    the tree's additions exactly as NumPy's); anything else the reference. Returns out."""
+    :func:`kernels.ref.blocksum.block_outer_sum` (A and D arrays, or two parts each).
+    Float32 arrays, D's and out C-contiguous, take the register tiles here (every out[i, j]
+    of a block an FMA chain over its rows in order, the tree's additions exactly as
+    NumPy's); anything else the reference. Returns out."""
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, out)
-    if not (A.dtype == D.dtype == out.dtype == np.float32 and D.flags.c_contiguous and out.flags.c_contiguous):
+    if not _fits(A, D, out):
         return _ref_block_outer_sum(A, D, starts, merges, alphas, out)
     if out.size:
         scales = _scales(alphas)
-        if most_rows(starts) > SEGMENT_ROWS:
+        if most_rows(starts) * len(as_parts(A)) > SEGMENT_ROWS:
             # allocated per call, not kept (_scratch): megabytes at batch 5000, and one such
-            # call is long enough that the allocation does not count
+            # call is long enough that the allocation (and a copy of two parts into one
+            # array) does not count
+            A, D, starts = interleaved(A, D, starts)
             tiles = (len(_outer_row_tiles(out.shape[0])) - 1) * -(-out.shape[1] // (OC * LANES32))
             stack = empty(tiles * postfix_tree(merges).depth * SLOT, np.float32)
             at = empty((A.shape[1], SEGMENT_ROWS), np.float32)
@@ -655,13 +688,25 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     return out
 
 
+def _fits(A, D, out, *more):
+    """Whether the tiles here take these arrays: float32, at most two parts each of A and D
+    (see :func:`block_outer_sum`), D's and the outputs C-contiguous, the outputs writeable."""
+    a_parts, d_parts = as_parts(A), as_parts(D)
+    outs = (out, *more)
+    return (len(a_parts) <= 2 and all(a.dtype == np.float32 for a in a_parts + d_parts + outs)
+            and all(d.flags.c_contiguous for d in d_parts + outs) and all(o.flags.writeable for o in outs))
+
+
 def _in_tiles(A, D, starts, merges, scales, out, vel, sgd):
     """:func:`_block_outer_sum` with its scratch: the tree's stack and D's column panel.
     A is read where it lies (:func:`_flat_rows`; a thread's band of columns is a view:
     the packing is its one copy)."""
-    af, lda = _flat_rows(A)
-    _block_outer_sum(af, lda, D, starts, merges, scales, out, _scratch("stack", postfix_tree(merges).depth * SLOT),
-                     _scratch("panel", D.shape[0] * OC * LANES32), vel, sgd)
+    a_parts, d_parts = as_parts(A), as_parts(D)
+    (af, lda), (af2, lda2) = _flat_rows(a_parts[0]), _flat_rows(a_parts[-1])
+    rows = d_parts[0].shape[0] * len(d_parts)
+    _block_outer_sum(af, lda, af2, lda2, d_parts[0], d_parts[-1], len(a_parts), starts, merges, scales, out,
+                     _scratch("stack", postfix_tree(merges).depth * SLOT), _scratch("panel", rows * OC * LANES32),
+                     vel, sgd)
 
 
 def _flat_rows(A):
@@ -686,9 +731,7 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, p)
     if v.shape != p.shape:
         raise ValueError(f"block_outer_sum_sgd: v {v.shape} does not match p {p.shape}")
-    fits = (A.dtype == D.dtype == p.dtype == v.dtype == np.float32 and D.flags.c_contiguous
-            and p.flags.c_contiguous and v.flags.c_contiguous and p.flags.writeable and v.flags.writeable)
-    if not fits or most_rows(starts) > SEGMENT_ROWS:  # the sum, then the step
+    if not _fits(A, D, p, v) or most_rows(starts) * len(as_parts(A)) > SEGMENT_ROWS:  # the sum, then the step
         g = empty(p.shape, p.dtype)
         block_outer_sum(A, D, starts, merges, alphas, g)
         return sgd_momentum_update(p, g, v, lr, momentum, weight_decay)

@@ -29,12 +29,19 @@ def check_starts(what, rows, starts):
 
 def check_block_outer_sum(A, D, starts, merges, alphas, out):
     """Shared by every kernel set; returns (starts, merges) as int64 arrays (those that
-    :func:`offsets` and :func:`postfix_tree` keep: read, never written)."""
+    :func:`offsets` and :func:`postfix_tree` keep: read, never written). A and D may be
+    tuples of parts (see :func:`block_outer_sum`)."""
     found, tree = offsets(starts), postfix_tree(merges)
     n = tree.array.size if tree is not None else len(merges)
-    if A.ndim != 2 or D.ndim != 2 or A.shape[0] != D.shape[0] or out.shape != (A.shape[1], D.shape[1]):
-        raise ValueError(f"block_outer_sum: A {A.shape}, D {D.shape} -> out {out.shape} do not match "
-                         "(A: rows x m, D: rows x n, out: m x n)")
+    a_parts, d_parts = as_parts(A), as_parts(D)
+    a, d = a_parts[0], d_parts[0]
+    if len(a_parts) != len(d_parts) or any(p.ndim != 2 or p.shape != a.shape for p in a_parts) \
+            or any(p.ndim != 2 or p.shape != d.shape for p in d_parts) or a.shape[0] != d.shape[0] \
+            or out.shape != (a.shape[1], d.shape[1]):
+        raise ValueError(f"block_outer_sum: A {_shapes(A)}, D {_shapes(D)} -> out {out.shape} do not match "
+                         "(A: rows x m, D: rows x n, out: m x n; as many parts of A as of D, each of those "
+                         "shapes)")
+    A = a
     if n < 1 or len(starts) != n + 1 or len(alphas) != n:
         raise ValueError(f"block_outer_sum: {n} blocks need {n + 1} starts and {n} alphas, got "
                          f"{len(starts)} and {len(alphas)}")
@@ -107,6 +114,28 @@ def postfix_tree(merges) -> PostfixTree | None:
     return _keep(_TREES, key, PostfixTree(m, stack_depth(values)))
 
 
+def as_parts(A) -> tuple:
+    """A factor's parts: its tuple, or the array alone (see :func:`block_outer_sum`)."""
+    return A if isinstance(A, tuple) and A else (A,)
+
+
+def _shapes(A):
+    return [p.shape for p in A] if isinstance(A, tuple) else A.shape
+
+
+def interleaved(A, D, starts):
+    """(A, D, starts) as one array each, where A and D are tuples of parts: each block's
+    rows of every part, one part after another, block after block (the one chain of rows
+    that a block's product runs over), and the blocks' offsets in those arrays. Arrays are
+    returned as they are. NumPy's concatenate, which CuPy's arrays take too."""
+    if not isinstance(A, tuple):
+        return A, D, starts
+    bounds = np.asarray(starts, dtype=np.int64)
+    blocks = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+    return (np.concatenate([part[lo:hi] for lo, hi in blocks for part in A]),
+            np.concatenate([part[lo:hi] for lo, hi in blocks for part in D]), bounds * len(A))
+
+
 def most_rows(starts) -> int:
     """The most rows of any block of the offsets ``starts`` (rising from 0, as every kernel
     checks them)."""
@@ -134,9 +163,14 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     Parameters
     ----------
     A : array (rows, m), D : array (rows, n)
-        The blocks' rows one after another.
+        The blocks' rows one after another; or tuples of parts, arrays of those shapes,
+        as many of A as of D: block b's rows are then its rows of every part, one part
+        after another (what :func:`interleaved` makes of them; a tied autoencoder's
+        gradient x.T @ dz1 + dz2.T @ h, A = (x, dz2) and D = (dz1, h), without first
+        copying the parts into one array).
     starts : ints (blocks + 1,)
-        Block b is rows starts[b]:starts[b+1] (it may be empty: a zero product).
+        Block b is rows starts[b]:starts[b+1] (of every part; it may be empty: a zero
+        product).
     merges : ints (blocks,)
         The tree in postfix: after block b's product, that many times the two newest
         partial sums are replaced by their sum (left + right).
@@ -147,6 +181,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     Works on CuPy arrays as well (the GPU set uses it as it is).
     """
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, out)
+    A, D, starts = interleaved(A, D, starts)
     stack = []
     for b in range(merges.size):
         s, e = int(starts[b]), int(starts[b + 1])

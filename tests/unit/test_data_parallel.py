@@ -521,6 +521,29 @@ def test_block_rows_stack_consecutive_blocks_as_views_of_their_array():
         assert not np.shares_memory(copied[0], a) and all(np.array_equal(c, w) for c, w in zip(copied, want))
 
 
+def test_factors_of_two_parts_stack_part_by_part():
+    """A factor given as parts (the tied autoencoder's A = (x, dz2), D = (dz1, h)): an item
+    of BlockRows over a tuple is the tuple of each part's rows; consecutive blocks stack as
+    views of each part, anything else is copied together part by part, into a tuple of as
+    many parts, the blocks' rows in the same places in every part."""
+    x, dz2 = (memory.empty((12, 5), np.float32) for _ in range(2))
+    dz1, h = (memory.empty((12, 2), np.float32) for _ in range(2))
+    for i, arr in enumerate((x, dz2, dz1, h)):
+        arr[:] = np.arange(arr.size).reshape(arr.shape) + 100 * i
+    a_rows, d_rows = BlockRows((x, dz2), [0, 3, 3, 7, 12]), BlockRows((dz1, h), [0, 3, 3, 7, 12])
+    assert [tuple(p.shape[0] for p in item) for item in a_rows] == [(3, 3), (0, 0), (4, 4), (5, 5)]
+    factors = [BlockFactor(a_rows, d_rows, k, 1.0) for k in range(4)]
+    (fx, fdz2), (fdz1, fh), _ = factors[2]
+    assert np.array_equal(fx, x[3:7]) and np.array_equal(fdz2, dz2[3:7]) and np.array_equal(fh, h[3:7])
+    (vx, vdz2), (vdz1, vh) = factor_rows(np, factors[1:], (5, 2), np.float32)
+    assert all(np.shares_memory(v, w) for v, w in ((vx, x), (vdz2, dz2), (vdz1, dz1), (vh, h)))
+    assert np.array_equal(vx, x[3:12]) and np.array_equal(vh, h[3:12])
+    (cx, cdz2), (cdz1, ch) = factor_rows(np, [factors[3], None, factors[0]], (5, 2), np.float32)
+    assert not np.shares_memory(cx, x)
+    for got, arr in ((cx, x), (cdz2, dz2), (cdz1, dz1), (ch, h)):
+        assert np.array_equal(got, np.concatenate([arr[7:12], arr[0:3]]))
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.05, 20.0), min_size=1, max_size=16), st.integers(0, 200))
 def test_weighted_ranges_share_every_block_in_order_by_speed(speeds, extra):

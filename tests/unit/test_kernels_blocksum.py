@@ -239,3 +239,49 @@ def test_the_step_with_the_sum_refuses_a_velocity_of_another_shape():
     for K in (REF, NB):
         with pytest.raises(ValueError):
             K.block_outer_sum_sgd(A, D, starts, [0, 1], alphas, p, np.zeros((5, 7), np.float32), 0.1, 0.9)
+
+
+@pytest.mark.parametrize("name", ["numpy", "numba"])
+@settings(max_examples=30, deadline=None)
+@given(count=st.integers(1, 8), m=st.integers(1, 40), n=st.integers(1, 90), seed=st.integers(0, 2 ** 16),
+       long=st.booleans(), banded=st.booleans())
+def test_two_parts_are_the_interleaved_arrays(name, count, m, n, seed, long, banded):
+    """A and D given as two parts each (a tied autoencoder's (x, dz2) and (dz1, h)): the
+    bits of one array each with every block's rows of the first part, then of the second
+    (ref.blocksum.interleaved), the step with the sum too; A's parts read through their
+    stride, blocks empty or long (taken in stretches), and nothing written past out."""
+    from aepar.kernels.nb import rowprod
+    from aepar.kernels.ref.blocksum import interleaved
+
+    K = kernels.load(name)
+    rng = np.random.default_rng(seed)
+    sizes = list(rng.integers(0, 16, count))
+    if long:
+        sizes[int(rng.integers(count))] = rowprod.SEGMENT_ROWS // 2 + 1 + int(rng.integers(40))
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    rows = int(starts[-1])
+    wide = [rng.standard_normal((rows, m + extra)).astype(np.float32) for extra in (5, 9)]  # rows apart unlike
+    a_parts = tuple(w[:, 2:m + 2] if banded else np.ascontiguousarray(w[:, :m]) for w in wide)
+    d_parts = tuple(rng.standard_normal((2, rows, n)).astype(np.float32))
+    alphas = list(rng.standard_normal(count))
+    merges = tree_merges(tree_top(count), 0, count)
+    A, D, chain = interleaved(a_parts, d_parts, starts)
+    want = K.block_outer_sum(A, D, chain, merges, alphas, np.empty((m, n), np.float32))
+    got = np.full((m + 1, n), 7.0, np.float32)
+    K.block_outer_sum(a_parts, d_parts, starts, merges, alphas, got[:m])
+    assert np.array_equal(got[:m].view(np.int32), want.view(np.int32)) and np.all(got[m] == 7.0)
+    p0, v0 = rng.standard_normal((2, m, n)).astype(np.float32)
+    p, v, p2, v2 = p0.copy(), v0.copy(), p0.copy(), v0.copy()
+    K.block_outer_sum_sgd(A, D, chain, merges, alphas, p, v, 0.1, 0.9, 2e-4)
+    K.block_outer_sum_sgd(a_parts, d_parts, starts, merges, alphas, p2, v2, 0.1, 0.9, 2e-4)
+    assert p.tobytes() == p2.tobytes() and v.tobytes() == v2.tobytes()
+
+
+def test_parts_refused_where_they_do_not_fit():
+    x = np.zeros((4, 3), np.float32)
+    d = np.zeros((4, 5), np.float32)
+    out = np.zeros((3, 5), np.float32)
+    for K in (REF, NB):
+        for A, D in (((x, x), (d,)), ((x, x[:, :2]), (d, d)), ((x, x[:3]), (d, d[:3]))):
+            with pytest.raises(ValueError, match="do not match"):
+                K.block_outer_sum(A, D, [0, 4], [0], [1.0], out)
