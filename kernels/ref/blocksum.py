@@ -54,7 +54,7 @@ def check_block_outer_sum(A, D, starts, merges, alphas, out):
 
 # A step checks the same few offsets and trees in every kernel of every layer: each is
 # checked once a process, in Python (whose loops over a few numbers cost less than NumPy's
-# calls), and kept here; a run repeats a few, so anything past KEPT is not kept for long.
+# calls), and kept here (:func:`_checked`), KEPT at the most.
 KEPT = 256
 _OFFSETS: dict = {}
 _TREES: dict = {}
@@ -75,43 +75,38 @@ class PostfixTree(NamedTuple):
     depth: int  # the most partial sums it holds at once (stack_depth)
 
 
-def _key(values) -> tuple:
-    return tuple(values.tolist() if isinstance(values, np.ndarray) else values)
-
-
-def _keep(kept: dict, key, value):
-    if len(kept) >= KEPT:
-        kept.clear()
-    kept[key] = value
-    return value
+def _checked(kept: dict, values, make):
+    """``make(int64 array, list)`` of a flat list of integers ``values``, or None: looked up
+    in ``kept`` by the values, made once (and kept unless ``make`` refuses them with None)."""
+    try:
+        key = tuple(values.tolist() if isinstance(values, np.ndarray) else values)
+        found = kept.get(key)
+    except TypeError:  # a number, or a nested list
+        return None
+    if found is None:
+        array = np.asarray(values, dtype=np.int64)
+        listed = array.tolist() if array.ndim == 1 else None
+        if listed is None or tuple(listed) != key:  # nested, or numbers that only round to integers
+            return None
+        found = make(array, listed)
+        if found is not None:
+            if len(kept) >= KEPT:  # a run repeats a few; anything else is not kept for long
+                kept.clear()
+            kept[key] = found
+    return found
 
 
 def offsets(starts) -> Offsets | None:
     """:class:`Offsets` of integers that rise from 0, never back (at least two), else None."""
-    key = _key(starts)
-    found = _OFFSETS.get(key)
-    if found is not None:
-        return found
-    s = np.asarray(starts, dtype=np.int64)
-    values = s.tolist() if s.ndim == 1 else None
-    if values is None or len(values) < 2 or values[0] != 0 or values != sorted(values) or tuple(values) != key:
-        return None
-    return _keep(_OFFSETS, key, Offsets(s, values[-1], max(b - a for a, b in zip(values, values[1:]))))
+    return _checked(_OFFSETS, starts, lambda a, v: Offsets(a, v[-1], max(hi - lo for lo, hi in zip(v, v[1:])))
+                    if len(v) >= 2 and v[0] == 0 and v == sorted(v) else None)
 
 
 def postfix_tree(merges) -> PostfixTree | None:
     """:class:`PostfixTree` of integers that are one postfix tree (see the module
     docstring), else None."""
-    key = _key(merges)
-    found = _TREES.get(key)
-    if found is not None:
-        return found
-    m = np.asarray(merges, dtype=np.int64)
-    values = m.tolist() if m.ndim == 1 else None
-    if values is None or not values or tuple(values) != key or values[0] != 0 or min(values) < 0 \
-            or stack_depth(values) < 1 or len(values) - sum(values) != 1:
-        return None
-    return _keep(_TREES, key, PostfixTree(m, stack_depth(values)))
+    return _checked(_TREES, merges, lambda a, v: PostfixTree(a, stack_depth(v))
+                    if v and v[0] == 0 and min(v) >= 0 and stack_depth(v) >= 1 and len(v) - sum(v) == 1 else None)
 
 
 def as_parts(A) -> tuple:
