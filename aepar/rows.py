@@ -348,25 +348,36 @@ class BlockRows(Sequence):
         if isinstance(index, slice):
             lo, hi, step = index.indices(len(self))
             if step == 1:
-                return BlockRows(self.rows, self.starts[lo:max(lo, hi) + 1])
+                part = BlockRows.__new__(BlockRows)  # offsets already a list of ints: no second pass
+                part.rows, part.starts = self.rows, self.starts[lo:max(lo, hi) + 1]
+                return part
             return [self[k] for k in range(lo, hi, step)]
         starts = self.starts
         k = index + len(starts) - 1 if index < 0 else index  # a negative index as a list's
         if not 0 <= k < len(starts) - 1:
             raise IndexError("BlockRows index out of range")
-        return self._rows(starts[k], starts[k + 1])
+        rows, lo, hi = self.rows, starts[k], starts[k + 1]  # _rows, written out: a step reads dozens
+        return tuple([part[lo:hi] for part in rows]) if type(rows) is tuple else rows[lo:hi]
 
     def __iter__(self):
-        starts = self.starts
-        return (self._rows(lo, hi) for lo, hi in zip(starts[:-1], starts[1:]))
+        rows, starts = self.rows, self.starts
+        return (_rows(rows, lo, hi) for lo, hi in zip(starts[:-1], starts[1:]))
 
     def stacked(self):
         """All the items' rows: one view of the array (of each part)."""
-        return self._rows(self.starts[0], self.starts[-1])
+        return _rows(self.rows, self.starts[0], self.starts[-1])
 
-    def _rows(self, lo, hi):
-        rows = self.rows
-        return tuple(part[lo:hi] for part in rows) if isinstance(rows, tuple) else rows[lo:hi]
+
+def _rows(rows, lo: int, hi: int):
+    """Rows lo:hi of an array, or of each part of a tuple of them (:class:`BlockRows`)."""
+    return tuple([part[lo:hi] for part in rows]) if type(rows) is tuple else rows[lo:hi]
+
+
+def _of_width(rows, width: int) -> bool:
+    """Whether ``rows`` (an array, or a tuple of them) are 2-D rows of ``width`` columns."""
+    if type(rows) is tuple:
+        return all(r.ndim == 2 and r.shape[1] == width for r in rows)
+    return rows.ndim == 2 and rows.shape[1] == width
 
 
 def as_parts(a) -> tuple:
@@ -406,7 +417,7 @@ def stacked_rows(xp, parts, width: int, dtype):
     sliced from the array a kernel stacked them in) those rows are returned as they are, a
     view; otherwise one copy. On a GPU a copy is a launch per part. Items that are tuples
     (a factor's parts, see :class:`BlockRows`) are stacked part by part, into a tuple."""
-    if isinstance(parts, BlockRows) and all(r.ndim == 2 and r.shape[1] == width for r in as_parts(parts.rows)):
+    if isinstance(parts, BlockRows) and _of_width(parts.rows, width):
         return parts.stacked()
     if any(isinstance(p, tuple) for p in parts):
         count = next(len(p) for p in parts if isinstance(p, tuple))

@@ -691,6 +691,9 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
 def _fits(A, D, out, *more):
     """Whether the tiles here take these arrays: float32, at most two parts each of A and D
     (see :func:`block_outer_sum`), D's and the outputs C-contiguous, the outputs writeable."""
+    if type(A) is not tuple and type(D) is not tuple and not more:  # the common call: arrays, no step
+        return (A.dtype == D.dtype == out.dtype == np.float32 and D.flags.c_contiguous and out.flags.c_contiguous
+                and out.flags.writeable)
     a_parts, d_parts = as_parts(A), as_parts(D)
     outs = (out, *more)
     return (len(a_parts) <= 2 and all(a.dtype == np.float32 for a in a_parts + d_parts + outs)
@@ -701,12 +704,15 @@ def _in_tiles(A, D, starts, merges, scales, out, vel, sgd):
     """:func:`_block_outer_sum` with its scratch: the tree's stack and D's column panel.
     A is read where it lies (:func:`_flat_rows`; a thread's band of columns is a view:
     the packing is its one copy)."""
-    a_parts, d_parts = as_parts(A), as_parts(D)
-    (af, lda), (af2, lda2) = _flat_rows(a_parts[0]), _flat_rows(a_parts[-1])
-    rows = d_parts[0].shape[0] * len(d_parts)
-    _block_outer_sum(af, lda, af2, lda2, d_parts[0], d_parts[-1], len(a_parts), starts, merges, scales, out,
-                     _scratch("stack", postfix_tree(merges).depth * SLOT), _scratch("panel", rows * OC * LANES32),
-                     vel, sgd)
+    if type(A) is tuple:
+        (af, lda), (af2, lda2) = _flat_rows(A[0]), _flat_rows(A[-1])
+        D, D2, parts = D[0], D[-1], len(A)
+    else:  # one part: the second is the first
+        af, lda = af2, lda2 = _flat_rows(A)
+        D2, parts = D, 1
+    _block_outer_sum(af, lda, af2, lda2, D, D2, parts, starts, merges, scales, out,
+                     _scratch("stack", postfix_tree(merges).depth * SLOT),
+                     _scratch("panel", D.shape[0] * parts * OC * LANES32), vel, sgd)
 
 
 def _flat_rows(A):
