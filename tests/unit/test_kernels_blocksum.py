@@ -277,6 +277,29 @@ def test_two_parts_are_the_interleaved_arrays(name, count, m, n, seed, long, ban
     assert p.tobytes() == p2.tobytes() and v.tobytes() == v2.tobytes()
 
 
+@pytest.mark.parametrize("sizes", [[13, 12, 0, 13], [25]], ids=["blocks", "one-block"])
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_two_parts_on_every_set(name, sizes, rng):
+    """Every set takes two parts as the interleaved arrays (the GPU set interleaves them
+    before its products), the one block's product written in place included."""
+    from aepar.kernels.ref.blocksum import interleaved
+
+    K = kernels.load(name)
+    xp = np
+    if name == "cupy":
+        import cupy as xp
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    a_parts = tuple(rng.standard_normal((int(starts[-1]), 30)).astype(np.float32) for _ in range(2))
+    d_parts = tuple(rng.standard_normal((int(starts[-1]), 50)).astype(np.float32) for _ in range(2))
+    alphas = [1.0] if len(sizes) == 1 else list(rng.standard_normal(len(sizes)))
+    merges = tree_merges(tree_top(len(sizes)), 0, len(sizes))
+    A, D, chain = interleaved(a_parts, d_parts, starts)
+    want = K.block_outer_sum(xp.asarray(A), xp.asarray(D), chain, merges, alphas, xp.empty((30, 50), np.float32))
+    got = K.block_outer_sum(tuple(xp.asarray(a) for a in a_parts), tuple(xp.asarray(d) for d in d_parts), starts,
+                            merges, alphas, xp.empty((30, 50), np.float32))
+    assert np.array_equal(to_host(got).view(np.int32), to_host(want).view(np.int32))
+
+
 def test_parts_refused_where_they_do_not_fit():
     x = np.zeros((4, 3), np.float32)
     d = np.zeros((4, 5), np.float32)
