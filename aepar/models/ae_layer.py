@@ -44,9 +44,9 @@ class AELayer(RBM):
         """Add one block's gradient of ½ Σ(x̂ − x)², scaled by ``scale``, into ``grads``.
         Returns (Σ‖x̂ − x‖²,)."""
         (sums,), (factors,) = self.block_factors([x], [rng], scale, [grads])
-        (x, dz2), (dz1, h), _ = factors["W"]  # alpha is 1 (block_factors)
+        A, D, _ = factors["W"]  # the parts (x, dz2) and (dz1, h); alpha is 1 (block_factors)
         xp = self.be.xp
-        grads["W"] += xp.concatenate([x, dz2]).T @ xp.concatenate([dz1, h])  # one product for both parts
+        grads["W"] += xp.concatenate(A).T @ xp.concatenate(D)  # [x; dz2].T @ [dz1; h]: one product for both
         return sums
 
     def block_factors(self, xs, rngs, scale, grads):
