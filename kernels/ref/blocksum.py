@@ -42,9 +42,9 @@ def check_block_outer_sum(A, D, starts, merges, alphas, out):
                          "(A: rows x m, D: rows x n, out: m x n; as many parts of A as of D, each of those "
                          "shapes)")
     A = a
-    if n < 1 or len(starts) != n + 1 or len(alphas) != n:
+    if n < 1 or len(alphas) != n or (found is not None and found.array.size != n + 1):
         raise ValueError(f"block_outer_sum: {n} blocks need {n + 1} starts and {n} alphas, got "
-                         f"{len(starts)} and {len(alphas)}")
+                         f"{np.size(starts)} and {len(alphas)}")
     if found is None or found.rows != A.shape[0]:
         raise ValueError(f"block_outer_sum: starts {np.ravel(starts).tolist()} must rise from 0 to {A.shape[0]}")
     if tree is None:
