@@ -34,19 +34,19 @@ def check_block_outer_sum(A, D, starts, merges, alphas, out):
     found, tree = offsets(starts), postfix_tree(merges)
     n = tree.array.size if tree is not None else len(merges)
     a_parts, d_parts = as_parts(A), as_parts(D)
-    a, d = a_parts[0], d_parts[0]
-    if len(a_parts) != len(d_parts) or any(p.ndim != 2 or p.shape != a.shape for p in a_parts) \
-            or any(p.ndim != 2 or p.shape != d.shape for p in d_parts) or a.shape[0] != d.shape[0] \
-            or out.shape != (a.shape[1], d.shape[1]):
+    a, d = a_parts[0], d_parts[0]  # every other part must have these shapes
+    if len(a_parts) != len(d_parts) or a.ndim != 2 or d.ndim != 2 or a.shape[0] != d.shape[0] \
+            or out.shape != (a.shape[1], d.shape[1]) or any(p.shape != a.shape for p in a_parts[1:]) \
+            or any(p.shape != d.shape for p in d_parts[1:]):
         raise ValueError(f"block_outer_sum: A {_shapes(A)}, D {_shapes(D)} -> out {out.shape} do not match "
                          "(A: rows x m, D: rows x n, out: m x n; as many parts of A as of D, each of those "
                          "shapes)")
-    A = a
+    rows = a.shape[0]
     if n < 1 or len(alphas) != n or (found is not None and found.array.size != n + 1):
         raise ValueError(f"block_outer_sum: {n} blocks need {n + 1} starts and {n} alphas, got "
                          f"{np.size(starts)} and {len(alphas)}")
-    if found is None or found.rows != A.shape[0]:
-        raise ValueError(f"block_outer_sum: starts {np.ravel(starts).tolist()} must rise from 0 to {A.shape[0]}")
+    if found is None or found.rows != rows:
+        raise ValueError(f"block_outer_sum: starts {np.ravel(starts).tolist()} must rise from 0 to {rows}")
     if tree is None:
         raise ValueError(f"block_outer_sum: merges {np.ravel(merges).tolist()} are not one postfix tree")
     return found.array, tree.array
@@ -105,8 +105,10 @@ def offsets(starts) -> Offsets | None:
 def postfix_tree(merges) -> PostfixTree | None:
     """:class:`PostfixTree` of integers that are one postfix tree (see the module
     docstring), else None."""
-    return _checked(_TREES, merges, lambda a, v: PostfixTree(a, stack_depth(v))
-                    if v and v[0] == 0 and min(v) >= 0 and stack_depth(v) >= 1 and len(v) - sum(v) == 1 else None)
+    def make(array, v):
+        depth = stack_depth(v) if v and v[0] == 0 and min(v) >= 0 else 0
+        return PostfixTree(array, depth) if depth >= 1 and len(v) - sum(v) == 1 else None
+    return _checked(_TREES, merges, make)
 
 
 def as_parts(A) -> tuple:
