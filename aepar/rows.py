@@ -25,7 +25,7 @@ from __future__ import annotations
 import operator
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -308,7 +308,7 @@ def local_sums(shard: Shard, fn) -> np.ndarray:
 
 
 # ---- threads take whole blocks ------------------------------------------------------------
-_POOL = None
+_CREW = None
 
 
 def threads() -> int:
@@ -460,29 +460,101 @@ def parallel_map(fn, items) -> list:
     whichever thread runs it: results do not depend on the number of threads.
     Thread k takes items k, k + n, ... (n threads; the calling thread is thread 0): one
     hand-off per helper thread and call rather than one per item (a fine-tuning step on 2
-    threads made 152), and blocks of 13 and 12 rows shared evenly.
+    threads made 152), and blocks of 13 and 12 rows shared evenly. A call made while
+    another is under way (from inside an item, or from a second thread of the caller's)
+    takes all its items itself: the same results, one thread.
     """
     items = list(items)
     n = min(threads(), len(items))
     if n <= 1:
         return [fn(x) for x in items]
-    global _POOL
-    if _POOL is None or _POOL._max_workers != threads() - 1:
-        _POOL = ThreadPoolExecutor(max_workers=threads() - 1, thread_name_prefix="aepar-block")
-    helpers = [_POOL.submit(_map_list, fn, items[k::n]) for k in range(1, n)]
+    global _CREW
+    if _CREW is None or _CREW.size != threads() - 1 or _CREW.broken:
+        if _CREW is not None:
+            _CREW.close()
+        _CREW = _Crew(threads() - 1)
+    crew = _CREW
+    if not crew.busy.acquire(blocking=False):
+        return [fn(x) for x in items]
     try:
-        mine = _map_list(fn, items[::n])
+        crew.start(fn, [items[k::n] for k in range(1, n)])
+        try:
+            mine = [fn(x) for x in items[::n]]
+        finally:
+            shares = crew.finish()  # none still writes into shared buffers when an error goes up
     finally:
-        wait(helpers)  # none still writes into shared buffers when an error goes up
+        crew.busy.release()
     out = [None] * len(items)
     out[::n] = mine
-    for k, helper in enumerate(helpers, start=1):
-        out[k::n] = helper.result()
+    for k, (done, share) in enumerate(shares, start=1):
+        if not done:
+            raise share
+        out[k::n] = share
     return out
 
 
-def _map_list(fn, items) -> list:
-    return [fn(x) for x in items]
+class _Crew:
+    """Helper threads, each waiting on a lock of its own. A hand-off is one lock released,
+    the wait for it one lock acquired: a few microseconds, where a thread pool's futures,
+    queue and waiters cost tens of microseconds a call, on the host's path of every step
+    (a sparse autoencoder's evaluation makes two such calls, a layer's step several)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.busy = threading.Lock()  # one call at a time
+        self._go = [threading.Lock() for _ in range(size)]  # held while helper k has nothing to do
+        self._done = [threading.Lock() for _ in range(size)]  # held until helper k's share is done
+        self._work = [None] * size
+        self._results = [None] * size
+        self._busy_helpers, self.broken = 0, False
+        for k in range(size):
+            self._go[k].acquire()
+            self._done[k].acquire()
+            threading.Thread(target=self._serve, args=(k,), name=f"aepar-block-{k + 1}", daemon=True).start()
+
+    def _serve(self, k: int):
+        go, done = self._go[k], self._done[k]
+        while True:
+            go.acquire()
+            work = self._work[k]
+            if work is None:  # closed
+                return
+            fn, share = work
+            try:
+                self._results[k] = (True, [fn(x) for x in share])
+            except BaseException as exc:  # handed to the caller, which raises it
+                self._results[k] = (False, exc)
+            self._work[k] = None
+            done.release()
+
+    def start(self, fn, shares: list):
+        """Helper k takes ``shares[k]`` (at most one share each)."""
+        for k, share in enumerate(shares):
+            self._work[k] = (fn, share)
+            self._go[k].release()
+        self._busy_helpers = len(shares)
+
+    def finish(self) -> list:
+        """(True, list) or (False, its error) per helper, once every helper is done."""
+        results, count = [], self._busy_helpers
+        for k in range(count):
+            try:
+                self._done[k].acquire()
+            except BaseException:  # interrupted while helpers still run: this crew is not used again
+                self.broken = True
+                raise
+            results.append(self._results[k])
+            self._results[k] = None
+        self._busy_helpers = 0
+        return results
+
+    def close(self):
+        """Stops the helpers (once idle)."""
+        if not self.busy.acquire(blocking=False):
+            return  # in use (or broken): its helpers stay, asleep
+        for k in range(self.size):
+            self._work[k] = None
+            self._go[k].release()
 
 
 def each(fn, *columns) -> list:
@@ -492,8 +564,8 @@ def each(fn, *columns) -> list:
 
 
 def _fork_safe():
-    global _POOL
-    _POOL = None
+    global _CREW
+    _CREW = None  # its threads are not in the child
 
 
 if hasattr(os, "register_at_fork"):

@@ -394,6 +394,46 @@ def test_parallel_map_waits_for_its_helpers_before_an_error_goes_up(monkeypatch)
     assert sorted(done) == [1, 3]  # the helper's items, finished before the error came up
 
 
+def test_parallel_map_raises_a_helpers_error_after_the_callers_share(monkeypatch):
+    """A helper's failure comes up in the caller, once the caller's own items are done, and
+    the next call finds the helpers ready again."""
+    import threading
+
+    from aepar.rows import parallel_map
+    monkeypatch.setattr(aepar, "THREADS", 3)
+    caller, done = threading.current_thread(), []
+
+    def item(x):
+        if x == 2:
+            raise ValueError("helper's item failed")
+        done.append(x)
+        return x
+    with pytest.raises(ValueError, match="helper's item failed"):
+        parallel_map(item, range(6))
+    assert {0, 3} <= set(done)  # the caller's items ran to the end
+    assert parallel_map(lambda x: threading.current_thread() is caller, range(6)) == [True, False, False] * 2
+
+
+def test_parallel_map_inside_an_item_or_beside_another_call_takes_its_items_alone(monkeypatch):
+    """A call from inside an item (its helpers are busy) or from a second thread while one
+    runs must neither wait for itself nor mix its items with the other call's."""
+    import threading
+
+    from aepar.rows import parallel_map
+    monkeypatch.setattr(aepar, "THREADS", 2)
+
+    def nested(x):
+        return parallel_map(lambda y: 10 * x + y, range(3))
+    worker = threading.Thread(target=lambda: results.append(parallel_map(nested, range(4))), daemon=True)
+    results = []
+    worker.start()
+    mine = [parallel_map(lambda y: -y, range(5)) for _ in range(200)]
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "a nested parallel_map waited for itself"
+    assert results == [[[10 * x + y for y in range(3)] for x in range(4)]]
+    assert mine == [[-y for y in range(5)]] * 200
+
+
 @settings(max_examples=20, deadline=None)
 @given(shapes=st.lists(st.sampled_from([(1,), (7,), (40,), (3, 5), (33, 17)]), min_size=1, max_size=4),
        n_threads=st.integers(2, 4), adam=st.booleans(), seed=st.integers(0, 2**16))
