@@ -117,8 +117,9 @@ bench-memory: venv  ## a rank's peak memory reading a 2 GB --data .npy as --sche
 	$(BIN)/python -m bench.data_memory
 
 .PHONY: bench-sparse-command
-bench-sparse-command: venv  ## python -m aepar.sparse vs the textbook program as whole commands (start-up included), and aepar's start-up alone -> peers.csv (~1 min)
+bench-sparse-command: venv  ## python -m aepar.sparse vs the textbook program as whole commands (start-up included), and aepar's start-up alone, at 1 thread, then each with its default threads -> peers.csv (~3 min)
 	$(BIN)/python -m bench.sparse_command
+	$(BIN)/python -m bench.sparse_command --threads 0
 
 .PHONY: bench-finetune-speed
 bench-finetune-speed: venv bench-peers  ## one fine-tuning epoch of the unrolled 784-...-30 autoencoder, aepar (8 blocks and 1) vs PyTorch at 1 and 2 threads -> peers.csv, finetune_speed.md (~2 min)

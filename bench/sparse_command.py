@@ -20,9 +20,12 @@ aepar's default photographs, as ``natural_images()`` gives them):
 
 Every command runs once untimed first (Numba's cache, the OS's file cache), then
 ``--repeats`` rounds in turns (textbook, aepar, start-up, ...); the best of each counts,
-all are recorded. BLAS, Numba and aepar threads are set to ``--threads`` in every child.
-Rows go to peers.csv as benchmark ``sparse_command`` (earlier rows of the same machine
-and code path replaced).
+all are recorded. BLAS, Numba and aepar threads are set to ``--threads`` in every child;
+``--threads 0`` sets none of them, so that each program runs as it does by default (the
+textbook's NumPy: OpenBLAS on every core; aepar: one thread of its own per core, BLAS on
+one), and times the textbook with one BLAS thread too: the speed-ups are then against the
+faster of its two. Rows go to peers.csv as benchmark ``sparse_command``, their ``thread_setting`` N or
+``defaults`` (earlier rows of the same machine, code path and setting replaced).
 """
 from __future__ import annotations
 
@@ -35,14 +38,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import ONE_PROCESS, machine_columns, merge_rows, time_calls, with_machine
+from bench.common import KEY, ONE_PROCESS, machine_columns, merge_rows, time_calls, with_machine
 from bench.textbook_sparse import THREAD_VARS, _set_threads
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARK = "sparse_command"
+ONE_BLAS_THREAD = "textbook command, one BLAS thread"  # beside the others with --threads 0
 COLUMNS = ("implementation", "samples", "iterations", "evaluations", "seconds", "repeats", "all_seconds",
-           "final_cost", "speedup_vs_textbook", "description")
+           "final_cost", "speedup_vs_textbook", "thread_setting", "description")
 
 
 # ---------------------------------------------------------------------------- the textbook program
@@ -84,8 +88,10 @@ def _env(threads: int) -> dict:
     # PYTHONDONTWRITEBYTECODE (set in some environments) would make every timed process
     # compile aepar's modules from source again, which a user's Python does not do: the
     # warm-up runs write their bytecode caches, as a first use would
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSTARTUP", "PYTHONDONTWRITEBYTECODE")}
-    env.update({var: str(threads) for var in THREAD_VARS})
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONSTARTUP", "PYTHONDONTWRITEBYTECODE") and (threads or k not in THREAD_VARS)}
+    if threads:
+        env.update({var: str(threads) for var in THREAD_VARS})
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
@@ -126,27 +132,32 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, threads=1, re
 
     commands = {"textbook command": textbook_cmd, "aepar command": lambda: aepar_cmd(iterations),
                 "aepar start-up (1 iteration)": lambda: aepar_cmd(1)}
+    envs = dict.fromkeys(commands, env)
+    if not threads:  # OpenBLAS's default threads can slow the textbook down: its one-thread time beside it
+        commands[ONE_BLAS_THREAD] = textbook_cmd
+        envs[ONE_BLAS_THREAD] = _env(1)
     last = {}  # key -> (command, its output) of its latest run
 
     def call(key):
         cmd = commands[key]()
-        last[key] = (cmd, _run(cmd, env))
+        last[key] = (cmd, _run(cmd, envs[key]))
     # the untimed warm-up runs fill Numba's cache, the bytecode caches and the file cache
     timings = time_calls({key: (lambda key=key: call(key)) for key in commands}, repeats)
     results = {}
     for key, (cmd, stdout) in last.items():
-        if key == "textbook command":
+        if key.startswith("textbook command"):
             results[key] = json.loads(stdout.strip().splitlines()[-1])
         else:
             summary = json.loads((Path(cmd[-1]) / "summary.json").read_text())
             results[key] = {k: summary[k] for k in ("final_cost", "iterations", "evaluations")}
-    t_text = timings["textbook command"].seconds
+    t_text = min(timings[key].seconds for key in commands if key.startswith("textbook command"))  # the faster
     descriptions = {
         "textbook command": "python -m bench.sparse_command --textbook-child: numpy+scipy only, seed-style sampling, "
                             "scipy.optimize.minimize L-BFGS-B, np.save(W1)",
         "aepar command": "python -m aepar.sparse --images IMAGES.mat --quiet --out DIR (weights.h5, features.png, "
                          "summaries)",
-        "aepar start-up (1 iteration)": "python -m aepar.sparse --iterations 1, same inputs"}
+        "aepar start-up (1 iteration)": "python -m aepar.sparse --iterations 1, same inputs",
+        ONE_BLAS_THREAD: "the textbook command with every thread variable set to 1"}
     rows = []
     for key in commands:
         best = timings[key].seconds
@@ -155,13 +166,21 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, threads=1, re
                      "all_seconds": " ".join(f"{t:.3f}" for t in timings[key].samples),
                      "final_cost": f"{results[key]['final_cost']:.10g}",
                      "speedup_vs_textbook": f"{t_text / best:.2f}" if key != "aepar start-up (1 iteration)" else "",
+                     "thread_setting": thread_setting(threads),
                      "description": f"{descriptions[key]}; images: {source}"})
     return rows
 
 
+def thread_setting(threads: int) -> str:
+    """The rows' ``thread_setting``: N (every thread variable set to N) or defaults (none set)."""
+    return str(threads) if threads else "defaults"
+
+
 def markdown(rows, threads) -> str:
-    lines = [f"## Whole commands, {rows[0]['samples']} patches, {threads} thread(s)", "",
-             "Each a fresh process timed from outside; best of the runs taken in turns (all in peers.csv).", "",
+    setting = f"{threads} thread(s)" if threads else "each program's default threads"
+    lines = [f"## Whole commands, {rows[0]['samples']} patches, {setting}", "",
+             "Each a fresh process timed from outside; best of the runs taken in turns (all in peers.csv)"
+             + ("; speed-ups against the faster textbook run." if not threads else "."), "",
              "| command | iterations | evaluations | seconds (best) | all runs | speedup | final cost |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -178,7 +197,9 @@ def main(argv=None) -> int:
     p.add_argument("--patch", type=int, default=8, help="patch side in pixels (default 8)")
     p.add_argument("--hidden", type=int, default=25, help="hidden units (default 25)")
     p.add_argument("--seed", type=int, default=0, help="seed of the patches and the start (default 0)")
-    p.add_argument("--threads", type=int, default=1, help="BLAS/Numba/aepar threads in every command (default 1)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="BLAS, Numba and aepar threads in every command; 0: none set, each program's own default "
+                        "(default 1)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each command, in turns (default 3)")
     p.add_argument("--out", default=str(RESULTS / "peers.csv"), help="the CSV the rows are merged into")
     p.add_argument("--md", default="", help="also write the markdown table here")
@@ -191,7 +212,10 @@ def main(argv=None) -> int:
         return 0
     if args.repeats < 1 or args.samples < 1 or args.iterations < 1:
         p.error("--samples, --iterations and --repeats must be at least 1")
-    _set_threads(args.threads)  # this process's own NumPy (the IMAGES.mat it writes) as the children
+    if args.threads < 0:
+        p.error("--threads must be 0 (each program's default) or more")
+    if args.threads:
+        _set_threads(args.threads)  # this process's own NumPy (the IMAGES.mat it writes) as the children
 
     import aepar  # noqa: F401  (threads before numpy)
 
@@ -199,7 +223,16 @@ def main(argv=None) -> int:
         rows = run(args.samples, args.iterations, args.patch, args.hidden, args.seed, args.threads, args.repeats,
                    work)
     machine = machine_columns(mpi=ONE_PROCESS)
-    merge_rows(with_machine([{k: r[k] for k in COLUMNS} for r in rows], machine), args.out, BENCHMARK)
+    rows = [{k: r[k] for k in COLUMNS} for r in rows]
+    if not args.threads:  # what each program ran: the textbook's OpenBLAS and aepar's own threads on every core
+        cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+        for r in rows:
+            textbook = r["implementation"] == "textbook command"
+            r.update(threads="1" if textbook else cores, blas_threads=cores if textbook else "1")
+            if r["implementation"] == ONE_BLAS_THREAD:
+                r.update(threads="1", blas_threads="1")
+    merge_rows(with_machine(rows, machine), args.out, BENCHMARK,
+               key=KEY + ("thread_setting",))
     md = markdown(rows, args.threads)
     if args.md:
         Path(args.md).write_text(md)
