@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Sequence
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -494,10 +494,10 @@ def parallel_map(fn, items) -> list:
 
 
 class _Crew:
-    """Helper threads, each waiting on a lock of its own. A hand-off is one lock released,
-    the wait for it one lock acquired: a few microseconds, where a thread pool's futures,
-    queue and waiters cost tens of microseconds a call, on the host's path of every step
-    (a sparse autoencoder's evaluation makes two such calls, a layer's step several)."""
+    """Helper threads, each waiting on a lock of its own. A hand-off is one lock released
+    and the wait for the share one lock acquired, where a thread pool made, queued and
+    waited on a future for each share: work on the host's path of every step (a sparse
+    autoencoder's evaluation makes two such calls, a layer's step several)."""
 
     def __init__(self, size: int):
         self.size = size

@@ -24,8 +24,9 @@ all are recorded. BLAS, Numba and aepar threads are set to ``--threads`` in ever
 ``--threads 0`` sets none of them, so that each program runs as it does by default (the
 textbook's NumPy: OpenBLAS on every core; aepar: one thread of its own per core, BLAS on
 one), and times the textbook with one BLAS thread too: the speed-ups are then against the
-faster of its two. Rows go to peers.csv as benchmark ``sparse_command``, their ``thread_setting`` N or
-``defaults`` (earlier rows of the same machine, code path and setting replaced).
+faster of its two. Rows go to peers.csv as benchmark ``sparse_command``, their
+``thread_setting`` N or ``defaults`` (earlier rows of the same machine, code path and
+setting replaced).
 """
 from __future__ import annotations
 
