@@ -673,7 +673,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
         return _ref_block_outer_sum(A, D, starts, merges, alphas, out)
     if out.size:
         scales = _scales(alphas)
-        if most_rows(starts) * len(as_parts(A)) > SEGMENT_ROWS:
+        if _long_blocks(A, starts):
             # allocated per call, not kept (_scratch): megabytes at batch 5000, and one such
             # call is long enough that the allocation (and a copy of two parts into one
             # array) does not count
@@ -686,6 +686,12 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
         else:
             _in_tiles(A, D, starts, merges, scales, out, _NO_PANEL, False)
     return out
+
+
+def _long_blocks(A, starts) -> bool:
+    """Whether a block's chain (its rows of every part of A) is longer than SEGMENT_ROWS:
+    then it is taken in stretches (:func:`_segment_source`), not by the whole-block tiles."""
+    return most_rows(starts) * len(as_parts(A)) > SEGMENT_ROWS
 
 
 def _fits(A, D, out, *more):
@@ -737,7 +743,7 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, p)
     if v.shape != p.shape:
         raise ValueError(f"block_outer_sum_sgd: v {v.shape} does not match p {p.shape}")
-    if not _fits(A, D, p, v) or most_rows(starts) * len(as_parts(A)) > SEGMENT_ROWS:  # the sum, then the step
+    if not _fits(A, D, p, v) or _long_blocks(A, starts):  # the sum, then the step
         g = empty(p.shape, p.dtype)
         block_outer_sum(A, D, starts, merges, alphas, g)
         return sgd_momentum_update(p, g, v, lr, momentum, weight_decay)
