@@ -403,7 +403,13 @@ def run_main(main, prog: str, argv=None) -> int:
       interrupted, printed as ``prog: stopped: ...``).
     - UserError on some ranks only: that rank prints the line and aborts the job with its code.
     - Any other exception: the rank and traceback are printed and the job aborts with 1.
+
+    The process is about to end when it returns: every object left is frozen out of the
+    garbage collector, whose last passes at exit would otherwise walk the hundreds of
+    thousands that Numba's kernels keep alive, to free nothing the operating system would
+    not free anyway (objects are still released as their last reference goes).
     """
+    import gc
     import signal
 
     # until the run's Guard takes over, SIGTERM/SIGUSR1 are remembered rather than fatal
@@ -414,6 +420,7 @@ def run_main(main, prog: str, argv=None) -> int:
     comm = world()
     try:
         main(argv, comm)
+        return 0
     except SystemExit as exc:  # argparse: same on every rank
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
         return code
@@ -432,4 +439,5 @@ def run_main(main, prog: str, argv=None) -> int:
         where = f"rank {comm.rank}/{comm.size}: " if comm.parallel else ""
         print(f"{prog}: {where}internal error\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         comm.abort(1)
-    return 0
+    finally:
+        gc.freeze()
