@@ -74,11 +74,16 @@ def sample_patches(images, n: int, patch: int = 8, seed=0) -> np.ndarray:
     row = rng.integers(0, h - patch + 1, size=n)
     col = rng.integers(0, w - patch + 1, size=n)
 
-    # Gather through flat indices into a (K, H, W) copy, in chunks so the index array
-    # stays small even for 160k patches. off[q] is the offset of column-major position q.
-    stack = np.ascontiguousarray(np.moveaxis(images, 2, 0), dtype=np.float64).ravel()
-    base = img * (h * w) + row * w + col
-    off = (np.arange(patch)[:, None] * w + np.arange(patch)[None, :]).ravel(order="F")
+    # Gather through flat indices into the stack as it lies in memory (a copy only where it
+    # is not one block of float64: a large stack is read once, not copied first), in chunks
+    # so the index array stays small even for 160k patches. off[q] is the offset of
+    # column-major position q.
+    if images.dtype != np.float64 or not (images.flags.c_contiguous or images.flags.f_contiguous):
+        images = np.ascontiguousarray(images, dtype=np.float64)
+    stack = images.ravel(order="K")  # a view, in memory order
+    along_rows, along_cols, along_images = (step // images.itemsize for step in images.strides)
+    base = img * along_images + row * along_rows + col * along_cols
+    off = (np.arange(patch)[:, None] * along_rows + np.arange(patch)[None, :] * along_cols).ravel(order="F")
     out = np.empty((n, patch * patch), dtype=np.float64)
     chunk = max(1, 2 ** 19 // (patch * patch))
     for s in range(0, n, chunk):

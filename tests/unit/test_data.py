@@ -765,9 +765,18 @@ def stack(rng):
     return rng.standard_normal((40, 36, 4)) * 2.0 + 1.0
 
 
-def test_sample_patches_matches_ufldl(stack):
-    got = sample_patches(stack, 500, patch=8, seed=5)
-    np.testing.assert_allclose(got, _ufldl_reference(stack, 500, 8, 5), rtol=0, atol=1e-12)
+LAYOUTS = {"C": np.ascontiguousarray, "Fortran (scipy.io.loadmat's)": np.asfortranarray,
+           "every other row and column": lambda a: np.repeat(np.repeat(a, 2, 0), 2, 1)[::2, ::2],
+           "float32, Fortran": lambda a: np.asfortranarray(a.astype(np.float32)),
+           "images first, moved last": lambda a: np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 2, 0)), 0, 2)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sample_patches_matches_ufldl(stack, layout):
+    """The same patches however the stack lies in memory (the sampler reads it in place)."""
+    images = LAYOUTS[layout](stack)
+    got = sample_patches(images, 500, patch=8, seed=5)
+    np.testing.assert_allclose(got, _ufldl_reference(np.asarray(images, np.float64), 500, 8, 5), rtol=0, atol=1e-12)
 
 
 def test_sample_patches_shape_range_determinism(stack):
