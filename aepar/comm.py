@@ -404,19 +404,25 @@ def run_main(main, prog: str, argv=None) -> int:
     - UserError on some ranks only: that rank prints the line and aborts the job with its code.
     - Any other exception: the rank and traceback are printed and the job aborts with 1.
 
-    The process is about to end when it returns: every object left is frozen out of the
-    garbage collector, whose last passes at exit would otherwise walk the hundreds of
-    thousands that Numba's kernels keep alive, to free nothing the operating system would
-    not free anyway (objects are still released as their last reference goes).
+    The process is the CLI's own, so its start and end are made lean: the BLAS table that
+    Numba looks for is loaded without the rest of scipy.linalg
+    (:func:`aepar.extensions.preload_numba_blas`); and when ``main`` returns, every object
+    left is frozen out of the garbage collector, whose last passes at exit would otherwise
+    walk the hundreds of thousands that Numba's kernels keep alive, to free nothing the
+    operating system would not free anyway (objects are still released as their last
+    reference goes).
     """
     import gc
     import signal
+
+    from aepar.extensions import preload_numba_blas
 
     # until the run's Guard takes over, SIGTERM/SIGUSR1 are remembered rather than fatal
     # (SIGINT keeps stopping at once while a run sets up)
     for name in ("SIGTERM", "SIGUSR1"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), remember_early_signal)
+    preload_numba_blas()
     comm = world()
     try:
         main(argv, comm)

@@ -534,27 +534,12 @@ def _load_setulb():
         return None
     if (major, minor) < (1, 15):
         return None
-    module = sys.modules.get("scipy.optimize._lbfgsb") or _lbfgsb_from_file()
+    from aepar.extensions import from_file
+
+    module = sys.modules.get("scipy.optimize._lbfgsb") or from_file("scipy.optimize._lbfgsb")
     if module is None:
         try:
             from scipy.optimize import _lbfgsb as module
         except ImportError:
             return None
     return getattr(module, "setulb", None)
-
-
-def _lbfgsb_from_file():
-    """scipy.optimize._lbfgsb loaded from its file alone (no package ``__init__`` run), or None."""
-    import importlib.machinery
-    import importlib.util
-
-    try:
-        folder = os.path.join(importlib.util.find_spec("scipy").submodule_search_locations[0], "optimize")
-        files = [os.path.join(folder, "_lbfgsb" + suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES]
-        spec = importlib.util.spec_from_file_location("scipy.optimize._lbfgsb",
-                                                      next(f for f in files if os.path.isfile(f)))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    except Exception:  # any surprise in a private layout: the package import instead
-        return None

@@ -1,4 +1,5 @@
-"""What aepar.comm.run_main does around a CLI's main, besides ending every rank on failure."""
+"""What aepar.comm.run_main does around a CLI's main, besides ending every rank on failure: a
+lean start and end of the process."""
 import subprocess
 import sys
 
@@ -12,6 +13,12 @@ from aepar.comm import run_main
 from aepar.errors import UserError
 
 def main(argv, comm):
+    import numpy as np
+    import aepar.backend
+    be = aepar.backend.select("cpu", "numba")
+    p, g, v = np.ones(8), np.ones(8), np.zeros(8)
+    be.K.sgd_momentum_update(p, g, v, 0.1, 0.9)  # a first kernel: Numba's registries load
+    print("LINALG", "scipy.linalg" in sys.modules, "numba.np.linalg" in sys.modules, flush=True)
     if argv == ["fail"]:
         raise UserError("planted")
 
@@ -30,3 +37,10 @@ def test_the_objects_left_at_the_end_are_frozen_out_of_the_last_collections(argv
     assert result.returncode == code, result.stdout + result.stderr
     frozen = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("FROZEN")]
     assert frozen and frozen[0] > 1000, result.stdout + result.stderr
+
+
+def test_a_cli_loads_numbas_blas_table_without_the_rest_of_scipy_linalg():
+    """Numba looks for scipy.linalg.cython_blas when it loads its first kernel; run_main loads
+    that extension alone first (aepar.extensions.preload_numba_blas)."""
+    result = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0 and "LINALG False True" in result.stdout, result.stdout + result.stderr
