@@ -306,4 +306,4 @@ def line_chart_png(panels: list, path, *, title: str = ""):
         draw.text((size[0] * SS / 2, (top - 7) * SS), title, fill=(0, 0, 0), font=fonts["suptitle"], anchor="ms")
     for i, panel in enumerate(panels):
         _panel(draw, image, panel, (i * PANEL[0] * SS, top * SS), fonts)
-    image.resize(size, Image.LANCZOS).save(path, format="PNG")
+    image.reduce(SS).save(path, format="PNG")  # each pixel the mean of its SS x SS: the antialiasing
