@@ -18,9 +18,9 @@ __all__ = ["from_file", "preload_numba_blas"]
 
 
 def from_file(name: str, register: bool = False):
-    """The extension module ``name`` (``scipy.<package>.<module>``) loaded from its file
-    without its package, or None. ``register``: also in ``sys.modules``, where a later
-    ``import name`` finds it."""
+    """The extension module ``name`` (dotted, e.g. ``scipy.optimize._lbfgsb``) loaded from
+    its file without its packages, or None. ``register``: also in ``sys.modules``, where a
+    later ``import name`` finds it."""
     module = None
     try:
         top, *packages, leaf = name.split(".")
