@@ -405,7 +405,7 @@ def run_main(main, prog: str, argv=None) -> int:
     - Any other exception: the rank and traceback are printed and the job aborts with 1.
 
     The process is the CLI's own, so its start and end are made lean: the BLAS table that
-    Numba looks for is loaded without the rest of scipy.linalg
+    the kernels' products import is loaded without the rest of scipy.linalg
     (:func:`aepar.extensions.preload_numba_blas`); and when ``main`` returns, every object
     left is frozen out of the garbage collector, whose last passes at exit would otherwise
     walk the hundreds of thousands that Numba's kernels keep alive, to free nothing the

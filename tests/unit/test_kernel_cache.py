@@ -25,3 +25,25 @@ def test_kernels_cached_by_import_kernels_nb_from_a_checkout_do_not_break_aepar(
     installed = _run("import aepar, aepar.kernels.nb as k", tmp_path, tmp_path)
     assert installed.returncode == 0, installed.stderr[-2000:]
     assert top.stdout.split()[-1] != installed.stdout.split()[-1]
+
+
+# a parallel kernel (its threads are started by the loaded code) and one that calls BLAS
+LOAD = ("import sys, numpy as np, aepar.kernels.nb as k; z = np.linspace(-3, 3, 4096); "
+        "a = k.sigmoid_forward(z); "
+        "y = k.conv2d_forward(z[:72].reshape(2, 1, 6, 6), z[:18].reshape(2, 1, 3, 3), z[:2]); "
+        "hits = sum(k.activation._forward.stats.cache_hits.values()); "
+        "print(hits, 'numba.np.arraymath' in sys.modules, a.sum().hex(), y.sum().hex())")
+
+
+def test_cached_kernels_load_without_numbas_registries(tmp_path):
+    """A cache hit loads the kernel's machine code and Numba's runtime only, not the
+    compiler's registries (numba.np.arraymath and the rest, the larger part of the first
+    load); a miss compiles them as before, and both give the same numbers."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    first, second = (subprocess.run([sys.executable, "-c", LOAD], cwd=tmp_path, capture_output=True, text=True,
+                                    env=env, timeout=300) for _ in range(2))
+    assert first.returncode == 0 and second.returncode == 0, first.stderr[-2000:] + second.stderr[-2000:]
+    hits, registries, *numbers = first.stdout.split()
+    assert (hits, registries) == ("0", "True")  # compiled: the compiler loads them
+    hits, registries, *again = second.stdout.split()
+    assert (hits, registries) == ("1", "False") and again == numbers

@@ -16,9 +16,9 @@ def main(argv, comm):
     import numpy as np
     import aepar.backend
     be = aepar.backend.select("cpu", "numba")
-    p, g, v = np.ones(8), np.ones(8), np.zeros(8)
-    be.K.sgd_momentum_update(p, g, v, 0.1, 0.9)  # a first kernel: Numba's registries load
-    print("LINALG", "scipy.linalg" in sys.modules, "numba.np.linalg" in sys.modules, flush=True)
+    x = np.linspace(0, 1, 72).reshape(2, 1, 6, 6)
+    be.K.conv2d_forward(x, np.ones((2, 1, 3, 3)), np.zeros(2))  # its products call BLAS
+    print("LINALG", "scipy.linalg" in sys.modules, "scipy.linalg.cython_blas" in sys.modules, flush=True)
     if argv == ["fail"]:
         raise UserError("planted")
 
@@ -40,7 +40,7 @@ def test_the_objects_left_at_the_end_are_frozen_out_of_the_last_collections(argv
 
 
 def test_a_cli_loads_numbas_blas_table_without_the_rest_of_scipy_linalg():
-    """Numba looks for scipy.linalg.cython_blas when it loads its first kernel; run_main loads
-    that extension alone first (aepar.extensions.preload_numba_blas)."""
+    """A kernel's first BLAS call (and Numba's compiler) imports scipy.linalg.cython_blas;
+    run_main loads that extension alone first (aepar.extensions.preload_numba_blas)."""
     result = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0 and "LINALG False True" in result.stdout, result.stdout + result.stderr
