@@ -83,6 +83,10 @@ def select(device: str | None = None, kernel_set: str = "auto", dtype="float64",
         aepar.THREADS = 1
     else:
         xp = np
-    return Backend(device, kernel_set, xp, kernels.load(kernel_set), np.dtype(dtype))
+    chosen = Backend(device, kernel_set, xp, kernels.load(kernel_set), np.dtype(dtype))
+    from aepar.comm import resume_collector
+
+    resume_collector()  # a command's heavy imports are done (aepar.comm.run_main)
+    return chosen
 
 

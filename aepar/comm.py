@@ -395,6 +395,24 @@ def early_signal():
     return _EARLY[0] if _EARLY else None
 
 
+_collector_paused = False  # run_main's: the cyclic collector off until resume_collector
+
+
+def resume_collector():
+    """Turn the cyclic garbage collector back on once a command has imported what it runs
+    on (:func:`aepar.backend.select` calls this), every object so far frozen out of its
+    passes. The imports of Numba and the kernels make hundreds of thousands of objects,
+    which its passes walked again and again while they were made, to free next to nothing.
+    Outside :func:`run_main` it does nothing."""
+    global _collector_paused
+    if _collector_paused:
+        import gc
+
+        _collector_paused = False
+        gc.freeze()
+        gc.enable()
+
+
 def run_main(main, prog: str, argv=None) -> int:
     """Run a CLI's ``main(argv, comm)`` so that failures end every rank.
 
@@ -406,7 +424,9 @@ def run_main(main, prog: str, argv=None) -> int:
 
     The process is the CLI's own, so its start and end are made lean: the BLAS table that
     the kernels' products import is loaded without the rest of scipy.linalg
-    (:func:`aepar.extensions.preload_numba_blas`); and when ``main`` returns, every object
+    (:func:`aepar.extensions.preload_numba_blas`); the cyclic garbage collector is off
+    until the command has imported its backend (:func:`resume_collector`); and when
+    ``main`` returns, every object
     left is frozen out of the garbage collector, whose last passes at exit would otherwise
     walk the hundreds of thousands that Numba's kernels keep alive, to free nothing the
     operating system would not free anyway (objects are still released as their last
@@ -416,6 +436,11 @@ def run_main(main, prog: str, argv=None) -> int:
     import signal
 
     from aepar.extensions import preload_numba_blas
+
+    global _collector_paused
+    if gc.isenabled():
+        gc.disable()
+        _collector_paused = True
 
     # until the run's Guard takes over, SIGTERM/SIGUSR1 are remembered rather than fatal
     # (SIGINT keeps stopping at once while a run sets up)
@@ -447,3 +472,6 @@ def run_main(main, prog: str, argv=None) -> int:
         comm.abort(1)
     finally:
         gc.freeze()
+        if _collector_paused:  # main ended before choosing a backend: as it was
+            _collector_paused = False
+            gc.enable()

@@ -44,3 +44,35 @@ def test_a_cli_loads_numbas_blas_table_without_the_rest_of_scipy_linalg():
     run_main loads that extension alone first (aepar.extensions.preload_numba_blas)."""
     result = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0 and "LINALG False True" in result.stdout, result.stdout + result.stderr
+
+
+COLLECTOR = r"""
+import gc, sys
+from aepar.comm import run_main
+
+def main(argv, comm):
+    print("IMPORTING", gc.isenabled(), flush=True)
+    if argv == ["select"]:
+        import aepar.backend
+        aepar.backend.select("cpu", "numba")
+        print("CHOSEN", gc.isenabled(), gc.get_freeze_count() > 10000, flush=True)
+
+run_main(main, "t", sys.argv[1:])
+print("AFTER", gc.isenabled(), flush=True)
+gc.disable()
+import aepar.backend
+aepar.backend.select("cpu", "numba")  # outside run_main: the collector left as the caller set it
+print("OUTSIDE", gc.isenabled(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("argv, lines", [(["select"], ["IMPORTING False", "CHOSEN True True", "AFTER True"]),
+                                         ([], ["IMPORTING False", "AFTER True"])])
+def test_the_collector_waits_for_a_commands_imports(argv, lines):
+    """The cyclic collector's passes over the objects that Numba's and the kernels' imports
+    make are skipped: off while a command imports, on (those objects frozen) once its
+    backend is chosen, and on again when main ends without choosing one."""
+    result = subprocess.run([sys.executable, "-c", COLLECTOR, *argv], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split("\n")[:-1] == lines + ["OUTSIDE False"]
