@@ -401,9 +401,9 @@ _collector_paused = False  # run_main's: the cyclic collector off until resume_c
 def resume_collector():
     """Turn the cyclic garbage collector back on once a command has imported what it runs
     on (:func:`aepar.backend.select` calls this), every object so far frozen out of its
-    passes. The imports of Numba and the kernels make hundreds of thousands of objects,
-    which its passes walked again and again while they were made, to free next to nothing.
-    Outside :func:`run_main` it does nothing."""
+    passes. The imports of Numba and the kernels make about a hundred thousand objects,
+    which its passes walked again and again while they were made, to free next to
+    nothing. Outside :func:`run_main` it does nothing."""
     global _collector_paused
     if _collector_paused:
         import gc
@@ -426,11 +426,10 @@ def run_main(main, prog: str, argv=None) -> int:
     the kernels' products import is loaded without the rest of scipy.linalg
     (:func:`aepar.extensions.preload_numba_blas`); the cyclic garbage collector is off
     until the command has imported its backend (:func:`resume_collector`); and when
-    ``main`` returns, every object
-    left is frozen out of the garbage collector, whose last passes at exit would otherwise
-    walk the hundreds of thousands that Numba's kernels keep alive, to free nothing the
-    operating system would not free anyway (objects are still released as their last
-    reference goes).
+    ``main`` returns, every object left is frozen out of the collector, whose last passes
+    at exit would otherwise walk the hundred thousand or so that Numba and the kernels
+    keep alive, to free nothing the operating system would not free anyway (objects are
+    still released as their last reference goes).
     """
     import gc
     import signal

@@ -4,8 +4,8 @@ Imported the usual way, ``scipy.optimize._lbfgsb`` and ``scipy.linalg.cython_bla
 run their packages' ``__init__``, which import every solver there and scipy's array-API
 layer: a large part of a short run's start-up, in every process, for one extension each
 (L-BFGS-B's routine, :mod:`aepar.optim`; the BLAS table that Numba's compiled products
-import at their first call). Any surprise in these private layouts gives None, and the caller the usual
-import.
+import at their first call). Any surprise in these private layouts gives None, and the
+caller the usual import.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def from_file(name: str, register: bool = False):
 
 def preload_numba_blas():
     """``scipy.linalg.cython_blas`` alone, for the kernels' BLAS calls (Numba's compiled
-    code imports it at its first product, its compiler when it compiles). For a CLI's process only
-    (:func:`aepar.comm.run_main`): a later ``import scipy.linalg`` works as before, but its
+    code imports it at its first product, its compiler when it compiles). For a CLI's
+    process only (:func:`aepar.comm.run_main`): a later ``import scipy.linalg`` works as before, but its
     ``cython_blas`` is then reached by import, not as the package's attribute."""
     if "scipy.linalg" not in sys.modules and "scipy.linalg.cython_blas" not in sys.modules:
         from_file("scipy.linalg.cython_blas", register=True)
