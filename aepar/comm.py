@@ -470,7 +470,5 @@ def run_main(main, prog: str, argv=None) -> int:
         print(f"{prog}: {where}internal error\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         comm.abort(1)
     finally:
+        resume_collector()  # on again if main ended before choosing a backend
         gc.freeze()
-        if _collector_paused:  # main ended before choosing a backend: as it was
-            _collector_paused = False
-            gc.enable()

@@ -41,7 +41,8 @@ def from_file(name: str, register: bool = False):
 def preload_numba_blas():
     """``scipy.linalg.cython_blas`` alone, for the kernels' BLAS calls (Numba's compiled
     code imports it at its first product, its compiler when it compiles). For a CLI's
-    process only (:func:`aepar.comm.run_main`): a later ``import scipy.linalg`` works as before, but its
-    ``cython_blas`` is then reached by import, not as the package's attribute."""
+    process only (:func:`aepar.comm.run_main`): a later ``import scipy.linalg`` works as
+    before, but its ``cython_blas`` is then reached by import, not as the package's
+    attribute."""
     if "scipy.linalg" not in sys.modules and "scipy.linalg.cython_blas" not in sys.modules:
         from_file("scipy.linalg.cython_blas", register=True)
