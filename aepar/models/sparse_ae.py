@@ -89,6 +89,8 @@ class SparseAutoencoder:
         self._chunks = []
         self._theta_buf = None  # for cost_grad
         self._round_views = (None, None)  # (the θ array both rounds were given last, its views)
+        self._shards = None     # the kernels' evaluation of every chunk, a round at a time
+        self._round_rows = {}   # (id, width) of an output buffer -> (the buffer, each chunk's rows of it)
 
     # ---- data -----------------------------------------------------------------------
     def attach(self, x_local, blocks: Blocks | None = None):
@@ -123,6 +125,8 @@ class SparseAutoencoder:
             ws = self.K.sparse_ae_workspace(hi - lo, self.visible, self.hidden, self.be.dtype, leaf=LEAF)
             nodes, merges = cover_merges(blocks.first + int(a), blocks.first + int(b), blocks.count)
             self._chunks.append(_Chunk(x, ws, slice(int(a), int(b)), nodes, merges))
+        self._shards = self.K.sparse_ae_shards([(c.x, c.ws, c.merges) for c in self._chunks], LEAF, parallel_map)
+        self._round_rows = {}
         return self
 
     @property
@@ -165,12 +169,20 @@ class SparseAutoencoder:
         if self.x is None:
             raise RuntimeError("attach() the samples first")
         p = self._views_of(theta)
-        K = self.K
-
-        def run(chunk):
-            K.sparse_ae_activations(chunk.x, p["W1"], p["b1"], rows[chunk.rows, :self.n_shared], chunk.ws, LEAF)
-        parallel_map(run, self._chunks)
+        self._shards.activations(p["W1"], p["b1"], self._rows_of(rows, self.n_shared, nodes=False))
         return rows
+
+    def _rows_of(self, buf, width, nodes):
+        """Each chunk's rows of ``buf``, its first ``width`` columns: a row per block, or
+        with ``nodes`` per tree node of the chunk. Kept while ``buf`` is the same array,
+        so that the kernels are given the same views every round."""
+        kept = self._round_rows.get((id(buf), width, nodes))
+        if kept is None or kept[0] is not buf:
+            if len(self._round_rows) > 8:  # buffers of earlier callers
+                self._round_rows.clear()
+            spans = [slice(c.rows.start, c.rows.start + len(c.nodes)) if nodes else c.rows for c in self._chunks]
+            kept = self._round_rows[(id(buf), width, nodes)] = (buf, [buf[span, :width] for span in spans])
+        return kept[1]
 
     def partials(self, theta, leaves, shared) -> dict:
         """The packed sums of this rank's blocks at ``theta``, added up in the fixed tree as
@@ -182,15 +194,9 @@ class SparseAutoencoder:
         if self.x is None:
             raise RuntimeError("attach() the samples first")
         p = self._views_of(theta)
-        K = self.K
-        kl = (self.rho, self.beta)
         rho_hat = np.asarray(self.be.to_host(shared), dtype=np.float64)[:self.n_shared] / self.m_total
-
-        def run(chunk):
-            rows = leaves[chunk.rows.start:chunk.rows.start + len(chunk.nodes), :self.n_partials]
-            K.sparse_ae_partials(chunk.x, p["W1"], p["b1"], p["W2"], p["b2"], rows, chunk.ws, kl, LEAF,
-                                 rho_hat, chunk.merges)
-        parallel_map(run, self._chunks)
+        self._shards.partials(p["W1"], p["b1"], p["W2"], p["b2"], self._rows_of(leaves, self.n_partials, nodes=True),
+                              (self.rho, self.beta), rho_hat)
         return {node: leaves[chunk.rows.start + i] for chunk in self._chunks for i, node in enumerate(chunk.nodes)}
 
     def assemble(self, partials, theta64, grad=None):

@@ -21,7 +21,7 @@ from .sparsity import kl_sparsity_backward
 
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
            "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_activations",
-           "sparse_ae_partials", "sparse_ae_assemble", "SparseAEWorkspace"]
+           "sparse_ae_partials", "sparse_ae_assemble", "SparseAEWorkspace", "sparse_ae_shards"]
 
 # a2 = σ(z + b) in place (b broadcasts over rows)
 _hidden_forward = cp.ElementwiseKernel(
@@ -218,3 +218,9 @@ def _host(a):
 def sparse_ae_assemble(partials, W1, W2, m, rho, beta, lam, grad=None):
     """Cost and float64 host gradient: one device-to-host copy, then the reference."""
     return _ref.sparse_ae_assemble(_host(partials), _host(W1), _host(W2), m, rho, beta, lam, grad)
+
+
+def sparse_ae_shards(parts, leaf=None, pmap=None):
+    """The reference's :class:`~aepar.kernels.ref.sparse_ae.SparseAEShards` over this set's
+    kernels."""
+    return _ref.SparseAEShards(parts, leaf, pmap, (sparse_ae_activations, sparse_ae_partials))

@@ -52,8 +52,10 @@ import numpy as np
 from numba import njit
 
 from ..memory import zeros
+from ..ref import sparse_ae as _ref
 from ..ref.sparse_ae import (check_shapes, leaf_rows, merge_plan, merge_rows, sparse_ae_layout,
                              sparse_ae_partials_size, sparse_ae_theta_layout, sparse_ae_theta_size)
+from .team import finish, shared, wait_for_work
 from .nbmath import sigmoid64
 from .simd import JIT, LANES
 from .sparse_ae_panels import _activations_panels, _pack_panels, _partials_panels
@@ -62,7 +64,7 @@ from .sparsity import kl_grad_into, kl_sum
 
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
            "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_activations",
-           "sparse_ae_partials", "sparse_ae_assemble", "SparseAEWorkspace"]
+           "sparse_ae_partials", "sparse_ae_assemble", "SparseAEWorkspace", "sparse_ae_shards"]
 
 DEFAULT_BLOCK = 256
 _NO_MERGES = np.empty(0, np.int64)
@@ -358,8 +360,7 @@ def sparse_ae_activations(x, W1, b1, out, ws=None, leaf=None):
     if ws.simd:
         x = c(x)
         ws.pack(x)
-        _activations_panels(ws.blocks, W1, b1, ws.w1, ws.b1p, ws.act, ws.mask, ws.vp, ws.hp,
-                            0 if leaf is None else int(leaf) // PW, rows, ws.leaf_act)
+        _activations_panels(*_activations_args(ws, W1, b1, rows, leaf))
         ws.keep_hidden(W1, b1)
         return out
     step = max(m if leaf is None else int(leaf), 1)
@@ -405,15 +406,8 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
         ws.pack(x)
         if given and not ws.holds_hidden(W1, b1):  # one activation row per leaf
             sparse_ae_activations(x, W1, b1, np.empty((1 if leaf is None else len(ws.leaf_act), h)), ws, leaf)
-        order, stack = _NO_MERGES, ws.no_stack
-        if merges is not None:
-            depth, _, order = merge_plan(tuple(merges))
-            stack = ws.merge_stack(depth, rows.shape[1])
-        _partials_panels(ws.blocks, m, c(W1), c(b1), c(W2), c(b2), ws.w1, ws.w2, ws.w2t,
-                         ws.b1p, ws.b2p, ws.cmask, ws.kv, ws.zt, ws.d3, ws.d2,
-                         ws.gw1, ws.gw2, ws.act, ws.err, ws.db1, ws.db2, ws.mask, ws.group, fold, fold and given,
-                         rho, beta, 0 if leaf is None else int(leaf) // PW, _offsets(v, h), rows, ws.leaf_act,
-                         order, stack)
+        _partials_panels(*_partials_args(ws, c(W1), c(b1), c(W2), c(b2), rows, fold, fold and given, rho, beta,
+                                         leaf, merges))
     elif merges is not None:  # each leaf into a row of its own, then the tree
         each = np.empty((len(merges), rows.shape[1]), rows.dtype)
         sparse_ae_partials(x, W1, b1, W2, b2, each, ws, kl, leaf, rho_hat)
@@ -429,6 +423,141 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
             V["err"][0] = ws.acc_err.sum()
             rows[i] = ws.acc
     return out
+
+
+def _activations_args(ws, W1, b1, rows, leaf):
+    """:func:`_activations_panels`' arguments (W1, b1 C-contiguous, ``rows`` checked)."""
+    return (ws.blocks, W1, b1, ws.w1, ws.b1p, ws.act, ws.mask, ws.vp, ws.hp,
+            0 if leaf is None else int(leaf) // PW, rows, ws.leaf_act)
+
+
+def _partials_args(ws, W1, b1, W2, b2, rows, fold, given, rho, beta, leaf, merges):
+    """:func:`_partials_panels`' arguments (weights C-contiguous, ``rows`` checked)."""
+    v, h = W1.shape
+    order, stack = _NO_MERGES, ws.no_stack
+    if merges is not None:
+        depth, _, order = merge_plan(tuple(merges))
+        stack = ws.merge_stack(depth, rows.shape[1])
+    return (ws.blocks, ws.m, W1, b1, W2, b2, ws.w1, ws.w2, ws.w2t, ws.b1p, ws.b2p, ws.cmask, ws.kv, ws.zt, ws.d3,
+            ws.d2, ws.gw1, ws.gw2, ws.act, ws.err, ws.db1, ws.db2, ws.mask, ws.group, fold, given, rho, beta,
+            0 if leaf is None else int(leaf) // PW, _offsets(v, h), rows, ws.leaf_act, order, stack)
+
+
+# ---------------------------------------------------------------- several shards at once
+_ACTIVATIONS, _PARTIALS = 1, 2  # the team's jobs: the two rounds
+
+
+@njit(**JIT)
+def _rounds_job(op, act, part):
+    """One shard's share of a round: act and part are its two rounds' arguments."""
+    if op == _ACTIVATIONS:
+        _activations_panels(*act)
+    else:
+        _partials_panels(*part)
+
+
+@njit(**JIT)
+def _rounds_serve(ctrl, k, budget, act, part):
+    """Helper k's loop (:class:`.team.Team`): its shard's share of each round posted."""
+    while True:
+        op = wait_for_work(ctrl, k, budget)
+        if op <= 0:
+            return op
+        _rounds_job(op, act, part)
+        finish(ctrl, k)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    """The same objects (numbers: equal values) one by one."""
+    return len(a) == len(b) and all(x is y or (type(x) is float and x == y) for x, y in zip(a, b))
+
+
+class SparseAEShards(_ref.SparseAEShards):
+    """The reference's shards, with float64 shards' rounds on a :class:`.team.Team`: this
+    thread takes shard 0 and helper k shard k + 1, each helper waiting for the next
+    round in compiled code, where a hand-off through Python threads (``pmap``) cost tens
+    of microseconds a shard and round. The arguments each helper holds are made and
+    handed over when the arrays given change (the first time, and for another model):
+    callers pass the same array objects every round (views kept, not made anew)."""
+
+    def __init__(self, parts, leaf=None, pmap=None):
+        super().__init__(parts, leaf, pmap, (sparse_ae_activations, sparse_ae_partials))
+        self.native = len(self.parts) > 1 and leaf is not None and all(
+            isinstance(ws, SparseAEWorkspace) and ws.simd and ws.m == x.shape[0] and ws.leaf == int(leaf)
+            and x.dtype == np.float64 for x, ws, _ in self.parts)
+        self._act = self._part = None  # (the arrays given, each shard's arguments) of each round
+
+    def activations(self, W1, b1, outs):
+        if not self.native:
+            return super().activations(W1, b1, outs)
+        key = (W1, b1, *outs)
+        if self._act is None or not _same(self._act[0], key):
+            c = np.ascontiguousarray
+            args = []
+            for (x, ws, _), out in zip(self.parts, outs):
+                check_shapes("sparse_ae_activations", x, W1, b1)
+                rows = leaf_rows(ws.m, out, None, self.leaf)
+                if rows.shape[1] != W1.shape[1]:
+                    raise ValueError(f"sparse_ae_activations: out needs {W1.shape[1]} columns, got {rows.shape[1]}")
+                args.append(_activations_args(ws, c(W1), c(b1), rows, self.leaf))
+            self._act = (key, args)
+        for x, ws, _ in self.parts:
+            ws.pack(x)
+        self._run(_ACTIVATIONS)
+        for _, ws, _ in self.parts:
+            ws.keep_hidden(W1, b1)
+        return outs
+
+    def partials(self, W1, b1, W2, b2, outs, kl=None, rho_hat=None):
+        if not self.native or kl is None or rho_hat is None:
+            return super().partials(W1, b1, W2, b2, outs, kl, rho_hat)
+        rho, beta = float(kl[0]), float(kl[1])
+        key = (W1, b1, W2, b2, rho, beta, *outs)
+        if self._part is None or not _same(self._part[0], key):
+            c = np.ascontiguousarray
+            args = []
+            for (x, ws, merges), out in zip(self.parts, outs):
+                check_shapes("sparse_ae_partials", x, W1, b1, W2, b2)
+                rows = _check_leaves(ws.m, out, kl, self.leaf, rho_hat, merges)
+                args.append(_partials_args(ws, c(W1), c(b1), c(W2), c(b2), rows, True, True, rho, beta,
+                                           self.leaf, merges))
+            self._part = (key, args)
+        h = W1.shape[1]
+        if np.shape(rho_hat) != (h,):
+            raise ValueError(f"sparse_ae_partials: rho_hat needs {h} values, got shape {np.shape(rho_hat)}")
+        rho_hat = np.ascontiguousarray(rho_hat, dtype=np.float64)
+        for x, ws, _ in self.parts:
+            kl_grad_into(rho_hat, rho, beta, ws.kv)
+            ws.pack(x)
+            if not ws.holds_hidden(W1, b1):  # a2 made again, one activation row per leaf
+                sparse_ae_activations(x, W1, b1, np.empty((len(ws.leaf_act), h)), ws, self.leaf)
+        self._run(_PARTIALS)
+        return outs
+
+    def _run(self, op):
+        """Round ``op`` on every shard: on the team once both rounds' arguments are known,
+        else (or while the team is busy) one shard after another on this thread."""
+        acts, parts = (None if r is None else r[1] for r in (self._act, self._part))
+        # this thread's shares go through the kernels' dispatchers (a compiled _rounds_job
+        # would be one more copy of both kernels to load from the cache)
+        job = _rounds_job.py_func
+        helpers = shared(len(self.parts) - 1, _rounds_serve, job) if acts and parts else None
+        if helpers is None or not helpers.busy.acquire(blocking=False):
+            for i in range(len(self.parts)):
+                job(op, acts and acts[i], parts and parts[i])
+            return
+        try:
+            token = (self._act, self._part)
+            if helpers.bound is None or not _same(helpers.bound, token):
+                helpers.bind(list(zip(acts[1:], parts[1:])), token)
+            helpers.run(op, (acts[0], parts[0]))
+        finally:
+            helpers.busy.release()
+
+
+def sparse_ae_shards(parts, leaf=None, pmap=None):
+    """A :class:`SparseAEShards` of ``parts`` ((x, ws, merges) per shard)."""
+    return SparseAEShards(parts, leaf, pmap)
 
 
 def _check_leaves(m, out, kl, leaf, rho_hat=None, merges=None):

@@ -41,6 +41,10 @@ shard's ``sparse_ae_activations`` over m. That is the paper's evaluation in two 
     (sum over every leaf and shard; ρ̂ = total / m on every rank)
     sparse_ae_partials(..., kl=(rho, beta), leaf, rho_hat=ρ̂)   -> packed sums, Q = 0
 
+A process that cuts its samples into several shards (one per thread) evaluates them
+round by round through ``sparse_ae_shards`` (:class:`SparseAEShards`): the same calls,
+every shard's in one go, so that a kernel set can run the shares its own way.
+
 Parameter vector θ (``sparse_ae_theta_layout``): W1 (v×h, row-major), W2 (h×v,
 row-major), b1 (h), b2 (v); ``sparse_ae_assemble`` returns ∂J/∂θ in that order.
 
@@ -58,7 +62,7 @@ from .sparsity import kl_sparsity_backward, kl_sparsity_forward
 
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
            "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_activations",
-           "sparse_ae_partials", "sparse_ae_assemble"]
+           "sparse_ae_partials", "sparse_ae_assemble", "sparse_ae_shards"]
 
 
 def sparse_ae_layout(visible: int, hidden: int) -> dict:
@@ -190,6 +194,45 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
     P["act"][...] = a2.sum(axis=0)
     P["err"][...] = np.sum(diff * diff)
     return out
+
+
+class SparseAEShards:
+    """Several shards of one model, evaluated a round at a time.
+
+    ``parts``: one ``(x, ws, merges)`` per shard (its samples, its workspace, the
+    postfix merges of its leaves or None); each round writes shard i's sums into
+    ``outs[i]``, exactly as :func:`sparse_ae_activations` and :func:`sparse_ae_partials`
+    called on it with ``leaf``. ``pmap(fn, items)`` runs a round's shares (aepar passes
+    its threads' map; default: one after another). The Numba set runs float64 shards
+    on helper threads waiting in compiled code instead (:mod:`aepar.kernels.nb.team`).
+    """
+
+    def __init__(self, parts, leaf=None, pmap=None, kernels=None):
+        self.parts = [tuple(p) for p in parts]
+        self.leaf = leaf
+        self.pmap = pmap or (lambda fn, items: [fn(i) for i in items])
+        self._activations, self._partials = kernels or (sparse_ae_activations, sparse_ae_partials)
+
+    def activations(self, W1, b1, outs):
+        """Σ a2 of every shard: ``outs[i]`` as ``sparse_ae_activations`` gives it."""
+        def one(i):
+            x, ws, _ = self.parts[i]
+            self._activations(x, W1, b1, outs[i], ws, self.leaf)
+        self.pmap(one, range(len(self.parts)))
+        return outs
+
+    def partials(self, W1, b1, W2, b2, outs, kl=None, rho_hat=None):
+        """The packed sums of every shard: ``outs[i]`` as ``sparse_ae_partials`` gives it."""
+        def one(i):
+            x, ws, merges = self.parts[i]
+            self._partials(x, W1, b1, W2, b2, outs[i], ws, kl, self.leaf, rho_hat, merges)
+        self.pmap(one, range(len(self.parts)))
+        return outs
+
+
+def sparse_ae_shards(parts, leaf=None, pmap=None):
+    """A :class:`SparseAEShards` of ``parts`` ((x, ws, merges) per shard)."""
+    return SparseAEShards(parts, leaf, pmap)
 
 
 def leaf_rows(m, out, kl, leaf, rho_hat=None, merges=None):

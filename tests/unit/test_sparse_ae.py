@@ -351,6 +351,52 @@ def test_numba_float64_leaves_are_each_leaf_alone(m, v, h, leaf, seed):
     assert np.isnan(wide[:, size]).all()  # the column after them untouched
 
 
+def test_numba_shards_on_helper_threads_give_each_shards_bits(rng):
+    """The Numba set's shards run a round's shares on helpers waiting in compiled code
+    (aepar.kernels.nb.team): every shard's rows are the bits of its own calls, round after
+    round as θ changes in place, after another model's shards used the helpers, and into
+    other arrays."""
+    from aepar.kernels.ref.sparse_ae import SparseAEShards
+    nb = kernels.load("numba")
+    v, h, leaf = 64, 25, 64
+    sizes = (300, 256, 130)
+    width = nb.sparse_ae_partials_size(v, h)
+
+    def model(seed):
+        x = [np.random.default_rng(seed + i).uniform(0.1, 0.9, size=(m, v)) for i, m in enumerate(sizes)]
+        merges = [tuple([0, 1] * (-(-m // leaf) // 2) + [0] * (-(-m // leaf) % 2)) for m in sizes]
+        parts = [(xi, nb.sparse_ae_workspace(len(xi), v, h, leaf=leaf), mi) for xi, mi in zip(x, merges)]
+        alone = [(xi, nb.sparse_ae_workspace(len(xi), v, h, leaf=leaf), mi) for xi, mi in zip(x, merges)]
+        return (nb.sparse_ae_shards(parts, leaf), SparseAEShards(alone, leaf, None, (nb.sparse_ae_activations,
+                nb.sparse_ae_partials))) + buffers()
+
+    def buffers():
+        theta = np.empty(2 * v * h + h + v)
+        W1, b1, W2, b2 = unpack(theta, v, h)  # views of one buffer, written in place below
+        act = [np.full((-(-m // leaf), h), np.nan) for m in sizes]
+        part = [np.full(((-(-m // leaf) + 1) // 2, width + 1), np.nan)[:, :width] for m in sizes]
+        return theta, (W1, b1, W2, b2), act, part
+
+    def evaluate(m, seed):
+        shards, one_by_one, theta, (W1, b1, W2, b2), act, part = m
+        theta[:] = theta_for(np.random.default_rng(seed), v, h, scale=2.0)
+        shards.activations(W1, b1, act)
+        want_act = one_by_one.activations(W1, b1, [np.full_like(a, np.nan) for a in act])
+        rho_hat = sum(a.sum(axis=0) for a in act) / sum(sizes)
+        shards.partials(W1, b1, W2, b2, part, (RHO, BETA), rho_hat)
+        want = one_by_one.partials(W1, b1, W2, b2, [np.full_like(p, np.nan) for p in part], (RHO, BETA), rho_hat)
+        for got, expected in zip(act + part, want_act + want):
+            np.testing.assert_array_equal(got, expected)
+
+    first, second = model(1), model(2)
+    assert first[0].native
+    for seed in range(3):
+        evaluate(first, seed)
+    evaluate(second, 10)
+    evaluate(first, 11)
+    evaluate(first[:2] + buffers(), 12)  # other θ and output arrays
+
+
 def test_numba_float64_saturation_and_nan(rng):
     """Saturated units (|z| in the hundreds) give the reference's sums; a NaN weight
     makes NaN partials, as in the reference, instead of a plausible-looking number."""
