@@ -55,12 +55,12 @@ from ..memory import zeros
 from ..ref import sparse_ae as _ref
 from ..ref.sparse_ae import (check_shapes, leaf_rows, merge_plan, merge_rows, sparse_ae_layout,
                              sparse_ae_partials_size, sparse_ae_theta_layout, sparse_ae_theta_size)
-from .team import finish, shared, wait_for_work
 from .nbmath import sigmoid64
 from .simd import JIT, LANES
 from .sparse_ae_panels import _activations_panels, _pack_panels, _partials_panels
 from .sparse_tiles import OJ, OV, PW, RH, TB
 from .sparsity import kl_grad_into, kl_sum
+from .team import finish, forget, shared, wait_for_work
 
 __all__ = ["sparse_ae_layout", "sparse_ae_partials_size", "sparse_ae_theta_layout",
            "sparse_ae_theta_size", "sparse_ae_workspace", "sparse_ae_activations",
@@ -533,6 +533,12 @@ class SparseAEShards(_ref.SparseAEShards):
                 sparse_ae_activations(x, W1, b1, np.empty((len(ws.leaf_act), h)), ws, self.leaf)
         self._run(_PARTIALS)
         return outs
+
+    def __del__(self):
+        try:
+            forget((self._act, self._part))  # the helpers let go of this model's arrays
+        except Exception:  # noqa: BLE001 (at interpreter exit, modules may be gone)
+            pass
 
     def _run(self, op):
         """Round ``op`` on every shard: on the team once both rounds' arguments are known,

@@ -27,7 +27,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["Team", "shared", "wait_for_work", "finish", "PARK", "STOP", "REBIND", "SPIN_CYCLES"]
+__all__ = ["Team", "shared", "forget", "wait_for_work", "finish", "PARK", "STOP", "REBIND", "SPIN_CYCLES"]
 
 SLOT = 16                       # int64s per helper: each slot on cache lines of its own
 STATE, OP, DONE = 0, 1, 2       # a slot's words
@@ -205,6 +205,9 @@ class Team:
     def _help(self, k):
         self._wake[k].acquire()  # every slot starts PARKED: the first bind wakes it
         while True:
+            if self.args[k] is None:  # woken without arguments: closed before any bind
+                finish(self.ctrl, k)
+                return
             try:
                 op = self.serve(self.ctrl, k, self.budget, *self.args[k])
             except BaseException as exc:  # the share raised: handed to run(), which raises it
@@ -214,9 +217,11 @@ class Team:
             if op == PARK:
                 self._wake[k].acquire()
                 continue
-            finish(self.ctrl, k)  # STOP or REBIND, acknowledged
             if op == STOP:
+                self.args[k] = None  # its arrays go with it
+                finish(self.ctrl, k)
                 return
+            finish(self.ctrl, k)  # REBIND, acknowledged
 
     def _post_all(self, op):
         for k in range(self.size):
@@ -234,6 +239,8 @@ class Team:
     def run(self, op: int, own: tuple):
         """Job ``op`` on every helper and ``job(op, *own)`` on this thread; returns when
         all are done."""
+        if self.size and self.args[0] is None:
+            raise RuntimeError("Team.run: bind() the helpers' arguments first")
         self._post_all(op)
         try:
             self.job(op, *own)
@@ -267,6 +274,20 @@ def shared(size: int, serve, job) -> Team | None:
     if team is None:
         team = _TEAMS[(serve, job)] = Team(size, serve, job)
     return team
+
+
+def forget(token) -> None:
+    """Ends the shared team whose helpers hold the arguments bound with ``token`` (the
+    same objects one by one), so that their arrays can be freed; a team in use is left."""
+    for key, team in list(_TEAMS.items()):
+        if (team.bound is not None and len(team.bound) == len(token)
+                and all(a is b for a, b in zip(team.bound, token)) and team.busy.acquire(blocking=False)):
+            try:
+                team.close()
+                team.bound = None
+                del _TEAMS[key]
+            finally:
+                team.busy.release()
 
 
 if hasattr(os, "register_at_fork"):

@@ -397,6 +397,34 @@ def test_numba_shards_on_helper_threads_give_each_shards_bits(rng):
     evaluate(first[:2] + buffers(), 12)  # other θ and output arrays
 
 
+def test_numba_shards_dropped_let_the_helpers_go_with_their_arrays(rng):
+    """A model's shards, once dropped, end the helpers that held their arrays (a notebook
+    that trains one model after another keeps no old workspace alive)."""
+    import gc
+    import weakref
+    from aepar.kernels.nb import team
+    nb = kernels.load("numba")
+    v, h, leaf, m = 64, 25, 64, 128
+    parts = [(rng.uniform(0.1, 0.9, size=(m, v)), nb.sparse_ae_workspace(m, v, h, leaf=leaf), None)
+             for _ in range(2)]
+    shards = nb.sparse_ae_shards(parts, leaf)
+    theta = theta_for(rng, v, h)
+    W1, b1, W2, b2 = unpack(theta, v, h)
+    act = [np.empty((2, h)) for _ in parts]
+    shards.activations(W1, b1, act)
+    shards.partials(W1, b1, W2, b2, [np.empty((2, nb.sparse_ae_partials_size(v, h))) for _ in parts],
+                    (RHO, BETA), sum(a.sum(axis=0) for a in act) / (2 * m))
+    helpers = [t for t in team._TEAMS.values() if t.bound is not None and t.bound[0] is shards._act]
+    assert len(helpers) == 1
+    held = weakref.ref(parts[1][1].blocks)  # shard 1's panels, in its helper's arguments
+    del shards, parts
+    gc.collect()
+    for t in helpers[0].threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in helpers[0].threads)
+    assert held() is None
+
+
 def test_numba_float64_saturation_and_nan(rng):
     """Saturated units (|z| in the hundreds) give the reference's sums; a NaN weight
     makes NaN partials, as in the reference, instead of a plausible-looking number."""

@@ -176,6 +176,16 @@ def test_close_ends_the_helpers():
     assert not any(t.is_alive() for t in helpers.threads)
 
 
+def test_a_team_closed_before_any_bind_ends_and_one_never_bound_refuses_to_run():
+    helpers = _team(2)
+    with pytest.raises(RuntimeError, match="bind"):
+        helpers.run(1, (np.zeros(1), 0, 0, np.zeros(3), 0))
+    helpers.close()
+    for t in helpers.threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in helpers.threads)
+
+
 def test_no_spinning_where_the_threads_outnumber_the_cores(monkeypatch):
     monkeypatch.setattr(team, "_usable_cores", lambda: 2)
     crowded, fits = _team(2), _team(1)
