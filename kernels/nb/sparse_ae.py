@@ -525,9 +525,10 @@ class SparseAEShards(_ref.SparseAEShards):
         h = W1.shape[1]
         if np.shape(rho_hat) != (h,):
             raise ValueError(f"sparse_ae_partials: rho_hat needs {h} values, got shape {np.shape(rho_hat)}")
-        rho_hat = np.ascontiguousarray(rho_hat, dtype=np.float64)
+        k = self.parts[0][1].kv
+        kl_grad_into(np.ascontiguousarray(rho_hat, dtype=np.float64), rho, beta, k)
         for x, ws, _ in self.parts:
-            kl_grad_into(rho_hat, rho, beta, ws.kv)
+            ws.kv[:] = k  # every shard folds the same KL gradient in
             ws.pack(x)
             if not ws.holds_hidden(W1, b1):  # a2 made again, one activation row per leaf
                 sparse_ae_activations(x, W1, b1, np.empty((len(ws.leaf_act), h)), ws, self.leaf)

@@ -27,9 +27,11 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..memory import zeros
+
 __all__ = ["Team", "shared", "forget", "wait_for_work", "finish", "PARK", "STOP", "REBIND", "SPIN_CYCLES"]
 
-SLOT = 16                       # int64s per helper: each slot on cache lines of its own
+SLOT = 16                       # int64s per helper: two cache lines, none shared with another
 STATE, OP, DONE = 0, 1, 2       # a slot's words
 IDLE, PARKED, POSTED = 0, 1, 2  # its states
 PARK, STOP, REBIND = 0, -1, -2  # what serve returns to the helper's Python (jobs are > 0)
@@ -186,7 +188,7 @@ class Team:
 
     def __init__(self, size: int, serve, job):
         self.size, self.serve, self.job = int(size), serve, job
-        self.ctrl = np.zeros(SLOT * (self.size + 1), np.int64)
+        self.ctrl = zeros(SLOT * self.size, np.int64)  # each slot from a cache line's start
         self.ctrl[STATE:SLOT * self.size:SLOT] = PARKED
         self.budget = SPIN_CYCLES if self.size + 1 <= _usable_cores() else 0
         self.busy = threading.Lock()  # one run at a time
