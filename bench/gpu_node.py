@@ -17,7 +17,8 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   (OUT/shared_gpu.csv; a difference fails the step).
 - ``sixteen``: on the CPU, one thread per rank: the sparse autoencoder at 10k and 160k
   patches on 1 and ``--sixteen`` ranks (there also with equal shares throughout,
-  ``--balance-every 0``, as a quarter of the ranks with 4 threads each, and with Open
+  ``--balance-every 0``, as a quarter of the ranks with 4 threads each, as one process
+  with ``--sixteen`` threads (its threads wait for each round in compiled code), and with Open
   MPI's waiting ranks yielding or sleeping instead of polling, :data:`WAITS`; at 10k also
   with ``--optimizer lbfgs``, aepar's L-BFGS, whose serial step is cheaper), and the
   pre-training schemes (autoencoder layers 784-500-250-100-30, 2 epochs of the 60k
@@ -72,12 +73,13 @@ STEPS = ("tests", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu, 2026-11-30; tests with
 # CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
 # added since (equal shares at 16 ranks, the schemes on 3x the rows, aepar's L-BFGS at 10k)
-# priced from its log, 15 s for the sparse runs on 4 threads a rank, 15 s for those with
+# priced from its log, 15 s for the sparse runs on 4 threads a rank (and 15 s more for those
+# as one process of --sixteen threads), 15 s for those with
 # other waits, 5 s for the independent copies and 20 s for the collectives at 2 and 16 ranks
 # (measure-mpi --quick took 10 s at 2 ranks on a 2-vCPU Xeon)
 # tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its
 # fifth workload (greedy, about a quarter more)
-ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 365, "tax": 150}
+ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 380, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -226,6 +228,7 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
     for patches in SPARSE_PATCHES:
         runs = [(1, 1, None, None, None), (big, 1, None, None, None), (big, 1, 0, None, None)]
         runs += [(big // 4, 4, None, None, None)] if big >= 8 else []
+        runs += [(1, big, None, None, None)]  # one process, a thread per core: no messages at all
         runs += [(big, 1, None, None, wait) for wait in WAITS]
         runs += [(1, 1, None, "lbfgs", None), (big, 1, None, "lbfgs", None)] if patches == min(SPARSE_PATCHES) else []
         for ranks, threads, every, optimizer, wait in runs:
