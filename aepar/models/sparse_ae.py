@@ -90,7 +90,7 @@ class SparseAutoencoder:
         self._theta_buf = None  # for cost_grad
         self._round_views = (None, None)  # (the θ array both rounds were given last, its views)
         self._shards = None     # the kernels' evaluation of every chunk, a round at a time
-X
+        self._round_rows = {}   # (id, width, nodes) of an output buffer -> (it, each chunk's rows of it)
 
     # ---- data -----------------------------------------------------------------------
     def attach(self, x_local, blocks: Blocks | None = None):
