@@ -9,7 +9,7 @@ compiled ``serve`` function (written by the kernel family that uses the team, fr
 :func:`wait_for_work` and :func:`finish`): it spins on its slot of a shared int64 array,
 runs its share without the interpreter lock and counts it done; the caller posts the
 work, runs its own share and spins until every helper's count has moved. A helper that
-finds no work for :data:`SPIN_CYCLES` parks on a Python lock (so it burns no core while
+finds no work for :data:`SPIN_NS` parks on a Python lock (so it burns no core while
 the program does other things) and is woken through it; where the helpers and the caller
 outnumber this process's cores, nobody spins.
 
@@ -19,9 +19,11 @@ of running the shares one after another.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import numpy as np
+from llvmlite import binding as ll
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
@@ -29,14 +31,16 @@ from numba.extending import intrinsic
 
 from ..memory import zeros
 
-__all__ = ["Team", "shared", "forget", "wait_for_work", "finish", "PARK", "STOP", "REBIND", "SPIN_CYCLES"]
+__all__ = ["Team", "shared", "forget", "wait_for_work", "finish", "PARK", "STOP", "REBIND", "SPIN_NS"]
 
 SLOT = 16                       # int64s per helper: two cache lines, none shared with another
 STATE, OP, DONE = 0, 1, 2       # a slot's words
 IDLE, PARKED, POSTED = 0, 1, 2  # its states
 PARK, STOP, REBIND = 0, -1, -2  # what serve returns to the helper's Python (jobs are > 0)
-SPIN_CYCLES = 3_000_000         # time-stamp counts a helper waits spinning (about 1 ms)
-YIELD_CYCLES = 100_000          # a caller spinning longer yields its core on each look
+SPIN_NS = 1_000_000             # how long a helper waits spinning before it parks
+YIELD_NS = 30_000               # a caller spinning longer yields its core on each look
+_CLOCK_MONOTONIC = 6 if sys.platform == "darwin" else 1
+_X86 = ll.get_process_triple().startswith(("x86_64", "i386", "i686"))
 
 
 def _slot_ptr(context, builder, sig, args):
@@ -87,23 +91,30 @@ def _swap_if(typingctx, a, i, expected, new):
 
 
 @intrinsic
-def _cycles(typingctx):
-    """The time-stamp counter (constant-rate on the CPUs aepar's kernels target)."""
+def _now_ns(typingctx):
+    """CLOCK_MONOTONIC in nanoseconds, from the C library's clock_gettime (through the
+    vDSO on Linux: no system call)."""
     def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
-                                            "llvm.readcyclecounter")
-        return builder.call(fn, [])
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        spec = cgutils.alloca_once(builder, ir.LiteralStructType([i64, i64]))  # struct timespec
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32, [i32, spec.type]), "clock_gettime")
+        builder.call(fn, [ir.Constant(i32, _CLOCK_MONOTONIC), spec])
+        sec = builder.load(cgutils.gep_inbounds(builder, spec, 0, 0))
+        nsec = builder.load(cgutils.gep_inbounds(builder, spec, 0, 1))
+        return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
 
     return types.int64(), codegen
 
 
 @intrinsic
 def _pause(typingctx):
-    """x86's spin-wait hint: the spinning thread leaves the core's resources to the other."""
+    """The spin-wait hint (x86's pause): the spinning thread leaves the core's resources
+    to the other; nothing where there is none."""
     def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
-                                            "llvm.x86.sse2.pause")
-        builder.call(fn, [])
+        if _X86:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                "llvm.x86.sse2.pause")
+            builder.call(fn, [])
         return context.get_dummy_value()
 
     return types.none(), codegen
@@ -123,14 +134,14 @@ def _sched_yield(typingctx):
 @njit(cache=True, nogil=True)
 def wait_for_work(ctrl, k, budget):
     """Helper k's wait: the op posted to it (> 0 a job, < 0 for its Python), or PARK once
-    ``budget`` time-stamp counts passed without one (the slot is then PARKED, and the
+    ``budget`` nanoseconds passed without one (the slot is then PARKED, and the
     caller wakes it through its lock)."""
     at = k * SLOT
-    start = _cycles()
+    start = _now_ns()
     while True:
         if _load(ctrl, at + STATE) == POSTED:
             return _load(ctrl, at + OP)
-        if _cycles() - start > budget and _swap_if(ctrl, at + STATE, IDLE, PARKED) == IDLE:
+        if _now_ns() - start > budget and _swap_if(ctrl, at + STATE, IDLE, PARKED) == IDLE:
             return PARK
         _pause()
 
@@ -157,12 +168,12 @@ def _post(ctrl, k, op):
 
 @njit(cache=True, nogil=True)
 def _join(ctrl, expected):
-    """Spins until helper k's count reaches expected[k], for every k; past YIELD_CYCLES
+    """Spins until helper k's count reaches expected[k], for every k; past YIELD_NS
     each look yields the core (helpers that share it with the caller get to run)."""
-    start = _cycles()
+    start = _now_ns()
     for k in range(expected.size):
         while _load(ctrl, k * SLOT + DONE) < expected[k]:
-            if _cycles() - start > YIELD_CYCLES:
+            if _now_ns() - start > YIELD_NS:
                 _sched_yield()
             else:
                 _pause()
@@ -190,7 +201,7 @@ class Team:
         self.size, self.serve, self.job = int(size), serve, job
         self.ctrl = zeros(SLOT * self.size, np.int64)  # each slot from a cache line's start
         self.ctrl[STATE:SLOT * self.size:SLOT] = PARKED
-        self.budget = SPIN_CYCLES if self.size + 1 <= _usable_cores() else 0
+        self.budget = SPIN_NS if self.size + 1 <= _usable_cores() else 0
         self.busy = threading.Lock()  # one run at a time
         self.args = [None] * self.size
         self.bound = None  # what the caller bound last (its own token of the args)

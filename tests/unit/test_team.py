@@ -190,7 +190,7 @@ def test_no_spinning_where_the_threads_outnumber_the_cores(monkeypatch):
     monkeypatch.setattr(team, "_usable_cores", lambda: 2)
     crowded, fits = _team(2), _team(1)
     try:
-        assert crowded.budget == 0 and fits.budget == team.SPIN_CYCLES
+        assert crowded.budget == 0 and fits.budget == team.SPIN_NS
     finally:
         crowded.close()
         fits.close()
