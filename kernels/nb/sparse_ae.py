@@ -555,7 +555,7 @@ class SparseAEShards(_ref.SparseAEShards):
             return
         try:
             token = (self._act, self._part)
-            if helpers.bound is None or not _same(helpers.bound, token):
+            if not helpers.holds(token):
                 helpers.bind(list(zip(acts[1:], parts[1:])), token)
             helpers.run(op, (acts[0], parts[0]))
         finally:

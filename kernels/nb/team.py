@@ -236,6 +236,11 @@ class Team:
                 return
             finish(self.ctrl, k)  # REBIND, acknowledged
 
+    def holds(self, token) -> bool:
+        """Whether the arguments bound last came with ``token`` (the same objects one by one)."""
+        return (self.bound is not None and len(self.bound) == len(token)
+                and all(a is b for a, b in zip(self.bound, token)))
+
     def _post_all(self, op):
         for k in range(self.size):
             if _post(self.ctrl, k, op):
@@ -293,8 +298,7 @@ def forget(token) -> None:
     """Ends the shared team whose helpers hold the arguments bound with ``token`` (the
     same objects one by one), so that their arrays can be freed; a team in use is left."""
     for key, team in list(_TEAMS.items()):
-        if (team.bound is not None and len(team.bound) == len(token)
-                and all(a is b for a, b in zip(team.bound, token)) and team.busy.acquire(blocking=False)):
+        if team.holds(token) and team.busy.acquire(blocking=False):
             try:
                 team.close()
                 team.bound = None
