@@ -51,11 +51,6 @@ def _expected(a, size, op):
     return want
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng(0)
-
-
 def _in_time(fn, seconds=60):
     """fn() on a thread of its own, failed if it has not ended in ``seconds`` (a lost
     wake-up would leave a round spinning for ever)."""
