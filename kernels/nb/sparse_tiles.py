@@ -11,16 +11,21 @@ never loaded on the other):
 =========  ======================================  ================  ===============
 ISA        tile                                    AVX-512           AVX2
 =========  ======================================  ================  ===============
-PV         vectors per panel row (PW = 8 PV)       4 (32 samples)    2 (16 samples)
-RH         x W1, δ3 W2ᵀ: hidden units × PW         5                 2
+PV         vectors per panel row (PW = 8 PV)       4 (32 samples)    1 (8 samples)
+RH         x W1, δ3 W2ᵀ: hidden units × PW         5                 5
 SB × TB    a2 W2: samples × vectors of units       8 × 2             8 × 1
 SG         a2 W2: samples per pass of its k loop   8                 4
-OJ × OV    weight gradients: units × vectors       5 × 4             2 × 2
+OJ × OV    weight gradients: units × vectors       5 × 4             5 × 1
 =========  ======================================  ================  ===============
 
 On an AVX2 target the AVX-512 shapes are much slower than these, and larger AVX2 tiles
 (2×3 hidden, 8×2 output or 2×3 gradient tiles) spill registers and are slower too; so
-did the 8 × 1 output tile in one pass (16 sums in 16 registers), hence SG.
+did the 8 × 1 output tile in one pass (16 sums in 16 registers), hence SG. The AVX2
+hidden and gradient tiles hold 5 × 1 vectors, ten registers of sums: two FMA pipes of
+four or five cycles' latency need eight to ten chains in flight, which the 2 × 2 tiles
+(eight) only just gave. Five units a tile also fit the default 25 hidden units without
+padding. The sums' order does not depend on the shapes: every ISA and shape gives the
+same bits.
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from .simd import (JIT, LANES, prefetch, store_transposed, target_isa, vadd, vbc
                    vload, vmul, vsigmoid, vsplat, vstore, vsub)
 
 TILE_SHAPES = {"avx512": dict(PV=4, RH=5, SB=8, SG=8, TB=2, OJ=5, OV=4),
-               "avx2": dict(PV=2, RH=2, SB=8, SG=4, TB=1, OJ=2, OV=2)}
+               "avx2": dict(PV=1, RH=5, SB=8, SG=4, TB=1, OJ=5, OV=1)}
 ISA = target_isa()
 PV, RH, SB, SG, TB, OJ, OV = (TILE_SHAPES[ISA][k] for k in ("PV", "RH", "SB", "SG", "TB", "OJ", "OV"))
 PW = LANES * PV            # samples per panel
