@@ -95,6 +95,11 @@ bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs Py
 bench-block-tax: venv bench-peers  ## the price of the same bits per CPU: RBM, autoencoder-layer, fine-tuning, CAE and greedy-stack epochs with 8 blocks vs 1 block vs PyTorch, 1 and 2 threads -> block_tax.{csv,md} (~8 min)
 	$(BIN)/python -m bench.block_tax
 
+.PHONY: bench-cpu
+bench-cpu: venv bench-peers  ## every row the speed targets need from this CPU: the block tax and the whole sparse command, on its own code path and, where it has AVX-512, again on the AVX2 path -> block_tax.{csv,md}, peers.csv (~25 min)
+	$(MAKE) --no-print-directory bench-block-tax bench-sparse-command
+	if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then AEPAR_ISA=avx2 $(MAKE) --no-print-directory bench-block-tax bench-sparse-command; fi
+
 .PHONY: bench-gpu-epoch
 bench-gpu-epoch: venv bench-peers  ## epochs on the GPU, aepar's CuPy kernels vs PyTorch CUDA: the 784x1000 RBM (CD-1) and autoencoder layer at batches 100/1000/5000, fine-tuning and the CAE at 100 -> gpu/gpu_epoch.csv (needs a GPU, CuPy, CUDA PyTorch)
 	$(BIN)/python -m bench.gpu_epoch --layers rbm,ae --batches 100,1000,5000 --out bench/results/gpu
