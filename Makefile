@@ -96,7 +96,7 @@ bench-block-tax: venv bench-peers  ## the price of the same bits per CPU: RBM, a
 	$(BIN)/python -m bench.block_tax
 
 .PHONY: bench-cpu
-bench-cpu: venv bench-peers  ## every row the speed targets need from this CPU: the block tax and the whole sparse command, on its own code path and, where it has AVX-512, again on the AVX2 path -> block_tax.{csv,md}, peers.csv (~25 min)
+bench-cpu: venv bench-peers  ## every row the speed targets need from this CPU: the block tax and the whole sparse command, on its own code path and, where it has AVX-512, again on the AVX2 path -> block_tax.{csv,md}, peers.csv (~10 min on 2 cores)
 	$(MAKE) --no-print-directory bench-block-tax bench-sparse-command
 	if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then AEPAR_ISA=avx2 $(MAKE) --no-print-directory bench-block-tax bench-sparse-command; fi
 
