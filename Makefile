@@ -96,9 +96,13 @@ bench-block-tax: venv bench-peers  ## the price of the same bits per CPU: RBM, a
 	$(BIN)/python -m bench.block_tax
 
 .PHONY: bench-cpu
-bench-cpu: venv bench-peers  ## every row the speed targets need from this CPU: the block tax and the whole sparse command, on its own code path and, where it has AVX-512, again on the AVX2 path -> block_tax.{csv,md}, peers.csv (~10 min on 2 cores)
-	$(MAKE) --no-print-directory bench-block-tax bench-sparse-command
-	if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then AEPAR_ISA=avx2 $(MAKE) --no-print-directory bench-block-tax bench-sparse-command; fi
+bench-cpu: venv bench-peers  ## every row the speed targets need from this CPU: the block tax, the whole sparse command and whether its BLAS keeps a row's bits among other rows, on its own code path and, where it has AVX-512, again on the AVX2 path -> block_tax.{csv,md}, peers.csv, row_bits.csv (~10 min on 2 cores)
+	$(MAKE) --no-print-directory bench-block-tax bench-sparse-command bench-row-bits
+	if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then AEPAR_ISA=avx2 $(MAKE) --no-print-directory bench-block-tax bench-sparse-command bench-row-bits; fi
+
+.PHONY: bench-row-bits
+bench-row-bits: venv  ## whether the BLAS gives a block's product rows the same bits alone, among other rows and in a batched call, at the stack's shapes (DEVICE=gpu: cuBLAS) -> row_bits.csv (~5 s)
+	$(BIN)/python -m bench.row_bits --device $(or $(DEVICE),cpu)
 
 .PHONY: bench-gpu-epoch
 bench-gpu-epoch: venv bench-peers  ## epochs on the GPU, aepar's CuPy kernels vs PyTorch CUDA: the 784x1000 RBM (CD-1) and autoencoder layer at batches 100/1000/5000, fine-tuning and the CAE at 100 -> gpu/gpu_epoch.csv (needs a GPU, CuPy, CUDA PyTorch)
@@ -106,7 +110,7 @@ bench-gpu-epoch: venv bench-peers  ## epochs on the GPU, aepar's CuPy kernels vs
 	$(BIN)/python -m bench.gpu_epoch --layers finetune,cae --batches 100 --out bench/results/gpu
 
 .PHONY: bench-gpu-node
-bench-gpu-node: venv bench-peers  ## every check that needs a GPU node (a GPU, 16 cores) in a pass of at most 560 s: GPU tests, GPU epochs vs PyTorch CUDA, 1/2/4 ranks sharing the GPU bit for bit, the CPU at 16 ranks, the block tax on its CPU; a step the time left cannot hold is skipped and logged (STEPS=tests,epochs,shared then STEPS=sixteen,tax: all in two passes) -> runs/gpu-node/<date-time>/ (logs name the command, commit and machine)
+bench-gpu-node: venv bench-peers  ## every check that needs a GPU node (a GPU, 16 cores) in a pass of at most 560 s: GPU tests, whether cuBLAS gives a block's rows the same bits among others, GPU epochs vs PyTorch CUDA, 1/2/4 ranks sharing the GPU bit for bit, the CPU at 16 ranks, the block tax on its CPU; a step the time left cannot hold is skipped and logged (STEPS=tests,bits,epochs,shared then STEPS=sixteen,tax: all in two passes) -> runs/gpu-node/<date-time>/ (logs name the command, commit and machine)
 	$(BIN)/python -m bench.gpu_node --out runs/gpu-node/$$(date +%Y%m%d-%H%M%S) $(if $(STEPS),--steps $(STEPS))
 
 .PHONY: bench-layouts

@@ -2,13 +2,16 @@
 allocation: the GPU tests, GPU epochs against PyTorch CUDA, ranks sharing the GPU with the
 same bits as one rank, and the CPU at 16 ranks.
 
-    python -m bench.gpu_node --out DIR [--steps tests,epochs,shared,sixteen,tax] [--budget 560]
+    python -m bench.gpu_node --out DIR [--steps tests,bits,epochs,shared,sixteen,tax] [--budget 560]
                              [--commit SHA] [--data-dir DIR] [--ranks 1,2,4] [--sixteen 16]
 
 Steps (each skipped, and its log says so, when the time left is below its estimate):
 
 - ``tests``: ``pytest tests -m gpu``, the CuPy kernels and the schemes on the GPU (every test
   skipped, as without CuPy, is not a pass).
+- ``bits``: ``bench.row_bits --device gpu``: whether cuBLAS gives a block's product rows the
+  same bits alone, among all blocks' rows and in one batched call (OUT/row_bits.csv): what
+  decides whether the blocks' products may become one launch a step.
 - ``epochs``: ``bench.gpu_epoch``: the 784x1000 RBM and autoencoder layer at batches 100,
   1000 and 5000, fine-tuning and the CAE at 100, 8 blocks and 1 against PyTorch CUDA
   (OUT/gpu_epoch.csv).
@@ -69,7 +72,7 @@ from bench.common import PY, _commit, machine_columns, mpi_env, python_command, 
 from bench.rank_usage import usage_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("tests", "epochs", "shared", "sixteen", "tax")
+STEPS = ("tests", "bits", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu, 2026-11-30; tests with
 # CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
 # added since (equal shares at 16 ranks, the schemes on 3x the rows, aepar's L-BFGS at 10k)
@@ -78,8 +81,8 @@ STEPS = ("tests", "epochs", "shared", "sixteen", "tax")
 # other waits, 5 s for the independent copies and 20 s for the collectives at 2 and 16 ranks
 # (measure-mpi --quick took 10 s at 2 ranks on a 2-vCPU Xeon)
 # tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its
-# fifth workload (greedy, about a quarter more)
-ESTIMATE_S = {"tests": 60, "epochs": 120, "shared": 90, "sixteen": 380, "tax": 150}
+# fifth workload (greedy, about a quarter more); bits: 3 s on the CPU, a guess for CuPy's start
+ESTIMATE_S = {"tests": 60, "bits": 30, "epochs": 120, "shared": 90, "sixteen": 380, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -163,6 +166,12 @@ def summary_of(run: Path) -> dict:
 def step_tests(log: Log, opts) -> bool:
     rc, out, _ = log.run([PY, "-m", "pytest", "tests", "-m", "gpu", "-q", "-p", "no:cacheprovider"], timeout=400)
     return rc == 0 and re.search(r"\b[1-9]\d* passed", out) is not None  # all skipped (no CuPy): not a pass
+
+
+def step_bits(log: Log, opts) -> bool:
+    rc, _, _ = log.run([PY, "-m", "bench.row_bits", "--device", "gpu", "--out", opts.out / "row_bits.csv"],
+                       timeout=120)
+    return rc == 0
 
 
 def step_epochs(log: Log, opts) -> bool:
@@ -380,7 +389,7 @@ def main(argv=None) -> int:
             if step in ("shared", "sixteen") and warming is not None:
                 warming.wait()
             left = opts.budget - (time.monotonic() - start)
-            needs_gpu = step in ("tests", "epochs") or (step == "shared" and opts.device == "gpu")
+            needs_gpu = step in ("tests", "bits", "epochs") or (step == "shared" and opts.device == "gpu")
             log = Log(opts.out / f"{step}.log", step, opts.commit)
             if needs_gpu and not has_gpu:
                 log.write("# skipped: no GPU (nvidia-smi found none)\n")
@@ -391,7 +400,7 @@ def main(argv=None) -> int:
                 failed.append(f"{step} (no time left)")
                 continue
             t0 = time.monotonic()
-            run = {"tests": step_tests, "epochs": step_epochs, "tax": step_tax}.get(step)
+            run = {"tests": step_tests, "bits": step_bits, "epochs": step_epochs, "tax": step_tax}.get(step)
             ok = run(log, opts) if run else (step_shared if step == "shared" else step_sixteen)(log, opts, Path(tmp))
             log.write(f"# step {'passed' if ok else 'FAILED'} in {time.monotonic() - t0:.0f} s\n")
             print(f"bench.gpu_node: {step} {'passed' if ok else 'FAILED'} in {time.monotonic() - t0:.0f} s "

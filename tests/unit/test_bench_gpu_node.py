@@ -15,8 +15,8 @@ def no_gpu(monkeypatch):
 
 
 def test_without_a_gpu_the_gpu_steps_are_skipped_and_the_pass_fails(tmp_path, no_gpu):
-    assert gpu_node.main(["--out", str(tmp_path), "--steps", "tests,epochs", "--commit", "abc123"]) == 1
-    for step in ("tests", "epochs"):
+    assert gpu_node.main(["--out", str(tmp_path), "--steps", "tests,bits,epochs", "--commit", "abc123"]) == 1
+    for step in ("tests", "bits", "epochs"):
         text = (tmp_path / f"{step}.log").read_text()
         assert "# commit abc123" in text and "skipped: no GPU" in text
 

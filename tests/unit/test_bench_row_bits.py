@@ -1,0 +1,47 @@
+"""bench.row_bits finds a product whose rows change with the rows beside them, and finds
+none where every order gives the same sums."""
+import csv
+
+import numpy as np
+
+from bench import row_bits
+
+SMALL = dict(forward=((40, 24),), gradient=((16, 24),), rows=(26, 100), batches=(2, 8))
+
+
+def reordered(xp, a, b):
+    """The product with its sums in another order where the call has an even row count."""
+    if a.shape[-2] % 2:
+        return xp.matmul(a, b)
+    return xp.matmul(a[..., ::-1], b[..., ::-1, :])
+
+
+def test_exact_sums_agree_in_every_comparison(monkeypatch):
+    # small integers: every product and sum exact, so no order of the sums can differ
+    monkeypatch.setattr(row_bits, "product", reordered)
+    rows = row_bits.measure(np, integers=True, **SMALL)
+    assert {r["test"] for r in rows} == {"rows", "batched", "repeat", "gradient"}
+    assert all(r["differing"] == 0 and r["max_rel_diff"] == 0 for r in rows)
+
+
+def test_a_product_whose_rows_depend_on_the_call_is_found(monkeypatch):
+    def shaky(xp, a, b):  # each row scaled by the call's row count and rank
+        return (xp.matmul(a, b) * np.float32(1 + 1e-5 * (a.shape[-2] + a.ndim))).astype(np.float32)
+
+    monkeypatch.setattr(row_bits, "product", shaky)
+    rows = row_bits.measure(np, **SMALL)
+    found = {r["test"] for r in rows if r["differing"]}
+    assert found == {"rows", "batched", "gradient"}  # the repeat of one call is the same call
+    assert all(0 < r["max_rel_diff"] < 1e-3 for r in rows if r["differing"])
+    assert any("different bits in" in line for line in row_bits.summary(rows))
+
+
+def test_main_merges_its_rows_per_device(tmp_path, monkeypatch):
+    measure = row_bits.measure
+    monkeypatch.setattr(row_bits, "measure", lambda xp: measure(xp, **SMALL))
+    out = tmp_path / "row_bits.csv"
+    assert row_bits.main(["--out", str(out)]) == 0
+    assert row_bits.main(["--out", str(out)]) == 0  # a second run replaces the first's rows
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == len(measure(np, **SMALL)) and {r["device"] for r in rows} == {"cpu"}
+    assert all(r["cpu_model"] and r["benchmark"] == "row_bits" for r in rows)
