@@ -10,8 +10,9 @@ Steps (each skipped, and its log says so, when the time left is below its estima
 - ``tests``: ``pytest tests -m gpu``, the CuPy kernels and the schemes on the GPU (every test
   skipped, as without CuPy, is not a pass).
 - ``bits``: ``bench.row_bits --device gpu``: whether cuBLAS gives a block's product rows the
-  same bits alone, among all blocks' rows and in one batched call (OUT/row_bits.csv): what
-  decides whether the blocks' products may become one launch a step.
+  same bits alone, among all blocks' rows and in one batched call, and aepar's own GPU
+  products (``kernels/cp/rowprod.cu``) against cuBLAS, timed, and against the CPU's bits
+  (OUT/row_bits.csv): what decides how the blocks' products become one launch a step.
 - ``epochs``: ``bench.gpu_epoch``: the 784x1000 RBM and autoencoder layer at batches 100,
   1000 and 5000, fine-tuning and the CAE at 100, 8 blocks and 1 against PyTorch CUDA
   (OUT/gpu_epoch.csv).
@@ -81,8 +82,9 @@ STEPS = ("tests", "bits", "epochs", "shared", "sixteen", "tax")
 # other waits, 5 s for the independent copies and 20 s for the collectives at 2 and 16 ranks
 # (measure-mpi --quick took 10 s at 2 ranks on a 2-vCPU Xeon)
 # tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its
-# fifth workload (greedy, about a quarter more); bits: 3 s on the CPU, a guess for CuPy's start
-ESTIMATE_S = {"tests": 60, "bits": 30, "epochs": 120, "shared": 90, "sixteen": 380, "tax": 150}
+# fifth workload (greedy, about a quarter more); bits: 3 s on the CPU, and a guess for CuPy's
+# start and the CPU row kernels' compilation where the tests step did not leave them cached
+ESTIMATE_S = {"tests": 60, "bits": 60, "epochs": 120, "shared": 90, "sixteen": 380, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -170,7 +172,7 @@ def step_tests(log: Log, opts) -> bool:
 
 def step_bits(log: Log, opts) -> bool:
     rc, _, _ = log.run([PY, "-m", "bench.row_bits", "--device", "gpu", "--out", opts.out / "row_bits.csv"],
-                       timeout=120)
+                       timeout=300)
     return rc == 0
 
 

@@ -18,6 +18,12 @@ block alone. This measures that for the stacked autoencoder's shapes, float32:
   one batched call against each alone;
 - ``repeat``: the same whole-batch call twice (whether the BLAS is deterministic at all).
 
+With ``--device gpu`` also aepar's own GPU products (``kernels/cp/rowprod.cu``, whose rows
+keep their bits by construction) at batch 100: their bits against the CPU's row kernels
+(the same sums in the same order) and their time against cuBLAS, a call per block and one
+call for the batch, each launch waited for (tests ``own rows_times``, ``own
+block_outer_sum``).
+
 A row of the CSV per test, shape and size: the rows (or matrices) compared, how many
 differ in any bit, and the largest difference relative to the largest magnitude. Rows are
 merged into ``--out`` (default bench/results/row_bits.csv) per machine, code path and
@@ -98,6 +104,59 @@ def measure(xp, forward=FORWARD, gradient=GRADIENT, rows=ROWS, batches=BATCHES, 
     return out
 
 
+def own_kernels(cp, repeats=20) -> list[dict]:
+    """GPU only: kernels/cp/rowprod.cu's products of a batch of 100 rows in 8 blocks (the
+    weight gradient: 200 factor rows) timed against cuBLAS, best of ``repeats`` (µs, each
+    launch waited for), and their bits against the CPU's row kernels."""
+    import time
+
+    from aepar.kernels.cp import rowprod as own
+    from aepar.kernels.cp.blocksum import block_outer_sum as by_cublas
+    from aepar.kernels.cp.gemm import matmul
+    from aepar.kernels.nb import rowprod as cpu
+    from aepar.rows import block_bounds, tree_merges, tree_top
+
+    rng = np.random.default_rng(1)
+    stream = cp.cuda.get_current_stream()
+
+    def best_us(fn):
+        fn()
+        stream.synchronize()
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            stream.synchronize()
+            best = min(best, time.perf_counter() - t)
+        return round(best * 1e6, 1)
+
+    def same(got, want):
+        return bool(np.array_equal(cp.asnumpy(got).view(np.uint32), want.view(np.uint32)))
+
+    rows, starts = [], block_bounds(100, 8)
+    for k, n in FORWARD:
+        x, w = rng.standard_normal((100, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+        xd, wd, out = cp.asarray(x), cp.asarray(w), cp.empty((100, n), np.float32)
+        blocks = [(lo, hi) for lo, hi in zip(starts[:-1], starts[1:])]
+        rows.append({"test": "own rows_times", "shape": f"{k}x{n}", "size": "100 rows in 8 blocks",
+                     "same_bits_as_cpu": same(own.rows_times(xd, wd), cpu.rows_times(x, w, np.empty((100, n),
+                                                                                               np.float32))),
+                     "own_us": best_us(lambda: own.rows_times(xd, wd, out)),
+                     "cublas_blocks_us": best_us(lambda: [matmul(xd[lo:hi], wd, out=out[lo:hi]) for lo, hi in blocks]),
+                     "cublas_whole_us": best_us(lambda: matmul(xd, wd, out=out))})
+    chain, merges, alphas = block_bounds(200, 8), tree_merges(tree_top(8), 0, 8), [0.01] * 8
+    for m, n in GRADIENT:
+        a, d = rng.standard_normal((200, m)).astype(np.float32), rng.standard_normal((200, n)).astype(np.float32)
+        ad, dd, g = cp.asarray(a), cp.asarray(d), cp.empty((m, n), np.float32)
+        want = cpu.block_outer_sum(a, d, chain, merges, alphas, np.empty((m, n), np.float32))
+        rows.append({"test": "own block_outer_sum", "shape": f"{m}x{n}", "size": "8 blocks of 25 rows",
+                     "same_bits_as_cpu": same(own.block_outer_sum(ad, dd, chain, merges, alphas, g), want),
+                     "own_us": best_us(lambda: own.block_outer_sum(ad, dd, chain, merges, alphas, g)),
+                     "cublas_blocks_us": best_us(lambda: by_cublas(ad, dd, chain, merges, alphas, g)),
+                     "cublas_whole_us": best_us(lambda: matmul(ad.T, dd, out=g))})
+    return rows
+
+
 def summary(rows) -> list[str]:
     """One line per test: how many of its comparisons came out the same bits."""
     lines = []
@@ -120,7 +179,7 @@ def main(argv=None) -> int:
     if opts.device == "gpu":
         import cupy as xp
         name = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"]
-        blas = f"cuBLAS {xp.cuda.cublas.getVersion(xp.cuda.device.get_cublas_handle())}, " + (
+        blas = f"cuBLAS {xp.cuda.runtime.runtimeGetVersion()} (CUDA runtime), " + (
             name.decode() if isinstance(name, bytes) else str(name))
     else:
         xp, blas = np, None
@@ -130,6 +189,14 @@ def main(argv=None) -> int:
                BENCHMARK, key=(*KEY, "device"))
     for line in summary(rows):
         print(f"bench.row_bits ({opts.device}): {line}")
+    if opts.device == "gpu":  # after the BLAS's rows are written: these kernels have not run on a GPU before
+        own = own_kernels(xp)
+        merge_rows([{**r, "device": opts.device, "gpu_blas": blas, **machine} for r in rows + own], opts.out,
+                   BENCHMARK, key=(*KEY, "device"))
+        for r in own:
+            print(f"bench.row_bits (gpu): {r['test']} {r['shape']}: the CPU's bits {r['same_bits_as_cpu']}, "
+                  f"{r['own_us']} us against cuBLAS {r['cublas_blocks_us']} us by block, "
+                  f"{r['cublas_whole_us']} us whole")
     print(f"bench.row_bits: rows in {opts.out}")
     return 0
 

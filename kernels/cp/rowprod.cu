@@ -1,0 +1,120 @@
+// Products whose every element is one FMA chain in a fixed order, for kernels/cp/rowprod.py:
+// the GPU's counterpart of kernels/nb/rowprod.py, with the same sums in the same order.
+//
+// rows_times_f32: out[m, n] = fma(a[m, K-1], b[K-1, n], ... fma(a[m, 0], b[0, n], 0)), b[k, n]
+//   at b[k * sbk + n * sbn] (W: sbk = ldw, sbn = 1; W.T: sbk = 1, sbn = ldw). A row's result
+//   depends on that row of a alone, not on the rows beside it, so all blocks' rows go in one
+//   launch and each block keeps the bits it has alone.
+// block_outer_sum_f32: out = the fixed tree over blocks b of alphas[b] * A_b.T @ D_b, A_b and
+//   D_b the rows starts[b]..starts[b+1] of A (R x M) and D (R x N): per block an FMA chain
+//   over its rows in order from 0, one rounded multiply by alphas[b] (unless it is 1), then
+//   merges[b] additions of the partial sums on a stack (a postfix tree), as the CPU's tiles.
+//
+// A block of 16 x 16 threads takes a TM x TN tile of out, each thread 4 x 4 elements
+// (rows ty + 16 i, columns tx + 16 j: a warp's loads from shared memory are broadcasts or
+// consecutive); the operands pass through shared memory TK steps at a time. The k loop of
+// a chunk stops at the operands' end, so no padding enters a sum. Only fmaf, __fmul_rn and
+// __fadd_rn do arithmetic (compiled with --fmad=false): no contraction can change a rounding.
+
+#define RP_TM 64
+#define RP_TN 64
+#define RP_TK 16
+#define RP_THREADS 256
+#define RP_MAX_DEPTH 16  // block_outer_sum_f32's stack: a postfix tree at most this deep
+
+extern "C" __global__ void rows_times_f32(const float* __restrict__ a, long long lda, const float* __restrict__ b,
+                                          long long sbk, long long sbn, float* __restrict__ out, long long ldo,
+                                          int M, int N, int K) {
+    __shared__ float As[RP_TK][RP_TM + 1];
+    __shared__ float Bs[RP_TK][RP_TN + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y, t = ty * 16 + tx;
+    const int m0 = blockIdx.y * RP_TM, n0 = blockIdx.x * RP_TN;
+    float acc[4][4];
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += RP_TK) {
+        const int kn = min(RP_TK, K - k0);
+        for (int e = t; e < RP_TK * RP_TM; e += RP_THREADS) {  // a's rows: k runs along them
+            const int kk = e % RP_TK, mm = e / RP_TK, m = m0 + mm;
+            As[kk][mm] = (m < M && kk < kn) ? a[(long long)m * lda + k0 + kk] : 0.0f;
+        }
+        for (int e = t; e < RP_TK * RP_TN; e += RP_THREADS) {  // b along its contiguous axis
+            const int kk = sbn == 1 ? e / RP_TN : e % RP_TK, nn = sbn == 1 ? e % RP_TN : e / RP_TK;
+            const int n = n0 + nn;
+            Bs[kk][nn] = (n < N && kk < kn) ? b[(long long)(k0 + kk) * sbk + (long long)n * sbn] : 0.0f;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < kn; ++kk) {
+            float av[4], bv[4];
+            for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i];
+            for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx + 16 * j];
+            for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) {
+            const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+            if (m < M && n < N) out[(long long)m * ldo + n] = acc[i][j];
+        }
+}
+
+extern "C" __global__ void block_outer_sum_f32(const float* __restrict__ A, long long lda,
+                                               const float* __restrict__ D, long long ldd,
+                                               const long long* __restrict__ starts,
+                                               const long long* __restrict__ merges, int blocks,
+                                               const float* __restrict__ alphas, float* __restrict__ out,
+                                               long long ldo, int M, int N) {
+    __shared__ float As[RP_TK][RP_TM + 1];
+    __shared__ float Ds[RP_TK][RP_TN + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y, t = ty * 16 + tx;
+    const int m0 = blockIdx.y * RP_TM, n0 = blockIdx.x * RP_TN;
+    float acc[4][4];
+    float stack[RP_MAX_DEPTH][4][4];
+    int top = 0;
+    for (int blk = 0; blk < blocks; ++blk) {
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+        const long long end = starts[blk + 1];
+        for (long long r0 = starts[blk]; r0 < end; r0 += RP_TK) {
+            const int kn = (int)min((long long)RP_TK, end - r0);
+            for (int e = t; e < RP_TK * RP_TM; e += RP_THREADS) {  // A's rows: i runs along them
+                const int kk = e / RP_TM, mm = e % RP_TM, m = m0 + mm;
+                As[kk][mm] = (m < M && kk < kn) ? A[(r0 + kk) * lda + m] : 0.0f;
+            }
+            for (int e = t; e < RP_TK * RP_TN; e += RP_THREADS) {
+                const int kk = e / RP_TN, nn = e % RP_TN, n = n0 + nn;
+                Ds[kk][nn] = (n < N && kk < kn) ? D[(r0 + kk) * ldd + n] : 0.0f;
+            }
+            __syncthreads();
+            for (int kk = 0; kk < kn; ++kk) {
+                float av[4], dv[4];
+                for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i];
+                for (int j = 0; j < 4; ++j) dv[j] = Ds[kk][tx + 16 * j];
+                for (int i = 0; i < 4; ++i)
+                    for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], dv[j], acc[i][j]);
+            }
+            __syncthreads();
+        }
+        const float alpha = alphas[blk];
+        if (alpha != 1.0f)
+            for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) acc[i][j] = __fmul_rn(acc[i][j], alpha);
+        for (long long q = 0; q < merges[blk]; ++q) {
+            --top;
+            for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) acc[i][j] = __fadd_rn(stack[top][i][j], acc[i][j]);
+        }
+        if (blk + 1 < blocks) {
+            for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) stack[top][i][j] = acc[i][j];
+            ++top;
+        }
+    }
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) {
+            const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+            if (m < M && n < N) out[(long long)m * ldo + n] = acc[i][j];
+        }
+}

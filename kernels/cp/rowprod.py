@@ -1,0 +1,88 @@
+"""Products with a fixed order of sums on the GPU (CuPy): the RawKernels of the sibling
+``rowprod.cu``, the counterparts of :mod:`kernels.nb.rowprod` with the same sums in the same
+order (the same bits as the CPU's row kernels, where both are correctly rounded FMAs).
+
+:func:`rows_times` and :func:`rows_times_t` give each row of a product the bits it has
+alone, whatever rows share the launch, so that the blocks of a batch could go through
+one launch where each is its own cuBLAS calls today; :func:`block_outer_sum` is the
+blocks' weight gradient and their fixed tree in one launch, where the set's
+``block_outer_sum`` is a cuBLAS call, a scaling and an addition per block.
+
+Not yet used by the set's kernels: their bits and the tests' emulation on the CPU
+(tests/unit/test_kernels_cp_rowprod.py) say these kernels compute what they should, but
+they have not run on a GPU, so neither their speed against cuBLAS nor their compilation
+by NVRTC is known. ``python -m bench.row_bits --device gpu`` (bench.gpu_node's ``bits``
+step) times them and checks them against the CPU's kernels.
+"""
+import os
+
+import cupy as cp
+import numpy as np
+
+from ..ref.blocksum import check_block_outer_sum, postfix_tree
+
+__all__ = []  # helpers of the set, not yet its kernels
+
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rowprod.cu")) as _f:
+    _MODULE = cp.RawModule(code=_f.read(), options=("-std=c++14", "--fmad=false"))
+# rowprod.cu's RP_TM, RP_TN, RP_MAX_DEPTH and its 16 x 16 threads a block
+_TM, _TN, _MAX_DEPTH, _THREADS = 64, 64, 16, (16, 16)
+
+
+def _grid(M, N):
+    return (-(-N // _TN), -(-M // _TM))
+
+
+def _float32s(*arrays):
+    for a in arrays:
+        if a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise TypeError(f"rowprod takes C-contiguous float32 arrays, got {a.dtype} "
+                            f"{'C' if a.flags.c_contiguous else 'strided'}")
+
+
+def rows_times(a, W, out=None):
+    """out = a @ W for float32 a (M, K), W (K, N): every out[m, n] the FMA chain over k in
+    order, whatever the other rows of ``a``. Returns out (a new array if None)."""
+    return _rows(a, W, out, transposed=False)
+
+
+def rows_times_t(h, W, out=None):
+    """out = h @ W.T for float32 h (M, K), W (N, K), in the same order. Returns out."""
+    return _rows(h, W, out, transposed=True)
+
+
+def _rows(a, W, out, transposed):
+    M, K = a.shape
+    N, K2 = (W.shape if transposed else W.shape[::-1])
+    if K2 != K:
+        raise ValueError(f"rowprod: shapes {a.shape} and {W.shape} do not chain")
+    out = cp.empty((M, N), np.float32) if out is None else out
+    _float32s(a, W, out)
+    if out.shape != (M, N):
+        raise ValueError(f"rowprod: out {out.shape} is not {(M, N)}")
+    if M and N:
+        sbk, sbn = (1, W.shape[1]) if transposed else (W.shape[1], 1)
+        _MODULE.get_function("rows_times_f32")(
+            _grid(M, N), _THREADS, (a, np.int64(K), W, np.int64(sbk), np.int64(sbn), out, np.int64(N),
+                                    np.int32(M), np.int32(N), np.int32(K)))
+    return out
+
+
+def block_outer_sum(A, D, starts, merges, alphas, out):
+    """out = the fixed tree (``merges``, postfix) over blocks b of alphas[b] * A_b.T @ D_b,
+    A_b and D_b the rows starts[b]..starts[b + 1] of float32 A (R, M) and D (R, N), in one
+    launch: each block's sums an FMA chain over its rows in order, as
+    :func:`kernels.nb.rowprod.block_outer_sum`'s. Returns out."""
+    if type(A) is tuple or type(D) is tuple:
+        raise TypeError("rowprod.block_outer_sum takes one array each of A and D, not parts")
+    starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, out)
+    _float32s(A, D, out)
+    if postfix_tree(merges).depth > _MAX_DEPTH:
+        raise ValueError(f"rowprod.block_outer_sum: a tree deeper than {_MAX_DEPTH}")
+    M, N = out.shape
+    if M and N:
+        _MODULE.get_function("block_outer_sum_f32")(
+            _grid(M, N), _THREADS, (A, np.int64(M), D, np.int64(N), cp.asarray(starts), cp.asarray(merges),
+                                    np.int32(len(merges)), cp.asarray(np.asarray(alphas, np.float32)), out,
+                                    np.int64(N), np.int32(M), np.int32(N)))
+    return out
