@@ -22,6 +22,29 @@
 #define RP_THREADS 256
 #define RP_MAX_DEPTH 16  // block_outer_sum_f32's stack: a postfix tree at most this deep
 
+// acc[i][j] (row ty + 16 i, column tx + 16 j of the tile) += the chunk's kn steps, in order
+__device__ __forceinline__ void fma_steps(const float (*As)[RP_TM + 1], const float (*Bs)[RP_TN + 1], int kn,
+                                          float acc[4][4]) {
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int kk = 0; kk < kn; ++kk) {
+        float av[4], bv[4];
+        for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i];
+        for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx + 16 * j];
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+}
+
+// this thread's elements of the tile at (m0, n0) into out, those inside M x N
+__device__ __forceinline__ void store_tile(float* __restrict__ out, long long ldo, int m0, int n0, int M, int N,
+                                           const float acc[4][4]) {
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) {
+            const int m = m0 + threadIdx.y + 16 * i, n = n0 + threadIdx.x + 16 * j;
+            if (m < M && n < N) out[(long long)m * ldo + n] = acc[i][j];
+        }
+}
+
 extern "C" __global__ void rows_times_f32(const float* __restrict__ a, long long lda, const float* __restrict__ b,
                                           long long sbk, long long sbn, float* __restrict__ out, long long ldo,
                                           int M, int N, int K) {
@@ -44,20 +67,10 @@ extern "C" __global__ void rows_times_f32(const float* __restrict__ a, long long
             Bs[kk][nn] = (n < N && kk < kn) ? b[(long long)(k0 + kk) * sbk + (long long)n * sbn] : 0.0f;
         }
         __syncthreads();
-        for (int kk = 0; kk < kn; ++kk) {
-            float av[4], bv[4];
-            for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i];
-            for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx + 16 * j];
-            for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-        }
+        fma_steps(As, Bs, kn, acc);
         __syncthreads();
     }
-    for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) {
-            const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
-            if (m < M && n < N) out[(long long)m * ldo + n] = acc[i][j];
-        }
+    store_tile(out, ldo, m0, n0, M, N, acc);
 }
 
 extern "C" __global__ void block_outer_sum_f32(const float* __restrict__ A, long long lda,
@@ -88,13 +101,7 @@ extern "C" __global__ void block_outer_sum_f32(const float* __restrict__ A, long
                 Ds[kk][nn] = (n < N && kk < kn) ? D[(r0 + kk) * ldd + n] : 0.0f;
             }
             __syncthreads();
-            for (int kk = 0; kk < kn; ++kk) {
-                float av[4], dv[4];
-                for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i];
-                for (int j = 0; j < 4; ++j) dv[j] = Ds[kk][tx + 16 * j];
-                for (int i = 0; i < 4; ++i)
-                    for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], dv[j], acc[i][j]);
-            }
+            fma_steps(As, Ds, kn, acc);
             __syncthreads();
         }
         const float alpha = alphas[blk];
@@ -112,9 +119,5 @@ extern "C" __global__ void block_outer_sum_f32(const float* __restrict__ A, long
             ++top;
         }
     }
-    for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) {
-            const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
-            if (m < M && n < N) out[(long long)m * ldo + n] = acc[i][j];
-        }
+    store_tile(out, ldo, m0, n0, M, N, acc);
 }

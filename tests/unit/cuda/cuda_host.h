@@ -17,6 +17,7 @@ inline std::barrier<>* aepar_block_barrier = nullptr;
 
 #define __global__
 #define __device__
+#define __forceinline__ inline
 #define __shared__ static
 using std::min;
 using std::max;
