@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     if opts.device == "gpu":
         import cupy as xp
         name = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"]
-        blas = f"cuBLAS {xp.cuda.runtime.runtimeGetVersion()} (CUDA runtime), " + (
+        blas = f"cuBLAS of CUDA runtime {xp.cuda.runtime.runtimeGetVersion()}, " + (
             name.decode() if isinstance(name, bytes) else str(name))
     else:
         xp, blas = np, None

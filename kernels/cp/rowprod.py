@@ -14,6 +14,7 @@ they have not run on a GPU, so neither their speed against cuBLAS nor their comp
 by NVRTC is known. ``python -m bench.row_bits --device gpu`` (bench.gpu_node's ``bits``
 step) times them and checks them against the CPU's kernels.
 """
+import functools
 import os
 
 import cupy as cp
@@ -31,6 +32,13 @@ _TM, _TN, _MAX_DEPTH, _THREADS = 64, 64, 16, (16, 16)
 
 def _grid(M, N):
     return (-(-N // _TN), -(-M // _TM))
+
+
+@functools.lru_cache(maxsize=64)
+def _on_device(values: tuple, dtype):
+    """A small host array's device copy, kept: a step's blocks, tree and scales are the same
+    call after call, and a copy to the device is host time in every launch."""
+    return cp.asarray(np.asarray(values, dtype))
 
 
 def _float32s(*arrays):
@@ -82,7 +90,8 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     M, N = out.shape
     if M and N:
         _MODULE.get_function("block_outer_sum_f32")(
-            _grid(M, N), _THREADS, (A, np.int64(M), D, np.int64(N), cp.asarray(starts), cp.asarray(merges),
-                                    np.int32(len(merges)), cp.asarray(np.asarray(alphas, np.float32)), out,
-                                    np.int64(N), np.int32(M), np.int32(N)))
+            _grid(M, N), _THREADS, (A, np.int64(M), D, np.int64(N), _on_device(tuple(starts), np.int64),
+                                    _on_device(tuple(merges), np.int64), np.int32(len(merges)),
+                                    _on_device(tuple(map(float, alphas)), np.float32), out, np.int64(N),
+                                    np.int32(M), np.int32(N)))
     return out
