@@ -133,11 +133,11 @@ def own_kernels(cp, repeats=20) -> list[dict]:
     def same(got, want):
         return bool(np.array_equal(cp.asnumpy(got).view(np.uint32), want.view(np.uint32)))
 
-    rows, starts = [], block_bounds(100, 8)
+    starts = block_bounds(100, 8)
+    blocks, rows = list(zip(starts[:-1], starts[1:])), []
     for k, n in FORWARD:
         x, w = rng.standard_normal((100, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
         xd, wd, out = cp.asarray(x), cp.asarray(w), cp.empty((100, n), np.float32)
-        blocks = [(lo, hi) for lo, hi in zip(starts[:-1], starts[1:])]
         rows.append({"test": "own rows_times", "shape": f"{k}x{n}", "size": "100 rows in 8 blocks",
                      "same_bits_as_cpu": same(own.rows_times(xd, wd), cpu.rows_times(x, w, np.empty((100, n),
                                                                                                np.float32))),

@@ -16,6 +16,7 @@ step) times them and checks them against the CPU's kernels.
 """
 import functools
 import os
+import re
 
 import cupy as cp
 import numpy as np
@@ -25,9 +26,12 @@ from ..ref.blocksum import check_block_outer_sum, postfix_tree
 __all__ = []  # helpers of the set, not yet its kernels
 
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rowprod.cu")) as _f:
-    _MODULE = cp.RawModule(code=_f.read(), options=("-std=c++14", "--fmad=false"))
-# rowprod.cu's RP_TM, RP_TN, RP_MAX_DEPTH and its 16 x 16 threads a block
-_TM, _TN, _MAX_DEPTH, _THREADS = 64, 64, 16, (16, 16)
+    _CODE = _f.read()
+_MODULE = cp.RawModule(code=_CODE, options=("-std=c++14", "--fmad=false"))
+# the tiles' sizes and the stack's depth as rowprod.cu defines them; its threads index a
+# block as 16 x 16
+_DEFINED = {name: int(value) for name, value in re.findall(r"#define (RP_\w+) (\d+)", _CODE)}
+_TM, _TN, _MAX_DEPTH, _THREADS = _DEFINED["RP_TM"], _DEFINED["RP_TN"], _DEFINED["RP_MAX_DEPTH"], (16, 16)
 
 
 def _grid(M, N):

@@ -9,6 +9,7 @@ import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def gpu(tmp_path_factory):
     spec = importlib.util.spec_from_file_location("aepar.kernels.cp.rowprod", ROOT / "kernels" / "cp" / "rowprod.py")
     module = importlib.util.module_from_spec(spec)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(__import__("sys").modules, "cupy", cupy)
+        patch.setitem(sys.modules, "cupy", cupy)
         spec.loader.exec_module(module)
     return module
 
@@ -164,7 +165,10 @@ def test_on_a_gpu_the_kernels_give_the_cpu_kernels_bits(M, K, N):
 
     rng = np.random.default_rng(M + K + N)
     a, W = draw(rng, M, K), draw(rng, K, N)
-    same = lambda got, want: np.array_equal(cp.asnumpy(got).view(np.uint32), want.view(np.uint32))  # noqa: E731
+
+    def same(got, want):
+        return np.array_equal(cp.asnumpy(got).view(np.uint32), want.view(np.uint32))
+
     assert same(gpu.rows_times(cp.asarray(a), cp.asarray(W)), rows_times(a, W, np.empty((M, N), np.float32)))
     Wt = np.ascontiguousarray(W.T)
     assert same(gpu.rows_times_t(cp.asarray(a), cp.asarray(Wt)), rows_times_t(a, Wt, np.empty((M, N), np.float32)))
