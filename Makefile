@@ -25,7 +25,7 @@ NP     ?= $(shell nproc 2>/dev/null || echo 2)
 BYTECODE = $(BIN)/python -m compileall -q aepar kernels bench
 RUN_ARGS ?=
 
-.PHONY: help venv run test check clean-runs test-gpu test-cluster bench bench-full bench-peers bench-pretrain bench-santara bench-kernels reliability fashion docs clean distclean
+.PHONY: help venv run test check clean-runs test-gpu test-gpu-emulated test-cluster bench bench-full bench-peers bench-pretrain bench-santara bench-kernels reliability fashion docs clean distclean
 
 help:  ## this list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{n[NR]=$$1; d[NR]=$$2; if (length($$1)>w) w=length($$1)} \
@@ -55,9 +55,10 @@ run: venv  ## the main job: synchronized pre-training on embedded real MNIST, on
 	@$(BYTECODE)
 	$(MPIRUN) -np $(NP) $(BIN)/python -m aepar.sync --preset quick $(RUN_ARGS)
 
-test: venv  ## the full suite CI runs: unit, MPI (mpirun -np 1-8), reliability and end-to-end tests (~15 min on 2 cores)
+test: venv  ## the full suite CI runs: unit, MPI (mpirun -np 1-8), reliability and end-to-end tests, then the GPU tests on the emulated GPU (~12 min on 2 cores)
 	@$(BYTECODE)
 	$(BIN)/python -m pytest tests
+	@$(MAKE) --no-print-directory test-gpu-emulated
 
 check: venv  ## the quick tier for the edit loop (< 3 min on 2 cores): unit tests without MPI, one small MPI test
 	$(BIN)/python -m pytest -q -x -m "not mpi and not gpu" tests/unit
@@ -65,6 +66,15 @@ check: venv  ## the quick tier for the edit loop (< 3 min on 2 cores): unit test
 
 test-gpu: venv  ## the CuPy kernel tests only (needs a GPU and `pip install .[gpu]`)
 	$(BIN)/python -m pytest tests -m gpu
+
+test-gpu-emulated: venv  ## the same GPU tests with a CPU stand-in for CuPy (tests/unit/cuda/emulated, needs g++): aepar's GPU code run where there is no GPU (~2 min on 2 cores)
+	@if ! command -v g++ >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  echo "no g++: installing it (Debian/Ubuntu)"; apt-get install -y -q g++ >/dev/null; fi; \
+	if ! command -v g++ >/dev/null; then \
+	  echo "make test-gpu-emulated: no g++ on PATH (apt-get install g++): the emulated GPU tests did not run"; \
+	else \
+	  echo "AEPAR_EMULATED_GPU=1 $(BIN)/python -m pytest -q tests -m gpu"; \
+	  AEPAR_EMULATED_GPU=1 $(BIN)/python -m pytest -q tests -m gpu; fi
 
 test-cluster: venv  ## the job scripts as submitted to a private 4-node SLURM and a Grid Engine (root)
 	@rc=0; bash tests/cluster/test_slurm.sh || rc=1; bash tests/cluster/test_sge.sh || rc=1; exit $$rc

@@ -19,6 +19,12 @@ os.environ.setdefault("AEPAR_PLOTS", "0")
 def rng():
     return np.random.default_rng(1234)
 
+# AEPAR_EMULATED_GPU=1: `import cupy` finds tests/unit/cuda/emulated's CPU stand-in for CuPy,
+# so that the GPU tests run aepar's GPU kernel set where there is no GPU (make test-gpu-emulated)
+EMULATED_GPU = os.environ.get("AEPAR_EMULATED_GPU", "") == "1"
+if EMULATED_GPU:
+    sys.path.insert(0, str(ROOT / "tests" / "unit" / "cuda" / "emulated"))
+
 
 def _have_gpu():
     try:
