@@ -289,8 +289,9 @@ def _module(code, names):
     """The library of ``code`` with a launcher and a parameter table per kernel name."""
     parts = [f"#include <cuda_host.h>\n{code}\n"]
     for i, name in enumerate(names):
+        grid_block = "{d[0], d[1], d[2]}, {d[3], d[4], d[5]}"
         parts.append(f'extern "C" void aepar_launch_{i}(int threaded, const int* d, void** args) {{\n'
-                     f"    aepar_launch_from(threaded != 0, &{name}, {{d[0], d[1], d[2]}}, {{d[3], d[4], d[5]}}, args);\n}}\n"
+                     f"    aepar_launch_from(threaded != 0, &{name}, {grid_block}, args);\n}}\n"
                      f'extern "C" int aepar_params_{i}(long long* sizes) {{ return aepar_params(&{name}, sizes); }}\n')
     return build("".join(parts))
 
