@@ -1,25 +1,26 @@
 // Just enough of CUDA to run a .cu kernel's code on the CPU, for tests of its arithmetic:
-// each block of the grid in turn, its threads as std::threads (or, for a kernel that never
-// synchronises, one after another on this thread), __syncthreads a barrier that a returned
-// thread leaves, __shared__ arrays one static copy (blocks never run at once). The
-// arithmetic is C++'s (compile with -ffp-contract=off): fmaf is the correctly rounded fused
-// multiply-add, as on the GPU, and __fmul_rn / __fadd_rn are one rounded operation each.
-// The CPU's exp, log, ... are not CUDA's: they may differ in the last bits.
+// each block of the grid in turn; its threads one after another on this thread where the
+// kernel never synchronises them, else as fibers (ucontext) that __syncthreads switches
+// between, so that every thread of the block reaches a barrier before any passes it and a
+// returned thread is not waited for; __shared__ arrays are one static copy (blocks never
+// run at once). The arithmetic is C++'s (compile with -ffp-contract=off): fmaf is the
+// correctly rounded fused multiply-add, as on the GPU, and __fmul_rn / __fadd_rn are one
+// rounded operation each. The CPU's exp, log, ... are not CUDA's: they may differ in the
+// last bits.
 #pragma once
 #include <algorithm>
 #include <atomic>
-#include <barrier>
+#include <functional>
 #include <math.h>
-#include <optional>
-#include <thread>
+#include <memory>
 #include <type_traits>
+#include <ucontext.h>
 #include <utility>
 #include <vector>
 
 struct aepar_dim3 { int x = 1, y = 1, z = 1; };
 inline thread_local aepar_dim3 threadIdx, blockIdx;
 inline aepar_dim3 blockDim, gridDim;
-inline std::barrier<>* aepar_block_barrier = nullptr;
 
 #define __global__
 #define __device__
@@ -29,59 +30,79 @@ inline std::barrier<>* aepar_block_barrier = nullptr;
 using std::min;
 using std::max;
 
-inline void __syncthreads() { aepar_block_barrier->arrive_and_wait(); }
+// the block's threads as fibers: each runs until its next __syncthreads or its end
+struct aepar_fibers {
+    static constexpr std::size_t STACK = 1 << 18;
+    std::vector<ucontext_t> context;
+    std::vector<std::unique_ptr<char[]>> stacks;  // never written until used: untouched pages cost nothing
+    std::vector<char> done;
+    ucontext_t scheduler;
+    std::function<void()> body;
+    int current = 0;
+};
+inline aepar_fibers aepar_team;
+inline bool aepar_in_fiber = false;
+
+inline void aepar_fiber_entry() {
+    aepar_team.body();
+    aepar_team.done[aepar_team.current] = 1;  // uc_link returns to the scheduler
+}
+
+inline void __syncthreads() {
+    if (aepar_in_fiber) swapcontext(&aepar_team.context[aepar_team.current], &aepar_team.scheduler);
+}
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }
-template <typename T> T atomicAdd(T* address, T value) { return std::atomic_ref<T>(*address).fetch_add(value); }
+template <typename T> T atomicAdd(T* address, T value) { T old = *address; *address = old + value; return old; }
 
-// kernel<<<grid, block>>>(args...): every block in turn; all its threads at once where the
-// kernel synchronises them (threaded: one team of threads for the launch, a fresh barrier
-// for each block), else one after another on this thread
+// kernel<<<grid, block>>>(args...): every block in turn, its threads as fibers where the
+// kernel synchronises them (threaded), else one after another
 template <typename Kernel, typename... Args>
 void aepar_launch_as(bool threaded, aepar_dim3 grid, aepar_dim3 block, Kernel kernel, Args... args) {
     gridDim = grid;
     blockDim = block;
     const int threads = block.x * block.y * block.z;
     const long long blocks = (long long)grid.x * grid.y * grid.z;
-    auto place = [&](long long b) { return aepar_dim3{int(b % grid.x), int(b / grid.x % grid.y), int(b / grid.x / grid.y)}; };
     auto thread_of = [&](int t) { return aepar_dim3{t % block.x, t / block.x % block.y, t / (block.x * block.y)}; };
-    if (!threaded) {
-        for (long long b = 0; b < blocks; ++b) {
-            blockIdx = place(b);
+    aepar_fibers& team = aepar_team;
+    if (threaded) {
+        team.body = [&] { kernel(args...); };
+        team.context.resize(threads);
+        team.done.assign(threads, 0);
+        while ((int)team.stacks.size() < threads) team.stacks.emplace_back(new char[aepar_fibers::STACK]);
+    }
+    for (long long b = 0; b < blocks; ++b) {
+        blockIdx = {int(b % grid.x), int(b / grid.x % grid.y), int(b / grid.x / grid.y)};
+        if (!threaded) {
             for (int t = 0; t < threads; ++t) {
                 threadIdx = thread_of(t);
                 kernel(args...);
             }
+            continue;
         }
-        return;
-    }
-    std::optional<std::barrier<>> within;  // __syncthreads of the block being run
-    within.emplace(threads);
-    aepar_block_barrier = &*within;
-    long long current = 0;
-    auto next_block = [&]() noexcept {
-        if (++current < blocks) {
-            within.emplace(threads);
-            aepar_block_barrier = &*within;
+        for (int t = 0; t < threads; ++t) {
+            getcontext(&team.context[t]);
+            team.context[t].uc_stack.ss_sp = team.stacks[t].get();
+            team.context[t].uc_stack.ss_size = aepar_fibers::STACK;
+            team.context[t].uc_link = &team.scheduler;
+            makecontext(&team.context[t], aepar_fiber_entry, 0);
+            team.done[t] = 0;
         }
-    };
-    std::barrier<decltype(next_block)> between(threads, next_block);
-    std::vector<std::thread> team;
-    for (int t = 0; t < threads; ++t)
-        team.emplace_back([&, t] {
-            threadIdx = thread_of(t);
-            while (current < blocks) {
-                blockIdx = place(current);
-                kernel(args...);
-                aepar_block_barrier->arrive_and_drop();  // as on the GPU, a finished thread is not waited for
-                between.arrive_and_wait();
+        aepar_in_fiber = true;
+        for (int live = threads; live > 0;)  // a round: every live thread up to its next barrier
+            for (int t = 0; t < threads; ++t) {
+                if (team.done[t]) continue;
+                team.current = t;
+                threadIdx = thread_of(t);
+                swapcontext(&team.scheduler, &team.context[t]);
+                live -= team.done[t];
             }
-        });
-    for (auto& th : team) th.join();
+        aepar_in_fiber = false;
+    }
 }
 
 template <typename Kernel, typename... Args>
