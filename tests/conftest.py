@@ -23,7 +23,10 @@ def rng():
 # so that the GPU tests run aepar's GPU kernel set where there is no GPU (make test-gpu-emulated)
 EMULATED_GPU = os.environ.get("AEPAR_EMULATED_GPU", "") == "1"
 if EMULATED_GPU:
-    sys.path.insert(0, str(ROOT / "tests" / "unit" / "cuda" / "emulated"))
+    _EMULATED = str(ROOT / "tests" / "unit" / "cuda" / "emulated")
+    sys.path.insert(0, _EMULATED)
+    # the commands the tests start (mpirun's ranks) import it too
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_EMULATED, os.environ.get("PYTHONPATH")]))
 
 
 def _have_gpu():

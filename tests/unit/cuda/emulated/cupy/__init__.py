@@ -63,6 +63,12 @@ class ndarray(_np.ndarray):
     def device(self):
         return cuda.Device(0)
 
+    @property
+    def __cuda_array_interface__(self):  # what tells a device array apart (aepar.comm stages these)
+        c = self.flags.c_contiguous
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.__array_interface__["data"][0], False),
+                "strides": None if c else self.strides, "version": 3}
+
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         out = kwargs.get("out")
         _no_host(inputs + tuple(out or ()), ufunc.__name__)
