@@ -7,8 +7,9 @@ same bits as one rank, and the CPU at 16 ranks.
 
 Steps (each skipped, and its log says so, when the time left is below its estimate):
 
-- ``tests``: ``pytest tests -m gpu``, the CuPy kernels and the schemes on the GPU (every test
-  skipped, as without CuPy, is not a pass).
+- ``tests``: ``pytest tests -m "gpu and not mpi"``, the CuPy kernels and the schemes on the
+  GPU (every test skipped, as without CuPy, is not a pass; the GPU tests' MPI runs are the
+  ``shared`` step's, larger).
 - ``bits``: ``bench.row_bits --device gpu``: whether cuBLAS gives a block's product rows the
   same bits alone, among all blocks' rows and in one batched call, and aepar's own GPU
   products (``kernels/cp/rowprod.cu``) against cuBLAS, timed, and against the CPU's bits
@@ -166,7 +167,9 @@ def summary_of(run: Path) -> dict:
 
 
 def step_tests(log: Log, opts) -> bool:
-    rc, out, _ = log.run([PY, "-m", "pytest", "tests", "-m", "gpu", "-q", "-p", "no:cacheprovider"], timeout=400)
+    # the MPI runs of the GPU tests are the shared step's, on larger runs: not twice
+    rc, out, _ = log.run([PY, "-m", "pytest", "tests", "-m", "gpu and not mpi", "-q", "-p", "no:cacheprovider"],
+                         timeout=400)
     return rc == 0 and re.search(r"\b[1-9]\d* passed", out) is not None  # all skipped (no CuPy): not a pass
 
 
