@@ -1,5 +1,6 @@
 """Shared fixtures: fixed seeds, the kernel sets to compare, an mpirun launcher."""
 import aepar  # noqa: F401  (first: BLAS/Numba threads per process before numpy loads)
+import importlib
 import os
 import shutil
 import subprocess
@@ -28,6 +29,30 @@ if EMULATED_GPU:
     # the commands the tests start (mpirun's ranks) import it too
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_EMULATED, os.environ.get("PYTHONPATH")]))
 
+
+
+@pytest.fixture(scope="module")
+def emulated_cupy():
+    """The CPU stand-in for CuPy (tests/unit/cuda/emulated), imported as ``cupy`` for one
+    module's tests and forgotten afterwards, with any of aepar's GPU set imported against it
+    (unless the whole run uses it)."""
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ to build the emulated GPU's kernels")
+    path = str(ROOT / "tests" / "unit" / "cuda" / "emulated")
+
+    def ours(name):
+        return name.split(".")[0] in ("cupy", "cupy_backends") or name.startswith("aepar.kernels.cp")
+    before = {name: mod for name, mod in sys.modules.items() if ours(name)}
+    sys.path.insert(0, path)
+    try:
+        for name in before:
+            del sys.modules[name]
+        yield importlib.import_module("cupy")
+    finally:
+        sys.path.remove(path)
+        for name in [n for n in sys.modules if ours(n)]:
+            del sys.modules[name]
+        sys.modules.update(before)
 
 def _have_gpu():
     try:

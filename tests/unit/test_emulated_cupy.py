@@ -1,34 +1,14 @@
 """The CPU stand-in for CuPy (tests/unit/cuda/emulated) behaves as CuPy does where aepar's
 GPU set depends on it: what ``make test-gpu-emulated`` shows is only as good as this."""
-import importlib
-import shutil
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 
-EMULATED = Path(__file__).resolve().parent / "cuda" / "emulated"
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to build the emulated kernels")
-
 
 @pytest.fixture(scope="module")
-def cp():
-    """The stand-in, imported under the name ``cupy`` and forgotten afterwards (unless the
-    whole run uses it)."""
-    before = {name: mod for name, mod in sys.modules.items() if name.split(".")[0] in ("cupy", "cupy_backends")}
-    sys.path.insert(0, str(EMULATED))
-    try:
-        for name in before:
-            del sys.modules[name]
-        yield importlib.import_module("cupy")
-    finally:
-        sys.path.remove(str(EMULATED))
-        for name in [n for n in sys.modules if n.split(".")[0] in ("cupy", "cupy_backends")]:
-            del sys.modules[name]
-        sys.modules.update(before)
+def cp(emulated_cupy):
+    return emulated_cupy
 
 
 def test_host_arrays_are_refused_where_cupy_refuses_them(cp):
