@@ -1,16 +1,12 @@
-"""kernels/cp/rowprod.cu's arithmetic on the CPU: its kernels compiled as C++ with
-tests/unit/cuda/cuda_host.h (each thread a std::thread, __syncthreads a barrier) and
-launched as kernels/cp/rowprod.py launches them. Without a GPU this is what can be shown:
-the same bits as the CPU's row kernels (kernels/nb/rowprod.py, the same FMA chains in the
-same order), each row's result the same whatever rows share the call, and the blocks'
-tree the same as the CPU's. Whether it compiles for a GPU: nvcc, where it is installed."""
-import ctypes
-import importlib.util
-import re
+"""kernels/cp/rowprod.cu's arithmetic on the CPU: kernels/cp/rowprod.py on the emulated GPU
+(tests/unit/cuda/emulated: the .cu compiled as C++, each launch's arguments read as the
+kernels declare them). Without a GPU this is what can be shown: the same bits as the CPU's
+row kernels (kernels/nb/rowprod.py, the same FMA chains in the same order), each row's
+result the same whatever rows share the call, and the blocks' tree the same as the CPU's.
+Whether it compiles for a GPU: nvcc, where it is installed."""
+import importlib
 import shutil
 import subprocess
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -23,78 +19,26 @@ from tests.conftest import HAVE_GPU
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "kernels" / "cp" / "rowprod.cu"
-HOST = Path(__file__).resolve().parent / "cuda" / "rowprod_host.cpp"
-# a kernel parameter's C type -> (what CuPy must be given for it, the ctypes type on the host)
-PARAMETERS = {"const float*": (np.float32, ctypes.c_void_p), "float*": (np.float32, ctypes.c_void_p),
-              "const long long*": (np.int64, ctypes.c_void_p), "long long": (np.int64, ctypes.c_longlong),
-              "int": (np.int32, ctypes.c_int)}
-
-
-def signatures(code: str) -> dict:
-    """{kernel: [C type of each parameter]} of the extern "C" kernels in CUDA source."""
-    found = {}
-    for name, params in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', code):
-        found[name] = [" ".join(p.replace("__restrict__", "").split()[:-1]).replace(" *", "*")
-                       for p in params.split(",")]
-    return found
 
 
 @pytest.fixture(scope="module")
-def gpu(tmp_path_factory):
-    """kernels/cp/rowprod.py, loaded with a stand-in for CuPy whose RawModule runs the
-    kernels on the CPU, each argument checked against the kernel's parameter types (what a
-    real launch would read as another type). Arrays are NumPy's."""
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ to build the kernels for the CPU")
-    lib = tmp_path_factory.mktemp("cuda") / "rowprod_host.so"
-    subprocess.run(["g++", "-std=c++20", "-O2", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", str(HOST),
-                    "-o", str(lib)], check=True)
-    so = ctypes.CDLL(str(lib))
-
-    class RawModule:
-        def __init__(self, code, options=()):
-            assert "--fmad=false" in options  # no contraction may change a rounding
-            self.kernels = signatures(code)
-
-        def get_function(self, name):
-            params = self.kernels[name]
-            host = getattr(so, "host_" + name)
-            host.argtypes = [ctypes.c_int] * 4 + [PARAMETERS[p][1] for p in params]
-
-            def launch(grid, block, args):
-                assert len(args) == len(params), name
-                values = []
-                for arg, param in zip(args, params):
-                    want = PARAMETERS[param][0]
-                    if param.endswith("*"):
-                        assert isinstance(arg, np.ndarray) and arg.dtype == want and arg.flags.c_contiguous, param
-                        values.append(arg.ctypes.data)
-                    else:
-                        assert type(arg) is want, (name, param, type(arg))
-                        values.append(int(arg))
-                (gx, gy), (bx, by) = (tuple(grid) + (1,))[:2], (tuple(block) + (1,))[:2]
-                host(gx, gy, bx, by, *values)
-            return launch
-
-    cupy = types.ModuleType("cupy")
-    cupy.RawModule, cupy.empty, cupy.asarray = RawModule, np.empty, np.asarray
-    spec = importlib.util.spec_from_file_location("aepar.kernels.cp.rowprod", ROOT / "kernels" / "cp" / "rowprod.py")
-    module = importlib.util.module_from_spec(spec)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(sys.modules, "cupy", cupy)
-        spec.loader.exec_module(module)
-    return module
+def gpu(emulated_cupy):
+    """(kernels/cp/rowprod.py imported against the emulated CuPy, that CuPy)."""
+    return importlib.import_module("aepar.kernels.cp.rowprod"), emulated_cupy
 
 
 def gpu_rows_times(gpu, a, W, transposed=False):
     """a @ W (or a @ W.T) through kernels/cp/rowprod.py, into an output of NaNs: an element
     the launch's grid misses stays NaN."""
-    out = np.full((a.shape[0], W.shape[0] if transposed else W.shape[1]), np.nan, np.float32)
-    return (gpu.rows_times_t if transposed else gpu.rows_times)(a, W, out)
+    K, cp = gpu
+    out = cp.full((a.shape[0], W.shape[0] if transposed else W.shape[1]), np.nan, np.float32)
+    return (K.rows_times_t if transposed else K.rows_times)(cp.asarray(a), cp.asarray(W), out).get()
 
 
 def gpu_block_outer_sum(gpu, A, D, starts, merges, alphas):
-    return gpu.block_outer_sum(A, D, starts, merges, alphas, np.full((A.shape[1], D.shape[1]), np.nan, np.float32))
+    K, cp = gpu
+    out = cp.full((A.shape[1], D.shape[1]), np.nan, np.float32)
+    return K.block_outer_sum(cp.asarray(A), cp.asarray(D), starts, merges, alphas, out).get()
 
 
 def draw(rng, *shape):
