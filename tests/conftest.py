@@ -20,15 +20,15 @@ os.environ.setdefault("AEPAR_PLOTS", "0")
 def rng():
     return np.random.default_rng(1234)
 
+
 # AEPAR_EMULATED_GPU=1: `import cupy` finds tests/unit/cuda/emulated's CPU stand-in for CuPy,
 # so that the GPU tests run aepar's GPU kernel set where there is no GPU (make test-gpu-emulated)
 EMULATED_GPU = os.environ.get("AEPAR_EMULATED_GPU", "") == "1"
+EMULATED_CUPY = str(ROOT / "tests" / "unit" / "cuda" / "emulated")
 if EMULATED_GPU:
-    _EMULATED = str(ROOT / "tests" / "unit" / "cuda" / "emulated")
-    sys.path.insert(0, _EMULATED)
+    sys.path.insert(0, EMULATED_CUPY)
     # the commands the tests start (mpirun's ranks) import it too
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_EMULATED, os.environ.get("PYTHONPATH")]))
-
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [EMULATED_CUPY, os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture(scope="module")
@@ -38,21 +38,21 @@ def emulated_cupy():
     (unless the whole run uses it)."""
     if shutil.which("g++") is None:
         pytest.skip("no g++ to build the emulated GPU's kernels")
-    path = str(ROOT / "tests" / "unit" / "cuda" / "emulated")
 
     def ours(name):
         return name.split(".")[0] in ("cupy", "cupy_backends") or name.startswith("aepar.kernels.cp")
     before = {name: mod for name, mod in sys.modules.items() if ours(name)}
-    sys.path.insert(0, path)
+    sys.path.insert(0, EMULATED_CUPY)
     try:
         for name in before:
             del sys.modules[name]
         yield importlib.import_module("cupy")
     finally:
-        sys.path.remove(path)
+        sys.path.remove(EMULATED_CUPY)
         for name in [n for n in sys.modules if ours(n)]:
             del sys.modules[name]
         sys.modules.update(before)
+
 
 def _have_gpu():
     try:
