@@ -296,6 +296,33 @@ def _module(code, names):
     return build("".join(parts))
 
 
+def _bodies(code):
+    """{function name: its body's text} of the source's functions (a brace-matched scan)."""
+    bodies = {}
+    for m in re.finditer(r"\b(\w+)\s*\([^;{)]*(?:\([^)]*\)[^;{)]*)*\)\s*\{", code):
+        depth, i = 1, m.end()
+        while depth and i < len(code):
+            depth += {"{": 1, "}": -1}.get(code[i], 0)
+            i += 1
+        bodies.setdefault(m.group(1), code[m.end():i])
+    return bodies
+
+
+def _synchronises(code, kernel):
+    """Whether the kernel (or a function it calls) has __syncthreads: only then must its
+    threads run as fibers. True where the scan cannot tell."""
+    bodies = _bodies(code)
+    syncing = {name for name, body in bodies.items() if "__syncthreads" in body}
+    while True:  # and whatever calls a function that synchronises
+        more = {name for name, body in bodies.items()
+                if name not in syncing and any(re.search(rf"\b{s}\s*[<(]", body) for s in syncing)}
+        if not more:
+            break
+        syncing |= more
+    name = kernel.split("<")[0].strip()
+    return name in syncing or name not in bodies
+
+
 class RawModule:
     def __init__(self, code=None, path=None, options=(), backend="nvrtc", translate_cucomplex=False, *,
                  enable_cooperative_groups=False, name_expressions=None, jitify=False):
@@ -311,7 +338,7 @@ class RawModule:
             raise KeyError(f"{name} is not a kernel of this module (kernels: {', '.join(self.names)})")
         if self._library is None:
             self._library = _module(self.code, self.names)
-        return _Function(self._library, self.names.index(name), name, "__syncthreads" in self.code)
+        return _Function(self._library, self.names.index(name), name, _synchronises(self.code, name))
 
 
 class RawKernel:
