@@ -94,7 +94,18 @@ def _c(p):
     return p.type if p.placeholder else C_NAMES[p.type]
 
 
-class ElementwiseKernel:
+class _PerTypes:
+    """A kernel's library per set of resolved types, its source written and built once."""
+
+    def _library(self, types):
+        key = tuple(types.items())
+        built = self.__dict__.setdefault("_built", {})
+        if key not in built:
+            built[key] = build(self._source(types))
+        return built[key]
+
+
+class ElementwiseKernel(_PerTypes):
     def __init__(self, in_params, out_params, operation, name="kernel", reduce_dims=True, preamble="",
                  no_return=False, return_tuple=False, loop_prep="", after_loop="", **kwargs):
         self.in_params, self.out_params = _params(in_params), _params(out_params)
@@ -102,7 +113,7 @@ class ElementwiseKernel:
         self.loop_prep, self.after_loop = loop_prep, after_loop
         self.no_return, self.return_tuple = no_return, return_tuple
 
-    def _library(self, types):
+    def _source(self, types):
         params = self.in_params + self.out_params
         body = []
         for k, p in enumerate(params):
@@ -118,7 +129,7 @@ class ElementwiseKernel:
                   f"    const aepar_ind _ind{{n}};\n    {self.loop_prep}\n"
                   f"    for (long long i = 0; i < n; ++i) {{\n        " + "\n        ".join(body) +
                   f"\n        {self.operation};\n    }}\n    {self.after_loop}\n}}\n")
-        return build(source)
+        return source
 
     def __call__(self, *args, size=None, block_size=None, stream=None):
         n_in, n_out = len(self.in_params), len(self.out_params)
@@ -178,14 +189,14 @@ class ElementwiseKernel:
         return results[0] if n_out == 1 and not self.return_tuple else tuple(results)
 
 
-class ReductionKernel:
+class ReductionKernel(_PerTypes):
     def __init__(self, in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, name="reduce_kernel",
                  reduce_type=None, reduce_dims=True, preamble="", options=(), **kwargs):
         self.in_params, self.out_params = _params(in_params), _params(out_params)
         self.map_expr, self.reduce_expr, self.post_map_expr = map_expr, reduce_expr, post_map_expr
         self.identity, self.name, self.reduce_type, self.preamble = identity, name, reduce_type, preamble
 
-    def _library(self, types):
+    def _source(self, types):
         n_in = len(self.in_params)
         reduce_c = C_NAMES[self.reduce_type] if self.reduce_type else _c(self.out_params[0])
         loads = "\n            ".join(f"const {_c(p)} {p.name} = (({_c(p)}*)_args[{k}])[_o * _nred + _r];"
@@ -204,7 +215,7 @@ class ReductionKernel:
                   f"            {{ const _type_reduce a = _acc, b = _mapped; _acc = ({self.reduce_expr}); }}\n"
                   f"        }}\n        {stores}\n"
                   f"        {{ const _type_reduce a = _acc; {self.post_map_expr}; }}\n    }}\n}}\n")
-        return build(source)
+        return source
 
     def __call__(self, *args, out=None, axis=None, keepdims=False, stream=None):
         n_in = len(self.in_params)
