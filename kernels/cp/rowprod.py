@@ -4,15 +4,19 @@ order (the same bits as the CPU's row kernels, where both are correctly rounded 
 
 :func:`rows_times` and :func:`rows_times_t` give each row of a product the bits it has
 alone, whatever rows share the launch, so that the blocks of a batch could go through
-one launch where each is its own cuBLAS calls today; :func:`block_outer_sum` is the
-blocks' weight gradient and their fixed tree in one launch, where the set's
-``block_outer_sum`` is a cuBLAS call, a scaling and an addition per block.
+one launch where cuBLAS takes a call per block; :func:`block_outer_sum` is the
+blocks' weight gradient and their fixed tree in one launch, where cuBLAS takes a call, a
+scaling and an addition per block.
 
-Not yet used by the set's kernels: their bits and the tests' emulation on the CPU
-(tests/unit/test_kernels_cp_rowprod.py) say these kernels compute what they should, but
-they have not run on a GPU, so neither their speed against cuBLAS nor their compilation
-by NVRTC is known. ``python -m bench.row_bits --device gpu`` (bench.gpu_node's ``bits``
-step) times them and checks them against the CPU's kernels.
+The set's block paths (``block_outer_sum``, ``rbm_cd_factors_blocks``) take these kernels
+for a block of at most :data:`MAX_ROWS` rows, decided block by block from its own rows so
+that a block has the same bits whatever blocks share its call, and so on any number of
+ranks; larger blocks keep cuBLAS. At batch 100 a step of 8 blocks through cuBLAS is about
+a hundred launches, each costing the host more than its product costs the GPU. Their bits
+and the emulated GPU (tests/unit/test_kernels_cp_rowprod.py) say these kernels compute
+what they should; their speed against cuBLAS on a GPU is what ``python -m bench.row_bits
+--device gpu`` (bench.gpu_node's ``bits`` step) measures, and :data:`MAX_ROWS` is to be
+set from it.
 """
 import functools
 import os
@@ -23,7 +27,13 @@ import numpy as np
 
 from ..ref.blocksum import check_block_outer_sum, postfix_tree
 
-__all__ = []  # helpers of the set, not yet its kernels
+__all__ = []  # helpers of the set's block paths, not kernels of their own
+
+# a block of at most this many rows takes these kernels: its chain's products
+# (rbm_cd_factors_blocks), and its factors' product, which stack two of its chains (the
+# RBM's [vk; v0]: 2 * MAX_ROWS rows, block_outer_sum); a provisional bound, below which a
+# block's product is far too small to fill a GPU and cuBLAS's calls cost the host most
+MAX_ROWS = 64
 
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rowprod.cu")) as _f:
     _CODE = _f.read()
@@ -39,7 +49,7 @@ def _grid(M, N):
 
 
 @functools.lru_cache(maxsize=64)
-def _on_device(values: tuple, dtype):
+def on_device(values: tuple, dtype):
     """A small host array's device copy, kept: a step's blocks, tree and scales are the same
     call after call, and a copy to the device is host time in every launch."""
     return cp.asarray(np.asarray(values, dtype))
@@ -50,6 +60,16 @@ def _float32s(*arrays):
         if a.dtype != np.float32 or not a.flags.c_contiguous:
             raise TypeError(f"rowprod takes C-contiguous float32 arrays, got {a.dtype} "
                             f"{'C' if a.flags.c_contiguous else 'strided'}")
+
+
+def _rows_of(A):
+    """(A, its row stride in elements): A as it is where its rows are runs of float32
+    (a band of a factor's columns, as the trainer's bands are), else a C-ordered copy
+    (a row's sums are the same in either)."""
+    if A.dtype == np.float32 and A.ndim == 2 and (A.shape[1] <= 1 or A.strides[1] == 4) and A.strides[0] % 4 == 0 \
+            and A.strides[0] >= 0:
+        return A, max(A.strides[0] // 4, A.shape[1])
+    return cp.ascontiguousarray(A, dtype=np.float32), A.shape[1]
 
 
 def rows_times(a, W, out=None):
@@ -88,14 +108,18 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     if type(A) is tuple or type(D) is tuple:
         raise TypeError("rowprod.block_outer_sum takes one array each of A and D, not parts")
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, out)
-    _float32s(A, D, out)
+    if A.dtype != np.float32:
+        raise TypeError(f"rowprod takes float32 arrays, got {A.dtype}")
+    A, lda = _rows_of(A)
+    D = D if D.flags.c_contiguous else cp.ascontiguousarray(D)
+    _float32s(D, out)
     if postfix_tree(merges).depth > _MAX_DEPTH:
         raise ValueError(f"rowprod.block_outer_sum: a tree deeper than {_MAX_DEPTH}")
     M, N = out.shape
     if M and N:
         _MODULE.get_function("block_outer_sum_f32")(
-            _grid(M, N), _THREADS, (A, np.int64(M), D, np.int64(N), _on_device(tuple(starts), np.int64),
-                                    _on_device(tuple(merges), np.int64), np.int32(len(merges)),
-                                    _on_device(tuple(map(float, alphas)), np.float32), out, np.int64(N),
+            _grid(M, N), _THREADS, (A, np.int64(lda), D, np.int64(N), on_device(tuple(starts), np.int64),
+                                    on_device(tuple(merges), np.int64), np.int32(len(merges)),
+                                    on_device(tuple(map(float, alphas)), np.float32), out, np.int64(N),
                                     np.int32(M), np.int32(N)))
     return out

@@ -177,12 +177,18 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
 
     Works on CuPy arrays as well (the GPU set uses it as it is).
     """
+    return tree_of_products(A, D, starts, merges, alphas, out, lambda A_b, D_b, alpha: (A_b.T @ D_b) * alpha)
+
+
+def tree_of_products(A, D, starts, merges, alphas, out, product):
+    """:func:`block_outer_sum` with each block's term ``product(A_b, D_b, alpha_b)`` (alpha_b
+    of out's dtype): the GPU set picks each block's product by its rows."""
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, out)
     A, D, starts = interleaved(A, D, starts)
     stack = []
     for b in range(merges.size):
         s, e = int(starts[b]), int(starts[b + 1])
-        value = (A[s:e].T @ D[s:e]) * out.dtype.type(alphas[b])
+        value = product(A[s:e], D[s:e], out.dtype.type(alphas[b]))
         for _ in range(int(merges[b])):
             value = stack.pop() + value
         stack.append(value)

@@ -308,3 +308,48 @@ def test_parts_refused_where_they_do_not_fit():
         for A, D in (((x, x), (d,)), ((x, x[:, :2]), (d, d)), ((x, x[:3]), (d, d[:3]))):
             with pytest.raises(ValueError, match="do not match"):
                 K.block_outer_sum(A, D, [0, 4], [0], [1.0], out)
+
+
+@pytest.mark.parametrize("sizes, one", [([13, 12, 0, 13], False), ([120, 129, 128, 200, 64], False),
+                                        ([200, 300], False), ([100], True), ([300], True)],
+                         ids=["small", "either-side", "large", "one-small", "one-large"])
+@pytest.mark.parametrize("name", kernel_set_params()[1:])
+def test_gpu_blocks_sum_each_blocks_own_product(name, sizes, one, rng, monkeypatch):
+    """The GPU set takes each block's product by the block's own rows: its row kernels (the
+    CPU's bits) up to 128 rows, cuBLAS above, all in one launch where every block is small.
+    So a call's sum is the blocks' products alone added in the tree, on either side of that
+    bound, and in bands of columns: what ranks sharing a batch rely on. Which blocks took
+    the row kernels is checked too: the emulated GPU's cuBLAS sums small products in the
+    row kernels' order, so its bits alone would not tell."""
+    import cupy as cp
+
+    from aepar.kernels.cp import rowprod
+
+    by_rows = []  # each block the row kernels summed, by its rows
+
+    def spy(A, D, starts, merges, alphas, out, block_outer_sum=rowprod.block_outer_sum):
+        by_rows.extend(np.diff(starts).tolist())
+        return block_outer_sum(A, D, starts, merges, alphas, out)
+    monkeypatch.setattr(rowprod, "block_outer_sum", spy)
+    K = kernels.load(name)
+    count = len(sizes)
+    A, D, starts, alphas = problem(rng, sizes, 37, 45)
+    alphas = [1.0] if one else alphas
+    merges = tree_merges(tree_top(count), 0, count)
+    out = cp.full((38, 45), 7.0, np.float32)  # a row past out: must stay
+    K.block_outer_sum(cp.asarray(A), cp.asarray(D), starts, merges, alphas, out[:37])
+    assert by_rows == [n for n in sizes if n <= 128]
+    leaves = [K.block_outer_sum(cp.asarray(A[s:e]), cp.asarray(D[s:e]), [0, e - s], [0], [a],
+                                cp.empty((37, 45), np.float32)) for s, e, a in zip(starts[:-1], starts[1:], alphas)]
+    assert np.array_equal(to_host(out[:37]), tree_sum([np.array(to_host(leaf)) for leaf in leaves]))  # (adds in place)
+    assert np.all(to_host(out[37]) == 7.0)
+    for (s, e), leaf, alpha in zip(zip(starts[:-1], starts[1:]), leaves, alphas):
+        if e - s <= 128:
+            cpu = NB.block_outer_sum(A[s:e], D[s:e], [0, e - s], [0], [alpha], np.empty((37, 45), np.float32))
+            assert np.array_equal(to_host(leaf).view(np.int32), cpu.view(np.int32))
+    bands = cp.empty((37, 45), np.float32)
+    for lo, hi in ((0, 20), (20, 37)):
+        K.block_outer_sum(cp.asarray(A)[:, lo:hi], cp.asarray(D), starts, merges, alphas, bands[lo:hi])
+    assert np.array_equal(to_host(bands), to_host(out[:37]))
+    assert_sums_close(out[:37], REF.block_outer_sum(A, D, starts, merges, alphas, np.empty((37, 45), np.float32)),
+                      A, D, starts, alphas, name)
