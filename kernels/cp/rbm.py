@@ -12,11 +12,18 @@ float32 ones below 2**-100).
 sq_err comes back as a 0-d float64 array on the device, not a Python float: reading it
 waits for the GPU, and a step that waited each time ran at the speed of its launches
 plus its kernels instead of the larger of the two (the caller sums it where it lives).
+
+CD-1 on float32 blocks of at most :data:`.rowprod.MAX_ROWS` rows (the data-parallel
+trainer's 8 blocks of a batch of 100) takes the row kernels instead of cuBLAS: a row's
+products do not depend on the rows beside it, so every block's chain goes through one
+launch per product, and one launch stacks the blocks' factors with their bias gradients
+and errors (``_stack_blocks``), where block by block a step was about ten launches a block.
 """
 import cupy as cp
 import numpy as np
 
-from ..ref.rbm import cd_factors_by_block, cd_update_via, check_cd, check_rbm
+from ..ref.rbm import cd_factors_by_block, cd_update_via, check_cd, check_cd_blocks, check_rbm
+from . import rowprod
 from .c_types import C_TYPE
 from .gemm import matmul
 from .loss import _scaled_total
@@ -132,6 +139,89 @@ _step_kernels = {dt: cp.RawKernel(f"typedef {name} T;" + _STEP_SOURCE.replace("N
 _COLS, _THREADS, _W_PER_THREAD = 8, 1024, 4
 _done_counters = {}  # per device: the step kernel's count of finished visible blocks (left at 0)
 
+# Every block's chain stacked where rbm_cd_factors_blocks returns it (block b of rows
+# lo..lo+n: rows 2 lo.. of vs [vk; v0] and of hs [hk; -h0]), with the block's bias
+# gradients added into its own vectors (pointers pv[b], ph[b]) and its squared error into
+# err[b * (tiles_v + 1) + tiles_v]: blockIdx.y is the block, blockIdx.x a tile of columns
+# as in the step kernel, whose mode 0 sums these are, in the same order: a block has the
+# bits it has alone, whatever blocks share the launch.
+_STACK_SOURCE = r"""
+#define COLS 8
+#define STRIDES 128
+extern "C" __global__ void aepar_rbm_stack_blocks_NAME(const T *v0, const T *vk, const T *nh0, const T *hk,
+        const long long *starts, int nv, int nh, T *vs, T *hs, T *const *pv, T *const *ph, double scale,
+        double *err, unsigned int *done) {
+    __shared__ double part[2][STRIDES][COLS + 1];
+    const int tiles_v = (nv + COLS - 1) / COLS, blk = blockIdx.y;
+    const long long lo = starts[blk], n = starts[blk + 1] - lo;
+    const int col = threadIdx.x % COLS, row = threadIdx.x / COLS;
+    const bool visible = (int)blockIdx.x < tiles_v;
+    const int width = visible ? nv : nh;
+    const int j = (visible ? blockIdx.x : blockIdx.x - tiles_v) * COLS + col;
+    double g = 0.0, e = 0.0;
+    if (j < width) {
+        if (visible) {
+            for (long long r = row; r < n; r += STRIDES) {
+                const T last = vk[(lo + r) * nv + j], first = v0[(lo + r) * nv + j];
+                vs[(2 * lo + r) * nv + j] = last;
+                vs[(2 * lo + n + r) * nv + j] = first;
+                const double d = (double)last - (double)first;
+                g += d; e += d * d;
+            }
+        } else {
+            for (long long r = row; r < 2 * n; r += STRIDES) {
+                const T x = r < n ? hk[(lo + r) * nh + j] : nh0[(lo + r - n) * nh + j];
+                hs[(2 * lo + r) * nh + j] = x;
+                g += (double)x;
+            }
+        }
+    }
+    part[0][row][col] = g; part[1][row][col] = e;
+    __syncthreads();
+    if (row == 0) {
+        for (int k = 1; k < STRIDES; ++k) { g += part[0][k][col]; e += part[1][k][col]; }
+        if (j < width) (visible ? pv : ph)[blk][j] += (T)(scale * g);
+        part[1][0][col] = e;
+    }
+    if (!visible) return;  // the same for the whole block
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int k = 0; k < COLS; ++k) s += part[1][0][k];
+        double *mine = err + (long long)blk * (tiles_v + 1);
+        mine[blockIdx.x] = s;
+        __threadfence();
+        if (atomicAdd(done + blk, 1u) == (unsigned)tiles_v - 1) {
+            double total = 0.0;
+            for (int k = 0; k < tiles_v; ++k) total += ((volatile double *)mine)[k];
+            mine[tiles_v] = total;
+            done[blk] = 0u;
+        }
+    }
+}
+"""
+_stack_kernels = {dt: cp.RawKernel(f"typedef {name} T;" + _STACK_SOURCE.replace("NAME", name),
+                                   f"aepar_rbm_stack_blocks_{name}")
+                  for dt, name in C_TYPE.items()}
+_block_counters = {}  # per device: the stack kernel's counts, one per block (left at 0)
+
+
+def _stack_blocks(v0, vk, nh0, hk, starts, scale, vs, hs, dbvs, dbhs):
+    """One launch of the stack kernel; returns each block's sum (vk - v0)^2 as 0-d float64
+    device arrays."""
+    nv, nh, blocks = vs.shape[1], hs.shape[1], len(starts) - 1
+    tiles_v = -(-nv // _COLS)
+    device = cp.cuda.Device().id
+    done = _block_counters.get(device)
+    if done is None or done.size < blocks:
+        done = _block_counters[device] = cp.zeros(max(blocks, 8), dtype=np.uint32)
+    err = cp.empty((blocks, tiles_v + 1), dtype=np.float64)
+    pointers = [rowprod.on_device(tuple(a.data.ptr for a in arrays), np.uint64) for arrays in (dbvs, dbhs)]
+    _stack_kernels[vs.dtype]((tiles_v - (-nh // _COLS), blocks), (_THREADS,), (
+        v0, vk, nh0, hk, rowprod.on_device(tuple(map(int, starts)), np.int64), np.int32(nv), np.int32(nh), vs, hs,
+        pointers[0], pointers[1], np.float64(scale), err, done))
+    return [err[b, tiles_v] for b in range(blocks)]
+
 
 def _step(vs, hs, batch, pv, velv, ph, velh, scale, momentum, mode, G=None, W=None, velW=None, a=0.0, c=0.0):
     """One launch of the step kernel: the biases (mode 0: a gradient, ``velv``/``velh``
@@ -204,6 +294,10 @@ def rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale=None):
     v0, W, dt = _prep(v0, W)
     batch = v0.shape[0]
     scale = 1.0 / batch if scale is None else float(scale)
+    starts = np.array([0, batch], np.int64)
+    if _by_rows(v0, W, noise, [dbv], [dbh], starts):
+        vs, hs, alpha, errs = _factors_by_rows(v0, W, bv, bh, noise, hidden, [dbv], [dbh], starts, scale)
+        return vs, hs, alpha, errs[0]
     vs, hs, first_err = _chain(v0, W, bv.astype(dt, copy=False), bh.astype(dt, copy=False), noise, hidden)
     if _fits(dt, dbv, dbh):
         err = _step(vs, hs, batch, dbv, dbv, dbh, dbh, scale, 0.0, 0)
@@ -216,9 +310,46 @@ def rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale=None):
 
 
 def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale=None):
-    """:func:`rbm_cd_factors` block by block, stacked; see :func:`kernels.ref.rbm.rbm_cd_factors_blocks`
-    (cuBLAS's rows may depend on the rows beside them: no stacked chain here)."""
+    """:func:`rbm_cd_factors` of each block, stacked; see :func:`kernels.ref.rbm.rbm_cd_factors_blocks`.
+    Where every block would take the row kernels alone, all blocks' chains take one
+    launch per product; otherwise block by block (cuBLAS's rows may depend on the rows
+    beside them)."""
+    check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
+    starts = check_cd_blocks(v0, noise, dbvs, dbhs, starts)
+    if _by_rows(v0, W, noise, dbvs, dbhs, starts):
+        shapes = ((W.shape[0],), (W.shape[1],))
+        for b, (dbv, dbh) in enumerate(zip(dbvs, dbhs)):  # the whole check once, then the shapes that differ
+            if b == 0 or (dbv.shape, dbh.shape) != shapes:
+                check_cd(v0, W, noise, W, dbv, dbh, ("W", "dbv", "dbh"), "rbm_cd_factors_blocks")
+        scale = 1.0 / v0.shape[0] if scale is None else float(scale)
+        return _factors_by_rows(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale)
     return cd_factors_by_block(rbm_cd_factors, cp, v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale)
+
+
+def _by_rows(v0, W, noise, dbvs, dbhs, starts):
+    """Whether CD on these blocks takes the row kernels: CD-1, float32 throughout (C-ordered
+    gradients of the parameters' shapes), every block at most :data:`.rowprod.MAX_ROWS` rows."""
+    if noise.shape[0] != 1 or not (v0.dtype == W.dtype == np.float32) or not len(dbvs):
+        return False
+    if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in (*dbvs, *dbhs)):
+        return False
+    return bool(np.diff(starts).max() <= rowprod.MAX_ROWS)
+
+
+def _factors_by_rows(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale):
+    """:func:`rbm_cd_factors_blocks` of CD-1 by the row kernels: each product one launch
+    for all blocks, each element-wise kernel one, and one to stack the factors."""
+    bern = hidden == "bernoulli"
+    v0, W = cp.ascontiguousarray(v0), cp.ascontiguousarray(W)
+    bv, bh = bv.astype(np.float32, copy=False), bh.astype(np.float32, copy=False)
+    M, (nv, nh) = v0.shape[0], W.shape
+    nh0, state = cp.empty((M, nh), np.float32), cp.empty((M, nh), np.float32)
+    (_bern_first if bern else _gauss_first)(rowprod.rows_times(v0, W), bh, noise[0], nh0, state)
+    vk = _visible(rowprod.rows_times_t(state, W), bv)
+    hk = (_bern_hidden if bern else _gauss_hidden)(rowprod.rows_times(vk, W), bh)
+    vs, hs = cp.empty((2 * M, nv), np.float32), cp.empty((2 * M, nh), np.float32)
+    errs = _stack_blocks(v0, vk, nh0, hk, starts, scale, vs, hs, dbvs, dbhs)
+    return vs, hs, scale, errs
 
 
 def rbm_cd_update(v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, momentum, weight_cost):

@@ -435,3 +435,70 @@ def test_numba_float32_sigmoid_accuracy():
     assert np.all(np.isfinite(got))
     assert np.max(np.abs(got[inside] - want[inside]) / ulp) <= 3.0
     assert np.all(got[z > 72] == 1.0) and np.all(got[z < -72] <= 1 / (1 + np.exp(72.0)) * (1 + 1e-6))
+
+
+@pytest.mark.parametrize("sizes, hidden", [([13, 12, 0, 13], "bernoulli"), ([64, 65, 3], "bernoulli"),
+                                           ([12, 13, 12], "gaussian")])
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_rbm_blocks_have_their_own_bits_however_grouped(name, sizes, hidden, monkeypatch):
+    """What ranks sharing a batch rely on, on every compiled set: a block's factors, bias
+    gradients and error are the same bits in a call of all blocks, in a call of some of them
+    (another rank's share) and alone, with gradients in one buffer's rows as the trainer
+    keeps them. The GPU set takes its row kernels for a block of at most 64 rows and cuBLAS
+    above (65 crosses it), block by block: which one a block alone took is checked too,
+    as the emulated GPU's cuBLAS sums small products in the row kernels' order."""
+    K, dev, host = kit(name)
+    by_rows = []  # the rows of every product the GPU set's row kernels made
+    if name == "cupy":
+        from aepar.kernels.cp import rowprod
+
+        def spy(a, W, out=None, rows_times=rowprod.rows_times):
+            by_rows.append(a.shape[0])
+            return rows_times(a, W, out)
+        monkeypatch.setattr(rowprod, "rows_times", spy)
+    rng = np.random.default_rng(len(sizes))
+    starts = np.cumsum([0] + sizes)
+    v0, W, bv, bh, noise = (dev(a) for a in rbm_problem(rng, hidden, 1, int(starts[-1]), 40, 30, np.float32))
+    scale = 1.0 / int(starts[-1])
+
+    def blocks(first, stop):
+        rows = dev(np.zeros((stop - first, 128), np.float32))  # one row per block: 40 + 30 used
+        lo, hi = starts[first], starts[stop]
+        A, D, alpha, errs = K.rbm_cd_factors_blocks(v0[lo:hi], W, bv, bh, noise[:, lo:hi], hidden,
+                                                    [r[:40] for r in rows], [r[64:94] for r in rows],
+                                                    starts[first:stop + 1] - lo, scale)
+        return host(A), host(D), alpha, [float(e) for e in errs], host(rows)
+
+    everything = blocks(0, len(sizes))
+    cut = len(sizes) // 2
+    for first, stop in [(0, cut), (cut, len(sizes))] + [(b, b + 1) for b in range(len(sizes))]:
+        by_rows.clear()
+        got = blocks(first, stop)
+        if name == "cupy":  # all blocks' chains in one call of each product, or block by block
+            mine = sizes[first:stop]
+            assert by_rows == ([sum(mine)] * 2 if max(mine) <= 64 else [n for n in mine if n <= 64 for _ in "up"])
+        for b in range(first, stop):
+            here = slice(2 * (starts[b] - starts[first]), 2 * (starts[b + 1] - starts[first]))
+            there = slice(2 * starts[b], 2 * starts[b + 1])
+            assert np.array_equal(got[0][here], everything[0][there])
+            assert np.array_equal(got[1][here], everything[1][there])
+            assert got[3][b - first] == everything[3][b]
+            assert np.array_equal(got[4][b - first], everything[4][b])
+    for b, (lo, hi) in enumerate(zip(starts[:-1], starts[1:])):  # and rbm_cd_factors of the block alone
+        gv, gh = dev(np.zeros(40, np.float32)), dev(np.zeros(30, np.float32))
+        by_rows.clear()
+        A, D, _, err = K.rbm_cd_factors(v0[lo:hi], W, bv, bh, noise[:, lo:hi], hidden, gv, gh, scale)
+        rows = slice(2 * lo, 2 * hi)
+        assert np.array_equal(host(A), everything[0][rows]) and np.array_equal(host(D), everything[1][rows])
+        assert float(err) == everything[3][b] and np.array_equal(host(gv), everything[4][b, :40])
+        assert by_rows == ([hi - lo] * 2 if name == "cupy" and hi - lo <= 64 else [])
+    # and they are CD-1's: the reference's within float32 rounding
+    R = kernels.load("numpy")
+    rv, rh = [np.zeros(40, np.float32) for _ in sizes], [np.zeros(30, np.float32) for _ in sizes]
+    A, D, alpha, errs = R.rbm_cd_factors_blocks(*(host(a) for a in (v0, W, bv, bh, noise)), hidden, rv, rh, starts,
+                                               scale)
+    np.testing.assert_allclose(everything[2] * everything[0].T.astype(np.float64) @ everything[1],
+                               alpha * A.T.astype(np.float64) @ D, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(everything[3], errs, rtol=1e-4)
+    np.testing.assert_allclose(everything[4][:, :40], rv, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(everything[4][:, 64:94], rh, rtol=1e-4, atol=1e-6)
