@@ -3,7 +3,10 @@ layer's whole step (CuPy).
 
 Products go to cuBLAS through :func:`.gemm.matmul` (a weight gradient added into dW by its
 GEMM); bias + activation is one element-wise kernel applied in place on the product (b
-broadcast along the rows).
+broadcast along the rows). Float32 blocks of at most :data:`.rowprod.MAX_ROWS` rows take
+the row kernels instead (:mod:`.rowprod`), whose rows do not depend on the rows beside
+them: the blocks of a step then go through one launch per product and per kernel, where
+block by block each was its own.
 """
 import sys
 
@@ -11,8 +14,10 @@ import cupy as cp
 import numpy as np
 
 from ..ref.activation import check_act
+from ..ref.blocksum import check_starts
 from ..ref.dense import (_check_backward_shapes, _check_shapes, backward_by_block, check_tied_ae, forward_by_block,
                          tied_ae_update_via)
+from . import rowprod
 from .activation import RELU_BODY, SIGMOID_BODY
 from .c_types import C_TYPE
 from .gemm import matmul
@@ -31,19 +36,21 @@ _BIAS_ACT = {
 }
 # dz = da * act'(a) and db += the column sums of dz (in double, a fixed order) in one launch:
 # CuPy's axis-0 sum and the casts around it were three launches and, at 5000 rows, slow.
-# A block takes COLS columns; its threads take every STRIDES-th row of them.
+# A block takes COLS columns; its threads take every STRIDES-th row of them. The blocks'
+# kernel does the same for each block of rows (blockIdx.y), into that block's own db: a
+# block's sums are those it has alone.
 _DZ_SOURCE = r"""
 #define COLS 8
 #define STRIDES 128
-extern "C" __global__ void aepar_dense_dz_NAME(const T *da, const T *a, T *dz, long long rows, int cols,
-                                               int act, T *db) {
+__device__ void aepar_dense_dz_cols(const T *da, const T *a, T *dz, long long lo, long long rows, int cols, int act,
+                                    T *db) {
     __shared__ double part[STRIDES][COLS + 1];
     const int col = threadIdx.x % COLS, row = threadIdx.x / COLS;
     const int j = blockIdx.x * COLS + col;
     double g = 0.0;
     if (j < cols) {
         for (long long r = row; r < rows; r += STRIDES) {
-            const long long i = r * cols + j;
+            const long long i = (lo + r) * cols + j;
             T d = da[i];
             if (act == 1) d = d * a[i] * ((T)1 - a[i]);  /* sigmoid */
             else if (act == 2) d = a[i] > (T)0 ? d : (T)0;  /* relu */
@@ -58,10 +65,19 @@ extern "C" __global__ void aepar_dense_dz_NAME(const T *da, const T *a, T *dz, l
         db[j] += (T)g;
     }
 }
+extern "C" __global__ void aepar_dense_dz_NAME(const T *da, const T *a, T *dz, long long rows, int cols,
+                                               int act, T *db) {
+    aepar_dense_dz_cols(da, a, dz, 0, rows, cols, act, db);
+}
+extern "C" __global__ void aepar_dense_dz_blocks_NAME(const T *da, const T *a, T *dz, const long long *starts,
+                                                      int cols, int act, T *const *dbs) {
+    const long long lo = starts[blockIdx.y];
+    aepar_dense_dz_cols(da, a, dz, lo, starts[blockIdx.y + 1] - lo, cols, act, dbs[blockIdx.y]);
+}
 """
-_dz_kernels = {dt: cp.RawKernel(f"typedef {name} T;" + _DZ_SOURCE.replace("NAME", name),
-                                f"aepar_dense_dz_{name}")
-               for dt, name in C_TYPE.items()}
+_dz_kernels = {(dt, kind): cp.RawKernel(f"typedef {name} T;" + _DZ_SOURCE.replace("NAME", name),
+                                        f"aepar_dense_dz{kind}_{name}")
+               for dt, name in C_TYPE.items() for kind in ("", "_blocks")}
 _ACT_CODE = {"identity": 0, "sigmoid": 1, "relu": 2}
 
 
@@ -74,18 +90,41 @@ def _dz_and_bias(da, a, act, db):
     rows, cols = da.shape
     # the kernel adds into a contiguous vector of dz's type (a parameter's own gradient is one)
     into = db if db.flags.c_contiguous and db.dtype == da.dtype else cp.zeros(cols, da.dtype)
-    _dz_kernels[da.dtype]((-(-cols // 8),), (1024,), (da, a, dz, np.int64(rows), np.int32(cols),
-                                                        np.int32(_ACT_CODE[act]), into))
+    _dz_kernels[da.dtype, ""]((-(-cols // 8),), (1024,), (da, a, dz, np.int64(rows), np.int32(cols),
+                                                            np.int32(_ACT_CODE[act]), into))
     if into is not db:
         db += into.astype(db.dtype, copy=False)
     return dz
 
 
+def _by_rows(x, W, starts, dbs=()):
+    """Whether these blocks take the row kernels: float32 throughout (W C-ordered or a
+    transposed view, the bias gradients C-ordered), every block at most
+    :data:`.rowprod.MAX_ROWS` rows."""
+    if not (x.dtype == W.dtype == np.float32 and x.ndim == W.ndim == 2) or len(starts) < 2:
+        return False
+    if not (W.flags.c_contiguous or W.flags.f_contiguous):
+        return False
+    if not all(db.dtype == np.float32 and db.flags.c_contiguous for db in dbs):
+        return False
+    return bool(np.diff(np.asarray(starts)).max() <= rowprod.MAX_ROWS)
+
+
+def _row_product(a, B):
+    """a @ B by the row kernels, B C-ordered or a transposed view (the same sums either way)."""
+    a = cp.ascontiguousarray(a)
+    return rowprod.rows_times(a, B) if B.flags.c_contiguous else rowprod.rows_times_t(a, B.T)
+
+
 def dense_forward(x, W, b, act):
     """a = act(x @ W + b); x (batch, in), W (in, out), b (out,). Returns a new array."""
+    return _forward(x, W, b, act, _by_rows(x, W, (0, x.shape[0])))
+
+
+def _forward(x, W, b, act, by_rows):
     check_act(act)
     _check_shapes(x, W, b)
-    z = matmul(x, W)
+    z = _row_product(x, W) if by_rows else matmul(x, W)
     _BIAS_ACT[act](b.astype(z.dtype, copy=False), z)
     return z
 
@@ -108,16 +147,37 @@ def dense_backward_factors(da, x, W, a, act, db, need_dx=True):
     check_act(act)
     _check_backward_shapes(da, x, W, a, W, db)
     dz = _dz_and_bias(da, a, act, db)
-    return (matmul(dz, W.T) if need_dx else None), dz
+    if not need_dx:
+        return None, dz
+    return (_row_product(dz, W.T) if _by_rows(dz, W, (0, dz.shape[0])) else matmul(dz, W.T)), dz
 
 
 def dense_forward_blocks(x, W, b, act, starts):
-    """:func:`dense_forward` block by block, stacked (see kernels.ref.dense)."""
+    """:func:`dense_forward` of each block, stacked (see kernels.ref.dense): where every
+    block would take the row kernels alone, one call for all."""
+    if len(starts) > 2 and _by_rows(x, W, starts):
+        check_starts("dense blocks", x.shape[0], starts)
+        return _forward(x, W, b, act, True)
     return forward_by_block(dense_forward, cp, x, W, b, act, starts)
 
 
 def dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=True):
-    """:func:`dense_backward_factors` block by block, stacked (see kernels.ref.dense)."""
+    """:func:`dense_backward_factors` of each block, stacked (see kernels.ref.dense): where
+    every block would take the row kernels alone, one launch for all blocks' dz and bias
+    gradients (each block's sums its own) and one for dx."""
+    if len(starts) > 2 and _by_rows(da, W, starts, dbs) and len(dbs) == len(starts) - 1 and da.size:
+        check_act(act)
+        starts = check_starts("dense blocks", x.shape[0], starts)
+        _check_backward_shapes(da, x, W, a, W, dbs[0])
+        if any(db.shape != dbs[0].shape for db in dbs):
+            raise ValueError(f"dense blocks: bias gradients of shapes {[db.shape for db in dbs]}")
+        da, a = cp.ascontiguousarray(da), cp.ascontiguousarray(a.astype(da.dtype, copy=False))
+        dz = cp.empty_like(da)
+        cols = da.shape[1]
+        _dz_kernels[da.dtype, "_blocks"]((-(-cols // 8), len(dbs)), (1024,), (
+            da, a, dz, rowprod.on_device(tuple(map(int, starts)), np.int64), np.int32(cols), np.int32(_ACT_CODE[act]),
+            rowprod.on_device(tuple(db.data.ptr for db in dbs), np.uint64)))
+        return (_row_product(dz, W.T) if need_dx else None), dz
     return backward_by_block(dense_backward_factors, cp, da, x, W, a, act, dbs, starts, need_dx)
 
 

@@ -355,3 +355,59 @@ def test_tied_ae_update_refuses_what_does_not_fit(kset, rng):
         K.tied_ae_update(dev(x), dev(W), dev(bv), dev(bv), "sigmoid", dev(vW), dev(vbv), dev(vbh), 0.1, 0.0, 0.0)
     with pytest.raises(ValueError, match="do not fit"):
         K.tied_ae_update(dev(x.T), dev(W), dev(bv), dev(bh), "sigmoid", dev(vW), dev(vbv), dev(vbh), 0.1, 0.0, 0.0)
+
+
+@pytest.mark.parametrize("sizes, act, view", [([13, 12, 0, 13], "sigmoid", False), ([64, 65, 3], "relu", True),
+                                              ([12, 13, 12], "identity", True)])
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_dense_blocks_have_their_own_bits_however_grouped(name, sizes, act, view, monkeypatch):
+    """A block's activations, dz, dx and bias gradient are the same bits in a call of all
+    blocks, of some (another rank's share) and alone, float32 with the bias gradients in
+    one buffer's rows as the trainer keeps them, W C-ordered or a transposed view. The GPU
+    set takes its row kernels for a block of at most 64 rows and cuBLAS above, block by
+    block: which products took them is checked too (the emulated GPU's cuBLAS gives the row
+    kernels' bits at these sizes, so bits alone would not tell)."""
+    K, dev = load(name)
+    by_rows = []  # the rows of every product the GPU set's row kernels made
+    if name == "cupy":
+        from aepar.kernels.cp import rowprod
+
+        for kernel in ("rows_times", "rows_times_t"):
+            def spy(a, W, out=None, real=getattr(rowprod, kernel)):
+                by_rows.append(a.shape[0])
+                return real(a, W, out)
+            monkeypatch.setattr(rowprod, kernel, spy)
+    rng = np.random.default_rng(len(sizes))
+    starts = np.cumsum([0] + sizes)
+    x, W, bias = dense_problem(rng, int(starts[-1]), 40, 30, np.float32)
+    if view:
+        W = np.ascontiguousarray(W.T).T
+    da = rng.standard_normal((int(starts[-1]), 30)).astype(np.float32)
+    x, W, bias, da = dev(x), (dev(W.T).T if view else dev(W)), dev(bias), dev(da)
+
+    def blocks(first, stop):
+        lo, hi = starts[first], starts[stop]
+        at = starts[first:stop + 1] - lo
+        by_rows.clear()
+        a = K.dense_forward_blocks(x[lo:hi], W, bias, act, at)
+        grads = dev(np.ones((stop - first, 64), np.float32))  # one row per block: 30 used
+        dx, dz = K.dense_backward_blocks(da[lo:hi], x[lo:hi], W, a, act, [g[:30] for g in grads], at)
+        if name == "cupy":  # all blocks in one call of each product, or block by block
+            mine = sizes[first:stop]
+            assert by_rows == ([sum(mine)] * 2 if max(mine) <= 64 else [n for n in mine if n <= 64] * 2)
+        return [to_host(v) for v in (a, dx, dz, grads)]
+
+    everything = blocks(0, len(sizes))
+    cut = len(sizes) // 2
+    for first, stop in [(0, cut), (cut, len(sizes))] + [(b, b + 1) for b in range(len(sizes))]:
+        got = blocks(first, stop)
+        for b in range(first, stop):
+            here = slice(starts[b] - starts[first], starts[b + 1] - starts[first])
+            there = slice(starts[b], starts[b + 1])
+            for k in range(3):
+                assert np.array_equal(got[k][here], everything[k][there])
+            assert np.array_equal(got[3][b - first], everything[3][b])
+    host = [to_host(v) for v in (x, W, bias, da)]
+    assert_close(everything[0], REF.dense_forward(*host[:3], act), np.float32, work=40, name="a")
+    assert_close(everything[1], REF.dense_backward_factors(host[3], host[0], host[1], everything[0], act,
+                                                           np.zeros(30, np.float32))[0], np.float32, work=30, name="dx")
