@@ -8,7 +8,9 @@ behind it. ``float(loss)`` reads it.
 import cupy as cp
 import numpy as np
 
+from ..ref.blocksum import check_starts
 from ..ref.loss import check_same_shape, default_scale, mse_forward_blocks_via
+from .rowprod import on_device
 from .activation import _sigmoid
 from .c_types import C_TYPE
 
@@ -52,28 +54,52 @@ __device__ double aepar_block_tree(double v) {
     return s[0];
 }
 """
+# The blocks' kernels (mse_forward_blocks) take every block of rows in one launch each:
+# blockIdx.y is the block, whose grid is the one its size alone gives (the blocks past it
+# return at once), so each block's total has the bits of its own call.
 _PARTIALS_SOURCE = _TREE + r"""
-extern "C" __global__ void aepar_total_NAME(const T *y, const T *t, long long n, double *part) {
+#define MOST_BLOCKS 1024
+__device__ void aepar_partial_NAME(const T *y, const T *t, long long n, int blocks, double *part) {
     double acc = 0.0;
-    for (long long i = (long long)blockIdx.x * THREADS + threadIdx.x; i < n; i += (long long)gridDim.x * THREADS) {
+    for (long long i = (long long)blockIdx.x * THREADS + threadIdx.x; i < n; i += (long long)blocks * THREADS) {
         const double a = (double)y[i], b = (double)t[i];
         acc += MAP;
     }
     const double total = aepar_block_tree(acc);
     if (threadIdx.x == 0) part[blockIdx.x] = total;
 }
+extern "C" __global__ void aepar_total_NAME(const T *y, const T *t, long long n, double *part) {
+    aepar_partial_NAME(y, t, n, gridDim.x, part);
+}
+extern "C" __global__ void aepar_total_blocks_NAME(const T *y, const T *t, const long long *starts, double *part) {
+    const long long lo = starts[blockIdx.y], n = starts[blockIdx.y + 1] - lo;
+    const int blocks = (int)max(1LL, min((n + THREADS - 1) / THREADS, (long long)MOST_BLOCKS));
+    if ((int)blockIdx.x >= blocks) return;
+    aepar_partial_NAME(y + lo, t + lo, n, blocks, part + (long long)blockIdx.y * MOST_BLOCKS);
+}
 """
-_total_kernels = {(name, dt): cp.RawKernel(f"typedef {c} T;" + _PARTIALS_SOURCE.replace("NAME", f"{name}_{c}")
-                                           .replace("MAP", body), f"aepar_total_{name}_{c}")
-                  for name, body in _MAPS.items() for dt, c in C_TYPE.items()}
-_sum_partials = cp.RawKernel(_TREE + r"""
-extern "C" __global__ void aepar_sum_partials(const double *part, int n, double scale, double *total) {
+_total_kernels = {(name, dt, kind): cp.RawKernel(f"typedef {c} T;" + _PARTIALS_SOURCE.replace("NAME", f"{name}_{c}")
+                                                 .replace("MAP", body), f"aepar_total{kind}_{name}_{c}")
+                  for name, body in _MAPS.items() for dt, c in C_TYPE.items() for kind in ("", "_blocks")}
+_SUM_PARTIALS_SOURCE = _TREE + r"""
+__device__ void aepar_sum_partials_of(const double *part, int n, double scale, double *total) {
     double acc = 0.0;
     for (int i = threadIdx.x; i < n; i += THREADS) acc += part[i];
     const double sum = aepar_block_tree(acc);
     if (threadIdx.x == 0) *total = scale * sum;
 }
-""", "aepar_sum_partials")
+extern "C" __global__ void aepar_sum_partials(const double *part, int n, double scale, double *total) {
+    aepar_sum_partials_of(part, n, scale, total);
+}
+extern "C" __global__ void aepar_sum_partials_blocks(const double *part, const long long *starts, const double *scales,
+                                                     double *totals) {
+    const long long n = starts[blockIdx.x + 1] - starts[blockIdx.x];
+    const int blocks = (int)max(1LL, min((n + THREADS - 1) / THREADS, 1024LL));
+    aepar_sum_partials_of(part + (long long)blockIdx.x * 1024, blocks, scales[blockIdx.x], totals + blockIdx.x);
+}
+"""
+_sum_partials, _sum_partials_blocks = (cp.RawKernel(_SUM_PARTIALS_SOURCE, f"aepar_sum_partials{kind}")
+                                       for kind in ("", "_blocks"))
 
 
 def _by_rows(y):
@@ -84,7 +110,7 @@ def _by_rows(y):
 def _scaled_total(name, y, t, scale):
     """scale * (the sum over every element of the map ``name`` of y and t), a 0-d float64
     array; mixed types or layouts take the rows' ReductionKernel, then the rows' sum."""
-    kernel = _total_kernels.get((name, y.dtype))
+    kernel = _total_kernels.get((name, y.dtype, ""))
     if kernel is None or t.dtype != y.dtype or not (y.flags.c_contiguous and t.flags.c_contiguous):
         return _scaled_sum(_ROWS[name](_by_rows(y), _by_rows(t), axis=1), scale)
     n = y.size
@@ -113,8 +139,23 @@ def mse_forward(y, t, scale=None):
 
 def mse_forward_blocks(y, t, starts, scale=None):
     """:func:`mse_forward` of each block of rows starts[b]:starts[b + 1] (0-d arrays, left
-    on the device)."""
-    return mse_forward_blocks_via(mse_forward, y, t, starts, scale)
+    on the device): two launches for all blocks where one block's call takes the compiled
+    kernels (y and t of one float type, C-ordered), with each block's bits."""
+    kernel = _total_kernels.get(("sq_diff", y.dtype, "_blocks"))
+    if kernel is None or t.dtype != y.dtype or not (y.flags.c_contiguous and t.flags.c_contiguous) or y.ndim < 2:
+        return mse_forward_blocks_via(mse_forward, y, t, starts, scale)
+    check_same_shape("mse_forward_blocks", y, t)
+    rows = check_starts("mse_forward_blocks", y.shape[0], starts).tolist()
+    count, width = len(rows) - 1, int(np.prod(y.shape[1:]))
+    scales = tuple(0.5 * default_scale(y[lo:hi], scale) for lo, hi in zip(rows[:-1], rows[1:]))
+    elements = on_device(tuple(r * width for r in rows), np.int64)
+    part = cp.empty((count, _TOTAL_BLOCKS), dtype=cp.float64)
+    totals = cp.empty(count, dtype=cp.float64)
+    most = max(min(-(-(hi - lo) * width // _TOTAL_THREADS), _TOTAL_BLOCKS) for lo, hi in zip(rows[:-1], rows[1:]))
+    most = max(most, 1)
+    kernel((most, count), (_TOTAL_THREADS,), (y, t, elements, part))
+    _sum_partials_blocks((count,), (_TOTAL_THREADS,), (part, elements, on_device(scales, np.float64), totals))
+    return [totals[b] for b in range(count)]
 
 
 def mse_backward(y, t, scale=None):
