@@ -104,17 +104,27 @@ def measure(xp, forward=FORWARD, gradient=GRADIENT, rows=ROWS, batches=BATCHES, 
     return out
 
 
+# the batches the own kernels are timed at, in 8 blocks: 12-13 rows a block (the seed's
+# batch of 100), about rowprod.MAX_ROWS, twice it, and far above it
+OWN_BATCHES = (100, 512, 1000, 5000)
+
+
 def own_kernels(cp, repeats=20) -> list[dict]:
-    """GPU only: kernels/cp/rowprod.cu's products of a batch of 100 rows in 8 blocks (the
-    weight gradient: 200 factor rows) timed against cuBLAS, best of ``repeats`` (µs, each
-    launch waited for), and their bits against the CPU's row kernels."""
+    """GPU only: kernels/cp/rowprod.cu's products of batches of :data:`OWN_BATCHES` rows in
+    8 blocks (the weight gradient: twice the rows, as the RBM's factors) timed against
+    cuBLAS, a call per block and one for the batch, best of ``repeats`` (µs, each launch
+    waited for), and their bits against the CPU's row kernels: where the own kernels are
+    the faster, up to which rows a block (the GPU set's ``rowprod.MAX_ROWS``)."""
     import time
 
     from aepar.kernels.cp import rowprod as own
-    from aepar.kernels.cp.blocksum import block_outer_sum as by_cublas
     from aepar.kernels.cp.gemm import matmul
     from aepar.kernels.nb import rowprod as cpu
+    from aepar.kernels.ref.blocksum import tree_of_products
     from aepar.rows import block_bounds, tree_merges, tree_top
+
+    def by_cublas(A, D, starts, merges, alphas, out):  # the blocks' products one cuBLAS call each
+        return tree_of_products(A, D, starts, merges, alphas, out, lambda A_b, D_b, alpha: matmul(A_b.T, D_b) * alpha)
 
     rng = np.random.default_rng(1)
     stream = cp.cuda.get_current_stream()
@@ -133,27 +143,32 @@ def own_kernels(cp, repeats=20) -> list[dict]:
     def same(got, want):
         return bool(np.array_equal(cp.asnumpy(got).view(np.uint32), want.view(np.uint32)))
 
-    starts = block_bounds(100, 8)
-    blocks, rows = list(zip(starts[:-1], starts[1:])), []
-    for k, n in FORWARD:
-        x, w = rng.standard_normal((100, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
-        xd, wd, out = cp.asarray(x), cp.asarray(w), cp.empty((100, n), np.float32)
-        rows.append({"test": "own rows_times", "shape": f"{k}x{n}", "size": "100 rows in 8 blocks",
-                     "same_bits_as_cpu": same(own.rows_times(xd, wd), cpu.rows_times(x, w, np.empty((100, n),
-                                                                                               np.float32))),
-                     "own_us": best_us(lambda: own.rows_times(xd, wd, out)),
-                     "cublas_blocks_us": best_us(lambda: [matmul(xd[lo:hi], wd, out=out[lo:hi]) for lo, hi in blocks]),
-                     "cublas_whole_us": best_us(lambda: matmul(xd, wd, out=out))})
-    chain, merges, alphas = block_bounds(200, 8), tree_merges(tree_top(8), 0, 8), [0.01] * 8
-    for m, n in GRADIENT:
-        a, d = rng.standard_normal((200, m)).astype(np.float32), rng.standard_normal((200, n)).astype(np.float32)
-        ad, dd, g = cp.asarray(a), cp.asarray(d), cp.empty((m, n), np.float32)
-        want = cpu.block_outer_sum(a, d, chain, merges, alphas, np.empty((m, n), np.float32))
-        rows.append({"test": "own block_outer_sum", "shape": f"{m}x{n}", "size": "8 blocks of 25 rows",
-                     "same_bits_as_cpu": same(own.block_outer_sum(ad, dd, chain, merges, alphas, g), want),
-                     "own_us": best_us(lambda: own.block_outer_sum(ad, dd, chain, merges, alphas, g)),
-                     "cublas_blocks_us": best_us(lambda: by_cublas(ad, dd, chain, merges, alphas, g)),
-                     "cublas_whole_us": best_us(lambda: matmul(ad.T, dd, out=g))})
+    rows = []
+    for batch in OWN_BATCHES:
+        starts = block_bounds(batch, 8)
+        blocks = list(zip(starts[:-1], starts[1:]))
+        for k, n in FORWARD:
+            x, w = rng.standard_normal((batch, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+            xd, wd, out = cp.asarray(x), cp.asarray(w), cp.empty((batch, n), np.float32)
+            rows.append({"test": "own rows_times", "shape": f"{k}x{n}", "size": f"{batch} rows in 8 blocks",
+                         "same_bits_as_cpu": same(own.rows_times(xd, wd), cpu.rows_times(x, w, np.empty((batch, n),
+                                                                                                   np.float32))),
+                         "own_us": best_us(lambda: own.rows_times(xd, wd, out)),
+                         "cublas_blocks_us": best_us(lambda: [matmul(xd[lo:hi], wd, out=out[lo:hi])
+                                                              for lo, hi in blocks]),
+                         "cublas_whole_us": best_us(lambda: matmul(xd, wd, out=out))})
+        chain, merges, alphas = block_bounds(2 * batch, 8), tree_merges(tree_top(8), 0, 8), [0.01] * 8
+        for m, n in GRADIENT:
+            a = rng.standard_normal((2 * batch, m)).astype(np.float32)
+            d = rng.standard_normal((2 * batch, n)).astype(np.float32)
+            ad, dd, g = cp.asarray(a), cp.asarray(d), cp.empty((m, n), np.float32)
+            want = cpu.block_outer_sum(a, d, chain, merges, alphas, np.empty((m, n), np.float32))
+            rows.append({"test": "own block_outer_sum", "shape": f"{m}x{n}",
+                         "size": f"8 blocks of {2 * batch // 8} rows",
+                         "same_bits_as_cpu": same(own.block_outer_sum(ad, dd, chain, merges, alphas, g), want),
+                         "own_us": best_us(lambda: own.block_outer_sum(ad, dd, chain, merges, alphas, g)),
+                         "cublas_blocks_us": best_us(lambda: by_cublas(ad, dd, chain, merges, alphas, g)),
+                         "cublas_whole_us": best_us(lambda: matmul(ad.T, dd, out=g))})
     return rows
 
 

@@ -45,3 +45,23 @@ def test_main_merges_its_rows_per_device(tmp_path, monkeypatch):
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == len(measure(np, **SMALL)) and {r["device"] for r in rows} == {"cpu"}
     assert all(r["cpu_model"] and r["benchmark"] == "row_bits" for r in rows)
+
+
+def test_the_own_kernels_are_timed_against_cublas_a_call_per_block(emulated_cupy, monkeypatch):
+    """On the emulated GPU (its timings mean nothing): every batch and shape gets a row with
+    the CPU's bits, and the per-block side is cuBLAS's calls, not the set's block_outer_sum
+    (which takes the own kernels for small blocks)."""
+    monkeypatch.setattr(row_bits, "OWN_BATCHES", (16, 40))
+    monkeypatch.setattr(row_bits, "FORWARD", ((30, 50),))
+    monkeypatch.setattr(row_bits, "GRADIENT", ((30, 50),))
+    from aepar.kernels.cp import rowprod
+
+    launches = []
+    real = rowprod.block_outer_sum
+    monkeypatch.setattr(rowprod, "block_outer_sum", lambda *args: launches.append(1) or real(*args))
+    rows = row_bits.own_kernels(emulated_cupy, repeats=1)
+    assert [(r["test"], r["size"]) for r in rows] == [
+        ("own rows_times", "16 rows in 8 blocks"), ("own block_outer_sum", "8 blocks of 4 rows"),
+        ("own rows_times", "40 rows in 8 blocks"), ("own block_outer_sum", "8 blocks of 10 rows")]
+    assert all(r["same_bits_as_cpu"] for r in rows)
+    assert len(launches) == 2 * 3  # per batch: the bits, the warm-up and one timed call; none by the cuBLAS side
