@@ -3,15 +3,18 @@
 import cupy as cp
 import numpy as np
 
-from ..ref.blocksum import check_block_outer_sum, interleaved, tree_of_products
-from . import rowprod
+from ..ref.blocksum import check_block_outer_sum, check_rows_tree, interleaved, tree_of_products
+from ..ref.blocksum import rows_tree_sum as _rows_by_numpy
+from .rowprod import MAX_ROWS, on_device
+from .rowprod import block_outer_sum as rows_block_outer_sum
+from .c_types import C_TYPE
 from .gemm import matmul
 from .update import sgd_momentum_update
 
-__all__ = ["block_outer_sum", "block_outer_sum_sgd"]
+__all__ = ["block_outer_sum", "block_outer_sum_sgd", "rows_tree_sum"]
 
 # a block's factors stack two of its chains (the RBM's [vk; v0])
-_FACTOR_ROWS = 2 * rowprod.MAX_ROWS
+_FACTOR_ROWS = 2 * MAX_ROWS
 
 
 def block_outer_sum(A, D, starts, merges, alphas, out):
@@ -25,7 +28,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     A, D, starts = interleaved(A, D, starts)  # a tied autoencoder's two parts: one array each
     small = _small_blocks(A, D, starts, out)
     if small.all():
-        return rowprod.block_outer_sum(A, D, starts, merges, alphas, out)
+        return rows_block_outer_sum(A, D, starts, merges, alphas, out)
     if len(alphas) == 1 and float(alphas[0]) == 1.0:
         return matmul(A.T, D, out=out)
     if not small.any():
@@ -33,7 +36,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
 
     def product(A_b, D_b, alpha):
         if A_b.shape[0] <= _FACTOR_ROWS:
-            return rowprod.block_outer_sum(A_b, D_b, [0, A_b.shape[0]], [0], [alpha], cp.empty(out.shape, np.float32))
+            return rows_block_outer_sum(A_b, D_b, [0, A_b.shape[0]], [0], [alpha], cp.empty(out.shape, np.float32))
         return (A_b.T @ D_b) * alpha
     return tree_of_products(A, D, starts, merges, alphas, out, product)
 
@@ -51,3 +54,43 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
     memory pool, then the step."""
     g = block_outer_sum(A, D, starts, merges, alphas, cp.empty_like(p))
     sgd_momentum_update(p, g, v, lr, momentum, weight_decay)
+
+
+# rows_tree_sum in one launch: a thread per column runs the postfix tree down the blocks'
+# rows, its partial sums on a stack, and writes the total into row 0 (left + right, in the
+# rows' type: the bits of NumPy's additions, row by row)
+_ROWS_TREE_SOURCE = r"""
+#define MAX_DEPTH 16
+extern "C" __global__ void aepar_rows_tree_sum_NAME(T *rows, long long ld, long long cols, int blocks,
+                                                    const long long *merges) {
+    const long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    T stack[MAX_DEPTH];
+    int top = 0;
+    for (int b = 0; b < blocks; ++b) {
+        T v = rows[b * ld + j];
+        for (long long q = 0; q < merges[b]; ++q) v = stack[--top] + v;
+        stack[top++] = v;
+    }
+    rows[j] = stack[0];
+}
+"""
+_rows_tree_kernels = {dt: cp.RawKernel(f"typedef {name} T;" + _ROWS_TREE_SOURCE.replace("NAME", name),
+                                       f"aepar_rows_tree_sum_{name}") for dt, name in C_TYPE.items()}
+_ROWS_TREE_DEPTH = 16
+
+
+def rows_tree_sum(rows, merges):
+    """See :func:`kernels.ref.blocksum.rows_tree_sum`: one launch where the rows are a
+    float array of unit column stride (the trainer's blocks' vectors), else NumPy's
+    additions row by row."""
+    tree = check_rows_tree(rows, merges)
+    kernel = _rows_tree_kernels.get(rows.dtype)
+    if kernel is None or tree.depth > _ROWS_TREE_DEPTH or (rows.shape[1] > 1 and rows.strides[1] != rows.itemsize) \
+            or rows.strides[0] % rows.itemsize:
+        return _rows_by_numpy(rows, merges)
+    blocks, cols = rows.shape
+    if blocks > 1 and cols:
+        kernel((-(-cols // 256),), (256,), (rows, np.int64(rows.strides[0] // rows.itemsize), np.int64(cols),
+                                            np.int32(blocks), on_device(tuple(tree.array.tolist()), np.int64)))
+    return rows[0]

@@ -17,7 +17,7 @@ from ..ref.activation import check_act
 from ..ref.blocksum import check_starts
 from ..ref.dense import (_check_backward_shapes, _check_shapes, backward_by_block, check_tied_ae, forward_by_block,
                          tied_ae_update_via)
-from . import rowprod
+from .rowprod import MAX_ROWS, on_device, rows_times, rows_times_t
 from .activation import RELU_BODY, SIGMOID_BODY
 from .c_types import C_TYPE
 from .gemm import matmul
@@ -107,13 +107,13 @@ def _by_rows(x, W, starts, dbs=()):
         return False
     if not all(db.dtype == np.float32 and db.flags.c_contiguous for db in dbs):
         return False
-    return bool(np.diff(np.asarray(starts)).max() <= rowprod.MAX_ROWS)
+    return bool(np.diff(np.asarray(starts)).max() <= MAX_ROWS)
 
 
 def _row_product(a, B):
     """a @ B by the row kernels, B C-ordered or a transposed view (the same sums either way)."""
     a = cp.ascontiguousarray(a)
-    return rowprod.rows_times(a, B) if B.flags.c_contiguous else rowprod.rows_times_t(a, B.T)
+    return rows_times(a, B) if B.flags.c_contiguous else rows_times_t(a, B.T)
 
 
 def dense_forward(x, W, b, act):
@@ -175,8 +175,8 @@ def dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=True):
         dz = cp.empty_like(da)
         cols = da.shape[1]
         _dz_kernels[da.dtype, "_blocks"]((-(-cols // 8), len(dbs)), (1024,), (
-            da, a, dz, rowprod.on_device(tuple(map(int, starts)), np.int64), np.int32(cols), np.int32(_ACT_CODE[act]),
-            rowprod.on_device(tuple(db.data.ptr for db in dbs), np.uint64)))
+            da, a, dz, on_device(tuple(map(int, starts)), np.int64), np.int32(cols), np.int32(_ACT_CODE[act]),
+            on_device(tuple(db.data.ptr for db in dbs), np.uint64)))
         return (_row_product(dz, W.T) if need_dx else None), dz
     return backward_by_block(dense_backward_factors, cp, da, x, W, a, act, dbs, starts, need_dx)
 

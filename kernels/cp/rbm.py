@@ -23,7 +23,7 @@ import cupy as cp
 import numpy as np
 
 from ..ref.rbm import cd_factors_by_block, cd_update_via, check_cd, check_cd_blocks, check_rbm
-from . import rowprod
+from .rowprod import MAX_ROWS, on_device, rows_times, rows_times_t
 from .c_types import C_TYPE
 from .gemm import matmul
 from .loss import _scaled_total
@@ -216,9 +216,9 @@ def _stack_blocks(v0, vk, nh0, hk, starts, scale, vs, hs, dbvs, dbhs):
     if done is None or done.size < blocks:
         done = _block_counters[device] = cp.zeros(max(blocks, 8), dtype=np.uint32)
     err = cp.empty((blocks, tiles_v + 1), dtype=np.float64)
-    pointers = [rowprod.on_device(tuple(a.data.ptr for a in arrays), np.uint64) for arrays in (dbvs, dbhs)]
+    pointers = [on_device(tuple(a.data.ptr for a in arrays), np.uint64) for arrays in (dbvs, dbhs)]
     _stack_kernels[vs.dtype]((tiles_v - (-nh // _COLS), blocks), (_THREADS,), (
-        v0, vk, nh0, hk, rowprod.on_device(tuple(map(int, starts)), np.int64), np.int32(nv), np.int32(nh), vs, hs,
+        v0, vk, nh0, hk, on_device(tuple(map(int, starts)), np.int64), np.int32(nv), np.int32(nh), vs, hs,
         pointers[0], pointers[1], np.float64(scale), err, done))
     return [err[b, tiles_v] for b in range(blocks)]
 
@@ -333,7 +333,7 @@ def _by_rows(v0, W, noise, dbvs, dbhs, starts):
         return False
     if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in (*dbvs, *dbhs)):
         return False
-    return bool(np.diff(starts).max() <= rowprod.MAX_ROWS)
+    return bool(np.diff(starts).max() <= MAX_ROWS)
 
 
 def _factors_by_rows(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale):
@@ -344,9 +344,9 @@ def _factors_by_rows(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale):
     bv, bh = bv.astype(np.float32, copy=False), bh.astype(np.float32, copy=False)
     M, (nv, nh) = v0.shape[0], W.shape
     nh0, state = cp.empty((M, nh), np.float32), cp.empty((M, nh), np.float32)
-    (_bern_first if bern else _gauss_first)(rowprod.rows_times(v0, W), bh, noise[0], nh0, state)
-    vk = _visible(rowprod.rows_times_t(state, W), bv)
-    hk = (_bern_hidden if bern else _gauss_hidden)(rowprod.rows_times(vk, W), bh)
+    (_bern_first if bern else _gauss_first)(rows_times(v0, W), bh, noise[0], nh0, state)
+    vk = _visible(rows_times_t(state, W), bv)
+    hk = (_bern_hidden if bern else _gauss_hidden)(rows_times(vk, W), bh)
     vs, hs = cp.empty((2 * M, nv), np.float32), cp.empty((2 * M, nh), np.float32)
     errs = _stack_blocks(v0, vk, nh0, hk, starts, scale, vs, hs, dbvs, dbhs)
     return vs, hs, scale, errs

@@ -7,6 +7,8 @@ on: one numba call over a node's blocks gives the same bits as the blocks' produ
 call each added by NumPy in the tree (so a rank may add its blocks alone and send the
 sum), in one call or in bands of rows, and no memory past ``out`` is written.
 """
+import importlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -323,14 +325,14 @@ def test_gpu_blocks_sum_each_blocks_own_product(name, sizes, one, rng, monkeypat
     row kernels' order, so its bits alone would not tell."""
     import cupy as cp
 
-    from aepar.kernels.cp import rowprod
+    gpu_blocksum = importlib.import_module("aepar.kernels.cp.blocksum")
 
     by_rows = []  # each block the row kernels summed, by its rows
 
-    def spy(A, D, starts, merges, alphas, out, block_outer_sum=rowprod.block_outer_sum):
+    def spy(A, D, starts, merges, alphas, out, real=gpu_blocksum.rows_block_outer_sum):
         by_rows.extend(np.diff(starts).tolist())
-        return block_outer_sum(A, D, starts, merges, alphas, out)
-    monkeypatch.setattr(rowprod, "block_outer_sum", spy)
+        return real(A, D, starts, merges, alphas, out)
+    monkeypatch.setattr(gpu_blocksum, "rows_block_outer_sum", spy)
     K = kernels.load(name)
     count = len(sizes)
     A, D, starts, alphas = problem(rng, sizes, 37, 45)
@@ -353,3 +355,32 @@ def test_gpu_blocks_sum_each_blocks_own_product(name, sizes, one, rng, monkeypat
     assert np.array_equal(to_host(bands), to_host(out[:37]))
     assert_sums_close(out[:37], REF.block_outer_sum(A, D, starts, merges, alphas, np.empty((37, 45), np.float32)),
                       A, D, starts, alphas, name)
+
+
+@pytest.mark.parametrize("count, fold", [(1, False), (2, False), (5, False), (8, False), (8, True)])
+@pytest.mark.parametrize("name", ["numpy"] + kernel_set_params())
+def test_rows_tree_sum_is_the_rows_added_in_the_tree(name, count, fold, rng):
+    """rows_tree_sum adds a strided 2-D view's rows (the trainer's blocks' filled slices)
+    in the postfix tree, left + right, into its first row, the bits of NumPy's additions
+    row by row (aepar.rows.tree_sum); nothing outside the view is written."""
+    K = kernels.load(name)
+    xp = np
+    if name == "cupy":
+        import cupy as xp
+    merges = [0] + [1] * (count - 1) if fold else tree_merges(tree_top(count), 0, count)
+    for dtype in (np.float32, np.float64):
+        whole = rng.standard_normal((count, 50)).astype(dtype)
+        want = whole[:, 20:47].copy()
+        if fold:
+            total = want[0].copy()
+            for row in want[1:]:
+                total += row
+        else:
+            total = tree_sum([row.copy() for row in want])
+        rows = xp.asarray(whole)
+        got = K.rows_tree_sum(rows[:, 20:47], merges)
+        assert np.array_equal(to_host(got).view(np.uint8), total.view(np.uint8))
+        after = to_host(rows)
+        assert np.array_equal(after[:, :20], whole[:, :20]) and np.array_equal(after[:, 47:], whole[:, 47:])
+    with pytest.raises(ValueError, match="postfix tree"):
+        K.rows_tree_sum(xp.zeros((3, 4)), [0, 1])

@@ -1,5 +1,7 @@
 """Dense layer and activation kernels: float64 gradient checks for every set, agreement
 of the Numba/CuPy sets with the NumPy reference in float64 and float32, accumulation."""
+import importlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -370,13 +372,13 @@ def test_dense_blocks_have_their_own_bits_however_grouped(name, sizes, act, view
     K, dev = load(name)
     by_rows = []  # the rows of every product the GPU set's row kernels made
     if name == "cupy":
-        from aepar.kernels.cp import rowprod
+        gpu_dense = importlib.import_module("aepar.kernels.cp.dense")
 
         for kernel in ("rows_times", "rows_times_t"):
-            def spy(a, W, out=None, real=getattr(rowprod, kernel)):
+            def spy(a, W, out=None, real=getattr(gpu_dense, kernel)):
                 by_rows.append(a.shape[0])
                 return real(a, W, out)
-            monkeypatch.setattr(rowprod, kernel, spy)
+            monkeypatch.setattr(gpu_dense, kernel, spy)
     rng = np.random.default_rng(len(sizes))
     starts = np.cumsum([0] + sizes)
     x, W, bias = dense_problem(rng, int(starts[-1]), 40, 30, np.float32)

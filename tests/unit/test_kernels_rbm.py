@@ -8,6 +8,7 @@ The fused training step rbm_cd_update is checked the same ways: its velocity ste
 central differences, against rbm_cd_backward + weight_decay_backward + sgd_momentum_update
 of the same set, and numba/cupy against the oracle.
 """
+import importlib
 import itertools
 
 import numpy as np
@@ -450,12 +451,12 @@ def test_rbm_blocks_have_their_own_bits_however_grouped(name, sizes, hidden, mon
     K, dev, host = kit(name)
     by_rows = []  # the rows of every product the GPU set's row kernels made
     if name == "cupy":
-        from aepar.kernels.cp import rowprod
+        gpu_rbm = importlib.import_module("aepar.kernels.cp.rbm")
 
-        def spy(a, W, out=None, rows_times=rowprod.rows_times):
+        def spy(a, W, out=None, rows_times=gpu_rbm.rows_times):
             by_rows.append(a.shape[0])
             return rows_times(a, W, out)
-        monkeypatch.setattr(rowprod, "rows_times", spy)
+        monkeypatch.setattr(gpu_rbm, "rows_times", spy)
     rng = np.random.default_rng(len(sizes))
     starts = np.cumsum([0] + sizes)
     v0, W, bv, bh, noise = (dev(a) for a in rbm_problem(rng, hidden, 1, int(starts[-1]), 40, 30, np.float32))
