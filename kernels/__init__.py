@@ -81,6 +81,9 @@ Families (module: functions):
   ``block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0)``
   is ``sgd_momentum_update(p, g, v, lr, momentum, weight_decay)`` with that sum as g, the
   same bits (the numba set steps p and v where each tile of g ends, g never written out).
+  ``rows_tree_sum(rows, merges) -> rows[0]`` adds the rows of a 2-D array (the blocks'
+  bias gradients and step sums) in that tree, in place, the sum in ``rows[0]`` (the cupy
+  set in one launch, the bits of NumPy's additions row by row).
   ``rbm_cd_factors(v0, W, bv, bh, noise,
   hidden, dbv, dbh, scale) -> (A, D, alpha, sq_err)`` is rbm_cd_backward with its W
   gradient left as alpha * A.T @ D for it; ``rbm_cd_factors_blocks(v0, W, bv, bh, noise,

@@ -195,7 +195,7 @@ class _Buffers:
     A model's ``factored`` gradients (see :func:`train_epoch`) have no place filled in a
     block's vector: ``block_outer_sum`` writes each tree node's sum of them straight into
     the vector that holds the node; ``filled`` is the slice after them, which the blocks
-    fill and NumPy adds: the other gradients, the step's sums and the guard's flag.
+    fill and ``rows_tree_sum`` adds: the other gradients, the step's sums and the guard's flag.
     """
 
     def __init__(self, model, shard: Shard, comm, be, allreduce: bool):
@@ -225,7 +225,7 @@ class _Buffers:
         # every row as one object, with its gradients' views, made once: making a view costs
         # host microseconds per array and step (a GPU's steps wait on the host)
         self.rows = [self.leaves[i] for i in range(self.leaves.shape[0])]
-        self.filled_rows = [row[self.filled] for row in self.rows]  # what the tree's additions take
+        self.filled_rows = [row[self.filled] for row in self.rows]  # each block's filled slice
         self._held = {id(a): (a, self._make_views(a)) for a in self.rows + [self.total]}
         self.tree = None if allreduce else TreeSum(_serial_if_none(comm), shard.blocks.count)
         # the sums this rank takes alone: (tree node or None, its first own block, its
@@ -317,20 +317,14 @@ def train_epoch(model, shard: Shard, epoch: int, comm=None, *, batch: int | None
 
 def _local_sum(be, buf, factors, first, merges, out, defer=False):
     """This rank's blocks ``first``.. added in the postfix tree ``merges`` into the row
-    ``out``: the slice the blocks filled by NumPy in the leftmost block's row, the
+    ``out``: the slice the blocks filled by ``rows_tree_sum`` in the leftmost block's row, the
     factored gradients by ``block_outer_sum`` from the blocks' factors (an empty block's
     are none: a zero product). Returns ``out``, and with ``defer`` the factored gradients
     left unwritten, as {name: aepar.optim.FactoredGradient} for the step."""
-    filled, stack = buf.filled_rows, []  # the rows' filled slices, by block; the tree's partial sums
-    for i, m in zip(range(first, first + len(merges)), merges):
-        right = i
-        for _ in range(m):
-            left = stack.pop()
-            filled[left] += filled[right]
-            right = left
-        stack.append(right)
-    if buf.rows[stack[0]] is not out:
-        out[buf.filled] = filled[stack[0]]
+    # the blocks' filled slices in the tree, the sum in the leftmost block's
+    be.K.rows_tree_sum(buf.leaves[first:first + len(merges), buf.filled], merges)
+    if buf.rows[first] is not out:
+        out[buf.filled] = buf.filled_rows[first]
     grads, factored = buf.views(out), {}
     for name in buf.factored:
         m, n = grads[name].shape
@@ -352,6 +346,21 @@ def _local_sum(be, buf, factors, first, merges, out, defer=False):
 def _columns(a, lo: int, hi: int):
     """Columns lo:hi of a factor (of each of its parts), as views."""
     return tuple(part[:, lo:hi] for part in a) if isinstance(a, tuple) else a[:, lo:hi]
+
+
+def _write_sums(xp, buf, live, extras):
+    """Each live block's step sums (``extras``: a tuple per block, floats or 0-d device
+    arrays) into its row after the gradients: where they are all device arrays and the
+    blocks' rows are consecutive, one stack and one copy (on a GPU two launches where each
+    value was its own)."""
+    values = [v for extra in extras for v in extra]
+    if values and all(isinstance(v, xp.ndarray) for v in values) and live == list(range(live[0], live[-1] + 1)):
+        width = len(values) // len(live)
+        buf.leaves[live[0]:live[-1] + 1, buf.n_grad:buf.n_grad + width] = xp.stack(values).reshape(len(live), width)
+        return
+    for i, extra in zip(live, extras):
+        for j, value in enumerate(extra):
+            buf.rows[i][buf.n_grad + j] = value
 
 
 def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) -> EpochResult:
@@ -501,7 +510,5 @@ class _Epoch:
                 return model.leaf_gradient(self.rows(mine[i], k), mb.rngs[mine[i]], scale, buf.views(leaves[i])) \
                     if i in live else None
             extras = [e for e in parallel_map(leaf, range(len(mine))) if e is not None]
-        for i, extra in zip(live, extras):
-            for j, value in enumerate(extra):  # floats, or values on the device
-                leaves[i][buf.n_grad + j] = value
+        _write_sums(self.be.xp, buf, live, extras)
         return factors

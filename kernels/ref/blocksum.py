@@ -14,7 +14,7 @@ import numpy as np
 
 from .update import sgd_momentum_update
 
-__all__ = ["block_outer_sum", "block_outer_sum_sgd"]
+__all__ = ["block_outer_sum", "block_outer_sum_sgd", "rows_tree_sum"]
 
 
 def check_starts(what, rows, starts):
@@ -194,6 +194,32 @@ def tree_of_products(A, D, starts, merges, alphas, out, product):
         stack.append(value)
     out[...] = stack[0]
     return out
+
+
+def check_rows_tree(rows, merges):
+    """:func:`rows_tree_sum`'s arguments checked; returns the tree (:func:`postfix_tree`)."""
+    tree = postfix_tree(merges)
+    if rows.ndim != 2 or tree is None or tree.array.size != rows.shape[0]:
+        raise ValueError(f"rows_tree_sum: merges {np.ravel(merges).tolist()} are not one postfix tree over the "
+                         f"{rows.shape[0] if rows.ndim == 2 else rows.shape} rows")
+    return tree
+
+
+def rows_tree_sum(rows, merges):
+    """The rows of the 2-D array ``rows`` (one per block: what its block filled, the bias
+    gradients and the step's sums) added in the postfix tree ``merges`` (as
+    :func:`block_outer_sum`'s, left + right), in place: returns ``rows[0]``, which holds the
+    sum; the other rows are left holding partial sums (the numpy and numba sets) or as they
+    were (the GPU set, one launch). A row of NumPy additions per merge."""
+    stack = []
+    for b, m in enumerate(check_rows_tree(rows, merges).array.tolist()):
+        right = b
+        for _ in range(m):
+            left = stack.pop()
+            rows[left] += rows[right]
+            right = left
+        stack.append(right)
+    return rows[0]
 
 
 def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0):
