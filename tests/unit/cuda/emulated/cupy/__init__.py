@@ -69,6 +69,9 @@ class ndarray(_np.ndarray):
         return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.__array_interface__["data"][0], False),
                 "strides": None if c else self.strides, "version": 3}
 
+    def __getitem__(self, key):  # an element is a 0-d device array, as CuPy gives it, not a host scalar
+        return _on_device(super().__getitem__(key))
+
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         out = kwargs.get("out")
         _no_host(inputs + tuple(out or ()), ufunc.__name__)
