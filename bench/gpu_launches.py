@@ -1,0 +1,137 @@
+"""What a GPU training step asks of the host: ``python -m bench.gpu_launches``.
+
+At batch 100 a GPU step waits on the host, which pays for every launch, cuBLAS call and
+CuPy operation it makes (on the H200 machine, 2026-11-30, an 8-block CD-1 step took 4.94 ms
+and one block 0.52 ms, about 35 µs a call either way: docs/performance-gpu.md). This counts
+those calls per step of the data-parallel trainer with 8 blocks and with one, for a CD-1
+layer and an autoencoder layer, on the emulated GPU (tests/unit/cuda/emulated: aepar's GPU
+code as it runs, on the CPU). The counts are the code's, the same on any machine; they are
+not times. Written to ``bench/results/gpu/launches.md`` (``--md``).
+
+Counted: element-wise, reduction and raw kernel launches, cuBLAS GEMMs, CuPy's ufuncs and
+array functions (a concatenate, a gather, a stack), copies into device arrays, and the
+copies that ``cupy.ascontiguousarray`` and ``cupy.zeros`` make.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EMULATED = ROOT / "tests" / "unit" / "cuda" / "emulated"
+MD = ROOT / "bench" / "results" / "gpu" / "launches.md"
+STEPS = 5  # one epoch of 500 rows at batch 100
+
+
+def count_calls(cupy, counts: collections.Counter) -> list:
+    """Wrap the emulated CuPy's entry points so that each call adds to ``counts`` by kind;
+    returns what undoes it ((owner, name, the real one) each)."""
+    from cupy import _kernels
+    from cupy_backends.cuda.libs import cublas
+
+    wrapped = []
+
+    def wrap(owner, name, kind, copies_only=False):
+        real = getattr(owner, name)
+        wrapped.append((owner, name, real))
+
+        def call(*args, **kwargs):
+            out = real(*args, **kwargs)
+            if not copies_only or _address(out) != _address(args[0]):
+                counts[kind] += 1
+            return out
+        setattr(owner, name, call)
+    for owner, kind in ((_kernels.ElementwiseKernel, "element-wise"), (_kernels.ReductionKernel, "reduction"),
+                        (_kernels._Function, "raw kernel"), (_kernels.RawKernel, "raw kernel")):
+        wrap(owner, "__call__", kind)
+    wrap(cublas, "_gemm", "cuBLAS")
+    wrap(cupy.ndarray, "__array_ufunc__", "ufunc")
+    wrap(cupy.ndarray, "__array_function__", "array function")
+    wrap(cupy.ndarray, "__setitem__", "copy")
+    wrap(cupy, "zeros", "copy")
+    wrap(cupy, "ascontiguousarray", "copy", copies_only=True)
+    return wrapped
+
+
+def _address(a) -> int:
+    return getattr(a, "__array_interface__", {"data": (None,)})["data"][0]
+
+
+def per_step(layers=(784, 64), rows: int = 500) -> list[dict]:
+    """[{workload, blocks, calls, by kind}] per step, 8 blocks and one, averaged over an
+    epoch after a first one (whose calls include one-time set-up)."""
+    added = str(EMULATED) not in sys.path  # the stand-in's cupy and cupy_backends, for this call
+    if added:
+        sys.path.insert(0, str(EMULATED))
+    try:
+        return _counted(layers, rows)
+    finally:
+        if added:
+            sys.path.remove(str(EMULATED))
+
+
+def _counted(layers, rows):
+    import cupy
+    import numpy as np
+
+    from aepar import backend
+    from aepar.data.sources import load_digits
+    from aepar.models.ae_layer import AELayer
+    from aepar.models.rbm import RBM
+    from aepar.parallel.data_parallel import train_epoch
+    from aepar.rows import Shard
+
+    if "emulated" not in cupy.__version__:
+        raise SystemExit("bench.gpu_launches counts on the emulated GPU only; a CuPy is already imported")
+    counts = collections.Counter()
+    x = load_digits("mnist5k", seed=0, dtype=np.float32).train_x[:rows]
+    be = backend.select("gpu", "cupy", "float32")
+    out = []
+    wrapped = count_calls(cupy, counts)
+    try:
+        for workload, make in (("CD-1 step", lambda: RBM(be, *layers, batch=100, seed=0)),
+                               ("autoencoder layer step", lambda: AELayer(be, *layers, batch=100, seed=0))):
+            for blocks in (8, 1):
+                model, shard = make(), Shard.of(be, x, blocks)
+                train_epoch(model, shard, 0)
+                counts.clear()
+                train_epoch(model, shard, 1)
+                steps = rows // 100
+                out.append({"workload": workload, "blocks": blocks, "calls": sum(counts.values()) / steps,
+                            "by kind": {k: v / steps for k, v in counts.most_common()}})
+    finally:
+        for owner, name, real in reversed(wrapped):
+            setattr(owner, name, real)
+    return out
+
+
+def table(rows: list[dict], command: str) -> str:
+    lines = ["# Host calls per GPU training step", "",
+             f"Counted {datetime.date.today().isoformat()} with `{command}` on the emulated GPU "
+             "(`tests/unit/cuda/emulated`, the 784x64 layer on 500 digits, batch 100): the calls "
+             "are the code's, the same on any machine, and not times. At batch 100 a GPU step "
+             "costs the host about 20-35 µs a call (docs/performance-gpu.md).", "",
+             "| step | blocks | calls | of which |", "| --- | --- | --- | --- |"]
+    for r in rows:
+        kinds = ", ".join(f"{k} {v:g}" for k, v in r["by kind"].items())
+        lines.append(f"| {r['workload']} | {r['blocks']} | {r['calls']:g} | {kinds} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu_launches", description=__doc__.split("\n\n")[0])
+    p.add_argument("--md", type=Path, default=MD, help=f"where the table goes (default: {MD})")
+    args = p.parse_args(argv)
+    rows = per_step()
+    text = table(rows, "python -m bench.gpu_launches")
+    args.md.parent.mkdir(parents=True, exist_ok=True)
+    args.md.write_text(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
