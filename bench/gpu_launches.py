@@ -109,11 +109,13 @@ def _counted(layers, rows):
 
 
 def table(rows: list[dict], command: str) -> str:
+    from aepar.machine import cpu_model
+
     lines = ["# Host calls per GPU training step", "",
              f"Counted {datetime.date.today().isoformat()} with `{command}` on the emulated GPU "
-             "(`tests/unit/cuda/emulated`, the 784x64 layer on 500 digits, batch 100): the calls "
-             "are the code's, the same on any machine, and not times. At batch 100 a GPU step "
-             "costs the host about 20-35 µs a call (docs/performance-gpu.md).", "",
+             f"(`tests/unit/cuda/emulated`) on {cpu_model()}, the 784x64 layer on 500 digits, "
+             "batch 100: the calls are the code's, the same on any machine, and not times. At "
+             "batch 100 a GPU step costs the host about 20-35 µs a call (docs/performance-gpu.md).", "",
              "| step | blocks | calls | of which |", "| --- | --- | --- | --- |"]
     for r in rows:
         kinds = ", ".join(f"{k} {v:g}" for k, v in r["by kind"].items())
