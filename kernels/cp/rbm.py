@@ -70,13 +70,52 @@ def _sq_err(v, v0):
 # scale = lr / batch): vel = momentum * vel - scale * g; p += vel. The blocks after them
 # (a step only) take W's momentum step, vel = momentum vel + a G - c W; W += vel (G: the
 # stacked statistics vs.T @ hs, a = -lr / batch, c = lr * weight cost): one launch less.
-_STEP_SOURCE = r"""
+_COLUMNS = r"""
 #define COLS 8
 #define STRIDES 128
+typedef double Strides[2][STRIDES][COLS + 1];
+// this thread's column of tile blockIdx.x (the visible units' tiles first, then the
+// hidden's) and its first row stride
+struct ColumnTile { int col, row, j, width; bool visible; };
+__device__ ColumnTile aepar_rbm_tile(int nv, int nh, int tiles_v) {
+    ColumnTile t;
+    t.col = threadIdx.x % COLS; t.row = threadIdx.x / COLS;
+    t.visible = (int)blockIdx.x < tiles_v;
+    t.width = t.visible ? nv : nh;
+    t.j = (t.visible ? blockIdx.x : blockIdx.x - tiles_v) * COLS + t.col;
+    return t;
+}
+// the strides' partial sums g and e of a column, added in a fixed order (row 0's are then
+// the column's)
+__device__ void aepar_rbm_strides(Strides &part, double &g, double &e, int row, int col) {
+    part[0][row][col] = g; part[1][row][col] = e;
+    __syncthreads();
+    if (row == 0)
+        for (int k = 1; k < STRIDES; ++k) { g += part[0][k][col]; e += part[1][k][col]; }
+}
+// a visible tile's error (its columns' e, left in part[1][0][.]) into err[tile]; the last
+// tile to finish (the counter, reset by it) adds them in tile order into err[tiles_v]
+__device__ void aepar_rbm_errors(Strides &part, double *err, int tile, int tiles_v, unsigned int *done) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int k = 0; k < COLS; ++k) s += part[1][0][k];
+        err[tile] = s;
+        __threadfence();
+        if (atomicAdd(done, 1u) == (unsigned)tiles_v - 1) {
+            double total = 0.0;
+            for (int k = 0; k < tiles_v; ++k) total += ((volatile double *)err)[k];
+            err[tiles_v] = total;
+            *done = 0u;
+        }
+    }
+}
+"""
+_STEP_SOURCE = _COLUMNS + r"""
 extern "C" __global__ void aepar_rbm_cd_step_NAME(const T *vs, const T *hs, long long b, int nv, int nh,
         T *pv, T *velv, T *ph, T *velh, double scale, double momentum, int mode, double *err, unsigned int *done,
         const T *G, T *W, T *velW, long long n_w, T a, T c) {
-    __shared__ double part[2][STRIDES][COLS + 1];
+    __shared__ Strides part;
     const int tiles_v = (nv + COLS - 1) / COLS, tiles = tiles_v + (nh + COLS - 1) / COLS;
     if ((int)blockIdx.x >= tiles) {
         const T m = (T)momentum;
@@ -87,10 +126,9 @@ extern "C" __global__ void aepar_rbm_cd_step_NAME(const T *vs, const T *hs, long
         }
         return;
     }
-    const int col = threadIdx.x % COLS, row = threadIdx.x / COLS;
-    const bool visible = (int)blockIdx.x < tiles_v;
-    const int n = visible ? nv : nh;
-    const int j = (visible ? blockIdx.x : blockIdx.x - tiles_v) * COLS + col;
+    const ColumnTile t = aepar_rbm_tile(nv, nh, tiles_v);
+    const int col = t.col, row = t.row, n = t.width, j = t.j;
+    const bool visible = t.visible;
     double g = 0.0, e = 0.0;
     if (j < n) {
         if (visible) {
@@ -102,10 +140,8 @@ extern "C" __global__ void aepar_rbm_cd_step_NAME(const T *vs, const T *hs, long
             for (long long r = row; r < 2 * b; r += STRIDES) g += (double)hs[r * nh + j];
         }
     }
-    part[0][row][col] = g; part[1][row][col] = e;
-    __syncthreads();
+    aepar_rbm_strides(part, g, e, row, col);
     if (row == 0) {
-        for (int k = 1; k < STRIDES; ++k) { g += part[0][k][col]; e += part[1][k][col]; }
         if (j < n) {
             T *p = visible ? pv : ph, *vel = visible ? velv : velh;
             if (mode == 0) {
@@ -117,20 +153,8 @@ extern "C" __global__ void aepar_rbm_cd_step_NAME(const T *vs, const T *hs, long
         }
         part[1][0][col] = e;
     }
-    if (!visible) return;  // the same for the whole block
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double s = 0.0;
-        for (int k = 0; k < COLS; ++k) s += part[1][0][k];
-        err[blockIdx.x] = s;
-        __threadfence();
-        if (atomicAdd(done, 1u) == (unsigned)tiles_v - 1) {
-            double total = 0.0;
-            for (int k = 0; k < tiles_v; ++k) total += ((volatile double *)err)[k];
-            err[tiles_v] = total;
-            *done = 0u;
-        }
-    }
+    if (visible)  // the same for the whole block
+        aepar_rbm_errors(part, err, blockIdx.x, tiles_v, done);
 }
 """
 _step_kernels = {dt: cp.RawKernel(f"typedef {name} T;" + _STEP_SOURCE.replace("NAME", name),
@@ -145,19 +169,16 @@ _done_counters = {}  # per device: the step kernel's count of finished visible b
 # err[b * (tiles_v + 1) + tiles_v]: blockIdx.y is the block, blockIdx.x a tile of columns
 # as in the step kernel, whose mode 0 sums these are, in the same order: a block has the
 # bits it has alone, whatever blocks share the launch.
-_STACK_SOURCE = r"""
-#define COLS 8
-#define STRIDES 128
+_STACK_SOURCE = _COLUMNS + r"""
 extern "C" __global__ void aepar_rbm_stack_blocks_NAME(const T *v0, const T *vk, const T *nh0, const T *hk,
         const long long *starts, int nv, int nh, T *vs, T *hs, T *const *pv, T *const *ph, double scale,
         double *err, unsigned int *done) {
-    __shared__ double part[2][STRIDES][COLS + 1];
+    __shared__ Strides part;
     const int tiles_v = (nv + COLS - 1) / COLS, blk = blockIdx.y;
     const long long lo = starts[blk], n = starts[blk + 1] - lo;
-    const int col = threadIdx.x % COLS, row = threadIdx.x / COLS;
-    const bool visible = (int)blockIdx.x < tiles_v;
-    const int width = visible ? nv : nh;
-    const int j = (visible ? blockIdx.x : blockIdx.x - tiles_v) * COLS + col;
+    const ColumnTile t = aepar_rbm_tile(nv, nh, tiles_v);
+    const int col = t.col, row = t.row, width = t.width, j = t.j;
+    const bool visible = t.visible;
     double g = 0.0, e = 0.0;
     if (j < width) {
         if (visible) {
@@ -176,28 +197,13 @@ extern "C" __global__ void aepar_rbm_stack_blocks_NAME(const T *v0, const T *vk,
             }
         }
     }
-    part[0][row][col] = g; part[1][row][col] = e;
-    __syncthreads();
+    aepar_rbm_strides(part, g, e, row, col);
     if (row == 0) {
-        for (int k = 1; k < STRIDES; ++k) { g += part[0][k][col]; e += part[1][k][col]; }
         if (j < width) (visible ? pv : ph)[blk][j] += (T)(scale * g);
         part[1][0][col] = e;
     }
-    if (!visible) return;  // the same for the whole block
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double s = 0.0;
-        for (int k = 0; k < COLS; ++k) s += part[1][0][k];
-        double *mine = err + (long long)blk * (tiles_v + 1);
-        mine[blockIdx.x] = s;
-        __threadfence();
-        if (atomicAdd(done + blk, 1u) == (unsigned)tiles_v - 1) {
-            double total = 0.0;
-            for (int k = 0; k < tiles_v; ++k) total += ((volatile double *)mine)[k];
-            mine[tiles_v] = total;
-            done[blk] = 0u;
-        }
-    }
+    if (visible)  // the same for the whole block
+        aepar_rbm_errors(part, err + (long long)blk * (tiles_v + 1), blockIdx.x, tiles_v, done + blk);
 }
 """
 _stack_kernels = {dt: cp.RawKernel(f"typedef {name} T;" + _STACK_SOURCE.replace("NAME", name),
