@@ -3,7 +3,7 @@
 import cupy as cp
 import numpy as np
 
-from ..ref.blocksum import check_block_outer_sum, check_rows_tree, interleaved, tree_of_products
+from ..ref.blocksum import check_block_outer_sum, check_rows_tree, interleaved, outer_term, tree_of_products
 from ..ref.blocksum import rows_tree_sum as _rows_by_numpy
 from .rowprod import MAX_ROWS, on_device
 from .rowprod import block_outer_sum as rows_block_outer_sum
@@ -31,14 +31,12 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
         return rows_block_outer_sum(A, D, starts, merges, alphas, out)
     if len(alphas) == 1 and float(alphas[0]) == 1.0:
         return matmul(A.T, D, out=out)
-    if not small.any():
-        return tree_of_products(A, D, starts, merges, alphas, out, lambda A_b, D_b, alpha: (A_b.T @ D_b) * alpha)
 
-    def product(A_b, D_b, alpha):
-        if A_b.shape[0] <= _FACTOR_ROWS:
-            return rows_block_outer_sum(A_b, D_b, [0, A_b.shape[0]], [0], [alpha], cp.empty(out.shape, np.float32))
-        return (A_b.T @ D_b) * alpha
-    return tree_of_products(A, D, starts, merges, alphas, out, product)
+    def term(A_b, D_b, alpha):  # a large block's by cuBLAS, a small one's by the row kernels
+        if A_b.shape[0] > _FACTOR_ROWS or not small.any():
+            return outer_term(A_b, D_b, alpha)
+        return rows_block_outer_sum(A_b, D_b, [0, A_b.shape[0]], [0], [alpha], cp.empty(out.shape, np.float32))
+    return tree_of_products(A, D, starts, merges, alphas, out, term)
 
 
 def _small_blocks(A, D, starts, out):

@@ -8,11 +8,12 @@ one launch where cuBLAS takes a call per block; :func:`block_outer_sum` is the
 blocks' weight gradient and their fixed tree in one launch, where cuBLAS takes a call, a
 scaling and an addition per block.
 
-The set's block paths (``block_outer_sum``, ``rbm_cd_factors_blocks``) take these kernels
-for a block of at most :data:`MAX_ROWS` rows, decided block by block from its own rows so
-that a block has the same bits whatever blocks share its call, and so on any number of
-ranks; larger blocks keep cuBLAS. At batch 100 a step of 8 blocks through cuBLAS is about
-a hundred launches, each costing the host more than its product costs the GPU. Their bits
+The set's block paths (``block_outer_sum``, ``rbm_cd_factors_blocks``, the dense layer's
+blocks) take these kernels for a block of at most :data:`MAX_ROWS` rows, decided block by
+block from its own rows so that a block has the same bits whatever blocks share its call,
+and so on any number of ranks; larger blocks keep cuBLAS. At batch 100 a step of 8 blocks
+through cuBLAS made over a hundred host calls (``python -m bench.gpu_launches``), each
+costing the host more than its product costs the GPU. Their bits
 and the emulated GPU (tests/unit/test_kernels_cp_rowprod.py) say these kernels compute
 what they should; their speed against cuBLAS on a GPU is what ``python -m bench.row_bits
 --device gpu`` (bench.gpu_node's ``bits`` step) measures, and :data:`MAX_ROWS` is to be
@@ -30,9 +31,10 @@ from ..ref.blocksum import check_block_outer_sum, postfix_tree
 __all__ = []  # helpers of the set's block paths, not kernels of their own
 
 # a block of at most this many rows takes these kernels: its chain's products
-# (rbm_cd_factors_blocks), and its factors' product, which stack two of its chains (the
-# RBM's [vk; v0]: 2 * MAX_ROWS rows, block_outer_sum); a provisional bound, below which a
-# block's product is far too small to fill a GPU and cuBLAS's calls cost the host most
+# (rbm_cd_factors_blocks, the dense blocks), and its factors' product, which stack two of
+# its chains (the RBM's [vk; v0]: 2 * MAX_ROWS rows, block_outer_sum); a provisional bound,
+# below which a block's product is far too small to fill a GPU and cuBLAS's calls cost the
+# host most
 MAX_ROWS = 64
 
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rowprod.cu")) as _f:

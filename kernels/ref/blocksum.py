@@ -177,7 +177,12 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
 
     Works on CuPy arrays as well (the GPU set uses it as it is).
     """
-    return tree_of_products(A, D, starts, merges, alphas, out, lambda A_b, D_b, alpha: (A_b.T @ D_b) * alpha)
+    return tree_of_products(A, D, starts, merges, alphas, out, outer_term)
+
+
+def outer_term(A_b, D_b, alpha):
+    """One block's term of :func:`block_outer_sum`: the product, then the scaling."""
+    return (A_b.T @ D_b) * alpha
 
 
 def tree_of_products(A, D, starts, merges, alphas, out, product):
