@@ -1,8 +1,8 @@
 """What a GPU training step asks of the host: ``python -m bench.gpu_launches``.
 
 At batch 100 a GPU step waits on the host, which pays for every launch, cuBLAS call and
-CuPy operation it makes (on the H200 machine, 2026-11-30, an 8-block CD-1 step took 4.94 ms
-and one block 0.52 ms, about 35 µs a call either way: docs/performance-gpu.md). This counts
+CuPy operation it makes (on the H200 machine an 8-block step and a one-block step cost about
+the same host time per call: docs/performance-gpu.md). This counts
 those calls per step of the data-parallel trainer with 8 blocks and with one, for a CD-1
 layer and an autoencoder layer, on the emulated GPU (tests/unit/cuda/emulated: aepar's GPU
 code as it runs, on the CPU). The counts are the code's, the same on any machine; they are
@@ -44,8 +44,9 @@ def count_calls(cupy, counts: collections.Counter) -> list:
                 counts[kind] += 1
             return out
         setattr(owner, name, call)
+    # a RawKernel launches through its module's function: that call counts, once
     for owner, kind in ((_kernels.ElementwiseKernel, "element-wise"), (_kernels.ReductionKernel, "reduction"),
-                        (_kernels._Function, "raw kernel"), (_kernels.RawKernel, "raw kernel")):
+                        (_kernels._Function, "raw kernel")):
         wrap(owner, "__call__", kind)
     wrap(cublas, "_gemm", "cuBLAS")
     wrap(cupy.ndarray, "__array_ufunc__", "ufunc")
@@ -115,7 +116,7 @@ def table(rows: list[dict], command: str) -> str:
              f"Counted {datetime.date.today().isoformat()} with `{command}` on the emulated GPU "
              f"(`tests/unit/cuda/emulated`) on {cpu_model()}, the 784x64 layer on 500 digits, "
              "batch 100: the calls are the code's, the same on any machine, and not times. At "
-             "batch 100 a GPU step costs the host about 20-35 µs a call (docs/performance-gpu.md).", "",
+             "batch 100 a GPU step costs the host about 27-44 µs a call (docs/performance-gpu.md).", "",
              "| step | blocks | calls | of which |", "| --- | --- | --- | --- |"]
     for r in rows:
         kinds = ", ".join(f"{k} {v:g}" for k, v in r["by kind"].items())
