@@ -39,10 +39,22 @@ _ROWS = {"sq_diff": _sq_diff_rows, "sigmoid_xent": _sigmoid_xent_rows}
 # run. Two ReductionKernel calls cost the host a visible part of a batch-100 step; two
 # RawKernel launches much less.
 _TOTAL_THREADS = 256  # the sources' THREADS
-_TOTAL_BLOCKS = 1024
+_TOTAL_BLOCKS = 1024  # the sources' MOST_BLOCKS
+
+
+def _grid(n: int) -> int:
+    """The partial sums' blocks for n elements: the sources' aepar_grid_of."""
+    return max(1, min(-(-n // _TOTAL_THREADS), _TOTAL_BLOCKS))
+
+
 _MAPS = {"sq_diff": "(a - b) * (a - b)", "sigmoid_xent": "fmax(a, 0.0) - a * b + log1p(exp(-fabs(a)))"}
 _TREE = r"""
 #define THREADS 256
+#define MOST_BLOCKS 1024
+// the partial sums' blocks for n elements (the grid depends on the size only)
+__device__ int aepar_grid_of(long long n) {
+    return (int)max(1LL, min((n + THREADS - 1) / THREADS, (long long)MOST_BLOCKS));
+}
 __device__ double aepar_block_tree(double v) {
     __shared__ double s[THREADS];
     s[threadIdx.x] = v;
@@ -58,7 +70,6 @@ __device__ double aepar_block_tree(double v) {
 # blockIdx.y is the block, whose grid is the one its size alone gives (the blocks past it
 # return at once), so each block's total has the bits of its own call.
 _PARTIALS_SOURCE = _TREE + r"""
-#define MOST_BLOCKS 1024
 __device__ void aepar_partial_NAME(const T *y, const T *t, long long n, int blocks, double *part) {
     double acc = 0.0;
     for (long long i = (long long)blockIdx.x * THREADS + threadIdx.x; i < n; i += (long long)blocks * THREADS) {
@@ -73,7 +84,7 @@ extern "C" __global__ void aepar_total_NAME(const T *y, const T *t, long long n,
 }
 extern "C" __global__ void aepar_total_blocks_NAME(const T *y, const T *t, const long long *starts, double *part) {
     const long long lo = starts[blockIdx.y], n = starts[blockIdx.y + 1] - lo;
-    const int blocks = (int)max(1LL, min((n + THREADS - 1) / THREADS, (long long)MOST_BLOCKS));
+    const int blocks = aepar_grid_of(n);
     if ((int)blockIdx.x >= blocks) return;
     aepar_partial_NAME(y + lo, t + lo, n, blocks, part + (long long)blockIdx.y * MOST_BLOCKS);
 }
@@ -94,8 +105,8 @@ extern "C" __global__ void aepar_sum_partials(const double *part, int n, double 
 extern "C" __global__ void aepar_sum_partials_blocks(const double *part, const long long *starts, const double *scales,
                                                      double *totals) {
     const long long n = starts[blockIdx.x + 1] - starts[blockIdx.x];
-    const int blocks = (int)max(1LL, min((n + THREADS - 1) / THREADS, 1024LL));
-    aepar_sum_partials_of(part + (long long)blockIdx.x * 1024, blocks, scales[blockIdx.x], totals + blockIdx.x);
+    aepar_sum_partials_of(part + (long long)blockIdx.x * MOST_BLOCKS, aepar_grid_of(n), scales[blockIdx.x],
+                          totals + blockIdx.x);
 }
 """
 _sum_partials, _sum_partials_blocks = (cp.RawKernel(_SUM_PARTIALS_SOURCE, f"aepar_sum_partials{kind}")
@@ -114,7 +125,7 @@ def _scaled_total(name, y, t, scale):
     if kernel is None or t.dtype != y.dtype or not (y.flags.c_contiguous and t.flags.c_contiguous):
         return _scaled_sum(_ROWS[name](_by_rows(y), _by_rows(t), axis=1), scale)
     n = y.size
-    blocks = max(1, min(-(-n // _TOTAL_THREADS), _TOTAL_BLOCKS))
+    blocks = _grid(n)
     part = cp.empty(blocks, dtype=cp.float64)
     total = cp.empty((), dtype=cp.float64)
     kernel((blocks,), (_TOTAL_THREADS,), (y, t, np.int64(n), part))
@@ -151,8 +162,7 @@ def mse_forward_blocks(y, t, starts, scale=None):
     elements = on_device(tuple(r * width for r in rows), np.int64)
     part = cp.empty((count, _TOTAL_BLOCKS), dtype=cp.float64)
     totals = cp.empty(count, dtype=cp.float64)
-    most = max(min(-(-(hi - lo) * width // _TOTAL_THREADS), _TOTAL_BLOCKS) for lo, hi in zip(rows[:-1], rows[1:]))
-    most = max(most, 1)
+    most = max(_grid((hi - lo) * width) for lo, hi in zip(rows[:-1], rows[1:]))
     kernel((most, count), (_TOTAL_THREADS,), (y, t, elements, part))
     _sum_partials_blocks((count,), (_TOTAL_THREADS,), (part, elements, on_device(scales, np.float64), totals))
     return [totals[b] for b in range(count)]

@@ -333,8 +333,8 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
 
 
 def _by_rows(v0, W, noise, dbvs, dbhs, starts):
-    """Whether CD on these blocks takes the row kernels: CD-1, float32 throughout (C-ordered
-    gradients of the parameters' shapes), every block at most :data:`.rowprod.MAX_ROWS` rows."""
+    """Whether CD on these blocks takes the row kernels: CD-1, float32 throughout (the bias
+    gradients C-ordered), every block at most :data:`.rowprod.MAX_ROWS` rows."""
     if noise.shape[0] != 1 or not (v0.dtype == W.dtype == np.float32) or not len(dbvs):
         return False
     if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in (*dbvs, *dbhs)):
