@@ -57,7 +57,7 @@ from ..ref.sparse_ae import (check_shapes, leaf_rows, merge_plan, merge_rows, sp
                              sparse_ae_partials_size, sparse_ae_theta_layout, sparse_ae_theta_size)
 from .nbmath import sigmoid64
 from .simd import JIT, LANES
-from .sparse_ae_panels import _activations_panels, _pack_panels, _partials_panels
+from .sparse_ae_panels import _activations_panels, _pack_panels, _partials_panels, padded_width
 from .sparse_tiles import OJ, OV, PW, RH, TB
 from .sparsity import kl_grad_into, kl_sum
 from .team import finish, forget, shared, wait_for_work
@@ -200,8 +200,9 @@ class SparseAEWorkspace:
     """Scratch arrays for :func:`sparse_ae_partials` on ``m`` samples, made once per model.
 
     float64: x packed into panel blocks (kept until a different or changed x comes) with
-    every panel's hidden activations, one group's δ3/δ2, the accumulators and padded
-    weights; ``block`` is the group size in samples (default 64). Other dtypes: the
+    every panel's hidden activations, one group's δ3/δ2, the accumulators, padded weights
+    and the stack the leaves' sums are written onto (:meth:`leaf_stack`); ``block`` is the
+    group size in samples (default 64). Other dtypes: the
     shard's hidden activations (m, h) and per-block buffers of ``block`` rows (256).
     """
 
@@ -234,7 +235,6 @@ class SparseAEWorkspace:
         self.blocks = z(npan * (2 * vp + hp) * PW)
         self.zt = z(vp * PW)
         self.d3, self.d2 = z(g * PW * vp), z(g * 2 * hp * PW)
-        self.gw1, self.gw2 = z(2 * hp * vp), z(hp * vp)
         self.act, self.db1 = z(hp * LANES), z(2 * hp * LANES)
         self.err, self.db2 = z(vp), z(vp)
         self.w1, self.w2, self.w2t = z(vp * hp), z(hp * vp), z(vp * hp)
@@ -250,11 +250,13 @@ class SparseAEWorkspace:
         self.leaf_act = np.zeros((max(1, -(-self.m // (self.leaf or max(self.m, 1)))), h))
         self._hidden = False
         self._hidden_w1, self._hidden_b1 = np.empty(v * h), np.empty(h)
-        self.no_stack = np.zeros((1, 1))
-        self._stack = self.no_stack
+        self._stack = zeros((1, padded_width(v, h, vp, hp, True)))
 
-    def merge_stack(self, depth, width):
-        """A (depth, width) float64 stack for the leaves' tree (kept for the next call)."""
+    def leaf_stack(self, depth, fold):
+        """The float64 stack that a leaf's sums are written onto, padded (see
+        :func:`.sparse_ae_panels.padded_width`), ``depth`` rows at least (the leaves'
+        tree; one without it), kept for the next call."""
+        width = padded_width(self.visible, self.hidden, self.vp, self.hp, fold)
         if self._stack.shape[0] < depth or self._stack.shape[1] != width:
             self._stack = zeros((max(depth, 1), width))
         return self._stack[:max(depth, 1)]
@@ -434,12 +436,12 @@ def _activations_args(ws, W1, b1, rows, leaf):
 def _partials_args(ws, W1, b1, W2, b2, rows, fold, given, rho, beta, leaf, merges):
     """:func:`_partials_panels`' arguments (weights C-contiguous, ``rows`` checked)."""
     v, h = W1.shape
-    order, stack = _NO_MERGES, ws.no_stack
+    order, depth = _NO_MERGES, 1
     if merges is not None:
         depth, _, order = merge_plan(tuple(merges))
-        stack = ws.merge_stack(depth, rows.shape[1])
+    stack = ws.leaf_stack(depth, fold)
     return (ws.blocks, ws.m, W1, b1, W2, b2, ws.w1, ws.w2, ws.w2t, ws.b1p, ws.b2p, ws.cmask, ws.kv, ws.zt, ws.d3,
-            ws.d2, ws.gw1, ws.gw2, ws.act, ws.err, ws.db1, ws.db2, ws.mask, ws.group, fold, given, rho, beta,
+            ws.d2, ws.act, ws.err, ws.db1, ws.db2, ws.mask, ws.group, fold, given, rho, beta,
             0 if leaf is None else int(leaf) // PW, _offsets(v, h), rows, ws.leaf_act, order, stack)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.extending import register_jitable
 
 from .simd import JIT, LANES, dptr, rowptr, store_transposed, vhsum, vload, vstore
 from .sparse_tiles import (OJ, OV, PW, RH, SB, backward_fold, backward_split, hidden_tile, outer_tile, output_full,
@@ -126,15 +127,20 @@ def _sweeps(blocks, npan, p_lo, p_hi, m, v, h, vp, hp, w1, w2, w2t, b1p, b2p, cm
 
 @njit(**JIT)
 def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv, zt, d3, d2,
-                     gw1, gw2, act, err, db1, db2, mask, group, fold, given, rho, beta, leaf_panels, offsets,
+                     act, err, db1, db2, mask, group, fold, given, rho, beta, leaf_panels, offsets,
                      res, leaf_act, merges, stack):
     """res[L] = the packed sums over leaf L (panels [L leaf_panels, (L + 1) leaf_panels); one
     leaf of every panel when leaf_panels is 0), each leaf summed alone. ``given``: a2 is in
     the panels, k in kv and each leaf's Σ a2 in leaf_act (from _activations_panels). With
-    ``merges`` (one count per leaf; empty: none) the leaves go onto ``stack`` instead and
-    are added in that postfix tree while they sit in cache; res[i] = the i-th sum left.
-    (Written out, 160k patches in leaves of 128 are 1,250 rows of 4,941 numbers, 49 MB,
-    to be read again for the sum.)"""
+    ``merges`` (one count per leaf; empty: none) the leaves are added in that postfix tree
+    while they sit in cache; res[i] = the i-th sum left. (Written out, 160k patches in
+    leaves of 128 are 1,250 rows of 4,941 numbers, 49 MB, to be read again for the sum.)
+
+    A leaf's weight-gradient tiles write its sums straight into the top row of ``stack``
+    (:func:`padded_width` numbers: the padded layout, its lanes summed at the end), the
+    tree adds those rows, and only the sums left are unpadded into ``res``: a leaf costs
+    no copy, and the tree adds no zeros of the packed layout. An element's additions are
+    those of the packed rows, so the bits are."""
     v, h = W1.shape
     hp, vp = kv.size, b2p.size
     npan = blocks.size // ((2 * vp + hp) * PW)
@@ -150,22 +156,26 @@ def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv
     P = dptr
     if res.shape[1] > 1 and res.strides[1] != 8:
         raise ValueError("sparse_ae_partials: each output row must be contiguous")
+    nh = hp if fold else 2 * hp
+    if stack.shape[1] != padded_width(v, h, vp, hp, fold):
+        raise ValueError("sparse_ae_partials: the stack's rows are not the padded width")
     per = leaf_panels if leaf_panels > 0 else max(npan, 1)
     merging = merges.size > 0
     top = 0
     for leaf in range(merges.size if merging else res.shape[0]):
-        for arr in (act, err, db1, db2):  # gw1, gw2: the first group's tiles start them
+        for arr in (act, err, db1, db2):  # the weight gradients: the first group's tiles start them
             arr[:] = 0.0
         p_lo = leaf * per
+        row = stack[top]
         _sweeps(P(blocks), npan, p_lo, min(p_lo + per, npan), m, v, h, vp, hp, P(w1), P(w2), P(w2t),
-                P(b1p), P(b2p), P(cmask), P(kv), P(zt), P(d3), P(d2), P(gw1), P(gw2), P(act), P(err),
+                P(b1p), P(b2p), P(cmask), P(kv), P(zt), P(d3), P(d2), P(row), P(row[nh * vp:]), P(act), P(err),
                 P(db1), P(db2), P(mask), group, fold, given, rho, beta)
-        dst, row = (stack, top) if merging else (res, leaf)
-        _unpad(P(gw1), P(gw2), P(act), P(err), P(db1), P(db2), v, h, vp, hp, fold, offsets, rowptr(dst, row))
+        _lane_sums(P(act), P(err), P(db1), P(db2), v, h, hp, fold, P(row[(nh + hp) * vp:]))
         if given:  # the sums of the first round, so that their total is ρ̂ m bit for bit
             for j in range(h):
-                dst[row, offsets[4] + j] = leaf_act[leaf, j]
+                row[(nh + hp) * vp + j] = leaf_act[leaf, j]
         if not merging:
+            _unpad(P(row), v, h, vp, hp, fold, offsets, rowptr(res, leaf))
             continue
         top += 1
         for _ in range(merges[leaf]):
@@ -174,8 +184,16 @@ def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv
                 stack[top - 1, c] += stack[top, c]
     if merging:
         for i in range(top):
-            for c in range(res.shape[1]):
-                res[i, c] = stack[i, c]
+            _unpad(P(stack[i]), v, h, vp, hp, fold, offsets, rowptr(res, i))
+
+
+@register_jitable
+def padded_width(v, h, vp, hp, fold):
+    """A leaf's sums in the padded layout: the weight gradients as the tiles write them,
+    (δ2 rows, or e·s then s rows) x vp then hp x vp, then act (h), b1 (h), the s sums (h),
+    b2 (v) and the error, rounded up to whole vectors (so that every row of an aligned stack
+    is aligned too)."""
+    return -(-(((hp if fold else 2 * hp) + hp) * vp + 3 * h + v + 1) // LANES) * LANES
 
 
 @njit(**JIT)
@@ -218,29 +236,45 @@ def _transpose_into(src, ld, rows, res, ro, ldr, cols, so):
 
 
 @njit(**JIT)
-def _unpad(gw1, gw2, act, err, db1, db2, v, h, vp, hp, fold, offsets, res):
-    """The padded accumulators -> one packed partials vector (``offsets``: the
-    reference layout's w1, b1, w2, b2, act, err)."""
+def _lane_sums(act, err, db1, db2, v, h, hp, fold, tail):
+    """A leaf's per-lane and per-column accumulators summed into the padded row's tail
+    (act, b1, the s sums, b2, the error: see :func:`padded_width`)."""
+    for j in range(h):
+        tail[j] = vhsum(vload(act, j * LANES))
+        tail[h + j] = vhsum(vload(db1, j * LANES))
+        tail[2 * h + j] = 0.0 if fold else vhsum(vload(db1, (hp + j) * LANES))
+    total = 0.0
+    for i in range(v):
+        tail[3 * h + i] = db2[i]
+        total += err[i]
+    tail[3 * h + v] = total
+
+
+@njit(**JIT)
+def _unpad(row, v, h, vp, hp, fold, offsets, res):
+    """A padded row (see :func:`padded_width`) -> one packed partials vector (``offsets``:
+    the reference layout's w1, b1, w2, b2, act, err)."""
     o_w1, o_b1, o_w2, o_b2, o_act, o_err = offsets
-    _transpose_into(gw1, vp, h, res, o_w1, 2 * h, v, 0)
+    nh = hp if fold else 2 * hp
+    _transpose_into(row, vp, h, res, o_w1, 2 * h, v, 0)
     if fold:
         for i in range(v):
             for j in range(h):
                 res[o_w1 + i * 2 * h + h + j] = 0.0
     else:
-        _transpose_into(gw1, vp, h, res, o_w1 + h, 2 * h, v, hp * vp)
+        _transpose_into(row, vp, h, res, o_w1 + h, 2 * h, v, hp * vp)
     v8 = v - v % LANES
+    g2 = nh * vp
     for j in range(h):  # explicit vectors: several times faster than the scalar loop
         for i in range(0, v8, LANES):
-            vstore(res, o_w2 + j * v + i, vload(gw2, j * vp + i))
+            vstore(res, o_w2 + j * v + i, vload(row, g2 + j * vp + i))
         for i in range(v8, v):
-            res[o_w2 + j * v + i] = gw2[j * vp + i]
+            res[o_w2 + j * v + i] = row[g2 + j * vp + i]
+    t = g2 + hp * vp
     for j in range(h):
-        res[o_b1 + j] = vhsum(vload(db1, j * LANES))
-        res[o_b1 + h + j] = 0.0 if fold else vhsum(vload(db1, (hp + j) * LANES))
-        res[o_act + j] = vhsum(vload(act, j * LANES))
-    total = 0.0
+        res[o_act + j] = row[t + j]
+        res[o_b1 + j] = row[t + h + j]
+        res[o_b1 + h + j] = row[t + 2 * h + j]
     for i in range(v):
-        res[o_b2 + i] = db2[i]
-        total += err[i]
-    res[o_err] = total
+        res[o_b2 + i] = row[t + 3 * h + i]
+    res[o_err] = row[t + 3 * h + v]

@@ -13,7 +13,8 @@
   job is not another scheduler's; a directory that is not a sweep is refused; a launcher
   that cannot start the largest point stops the sweep before any point; a launcher that
   fails before the program starts (Open MPI's PMIx listener) is tried once more;
-- bench.textbook_sparse agrees with aepar's model and writes peers.csv;
+- bench.textbook_sparse agrees with aepar's model and writes peers.csv, with the cost/gradient
+  alone over the model's blocks and over one;
 - jobs/train.sh (and its Grid Engine twin) asks to be requeued and signalled in its
   directives; as plain bash it runs a program with --resume-or-start (a second submission
   of a finished run ends at once with exit 0) and refuses an unknown scheme or --resume.
@@ -459,6 +460,12 @@ def test_textbook_peer_agrees_and_writes_peers_csv(tmp_path):
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["implementation"]: r for r in _csv(out)}
+    # the cost/gradient alone, with the model's blocks and with one: what the same bits cost
+    for key in ("aepar cost/gradient, blocks of 128", "aepar cost/gradient, one block"):
+        r = rows.pop(key)
+        assert float(r["gflop_per_evaluation"]) == pytest.approx(0.016)
+        runs = [float(t) for t in r["all_seconds"].split()]
+        assert len(runs) == int(r["repeats"]) == 3 and float(r["seconds_per_evaluation"]) > 0
     assert set(rows) == {"textbook", "aepar", "aepar lbfgs"}
     for r in rows.values():
         assert float(r["seconds"]) > 0 and float(r["dgemm_peak_gflops"]) > 0

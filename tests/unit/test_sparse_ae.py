@@ -494,7 +494,7 @@ def test_numba_workspace_buffers_are_cache_line_aligned():
     """Vector loads that straddle two cache lines would halve the kernels' speed."""
     nb = kernels.load("numba")
     ws = nb.sparse_ae_workspace(1000, 64, 25)
-    for name in ("blocks", "zt", "d3", "d2", "gw1", "gw2", "act", "err", "db1", "db2", "mask"):
+    for name in ("blocks", "zt", "d3", "d2", "act", "err", "db1", "db2", "mask"):
         assert getattr(ws, name).ctypes.data % 64 == 0, name
 
 # ---- the model and the optimiser in one process ------------------------------------------
