@@ -3,7 +3,8 @@
 import cupy as cp
 import numpy as np
 
-from ..ref.blocksum import check_block_outer_sum, check_rows_tree, interleaved, outer_term, tree_of_products
+from ..ref.blocksum import (as_parts, check_block_outer_sum, check_rows_tree, interleaved, outer_term,
+                            tree_of_products)
 from ..ref.blocksum import rows_tree_sum as _rows_by_numpy
 from .rowprod import MAX_ROWS, on_device
 from .rowprod import block_outer_sum as rows_block_outer_sum
@@ -25,10 +26,10 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     one such block with alpha 1 (a whole batch on one process) is written straight into
     ``out`` (no temporary, scaling or copy)."""
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, out)
-    A, D, starts = interleaved(A, D, starts)  # a tied autoencoder's two parts: one array each
     small = _small_blocks(A, D, starts, out)
-    if small.all():
+    if small.all() and len(as_parts(A)) <= 2:  # a tied autoencoder's two parts as they are
         return rows_block_outer_sum(A, D, starts, merges, alphas, out)
+    A, D, starts = interleaved(A, D, starts)  # the parts as one array each
     if len(alphas) == 1 and float(alphas[0]) == 1.0:
         return matmul(A.T, D, out=out)
 
@@ -41,10 +42,11 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
 
 def _small_blocks(A, D, starts, out):
     """Which blocks the row kernels take: none unless the call is float32 throughout, then
-    each by its rows."""
-    if not (A.dtype == D.dtype == out.dtype == np.float32) or not out.flags.c_contiguous:
+    each by its rows (of all its parts)."""
+    parts = as_parts(A) + as_parts(D)
+    if any(p.dtype != np.float32 for p in parts) or out.dtype != np.float32 or not out.flags.c_contiguous:
         return np.zeros(len(starts) - 1, bool)
-    return np.diff(starts) <= _FACTOR_ROWS
+    return np.diff(starts) * len(as_parts(A)) <= _FACTOR_ROWS
 
 
 def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0):

@@ -9,6 +9,8 @@
 //   D_b the rows starts[b]..starts[b+1] of A (R x M) and D (R x N): per block an FMA chain
 //   over its rows in order from 0, one rounded multiply by alphas[b] (unless it is 1), then
 //   merges[b] additions of the partial sums on a stack (a postfix tree), as the CPU's tiles.
+//   With parts = 2 a block's chain runs over its rows of (A, D), then over the same rows of
+//   (A2, D2): the chain of the two parts interleaved block by block, without the copy.
 //
 // A block of 16 x 16 threads takes a TM x TN tile of out, each thread 4 x 4 elements
 // (rows ty + 16 i, columns tx + 16 j: a warp's loads from shared memory are broadcasts or
@@ -75,6 +77,8 @@ extern "C" __global__ void rows_times_f32(const float* __restrict__ a, long long
 
 extern "C" __global__ void block_outer_sum_f32(const float* __restrict__ A, long long lda,
                                                const float* __restrict__ D, long long ldd,
+                                               const float* __restrict__ A2, long long lda2,
+                                               const float* __restrict__ D2, long long ldd2, int parts,
                                                const long long* __restrict__ starts,
                                                const long long* __restrict__ merges, int blocks,
                                                const float* __restrict__ alphas, float* __restrict__ out,
@@ -90,19 +94,24 @@ extern "C" __global__ void block_outer_sum_f32(const float* __restrict__ A, long
         for (int i = 0; i < 4; ++i)
             for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
         const long long end = starts[blk + 1];
-        for (long long r0 = starts[blk]; r0 < end; r0 += RP_TK) {
-            const int kn = (int)min((long long)RP_TK, end - r0);
-            for (int e = t; e < RP_TK * RP_TM; e += RP_THREADS) {  // A's rows: i runs along them
-                const int kk = e / RP_TM, mm = e % RP_TM, m = m0 + mm;
-                As[kk][mm] = (m < M && kk < kn) ? A[(r0 + kk) * lda + m] : 0.0f;
+        for (int part = 0; part < parts; ++part) {
+            const float* __restrict__ Ap = part ? A2 : A;
+            const float* __restrict__ Dp = part ? D2 : D;
+            const long long la = part ? lda2 : lda, ld = part ? ldd2 : ldd;
+            for (long long r0 = starts[blk]; r0 < end; r0 += RP_TK) {
+                const int kn = (int)min((long long)RP_TK, end - r0);
+                for (int e = t; e < RP_TK * RP_TM; e += RP_THREADS) {  // A's rows: i runs along them
+                    const int kk = e / RP_TM, mm = e % RP_TM, m = m0 + mm;
+                    As[kk][mm] = (m < M && kk < kn) ? Ap[(r0 + kk) * la + m] : 0.0f;
+                }
+                for (int e = t; e < RP_TK * RP_TN; e += RP_THREADS) {
+                    const int kk = e / RP_TN, nn = e % RP_TN, n = n0 + nn;
+                    Ds[kk][nn] = (n < N && kk < kn) ? Dp[(r0 + kk) * ld + n] : 0.0f;
+                }
+                __syncthreads();
+                fma_steps(As, Ds, kn, acc);
+                __syncthreads();
             }
-            for (int e = t; e < RP_TK * RP_TN; e += RP_THREADS) {
-                const int kk = e / RP_TN, nn = e % RP_TN, n = n0 + nn;
-                Ds[kk][nn] = (n < N && kk < kn) ? D[(r0 + kk) * ldd + n] : 0.0f;
-            }
-            __syncthreads();
-            fma_steps(As, Ds, kn, acc);
-            __syncthreads();
         }
         const float alpha = alphas[blk];
         if (alpha != 1.0f)

@@ -26,7 +26,7 @@ import re
 import cupy as cp
 import numpy as np
 
-from ..ref.blocksum import check_block_outer_sum, postfix_tree
+from ..ref.blocksum import as_parts, check_block_outer_sum, postfix_tree
 
 __all__ = []  # helpers of the set's block paths, not kernels of their own
 
@@ -106,21 +106,28 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     """out = the fixed tree (``merges``, postfix) over blocks b of alphas[b] * A_b.T @ D_b,
     A_b and D_b the rows starts[b]..starts[b + 1] of float32 A (R, M) and D (R, N), in one
     launch: each block's sums an FMA chain over its rows in order, as
-    :func:`kernels.nb.rowprod.block_outer_sum`'s. Returns out."""
-    if type(A) is tuple or type(D) is tuple:
-        raise TypeError("rowprod.block_outer_sum takes one array each of A and D, not parts")
+    :func:`kernels.nb.rowprod.block_outer_sum`'s. A and D may be tuples of two parts (a
+    tied autoencoder's): a block's chain runs over its rows of the first, then of the
+    second, as over the parts interleaved (:func:`kernels.ref.blocksum.interleaved`).
+    Returns out."""
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, out)
-    if A.dtype != np.float32:
-        raise TypeError(f"rowprod takes float32 arrays, got {A.dtype}")
-    A, lda = _rows_of(A)
-    D = D if D.flags.c_contiguous else cp.ascontiguousarray(D)
-    _float32s(D, out)
+    a_parts, d_parts = as_parts(A), as_parts(D)
+    if len(a_parts) > 2:
+        raise TypeError(f"rowprod.block_outer_sum takes at most two parts of A and D, not {len(a_parts)}")
+    if any(a.dtype != np.float32 for a in a_parts):
+        raise TypeError(f"rowprod takes float32 arrays, got {a_parts[0].dtype}")
+    a_parts = [_rows_of(a) for a in a_parts]
+    d_parts = [d if d.flags.c_contiguous else cp.ascontiguousarray(d) for d in d_parts]
+    _float32s(*d_parts, out)
     if postfix_tree(merges).depth > _MAX_DEPTH:
         raise ValueError(f"rowprod.block_outer_sum: a tree deeper than {_MAX_DEPTH}")
+    (A, lda), D = a_parts[0], d_parts[0]
+    (A2, lda2), D2 = a_parts[-1], d_parts[-1]
     M, N = out.shape
     if M and N:
         _MODULE.get_function("block_outer_sum_f32")(
-            _grid(M, N), _THREADS, (A, np.int64(lda), D, np.int64(N), on_device(tuple(starts), np.int64),
+            _grid(M, N), _THREADS, (A, np.int64(lda), D, np.int64(N), A2, np.int64(lda2), D2, np.int64(N),
+                                    np.int32(len(d_parts)), on_device(tuple(starts), np.int64),
                                     on_device(tuple(merges), np.int64), np.int32(len(merges)),
                                     on_device(tuple(map(float, alphas)), np.float32), out, np.int64(N),
                                     np.int32(M), np.int32(N)))

@@ -279,17 +279,27 @@ def test_two_parts_are_the_interleaved_arrays(name, count, m, n, seed, long, ban
     assert p.tobytes() == p2.tobytes() and v.tobytes() == v2.tobytes()
 
 
-@pytest.mark.parametrize("sizes", [[13, 12, 0, 13], [25]], ids=["blocks", "one-block"])
+@pytest.mark.parametrize("sizes", [[13, 12, 0, 13], [25], [60, 64, 65, 100]],
+                         ids=["blocks", "one-block", "either-side"])
 @pytest.mark.parametrize("name", kernel_set_params())
-def test_two_parts_on_every_set(name, sizes, rng):
-    """Every set takes two parts as the interleaved arrays (the GPU set interleaves them
-    before its products), the one block's product written in place included."""
-    from aepar.kernels.ref.blocksum import interleaved
+def test_two_parts_on_every_set(name, sizes, rng, monkeypatch):
+    """Every set takes two parts as the interleaved arrays, the one block's product written
+    in place included. The GPU set hands them to its row kernels as they are where every
+    block is small, and a block is small by the rows of both its parts (at most 128, as
+    the interleaved block's)."""
+    from aepar.kernels.ref.blocksum import as_parts, interleaved
 
     K = kernels.load(name)
     xp = np
+    by_rows = []  # the GPU set: each block its row kernels summed, by its rows of all parts
     if name == "cupy":
         import cupy as xp
+        gpu_blocksum = importlib.import_module("aepar.kernels.cp.blocksum")
+
+        def spy(A, D, starts, merges, alphas, out, real=gpu_blocksum.rows_block_outer_sum):
+            by_rows.extend((np.diff(starts) * len(as_parts(A))).tolist())
+            return real(A, D, starts, merges, alphas, out)
+        monkeypatch.setattr(gpu_blocksum, "rows_block_outer_sum", spy)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     a_parts = tuple(rng.standard_normal((int(starts[-1]), 30)).astype(np.float32) for _ in range(2))
     d_parts = tuple(rng.standard_normal((int(starts[-1]), 50)).astype(np.float32) for _ in range(2))
@@ -297,9 +307,12 @@ def test_two_parts_on_every_set(name, sizes, rng):
     merges = tree_merges(tree_top(len(sizes)), 0, len(sizes))
     A, D, chain = interleaved(a_parts, d_parts, starts)
     want = K.block_outer_sum(xp.asarray(A), xp.asarray(D), chain, merges, alphas, xp.empty((30, 50), np.float32))
+    by_rows.clear()
     got = K.block_outer_sum(tuple(xp.asarray(a) for a in a_parts), tuple(xp.asarray(d) for d in d_parts), starts,
                             merges, alphas, xp.empty((30, 50), np.float32))
     assert np.array_equal(to_host(got).view(np.int32), to_host(want).view(np.int32))
+    if name == "cupy":
+        assert by_rows == [2 * n for n in sizes if 2 * n <= 128]
 
 
 def test_parts_refused_where_they_do_not_fit():

@@ -78,6 +78,31 @@ def test_block_outer_sum_has_the_cpu_kernels_bits(gpu, sizes):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("sizes", [(25,) * 8, (7, 6, 12, 1, 14, 10), (3,)])
+def test_a_tied_autoencoders_two_parts_have_the_bits_of_their_interleaving(gpu, sizes):
+    """Parts go to the kernel as they are (no copy): each block's chain runs over its rows
+    of the first part, then of the second, as over the interleaved arrays; and A's parts
+    may be bands of wider arrays (strided rows), as the trainer's are."""
+    from aepar.kernels.ref.blocksum import interleaved
+    K, cp = gpu
+    rng = np.random.default_rng(len(sizes))
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    R, count = starts[-1], len(sizes)
+    wide = draw(rng, R, 90)
+    A = (draw(rng, R, 70), np.ascontiguousarray(wide[:, 10:80]))
+    D = (draw(rng, R, 30), draw(rng, R, 30))
+    merges = tree_merges(tree_top(count), 0, count)
+    alphas = [0.01] * (count - 1) + [1.0]
+    a, d, s = interleaved(A, D, starts)
+    want = block_outer_sum(a, d, s, merges, alphas, np.empty((70, 30), np.float32))
+    out = cp.full((70, 30), np.nan, np.float32)
+    band = cp.asarray(wide)[:, 10:80]
+    assert band.strides[0] == 90 * 4  # the kernel reads the band where it lies
+    got = K.block_outer_sum((cp.asarray(A[0]), band), tuple(cp.asarray(p) for p in D), starts, merges,
+                            alphas, out).get()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_block_outer_sum_adds_in_the_tree_given(gpu):
     # the same blocks in two trees: other sums, each the CPU's
     rng = np.random.default_rng(9)
