@@ -104,9 +104,14 @@ class SGD:
         rates = [self.rate(self.params[k], grads[k], lr, decay[k]) for k in names]
         more = [call for k in factored
                 for call in grads[k].step_calls(self.params[k], self.velocity[k], lr, momentum, decay[k])]
+        params, grads, velocity = ([d[k] for k in names] for d in (self.params, grads, self.velocity))
+        if threads() == 1:  # the other parameters in one call (one launch on a GPU, not one each)
+            for call in more:
+                call()
+            self.be.K.sgd_momentum_update_many(params, grads, velocity, rates, momentum, [decay[k] for k in names])
+            return
         in_bands(lambda p, g, v, rate, c: self.be.K.sgd_momentum_update(p, g, v, rate, momentum, c),
-                 [self.params[k] for k in names], [grads[k] for k in names], [self.velocity[k] for k in names],
-                 extras=[(rate, decay[k]) for rate, k in zip(rates, names)], more=more)
+                 params, grads, velocity, extras=[(rate, decay[k]) for rate, k in zip(rates, names)], more=more)
 
     def rate(self, p, g, lr: float, decay: float) -> float:
         """The step's rate for parameter ``p`` with gradient ``g``: ``lr``, or LARS's."""

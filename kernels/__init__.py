@@ -98,6 +98,9 @@ Families (module: functions):
   ahead on the GPU (no host draws, no copy).
 - update: ``sgd_momentum_update(p, g, v, lr, momentum, weight_decay=0.0)``
   (v = momentum*v - lr*(g + weight_decay*p); p += v);
+  ``sgd_momentum_update_many(ps, gs, vs, lrs, momentum, weight_decays=None)``: it on each
+  parameter of the three lists at its own rate, the same bits (the cupy set in one launch
+  for every four);
   ``adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8)``: in place;
   ``adam_update_many(ps, gs, ms, vs, t, lr, ...)``: adam_update on each parameter of the
   four lists, the same bits (the cupy set in one launch).

@@ -1,24 +1,94 @@
-"""Parameter updates in place (CuPy): one element-wise kernel per step and parameter, or
-one for all the parameters (``adam_update_many``)."""
+"""Parameter updates in place (CuPy): one launch for several parameters (SGD: up to
+:data:`SGD_SLOTS` a launch; Adam: all of them), which the single-parameter updates use too."""
 import cupy as cp
 import numpy as np
 
 from ..ref.update import check_many, check_step, check_update, decays_of
 from .c_types import C_TYPE
 
-__all__ = ["sgd_momentum_update", "adam_update", "adam_update_many"]
+__all__ = ["sgd_momentum_update", "sgd_momentum_update_many", "adam_update", "adam_update_many"]
 
-# p and v are outputs that are also read: updated where they lie
-_sgd = cp.ElementwiseKernel(
-    "T g, T lr, T momentum, T decay", "T p, T v",
-    "v = momentum * v - lr * (g + decay * p); p += v;", "aepar_sgd_momentum")
+# SGD with momentum on up to SGD_SLOTS parameters a launch, each given by value (addresses,
+# sizes, rate, decay: no table to copy to the device). Thread i finds its parameter k in the
+# running ends of the sizes, then its element j there. Compiled with --fmad=false: each
+# operation rounded on its own, as NumPy's (so one parameter or several, any launch, the
+# same bits).
+SGD_SLOTS = 4
+_SGD_MANY_SOURCE = r"""
+template <typename T>
+__global__ void sgd_many(const unsigned long long p0, const unsigned long long g0, const unsigned long long v0,
+                         const long long e0, const T lr0, const T c0,
+                         const unsigned long long p1, const unsigned long long g1, const unsigned long long v1,
+                         const long long e1, const T lr1, const T c1,
+                         const unsigned long long p2, const unsigned long long g2, const unsigned long long v2,
+                         const long long e2, const T lr2, const T c2,
+                         const unsigned long long p3, const unsigned long long g3, const unsigned long long v3,
+                         const long long e3, const T lr3, const T c3, const T momentum) {
+    const unsigned long long ps[4] = {p0, p1, p2, p3}, gs[4] = {g0, g1, g2, g3}, vs[4] = {v0, v1, v2, v3};
+    const long long ends[4] = {e0, e1, e2, e3};
+    const T lrs[4] = {lr0, lr1, lr2, lr3}, cs[4] = {c0, c1, c2, c3};
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < e3;
+         i += (long long)gridDim.x * blockDim.x) {
+        int k = 0;
+        while (ends[k] <= i) ++k;
+        const long long j = i - (k > 0 ? ends[k - 1] : 0);
+        T* p = reinterpret_cast<T*>(ps[k]);
+        const T* g = reinterpret_cast<const T*>(gs[k]);
+        T* v = reinterpret_cast<T*>(vs[k]);
+        const T vj = momentum * v[j] - lrs[k] * (g[j] + cs[k] * p[j]);
+        v[j] = vj;
+        p[j] += vj;
+    }
+}
+"""
+_SGD_MANY = cp.RawModule(code=_SGD_MANY_SOURCE, options=("-std=c++14", "--fmad=false"),
+                         name_expressions=[f"sgd_many<{t}>" for t in C_TYPE.values()])
 
 
 def sgd_momentum_update(p, g, v, lr, momentum, weight_decay=0.0):
-    """v = momentum * v - lr * (g + weight_decay * p); p += v, in place. Returns None."""
+    """v = momentum * v - lr * (g + weight_decay * p); p += v, in place. Returns None. The
+    kernel of :func:`sgd_momentum_update_many` (so that both give the same bits)."""
     check_update("sgd_momentum_update", p, g, v)
-    t = p.dtype.type
-    _sgd(g.astype(p.dtype, copy=False), t(lr), t(momentum), t(weight_decay), p, v)
+    sgd_momentum_update_many([p], [g], [v], [lr], momentum, [weight_decay])
+
+
+def sgd_momentum_update_many(ps, gs, vs, lrs, momentum, weight_decays=None):
+    """:func:`sgd_momentum_update` on each parameter's (p, g, v) of the three lists, at its
+    own rate of ``lrs``, in place: one launch for every :data:`SGD_SLOTS` parameters of a
+    dtype; ``weight_decays``: each parameter's (default none)."""
+    check_many("sgd_momentum_update_many", ps, gs, vs)
+    if len(lrs) != len(ps):
+        raise ValueError(f"sgd_momentum_update_many: {len(ps)} parameters but {len(lrs)} rates")
+    decays = decays_of(ps, weight_decays, "sgd_momentum_update_many")
+    items = [(p, cp.ascontiguousarray(g, dtype=p.dtype), v, float(lr), c)
+             for p, g, v, lr, c in zip(ps, gs, vs, lrs, decays) if p.size]
+    if any(not a.flags.c_contiguous for q in items for a in (q[0], q[2])):
+        # stepped in contiguous copies, then written back: one arithmetic for every layout
+        copies = [(cp.ascontiguousarray(p), g, cp.ascontiguousarray(v), lr, c) for p, g, v, lr, c in items]
+        cps, cgs, cvs, clrs, cdecays = map(list, zip(*copies))
+        sgd_momentum_update_many(cps, cgs, cvs, clrs, momentum, cdecays)
+        for q, c in zip(items, copies):
+            for a, b in ((q[0], c[0]), (q[2], c[2])):
+                if a is not b:
+                    a[...] = b
+        return
+    for dt in dict.fromkeys(q[0].dtype for q in items):
+        if dt not in C_TYPE:
+            raise ValueError(f"sgd_momentum_update_many: float32 or float64 parameters, not {dt}")
+        same = [q for q in items if q[0].dtype == dt]
+        for first in range(0, len(same), SGD_SLOTS):
+            _sgd_launch(same[first:first + SGD_SLOTS], dt, momentum)
+
+
+def _sgd_launch(items, dt, momentum):
+    d = dt.type
+    args, end = [], 0
+    for p, g, v, lr, c in items:
+        end += p.size
+        args += [np.uint64(p.data.ptr), np.uint64(g.data.ptr), np.uint64(v.data.ptr), np.int64(end), d(lr), d(c)]
+    args += [np.uint64(0), np.uint64(0), np.uint64(0), np.int64(end), d(0), d(0)] * (SGD_SLOTS - len(items))
+    fn = _SGD_MANY.get_function(f"sgd_many<{C_TYPE[dt]}>")
+    fn((max(1, min((end + 255) // 256, 4096)),), (256,), (*args, d(momentum)))
 
 
 def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):

@@ -6,7 +6,7 @@ from numba import njit, prange
 
 from ..ref import update as _ref
 
-__all__ = ["sgd_momentum_update", "adam_update", "adam_update_many"]
+__all__ = ["sgd_momentum_update", "sgd_momentum_update_many", "adam_update", "adam_update_many"]
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -64,6 +64,12 @@ def sgd_momentum_update(p, g, v, lr, momentum, weight_decay=0.0):
         _sgd_decay(flat[0], flat[1], flat[2], dt(lr), dt(momentum), dt(weight_decay))
     else:
         _sgd(flat[0], flat[1], flat[2], dt(lr), dt(momentum))
+
+
+def sgd_momentum_update_many(ps, gs, vs, lrs, momentum, weight_decays=None):
+    """:func:`sgd_momentum_update` on each parameter's (p, g, v) of the three lists, at its
+    own rate of ``lrs``, in place; ``weight_decays``: each parameter's (default none)."""
+    _ref.sgd_each(sgd_momentum_update, ps, gs, vs, lrs, momentum, weight_decays)
 
 
 def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):

@@ -1,7 +1,7 @@
 """Parameter updates, in place (NumPy reference). Every array is updated where it lies."""
 import numpy as np
 
-__all__ = ["sgd_momentum_update", "adam_update", "adam_update_many"]
+__all__ = ["sgd_momentum_update", "sgd_momentum_update_many", "adam_update", "adam_update_many"]
 
 
 def check_update(name, p, *others):
@@ -35,6 +35,22 @@ def sgd_momentum_update(p, g, v, lr, momentum, weight_decay=0.0):
     p += v
 
 
+def sgd_momentum_update_many(ps, gs, vs, lrs, momentum, weight_decays=None):
+    """:func:`sgd_momentum_update` on each parameter's (p, g, v) of the three lists, at its
+    own rate of ``lrs``, in place; ``weight_decays``: each parameter's (default none)."""
+    sgd_each(sgd_momentum_update, ps, gs, vs, lrs, momentum, weight_decays)
+
+
+def sgd_each(update, ps, gs, vs, lrs, momentum, weight_decays=None):
+    """A set's ``sgd_momentum_update_many`` as its ``update`` called on each parameter: the
+    bits of one call each (a CPU set's; the cupy set's is one launch for all)."""
+    check_many("sgd_momentum_update_many", ps, gs, vs)
+    if len(lrs) != len(ps):
+        raise ValueError(f"sgd_momentum_update_many: {len(ps)} parameters but {len(lrs)} rates")
+    for p, g, v, lr, c in zip(ps, gs, vs, lrs, decays_of(ps, weight_decays, "sgd_momentum_update_many")):
+        update(p, g, v, lr, momentum, c)
+
+
 def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
     """One Adam step (Kingma & Ba, Algorithm 1) at step ``t`` (1, 2, ...), in place.
 
@@ -62,13 +78,13 @@ def adam_update_many(ps, gs, ms, vs, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
     adam_each(adam_update, ps, gs, ms, vs, t, lr, beta1, beta2, eps, weight_decays)
 
 
-def decays_of(ps, weight_decays) -> list:
+def decays_of(ps, weight_decays, name="adam_update_many") -> list:
     """Each parameter's weight decay as a float: ``weight_decays`` checked against ``ps``,
     or zeros when it is None."""
     if weight_decays is None:
         return [0.0] * len(ps)
     if len(weight_decays) != len(ps):
-        raise ValueError(f"adam_update_many: {len(ps)} parameters but {len(weight_decays)} weight decays")
+        raise ValueError(f"{name}: {len(ps)} parameters but {len(weight_decays)} weight decays")
     return [float(c) for c in weight_decays]
 
 

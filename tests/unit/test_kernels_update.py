@@ -214,3 +214,54 @@ def test_adam_update_many_refuses_lists_that_do_not_match(kset, rng):
         K.adam_update_many(p, [p[1], p[0]], p, p, 1, 1e-3)
     with pytest.raises(ValueError, match="2 parameters but 1 weight decays"):
         K.adam_update_many(p, p, p, p, 1, 1e-3, weight_decays=[0.1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_sgd_momentum_update_many_is_each_parameters_own_step(kset, dtype, rng):
+    """One call for a model's parameters, each at its own rate and decay (one launch for
+    every four on a GPU: six here, so two): the bits of sgd_momentum_update on each, over
+    several steps, an empty parameter, one of a single element and a strided view
+    included; and the GPU's single update rounds each operation as NumPy does."""
+    K, dev = load(kset)
+    shapes = [(64, 65), (65,), (0,), (1,), (5, 13, 17), (6, 14)]
+
+    def new(a):  # the last parameter's arrays: every other column of a (6, 28) array
+        if a.shape != shapes[-1]:
+            return dev(a.copy())
+        wide = dev(np.zeros((6, 28), a.dtype))
+        wide[:, ::2] = dev(a)
+        return wide[:, ::2]
+    p0 = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    many, each, numpy = ([new(a) for a in p0] for _ in range(3))
+    velocity = {name: [new(np.zeros(s, dtype)) for s in shapes] for name in ("many", "each", "numpy")}
+    rates, decays = [0.1, 0.05, 0.1, 0.3, 0.02, 0.07], [0.5, 0.0, 0.5, 0.0, 0.5, 0.25]
+    for t in range(1, STEPS + 1):
+        gs = [new(rng.standard_normal(s).astype(dtype)) for s in shapes]
+        assert K.sgd_momentum_update_many(many, gs, velocity["many"], rates, 0.5 + 0.1 * t, decays) is None
+        for p, g, v, lr, c in zip(each, gs, velocity["each"], rates, decays):
+            K.sgd_momentum_update(p, g, v, lr, 0.5 + 0.1 * t, c)
+        for i, (g, lr, c) in enumerate(zip(gs, rates, decays)):  # the reference on the host
+            p, v = to_host(numpy[i]).copy(), to_host(velocity["numpy"][i]).copy()
+            REF.sgd_momentum_update(p, to_host(g), v, dtype(lr), dtype(0.5 + 0.1 * t), dtype(c))
+            numpy[i], velocity["numpy"][i] = p, v
+    for a, b in zip(many + velocity["many"], each + velocity["each"]):
+        assert to_host(a).tobytes() == to_host(b).tobytes()
+    assert not np.array_equal(to_host(many[0]), p0[0]) and not np.array_equal(to_host(many[-1]), p0[-1])
+    if kset == "cupy":  # one rounding per operation, as NumPy's: the reference's bits
+        for a, b in zip(many + velocity["many"], numpy + velocity["numpy"]):
+            assert to_host(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_sgd_momentum_update_many_refuses_lists_that_do_not_match(kset, rng):
+    K, dev = load(kset)
+    p = [dev(np.zeros((3, 2))), dev(np.zeros(4))]
+    with pytest.raises(ValueError, match="2 parameters but a list of 1"):
+        K.sgd_momentum_update_many(p, p[:1], p, [0.1, 0.1], 0.9)
+    with pytest.raises(ValueError, match="shape"):
+        K.sgd_momentum_update_many(p, [p[1], p[0]], p, [0.1, 0.1], 0.9)
+    with pytest.raises(ValueError, match="2 parameters but 1 rates"):
+        K.sgd_momentum_update_many(p, p, p, [0.1], 0.9)
+    with pytest.raises(ValueError, match="2 parameters but 1 weight decays"):
+        K.sgd_momentum_update_many(p, p, p, [0.1, 0.1], 0.9, [0.1])
