@@ -22,6 +22,7 @@ nodes across them, so the result is bitwise the same on 1 rank or on any number 
 """
 from __future__ import annotations
 
+import itertools
 import operator
 import os
 import threading
@@ -35,7 +36,7 @@ from aepar.errors import UserError
 __all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node",
            "tree_node_from", "tree_cover", "cover_merges", "tree_merges", "tree_sum", "tree_sum_rows", "local_sums",
            "parallel_map", "each", "threads", "thread_bands", "check_blocks", "stacked_rows", "BlockRows",
-           "BlockFactor", "factor_rows", "as_parts", "weighted_ranges", "CHUNK", "DEFAULT_BLOCKS"]
+           "BlockFactor", "factor_rows", "factor_starts", "as_parts", "weighted_ranges", "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8
@@ -387,15 +388,48 @@ def as_parts(a) -> tuple:
     return a if isinstance(a, tuple) and a else (a,)
 
 
-class BlockFactor(tuple):
+class BlockFactor:
     """One block's factors (A, D, alpha) (see aepar.parallel.data_parallel) whose rows are
     item ``k`` of two :class:`BlockRows`: the trainer stacks consecutive blocks' factors as
-    views of those arrays (:func:`factor_rows`)."""
+    views of those arrays (:func:`factor_rows`). Read as the tuple (A, D, alpha); A's and
+    D's views are made when read, as the trainer reads none of them (on a GPU each costs
+    the host microseconds, and a step of 8 blocks made 16 to 32)."""
 
-    def __new__(cls, a_rows: BlockRows, d_rows: BlockRows, k: int, alpha):
-        factor = super().__new__(cls, (a_rows[k], d_rows[k], alpha))
-        factor.source = (a_rows, d_rows, k)
-        return factor
+    __slots__ = ("source", "alpha")
+
+    def __init__(self, a_rows: BlockRows, d_rows: BlockRows, k: int, alpha):
+        self.source, self.alpha = (a_rows, d_rows, k), alpha
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        i = operator.index(index)
+        i = i + 3 if i < 0 else i
+        if i == 2:
+            return self.alpha
+        if i in (0, 1):
+            return self.source[i][self.source[2]]
+        raise IndexError("BlockFactor index out of range")
+
+    def __iter__(self):
+        return iter((self[0], self[1], self.alpha))
+
+    @property
+    def rows(self) -> int:
+        """The block's rows (in each part of its factors)."""
+        starts, k = self.source[0].starts, self.source[2]
+        return starts[k + 1] - starts[k]
+
+
+def factor_starts(parts) -> list:
+    """Where each block's rows start in :func:`factor_rows`' arrays, and where they end:
+    ``parts`` as factor_rows takes them (None: no rows)."""
+    return list(itertools.accumulate(
+        (0 if not p else p.rows if isinstance(p, BlockFactor) else as_parts(p[0])[0].shape[0] for p in parts),
+        initial=0))
 
 
 def factor_rows(xp, parts, widths, dtype) -> tuple:

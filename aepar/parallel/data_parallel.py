@@ -57,7 +57,6 @@ so the phases would time the queueing: none are reported there.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from time import perf_counter
 
@@ -65,8 +64,8 @@ import numpy as np
 
 from aepar.optim import FactoredGradient, written
 from aepar.parallel.blocks import TreeSum
-from aepar.rows import (BlockRows, Blocks, Shard, as_parts, block_bounds, factor_rows, parallel_map, thread_bands,
-                        tree_merges)
+from aepar.rows import (BlockRows, Blocks, Shard, block_bounds, factor_rows, factor_starts, parallel_map,
+                        thread_bands, tree_merges)
 
 __all__ = ["Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums", "reducer"]
 
@@ -331,7 +330,7 @@ def _local_sum(be, buf, factors, first, merges, out, defer=False):
         parts = [f[name] if f is not None else None for f in factors[first:first + len(merges)]]
         a, d = factor_rows(be.xp, parts, (m, n), be.dtype)
         # a factor's rows (of each of its parts: kernels' block_outer_sum)
-        starts = list(itertools.accumulate((as_parts(p[0])[0].shape[0] if p else 0 for p in parts), initial=0))
+        starts = factor_starts(parts)
         alphas = [p[2] if p else 1.0 for p in parts]
         # the threads take a band of rows each: an element's sums are the same in any band
         bounds = thread_bands(m)

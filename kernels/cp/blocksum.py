@@ -3,7 +3,7 @@
 import cupy as cp
 import numpy as np
 
-from ..ref.blocksum import (as_parts, check_block_outer_sum, check_rows_tree, interleaved, outer_term,
+from ..ref.blocksum import (as_parts, check_block_outer_sum, check_rows_tree, interleaved, most_rows, outer_term,
                             tree_of_products)
 from ..ref.blocksum import rows_tree_sum as _rows_by_numpy
 from .rowprod import MAX_ROWS, on_device
@@ -46,6 +46,8 @@ def _small_blocks(A, D, starts, out):
     parts = as_parts(A) + as_parts(D)
     if any(p.dtype != np.float32 for p in parts) or out.dtype != np.float32 or not out.flags.c_contiguous:
         return np.zeros(len(starts) - 1, bool)
+    if most_rows(starts) * len(as_parts(A)) <= _FACTOR_ROWS:  # all small: the usual step, no NumPy
+        return np.ones(len(starts) - 1, bool)
     return np.diff(starts) * len(as_parts(A)) <= _FACTOR_ROWS
 
 

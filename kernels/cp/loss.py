@@ -5,6 +5,8 @@ dtype. Scalar losses stay on the device as 0-d float64 arrays (the kernel contra
 one waits for the GPU, so a training step that reads its loss cannot queue the next step
 behind it. ``float(loss)`` reads it.
 """
+import math
+
 import cupy as cp
 import numpy as np
 
@@ -157,8 +159,10 @@ def mse_forward_blocks(y, t, starts, scale=None):
         return mse_forward_blocks_via(mse_forward, y, t, starts, scale)
     check_same_shape("mse_forward_blocks", y, t)
     rows = check_starts("mse_forward_blocks", y.shape[0], starts).tolist()
-    count, width = len(rows) - 1, int(np.prod(y.shape[1:]))
-    scales = tuple(0.5 * default_scale(y[lo:hi], scale) for lo, hi in zip(rows[:-1], rows[1:]))
+    count, width = len(rows) - 1, math.prod(y.shape[1:])
+    # each block's default scale is 1/its rows: its slice of y is not needed (a view a block)
+    scales = tuple(0.5 * (float(scale) if scale is not None else default_scale(y[lo:hi], None))
+                   for lo, hi in zip(rows[:-1], rows[1:]))
     elements = on_device(tuple(r * width for r in rows), np.int64)
     part = cp.empty((count, _TOTAL_BLOCKS), dtype=cp.float64)
     totals = cp.empty(count, dtype=cp.float64)

@@ -23,6 +23,7 @@ import cupy as cp
 import numpy as np
 
 from ..ref.rbm import cd_factors_by_block, cd_update_via, check_cd, check_cd_blocks, check_rbm
+from ..ref.blocksum import most_rows
 from .rowprod import MAX_ROWS, on_device, rows_times, rows_times_t
 from .c_types import C_TYPE
 from .gemm import matmul
@@ -339,7 +340,7 @@ def _by_rows(v0, W, noise, dbvs, dbhs, starts):
         return False
     if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in (*dbvs, *dbhs)):
         return False
-    return bool(np.diff(starts).max() <= MAX_ROWS)
+    return most_rows(starts) <= MAX_ROWS
 
 
 def _factors_by_rows(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale):

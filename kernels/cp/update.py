@@ -141,7 +141,8 @@ def adam_update_many(ps, gs, ms, vs, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, we
     decays = [c for p, c in zip(ps, decays) if p.size]
     if any(not a.flags.c_contiguous for q in quads for a in (q[0], q[2], q[3])):
         # updated in contiguous copies, then written back: one arithmetic for every layout
-        copies = [(cp.ascontiguousarray(p), g, cp.ascontiguousarray(m), cp.ascontiguousarray(v)) for p, g, m, v in quads]
+        copies = [(cp.ascontiguousarray(p), g, cp.ascontiguousarray(m), cp.ascontiguousarray(v))
+                  for p, g, m, v in quads]
         adam_update_many(*map(list, zip(*copies)), t, lr, beta1, beta2, eps, decays)
         for q, c in zip(quads, copies):
             for a, b in zip((q[0], q[2], q[3]), (c[0], c[2], c[3])):
