@@ -22,6 +22,20 @@ def load(name):
     return kernels.load(name), np.asarray
 
 
+# a model's parameters for the *_many updates: an empty one, one of a single element, and
+# last one whose arrays are strided views
+MANY_SHAPES = [(64, 65), (65,), (0,), (1,), (5, 13, 17), (6, 14)]
+
+
+def on_device(dev, a):
+    """``a`` on the device; the last of MANY_SHAPES as every other column of a (6, 28) array."""
+    if a.shape != MANY_SHAPES[-1]:
+        return dev(a.copy())
+    wide = dev(np.zeros((6, 28), a.dtype))
+    wide[:, ::2] = dev(a)
+    return wide[:, ::2]
+
+
 def test_reference_sgd_momentum_matches_formula(rng):
     p, v = rng.standard_normal((4, 3)), np.zeros((4, 3))
     p_direct, v_direct = p.copy(), v.copy()
@@ -180,14 +194,10 @@ def test_adam_update_many_is_each_parameters_own_step(kset, dtype, rng):
     each, over several steps, an empty parameter, one of a single element and strided views
     (every other column of a larger array) included."""
     K, dev = load(kset)
-    shapes = [(64, 65), (65,), (0,), (1,), (5, 13, 17), (6, 14)]
+    shapes = MANY_SHAPES
 
-    def new(a):  # the last parameter's arrays: every other column of a (6, 28) array
-        if a.shape != shapes[-1]:
-            return dev(a.copy())
-        wide = dev(np.zeros((6, 28), a.dtype))
-        wide[:, ::2] = dev(a)
-        return wide[:, ::2]
+    def new(a):
+        return on_device(dev, a)
     p0 = [rng.standard_normal(s).astype(dtype) for s in shapes]
     many, each = ([new(a) for a in p0] for _ in range(2))
     state = {name: ([new(np.zeros(s, dtype)) for s in shapes], [new(np.zeros(s, dtype)) for s in shapes])
@@ -224,14 +234,10 @@ def test_sgd_momentum_update_many_is_each_parameters_own_step(kset, dtype, rng):
     several steps, an empty parameter, one of a single element and a strided view
     included; and the GPU's single update rounds each operation as NumPy does."""
     K, dev = load(kset)
-    shapes = [(64, 65), (65,), (0,), (1,), (5, 13, 17), (6, 14)]
+    shapes = MANY_SHAPES
 
-    def new(a):  # the last parameter's arrays: every other column of a (6, 28) array
-        if a.shape != shapes[-1]:
-            return dev(a.copy())
-        wide = dev(np.zeros((6, 28), a.dtype))
-        wide[:, ::2] = dev(a)
-        return wide[:, ::2]
+    def new(a):
+        return on_device(dev, a)
     p0 = [rng.standard_normal(s).astype(dtype) for s in shapes]
     many, each, numpy = ([new(a) for a in p0] for _ in range(3))
     velocity = {name: [new(np.zeros(s, dtype)) for s in shapes] for name in ("many", "each", "numpy")}
