@@ -160,9 +160,8 @@ def mse_forward_blocks(y, t, starts, scale=None):
     check_same_shape("mse_forward_blocks", y, t)
     rows = check_starts("mse_forward_blocks", y.shape[0], starts).tolist()
     count, width = len(rows) - 1, math.prod(y.shape[1:])
-    # each block's default scale is 1/its rows: its slice of y is not needed (a view a block)
-    scales = tuple(0.5 * (float(scale) if scale is not None else default_scale(y[lo:hi], None))
-                   for lo, hi in zip(rows[:-1], rows[1:]))
+    scales = ((0.5 * float(scale),) * count if scale is not None  # the usual step: no view of y a block
+              else tuple(0.5 * default_scale(y[lo:hi], None) for lo, hi in zip(rows[:-1], rows[1:])))
     elements = on_device(tuple(r * width for r in rows), np.int64)
     part = cp.empty((count, _TOTAL_BLOCKS), dtype=cp.float64)
     totals = cp.empty(count, dtype=cp.float64)

@@ -3,7 +3,7 @@
 import cupy as cp
 import numpy as np
 
-from ..ref.update import check_many, check_step, check_update, decays_of
+from ..ref.update import check_many, check_sgd_many, check_step, check_update, decays_of
 from .c_types import C_TYPE
 
 __all__ = ["sgd_momentum_update", "sgd_momentum_update_many", "adam_update", "adam_update_many"]
@@ -56,10 +56,7 @@ def sgd_momentum_update_many(ps, gs, vs, lrs, momentum, weight_decays=None):
     """:func:`sgd_momentum_update` on each parameter's (p, g, v) of the three lists, at its
     own rate of ``lrs``, in place: one launch for every :data:`SGD_SLOTS` parameters of a
     dtype; ``weight_decays``: each parameter's (default none)."""
-    check_many("sgd_momentum_update_many", ps, gs, vs)
-    if len(lrs) != len(ps):
-        raise ValueError(f"sgd_momentum_update_many: {len(ps)} parameters but {len(lrs)} rates")
-    decays = decays_of(ps, weight_decays, "sgd_momentum_update_many")
+    decays = check_sgd_many(ps, gs, vs, lrs, weight_decays)
     items = [(p, cp.ascontiguousarray(g, dtype=p.dtype), v, float(lr), c)
              for p, g, v, lr, c in zip(ps, gs, vs, lrs, decays) if p.size]
     if any(not a.flags.c_contiguous for q in items for a in (q[0], q[2])):

@@ -44,11 +44,17 @@ def sgd_momentum_update_many(ps, gs, vs, lrs, momentum, weight_decays=None):
 def sgd_each(update, ps, gs, vs, lrs, momentum, weight_decays=None):
     """A set's ``sgd_momentum_update_many`` as its ``update`` called on each parameter: the
     bits of one call each (a CPU set's; the cupy set's is one launch for all)."""
+    for p, g, v, lr, c in zip(ps, gs, vs, lrs, check_sgd_many(ps, gs, vs, lrs, weight_decays)):
+        update(p, g, v, lr, momentum, c)
+
+
+def check_sgd_many(ps, gs, vs, lrs, weight_decays) -> list:
+    """The lists of a ``sgd_momentum_update_many`` checked (every set's); returns each
+    parameter's weight decay as a float."""
     check_many("sgd_momentum_update_many", ps, gs, vs)
     if len(lrs) != len(ps):
         raise ValueError(f"sgd_momentum_update_many: {len(ps)} parameters but {len(lrs)} rates")
-    for p, g, v, lr, c in zip(ps, gs, vs, lrs, decays_of(ps, weight_decays, "sgd_momentum_update_many")):
-        update(p, g, v, lr, momentum, c)
+    return decays_of(ps, weight_decays, "sgd_momentum_update_many")
 
 
 def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
