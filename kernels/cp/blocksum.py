@@ -8,6 +8,7 @@ from ..ref.blocksum import (as_parts, check_block_outer_sum, check_rows_tree, in
 from ..ref.blocksum import rows_tree_sum as _rows_by_numpy
 from .rowprod import MAX_ROWS, on_device
 from .rowprod import block_outer_sum as rows_block_outer_sum
+from .rowprod import block_outer_sum_sgd as rows_block_outer_sum_sgd
 from .c_types import C_TYPE
 from .gemm import matmul
 from .update import sgd_momentum_update
@@ -52,8 +53,13 @@ def _small_blocks(A, D, starts, out):
 
 
 def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0):
-    """See :func:`kernels.ref.blocksum.block_outer_sum_sgd`: the sum into a buffer from the
-    memory pool, then the step."""
+    """See :func:`kernels.ref.blocksum.block_outer_sum_sgd`: where the row kernels take every
+    block, the sum and the step in one launch (each element stepped where its sum ends, as
+    the numba set's tiles); else the sum into a buffer from the memory pool, then the step."""
+    starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, p)
+    if v.shape == p.shape and v.dtype == p.dtype and v.flags.c_contiguous and len(as_parts(A)) <= 2 \
+            and _small_blocks(A, D, starts, p).all():
+        return rows_block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay)
     g = block_outer_sum(A, D, starts, merges, alphas, cp.empty_like(p))
     sgd_momentum_update(p, g, v, lr, momentum, weight_decay)
 

@@ -111,24 +111,44 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     second, as over the parts interleaved (:func:`kernels.ref.blocksum.interleaved`).
     Returns out."""
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, out)
+    _float32s(out)
+    _outer_sum_launch("block_outer_sum_f32", A, D, starts, merges, alphas, (out,), out.shape, ())
+    return out
+
+
+def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0):
+    """SGD with momentum on float32 ``p`` and ``v`` (C-contiguous, the shape of the sum)
+    with the gradient :func:`block_outer_sum` (A, D, ...), in one launch: each element
+    stepped where its sum ends, as ``kernels.cp.update.sgd_momentum_update`` would step
+    it (the same bits; the gradient is never written out). Returns None."""
+    starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, p)
+    _float32s(p, v)
+    if v.shape != p.shape:
+        raise ValueError(f"rowprod.block_outer_sum_sgd: v {v.shape} does not match p {p.shape}")
+    _outer_sum_launch("block_outer_sum_sgd_f32", A, D, starts, merges, alphas, (p, v), p.shape,
+                      (np.float32(lr), np.float32(momentum), np.float32(weight_decay)))
+
+
+def _outer_sum_launch(name, A, D, starts, merges, alphas, outs, shape, after):
+    """One launch of rowprod.cu's ``name`` over the blocks: its factors' arguments, then
+    ``outs``, their row stride and shape, then ``after``."""
     a_parts, d_parts = as_parts(A), as_parts(D)
     if len(a_parts) > 2:
-        raise TypeError(f"rowprod.block_outer_sum takes at most two parts of A and D, not {len(a_parts)}")
+        raise TypeError(f"rowprod.{name[:-4]} takes at most two parts of A and D, not {len(a_parts)}")
     if any(a.dtype != np.float32 for a in a_parts):
         raise TypeError(f"rowprod takes float32 arrays, got {a_parts[0].dtype}")
     a_parts = [_rows_of(a) for a in a_parts]
     d_parts = [d if d.flags.c_contiguous else cp.ascontiguousarray(d) for d in d_parts]
-    _float32s(*d_parts, out)
+    _float32s(*d_parts)
     if postfix_tree(merges).depth > _MAX_DEPTH:
-        raise ValueError(f"rowprod.block_outer_sum: a tree deeper than {_MAX_DEPTH}")
+        raise ValueError(f"rowprod.{name[:-4]}: a tree deeper than {_MAX_DEPTH}")
     (A, lda), D = a_parts[0], d_parts[0]
     (A2, lda2), D2 = a_parts[-1], d_parts[-1]
-    M, N = out.shape
+    M, N = shape
     if M and N:
-        _MODULE.get_function("block_outer_sum_f32")(
+        _MODULE.get_function(name)(
             _grid(M, N), _THREADS, (A, np.int64(lda), D, np.int64(N), A2, np.int64(lda2), D2, np.int64(N),
                                     np.int32(len(d_parts)), on_device(tuple(starts), np.int64),
                                     on_device(tuple(merges), np.int64), np.int32(len(merges)),
-                                    on_device(tuple(map(float, alphas)), np.float32), out, np.int64(N),
-                                    np.int32(M), np.int32(N)))
-    return out
+                                    on_device(tuple(map(float, alphas)), np.float32), *outs, np.int64(N),
+                                    np.int32(M), np.int32(N), *after))

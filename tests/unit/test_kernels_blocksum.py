@@ -370,6 +370,49 @@ def test_gpu_blocks_sum_each_blocks_own_product(name, sizes, one, rng, monkeypat
                       A, D, starts, alphas, name)
 
 
+@pytest.mark.parametrize("sizes, parts, fused", [([13, 12, 0, 13], 1, True), ([13, 12, 0, 13], 2, True),
+                                                 ([60, 64, 65, 100], 1, True), ([60, 64, 65, 100], 2, False),
+                                                 ([200, 30], 1, False), ([25], 1, True)],
+                         ids=["small", "small-parts", "one-part-bound", "parts-either-side", "large", "one-block"])
+@pytest.mark.parametrize("name", kernel_set_params()[1:])
+def test_gpu_step_with_the_sum_is_the_sum_then_the_step(name, sizes, parts, fused, rng, monkeypatch):
+    """The GPU set's block_outer_sum_sgd: where its row kernels take every block (of at
+    most 128 rows by all its parts), the sum and the step in one launch; else the sum,
+    then the step. Either way the bits of its block_outer_sum and then its
+    sgd_momentum_update, signed zeros included, and nothing written past p or v."""
+    import cupy as cp
+
+    gpu_blocksum = importlib.import_module("aepar.kernels.cp.blocksum")
+    launches = []
+
+    def spy(*args, real=gpu_blocksum.rows_block_outer_sum_sgd):
+        launches.append(1)
+        return real(*args)
+    monkeypatch.setattr(gpu_blocksum, "rows_block_outer_sum_sgd", spy)
+    K = kernels.load(name)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    m, n = 37, 45
+    A = tuple(cp.asarray(rng.standard_normal((int(starts[-1]), m)).astype(np.float32)) for _ in range(parts))
+    D = tuple(cp.asarray(rng.standard_normal((int(starts[-1]), n)).astype(np.float32)) for _ in range(parts))
+    A[0][: int(starts[-1]) // 3] = 0  # some sums -0 or 0
+    A, D = (A[0], D[0]) if parts == 1 else (A, D)
+    alphas = [1.0] if len(sizes) == 1 else list(rng.standard_normal(len(sizes)))
+    merges = tree_merges(tree_top(len(sizes)), 0, len(sizes))
+    p0 = rng.standard_normal((m + 1, n)).astype(np.float32)
+    v0 = rng.standard_normal((m + 1, n)).astype(np.float32)
+    p0[:m][rng.random((m, n)) < 0.2], v0[:m][rng.random((m, n)) < 0.2] = -0.0, 0.0
+    p, v = cp.asarray(p0), cp.asarray(v0)
+    assert K.block_outer_sum_sgd(A, D, starts, merges, alphas, p[:m], v[:m], 0.1, 0.9, 2e-4) is None
+    assert len(launches) == int(fused)
+    g = K.block_outer_sum(A, D, starts, merges, alphas, cp.empty((m, n), np.float32))
+    p2, v2 = cp.asarray(p0[:m]), cp.asarray(v0[:m])
+    K.sgd_momentum_update(p2, g, v2, 0.1, 0.9, 2e-4)
+    assert to_host(p[:m]).tobytes() == to_host(p2).tobytes() and to_host(v[:m]).tobytes() == to_host(v2).tobytes()
+    assert to_host(p[m]).tobytes() == p0[m].tobytes() and to_host(v[m]).tobytes() == v0[m].tobytes()
+    with pytest.raises(ValueError):
+        K.block_outer_sum_sgd(A, D, starts, merges, alphas, p[:m], v[:m, :n - 1], 0.1, 0.9)
+
+
 @pytest.mark.parametrize("count, fold", [(1, False), (2, False), (5, False), (8, False), (8, True)])
 @pytest.mark.parametrize("name", ["numpy"] + kernel_set_params())
 def test_rows_tree_sum_is_the_rows_added_in_the_tree(name, count, fold, rng):
