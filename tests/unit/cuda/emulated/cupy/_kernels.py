@@ -342,14 +342,17 @@ class RawModule:
                 code = f.read()
         self.code, self.options = code, tuple(options)
         self.names = list(name_expressions or re.findall(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(', code))
-        self._library = None
+        self._library, self._functions = None, {}
 
     def get_function(self, name):
         if name not in self.names:
             raise KeyError(f"{name} is not a kernel of this module (kernels: {', '.join(self.names)})")
         if self._library is None:
             self._library = _module(self.code, self.names)
-        return _Function(self._library, self.names.index(name), name, _synchronises(self.code, name))
+        if name not in self._functions:  # kept: scanning the source for barriers costs more than a launch
+            self._functions[name] = _Function(self._library, self.names.index(name), name,
+                                               _synchronises(self.code, name))
+        return self._functions[name]
 
 
 class RawKernel:
