@@ -75,14 +75,15 @@ extern "C" __global__ void rows_times_f32(const float* __restrict__ a, long long
     store_tile(out, ldo, m0, n0, M, N, acc);
 }
 
+// the blocks' factors, as block_outer_sum_f32 and block_outer_sum_sgd_f32 take them
+#define RP_FACTORS const float* __restrict__ A, long long lda, const float* __restrict__ D, long long ldd, \
+    const float* __restrict__ A2, long long lda2, const float* __restrict__ D2, long long ldd2, int parts, \
+    const long long* __restrict__ starts, const long long* __restrict__ merges, int blocks, \
+    const float* __restrict__ alphas
+#define RP_FACTOR_ARGS A, lda, D, ldd, A2, lda2, D2, ldd2, parts, starts, merges, blocks, alphas
+
 // acc = this thread's elements of the tile at (m0, n0) of block_outer_sum_f32's sum
-__device__ __forceinline__ void tree_of_tiles(const float* __restrict__ A, long long lda,
-                                              const float* __restrict__ D, long long ldd,
-                                              const float* __restrict__ A2, long long lda2,
-                                              const float* __restrict__ D2, long long ldd2, int parts,
-                                              const long long* __restrict__ starts,
-                                              const long long* __restrict__ merges, int blocks,
-                                              const float* __restrict__ alphas, int M, int N, int m0, int n0,
+__device__ __forceinline__ void tree_of_tiles(RP_FACTORS, int M, int N, int m0, int n0,
                                               float acc[4][4]) {
     __shared__ float As[RP_TK][RP_TM + 1];
     __shared__ float Ds[RP_TK][RP_TN + 1];
@@ -129,17 +130,11 @@ __device__ __forceinline__ void tree_of_tiles(const float* __restrict__ A, long 
     }
 }
 
-extern "C" __global__ void block_outer_sum_f32(const float* __restrict__ A, long long lda,
-                                               const float* __restrict__ D, long long ldd,
-                                               const float* __restrict__ A2, long long lda2,
-                                               const float* __restrict__ D2, long long ldd2, int parts,
-                                               const long long* __restrict__ starts,
-                                               const long long* __restrict__ merges, int blocks,
-                                               const float* __restrict__ alphas, float* __restrict__ out,
+extern "C" __global__ void block_outer_sum_f32(RP_FACTORS, float* __restrict__ out,
                                                long long ldo, int M, int N) {
     const int m0 = blockIdx.y * RP_TM, n0 = blockIdx.x * RP_TN;
     float acc[4][4];
-    tree_of_tiles(A, lda, D, ldd, A2, lda2, D2, ldd2, parts, starts, merges, blocks, alphas, M, N, m0, n0, acc);
+    tree_of_tiles(RP_FACTOR_ARGS, M, N, m0, n0, acc);
     store_tile(out, ldo, m0, n0, M, N, acc);
 }
 
@@ -147,18 +142,12 @@ extern "C" __global__ void block_outer_sum_f32(const float* __restrict__ A, long
 // gradient g = block_outer_sum_f32's, each element stepped where its sum ends instead of
 // written out: v = momentum * v - lr * (g + c * p); p += v, each operation rounded on its
 // own as in update.py's sgd_many (so the bits of the sum, then the step)
-extern "C" __global__ void block_outer_sum_sgd_f32(const float* __restrict__ A, long long lda,
-                                                   const float* __restrict__ D, long long ldd,
-                                                   const float* __restrict__ A2, long long lda2,
-                                                   const float* __restrict__ D2, long long ldd2, int parts,
-                                                   const long long* __restrict__ starts,
-                                                   const long long* __restrict__ merges, int blocks,
-                                                   const float* __restrict__ alphas, float* __restrict__ p,
+extern "C" __global__ void block_outer_sum_sgd_f32(RP_FACTORS, float* __restrict__ p,
                                                    float* __restrict__ v, long long ldo, int M, int N,
                                                    const float lr, const float momentum, const float c) {
     const int m0 = blockIdx.y * RP_TM, n0 = blockIdx.x * RP_TN;
     float acc[4][4];
-    tree_of_tiles(A, lda, D, ldd, A2, lda2, D2, ldd2, parts, starts, merges, blocks, alphas, M, N, m0, n0, acc);
+    tree_of_tiles(RP_FACTOR_ARGS, M, N, m0, n0, acc);
     for (int i = 0; i < 4; ++i)
         for (int j = 0; j < 4; ++j) {
             const int m = m0 + threadIdx.y + 16 * i, n = n0 + threadIdx.x + 16 * j;
