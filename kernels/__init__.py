@@ -43,7 +43,9 @@ Families (module: functions):
   ``softmax_xent_forward(z, labels, scale=None) -> (loss, probs)`` (labels are ints,
   loss = -scale * sum log p[label]); ``softmax_xent_backward(probs, labels, scale=None) -> dz``;
   ``sigmoid_xent_forward(z, t, scale=None) -> (loss, y)`` (pixel cross-entropy from logits,
-  y = sigmoid(z)); ``sigmoid_xent_backward(y, t, scale=None) -> dz``. A loss is a float
+  y = sigmoid(z)); ``sigmoid_xent_forward_blocks(z, t, starts, scale=None) -> ([loss], y)``,
+  its loss per block of rows with the bits of a call per block, y of every row;
+  ``sigmoid_xent_backward(y, t, scale=None) -> dz``. A loss is a float
   on the CPU sets; the cupy set leaves it on the GPU as a 0-d float64 array, as the rbm
   family's sq_err (a training step must not wait for its GPU work): ``float()`` reads it.
 - sparsity: ``kl_sparsity_forward(rho_hat, rho, beta) -> float`` = beta * sum KL(rho||rho_hat);

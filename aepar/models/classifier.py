@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from aepar.rows import local_sums
-from aepar.models.trained import DenseBackprop, TrainedState
+from aepar.models.trained import DenseBackprop, TrainedState, one_array
 
 __all__ = ["Classifier", "with_labels", "split_labels", "CLASSIFY_STREAM", "HIDDEN_ACTS", "UNIT_ACTS", "HIDDEN_INIT",
            "OUTPUT_INIT"]
@@ -199,20 +199,25 @@ class Classifier(TrainedState, DenseBackprop):
             The scaled loss and how many rows the network (before this step) classifies right
             (0-d arrays left on the GPU there: ``float()`` reads them and waits).
         """
-        return self._blocks_loss_and_grad([x], [labels], [grads], scale)[0]
+        scale = 1.0 / x.shape[0] if scale is None else float(scale)
+        loss, correct = self._blocks_loss_and_grad([x], [labels], [grads], scale)[0]
+        return loss * scale, correct  # (the bits of the loss taken at this scale)
 
     def _blocks_loss_and_grad(self, xs, labels, grads, scale, factors=None):
-        """:meth:`loss_and_grad` of every block in ``xs`` at once, layer by layer; with
-        ``factors`` (one dict per block) the weight gradients are left there
-        (:meth:`blocks_pass`). Returns [(loss, correct)] per block."""
+        """:meth:`loss_and_grad` of every block in ``xs`` at once, layer by layer, the
+        gradients at ``scale``; with ``factors`` (one dict per block) the weight gradients
+        are left there (:meth:`blocks_pass`). Returns [(Σ loss, correct)] per block: the
+        loss unscaled, what the trainer sums (on a GPU a scaling is a launch a block)."""
         K = self.be.K
 
-        def head(logits, y):
-            loss, probs = K.softmax_xent_forward(logits, y, scale=scale)
-            correct = (probs.argmax(axis=1) == y).sum()  # on the GPU it stays there, as the loss
-            return loss, correct, K.softmax_xent_backward(probs, y, scale=scale)  # d/dlogits: through "identity"
-        heads = self.blocks_pass(xs, head, labels, grads, factors)
-        return [(loss, correct) for loss, correct, _ in heads]
+        def head(logits, labels, starts):  # block by block: its loss and d/dlogits (through "identity")
+            results, dz = [], []
+            for lo, hi, y in zip(starts[:-1], starts[1:], labels):
+                loss, probs = K.softmax_xent_forward(logits[lo:hi], y, scale=1.0)
+                results.append((loss, (probs.argmax(axis=1) == y).sum()))  # on the GPU they stay there
+                dz.append(K.softmax_xent_backward(probs, y, scale=scale))
+            return results, one_array(self.be.xp, dz)
+        return self.blocks_pass(xs, head, labels, grads, factors)
 
     # ---- the trainer's protocol ------------------------------------------------------------
     def grad_shapes(self) -> dict:
@@ -222,8 +227,7 @@ class Classifier(TrainedState, DenseBackprop):
         """One block's gradients (scaled by 1/global batch) into ``grads`` from rows
         ``[features..., label]``; returns (Σ loss, Σ correct) over its rows."""
         feats, labels = split_labels(x)
-        loss, correct = self.loss_and_grad(feats, labels, grads, scale=scale)
-        return loss / scale, correct
+        return self._blocks_loss_and_grad([feats], [labels], [grads], float(scale))[0]
 
     def block_factors(self, xs, rngs, scale, grads):
         """:meth:`leaf_gradient` of several blocks at once, their weight gradients left as
@@ -231,8 +235,7 @@ class Classifier(TrainedState, DenseBackprop):
         block). Returns ([(Σ loss, Σ correct)], [{name: factors}]), one entry per block."""
         feats, labels = zip(*map(split_labels, xs))
         factors = [{} for _ in xs]
-        sums = self._blocks_loss_and_grad(feats, labels, grads, scale, factors)
-        return [(loss / scale, correct) for loss, correct in sums], factors
+        return self._blocks_loss_and_grad(feats, labels, grads, float(scale), factors), factors
 
     def apply(self, grads, epoch):
         self.optimizer.step(grads)

@@ -135,24 +135,26 @@ class StackedAutoencoder(DenseBackprop):
             there: ``float()`` reads them and waits).
         """
         scale = 1.0 / x.shape[0] if scale is None else float(scale)
-        return self._blocks_loss_and_grad([x], [grads], scale)[0]
+        loss, sq_err = self._blocks_loss_and_grad([x], [grads], scale)[0]
+        return loss * scale, sq_err  # (the bits of the loss taken at this scale)
 
     def _blocks_loss_and_grad(self, xs, grads, scale, factors=None):
         """:meth:`loss_and_grad` of every block in ``xs`` (one ``grads`` dict each) at once,
-        layer by layer; with ``factors`` (one dict per block) the weight gradients are left
-        there (:meth:`blocks_pass`). Returns [(loss, sq_err)] per block."""
+        layer by layer, the gradients at ``scale``; with ``factors`` (one dict per block)
+        the weight gradients are left there (:meth:`blocks_pass`). Returns [(Σ loss,
+        sq_err)] per block: the loss unscaled, what the trainer sums (on a GPU a scaling
+        is a launch a block)."""
         K = self.be.K
 
-        def head(out, x):
+        def head(out, x, starts):  # a group's blocks at once, each block's sums its own
             if self.loss == "mse":
-                loss = K.mse_forward(out, x, scale=scale)
-                sq_err = loss * 2.0 / scale if scale else K.mse_forward(out, x, scale=2.0)
-                return loss, sq_err, K.mse_backward(out, x, scale=scale)
-            loss, y = K.sigmoid_xent_forward(out, x, scale=scale)
+                sums = (K.mse_forward_blocks(out, x, starts, scale=s) for s in (1.0, 2.0))  # loss, sq_err
+                return list(zip(*sums)), K.mse_backward(out, x, scale=scale)
+            losses, y = K.sigmoid_xent_forward_blocks(out, x, starts, scale=1.0)
             # d/dlogits: through "identity"
-            return loss, K.mse_forward(y, x, scale=2.0), K.sigmoid_xent_backward(y, x, scale=scale)
-        heads = self.blocks_pass(xs, head, xs, grads, factors)
-        return [(loss, sq_err) for loss, sq_err, _ in heads]
+            return (list(zip(losses, K.mse_forward_blocks(y, x, starts, scale=2.0))),
+                    K.sigmoid_xent_backward(y, x, scale=scale))
+        return self.blocks_pass(xs, head, None, grads, factors)
 
     # ---- training and evaluation ---------------------------------------------------------
     def grad_shapes(self) -> dict:
@@ -161,16 +163,14 @@ class StackedAutoencoder(DenseBackprop):
     def leaf_gradient(self, x, rng, scale, grads):
         """One block's gradients (scaled by 1/global batch) into ``grads``; returns
         (Σ loss, Σ‖x̂ − x‖²) over its rows."""
-        loss, sq_err = self.loss_and_grad(x, grads, scale=scale)
-        return loss / scale, sq_err
+        return self._blocks_loss_and_grad([x], [grads], float(scale))[0]
 
     def block_factors(self, xs, rngs, scale, grads):
         """:meth:`leaf_gradient` of several blocks at once, their weight gradients left as
         factors (x.T @ dz per layer) and their biases' added into ``grads`` (one dict per
         block). Returns ([(Σ loss, Σ‖x̂ − x‖²)], [{name: factors}]), one entry per block."""
         factors = [{} for _ in xs]
-        sums = self._blocks_loss_and_grad(xs, grads, scale, factors)
-        return [(loss / scale, sq_err) for loss, sq_err in sums], factors
+        return self._blocks_loss_and_grad(xs, grads, float(scale), factors), factors
 
     def apply(self, grads, epoch):
         self.optimizer.step(grads)

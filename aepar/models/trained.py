@@ -114,20 +114,22 @@ class DenseBackprop:
         """Every block of ``xs`` forward, through ``head`` and back, in one hand-off to the
         threads: each takes its group of blocks through all the layers, the loss and back
         (nothing on the way needs another group's rows; three hand-offs, one per pass, cost
-        a 2-vCPU VM about 200 µs each). ``head(output rows, target) -> (..., d/d output)``
-        is called per block with its entry of ``targets``; returns its results per block,
-        in block order. Bias gradients are added into ``grads`` (one dict per block), and
-        weight gradients too, unless ``factors`` is given: then each block's
+        a 2-vCPU VM about 200 µs each). ``head(output rows, targets, starts) -> ([result per
+        block], d/d output rows)`` is called once per group, with its blocks' rows of the
+        last layer (block k: rows starts[k]:starts[k + 1]) and their entries of
+        ``targets`` (None: the group's input rows, the targets of an autoencoder), so that
+        a loss can take all of a group's blocks in one call; returns the results per
+        block, in block order. Bias gradients are added into ``grads`` (one dict per
+        block), and weight gradients too, unless ``factors`` is given: then each block's
         ``factors[b][f"W{i}"]`` gets (layer input, dz, 1.0), its gradient being input.T @ dz."""
         xp = self.be.xp
         acts = BlockActivations(xs, xp)
-        targets, per_grads = acts.split(list(targets)), acts.split(grads)
+        targets, per_grads = None if targets is None else acts.split(list(targets)), acts.split(grads)
 
         def group(g):
             s = acts.starts[g]
             layers = [acts.layers[0][g]] + self._through(acts.layers[0][g], s)
-            heads = [head(layers[-1][lo:hi], t) for lo, hi, t in zip(s[:-1], s[1:], targets[g])]
-            da = one_array(xp, [h[-1] for h in heads])
+            heads, da = head(layers[-1], layers[0] if targets is None else targets[g], s)
             return layers, heads, self._back(layers, s, da, per_grads[g], factors is not None)
         per_group = each(group, range(len(acts.groups)))
         acts.layers = [[layers[i] for layers, _, _ in per_group] for i in range(self.n_layers + 1)]

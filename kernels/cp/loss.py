@@ -17,7 +17,7 @@ from .activation import _sigmoid
 from .c_types import C_TYPE
 
 __all__ = ["mse_forward", "mse_forward_blocks", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
-           "sigmoid_xent_forward", "sigmoid_xent_backward"]
+           "sigmoid_xent_forward", "sigmoid_xent_forward_blocks", "sigmoid_xent_backward"]
 
 # A whole-array ReductionKernel runs in one thread block (slow on a large batch), so the
 # scalar losses take two: one sum per row, then the rows' sums, scaled.
@@ -154,19 +154,30 @@ def mse_forward_blocks(y, t, starts, scale=None):
     """:func:`mse_forward` of each block of rows starts[b]:starts[b + 1] (0-d arrays, left
     on the device): two launches for all blocks where one block's call takes the compiled
     kernels (y and t of one float type, C-ordered), with each block's bits."""
-    kernel = _total_kernels.get(("sq_diff", y.dtype, "_blocks"))
-    if kernel is None or t.dtype != y.dtype or not (y.flags.c_contiguous and t.flags.c_contiguous) or y.ndim < 2:
+    if not _blocks_take_kernels("sq_diff", y, t):
         return mse_forward_blocks_via(mse_forward, y, t, starts, scale)
     check_same_shape("mse_forward_blocks", y, t)
-    rows = check_starts("mse_forward_blocks", y.shape[0], starts).tolist()
+    return _scaled_totals_blocks("mse_forward_blocks", "sq_diff", y, t, starts, scale, 0.5)
+
+
+def _blocks_take_kernels(name, y, t):
+    return _total_kernels.get((name, y.dtype, "_blocks")) is not None and t.dtype == y.dtype \
+        and y.flags.c_contiguous and t.flags.c_contiguous and y.ndim >= 2
+
+
+def _scaled_totals_blocks(what, name, y, t, starts, scale, factor):
+    """[factor * scale_b * (block b's sum of the map ``name``)] as 0-d device arrays, in two
+    launches, each block's total with the bits of :func:`_scaled_total` on it alone
+    (``scale`` None: each block's 1/rows)."""
+    rows = check_starts(what, y.shape[0], starts).tolist()
     count, width = len(rows) - 1, math.prod(y.shape[1:])
-    scales = ((0.5 * float(scale),) * count if scale is not None  # the usual step: no view of y a block
-              else tuple(0.5 * default_scale(y[lo:hi], None) for lo, hi in zip(rows[:-1], rows[1:])))
+    scales = ((factor * float(scale),) * count if scale is not None  # the usual step: no view of y a block
+              else tuple(factor * default_scale(y[lo:hi], None) for lo, hi in zip(rows[:-1], rows[1:])))
     elements = on_device(tuple(r * width for r in rows), np.int64)
     part = cp.empty((count, _TOTAL_BLOCKS), dtype=cp.float64)
     totals = cp.empty(count, dtype=cp.float64)
     most = max(_grid((hi - lo) * width) for lo, hi in zip(rows[:-1], rows[1:]))
-    kernel((most, count), (_TOTAL_THREADS,), (y, t, elements, part))
+    _total_kernels[name, y.dtype, "_blocks"]((most, count), (_TOTAL_THREADS,), (y, t, elements, part))
     _sum_partials_blocks((count,), (_TOTAL_THREADS,), (part, elements, on_device(scales, np.float64), totals))
     return [totals[b] for b in range(count)]
 
@@ -210,6 +221,18 @@ def sigmoid_xent_forward(z, t, scale=None):
     """
     check_same_shape("sigmoid_xent_forward", z, t)
     return _scaled_total("sigmoid_xent", z, t, default_scale(z, scale)), _sigmoid(z)
+
+
+def sigmoid_xent_forward_blocks(z, t, starts, scale=None):
+    """:func:`sigmoid_xent_forward` of each block of rows starts[b]:starts[b + 1]: ([one 0-d
+    loss per block], y of every row), three launches for all blocks where one block's call
+    takes the compiled kernels, with each block's bits (y is element-wise: the same bits in
+    one launch)."""
+    check_same_shape("sigmoid_xent_forward_blocks", z, t)
+    if not _blocks_take_kernels("sigmoid_xent", z, t):
+        s = check_starts("sigmoid_xent_forward_blocks", z.shape[0], starts).tolist()
+        return [sigmoid_xent_forward(z[lo:hi], t[lo:hi], scale)[0] for lo, hi in zip(s[:-1], s[1:])], _sigmoid(z)
+    return _scaled_totals_blocks("sigmoid_xent_forward_blocks", "sigmoid_xent", z, t, starts, scale, 1.0), _sigmoid(z)
 
 
 def sigmoid_xent_backward(y, t, scale=None):

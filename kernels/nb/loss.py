@@ -14,7 +14,7 @@ from .activation import _flat
 from .nbmath import exp_parts, log1p_unit
 
 __all__ = ["mse_forward", "mse_forward_blocks", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
-           "sigmoid_xent_forward", "sigmoid_xent_backward"]
+           "sigmoid_xent_forward", "sigmoid_xent_forward_blocks", "sigmoid_xent_backward"]
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -198,6 +198,22 @@ def sigmoid_xent_forward(z, t, scale=None):
     y = np.empty(z.shape, dtype=z.dtype)
     total = _sigmoid_xent(_flat(z), _flat(t), y.reshape(-1))
     return default_scale(z, scale) * float(total), y
+
+
+def sigmoid_xent_forward_blocks(z, t, starts, scale=None):
+    """:func:`sigmoid_xent_forward` of each block of rows starts[b]:starts[b + 1]: ([one
+    Python float per block], y of every row), each block's sum its own chain (the bits of
+    a call per block)."""
+    check_same_shape("sigmoid_xent_forward_blocks", z, t)
+    s = check_starts("sigmoid_xent_forward_blocks", z.shape[0], starts).tolist()
+    y = np.empty(z.shape, dtype=z.dtype)
+    zf, tf, yf = _flat(z), _flat(t), y.reshape(-1)
+    width = zf.size // z.shape[0] if z.shape[0] else 0
+    losses = []
+    for lo, hi in zip(s[:-1], s[1:]):
+        total = _sigmoid_xent(zf[lo * width:hi * width], tf[lo * width:hi * width], yf[lo * width:hi * width])
+        losses.append((float(scale) if scale is not None else default_scale(z[lo:hi], None)) * float(total))
+    return losses, y
 
 
 def sigmoid_xent_backward(y, t, scale=None):

@@ -11,7 +11,7 @@ from .activation import sigmoid_forward
 from .blocksum import check_starts
 
 __all__ = ["mse_forward", "mse_forward_blocks", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
-           "sigmoid_xent_forward", "sigmoid_xent_backward"]
+           "sigmoid_xent_forward", "sigmoid_xent_forward_blocks", "sigmoid_xent_backward"]
 
 
 def default_scale(y, scale):
@@ -118,6 +118,15 @@ def sigmoid_xent_forward(z, t, scale=None):
     zd = z.astype(np.float64)
     terms = np.maximum(zd, 0) - zd * t + np.log1p(np.exp(-np.abs(zd)))
     return default_scale(z, scale) * float(terms.sum()), sigmoid_forward(z)
+
+
+def sigmoid_xent_forward_blocks(z, t, starts, scale=None):
+    """:func:`sigmoid_xent_forward` of each block of rows starts[b]:starts[b + 1]: ([one
+    loss per block], y = sigmoid(z) of every row), the bits of a call per block (``scale``
+    defaults to each block's 1/rows)."""
+    check_same_shape("sigmoid_xent_forward_blocks", z, t)
+    s = check_starts("sigmoid_xent_forward_blocks", z.shape[0], starts).tolist()
+    return [sigmoid_xent_forward(z[lo:hi], t[lo:hi], scale)[0] for lo, hi in zip(s[:-1], s[1:])], sigmoid_forward(z)
 
 
 def sigmoid_xent_backward(y, t, scale=None):

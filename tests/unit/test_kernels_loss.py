@@ -285,6 +285,27 @@ def test_blocks_squared_errors_are_a_call_per_block(kset, shape, starts, dtype, 
         assert [float(scalar_value(a)).hex() for a in got] == [float(scalar_value(b)).hex() for b in want]
 
 
+@pytest.mark.parametrize("kset", ALL_SETS)
+@pytest.mark.parametrize("shape,starts", [((100, 784), [0, 13, 25, 38, 50, 63, 75, 88, 100]),
+                                          ((9, 1, 4, 4), [0, 0, 2, 2, 3, 9]), ((5, 3), [0, 5]),
+                                          ((2100, 3), [0, 1000, 2000, 2001, 2002, 2003, 2100])],
+                         ids=["ae-layer", "cae-empty-blocks", "one-block", "chunks-and-tails"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+def test_blocks_cross_entropies_are_a_call_per_block(kset, shape, starts, dtype, rng):
+    """sigmoid_xent_forward_blocks gives, bit for bit, each block's loss as the same set's
+    sigmoid_xent_forward gives it on the block alone, and y of every row as those calls'
+    y stacked (the fine-tuning stack's head on all its blocks at once)."""
+    K, dev = load(kset)
+    z = (4 * rng.standard_normal(shape)).astype(dtype)
+    t = rng.random(shape).astype(dtype)
+    for scale in (0.01, None) if starts[1] > 0 else (0.01,):
+        losses, y = K.sigmoid_xent_forward_blocks(dev(z), dev(t), starts, scale)
+        alone = [K.sigmoid_xent_forward(dev(z[lo:hi]), dev(t[lo:hi]), scale) for lo, hi in zip(starts[:-1], starts[1:])]
+        assert [float(scalar_value(a)).hex() for a in losses] == [float(scalar_value(b)).hex() for b, _ in alone]
+        want_y = np.concatenate([np.asarray(to_host(b)) for _, b in alone])
+        assert np.asarray(to_host(y)).tobytes() == want_y.tobytes()
+
+
 @pytest.mark.parametrize("kset", ["numpy", "numba"])
 def test_blocks_squared_errors_refuse_offsets_that_do_not_split_the_rows(kset):
     K = kernels.load(kset)
@@ -295,3 +316,7 @@ def test_blocks_squared_errors_refuse_offsets_that_do_not_split_the_rows(kset):
         K.mse_forward_blocks(y, y, [0, 3, 2, 4])
     with pytest.raises(ValueError, match="shape"):
         K.mse_forward_blocks(y, y[:2], [0, 2])
+    with pytest.raises(ValueError, match="do not split"):
+        K.sigmoid_xent_forward_blocks(y, y, [0, 3])
+    with pytest.raises(ValueError, match="shape"):
+        K.sigmoid_xent_forward_blocks(y, y[:2], [0, 2])
