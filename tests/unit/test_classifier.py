@@ -109,6 +109,25 @@ def test_blocks_add_up_to_the_whole_batch_gradient(kernels):
         assert_close(parts[k], whole[k], np.float64, work=11, name=k)
 
 
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
+def test_block_sums_are_each_blocks_loss_and_count_unscaled(kernels):
+    """block_factors gives the trainer each block's Σ loss and Σ correct (not scaled by the
+    step's 1/batch), the bits that leaf_gradient gives the block alone."""
+    be = _be(kernels)
+    rng = np.random.default_rng(5)
+    x, y = rng.random((11, 8)), rng.integers(0, 3, 11)
+    rows = be.asarray(with_labels(x, y))
+    model = _random_model(be, [8, 6, 4], 3)
+    bounds = [(0, 4), (4, 5), (5, 11)]
+    sums, _ = model.block_factors([rows[lo:hi] for lo, hi in bounds], [None] * 3, 1.0 / 11,
+                                  [_zero_grads(model) for _ in bounds])
+    for (lo, hi), got in zip(bounds, sums):
+        alone = model.leaf_gradient(rows[lo:hi], None, 1.0 / 11, _zero_grads(model))
+        assert [float(v).hex() for v in got] == [float(v).hex() for v in alone]
+        loss, correct = model.loss_and_grad(be.asarray(x[lo:hi]), be.xp.asarray(y[lo:hi]), _zero_grads(model))
+        assert got[0] == pytest.approx(float(loss) * (hi - lo), rel=1e-12) and got[1] == correct
+
+
 def test_from_layers_copies_the_encoder():
     be = _be()
     layers = make_layers(be, [10, 6, 4, 3], seed=3)

@@ -64,6 +64,27 @@ def test_gradient_matches_finite_differences(loss):
                           atol=1e-8, name=name)
 
 
+@pytest.mark.parametrize("kernels", ["numpy", "numba"])
+@pytest.mark.parametrize("loss", ["mse", "xent"])
+def test_block_sums_are_each_blocks_loss_and_error_unscaled(kernels, loss):
+    """What the trainer sums: block_factors gives each block's Σ loss and Σ‖x̂ − x‖² (not
+    scaled by the step's 1/batch: an epoch's means divide by its rows), the bits that
+    leaf_gradient gives the block alone; loss_and_grad's loss is that sum at its scale."""
+    be = _be(kernels)
+    x = np.random.default_rng(4).random((11, 8))
+    model = _random_model(be, [8, 5, 3], loss)
+    blocks = [x[0:4], x[4:5], x[5:11]]
+    sums, _ = model.block_factors([be.asarray(b) for b in blocks], [None] * 3, 1.0 / 11,
+                                  [_zero_grads(model) for _ in blocks])
+    for b, got in zip(blocks, sums):
+        alone = model.leaf_gradient(be.asarray(b), None, 1.0 / 11, _zero_grads(model))
+        assert [float(v).hex() for v in got] == [float(v).hex() for v in alone]
+        assert got[0] == pytest.approx(_loss(model, b) * b.shape[0], rel=1e-12)
+        assert got[1] == pytest.approx(float(((model.reconstruct(S(b, be)).x - b) ** 2).sum()), rel=1e-12)
+        assert model.loss_and_grad(be.asarray(b), _zero_grads(model), scale=0.25)[0] == \
+            pytest.approx(0.25 * got[0], rel=1e-12)
+
+
 @pytest.mark.parametrize("kernels", kernel_set_params())
 @pytest.mark.parametrize("loss", ["mse", "xent"])
 def test_compiled_kernels_give_the_reference_gradient(kernels, loss):
