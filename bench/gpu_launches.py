@@ -32,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 EMULATED = ROOT / "tests" / "unit" / "cuda" / "emulated"
 MD = ROOT / "bench" / "results" / "gpu" / "launches.md"
 STEPS = 5  # one epoch of 500 rows at batch 100
+# the fine-tuning stack's shape, 784-1000-500-250-30 unrolled (eight weight layers, as many
+# calls a step), narrower so that the emulated GPU counts it fast
+FINE_TUNING = (784, 32, 16, 8, 4)
 
 
 def count_calls(cupy, counts: collections.Counter) -> list:
@@ -145,7 +148,8 @@ def _counted(layers, rows, host_epochs, host_rows):
     be = backend.select("gpu", "cupy", "float32")
     out = []
     made = (("CD-1 step", lambda: RBM(be, *layers, batch=100, seed=0)),
-            ("autoencoder layer step", lambda: AELayer(be, *layers, batch=100, seed=0)))
+            ("autoencoder layer step", lambda: AELayer(be, *layers, batch=100, seed=0)),
+            ("fine-tuning step", lambda: _fine_tuning(be)))
     wrapped = count_calls(cupy, counts)
     try:
         for workload, make in made:
@@ -177,6 +181,16 @@ def _counted(layers, rows, host_epochs, host_rows):
     return out
 
 
+def _fine_tuning(be):
+    """The unrolled stack of :data:`FINE_TUNING` with Adam, as ``bench.finetune_speed``'s."""
+    from aepar.models.stacked import StackedAutoencoder
+    from aepar.optim import Adam
+
+    model = StackedAutoencoder(be, FINE_TUNING, loss="xent", seed=0, batch=100)
+    model.optimizer = Adam(be, model.params, lr=1e-3)
+    return model
+
+
 def _undo(wrapped):
     for owner, name, real in reversed(wrapped):
         setattr(owner, name, real)
@@ -188,7 +202,8 @@ def table(rows: list[dict], command: str) -> str:
     host = rows[0]["host µs"] is not None
     lines = ["# Host calls per GPU training step", "",
              f"Counted {datetime.date.today().isoformat()} with `{command}` on the emulated GPU "
-             f"(`tests/unit/cuda/emulated`) on {cpu_model()}, the 784x64 layer on 500 digits, "
+             f"(`tests/unit/cuda/emulated`) on {cpu_model()}, the 784x64 layer and the 784-32-16-8-4 stack "
+             "unrolled (eight weight layers, as the fine-tuning stack's) on 500 digits, "
              "batch 100: the calls are the code's, the same on any machine, and not times. At "
              "batch 100 a GPU step costs the host about 27-44 µs a call (docs/performance-gpu.md)."]
     if host:
