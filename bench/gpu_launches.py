@@ -143,18 +143,22 @@ def _counted(layers, rows, host_epochs, host_rows):
     if "emulated" not in cupy.__version__:
         raise SystemExit("bench.gpu_launches counts on the emulated GPU only; a CuPy is already imported")
     counts = collections.Counter()
-    digits = load_digits("mnist5k", seed=0, dtype=np.float32).train_x
-    x = digits[:rows]
+    from aepar.models.classifier import with_labels
+
+    loaded = load_digits("mnist5k", seed=0, dtype=np.float32)
+    digits = loaded.train_x
+    labelled = with_labels(digits, loaded.train_y).astype(np.float32)  # the classifier's rows
     be = backend.select("gpu", "cupy", "float32")
     out = []
-    made = (("CD-1 step", lambda: RBM(be, *layers, batch=100, seed=0)),
-            ("autoencoder layer step", lambda: AELayer(be, *layers, batch=100, seed=0)),
-            ("fine-tuning step", lambda: _fine_tuning(be)))
+    made = (("CD-1 step", lambda: RBM(be, *layers, batch=100, seed=0), digits),  # (workload, model, its rows)
+            ("autoencoder layer step", lambda: AELayer(be, *layers, batch=100, seed=0), digits),
+            ("fine-tuning step", lambda: _fine_tuning(be), digits),
+            ("classifier step", lambda: _classifier(be), labelled))
     wrapped = count_calls(cupy, counts)
     try:
-        for workload, make in made:
+        for workload, make, data in made:
             for blocks in (8, 1):
-                model, shard = make(), Shard.of(be, x, blocks)
+                model, shard = make(), Shard.of(be, data[:rows], blocks)
                 train_epoch(model, shard, 0)
                 counts.clear()
                 train_epoch(model, shard, 1)
@@ -167,15 +171,15 @@ def _counted(layers, rows, host_epochs, host_rows):
         inside = [0.0]
         wrapped = time_outside(cupy, inside)
         try:
-            for r, make in zip(out, [m for _, m in made for _ in (8, 1)]):
-                model, shard = make(), Shard.of(be, digits[:host_rows], r["blocks"])
+            for r, (make, data) in zip(out, [(m, d) for _, m, d in made for _ in (8, 1)]):
+                model, shard = make(), Shard.of(be, data[:host_rows], r["blocks"])
                 train_epoch(model, shard, 0)
                 best = float("inf")
                 for epoch in range(1, host_epochs + 1):
                     inside[0], t0 = 0.0, time.perf_counter()
                     train_epoch(model, shard, epoch)
                     best = min(best, time.perf_counter() - t0 - inside[0])
-                r["host µs"] = best / -(-min(host_rows, digits.shape[0]) // 100) * 1e6
+                r["host µs"] = best / -(-min(host_rows, data.shape[0]) // 100) * 1e6
         finally:
             _undo(wrapped)
     return out
@@ -187,6 +191,16 @@ def _fine_tuning(be):
     from aepar.optim import Adam
 
     model = StackedAutoencoder(be, FINE_TUNING, loss="xent", seed=0, batch=100)
+    model.optimizer = Adam(be, model.params, lr=1e-3)
+    return model
+
+
+def _classifier(be):
+    """A classifier of :data:`FINE_TUNING`'s first layers' shape, ten classes, Adam."""
+    from aepar.models.classifier import Classifier
+    from aepar.optim import Adam
+
+    model = Classifier(be, FINE_TUNING[:3], 10, seed=0, batch=100)
     model.optimizer = Adam(be, model.params, lr=1e-3)
     return model
 
@@ -203,7 +217,7 @@ def table(rows: list[dict], command: str) -> str:
     lines = ["# Host calls per GPU training step", "",
              f"Counted {datetime.date.today().isoformat()} with `{command}` on the emulated GPU "
              f"(`tests/unit/cuda/emulated`) on {cpu_model()}, the 784x64 layer and the 784-32-16-8-4 stack "
-             "unrolled (eight weight layers, as the fine-tuning stack's) on 500 digits, "
+             "unrolled (eight weight layers, as the fine-tuning stack's) and a 784-32-16-10 classifier on 500 digits, "
              "batch 100: the calls are the code's, the same on any machine, and not times. At "
              "batch 100 a GPU step costs the host about 27-44 µs a call (docs/performance-gpu.md)."]
     if host:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from aepar.rows import local_sums
-from aepar.models.trained import DenseBackprop, TrainedState, one_array
+from aepar.rows import BlockRows, local_sums
+from aepar.models.trained import DenseBackprop, TrainedState
 
 __all__ = ["Classifier", "with_labels", "split_labels", "CLASSIFY_STREAM", "HIDDEN_ACTS", "UNIT_ACTS", "HIDDEN_INIT",
            "OUTPUT_INIT"]
@@ -78,6 +78,20 @@ def split_labels(rows):
     """(features, labels) of rows built by :func:`with_labels`, on the rows' device:
     features C-contiguous in the rows' dtype, labels int64."""
     return rows[:, :-1].copy(), rows[:, -1].astype(np.int64)
+
+
+def _split_blocks(xp, xs):
+    """(features, labels) of several blocks of rows built by :func:`with_labels`: the
+    features a BlockRows where the blocks lie in one array (the trainer's, split in one
+    call), else a list; the labels a BlockRows of one array."""
+    if isinstance(xs, BlockRows):
+        feats, labels = split_labels(xs.stacked())
+        starts = [s - xs.starts[0] for s in xs.starts]
+        return BlockRows(feats, starts), BlockRows(labels, starts)
+    parts = [split_labels(x) for x in xs]
+    starts = np.cumsum([0] + [f.shape[0] for f, _ in parts])
+    labels = xp.concatenate([y for _, y in parts]) if parts else xp.zeros(0, np.int64)
+    return [f for f, _ in parts], BlockRows(labels, starts)
 
 
 class Classifier(TrainedState, DenseBackprop):
@@ -200,23 +214,24 @@ class Classifier(TrainedState, DenseBackprop):
             (0-d arrays left on the GPU there: ``float()`` reads them and waits).
         """
         scale = 1.0 / x.shape[0] if scale is None else float(scale)
-        loss, correct = self._blocks_loss_and_grad([x], [labels], [grads], scale)[0]
+        labels = BlockRows(self.be.xp.asarray(labels), [0, x.shape[0]])
+        loss, correct = self._blocks_loss_and_grad([x], labels, [grads], scale)[0]
         return loss * scale, correct  # (the bits of the loss taken at this scale)
 
     def _blocks_loss_and_grad(self, xs, labels, grads, scale, factors=None):
-        """:meth:`loss_and_grad` of every block in ``xs`` at once, layer by layer, the
-        gradients at ``scale``; with ``factors`` (one dict per block) the weight gradients
-        are left there (:meth:`blocks_pass`). Returns [(Σ loss, correct)] per block: the
-        loss unscaled, what the trainer sums (on a GPU a scaling is a launch a block)."""
+        """:meth:`loss_and_grad` of every block in ``xs`` at once (``labels``: theirs, a
+        BlockRows of one array), layer by layer, the gradients at ``scale``; with
+        ``factors`` (one dict per block) the weight gradients are left there
+        (:meth:`blocks_pass`). Returns [(Σ loss, correct)] per block: the loss unscaled,
+        what the trainer sums (on a GPU a scaling is a launch a block)."""
         K = self.be.K
 
-        def head(logits, labels, starts):  # block by block: its loss and d/dlogits (through "identity")
-            results, dz = [], []
-            for lo, hi, y in zip(starts[:-1], starts[1:], labels):
-                loss, probs = K.softmax_xent_forward(logits[lo:hi], y, scale=1.0)
-                results.append((loss, (probs.argmax(axis=1) == y).sum()))  # on the GPU they stay there
-                dz.append(K.softmax_xent_backward(probs, y, scale=scale))
-            return results, one_array(self.be.xp, dz)
+        def head(logits, labels, starts):  # a group's blocks at once, each block's sums its own
+            y = labels.stacked()
+            losses, probs = K.softmax_xent_forward_blocks(logits, y, starts, scale=1.0)
+            hits = probs.argmax(axis=1) == y  # (on the GPU the counts stay there, as the losses)
+            return ([(loss, hits[lo:hi].sum()) for loss, lo, hi in zip(losses, starts[:-1], starts[1:])],
+                    K.softmax_xent_backward(probs, y, scale=scale))  # d/dlogits: through "identity"
         return self.blocks_pass(xs, head, labels, grads, factors)
 
     # ---- the trainer's protocol ------------------------------------------------------------
@@ -227,13 +242,13 @@ class Classifier(TrainedState, DenseBackprop):
         """One block's gradients (scaled by 1/global batch) into ``grads`` from rows
         ``[features..., label]``; returns (Σ loss, Σ correct) over its rows."""
         feats, labels = split_labels(x)
-        return self._blocks_loss_and_grad([feats], [labels], [grads], float(scale))[0]
+        return self._blocks_loss_and_grad([feats], BlockRows(labels, [0, x.shape[0]]), [grads], float(scale))[0]
 
     def block_factors(self, xs, rngs, scale, grads):
         """:meth:`leaf_gradient` of several blocks at once, their weight gradients left as
         factors (x.T @ dz per layer) and their biases' added into ``grads`` (one dict per
         block). Returns ([(Σ loss, Σ correct)], [{name: factors}]), one entry per block."""
-        feats, labels = zip(*map(split_labels, xs))
+        feats, labels = _split_blocks(self.be.xp, xs)
         factors = [{} for _ in xs]
         return self._blocks_loss_and_grad(feats, labels, grads, float(scale), factors), factors
 

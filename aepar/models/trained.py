@@ -116,15 +116,17 @@ class DenseBackprop:
         (nothing on the way needs another group's rows; three hand-offs, one per pass, cost
         a 2-vCPU VM about 200 µs each). ``head(output rows, targets, starts) -> ([result per
         block], d/d output rows)`` is called once per group, with its blocks' rows of the
-        last layer (block k: rows starts[k]:starts[k + 1]) and their entries of
-        ``targets`` (None: the group's input rows, the targets of an autoencoder), so that
+        last layer (block k: rows starts[k]:starts[k + 1]) and their slice of ``targets``
+        (a list or a BlockRows; None: the group's input rows, an autoencoder's), so that
         a loss can take all of a group's blocks in one call; returns the results per
         block, in block order. Bias gradients are added into ``grads`` (one dict per
         block), and weight gradients too, unless ``factors`` is given: then each block's
         ``factors[b][f"W{i}"]`` gets (layer input, dz, 1.0), its gradient being input.T @ dz."""
         xp = self.be.xp
         acts = BlockActivations(xs, xp)
-        targets, per_grads = None if targets is None else acts.split(list(targets)), acts.split(grads)
+        # each group's share of the targets: a slice (a BlockRows' slice is one too)
+        targets = None if targets is None else [targets[lo:hi] for lo, hi in acts.groups]
+        per_grads = acts.split(grads)
 
         def group(g):
             s = acts.starts[g]

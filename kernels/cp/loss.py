@@ -16,7 +16,8 @@ from .rowprod import on_device
 from .activation import _sigmoid
 from .c_types import C_TYPE
 
-__all__ = ["mse_forward", "mse_forward_blocks", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
+__all__ = ["mse_forward", "mse_forward_blocks", "mse_backward", "softmax_xent_forward", "softmax_xent_forward_blocks",
+           "softmax_xent_backward",
            "sigmoid_xent_forward", "sigmoid_xent_forward_blocks", "sigmoid_xent_backward"]
 
 # A whole-array ReductionKernel runs in one thread block (slow on a large batch), so the
@@ -33,7 +34,8 @@ _sigmoid_xent_rows = cp.ReductionKernel(
     "a + b", "s = a", "0", "aepar_sigmoid_xent_rows")
 _scaled_sum = cp.ReductionKernel("float64 s, float64 scale", "float64 total", "s", "a + b",
                                  "total = scale * a", "0", "aepar_scaled_sum")
-_ROWS = {"sq_diff": _sq_diff_rows, "sigmoid_xent": _sigmoid_xent_rows}
+_value_rows = cp.ReductionKernel("T y, U t", "float64 s", "(double)y", "a + b", "s = a", "0", "aepar_value_rows")
+_ROWS = {"sq_diff": _sq_diff_rows, "sigmoid_xent": _sigmoid_xent_rows, "value": _value_rows}
 
 # The same totals as compiled kernels, for y and t of one float type in C order: every
 # block sums a grid-stride share of the map in double (a fixed tree), then one block sums
@@ -49,7 +51,8 @@ def _grid(n: int) -> int:
     return max(1, min(-(-n // _TOTAL_THREADS), _TOTAL_BLOCKS))
 
 
-_MAPS = {"sq_diff": "(a - b) * (a - b)", "sigmoid_xent": "fmax(a, 0.0) - a * b + log1p(exp(-fabs(a)))"}
+_MAPS = {"sq_diff": "(a - b) * (a - b)", "sigmoid_xent": "fmax(a, 0.0) - a * b + log1p(exp(-fabs(a)))",
+         "value": "a"}  # (value: the sum of y itself)
 _TREE = r"""
 #define THREADS 256
 #define MOST_BLOCKS 1024
@@ -188,29 +191,90 @@ def mse_backward(y, t, scale=None):
     return _scaled_diff(y, t.astype(y.dtype, copy=False), y.dtype.type(default_scale(y, scale)))
 
 
+# Softmax cross-entropy a thread per row, each row in a fixed order (a row's bits its own,
+# whatever rows share the launch): m = its max, e = exp(z - m) in T, s = Σ e in double in
+# order, probs = e / (T)s, logp = ((double)z[label] - m) - log(s). The gradient: dz =
+# scale * probs, less scale at the label, each operation rounded on its own (--fmad=false).
+_SOFTMAX_SOURCE = r"""
+template <typename T>
+__global__ void softmax_rows(const T* z, const long long* labels, long long n, int k, T* probs, double* logp) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const T* r = z + i * k;
+    T* p = probs + i * k;
+    T m = r[0];
+    for (int j = 1; j < k; ++j) m = r[j] > m ? r[j] : m;
+    double s = 0.0;
+    for (int j = 0; j < k; ++j) {
+        const T e = exp(r[j] - m);
+        p[j] = e;
+        s += (double)e;
+    }
+    const T st = (T)s;
+    for (int j = 0; j < k; ++j) p[j] = p[j] / st;
+    logp[i] = ((double)r[labels[i]] - (double)m) - log(s);
+}
+template <typename T>
+__global__ void softmax_grad(const T* probs, const long long* labels, long long n, int k, T scale, T* dz) {
+    const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n * k) return;
+    const T d = probs[e] * scale;
+    dz[e] = (e % k == labels[e / k]) ? d - scale : d;
+}
+"""
+_SOFTMAX = cp.RawModule(code=_SOFTMAX_SOURCE, options=("-std=c++14", "--fmad=false"),
+                        name_expressions=[f"softmax_{kind}<{t}>" for kind in ("rows", "grad") for t in C_TYPE.values()])
+
+
+def _softmax_rows(z, labels):
+    """(probs, logp): :data:`_SOFTMAX_SOURCE`'s rows, logp float64 (rows,)."""
+    if z.dtype not in C_TYPE:
+        raise ValueError(f"softmax_xent: logits of float32 or float64, not {z.dtype}")
+    z, labels = cp.ascontiguousarray(z), cp.ascontiguousarray(labels, dtype=cp.int64)
+    n, k = z.shape
+    probs, logp = cp.empty((n, k), z.dtype), cp.empty(n, cp.float64)
+    if n and k:
+        _SOFTMAX.get_function(f"softmax_rows<{C_TYPE[z.dtype]}>")(
+            (-(-n // 128),), (128,), (z, labels, np.int64(n), np.int32(k), probs, logp))
+    return probs, logp
+
+
 def softmax_xent_forward(z, labels, scale=None):
     """Softmax cross-entropy from logits z (batch, classes) and int labels (batch,).
 
-    Returns (loss, probs) as the reference, the loss a 0-d float64 array.
+    Returns (loss, probs) as the reference, the loss a 0-d float64 array: each row by one
+    thread in a fixed order, their losses summed as the other losses are.
     """
     labels = cp.asarray(labels)
     _check_labels("softmax_xent_forward", z, labels)
-    m = z.max(axis=1, keepdims=True)
-    probs = cp.exp(z - m)
-    s = probs.sum(axis=1, keepdims=True, dtype=cp.float64)
-    probs /= s.astype(z.dtype)
-    rows = cp.arange(z.shape[0])
-    logp = (z[rows, labels].astype(cp.float64) - m[:, 0]) - cp.log(s[:, 0])
-    return logp.sum() * -default_scale(z, scale), probs
+    probs, logp = _softmax_rows(z, labels)
+    return _scaled_total("value", logp, logp, -default_scale(z, scale)), probs
+
+
+def softmax_xent_forward_blocks(z, labels, starts, scale=None):
+    """:func:`softmax_xent_forward` of each block of rows starts[b]:starts[b + 1]: ([one 0-d
+    loss per block], probs of every row), three launches for all blocks, with each block's
+    bits (its rows are their own; its sum has the grid of its call alone)."""
+    labels = cp.asarray(labels)
+    _check_labels("softmax_xent_forward_blocks", z, labels)
+    probs, logp = _softmax_rows(z, labels)
+    column = logp.reshape(-1, 1)
+    return _scaled_totals_blocks("softmax_xent_forward_blocks", "value", column, column, starts, scale, -1.0), probs
 
 
 def softmax_xent_backward(probs, labels, scale=None):
-    """dz = scale * (probs - onehot(labels))."""
+    """dz = scale * (probs - onehot(labels)), one launch."""
     labels = cp.asarray(labels)
     _check_labels("softmax_xent_backward", probs, labels)
-    scale = default_scale(probs, scale)
-    dz = probs * probs.dtype.type(scale)
-    dz[cp.arange(probs.shape[0]), labels] -= scale
+    if probs.dtype not in C_TYPE:
+        raise ValueError(f"softmax_xent_backward: probabilities of float32 or float64, not {probs.dtype}")
+    probs, labels = cp.ascontiguousarray(probs), cp.ascontiguousarray(labels, dtype=cp.int64)
+    n, k = probs.shape
+    dz = cp.empty((n, k), probs.dtype)
+    if n and k:
+        _SOFTMAX.get_function(f"softmax_grad<{C_TYPE[probs.dtype]}>")(
+            (-(-(n * k) // 256),), (256,), (probs, labels, np.int64(n), np.int32(k),
+                                            probs.dtype.type(default_scale(probs, scale)), dz))
     return dz
 
 

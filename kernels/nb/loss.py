@@ -13,7 +13,8 @@ from ..ref.loss import check_labels, check_same_shape, default_scale
 from .activation import _flat
 from .nbmath import exp_parts, log1p_unit
 
-__all__ = ["mse_forward", "mse_forward_blocks", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
+__all__ = ["mse_forward", "mse_forward_blocks", "mse_backward", "softmax_xent_forward", "softmax_xent_forward_blocks",
+           "softmax_xent_backward",
            "sigmoid_xent_forward", "sigmoid_xent_forward_blocks", "sigmoid_xent_backward"]
 
 
@@ -176,6 +177,20 @@ def softmax_xent_forward(z, labels, scale=None):
     probs = np.empty(z.shape, dtype=z.dtype)
     total = _softmax_xent(z, np.ascontiguousarray(labels, dtype=np.int64), probs)
     return default_scale(z, scale) * float(total), probs
+
+
+def softmax_xent_forward_blocks(z, labels, starts, scale=None):
+    """:func:`softmax_xent_forward` of each block of rows starts[b]:starts[b + 1]: ([one
+    Python float per block], probs of every row), each block's sum a call of its own (the
+    bits of a call per block)."""
+    labels = np.asarray(labels)
+    check_labels("softmax_xent_forward_blocks", z, labels)
+    s = check_starts("softmax_xent_forward_blocks", z.shape[0], starts).tolist()
+    z, labels = np.ascontiguousarray(z), np.ascontiguousarray(labels, dtype=np.int64)
+    probs = np.empty(z.shape, dtype=z.dtype)
+    losses = [(float(scale) if scale is not None else default_scale(z[lo:hi], None))
+              * float(_softmax_xent(z[lo:hi], labels[lo:hi], probs[lo:hi])) for lo, hi in zip(s[:-1], s[1:])]
+    return losses, probs
 
 
 def softmax_xent_backward(probs, labels, scale=None):

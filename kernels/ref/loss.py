@@ -10,7 +10,8 @@ import numpy as np
 from .activation import sigmoid_forward
 from .blocksum import check_starts
 
-__all__ = ["mse_forward", "mse_forward_blocks", "mse_backward", "softmax_xent_forward", "softmax_xent_backward",
+__all__ = ["mse_forward", "mse_forward_blocks", "mse_backward", "softmax_xent_forward", "softmax_xent_forward_blocks",
+           "softmax_xent_backward",
            "sigmoid_xent_forward", "sigmoid_xent_forward_blocks", "sigmoid_xent_backward"]
 
 
@@ -91,6 +92,17 @@ def softmax_xent_forward(z, labels, scale=None):
     # log p[label] = (z[label] - max) - log(sum exp(z - max)), in float64
     logp = (z[rows, labels].astype(np.float64) - m[:, 0]) - np.log(s[:, 0])
     return -default_scale(z, scale) * float(logp.sum()), probs
+
+
+def softmax_xent_forward_blocks(z, labels, starts, scale=None):
+    """:func:`softmax_xent_forward` of each block of rows starts[b]:starts[b + 1]: ([one loss
+    per block], probs of every row), the bits of a call per block (``scale`` defaults to
+    each block's 1/rows)."""
+    labels = np.asarray(labels)
+    check_labels("softmax_xent_forward_blocks", z, labels)
+    s = check_starts("softmax_xent_forward_blocks", z.shape[0], starts).tolist()
+    each = [softmax_xent_forward(z[lo:hi], labels[lo:hi], scale) for lo, hi in zip(s[:-1], s[1:])]
+    return [loss for loss, _ in each], np.concatenate([probs for _, probs in each])
 
 
 def softmax_xent_backward(probs, labels, scale=None):

@@ -21,11 +21,15 @@ def _nvrtc():
     pytest.skip("no NVRTC (pip install nvidia-cuda-nvrtc: part of aepar's test extra on Linux)")
 
 
-def compile_log(nvrtc, code: str, name: str, options) -> tuple[int, str]:
-    """(NVRTC's result, its log) for ``code``."""
+def compile_log(nvrtc, code: str, name: str, options, kernels=()) -> tuple[int, str]:
+    """(NVRTC's result, its log) for ``code``, each of ``kernels`` named as CuPy names a
+    RawModule's name expressions (so that a template's instances are compiled: a template
+    alone is not, and an error in its body passed unseen)."""
     prog = ctypes.c_void_p()
     assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), code.encode(), name.encode(), 0, None, None) == 0
     try:
+        for kernel in kernels:
+            assert nvrtc.nvrtcAddNameExpression(prog, kernel.encode()) == 0
         opts = [o.encode() for o in options]
         rc = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
         size = ctypes.c_size_t()
@@ -56,9 +60,11 @@ def test_every_cuda_source_of_the_set_compiles(emulated_cupy):
     for code, (kernels, options) in sources.items():
         name = ",".join(sorted(kernels))
         for arch in ARCHS:
-            rc, log = compile_log(nvrtc, code, name[:60], (f"-arch={arch}", *options))
+            rc, log = compile_log(nvrtc, code, name[:60], (f"-arch={arch}", *options), sorted(kernels))
             if rc != 0:
                 failed.append(f"{name} ({arch}): {log.strip()[:800]}")
     assert not failed, "\n".join(failed)
     bad = compile_log(nvrtc, 'extern "C" __global__ void f(float *x) { x[0] = undefined_name; }', "f", ())
     assert bad[0] != 0 and "undefined_name" in bad[1]  # the check can fail
+    bad = compile_log(nvrtc, "template <typename T> __global__ void g(T *x) { x[0] = 1 }", "g", (), ["g<float>"])
+    assert bad[0] != 0  # in a template's instance too

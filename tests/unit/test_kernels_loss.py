@@ -306,6 +306,30 @@ def test_blocks_cross_entropies_are_a_call_per_block(kset, shape, starts, dtype,
         assert np.asarray(to_host(y)).tobytes() == want_y.tobytes()
 
 
+@pytest.mark.parametrize("kset", ALL_SETS)
+@pytest.mark.parametrize("rows,classes,starts", [(100, 10, [0, 13, 25, 38, 50, 63, 75, 88, 100]),
+                                                 (9, 3, [0, 0, 2, 2, 3, 9]), (5, 7, [0, 5]),
+                                                 (2100, 4, [0, 1000, 2000, 2001, 2002, 2003, 2100])],
+                         ids=["classifier-blocks", "empty-blocks", "one-block", "chunks-and-tails"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+def test_blocks_softmax_losses_are_a_call_per_block(kset, rows, classes, starts, dtype, rng):
+    """softmax_xent_forward_blocks gives, bit for bit, each block's loss as the same set's
+    softmax_xent_forward gives it on the block alone, and probs of every row as those
+    calls' probs stacked: a row's probabilities do not depend on the rows beside it (the
+    classifier's head on all its blocks at once)."""
+    K, dev = load(kset)
+    z = (3 * rng.standard_normal((rows, classes))).astype(dtype)
+    z[0, :2] = z[0, 2] if classes > 2 else z[0, 0]  # a tie
+    labels = rng.integers(0, classes, rows)
+    for scale in (0.01, None) if starts[1] > 0 else (0.01,):
+        losses, probs = K.softmax_xent_forward_blocks(dev(z), dev(labels), starts, scale)
+        alone = [K.softmax_xent_forward(dev(z[lo:hi]), dev(labels[lo:hi]), scale)
+                 for lo, hi in zip(starts[:-1], starts[1:])]
+        assert [float(scalar_value(a)).hex() for a in losses] == [float(scalar_value(b)).hex() for b, _ in alone]
+        want = np.concatenate([np.asarray(to_host(b)) for _, b in alone])
+        assert np.asarray(to_host(probs)).tobytes() == want.tobytes()
+
+
 @pytest.mark.parametrize("kset", ["numpy", "numba"])
 def test_blocks_squared_errors_refuse_offsets_that_do_not_split_the_rows(kset):
     K = kernels.load(kset)
@@ -318,5 +342,7 @@ def test_blocks_squared_errors_refuse_offsets_that_do_not_split_the_rows(kset):
         K.mse_forward_blocks(y, y[:2], [0, 2])
     with pytest.raises(ValueError, match="do not split"):
         K.sigmoid_xent_forward_blocks(y, y, [0, 3])
+    with pytest.raises(ValueError, match="do not split"):
+        K.softmax_xent_forward_blocks(y, np.zeros(4, np.int64), [0, 3])
     with pytest.raises(ValueError, match="shape"):
         K.sigmoid_xent_forward_blocks(y, y[:2], [0, 2])
