@@ -264,14 +264,18 @@ def test_cupy_totals_are_the_rows_reductions(kset, rows, rng):
         pytest.approx(float(loss._scaled_total("sq_diff", y, t, 1.0)), rel=1e-12)
 
 
-# ---------------------------------------------------------------- per-block squared errors
+# ---------------------------------------------------------------- per-block losses
+
+# the rows' shapes and their blocks' offsets: a layer's 8 blocks, empty blocks, one block,
+# and blocks whose sums run in chunks and tails
+BLOCK_LAYOUTS = pytest.mark.parametrize(
+    "shape,starts", [((100, 784), [0, 13, 25, 38, 50, 63, 75, 88, 100]), ((9, 1, 4, 4), [0, 0, 2, 2, 3, 9]),
+                     ((5, 3), [0, 5]), ((2100, 3), [0, 1000, 2000, 2001, 2002, 2003, 2100])],
+    ids=["ae-layer", "cae-empty-blocks", "one-block", "chunks-and-tails"])
 
 
 @pytest.mark.parametrize("kset", ALL_SETS)
-@pytest.mark.parametrize("shape,starts", [((100, 784), [0, 13, 25, 38, 50, 63, 75, 88, 100]),
-                                          ((9, 1, 4, 4), [0, 0, 2, 2, 3, 9]), ((5, 3), [0, 5]),
-                                          ((2100, 3), [0, 1000, 2000, 2001, 2002, 2003, 2100])],
-                         ids=["ae-layer", "cae-empty-blocks", "one-block", "chunks-and-tails"])
+@BLOCK_LAYOUTS
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 def test_blocks_squared_errors_are_a_call_per_block(kset, shape, starts, dtype, rng):
     """mse_forward_blocks gives, bit for bit, what the same set's mse_forward gives on each
@@ -286,10 +290,7 @@ def test_blocks_squared_errors_are_a_call_per_block(kset, shape, starts, dtype, 
 
 
 @pytest.mark.parametrize("kset", ALL_SETS)
-@pytest.mark.parametrize("shape,starts", [((100, 784), [0, 13, 25, 38, 50, 63, 75, 88, 100]),
-                                          ((9, 1, 4, 4), [0, 0, 2, 2, 3, 9]), ((5, 3), [0, 5]),
-                                          ((2100, 3), [0, 1000, 2000, 2001, 2002, 2003, 2100])],
-                         ids=["ae-layer", "cae-empty-blocks", "one-block", "chunks-and-tails"])
+@BLOCK_LAYOUTS
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 def test_blocks_cross_entropies_are_a_call_per_block(kset, shape, starts, dtype, rng):
     """sigmoid_xent_forward_blocks gives, bit for bit, each block's loss as the same set's
