@@ -193,7 +193,8 @@ def mse_backward(y, t, scale=None):
 
 # Softmax cross-entropy a thread per row, each row in a fixed order (a row's bits its own,
 # whatever rows share the launch): m = its max, e = exp(z - m) in T, s = Σ e in double in
-# order, probs = e / (T)s, logp = ((double)z[label] - m) - log(s). The gradient: dz =
+# order, probs = e / (T)s, logp = ((double)z[label] - m) - log(s) (NaN for a label out of
+# range). The gradient: dz =
 # scale * probs, less scale at the label, each operation rounded on its own (--fmad=false).
 _SOFTMAX_SOURCE = r"""
 template <typename T>
@@ -212,7 +213,8 @@ __global__ void softmax_rows(const T* z, const long long* labels, long long n, i
     }
     const T st = (T)s;
     for (int j = 0; j < k; ++j) p[j] = p[j] / st;
-    logp[i] = ((double)r[labels[i]] - (double)m) - log(s);
+    const long long y = labels[i];  // out of range (unchecked here: a check waits for the GPU): NaN, not a stray read
+    logp[i] = (y >= 0 && y < k) ? ((double)r[y] - (double)m) - log(s) : nan("");
 }
 template <typename T>
 __global__ void softmax_grad(const T* probs, const long long* labels, long long n, int k, T scale, T* dz) {

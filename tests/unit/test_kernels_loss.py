@@ -331,6 +331,17 @@ def test_blocks_softmax_losses_are_a_call_per_block(kset, rows, classes, starts,
         assert np.asarray(to_host(probs)).tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("kset", kernel_set_params()[1:])
+def test_gpu_softmax_loss_of_a_label_out_of_range_is_nan(kset):
+    """The GPU set does not check the labels' values (a check would wait for the device):
+    a label out of range makes its block's loss NaN, and reads nothing past its row."""
+    K, dev = load(kset)
+    z = np.zeros((4, 3), np.float32)
+    losses, probs = K.softmax_xent_forward_blocks(dev(z), dev(np.array([0, 3, 1, -1])), [0, 1, 2, 4], 1.0)
+    assert [math.isnan(float(scalar_value(v))) for v in losses] == [False, True, True]
+    assert np.allclose(to_host(probs), 1 / 3)
+
+
 @pytest.mark.parametrize("kset", ["numpy", "numba"])
 def test_blocks_squared_errors_refuse_offsets_that_do_not_split_the_rows(kset):
     K = kernels.load(kset)
