@@ -2,11 +2,11 @@
 
 At batch 100 a GPU step waits on the host, which pays for every launch, cuBLAS call and
 CuPy operation it makes (on the H200 machine an 8-block step and a one-block step cost about
-the same host time per call: docs/performance-gpu.md). This counts
-those calls per step of the data-parallel trainer with 8 blocks and with one, for a CD-1
-layer and an autoencoder layer, on the emulated GPU (tests/unit/cuda/emulated: aepar's GPU
-code as it runs, on the CPU). The counts are the code's, the same on any machine; they are
-not times. Written to ``bench/results/gpu/launches.md`` (``--md``).
+the same host time per call: docs/performance-gpu.md). This counts those calls per step of
+the data-parallel trainer with 8 blocks and with one, for a CD-1 layer, an autoencoder
+layer, the fine-tuning stack and a classifier, on the emulated GPU (tests/unit/cuda/emulated:
+aepar's GPU code as it runs, on the CPU). The counts are the code's, the same on any
+machine; they are not times. Written to ``bench/results/gpu/launches.md`` (``--md``).
 
 Beside the counts, aepar's own Python per step (``--host``): the same epochs with the raw
 kernels not run, timed, less the time inside the stand-in's calls (its kernels, GEMMs,
@@ -31,7 +31,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EMULATED = ROOT / "tests" / "unit" / "cuda" / "emulated"
 MD = ROOT / "bench" / "results" / "gpu" / "launches.md"
-STEPS = 5  # one epoch of 500 rows at batch 100
 # the fine-tuning stack's shape, 784-1000-500-250-30 unrolled (eight weight layers, as many
 # calls a step), narrower so that the emulated GPU counts it fast
 FINE_TUNING = (784, 32, 16, 8, 4)
@@ -136,6 +135,7 @@ def _counted(layers, rows, host_epochs, host_rows):
     from aepar import backend
     from aepar.data.sources import load_digits
     from aepar.models.ae_layer import AELayer
+    from aepar.models.classifier import with_labels
     from aepar.models.rbm import RBM
     from aepar.parallel.data_parallel import train_epoch
     from aepar.rows import Shard
@@ -143,8 +143,6 @@ def _counted(layers, rows, host_epochs, host_rows):
     if "emulated" not in cupy.__version__:
         raise SystemExit("bench.gpu_launches counts on the emulated GPU only; a CuPy is already imported")
     counts = collections.Counter()
-    from aepar.models.classifier import with_labels
-
     loaded = load_digits("mnist5k", seed=0, dtype=np.float32)
     digits = loaded.train_x
     labelled = with_labels(digits, loaded.train_y).astype(np.float32)  # the classifier's rows
