@@ -350,12 +350,14 @@ def _columns(a, lo: int, hi: int):
 def _write_sums(xp, buf, live, extras):
     """Each live block's step sums (``extras``: a tuple per block, floats or 0-d device
     arrays) into its row after the gradients: where they are all device arrays and the
-    blocks' rows are consecutive, one stack and one copy (on a GPU two launches where each
-    value was its own)."""
+    blocks' rows are consecutive, each sum's values stacked straight into its column of
+    the rows (on a GPU one launch a sum, where each value was its own)."""
     values = [v for extra in extras for v in extra]
     if values and all(isinstance(v, xp.ndarray) for v in values) and live == list(range(live[0], live[-1] + 1)):
         width = len(values) // len(live)
-        buf.leaves[live[0]:live[-1] + 1, buf.n_grad:buf.n_grad + width] = xp.stack(values).reshape(len(live), width)
+        rows = buf.leaves[live[0]:live[-1] + 1]
+        for j in range(width):
+            xp.stack(values[j::width], out=rows[:, buf.n_grad + j])
         return
     for i, extra in zip(live, extras):
         for j, value in enumerate(extra):

@@ -13,6 +13,8 @@ from aepar.models.classifier import Classifier
 from aepar.models.rbm import RBM
 from aepar.models.stacked import StackedAutoencoder
 from aepar.optim import Adam
+from tests.conftest import kernel_set_params
+from tests.gradcheck import to_host
 from aepar.parallel.data_parallel import blockwise_sums, reducer, train_epoch
 from aepar.rows import (BlockFactor, BlockRows, Blocks, Shard, factor_rows, local_sums, stacked_rows, tree_sum,
                         tree_sum_rows, weighted_ranges)
@@ -720,3 +722,26 @@ def test_one_process_steps_its_weights_inside_the_sum(kind, threads, monkeypatch
     inside = trained()
     assert len(calls) == 3 * threads  # a call per step and band
     assert trained(Planted()) == inside and len(calls) == 3 * threads
+
+
+@pytest.mark.parametrize("live", [[1, 2, 3], [0, 2, 3]], ids=["consecutive", "a gap"])
+@pytest.mark.parametrize("width", [1, 2])
+@pytest.mark.parametrize("kind", ["arrays", "floats"])
+@pytest.mark.parametrize("kernels", ["numpy"] + kernel_set_params()[1:])
+def test_step_sums_go_to_their_blocks_columns(kernels, kind, width, live):
+    """Each live block's step sums land in its own row, sum j in column n_grad + j: stacked
+    into each sum's column where the values are (0-d) arrays and the rows consecutive (a
+    GPU's step), else one by one; nothing else in the rows is written."""
+    from types import SimpleNamespace
+
+    from aepar.parallel.data_parallel import _write_sums
+
+    xp = backend.select("gpu" if kernels == "cupy" else "cpu", kernels, "float32").xp
+    leaves = xp.asarray(np.full((5, 8), -1.0, np.float32))
+    buf = SimpleNamespace(leaves=leaves, rows=[leaves[i] for i in range(5)], n_grad=3)
+    extras = [tuple((xp.asarray if kind == "arrays" else float)(10.0 * b + j) for j in range(width)) for b in live]
+    _write_sums(xp, buf, live, extras)
+    want = np.full((5, 8), -1.0, np.float32)
+    for b in live:
+        want[b, 3:3 + width] = [10.0 * b + j for j in range(width)]
+    assert np.array_equal(to_host(leaves), want)
