@@ -11,7 +11,7 @@ import cupy as cp
 import numpy as np
 
 from ..ref.blocksum import check_starts
-from ..ref.loss import check_same_shape, default_scale, mse_forward_blocks_via
+from ..ref.loss import check_same_shape, default_scale, mse_forward_blocks_via, sigmoid_xent_forward_blocks_via
 from .rowprod import on_device
 from .activation import _sigmoid
 from .c_types import C_TYPE
@@ -119,8 +119,9 @@ _sum_partials, _sum_partials_blocks = (cp.RawKernel(_SUM_PARTIALS_SOURCE, f"aepa
 
 
 def _by_rows(y):
-    """y as (rows, rest): the first stage of a loss sums along axis 1."""
-    return y.reshape(y.shape[0], -1) if y.ndim >= 2 else y.reshape(1, -1)
+    """y as (rows, rest): the first stage of a loss sums along axis 1 (the rest's size
+    spelled out: -1 is undefined for no rows)."""
+    return y.reshape(y.shape[0], math.prod(y.shape[1:])) if y.ndim >= 2 else y.reshape(1, -1)
 
 
 def _scaled_total(name, y, t, scale):
@@ -294,10 +295,9 @@ def sigmoid_xent_forward_blocks(z, t, starts, scale=None):
     loss per block], y of every row), three launches for all blocks where one block's call
     takes the compiled kernels, with each block's bits (y is element-wise: the same bits in
     one launch)."""
-    check_same_shape("sigmoid_xent_forward_blocks", z, t)
     if not _blocks_take_kernels("sigmoid_xent", z, t):
-        s = check_starts("sigmoid_xent_forward_blocks", z.shape[0], starts).tolist()
-        return [sigmoid_xent_forward(z[lo:hi], t[lo:hi], scale)[0] for lo, hi in zip(s[:-1], s[1:])], _sigmoid(z)
+        return sigmoid_xent_forward_blocks_via(sigmoid_xent_forward, _sigmoid, z, t, starts, scale)
+    check_same_shape("sigmoid_xent_forward_blocks", z, t)
     return _scaled_totals_blocks("sigmoid_xent_forward_blocks", "sigmoid_xent", z, t, starts, scale, 1.0), _sigmoid(z)
 
 

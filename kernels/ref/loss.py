@@ -136,9 +136,16 @@ def sigmoid_xent_forward_blocks(z, t, starts, scale=None):
     """:func:`sigmoid_xent_forward` of each block of rows starts[b]:starts[b + 1]: ([one
     loss per block], y = sigmoid(z) of every row), the bits of a call per block (``scale``
     defaults to each block's 1/rows)."""
+    return sigmoid_xent_forward_blocks_via(sigmoid_xent_forward, sigmoid_forward, z, t, starts, scale)
+
+
+def sigmoid_xent_forward_blocks_via(sigmoid_xent_forward, sigmoid, z, t, starts, scale=None):
+    """:func:`sigmoid_xent_forward_blocks` as a call of a set's ``sigmoid_xent_forward`` per
+    block for the losses and one of its ``sigmoid`` for y (element-wise: the bits of the
+    blocks' calls)."""
     check_same_shape("sigmoid_xent_forward_blocks", z, t)
     s = check_starts("sigmoid_xent_forward_blocks", z.shape[0], starts).tolist()
-    return [sigmoid_xent_forward(z[lo:hi], t[lo:hi], scale)[0] for lo, hi in zip(s[:-1], s[1:])], sigmoid_forward(z)
+    return [sigmoid_xent_forward(z[lo:hi], t[lo:hi], scale)[0] for lo, hi in zip(s[:-1], s[1:])], sigmoid(z)
 
 
 def sigmoid_xent_backward(y, t, scale=None):

@@ -1,5 +1,6 @@
 """Loss and regulariser kernels (loss, sparsity families): float64 gradient checks for
 every set, the reference against textbook formulas, Numba/CuPy against the reference."""
+import itertools
 import math
 
 import numpy as np
@@ -298,8 +299,8 @@ def test_blocks_cross_entropies_are_a_call_per_block(kset, shape, starts, dtype,
     y stacked (the fine-tuning stack's head on all its blocks at once)."""
     K, dev = load(kset)
     z = (4 * rng.standard_normal(shape)).astype(dtype)
-    t = rng.random(shape).astype(dtype)
-    for scale in (0.01, None) if starts[1] > 0 else (0.01,):
+    for t, scale in itertools.product((rng.random(shape).astype(dtype), rng.random(shape)),  # (other types:
+                                      (0.01, None) if starts[1] > 0 else (0.01,)):  # the GPU's call a block)
         losses, y = K.sigmoid_xent_forward_blocks(dev(z), dev(t), starts, scale)
         alone = [K.sigmoid_xent_forward(dev(z[lo:hi]), dev(t[lo:hi]), scale) for lo, hi in zip(starts[:-1], starts[1:])]
         assert [float(scalar_value(a)).hex() for a in losses] == [float(scalar_value(b)).hex() for b, _ in alone]
