@@ -232,6 +232,7 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
                                               "pretrain_time_s",
                                               "planned_vs_greedy", "replay_one_core_per_stage_s")},
                      "machine": machine(), "commit": opts.commit})
+        write_rows(opts.out / "sixteen.csv", rows)  # after every run: a pass cut short keeps its rows
 
     # at many ranks also with equal shares throughout (what balancing by speed gains there),
     # as a quarter of the ranks with 4 threads each (fewer messages, the same cores) and, at
@@ -279,7 +280,6 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
                                  env=dict(env, AEPAR_THREADS=str(threads)), timeout=300)
         ok &= rc == 0
         record(f"pretrain {scheme}", ranks, threads, out, rc, seconds)
-    write_rows(opts.out / "sixteen.csv", rows)
     ok &= independent_copies(log, opts, scratch, env, usage)
     # the scaling model's missing inputs on this machine: ranks sharing its cores and memory,
     # and its own collectives at 2 ranks (the points its trees are made of) and at 16
