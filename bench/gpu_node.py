@@ -25,19 +25,20 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   ``--balance-every 0``, as a quarter of the ranks with 4 threads each, as one process
   with ``--sixteen`` threads (its threads wait for each round in compiled code), and with Open
   MPI's waiting ranks yielding or sleeping instead of polling, :data:`WAITS`; at 10k also
-  with ``--optimizer lbfgs``, aepar's L-BFGS, whose serial step is cheaper), and the
-  pre-training schemes (autoencoder layers 784-500-250-100-30, 2 epochs of the 60k
+  with ``--optimizer lbfgs``, aepar's L-BFGS, whose serial step is cheaper); where a
+  rank's time goes under mpirun: every sparse run's processes' rusage (``bench.rank_usage``)
+  and, where ``perf stat`` counts, their counters, beside ``--sixteen`` independent
+  processes of one rank's share, 10k patches (OUT/rank_usage.csv); the scaling model's
+  inputs for this machine: ``measure-contention`` (one process per core against one alone,
+  a memory triad too: OUT/contention.csv) and ``measure-mpi --quick`` under 2 and
+  ``--sixteen`` ranks (OUT/mpi_2ranks.csv, OUT/mpi_16ranks.csv); last, the longest runs,
+  the pre-training schemes (autoencoder layers 784-500-250-100-30, 2 epochs of the 60k
   training images): greedy on 1, 4 and ``--sixteen`` ranks, data on 4 and ``--sixteen``,
   model and sync on 4 (a rank per layer), hybrid on ``--sixteen``, greedy as a quarter of
-  the ranks with 4 threads each (OUT/sixteen.csv: the runs' seconds, compute and
-  communication, and sync's planned makespan over greedy's work); where a rank's time goes
-  under mpirun: every sparse run's processes' rusage (``bench.rank_usage``) and, where
-  ``perf stat`` counts, their counters, beside ``--sixteen`` independent processes of one
-  rank's share, 10k patches (OUT/rank_usage.csv); then the scaling model's inputs for this
-  machine: ``measure-contention`` (one process per core against one alone, a memory triad
-  too: OUT/contention.csv) and ``measure-mpi --quick`` under 2 and ``--sixteen`` ranks
-  (OUT/mpi_2ranks.csv, OUT/mpi_16ranks.csv). Copied to bench/results/scaling_16core, the
-  model prices that machine's collectives with its own points.
+  the ranks with 4 threads each (OUT/sixteen.csv, a row written after each run: the runs'
+  seconds, compute and communication, and sync's planned makespan over greedy's work).
+  Copied to bench/results/scaling_16core, the model prices that machine's collectives
+  with its own points.
 - ``tax``: ``bench.block_tax`` on this machine's CPU at 1 and 2 threads (8 blocks against
   1 and against PyTorch, every workload), merged into a copy of bench/results/block_tax.csv
   (OUT/block_tax.csv and .md, ready to replace the committed pair). Last in the default
@@ -78,14 +79,14 @@ STEPS = ("tests", "bits", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu, 2026-11-30; tests with
 # CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
 # added since (equal shares at 16 ranks, the schemes on 3x the rows, aepar's L-BFGS at 10k)
-# priced from its log, 15 s for the sparse runs on 4 threads a rank (and 15 s more for those
-# as one process of --sixteen threads), 15 s for those with
-# other waits, 5 s for the independent copies and 20 s for the collectives at 2 and 16 ranks
-# (measure-mpi --quick took 10 s at 2 ranks on a 2-vCPU Xeon)
+# priced from its log (a scheme's run as 5 s of start plus 3x the rest), 15 s for the sparse
+# runs on 4 threads a rank (and 15 s more for those as one process of --sixteen threads),
+# 15 s for those with other waits, 5 s for the independent copies and 20 s for the
+# collectives at 2 and 16 ranks (measure-mpi --quick took 10 s at 2 ranks on a 2-vCPU Xeon)
 # tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its
 # fifth workload (greedy, about a quarter more); bits: 3 s on the CPU, and a guess for CuPy's
 # start and the CPU row kernels' compilation where the tests step did not leave them cached
-ESTIMATE_S = {"tests": 60, "bits": 60, "epochs": 120, "shared": 90, "sixteen": 380, "tax": 150}
+ESTIMATE_S = {"tests": 60, "bits": 60, "epochs": 120, "shared": 90, "sixteen": 450, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -261,6 +262,18 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
             record(f"sparse {patches} patches" + ("" if every is None else ", equal shares")
                    + (f", --optimizer {optimizer}" if optimizer else "") + (f", MPI waits: {wait}" if wait else ""),
                    ranks, threads, out, rc, seconds)
+    # the independent copies and the model's inputs before the schemes, the longest runs, so
+    # that a pass cut short loses schemes (measured before) rather than these
+    ok &= independent_copies(log, opts, scratch, env, usage)
+    # the scaling model's missing inputs on this machine: ranks sharing its cores and memory,
+    # and its own collectives at 2 ranks (the points its trees are made of) and at 16
+    model_rc, _, _ = log.run([PY, "-m", "bench.scaling_model", "measure-contention", "--out",
+                              opts.out / "contention.csv"], env=env, timeout=180)
+    for ranks in (2, big):
+        done, _, _ = log.run(python_command("bench.scaling_model", ["measure-mpi", "--quick", "--out",
+                                                                    opts.out / f"mpi_{ranks}ranks.csv"], ranks),
+                             env=env, timeout=120)
+        model_rc = model_rc or done
     data = ["--data-dir", opts.data_dir, "--limit", PRETRAIN_ROWS] if opts.data_dir else ["--dataset", "mnist5k"]
     net = ["--layers", "784-500-250-100-30", "--pretrainer", "ae", "--epochs", PRETRAIN_EPOCHS,
            "--finetune-epochs", 0, "--reduce-blocks", max(8, big), "--no-plot", "--quiet", *data]
@@ -280,17 +293,7 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
                                  env=dict(env, AEPAR_THREADS=str(threads)), timeout=300)
         ok &= rc == 0
         record(f"pretrain {scheme}", ranks, threads, out, rc, seconds)
-    ok &= independent_copies(log, opts, scratch, env, usage)
-    # the scaling model's missing inputs on this machine: ranks sharing its cores and memory,
-    # and its own collectives at 2 ranks (the points its trees are made of) and at 16
-    rc, _, _ = log.run([PY, "-m", "bench.scaling_model", "measure-contention", "--out",
-                        opts.out / "contention.csv"], env=env, timeout=180)
-    for ranks in (2, big):
-        done, _, _ = log.run(python_command("bench.scaling_model", ["measure-mpi", "--quick", "--out",
-                                                                    opts.out / f"mpi_{ranks}ranks.csv"], ranks),
-                             env=env, timeout=120)
-        rc = rc or done
-    return ok and rc == 0
+    return ok and model_rc == 0
 
 
 PERF_EVENTS = "task-clock,context-switches,cpu-migrations,cycles,instructions,cache-misses"
