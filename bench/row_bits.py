@@ -105,8 +105,8 @@ def measure(xp, forward=FORWARD, gradient=GRADIENT, rows=ROWS, batches=BATCHES, 
 
 
 # the batches the own kernels are timed at, in 8 blocks: 12-13 rows a block (the seed's
-# batch of 100), about rowprod.MAX_ROWS, twice it, and far above it
-OWN_BATCHES = (100, 512, 1000, 5000)
+# batch of 100), 64, 125 (up to rowprod.MAX_ROWS), 250 and 625 (above it)
+OWN_BATCHES = (100, 512, 1000, 2000, 5000)
 
 
 def own_kernels(cp, repeats=20) -> list[dict]:

@@ -68,6 +68,15 @@ HAVE_GPU = _have_gpu()
 COMPARED_SETS = ["numba"] + (["cupy"] if HAVE_GPU else [])
 
 
+def gpu_rows(sizes) -> tuple[list[int], int]:
+    """Block sizes written about a bound of 64 rows, scaled to the GPU set's bound
+    (``kernels.cp.rowprod.MAX_ROWS``: up to it a block takes the row kernels), so that they
+    still fall on either side of it; and the bound. Imports the GPU set (CuPy or its
+    emulated stand-in)."""
+    bound = importlib.import_module("aepar.kernels.cp.rowprod").MAX_ROWS
+    return [n * bound // 64 for n in sizes], bound
+
+
 def kernel_set_params():
     """pytest params for every non-reference kernel set; cupy is skipped with a reason."""
     return [pytest.param("numba", id="numba"),

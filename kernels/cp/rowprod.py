@@ -16,8 +16,8 @@ through cuBLAS made over a hundred host calls (``python -m bench.gpu_launches``)
 costing the host more than its product costs the GPU. Their bits
 and the emulated GPU (tests/unit/test_kernels_cp_rowprod.py) say these kernels compute
 what they should; their speed against cuBLAS on a GPU is what ``python -m bench.row_bits
---device gpu`` (bench.gpu_node's ``bits`` step) measures, and :data:`MAX_ROWS` is to be
-set from it.
+--device gpu`` (bench.gpu_node's ``bits`` step) measures, and :data:`MAX_ROWS` is set
+from it.
 """
 import functools
 import os
@@ -30,12 +30,14 @@ from ..ref.blocksum import as_parts, check_block_outer_sum, postfix_tree
 
 __all__ = []  # helpers of the set's block paths, not kernels of their own
 
-# a block of at most this many rows takes these kernels: its chain's products
-# (rbm_cd_factors_blocks, the dense blocks), and its factors' product, which stack two of
-# its chains (the RBM's [vk; v0]: 2 * MAX_ROWS rows, block_outer_sum); a provisional bound,
-# below which a block's product is far too small to fill a GPU and cuBLAS's calls cost the
-# host most
-MAX_ROWS = 64
+# a block of at most this many rows takes these kernels: its chains' products
+# (rbm_cd_factors_blocks, the dense blocks), and its factors' product, which stacks two of
+# its chains (the RBM's [vk; v0]: 2 * MAX_ROWS rows, block_outer_sum). Set from
+# bench.row_bits --device gpu on an H200 (bench/results/gpu/row_bits.csv, 2026-12-04): 8
+# blocks of 125 rows in one launch took 22-184 us a product against 166-186 us for cuBLAS
+# a call per block, and their factors' sum 283-342 us against 439-469 us; at 625 rows a
+# block cuBLAS was faster (282 against 575 us for the 784x1000 product)
+MAX_ROWS = 128
 
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rowprod.cu")) as _f:
     _CODE = _f.read()

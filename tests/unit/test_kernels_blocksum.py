@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
 from aepar.rows import tree_merges, tree_sum, tree_top
-from tests.conftest import kernel_set_params
+from tests.conftest import gpu_rows, kernel_set_params
 from tests.gradcheck import assert_grad_close, numerical_grad, to_host
 
 REF = kernels.load("numpy")
@@ -285,8 +285,8 @@ def test_two_parts_are_the_interleaved_arrays(name, count, m, n, seed, long, ban
 def test_two_parts_on_every_set(name, sizes, rng, monkeypatch):
     """Every set takes two parts as the interleaved arrays, the one block's product written
     in place included. The GPU set hands them to its row kernels as they are where every
-    block is small, and a block is small by the rows of both its parts (at most 128, as
-    the interleaved block's)."""
+    block is small, and a block is small by the rows of both its parts (at most twice
+    ``MAX_ROWS``, as the interleaved block's; the sizes are scaled to it)."""
     from aepar.kernels.ref.blocksum import as_parts, interleaved
 
     K = kernels.load(name)
@@ -295,6 +295,7 @@ def test_two_parts_on_every_set(name, sizes, rng, monkeypatch):
     if name == "cupy":
         import cupy as xp
         gpu_blocksum = importlib.import_module("aepar.kernels.cp.blocksum")
+        sizes, bound = gpu_rows(sizes)
 
         def spy(A, D, starts, merges, alphas, out, real=gpu_blocksum.rows_block_outer_sum):
             by_rows.extend((np.diff(starts) * len(as_parts(A))).tolist())
@@ -312,7 +313,7 @@ def test_two_parts_on_every_set(name, sizes, rng, monkeypatch):
                             merges, alphas, xp.empty((30, 50), np.float32))
     assert np.array_equal(to_host(got).view(np.int32), to_host(want).view(np.int32))
     if name == "cupy":
-        assert by_rows == [2 * n for n in sizes if 2 * n <= 128]
+        assert by_rows == [2 * n for n in sizes if 2 * n <= 2 * bound]
 
 
 def test_parts_refused_where_they_do_not_fit():
@@ -331,7 +332,7 @@ def test_parts_refused_where_they_do_not_fit():
 @pytest.mark.parametrize("name", kernel_set_params()[1:])
 def test_gpu_blocks_sum_each_blocks_own_product(name, sizes, one, rng, monkeypatch):
     """The GPU set takes each block's product by the block's own rows: its row kernels (the
-    CPU's bits) up to 128 rows, cuBLAS above, all in one launch where every block is small.
+    CPU's bits) up to twice ``MAX_ROWS`` rows (the sizes are scaled to it), cuBLAS above, all in one launch where every block is small.
     So a call's sum is the blocks' products alone added in the tree, on either side of that
     bound: what ranks sharing a batch rely on. Where the row kernels take every block, also
     in bands of columns (each element's sum is its own); cuBLAS picks its kernel by the
@@ -342,6 +343,8 @@ def test_gpu_blocks_sum_each_blocks_own_product(name, sizes, one, rng, monkeypat
     import cupy as cp
 
     gpu_blocksum = importlib.import_module("aepar.kernels.cp.blocksum")
+    sizes, bound = gpu_rows(sizes)
+    factor_rows = 2 * bound  # a block's factors stack two of its chains
 
     by_rows = []  # each block the row kernels summed, by its rows
 
@@ -356,16 +359,16 @@ def test_gpu_blocks_sum_each_blocks_own_product(name, sizes, one, rng, monkeypat
     merges = tree_merges(tree_top(count), 0, count)
     out = cp.full((38, 45), 7.0, np.float32)  # a row past out: must stay
     K.block_outer_sum(cp.asarray(A), cp.asarray(D), starts, merges, alphas, out[:37])
-    assert by_rows == [n for n in sizes if n <= 128]
+    assert by_rows == [n for n in sizes if n <= factor_rows]
     leaves = [K.block_outer_sum(cp.asarray(A[s:e]), cp.asarray(D[s:e]), [0, e - s], [0], [a],
                                 cp.empty((37, 45), np.float32)) for s, e, a in zip(starts[:-1], starts[1:], alphas)]
     assert np.array_equal(to_host(out[:37]), tree_sum([np.array(to_host(leaf)) for leaf in leaves]))  # (adds in place)
     assert np.all(to_host(out[37]) == 7.0)
     for (s, e), leaf, alpha in zip(zip(starts[:-1], starts[1:]), leaves, alphas):
-        if e - s <= 128:
+        if e - s <= factor_rows:
             cpu = NB.block_outer_sum(A[s:e], D[s:e], [0, e - s], [0], [alpha], np.empty((37, 45), np.float32))
             assert np.array_equal(to_host(leaf).view(np.int32), cpu.view(np.int32))
-    if all(n <= 128 for n in sizes):  # bands of a cuBLAS product: see the docstring
+    if all(n <= factor_rows for n in sizes):  # bands of a cuBLAS product: see the docstring
         bands = cp.empty((37, 45), np.float32)
         for lo, hi in ((0, 20), (20, 37)):
             K.block_outer_sum(cp.asarray(A)[:, lo:hi], cp.asarray(D), starts, merges, alphas, bands[lo:hi])
@@ -381,12 +384,13 @@ def test_gpu_blocks_sum_each_blocks_own_product(name, sizes, one, rng, monkeypat
 @pytest.mark.parametrize("name", kernel_set_params()[1:])
 def test_gpu_step_with_the_sum_is_the_sum_then_the_step(name, sizes, parts, fused, rng, monkeypatch):
     """The GPU set's block_outer_sum_sgd: where its row kernels take every block (of at
-    most 128 rows by all its parts), the sum and the step in one launch; else the sum,
+    most twice ``MAX_ROWS`` rows by all its parts; the sizes are scaled to it), the sum and the step in one launch; else the sum,
     then the step. Either way the bits of its block_outer_sum and then its
     sgd_momentum_update, signed zeros included, and nothing written past p or v."""
     import cupy as cp
 
     gpu_blocksum = importlib.import_module("aepar.kernels.cp.blocksum")
+    sizes, _ = gpu_rows(sizes)
     launches = []
 
     def spy(*args, real=gpu_blocksum.rows_block_outer_sum_sgd):

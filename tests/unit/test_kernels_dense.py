@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
-from tests.conftest import kernel_set_params
+from tests.conftest import gpu_rows, kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, scalar_value, to_host
 
 ALL_SETS = [pytest.param("numpy", id="numpy")] + kernel_set_params()
@@ -366,13 +366,15 @@ def test_dense_blocks_have_their_own_bits_however_grouped(name, sizes, act, view
     """A block's activations, dz, dx and bias gradient are the same bits in a call of all
     blocks, of some (another rank's share) and alone, float32 with the bias gradients in
     one buffer's rows as the trainer keeps them, W C-ordered or a transposed view. The GPU
-    set takes its row kernels for a block of at most 64 rows and cuBLAS above, block by
-    block: which products took them is checked too (the emulated GPU's cuBLAS gives the row
+    set takes its row kernels for a block of at most ``MAX_ROWS`` rows and cuBLAS above
+    (the sizes, written about 64, are scaled to it), block by block: which products took them is checked too (the emulated GPU's cuBLAS gives the row
     kernels' bits at these sizes, so bits alone would not tell)."""
     K, dev = load(name)
     by_rows = []  # the rows of every product the GPU set's row kernels made
+    bound = None
     if name == "cupy":
         gpu_dense = importlib.import_module("aepar.kernels.cp.dense")
+        sizes, bound = gpu_rows(sizes)
 
         for kernel in ("rows_times", "rows_times_t"):
             def spy(a, W, out=None, real=getattr(gpu_dense, kernel)):
@@ -396,7 +398,7 @@ def test_dense_blocks_have_their_own_bits_however_grouped(name, sizes, act, view
         dx, dz = K.dense_backward_blocks(da[lo:hi], x[lo:hi], W, a, act, [g[:30] for g in grads], at)
         if name == "cupy":  # all blocks in one call of each product, or block by block
             mine = sizes[first:stop]
-            assert by_rows == ([sum(mine)] * 2 if max(mine) <= 64 else [n for n in mine if n <= 64] * 2)
+            assert by_rows == ([sum(mine)] * 2 if max(mine) <= bound else [n for n in mine if n <= bound] * 2)
         return [to_host(v) for v in (a, dx, dz, grads)]
 
     everything = blocks(0, len(sizes))

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
-from tests.conftest import kernel_set_params
+from tests.conftest import gpu_rows, kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, scalar_value
 
 REF = kernels.load("numpy")
@@ -445,13 +445,15 @@ def test_rbm_blocks_have_their_own_bits_however_grouped(name, sizes, hidden, mon
     """What ranks sharing a batch rely on, on every compiled set: a block's factors, bias
     gradients and error are the same bits in a call of all blocks, in a call of some of them
     (another rank's share) and alone, with gradients in one buffer's rows as the trainer
-    keeps them. The GPU set takes its row kernels for a block of at most 64 rows and cuBLAS
-    above (65 crosses it), block by block: which one a block alone took is checked too,
+    keeps them. The GPU set takes its row kernels for a block of at most ``MAX_ROWS`` rows
+    and cuBLAS above (the sizes, written about 64, are scaled to it), block by block: which one a block alone took is checked too,
     as the emulated GPU's cuBLAS sums small products in the row kernels' order."""
     K, dev, host = kit(name)
     by_rows = []  # the rows of every product the GPU set's row kernels made
+    bound = None
     if name == "cupy":
         gpu_rbm = importlib.import_module("aepar.kernels.cp.rbm")
+        sizes, bound = gpu_rows(sizes)
 
         def spy(a, W, out=None, rows_times=gpu_rbm.rows_times):
             by_rows.append(a.shape[0])
@@ -477,7 +479,8 @@ def test_rbm_blocks_have_their_own_bits_however_grouped(name, sizes, hidden, mon
         got = blocks(first, stop)
         if name == "cupy":  # all blocks' chains in one call of each product, or block by block
             mine = sizes[first:stop]
-            assert by_rows == ([sum(mine)] * 2 if max(mine) <= 64 else [n for n in mine if n <= 64 for _ in "up"])
+            assert by_rows == ([sum(mine)] * 2 if max(mine) <= bound else [n for n in mine if n <= bound
+                                                                           for _ in "up"])
         for b in range(first, stop):
             here = slice(2 * (starts[b] - starts[first]), 2 * (starts[b + 1] - starts[first]))
             there = slice(2 * starts[b], 2 * starts[b + 1])
@@ -492,7 +495,7 @@ def test_rbm_blocks_have_their_own_bits_however_grouped(name, sizes, hidden, mon
         rows = slice(2 * lo, 2 * hi)
         assert np.array_equal(host(A), everything[0][rows]) and np.array_equal(host(D), everything[1][rows])
         assert float(err) == everything[3][b] and np.array_equal(host(gv), everything[4][b, :40])
-        assert by_rows == ([hi - lo] * 2 if name == "cupy" and hi - lo <= 64 else [])
+        assert by_rows == ([hi - lo] * 2 if name == "cupy" and hi - lo <= bound else [])
     # and they are CD-1's: the reference's within float32 rounding
     R = kernels.load("numpy")
     rv, rh = [np.zeros(40, np.float32) for _ in sizes], [np.zeros(30, np.float32) for _ in sizes]
