@@ -332,14 +332,15 @@ def test_parts_refused_where_they_do_not_fit():
 @pytest.mark.parametrize("name", kernel_set_params()[1:])
 def test_gpu_blocks_sum_each_blocks_own_product(name, sizes, one, rng, monkeypatch):
     """The GPU set takes each block's product by the block's own rows: its row kernels (the
-    CPU's bits) up to twice ``MAX_ROWS`` rows (the sizes are scaled to it), cuBLAS above, all in one launch where every block is small.
-    So a call's sum is the blocks' products alone added in the tree, on either side of that
-    bound: what ranks sharing a batch rely on. Where the row kernels take every block, also
-    in bands of columns (each element's sum is its own); cuBLAS picks its kernel by the
-    product's shape, so a band of its product may differ in bits (seen on an H200: one
-    300-row block), and a GPU rank never cuts a product into bands (one thread: one band).
-    Which blocks took the row kernels is checked too: the emulated GPU's cuBLAS sums small
-    products in the row kernels' order, so its bits alone would not tell."""
+    CPU's bits) up to twice ``MAX_ROWS`` rows (the sizes are scaled to it), cuBLAS above,
+    all in one launch where every block is small. So a call's sum is the blocks' products
+    alone added in the tree, on either side of that bound: what ranks sharing a batch rely
+    on. Where the row kernels take every block, also in bands of columns (each element's sum
+    is its own); cuBLAS picks its kernel by the product's shape, so a band of its product
+    may differ in bits (seen on an H200: one 300-row block), and a GPU rank never cuts a
+    product into bands (one thread: one band). Which blocks took the row kernels is checked
+    too: the emulated GPU's cuBLAS sums small products in the row kernels' order, so its
+    bits alone would not tell."""
     import cupy as cp
 
     gpu_blocksum = importlib.import_module("aepar.kernels.cp.blocksum")
@@ -383,10 +384,11 @@ def test_gpu_blocks_sum_each_blocks_own_product(name, sizes, one, rng, monkeypat
                          ids=["small", "small-parts", "one-part-bound", "parts-either-side", "large", "one-block"])
 @pytest.mark.parametrize("name", kernel_set_params()[1:])
 def test_gpu_step_with_the_sum_is_the_sum_then_the_step(name, sizes, parts, fused, rng, monkeypatch):
-    """The GPU set's block_outer_sum_sgd: where its row kernels take every block (of at
-    most twice ``MAX_ROWS`` rows by all its parts; the sizes are scaled to it), the sum and the step in one launch; else the sum,
-    then the step. Either way the bits of its block_outer_sum and then its
-    sgd_momentum_update, signed zeros included, and nothing written past p or v."""
+    """The GPU set's block_outer_sum_sgd: where its row kernels take every block (of at most
+    twice ``MAX_ROWS`` rows by all its parts; the sizes are scaled to it), the sum and the
+    step in one launch; else the sum, then the step. Either way the bits of its
+    block_outer_sum and then its sgd_momentum_update, signed zeros included, and nothing
+    written past p or v."""
     import cupy as cp
 
     gpu_blocksum = importlib.import_module("aepar.kernels.cp.blocksum")

@@ -364,11 +364,12 @@ def test_tied_ae_update_refuses_what_does_not_fit(kset, rng):
 @pytest.mark.parametrize("name", kernel_set_params())
 def test_dense_blocks_have_their_own_bits_however_grouped(name, sizes, act, view, monkeypatch):
     """A block's activations, dz, dx and bias gradient are the same bits in a call of all
-    blocks, of some (another rank's share) and alone, float32 with the bias gradients in
-    one buffer's rows as the trainer keeps them, W C-ordered or a transposed view. The GPU
-    set takes its row kernels for a block of at most ``MAX_ROWS`` rows and cuBLAS above
-    (the sizes, written about 64, are scaled to it), block by block: which products took them is checked too (the emulated GPU's cuBLAS gives the row
-    kernels' bits at these sizes, so bits alone would not tell)."""
+    blocks, of some (another rank's share) and alone, float32 with the bias gradients in one
+    buffer's rows as the trainer keeps them, W C-ordered or a transposed view. The GPU set
+    takes its row kernels for a block of at most ``MAX_ROWS`` rows and cuBLAS above (the
+    sizes, written about 64, are scaled to it), block by block: which products took them is
+    checked too (the emulated GPU's cuBLAS gives the row kernels' bits at these sizes, so
+    bits alone would not tell)."""
     K, dev = load(name)
     by_rows = []  # the rows of every product the GPU set's row kernels made
     bound = None

@@ -446,8 +446,9 @@ def test_rbm_blocks_have_their_own_bits_however_grouped(name, sizes, hidden, mon
     gradients and error are the same bits in a call of all blocks, in a call of some of them
     (another rank's share) and alone, with gradients in one buffer's rows as the trainer
     keeps them. The GPU set takes its row kernels for a block of at most ``MAX_ROWS`` rows
-    and cuBLAS above (the sizes, written about 64, are scaled to it), block by block: which one a block alone took is checked too,
-    as the emulated GPU's cuBLAS sums small products in the row kernels' order."""
+    and cuBLAS above (the sizes, written about 64, are scaled to it), block by block: which
+    one a block alone took is checked too, as the emulated GPU's cuBLAS sums small products
+    in the row kernels' order."""
     K, dev, host = kit(name)
     by_rows = []  # the rows of every product the GPU set's row kernels made
     bound = None
