@@ -114,7 +114,10 @@ def own_kernels(cp, repeats=20) -> list[dict]:
     8 blocks (the weight gradient: twice the rows, as the RBM's factors) timed against
     cuBLAS, a call per block and one for the batch, best of ``repeats`` (µs, each launch
     waited for), and their bits against the CPU's row kernels: where the own kernels are
-    the faster, up to which rows a block (the GPU set's ``rowprod.MAX_ROWS``)."""
+    the faster, up to which rows a block (the GPU set's ``rowprod.MAX_ROWS``). The own
+    kernels as the set launches them (``own_us``, its instance ``tiles``) and in each
+    instance (``own_wide_us``, ``own_thin_us``): where each is the faster
+    (``rowprod.tiles_for``); every instance's bits are checked."""
     import time
 
     from aepar.kernels.cp import rowprod as own
@@ -143,6 +146,11 @@ def own_kernels(cp, repeats=20) -> list[dict]:
     def same(got, want):
         return bool(np.array_equal(cp.asnumpy(got).view(np.uint32), want.view(np.uint32)))
 
+    def instances(launch, want):  # the set's choice timed, then each instance; every one's bits
+        return {"same_bits_as_cpu": all(same(launch(t), want) for t in own.TILES),
+                "own_us": best_us(lambda: launch(None)),
+                **{f"own{t or '_wide'}_us": best_us(lambda: launch(t)) for t in own.TILES}}
+
     rows = []
     for batch in OWN_BATCHES:
         starts = block_bounds(batch, 8)
@@ -151,9 +159,9 @@ def own_kernels(cp, repeats=20) -> list[dict]:
             x, w = rng.standard_normal((batch, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
             xd, wd, out = cp.asarray(x), cp.asarray(w), cp.empty((batch, n), np.float32)
             rows.append({"test": "own rows_times", "shape": f"{k}x{n}", "size": f"{batch} rows in 8 blocks",
-                         "same_bits_as_cpu": same(own.rows_times(xd, wd), cpu.rows_times(x, w, np.empty((batch, n),
-                                                                                                   np.float32))),
-                         "own_us": best_us(lambda: own.rows_times(xd, wd, out)),
+                         "tiles": own.tiles_for(batch, n).lstrip("_") or "wide",
+                         **instances(lambda t: own.rows_times(xd, wd, out, t),
+                                     cpu.rows_times(x, w, np.empty((batch, n), np.float32))),
                          "cublas_blocks_us": best_us(lambda: [matmul(xd[lo:hi], wd, out=out[lo:hi])
                                                               for lo, hi in blocks]),
                          "cublas_whole_us": best_us(lambda: matmul(xd, wd, out=out))})
@@ -165,8 +173,8 @@ def own_kernels(cp, repeats=20) -> list[dict]:
             want = cpu.block_outer_sum(a, d, chain, merges, alphas, np.empty((m, n), np.float32))
             rows.append({"test": "own block_outer_sum", "shape": f"{m}x{n}",
                          "size": f"8 blocks of {2 * batch // 8} rows",
-                         "same_bits_as_cpu": same(own.block_outer_sum(ad, dd, chain, merges, alphas, g), want),
-                         "own_us": best_us(lambda: own.block_outer_sum(ad, dd, chain, merges, alphas, g)),
+                         "tiles": own.tiles_for(m, n).lstrip("_") or "wide",
+                         **instances(lambda t: own.block_outer_sum(ad, dd, chain, merges, alphas, g, t), want),
                          "cublas_blocks_us": best_us(lambda: by_cublas(ad, dd, chain, merges, alphas, g)),
                          "cublas_whole_us": best_us(lambda: matmul(ad.T, dd, out=g))})
     return rows
@@ -204,14 +212,15 @@ def main(argv=None) -> int:
                BENCHMARK, key=(*KEY, "device"))
     for line in summary(rows):
         print(f"bench.row_bits ({opts.device}): {line}")
-    if opts.device == "gpu":  # after the BLAS's rows are written: these kernels have not run on a GPU before
+    if opts.device == "gpu":  # after the BLAS's rows are written
         own = own_kernels(xp)
         merge_rows([{**r, "device": opts.device, "gpu_blas": blas, **machine} for r in rows + own], opts.out,
                    BENCHMARK, key=(*KEY, "device"))
         for r in own:
-            print(f"bench.row_bits (gpu): {r['test']} {r['shape']}: the CPU's bits {r['same_bits_as_cpu']}, "
-                  f"{r['own_us']} us against cuBLAS {r['cublas_blocks_us']} us by block, "
-                  f"{r['cublas_whole_us']} us whole")
+            print(f"bench.row_bits (gpu): {r['test']} {r['shape']} {r['size']}: "
+                  f"the CPU's bits {r['same_bits_as_cpu']}, {r['own_us']} us ({r['tiles']}; "
+                  f"wide {r['own_wide_us']}, thin {r['own_thin_us']}) against "
+                  f"cuBLAS {r['cublas_blocks_us']} us by block, {r['cublas_whole_us']} us whole")
     print(f"bench.row_bits: rows in {opts.out}")
     return 0
 

@@ -42,14 +42,31 @@ MAX_ROWS = 128
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rowprod.cu")) as _f:
     _CODE = _f.read()
 _MODULE = cp.RawModule(code=_CODE, options=("-std=c++14", "--fmad=false"))
-# the tiles' sizes and the stack's depth as rowprod.cu defines them; its threads index a
-# block as 16 x 16
+# the stack's depth as rowprod.cu defines it; its threads index a block as 16 x 16
 _DEFINED = {name: int(value) for name, value in re.findall(r"#define (RP_\w+) (\d+)", _CODE)}
-_TM, _TN, _MAX_DEPTH, _THREADS = _DEFINED["RP_TM"], _DEFINED["RP_TN"], _DEFINED["RP_MAX_DEPTH"], (16, 16)
+_MAX_DEPTH, _THREADS = _DEFINED["RP_MAX_DEPTH"], (16, 16)
+# each kernel's instances in rowprod.cu: name suffix -> its tiles' side (16 x the elements
+# a thread takes along each axis)
+TILES = {"": 64, "_thin": 16}
 
 
-def _grid(M, N):
-    return (-(-N // _TN), -(-M // _TM))
+@functools.cache
+def _multiprocessors() -> int:
+    return int(cp.cuda.Device().attributes["MultiProcessorCount"])
+
+
+def tiles_for(M: int, N: int) -> str:
+    """The instance (a suffix of :data:`TILES`) for an M x N result: the wide tiles where
+    they give every multiprocessor a block, else the thin ones (a batch of 100 rows, or a
+    narrow layer's gradient, makes a few wide tiles: most of the GPU idle while each block
+    runs its whole chain of chunks). Either gives the same bits."""
+    wide = TILES[""]
+    return "" if -(-M // wide) * -(-N // wide) >= _multiprocessors() else "_thin"
+
+
+def _grid(M, N, tiles):
+    side = TILES[tiles]
+    return (-(-N // side), -(-M // side))
 
 
 @functools.lru_cache(maxsize=64)
@@ -76,18 +93,19 @@ def _rows_of(A):
     return cp.ascontiguousarray(A, dtype=np.float32), A.shape[1]
 
 
-def rows_times(a, W, out=None):
+def rows_times(a, W, out=None, tiles=None):
     """out = a @ W for float32 a (M, K), W (K, N): every out[m, n] the FMA chain over k in
-    order, whatever the other rows of ``a``. Returns out (a new array if None)."""
-    return _rows(a, W, out, transposed=False)
+    order, whatever the other rows of ``a``. ``tiles``: an instance of :data:`TILES`
+    (default :func:`tiles_for` the result). Returns out (a new array if None)."""
+    return _rows(a, W, out, False, tiles)
 
 
-def rows_times_t(h, W, out=None):
+def rows_times_t(h, W, out=None, tiles=None):
     """out = h @ W.T for float32 h (M, K), W (N, K), in the same order. Returns out."""
-    return _rows(h, W, out, transposed=True)
+    return _rows(h, W, out, True, tiles)
 
 
-def _rows(a, W, out, transposed):
+def _rows(a, W, out, transposed, tiles):
     M, K = a.shape
     N, K2 = (W.shape if transposed else W.shape[::-1])
     if K2 != K:
@@ -98,58 +116,62 @@ def _rows(a, W, out, transposed):
         raise ValueError(f"rowprod: out {out.shape} is not {(M, N)}")
     if M and N:
         sbk, sbn = (1, W.shape[1]) if transposed else (W.shape[1], 1)
-        _MODULE.get_function("rows_times_f32")(
-            _grid(M, N), _THREADS, (a, np.int64(K), W, np.int64(sbk), np.int64(sbn), out, np.int64(N),
+        tiles = tiles_for(M, N) if tiles is None else tiles
+        _MODULE.get_function(f"rows_times{tiles}_f32")(
+            _grid(M, N, tiles), _THREADS, (a, np.int64(K), W, np.int64(sbk), np.int64(sbn), out, np.int64(N),
                                     np.int32(M), np.int32(N), np.int32(K)))
     return out
 
 
-def block_outer_sum(A, D, starts, merges, alphas, out):
+def block_outer_sum(A, D, starts, merges, alphas, out, tiles=None):
     """out = the fixed tree (``merges``, postfix) over blocks b of alphas[b] * A_b.T @ D_b,
     A_b and D_b the rows starts[b]..starts[b + 1] of float32 A (R, M) and D (R, N), in one
     launch: each block's sums an FMA chain over its rows in order, as
     :func:`kernels.nb.rowprod.block_outer_sum`'s. A and D may be tuples of two parts (a
     tied autoencoder's): a block's chain runs over its rows of the first, then of the
     second, as over the parts interleaved (:func:`kernels.ref.blocksum.interleaved`).
-    Returns out."""
+    ``tiles``: as :func:`rows_times`'. Returns out."""
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, out)
     _float32s(out)
-    _outer_sum_launch("block_outer_sum_f32", A, D, starts, merges, alphas, (out,), out.shape, ())
+    _outer_sum_launch("block_outer_sum", A, D, starts, merges, alphas, (out,), out.shape, (), tiles)
     return out
 
 
-def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0):
+def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay=0.0, tiles=None):
     """SGD with momentum on float32 ``p`` and ``v`` (C-contiguous, the shape of the sum)
     with the gradient :func:`block_outer_sum` (A, D, ...), in one launch: each element
     stepped where its sum ends, as ``kernels.cp.update.sgd_momentum_update`` would step
-    it (the same bits; the gradient is never written out). Returns None."""
+    it (the same bits; the gradient is never written out). ``tiles``: as
+    :func:`rows_times`'. Returns None."""
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, p)
     _float32s(p, v)
     if v.shape != p.shape:
         raise ValueError(f"rowprod.block_outer_sum_sgd: v {v.shape} does not match p {p.shape}")
-    _outer_sum_launch("block_outer_sum_sgd_f32", A, D, starts, merges, alphas, (p, v), p.shape,
-                      (np.float32(lr), np.float32(momentum), np.float32(weight_decay)))
+    _outer_sum_launch("block_outer_sum_sgd", A, D, starts, merges, alphas, (p, v), p.shape,
+                      (np.float32(lr), np.float32(momentum), np.float32(weight_decay)), tiles)
 
 
-def _outer_sum_launch(name, A, D, starts, merges, alphas, outs, shape, after):
-    """One launch of rowprod.cu's ``name`` over the blocks: its factors' arguments, then
-    ``outs``, their row stride and shape, then ``after``."""
+def _outer_sum_launch(name, A, D, starts, merges, alphas, outs, shape, after, tiles):
+    """One launch of rowprod.cu's ``name`` (its instance ``tiles``, by default
+    :func:`tiles_for` the shape) over the blocks: its factors' arguments, then ``outs``,
+    their row stride and shape, then ``after``."""
     a_parts, d_parts = as_parts(A), as_parts(D)
     if len(a_parts) > 2:
-        raise TypeError(f"rowprod.{name[:-4]} takes at most two parts of A and D, not {len(a_parts)}")
+        raise TypeError(f"rowprod.{name} takes at most two parts of A and D, not {len(a_parts)}")
     if any(a.dtype != np.float32 for a in a_parts):
         raise TypeError(f"rowprod takes float32 arrays, got {a_parts[0].dtype}")
     a_parts = [_rows_of(a) for a in a_parts]
     d_parts = [d if d.flags.c_contiguous else cp.ascontiguousarray(d) for d in d_parts]
     _float32s(*d_parts)
     if postfix_tree(merges).depth > _MAX_DEPTH:
-        raise ValueError(f"rowprod.{name[:-4]}: a tree deeper than {_MAX_DEPTH}")
+        raise ValueError(f"rowprod.{name}: a tree deeper than {_MAX_DEPTH}")
     (A, lda), D = a_parts[0], d_parts[0]
     (A2, lda2), D2 = a_parts[-1], d_parts[-1]
     M, N = shape
     if M and N:
-        _MODULE.get_function(name)(
-            _grid(M, N), _THREADS, (A, np.int64(lda), D, np.int64(N), A2, np.int64(lda2), D2, np.int64(N),
+        tiles = tiles_for(M, N) if tiles is None else tiles
+        _MODULE.get_function(f"{name}{tiles}_f32")(
+            _grid(M, N, tiles), _THREADS, (A, np.int64(lda), D, np.int64(N), A2, np.int64(lda2), D2, np.int64(N),
                                     np.int32(len(d_parts)), on_device(tuple(starts), np.int64),
                                     on_device(tuple(merges), np.int64), np.int32(len(merges)),
                                     on_device(tuple(map(float, alphas)), np.float32), *outs, np.int64(N),

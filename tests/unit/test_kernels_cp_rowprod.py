@@ -2,7 +2,8 @@
 (tests/unit/cuda/emulated: the .cu compiled as C++, each launch's arguments read as the
 kernels declare them). Without a GPU this is what can be shown: the same bits as the CPU's
 row kernels (kernels/nb/rowprod.py, the same FMA chains in the same order), each row's
-result the same whatever rows share the call, and the blocks' tree the same as the CPU's.
+result the same whatever rows share the call, and the blocks' tree the same as the CPU's,
+in either instance of the kernels' tiles (wide and thin: the same chains, other steps).
 Whether it compiles for a GPU: nvcc, where it is installed."""
 import importlib
 import shutil
@@ -27,33 +28,49 @@ def gpu(emulated_cupy):
     return importlib.import_module("aepar.kernels.cp.rowprod"), emulated_cupy
 
 
-def gpu_rows_times(gpu, a, W, transposed=False):
+TILES = ["", "_thin"]  # kernels/cp/rowprod.py's TILES: the wide instance and the thin
+
+
+def gpu_rows_times(gpu, a, W, transposed=False, tiles=None):
     """a @ W (or a @ W.T) through kernels/cp/rowprod.py, into an output of NaNs: an element
     the launch's grid misses stays NaN."""
     K, cp = gpu
     out = cp.full((a.shape[0], W.shape[0] if transposed else W.shape[1]), np.nan, np.float32)
-    return (K.rows_times_t if transposed else K.rows_times)(cp.asarray(a), cp.asarray(W), out).get()
+    return (K.rows_times_t if transposed else K.rows_times)(cp.asarray(a), cp.asarray(W), out, tiles).get()
 
 
-def gpu_block_outer_sum(gpu, A, D, starts, merges, alphas):
+def gpu_block_outer_sum(gpu, A, D, starts, merges, alphas, tiles=None):
     K, cp = gpu
     out = cp.full((A.shape[1], D.shape[1]), np.nan, np.float32)
-    return K.block_outer_sum(cp.asarray(A), cp.asarray(D), starts, merges, alphas, out).get()
+    return K.block_outer_sum(cp.asarray(A), cp.asarray(D), starts, merges, alphas, out, tiles).get()
 
 
 def draw(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("M, K, N", [(13, 40, 70), (100, 33, 20), (1, 16, 64), (70, 5, 130)])
-def test_rows_times_has_the_cpu_kernels_bits(gpu, M, K, N):
+@pytest.mark.parametrize("tiles", TILES, ids=["wide", "thin"])
+@pytest.mark.parametrize("M, K, N", [(13, 40, 70), (100, 33, 20), (1, 16, 64), (70, 5, 130), (17, 130, 33)])
+def test_rows_times_has_the_cpu_kernels_bits(gpu, M, K, N, tiles):
     rng = np.random.default_rng(M * K + N)
     a, W = draw(rng, M, K), draw(rng, K, N)
     want = rows_times(a, W, np.empty((M, N), np.float32))
-    assert np.array_equal(gpu_rows_times(gpu, a, W).view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(gpu_rows_times(gpu, a, W, tiles=tiles).view(np.uint32), want.view(np.uint32))
     Wt = np.ascontiguousarray(W.T)  # (N, K): a @ Wt.T is a @ W
     want_t = rows_times_t(a, Wt, np.empty((M, N), np.float32))
-    assert np.array_equal(gpu_rows_times(gpu, a, Wt, transposed=True).view(np.uint32), want_t.view(np.uint32))
+    got_t = gpu_rows_times(gpu, a, Wt, transposed=True, tiles=tiles)
+    assert np.array_equal(got_t.view(np.uint32), want_t.view(np.uint32))
+
+
+def test_the_tiles_are_wide_where_they_fill_the_multiprocessors(gpu, monkeypatch):
+    """The emulated GPU has an H100's or H200's 132 multiprocessors: a batch of 100 rows
+    through a 784x1000 layer makes 32 wide tiles (thin), the 784x1000 weight gradient 208
+    (wide)."""
+    K, _ = gpu
+    assert K.tiles_for(100, 1000) == "_thin" and K.tiles_for(784, 1000) == "" and K.tiles_for(250, 30) == "_thin"
+    assert K.tiles_for(1000, 1000) == "" and K.tiles_for(0, 30) == "_thin"
+    monkeypatch.setattr(K, "_multiprocessors", lambda: 32)
+    assert K.tiles_for(100, 1000) == ""
 
 
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it(gpu):
@@ -65,8 +82,9 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(gpu):
         assert np.array_equal(part.view(np.uint32), whole[lo:hi].view(np.uint32))
 
 
-@pytest.mark.parametrize("sizes", [(25,) * 8, (7, 6, 12, 1, 14, 10), (40,), (3, 17)])
-def test_block_outer_sum_has_the_cpu_kernels_bits(gpu, sizes):
+@pytest.mark.parametrize("tiles", TILES, ids=["wide", "thin"])
+@pytest.mark.parametrize("sizes", [(25,) * 8, (7, 6, 12, 1, 14, 10), (40,), (3, 17), (70, 130)])
+def test_block_outer_sum_has_the_cpu_kernels_bits(gpu, sizes, tiles):
     rng = np.random.default_rng(sum(sizes))
     starts = np.concatenate([[0], np.cumsum(sizes)])
     A, D = draw(rng, starts[-1], 70), draw(rng, starts[-1], 30)
@@ -74,12 +92,20 @@ def test_block_outer_sum_has_the_cpu_kernels_bits(gpu, sizes):
     merges = tree_merges(tree_top(count), 0, count)
     alphas = [0.01] * (count - 1) + [1.0]  # one block left unscaled, as alpha 1 skips the multiply
     want = block_outer_sum(A, D, starts, merges, alphas, np.empty((70, 30), np.float32))
-    got = gpu_block_outer_sum(gpu, A, D, starts, merges, alphas)
+    got = gpu_block_outer_sum(gpu, A, D, starts, merges, alphas, tiles)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    K, cp = gpu  # and the step with the sum: the sum's bits, then the step's
+    p0, v0 = draw(rng, 70, 30), draw(rng, 70, 30)
+    p, v = cp.asarray(p0), cp.asarray(v0)
+    K.block_outer_sum_sgd(cp.asarray(A), cp.asarray(D), starts, merges, alphas, p, v, 0.1, 0.9, 2e-4, tiles)
+    v_want = np.float32(0.9) * v0 - np.float32(0.1) * (want + np.float32(2e-4) * p0)
+    assert np.array_equal(v.get().view(np.uint32), v_want.view(np.uint32))
+    assert np.array_equal(p.get().view(np.uint32), (p0 + v_want).view(np.uint32))
 
 
+@pytest.mark.parametrize("tiles", TILES, ids=["wide", "thin"])
 @pytest.mark.parametrize("sizes", [(25,) * 8, (7, 6, 12, 1, 14, 10), (3,)])
-def test_a_tied_autoencoders_two_parts_have_the_bits_of_their_interleaving(gpu, sizes):
+def test_a_tied_autoencoders_two_parts_have_the_bits_of_their_interleaving(gpu, sizes, tiles):
     """Parts go to the kernel as they are (no copy): each block's chain runs over its rows
     of the first part, then of the second, as over the interleaved arrays; and A's parts
     may be bands of wider arrays (strided rows), as the trainer's are."""
@@ -99,7 +125,7 @@ def test_a_tied_autoencoders_two_parts_have_the_bits_of_their_interleaving(gpu, 
     band = cp.asarray(wide)[:, 10:80]
     assert band.strides[0] == 90 * 4  # the kernel reads the band where it lies
     got = K.block_outer_sum((cp.asarray(A[0]), band), tuple(cp.asarray(p) for p in D), starts, merges,
-                            alphas, out).get()
+                            alphas, out, tiles).get()
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 

@@ -9,6 +9,8 @@ __all__ = ["Device", "Stream", "Event", "runtime", "device", "compiler", "get_cu
 
 class Device:
     compute_capability = "90"
+    # an H100's or H200's multiprocessors (kernels/cp/rowprod.py picks its tiles by them)
+    attributes = {"MultiProcessorCount": 132}
 
     def __init__(self, device=None):
         self.id = 0 if device is None else int(device)
