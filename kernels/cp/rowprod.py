@@ -119,7 +119,7 @@ def _rows(a, W, out, transposed, tiles):
         tiles = tiles_for(M, N) if tiles is None else tiles
         _MODULE.get_function(f"rows_times{tiles}_f32")(
             _grid(M, N, tiles), _THREADS, (a, np.int64(K), W, np.int64(sbk), np.int64(sbn), out, np.int64(N),
-                                    np.int32(M), np.int32(N), np.int32(K)))
+                                           np.int32(M), np.int32(N), np.int32(K)))
     return out
 
 
@@ -172,7 +172,7 @@ def _outer_sum_launch(name, A, D, starts, merges, alphas, outs, shape, after, ti
         tiles = tiles_for(M, N) if tiles is None else tiles
         _MODULE.get_function(f"{name}{tiles}_f32")(
             _grid(M, N, tiles), _THREADS, (A, np.int64(lda), D, np.int64(N), A2, np.int64(lda2), D2, np.int64(N),
-                                    np.int32(len(d_parts)), on_device(tuple(starts), np.int64),
-                                    on_device(tuple(merges), np.int64), np.int32(len(merges)),
-                                    on_device(tuple(map(float, alphas)), np.float32), *outs, np.int64(N),
-                                    np.int32(M), np.int32(N), *after))
+                                           np.int32(len(d_parts)), on_device(tuple(starts), np.int64),
+                                           on_device(tuple(merges), np.int64), np.int32(len(merges)),
+                                           on_device(tuple(map(float, alphas)), np.float32), *outs, np.int64(N),
+                                           np.int32(M), np.int32(N), *after))
