@@ -76,17 +76,12 @@ from bench.rank_usage import usage_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("tests", "bits", "epochs", "shared", "sixteen", "tax")
-# seconds, as the steps took on the H200 machine (bench/results/gpu, 2026-11-30; tests with
-# CuPy's kernel cache cold), rounded up; sixteen's as it took then (267 s) with the runs
-# added since (equal shares at 16 ranks, the schemes on 3x the rows, aepar's L-BFGS at 10k)
-# priced from its log (a scheme's run as 5 s of start plus 3x the rest), 15 s for the sparse
-# runs on 4 threads a rank (and 15 s more for those as one process of --sixteen threads),
-# 15 s for those with other waits, 5 s for the independent copies and 20 s for the
-# collectives at 2 and 16 ranks (measure-mpi --quick took 10 s at 2 ranks on a 2-vCPU Xeon)
-# tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its
-# fifth workload (greedy, about a quarter more); bits: 3 s on the CPU, and a guess for CuPy's
-# start and the CPU row kernels' compilation where the tests step did not leave them cached
-ESTIMATE_S = {"tests": 60, "bits": 60, "epochs": 120, "shared": 90, "sixteen": 450, "tax": 150}
+# seconds, as the steps took on the H200 machine (bench/results/gpu and scaling_16core,
+# 2026-12-04; tests with CuPy's kernel cache cold: 88, bits 20, epochs 72, shared 66,
+# sixteen 418), rounded up, bits doubled for its second instance of the row kernels and
+# its 250-row blocks; tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6
+# model 167) before its fifth workload (greedy, about a quarter more)
+ESTIMATE_S = {"tests": 90, "bits": 60, "epochs": 90, "shared": 80, "sixteen": 450, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
