@@ -55,3 +55,29 @@ def test_each_measured_process_runs_through_rank_usage_under_the_launcher_python
     perf = gpu_node.with_usage(tmp_path, "run", "aepar.sparse", ["--limit", 10], ranks=2)
     assert perf[perf.index("sh"):perf.index("sh") + 2] == ["sh", "-c"] and "perf stat" in perf[perf.index("sh") + 2]
     assert perf[perf.index("sh") + 3] == tmp_path / "run-perf" and perf[-4:] == ["-m", "aepar.sparse", "--limit", "10"]
+
+
+def test_the_sixteen_step_keeps_a_row_per_run_with_the_ranks_compute_spread(tmp_path, monkeypatch):
+    """Every run's row is written as it ends (a pass cut short keeps them), the sparse runs'
+    with the least and median compute per rank beside the slowest's, and the schemes last."""
+    written = []
+    real_write = gpu_node.write_rows
+
+    def write(path, rows):
+        written.append(len(rows))
+        return real_write(path, rows)
+    monkeypatch.setattr(gpu_node, "write_rows", write)
+    monkeypatch.setattr(gpu_node.Log, "run", lambda self, cmd, env=None, timeout=600.0, cwd=None: (0, "", 0.5))
+    monkeypatch.setattr(gpu_node, "summary_of", lambda out: {"total_s": 1.0, "compute_s": 0.9, "comm_s": 0.1,
+                                                             "compute_per_rank_s": [0.9, 0.5, 0.7, 0.6]})
+    monkeypatch.setattr(gpu_node, "independent_copies", lambda *args: True)
+    monkeypatch.setattr(gpu_node, "machine", lambda: "m")
+    opts = type("Opts", (), {"out": tmp_path, "sixteen": 4, "data_dir": None, "commit": "abc"})()
+    assert gpu_node.step_sixteen(gpu_node.Log(tmp_path / "sixteen.log", "sixteen", "abc"), opts, tmp_path)
+    rows = list(csv.DictReader((tmp_path / "sixteen.csv").open()))
+    assert written[:3] == [1, 2, 3] and len(rows) == written[-1]
+    sparse = [r for r in rows if r["what"].startswith("sparse")]
+    assert sparse and all((r["compute_min_s"], r["compute_median_s"], r["compute_s"]) == ("0.5", "0.7", "0.9")
+                          for r in sparse)
+    assert rows[-1]["what"].startswith("pretrain") and not any(r["what"].startswith("sparse")
+                                                               for r in rows[len(sparse):])
