@@ -219,9 +219,9 @@ def add_reduce_blocks(group):
                             f"results (default {DEFAULT_BLOCKS}; 1 allows one rank only and runs on one thread, "
                             f"as threads take whole blocks: on the CPU about as fast at one thread with AVX-512, "
                             f"up to a fifth faster without it, and slower at several "
-                            f"(bench/results/block_tax.md); on a GPU each block is its own "
-                            f"kernel launches, and at batch 100 the default {DEFAULT_BLOCKS} blocks train several "
-                            f"times slower than 1)")
+                            f"(bench/results/block_tax.md); on a GPU the default {DEFAULT_BLOCKS} blocks "
+                            f"trained 1.4-2.5 times slower than 1 at batch 100, the CAE 4.4 times, on an H200 "
+                            f"(bench/results/gpu/gpu_epoch.csv))")
 
 
 def default_float32(parser):
@@ -247,10 +247,10 @@ def progress(comm, quiet: bool, message: str, *, left: float | None | bool = Fal
 
 def gpu_blocks_hint(comm, be, count: int, quiet: bool):
     """On one GPU with one rank, one line (rank 0) saying that ``--reduce-blocks 1`` is the
-    fast path there: each block is its own kernel launches."""
+    fast path there: the blocks' own products cost the GPU more than one product of the batch."""
     if be.device == "gpu" and comm.size == 1 and count > 1:
         progress(comm, quiet, f"note: {count} blocks on one GPU give the bits of 1-{count} ranks but train "
-                              f"several times slower than --reduce-blocks 1 at batch 100 (see --help)")
+                              f"up to several times slower than --reduce-blocks 1 (see --help)")
 
 
 def parse_with_preset(parser, presets: dict, argv=None, old_names: dict | None = None):

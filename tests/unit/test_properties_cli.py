@@ -139,8 +139,8 @@ def test_blocks_refuse_more_ranks_than_blocks_or_rows(ranks, count, rows):
 @given(device=st.sampled_from(["cpu", "gpu"]), ranks=st.integers(1, 4), count=st.integers(1, 16),
        root=st.booleans(), quiet=st.booleans())
 def test_the_gpu_blocks_hint_speaks_once_where_one_block_is_faster(device, ranks, count, root, quiet):
-    """One line, from rank 0, when one GPU runs one rank in several blocks (each block its
-    own launches there); nothing anywhere else."""
+    """One line, from rank 0, when one GPU runs one rank in several blocks (their own
+    products cost the GPU more than one of the batch); nothing anywhere else."""
     import contextlib
     import io
     from types import SimpleNamespace
