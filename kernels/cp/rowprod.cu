@@ -26,7 +26,7 @@
 #define RP_MAX_DEPTH 16  // block_outer_sum_f32's stack: a postfix tree at most this deep
 
 // acc[i][j] (row ty + 16 i, column tx + 16 j of the tile) += the chunk's kn steps, in order
-template <int R, int TK>
+template <int R>
 __device__ __forceinline__ void fma_steps(const float (*As)[16 * R + 1], const float (*Bs)[16 * R + 1], int kn,
                                           float acc[R][R]) {
     const int tx = threadIdx.x, ty = threadIdx.y;
@@ -74,7 +74,7 @@ __device__ __forceinline__ void rows_times_tile(const float* __restrict__ a, lon
             Bs[kk][nn] = (n < N && kk < kn) ? b[(long long)(k0 + kk) * sbk + (long long)n * sbn] : 0.0f;
         }
         __syncthreads();
-        fma_steps<R, TK>(As, Bs, kn, acc);
+        fma_steps<R>(As, Bs, kn, acc);
         __syncthreads();
     }
     store_tile<R>(out, ldo, m0, n0, M, N, acc);
@@ -124,7 +124,7 @@ __device__ __forceinline__ void tree_of_tiles(RP_FACTORS, int M, int N, int m0, 
                     Ds[kk][nn] = (n < N && kk < kn) ? Dp[(r0 + kk) * ld + n] : 0.0f;
                 }
                 __syncthreads();
-                fma_steps<R, TK>(As, Ds, kn, acc);
+                fma_steps<R>(As, Ds, kn, acc);
                 __syncthreads();
             }
         }
