@@ -79,10 +79,11 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("tests", "bits", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu and scaling_16core,
 # 2026-12-04; tests with CuPy's kernel cache cold: 88, bits 20, epochs 72, shared 66,
-# sixteen 418), rounded up, bits doubled for its second instance of the row kernels and
-# its 250-row blocks; tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6
-# model 167) before its fifth workload (greedy, about a quarter more)
-ESTIMATE_S = {"tests": 90, "bits": 60, "epochs": 90, "shared": 80, "sixteen": 450, "tax": 150}
+# sixteen 418), rounded up; bits about 4x its 20 s, as it now times the row kernels three
+# ways (as launched, wide, thin) at five batches, not once at four; tax: bench.block_tax
+# --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its fifth workload
+# (greedy, about a quarter more)
+ESTIMATE_S = {"tests": 90, "bits": 90, "epochs": 90, "shared": 80, "sixteen": 450, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
