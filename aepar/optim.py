@@ -386,6 +386,15 @@ class LBFGS:
 
     _STATE = ("x", "f", "g", "S", "Y", "rho")
 
+    @classmethod
+    def warm_up(cls):
+        """Three iterations on a small quadratic of unequal curvatures (no exact first step:
+        the later directions use the stored pairs), so that Numba loads (or, the first time
+        on a machine, compiles) every kernel a run's iterations call now and not in its
+        timed iterations: loading the optimiser is not training time."""
+        c = np.arange(1.0, 10.0)
+        cls(lambda x: (0.5 * float(c @ (x * x)), c * x), np.ones(9), 3).run()
+
     def state(self) -> dict:
         """Everything needed to continue (between iterations), as arrays."""
         out = {k: np.array(getattr(self, k)) for k in self._STATE}

@@ -584,10 +584,12 @@ def _split(value, allowed, what, parser):
 
 
 def warm(log) -> int:
-    """``--warm``: run every kernel of the numba set once at the small shapes, so that Numba
+    """``--warm``: run every kernel of the numba set once at the small shapes, and the host's
+    L-BFGS (``--optimizer lbfgs``) for two iterations, so that Numba
     compiles and caches them now (``make venv`` does this once), not in every rank of a
     first run at the same moment. No checks, no timings, no files."""
     from aepar import kernels
+    from aepar.optim import LBFGS
     K = kernels.load("numba")
     started = time.perf_counter()
     cases = catalog(quick=True)
@@ -596,6 +598,7 @@ def warm(log) -> int:
         if case.prep:
             case.prep(K, a)
         case.run(K, a)
+    LBFGS.warm_up()  # the host's L-BFGS kernels (--optimizer lbfgs), not a set's
     log(f"bench.kernels --warm: {len(cases)} kernel cases compiled and cached in {time.perf_counter() - started:.0f} s")
     return 0
 

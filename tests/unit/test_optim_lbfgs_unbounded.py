@@ -163,3 +163,21 @@ def test_the_callback_sees_every_iteration_the_last_included():
     seen = []
     res = optim.LBFGS(_rosenbrock, np.full(4, 0.5), 30).run(callback=lambda it, f, x: seen.append(it))
     assert seen == list(range(1, res.nit + 1))
+
+
+def test_the_warm_up_loads_every_kernel_the_iterations_call():
+    """In a process of its own (cached kernels load once per process): after LBFGS.warm_up
+    every compiled function that kernels/nb/lbfgs.py's API calls from Python (``two_loop``
+    through ``_two_loop``) has a signature, so a run's first iteration loads none of them
+    inside its timed iterations."""
+    import subprocess
+    import sys
+
+    code = ("from aepar.optim import LBFGS; LBFGS.warm_up(); from numba.core.registry import CPUDispatcher; "
+            "from aepar.kernels.nb import lbfgs as k; "
+            "fns = {n: getattr(k, n) if isinstance(getattr(k, n), CPUDispatcher) else getattr(k, '_' + n) "
+            "for n in k.__all__}; "
+            "print(sorted(n for n, f in fns.items() if not f.signatures))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
