@@ -79,8 +79,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("tests", "bits", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu and scaling_16core,
 # 2026-12-04; tests with CuPy's kernel cache cold: 88, bits 20, epochs 72, shared 66,
-# sixteen 418), rounded up; bits about 4x its 20 s, as it now times the row kernels three
-# ways (as launched, wide, thin) at five batches, not once at four; tax: bench.block_tax
+# sixteen 418), rounded up; bits about 3x its 20 s, as it now times the row kernels' two
+# instances (wide, thin) at five batches, not one at four, and checks both; tax: bench.block_tax
 # --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167) before its fifth workload
 # (greedy, about a quarter more)
 ESTIMATE_S = {"tests": 90, "bits": 90, "epochs": 90, "shared": 80, "sixteen": 450, "tax": 150}

@@ -585,7 +585,7 @@ def _split(value, allowed, what, parser):
 
 def warm(log) -> int:
     """``--warm``: run every kernel of the numba set once at the small shapes, and the host's
-    L-BFGS (``--optimizer lbfgs``) for two iterations, so that Numba
+    L-BFGS (``--optimizer lbfgs``) for a few iterations, so that Numba
     compiles and caches them now (``make venv`` does this once), not in every rank of a
     first run at the same moment. No checks, no timings, no files."""
     from aepar import kernels

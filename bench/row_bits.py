@@ -115,9 +115,9 @@ def own_kernels(cp, repeats=20) -> list[dict]:
     cuBLAS, a call per block and one for the batch, best of ``repeats`` (µs, each launch
     waited for), and their bits against the CPU's row kernels: where the own kernels are
     the faster, up to which rows a block (the GPU set's ``rowprod.MAX_ROWS``). The own
-    kernels as the set launches them (``own_us``, its instance ``tiles``) and in each
-    instance (``own_wide_us``, ``own_thin_us``): where each is the faster
-    (``rowprod.tiles_for``); every instance's bits are checked."""
+    kernels in each instance of their tiles (``own_wide_us``, ``own_thin_us``: where each is
+    the faster, ``rowprod.tiles_for``) and as the set launches them (``own_us``, the
+    instance ``tiles``); every instance's bits are checked."""
     import time
 
     from aepar.kernels.cp import rowprod as own
@@ -146,10 +146,10 @@ def own_kernels(cp, repeats=20) -> list[dict]:
     def same(got, want):
         return bool(np.array_equal(cp.asnumpy(got).view(np.uint32), want.view(np.uint32)))
 
-    def instances(launch, want):  # the set's choice timed, then each instance; every one's bits
-        return {"same_bits_as_cpu": all(same(launch(t), want) for t in own.TILES),
-                "own_us": best_us(lambda: launch(None)),
-                **{f"own{t or '_wide'}_us": best_us(lambda: launch(t)) for t in own.TILES}}
+    def instances(launch, want, chosen):  # each instance timed, every one's bits; own_us: the set's choice's
+        times = {t: best_us(lambda: launch(t)) for t in own.TILES}
+        return {"same_bits_as_cpu": all(same(launch(t), want) for t in own.TILES), "own_us": times[chosen],
+                **{f"own{t or '_wide'}_us": us for t, us in times.items()}}
 
     rows = []
     for batch in OWN_BATCHES:
@@ -161,7 +161,7 @@ def own_kernels(cp, repeats=20) -> list[dict]:
             rows.append({"test": "own rows_times", "shape": f"{k}x{n}", "size": f"{batch} rows in 8 blocks",
                          "tiles": own.tiles_for(batch, n).lstrip("_") or "wide",
                          **instances(lambda t: own.rows_times(xd, wd, out, t),
-                                     cpu.rows_times(x, w, np.empty((batch, n), np.float32))),
+                                     cpu.rows_times(x, w, np.empty((batch, n), np.float32)), own.tiles_for(batch, n)),
                          "cublas_blocks_us": best_us(lambda: [matmul(xd[lo:hi], wd, out=out[lo:hi])
                                                               for lo, hi in blocks]),
                          "cublas_whole_us": best_us(lambda: matmul(xd, wd, out=out))})
@@ -174,7 +174,8 @@ def own_kernels(cp, repeats=20) -> list[dict]:
             rows.append({"test": "own block_outer_sum", "shape": f"{m}x{n}",
                          "size": f"8 blocks of {2 * batch // 8} rows",
                          "tiles": own.tiles_for(m, n).lstrip("_") or "wide",
-                         **instances(lambda t: own.block_outer_sum(ad, dd, chain, merges, alphas, g, t), want),
+                         **instances(lambda t: own.block_outer_sum(ad, dd, chain, merges, alphas, g, t), want,
+                                     own.tiles_for(m, n)),
                          "cublas_blocks_us": best_us(lambda: by_cublas(ad, dd, chain, merges, alphas, g)),
                          "cublas_whole_us": best_us(lambda: matmul(ad.T, dd, out=g))})
     return rows
