@@ -225,6 +225,12 @@ class LBFGSB:
 
     MAXCOR, FTOL, GTOL, MAXLS = 10, 2.2204460492503131e-09, 1e-5, 20
 
+    @staticmethod
+    def warm_up():
+        """Load scipy's ``setulb`` now (:func:`_setulb`), not in a run's timed iterations:
+        loading the optimiser is not training time."""
+        _setulb()
+
     def __init__(self, fun, theta0, maxiter: int):
         self.fun = fun
         self.maxiter, self.maxfun = int(maxiter), 2 * int(maxiter) + 20

@@ -187,11 +187,15 @@ class RootOptimizer:
 
     def warm_up(self):
         """Both rounds on this rank's blocks alone, without messages: loads the compiled
-        kernels and touches every buffer (at the θ buffer as it is)."""
+        kernels and touches every buffer (at the θ buffer as it is); on the root also the
+        optimiser's own code (its class's ``warm_up``)."""
         theta = self.theta
         self.model.shared_sums(theta, self.shared_rows)
         self.shared[...] = self.shared_rows.sum(axis=0)  # not the total, but a ρ̂ in (0, 1)
         self.model.partials(theta, self.leaves, self.shared)
+        if self.comm.is_root:
+            from aepar import optim
+            getattr(optim, OPTIMIZERS[self.method]).warm_up()
 
     def evaluate(self, theta64):
         """J(θ), ∂J/∂θ over every rank's samples (root only; workers must be serving)."""

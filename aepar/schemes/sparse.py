@@ -78,14 +78,9 @@ def train(args, comm, setup, *, resume=None, run=None, guard=None):
                         balance_every=args.balance_every, optimizer=args.optimizer,
                         reattach=None if patches is None else lambda blocks: model.attach(patches[blocks.rows], blocks))
     theta0 = model.init_theta(args.seed) if comm.is_root else None
-    # warm-up (not timed, not counted): loads the compiled kernels and touches every buffer
+    # warm-up (not timed, not counted): loads the compiled kernels, the optimiser's too, and
+    # touches every buffer
     opt.warm_up()
-    if comm.is_root:  # loading the optimiser is not training time either
-        from aepar.optim import LBFGS, _setulb
-        if args.optimizer == "lbfgs":
-            LBFGS.warm_up()
-        else:
-            _setulb()
     comm.barrier()
     start = comm.wtime()
     on_iteration = _watcher(args, comm, setup, model, start, run, guard, resumed_at(resume) or 0)

@@ -528,6 +528,20 @@ def test_model_rounds_follow_the_theta_array_they_are_given(rng):
     assert cost == want_cost and np.array_equal(grad, want_grad)
 
 
+@pytest.mark.parametrize("method, name", [("lbfgs-b", "LBFGSB"), ("lbfgs", "LBFGS")])
+def test_the_warm_up_loads_the_roots_own_optimiser(rng, monkeypatch, method, name):
+    """The root's warm-up (before a run's timer) loads the optimiser the run takes, and only
+    that one: its loading is not training time."""
+    from aepar import optim
+    loaded = []
+    for cls in ("LBFGSB", "LBFGS"):
+        monkeypatch.setattr(getattr(optim, cls), "warm_up", staticmethod(lambda cls=cls: loaded.append(cls)))
+    be = backend.select("cpu", "numba", "float64")
+    model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(data(rng, m=300))
+    RootOptimizer(Comm.serial(), model, optimizer=method).warm_up()
+    assert loaded == [name]
+
+
 @pytest.mark.parametrize("kset", ["numpy", "numba"])
 def test_model_attach_keeps_a_private_copy(rng, kset):
     """Rewriting the caller's array after attach() changes nothing: the model (and the
