@@ -1,10 +1,13 @@
 // Products whose every element is one FMA chain in a fixed order, for kernels/cp/rowprod.py:
 // the GPU's counterpart of kernels/nb/rowprod.py, with the same sums in the same order.
 //
-// rows_times_f32: out[m, n] = fma(a[m, K-1], b[K-1, n], ... fma(a[m, 0], b[0, n], 0)), b[k, n]
-//   at b[k * sbk + n * sbn] (W: sbk = ldw, sbn = 1; W.T: sbk = 1, sbn = ldw). A row's result
-//   depends on that row of a alone, not on the rows beside it, so all blocks' rows go in one
-//   launch and each block keeps the bits it has alone.
+// rows_times_f32: out[m, n] = fma(a[m, K-1], b[K-1, n], ... fma(a[m, 0], b[0, n], 0)), a[m, k]
+//   at a[m * sam + k * sak] and b[k, n] at b[k * sbk + n * sbn] (W: sbk = ldw, sbn = 1; W.T:
+//   sbk = 1, sbn = ldw; either operand may be a transposed view). A row's result depends on
+//   that row of a alone, not on the rows beside it, so all blocks' rows go in one launch and
+//   each block keeps the bits it has alone. blockIdx.z picks one product of a stack: a, b
+//   and out advanced by z times sza, szb and szo elements (a convolution's images, each its
+//   own chain over its pixels, in one launch).
 // block_outer_sum_f32: out = the fixed tree over blocks b of alphas[b] * A_b.T @ D_b, A_b and
 //   D_b the rows starts[b]..starts[b+1] of A (R x M) and D (R x N): per block an FMA chain
 //   over its rows in order from 0, one rounded multiply by alphas[b] (unless it is 1), then
@@ -51,7 +54,7 @@ __device__ __forceinline__ void store_tile(float* __restrict__ out, long long ld
 }
 
 template <int R, int TK>
-__device__ __forceinline__ void rows_times_tile(const float* __restrict__ a, long long lda,
+__device__ __forceinline__ void rows_times_tile(const float* __restrict__ a, long long sam, long long sak,
                                                 const float* __restrict__ b, long long sbk, long long sbn,
                                                 float* __restrict__ out, long long ldo, int M, int N, int K) {
     constexpr int TM = 16 * R, TN = 16 * R;
@@ -64,9 +67,9 @@ __device__ __forceinline__ void rows_times_tile(const float* __restrict__ a, lon
         for (int j = 0; j < R; ++j) acc[i][j] = 0.0f;
     for (int k0 = 0; k0 < K; k0 += TK) {
         const int kn = min(TK, K - k0);
-        for (int e = t; e < TK * TM; e += RP_THREADS) {  // a's rows: k runs along them
-            const int kk = e % TK, mm = e / TK, m = m0 + mm;
-            As[kk][mm] = (m < M && kk < kn) ? a[(long long)m * lda + k0 + kk] : 0.0f;
+        for (int e = t; e < TK * TM; e += RP_THREADS) {  // a along its contiguous axis
+            const int kk = sak == 1 ? e % TK : e / TM, mm = sak == 1 ? e / TK : e % TM, m = m0 + mm;
+            As[kk][mm] = (m < M && kk < kn) ? a[(long long)m * sam + (long long)(k0 + kk) * sak] : 0.0f;
         }
         for (int e = t; e < TK * TN; e += RP_THREADS) {  // b along its contiguous axis
             const int kk = sbn == 1 ? e / TN : e % TK, nn = sbn == 1 ? e % TN : e / TK;
@@ -80,13 +83,16 @@ __device__ __forceinline__ void rows_times_tile(const float* __restrict__ a, lon
     store_tile<R>(out, ldo, m0, n0, M, N, acc);
 }
 
-#define RP_ROWS_TIMES_ARGS const float* __restrict__ a, long long lda, const float* __restrict__ b, long long sbk, \
-    long long sbn, float* __restrict__ out, long long ldo, int M, int N, int K
+#define RP_ROWS_TIMES_ARGS const float* __restrict__ a, long long sza, long long sam, long long sak, \
+    const float* __restrict__ b, long long szb, long long sbk, long long sbn, float* __restrict__ out, long long szo, \
+    long long ldo, int M, int N, int K
+#define RP_ROWS_TIMES_OF_Z a + blockIdx.z * sza, sam, sak, b + blockIdx.z * szb, sbk, sbn, out + blockIdx.z * szo, \
+    ldo, M, N, K
 extern "C" __global__ void rows_times_f32(RP_ROWS_TIMES_ARGS) {
-    rows_times_tile<4, 16>(a, lda, b, sbk, sbn, out, ldo, M, N, K);
+    rows_times_tile<4, 16>(RP_ROWS_TIMES_OF_Z);
 }
 extern "C" __global__ void rows_times_thin_f32(RP_ROWS_TIMES_ARGS) {
-    rows_times_tile<1, 64>(a, lda, b, sbk, sbn, out, ldo, M, N, K);
+    rows_times_tile<1, 64>(RP_ROWS_TIMES_OF_Z);
 }
 
 // the blocks' factors, as block_outer_sum_f32 and block_outer_sum_sgd_f32 take them

@@ -55,13 +55,13 @@ def _multiprocessors() -> int:
     return int(cp.cuda.Device().attributes["MultiProcessorCount"])
 
 
-def tiles_for(M: int, N: int) -> str:
-    """The instance (a suffix of :data:`TILES`) for an M x N result: the wide tiles where
-    they give every multiprocessor a block, else the thin ones (a batch of 100 rows, or a
-    narrow layer's gradient, makes a few wide tiles: most of the GPU idle while each block
-    runs its whole chain of chunks). Either gives the same bits."""
+def tiles_for(M: int, N: int, stack: int = 1) -> str:
+    """The instance (a suffix of :data:`TILES`) for ``stack`` M x N results: the wide tiles
+    where they give every multiprocessor a block, else the thin ones (a batch of 100 rows,
+    or a narrow layer's gradient, makes a few wide tiles: most of the GPU idle while each
+    block runs its whole chain of chunks). Either gives the same bits."""
     wide = TILES[""]
-    return "" if -(-M // wide) * -(-N // wide) >= _multiprocessors() else "_thin"
+    return "" if -(-M // wide) * -(-N // wide) * stack >= _multiprocessors() else "_thin"
 
 
 def _grid(M, N, tiles):
@@ -83,6 +83,16 @@ def _float32s(*arrays):
                             f"{'C' if a.flags.c_contiguous else 'strided'}")
 
 
+def _steps(a, what):
+    """A float32 array's strides in elements, (stack, rows, columns), of a matrix or a stack
+    of them (a view as it is: the kernels read any layout whose strides are whole floats)."""
+    if a.dtype != np.float32 or a.ndim not in (2, 3) or any(st % 4 or st < 0 for st in a.strides):
+        raise TypeError(f"rowprod takes float32 matrices or stacks of them with whole-float strides, got "
+                        f"{what} {a.dtype} {a.shape} strides {a.strides}")
+    steps = tuple(st // 4 for st in a.strides)
+    return steps if a.ndim == 3 else (0,) + steps
+
+
 def _rows_of(A):
     """(A, its row stride in elements): A as it is where its rows are runs of float32
     (a band of a factor's columns, as the trainer's bands are), else a C-ordered copy
@@ -95,31 +105,40 @@ def _rows_of(A):
 
 def rows_times(a, W, out=None, tiles=None):
     """out = a @ W for float32 a (M, K), W (K, N): every out[m, n] the FMA chain over k in
-    order, whatever the other rows of ``a``. ``tiles``: an instance of :data:`TILES`
-    (default :func:`tiles_for` the result). Returns out (a new array if None)."""
+    order, whatever the other rows of ``a``. Either operand may be a view (a transposed or
+    a band of a wider array), and all three may be stacks (Z, ...) of as many products,
+    each its own chains, in one launch. ``tiles``: an instance of :data:`TILES` (default
+    :func:`tiles_for` the result). Returns out (a new C-ordered array if None)."""
     return _rows(a, W, out, False, tiles)
 
 
 def rows_times_t(h, W, out=None, tiles=None):
-    """out = h @ W.T for float32 h (M, K), W (N, K), in the same order. Returns out."""
+    """out = h @ W.T for float32 h (M, K), W (N, K), in the same order (and as
+    :func:`rows_times`, stacks and views too). Returns out."""
     return _rows(h, W, out, True, tiles)
 
 
 def _rows(a, W, out, transposed, tiles):
-    M, K = a.shape
-    N, K2 = (W.shape if transposed else W.shape[::-1])
-    if K2 != K:
+    za, am, ak = _steps(a, "a")
+    zw, wr, wc = _steps(W, "W")
+    (M, K), Z = a.shape[-2:], (a.shape[0] if a.ndim == 3 else None)
+    N, K2 = (W.shape[-2:] if transposed else W.shape[-1:-3:-1])
+    if K2 != K or (W.ndim == 3) != (Z is not None) or (Z is not None and W.shape[0] != Z):
         raise ValueError(f"rowprod: shapes {a.shape} and {W.shape} do not chain")
-    out = cp.empty((M, N), np.float32) if out is None else out
-    _float32s(a, W, out)
-    if out.shape != (M, N):
-        raise ValueError(f"rowprod: out {out.shape} is not {(M, N)}")
-    if M and N:
-        sbk, sbn = (1, W.shape[1]) if transposed else (W.shape[1], 1)
-        tiles = tiles_for(M, N) if tiles is None else tiles
+    shape = (M, N) if Z is None else (Z, M, N)
+    out = cp.empty(shape, np.float32) if out is None else out
+    if out.shape != shape:
+        raise ValueError(f"rowprod: out {out.shape} is not {shape}")
+    zo, ldo, one = _steps(out, "out")
+    if one != 1 and N > 1 and out.size:  # (an empty or one-column array's strides say nothing)
+        raise TypeError(f"rowprod: out's rows must be runs of floats, got strides {out.strides}")
+    if M and N and Z != 0:
+        sbk, sbn = (wc, wr) if transposed else (wr, wc)
+        tiles = tiles_for(M, N, Z or 1) if tiles is None else tiles
+        grid = _grid(M, N, tiles) + ((Z,) if Z else ())
         _MODULE.get_function(f"rows_times{tiles}_f32")(
-            _grid(M, N, tiles), _THREADS, (a, np.int64(K), W, np.int64(sbk), np.int64(sbn), out, np.int64(N),
-                                           np.int32(M), np.int32(N), np.int32(K)))
+            grid, _THREADS, (a, np.int64(za), np.int64(am), np.int64(ak), W, np.int64(zw), np.int64(sbk),
+                             np.int64(sbn), out, np.int64(zo), np.int64(ldo), np.int32(M), np.int32(N), np.int32(K)))
     return out
 
 

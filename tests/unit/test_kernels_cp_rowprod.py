@@ -62,6 +62,32 @@ def test_rows_times_has_the_cpu_kernels_bits(gpu, M, K, N, tiles):
     assert np.array_equal(got_t.view(np.uint32), want_t.view(np.uint32))
 
 
+@pytest.mark.parametrize("tiles", TILES, ids=["wide", "thin"])
+def test_views_and_stacks_have_the_bits_of_their_copies(gpu, tiles):
+    """Either operand as a transposed view or a band of a wider array, and a stack of
+    products in one launch (a convolution's images, each its own chains over its pixels):
+    every product the bits of the CPU's row kernels on contiguous copies."""
+    K, cp = gpu
+    rng = np.random.default_rng(9)
+    a, W = draw(rng, 40, 23), draw(rng, 40, 29)  # a.T (23 x 40) and a band of W (40 x 19)
+    band = W[:, 4:23]
+    want = rows_times(np.ascontiguousarray(a.T), np.ascontiguousarray(band), np.empty((23, 19), np.float32))
+    got = K.rows_times(cp.asarray(a).T, cp.asarray(W)[:, 4:23], tiles=tiles).get()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    h, w = draw(rng, 16, 5 * 31), draw(rng, 9, 5 * 31)  # 5 images of 31 pixels, side by side
+    stack = K.rows_times_t(cp.asarray(h).reshape(16, 5, 31).transpose(1, 0, 2),
+                           cp.asarray(w).reshape(9, 5, 31).transpose(1, 0, 2), tiles=tiles).get()
+    assert stack.shape == (5, 16, 9)
+    for z in range(5):
+        one = rows_times_t(np.ascontiguousarray(h[:, 31 * z:31 * (z + 1)]),
+                           np.ascontiguousarray(w[:, 31 * z:31 * (z + 1)]), np.empty((16, 9), np.float32))
+        assert np.array_equal(stack[z].view(np.uint32), one.view(np.uint32))
+    with pytest.raises(ValueError, match="do not chain"):
+        K.rows_times_t(cp.asarray(h).reshape(16, 5, 31).transpose(1, 0, 2), cp.asarray(w))
+    with pytest.raises(TypeError, match="whole-float strides"):
+        K.rows_times(cp.asarray(a)[:, ::-1], cp.asarray(W)[:23])
+
+
 def test_the_tiles_are_wide_where_they_fill_the_multiprocessors(gpu, monkeypatch):
     """The emulated GPU has an H100's or H200's 132 multiprocessors: a batch of 100 rows
     through a 784x1000 layer makes 32 wide tiles (thin), the 784x1000 weight gradient 208
@@ -69,6 +95,7 @@ def test_the_tiles_are_wide_where_they_fill_the_multiprocessors(gpu, monkeypatch
     K, _ = gpu
     assert K.tiles_for(100, 1000) == "_thin" and K.tiles_for(784, 1000) == "" and K.tiles_for(250, 30) == "_thin"
     assert K.tiles_for(1000, 1000) == "" and K.tiles_for(0, 30) == "_thin"
+    assert K.tiles_for(16, 9, 100) == "_thin" and K.tiles_for(16, 9, 132) == ""  # a stack counts every product
     monkeypatch.setattr(K, "_multiprocessors", lambda: 32)
     assert K.tiles_for(100, 1000) == ""
 
