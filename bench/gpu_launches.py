@@ -4,7 +4,7 @@ At batch 100 a GPU step waits on the host, which pays for every launch, cuBLAS c
 CuPy operation it makes (on the H200 machine an 8-block step and a one-block step cost about
 the same host time per call: docs/performance-gpu.md). This counts those calls per step of
 the data-parallel trainer with 8 blocks and with one, for a CD-1 layer, an autoencoder
-layer, the fine-tuning stack and a classifier, on the emulated GPU (tests/unit/cuda/emulated:
+layer, the fine-tuning stack, a classifier and the CAE, on the emulated GPU (tests/unit/cuda/emulated:
 aepar's GPU code as it runs, on the CPU). The counts are the code's, the same on any
 machine; they are not times. Written to ``bench/results/gpu/launches.md`` (``--md``).
 
@@ -34,6 +34,7 @@ MD = ROOT / "bench" / "results" / "gpu" / "launches.md"
 # the fine-tuning stack's shape, 784-1000-500-250-30 unrolled (eight weight layers, as many
 # calls a step), narrower so that the emulated GPU counts it fast
 FINE_TUNING = (784, 32, 16, 8, 4)
+WORKLOADS = ("CD-1 step", "autoencoder layer step", "fine-tuning step", "classifier step", "CAE step")
 
 
 def count_calls(cupy, counts: collections.Counter) -> list:
@@ -71,16 +72,19 @@ def _address(a) -> int:
     return getattr(a, "__array_interface__", {"data": (None,)})["data"][0]
 
 
-def per_step(layers=(784, 64), rows: int = 500, host_epochs: int = 0, host_rows: int = 4000) -> list[dict]:
-    """[{workload, blocks, calls, by kind, host µs}] per step, 8 blocks and one, averaged
-    over an epoch after a first one (whose calls include one-time set-up); host µs: aepar's
-    own Python per step, the fastest of ``host_epochs`` epochs of ``host_rows`` rows (an
-    epoch's set-up shared out over its steps; None for none)."""
+def per_step(layers=(784, 64), rows: int = 500, host_epochs: int = 0, host_rows: int = 4000,
+             workloads=WORKLOADS, cae_side: int = 28) -> list[dict]:
+    """[{workload, blocks, calls, by kind, host µs}] per step of each of ``workloads``, 8
+    blocks and one, averaged over an epoch after a first one (whose calls include one-time
+    set-up); host µs: aepar's own Python per step, the fastest of ``host_epochs`` epochs of
+    ``host_rows`` rows (an epoch's set-up shared out over its steps; None for none). The
+    CAE's images are the digits' top-left ``cae_side`` x ``cae_side`` pixels (its calls do
+    not depend on their size; the emulated GPU's convolutions do)."""
     added = str(EMULATED) not in sys.path  # the stand-in's cupy and cupy_backends, for this call
     if added:
         sys.path.insert(0, str(EMULATED))
     try:
-        return _counted(layers, rows, host_epochs, host_rows)
+        return _counted(layers, rows, host_epochs, host_rows, workloads, cae_side)
     finally:
         if added:
             sys.path.remove(str(EMULATED))
@@ -128,7 +132,7 @@ def time_outside(cupy, inside: list) -> list:
     return wrapped
 
 
-def _counted(layers, rows, host_epochs, host_rows):
+def _counted(layers, rows, host_epochs, host_rows, workloads, cae_side):
     import cupy
     import numpy as np
 
@@ -151,7 +155,10 @@ def _counted(layers, rows, host_epochs, host_rows):
     made = (("CD-1 step", lambda: RBM(be, *layers, batch=100, seed=0), digits),  # (workload, model, its rows)
             ("autoencoder layer step", lambda: AELayer(be, *layers, batch=100, seed=0), digits),
             ("fine-tuning step", lambda: _fine_tuning(be), digits),
-            ("classifier step", lambda: _classifier(be), labelled))
+            ("classifier step", lambda: _classifier(be), labelled),
+            ("CAE step", lambda: _cae(be, cae_side), np.ascontiguousarray(
+                digits.reshape(-1, 28, 28)[:, :cae_side, :cae_side].reshape(digits.shape[0], -1))))
+    made = [m for m in made if m[0] in workloads]
     wrapped = count_calls(cupy, counts)
     try:
         for workload, make, data in made:
@@ -203,6 +210,17 @@ def _classifier(be):
     return model
 
 
+def _cae(be, side=28):
+    """``bench.cae_speed``'s CAE (conv16-pool-conv32-pool-tconv16-tconv1) on ``side`` x
+    ``side`` images, Adam."""
+    from aepar.models.cae import ConvAutoencoder
+    from aepar.optim import Adam
+
+    model = ConvAutoencoder(be, (1, side, side), seed=0, batch=100)
+    model.optimizer = Adam(be, model.params, lr=1e-3)
+    return model
+
+
 def _undo(wrapped):
     for owner, name, real in reversed(wrapped):
         setattr(owner, name, real)
@@ -215,7 +233,8 @@ def table(rows: list[dict], command: str) -> str:
     lines = ["# Host calls per GPU training step", "",
              f"Counted {datetime.date.today().isoformat()} with `{command}` on the emulated GPU "
              f"(`tests/unit/cuda/emulated`) on {cpu_model()}, the 784x64 layer and the 784-32-16-8-4 stack "
-             "unrolled (eight weight layers, as the fine-tuning stack's) and a 784-32-16-10 classifier on 500 digits, "
+             "unrolled (eight weight layers, as the fine-tuning stack's), a 784-32-16-10 classifier and the CAE of "
+             "`bench.cae_speed` on 500 digits, "
              "batch 100: the calls are the code's, the same on any machine, and not times. At "
              "batch 100 a GPU step costs the host about 27-44 µs a call (docs/performance-gpu.md)."]
     if host:

@@ -88,9 +88,8 @@ __global__ void unpack_maps(const T* __restrict__ Y, const T* __restrict__ bias,
 // every run).
 #define SUM_THREADS 512
 template <typename T>
-__global__ void channel_sums(const T* __restrict__ dy, T* __restrict__ db, int N, int C, long long P) {
+__device__ __forceinline__ double channel_sum(const T* __restrict__ dy, int N, int C, int c, long long P) {
     __shared__ double part[SUM_THREADS];
-    const int c = blockIdx.x;
     const long long count = (long long)N * P;
     double s = 0.0;
     for (long long i = threadIdx.x; i < count; i += SUM_THREADS)
@@ -101,7 +100,41 @@ __global__ void channel_sums(const T* __restrict__ dy, T* __restrict__ db, int N
         if (threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
         __syncthreads();
     }
-    if (threadIdx.x == 0) db[c] += (T)part[0];
+    return part[0];
+}
+
+template <typename T>
+__global__ void channel_sums(const T* __restrict__ dy, T* __restrict__ db, int N, int C, long long P) {
+    const double s = channel_sum(dy, N, C, blockIdx.x, P);
+    if (threadIdx.x == 0) db[blockIdx.x] += (T)s;
+}
+
+// channel_sums of every block of images at once (grid: channels x blocks): block b's
+// images starts[b]..starts[b+1] into dbs[b], each the bits of its own channel_sums
+template <typename T>
+__global__ void block_channel_sums(const T* __restrict__ dy, T* const* __restrict__ dbs,
+                                   const long long* __restrict__ starts, int C, long long P) {
+    const int b = blockIdx.y;
+    const double s = channel_sum(dy + starts[b] * C * P, (int)(starts[b + 1] - starts[b]), C, blockIdx.x, P);
+    if (threadIdx.x == 0) dbs[b][blockIdx.x] += (T)s;
+}
+
+// outs[b] += the sum of parts[n] over block b's images n = starts[b]..starts[b+1] - 1, added
+// in order from the first (parts: one size-element product per image, each its own chain):
+// every block's weight gradient in one launch, a block's bits the same in any call
+template <typename T>
+__global__ void image_sums(const T* __restrict__ parts, T* const* __restrict__ outs,
+                           const long long* __restrict__ starts, int blocks, long long size) {
+    const long long total = (long long)blocks * size;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)blockDim.x * gridDim.x) {
+        const int b = (int)(idx / size);
+        const long long e = idx % size, lo = starts[b], hi = starts[b + 1];
+        if (lo == hi) continue;
+        T s = parts[lo * size + e];
+        for (long long n = lo + 1; n < hi; ++n) s += parts[n * size + e];
+        outs[b][e] += s;
+    }
 }
 
 // argmax = 2*di + dj of the window's maximum; strict > keeps the first, like numpy.argmax.

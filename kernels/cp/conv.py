@@ -6,6 +6,15 @@ chunk of images (:func:`.gemm.matmul`). A chunk's columns are laid out
 ``cols[(c*kh + i)*kw + j, b*P + p]`` so W2 (Cout, Cin*kh*kw) @ cols covers the whole chunk.
 Chunks bound cols to 2**26 elements. Semantics, shapes and argmax encoding are those of the
 reference, :mod:`kernels.ref.conv`.
+
+The *_blocks kernels (the CAE's training step: a batch's blocks stacked) take a float32
+block of at most :data:`MAX_IMAGES` images through aepar's row kernels
+(:mod:`.rowprod`) instead: every output element an FMA chain of its own, so all blocks'
+products go in one launch and still give each block the bits it has alone, where cuBLAS
+takes a call per block (it may pick another algorithm for another column count). Each
+image's weight gradient is the chain over its pixels, and a block's the sum of its images'
+in order, added into the block's gradient by one launch for all blocks, as are the bias
+gradients. Larger blocks, and float64, keep cuBLAS a call each.
 """
 import functools
 import os
@@ -13,10 +22,11 @@ import os
 import cupy as cp
 import numpy as np
 
-from ..ref.conv import (backward_by_block, check_bias, check_grad_shapes, check_nchw, conv_geometry,
-                        forward_by_block, transpose_geometry)
+from ..ref.conv import (backward_by_block, check_bias, check_conv_starts, check_grad_shapes, check_nchw,
+                        conv_geometry, forward_by_block, transpose_geometry)
 from .c_types import C_TYPE
 from .gemm import matmul
+from .rowprod import on_device, rows_times, rows_times_t
 
 __all__ = ["conv2d_forward", "conv2d_backward", "conv2d_transpose_forward",
            "conv2d_transpose_backward", "maxpool2x2_forward", "maxpool2x2_backward",
@@ -24,13 +34,18 @@ __all__ = ["conv2d_forward", "conv2d_backward", "conv2d_transpose_forward",
            "conv2d_transpose_backward_blocks"]
 
 _NAMES = [f"{k}<{t}>" for k in ("im2col", "col2im", "pack_maps", "unpack_maps", "channel_sums",
-                                 "maxpool_fwd", "maxpool_bwd")
+                                 "block_channel_sums", "image_sums", "maxpool_fwd", "maxpool_bwd")
           for t in C_TYPE.values()]
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv.cu")) as _f:
     _MODULE = cp.RawModule(code=_f.read(), options=("-std=c++14",), name_expressions=_NAMES)
 _COLS_ELEMENTS = 1 << 26
 _BLOCK = 256
 _SUM_THREADS = 512  # conv.cu's SUM_THREADS
+# a block of at most this many float32 images takes the row kernels in the *_blocks calls
+# (batch 100 in 8 blocks: 12-13 images each, about 320 host calls a CAE step through cuBLAS
+# a block at a time against 60 for one block); a batch of 100 as one block keeps cuBLAS,
+# whose one call per product was as fast as PyTorch's epoch (docs/performance-gpu.md)
+MAX_IMAGES = 64
 
 
 def conv2d_forward(x, W, b, stride=1, pad=0):
@@ -39,7 +54,7 @@ def conv2d_forward(x, W, b, stride=1, pad=0):
     check_bias(b, W.shape[0])
     x, W2, dt = _prep(x, W)
     y = cp.empty((x.shape[0], W.shape[0], Ho, Wo), dtype=dt)
-    _conv(x, W2, cp.ascontiguousarray(b, dtype=dt), W.shape[2], W.shape[3], stride, pad, y)
+    _conv(x, W2, cp.ascontiguousarray(b, dtype=dt), W.shape[2], W.shape[3], stride, pad, y, matmul)
     return y
 
 
@@ -50,7 +65,7 @@ def conv2d_backward(dy, x, W, stride, pad, dW, db):
     x, W2, dt = _prep(x, W)
     dy = cp.ascontiguousarray(dy, dtype=dt)
     dx = cp.empty(x.shape, dtype=dt)
-    _conv_grads(x, dy, W2, W.shape[2], W.shape[3], stride, pad, dW, dx, transpose=False)
+    _cublas_grads(x, dy, W2, W.shape[2], W.shape[3], stride, pad, dW, dx, transpose=False)
     _channel_sums(dy, db)
     return dx
 
@@ -61,7 +76,7 @@ def conv2d_transpose_forward(x, W, b, stride=1, pad=0):
     check_bias(b, W.shape[1])
     x, W2, dt = _prep(x, W)
     y = cp.empty(yshape, dtype=dt)
-    _conv_adjoint(x, W2, cp.ascontiguousarray(b, dtype=dt), W.shape[2], W.shape[3], stride, pad, y)
+    _conv_adjoint(x, W2, cp.ascontiguousarray(b, dtype=dt), W.shape[2], W.shape[3], stride, pad, y, matmul)
     return y
 
 
@@ -73,32 +88,130 @@ def conv2d_transpose_backward(dy, x, W, stride, pad, dW, db):
     dy = cp.ascontiguousarray(dy, dtype=dt)
     dx = cp.empty(x.shape, dtype=dt)
     # the adjoint's gradients are conv2d's with dy in the role of the convolved input
-    _conv_grads(dy, x, W2, W.shape[2], W.shape[3], stride, pad, dW, dx, transpose=True)
+    _cublas_grads(dy, x, W2, W.shape[2], W.shape[3], stride, pad, dW, dx, transpose=True)
     _channel_sums(dy, db)
     return dx
 
 
-# Several blocks of images: block by block, as the reference does. One cuBLAS product covers a
-# chunk's images, and cuBLAS may pick another algorithm for another column count: a block's
-# bits are only sure to be its own in a call of its own.
+# Several blocks of images: small float32 blocks all at once through the row kernels (each
+# block's bits those of its call alone), others block by block through cuBLAS, as the
+# reference does.
 def conv2d_forward_blocks(x, W, b, stride, pad, starts):
     """See :func:`kernels.ref.conv.conv2d_forward_blocks`."""
-    return forward_by_block(conv2d_forward, cp, x, W, b, stride, pad, starts)
+    return _forward_blocks(conv2d_forward, False, x, W, b, stride, pad, starts)
 
 
 def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
     """See :func:`kernels.ref.conv.conv2d_backward_blocks`."""
-    return backward_by_block(conv2d_backward, cp, dy, x, W, stride, pad, dWs, dbs, starts)
+    return _backward_blocks(conv2d_backward, False, dy, x, W, stride, pad, dWs, dbs, starts)
 
 
 def conv2d_transpose_forward_blocks(x, W, b, stride, pad, starts):
     """See :func:`kernels.ref.conv.conv2d_transpose_forward_blocks`."""
-    return forward_by_block(conv2d_transpose_forward, cp, x, W, b, stride, pad, starts)
+    return _forward_blocks(conv2d_transpose_forward, True, x, W, b, stride, pad, starts)
 
 
 def conv2d_transpose_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
     """See :func:`kernels.ref.conv.conv2d_transpose_backward_blocks`."""
-    return backward_by_block(conv2d_transpose_backward, cp, dy, x, W, stride, pad, dWs, dbs, starts)
+    return _backward_blocks(conv2d_transpose_backward, True, dy, x, W, stride, pad, dWs, dbs, starts)
+
+
+def _in_rows(dtype, sizes) -> bool:
+    """Whether blocks of ``sizes`` images take the row kernels (each block decides alone)."""
+    return np.dtype(dtype) == np.float32 and max(sizes, default=0) <= MAX_IMAGES
+
+
+def _forward_blocks(cublas, transpose, x, W, b, stride, pad, starts):
+    s = check_conv_starts(x, starts)
+    dt = np.result_type(x.dtype, W.dtype)
+    if _in_rows(dt, np.diff(s)):
+        return _forward_rows(transpose, x, W, b, stride, pad)
+
+    def one(x, W, b, stride, pad):
+        return _forward_rows(transpose, x, W, b, stride, pad) if _in_rows(dt, [x.shape[0]]) else \
+            cublas(x, W, b, stride, pad)
+    return forward_by_block(one, cp, x, W, b, stride, pad, s)
+
+
+def _backward_blocks(cublas, transpose, dy, x, W, stride, pad, dWs, dbs, starts):
+    s = check_conv_starts(x, starts, dWs, dbs)
+    dt = np.result_type(x.dtype, W.dtype)
+    if _in_rows(dt, np.diff(s)):
+        return _backward_rows(transpose, dy, x, W, stride, pad, dWs, dbs, s)
+
+    def one(dy, x, W, stride, pad, dW, db):
+        return _backward_rows(transpose, dy, x, W, stride, pad, [dW], [db], [0, x.shape[0]]) \
+            if _in_rows(dt, [x.shape[0]]) else cublas(dy, x, W, stride, pad, dW, db)
+    return backward_by_block(one, cp, dy, x, W, stride, pad, dWs, dbs, s)
+
+
+def _forward_rows(transpose, x, W, b, stride, pad):
+    """conv2d_forward (or the transpose's) with the row kernels' products: every element
+    of y its own chain, whatever images share the call."""
+    yshape = _out_shape(transpose, x, W, stride, pad)
+    check_bias(b, yshape[1])
+    x, W2, dt = _prep(x, W)
+    y = cp.empty(yshape, dtype=dt)
+    bias = cp.ascontiguousarray(b, dtype=dt)
+    (_conv_adjoint if transpose else _conv)(x, W2, bias, W.shape[2], W.shape[3], stride, pad, y, rows_times)
+    return y
+
+
+def _out_shape(transpose, x, W, stride, pad) -> tuple:
+    """y's shape, (N, C, H, W), of conv2d(x, W) or its transpose."""
+    if transpose:
+        return tuple(transpose_geometry(x.shape, W.shape, stride, pad))
+    return (x.shape[0], W.shape[0], *conv_geometry(x.shape, W.shape, stride, pad))
+
+
+def _backward_rows(transpose, dy, x, W, stride, pad, dWs, dbs, starts):
+    """The backward of :func:`_forward_rows` on blocks of images (offsets ``starts``):
+    dx, and block k's weight and bias gradients added into dWs[k] and dbs[k], each image's
+    weight gradient a chain over its pixels and a block's the sum of its images' in order
+    (one launch for all blocks), so a block's bits are its own in any call."""
+    yshape = _out_shape(transpose, x, W, stride, pad)
+    channels = yshape[1]
+    for dW, db in zip(dWs, dbs):
+        check_grad_shapes(dy, yshape, W, dW, db, channels)
+    x, W2, dt = _prep(x, W)
+    dy = cp.ascontiguousarray(dy, dtype=dt)
+    dx = cp.empty(x.shape, dtype=dt)
+    parts = cp.empty((x.shape[0],) + W2.shape, dtype=dt)
+
+    def into_parts(G, cols, n0, nb):  # image by image: (nb, rows, pixels) views of both
+        P = G.shape[1] // max(nb, 1)
+        rows_times_t(G.reshape(G.shape[0], nb, P).transpose(1, 0, 2),
+                     cols.reshape(cols.shape[0], nb, P).transpose(1, 0, 2), out=parts[n0:n0 + nb])
+    # the adjoint's gradients are conv2d's with dy in the role of the convolved input
+    a, g = (dy, x) if transpose else (x, dy)
+    _conv_grads(a, g, W2, W.shape[2], W.shape[3], stride, pad, dx, transpose, into_parts, rows_times)
+    blocks = len(starts) - 1
+    on_blocks = on_device(tuple(int(v) for v in starts), np.int64)
+    dW_into, dW_later = _writable(dWs, dt, (W2.size,))
+    if parts.size and blocks:
+        _launch("image_sums", dt, blocks * W2.size, parts, dW_into, on_blocks, np.int32(blocks), np.int64(W2.size))
+    db_into, db_later = _writable(dbs, dt, (channels,))
+    if channels and blocks:
+        fn = _function(f"block_channel_sums<{C_TYPE[np.dtype(dt)]}>", cp.cuda.Device().id)
+        fn((channels, blocks), (_SUM_THREADS,), (dy, db_into, on_blocks, np.int32(channels),
+                                                np.int64(yshape[2] * yshape[3])))
+    for grad, temp in dW_later + db_later:
+        grad += temp.reshape(grad.shape).astype(grad.dtype, copy=False)
+    return dx
+
+
+def _writable(grads, dtype, shape):
+    """(a device array of the gradients' addresses, [(gradient, its stand-in)]): a
+    C-contiguous gradient of ``dtype`` is written in place, any other through a zeroed
+    stand-in of ``shape`` added into it afterwards (0 + s is s: the same bits). The
+    addresses' copy is kept (the trainer's gradients are the same arrays every step)."""
+    later = []
+    for grad in grads:
+        if not (grad.flags.c_contiguous and grad.dtype == dtype):
+            later.append((grad, cp.zeros(shape, dtype)))
+    stand_in = {id(grad): temp for grad, temp in later}
+    addresses = tuple(int(stand_in.get(id(grad), grad).data.ptr) for grad in grads)
+    return on_device(addresses, np.uint64), later
 
 
 def maxpool2x2_forward(x):
@@ -211,35 +324,45 @@ def _channel_sums(dy, db):
         db += into.astype(db.dtype, copy=False)
 
 
-def _conv(x, W2, bias, kh, kw, stride, pad, y):
+def _conv(x, W2, bias, kh, kw, stride, pad, y, times):
+    """y = bias + W2 @ im2col(x), chunk by chunk; ``times``: the product (cuBLAS's, or
+    :func:`.rowprod.rows_times`)."""
     Ho, Wo = y.shape[2:]
     for n0, nb in _chunks(x.shape[0], W2.shape[1] * Ho * Wo):
         cols = _im2col(x, n0, nb, kh, kw, stride, pad, Ho, Wo)
-        _unpack(matmul(W2, cols), n0, nb, bias, y)
+        _unpack(times(W2, cols), n0, nb, bias, y)
 
 
-def _conv_adjoint(g, W2, bias, kh, kw, stride, pad, y):
+def _conv_adjoint(g, W2, bias, kh, kw, stride, pad, y, times):
+    """y = bias + col2im(W2.T @ g's maps), chunk by chunk (``times`` as :func:`_conv`'s)."""
     Ho, Wo = g.shape[2:]
     for n0, nb in _chunks(g.shape[0], W2.shape[1] * Ho * Wo):
-        _col2im(matmul(W2.T, _pack(g, n0, nb)), n0, nb, kh, kw, stride, pad, Ho, Wo, bias, y)
+        _col2im(times(W2.T, _pack(g, n0, nb)), n0, nb, kh, kw, stride, pad, Ho, Wo, bias, y)
 
 
-def _conv_grads(a, g, W2, kh, kw, stride, pad, dW, da, transpose):
-    """dW += G @ cols(a).T and the input gradient into ``da``: conv2d^T(g) (conv2d
-    backward) or conv2d(a) (conv2d_transpose backward, where a is dy and g the input).
-    Each chunk's product is added straight into dW by its GEMM (beta = 1)."""
+def _conv_grads(a, g, W2, kh, kw, stride, pad, da, transpose, weight_grad, times):
+    """The input gradient into ``da``: conv2d^T(g) (conv2d backward) or conv2d(a)
+    (conv2d_transpose backward, where a is dy and g the input); ``weight_grad(G, cols, n0,
+    nb)`` takes each chunk's factors of the weight gradient, G @ cols(a).T."""
     Ho, Wo = g.shape[2:]
     zero = _zeros(da.shape[1], da.dtype)
-    # a reshape of a C-contiguous dW is a view of it; any other dW gets the sum added once
-    in_place = dW.flags.c_contiguous
-    dW2 = dW.reshape(dW.shape[0], -1) if in_place else cp.zeros((dW.shape[0], W2.shape[1]), da.dtype)
     for n0, nb in _chunks(g.shape[0], W2.shape[1] * Ho * Wo):
         cols = _im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo)
         G = _pack(g, n0, nb)
-        matmul(G, cols.T, out=dW2, accumulate=True)
+        weight_grad(G, cols, n0, nb)
         if transpose:
-            _unpack(matmul(W2, cols), n0, nb, zero, da)
+            _unpack(times(W2, cols), n0, nb, zero, da)
         else:
-            _col2im(matmul(W2.T, G), n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)
+            _col2im(times(W2.T, G), n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)
+
+
+def _cublas_grads(a, g, W2, kh, kw, stride, pad, dW, da, transpose):
+    """dW += G @ cols(a).T, each chunk's product added straight into dW by its GEMM (beta
+    = 1), and the input gradient into ``da`` (:func:`_conv_grads`)."""
+    # a reshape of a C-contiguous dW is a view of it; any other dW gets the sum added once
+    in_place = dW.flags.c_contiguous
+    dW2 = dW.reshape(dW.shape[0], -1) if in_place else cp.zeros((dW.shape[0], W2.shape[1]), da.dtype)
+    _conv_grads(a, g, W2, kh, kw, stride, pad, da, transpose,
+                lambda G, cols, n0, nb: matmul(G, cols.T, out=dW2, accumulate=True), matmul)
     if not in_place:
         dW += dW2.reshape(dW.shape)

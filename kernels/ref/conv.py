@@ -178,15 +178,17 @@ def _windows2x2(x):
 
 def conv2d_forward_blocks(x, W, b, stride, pad, starts):
     """:func:`conv2d_forward` of the stacked blocks of images ``x[starts[k]:starts[k + 1]]``:
-    block k's rows of the result are the bits of its call alone (aepar.rows' blocks: the
-    same weights on any number of ranks)."""
+    block k's rows of the result are the bits of the same call on that block alone
+    (aepar.rows' blocks: the same weights on any number of ranks). Here and in the numba
+    set that is :func:`conv2d_forward` on the block; the cupy set may take small blocks
+    another way (its row kernels), whose bits are then the block's in any call."""
     return forward_by_block(conv2d_forward, np, x, W, b, stride, pad, starts)
 
 
 def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
     """:func:`conv2d_backward` of the stacked blocks: block k's weight and bias gradients
-    added into ``dWs[k]`` and ``dbs[k]``, dx stacked; every block's bits those of its call
-    alone."""
+    added into ``dWs[k]`` and ``dbs[k]``, dx stacked; every block's bits those of the same
+    call on that block alone (see :func:`conv2d_forward_blocks`)."""
     return backward_by_block(conv2d_backward, np, dy, x, W, stride, pad, dWs, dbs, starts)
 
 

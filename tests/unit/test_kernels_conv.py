@@ -265,6 +265,18 @@ def test_matches_reference_conv2d_chunked_strided_inputs(name, transpose, monkey
 
 # ---- stacked blocks of images: each block's own bits ------------------------------------
 
+def conv_blocks_case(rng, sizes, transpose, dtype):
+    """(starts, x, W, b, stride, pad, the four kernels' names) of a stacked-blocks case."""
+    starts = np.cumsum([0] + sizes)
+    x = randn(rng, int(starts[-1]), 3, 6, 6, dtype=dtype)
+    W = randn(rng, 3, 4, 2, 2, dtype=dtype) if transpose else randn(rng, 4, 3, 3, 3, dtype=dtype)
+    b = randn(rng, 4, dtype=dtype)
+    stride, pad = (2, 0) if transpose else (1, 1)
+    names = ("conv2d_transpose_forward", "conv2d_transpose_backward") if transpose else \
+        ("conv2d_forward", "conv2d_backward")
+    return starts, x, W, b, stride, pad, names
+
+
 @pytest.mark.parametrize("sizes", [[3, 0, 5, 1], [4], [2, 7]], ids=["four", "one", "chunked"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("transpose", [False, True], ids=["conv2d", "transpose"])
@@ -273,19 +285,26 @@ def test_conv_blocks_give_each_blocks_own_bits(name, transpose, dtype, sizes, mo
     """The *_blocks kernels on stacked images: bit for bit each block's call alone (its
     rows of y and dx, its own dW and db), also where a block spans several chunks (the
     numba set's chunks then start at the block's first image, as alone) and for an empty
-    block. The CAE trains its blocks so, one call per layer (aepar.models.cae)."""
+    block. The CAE trains its blocks so, one call per layer (aepar.models.cae). On the CPU
+    a block alone is the plain kernel's call; on the GPU the *_blocks call of that block
+    alone (small float32 blocks take the row kernels there, not cuBLAS), with the GPU's
+    bound lowered so that the five images' block keeps cuBLAS among blocks that do not."""
     K, dev, host = kit(name)
     if name != "numpy":  # chunks of 2 images (conv2d) and 1 (transpose)
-        monkeypatch.setattr(importlib.import_module(K.__name__ + ".conv"), "_COLS_ELEMENTS", 500)
-    starts = np.cumsum([0] + sizes)
-    x = randn(rng, int(starts[-1]), 3, 6, 6, dtype=dtype)
-    W = randn(rng, 3, 4, 2, 2, dtype=dtype) if transpose else randn(rng, 4, 3, 3, 3, dtype=dtype)
-    b = randn(rng, 4, dtype=dtype)
-    stride, pad = (2, 0) if transpose else (1, 1)
-    fwd, bwd, fwd_blocks, bwd_blocks = (
-        (K.conv2d_transpose_forward, K.conv2d_transpose_backward, K.conv2d_transpose_forward_blocks,
-         K.conv2d_transpose_backward_blocks) if transpose else
-        (K.conv2d_forward, K.conv2d_backward, K.conv2d_forward_blocks, K.conv2d_backward_blocks))
+        conv = importlib.import_module(K.__name__ + ".conv")
+        monkeypatch.setattr(conv, "_COLS_ELEMENTS", 500)
+        if name == "cupy":
+            monkeypatch.setattr(conv, "MAX_IMAGES", 4)
+    starts, x, W, b, stride, pad, (fwd_name, bwd_name) = conv_blocks_case(rng, sizes, transpose, dtype)
+    fwd_blocks, bwd_blocks = getattr(K, fwd_name + "_blocks"), getattr(K, bwd_name + "_blocks")
+    if name == "cupy":
+        def fwd(x, *rest):
+            return fwd_blocks(x, *rest, [0, x.shape[0]])
+
+        def bwd(dy, x, W, stride, pad, dW, db):
+            return bwd_blocks(dy, x, W, stride, pad, [dW], [db], [0, x.shape[0]])
+    else:
+        fwd, bwd = getattr(K, fwd_name), getattr(K, bwd_name)
     bounds = list(zip(starts[:-1], starts[1:]))
     y = host(fwd_blocks(dev(x), dev(W), dev(b), stride, pad, starts))
     alone = [host(fwd(dev(x[lo:hi]), dev(W), dev(b), stride, pad)) for lo, hi in bounds]
@@ -298,6 +317,38 @@ def test_conv_blocks_give_each_blocks_own_bits(name, transpose, dtype, sizes, mo
         np.testing.assert_array_equal(dx[lo:hi], host(bwd(dev(dy[lo:hi]), dev(x[lo:hi]), dev(W), stride, pad, dW, db)))
         np.testing.assert_array_equal(host(dWs[k]), host(dW))
         np.testing.assert_array_equal(host(dbs[k]), host(db))
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["conv2d", "transpose"])
+@pytest.mark.parametrize("name", [p for p in kernel_set_params() if p.values[0] == "cupy"])
+def test_gpu_conv_blocks_take_the_row_kernels(name, transpose, monkeypatch, rng):
+    """Small float32 blocks on the GPU: no cuBLAS call (every block's products in one
+    launch of the row kernels), values those of the reference block by block, gradients
+    added into what they held, also into a strided dW, a float64 db and chunked images;
+    float64 blocks keep cuBLAS."""
+    K, dev, host = kit(name)
+    conv = importlib.import_module(K.__name__ + ".conv")
+    monkeypatch.setattr(conv, "_COLS_ELEMENTS", 500)
+    starts, x, W, b, stride, pad, (fwd_name, bwd_name) = conv_blocks_case(rng, [3, 0, 5, 1], transpose, np.float32)
+    calls = []
+    real = conv.matmul
+    monkeypatch.setattr(conv, "matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    y = host(getattr(K, fwd_name + "_blocks")(dev(x), dev(W), dev(b), stride, pad, starts))
+    dy = randn(rng, *y.shape, dtype=np.float32)
+    dWs = [dev(np.ones_like(W)), dev(np.ones(W.shape[::-1], np.float32)).T, dev(np.ones_like(W)), dev(np.ones_like(W))]
+    dbs = [dev(np.ones_like(b)), dev(np.ones_like(b)), dev(np.ones(4)), dev(np.ones_like(b))]
+    dx = host(getattr(K, bwd_name + "_blocks")(dev(dy), dev(x), dev(W), stride, pad, dWs, dbs, starts))
+    assert not calls, "a small float32 block went through cuBLAS"
+    for k, (lo, hi) in enumerate(zip(starts[:-1], starts[1:])):
+        want = getattr(REF, fwd_name)(x[lo:hi], W, b, stride, pad)
+        rdW, rdb = np.zeros_like(W), np.zeros_like(b)
+        rdx = getattr(REF, bwd_name)(dy[lo:hi], x[lo:hi], W, stride, pad, rdW, rdb)
+        assert_close(y[lo:hi], want, np.float32, work=27, name="y")
+        assert_close(dx[lo:hi], rdx, np.float32, work=36, name="dx")
+        assert_close(host(dWs[k]) - 1, rdW, np.float32, work=max(1, 36 * (hi - lo)), name="dW")
+        assert_close(host(dbs[k]) - 1, rdb, np.float32, work=max(1, 36 * (hi - lo)), name="db")
+    getattr(K, fwd_name + "_blocks")(dev(x.astype(np.float64)), dev(W.astype(np.float64)), dev(b), stride, pad, starts)
+    assert calls, "float64 blocks should keep cuBLAS"
 
 
 @pytest.mark.parametrize("name", CPU_SETS)
