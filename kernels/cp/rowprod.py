@@ -45,6 +45,7 @@ _MODULE = cp.RawModule(code=_CODE, options=("-std=c++14", "--fmad=false"))
 # the stack's depth as rowprod.cu defines it; its threads index a block as 16 x 16
 _DEFINED = {name: int(value) for name, value in re.findall(r"#define (RP_\w+) (\d+)", _CODE)}
 _MAX_DEPTH, _THREADS = _DEFINED["RP_MAX_DEPTH"], (16, 16)
+_MAX_GRID_Z = 65535  # CUDA's bound on a grid's z extent: a longer stack takes several launches
 # each kernel's instances in rowprod.cu: name suffix -> its tiles' side (16 x the elements
 # a thread takes along each axis)
 TILES = {"": 64, "_thin": 16}
@@ -135,10 +136,14 @@ def _rows(a, W, out, transposed, tiles):
     if M and N and Z != 0:
         sbk, sbn = (wc, wr) if transposed else (wr, wc)
         tiles = tiles_for(M, N, Z or 1) if tiles is None else tiles
-        grid = _grid(M, N, tiles) + ((Z,) if Z else ())
-        _MODULE.get_function(f"rows_times{tiles}_f32")(
-            grid, _THREADS, (a, np.int64(za), np.int64(am), np.int64(ak), W, np.int64(zw), np.int64(sbk),
-                             np.int64(sbn), out, np.int64(zo), np.int64(ldo), np.int32(M), np.int32(N), np.int32(K)))
+        kernel, grid = _MODULE.get_function(f"rows_times{tiles}_f32"), _grid(M, N, tiles)
+        steps = (np.int64(za), np.int64(am), np.int64(ak)), (np.int64(zw), np.int64(sbk), np.int64(sbn)), \
+            (np.int64(zo), np.int64(ldo), np.int32(M), np.int32(N), np.int32(K))
+        if Z is None:
+            kernel(grid, _THREADS, (a, *steps[0], W, *steps[1], out, *steps[2]))
+        for z0 in range(0, Z or 0, _MAX_GRID_Z):  # a grid's z extent is at most 65535
+            at = slice(z0, min(Z, z0 + _MAX_GRID_Z))
+            kernel(grid + (at.stop - z0,), _THREADS, (a[at], *steps[0], W[at], *steps[1], out[at], *steps[2]))
     return out
 
 

@@ -63,7 +63,7 @@ def test_rows_times_has_the_cpu_kernels_bits(gpu, M, K, N, tiles):
 
 
 @pytest.mark.parametrize("tiles", TILES, ids=["wide", "thin"])
-def test_views_and_stacks_have_the_bits_of_their_copies(gpu, tiles):
+def test_views_and_stacks_have_the_bits_of_their_copies(gpu, tiles, monkeypatch):
     """Either operand as a transposed view or a band of a wider array, and a stack of
     products in one launch (a convolution's images, each its own chains over its pixels):
     every product the bits of the CPU's row kernels on contiguous copies."""
@@ -84,6 +84,10 @@ def test_views_and_stacks_have_the_bits_of_their_copies(gpu, tiles):
         assert np.array_equal(stack[z].view(np.uint32), one.view(np.uint32))
     with pytest.raises(ValueError, match="do not chain"):
         K.rows_times_t(cp.asarray(h).reshape(16, 5, 31).transpose(1, 0, 2), cp.asarray(w))
+    monkeypatch.setattr(K, "_MAX_GRID_Z", 2)  # a stack longer than a grid's z extent: launches of 2, 2 and 1
+    again = K.rows_times_t(cp.asarray(h).reshape(16, 5, 31).transpose(1, 0, 2),
+                           cp.asarray(w).reshape(9, 5, 31).transpose(1, 0, 2), tiles=tiles).get()
+    assert np.array_equal(again.view(np.uint32), stack.view(np.uint32))
     with pytest.raises(TypeError, match="whole-float strides"):
         K.rows_times(cp.asarray(a)[:, ::-1], cp.asarray(W)[:23])
 
