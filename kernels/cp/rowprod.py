@@ -84,16 +84,6 @@ def _float32s(*arrays):
                             f"{'C' if a.flags.c_contiguous else 'strided'}")
 
 
-def _steps(a, what):
-    """A float32 array's strides in elements, (stack, rows, columns), of a matrix or a stack
-    of them (a view as it is: the kernels read any layout whose strides are whole floats)."""
-    if a.dtype != np.float32 or a.ndim not in (2, 3) or any(st % 4 or st < 0 for st in a.strides):
-        raise TypeError(f"rowprod takes float32 matrices or stacks of them with whole-float strides, got "
-                        f"{what} {a.dtype} {a.shape} strides {a.strides}")
-    steps = tuple(st // 4 for st in a.strides)
-    return steps if a.ndim == 3 else (0,) + steps
-
-
 def _rows_of(A):
     """(A, its row stride in elements): A as it is where its rows are runs of float32
     (a band of a factor's columns, as the trainer's bands are), else a C-ordered copy
@@ -120,31 +110,55 @@ def rows_times_t(h, W, out=None, tiles=None):
 
 
 def _rows(a, W, out, transposed, tiles):
-    za, am, ak = _steps(a, "a")
-    zw, wr, wc = _steps(W, "W")
-    (M, K), Z = a.shape[-2:], (a.shape[0] if a.ndim == 3 else None)
-    N, K2 = (W.shape[-2:] if transposed else W.shape[-1:-3:-1])
-    if K2 != K or (W.ndim == 3) != (Z is not None) or (Z is not None and W.shape[0] != Z):
-        raise ValueError(f"rowprod: shapes {a.shape} and {W.shape} do not chain")
-    shape = (M, N) if Z is None else (Z, M, N)
+    shape, name, grid, Z, (sa, sw, so) = _plan((a.dtype, a.shape, a.strides), (W.dtype, W.shape, W.strides),
+                                               None if out is None else (out.dtype, out.shape, out.strides),
+                                               transposed, tiles)
     out = cp.empty(shape, np.float32) if out is None else out
-    if out.shape != shape:
-        raise ValueError(f"rowprod: out {out.shape} is not {shape}")
-    zo, ldo, one = _steps(out, "out")
-    if one != 1 and N > 1 and out.size:  # (an empty or one-column array's strides say nothing)
-        raise TypeError(f"rowprod: out's rows must be runs of floats, got strides {out.strides}")
-    if M and N and Z != 0:
-        sbk, sbn = (wc, wr) if transposed else (wr, wc)
-        tiles = tiles_for(M, N, Z or 1) if tiles is None else tiles
-        kernel, grid = _MODULE.get_function(f"rows_times{tiles}_f32"), _grid(M, N, tiles)
-        steps = (np.int64(za), np.int64(am), np.int64(ak)), (np.int64(zw), np.int64(sbk), np.int64(sbn)), \
-            (np.int64(zo), np.int64(ldo), np.int32(M), np.int32(N), np.int32(K))
-        if Z is None:
-            kernel(grid, _THREADS, (a, *steps[0], W, *steps[1], out, *steps[2]))
-        for z0 in range(0, Z or 0, _MAX_GRID_Z):  # a grid's z extent is at most 65535
-            at = slice(z0, min(Z, z0 + _MAX_GRID_Z))
-            kernel(grid + (at.stop - z0,), _THREADS, (a[at], *steps[0], W[at], *steps[1], out[at], *steps[2]))
+    if name is None:  # nothing to compute
+        return out
+    kernel = _MODULE.get_function(name)
+    if Z is None:
+        kernel(grid, _THREADS, (a, *sa, W, *sw, out, *so))
+    for z0 in range(0, Z or 0, _MAX_GRID_Z):  # a grid's z extent is at most 65535
+        at = slice(z0, min(Z, z0 + _MAX_GRID_Z))
+        kernel(grid + (at.stop - z0,), _THREADS, (a[at], *sa, W[at], *sw, out[at], *so))
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(a, W, out, transposed, tiles):
+    """(out's shape, the kernel's name or None, its grid, the stack's depth or None, the
+    launch's integer arguments) of a product of operands laid out as ``a`` and ``W``
+    (dtype, shape, strides) into ``out`` (the same, or None: a new C-ordered array). Kept
+    per layout: a step makes the same products every time, and the checks and NumPy
+    integers of a launch cost the host as much as the launch."""
+    (M, K), Z = a[1][-2:], (a[1][0] if len(a[1]) == 3 else None)
+    N, K2 = (W[1][-2:] if transposed else W[1][-1:-3:-1])
+    if K2 != K or (len(W[1]) == 3) != (Z is not None) or (Z is not None and W[1][0] != Z):
+        raise ValueError(f"rowprod: shapes {a[1]} and {W[1]} do not chain")
+    shape = (M, N) if Z is None else (Z, M, N)
+    out = out or (np.dtype(np.float32), shape, tuple(4 * int(np.prod(shape[i + 1:])) for i in range(len(shape))))
+    if out[1] != shape:
+        raise ValueError(f"rowprod: out {out[1]} is not {shape}")
+    (za, am, ak), (zw, wr, wc), (zo, ldo, one) = (_steps(*x) for x in (a + ("a",), W + ("W",), out + ("out",)))
+    if one != 1 and N > 1 and M * N * (1 if Z is None else Z):  # (an empty or one-column array's strides say nothing)
+        raise TypeError(f"rowprod: out's rows must be runs of floats, got strides {out[2]}")
+    if not (M and N and Z != 0):
+        return shape, None, None, None, ((), (), ())
+    tiles = tiles_for(M, N, Z or 1) if tiles is None else tiles
+    sbk, sbn = (wc, wr) if transposed else (wr, wc)
+    ints = (tuple(np.array([za, am, ak], np.int64)), tuple(np.array([zw, sbk, sbn], np.int64)),
+            tuple(np.array([zo, ldo], np.int64)) + tuple(np.array([M, N, K], np.int32)))
+    return shape, f"rows_times{tiles}_f32", _grid(M, N, tiles), Z, ints
+
+
+def _steps(dtype, shape, strides, what):
+    """An operand's strides in elements, (stack, rows, columns), of a matrix or a stack of
+    them (a view as it is: the kernels read any layout whose strides are whole floats)."""
+    if dtype != np.float32 or len(strides) not in (2, 3) or any(st % 4 or st < 0 for st in strides):
+        raise TypeError(f"rowprod takes float32 matrices or stacks of them with whole-float strides, got "
+                        f"{what} {dtype} {shape} strides {strides}")
+    return ((0,) if len(strides) == 2 else ()) + tuple(st // 4 for st in strides)
 
 
 def block_outer_sum(A, D, starts, merges, alphas, out, tiles=None):
