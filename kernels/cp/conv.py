@@ -285,8 +285,7 @@ def _chunks(N, rows_per_image):
 def _im2col(x, n0, nb, kh, kw, stride, pad, Ho, Wo):
     C, H, W = x.shape[1:]
     cols = cp.empty((C * kh * kw, nb * Ho * Wo), dtype=x.dtype)
-    _launch("im2col", x.dtype, cols.size, x, cols, *map(np.int32, (n0, nb, C, H, W, kh, kw,
-                                                                    stride, pad, Ho, Wo)))
+    _launch("im2col", x.dtype, cols.size, x, cols, *_int32s((n0, nb, C, H, W, kh, kw, stride, pad, Ho, Wo)))
     return cols
 
 
@@ -294,7 +293,15 @@ def _col2im(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, dx):
     """dx[n0:n0+nb] = bias + scatter-add of dcols (a gather per dx element on the device)."""
     C, H, W = dx.shape[1:]
     _launch("col2im", dx.dtype, nb * C * H * W, dcols, bias, dx,
-            *map(np.int32, (n0, nb, C, H, W, kh, kw, stride, pad, Ho, Wo)))
+            *_int32s((n0, nb, C, H, W, kh, kw, stride, pad, Ho, Wo)))
+
+
+@functools.lru_cache(maxsize=256)
+def _int32s(values: tuple) -> tuple:
+    """A launch's integer arguments as NumPy int32s, made once per set of values: a step
+    repeats them, and making eleven NumPy integers for every im2col is host time a GPU
+    step waits for."""
+    return tuple(np.array(values, np.int32))
 
 
 def _pack(g, n0, nb):

@@ -131,7 +131,7 @@ def _plan(a, W, out, transposed, tiles):
     launch's integer arguments) of a product of operands laid out as ``a`` and ``W``
     (dtype, shape, strides) into ``out`` (the same, or None: a new C-ordered array). Kept
     per layout: a step makes the same products every time, and the checks and NumPy
-    integers of a launch cost the host as much as the launch."""
+    integers of a launch are host time that a GPU step waits for."""
     (M, K), Z = a[1][-2:], (a[1][0] if len(a[1]) == 3 else None)
     N, K2 = (W[1][-2:] if transposed else W[1][-1:-3:-1])
     if K2 != K or (len(W[1]) == 3) != (Z is not None) or (Z is not None and W[1][0] != Z):
