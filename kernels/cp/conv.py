@@ -22,6 +22,7 @@ import os
 import cupy as cp
 import numpy as np
 
+from ..ref.blocksum import most_rows
 from ..ref.conv import (backward_by_block, check_bias, check_conv_starts, check_grad_shapes, check_nchw,
                         conv_geometry, forward_by_block, transpose_geometry)
 from .c_types import C_TYPE
@@ -116,19 +117,20 @@ def conv2d_transpose_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
     return _backward_blocks(conv2d_transpose_backward, True, dy, x, W, stride, pad, dWs, dbs, starts)
 
 
-def _in_rows(dtype, sizes) -> bool:
-    """Whether blocks of ``sizes`` images take the row kernels (each block decides alone)."""
-    return np.dtype(dtype) == np.float32 and max(sizes, default=0) <= MAX_IMAGES
+def _in_rows(dtype, most: int) -> bool:
+    """Whether blocks of at most ``most`` images take the row kernels (each block decides
+    alone)."""
+    return np.dtype(dtype) == np.float32 and most <= MAX_IMAGES
 
 
 def _forward_blocks(cublas, transpose, x, W, b, stride, pad, starts):
     s = check_conv_starts(x, starts)
     dt = np.result_type(x.dtype, W.dtype)
-    if _in_rows(dt, np.diff(s)):
+    if _in_rows(dt, most_rows(s)):
         return _forward_rows(transpose, x, W, b, stride, pad)
 
     def one(x, W, b, stride, pad):
-        return _forward_rows(transpose, x, W, b, stride, pad) if _in_rows(dt, [x.shape[0]]) else \
+        return _forward_rows(transpose, x, W, b, stride, pad) if _in_rows(dt, x.shape[0]) else \
             cublas(x, W, b, stride, pad)
     return forward_by_block(one, cp, x, W, b, stride, pad, s)
 
@@ -136,12 +138,12 @@ def _forward_blocks(cublas, transpose, x, W, b, stride, pad, starts):
 def _backward_blocks(cublas, transpose, dy, x, W, stride, pad, dWs, dbs, starts):
     s = check_conv_starts(x, starts, dWs, dbs)
     dt = np.result_type(x.dtype, W.dtype)
-    if _in_rows(dt, np.diff(s)):
+    if _in_rows(dt, most_rows(s)):
         return _backward_rows(transpose, dy, x, W, stride, pad, dWs, dbs, s)
 
     def one(dy, x, W, stride, pad, dW, db):
         return _backward_rows(transpose, dy, x, W, stride, pad, [dW], [db], [0, x.shape[0]]) \
-            if _in_rows(dt, [x.shape[0]]) else cublas(dy, x, W, stride, pad, dW, db)
+            if _in_rows(dt, x.shape[0]) else cublas(dy, x, W, stride, pad, dW, db)
     return backward_by_block(one, cp, dy, x, W, stride, pad, dWs, dbs, s)
 
 
