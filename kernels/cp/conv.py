@@ -181,14 +181,14 @@ def _backward_rows(transpose, dy, x, W, stride, pad, dWs, dbs, starts):
     parts = cp.empty((x.shape[0],) + W2.shape, dtype=dt)
 
     def into_parts(G, cols, n0, nb):  # image by image: (nb, rows, pixels) views of both
-        P = G.shape[1] // max(nb, 1)
+        P = G.shape[1] // nb
         rows_times_t(G.reshape(G.shape[0], nb, P).transpose(1, 0, 2),
                      cols.reshape(cols.shape[0], nb, P).transpose(1, 0, 2), out=parts[n0:n0 + nb])
     # the adjoint's gradients are conv2d's with dy in the role of the convolved input
     a, g = (dy, x) if transpose else (x, dy)
     _conv_grads(a, g, W2, W.shape[2], W.shape[3], stride, pad, dx, transpose, into_parts, rows_times)
     blocks = len(starts) - 1
-    on_blocks = on_device(tuple(int(v) for v in starts), np.int64)
+    on_blocks = on_device(tuple(starts), np.int64)  # (starts: Python ints, check_conv_starts')
     dW_into, dW_later = _writable(dWs, dt, (W2.size,))
     if parts.size and blocks:
         _launch("image_sums", dt, blocks * W2.size, parts, dW_into, on_blocks, np.int32(blocks), np.int64(W2.size))
