@@ -36,7 +36,8 @@ __all__ = []  # helpers of the set's block paths, not kernels of their own
 # bench.row_bits --device gpu on an H200 (bench/results/gpu/row_bits.csv, 2026-12-04): 8
 # blocks of 125 rows in one launch took 22-184 us a product against 166-186 us for cuBLAS
 # a call per block, and their factors' sum 283-342 us against 439-469 us; at 625 rows a
-# block cuBLAS was faster (282 against 575 us for the 784x1000 product)
+# block cuBLAS was faster (282 against 575 us for the 784x1000 product). As epochs (gpu_epoch.csv,
+# 0.8.28): 8 blocks of 125 rows 2.5-2.6x one block's time, where cuBLAS a call per block took 8.7-9.4x
 MAX_ROWS = 128
 
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rowprod.cu")) as _f:
@@ -58,11 +59,15 @@ def _multiprocessors() -> int:
 
 def tiles_for(M: int, N: int, stack: int = 1) -> str:
     """The instance (a suffix of :data:`TILES`) for ``stack`` M x N results: the wide tiles
-    where they give every multiprocessor a block, else the thin ones (a batch of 100 rows,
-    or a narrow layer's gradient, makes a few wide tiles: most of the GPU idle while each
-    block runs its whole chain of chunks). Either gives the same bits."""
+    where they give at least two thirds of the multiprocessors a block, else the thin ones
+    (a batch of 100 rows, or a narrow layer's gradient, makes a few wide tiles: most of the
+    GPU idle while each block runs its whole chain of chunks). Either gives the same bits."""
     wide = TILES[""]
-    return "" if -(-M // wide) * -(-N // wide) * stack >= _multiprocessors() else "_thin"
+    # two thirds, not all: on an H200 (132 multiprocessors; bench/results/gpu/row_bits.csv,
+    # 2026-12-04) the wide tiles were faster at every shape making 104 or 128 of them (e.g.
+    # 103 against 175 us for 512 rows through 784x1000, 62 against 102 us for a 1000x500
+    # gradient) and the thin ones at 79 and below, or within a tenth at 64
+    return "" if 3 * -(-M // wide) * -(-N // wide) * stack >= 2 * _multiprocessors() else "_thin"
 
 
 def _grid(M, N, tiles):

@@ -95,14 +95,17 @@ def test_views_and_stacks_have_the_bits_of_their_copies(gpu, tiles, monkeypatch)
         K.rows_times(cp.asarray(a)[:, ::-1], cp.asarray(W)[:23])
 
 
-def test_the_tiles_are_wide_where_they_fill_the_multiprocessors(gpu, monkeypatch):
+def test_the_tiles_are_wide_where_they_fill_most_multiprocessors(gpu, monkeypatch):
     """The emulated GPU has an H100's or H200's 132 multiprocessors: a batch of 100 rows
     through a 784x1000 layer makes 32 wide tiles (thin), the 784x1000 weight gradient 208
-    (wide)."""
+    (wide), 512 rows through it 128 and the 1000x500 gradient 128 (wide: two thirds of the
+    multiprocessors, 88, are enough), 5000 rows through 250x30 79 (thin)."""
     K, _ = gpu
     assert K.tiles_for(100, 1000) == "_thin" and K.tiles_for(784, 1000) == "" and K.tiles_for(250, 30) == "_thin"
     assert K.tiles_for(1000, 1000) == "" and K.tiles_for(0, 30) == "_thin"
-    assert K.tiles_for(16, 9, 100) == "_thin" and K.tiles_for(16, 9, 132) == ""  # a stack counts every product
+    assert K.tiles_for(512, 1000) == "" and K.tiles_for(1000, 500) == "" and K.tiles_for(5000, 30) == "_thin"
+    assert K.tiles_for(64, 64, 87) == "_thin" and K.tiles_for(64, 64, 88) == ""  # the bound: 2/3 of 132
+    assert K.tiles_for(16, 9, 80) == "_thin" and K.tiles_for(16, 9, 132) == ""  # a stack counts every product
     monkeypatch.setattr(K, "_multiprocessors", lambda: 32)
     assert K.tiles_for(100, 1000) == ""
 
