@@ -42,11 +42,12 @@ with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "conv.cu")) a
 _COLS_ELEMENTS = 1 << 26
 _BLOCK = 256
 _SUM_THREADS = 512  # conv.cu's SUM_THREADS
-# a block of at most this many float32 images takes the row kernels in the *_blocks calls
-# (batch 100 in 8 blocks: 12-13 images each, about 320 host calls a CAE step through cuBLAS
-# a block at a time against 60 for one block); a batch of 100 as one block keeps cuBLAS,
-# whose one call per product was as fast as PyTorch's epoch (docs/performance-gpu.md)
-MAX_IMAGES = 64
+# a block of at most this many float32 images takes the row kernels in the *_blocks calls,
+# as the dense blocks do up to rowprod.MAX_ROWS rows. On an H200 (bench/results/gpu/
+# gpu_epoch.csv, 2026-12-04, 0.8.28 with a bound of 64) the CAE's epoch at batch 100 took
+# 0.82 s in 8 blocks, every product of the batch's 100 images one row-kernel launch,
+# against 0.93 s as one block through cuBLAS: one block of 100 now takes those launches too
+MAX_IMAGES = 128
 
 
 def conv2d_forward(x, W, b, stride=1, pad=0):
