@@ -351,6 +351,23 @@ def test_gpu_conv_blocks_take_the_row_kernels(name, transpose, monkeypatch, rng)
     assert calls, "float64 blocks should keep cuBLAS"
 
 
+@pytest.mark.parametrize("name", [p for p in kernel_set_params() if p.values[0] == "cupy"])
+def test_gpu_one_block_of_a_batch_of_100_takes_the_row_kernels(name, monkeypatch, rng):
+    """A batch of 100 images as one block takes the launches its 8 blocks take (the row
+    kernels), not cuBLAS; a block over conv.MAX_IMAGES keeps cuBLAS."""
+    K, dev, host = kit(name)
+    conv = importlib.import_module(K.__name__ + ".conv")
+    calls = []
+    real = conv.matmul
+    monkeypatch.setattr(conv, "matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x, W, b = (randn(rng, *shape, dtype=np.float32) for shape in ((100, 1, 4, 4), (2, 1, 3, 3), (2,)))
+    K.conv2d_forward_blocks(dev(x), dev(W), dev(b), 1, 1, [0, 100])
+    assert not calls, "one block of 100 images went through cuBLAS"
+    big = randn(rng, conv.MAX_IMAGES + 1, 1, 4, 4, dtype=np.float32)
+    K.conv2d_forward_blocks(dev(big), dev(W), dev(b), 1, 1, [0, len(big)])
+    assert calls, "a block over the bound should keep cuBLAS"
+
+
 @pytest.mark.parametrize("name", CPU_SETS)
 def test_conv_blocks_refuse_offsets_and_gradients_that_do_not_fit(name):
     K = kernels.load(name)
