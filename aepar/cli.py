@@ -220,8 +220,8 @@ def add_reduce_blocks(group):
                             f"as threads take whole blocks: on the CPU about as fast at one thread with AVX-512, "
                             f"up to a fifth faster without it, and slower at several "
                             f"(bench/results/block_tax.md); on a GPU the default {DEFAULT_BLOCKS} blocks "
-                            f"trained 1.4-2.5 times slower than 1 at batch 100, the CAE 4.4 times, on an H200 "
-                            f"(aepar 0.8.26, bench/results/gpu/gpu_epoch.csv))")
+                            f"trained 1.8-2.4 times slower than 1 at batch 100, the CAE a tenth faster, on an "
+                            f"H200 (aepar 0.8.28, bench/results/gpu/gpu_epoch.csv))")
 
 
 def default_float32(parser):
