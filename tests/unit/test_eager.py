@@ -78,3 +78,19 @@ def test_groups_cover_ranks_and_models(n_ranks, n_models, data):
     assert owned == list(range(n_models))
     counts = [len(models_of(g, n_models, n_groups)) for g in range(n_groups)]
     assert max(counts) - min(counts) <= 1 and min(counts) >= 1
+
+
+def test_eager_on_a_gpu_in_blocks_prints_no_hint_to_drop_them(monkeypatch, capsys):
+    """The CAEs train as fast in 8 blocks as in one on a GPU (bench/results/gpu/gpu_epoch.csv),
+    so eager does not tell a GPU user to give up the blocks' same bits for speed."""
+    from types import SimpleNamespace
+
+    import aepar.eager as eager
+
+    split = SimpleNamespace(train_y=list(range(80)), val_y=[0], test_y=[0], source="test")
+    monkeypatch.setattr(eager.backend, "select", lambda *a: SimpleNamespace(device="gpu"))
+    monkeypatch.setattr(eager, "load_split", lambda args, images: split)
+    args = SimpleNamespace(device="gpu", kernels="cupy", dtype="float32", rank_groups=0, models=4,
+                           reduce_blocks=8, quiet=False)
+    eager._setup(args, SimpleNamespace(size=1, is_root=True))
+    assert "--reduce-blocks 1" not in capsys.readouterr().out
