@@ -16,7 +16,10 @@ times the autoencoder layer of ``--pretrainer ae`` the same way, against TorchAE
 ``--layers finetune`` times a whole epoch of fine-tuning the unrolled 784-1000-500-250-30
 stack (bench.finetune_speed's network, Adam lr 1e-3) and ``--layers cae`` one of the
 convolutional autoencoder (bench.cae_speed's), each against the same network in PyTorch
-CUDA from aepar's initial weights, with ``torch.optim.Adam`` as it comes and ``fused=True``.
+CUDA from aepar's initial weights, with ``torch.optim.Adam`` as it comes and ``fused=True``;
+the CAE's one block also with its convolutions through cuBLAS (the GPU set's bound for the
+row kernels, ``kernels.cp.conv.MAX_IMAGES``, at 0 for its epochs), so that the bound is
+judged side by side in one run.
 
 Data: the first ``--rows`` training images of the IDX files in ``--data-dir`` (Fashion-
 MNIST's, say), else of Debian's Fashion-MNIST, else of the embedded mnist5k repeated to
@@ -48,6 +51,9 @@ RESULTS = ROOT / "bench" / "results"
 HIDDEN = 1000
 AEPAR_8 = "aepar (cupy kernels, 8 blocks: bit-identical on 1-8 ranks)"
 AEPAR_1 = "aepar (cupy kernels, 1 block)"
+# the CAE's one block with its convolutions through cuBLAS, as before aepar 0.8.29 (MAX_IMAGES
+# 0 for its epochs): the row kernels' bound for images decided side by side in one run
+AEPAR_1_CUBLAS = "aepar (cupy kernels, 1 block, convolutions through cuBLAS)"
 TORCH = {"careful": "pytorch cuda careful (bench/torch_rbm.py)", "plain": "pytorch cuda plain (bench/torch_rbm.py)"}
 KEY = ("hostname", "gpu", "layer", "batch")
 TORCH_ADAM = "pytorch cuda (torch.nn, torch.optim.Adam)"
@@ -130,6 +136,11 @@ def network_epochs(be, x, batch: int, repeats: int, name: str, warm: int, peer_d
     for blocks, label in ((8, AEPAR_8), (1, AEPAR_1)):
         module.aepar_epoch(x[:warm], blocks, be=be, batch=batch)[1]()  # a throwaway model: compile, pools
         model, impls[label] = module.aepar_epoch(x, blocks, be=be, batch=batch, first_epoch=1)
+    conv = sys.modules.get(be.K.__name__ + ".conv")
+    if name == "cae" and hasattr(conv, "MAX_IMAGES"):  # the GPU set's convolutions
+        through_cublas = _with(conv, "MAX_IMAGES", 0)
+        through_cublas(module.aepar_epoch(x[:warm], 1, be=be, batch=batch)[1])()
+        impls[AEPAR_1_CUBLAS] = through_cublas(module.aepar_epoch(x, 1, be=be, batch=batch, first_epoch=1)[1])
     if torch_rbm.available():
         import torch
 
@@ -140,6 +151,20 @@ def network_epochs(be, x, batch: int, repeats: int, name: str, warm: int, peer_d
             peer.train_epoch(xt[:warm])
             impls[label] = lambda peer=peer: peer.train_epoch(xt)
     return in_turns(be, impls, repeats)
+
+
+def _with(module, name: str, value):
+    """A wrapper that runs an epoch with ``module.name`` set to ``value``, restored after."""
+    def wrap(epoch):
+        def run():
+            kept = getattr(module, name)
+            setattr(module, name, value)
+            try:
+                return epoch()
+            finally:
+                setattr(module, name, kept)
+        return run
+    return wrap
 
 
 def in_turns(be, impls: dict, repeats: int) -> dict:

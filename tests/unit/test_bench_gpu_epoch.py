@@ -49,3 +49,27 @@ def test_whole_networks_are_timed_against_their_peers(name):
         expected |= {gpu_epoch.TORCH_ADAM, gpu_epoch.TORCH_FUSED}
     assert set(times) == expected
     assert all(len(ts) == 2 and min(ts) > 0 for ts in times.values())
+
+
+def test_the_caes_one_block_is_also_timed_with_its_convolutions_through_cublas(monkeypatch):
+    """Where the kernel set's convolutions have a bound for the row kernels (the GPU set's
+    MAX_IMAGES; here planted on the CPU set's), the CAE's one block is timed a second time
+    with the bound at 0 (cuBLAS, as before 0.8.29), the bound restored after each epoch."""
+    import importlib
+
+    from aepar import backend
+    from bench import cae_speed
+
+    be = backend.select("cpu", "numba", "float32")
+    conv = importlib.import_module(be.K.__name__ + ".conv")
+    monkeypatch.setattr(conv, "MAX_IMAGES", 64, raising=False)
+    seen, real = [], cae_speed.aepar_epoch
+
+    def recording(*a, **k):
+        model, epoch = real(*a, **k)
+        return model, lambda: seen.append(conv.MAX_IMAGES) or epoch()
+    monkeypatch.setattr(cae_speed, "aepar_epoch", recording)
+    x = np.random.default_rng(0).random((200, 784), dtype=np.float32)
+    times = gpu_epoch.network_epochs(be, x, 100, 2, "cae", warm=100, peer_device="cpu")
+    assert len(times[gpu_epoch.AEPAR_1_CUBLAS]) == 2 and gpu_epoch.AEPAR_1 in times
+    assert seen.count(0) == 3 and conv.MAX_IMAGES == 64  # its warm-up and two epochs; the rest at 64
