@@ -14,8 +14,10 @@ shape: a warm-up call, a number of calls per sample calibrated so that a sample 
 ``--repeats`` samples, and the whole pass over the kernels done ``--rounds`` times (the
 fastest counts: a shared VM's speed changed by up to 2x for seconds at a time, and a
 single pass could time one kernel in a slow spell and its neighbour in a fast one); arrays
-a kernel updates in place are restored (untimed) before each sample, and a row whose timed calls still reached inf/NaN says so in ``timing_note``. Repeated calls keep their operands in cache when they fit, so a
-small kernel may beat the memory roof: its fraction of the bandwidth peak can pass 1.
+a kernel updates in place are restored (untimed) before each sample, and a row whose timed
+calls still reached inf/NaN says so in ``timing_note``. Repeated calls keep their operands
+in cache when they fit, so a small kernel may beat the memory roof: its fraction of the
+bandwidth peak can pass 1.
 
 The shapes are the models': the stacked autoencoder 784-1000-500-250-30 at batch 100
 (float32, the default of the backprop and RBM schemes), the classifier head on the CAE
