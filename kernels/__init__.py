@@ -74,8 +74,8 @@ Families (module: functions):
   ``conv2d_transpose_*_blocks`` take the blocks of images ``starts[k]:starts[k+1]``
   stacked, block k's gradients into ``dWs[k]``, ``dbs[k]``, each block's results the
   bits of the same call on that block alone (the numba set in one call; the cupy set's
-  blocks of at most 64 float32 images in one launch a product, its row kernels; the
-  others block by block)
+  blocks of at most ``kernels.cp.conv.MAX_IMAGES`` float32 images in one launch a
+  product, its row kernels; the others block by block)
 - blocksum: ``block_outer_sum(A, D, starts, merges, alphas, out)``: out = Σ alphas[b]
   A_b.T @ D_b over the blocks of rows ``starts[b]:starts[b+1]``, added in the postfix tree
   ``merges`` (aepar.rows.tree_merges): a batch's weight gradient from its blocks, the same

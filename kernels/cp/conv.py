@@ -198,23 +198,34 @@ def _backward_rows(transpose, dy, x, W, stride, pad, dWs, dbs, starts):
         fn = _function(f"block_channel_sums<{C_TYPE[np.dtype(dt)]}>", cp.cuda.Device().id)
         fn((channels, blocks), (_SUM_THREADS,), (dy, db_into, on_blocks, np.int32(channels),
                                                 np.int64(yshape[2] * yshape[3])))
-    for grad, temp in dW_later + db_later:
-        grad += temp.reshape(grad.shape).astype(grad.dtype, copy=False)
+    for grad, stand_in in dW_later + db_later:
+        _add_back(grad, stand_in)
     return dx
 
 
 def _writable(grads, dtype, shape):
-    """(a device array of the gradients' addresses, [(gradient, its stand-in)]): a
-    C-contiguous gradient of ``dtype`` is written in place, any other through a zeroed
-    stand-in of ``shape`` added into it afterwards (0 + s is s: the same bits). The
-    addresses' copy is kept (the trainer's gradients are the same arrays every step)."""
-    later = []
-    for grad in grads:
-        if not (grad.flags.c_contiguous and grad.dtype == dtype):
-            later.append((grad, cp.zeros(shape, dtype)))
-    stand_in = {id(grad): temp for grad, temp in later}
-    addresses = tuple(int(stand_in.get(id(grad), grad).data.ptr) for grad in grads)
-    return on_device(addresses, np.uint64), later
+    """(a device array of the addresses the gradients are added at, [(gradient, its
+    stand-in)] for those that take :func:`_into`'s stand-ins). The addresses' copy is kept
+    (the trainer's gradients are the same arrays every step)."""
+    intos = [_into(grad, dtype, shape) for grad in grads]
+    addresses = tuple(int(target.data.ptr) for target, _ in intos)
+    return on_device(addresses, np.uint64), [(g, s) for g, (_, s) in zip(grads, intos) if s is not None]
+
+
+def _into(grad, dtype, shape):
+    """(where a kernel adds into ``grad``, the stand-in or None): ``grad`` itself as a view
+    of ``shape`` where it is C-contiguous and of ``dtype``, else a zeroed stand-in of
+    ``shape``, which :func:`_add_back` adds into it afterwards (0 + s is s: the same bits)."""
+    if grad.flags.c_contiguous and grad.dtype == dtype:
+        return grad.reshape(shape), None
+    stand_in = cp.zeros(shape, dtype)
+    return stand_in, stand_in
+
+
+def _add_back(grad, stand_in):
+    """grad += :func:`_into`'s stand-in (nothing where there is none)."""
+    if stand_in is not None:
+        grad += stand_in.reshape(grad.shape).astype(grad.dtype, copy=False)
 
 
 def maxpool2x2_forward(x):
@@ -326,12 +337,11 @@ def _unpack(Y, n0, nb, bias, y):
 def _channel_sums(dy, db):
     """db += dy summed over images and pixels (dy C-contiguous), taken in double."""
     N, C = dy.shape[:2]
-    into = db if db.flags.c_contiguous and db.dtype == dy.dtype else cp.zeros(C, dy.dtype)
+    into, stand_in = _into(db, dy.dtype, (C,))
     if C:
         fn = _function(f"channel_sums<{C_TYPE[np.dtype(dy.dtype)]}>", cp.cuda.Device().id)
         fn((C,), (_SUM_THREADS,), (dy, into, np.int32(N), np.int32(C), np.int64(dy.shape[2] * dy.shape[3])))
-    if into is not db:
-        db += into.astype(db.dtype, copy=False)
+    _add_back(db, stand_in)
 
 
 def _conv(x, W2, bias, kh, kw, stride, pad, y, times):
@@ -369,10 +379,7 @@ def _conv_grads(a, g, W2, kh, kw, stride, pad, da, transpose, weight_grad, times
 def _cublas_grads(a, g, W2, kh, kw, stride, pad, dW, da, transpose):
     """dW += G @ cols(a).T, each chunk's product added straight into dW by its GEMM (beta
     = 1), and the input gradient into ``da`` (:func:`_conv_grads`)."""
-    # a reshape of a C-contiguous dW is a view of it; any other dW gets the sum added once
-    in_place = dW.flags.c_contiguous
-    dW2 = dW.reshape(dW.shape[0], -1) if in_place else cp.zeros((dW.shape[0], W2.shape[1]), da.dtype)
+    dW2, stand_in = _into(dW, da.dtype, W2.shape)
     _conv_grads(a, g, W2, kh, kw, stride, pad, da, transpose,
                 lambda G, cols, n0, nb: matmul(G, cols.T, out=dW2, accumulate=True), matmul)
-    if not in_place:
-        dW += dW2.reshape(dW.shape)
+    _add_back(dW, stand_in)
