@@ -67,7 +67,7 @@ from .codegen import define
 # the generated tiles (_define) call these by name
 from .simd import JIT, prefetch, prefetch_l2, target_isa  # noqa: F401
 from .update import sgd_momentum_update
-from .simd32 import (LANES32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m,  # noqa: F401
+from .simd32 import (LANES32, vadd32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m,  # noqa: F401
                      vtranspose32, vzero32)
 
 __all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum", "block_outer_sum_sgd"]
@@ -200,14 +200,15 @@ def _outer_source(rows, vecs):
     block an FMA
     chain over the block's rows in order, one multiply by alphas[b], then the postfix
     tree's additions (``merges[b]`` of them) against the partial sums on ``stack``. The
-    multiply and the additions are FMAs with -0 and 1 (rounded once, exactly a plain * and
-    +), so that no contraction can change them."""
+    multiply is an FMA with -0 (rounded once, exactly a plain *) and the additions are
+    :func:`vadd32`'s, which no contraction can fuse with a product either; an addition as
+    an FMA with 1, the same bits, had taken the FMA pipes' time on CPUs that add in other
+    pipes (AMD Zen 4: the 8-block sum 2-4% faster on the AVX-512 path)."""
     name = f"_outer_{rows}x{vecs}"
     size = rows * vecs * LANES32
     acc = [(r, c) for r in range(rows) for c in range(vecs)]
-    # alphas ends with 1 and -0: a + 1 b and a b + (-0) are exactly a + b and a b
+    # alphas ends with -0: a b + (-0) is exactly a b
     src = ["    zero = vzero32()",
-            "    one = vbcast32(alphas, alphas.size - 2)",
             "    minus0 = vbcast32(alphas, alphas.size - 1)"]
     # ask for out's lines now (and, where the tile steps, the velocity's): its stores and
     # the step's loads come after all its blocks' FMAs, and a weight row is seldom in
@@ -241,13 +242,13 @@ def _sgd_lines(rows, vecs, pad):
     """The tile's finished sums g as the step :func:`kernels.nb.update.sgd_momentum_update`
     takes with them, instead of stored: at every element of p (``o``) and v (``vel``),
     v = momentum v - lr (g + decay p), p += v, each product and sum rounded once as there
-    (FMAs with 1, -1 and -0), the decay left out where it is 0 (as that kernel does). The
-    scalars: ``alphas``' last six, [decay, momentum, lr, -1, 1, -0]."""
-    src = [f"{pad}dec = vbcast32(alphas, alphas.size - 6)",
-           f"{pad}mom = vbcast32(alphas, alphas.size - 5)",
-           f"{pad}rate = vbcast32(alphas, alphas.size - 4)",
-           f"{pad}minus1 = vbcast32(alphas, alphas.size - 3)",
-           f"{pad}decays = alphas[alphas.size - 6] != 0"]
+    (FMAs with -1 and -0, :func:`vadd32`), the decay left out where it is 0 (as that kernel
+    does). The scalars: ``alphas``' last five, [decay, momentum, lr, -1, -0]."""
+    src = [f"{pad}dec = vbcast32(alphas, alphas.size - 5)",
+           f"{pad}mom = vbcast32(alphas, alphas.size - 4)",
+           f"{pad}rate = vbcast32(alphas, alphas.size - 3)",
+           f"{pad}minus1 = vbcast32(alphas, alphas.size - 2)",
+           f"{pad}decays = alphas[alphas.size - 5] != 0"]
     last = vecs - 1
     for r in range(rows):
         for c in range(vecs):
@@ -260,10 +261,10 @@ def _sgd_lines(rows, vecs, pad):
                 store = (lambda a, x: f"vstore32({a}, {at}, {x})") if whole else \
                     (lambda a, x: f"vstore32m({a}, {at}, {x}, nlast)")
                 src += [f"{inner}p = {load('o')}",
-                        f"{inner}g = vfma32(a{r}_{c}, one, vfma32(dec, p, minus0)) if decays else a{r}_{c}",
+                        f"{inner}g = vadd32(a{r}_{c}, vfma32(dec, p, minus0)) if decays else a{r}_{c}",
                         f"{inner}s = vfma32(vfma32(rate, g, minus0), minus1, vfma32(mom, {load('vel')}, minus0))",
                         f"{inner}{store('vel', 's')}",
-                        f"{inner}{store('o', 'vfma32(p, one, s)')}"]
+                        f"{inner}{store('o', 'vadd32(p, s)')}"]
     return src
 
 
@@ -274,7 +275,7 @@ def _scale_merge_lines(rows, vecs, pad, b, merges, size):
     src = [f"{pad}if alphas[{b}] != 1:", f"{pad}    s = vbcast32(alphas, {b})"]
     src += [f"{pad}    a{r}_{c} = vfma32(a{r}_{c}, s, minus0)" for r, c in acc]
     src += [f"{pad}for m in range({merges}):", f"{pad}    top -= {size}"]
-    src += [f"{pad}    a{r}_{c} = vfma32(vload32(stack, top + {(r * vecs + c) * LANES32}), one, a{r}_{c})"
+    src += [f"{pad}    a{r}_{c} = vadd32(vload32(stack, top + {(r * vecs + c) * LANES32}), a{r}_{c})"
             for r, c in acc]
     return src
 
@@ -300,8 +301,7 @@ def _segment_source(rows, vecs):
     merged as there (``merges`` additions, slots :data:`SLOT` floats apart) and stored to
     the stack, or to out at the root."""
     name = f"_segment_{rows}x{vecs}"
-    src = ["    one = vbcast32(alphas, alphas.size - 2)",
-           "    minus0 = vbcast32(alphas, alphas.size - 1)",
+    src = ["    minus0 = vbcast32(alphas, alphas.size - 1)",
            "    if fresh:"]
     src += [f"        a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
     src += ["    else:"]
@@ -753,8 +753,8 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
 
 def _scales(alphas, weight_decay=0.0, momentum=0.0, lr=0.0):
     """The tiles' one float32 array of scalars: the blocks' alphas, then the step's
-    [decay, momentum, lr] (:func:`_sgd_lines`), then -1, 1 and -0 (:func:`_outer_source`)."""
-    return np.array([*alphas, weight_decay, momentum, lr, -1, 1, -0.0], np.float32)
+    [decay, momentum, lr] (:func:`_sgd_lines`), then -1 and -0 (:func:`_outer_source`)."""
+    return np.array([*alphas, weight_decay, momentum, lr, -1, -0.0], np.float32)
 
 
 def _padded_width(n: int) -> int:

@@ -13,7 +13,7 @@ from numba.extending import intrinsic, models, register_model
 from .simd import _flat_f32
 
 __all__ = ["LANES32", "f32x16", "vzero32", "vload32", "vload32m", "vstore32", "vstore32m", "vbcast32", "vfma32",
-           "vtranspose32"]
+           "vadd32", "vtranspose32"]
 
 
 # ---- 16-lane float32 ---------------------------------------------------------------------------
@@ -51,8 +51,8 @@ def _ptr32(context, builder, sig, args):
 def _lanes_below(context, builder, n, nty):
     """<16 x i1>: lane < n."""
     n32 = context.cast(builder, n, nty, types.int32)
-    splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_IVEC32, ir.Undefined), n32, ir.Constant(_I32, 0)),
-                                   ir.Constant(_IVEC32, ir.Undefined), ir.Constant(_IVEC32, [0] * LANES32))
+    first = builder.insert_element(ir.Constant(_IVEC32, ir.Undefined), n32, ir.Constant(_I32, 0))
+    splat = builder.shuffle_vector(first, ir.Constant(_IVEC32, ir.Undefined), ir.Constant(_IVEC32, [0] * LANES32))
     return builder.icmp_signed("<", ir.Constant(_IVEC32, list(range(LANES32))), splat)
 
 
@@ -152,6 +152,20 @@ def vfma32(typingctx, a, b, c):
         return builder.call(fma, args)
 
     return a(a, b, c), codegen
+
+
+@intrinsic
+def vadd32(typingctx, a, b):
+    """a + b, rounded once per lane: an LLVM fadd without fast-math flags, so no contraction
+    can fuse it with a product. The same bits as vfma32(a, 1, b), but on CPUs with separate
+    add pipes (AMD Zen) it leaves the FMA pipes to the products."""
+    if not (a == b == f32x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return a(a, b), codegen
 
 
 def _transpose16_ir(builder, rows):
