@@ -202,8 +202,8 @@ def _outer_source(rows, vecs):
     tree's additions (``merges[b]`` of them) against the partial sums on ``stack``. The
     multiply is an FMA with -0 (rounded once, exactly a plain *) and the additions are
     :func:`vadd32`'s, which no contraction can fuse with a product either; an addition as
-    an FMA with 1, the same bits, had taken the FMA pipes' time on CPUs that add in other
-    pipes (AMD Zen 4: the 8-block sum 2-4% faster on the AVX-512 path)."""
+    an FMA with 1, the same bits, takes the FMA pipes from the products on CPUs that add
+    in pipes of their own (AMD Zen 4; docs/performance-notes.md)."""
     name = f"_outer_{rows}x{vecs}"
     size = rows * vecs * LANES32
     acc = [(r, c) for r in range(rows) for c in range(vecs)]

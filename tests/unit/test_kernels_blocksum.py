@@ -191,8 +191,7 @@ def test_long_blocks_in_stretches_are_the_whole_blocks_bits(count, m, n, seed, f
     buf = np.full((m + 1, n), 7.0, np.float32)  # a row past out: must stay
     NB.block_outer_sum(A, D, starts, merges, alphas, buf[:m])
     whole = np.empty((m, n), np.float32)
-    scales = np.append(np.float32(alphas), np.float32([0, 0, 0, -1, 1, -0.0]))
-    rowprod._in_tiles(A, D, starts, merges, scales, whole, rowprod._NO_PANEL, False)  # each block whole
+    rowprod._in_tiles(A, D, starts, merges, rowprod._scales(alphas), whole, rowprod._NO_PANEL, False)  # blocks whole
     assert np.array_equal(buf[:m].view(np.int32), whole.view(np.int32))
     assert np.all(buf[m] == 7.0)
     # A's rows read through their stride (a band of a wider array): the same bits
