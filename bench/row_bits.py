@@ -115,8 +115,8 @@ def own_kernels(cp, repeats=20) -> list[dict]:
     cuBLAS, a call per block and one for the batch, best of ``repeats`` (µs, each launch
     waited for), and their bits against the CPU's row kernels: where the own kernels are
     the faster, up to which rows a block (the GPU set's ``rowprod.MAX_ROWS``). The own
-    kernels in each instance of their tiles (``own_wide_us``, ``own_thin_us``: where each is
-    the faster, ``rowprod.tiles_for``) and as the set launches them (``own_us``, the
+    kernels in each instance of their tiles (``own_wide_us``, ``own_mid_us``, ``own_thin_us``:
+    where each is the faster, ``rowprod.tiles_for``) and as the set launches them (``own_us``, the
     instance ``tiles``); every instance's bits are checked."""
     import time
 
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
         for r in own:
             print(f"bench.row_bits (gpu): {r['test']} {r['shape']} {r['size']}: "
                   f"the CPU's bits {r['same_bits_as_cpu']}, {r['own_us']} us ({r['tiles']}; "
-                  f"wide {r['own_wide_us']}, thin {r['own_thin_us']}) against "
+                  f"wide {r['own_wide_us']}, mid {r['own_mid_us']}, thin {r['own_thin_us']}) against "
                   f"cuBLAS {r['cublas_blocks_us']} us by block, {r['cublas_whole_us']} us whole")
     print(f"bench.row_bits: rows in {opts.out}")
     return 0

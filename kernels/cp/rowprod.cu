@@ -18,10 +18,13 @@
 // A block of 16 x 16 threads takes a 16R x 16R tile of out, each thread R x R elements
 // (rows ty + 16 i, columns tx + 16 j: a warp's loads from shared memory are broadcasts or
 // consecutive); the operands pass through shared memory TK steps at a time. Each kernel
-// comes in two instances: wide (R = 4, TK = 16: 64 x 64 tiles) and thin (R = 1, TK = 64),
+// comes in three instances: wide (R = 4, TK = 16: 64 x 64 tiles), thin (R = 1, TK = 64),
 // whose 16 x 16 tiles give a small product enough blocks to fill the multiprocessors and
-// whose longer chunks take fewer waits for memory; an element's chain is the same in both
-// (the tiles and chunks only cut it into steps), so are its bits. The k loop of a chunk
+// whose longer chunks take fewer waits for memory, and mid (R = 2, TK = 32: 32 x 32 tiles),
+// between them: a thin thread loads two floats from shared memory for each FMA, a mid one
+// one, for a quarter of the blocks (a batch of 100 through a 1000-wide layer: 128 blocks).
+// An element's chain is the same in every instance (the tiles and chunks only cut it into
+// steps), so are its bits. The k loop of a chunk
 // stops at the operands' end, so no padding enters a sum. Only fmaf, __fmul_rn and
 // __fadd_rn do arithmetic (compiled with --fmad=false): no contraction can change a rounding.
 
@@ -93,6 +96,9 @@ extern "C" __global__ void rows_times_f32(RP_ROWS_TIMES_ARGS) {
 }
 extern "C" __global__ void rows_times_thin_f32(RP_ROWS_TIMES_ARGS) {
     rows_times_tile<1, 64>(RP_ROWS_TIMES_OF_Z);
+}
+extern "C" __global__ void rows_times_mid_f32(RP_ROWS_TIMES_ARGS) {
+    rows_times_tile<2, 32>(RP_ROWS_TIMES_OF_Z);
 }
 
 // the blocks' factors, as block_outer_sum_f32 and block_outer_sum_sgd_f32 take them
@@ -167,6 +173,10 @@ extern "C" __global__ void block_outer_sum_thin_f32(RP_FACTORS, float* __restric
                                                     int N) {
     block_outer_sum_tile<1, 64>(RP_FACTOR_ARGS, out, ldo, M, N);
 }
+extern "C" __global__ void block_outer_sum_mid_f32(RP_FACTORS, float* __restrict__ out, long long ldo, int M,
+                                                   int N) {
+    block_outer_sum_tile<2, 32>(RP_FACTOR_ARGS, out, ldo, M, N);
+}
 
 // block_outer_sum_sgd_f32: SGD with momentum on p and v (M x N, row stride ldo) with the
 // gradient g = block_outer_sum_f32's, each element stepped where its sum ends instead of
@@ -198,4 +208,7 @@ extern "C" __global__ void block_outer_sum_sgd_f32(RP_FACTORS, RP_SGD_ARGS) {
 }
 extern "C" __global__ void block_outer_sum_sgd_thin_f32(RP_FACTORS, RP_SGD_ARGS) {
     block_outer_sum_sgd_tile<1, 64>(RP_FACTOR_ARGS, p, v, ldo, M, N, lr, momentum, c);
+}
+extern "C" __global__ void block_outer_sum_sgd_mid_f32(RP_FACTORS, RP_SGD_ARGS) {
+    block_outer_sum_sgd_tile<2, 32>(RP_FACTOR_ARGS, p, v, ldo, M, N, lr, momentum, c);
 }

@@ -48,8 +48,10 @@ _DEFINED = {name: int(value) for name, value in re.findall(r"#define (RP_\w+) (\
 _MAX_DEPTH, _THREADS = _DEFINED["RP_MAX_DEPTH"], (16, 16)
 _MAX_GRID_Z = 65535  # CUDA's bound on a grid's z extent: a longer stack takes several launches
 # each kernel's instances in rowprod.cu: name suffix -> its tiles' side (16 x the elements
-# a thread takes along each axis)
-TILES = {"": 64, "_thin": 16}
+# a thread takes along each axis). The mid tiles are timed beside the others by
+# bench.row_bits --device gpu, every instance's bits checked, but tiles_for does not pick
+# them before a GPU has timed them
+TILES = {"": 64, "_mid": 32, "_thin": 16}
 
 
 @functools.cache

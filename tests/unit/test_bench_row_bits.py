@@ -64,8 +64,9 @@ def test_the_own_kernels_are_timed_against_cublas_a_call_per_block(emulated_cupy
         ("own rows_times", "16 rows in 8 blocks"), ("own block_outer_sum", "8 blocks of 4 rows"),
         ("own rows_times", "40 rows in 8 blocks"), ("own block_outer_sum", "8 blocks of 10 rows")]
     assert all(r["same_bits_as_cpu"] for r in rows)
-    # per batch: each of the 2 instances timed (a warm-up and one call each), then its bits;
+    # per batch: each of the 3 instances timed (a warm-up and one call each), then its bits;
     # none by the cuBLAS side
-    assert len(launches) == 2 * (2 * 2 + 2)
+    assert len(launches) == 2 * (3 * 2 + 3)
     assert all(r["own_us"] == r[f"own_{r['tiles']}_us"] for r in rows)
-    assert all(r["tiles"] in ("wide", "thin") and r["own_wide_us"] and r["own_thin_us"] for r in rows)
+    assert all(r["tiles"] in ("wide", "thin") and r["own_wide_us"] and r["own_mid_us"] and r["own_thin_us"]
+               for r in rows)

@@ -28,7 +28,12 @@ def gpu(emulated_cupy):
     return importlib.import_module("aepar.kernels.cp.rowprod"), emulated_cupy
 
 
-TILES = ["", "_thin"]  # kernels/cp/rowprod.py's TILES: the wide instance and the thin
+TILES = ["", "_mid", "_thin"]  # kernels/cp/rowprod.py's TILES: the wide instance, the mid, the thin
+
+
+def test_every_instance_of_the_tiles_is_tested(gpu):
+    """The instances these tests take are those rowprod.cu has (TILES): a new one is tested."""
+    assert list(gpu[0].TILES) == TILES
 
 
 def gpu_rows_times(gpu, a, W, transposed=False, tiles=None):
@@ -49,7 +54,7 @@ def draw(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize("tiles", TILES, ids=["wide", "thin"])
+@pytest.mark.parametrize("tiles", TILES, ids=["wide", "mid", "thin"])
 @pytest.mark.parametrize("M, K, N", [(13, 40, 70), (100, 33, 20), (1, 16, 64), (70, 5, 130), (17, 130, 33)])
 def test_rows_times_has_the_cpu_kernels_bits(gpu, M, K, N, tiles):
     rng = np.random.default_rng(M * K + N)
@@ -62,7 +67,7 @@ def test_rows_times_has_the_cpu_kernels_bits(gpu, M, K, N, tiles):
     assert np.array_equal(got_t.view(np.uint32), want_t.view(np.uint32))
 
 
-@pytest.mark.parametrize("tiles", TILES, ids=["wide", "thin"])
+@pytest.mark.parametrize("tiles", TILES, ids=["wide", "mid", "thin"])
 def test_views_and_stacks_have_the_bits_of_their_copies(gpu, tiles, monkeypatch):
     """Either operand as a transposed view or a band of a wider array, and a stack of
     products in one launch (a convolution's images, each its own chains over its pixels):
@@ -119,7 +124,7 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(gpu):
         assert np.array_equal(part.view(np.uint32), whole[lo:hi].view(np.uint32))
 
 
-@pytest.mark.parametrize("tiles", TILES, ids=["wide", "thin"])
+@pytest.mark.parametrize("tiles", TILES, ids=["wide", "mid", "thin"])
 @pytest.mark.parametrize("sizes", [(25,) * 8, (7, 6, 12, 1, 14, 10), (40,), (3, 17), (70, 130)])
 def test_block_outer_sum_has_the_cpu_kernels_bits(gpu, sizes, tiles):
     rng = np.random.default_rng(sum(sizes))
@@ -140,7 +145,7 @@ def test_block_outer_sum_has_the_cpu_kernels_bits(gpu, sizes, tiles):
     assert np.array_equal(p.get().view(np.uint32), (p0 + v_want).view(np.uint32))
 
 
-@pytest.mark.parametrize("tiles", TILES, ids=["wide", "thin"])
+@pytest.mark.parametrize("tiles", TILES, ids=["wide", "mid", "thin"])
 @pytest.mark.parametrize("sizes", [(25,) * 8, (7, 6, 12, 1, 14, 10), (3,)])
 def test_a_tied_autoencoders_two_parts_have_the_bits_of_their_interleaving(gpu, sizes, tiles):
     """Parts go to the kernel as they are (no copy): each block's chain runs over its rows
