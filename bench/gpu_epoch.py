@@ -19,7 +19,9 @@ convolutional autoencoder (bench.cae_speed's), each against the same network in 
 CUDA from aepar's initial weights, with ``torch.optim.Adam`` as it comes and ``fused=True``;
 the CAE's one block also with its convolutions through cuBLAS (the GPU set's bound for the
 row kernels, ``kernels.cp.conv.MAX_IMAGES``, at 0 for its epochs), so that the bound is
-judged side by side in one run.
+judged side by side in one run; and every workload's 8 blocks also with the row kernels'
+mid tiles where they would take the thin ones (``kernels.cp.rowprod.TILES``), which
+``tiles_for`` does not take before they have been timed on a GPU.
 
 Data: the first ``--rows`` training images of the IDX files in ``--data-dir`` (Fashion-
 MNIST's, say), else of Debian's Fashion-MNIST, else of the embedded mnist5k repeated to
@@ -54,6 +56,9 @@ AEPAR_1 = "aepar (cupy kernels, 1 block)"
 # the CAE's one block with its convolutions through cuBLAS, as before aepar 0.8.29 (MAX_IMAGES
 # 0 for its epochs): the row kernels' bound for images decided side by side in one run
 AEPAR_1_CUBLAS = "aepar (cupy kernels, 1 block, convolutions through cuBLAS)"
+# the 8 blocks again with the row kernels' mid tiles wherever tiles_for takes the thin ones
+# (aepar 0.8.30's mid instance, which tiles_for does not take before a GPU has timed it)
+AEPAR_8_MID = "aepar (cupy kernels, 8 blocks, mid tiles where the thin are taken)"
 TORCH = {"careful": "pytorch cuda careful (bench/torch_rbm.py)", "plain": "pytorch cuda plain (bench/torch_rbm.py)"}
 KEY = ("hostname", "gpu", "layer", "batch")
 TORCH_ADAM = "pytorch cuda (torch.nn, torch.optim.Adam)"
@@ -113,6 +118,7 @@ def epochs(x, batch: int, repeats: int, layer: str = "rbm") -> dict:
         return lambda: train_epoch(trained, xb, next(epochs))
 
     impls = {AEPAR_8: ours(8), AEPAR_1: ours(1)}
+    _add_mid_tiles(be, impls, ours)
     if torch_rbm.available():
         import torch
 
@@ -136,6 +142,7 @@ def network_epochs(be, x, batch: int, repeats: int, name: str, warm: int, peer_d
     for blocks, label in ((8, AEPAR_8), (1, AEPAR_1)):
         module.aepar_epoch(x[:warm], blocks, be=be, batch=batch)[1]()  # a throwaway model: compile, pools
         model, impls[label] = module.aepar_epoch(x, blocks, be=be, batch=batch, first_epoch=1)
+    _add_mid_tiles(be, impls, lambda blocks: module.aepar_epoch(x, blocks, be=be, batch=batch, first_epoch=1)[1])
     conv = sys.modules.get(be.K.__name__ + ".conv")
     if name == "cae" and hasattr(conv, "MAX_IMAGES"):  # the GPU set's convolutions
         through_cublas = _with(conv, "MAX_IMAGES", 0)
@@ -151,6 +158,33 @@ def network_epochs(be, x, batch: int, repeats: int, name: str, warm: int, peer_d
             peer.train_epoch(xt[:warm])
             impls[label] = lambda peer=peer: peer.train_epoch(xt)
     return in_turns(be, impls, repeats)
+
+
+def _add_mid_tiles(be, impls: dict, make):
+    """Where the kernel set's row kernels have a mid instance (the GPU set's rowprod), add
+    :data:`AEPAR_8_MID`: ``make(8)``'s epoch with the mid tiles where the thin would be
+    taken (made, and so warmed up, with them too)."""
+    rowprod = sys.modules.get(be.K.__name__ + ".rowprod")
+    if "_mid" in getattr(rowprod, "TILES", ()):
+        mid = _mid_tiles(rowprod)
+        impls[AEPAR_8_MID] = mid(mid(lambda: make(8))())
+
+
+def _mid_tiles(rowprod):
+    """A wrapper that runs a call with ``rowprod.tiles_for`` taking the mid tiles where it
+    takes the thin, its kept launch plans dropped before and after (they hold the instance)."""
+    def wrap(call):
+        def run():
+            kept = rowprod.tiles_for
+            rowprod.tiles_for = lambda *a: "_mid" if kept(*a) == "_thin" else kept(*a)
+            rowprod._plan.cache_clear()
+            try:
+                return call()
+            finally:
+                rowprod.tiles_for = kept
+                rowprod._plan.cache_clear()
+        return run
+    return wrap
 
 
 def _with(module, name: str, value):

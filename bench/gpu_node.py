@@ -80,9 +80,10 @@ STEPS = ("tests", "bits", "epochs", "shared", "sixteen", "tax")
 # seconds, as the steps took on the H200 machine (bench/results/gpu and scaling_16core,
 # 2026-12-04, commit dd10bed; tests with CuPy's kernel cache cold: 131, bits 11, epochs 54,
 # sixteen 467 after the CPU kernels' warm-up, about 40 s; shared 66 at commit 6bef3fb),
-# rounded up; tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model
-# 167) before its fifth workload (greedy, about a quarter more)
-ESTIMATE_S = {"tests": 140, "bits": 30, "epochs": 70, "shared": 80, "sixteen": 480, "tax": 150}
+# rounded up (epochs a fifth more since 0.8.30, which times the 8 blocks with the mid tiles
+# too); tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167)
+# before its fifth workload (greedy, about a quarter more)
+ESTIMATE_S = {"tests": 140, "bits": 30, "epochs": 80, "shared": 80, "sixteen": 480, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,

@@ -73,3 +73,36 @@ def test_the_caes_one_block_is_also_timed_with_its_convolutions_through_cublas(m
     times = gpu_epoch.network_epochs(be, x, 100, 2, "cae", warm=100, peer_device="cpu")
     assert len(times[gpu_epoch.AEPAR_1_CUBLAS]) == 2 and gpu_epoch.AEPAR_1 in times
     assert seen.count(0) == 3 and conv.MAX_IMAGES == 64  # its warm-up and two epochs; the rest at 64
+
+
+def test_the_eight_blocks_are_also_timed_with_the_mid_tiles_where_the_thin_are_taken(monkeypatch):
+    """Where the kernel set's row kernels have a mid instance (the GPU set's; here planted
+    on the CPU set's rowprod), the 8 blocks are timed again with tiles_for giving the mid
+    tiles where it gives the thin, its kept launch plans dropped around each call, and
+    tiles_for restored after: the model's warm-up and every timed epoch under the mid."""
+    import functools
+    import importlib
+
+    from aepar import backend
+
+    be = backend.select("cpu", "numba", "float32")
+    rowprod = importlib.import_module(be.K.__name__ + ".rowprod")
+    cleared = []
+
+    @functools.lru_cache
+    def plan():
+        return None
+    monkeypatch.setattr(plan, "cache_clear", lambda: cleared.append(1), raising=False)
+    monkeypatch.setattr(rowprod, "TILES", {"": 64, "_mid": 32, "_thin": 16}, raising=False)
+    monkeypatch.setattr(rowprod, "tiles_for", lambda M, N, stack=1: "_thin" if M < 64 else "", raising=False)
+    monkeypatch.setattr(rowprod, "_plan", plan, raising=False)
+    real, seen = rowprod.tiles_for, []
+
+    def ours(blocks):  # what epochs() makes: a model warmed up, then its epoch
+        seen.append(("made", rowprod.tiles_for(10, 10)))
+        return lambda: seen.append(("epoch", rowprod.tiles_for(100, 10), rowprod.tiles_for(10, 10)))
+    impls = {}
+    gpu_epoch._add_mid_tiles(be, impls, ours)
+    times = gpu_epoch.in_turns(be, impls, 2)
+    assert len(times[gpu_epoch.AEPAR_8_MID]) == 2 and rowprod.tiles_for is real
+    assert seen == [("made", "_mid"), ("epoch", "", "_mid"), ("epoch", "", "_mid")] and len(cleared) == 6
