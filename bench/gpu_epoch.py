@@ -162,41 +162,32 @@ def network_epochs(be, x, batch: int, repeats: int, name: str, warm: int, peer_d
 
 def _add_mid_tiles(be, impls: dict, make):
     """Where the kernel set's row kernels have a mid instance (the GPU set's rowprod), add
-    :data:`AEPAR_8_MID`: ``make(8)``'s epoch with the mid tiles where the thin would be
-    taken (made, and so warmed up, with them too)."""
+    :data:`AEPAR_8_MID`: ``make(8)``'s epoch with ``tiles_for`` giving the mid tiles where
+    it gives the thin (made, and so warmed up, with them too), the set's kept launch plans,
+    which hold the instance, dropped around each call."""
     rowprod = sys.modules.get(be.K.__name__ + ".rowprod")
     if "_mid" in getattr(rowprod, "TILES", ()):
-        mid = _mid_tiles(rowprod)
+        thin_or = rowprod.tiles_for
+        mid = _with(rowprod, "tiles_for", lambda *a: "_mid" if thin_or(*a) == "_thin" else thin_or(*a),
+                    reset=rowprod._plan.cache_clear)
         impls[AEPAR_8_MID] = mid(mid(lambda: make(8))())
 
 
-def _mid_tiles(rowprod):
-    """A wrapper that runs a call with ``rowprod.tiles_for`` taking the mid tiles where it
-    takes the thin, its kept launch plans dropped before and after (they hold the instance)."""
+def _with(module, name: str, value, reset=None):
+    """A wrapper that runs a call with ``module.name`` set to ``value``, restored after;
+    ``reset()``, if given, before and after (what keeps the attribute's effects)."""
     def wrap(call):
-        def run():
-            kept = rowprod.tiles_for
-            rowprod.tiles_for = lambda *a: "_mid" if kept(*a) == "_thin" else kept(*a)
-            rowprod._plan.cache_clear()
-            try:
-                return call()
-            finally:
-                rowprod.tiles_for = kept
-                rowprod._plan.cache_clear()
-        return run
-    return wrap
-
-
-def _with(module, name: str, value):
-    """A wrapper that runs an epoch with ``module.name`` set to ``value``, restored after."""
-    def wrap(epoch):
         def run():
             kept = getattr(module, name)
             setattr(module, name, value)
+            if reset is not None:
+                reset()
             try:
-                return epoch()
+                return call()
             finally:
                 setattr(module, name, kept)
+                if reset is not None:
+                    reset()
         return run
     return wrap
 
