@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from aepar.rows import parallel_map, thread_bands, threads
+from aepar.rows import calls_in_turns, parallel_map, thread_bands, threads
 
 
 def in_bands(update, *arrays_per_param, extras=None, more=()):
@@ -37,7 +37,8 @@ def in_bands(update, *arrays_per_param, extras=None, more=()):
 class FactoredGradient:
     """A weight's gradient left as its blocks' factors, Σ_b alphas[b] A_b.T @ D_b added in
     the fixed tree ``merges`` (``block_outer_sum``), in bands of the weight's rows, one per
-    thread: (A's columns of the band, D, starts, alphas, first row, end row). The
+    thread or the whole weight (:func:`aepar.rows.weight_bands`): (A's columns of the band,
+    D, starts, alphas, first row, end row). The
     data-parallel trainer hands it to the step where one process holds every block: SGD
     takes it inside its step (``block_outer_sum_sgd``: written out, the gradient is a pass
     over memory the size of the weight, and the step another over it), Adam writes each
@@ -46,6 +47,11 @@ class FactoredGradient:
 
     def __init__(self, K, bands, merges, out):
         self.K, self.bands, self.merges, self.out = K, bands, merges, out
+
+    @property
+    def sizes(self) -> list[int]:
+        """Each band's elements (the work of its call: :func:`in_turns`)."""
+        return [(hi - lo) * self.out.shape[1] for *_, lo, hi in self.bands]
 
     def write_calls(self, then=None) -> list:
         """Writing the gradient into ``out``, as calls of no arguments, one per band;
@@ -65,11 +71,17 @@ class FactoredGradient:
                                   lr, momentum, weight_decay) for A, D, starts, alphas, lo, hi in self.bands]
 
 
+def in_turns(banded) -> list:
+    """The calls of ``banded`` ([(a FactoredGradient, its calls, one per band)]) in the
+    order that shares their work evenly between the threads (:func:`aepar.rows.calls_in_turns`)."""
+    return calls_in_turns([c for _, calls in banded for c in calls], [n for g, _ in banded for n in g.sizes])
+
+
 def written(grads: dict) -> dict:
     """``grads`` with every :class:`FactoredGradient` written out (all their bands in one
-    hand-off to the threads: thread k takes every k-th, its band of each weight)."""
-    parallel_map(lambda call: call(), [c for g in grads.values() if isinstance(g, FactoredGradient)
-                                       for c in g.write_calls()])
+    hand-off to the threads, shared out by :func:`in_turns`)."""
+    parallel_map(lambda call: call(), in_turns([(g, g.write_calls()) for g in grads.values()
+                                                if isinstance(g, FactoredGradient)]))
     return {k: g.out if isinstance(g, FactoredGradient) else g for k, g in grads.items()}
 
 
@@ -102,8 +114,8 @@ class SGD:
         factored = [k for k in self.params if isinstance(grads[k], FactoredGradient)]
         names = [k for k in self.params if k not in factored]
         rates = [self.rate(self.params[k], grads[k], lr, decay[k]) for k in names]
-        more = [call for k in factored
-                for call in grads[k].step_calls(self.params[k], self.velocity[k], lr, momentum, decay[k])]
+        more = in_turns([(grads[k], grads[k].step_calls(self.params[k], self.velocity[k], lr, momentum, decay[k]))
+                         for k in factored])
         params, grads, velocity = ([d[k] for k in names] for d in (self.params, grads, self.velocity))
         if threads() == 1:  # the other parameters in one call (one launch on a GPU, not one each)
             for call in more:
@@ -164,9 +176,9 @@ class Adam:
         # element-wise, so each thread's rows need only their own band (one hand-off a step)
         decay = dict(zip(self.params, self.decays))
         factored = [k for k in self.params if isinstance(grads[k], FactoredGradient)]
-        more = [call for k in factored for call in grads[k].write_calls(
+        more = in_turns([(grads[k], grads[k].write_calls(
             then=lambda lo, hi, k=k, g=grads[k].out: update(self.params[k][lo:hi], g[lo:hi], self.m[k][lo:hi],
-                                                            self.v[k][lo:hi], decay[k]))]
+                                                            self.v[k][lo:hi], decay[k]))) for k in factored])
         names = [k for k in self.params if k not in factored]
         in_bands(update, [self.params[k] for k in names], [grads[k] for k in names], [self.m[k] for k in names],
                  [self.v[k] for k in names], extras=[(decay[k],) for k in names], more=more)

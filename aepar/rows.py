@@ -35,8 +35,9 @@ from aepar.errors import UserError
 
 __all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node",
            "tree_node_from", "tree_cover", "cover_merges", "tree_merges", "tree_sum", "tree_sum_rows", "local_sums",
-           "parallel_map", "each", "threads", "thread_bands", "check_blocks", "stacked_rows", "BlockRows",
-           "BlockFactor", "factor_rows", "factor_starts", "as_parts", "weighted_ranges", "CHUNK", "DEFAULT_BLOCKS"]
+           "parallel_map", "each", "threads", "thread_bands", "weight_bands", "calls_in_turns", "check_blocks",
+           "stacked_rows", "BlockRows", "BlockFactor", "factor_rows", "factor_starts", "as_parts", "weighted_ranges",
+           "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8
@@ -325,6 +326,55 @@ def thread_bands(n: int) -> list[int]:
     call: a step asks for these several times, on the host's critical path."""
     count = max(1, min(threads(), n))
     return [0, int(n)] if count == 1 else block_bounds(n, count).tolist()
+
+
+# a thread's share of whole weights may exceed an even share by this much before the
+# weights are cut into bands instead
+WHOLE_SHARE_SLACK = 1.05
+
+
+def weight_bands(shapes) -> list[list[int]]:
+    """Per weight of ``shapes`` ((rows, columns) each), the offsets of the bands of rows
+    that the threads take (:func:`calls_in_turns`): each weight whole where the weights,
+    largest first, each to the thread with the least so far, give no thread more than
+    :data:`WHOLE_SHARE_SLACK` times an even share (a stack's encoder and decoder layers
+    pair up), else :func:`thread_bands`. A band's sums are the whole weight's rows', so
+    either gives the same bits; a weight cut in bands has each thread copy all of the
+    other factor's panels, and step its own part of the optimiser's arrays
+    (docs/performance-notes.md)."""
+    count, sizes = threads(), [int(r) * int(c) for r, c in shapes]
+    if count > 1 and max(_least_loaded(sizes, count)[1]) <= WHOLE_SHARE_SLACK * sum(sizes) / count:
+        return [[0, int(r)] for r, _ in shapes]
+    return [thread_bands(r) for r, _ in shapes]
+
+
+def calls_in_turns(calls, sizes) -> list:
+    """``calls`` (of no arguments) in the order in which :func:`parallel_map`, thread k
+    taking items k, k + n, ..., gives every thread about an even share of their ``sizes``
+    (largest first, each to the thread with the least so far), with calls that do nothing
+    where a thread has fewer."""
+    count = min(threads(), len(calls))
+    if count <= 1:
+        return list(calls)
+    shares, _ = _least_loaded(sizes, count)
+    turns = max(map(len, shares))
+    return [calls[s[j]] if j < len(s) else _nothing for j in range(turns) for s in shares]
+
+
+def _least_loaded(sizes, count) -> tuple[list[list[int]], list[int]]:
+    """(the indices of ``sizes`` each of ``count`` shares takes, each share's total): the
+    largest first (ties in order), each to the share with the least so far (the first of
+    equals)."""
+    shares, loads = [[] for _ in range(count)], [0] * count
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        k = loads.index(min(loads))
+        shares[k].append(i)
+        loads[k] += sizes[i]
+    return shares, loads
+
+
+def _nothing():
+    return None
 
 
 class BlockRows(Sequence):

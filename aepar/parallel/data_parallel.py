@@ -65,7 +65,7 @@ import numpy as np
 from aepar.optim import FactoredGradient, written
 from aepar.parallel.blocks import TreeSum
 from aepar.rows import (BlockRows, Blocks, Shard, block_bounds, factor_rows, factor_starts, parallel_map,
-                        thread_bands, tree_merges)
+                        tree_merges, weight_bands)
 
 __all__ = ["Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums", "reducer"]
 
@@ -325,6 +325,9 @@ def _local_sum(be, buf, factors, first, merges, out, defer=False):
     if buf.rows[first] is not out:
         out[buf.filled] = buf.filled_rows[first]
     grads, factored = buf.views(out), {}
+    # the threads take whole weights, or a band of each weight's rows each (an element's
+    # sums are the same in any band)
+    bands = dict(zip(buf.factored, weight_bands([grads[name].shape for name in buf.factored])))
     for name in buf.factored:
         m, n = grads[name].shape
         parts = [f[name] if f is not None else None for f in factors[first:first + len(merges)]]
@@ -332,8 +335,7 @@ def _local_sum(be, buf, factors, first, merges, out, defer=False):
         # a factor's rows (of each of its parts: kernels' block_outer_sum)
         starts = factor_starts(parts)
         alphas = [p[2] if p else 1.0 for p in parts]
-        # the threads take a band of rows each: an element's sums are the same in any band
-        bounds = thread_bands(m)
+        bounds = bands[name]
         factored[name] = FactoredGradient(be.K, [(_columns(a, lo, hi), d, starts, alphas, lo, hi)
                                                  for lo, hi in zip(bounds[:-1], bounds[1:])], merges, grads[name])
     if defer:

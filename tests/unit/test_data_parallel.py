@@ -356,6 +356,93 @@ def test_thread_bands_are_one_band_per_thread_at_most_one_per_item(monkeypatch, 
     assert all(type(b) is int for b in bands) and bands[0] == 0 and bands[-1] == n
 
 
+FINE_TUNING_WEIGHTS = [(784, 1000), (1000, 500), (500, 250), (250, 30), (30, 250), (250, 500), (500, 1000),
+                       (1000, 784)]
+
+
+def test_threads_take_whole_weights_where_they_share_them_evenly(monkeypatch):
+    """rows.weight_bands: the unrolled stack's eight weights pair up, so two threads take
+    them whole; one weight, a stack whose shares would be uneven (a classifier's layers,
+    the stack on four threads: 11% over an even share), or fewer weights than threads,
+    a band of each weight per thread, as thread_bands cuts it; one thread, each whole."""
+    from aepar.rows import thread_bands, weight_bands
+    classifier = [(784, 1000), (1000, 500), (500, 250), (250, 10)]
+    for n_threads, shapes, whole in ((2, FINE_TUNING_WEIGHTS, True), (3, FINE_TUNING_WEIGHTS, False),
+                                     (4, FINE_TUNING_WEIGHTS, False), (2, classifier, False),
+                                     (2, [(784, 1000)], False), (2, [(40, 24), (24, 6), (6, 24), (24, 40)], True),
+                                     (4, [(9, 5), (9, 5), (9, 5)], False), (1, classifier, True)):
+        monkeypatch.setattr(aepar, "THREADS", n_threads)
+        want = [[0, r] for r, _ in shapes] if whole else [thread_bands(r) for r, _ in shapes]
+        assert weight_bands(shapes) == want, (n_threads, shapes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.one_of(st.lists(st.integers(1, 1000), min_size=0, max_size=12),
+                      st.lists(st.integers(1, 1000), min_size=1, max_size=6).map(lambda h: h + h[::-1])),
+       n_threads=st.integers(1, 4))
+def test_calls_in_turns_give_each_thread_the_least_loaded_share(sizes, n_threads):
+    """rows.calls_in_turns: through parallel_map (thread k takes items k, k + n, ...) every
+    call runs once, and each thread's share is the one of the largest-first rule: the
+    no thread over the least loaded one by more than its smallest call, and a stack's
+    pairs of layers (each size twice) in even shares on two threads."""
+    import threading
+
+    from aepar.rows import calls_in_turns, parallel_map
+    old = aepar.THREADS
+    aepar.THREADS = n_threads
+    try:
+        ran, loads = [], {}
+
+        def call(i):
+            def run():
+                ran.append(i)
+                name = threading.current_thread().name
+                loads[name] = loads.get(name, []) + [sizes[i]]
+            return run
+        parallel_map(lambda c: c(), calls_in_turns([call(i) for i in range(len(sizes))], sizes))
+    finally:
+        aepar.THREADS = old
+    assert sorted(ran) == list(range(len(sizes)))
+    shares = sorted(loads.values(), key=sum)
+    assert len(shares) == min(n_threads, len(sizes))
+    if len(shares) > 1:  # the most loaded share's last (smallest) call came while it was the least loaded
+        assert sum(shares[-1]) - sum(shares[0]) <= min(shares[-1])
+    if n_threads == 2 and sizes and all(sizes.count(v) % 2 == 0 for v in sizes):  # in pairs: even shares
+        assert sum(shares[0]) == sum(shares[-1])
+
+
+@pytest.mark.parametrize("make", ["stacked", "classifier"])
+def test_whole_weights_on_the_threads_give_one_threads_bits(make, monkeypatch):
+    """A stack whose weights pair up (each thread takes whole weights) and a classifier's
+    (bands of each weight), 8 blocks, Adam and SGD: the weights of one thread, bit for bit,
+    on two and three threads."""
+    import aepar.parallel.data_parallel as dp
+    from aepar.optim import SGD
+    from aepar.rows import thread_bands
+    be = _be("numba", "float32")
+    x = _data(n=300, d=40, seed=8).astype(np.float32)
+    if make == "classifier":
+        x[:, -1] = np.floor(3 * x[:, 0])
+    taken = []
+    real = dp.weight_bands
+    monkeypatch.setattr(dp, "weight_bands", lambda shapes: taken.append(real(shapes)) or taken[-1])
+    results = {}
+    for n_threads in (1, 2, 3):
+        monkeypatch.setattr(aepar, "THREADS", n_threads)
+        for adam in (True, False):
+            model = StackedAutoencoder(be, [40, 24, 6], loss="xent", seed=3, batch=60) if make == "stacked" else \
+                Classifier(be, [39, 24, 6], 3, seed=3, batch=60)
+            model.optimizer = Adam(be, model.params, lr=0.01) if adam else SGD(be, model.params, 0.1, 0.9)
+            for epoch in range(2):
+                train_epoch(model, Shard.of(be, x, 8), epoch)
+            results[n_threads, adam] = [be.to_host(p).tobytes() for p in model.params.values()]
+        shapes = [model.grad_shapes()[k] for k in model.factored]
+        assert taken[-1] == [[0, r] for r, _ in shapes] if n_threads == 1 or (make == "stacked" and n_threads == 2) \
+            else [thread_bands(r) for r, _ in shapes]
+    for adam in (True, False):
+        assert results[2, adam] == results[1, adam] == results[3, adam]
+
+
 @settings(max_examples=30, deadline=None)
 @given(n_items=st.integers(0, 11), n_threads=st.integers(1, 4))
 def test_parallel_map_is_the_list_in_order_on_any_number_of_threads(n_items, n_threads):
