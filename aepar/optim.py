@@ -10,28 +10,44 @@ import sys
 
 import numpy as np
 
-from aepar.rows import calls_in_turns, parallel_map, thread_bands, threads
+from aepar.rows import calls_in_turns, parallel_map, threads, weight_bands
+
+# a step that updates fewer elements than this, with no factored gradient, runs on the
+# calling thread: a hand-off to the other threads and back would cost more than it saves
+# (the CAE's Adam step, about ten thousand elements: docs/performance-notes.md)
+HAND_OFF_ELEMENTS = 1 << 16
 
 
 def in_bands(update, *arrays_per_param, extras=None, more=()):
-    """``update(*arrays, *extra)`` on every parameter's arrays, each cut into one band of
-    rows per thread and the bands spread over this rank's threads in one hand-off (``extras``:
-    one tuple of arguments per parameter; ``more``: calls of no arguments to run in the same
-    hand-off). The updates are element-wise, so a band gives the bits the whole array would
-    (on one thread Adam's update was a large share of a 2-thread fine-tuning epoch)."""
+    """``update(*arrays, *extra)`` on every parameter's arrays, each whole or cut into a
+    band of rows per thread (:func:`aepar.rows.weight_bands`), and ``more`` ((a call of no
+    arguments, the elements it updates) each), all in one hand-off to this rank's threads,
+    each call given to a thread by :func:`aepar.rows.calls_in_turns` (``extras``: one tuple
+    of arguments per parameter). The updates are element-wise, so a band gives the bits the
+    whole array would (on one thread Adam's update was a large share of a 2-thread
+    fine-tuning epoch)."""
     extras = extras or [()] * len(arrays_per_param[0])
     if threads() == 1:  # one band per parameter: the whole of it (a GPU's run, or one core)
-        for call in more:
+        for call, _ in more:
             call()
         for arrays, extra in zip(zip(*arrays_per_param), extras):
             update(*arrays, *extra)
         return
     calls = list(more)
-    for arrays, extra in zip(zip(*arrays_per_param), extras):
-        bounds = thread_bands(arrays[0].shape[0])
-        calls += [functools.partial(update, *(a[lo:hi] for a in arrays), *extra)
+    params = list(zip(*arrays_per_param))
+    widths = [a[0].size // max(a[0].shape[0], 1) for a in params]
+    for arrays, extra, width, bounds in zip(params, extras, widths,
+                                            weight_bands([(a[0].shape[0], w) for a, w in zip(params, widths)])):
+        calls += [(functools.partial(update, *(a[lo:hi] for a in arrays), *extra), (hi - lo) * width)
                   for lo, hi in zip(bounds[:-1], bounds[1:])]
-    parallel_map(lambda call: call(), calls)
+    parallel_map(lambda call: call(), calls_in_turns([c for c, _ in calls], [n for _, n in calls]))
+
+
+def on_one_thread(params: dict, grads: dict) -> bool:
+    """Whether a step runs on the calling thread alone: one thread, or a step too small for
+    a hand-off (:data:`HAND_OFF_ELEMENTS`, no factored gradient)."""
+    return threads() == 1 or (sum(p.size for p in params.values()) < HAND_OFF_ELEMENTS
+                              and not any(isinstance(g, FactoredGradient) for g in grads.values()))
 
 
 class FactoredGradient:
@@ -48,10 +64,10 @@ class FactoredGradient:
     def __init__(self, K, bands, merges, out):
         self.K, self.bands, self.merges, self.out = K, bands, merges, out
 
-    @property
-    def sizes(self) -> list[int]:
-        """Each band's elements (the work of its call: :func:`in_turns`)."""
-        return [(hi - lo) * self.out.shape[1] for *_, lo, hi in self.bands]
+    def sized(self, calls) -> list:
+        """``calls`` (one per band: :meth:`write_calls`, :meth:`step_calls`) paired with the
+        elements of their bands: :func:`in_bands`' ``more``."""
+        return [(call, (hi - lo) * self.out.shape[1]) for call, (*_, lo, hi) in zip(calls, self.bands)]
 
     def write_calls(self, then=None) -> list:
         """Writing the gradient into ``out``, as calls of no arguments, one per band;
@@ -71,17 +87,12 @@ class FactoredGradient:
                                   lr, momentum, weight_decay) for A, D, starts, alphas, lo, hi in self.bands]
 
 
-def in_turns(banded) -> list:
-    """The calls of ``banded`` ([(a FactoredGradient, its calls, one per band)]) in the
-    order that shares their work evenly between the threads (:func:`aepar.rows.calls_in_turns`)."""
-    return calls_in_turns([c for _, calls in banded for c in calls], [n for g, _ in banded for n in g.sizes])
-
-
 def written(grads: dict) -> dict:
     """``grads`` with every :class:`FactoredGradient` written out (all their bands in one
-    hand-off to the threads, shared out by :func:`in_turns`)."""
-    parallel_map(lambda call: call(), in_turns([(g, g.write_calls()) for g in grads.values()
-                                                if isinstance(g, FactoredGradient)]))
+    hand-off to the threads, shared out by :func:`aepar.rows.calls_in_turns`)."""
+    bands = [band for g in grads.values() if isinstance(g, FactoredGradient) for band in g.sized(g.write_calls())]
+    if bands:
+        parallel_map(lambda call: call(), calls_in_turns([c for c, _ in bands], [n for _, n in bands]))
     return {k: g.out if isinstance(g, FactoredGradient) else g for k, g in grads.items()}
 
 
@@ -114,11 +125,12 @@ class SGD:
         factored = [k for k in self.params if isinstance(grads[k], FactoredGradient)]
         names = [k for k in self.params if k not in factored]
         rates = [self.rate(self.params[k], grads[k], lr, decay[k]) for k in names]
-        more = in_turns([(grads[k], grads[k].step_calls(self.params[k], self.velocity[k], lr, momentum, decay[k]))
-                         for k in factored])
+        more = [band for k in factored for band in grads[k].sized(
+            grads[k].step_calls(self.params[k], self.velocity[k], lr, momentum, decay[k]))]
+        one = on_one_thread(self.params, grads)
         params, grads, velocity = ([d[k] for k in names] for d in (self.params, grads, self.velocity))
-        if threads() == 1:  # the other parameters in one call (one launch on a GPU, not one each)
-            for call in more:
+        if one:  # the other parameters in one call (one launch on a GPU, not one each)
+            for call, _ in more:
                 call()
             self.be.K.sgd_momentum_update_many(params, grads, velocity, rates, momentum, [decay[k] for k in names])
             return
@@ -165,7 +177,7 @@ class Adam:
 
         def update(p, g, m, v, c):
             self.be.K.adam_update(p, g, m, v, self.t, lr, self.beta1, self.beta2, self.eps, c)
-        if threads() == 1:  # every parameter in one call (one launch on a GPU, not one each)
+        if on_one_thread(self.params, grads):  # every parameter in one call (one launch on a GPU, not one each)
             grads = written(grads)
             names = list(self.params)
             self.be.K.adam_update_many([self.params[k] for k in names], [grads[k] for k in names],
@@ -176,9 +188,9 @@ class Adam:
         # element-wise, so each thread's rows need only their own band (one hand-off a step)
         decay = dict(zip(self.params, self.decays))
         factored = [k for k in self.params if isinstance(grads[k], FactoredGradient)]
-        more = in_turns([(grads[k], grads[k].write_calls(
+        more = [band for k in factored for band in grads[k].sized(grads[k].write_calls(
             then=lambda lo, hi, k=k, g=grads[k].out: update(self.params[k][lo:hi], g[lo:hi], self.m[k][lo:hi],
-                                                            self.v[k][lo:hi], decay[k]))) for k in factored])
+                                                            self.v[k][lo:hi], decay[k])))]
         names = [k for k in self.params if k not in factored]
         in_bands(update, [self.params[k] for k in names], [grads[k] for k in names], [self.m[k] for k in names],
                  [self.v[k] for k in names], extras=[(decay[k],) for k in names], more=more)

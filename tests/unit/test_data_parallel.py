@@ -527,11 +527,13 @@ def test_parallel_map_inside_an_item_or_beside_another_call_takes_its_items_alon
 @given(shapes=st.lists(st.sampled_from([(1,), (7,), (40,), (3, 5), (33, 17)]), min_size=1, max_size=4),
        n_threads=st.integers(2, 4), adam=st.booleans(), seed=st.integers(0, 2**16))
 def test_optimiser_steps_over_the_threads_give_one_threads_bits(shapes, n_threads, adam, seed):
-    """SGD (with a weight decay on one parameter) and Adam (with AdamW's on the matrices) cut
-    each parameter into a band of rows per thread: the step's bits are those of the whole
-    arrays on one thread."""
+    """SGD (with a weight decay on one parameter) and Adam (with AdamW's on the matrices)
+    give each thread whole parameters or a band of each parameter's rows: the step's bits
+    are those of the whole arrays on one thread (these small steps handed off all the same)."""
+    import aepar.optim as optim
     from aepar.optim import SGD
     be = _be("numba", "float32")
+    old_small, optim.HAND_OFF_ELEMENTS = optim.HAND_OFF_ELEMENTS, 0
     rng = np.random.default_rng(seed)
     start = {f"p{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
     grads = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in start.items()} for _ in range(2)]
@@ -546,9 +548,42 @@ def test_optimiser_steps_over_the_threads_give_one_threads_bits(shapes, n_thread
                 opt.step(g) if adam else opt.step(g, weight_decay={"p0": 0.01})
             results.append({k: be.to_host(v).tobytes() for k, v in params.items()})
     finally:
-        aepar.THREADS = old
+        aepar.THREADS, optim.HAND_OFF_ELEMENTS = old, old_small
     assert results[0] == results[1]
     assert any(results[0][k] != start[k].tobytes() for k in start)
+
+
+@pytest.mark.parametrize("adam", [False, True])
+def test_a_small_step_stays_on_the_calling_thread(adam, monkeypatch):
+    """A step of fewer than HAND_OFF_ELEMENTS elements with no factored gradient runs on
+    the calling thread (no hand-off: it would cost more than it saves); a larger one, or one
+    with a factored gradient, is one hand-off to the threads; the same bits each way."""
+    import aepar.optim as optim
+    from aepar.optim import SGD, FactoredGradient
+    from aepar.rows import tree_merges, tree_top
+    monkeypatch.setattr(aepar, "THREADS", 2)
+    handoffs = []
+    real = optim.parallel_map
+    monkeypatch.setattr(optim, "parallel_map", lambda fn, items: handoffs.append(1) or real(fn, items))
+    be = _be("numba", "float32")
+    rng = np.random.default_rng(3)
+    start = {"W": rng.standard_normal((60, 50)).astype(np.float32), "b": rng.standard_normal(50).astype(np.float32)}
+    grads = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in start.items()}
+    A, D = rng.standard_normal((26, 60)).astype(np.float32), rng.standard_normal((26, 50)).astype(np.float32)
+    results = []
+    for limit, factored in ((3051, False), (3050, False), (10**9, True)):  # 3,050 elements
+        monkeypatch.setattr(optim, "HAND_OFF_ELEMENTS", limit)
+        params = {k: v.copy() for k, v in start.items()}
+        opt = Adam(be, params, lr=1e-2) if adam else SGD(be, params, 0.1, 0.9)
+        step = dict(grads)
+        if factored:
+            step["W"] = FactoredGradient(be.K, [(A, D, [0, 13, 26], [1.0, 1.0], 0, 60)], tree_merges(tree_top(2), 0, 2),
+                                         np.full((60, 50), np.nan, np.float32))
+        handoffs.clear()
+        opt.step(step)
+        results.append([params[k].tobytes() for k in params])
+        assert len(handoffs) == (0 if limit > 3050 and not factored else 1), (limit, factored)
+    assert results[0] == results[1]
 
 
 @pytest.mark.parametrize("kind", ["stacked", "classifier"])
