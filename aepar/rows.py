@@ -22,6 +22,7 @@ nodes across them, so the result is bitwise the same on 1 rank or on any number 
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 import os
@@ -35,9 +36,9 @@ from aepar.errors import UserError
 
 __all__ = ["mean_squared_error", "block_bounds", "rank_blocks", "Blocks", "Shard", "tree_top", "tree_node",
            "tree_node_from", "tree_cover", "cover_merges", "tree_merges", "tree_sum", "tree_sum_rows", "local_sums",
-           "parallel_map", "each", "threads", "thread_bands", "weight_bands", "calls_in_turns", "check_blocks",
-           "stacked_rows", "BlockRows", "BlockFactor", "factor_rows", "factor_starts", "as_parts", "weighted_ranges",
-           "CHUNK", "DEFAULT_BLOCKS"]
+           "parallel_map", "each", "threads", "one_thread", "thread_bands", "weight_bands", "calls_in_turns",
+           "check_blocks", "stacked_rows", "BlockRows", "BlockFactor", "factor_rows", "factor_starts", "as_parts",
+           "weighted_ranges", "CHUNK", "DEFAULT_BLOCKS"]
 
 # Blocks per data set unless --reduce-blocks says otherwise: up to 8 ranks share the work.
 DEFAULT_BLOCKS = 8
@@ -311,13 +312,27 @@ def local_sums(shard: Shard, fn) -> np.ndarray:
 
 # ---- threads take whole blocks ------------------------------------------------------------
 _CREW = None
+_ALONE = [0]  # one_thread() blocks under way
 
 
 def threads() -> int:
-    """Threads this rank uses for its blocks (aepar.THREADS: cores / ranks on the node)."""
+    """Threads this rank uses for its blocks (aepar.THREADS: cores / ranks on the node; one
+    inside :func:`one_thread`)."""
     import aepar
 
-    return max(1, int(getattr(aepar, "THREADS", 1)))
+    return 1 if _ALONE[0] else max(1, int(getattr(aepar, "THREADS", 1)))
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Inside, this rank's work runs on the calling thread alone (:func:`threads` is 1):
+    for work too small to share, whose hand-offs to the other threads would cost more than
+    it. The results are the same on any number of threads."""
+    _ALONE[0] += 1
+    try:
+        yield
+    finally:
+        _ALONE[0] -= 1
 
 
 def thread_bands(n: int) -> list[int]:

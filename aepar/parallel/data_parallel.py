@@ -57,6 +57,7 @@ so the phases would time the queueing: none are reported there.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from time import perf_counter
 
@@ -64,8 +65,8 @@ import numpy as np
 
 from aepar.optim import FactoredGradient, written
 from aepar.parallel.blocks import TreeSum
-from aepar.rows import (BlockRows, Blocks, Shard, block_bounds, factor_rows, factor_starts, parallel_map,
-                        tree_merges, weight_bands)
+from aepar.rows import (BlockRows, Blocks, Shard, block_bounds, factor_rows, factor_starts, one_thread,
+                        parallel_map, threads, tree_merges, weight_bands)
 
 __all__ = ["Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums", "reducer"]
 
@@ -367,6 +368,27 @@ def _write_sums(xp, buf, live, extras):
 
 
 def _run_epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume) -> EpochResult:
+    with one_thread() if _small_steps(model, shard, batch) else contextlib.nullcontext():
+        return _epoch_steps(model, shard, epoch, comm, be, buf, batch, key, guard, resume)
+
+
+# a rank's step of fewer FLOPs than this runs on one thread: a second thread costs a step
+# about as much as half of one this size (the hand-offs, and each group's Python run in
+# turns under the interpreter lock), so sharing it saves nothing (docs/performance-notes.md)
+SHARED_STEP_FLOPS = 100e6
+
+
+def _small_steps(model, shard, batch) -> bool:
+    """Whether this rank's steps are too small to share between its threads
+    (:data:`SHARED_STEP_FLOPS`)."""
+    flops = getattr(model, "flops_per_sample", None)
+    if threads() == 1 or flops is None:
+        return False
+    mine = batch * len(shard.blocks.mine) / max(shard.blocks.count, 1)  # this rank's rows of a batch
+    return flops() * mine < SHARED_STEP_FLOPS
+
+
+def _epoch_steps(model, shard, epoch, comm, be, buf, batch, key, guard, resume) -> EpochResult:
     run = _Epoch(model, shard, epoch, comm, be, buf, batch, key, guard, resume)
     mb = run.mb
     checkpoint = stop = False

@@ -20,6 +20,14 @@ from aepar.rows import (BlockFactor, BlockRows, Blocks, Shard, factor_rows, loca
                         tree_sum_rows, weighted_ranges)
 
 
+@pytest.fixture(autouse=True)
+def _steps_shared_however_small(monkeypatch):
+    """These tests' models are small: their steps would run on one thread
+    (data_parallel.SHARED_STEP_FLOPS), and the threads' paths are what they test."""
+    import aepar.parallel.data_parallel as dp
+    monkeypatch.setattr(dp, "SHARED_STEP_FLOPS", 0)
+
+
 def _be(kernels="numpy", dtype="float64"):
     return backend.select("cpu", kernels, dtype)
 
@@ -437,8 +445,8 @@ def test_whole_weights_on_the_threads_give_one_threads_bits(make, monkeypatch):
                 train_epoch(model, Shard.of(be, x, 8), epoch)
             results[n_threads, adam] = [be.to_host(p).tobytes() for p in model.params.values()]
         shapes = [model.grad_shapes()[k] for k in model.factored]
-        assert taken[-1] == [[0, r] for r, _ in shapes] if n_threads == 1 or (make == "stacked" and n_threads == 2) \
-            else [thread_bands(r) for r, _ in shapes]
+        assert taken[-1] == ([[0, r] for r, _ in shapes] if n_threads == 1 or (make == "stacked" and n_threads == 2)
+                             else [thread_bands(r) for r, _ in shapes])
     for adam in (True, False):
         assert results[2, adam] == results[1, adam] == results[3, adam]
 
@@ -844,6 +852,33 @@ def test_one_process_steps_its_weights_inside_the_sum(kind, threads, monkeypatch
     inside = trained()
     assert len(calls) == 3 * threads  # a call per step and band
     assert trained(Planted()) == inside and len(calls) == 3 * threads
+
+
+def test_steps_too_small_to_share_stay_on_the_calling_thread(monkeypatch):
+    """A rank's step of fewer than SHARED_STEP_FLOPS (its share of a batch's rows times the
+    model's FLOPs a row) runs on the calling thread: no hand-off to the other threads; one
+    of that many hands its blocks to them; the same bits either way."""
+    import aepar.parallel.data_parallel as dp
+    from aepar import rows
+    monkeypatch.setattr(aepar, "THREADS", 2)
+    handed = []
+    real = rows._Crew.start
+    monkeypatch.setattr(rows._Crew, "start", lambda self, fn, shares: handed.append(1) or real(self, fn, shares))
+    be = _be("numba", "float32")
+    x = _data(n=300, d=40, seed=5).astype(np.float32)
+    step = RBM(be, 40, 24, batch=100, seed=3).flops_per_sample() * 100
+    results = []
+    for limit, shared in ((step + 1, False), (step, True)):
+        monkeypatch.setattr(dp, "SHARED_STEP_FLOPS", limit)
+        model = RBM(be, 40, 24, batch=100, seed=3)
+        handed.clear()
+        train_epoch(model, Shard.of(be, x, 8), 0)
+        assert bool(handed) == shared, limit
+        assert rows.threads() == 2  # the calling thread's count given back after the epoch
+        results.append([be.to_host(p).tobytes() for p in model.params.values()])
+    assert results[0] == results[1]
+    monkeypatch.setattr(dp, "SHARED_STEP_FLOPS", step / 2 + 1)  # a rank of two holds half of each batch's rows
+    assert dp._small_steps(model, Shard.of(be, x, 8, 0, 2), 100) and not dp._small_steps(model, Shard.of(be, x, 8), 100)
 
 
 @pytest.mark.parametrize("live", [[1, 2, 3], [0, 2, 3]], ids=["consecutive", "a gap"])

@@ -259,8 +259,10 @@ def test_ae_layer_one_block_step_is_one_kernel_call_with_the_blocked_bits(kernel
     class Blocked(AELayer):
         fused_step = None
 
+    import aepar.parallel.data_parallel as dp
     x = _binary_data(n=120, d=20).astype(np.float32)
     monkeypatch.setattr(aepar, "THREADS", threads)
+    monkeypatch.setattr(dp, "SHARED_STEP_FLOPS", 0)  # the threads' path, small as this layer is
     fused, blocked = (cls(_be(kernels, "float32"), 20, 7, hidden=hidden, batch=30, seed=3)
                       for cls in (AELayer, Blocked))
     for epoch in range(2):
