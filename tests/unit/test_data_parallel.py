@@ -561,6 +561,15 @@ def test_optimiser_steps_over_the_threads_give_one_threads_bits(shapes, n_thread
     assert any(results[0][k] != start[k].tobytes() for k in start)
 
 
+def _optimiser_handoffs(monkeypatch) -> list:
+    """Two threads, and a list that grows by one at each hand-off the optimisers make."""
+    import aepar.optim as optim
+    monkeypatch.setattr(aepar, "THREADS", 2)
+    handoffs, real = [], optim.parallel_map
+    monkeypatch.setattr(optim, "parallel_map", lambda fn, items: handoffs.append(1) or real(fn, items))
+    return handoffs
+
+
 @pytest.mark.parametrize("adam", [False, True])
 def test_a_small_step_stays_on_the_calling_thread(adam, monkeypatch):
     """A step of fewer than HAND_OFF_ELEMENTS elements with no factored gradient runs on
@@ -569,10 +578,7 @@ def test_a_small_step_stays_on_the_calling_thread(adam, monkeypatch):
     import aepar.optim as optim
     from aepar.optim import SGD, FactoredGradient
     from aepar.rows import tree_merges, tree_top
-    monkeypatch.setattr(aepar, "THREADS", 2)
-    handoffs = []
-    real = optim.parallel_map
-    monkeypatch.setattr(optim, "parallel_map", lambda fn, items: handoffs.append(1) or real(fn, items))
+    handoffs = _optimiser_handoffs(monkeypatch)
     be = _be("numba", "float32")
     rng = np.random.default_rng(3)
     start = {"W": rng.standard_normal((60, 50)).astype(np.float32), "b": rng.standard_normal(50).astype(np.float32)}
@@ -796,13 +802,9 @@ def test_a_step_on_factored_gradients_is_one_hand_off_to_the_threads(adam, monke
     """SGD and Adam take a factored weight gradient band by band, each band written and
     stepped by the same call, with the other parameters' bands: one hand-off a step (Adam
     wrote every band out in a hand-off of its own, then stepped in another)."""
-    import aepar.optim as optim
     from aepar.optim import SGD, FactoredGradient
     from aepar.rows import block_bounds, tree_merges, tree_top
-    monkeypatch.setattr(aepar, "THREADS", 2)
-    calls = []
-    real = optim.parallel_map
-    monkeypatch.setattr(optim, "parallel_map", lambda fn, items: calls.append(1) or real(fn, items))
+    calls = _optimiser_handoffs(monkeypatch)
     be = _be("numba", "float32")
     rng = np.random.default_rng(7)
     A, D = rng.standard_normal((26, 9)).astype(np.float32), rng.standard_normal((26, 5)).astype(np.float32)
