@@ -43,7 +43,7 @@ def in_bands(update, *arrays_per_param, extras=None, more=()):
     parallel_map(lambda call: call(), calls_in_turns([c for c, _ in calls], [n for _, n in calls]))
 
 
-def on_one_thread(params: dict, grads: dict) -> bool:
+def _on_one_thread(params: dict, grads: dict) -> bool:
     """Whether a step runs on the calling thread alone: one thread, or a step too small for
     a hand-off (:data:`HAND_OFF_ELEMENTS`, no factored gradient)."""
     return threads() == 1 or (sum(p.size for p in params.values()) < HAND_OFF_ELEMENTS
@@ -127,7 +127,7 @@ class SGD:
         rates = [self.rate(self.params[k], grads[k], lr, decay[k]) for k in names]
         more = [band for k in factored for band in grads[k].sized(
             grads[k].step_calls(self.params[k], self.velocity[k], lr, momentum, decay[k]))]
-        one = on_one_thread(self.params, grads)
+        one = _on_one_thread(self.params, grads)
         params, grads, velocity = ([d[k] for k in names] for d in (self.params, grads, self.velocity))
         if one:  # the other parameters in one call (one launch on a GPU, not one each)
             for call, _ in more:
@@ -177,7 +177,7 @@ class Adam:
 
         def update(p, g, m, v, c):
             self.be.K.adam_update(p, g, m, v, self.t, lr, self.beta1, self.beta2, self.eps, c)
-        if on_one_thread(self.params, grads):  # every parameter in one call (one launch on a GPU, not one each)
+        if _on_one_thread(self.params, grads):  # every parameter in one call (one launch on a GPU, not one each)
             grads = written(grads)
             names = list(self.params)
             self.be.K.adam_update_many([self.params[k] for k in names], [grads[k] for k in names],
