@@ -192,10 +192,24 @@ def _dz(da, a, code, dbs, starts):
     dtype = np.result_type(da, a)
     dz = empty(da.shape, dtype)  # rows_times_t and block_outer_sum load it as vectors
     da, a = np.ascontiguousarray(da, dtype=dtype), np.ascontiguousarray(a, dtype=dtype)
+    dbs = tuple(dbs)
+    # every block in one call, where the dbs are of one Numba type (a tuple of them is then one type)
+    if len({(db.dtype, db.ndim, db.flags.c_contiguous, db.flags.writeable, db.flags.aligned) for db in dbs}) == 1:
+        _act_grad_colsum_blocks(da, a, code, dtype.type(1), np.asarray(starts, np.int64), dz, dbs)
+        return dz
     for lo, hi, db in bounds:
         _act_grad_colsum(da[lo:hi], a[lo:hi], code, dtype.type(1), max(1, min(COLSUM_BLOCKS, hi - lo)),
                          dz[lo:hi], db)
     return dz
+
+
+@njit(cache=True, nogil=True)
+def _act_grad_colsum_blocks(da, a, code, one, starts, dz, dbs):
+    """:func:`_act_grad_colsum` of each block of rows ``starts[k]:starts[k + 1]`` into
+    ``dbs[k]`` (a tuple of arrays of one type), as a call per block would."""
+    for k in range(starts.size - 1):
+        lo, hi = starts[k], starts[k + 1]
+        _act_grad_colsum(da[lo:hi], a[lo:hi], code, one, max(1, min(COLSUM_BLOCKS, hi - lo)), dz[lo:hi], dbs[k])
 
 
 def _row_product(a, W, out, rows=None):

@@ -233,13 +233,16 @@ def test_dense_backward_factors_are_the_backward_without_its_product(name, act, 
 @settings(max_examples=25, deadline=None)
 @given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6), act=st.sampled_from(ACTS),
        shape=st.sampled_from([(70, 96), (100, 40), (40, 20)]), f32=st.booleans(), view=st.booleans(),
-       seed=st.integers(0, 2**16))
+       rows=st.booleans(), seed=st.integers(0, 2**16))
 @pytest.mark.parametrize("name", ["numpy", "numba"])
-def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, view, seed):
+def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, view, rows, seed):
     """dense_forward_blocks / dense_backward_blocks on stacked rows: bit for bit the blocks
     one by one (the Numba set runs them in one call of the row kernel when every block has
     at most MAX_ROWS rows: 40 crosses it; 20 columns are too few for rows_times_t), also
-    with W a transposed view (a tied decoder's weight, which the row kernels take as it is)."""
+    with W a transposed view (a tied decoder's weight, which the row kernels take as it is),
+    and with the bias gradients as separate arrays or (``rows``) as the trainer gives them,
+    the same columns of each row of one buffer (the Numba set's dz one call for all blocks
+    either way), or of two dtypes (a call per block)."""
     K, dtype = kernels.load(name), np.float32 if f32 else np.float64
     rng = np.random.default_rng(seed)
     starts = np.cumsum([0] + sizes)
@@ -254,6 +257,10 @@ def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, vi
     da = rng.standard_normal(a.shape).astype(dtype)
     before = rng.standard_normal(shape[1])  # the column sums are added to what the dbs hold
     dbs = [before.copy() for _ in sizes]
+    if rows:
+        held = np.zeros((len(sizes), shape[1] + 7))
+        held[:, 3:-4] = before
+        dbs = list(held[:, 3:-4])
     dx, dz = K.dense_backward_blocks(da, x, W, a, act, dbs, starts)
     for k, (lo, hi) in enumerate(zip(starts[:-1], starts[1:])):
         db = before.copy()
@@ -262,6 +269,13 @@ def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, vi
     assert_close(dx, REF.dense_backward_factors(da, x, W, a, act, np.zeros(shape[1]))[0], dtype, work=shape[1],
                  name="dx")
     assert K.dense_backward_blocks(da, x, W, a, act, dbs, starts, need_dx=False)[0] is None
+    # bias gradients of two dtypes (the Numba set's dz then a call per block): the same sums
+    dbs = [before.astype(np.float32 if k % 2 else np.float64) for k in range(len(sizes))]
+    K.dense_backward_blocks(da, x, W, a, act, dbs, starts)
+    for k, (lo, hi) in enumerate(zip(starts[:-1], starts[1:])):
+        db = before.astype(dbs[k].dtype)
+        K.dense_backward_factors(da[lo:hi], x[lo:hi], W, a[lo:hi], act, db)
+        assert np.array_equal(dbs[k], db)
 
 
 
