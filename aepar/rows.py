@@ -23,6 +23,7 @@ nodes across them, so the result is bitwise the same on 1 rank or on any number 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import operator
 import os
@@ -357,7 +358,7 @@ def weight_bands(shapes) -> list[list[int]]:
     either gives the same bits; a weight cut in bands has each thread copy all of the
     other factor's panels, and step its own part of the optimiser's arrays
     (docs/performance-notes.md)."""
-    count, sizes = threads(), [int(r) * int(c) for r, c in shapes]
+    count, sizes = threads(), tuple(int(r) * int(c) for r, c in shapes)
     if count > 1 and max(_least_loaded(sizes, count)[1]) <= WHOLE_SHARE_SLACK * sum(sizes) / count:
         return [[0, int(r)] for r, _ in shapes]
     return [thread_bands(r) for r, _ in shapes]
@@ -371,21 +372,22 @@ def calls_in_turns(calls, sizes) -> list:
     count = min(threads(), len(calls))
     if count <= 1:
         return list(calls)
-    shares, _ = _least_loaded(sizes, count)
+    shares, _ = _least_loaded(tuple(sizes), count)
     turns = max(map(len, shares))
     return [calls[s[j]] if j < len(s) else _nothing for j in range(turns) for s in shares]
 
 
-def _least_loaded(sizes, count) -> tuple[list[list[int]], list[int]]:
+@functools.lru_cache(maxsize=64)
+def _least_loaded(sizes: tuple, count: int) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
     """(the indices of ``sizes`` each of ``count`` shares takes, each share's total): the
     largest first (ties in order), each to the share with the least so far (the first of
-    equals)."""
+    equals). Kept per sizes: a run's steps ask for the same few, step after step."""
     shares, loads = [[] for _ in range(count)], [0] * count
     for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
         k = loads.index(min(loads))
         shares[k].append(i)
         loads[k] += sizes[i]
-    return shares, loads
+    return tuple(map(tuple, shares)), tuple(loads)
 
 
 def _nothing():
