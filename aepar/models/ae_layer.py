@@ -9,8 +9,7 @@ momentum, weight cost on W; blocks, batches, shuffling and data parallelism as i
 from __future__ import annotations
 
 from aepar.models.rbm import RBM
-from aepar.models.trained import BlockActivations
-from aepar.rows import BlockFactor, BlockRows, each
+from aepar.models.trained import factors_by_group
 
 __all__ = ["AELayer"]
 
@@ -52,31 +51,29 @@ class AELayer(RBM):
     def block_factors(self, xs, rngs, scale, grads):
         """:meth:`leaf_gradient` of several blocks, their W gradients left as factors: adds
         each block's bias gradients into its ``grads`` dict and returns ([(Σ‖x̂ − x‖²,)],
-        [{"W": (A, D, 1.0)}]), one entry per block. W is tied, so its gradient has an
-        encoder part x.T @ dz1 and a decoder part (h.T @ dz2).T = dz2.T @ h: A = [x; dz2],
-        D = [dz1; h], given as their parts, A = (x, dz2) and D = (dz1, h) (kernels'
-        ``block_outer_sum`` runs each block's chain over both; stacking them into one array
-        was a copy of four activations a step). The blocks are stacked in one group per
-        thread, each layer one kernel call per group (``dense_*_blocks``), with each
-        block's own bits."""
-        K, p, xp = self.be.K, self.params, self.be.xp
-        acts = BlockActivations(xs, xp)
-        Wt = p["W"].T  # a view: the kernels take it as it is (a copy is a pass over W every step)
+        [{"W": (A, D, 1.0)}]), one entry per block. The blocks are stacked in one group per
+        thread, each group's layers one kernel call each (:meth:`group_factors`)."""
+        return factors_by_group(self.group_factors, self.be.xp, xs, rngs, scale, grads)
 
-        def chain(x, starts, grads):
-            h = K.dense_forward_blocks(x, p["W"], p["bh"], self.code_act, starts)
-            y = K.dense_forward_blocks(h, Wt, p["bv"], "sigmoid", starts)
-            errs = K.mse_forward_blocks(y, x, starts, scale=2.0)  # each block's Σ (x̂ − x)²
-            dh, dz2 = K.dense_backward_blocks(K.mse_backward(y, x, scale=scale), h, Wt, y, "sigmoid",
-                                              [g["bv"] for g in grads], starts)
-            _, dz1 = K.dense_backward_blocks(dh, x, p["W"], h, self.code_act, [g["bh"] for g in grads], starts,
-                                             need_dx=False)
-            # the trainer's sum takes the blocks' rows of both parts as they lie (aepar.rows.factor_rows)
-            a_rows, d_rows = BlockRows((x, dz2), starts), BlockRows((dz1, h), starts)
-            return [((err,), {"W": BlockFactor(a_rows, d_rows, k, 1.0)}) for k, err in enumerate(errs)]
-        out = [block for group in each(chain, acts.layers[0], acts.starts, acts.split(list(grads)))
-               for block in group]
-        return [sums for sums, _ in out], [f for _, f in out]
+    def group_factors(self, x, starts, rngs, grads, scale):
+        """Consecutive blocks' stacked rows ``x`` (block b: rows starts[b]:starts[b + 1])
+        forward and back, each layer one call of ``dense_*_blocks``, with each block's own
+        bits: adds block b's bias gradients into ``grads[b]`` and returns ([(Σ‖x̂ − x‖²,)]
+        per block, {"W": (A, D, starts, 1.0)}). W is tied, so its gradient has an encoder
+        part x.T @ dz1 and a decoder part (h.T @ dz2).T = dz2.T @ h: A = [x; dz2], D = [dz1;
+        h], given as their parts, A = (x, dz2) and D = (dz1, h) (kernels' ``block_outer_sum``
+        runs each block's chain over both; stacking them into one array was a copy of four
+        activations a step). No noise: ``rngs`` is not used."""
+        K, p = self.be.K, self.params
+        Wt = p["W"].T  # a view: the kernels take it as it is (a copy is a pass over W every step)
+        h = K.dense_forward_blocks(x, p["W"], p["bh"], self.code_act, starts)
+        y = K.dense_forward_blocks(h, Wt, p["bv"], "sigmoid", starts)
+        errs = K.mse_forward_blocks(y, x, starts, scale=2.0)  # each block's Σ (x̂ − x)²
+        dh, dz2 = K.dense_backward_blocks(K.mse_backward(y, x, scale=scale), h, Wt, y, "sigmoid",
+                                          [g["bv"] for g in grads], starts)
+        _, dz1 = K.dense_backward_blocks(dh, x, p["W"], h, self.code_act, [g["bh"] for g in grads], starts,
+                                         need_dx=False)
+        return [(err,) for err in errs], {"W": ((x, dz2), (dz1, h), starts, 1.0)}
 
     def _encode(self, x):
         """Code units σ(x W + bh) (identity for the code layer): the next layer's input."""

@@ -224,15 +224,28 @@ class Classifier(TrainedState, DenseBackprop):
         ``factors`` (one dict per block) the weight gradients are left there
         (:meth:`blocks_pass`). Returns [(Σ loss, correct)] per block: the loss unscaled,
         what the trainer sums (on a GPU a scaling is a launch a block)."""
+        return self.blocks_pass(xs, self._head(scale), labels, grads, factors)
+
+    def group_factors(self, x, starts, rngs, grads, scale):
+        """:meth:`block_factors` of consecutive blocks of rows ``[features..., label]``
+        stacked in ``x`` (block b: rows starts[b]:starts[b + 1]), each layer one kernel
+        call: ([(Σ loss, correct)] per block, {name: (layer input, dz, starts, 1.0)}). No
+        noise: ``rngs`` is not used."""
+        feats, labels = split_labels(x)
+        return self.group_pass(feats, starts, self._head(float(scale)), BlockRows(labels, starts), grads)
+
+    def _head(self, scale):
+        """The loss of a group's blocks at once, each block's sums its own, and d/d logits
+        at ``scale`` (:meth:`blocks_pass`'s ``head``)."""
         K = self.be.K
 
-        def head(logits, labels, starts):  # a group's blocks at once, each block's sums its own
+        def head(logits, labels, starts):
             y = labels.stacked()
             losses, probs = K.softmax_xent_forward_blocks(logits, y, starts, scale=1.0)
             hits = probs.argmax(axis=1) == y  # (on the GPU the counts stay there, as the losses)
             return ([(loss, hits[lo:hi].sum()) for loss, lo, hi in zip(losses, starts[:-1], starts[1:])],
                     K.softmax_xent_backward(probs, y, scale=scale))  # d/dlogits: through "identity"
-        return self.blocks_pass(xs, head, labels, grads, factors)
+        return head
 
     # ---- the trainer's protocol ------------------------------------------------------------
     def grad_shapes(self) -> dict:

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from aepar.models.trained import BlockActivations
+from aepar.models.trained import factors_by_group
 from aepar.optim import SGD
-from aepar.rows import BlockFactor, BlockRows, Shard, each, mean_squared_error
+from aepar.rows import Shard, mean_squared_error
 
 __all__ = ["RBM"]
 
@@ -107,21 +107,22 @@ class RBM:
         each block's bias gradients into its ``grads`` dict and returns ([(Σ‖v1 − v0‖²,)],
         [{"W": (A, D, alpha)}]), one entry per block, the block's W gradient being
         alpha * A.T @ D (the same noise as leaf_gradient). The blocks are stacked in one
-        group per thread and each group's chains are one kernel call
-        (``rbm_cd_factors_blocks``), with each block's own bits."""
-        be, p = self.be, self.params
-        acts = BlockActivations(xs, be.xp)
+        group per thread, each group's chains one call of :meth:`group_factors`."""
+        return factors_by_group(self.group_factors, self.be.xp, xs, rngs, scale, grads)
 
-        def chain(x, starts, rngs, grads):
-            noise = self._noise(rngs, starts)  # each block's draws from its own stream, as alone
-            a, d, alpha, errs = be.K.rbm_cd_factors_blocks(
-                x, p["W"], p["bv"], p["bh"], noise, self.hidden, [g["bv"] for g in grads],
-                [g["bh"] for g in grads], starts, scale)
-            a_rows, d_rows = BlockRows(a, 2 * starts), BlockRows(d, 2 * starts)  # block b: rows 2 starts[b]..
-            return [((err,), {"W": BlockFactor(a_rows, d_rows, k, alpha)}) for k, err in enumerate(errs)]
-        out = [block for group in each(chain, acts.layers[0], acts.starts, acts.split(list(rngs)),
-                                       acts.split(list(grads))) for block in group]
-        return [sums for sums, _ in out], [f for _, f in out]
+    def group_factors(self, x, starts, rngs, grads, scale):
+        """The CD-1 chains of consecutive blocks' stacked rows ``x`` (block b: rows
+        starts[b]:starts[b + 1], its noise from ``rngs[b]``) in one kernel call
+        (``rbm_cd_factors_blocks``), with each block's own bits: adds block b's bias
+        gradients into ``grads[b]`` and returns ([(Σ‖v1 − v0‖²,)] per block, {"W": (A, D,
+        2 starts, alpha)}): block b's W gradient is alpha times its rows of A (2 starts[b]
+        on), transposed, times its rows of D."""
+        be, p = self.be, self.params
+        noise = self._noise(rngs, starts)  # each block's draws from its own stream, as alone
+        a, d, alpha, errs = be.K.rbm_cd_factors_blocks(
+            x, p["W"], p["bv"], p["bh"], noise, self.hidden, [g["bv"] for g in grads],
+            [g["bh"] for g in grads], starts, scale)
+        return [(err,) for err in errs], {"W": (a, d, 2 * np.asarray(starts), alpha)}
 
     def fused_step(self, x, rng, epoch):
         """One whole batch on one process: CD-1, weight cost and the momentum step in one

@@ -144,9 +144,20 @@ class StackedAutoencoder(DenseBackprop):
         the weight gradients are left there (:meth:`blocks_pass`). Returns [(Σ loss,
         sq_err)] per block: the loss unscaled, what the trainer sums (on a GPU a scaling
         is a launch a block)."""
+        return self.blocks_pass(xs, self._head(scale), None, grads, factors)
+
+    def group_factors(self, x, starts, rngs, grads, scale):
+        """:meth:`block_factors` of consecutive blocks stacked in ``x`` (block b: rows
+        starts[b]:starts[b + 1]), each layer one kernel call: ([(Σ loss, Σ‖x̂ − x‖²)] per
+        block, {name: (layer input, dz, starts, 1.0)}). No noise: ``rngs`` is not used."""
+        return self.group_pass(x, starts, self._head(float(scale)), None, grads)
+
+    def _head(self, scale):
+        """The loss of a group's blocks at once, each block's sums its own, and d/d output
+        at ``scale`` (:meth:`blocks_pass`'s ``head``)."""
         K = self.be.K
 
-        def head(out, x, starts):  # a group's blocks at once, each block's sums its own
+        def head(out, x, starts):
             if self.loss == "mse":
                 sums = (K.mse_forward_blocks(out, x, starts, scale=s) for s in (1.0, 2.0))  # loss, sq_err
                 return list(zip(*sums)), K.mse_backward(out, x, scale=scale)
@@ -154,7 +165,7 @@ class StackedAutoencoder(DenseBackprop):
             # d/dlogits: through "identity"
             return (list(zip(losses, K.mse_forward_blocks(y, x, starts, scale=2.0))),
                     K.sigmoid_xent_backward(y, x, scale=scale))
-        return self.blocks_pass(xs, head, None, grads, factors)
+        return head
 
     # ---- training and evaluation ---------------------------------------------------------
     def grad_shapes(self) -> dict:

@@ -6,7 +6,7 @@ import numpy as np
 
 from aepar.rows import BlockFactor, BlockRows, each, stacked_rows, thread_bands
 
-__all__ = ["TrainedState", "DenseBackprop", "BlockActivations"]
+__all__ = ["TrainedState", "DenseBackprop", "BlockActivations", "factors_by_group"]
 
 
 class TrainedState:
@@ -31,6 +31,24 @@ class TrainedState:
         opt = {k[4:]: v for k, v in state.items() if k.startswith("opt/")}
         if opt and self.optimizer is not None:
             self.optimizer.load_state(opt)
+
+
+def factors_by_group(group_factors, xp, xs, rngs, scale, grads):
+    """A layer model's ``block_factors`` from its ``group_factors``: the blocks ``xs`` in one
+    group of consecutive blocks per thread (:class:`BlockActivations`), each group one call
+    of ``group_factors(rows, starts, rngs, grads, scale) -> ([sums per block], {name: (A, D,
+    row starts, alpha)})``, whose factors are then handed on per block (block b's gradient
+    of ``name``: alpha times its rows of A, transposed, times its rows of D)."""
+    acts = BlockActivations(xs, xp)
+
+    def group(x, starts, rngs, grads):
+        sums, factors = group_factors(x, starts, rngs, grads, scale)
+        rows = {name: (BlockRows(a, at), BlockRows(d, at), alpha) for name, (a, d, at, alpha) in factors.items()}
+        return [(s, {name: BlockFactor(a, d, k, alpha) for name, (a, d, alpha) in rows.items()})
+                for k, s in enumerate(sums)]
+    out = [block for blocks in each(group, acts.layers[0], acts.starts, acts.split(list(rngs)),
+                                    acts.split(list(grads))) for block in blocks]
+    return [sums for sums, _ in out], [f for _, f in out]
 
 
 def one_array(xp, items):
@@ -127,17 +145,29 @@ class DenseBackprop:
         # each group's share of the targets: a slice (a BlockRows' slice is one too)
         targets = None if targets is None else [targets[lo:hi] for lo, hi in acts.groups]
         per_grads = acts.split(grads)
-
-        def group(g):
-            s = acts.starts[g]
-            layers = [acts.layers[0][g]] + self._through(acts.layers[0][g], s)
-            heads, da = head(layers[-1], layers[0] if targets is None else targets[g], s)
-            return layers, heads, self._back(layers, s, da, per_grads[g], factors is not None)
-        per_group = each(group, range(len(acts.groups)))
+        per_group = each(lambda g: self._group_pass(acts.layers[0][g], acts.starts[g], head,
+                                                    None if targets is None else targets[g], per_grads[g],
+                                                    factors is not None),
+                         range(len(acts.groups)))
         acts.layers = [[layers[i] for layers, _, _ in per_group] for i in range(self.n_layers + 1)]
         if factors is not None:
             self._put_factors(acts, [dzs for _, _, dzs in per_group], factors)
         return [h for _, heads, _ in per_group for h in heads]
+
+    def _group_pass(self, x, starts, head, targets, grads, factored: bool) -> tuple:
+        """One group's consecutive blocks ``x`` (block k: rows starts[k]:starts[k + 1])
+        through the layers, ``head`` (``targets`` None: ``x``) and back: (its input and every
+        layer's output, head's results per block, dz per weight where ``factored``)."""
+        layers = [x] + self._through(x, starts)
+        heads, da = head(layers[-1], x if targets is None else targets, starts)
+        return layers, heads, self._back(layers, starts, da, grads, factored)
+
+    def group_pass(self, x, starts, head, targets, grads) -> tuple:
+        """:meth:`blocks_pass` of one group of blocks stacked in ``x`` (the trainer's
+        ``group_factors``): (head's results per block, {f"W{i}": (layer input, dz, starts,
+        1.0)}), the bias gradients added into ``grads`` (one dict per block)."""
+        layers, heads, dzs = self._group_pass(x, starts, head, targets, grads, True)
+        return heads, {f"W{i + 1}": (layers[i], dzs[f"W{i + 1}"], starts, 1.0) for i in range(self.n_layers)}
 
     def _back(self, layers, s, da, gs, factored: bool) -> dict:
         """One group from d/d(its output) ``da`` back through ``layers`` (its input and every

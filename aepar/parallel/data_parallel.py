@@ -40,7 +40,15 @@ gradients is then one ``block_outer_sum`` call from its blocks' factors, the sam
 the blocks' own products added in the tree, without writing them out. Where the blocks'
 factors lie one after another in arrays the model made (``aepar.rows.BlockFactor``), a
 node's rows are views of those arrays; the step's rows come to the model that way too
-(``xs`` an ``aepar.rows.BlockRows`` of one gathered array).
+(``xs`` an ``aepar.rows.BlockRows`` of one gathered array). A layer model may provide
+``group_factors(x, starts, rngs, grads, scale) -> ([sums], {name: (A, D, row starts,
+alpha)})`` as well: the same for consecutive blocks stacked in ``x`` (block b: rows
+``starts[b]:starts[b + 1]``), its factors whole arrays (block b's rows of A and D from
+``row starts[b]``). One process on one thread (a GPU's host: always one) holding every
+block then takes each batch whose blocks all have rows in one call of it, and the sums
+and the step straight from what it returns: the same kernels in the same order as the
+blocks' own path, so the same bits, without that path's views and wrappers per block and
+thread (on a GPU's host they cost an 8-block step most of its time).
 
 Models never see ranks: where one needs a sum over all ranks' rows (an evaluation) it is
 handed ``reducer(comm)``.
@@ -394,6 +402,8 @@ def _epoch_steps(model, shard, epoch, comm, be, buf, batch, key, guard, resume) 
     checkpoint = stop = False
     step = run.fused_step if run.fused is not None else run.step
     for k in range(run.start, mb.n_batches):
+        if not mb.sizes[k]:  # no block has rows left for it (a batch smaller than the blocks): no step
+            continue
         checkpoint, stop = step(k, 1.0 / float(mb.sizes[k]))
         if (checkpoint or stop) and k + 1 < mb.n_batches:
             host = be.to_host(run.sums)
@@ -422,6 +432,8 @@ class _Epoch:
             self.start, self.sums = resume.batch, be.xp.asarray(np.array(resume.sums, dtype=np.float64))
         self.mine = list(shard.blocks.mine)
         self.flag = buf.n_grad + buf.n_extra
+        # one process holds the whole tree
+        self.alone = buf.tree is not None and buf.tree.comm.size == 1 and len(buf.groups) == 1
         # the fused kernels take the plain SGD step: a layer-wise adaptive rate (LARS) needs the gradient
         plain = not getattr(getattr(model, "optimizer", None), "trust", 0.0)
         self.fused = getattr(model, "fused_step", None) \
@@ -441,6 +453,15 @@ class _Epoch:
             self.orders = {}
         else:
             self.orders = {b: be.xp.asarray(mb.rows(b)) for b in self.mine}
+        # one process and one thread holding every block (on a GPU, always one thread): a
+        # batch's blocks in one call of the model's group_factors, summed and stepped straight
+        # from it, without the per-block views that the threads and ranks need (the same
+        # kernels in the same order: the same bits)
+        self.whole = buf.batched and bool(self.mine) and self.alone and threads() == 1 \
+            and getattr(model, "group_factors", None) is not None
+        if self.whole:  # the blocks' streams (restored in place) and gradient views, once an epoch
+            self.block_rngs = [mb.rngs[b] for b in self.mine]
+            self.block_grads = [buf.views(row) for row in buf.rows[:len(self.mine)]]
         self.seconds = dict.fromkeys(("fused step",) if self.fused is not None else
                                      ("gradient", "block sums", "reduction", "update"), 0.0)
 
@@ -467,21 +488,24 @@ class _Epoch:
 
     def step(self, k: int, scale: float) -> tuple[bool, bool]:
         """Every own block's gradient, this rank's sums, the sum over all ranks, the step."""
-        buf, guard, comm, flag = self.buf, self.guard, self.comm, self.flag
+        buf, guard, comm, flag, alone = self.buf, self.guard, self.comm, self.flag, self.alone
         t0 = perf_counter()
-        factors = self.leaf_gradients(k, scale)
-        t1 = perf_counter()
-        # this rank's sums: its tree nodes, or (allreduce) its blocks in order; a rank
-        # without blocks still sends a row: zeros and its guard flag. One process holding
-        # the whole tree leaves the weights' sums to the step, which takes them as they
-        # come (not where faults are planted: they poison the gradient as written)
-        alone = buf.tree is not None and buf.tree.comm.size == 1 and len(buf.groups) == 1
+        # One process holding the whole tree leaves the weights' sums to the step, which
+        # takes them as they come (not where faults are planted: they poison the gradient as
+        # written)
         defer = alone and (guard is None or not guard.faults)
-        values, deferred = {}, {}
-        for node, first, merges in buf.groups:
-            values[node], left = _local_sum(self.be, buf, factors, first, merges,
-                                            buf.total if node is None else buf.rows[first], defer)
-            deferred.update(left)
+        if self.whole and defer and self.live[k].all():
+            values, deferred, t1 = self.whole_batch(k, scale)
+        else:
+            factors = self.leaf_gradients(k, scale)
+            t1 = perf_counter()
+            # this rank's sums: its tree nodes, or (allreduce) its blocks in order; a rank
+            # without blocks still sends a row: zeros and its guard flag
+            values, deferred = {}, {}
+            for node, first, merges in buf.groups:
+                values[node], left = _local_sum(self.be, buf, factors, first, merges,
+                                                buf.total if node is None else buf.rows[first], defer)
+                deferred.update(left)
         t2 = perf_counter()
         if guard is not None:
             head = next(iter(values.values()))
@@ -507,6 +531,28 @@ class _Epoch:
             return False, False
         # one process: its own flags are the sum (reading it would wait for a GPU)
         return guard.decide(flags if comm is None or comm.size == 1 else float(total[flag]))
+
+    def whole_batch(self, k: int, scale: float) -> tuple[dict, dict, float]:
+        """:meth:`leaf_gradients` and the local sums of a batch whose every block is this
+        process's and has rows, on one thread: all blocks in one call of the model's
+        ``group_factors``, their filled rows added in the tree, the factored gradients
+        left to the step. Returns ({tree node: its row}, {name: FactoredGradient}, the
+        time the blocks' gradients were done)."""
+        buf, xp, K = self.buf, self.be.xp, self.be.K
+        node, first, merges = buf.groups[0]
+        n = len(self.mine)
+        rows = buf.leaves[:n, buf.filled]
+        rows[...] = 0
+        x = xp.take(self.shard.x, self.batch_order[self.batch_starts[k]:self.batch_starts[k + 1]], axis=0)
+        extras, factors = self.model.group_factors(x, self.block_ends[k], self.block_rngs, self.block_grads, scale)
+        _write_sums(xp, buf, list(range(n)), extras)
+        t1 = perf_counter()
+        K.rows_tree_sum(rows, merges)
+        out = buf.rows[first]
+        grads = buf.views(out)
+        return {node: out}, {name: FactoredGradient(K, [(a, d, at, [alpha] * n, 0, grads[name].shape[0])], merges,
+                                                    grads[name])
+                             for name, (a, d, at, alpha) in factors.items()}, t1
 
     def leaf_gradients(self, k: int, scale: float) -> list:
         """Each own block's gradient and sums of batch k into its row; returns the blocks'

@@ -445,8 +445,9 @@ def test_whole_weights_on_the_threads_give_one_threads_bits(make, monkeypatch):
                 train_epoch(model, Shard.of(be, x, 8), epoch)
             results[n_threads, adam] = [be.to_host(p).tobytes() for p in model.params.values()]
         shapes = [model.grad_shapes()[k] for k in model.factored]
-        assert taken[-1] == ([[0, r] for r, _ in shapes] if n_threads == 1 or (make == "stacked" and n_threads == 2)
-                             else [thread_bands(r) for r, _ in shapes])
+        if n_threads > 1:  # (one thread takes every weight whole, in _Epoch.whole_batch)
+            assert taken[-1] == ([[0, r] for r, _ in shapes] if make == "stacked" and n_threads == 2
+                                 else [thread_bands(r) for r, _ in shapes])
     for adam in (True, False):
         assert results[2, adam] == results[1, adam] == results[3, adam]
 
@@ -820,6 +821,21 @@ def test_a_step_on_factored_gradients_is_one_hand_off_to_the_threads(adam, monke
     assert np.isfinite(W.out).all() == adam  # Adam writes the gradient out; SGD steps inside the sum
 
 
+class Planted:
+    """A guard with a fault planted that never fires: the trainer then writes every sum out
+    (a fault may poison it) and takes each block's own path, as it does on several ranks."""
+    faults = ["never"]
+
+    def flags(self):
+        return 0.0
+
+    def step(self, poison=None):
+        pass
+
+    def decide(self, flags):
+        return False, False
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("kind", ["rbm", "ae"])
 def test_one_process_steps_its_weights_inside_the_sum(kind, threads, monkeypatch):
@@ -829,20 +845,6 @@ def test_one_process_steps_its_weights_inside_the_sum(kind, threads, monkeypatch
     monkeypatch.setattr(aepar, "THREADS", threads)
     be = _be("numba", "float32")
     x = _data(n=300, d=40, seed=2).astype(np.float32)
-
-    class Planted:
-        """A guard with a fault planted that never fires: the trainer then writes every
-        sum out (a fault may poison it), as it does on several ranks."""
-        faults = ["never"]
-
-        def flags(self):
-            return 0.0
-
-        def step(self, poison=None):
-            pass
-
-        def decide(self, flags):
-            return False, False
 
     def trained(guard=None):
         model = (RBM if kind == "rbm" else AELayer)(be, 40, 24, batch=100, seed=3)
@@ -854,6 +856,49 @@ def test_one_process_steps_its_weights_inside_the_sum(kind, threads, monkeypatch
     inside = trained()
     assert len(calls) == 3 * threads  # a call per step and band
     assert trained(Planted()) == inside and len(calls) == 3 * threads
+
+
+@pytest.mark.parametrize("rows, batch", [(530, 60), (50, 5)], ids=["uneven batches", "empty blocks"])
+@pytest.mark.parametrize("kind", ["rbm", "gaussian rbm", "ae", "linear ae", "stack, Adam", "stack, mse",
+                                  "classifier"])
+@pytest.mark.parametrize("kernels", ["numpy"] + kernel_set_params())
+def test_one_process_on_one_thread_takes_a_batch_s_blocks_in_one_call(kernels, kind, rows, batch, monkeypatch):
+    """One process and one thread holding every block: each batch whose blocks all have
+    rows is one call of the model's group_factors (_Epoch.whole_batch), with the weights,
+    optimiser state and step sums of the per-block path bit for bit (that path taken where a
+    fault is planted, and for a batch with an empty block); a batch without rows is no
+    step."""
+    import aepar.parallel.data_parallel as dp
+    from aepar.optim import SGD
+    monkeypatch.setattr(aepar, "THREADS", 1)
+    be = backend.select("gpu" if kernels == "cupy" else "cpu", kernels, "float32")
+    x = _data(n=rows, d=40, seed=4).astype(np.float32)
+
+    whole = []
+    real = dp._Epoch.whole_batch
+    monkeypatch.setattr(dp._Epoch, "whole_batch", lambda self, k, scale: whole.append(k) or real(self, k, scale))
+
+    if kind == "classifier":
+        x[:, -1] = np.floor(3 * x[:, 0])
+
+    def trained(guard=None):
+        hidden = "gaussian" if kind.split()[0] in ("gaussian", "linear") else "bernoulli"
+        if kind.startswith("stack"):
+            model = StackedAutoencoder(be, [40, 24, 6], loss="xent" if "Adam" in kind else "mse", seed=3, batch=batch)
+            model.optimizer = Adam(be, model.params, lr=0.01) if "Adam" in kind else SGD(be, model.params, 0.1, 0.9)
+        elif kind == "classifier":
+            model = Classifier(be, [39, 24, 6], 3, seed=3, batch=batch)
+            model.optimizer = SGD(be, model.params, 0.1, 0.9)
+        else:
+            model = (RBM if kind.endswith("rbm") else AELayer)(be, 40, 24, hidden=hidden, batch=batch, seed=3)
+        sums = [list(train_epoch(model, Shard.of(be, x, 8), epoch, guard=guard).sums) for epoch in range(2)]
+        return [be.to_host(v).tobytes() for v in (*model.params.values(), *model.optimizer.state().values())], sums
+    per_block = trained(Planted())
+    assert not whole
+    assert trained() == per_block
+    # 50 rows in blocks of 6 or 7 and 10 batches: batches 0-5 take a row of every block, 6
+    # of two blocks (per block), 7-9 of none (no step)
+    assert whole == 2 * list(range(9 if batch == 60 else 6))
 
 
 def test_steps_too_small_to_share_stay_on_the_calling_thread(monkeypatch):
