@@ -48,7 +48,7 @@ alpha)})`` as well: the same for consecutive blocks stacked in ``x`` (block b: r
 block then takes each batch whose blocks all have rows in one call of it, and the sums
 and the step straight from what it returns: the same kernels in the same order as the
 blocks' own path, so the same bits, without that path's views and wrappers per block and
-thread (on a GPU's host they cost an 8-block step most of its time).
+thread, which a GPU's host pays on every step.
 
 Models never see ranks: where one needs a sum over all ranks' rows (an evaluation) it is
 handed ``reducer(comm)``.
@@ -541,14 +541,14 @@ class _Epoch:
         buf, xp, K = self.buf, self.be.xp, self.be.K
         node, first, merges = buf.groups[0]
         n = len(self.mine)
-        rows = buf.leaves[:n, buf.filled]
+        rows = buf.leaves[first:first + n, buf.filled]
         rows[...] = 0
         x = xp.take(self.shard.x, self.batch_order[self.batch_starts[k]:self.batch_starts[k + 1]], axis=0)
         extras, factors = self.model.group_factors(x, self.block_ends[k], self.block_rngs, self.block_grads, scale)
         _write_sums(xp, buf, list(range(n)), extras)
         t1 = perf_counter()
         K.rows_tree_sum(rows, merges)
-        out = buf.rows[first]
+        out = buf.rows[first]  # the tree's sum, in its leftmost block's row
         grads = buf.views(out)
         return {node: out}, {name: FactoredGradient(K, [(a, d, at, [alpha] * n, 0, grads[name].shape[0])], merges,
                                                     grads[name])
