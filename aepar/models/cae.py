@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
-from aepar.rows import each, mean_squared_error
-from aepar.models.trained import BlockActivations, TrainedState
+from aepar.rows import mean_squared_error
+from aepar.models.trained import TrainedState, factors_by_group
 
 __all__ = ["ConvAutoencoder", "CAE_STREAM", "DEFAULT_FILTERS", "check_image_shape"]
 
@@ -188,10 +188,13 @@ class ConvAutoencoder(TrainedState):
         per thread, each group's layers one kernel call (:meth:`_blocks_gradients`), every
         block's gradients and sum the bits it would have alone. None of the gradients is
         factored: returns ([(Σ (x − x̂)²,)], [{}]), one entry per block."""
-        acts = BlockActivations(xs, self.be.xp)
-        sq_errs = [e for group in each(lambda x, starts, g: self._blocks_gradients(x, starts, g, scale),
-                                       acts.layers[0], acts.starts, acts.split(list(grads))) for e in group]
-        return [(e,) for e in sq_errs], [{} for _ in sq_errs]
+        return factors_by_group(self.group_factors, self.be.xp, xs, rngs, scale, grads)
+
+    def group_factors(self, x, starts, rngs, grads, scale):
+        """:meth:`block_factors` of consecutive blocks of image rows stacked in ``x`` (block
+        b: rows starts[b]:starts[b + 1]): ([(Σ (x − x̂)²,)] per block, {}). No noise: ``rngs``
+        is not used."""
+        return [(e,) for e in self._blocks_gradients(x, starts, grads, scale)], {}
 
     def apply(self, grads, epoch):
         self.optimizer.step(grads)

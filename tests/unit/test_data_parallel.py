@@ -9,6 +9,7 @@ from aepar import backend
 from aepar.comm import Comm
 from aepar.kernels import memory
 from aepar.models.ae_layer import AELayer
+from aepar.models.cae import ConvAutoencoder
 from aepar.models.classifier import Classifier
 from aepar.models.rbm import RBM
 from aepar.models.stacked import StackedAutoencoder
@@ -860,7 +861,7 @@ def test_one_process_steps_its_weights_inside_the_sum(kind, threads, monkeypatch
 
 @pytest.mark.parametrize("rows, batch", [(530, 60), (50, 5)], ids=["uneven batches", "empty blocks"])
 @pytest.mark.parametrize("kind", ["rbm", "gaussian rbm", "ae", "linear ae", "stack, Adam", "stack, mse",
-                                  "classifier"])
+                                  "classifier", "cae"])
 @pytest.mark.parametrize("kernels", ["numpy"] + kernel_set_params())
 def test_one_process_on_one_thread_takes_a_batch_s_blocks_in_one_call(kernels, kind, rows, batch, monkeypatch):
     """One process and one thread holding every block: each batch whose blocks all have
@@ -872,7 +873,7 @@ def test_one_process_on_one_thread_takes_a_batch_s_blocks_in_one_call(kernels, k
     from aepar.optim import SGD
     monkeypatch.setattr(aepar, "THREADS", 1)
     be = backend.select("gpu" if kernels == "cupy" else "cpu", kernels, "float32")
-    x = _data(n=rows, d=40, seed=4).astype(np.float32)
+    x = _data(n=rows, d=48 if kind == "cae" else 40, seed=4).astype(np.float32)
 
     whole = []
     real = dp._Epoch.whole_batch
@@ -889,6 +890,9 @@ def test_one_process_on_one_thread_takes_a_batch_s_blocks_in_one_call(kernels, k
         elif kind == "classifier":
             model = Classifier(be, [39, 24, 6], 3, seed=3, batch=batch)
             model.optimizer = SGD(be, model.params, 0.1, 0.9)
+        elif kind == "cae":
+            model = ConvAutoencoder(be, (1, 4, 12), filters=(2, 3), seed=3, batch=batch)
+            model.optimizer = Adam(be, model.params, lr=0.01)
         else:
             model = (RBM if kind.endswith("rbm") else AELayer)(be, 40, 24, hidden=hidden, batch=batch, seed=3)
         sums = [list(train_epoch(model, Shard.of(be, x, 8), epoch, guard=guard).sums) for epoch in range(2)]
