@@ -532,6 +532,11 @@ class _Epoch:
         # one process: its own flags are the sum (reading it would wait for a GPU)
         return guard.decide(flags if comm is None or comm.size == 1 else float(total[flag]))
 
+    def batch_rows(self, k: int):
+        """Batch k's rows of all own blocks in one gather, block after block (the batched
+        path's)."""
+        return self.be.xp.take(self.shard.x, self.batch_order[self.batch_starts[k]:self.batch_starts[k + 1]], axis=0)
+
     def whole_batch(self, k: int, scale: float) -> tuple[dict, dict, float]:
         """:meth:`leaf_gradients` and the local sums of a batch whose every block is this
         process's and has rows, on one thread: all blocks in one call of the model's
@@ -543,8 +548,8 @@ class _Epoch:
         n = len(self.mine)
         rows = buf.leaves[first:first + n, buf.filled]
         rows[...] = 0
-        x = xp.take(self.shard.x, self.batch_order[self.batch_starts[k]:self.batch_starts[k + 1]], axis=0)
-        extras, factors = self.model.group_factors(x, self.block_ends[k], self.block_rngs, self.block_grads, scale)
+        extras, factors = self.model.group_factors(self.batch_rows(k), self.block_ends[k], self.block_rngs,
+                                                   self.block_grads, scale)
         _write_sums(xp, buf, list(range(n)), extras)
         t1 = perf_counter()
         K.rows_tree_sum(rows, merges)
@@ -564,8 +569,7 @@ class _Epoch:
             buf.leaves[:len(mine), buf.filled] = 0  # every own block's row, in one operation
             xs = []
             if live:  # the step's rows of all own blocks in one gather, each block's a view
-                x = self.be.xp.take(self.shard.x, self.batch_order[self.batch_starts[k]:self.batch_starts[k + 1]],
-                                    axis=0)
+                x = self.batch_rows(k)
                 ends = self.block_ends[k]  # the live blocks' rows lie one after another in x
                 xs = BlockRows(x, [ends[i] for i in live] + [ends[live[-1] + 1]])
             extras, found = model.block_factors(xs,
