@@ -459,7 +459,8 @@ class _Epoch:
         # kernels in the same order: the same bits)
         self.whole = buf.batched and bool(self.mine) and self.alone and threads() == 1 \
             and getattr(model, "group_factors", None) is not None
-        if self.whole:  # the blocks' streams (restored in place) and gradient views, once an epoch
+        if self.whole:  # the blocks' streams (restored in place), gradient views and full batches, once an epoch
+            self.full = self.live.all(axis=1).tolist()
             self.block_rngs = [mb.rngs[b] for b in self.mine]
             self.block_grads = [buf.views(row) for row in buf.rows[:len(self.mine)]]
         self.seconds = dict.fromkeys(("fused step",) if self.fused is not None else
@@ -494,7 +495,7 @@ class _Epoch:
         # takes them as they come (not where faults are planted: they poison the gradient as
         # written)
         defer = alone and (guard is None or not guard.faults)
-        if self.whole and defer and self.live[k].all():
+        if self.whole and defer and self.full[k]:
             values, deferred, t1 = self.whole_batch(k, scale)
         else:
             factors = self.leaf_gradients(k, scale)
