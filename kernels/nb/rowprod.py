@@ -549,17 +549,20 @@ def _pack_row_tiles(af, lda, af2, lda2, part, row, m, tiles):
     """A's chain rows (:func:`_chain`: row k is ``row[k]`` of the first part, at
     af[row[k] * lda:], or of the second, at af2[row[k] * lda2:]) as the row tiles of out
     take them: tile [r0, r1) at r0 * rows, A[k, r0:r1] at r0 * rows + k * (r1 - r0), each
-    such piece one masked vector (a tile has at most OR <= 16 rows), not element by
+    such piece one masked load (a tile has at most OR <= 16 rows), not element by
     element: at 100 rows the packing is then a small part of the product
-    (docs/performance-notes.md)."""
+    (docs/performance-notes.md). Each piece is stored as a whole vector: the lanes past it
+    land where the next piece (or, past the last, the vector of slack at the end) is
+    written after it. A masked store is microcoded on AMD's AVX2 (VMASKMOVPS): one per
+    piece made the packing cost as much as the FMAs where out is narrow."""
     rows = part.size
-    packed = np.empty(rows * m, np.float32)
+    packed = np.empty(rows * m + LANES32, np.float32)
     for t in range(tiles.size - 1):
         r0, r1 = tiles[t], tiles[t + 1]
         width = r1 - r0
         for k in range(rows):
             src, first = (af, row[k] * lda) if part[k] == 0 else (af2, row[k] * lda2)
-            vstore32m(packed, r0 * rows + k * width, vload32m(src, first + r0, width), width)
+            vstore32(packed, r0 * rows + k * width, vload32m(src, first + r0, width))
     return packed
 
 
