@@ -102,7 +102,7 @@ bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs Py
 	$(BIN)/python -m bench.cae_speed
 
 .PHONY: bench-block-tax
-bench-block-tax: venv bench-peers  ## the price of the same bits per CPU: RBM, autoencoder-layer, fine-tuning, CAE and greedy-stack epochs with 8 blocks vs 1 block vs PyTorch, 1 and 2 threads -> block_tax.{csv,md} (~8 min)
+bench-block-tax: venv bench-peers  ## the price of the same bits per CPU: RBM, autoencoder-layer, fine-tuning, CAE, greedy-stack and each upper stack layer's epochs with 8 blocks vs 1 block vs PyTorch, 1 and 2 threads -> block_tax.{csv,md} (~8 min)
 	$(BIN)/python -m bench.block_tax
 
 .PHONY: bench-cpu

@@ -10,7 +10,8 @@ that costs and where aepar stands against PyTorch, side by side in one run on on
   784-1000-500-250-30 autoencoder (``finetune``), one epoch of the convolutional
   autoencoder (``cae``) and one CD-1 epoch of every RBM of the 784-1000-500-250-30 stack, each
   on the rows the layer below gives (``greedy``: greedy pre-training's work per epoch;
-  Bernoulli hidden units throughout, as the PyTorch peer has no Gaussian layer), float32,
+  Bernoulli hidden units throughout, as the PyTorch peer has no Gaussian layer), and each
+  of the stack's upper RBMs alone (``rbm1000x500``, ``rbm500x250``, ``rbm250x30``), float32,
   batch 100, on the embedded MNIST digits (or the first
   ``--rows`` Fashion-MNIST images when installed: ``make fashion``);
 - for each: aepar with the default 8 blocks, aepar with the batch as one block (one
@@ -49,11 +50,15 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 BENCHMARK = "block_tax"
 CHILD_TAG = "BLOCK-TAX "
-WORKLOADS = ("rbm", "ae", "finetune", "cae", "greedy")
+STACK = (784, 1000, 500, 250, 30)  # the greedy workload's layers
+# the stack's upper RBMs one at a time, each on the rows the layers below give (the first is "rbm"):
+# a narrow layer's epoch is mostly the work around its small products, which the whole stack hides
+LAYERS = {f"rbm{a}x{b}": i for i, (a, b) in enumerate(zip(STACK[:-1], STACK[1:])) if i}
+WORKLOADS = ("rbm", "ae", "finetune", "cae", "greedy", *LAYERS)
 TITLES = {"rbm": "CD-1 epoch, 784x1000 RBM layer", "ae": "epoch, 784x1000 autoencoder layer",
           "finetune": "fine-tuning epoch, 784-1000-500-250-30 unrolled", "cae": "CAE epoch, 28x28 16/32 filters",
-          "greedy": "greedy pre-training epoch, 784-1000-500-250-30 RBMs"}
-STACK = (784, 1000, 500, 250, 30)  # the greedy workload's layers
+          "greedy": "greedy pre-training epoch, 784-1000-500-250-30 RBMs",
+          **{name: f"CD-1 epoch, {name[3:]} RBM layer of the stack" for name in LAYERS}}
 # what the ratios are held to (issue: the 8-block epoch within 1.10x of one block, and at
 # least as fast as the faster PyTorch peer)
 TAX_TARGET, PEER_TARGET = 1.10, 1.00
@@ -71,8 +76,8 @@ def workload_epochs(workload: str, x, threads: int, torch: bool) -> tuple[dict, 
         names = {AEPAR_NAME: EIGHT, ONE_BLOCK_NAME: ONE}
         names.update({v: f"pytorch {k}" for k, v in TORCH_NAMES.items()})
         return {names[k]: fn for k, fn in epochs.items()}, model.flops_per_sample()
-    if workload == "greedy":
-        return greedy_epochs(x, threads, torch)
+    if workload == "greedy" or workload in LAYERS:
+        return greedy_epochs(x, threads, torch, LAYERS.get(workload))
     if workload == "finetune":
         from bench.finetune_speed import TorchUnrolled as Peer
         from bench.finetune_speed import aepar_epoch
@@ -94,11 +99,11 @@ def workload_epochs(workload: str, x, threads: int, torch: bool) -> tuple[dict, 
     return epochs, model.flops_per_sample()
 
 
-def greedy_epochs(x, threads: int, torch: bool) -> tuple[dict, float]:
+def greedy_epochs(x, threads: int, torch: bool, only: int | None = None) -> tuple[dict, float]:
     """:func:`workload_epochs` of ``greedy``: one CD-1 epoch of every layer of :data:`STACK`,
-    in order, each layer on its own input rows. The upper layers' rows are made once,
-    untimed, by the 8-block aepar layers after their warm-up epoch, and every implementation
-    trains on the same rows."""
+    in order, each layer on its own input rows (``only``: of that layer alone, one of
+    :data:`LAYERS`). The upper layers' rows are made once, untimed, by the 8-block aepar
+    layers after their warm-up epoch, and every implementation trains on the same rows."""
     from aepar import backend
     from aepar.models.rbm import RBM
     from aepar.parallel.data_parallel import train_epoch
@@ -119,14 +124,15 @@ def greedy_epochs(x, threads: int, torch: bool) -> tuple[dict, float]:
         rows = np.ascontiguousarray(layer.transform(Shard.of(be, rows, DEFAULT_BLOCKS)).x)
     for layer, rows in zip(stacks[ONE][0], inputs):
         train_epoch(layer, Shard.of(be, rows, 1), 0)
+    chosen = range(len(shapes)) if only is None else [only]
     epochs = {}
     for name, (stack, blocks) in stacks.items():
         shards = [Shard.of(be, rows, blocks) for rows in inputs]
 
         def epoch(stack=stack, shards=shards, counter=itertools.count(6)):  # past the momentum switch
             e = next(counter)
-            for layer, shard in zip(stack, shards):
-                train_epoch(layer, shard, e)
+            for i in chosen:
+                train_epoch(stack[i], shards[i], e)
         epochs[name] = epoch
     if torch and torch_rbm.available():
         for style in torch_rbm.STYLES:
@@ -134,11 +140,11 @@ def greedy_epochs(x, threads: int, torch: bool) -> tuple[dict, float]:
                      for i, (n_in, n_out) in enumerate(shapes)]
 
             def epoch(peers=peers):
-                for peer, rows in zip(peers, inputs):
-                    peer.train_epoch(rows)
+                for i in chosen:
+                    peers[i].train_epoch(inputs[i])
             epoch()  # warm-up
             epochs[f"pytorch {style}"] = epoch
-    return epochs, sum(layer.flops_per_sample() for layer in stacks[EIGHT][0])
+    return epochs, sum(stacks[EIGHT][0][i].flops_per_sample() for i in chosen)
 
 
 def child(args) -> int:

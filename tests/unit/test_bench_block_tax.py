@@ -80,3 +80,27 @@ def test_the_greedy_workload_trains_every_layer_of_the_stack_on_the_rows_below(m
         calls.clear()
         epochs[name]()
         assert calls == [(a, b, 120, a, blocks) for a, b in layers]
+
+
+def test_a_layer_of_the_stack_alone_trains_that_layer_on_the_rows_below(monkeypatch):
+    """Each upper layer's workload (``rbm250x30``, ...) times a CD-1 epoch of that RBM alone,
+    on the rows the layers below give, with 8 blocks and with one, and counts its FLOPs only."""
+    import numpy as np
+    from aepar.parallel import data_parallel
+
+    calls, real = [], data_parallel.train_epoch
+
+    def recording(layer, shard, epoch):
+        calls.append((layer.n_in, layer.n_out, int(shard.x.shape[1]), shard.blocks.count))
+        return real(layer, shard, epoch)
+    monkeypatch.setattr(data_parallel, "train_epoch", recording)
+    assert list(block_tax.LAYERS) == ["rbm1000x500", "rbm500x250", "rbm250x30"]
+    assert set(block_tax.LAYERS) <= set(block_tax.WORKLOADS) and all(n in block_tax.TITLES for n in block_tax.LAYERS)
+    x = np.random.default_rng(0).random((120, 784), dtype=np.float32)
+    epochs, flops = block_tax.workload_epochs("rbm250x30", x, 1, torch=False)
+    assert set(epochs) == {block_tax.EIGHT, block_tax.ONE}
+    assert flops == 10.0 * 250 * 30 + 12.0 * (250 + 30)
+    for name, blocks in ((block_tax.EIGHT, 8), (block_tax.ONE, 1)):
+        calls.clear()
+        epochs[name]()
+        assert calls == [(250, 30, 250, blocks)]
