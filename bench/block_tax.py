@@ -211,6 +211,12 @@ def summary(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _seconds(v: float) -> str:
+    """An epoch's seconds for the table: three decimals, four below a tenth of a second
+    (a narrow layer's epoch takes about 15 ms)."""
+    return f"{v:.3f}" if v >= 0.1 else f"{v:.4f}"
+
+
 def markdown(rows: list[dict]) -> str:
     """block_tax.md from every machine's rows."""
     lines = ["# The price of the same bits: 8 blocks against 1 block and against PyTorch", "",
@@ -239,13 +245,13 @@ def markdown(rows: list[dict]) -> str:
                                               else 99, s["threads"])):
             tax = f"{s['tax']:.2f}" + ("" if s["tax"] <= TAX_TARGET else " (over)")
             if s["peer"]:
-                peer = f"{s['peer_seconds']:.3f} ({s['peer']})"
+                peer = f"{_seconds(s['peer_seconds'])} ({s['peer']})"
                 vs = f"{s['vs_peer']:.2f}" + ("" if s["vs_peer"] <= PEER_TARGET else " (slower)")
             else:
                 peer = vs = "not measured"
             share = f"{s['of_sgemm']:.0%}" + (f" ({s['peer_of_sgemm']:.0%})" if s["peer"] else "")
-            lines.append(f"| {TITLES.get(s['workload'], s['workload'])} | {s['threads']} | {s['eight']:.3f} | "
-                         f"{s['one']:.3f} | {tax} | {peer} | {vs} | {share} |")
+            lines.append(f"| {TITLES.get(s['workload'], s['workload'])} | {s['threads']} | {_seconds(s['eight'])} | "
+                         f"{_seconds(s['one'])} | {tax} | {peer} | {vs} | {share} |")
         lines.append("")
     return "\n".join(lines)
 

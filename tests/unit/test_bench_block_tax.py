@@ -30,6 +30,8 @@ def test_the_ratios_are_8_blocks_over_1_block_and_over_the_faster_peer():
     assert "| 50% (75%) |" in table  # the 8-block epoch's share of SGEMM, then the faster peer's
     assert "| 1.00 | not measured | not measured | 60% |" in table
     assert table.count("\n## ") == 1 and "2026-11-28" in table and "`python -m bench.block_tax`" in table
+    # a narrow layer's epoch of about 15 ms keeps three significant digits
+    assert block_tax._seconds(0.01476) == "0.0148" and block_tax._seconds(0.4351) == "0.435"
 
 
 def test_a_run_writes_its_rows_and_table(tmp_path):
