@@ -30,7 +30,7 @@ import math
 import threading
 
 import numpy as np
-from numba import njit
+from numba import literal_unroll, njit
 
 from ..memory import empty
 from ..ref.blocksum import most_rows
@@ -153,10 +153,21 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
     blocks = len(starts) - 1
     sq_errs, gv, gh = np.empty(blocks), np.empty((blocks, nv), dt), np.empty((blocks, nh), dt)
     _stack_blocks(v0, vk, h0, hk, starts, scale, vs, hs, sq_errs, gv, gh)
-    for b, (dbv, dbh) in enumerate(zip(dbvs, dbhs)):
-        dbv += gv[b]
-        dbh += gh[b]
+    if blocks:
+        _add_rows(tuple(dbvs), gv)
+        _add_rows(tuple(dbhs), gh)
     return vs, hs, -scale, sq_errs.tolist()
+
+
+@njit(cache=True, nogil=True)
+def _add_rows(outs, rows):
+    """outs[b] += rows[b] for each block b, element by element as NumPy's ``+=`` (one
+    call for a tuple of the blocks' arrays instead of a NumPy addition each)."""
+    b = 0
+    for out in literal_unroll(outs):
+        for j in range(out.shape[0]):
+            out[j] += rows[b, j]
+        b += 1
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

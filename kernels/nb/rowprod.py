@@ -62,7 +62,7 @@ from numba import njit
 
 from ..memory import empty
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
-from ..ref.blocksum import as_parts, check_block_outer_sum, interleaved, most_rows, postfix_tree
+from ..ref.blocksum import as_parts, check_block_outer_sum, check_rows_tree, interleaved, most_rows, postfix_tree
 from .codegen import define
 # the generated tiles (_define) call these by name
 from .simd import JIT, prefetch, prefetch_l2, target_isa  # noqa: F401
@@ -70,7 +70,8 @@ from .update import sgd_momentum_update
 from .simd32 import (LANES32, vadd32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m,  # noqa: F401
                      vtranspose32, vzero32)
 
-__all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum", "block_outer_sum_sgd"]
+__all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum", "block_outer_sum_sgd",
+           "rows_tree_sum"]
 
 # OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1: the fastest of the 4-8 shapes timed
 # for each ISA, on 1-block and 8-block sums of the stack's eight weight shapes). The figures
@@ -752,6 +753,32 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
         return sgd_momentum_update(p, g, v, lr, momentum, weight_decay)
     if p.size:
         _in_tiles(A, D, starts, merges, _scales(alphas, weight_decay, momentum, lr), p, v, True)
+
+
+def rows_tree_sum(rows, merges):
+    """:func:`kernels.ref.blocksum.rows_tree_sum` in one compiled call: the same additions
+    in the same order (a NumPy addition a merge cost a narrow layer's step more than the
+    additions themselves). Returns ``rows[0]``, which holds the sum."""
+    tree = check_rows_tree(rows, merges)
+    _rows_tree(rows, tree.array, np.empty(tree.array.size, np.int64))
+    return rows[0]
+
+
+@njit(**JIT)
+def _rows_tree(rows, merges, stack):
+    """rows[left] += rows[right] for each merge of the postfix tree, as the reference's
+    stack of rows does (``stack``: the rows holding partial sums, newest last)."""
+    top = 0
+    for b in range(merges.size):
+        right = b
+        for _ in range(merges[b]):
+            top -= 1
+            left = stack[top]
+            for j in range(rows.shape[1]):
+                rows[left, j] += rows[right, j]
+            right = left
+        stack[top] = right
+        top += 1
 
 
 def _scales(alphas, weight_decay=0.0, momentum=0.0, lr=0.0):
