@@ -116,15 +116,16 @@ def greedy_epochs(x, threads: int, torch: bool, only: int | None = None) -> tupl
     def layers():  # the RBM's defaults are the seed's recipe (Bernoulli units, batch 100)
         return [RBM(be, n_in, n_out, seed=i, layer_index=i) for i, (n_in, n_out) in enumerate(shapes)]
 
+    chosen = range(len(shapes)) if only is None else [only]
     stacks = {EIGHT: (layers(), DEFAULT_BLOCKS), ONE: (layers(), 1)}
     inputs, rows = [], x
-    for layer in stacks[EIGHT][0]:  # warm-up epochs (JIT, buffers), and the rows of the layer above
+    # warm-up epochs (JIT, buffers) and the rows of the layer above, up to the last layer timed
+    for layer in stacks[EIGHT][0][:chosen[-1] + 1]:
         inputs.append(rows)
         train_epoch(layer, Shard.of(be, rows, DEFAULT_BLOCKS), 0)
         rows = np.ascontiguousarray(layer.transform(Shard.of(be, rows, DEFAULT_BLOCKS)).x)
-    for layer, rows in zip(stacks[ONE][0], inputs):
-        train_epoch(layer, Shard.of(be, rows, 1), 0)
-    chosen = range(len(shapes)) if only is None else [only]
+    for i in chosen:
+        train_epoch(stacks[ONE][0][i], Shard.of(be, inputs[i], 1), 0)
     epochs = {}
     for name, (stack, blocks) in stacks.items():
         shards = [Shard.of(be, rows, blocks) for rows in inputs]
@@ -136,8 +137,8 @@ def greedy_epochs(x, threads: int, torch: bool, only: int | None = None) -> tupl
         epochs[name] = epoch
     if torch and torch_rbm.available():
         for style in torch_rbm.STYLES:
-            peers = [torch_rbm.TorchRBM(n_in, n_out, batch=100, threads=threads, seed=i, style=style)
-                     for i, (n_in, n_out) in enumerate(shapes)]
+            peers = {i: torch_rbm.TorchRBM(*shapes[i], batch=100, threads=threads, seed=i, style=style)
+                     for i in chosen}
 
             def epoch(peers=peers):
                 for i in chosen:
