@@ -55,7 +55,7 @@ run: venv  ## the main job: synchronized pre-training on embedded real MNIST, on
 	@$(BYTECODE)
 	$(MPIRUN) -np $(NP) $(BIN)/python -m aepar.sync --preset quick $(RUN_ARGS)
 
-test: venv  ## the full suite CI runs: unit, MPI (mpirun -np 1-8), reliability and end-to-end tests, then the GPU tests on the emulated GPU (~13 min on 2 cores)
+test: venv  ## the full suite CI runs: unit, MPI (mpirun -np 1-8), reliability and end-to-end tests, then the GPU tests on the emulated GPU (11-15 min on 2 cores)
 	@$(BYTECODE)
 	$(BIN)/python -m pytest tests
 	@$(MAKE) --no-print-directory test-gpu-emulated
@@ -67,7 +67,7 @@ check: venv  ## the quick tier for the edit loop (< 3 min on 2 cores): unit test
 test-gpu: venv  ## the CuPy kernel tests only (needs a GPU and `pip install .[gpu]`)
 	$(BIN)/python -m pytest tests -m gpu
 
-test-gpu-emulated: venv  ## the same GPU tests with a CPU stand-in for CuPy (tests/unit/cuda/emulated, needs g++): aepar's GPU code run where there is no GPU (~4 min on 2 cores)
+test-gpu-emulated: venv  ## the same GPU tests with a CPU stand-in for CuPy (tests/unit/cuda/emulated, needs g++): aepar's GPU code run where there is no GPU (~3 min on 2 cores)
 	@if ! command -v g++ >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	  echo "no g++: installing it (Debian/Ubuntu)"; apt-get install -y -q g++ >/dev/null; fi; \
 	if ! command -v g++ >/dev/null; then \

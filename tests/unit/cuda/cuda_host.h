@@ -1,9 +1,11 @@
 // Just enough of CUDA to run a .cu kernel's code on the CPU, for tests of its arithmetic:
 // each block of the grid in turn; its threads one after another on this thread where the
-// kernel never synchronises them, else as fibers (ucontext) that __syncthreads switches
-// between, so that every thread of the block reaches a barrier before any passes it and a
-// returned thread is not waited for; __shared__ arrays are one static copy (blocks never
-// run at once). The arithmetic is C++'s (compile with -ffp-contract=off): fmaf is the
+// kernel never synchronises them, else as fibers that __syncthreads switches between, so
+// that every thread of the block reaches a barrier before any passes it and a returned
+// thread is not waited for; __shared__ arrays are one static copy (blocks never run at
+// once). A fiber is made once (ucontext) and runs the kernel again for every block; the
+// switches are _setjmp/_longjmp, which leave the signal mask alone: swapcontext's two
+// system calls a switch made the barriers most of an emulated launch's time. The arithmetic is C++'s (compile with -ffp-contract=off): fmaf is the
 // correctly rounded fused multiply-add, as on the GPU, and __fmul_rn / __fadd_rn are one
 // rounded operation each. The CPU's exp, log, ... are not CUDA's: they may differ in the
 // last bits.
@@ -13,6 +15,7 @@
 #include <functional>
 #include <math.h>
 #include <memory>
+#include <setjmp.h>
 #include <type_traits>
 #include <ucontext.h>
 #include <utility>
@@ -33,23 +36,48 @@ using std::max;
 // the block's threads as fibers: each runs until its next __syncthreads or its end
 struct aepar_fibers {
     static constexpr std::size_t STACK = 1 << 18;
-    std::vector<ucontext_t> context;
+    struct jump { jmp_buf at; };
+    std::vector<jump> fiber;  // where each fiber waits
     std::vector<std::unique_ptr<char[]>> stacks;  // never written until used: untouched pages cost nothing
     std::vector<char> done;
-    ucontext_t scheduler;
+    jmp_buf scheduler;
     std::function<void()> body;
     int current = 0;
 };
 inline aepar_fibers aepar_team;
 inline bool aepar_in_fiber = false;
 
+// back to the scheduler; the fiber goes on from here when it is next resumed
+inline void aepar_yield() {
+    if (!_setjmp(aepar_team.fiber[aepar_team.current].at)) _longjmp(aepar_team.scheduler, 1);
+}
+
+// a fiber's whole life: the kernel once for each block it is resumed for
 inline void aepar_fiber_entry() {
-    aepar_team.body();
-    aepar_team.done[aepar_team.current] = 1;  // uc_link returns to the scheduler
+    for (;;) {
+        aepar_team.body();
+        aepar_team.done[aepar_team.current] = 1;
+        aepar_yield();
+    }
+}
+
+// run fiber t up to its next barrier or its end; its first run starts it on its stack
+inline void aepar_resume(int t) {
+    aepar_fibers& team = aepar_team;
+    if (_setjmp(team.scheduler)) return;
+    if (t < (int)team.fiber.size()) _longjmp(team.fiber[t].at, 1);
+    team.fiber.emplace_back();
+    ucontext_t start, here;
+    getcontext(&start);
+    start.uc_stack.ss_sp = team.stacks[t].get();
+    start.uc_stack.ss_size = aepar_fibers::STACK;
+    start.uc_link = nullptr;  // a fiber never returns
+    makecontext(&start, aepar_fiber_entry, 0);
+    swapcontext(&here, &start);  // not returned to: the fiber comes back by _longjmp above
 }
 
 inline void __syncthreads() {
-    if (aepar_in_fiber) swapcontext(&aepar_team.context[aepar_team.current], &aepar_team.scheduler);
+    if (aepar_in_fiber) aepar_yield();
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline float __fmul_rn(float a, float b) { return a * b; }
@@ -71,7 +99,6 @@ void aepar_launch_as(bool threaded, aepar_dim3 grid, aepar_dim3 block, Kernel ke
     aepar_fibers& team = aepar_team;
     if (threaded) {
         team.body = [&] { kernel(args...); };
-        team.context.resize(threads);
         team.done.assign(threads, 0);
         while ((int)team.stacks.size() < threads) team.stacks.emplace_back(new char[aepar_fibers::STACK]);
     }
@@ -84,21 +111,14 @@ void aepar_launch_as(bool threaded, aepar_dim3 grid, aepar_dim3 block, Kernel ke
             }
             continue;
         }
-        for (int t = 0; t < threads; ++t) {
-            getcontext(&team.context[t]);
-            team.context[t].uc_stack.ss_sp = team.stacks[t].get();
-            team.context[t].uc_stack.ss_size = aepar_fibers::STACK;
-            team.context[t].uc_link = &team.scheduler;
-            makecontext(&team.context[t], aepar_fiber_entry, 0);
-            team.done[t] = 0;
-        }
+        std::fill(team.done.begin(), team.done.end(), 0);
         aepar_in_fiber = true;
         for (int live = threads; live > 0;)  // a round: every live thread up to its next barrier
             for (int t = 0; t < threads; ++t) {
                 if (team.done[t]) continue;
                 team.current = t;
                 threadIdx = thread_of(t);
-                swapcontext(&team.scheduler, &team.context[t]);
+                aepar_resume(t);
                 live -= team.done[t];
             }
         aepar_in_fiber = false;
