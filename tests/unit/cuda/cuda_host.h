@@ -5,9 +5,11 @@
 // thread is not waited for; __shared__ arrays are one static copy (blocks never run at
 // once). A fiber is made once (ucontext) and runs the kernel again for every block; the
 // switches are _setjmp/_longjmp, which leave the signal mask alone: swapcontext's two
-// system calls a switch made the barriers most of an emulated launch's time. The arithmetic is C++'s (compile with -ffp-contract=off): fmaf is the
-// correctly rounded fused multiply-add, as on the GPU, and __fmul_rn / __fadd_rn are one
-// rounded operation each. The CPU's exp, log, ... are not CUDA's: they may differ in the
+// system calls a switch made the barriers most of an emulated launch's time (build with
+// -U_FORTIFY_SOURCE: a fortified longjmp refuses to jump to another stack). The
+// arithmetic is C++'s (compile with -ffp-contract=off): fmaf is the correctly rounded
+// fused multiply-add, as on the GPU, and __fmul_rn / __fadd_rn are one rounded operation
+// each. The CPU's exp, log, ... are not CUDA's: they may differ in the
 // last bits.
 #pragma once
 #include <algorithm>
@@ -61,7 +63,8 @@ inline void aepar_fiber_entry() {
     }
 }
 
-// run fiber t up to its next barrier or its end; its first run starts it on its stack
+// run fiber t up to its next barrier or its end; its first run (the first round of the
+// first launch with t + 1 threads: fibers are made in order) starts it on its stack
 inline void aepar_resume(int t) {
     aepar_fibers& team = aepar_team;
     if (_setjmp(team.scheduler)) return;
