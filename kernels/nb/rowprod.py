@@ -161,8 +161,8 @@ def _tile_source(rows, vecs):
     1000 wide, such as the 784-1000 layer's x @ W, 5-8% slower on the AVX2 path). The k
     loop is written out twice, every vector whole or the last one masked, rather than the
     load chosen inside it: LLVM then split the loop itself, and on the AVX2 path the 5-row
-    tile kept three of its sums on the stack in every step (docs/performance.md, "The
-    price of the same bits")."""
+    tile kept three of its sums on the stack in every step (docs/performance-notes.md, "The
+    register tiles")."""
     name = f"_tile_{rows}x{vecs}"
     src = [f"    a{r}_{c} = vzero32()" for r in range(rows) for c in range(vecs)]
     for test, masked in ((f"if wlast == {LANES32}:", False), ("else:", True)):
