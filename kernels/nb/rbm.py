@@ -100,8 +100,9 @@ def rbm_cd_factors(v0, W, bv, bh, noise, hidden, dbv, dbh, scale=None):
     """The chain of :func:`rbm_cd_backward` and its bias gradients (added into dbv, dbh);
     returns (vs, hs, alpha, sq_err) with the W gradient alpha * vs.T @ hs: vs = [v0; vk],
     hs = -scale [h0; -hk] (each element rounded once), alpha = 1. The scale rides on hs
-    because ``block_outer_sum`` then skips a multiply of every block's sums by its alpha
-    (a tenth of its FMAs at 12-13 rows a block). See :func:`kernels.ref.rbm.rbm_cd_factors`."""
+    because ``block_outer_sum`` then skips a multiply of every block's sums by its alpha,
+    which stands between a block's last FMA and the tree's additions. See
+    :func:`kernels.ref.rbm.rbm_cd_factors`."""
     vs, hs, scale, sq_err = _cd_chain_stacked(v0, W, bv, bh, noise, hidden, dbv, dbh, scale)
     hs *= hs.dtype.type(-scale)
     return vs, hs, 1.0, sq_err
