@@ -12,8 +12,9 @@ fixed blocks, every block shuffles its rows with its own stream
 ``default_rng((seed, layer_index, epoch, block))`` and draws the CD noise of its rows
 from it, each block's CD gradient is computed alone and the blocks' gradients are added
 in one fixed tree, then one SGD-with-momentum step (weight cost on W) runs on every rank.
-The W gradients are added from the blocks' chains (``block_factors``: [v0; vk] and
-[h0; -hk]) by one ``block_outer_sum`` per tree node, never written out block by block.
+The W gradients are added from the blocks' chains (``block_factors``: [v0; vk] and the
+hidden rows, scaled as each kernel set factors them) by one ``block_outer_sum`` per tree
+node, never written out block by block.
 A given (seed, layer, epoch, data, blocks) gives bit-identical weights on 1 process or
 any number of ranks and threads. With the data as one block (``--reduce-blocks 1``, one
 process) a step is one fused kernel instead, ``rbm_cd_update``.
