@@ -492,24 +492,59 @@ class BlockFactor:
 
 
 def factor_starts(parts) -> list:
-    """Where each block's rows start in :func:`factor_rows`' arrays, and where they end:
-    ``parts`` as factor_rows takes them (None: no rows)."""
+    """Where each block's rows start in :func:`factor_rows`' arrays when they are stacked
+    in one, and where they end: ``parts`` as factor_rows takes them (None: no rows)."""
     return list(itertools.accumulate(
         (0 if not p else p.rows if isinstance(p, BlockFactor) else as_parts(p[0])[0].shape[0] for p in parts),
         initial=0))
 
 
 def factor_rows(xp, parts, widths, dtype) -> tuple:
-    """(A, D): the rows of consecutive blocks' factors ``parts`` ((A, D, alpha) or None:
-    no rows) one after another, each of ``widths`` columns. BlockFactors of the same
-    arrays, in order, give views of them; anything else :func:`stacked_rows`'s stacking."""
-    sources = [getattr(p, "source", None) for p in parts]
-    if sources and sources[0] is not None:
-        a_rows, d_rows, k = sources[0]
-        if all(s is not None and s[0] is a_rows and s[1] is d_rows and s[2] == k + i for i, s in enumerate(sources)):
-            parts_a, parts_d = a_rows[k:k + len(parts)], d_rows[k:k + len(parts)]
-            return stacked_rows(xp, parts_a, widths[0], dtype), stacked_rows(xp, parts_d, widths[1], dtype)
-    return tuple(stacked_rows(xp, [p[j] if p else None for p in parts], widths[j], dtype) for j in (0, 1))
+    """(A, D, starts): consecutive blocks' factors ``parts`` ((A, D, alpha) or None: no
+    rows), each of ``widths`` columns, as kernels' ``block_outer_sum`` takes them.
+    BlockFactors of the same arrays, in order (the blocks one thread stacked), are views
+    of those arrays; several threads' such runs are each read where they lie, as parts
+    side by side (every part of A, each thread's, with a row of starts per part: block b's
+    rows in its own thread's, none in the others'), not copied into one array. Anything
+    else is stacked (:func:`stacked_rows`) with one row of starts (:func:`factor_starts`)."""
+    runs = _factor_runs(parts)
+    if runs is None:
+        return (*(stacked_rows(xp, [p[j] if p else None for p in parts], widths[j], dtype) for j in (0, 1)),
+                factor_starts(parts))
+    views = [(stacked_rows(xp, a_rows[k:k + count], widths[0], dtype),
+              stacked_rows(xp, d_rows[k:k + count], widths[1], dtype), a_rows.starts[k:k + count + 1])
+             for a_rows, d_rows, k, count in runs]
+    if len(views) == 1:
+        a, d, at = views[0]
+        return a, d, [s - at[0] for s in at]
+    rows, first = [], 0  # each run's row of starts over all the blocks
+    for _, _, at in views:
+        own = [s - at[0] for s in at]
+        rows.append([0] * first + own + [own[-1]] * (len(parts) - first - len(own) + 1))
+        first += len(own) - 1
+    count = len(as_parts(views[0][0]))
+    return (tuple(as_parts(a)[j] for j in range(count) for a, _, _ in views),
+            tuple(as_parts(d)[j] for j in range(count) for _, d, _ in views),
+            np.array([row for _ in range(count) for row in rows], dtype=np.int64))
+
+
+def _factor_runs(parts):
+    """``parts`` as runs of BlockFactors of the same arrays in order, [(A's BlockRows, D's,
+    the first item, items)], or None where any is not a BlockFactor or the runs' parts
+    differ in number."""
+    runs = []
+    for p in parts:
+        source = getattr(p, "source", None)
+        if source is None:
+            return None
+        a_rows, d_rows, k = source
+        if runs and runs[-1][0] is a_rows and runs[-1][1] is d_rows and runs[-1][2] + runs[-1][3] == k:
+            runs[-1][3] += 1
+        else:
+            runs.append([a_rows, d_rows, k, 1])
+    if not runs or len({len(as_parts(r[0].rows)) for r in runs}) != 1:
+        return None
+    return runs
 
 
 def stacked_rows(xp, parts, width: int, dtype):

@@ -73,7 +73,7 @@ import numpy as np
 
 from aepar.optim import FactoredGradient, written
 from aepar.parallel.blocks import TreeSum
-from aepar.rows import (BlockRows, Blocks, Shard, block_bounds, factor_rows, factor_starts, one_thread,
+from aepar.rows import (BlockRows, Blocks, Shard, block_bounds, factor_rows, one_thread,
                         parallel_map, threads, tree_merges, weight_bands)
 
 __all__ = ["Minibatches", "EpochState", "EpochResult", "train_epoch", "blockwise_sums", "reducer"]
@@ -340,9 +340,8 @@ def _local_sum(be, buf, factors, first, merges, out, defer=False):
     for name in buf.factored:
         m, n = grads[name].shape
         parts = [f[name] if f is not None else None for f in factors[first:first + len(merges)]]
-        a, d = factor_rows(be.xp, parts, (m, n), be.dtype)
-        # a factor's rows (of each of its parts: kernels' block_outer_sum)
-        starts = factor_starts(parts)
+        # a factor's rows (of each of its parts: kernels' block_outer_sum), a thread's where they lie
+        a, d, starts = factor_rows(be.xp, parts, (m, n), be.dtype)
         alphas = [p[2] if p else 1.0 for p in parts]
         bounds = bands[name]
         factored[name] = FactoredGradient(be.K, [(_columns(a, lo, hi), d, starts, alphas, lo, hi)

@@ -27,6 +27,8 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
     one such block with alpha 1 (a whole batch on one process) is written straight into
     ``out`` (no temporary, scaling or copy)."""
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, out)
+    if starts.ndim == 2:  # a row of starts per part (several threads' blocks: not on a GPU): one chain
+        A, D, starts = interleaved(A, D, starts)
     small = _small_blocks(A, D, starts, out)
     if small.all() and len(as_parts(A)) <= 2:  # a tied autoencoder's two parts as they are
         return rows_block_outer_sum(A, D, starts, merges, alphas, out)
@@ -57,6 +59,8 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
     block, the sum and the step in one launch (each element stepped where its sum ends, as
     the numba set's tiles); else the sum into a buffer from the memory pool, then the step."""
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, p)
+    if starts.ndim == 2:
+        A, D, starts = interleaved(A, D, starts)
     if v.shape == p.shape and v.dtype == p.dtype and v.flags.c_contiguous and len(as_parts(A)) <= 2 \
             and _small_blocks(A, D, starts, p).all():
         return rows_block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay)

@@ -58,16 +58,16 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from numba import njit
+from numba import literal_unroll, njit
 
 from ..memory import empty
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
-from ..ref.blocksum import as_parts, check_block_outer_sum, check_rows_tree, interleaved, most_rows, postfix_tree
+from ..ref.blocksum import as_parts, chain_rows, check_block_outer_sum, check_rows_tree, interleaved, postfix_tree
 from .codegen import define
 # the generated tiles (_define) call these by name
 from .simd import JIT, prefetch, prefetch_l2, target_isa  # noqa: F401
 from .update import sgd_momentum_update
-from .simd32 import (LANES32, vadd32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m,  # noqa: F401
+from .simd32 import (LANES32, address32, vadd32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m,  # noqa: F401
                      vtranspose32, vzero32)
 
 __all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum", "block_outer_sum_sgd",
@@ -487,34 +487,35 @@ def _transposed_panel(wf, N, j, cols, panel, ldp):
 
 
 @njit(**JIT)
-def _block_outer_sum(af, lda, af2, lda2, D, D2, parts, starts, merges, alphas, out, stack, panel, vel, sgd):
-    """The tiles of :func:`block_outer_sum`, with A (rows x m, its rows ``lda`` floats
-    apart in ``af``) packed by row tiles first (see :func:`_outer_source`). Each column
-    panel of D is copied into ``panel`` (rows x OC vectors, the last one padded with zeros
-    where D's rows end) first, where the row tiles then read it: they load whole vectors.
-    With ``parts`` = 2, A and D are two parts each (A's second in ``af2``, ``lda2``, D's in
-    ``D2``), and a block's rows are its rows of the first part, then of the second
-    (:func:`_chain`): the packing and the panels' copies gather them, so the parts are
-    never copied into one array first. With ``sgd`` the sums are not stored but step
-    ``out`` (the parameter) and ``vel`` (its velocity; see :func:`_sgd_lines`)."""
+def _block_outer_sum(a_parts, d_parts, starts, merges, alphas, out, stack, panel, vel, sgd):
+    """The tiles of :func:`block_outer_sum`, with A packed by row tiles first (see
+    :func:`_outer_source`). A and D come as tuples of parts (one array, a tied
+    autoencoder's two, or those of several threads' stacked blocks), each read where it
+    lies (:func:`_chain`): A's (rows x m, its elements adjacent in a row) and D's (rows x
+    n, C-contiguous); block b's rows are its rows starts[p, b]:starts[p, b + 1] of every part (one row of
+    starts: the same rows of every part), one part after another (:func:`_chain`): the
+    packing and the panels' copies gather them, so the parts are never copied into one
+    array first. Each column panel of D is copied into ``panel`` (rows x OC vectors, the
+    last one padded with zeros where D's rows end) first, where the row tiles then read
+    it: they load whole vectors. With ``sgd`` the sums are not stored but step ``out``
+    (the parameter) and ``vel`` (its velocity; see :func:`_sgd_lines`)."""
     M, N = out.shape
-    part, row, chain = _chain(starts, parts)
+    a_row, d_row, chain = _chain(a_parts, d_parts, starts)
     rows = chain[-1]
     tiles = _outer_row_tiles(M)
     runs = _tile_runs(tiles)
-    packed = _pack_row_tiles(af, lda, af2, lda2, part, row, M, tiles)
-    df, df2, of, vf = D.reshape(-1), D2.reshape(-1), out.reshape(-1), vel.reshape(-1)
-    ldd, ldp = D.shape[1], OC * LANES32
+    packed = _pack_row_tiles(a_row, M, tiles)
+    of, vf = out.reshape(-1), vel.reshape(-1)
+    ldp = OC * LANES32
     j = 0
     while j < N:  # a column panel of D stays in cache while the row tiles pass over it
         vecs = min(OC, (N - j + LANES32 - 1) // LANES32)
         nlast = min(LANES32, N - j - (vecs - 1) * LANES32)
         for k in range(rows):  # the last vector masked where D's rows end: zeros past them
-            src = df if part[k] == 0 else df2
-            first = row[k] * ldd + j
+            src = d_row[k]
             for c in range(vecs - 1):
-                vstore32(panel, k * ldp + c * LANES32, vload32(src, first + c * LANES32))
-            last = first + (vecs - 1) * LANES32
+                vstore32(panel, k * ldp + c * LANES32, vload32(src, j + c * LANES32))
+            last = j + (vecs - 1) * LANES32
             vstore32(panel, k * ldp + (vecs - 1) * LANES32,
                      vload32(src, last) if nlast == LANES32 else vload32m(src, last, nlast))
         for q in range(runs.size - 1):
@@ -526,44 +527,67 @@ def _block_outer_sum(af, lda, af2, lda2, D, D2, parts, starts, merges, alphas, o
 
 
 @njit(**JIT)
-def _chain(starts, parts):
+def _chain(a_parts, d_parts, starts):
     """The rows of one call as its blocks' FMA chains run over them: block after block,
-    each block's rows of every part, one part after another. Returns (each chain row's
-    part, its row in that part, the blocks' offsets in the chain)."""
-    blocks = starts.size - 1
-    part = np.empty(starts[blocks] * parts, np.int64)
-    row = np.empty(starts[blocks] * parts, np.int64)
+    each block's rows of every part (starts[p, b]:starts[p, b + 1] of part p; one row of
+    starts: the same rows of every part), one part after another. Returns (each chain
+    row's address in A, and in D: the loads take addresses, the same whichever part a
+    row is in; the blocks' offsets in the chain). The parts may differ in layout (a band
+    of A's columns, whole rows): the tuples are unrolled, each part's rows taken at once
+    (a tuple's array taken in a loop costs a reference count each time)."""
+    blocks, shared = starts.shape[1] - 1, starts.shape[0] == 1
+    parts = len(a_parts)
+    total = 0
+    for p in range(parts):
+        total += starts[0 if shared else p, blocks]
     chain = np.empty(blocks + 1, np.int64)
+    at = np.empty((parts, blocks), np.int64)  # where each part's rows of each block begin in the chain
     k = 0
     for b in range(blocks):
         chain[b] = k
         for p in range(parts):
-            for r in range(starts[b], starts[b + 1]):
-                part[k], row[k] = p, r
-                k += 1
+            at[p, b] = k
+            k += starts[0 if shared else p, b + 1] - starts[0 if shared else p, b]
     chain[blocks] = k
-    return part, row, chain
+    a_row = np.empty(total, np.int64)
+    d_row = np.empty(total, np.int64)
+    p = 0
+    for a in literal_unroll(a_parts):
+        base, step = address32(a), a.strides[0]
+        for b in range(blocks):
+            lo, hi = starts[0 if shared else p, b], starts[0 if shared else p, b + 1]
+            for r in range(lo, hi):
+                a_row[at[p, b] + r - lo] = base + r * step
+        p += 1
+    p = 0
+    for d in literal_unroll(d_parts):
+        base, step = address32(d), d.strides[0]
+        for b in range(blocks):
+            lo, hi = starts[0 if shared else p, b], starts[0 if shared else p, b + 1]
+            for r in range(lo, hi):
+                d_row[at[p, b] + r - lo] = base + r * step
+        p += 1
+    return a_row, d_row, chain
 
 
 @njit(**JIT)
-def _pack_row_tiles(af, lda, af2, lda2, part, row, m, tiles):
-    """A's chain rows (:func:`_chain`: row k is ``row[k]`` of the first part, at
-    af[row[k] * lda:], or of the second, at af2[row[k] * lda2:]) as the row tiles of out
-    take them: tile [r0, r1) at r0 * rows, A[k, r0:r1] at r0 * rows + k * (r1 - r0), each
-    such piece one masked load (a tile has at most OR <= 16 rows), not element by
-    element: at 100 rows the packing is then a small part of the product
-    (docs/performance-notes.md). Each piece is stored as a whole vector: the lanes past it
-    land where the next piece (or, past the last, the vector of slack at the end) is
-    written after it. A masked store is microcoded on AMD's AVX2 (VMASKMOVPS): one per
-    piece made the packing cost as much as the FMAs where out is narrow."""
-    rows = part.size
+def _pack_row_tiles(a_row, m, tiles):
+    """A's chain rows (:func:`_chain`: row k at address a_row[k], its elements adjacent)
+    as the row tiles of out take them: tile [r0, r1) at r0 * rows, A[k, r0:r1] at r0 *
+    rows + k * (r1 - r0), each such piece one masked load (a tile has at most OR <= 16
+    rows), not element by element: at 100 rows the packing is then a small part of the
+    product (docs/performance-notes.md). Each piece is stored as a whole vector: the
+    lanes past it land where the next piece (or, past the last, the vector of slack at
+    the end) is written after it. A masked store is microcoded on AMD's AVX2
+    (VMASKMOVPS): one per piece made the packing cost as much as the FMAs where out is
+    narrow."""
+    rows = a_row.size
     packed = np.empty(rows * m + LANES32, np.float32)
     for t in range(tiles.size - 1):
         r0, r1 = tiles[t], tiles[t + 1]
         width = r1 - r0
         for k in range(rows):
-            src, first = (af, row[k] * lda) if part[k] == 0 else (af2, row[k] * lda2)
-            vstore32(packed, r0 * rows + k * width, vload32m(src, first + r0, width))
+            vstore32(packed, r0 * rows + k * width, vload32m(a_row[k], r0, width))
     return packed
 
 
@@ -668,7 +692,7 @@ def rows_times(v, W, out):
 
 def block_outer_sum(A, D, starts, merges, alphas, out):
     """out = the tree over blocks of alphas[b] * A_b.T @ D_b; see
-    :func:`kernels.ref.blocksum.block_outer_sum` (A and D arrays, or two parts each).
+    :func:`kernels.ref.blocksum.block_outer_sum` (A and D arrays, or parts).
     Float32 arrays, D's and out C-contiguous, take the register tiles here (every out[i, j]
     of a block an FMA chain over its rows in order, the tree's additions exactly as
     NumPy's); anything else the reference. Returns out."""
@@ -695,34 +719,32 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
 def _long_blocks(A, starts) -> bool:
     """Whether a block's chain (its rows of every part of A) is longer than SEGMENT_ROWS:
     then it is taken in stretches (:func:`_segment_source`), not by the whole-block tiles."""
-    return most_rows(starts) * len(as_parts(A)) > SEGMENT_ROWS
+    return chain_rows(A, starts) > SEGMENT_ROWS
 
 
 def _fits(A, D, out, *more):
-    """Whether the tiles here take these arrays: float32, at most two parts each of A and D
-    (see :func:`block_outer_sum`), D's and the outputs C-contiguous, the outputs writeable."""
+    """Whether the tiles here take these arrays: float32 (A and D as arrays or parts: see
+    :func:`block_outer_sum`), D's and the outputs C-contiguous, the outputs writeable."""
     if type(A) is not tuple and type(D) is not tuple and not more:  # the common call: arrays, no step
         return (A.dtype == D.dtype == out.dtype == np.float32 and D.flags.c_contiguous and out.flags.c_contiguous
                 and out.flags.writeable)
     a_parts, d_parts = as_parts(A), as_parts(D)
     outs = (out, *more)
-    return (len(a_parts) <= 2 and all(a.dtype == np.float32 for a in a_parts + d_parts + outs)
+    return (all(a.dtype == np.float32 for a in a_parts + d_parts + outs)
             and all(d.flags.c_contiguous for d in d_parts + outs) and all(o.flags.writeable for o in outs))
 
 
 def _in_tiles(A, D, starts, merges, scales, out, vel, sgd):
     """:func:`_block_outer_sum` with its scratch: the tree's stack and D's column panel.
-    A is read where it lies (:func:`_flat_rows`; a thread's band of columns is a view:
-    the packing is its one copy)."""
-    if type(A) is tuple:
-        (af, lda), (af2, lda2) = _flat_rows(A[0]), _flat_rows(A[-1])
-        D, D2, parts = D[0], D[-1], len(A)
-    else:  # one part: the second is the first
-        af, lda = af2, lda2 = _flat_rows(A)
-        D2, parts = D, 1
-    _block_outer_sum(af, lda, af2, lda2, D, D2, parts, starts, merges, scales, out,
+    Each part of A and D is read where it lies (a thread's band of A's columns is a view:
+    the packing is its one copy); a part of A whose row's elements are not adjacent is
+    copied first."""
+    a_parts, d_parts = as_parts(A), as_parts(D)
+    if any(a.strides[1] != 4 or a.strides[0] < 0 or a.strides[0] % 4 for a in a_parts):
+        a_parts = tuple([np.ascontiguousarray(a) for a in a_parts])
+    _block_outer_sum(a_parts, d_parts, starts.reshape(1, -1) if starts.ndim == 1 else starts, merges, scales, out,
                      _scratch("stack", postfix_tree(merges).depth * SLOT),
-                     _scratch("panel", D.shape[0] * parts * OC * LANES32), vel, sgd)
+                     _scratch("panel", sum([d.shape[0] for d in d_parts]) * OC * LANES32), vel, sgd)
 
 
 def _flat_rows(A):

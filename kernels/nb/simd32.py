@@ -12,8 +12,8 @@ from numba.extending import intrinsic, models, register_model
 
 from .simd import _flat_f32
 
-__all__ = ["LANES32", "f32x16", "vzero32", "vload32", "vload32m", "vstore32", "vstore32m", "vbcast32", "vfma32",
-           "vadd32", "vtranspose32"]
+__all__ = ["LANES32", "f32x16", "address32", "vzero32", "vload32", "vload32m", "vstore32", "vstore32m", "vbcast32",
+           "vfma32", "vadd32", "vtranspose32"]
 
 
 # ---- 16-lane float32 ---------------------------------------------------------------------------
@@ -41,9 +41,19 @@ class _F32x16Model(models.PrimitiveModel):
         super().__init__(dmm, fe_type, _VEC32)
 
 
+def _source32(a):
+    """What the loads read from: a flat float32 array, or the address of a float32 (an
+    int64: the parts of one call, which a tuple of arrays would reference-count each time
+    one is taken from it)."""
+    return _flat_f32(a) or a == types.int64
+
+
 def _ptr32(context, builder, sig, args):
-    """&a[i] as a <16 x float> pointer for the (array, index, ...) arguments."""
-    data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+    """&a[i] as a <16 x float> pointer for the (array or address, index, ...) arguments."""
+    if isinstance(sig.args[0], types.Integer):
+        data = builder.inttoptr(args[0], ir.FloatType().as_pointer())
+    else:
+        data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
     idx = context.cast(builder, args[1], sig.args[1], types.intp)
     return builder.bitcast(builder.gep(data, [idx]), _VEC32.as_pointer())
 
@@ -57,6 +67,19 @@ def _lanes_below(context, builder, n, nty):
 
 
 @intrinsic
+def address32(typingctx, a):
+    """The address of a float32 array's first element (any layout), as an int64: what
+    :func:`vload32` reads from where it is given an address."""
+    if not (isinstance(a, types.Array) and a.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.ptrtoint(context.make_array(sig.args[0])(context, builder, value=args[0]).data, ir.IntType(64))
+
+    return types.int64(a), codegen
+
+
+@intrinsic
 def vzero32(typingctx):
     """Zeros in 16 float32 lanes."""
     def codegen(context, builder, sig, args):
@@ -67,8 +90,9 @@ def vzero32(typingctx):
 
 @intrinsic
 def vload32(typingctx, a, i):
-    """a[i:i + 16] of a flat float32 array (no bounds check, any alignment)."""
-    if not (_flat_f32(a) and isinstance(i, types.Integer)):
+    """a[i:i + 16] of a flat float32 array, or of the floats from address a (no bounds
+    check, any alignment)."""
+    if not (_source32(a) and isinstance(i, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):
@@ -80,8 +104,8 @@ def vload32(typingctx, a, i):
 @intrinsic
 def vload32m(typingctx, a, i, n):
     """a[i:i + n] in the first n lanes (0 < n <= 16), zeros in the rest; memory past
-    a[i + n - 1] is not read."""
-    if not (_flat_f32(a) and isinstance(i, types.Integer) and isinstance(n, types.Integer)):
+    a[i + n - 1] is not read. ``a`` as :func:`vload32`'s."""
+    if not (_source32(a) and isinstance(i, types.Integer) and isinstance(n, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):

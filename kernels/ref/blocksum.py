@@ -29,27 +29,37 @@ def check_starts(what, rows, starts):
 
 def check_block_outer_sum(A, D, starts, merges, alphas, out):
     """Shared by every kernel set; returns (starts, merges) as int64 arrays (those that
-    :func:`offsets` and :func:`postfix_tree` keep: read, never written). A and D may be
-    tuples of parts (see :func:`block_outer_sum`)."""
-    found, tree = offsets(starts), postfix_tree(merges)
+    :func:`offsets`, :func:`part_offsets` and :func:`postfix_tree` keep: read, never
+    written), starts 2-D where it was given one row per part. A and D may be tuples of
+    parts (see :func:`block_outer_sum`)."""
+    tree = postfix_tree(merges)
     n = tree.array.size if tree is not None else len(merges)
     a_parts, d_parts = as_parts(A), as_parts(D)
-    a, d = a_parts[0], d_parts[0]  # every other part must have these shapes
-    if len(a_parts) != len(d_parts) or a.ndim != 2 or d.ndim != 2 or a.shape[0] != d.shape[0] \
-            or out.shape != (a.shape[1], d.shape[1]) or any(p.shape != a.shape for p in a_parts[1:]) \
-            or any(p.shape != d.shape for p in d_parts[1:]):
+    a, d = a_parts[0], d_parts[0]  # every part has A's and D's columns; a part of A, its D's rows
+    per_part = _per_part(starts)
+    if type(A) is tuple or type(D) is tuple:
+        fits = len(a_parts) == len(d_parts) and all(p.ndim == 2 for p in a_parts + d_parts) \
+            and all(p.shape[1] == a.shape[1] for p in a_parts) and all(p.shape[1] == d.shape[1] for p in d_parts) \
+            and all(p.shape[0] == q.shape[0] for p, q in zip(a_parts, d_parts)) \
+            and (per_part or all(p.shape[0] == a.shape[0] for p in a_parts))
+    else:  # the common call: two arrays
+        fits = a.ndim == 2 and d.ndim == 2 and a.shape[0] == d.shape[0]
+    if not fits or out.shape != (a.shape[1], d.shape[1]):
         raise ValueError(f"block_outer_sum: A {_shapes(A)}, D {_shapes(D)} -> out {out.shape} do not match "
-                         "(A: rows x m, D: rows x n, out: m x n; as many parts of A as of D, each of those "
-                         "shapes)")
-    rows = a.shape[0]
-    if n < 1 or len(alphas) != n or (found is not None and found.array.size != n + 1):
+                         "(A: rows x m, D: rows x n, out: m x n; as many parts of A as of D, each part of A "
+                         "with its part of D's rows, all with the same rows unless starts has a row per part)")
+    rows = [p.shape[0] for p in a_parts]
+    found = part_offsets(starts, rows) if per_part else offsets(starts)
+    size = len(starts[0] if per_part else starts)
+    if n < 1 or len(alphas) != n or size != n + 1:
         raise ValueError(f"block_outer_sum: {n} blocks need {n + 1} starts and {n} alphas, got "
-                         f"{np.size(starts)} and {len(alphas)}")
-    if found is None or found.rows != rows:
-        raise ValueError(f"block_outer_sum: starts {np.ravel(starts).tolist()} must rise from 0 to {rows}")
+                         f"{size} and {len(alphas)}")
+    if found is None or (not per_part and found.rows != rows[0]):
+        raise ValueError(f"block_outer_sum: starts {np.asarray(starts).tolist()} must rise from 0 to "
+                         f"{rows if per_part else rows[0]}" + (" (a row per part)" if per_part else ""))
     if tree is None:
         raise ValueError(f"block_outer_sum: merges {np.ravel(merges).tolist()} are not one postfix tree")
-    return found.array, tree.array
+    return (found if per_part else found.array), tree.array
 
 
 # A step checks the same few offsets and trees in every kernel of every layer: each is
@@ -58,6 +68,7 @@ def check_block_outer_sum(A, D, starts, merges, alphas, out):
 KEPT = 256
 _OFFSETS: dict = {}
 _TREES: dict = {}
+_PART_OFFSETS: dict = {}
 
 
 class Offsets(NamedTuple):
@@ -102,6 +113,32 @@ def offsets(starts) -> Offsets | None:
                     if len(v) >= 2 and v[0] == 0 and v == sorted(v) else None)
 
 
+def _per_part(starts) -> bool:
+    """Whether ``starts`` has a row per part (a 2-D array, or a list of lists)."""
+    if isinstance(starts, np.ndarray):
+        return starts.ndim == 2
+    return len(starts) > 0 and np.ndim(starts[0]) == 1
+
+
+def part_offsets(starts, rows) -> np.ndarray | None:
+    """One row of :func:`offsets` per part, part p's rising to ``rows[p]``, as a 2-D int64
+    array (kept, as :func:`offsets` keeps its rows), else None."""
+    try:
+        key = (tuple(map(tuple, np.asarray(starts).tolist())), tuple(rows))
+    except TypeError:  # not a table of numbers
+        return None
+    found = _PART_OFFSETS.get(key)
+    if found is None:
+        each = [offsets(row) for row in key[0]]
+        if len(each) != len(rows) or any(o is None or o.rows != r for o, r in zip(each, rows)):
+            return None
+        found = np.array([o.array for o in each], dtype=np.int64)
+        if len(_PART_OFFSETS) >= KEPT:
+            _PART_OFFSETS.clear()
+        _PART_OFFSETS[key] = found
+    return found
+
+
 def postfix_tree(merges) -> PostfixTree | None:
     """:class:`PostfixTree` of integers that are one postfix tree (see the module
     docstring), else None."""
@@ -121,16 +158,30 @@ def _shapes(A):
 
 
 def interleaved(A, D, starts):
-    """(A, D, starts) as one array each, where A and D are tuples of parts: each block's
-    rows of every part, one part after another, block after block (the one chain of rows
-    that a block's product runs over), and the blocks' offsets in those arrays. Arrays are
-    returned as they are. NumPy's concatenate, which CuPy's arrays take too."""
-    if not isinstance(A, tuple):
+    """(A, D, starts) as one array each, where A and D are tuples of parts or ``starts`` has
+    a row per part: each block's rows of every part, one part after another, block after
+    block (the one chain of rows that a block's product runs over), and the blocks'
+    offsets in those arrays. Arrays with one row of starts are returned as they are.
+    NumPy's concatenate, which CuPy's arrays take too."""
+    if not isinstance(A, tuple) and not _per_part(starts):
         return A, D, starts
+    a_parts, d_parts = as_parts(A), as_parts(D)
     bounds = np.asarray(starts, dtype=np.int64)
-    blocks = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-    return (np.concatenate([part[lo:hi] for lo, hi in blocks for part in A]),
-            np.concatenate([part[lo:hi] for lo, hi in blocks for part in D]), bounds * len(A))
+    if bounds.ndim == 1:
+        bounds = np.tile(bounds, (len(a_parts), 1))
+    blocks = [[(int(bounds[p, b]), int(bounds[p, b + 1])) for p in range(len(a_parts))]
+              for b in range(bounds.shape[1] - 1)]
+    chain = np.concatenate([[0], np.cumsum([sum(hi - lo for lo, hi in block) for block in blocks])]).astype(np.int64)
+    return tuple(np.concatenate([part[lo:hi] for block in blocks for part, (lo, hi) in zip(parts, block)])
+                 for parts in (a_parts, d_parts)) + (chain,)
+
+
+def chain_rows(A, starts) -> int:
+    """The most rows of any block's chain (its rows of every part of A; see
+    :func:`block_outer_sum`), ``starts`` one row for every part or one per part."""
+    if _per_part(starts):
+        return int(np.diff(np.asarray(starts), axis=1).sum(axis=0).max())
+    return most_rows(starts) * len(as_parts(A))
 
 
 def most_rows(starts) -> int:
@@ -165,9 +216,12 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
         after another (what :func:`interleaved` makes of them; a tied autoencoder's
         gradient x.T @ dz1 + dz2.T @ h, A = (x, dz2) and D = (dz1, h), without first
         copying the parts into one array).
-    starts : ints (blocks + 1,)
+    starts : ints (blocks + 1,), or (parts, blocks + 1)
         Block b is rows starts[b]:starts[b+1] (of every part; it may be empty: a zero
-        product).
+        product). With a row per part, block b is rows starts[p, b]:starts[p, b+1] of
+        part p, and the parts may have different rows: blocks stacked in several arrays
+        (one per thread that made them) are then read where they lie, a block with no
+        rows in the others' (every part of A with its part of D's rows).
     merges : ints (blocks,)
         The tree in postfix: after block b's product, that many times the two newest
         partial sums are replaced by their sum (left + right).

@@ -17,8 +17,9 @@ from aepar.optim import Adam
 from tests.conftest import kernel_set_params
 from tests.gradcheck import to_host
 from aepar.parallel.data_parallel import blockwise_sums, reducer, train_epoch
-from aepar.rows import (BlockFactor, BlockRows, Blocks, Shard, factor_rows, local_sums, stacked_rows, tree_sum,
-                        tree_sum_rows, weighted_ranges)
+from aepar.kernels.ref.blocksum import interleaved
+from aepar.rows import (BlockFactor, BlockRows, Blocks, Shard, factor_rows, factor_starts, local_sums, stacked_rows,
+                        tree_sum, tree_sum_rows, weighted_ranges)
 
 
 @pytest.fixture(autouse=True)
@@ -675,8 +676,10 @@ def test_stacked_rows_take_consecutive_blocks_as_they_lie_and_copy_the_rest():
 
 def test_block_rows_stack_consecutive_blocks_as_views_of_their_array():
     """Blocks known to lie in one array (BlockRows) stack as a view of it, a slice of them
-    too; their factors (BlockFactor) stack as views where they are consecutive blocks of
-    the same arrays, and are copied together otherwise: the same rows either way."""
+    too; their factors (BlockFactor) are views where they are consecutive blocks of the
+    same arrays, several such runs (each thread's blocks) are read where they lie as parts
+    with a row of starts each, and anything else is copied together: the same chain of
+    rows for every block either way (what block_outer_sum reads: ``interleaved``)."""
     a = memory.empty((12, 5), np.float32)
     a[:] = np.arange(60).reshape(12, 5)
     rows = BlockRows(a, [0, 3, 3, 7, 12])
@@ -690,22 +693,27 @@ def test_block_rows_stack_consecutive_blocks_as_views_of_their_array():
     d_rows = BlockRows(d, rows.starts)
     factors = [BlockFactor(rows, d_rows, k, 0.5) for k in range(4)]
     assert factors[3][2] == 0.5 and np.array_equal(factors[3][0], a[7:12])
-    viewed = factor_rows(np, factors[1:], (5, 2), np.float32)
-    assert np.shares_memory(viewed[0], a) and np.shares_memory(viewed[1], d)
-    assert np.array_equal(viewed[0], a[3:12]) and np.array_equal(viewed[1], d[3:12])
+    va, vd, vstarts = factor_rows(np, factors[1:], (5, 2), np.float32)
+    assert np.shares_memory(va, a) and np.shares_memory(vd, d) and list(vstarts) == [0, 0, 4, 9]
+    assert np.array_equal(va, a[3:12]) and np.array_equal(vd, d[3:12])
     other = BlockFactor(BlockRows(a.copy(), rows.starts), d_rows, 3, 0.5)  # the same rows, another array
-    for parts in ([factors[0], factors[3]], [factors[2], factors[0]], [factors[0], None, factors[3]],
-                  [factors[2], other]):  # a gap, out of order, a block with no factors, another array
-        copied = factor_rows(np, parts, (5, 2), np.float32)
-        want = [np.concatenate([p[j] for p in parts if p is not None]) for j in (0, 1)]
-        assert not np.shares_memory(copied[0], a) and all(np.array_equal(c, w) for c, w in zip(copied, want))
+    for parts, apart in (([factors[0], factors[3]], True), ([factors[2], factors[0]], True),
+                         ([factors[2], other], True), ([factors[0], None, factors[3]], False)):
+        # a gap, out of order, another array: runs where they lie; a block with no factors: copied
+        got = factor_rows(np, parts, (5, 2), np.float32)
+        assert (np.ndim(got[2]) == 2) == apart and np.shares_memory(got[0][0] if apart else got[0], a) == apart
+        chain_a, chain_d, chain = interleaved(*got)
+        assert list(chain) == factor_starts(parts)
+        for got_rows, j in ((chain_a, 0), (chain_d, 1)):
+            assert np.array_equal(got_rows, np.concatenate([p[j] for p in parts if p is not None]))
 
 
 def test_factors_of_two_parts_stack_part_by_part():
     """A factor given as parts (the tied autoencoder's A = (x, dz2), D = (dz1, h)): an item
-    of BlockRows over a tuple is the tuple of each part's rows; consecutive blocks stack as
-    views of each part, anything else is copied together part by part, into a tuple of as
-    many parts, the blocks' rows in the same places in every part."""
+    of BlockRows over a tuple is the tuple of each part's rows; consecutive blocks are
+    views of each part, several runs of them each part's runs side by side (part after
+    part), anything else is copied together part by part, into a tuple of as many parts:
+    each block's chain its rows of x, then of dz2, every way."""
     x, dz2 = (memory.empty((12, 5), np.float32) for _ in range(2))
     dz1, h = (memory.empty((12, 2), np.float32) for _ in range(2))
     for i, arr in enumerate((x, dz2, dz1, h)):
@@ -715,13 +723,20 @@ def test_factors_of_two_parts_stack_part_by_part():
     factors = [BlockFactor(a_rows, d_rows, k, 1.0) for k in range(4)]
     (fx, fdz2), (fdz1, fh), _ = factors[2]
     assert np.array_equal(fx, x[3:7]) and np.array_equal(fdz2, dz2[3:7]) and np.array_equal(fh, h[3:7])
-    (vx, vdz2), (vdz1, vh) = factor_rows(np, factors[1:], (5, 2), np.float32)
+    (vx, vdz2), (vdz1, vh), _ = factor_rows(np, factors[1:], (5, 2), np.float32)
     assert all(np.shares_memory(v, w) for v, w in ((vx, x), (vdz2, dz2), (vdz1, dz1), (vh, h)))
     assert np.array_equal(vx, x[3:12]) and np.array_equal(vh, h[3:12])
-    (cx, cdz2), (cdz1, ch) = factor_rows(np, [factors[3], None, factors[0]], (5, 2), np.float32)
+    (cx, cdz2), (cdz1, ch), _ = factor_rows(np, [factors[3], None, factors[0]], (5, 2), np.float32)
     assert not np.shares_memory(cx, x)
     for got, arr in ((cx, x), (cdz2, dz2), (cdz1, dz1), (ch, h)):
         assert np.array_equal(got, np.concatenate([arr[7:12], arr[0:3]]))
+    runs = factor_rows(np, [factors[3], factors[0]], (5, 2), np.float32)  # two runs: four parts, x's then dz2's
+    assert [p.base is None or np.shares_memory(p, w) for p, w in zip(runs[0], (x, x, dz2, dz2))] == [True] * 4
+    assert np.asarray(runs[2]).tolist() == [[0, 5, 5], [0, 0, 3]] * 2
+    chain_a, chain_d, _ = interleaved(*runs)
+    want_a = np.concatenate([x[7:12], dz2[7:12], x[0:3], dz2[0:3]])
+    want_d = np.concatenate([dz1[7:12], h[7:12], dz1[0:3], h[0:3]])
+    assert np.array_equal(chain_a, want_a) and np.array_equal(chain_d, want_d)
 
 
 @settings(max_examples=60, deadline=None)

@@ -315,6 +315,89 @@ def test_two_parts_on_every_set(name, sizes, rng, monkeypatch):
         assert by_rows == [2 * n for n in sizes if 2 * n <= 2 * bound]
 
 
+def runs_as_parts(rng, groups, parts, m, n, blocks_per_group, band=False):
+    """Several threads' stacked blocks as block_outer_sum takes them (aepar.rows.factor_rows):
+    A's and D's parts, each part's runs side by side (part after part), and a row of
+    starts per part, block b's rows in its own run only. Returns (A parts, D parts,
+    starts)."""
+    sizes = [list(rng.integers(0, 14, blocks_per_group)) for _ in range(groups)]
+    count = groups * blocks_per_group
+    rows, first = [], 0
+    for own in sizes:
+        at = np.concatenate([[0], np.cumsum(own)]).tolist()
+        rows.append([0] * first + at + [at[-1]] * (count - first - blocks_per_group))
+        first += blocks_per_group
+    wide = [rng.standard_normal((sum(own), m + 7)).astype(np.float32) for _ in range(parts) for own in sizes]
+    a_parts = tuple(w[:, 3:m + 3] if band else np.ascontiguousarray(w[:, :m]) for w in wide)
+    d_parts = tuple(rng.standard_normal((a.shape[0], n)).astype(np.float32) for a in a_parts)
+    return a_parts, d_parts, np.array(rows * parts, np.int64)
+
+
+@pytest.mark.parametrize("name", ["numpy", "numba"])
+@settings(max_examples=30, deadline=None)
+@given(groups=st.integers(1, 4), parts=st.integers(1, 2), per_group=st.integers(1, 3), m=st.integers(1, 40),
+       n=st.integers(1, 70), seed=st.integers(0, 2 ** 16), band=st.booleans())
+def test_a_row_of_starts_per_part_is_the_interleaved_arrays(name, groups, parts, per_group, m, n, seed, band):
+    """Several threads' blocks read where they lie (parts of different rows, a row of
+    starts per part): the bits of one array each with every block's chain of rows in
+    order (ref.blocksum.interleaved), the step with the sum too, nothing written past out."""
+    from aepar.kernels.ref.blocksum import interleaved
+
+    K = kernels.load(name)
+    rng = np.random.default_rng(seed)
+    a_parts, d_parts, starts = runs_as_parts(rng, groups, parts, m, n, per_group, band)
+    count = groups * per_group
+    alphas, merges = list(rng.standard_normal(count)), tree_merges(tree_top(count), 0, count)
+    A, D, chain = interleaved(a_parts, d_parts, starts)
+    assert chain.tolist() == np.concatenate([[0], np.cumsum(np.diff(starts, axis=1).sum(axis=0))]).tolist()
+    want = K.block_outer_sum(A, D, chain, merges, alphas, np.empty((m, n), np.float32))
+    got = np.full((m + 1, n), 7.0, np.float32)
+    K.block_outer_sum(a_parts, d_parts, starts, merges, alphas, got[:m])
+    assert np.array_equal(got[:m].view(np.int32), want.view(np.int32)) and np.all(got[m] == 7.0)
+    p0, v0 = rng.standard_normal((2, m, n)).astype(np.float32)
+    p, v, p2, v2 = p0.copy(), v0.copy(), p0.copy(), v0.copy()
+    K.block_outer_sum_sgd(A, D, chain, merges, alphas, p, v, 0.1, 0.9, 2e-4)
+    K.block_outer_sum_sgd(a_parts, d_parts, starts, merges, alphas, p2, v2, 0.1, 0.9, 2e-4)
+    assert p.tobytes() == p2.tobytes() and v.tobytes() == v2.tobytes()
+
+
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_a_row_of_starts_per_part_on_every_set(name, rng):
+    """Every set takes two threads' runs of a tied autoencoder's two parts (four parts, a
+    row of starts each) as the interleaved arrays: the sum and the step with it."""
+    from aepar.kernels.ref.blocksum import interleaved
+
+    K = kernels.load(name)
+    xp = importlib.import_module("cupy") if name == "cupy" else np
+    a_parts, d_parts, starts = runs_as_parts(rng, 2, 2, 30, 50, 4)
+    alphas, merges = list(rng.standard_normal(8)), tree_merges(3, 0, 8)
+    A, D, chain = interleaved(a_parts, d_parts, starts)
+    want = K.block_outer_sum(xp.asarray(A), xp.asarray(D), chain, merges, alphas, xp.empty((30, 50), np.float32))
+    got = K.block_outer_sum(tuple(map(xp.asarray, a_parts)), tuple(map(xp.asarray, d_parts)), starts, merges,
+                            alphas, xp.empty((30, 50), np.float32))
+    assert np.array_equal(to_host(got).view(np.int32), to_host(want).view(np.int32))
+    p, v = (xp.asarray(a) for a in rng.standard_normal((2, 30, 50)).astype(np.float32))
+    p2, v2 = p.copy(), v.copy()
+    K.block_outer_sum_sgd(xp.asarray(A), xp.asarray(D), chain, merges, alphas, p, v, 0.1, 0.9, 2e-4)
+    K.block_outer_sum_sgd(tuple(map(xp.asarray, a_parts)), tuple(map(xp.asarray, d_parts)), starts, merges,
+                          alphas, p2, v2, 0.1, 0.9, 2e-4)
+    assert to_host(p).tobytes() == to_host(p2).tobytes() and to_host(v).tobytes() == to_host(v2).tobytes()
+
+
+def test_a_row_of_starts_per_part_refused_where_it_does_not_fit():
+    """A row of starts per part: as many rows as parts, each rising to its part's rows,
+    every part of A with its part of D's rows."""
+    a_parts, d_parts, starts = runs_as_parts(np.random.default_rng(3), 2, 1, 4, 5, 2)
+    out = np.zeros((4, 5), np.float32)
+    wrong_top = starts.copy()
+    wrong_top[1, -1] += 1
+    for K in (REF, NB):
+        for A, D, at in ((a_parts, d_parts, starts[:1]), (a_parts, d_parts, wrong_top),
+                         (a_parts, (d_parts[0], d_parts[1][:0]), starts)):
+            with pytest.raises(ValueError):
+                K.block_outer_sum(A, D, at, [0, 1, 0, 2], [1.0] * 4, out)
+
+
 def test_parts_refused_where_they_do_not_fit():
     x = np.zeros((4, 3), np.float32)
     d = np.zeros((4, 5), np.float32)
