@@ -487,20 +487,20 @@ def _transposed_panel(wf, N, j, cols, panel, ldp):
 
 
 @njit(**JIT)
-def _block_outer_sum(a_parts, d_parts, starts, merges, alphas, out, stack, panel, vel, sgd):
+def _block_outer_sum(a_row, d_row, chain, merges, alphas, out, stack, panel, vel, sgd):
     """The tiles of :func:`block_outer_sum`, with A packed by row tiles first (see
-    :func:`_outer_source`). A and D come as tuples of parts (one array, a tied
-    autoencoder's two, or those of several threads' stacked blocks), each read where it
-    lies (:func:`_chain`): A's (rows x m, its elements adjacent in a row) and D's (rows x
-    n, C-contiguous); block b's rows are its rows starts[p, b]:starts[p, b + 1] of every part (one row of
-    starts: the same rows of every part), one part after another (:func:`_chain`): the
-    packing and the panels' copies gather them, so the parts are never copied into one
-    array first. Each column panel of D is copied into ``panel`` (rows x OC vectors, the
-    last one padded with zeros where D's rows end) first, where the row tiles then read
-    it: they load whole vectors. With ``sgd`` the sums are not stored but step ``out``
-    (the parameter) and ``vel`` (its velocity; see :func:`_sgd_lines`)."""
+    :func:`_outer_source`). A's and D's rows are read where they lie, wherever that is
+    (several parts: a tied autoencoder's two, several threads' stacked blocks): chain row
+    k (:func:`_chain`) of A (m floats, adjacent) from address ``a_row[k]``, of D (n
+    floats) from ``d_row[k]``; block b's rows are chain[b]:chain[b + 1]. The packing and
+    the panels' copies gather them, so the parts are never copied into one array first.
+    Each column panel of D is copied into ``panel`` (rows x OC vectors, the last one
+    padded with zeros where D's rows end) first, where the row tiles then read it: they
+    load whole vectors. With ``sgd`` the sums are not stored but step ``out`` (the
+    parameter) and ``vel`` (its velocity; see :func:`_sgd_lines`). Its arguments are the
+    same types whatever the parts (compiled once; :func:`_chain` is what the parts'
+    layouts specialise)."""
     M, N = out.shape
-    a_row, d_row, chain = _chain(a_parts, d_parts, starts)
     rows = chain[-1]
     tiles = _outer_row_tiles(M)
     runs = _tile_runs(tiles)
@@ -534,7 +534,8 @@ def _chain(a_parts, d_parts, starts):
     row's address in A, and in D: the loads take addresses, the same whichever part a
     row is in; the blocks' offsets in the chain). The parts may differ in layout (a band
     of A's columns, whole rows): the tuples are unrolled, each part's rows taken at once
-    (a tuple's array taken in a loop costs a reference count each time)."""
+    (a tuple's array taken in a loop costs a reference count each time). The caller holds
+    the parts while their addresses are read."""
     blocks, shared = starts.shape[1] - 1, starts.shape[0] == 1
     parts = len(a_parts)
     total = 0
@@ -737,14 +738,15 @@ def _fits(A, D, out, *more):
 def _in_tiles(A, D, starts, merges, scales, out, vel, sgd):
     """:func:`_block_outer_sum` with its scratch: the tree's stack and D's column panel.
     Each part of A and D is read where it lies (a thread's band of A's columns is a view:
-    the packing is its one copy); a part of A whose row's elements are not adjacent is
-    copied first."""
+    the packing is its one copy), from the addresses of its rows (:func:`_chain`), while
+    the parts are held here; a part of A whose row's elements are not adjacent is copied
+    first."""
     a_parts, d_parts = as_parts(A), as_parts(D)
     if any(a.strides[1] != 4 or a.strides[0] < 0 or a.strides[0] % 4 for a in a_parts):
         a_parts = tuple([np.ascontiguousarray(a) for a in a_parts])
-    _block_outer_sum(a_parts, d_parts, starts.reshape(1, -1) if starts.ndim == 1 else starts, merges, scales, out,
-                     _scratch("stack", postfix_tree(merges).depth * SLOT),
-                     _scratch("panel", sum([d.shape[0] for d in d_parts]) * OC * LANES32), vel, sgd)
+    a_row, d_row, chain = _chain(a_parts, d_parts, starts.reshape(1, -1) if starts.ndim == 1 else starts)
+    _block_outer_sum(a_row, d_row, chain, merges, scales, out, _scratch("stack", postfix_tree(merges).depth * SLOT),
+                     _scratch("panel", a_row.size * OC * LANES32), vel, sgd)
 
 
 def _flat_rows(A):
