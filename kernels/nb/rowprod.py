@@ -554,21 +554,22 @@ def _chain(a_parts, d_parts, starts):
     d_row = np.empty(total, np.int64)
     p = 0
     for a in literal_unroll(a_parts):
-        base, step = address32(a), a.strides[0]
-        for b in range(blocks):
-            lo, hi = starts[0 if shared else p, b], starts[0 if shared else p, b + 1]
-            for r in range(lo, hi):
-                a_row[at[p, b] + r - lo] = base + r * step
+        _row_addresses(address32(a), a.strides[0], starts[0 if shared else p], at[p], a_row)
         p += 1
     p = 0
     for d in literal_unroll(d_parts):
-        base, step = address32(d), d.strides[0]
-        for b in range(blocks):
-            lo, hi = starts[0 if shared else p, b], starts[0 if shared else p, b + 1]
-            for r in range(lo, hi):
-                d_row[at[p, b] + r - lo] = base + r * step
+        _row_addresses(address32(d), d.strides[0], starts[0 if shared else p], at[p], d_row)
         p += 1
     return a_row, d_row, chain
+
+
+@njit(**JIT)
+def _row_addresses(base, step, starts, at, rows):
+    """rows[at[b] + i] = the address of row starts[b] + i of the part at ``base`` (rows
+    ``step`` bytes apart), for each block b's rows."""
+    for b in range(at.size):
+        for r in range(starts[b], starts[b + 1]):
+            rows[at[b] + r - starts[b]] = base + r * step
 
 
 @njit(**JIT)
@@ -704,7 +705,7 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
         scales = _scales(alphas)
         if _long_blocks(A, starts):
             # allocated per call, not kept (_scratch): megabytes at batch 5000, and one such
-            # call is long enough that the allocation (and a copy of two parts into one
+            # call is long enough that the allocation (and a copy of the parts into one
             # array) does not count
             A, D, starts = interleaved(A, D, starts)
             tiles = (len(_outer_row_tiles(out.shape[0])) - 1) * -(-out.shape[1] // (OC * LANES32))

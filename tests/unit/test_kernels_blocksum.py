@@ -242,6 +242,25 @@ def test_the_step_with_the_sum_refuses_a_velocity_of_another_shape():
             K.block_outer_sum_sgd(A, D, starts, [0, 1], alphas, p, np.zeros((5, 7), np.float32), 0.1, 0.9)
 
 
+def assert_parts_are_the_chain(K, a_parts, d_parts, starts, merges, alphas, rng):
+    """K's block_outer_sum of the parts has the bits of the interleaved arrays'
+    (ref.blocksum.interleaved: each block's chain of rows in one array), and writes
+    nothing past out; its step with the sum too."""
+    from aepar.kernels.ref.blocksum import interleaved
+
+    m, n = a_parts[0].shape[1], d_parts[0].shape[1]
+    A, D, chain = interleaved(a_parts, d_parts, starts)
+    want = K.block_outer_sum(A, D, chain, merges, alphas, np.empty((m, n), np.float32))
+    got = np.full((m + 1, n), 7.0, np.float32)
+    K.block_outer_sum(a_parts, d_parts, starts, merges, alphas, got[:m])
+    assert np.array_equal(got[:m].view(np.int32), want.view(np.int32)) and np.all(got[m] == 7.0)
+    p0, v0 = rng.standard_normal((2, m, n)).astype(np.float32)
+    p, v, p2, v2 = p0.copy(), v0.copy(), p0.copy(), v0.copy()
+    K.block_outer_sum_sgd(A, D, chain, merges, alphas, p, v, 0.1, 0.9, 2e-4)
+    K.block_outer_sum_sgd(a_parts, d_parts, starts, merges, alphas, p2, v2, 0.1, 0.9, 2e-4)
+    assert p.tobytes() == p2.tobytes() and v.tobytes() == v2.tobytes()
+
+
 @pytest.mark.parametrize("name", ["numpy", "numba"])
 @settings(max_examples=30, deadline=None)
 @given(count=st.integers(1, 8), m=st.integers(1, 40), n=st.integers(1, 90), seed=st.integers(0, 2 ** 16),
@@ -252,7 +271,6 @@ def test_two_parts_are_the_interleaved_arrays(name, count, m, n, seed, long, ban
     (ref.blocksum.interleaved), the step with the sum too; A's parts read through their
     stride, blocks empty or long (taken in stretches), and nothing written past out."""
     from aepar.kernels.nb import rowprod
-    from aepar.kernels.ref.blocksum import interleaved
 
     K = kernels.load(name)
     rng = np.random.default_rng(seed)
@@ -266,16 +284,7 @@ def test_two_parts_are_the_interleaved_arrays(name, count, m, n, seed, long, ban
     d_parts = tuple(rng.standard_normal((2, rows, n)).astype(np.float32))
     alphas = list(rng.standard_normal(count))
     merges = tree_merges(tree_top(count), 0, count)
-    A, D, chain = interleaved(a_parts, d_parts, starts)
-    want = K.block_outer_sum(A, D, chain, merges, alphas, np.empty((m, n), np.float32))
-    got = np.full((m + 1, n), 7.0, np.float32)
-    K.block_outer_sum(a_parts, d_parts, starts, merges, alphas, got[:m])
-    assert np.array_equal(got[:m].view(np.int32), want.view(np.int32)) and np.all(got[m] == 7.0)
-    p0, v0 = rng.standard_normal((2, m, n)).astype(np.float32)
-    p, v, p2, v2 = p0.copy(), v0.copy(), p0.copy(), v0.copy()
-    K.block_outer_sum_sgd(A, D, chain, merges, alphas, p, v, 0.1, 0.9, 2e-4)
-    K.block_outer_sum_sgd(a_parts, d_parts, starts, merges, alphas, p2, v2, 0.1, 0.9, 2e-4)
-    assert p.tobytes() == p2.tobytes() and v.tobytes() == v2.tobytes()
+    assert_parts_are_the_chain(K, a_parts, d_parts, starts, merges, alphas, rng)
 
 
 @pytest.mark.parametrize("sizes", [[13, 12, 0, 13], [25], [60, 64, 65, 100]],
@@ -348,17 +357,9 @@ def test_a_row_of_starts_per_part_is_the_interleaved_arrays(name, groups, parts,
     a_parts, d_parts, starts = runs_as_parts(rng, groups, parts, m, n, per_group, band)
     count = groups * per_group
     alphas, merges = list(rng.standard_normal(count)), tree_merges(tree_top(count), 0, count)
-    A, D, chain = interleaved(a_parts, d_parts, starts)
+    chain = interleaved(a_parts, d_parts, starts)[2]
     assert chain.tolist() == np.concatenate([[0], np.cumsum(np.diff(starts, axis=1).sum(axis=0))]).tolist()
-    want = K.block_outer_sum(A, D, chain, merges, alphas, np.empty((m, n), np.float32))
-    got = np.full((m + 1, n), 7.0, np.float32)
-    K.block_outer_sum(a_parts, d_parts, starts, merges, alphas, got[:m])
-    assert np.array_equal(got[:m].view(np.int32), want.view(np.int32)) and np.all(got[m] == 7.0)
-    p0, v0 = rng.standard_normal((2, m, n)).astype(np.float32)
-    p, v, p2, v2 = p0.copy(), v0.copy(), p0.copy(), v0.copy()
-    K.block_outer_sum_sgd(A, D, chain, merges, alphas, p, v, 0.1, 0.9, 2e-4)
-    K.block_outer_sum_sgd(a_parts, d_parts, starts, merges, alphas, p2, v2, 0.1, 0.9, 2e-4)
-    assert p.tobytes() == p2.tobytes() and v.tobytes() == v2.tobytes()
+    assert_parts_are_the_chain(K, a_parts, d_parts, starts, merges, alphas, rng)
 
 
 @pytest.mark.parametrize("name", kernel_set_params())
