@@ -55,7 +55,8 @@ def check_block_outer_sum(A, D, starts, merges, alphas, out):
         raise ValueError(f"block_outer_sum: {n} blocks need {n + 1} starts and {n} alphas, got "
                          f"{size} and {len(alphas)}")
     if found is None or (not per_part and found.rows != rows[0]):
-        raise ValueError(f"block_outer_sum: starts {np.asarray(starts).tolist()} must rise from 0 to "
+        listed = [np.ravel(row).tolist() for row in starts] if per_part else np.ravel(starts).tolist()
+        raise ValueError(f"block_outer_sum: starts {listed} must rise from 0 to "
                          f"{rows if per_part else rows[0]}" + (" (a row per part)" if per_part else ""))
     if tree is None:
         raise ValueError(f"block_outer_sum: merges {np.ravel(merges).tolist()} are not one postfix tree")
@@ -125,7 +126,7 @@ def part_offsets(starts, rows) -> np.ndarray | None:
     array (kept, as :func:`offsets` keeps its rows), else None."""
     try:
         key = (tuple(map(tuple, np.asarray(starts).tolist())), tuple(rows))
-    except TypeError:  # not a table of numbers
+    except (TypeError, ValueError):  # not a table of numbers (rows of different lengths)
         return None
     found = _PART_OFFSETS.get(key)
     if found is None:

@@ -386,16 +386,18 @@ def test_a_row_of_starts_per_part_on_every_set(name, rng):
 
 
 def test_a_row_of_starts_per_part_refused_where_it_does_not_fit():
-    """A row of starts per part: as many rows as parts, each rising to its part's rows,
-    every part of A with its part of D's rows."""
+    """A row of starts per part: as many rows as parts, each as long as the blocks and
+    rising to its part's rows, every part of A with its part of D's rows; each refusal
+    names the kernel."""
     a_parts, d_parts, starts = runs_as_parts(np.random.default_rng(3), 2, 1, 4, 5, 2)
     out = np.zeros((4, 5), np.float32)
     wrong_top = starts.copy()
     wrong_top[1, -1] += 1
+    ragged = [starts[0].tolist(), starts[1].tolist()[:-1]]  # a row short of the blocks
     for K in (REF, NB):
         for A, D, at in ((a_parts, d_parts, starts[:1]), (a_parts, d_parts, wrong_top),
-                         (a_parts, (d_parts[0], d_parts[1][:0]), starts)):
-            with pytest.raises(ValueError):
+                         (a_parts, (d_parts[0], d_parts[1][:0]), starts), (a_parts, d_parts, ragged)):
+            with pytest.raises(ValueError, match="block_outer_sum"):
                 K.block_outer_sum(A, D, at, [0, 1, 0, 2], [1.0] * 4, out)
 
 
