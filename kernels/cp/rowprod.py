@@ -26,7 +26,7 @@ import re
 import cupy as cp
 import numpy as np
 
-from ..ref.blocksum import as_parts, check_block_outer_sum, interleaved, postfix_tree
+from ..ref.blocksum import as_parts, check_block_outer_sum, postfix_tree
 
 __all__ = []  # helpers of the set's block paths, not kernels of their own
 
@@ -177,8 +177,6 @@ def block_outer_sum(A, D, starts, merges, alphas, out, tiles=None):
     second, as over the parts interleaved (:func:`kernels.ref.blocksum.interleaved`).
     ``tiles``: as :func:`rows_times`'. Returns out."""
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, out)
-    if starts.ndim == 2:  # a row of starts per part: one chain
-        A, D, starts = interleaved(A, D, starts)
     _float32s(out)
     _outer_sum_launch("block_outer_sum", A, D, starts, merges, alphas, (out,), out.shape, (), tiles)
     return out
@@ -191,8 +189,6 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
     it (the same bits; the gradient is never written out). ``tiles``: as
     :func:`rows_times`'. Returns None."""
     starts, merges = check_block_outer_sum(A, D, starts, merges, alphas, p)
-    if starts.ndim == 2:
-        A, D, starts = interleaved(A, D, starts)
     _float32s(p, v)
     if v.shape != p.shape:
         raise ValueError(f"rowprod.block_outer_sum_sgd: v {v.shape} does not match p {p.shape}")

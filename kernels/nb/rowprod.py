@@ -743,18 +743,24 @@ def _in_tiles(A, D, starts, merges, scales, out, vel, sgd):
     the parts are held here; a part of A whose row's elements are not adjacent is copied
     first."""
     a_parts, d_parts = as_parts(A), as_parts(D)
-    if any(a.strides[1] != 4 or a.strides[0] < 0 or a.strides[0] % 4 for a in a_parts):
+    if not all(_rows_in_place(a) for a in a_parts):
         a_parts = tuple([np.ascontiguousarray(a) for a in a_parts])
     a_row, d_row, chain = _chain(a_parts, d_parts, starts.reshape(1, -1) if starts.ndim == 1 else starts)
     _block_outer_sum(a_row, d_row, chain, merges, scales, out, _scratch("stack", postfix_tree(merges).depth * SLOT),
                      _scratch("panel", a_row.size * OC * LANES32), vel, sgd)
 
 
+def _rows_in_place(A) -> bool:
+    """Whether A's rows can be read where they lie: each row's elements adjacent, the
+    rows a whole number of elements apart, forward."""
+    return A.strides[1] == A.itemsize and A.strides[0] >= 0 and A.strides[0] % A.itemsize == 0
+
+
 def _flat_rows(A):
     """(af, lda): A's rows as one flat float32 view from A[0, 0] to A[-1, -1], rows ``lda``
     floats apart, the gaps between them included: A read where it lies when its rows are
     contiguous (a view of a band of columns too), else a contiguous copy."""
-    if A.strides[1] != A.itemsize or A.strides[0] < 0 or A.strides[0] % A.itemsize:
+    if not _rows_in_place(A):
         A = np.ascontiguousarray(A)
     lda = A.strides[0] // A.itemsize
     # an empty A is C-contiguous, so the strided view always has a first and a last row
