@@ -10,7 +10,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from .simd import _flat_f32
+from .simd import _flat_f32, target_isa
 
 __all__ = ["LANES32", "f32x16", "address32", "vzero32", "vload32", "vload32m", "vstore32", "vstore32m", "vbcast32",
            "vfma32", "vadd32", "vtranspose32"]
@@ -192,41 +192,65 @@ def vadd32(typingctx, a, b):
     return a(a, b), codegen
 
 
-def _transpose16_ir(builder, rows):
-    """The 16 x 16 transpose of 16 vectors: four stages of two-vector shuffles, stage b
-    swapping bit b of the row index with bit b of the lane index (the stages commute;
-    together they swap all four bits). On AVX2 LLVM takes stage 8 as renaming the
-    halves and stage 4 as 128-bit permutes."""
-    rows = list(rows)
-    for b in (8, 4, 2, 1):
-        lo = [j if not j & b else LANES32 + j - b for j in range(LANES32)]
-        hi = [j + b if not j & b else LANES32 + j for j in range(LANES32)]
-        for i in range(LANES32):
+def _transpose_ir(builder, rows, first=None):
+    """The n x n transpose of n vectors of n lanes (n a power of two): log2(n) stages of
+    two-vector shuffles, stage b swapping bit b of the row index with bit b of the lane
+    index (the stages commute; together they swap all the bits). ``first``: the stages
+    from b = first down, those above it done already."""
+    rows, n = list(rows), len(rows)
+    ivec = ir.VectorType(_I32, n)
+    b = n // 2 if first is None else first
+    while b:
+        lo = [j if not j & b else n + j - b for j in range(n)]
+        hi = [j + b if not j & b else n + j for j in range(n)]
+        for i in range(n):
             if not i & b:
                 x, y = rows[i], rows[i + b]
-                rows[i] = builder.shuffle_vector(x, y, ir.Constant(_IVEC32, lo))
-                rows[i + b] = builder.shuffle_vector(x, y, ir.Constant(_IVEC32, hi))
+                rows[i] = builder.shuffle_vector(x, y, ir.Constant(ivec, lo))
+                rows[i + b] = builder.shuffle_vector(x, y, ir.Constant(ivec, hi))
+        b //= 2
     return rows
+
+
+# vtranspose32's blocks: the whole 16 x 16 where 16 lanes are one register (AVX-512), else
+# its four 8 x 8 quarters, each in the 8 registers of its rows: the 16 x 16 at once held
+# 32 AVX2 registers of rows in 16, and the spills made it about a third as fast (AMD Zen 3)
+_QUARTER = LANES32 if target_isa() == "avx512" else LANES32 // 2
 
 
 @intrinsic
 def vtranspose32(typingctx, dst, d, ldd, src, s, lds):
     """dst[d + j * ldd + i] = src[s + i * lds + j] for i, j < 16: a 16 x 16 block of
-    float32 copied transposed, 16 vector loads and 16 vector stores (flat arrays, no
-    bounds check, any alignment)."""
+    float32 copied transposed, as 16 x 16 (AVX-512) or four 8 x 8 blocks of vector loads,
+    shuffles and stores (flat arrays, no bounds check, any alignment)."""
     if not (_flat_f32(dst) and _flat_f32(src) and all(isinstance(t, types.Integer) for t in (d, ldd, s, lds))):
         return None
 
     def codegen(context, builder, sig, args):
-        def row_ptr(k, base, step, r):  # &array_k[base + r * step] as <16 x float>*
+        q = _QUARTER
+        vec = ir.VectorType(ir.FloatType(), q).as_pointer()
+
+        def ptr(k, base, step, r, c):  # &array_k[base + r * step + c] as <q x float>*
             data = context.make_array(sig.args[k])(context, builder, value=args[k]).data
+            intp = context.get_value_type(types.intp)
             at = builder.add(context.cast(builder, base, sig.args[k + 1], types.intp),
-                             builder.mul(context.cast(builder, step, sig.args[k + 2], types.intp),
-                                         ir.Constant(context.get_value_type(types.intp), r)))
-            return builder.bitcast(builder.gep(data, [at]), _VEC32.as_pointer())
-        rows = [builder.load(row_ptr(3, args[4], args[5], r), align=4) for r in range(LANES32)]
-        for r, v in enumerate(_transpose16_ir(builder, rows)):
-            builder.store(v, row_ptr(0, args[1], args[2], r), align=4)
+                             builder.add(builder.mul(context.cast(builder, step, sig.args[k + 2], types.intp),
+                                                     ir.Constant(intp, r)), ir.Constant(intp, c)))
+            return builder.bitcast(builder.gep(data, [at]), vec)
+        def halves(i, j):  # [src row i, columns j..j+4; row i + 4, the same]: stage 4 done by the loads
+            pair = [builder.load(builder.bitcast(ptr(3, args[4], args[5], i + e, j), half), align=4) for e in (0, 4)]
+            return builder.shuffle_vector(*pair, ir.Constant(ir.VectorType(_I32, 8), list(range(8))))
+        half = ir.VectorType(ir.FloatType(), 4).as_pointer()
+        for i0 in range(0, LANES32, q):  # src's rows i0.., columns j0.. -> dst's rows j0.., columns i0..
+            for j0 in range(0, LANES32, q):
+                if q == 8:
+                    rows = [halves(i0 + r % 4, j0 + r // 4 * 4) for r in range(q)]
+                    rows = _transpose_ir(builder, rows, first=2)
+                else:
+                    rows = _transpose_ir(builder, [builder.load(ptr(3, args[4], args[5], i0 + r, j0), align=4)
+                                                   for r in range(q)])
+                for r, v in enumerate(rows):
+                    builder.store(v, ptr(0, args[1], args[2], j0 + r, i0), align=4)
         return context.get_dummy_value()
 
     return types.none(dst, d, ldd, src, s, lds), codegen
