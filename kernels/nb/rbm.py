@@ -37,7 +37,7 @@ from ..ref.blocksum import most_rows
 from ..ref.rbm import cd_update_via, check_cd, check_cd_blocks, check_rbm
 from .blas import gemm
 from .nbmath import sig as _sig
-from .rowprod import rows_times, rows_times_t, thin, thin_t
+from .rowprod import KeptPanels, rows_times, rows_times_t, thin, thin_t
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
            "rbm_cd_factors_blocks", "rbm_cd_update"]
@@ -155,12 +155,14 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
             hs[2 * lo:2 * hi] *= dt.type(-scale)  # as rbm_cd_factors
         return vs, hs, 1.0, sq_errs
     gauss, flush = hidden == "gaussian", _flush(dt)
-    # _chain's steps for k = 1, on every block's rows at once
-    rows_times(v0, W, h0)
+    # _chain's steps for k = 1, on every block's rows at once; W's panels copied once for
+    # both of its products
+    kept = KeptPanels(W)
+    rows_times(v0, W, h0, kept)
     _hidden_pass(h0, bh, gauss, noise[0], state, True, flush, 1.0)
     rows_times_t(state, W, vk)
     _visible_pass(vk, bv, flush)
-    rows_times(vk, W, hk)
+    rows_times(vk, W, hk, kept)
     _hidden_pass(hk, bh, gauss, hk, hk, False, flush, -1.0)
     blocks = len(starts) - 1
     sq_errs, gv, gh = np.empty(blocks), np.empty((blocks, nv), dt), np.empty((blocks, nh), dt)

@@ -70,8 +70,8 @@ from .update import sgd_momentum_update
 from .simd32 import (LANES32, address32, vadd32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m,  # noqa: F401
                      vtranspose32, vzero32)
 
-__all__ = ["rows_times", "rows_times_t", "thin", "thin_t", "MAX_ROWS", "block_outer_sum", "block_outer_sum_sgd",
-           "rows_tree_sum"]
+__all__ = ["rows_times", "rows_times_t", "KeptPanels", "thin", "thin_t", "MAX_ROWS", "block_outer_sum",
+           "block_outer_sum_sgd", "rows_tree_sum"]
 
 # OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1: the fastest of the 4-8 shapes timed
 # for each ISA, on 1-block and 8-block sums of the stack's eight weight shapes). The figures
@@ -411,11 +411,13 @@ def _outer_row_tiles(M):
 
 
 @njit(**JIT)
-def _rows_times(v, W, out, panel, transposed=False):
+def _rows_times(v, W, out, panel, transposed=False, filled=False):
     """out = v @ W by the row tiles, column panel by column panel. ``panel``: room for one
     or more panels (K x CT vectors each) that W's are copied into, as many at a time as it
     holds (:func:`_copy_panels`), before the tiles take them, or empty to read W where it
-    is. ``transposed``: out = v @ W.T, each panel of W.T copied
+    is. Room for all of W's panels keeps each at its own place, copied COPY_PANELS at a
+    time; ``filled``: a call before this one copied them there from the same W, and the
+    tiles read them as they are. ``transposed``: out = v @ W.T, each panel of W.T copied
     transposed out of W's rows (:func:`_transposed_panel`), so that every out[r, i] is
     the same FMA chain over v's row r and W's row i."""
     M, K = v.shape
@@ -433,11 +435,12 @@ def _rows_times(v, W, out, panel, transposed=False):
             _transposed_panel(wf, K, j, min(ldp, N - j), panel, ldp)
             src, so, lds, wlast = panel, 0, ldp, LANES32
         elif panel.size:
-            count = panel.size // (K * ldp)  # the panels ``panel`` holds (COPY_PANELS from rows_times)
-            group = j // ldp % count  # this panel's place among them
-            if group == 0:
-                _copy_panels(wf, K, N, j, panel, ldp, count)
-            src, so, lds, wlast = panel[group * K * ldp:], 0, ldp, LANES32
+            count = panel.size // (K * ldp)  # the panels ``panel`` holds (COPY_PANELS, or all of W's)
+            at = j // ldp % count  # this panel's place among them
+            step = min(count, COPY_PANELS)  # panels copied a pass
+            if at % step == 0 and not filled:
+                _copy_panels(wf, K, N, j, panel[at * K * ldp:], ldp, step)
+            src, so, lds, wlast = panel[at * K * ldp:], 0, ldp, LANES32
         for q in range(runs.size - 1):
             t = runs[q]
             # a tile takes one column offset for W and out: out from column j - so on
@@ -679,17 +682,44 @@ def rows_times_t(h, W, out):
     return out
 
 
-def rows_times(v, W, out):
+def rows_times(v, W, out, kept=None):
     """out = v @ W for C-contiguous float32 v (M, K), W (K, N) and out (M, N); each row's
-    result depends on that row of v alone (see the module docstring). Returns out."""
+    result depends on that row of v alone (see the module docstring). Returns out.
+
+    ``kept``: a :class:`KeptPanels` of W for products with the same W one after another
+    (CD-1's v0 @ W and vk @ W): the first copies W's column panels into it where they
+    stay, the next read them there instead of copying them again."""
     _check("rows_times", v, W, out, (v.shape[0], W.shape[1]) if W.shape[:1] == v.shape[1:] else None)
     if v.shape[1] == 0:
         out[...] = 0
     elif out.size:
         # one row tile reads the panel once anyway; many read it from the copy faster
         copy = v.shape[0] > RT and (_aliased(W.shape[1]) or (COPY_ROWS is not None and v.shape[0] >= COPY_ROWS))
-        _rows_times(v, W, out, _scratch("panel", COPY_PANELS * W.shape[0] * CT * LANES32) if copy else _NO_PANEL)
+        if not copy:
+            _rows_times(v, W, out, _NO_PANEL)
+        elif kept is None:
+            _rows_times(v, W, out, _scratch("panel", COPY_PANELS * W.shape[0] * CT * LANES32))
+        else:
+            _rows_times(v, W, out, kept.panels(W), False, kept.filled)
+            kept.filled = True
     return out
+
+
+class KeptPanels:
+    """Room for all of one W's column panels, for :func:`rows_times` calls with that W one
+    after another: the first fills it, the others read it (W must not change in between).
+    This thread's scratch: one at a time per thread."""
+
+    __slots__ = ("W", "filled")
+
+    def __init__(self, W):
+        self.W, self.filled = W, False
+
+    def panels(self, W) -> np.ndarray:
+        if W is not self.W:
+            raise ValueError("KeptPanels: these panels are another W's")
+        ldp = CT * LANES32
+        return _scratch("kept panels", -(-W.shape[1] // ldp) * W.shape[0] * ldp)
 
 
 def block_outer_sum(A, D, starts, merges, alphas, out):

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
-from aepar.kernels.nb.rowprod import MAX_ROWS, MIN_DOT, rows_times, rows_times_t, thin, thin_t
+from aepar.kernels.nb.rowprod import (COPY_PANELS, COPY_ROWS, MAX_ROWS, MIN_DOT, KeptPanels, rows_times, rows_times_t,
+                                     thin, thin_t)
 from tests.conftest import host_and_avx2_runs
 
 EPS32 = np.finfo(np.float32).eps
@@ -120,6 +121,29 @@ def test_rows_times_t_is_rows_times_on_the_transpose_bit_for_bit(m, k, n, seed):
     want = rows_times(h, np.ascontiguousarray(W.T), np.empty((m, k), np.float32))
     got = rows_times_t(h, W, np.full((m, k), np.nan, np.float32))
     np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(24, MAX_ROWS), k=st.integers(1, 40), panels=st.integers(1, 3 * COPY_PANELS),
+       tail=st.integers(0, 15), seed=st.integers(0, 2**16))
+def test_rows_times_with_kept_panels_is_rows_times(m, k, panels, tail, seed):
+    """CD-1's two products with one W (KeptPanels): the first call copies W's column
+    panels into the kept room, the second reads them there; both the bits of rows_times
+    alone, whatever the panels' count (fewer than, as many as and more than a pass copies)
+    or a last one's width, and another W's panels refused. Rows enough for the AVX2 path
+    to copy W's panels; the AVX-512 path copies only where W's rows alias (512 columns)."""
+    rng = np.random.default_rng(seed)
+    n = panels * 16 + tail if COPY_ROWS is not None else 512 * (1 + panels % 2)
+    W = rng.standard_normal((k, n), np.float32)
+    kept = KeptPanels(W)
+    for rows in (m, m):  # the second call reads the panels the first kept
+        v = rng.standard_normal((rows, k), np.float32)
+        want = rows_times(v, W, np.empty((rows, n), np.float32))
+        got = rows_times(v, W, np.full((rows, n), np.nan, np.float32), kept)
+        np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+    assert kept.filled
+    with pytest.raises(ValueError, match="another W"):
+        rows_times(v, W.copy(), np.empty((rows, n), np.float32), kept)
 
 
 # Odd shapes on purpose: masked last vectors (n % 16 of 4, 8 and 11 columns: a tail in
