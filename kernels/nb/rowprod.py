@@ -111,6 +111,9 @@ PAD_ALIASED = target_isa() == "avx2"
 # aliased shapes it copies gained 4-7% with two.
 COPY_PANELS = {"avx512": 2, "avx2": 4}[target_isa()]
 _NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
+# KeptPanels takes W's of at most this size (the room stays with each thread that used it;
+# the stack's largest W, 784 x 1000, is 3 MB)
+KEEP_PANELS_BYTES = 16 << 20
 # rows_times_t's rows shorter than this are left to BLAS. The 30-unit code's rows take the
 # row kernel: one block alone runs slower there than in BLAS (250x30 at 13 rows: 9 us
 # against 5), but then CD-1 on 8 blocks takes one call per product for all of them, where
@@ -697,7 +700,7 @@ def rows_times(v, W, out, kept=None):
         copy = v.shape[0] > RT and (_aliased(W.shape[1]) or (COPY_ROWS is not None and v.shape[0] >= COPY_ROWS))
         if not copy:
             _rows_times(v, W, out, _NO_PANEL)
-        elif kept is None:
+        elif kept is None or W.nbytes > KEEP_PANELS_BYTES:
             _rows_times(v, W, out, _scratch("panel", COPY_PANELS * W.shape[0] * CT * LANES32))
         else:
             _rows_times(v, W, out, kept.panels(W), False, kept.filled)
@@ -708,7 +711,9 @@ def rows_times(v, W, out, kept=None):
 class KeptPanels:
     """Room for all of one W's column panels, for :func:`rows_times` calls with that W one
     after another: the first fills it, the others read it (W must not change in between).
-    This thread's scratch: one at a time per thread."""
+    This thread's scratch, one at a time per thread, and kept for the next: so only for a
+    W of at most :data:`KEEP_PANELS_BYTES` (a larger one's calls copy its panels each, as
+    without it)."""
 
     __slots__ = ("W", "filled")
 

@@ -146,6 +146,19 @@ def test_rows_times_with_kept_panels_is_rows_times(m, k, panels, tail, seed):
         rows_times(v, W.copy(), np.empty((rows, n), np.float32), kept)
 
 
+def test_kept_panels_only_for_a_small_w(monkeypatch):
+    """A W larger than KEEP_PANELS_BYTES copies its panels in every call, as without kept
+    panels: no room of its size stays with the thread."""
+    from aepar.kernels.nb import rowprod
+    monkeypatch.setattr(rowprod, "KEEP_PANELS_BYTES", 1000)
+    rng = np.random.default_rng(0)
+    v, W = rng.standard_normal((30, 20), np.float32), rng.standard_normal((20, 512), np.float32)
+    kept = KeptPanels(W)
+    got = rows_times(v, W, np.empty((30, 512), np.float32), kept)
+    np.testing.assert_array_equal(got, rows_times(v, W, np.empty((30, 512), np.float32)))
+    assert not kept.filled
+
+
 # Odd shapes on purpose: masked last vectors (n % 16 of 4, 8 and 11 columns: a tail in
 # the first half only, exactly one half, and both halves), row counts that leave short tiles,
 # W's rows 2 KiB apart (512 columns: the tiles copy its column panels first), and enough
