@@ -33,7 +33,13 @@ Families (module: functions):
   is one whole step of a tied-weight autoencoder layer in place (h = code_act(x W + bh),
   x̂ = sigmoid(h Wᵀ + bv), the gradient of ½ Σ(x̂ − x)² / batch plus ``weight_cost * W``,
   SGD with momentum on W, bv, bh); sq_err = Σ‖x̂ − x‖² before it (a float; on the cupy
-  set a 0-d float64 device array, as below)
+  set a 0-d float64 device array, as below);
+  ``tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale) -> ([sq_err],
+  dz2, dz1, h)`` is that layer's forward and backward pass over the blocks of stacked rows
+  ``starts[k]:starts[k+1]``, each with its own bits: block k's bias gradients of
+  ``scale`` * ½ Σ(x̂ − x)² added into ``dbvs[k]``, ``dbhs[k]``, W's left as its factors
+  x.T @ dz1 + dz2.T @ h (the numba set in one compiled call where every block takes its
+  row kernels; the others, and the rest, the block kernels below one after another)
 - activation: ``sigmoid_forward(z)``, ``relu_forward(z)``, ``identity_forward(z)``;
   ``sigmoid_backward(da, a)``, ``relu_backward(da, a)``, ``identity_backward(da, a)`` -> dz
 - loss: ``mse_forward(y, t, scale=None) -> loss`` = scale * 0.5 * sum((y - t)**2),

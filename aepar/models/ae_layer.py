@@ -57,22 +57,17 @@ class AELayer(RBM):
 
     def group_factors(self, x, starts, rngs, grads, scale):
         """Consecutive blocks' stacked rows ``x`` (block b: rows starts[b]:starts[b + 1])
-        forward and back, each layer one call of ``dense_*_blocks``, with each block's own
-        bits: adds block b's bias gradients into ``grads[b]`` and returns ([(Σ‖x̂ − x‖²,)]
+        forward and back in one kernel call (``tied_ae_factors_blocks``), with each block's
+        own bits: adds block b's bias gradients into ``grads[b]`` and returns ([(Σ‖x̂ − x‖²,)]
         per block, {"W": (A, D, starts, 1.0)}). W is tied, so its gradient has an encoder
         part x.T @ dz1 and a decoder part (h.T @ dz2).T = dz2.T @ h: A = [x; dz2], D = [dz1;
         h], given as their parts, A = (x, dz2) and D = (dz1, h) (kernels' ``block_outer_sum``
         runs each block's chain over both; stacking them into one array was a copy of four
         activations a step). No noise: ``rngs`` is not used."""
-        K, p = self.be.K, self.params
-        Wt = p["W"].T  # a view: the kernels take it as it is (a copy is a pass over W every step)
-        h = K.dense_forward_blocks(x, p["W"], p["bh"], self.code_act, starts)
-        y = K.dense_forward_blocks(h, Wt, p["bv"], "sigmoid", starts)
-        errs = K.mse_forward_blocks(y, x, starts, scale=2.0)  # each block's Σ (x̂ − x)²
-        dh, dz2 = K.dense_backward_blocks(K.mse_backward(y, x, scale=scale), h, Wt, y, "sigmoid",
-                                          [g["bv"] for g in grads], starts)
-        _, dz1 = K.dense_backward_blocks(dh, x, p["W"], h, self.code_act, [g["bh"] for g in grads], starts,
-                                         need_dx=False)
+        p = self.params
+        errs, dz2, dz1, h = self.be.K.tied_ae_factors_blocks(x, p["W"], p["bv"], p["bh"], self.code_act,
+                                                             [g["bv"] for g in grads], [g["bh"] for g in grads],
+                                                             starts, scale)
         return [(err,) for err in errs], {"W": ((x, dz2), (dz1, h), starts, 1.0)}
 
     def _encode(self, x):

@@ -13,9 +13,9 @@ import numpy as np
 from numba import njit
 
 from ..memory import empty
-from ..ref.blocksum import most_rows
+from ..ref.blocksum import most_rows, offsets
 from ..ref.dense import (_check_backward_shapes, _check_shapes, _check_starts, check_tied_ae,
-                         tied_ae_update_via)
+                         tied_ae_factors_blocks_via, tied_ae_update_via)
 # the scalar activations are activation.py's: the package keys Numba's cache on every file
 # here (kernels/nb/__init__.py), so an edit there recompiles these kernels too
 from .activation import IDENTITY, RELU, SIGMOID, act_code
@@ -23,10 +23,12 @@ from .activation import relu as _relu
 from .activation import relu_grad as _relu_grad
 from .activation import sigmoid as _sigmoid
 from .blas import gemm
-from .rowprod import rows_times, rows_times_t, thin, thin_t
+from .loss import _sq_diff_sums
+from .rowprod import (CT, LANES32, MAX_ROWS, MIN_DOT, _rows_times, _scratch, rows_times, rows_times_t, thin, thin_t,
+                      w_panels)
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
-           "dense_backward_blocks", "tied_ae_update"]
+           "dense_backward_blocks", "tied_ae_update", "tied_ae_factors_blocks"]
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 def _bias_act(z, b, code, one):
@@ -179,6 +181,76 @@ def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_co
     check_tied_ae(x, W, bv, bh, code_act, vW, vbv, vbh)
     return tied_ae_update_via(sys.modules[__package__], x, W, bv, bh, code_act, vW, vbv, vbh,
                               lr, momentum, weight_cost)
+
+
+def tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):
+    """:func:`kernels.ref.dense.tied_ae_factors_blocks`. Where every block takes the row
+    kernels (float32, C-contiguous, at most MAX_ROWS rows a block, sigmoid code units, at
+    least MIN_DOT of them, each block's bias gradients of one type), the whole pass is one
+    compiled call (:func:`_tied_ae_blocks`) of the kernels the block kernels call, in
+    their order: the same bits, without the Python between five kernel calls (which a
+    second thread's group waits for, under the interpreter lock) and with W's column
+    panels copied once for its two products. Anything else: the block kernels one by one."""
+    dbvs, dbhs = tuple(dbvs), tuple(dbhs)
+    s = _one_call_offsets(x, W, bv, bh, code_act, dbvs, dbhs, starts)
+    if s is None:
+        return tied_ae_factors_blocks_via(sys.modules[__package__], x, W, bv, bh, code_act, dbvs, dbhs, starts, scale)
+    (m, n_in), n_out = x.shape, W.shape[1]
+    h, dz2, dz1 = empty((m, n_out), np.float32), empty((m, n_in), np.float32), empty((m, n_out), np.float32)
+    # what no result refers to: this thread's scratch
+    y, dy, dh = (_scratch(f"tied ae {name}", m * n).reshape(m, n) for name, n in (("y", n_in), ("dy", n_in),
+                                                                                   ("dh", n_out)))
+    panel, keeps = w_panels(m, W, True)
+    sums = np.empty(s.size - 1)
+    _tied_ae_blocks(x, W, bv, bh, s, s * n_in, float(scale), dbvs, dbhs, h, y, dy, dz2, dh, dz1, sums, panel, keeps,
+                    _scratch("panel", n_out * CT * LANES32))
+    return [2.0 * 0.5 * float(total) for total in sums.tolist()], dz2, dz1, h  # as mse_forward_blocks(scale=2.0)
+
+
+def _one_call_offsets(x, W, bv, bh, code_act, dbvs, dbhs, starts):
+    """The blocks' offsets (int64) where :func:`tied_ae_factors_blocks` takes one compiled
+    call, else None (the block kernels then check the arguments and raise)."""
+    arrays = (x, W, bv, bh)
+    if code_act != "sigmoid" or not all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous
+                                        for a in arrays):
+        return None
+    if x.ndim != 2 or W.ndim != 2 or x.shape[1] != W.shape[0] or 0 in x.shape or W.shape[1] < MIN_DOT:
+        return None
+    if bv.shape != (W.shape[0],) or bh.shape != (W.shape[1],):
+        return None
+    found = offsets(starts)
+    if found is None or found.rows != x.shape[0] or found.most_rows > MAX_ROWS:
+        return None
+    for dbs, n in ((dbvs, W.shape[0]), (dbhs, W.shape[1])):
+        kinds = {(type(db), db.dtype, db.shape, db.flags.c_contiguous, db.flags.writeable, db.flags.aligned)
+                 for db in dbs}
+        if len(dbs) != found.array.size - 1 or len(kinds) != 1 \
+                or next(iter(kinds))[:3] != (np.ndarray, np.dtype(np.float32), (n,)):
+            return None
+    return found.array
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _tied_ae_blocks(x, W, bv, bh, starts, bounds, scale, dbvs, dbhs, h, y, dy, dz2, dh, dz1, sums, panel, keeps,
+                    tpanel):
+    """The blocks' pass of :func:`tied_ae_factors_blocks` in one call: what
+    dense_forward_blocks (encoder, decoder), mse_forward_blocks, mse_backward and
+    dense_backward_blocks (decoder, then encoder without dx) run, in that order. ``panel``
+    is W's column panels' room for x @ W and dz2 @ W (:func:`kernels.nb.rowprod.w_panels`:
+    with ``keeps`` the second reads what the first copied), ``tpanel`` W.T's for h @ W.T;
+    y, dy and dh are scratch."""
+    one = np.float32(1)
+    _rows_times(x, W, h, panel, False, False)
+    _bias_act(h, bh, SIGMOID, one)
+    _rows_times(h, W, y, tpanel, True, False)
+    _bias_act(y, bv, SIGMOID, one)
+    yf, xf, df = y.reshape(-1), x.reshape(-1), dy.reshape(-1)
+    _sq_diff_sums(yf, xf, bounds, sums)
+    for i in range(yf.size):  # mse_backward's scaled difference
+        df[i] = scale * (yf[i] - xf[i])
+    _act_grad_colsum_blocks(dy, y, SIGMOID, one, starts, dz2, dbvs)
+    _rows_times(dz2, W, dh, panel, False, keeps)
+    _act_grad_colsum_blocks(dh, h, SIGMOID, one, starts, dz1, dbhs)
 
 
 def _dz(da, a, code, dbs, starts):

@@ -70,7 +70,7 @@ from .update import sgd_momentum_update
 from .simd32 import (LANES32, address32, vadd32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m,  # noqa: F401
                      vtranspose32, vzero32)
 
-__all__ = ["rows_times", "rows_times_t", "KeptPanels", "thin", "thin_t", "MAX_ROWS", "block_outer_sum",
+__all__ = ["rows_times", "rows_times_t", "KeptPanels", "w_panels", "thin", "thin_t", "MAX_ROWS", "block_outer_sum",
            "block_outer_sum_sgd", "rows_tree_sum"]
 
 # OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1: the fastest of the 4-8 shapes timed
@@ -696,16 +696,27 @@ def rows_times(v, W, out, kept=None):
     if v.shape[1] == 0:
         out[...] = 0
     elif out.size:
-        # one row tile reads the panel once anyway; many read it from the copy faster
-        copy = v.shape[0] > RT and (_aliased(W.shape[1]) or (COPY_ROWS is not None and v.shape[0] >= COPY_ROWS))
-        if not copy:
-            _rows_times(v, W, out, _NO_PANEL)
-        elif kept is None or W.nbytes > KEEP_PANELS_BYTES:
-            _rows_times(v, W, out, _scratch("panel", COPY_PANELS * W.shape[0] * CT * LANES32))
-        else:
-            _rows_times(v, W, out, kept.panels(W), False, kept.filled)
+        if kept is not None:
+            kept.check(W)
+        panel, keeps = w_panels(v.shape[0], W, kept is not None)
+        _rows_times(v, W, out, panel, False, keeps and kept.filled)
+        if keeps:
             kept.filled = True
     return out
+
+
+def w_panels(rows: int, W, keep: bool) -> tuple[np.ndarray, bool]:
+    """(the room :func:`_rows_times` copies W's column panels into for a product of
+    ``rows`` rows, whether it holds all of them to be kept): none where the tiles read W in
+    place (one row tile reads a panel once anyway; many read it from a copy faster); with
+    ``keep``, room for all of W's panels where W is at most :data:`KEEP_PANELS_BYTES`
+    (this thread's, kept between calls); else room for COPY_PANELS of them."""
+    if not (rows > RT and (_aliased(W.shape[1]) or (COPY_ROWS is not None and rows >= COPY_ROWS))):
+        return _NO_PANEL, False
+    ldp = CT * LANES32
+    if keep and W.nbytes <= KEEP_PANELS_BYTES:
+        return _scratch("kept panels", -(-W.shape[1] // ldp) * W.shape[0] * ldp), True
+    return _scratch("panel", COPY_PANELS * W.shape[0] * ldp), False
 
 
 class KeptPanels:
@@ -720,11 +731,9 @@ class KeptPanels:
     def __init__(self, W):
         self.W, self.filled = W, False
 
-    def panels(self, W) -> np.ndarray:
+    def check(self, W):
         if W is not self.W:
             raise ValueError("KeptPanels: these panels are another W's")
-        ldp = CT * LANES32
-        return _scratch("kept panels", -(-W.shape[1] // ldp) * W.shape[0] * ldp)
 
 
 def block_outer_sum(A, D, starts, merges, alphas, out):

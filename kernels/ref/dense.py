@@ -8,7 +8,7 @@ from .activation import BACKWARD, FORWARD, check_act
 from .blocksum import check_starts
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
-           "dense_backward_blocks", "tied_ae_update"]
+           "dense_backward_blocks", "tied_ae_update", "tied_ae_factors_blocks"]
 
 
 def dense_forward(x, W, b, act):
@@ -94,6 +94,31 @@ def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_co
     check_tied_ae(x, W, bv, bh, code_act, vW, vbv, vbh)
     return tied_ae_update_via(sys.modules[__package__], x, W, bv, bh, code_act, vW, vbv, vbh,
                               lr, momentum, weight_cost)
+
+
+def tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):
+    """A tied-weight autoencoder layer's forward and backward pass over blocks of stacked
+    rows x[starts[k]:starts[k + 1]], each block with the bits it would have alone.
+
+    h = code_act(x @ W + bh), x̂ = sigmoid(h @ W.T + bv); the gradient of
+    ``scale`` * ½ Σ(x̂ − x)²: block k's bias gradients added into ``dbvs[k]`` and
+    ``dbhs[k]``, W's left as its factors, x.T @ dz1 + dz2.T @ h over each block's rows (the
+    data-parallel trainer adds them in its tree). Returns ([Σ‖x̂ − x‖² per block], dz2,
+    dz1, h), the arrays stacked. The set's own block kernels one after another
+    (:func:`tied_ae_factors_blocks_via`); the numba set runs them in one compiled call
+    where every block takes its row kernels."""
+    return tied_ae_factors_blocks_via(sys.modules[__package__], x, W, bv, bh, code_act, dbvs, dbhs, starts, scale)
+
+
+def tied_ae_factors_blocks_via(K, x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):
+    """:func:`tied_ae_factors_blocks` with a kernel set ``K``'s dense and loss block kernels."""
+    Wt = W.T  # the tied decoder's weight, a view: the kernels take it as it is
+    h = K.dense_forward_blocks(x, W, bh, code_act, starts)
+    y = K.dense_forward_blocks(h, Wt, bv, "sigmoid", starts)
+    sq_errs = K.mse_forward_blocks(y, x, starts, scale=2.0)
+    dh, dz2 = K.dense_backward_blocks(K.mse_backward(y, x, scale=scale), h, Wt, y, "sigmoid", dbvs, starts)
+    _, dz1 = K.dense_backward_blocks(dh, x, W, h, code_act, dbhs, starts, need_dx=False)
+    return sq_errs, dz2, dz1, h
 
 
 def tied_ae_update_via(K, x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_cost):

@@ -361,6 +361,70 @@ def test_tied_ae_update_matches_reference(kset, shape, code_act, dtype, rng):
         assert_close(g, w, dtype, work=2 * shape[0], name=name)
 
 
+@settings(max_examples=20, deadline=None)
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=8), code_act=st.sampled_from(["sigmoid", "identity"]),
+       shape=st.sampled_from([(70, 40), (100, 20), (40, 12)]), f32=st.booleans(), seed=st.integers(0, 2**16))
+@pytest.mark.parametrize("name", kernel_set_params())
+def test_tied_ae_factors_blocks_are_the_block_kernels_one_by_one(name, sizes, code_act, shape, f32, seed):
+    """A tied layer's pass over stacked blocks: the bits of the set's own block kernels one
+    after another (``tied_ae_factors_blocks_via``), the bias gradients added into what the
+    dbs held; the numba set's one compiled call where every block takes its row kernels
+    (float32, sigmoid code units, at most MAX_ROWS rows a block, 20 or more of them), the
+    block kernels for the rest (40 rows, 12 code units, identity, float64); and within
+    rounding of the numpy set."""
+    from aepar.kernels.ref.dense import tied_ae_factors_blocks_via
+
+    K, dev = load(name)
+    dtype = np.float32 if f32 else np.float64
+    rng = np.random.default_rng(seed)
+    starts = np.cumsum([0] + sizes)
+    x, W, bv, bh, _ = tied_ae_problem(rng, int(starts[-1]), *shape, dtype)
+    before_v, before_h = rng.standard_normal(shape[0]).astype(dtype), rng.standard_normal(shape[1]).astype(dtype)
+    held = [[dev(b.copy()) for _ in sizes] for b in (before_v, before_h, before_v, before_h)]
+    held += [[b.copy() for _ in sizes] for b in (before_v, before_h)]  # the numpy set's, on the host
+    args = [dev(a) for a in (x, W, bv, bh)]
+    got = K.tied_ae_factors_blocks(*args, code_act, held[0], held[1], starts, 0.01)
+    want = tied_ae_factors_blocks_via(K, *args, code_act, held[2], held[3], starts, 0.01)
+    assert [float(e) for e in got[0]] == [float(e) for e in want[0]]
+    for g, w in zip(got[1:] + tuple(held[0] + held[1]), want[1:] + tuple(held[2] + held[3])):
+        assert g.dtype == w.dtype and np.array_equal(to_host(g).view(np.uint8), to_host(w).view(np.uint8))
+    ref = REF.tied_ae_factors_blocks(x, W, bv, bh, code_act, held[4], held[5], starts, 0.01)
+    for g, w, what in zip(got[1:] + tuple(held[0] + held[1]), ref[1:] + tuple(held[4] + held[5]),
+                          ["dz2", "dz1", "h"] + ["dbv"] * len(sizes) + ["dbh"] * len(sizes)):
+        assert_close(to_host(g), w, dtype, work=2 * shape[0], name=what)
+    np.testing.assert_allclose([float(e) for e in got[0]], ref[0], rtol=1e-10 if dtype == np.float64 else 1e-4)
+
+
+@pytest.mark.parametrize("sizes, shape, code_act, calls", [([13, 12, 13, 12], (784, 100), "sigmoid", 1),
+                                                            ([25, 25], (64, 16), "sigmoid", 1),
+                                                            ([40, 10], (64, 16), "sigmoid", 0),
+                                                            ([13, 12], (64, 15), "sigmoid", 0),
+                                                            ([13, 12], (64, 16), "identity", 0)])
+def test_numba_tied_ae_factors_blocks_in_one_call_where_the_blocks_are_thin(sizes, shape, code_act, calls, monkeypatch):
+    """The numba set's one compiled call takes the blocks where each takes its row kernels
+    (a thread's share of a batch of 100 of the 784-100 layer; 25 rows, where the AVX2 path
+    copies W's panels and keeps them for dz2 @ W), and gives the block kernels' bits; a
+    block of more than MAX_ROWS rows, fewer than MIN_DOT code units or identity code units
+    take the block kernels."""
+    from aepar.kernels.nb import dense
+    from aepar.kernels.ref.dense import tied_ae_factors_blocks_via
+
+    taken = []
+    real = dense._tied_ae_blocks
+    monkeypatch.setattr(dense, "_tied_ae_blocks", lambda *a: (taken.append(1), real(*a)))
+    K = kernels.load("numba")
+    rng = np.random.default_rng(sum(sizes))
+    starts = np.cumsum([0] + sizes)
+    x, W, bv, bh, _ = tied_ae_problem(rng, int(starts[-1]), *shape, np.float32)
+    dbs = [[np.zeros(n, np.float32) for _ in sizes] for n in (shape[0], shape[1], shape[0], shape[1])]
+    got = K.tied_ae_factors_blocks(x, W, bv, bh, code_act, dbs[0], dbs[1], starts, 0.01)
+    want = tied_ae_factors_blocks_via(K, x, W, bv, bh, code_act, dbs[2], dbs[3], starts, 0.01)
+    assert len(taken) == calls
+    assert got[0] == want[0]
+    for g, w in zip(got[1:] + tuple(dbs[0] + dbs[1]), want[1:] + tuple(dbs[2] + dbs[3])):
+        assert np.array_equal(g.view(np.int32), w.view(np.int32))
+
+
 @pytest.mark.parametrize("kset", ALL_SETS)
 def test_tied_ae_update_refuses_what_does_not_fit(kset, rng):
     K, dev = load(kset)

@@ -214,8 +214,8 @@ def _copied(monkeypatch, rows, n) -> list:
 
     panels = []
     real = rowprod._rows_times
-    monkeypatch.setattr(rowprod, "_rows_times", lambda v, W, out, panel: (panels.append(panel.size),
-                                                                          real(v, W, out, panel)))
+    monkeypatch.setattr(rowprod, "_rows_times", lambda v, W, out, panel, *more: (panels.append(panel.size),
+                                                                                 real(v, W, out, panel, *more)))
     rng = np.random.default_rng(n)
     W = rng.standard_normal((40, n), np.float32)
     for m in rows:
