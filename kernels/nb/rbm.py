@@ -37,7 +37,7 @@ from ..ref.blocksum import most_rows
 from ..ref.rbm import cd_update_via, check_cd, check_cd_blocks, check_rbm
 from .blas import gemm
 from .nbmath import sig as _sig
-from .rowprod import KeptPanels, rows_times, rows_times_t, thin, thin_t
+from .rowprod import CT, LANES32, _rows_times, _scratch, rows_times, rows_times_t, thin, thin_t, w_panels
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
            "rbm_cd_factors_blocks", "rbm_cd_update"]
@@ -154,23 +154,33 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
             _add_bias_grads(vs[2 * lo:2 * hi], hs[2 * lo:2 * hi], hi - lo, scale, dbv, dbh)
             hs[2 * lo:2 * hi] *= dt.type(-scale)  # as rbm_cd_factors
         return vs, hs, 1.0, sq_errs
-    gauss, flush = hidden == "gaussian", _flush(dt)
-    # _chain's steps for k = 1, on every block's rows at once; W's panels copied once for
-    # both of its products
-    kept = KeptPanels(W)
-    rows_times(v0, W, h0, kept)
-    _hidden_pass(h0, bh, gauss, noise[0], state, True, flush, 1.0)
-    rows_times_t(state, W, vk)
-    _visible_pass(vk, bv, flush)
-    rows_times(vk, W, hk, kept)
-    _hidden_pass(hk, bh, gauss, hk, hk, False, flush, -1.0)
     blocks = len(starts) - 1
     sq_errs, gv, gh = np.empty(blocks), np.empty((blocks, nv), dt), np.empty((blocks, nh), dt)
-    _stack_blocks(v0, vk, h0, hk, starts, scale, dt.type(-scale), vs, hs, sq_errs, gv, gh)
+    panel, keeps = w_panels(M, W, True)  # W's column panels, copied once for both of its products
+    _cd_blocks(v0, W, bv, bh, hidden == "gaussian", noise[0], _flush(dt), h0, state, vk, hk, panel, keeps,
+               _scratch("panel", nh * CT * LANES32), starts, scale, dt.type(-scale), vs, hs, sq_errs, gv, gh)
     if blocks:
         _add_rows(tuple(dbvs), gv)
         _add_rows(tuple(dbhs), gh)
     return vs, hs, 1.0, sq_errs.tolist()
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _cd_blocks(v0, W, bv, bh, gauss, noise, flush, h0, state, vk, hk, panel, keeps, tpanel, starts, scale,
+               minus_scale, vs, hs, sq_errs, gv, gh):
+    """:func:`_chain`'s steps for k = 1 on every block's rows at once, then the blocks'
+    factors stacked (:func:`_stack_blocks`), in one call (the Python between eight kernel
+    calls was a tenth of a small layer's step, and a second thread's group waits for it,
+    under the interpreter lock). The products through the row kernels: ``panel`` W's
+    column panels' room for v0 @ W and vk @ W (:func:`kernels.nb.rowprod.w_panels`: with
+    ``keeps`` the second reads what the first copied), ``tpanel`` W.T's for state @ W.T."""
+    _rows_times(v0, W, h0, panel, False, False)
+    _hidden_pass(h0, bh, gauss, noise, state, True, flush, 1.0)
+    _rows_times(state, W, vk, tpanel, True, False)
+    _visible_pass(vk, bv, flush)
+    _rows_times(vk, W, hk, panel, False, keeps)
+    _hidden_pass(hk, bh, gauss, hk, hk, False, flush, -1.0)
+    _stack_blocks(v0, vk, h0, hk, starts, scale, minus_scale, vs, hs, sq_errs, gv, gh)
 
 
 @njit(cache=True, nogil=True)

@@ -70,7 +70,7 @@ from .update import sgd_momentum_update
 from .simd32 import (LANES32, address32, vadd32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m,  # noqa: F401
                      vtranspose32, vzero32)
 
-__all__ = ["rows_times", "rows_times_t", "KeptPanels", "w_panels", "thin", "thin_t", "MAX_ROWS", "block_outer_sum",
+__all__ = ["rows_times", "rows_times_t", "w_panels", "thin", "thin_t", "MAX_ROWS", "block_outer_sum",
            "block_outer_sum_sgd", "rows_tree_sum"]
 
 # OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1: the fastest of the 4-8 shapes timed
@@ -111,8 +111,8 @@ PAD_ALIASED = target_isa() == "avx2"
 # aliased shapes it copies gained 4-7% with two.
 COPY_PANELS = {"avx512": 2, "avx2": 4}[target_isa()]
 _NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
-# KeptPanels takes W's of at most this size (the room stays with each thread that used it;
-# the stack's largest W, 784 x 1000, is 3 MB)
+# w_panels keeps all of a W's column panels for a second product up to this size of W (the
+# room stays with each thread that used it; the stack's largest W, 784 x 1000, is 3 MB)
 KEEP_PANELS_BYTES = 16 << 20
 # rows_times_t's rows shorter than this are left to BLAS. The 30-unit code's rows take the
 # row kernel: one block alone runs slower there than in BLAS (250x30 at 13 rows: 9 us
@@ -685,55 +685,31 @@ def rows_times_t(h, W, out):
     return out
 
 
-def rows_times(v, W, out, kept=None):
+def rows_times(v, W, out):
     """out = v @ W for C-contiguous float32 v (M, K), W (K, N) and out (M, N); each row's
-    result depends on that row of v alone (see the module docstring). Returns out.
-
-    ``kept``: a :class:`KeptPanels` of W for products with the same W one after another
-    (CD-1's v0 @ W and vk @ W): the first copies W's column panels into it where they
-    stay, the next read them there instead of copying them again."""
+    result depends on that row of v alone (see the module docstring). Returns out."""
     _check("rows_times", v, W, out, (v.shape[0], W.shape[1]) if W.shape[:1] == v.shape[1:] else None)
     if v.shape[1] == 0:
         out[...] = 0
     elif out.size:
-        if kept is not None:
-            kept.check(W)
-        panel, keeps = w_panels(v.shape[0], W, kept is not None)
-        _rows_times(v, W, out, panel, False, keeps and kept.filled)
-        if keeps:
-            kept.filled = True
+        _rows_times(v, W, out, w_panels(v.shape[0], W, False)[0])
     return out
 
 
 def w_panels(rows: int, W, keep: bool) -> tuple[np.ndarray, bool]:
     """(the room :func:`_rows_times` copies W's column panels into for a product of
-    ``rows`` rows, whether it holds all of them to be kept): none where the tiles read W in
-    place (one row tile reads a panel once anyway; many read it from a copy faster); with
-    ``keep``, room for all of W's panels where W is at most :data:`KEEP_PANELS_BYTES`
-    (this thread's, kept between calls); else room for COPY_PANELS of them."""
+    ``rows`` rows, whether it holds all of them): none where the tiles read W in place (one
+    row tile reads a panel once anyway; many read it from a copy faster); with ``keep``,
+    room for all of W's panels where W is at most :data:`KEEP_PANELS_BYTES`, so that a
+    second product with the same W (CD-1's v0 @ W and vk @ W, a tied layer's x @ W and
+    dz2 @ W, in one compiled call) reads them there (``filled``) instead of copying them
+    again; else room for COPY_PANELS of them. This thread's scratch, kept between calls."""
     if not (rows > RT and (_aliased(W.shape[1]) or (COPY_ROWS is not None and rows >= COPY_ROWS))):
         return _NO_PANEL, False
     ldp = CT * LANES32
     if keep and W.nbytes <= KEEP_PANELS_BYTES:
         return _scratch("kept panels", -(-W.shape[1] // ldp) * W.shape[0] * ldp), True
     return _scratch("panel", COPY_PANELS * W.shape[0] * ldp), False
-
-
-class KeptPanels:
-    """Room for all of one W's column panels, for :func:`rows_times` calls with that W one
-    after another: the first fills it, the others read it (W must not change in between).
-    This thread's scratch, one at a time per thread, and kept for the next: so only for a
-    W of at most :data:`KEEP_PANELS_BYTES` (a larger one's calls copy its panels each, as
-    without it)."""
-
-    __slots__ = ("W", "filled")
-
-    def __init__(self, W):
-        self.W, self.filled = W, False
-
-    def check(self, W):
-        if W is not self.W:
-            raise ValueError("KeptPanels: these panels are another W's")
 
 
 def block_outer_sum(A, D, starts, merges, alphas, out):

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
-from aepar.kernels.nb.rowprod import (COPY_PANELS, COPY_ROWS, MAX_ROWS, MIN_DOT, KeptPanels, rows_times, rows_times_t,
-                                     thin, thin_t)
+from aepar.kernels.nb.rowprod import COPY_PANELS, COPY_ROWS, MAX_ROWS, MIN_DOT, rows_times, rows_times_t, thin, thin_t
 from tests.conftest import host_and_avx2_runs
 
 EPS32 = np.finfo(np.float32).eps
@@ -126,37 +125,38 @@ def test_rows_times_t_is_rows_times_on_the_transpose_bit_for_bit(m, k, n, seed):
 @settings(max_examples=30, deadline=None)
 @given(m=st.integers(24, MAX_ROWS), k=st.integers(1, 40), panels=st.integers(1, 3 * COPY_PANELS),
        tail=st.integers(0, 15), seed=st.integers(0, 2**16))
-def test_rows_times_with_kept_panels_is_rows_times(m, k, panels, tail, seed):
-    """CD-1's two products with one W (KeptPanels): the first call copies W's column
-    panels into the kept room, the second reads them there; both the bits of rows_times
-    alone, whatever the panels' count (fewer than, as many as and more than a pass copies)
-    or a last one's width, and another W's panels refused. Rows enough for the AVX2 path
-    to copy W's panels; the AVX-512 path copies only where W's rows alias (512 columns)."""
+def test_products_reading_kept_panels_are_rows_times(m, k, panels, tail, seed):
+    """Two products with one W (CD-1's v0 @ W and vk @ W, a tied layer's x @ W and dz2 @
+    W): the first copies W's column panels into the room that w_panels keeps, the second
+    reads them there (``filled``); both the bits of rows_times alone, whatever the panels'
+    count (fewer than, as many as and more than a pass copies) or a last one's width. Rows
+    enough for the AVX2 path to copy W's panels; the AVX-512 path copies only where W's
+    rows alias (512 columns)."""
+    from aepar.kernels.nb.rowprod import _rows_times, w_panels
+
     rng = np.random.default_rng(seed)
     n = panels * 16 + tail if COPY_ROWS is not None else 512 * (1 + panels % 2)
     W = rng.standard_normal((k, n), np.float32)
-    kept = KeptPanels(W)
-    for rows in (m, m):  # the second call reads the panels the first kept
-        v = rng.standard_normal((rows, k), np.float32)
-        want = rows_times(v, W, np.empty((rows, n), np.float32))
-        got = rows_times(v, W, np.full((rows, n), np.nan, np.float32), kept)
+    panel, keeps = w_panels(m, W, True)
+    assert keeps
+    for filled in (False, True):
+        v = rng.standard_normal((m, k), np.float32)
+        got = np.full((m, n), np.nan, np.float32)
+        _rows_times(v, W, got, panel, False, filled)
+        want = rows_times(v, W, np.empty((m, n), np.float32))
         np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
-    assert kept.filled
-    with pytest.raises(ValueError, match="another W"):
-        rows_times(v, W.copy(), np.empty((rows, n), np.float32), kept)
 
 
-def test_kept_panels_only_for_a_small_w(monkeypatch):
-    """A W larger than KEEP_PANELS_BYTES copies its panels in every call, as without kept
-    panels: no room of its size stays with the thread."""
+def test_panels_kept_only_for_a_small_w(monkeypatch):
+    """A W larger than KEEP_PANELS_BYTES gets the room of COPY_PANELS panels, which a
+    second product copies again: none of its size stays with the thread."""
     from aepar.kernels.nb import rowprod
+    W = np.zeros((20, 512), np.float32)
+    panel, keeps = rowprod.w_panels(30, W, True)
+    assert keeps and panel.size >= 512 * 20
     monkeypatch.setattr(rowprod, "KEEP_PANELS_BYTES", 1000)
-    rng = np.random.default_rng(0)
-    v, W = rng.standard_normal((30, 20), np.float32), rng.standard_normal((20, 512), np.float32)
-    kept = KeptPanels(W)
-    got = rows_times(v, W, np.empty((30, 512), np.float32), kept)
-    np.testing.assert_array_equal(got, rows_times(v, W, np.empty((30, 512), np.float32)))
-    assert not kept.filled
+    panel, keeps = rowprod.w_panels(30, W, True)
+    assert not keeps and panel.size == COPY_PANELS * 20 * 16
 
 
 # Odd shapes on purpose: masked last vectors (n % 16 of 4, 8 and 11 columns: a tail in
