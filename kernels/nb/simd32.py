@@ -237,10 +237,12 @@ def vtranspose32(typingctx, dst, d, ldd, src, s, lds):
                              builder.add(builder.mul(context.cast(builder, step, sig.args[k + 2], types.intp),
                                                      ir.Constant(intp, r)), ir.Constant(intp, c)))
             return builder.bitcast(builder.gep(data, [at]), vec)
+
+        half = ir.VectorType(ir.FloatType(), 4).as_pointer()
+
         def halves(i, j):  # [src row i, columns j..j+4; row i + 4, the same]: stage 4 done by the loads
             pair = [builder.load(builder.bitcast(ptr(3, args[4], args[5], i + e, j), half), align=4) for e in (0, 4)]
             return builder.shuffle_vector(*pair, ir.Constant(ir.VectorType(_I32, 8), list(range(8))))
-        half = ir.VectorType(ir.FloatType(), 4).as_pointer()
         for i0 in range(0, LANES32, q):  # src's rows i0.., columns j0.. -> dst's rows j0.., columns i0..
             for j0 in range(0, LANES32, q):
                 if q == 8:

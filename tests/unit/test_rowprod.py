@@ -156,7 +156,7 @@ def test_panels_kept_only_for_a_small_w(monkeypatch):
     assert keeps and panel.size >= 512 * 20
     monkeypatch.setattr(rowprod, "KEEP_PANELS_BYTES", 1000)
     panel, keeps = rowprod.w_panels(30, W, True)
-    assert not keeps and panel.size == COPY_PANELS * 20 * 16
+    assert not keeps and panel.size == COPY_PANELS * 20 * rowprod.CT * rowprod.LANES32
 
 
 # Odd shapes on purpose: masked last vectors (n % 16 of 4, 8 and 11 columns: a tail in
