@@ -13,6 +13,7 @@ autoencoder's float64 workspace (whose tiles run much slower unaligned).
 """
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
@@ -29,7 +30,9 @@ def _allocate(shape, dtype, fill) -> np.ndarray:
     dtype = np.dtype(dtype)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     raw = fill(math.prod(shape) * dtype.itemsize + ALIGNMENT, np.uint8)
-    return np.ndarray(shape, dtype, raw, -raw.ctypes.data % ALIGNMENT)
+    # the block's address through ctypes' buffer view: ``raw.ctypes.data`` builds an object
+    # each call, and kernels allocate several arrays a step
+    return np.ndarray(shape, dtype, raw, -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % ALIGNMENT)
 
 
 def empty(shape, dtype=np.float64) -> np.ndarray:
