@@ -24,8 +24,8 @@ from .activation import relu_grad as _relu_grad
 from .activation import sigmoid as _sigmoid
 from .blas import gemm
 from .loss import _sq_diff_sums
-from .rowprod import (CT, LANES32, MAX_ROWS, MIN_DOT, _rows_times, _scratch, rows_times, rows_times_t, thin, thin_t,
-                      w_panels)
+from .rowprod import (MAX_ROWS, MIN_DOT, _rows_times, _scratch, rows_times, rows_times_t, thin, thin_t, w_panels,
+                      wt_panel)
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
            "dense_backward_blocks", "tied_ae_update", "tied_ae_factors_blocks"]
@@ -203,7 +203,7 @@ def tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):
     panel, keeps = w_panels(m, W, True)
     sums = np.empty(s.size - 1)
     _tied_ae_blocks(x, W, bv, bh, s, s * n_in, float(scale), dbvs, dbhs, h, y, dy, dz2, dh, dz1, sums, panel, keeps,
-                    _scratch("panel", n_out * CT * LANES32))
+                    wt_panel(W))
     return [2.0 * 0.5 * float(total) for total in sums.tolist()], dz2, dz1, h  # as mse_forward_blocks(scale=2.0)
 
 

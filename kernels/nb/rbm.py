@@ -37,7 +37,7 @@ from ..ref.blocksum import most_rows
 from ..ref.rbm import cd_update_via, check_cd, check_cd_blocks, check_rbm
 from .blas import gemm
 from .nbmath import sig as _sig
-from .rowprod import CT, LANES32, _rows_times, _scratch, rows_times, rows_times_t, thin, thin_t, w_panels
+from .rowprod import _rows_times, rows_times, rows_times_t, thin, thin_t, w_panels, wt_panel
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
            "rbm_cd_factors_blocks", "rbm_cd_update"]
@@ -158,7 +158,7 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
     sq_errs, gv, gh = np.empty(blocks), np.empty((blocks, nv), dt), np.empty((blocks, nh), dt)
     panel, keeps = w_panels(M, W, True)  # W's column panels, copied once for both of its products
     _cd_blocks(v0, W, bv, bh, hidden == "gaussian", noise[0], _flush(dt), h0, state, vk, hk, panel, keeps,
-               _scratch("panel", nh * CT * LANES32), starts, scale, dt.type(-scale), vs, hs, sq_errs, gv, gh)
+               wt_panel(W), starts, scale, dt.type(-scale), vs, hs, sq_errs, gv, gh)
     if blocks:
         _add_rows(tuple(dbvs), gv)
         _add_rows(tuple(dbhs), gh)

@@ -70,7 +70,7 @@ from .update import sgd_momentum_update
 from .simd32 import (LANES32, address32, vadd32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m,  # noqa: F401
                      vtranspose32, vzero32)
 
-__all__ = ["rows_times", "rows_times_t", "w_panels", "thin", "thin_t", "MAX_ROWS", "block_outer_sum",
+__all__ = ["rows_times", "rows_times_t", "w_panels", "wt_panel", "thin", "thin_t", "MAX_ROWS", "block_outer_sum",
            "block_outer_sum_sgd", "rows_tree_sum"]
 
 # OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1: the fastest of the 4-8 shapes timed
@@ -681,7 +681,7 @@ def rows_times_t(h, W, out):
     if h.shape[1] == 0:
         out[...] = 0
     elif out.size:
-        _rows_times(h, W, out, _scratch("panel", h.shape[1] * CT * LANES32), True)
+        _rows_times(h, W, out, wt_panel(W), True)
     return out
 
 
@@ -710,6 +710,12 @@ def w_panels(rows: int, W, keep: bool) -> tuple[np.ndarray, bool]:
     if keep and W.nbytes <= KEEP_PANELS_BYTES:
         return _scratch("kept panels", -(-W.shape[1] // ldp) * W.shape[0] * ldp), True
     return _scratch("panel", COPY_PANELS * W.shape[0] * ldp), False
+
+
+def wt_panel(W) -> np.ndarray:
+    """The room :func:`_rows_times` copies each panel of W.T into (``transposed``): this
+    thread's scratch, one panel of W's rows at a time."""
+    return _scratch("panel", W.shape[1] * CT * LANES32)
 
 
 def block_outer_sum(A, D, starts, merges, alphas, out):
