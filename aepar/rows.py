@@ -338,10 +338,13 @@ def one_thread():
 
 def thread_bands(n: int) -> list[int]:
     """Offsets of the bands that ``n`` items are cut into, one per thread (at most ``n``,
-    at least one): :func:`block_bounds` of them. One thread's [0, n] takes no NumPy
-    call: a step asks for these several times, on the host's critical path."""
+    at least one): :func:`block_bounds` of them, as a list made without NumPy: a step asks
+    for these several times, on the host's critical path."""
     count = max(1, min(threads(), n))
-    return [0, int(n)] if count == 1 else block_bounds(n, count).tolist()
+    if count == 1:
+        return [0, int(n)]
+    base, extra = divmod(int(n), count)  # block_bounds', without NumPy's calls
+    return [i * base + min(i, extra) for i in range(count + 1)]
 
 
 # a thread's share of whole weights may exceed an even share by this much before the

@@ -756,10 +756,14 @@ def _fits(A, D, out, *more):
     if type(A) is not tuple and type(D) is not tuple and not more:  # the common call: arrays, no step
         return (A.dtype == D.dtype == out.dtype == np.float32 and D.flags.c_contiguous and out.flags.c_contiguous
                 and out.flags.writeable)
-    a_parts, d_parts = as_parts(A), as_parts(D)
-    outs = (out, *more)
-    return (all(a.dtype == np.float32 for a in a_parts + d_parts + outs)
-            and all(d.flags.c_contiguous for d in d_parts + outs) and all(o.flags.writeable for o in outs))
+    f32 = np.float32
+    for a in as_parts(A):
+        if a.dtype != f32:
+            return False
+    for d in (*as_parts(D), out, *more):
+        if d.dtype != f32 or not d.flags.c_contiguous:
+            return False
+    return out.flags.writeable and all(o.flags.writeable for o in more)
 
 
 def _in_tiles(A, D, starts, merges, scales, out, vel, sgd):
@@ -769,8 +773,10 @@ def _in_tiles(A, D, starts, merges, scales, out, vel, sgd):
     the parts are held here; a part of A whose row's elements are not adjacent is copied
     first."""
     a_parts, d_parts = as_parts(A), as_parts(D)
-    if not all(_rows_in_place(a) for a in a_parts):
-        a_parts = tuple([np.ascontiguousarray(a) for a in a_parts])
+    for a in a_parts:
+        if not _rows_in_place(a):
+            a_parts = tuple([np.ascontiguousarray(a) for a in a_parts])
+            break
     a_row, d_row, chain = _chain(a_parts, d_parts, starts.reshape(1, -1) if starts.ndim == 1 else starts)
     _block_outer_sum(a_row, d_row, chain, merges, scales, out, _scratch("stack", postfix_tree(merges).depth * SLOT),
                      _scratch("panel", a_row.size * OC * LANES32), vel, sgd)

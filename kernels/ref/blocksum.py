@@ -38,10 +38,7 @@ def check_block_outer_sum(A, D, starts, merges, alphas, out):
     a, d = a_parts[0], d_parts[0]  # every part has A's and D's columns; a part of A, its D's rows
     per_part = _per_part(starts)
     if type(A) is tuple or type(D) is tuple:
-        fits = len(a_parts) == len(d_parts) and all(p.ndim == 2 for p in a_parts + d_parts) \
-            and all(p.shape[1] == a.shape[1] for p in a_parts) and all(p.shape[1] == d.shape[1] for p in d_parts) \
-            and all(p.shape[0] == q.shape[0] for p, q in zip(a_parts, d_parts)) \
-            and (per_part or all(p.shape[0] == a.shape[0] for p in a_parts))
+        fits = _parts_fit(a_parts, d_parts, per_part)
     else:  # the common call: two arrays
         fits = a.ndim == 2 and d.ndim == 2 and a.shape[0] == d.shape[0]
     if not fits or out.shape != (a.shape[1], d.shape[1]):
@@ -63,6 +60,26 @@ def check_block_outer_sum(A, D, starts, merges, alphas, out):
     return (found if per_part else found.array), tree.array
 
 
+def _parts_fit(a_parts, d_parts, per_part) -> bool:
+    """Whether parts of A and D are 2-D, as many of each, every part of A with A's
+    columns and its part of D's rows, every part of D with D's columns, and (unless
+    ``per_part``) every part of A with the first one's rows. One loop: a step checks a
+    band's parts on the host's critical path (both threads' in turn, at two threads)."""
+    if len(a_parts) != len(d_parts):
+        return False
+    a, d = a_parts[0], d_parts[0]
+    if a.ndim != 2 or d.ndim != 2:
+        return False
+    m, n, rows = a.shape[1], d.shape[1], a.shape[0]
+    for p, q in zip(a_parts, d_parts):
+        if p.ndim != 2 or q.ndim != 2:
+            return False
+        (pr, pc), (qr, qc) = p.shape, q.shape
+        if pc != m or qc != n or pr != qr or (not per_part and pr != rows):
+            return False
+    return True
+
+
 # A step checks the same few offsets and trees in every kernel of every layer: each is
 # checked once a process, in Python (whose loops over a few numbers cost less than NumPy's
 # calls), and kept here (:func:`_checked`), KEPT at the most.
@@ -70,6 +87,7 @@ KEPT = 256
 _OFFSETS: dict = {}
 _TREES: dict = {}
 _PART_OFFSETS: dict = {}
+_CHAIN_ROWS: dict = {}  # id of a table _PART_OFFSETS keeps -> (that table, its chain_rows)
 
 
 class Offsets(NamedTuple):
@@ -136,7 +154,11 @@ def part_offsets(starts, rows) -> np.ndarray | None:
         found = np.array([o.array for o in each], dtype=np.int64)
         if len(_PART_OFFSETS) >= KEPT:
             _PART_OFFSETS.clear()
+            _CHAIN_ROWS.clear()
         _PART_OFFSETS[key] = found
+        # held with the table, so its id names it while it is kept
+        _CHAIN_ROWS[id(found)] = (found, max(sum(row[b + 1] - row[b] for row in key[0])
+                                             for b in range(len(key[0][0]) - 1)))
     return found
 
 
@@ -179,8 +201,13 @@ def interleaved(A, D, starts):
 
 def chain_rows(A, starts) -> int:
     """The most rows of any block's chain (its rows of every part of A; see
-    :func:`block_outer_sum`), ``starts`` one row for every part or one per part."""
+    :func:`block_outer_sum`), ``starts`` one row for every part or one per part (for the
+    table :func:`part_offsets` keeps, found again without NumPy: a step asks for it in
+    every band)."""
     if _per_part(starts):
+        kept = _CHAIN_ROWS.get(id(starts))
+        if kept is not None and kept[0] is starts:
+            return kept[1]
         return int(np.diff(np.asarray(starts), axis=1).sum(axis=0).max())
     return most_rows(starts) * len(as_parts(A))
 

@@ -406,9 +406,56 @@ def test_parts_refused_where_they_do_not_fit():
     d = np.zeros((4, 5), np.float32)
     out = np.zeros((3, 5), np.float32)
     for K in (REF, NB):
-        for A, D in (((x, x), (d,)), ((x, x[:, :2]), (d, d)), ((x, x[:3]), (d, d[:3]))):
+        # as many parts of each; A's columns; D's columns; A's rows (one row of starts);
+        # every part 2-D; each part of A with its part of D's rows
+        for A, D in (((x, x), (d,)), ((x, x[:, :2]), (d, d)), ((x, x), (d, d[:, :4])), ((x, x[:3]), (d, d[:3])),
+                     ((x, x[0]), (d, d)), ((x, x), (d, d[:3]))):
             with pytest.raises(ValueError, match="do not match"):
                 K.block_outer_sum(A, D, [0, 4], [0], [1.0], out)
+
+
+def test_parts_laid_out_otherwise_take_the_reference(rng):
+    """A part of D, or out and the velocity, whose rows are not C-contiguous (a view of
+    every other column) are not read by the tiles (which take each row's elements as
+    adjacent): the numba set's sums and steps are still the definition's, within rounding."""
+    A, D, starts, alphas = problem(rng, [13, 12, 13, 12], 6, 10)
+    merges = tree_merges(2, 0, 4)
+    wide = np.zeros((D.shape[0], 20), np.float32)
+    wide[:, ::2] = D
+    strided = wide[:, ::2]  # D's values, each row's elements 8 bytes apart
+    a_parts, d_parts = (A[:25], A[25:]), (D[:25], strided[25:])
+    parts_starts = [[0, 13, 25, 25, 25], [0, 0, 0, 13, 25]]
+    for d in (d_parts, strided):
+        a = a_parts if isinstance(d, tuple) else A
+        at = parts_starts if isinstance(d, tuple) else starts
+        out = NB.block_outer_sum(a, d, at, merges, alphas, np.empty((6, 10), np.float32))
+        assert_sums_close(out, sum(al * A[s:e].astype(np.float64).T @ D[s:e] for s, e, al in
+                                   zip(starts[:-1], starts[1:], alphas)), A, D, starts, alphas, "strided D")
+    p0 = rng.standard_normal((6, 10)).astype(np.float32)
+    room = np.zeros((2, 6, 20), np.float32)
+    p, v = room[0, :, ::2], room[1, :, ::2]  # out and the velocity every other column
+    p[...] = p0
+    NB.block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, 0.5, 0.9)
+    g = sum(al * A[s:e].astype(np.float64).T @ D[s:e] for s, e, al in zip(starts[:-1], starts[1:], alphas))
+    assert_sums_close(v, -0.5 * g, A, D, starts, [0.5 * a for a in alphas], "strided velocity")
+    assert np.allclose(p, p0 + v, rtol=0, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 9), st.integers(0, 2**32 - 1))
+def test_chain_rows_of_a_kept_table_are_its_longest_chain(parts, blocks, seed):
+    """The longest chain (a block's rows of every part) of a table of starts that
+    part_offsets keeps, found again by its identity, is the one NumPy finds in the table,
+    and so is that of a table it does not keep."""
+    from aepar.kernels.ref.blocksum import chain_rows, part_offsets
+    rng = np.random.default_rng(seed)
+    table = np.concatenate([np.zeros((parts, 1), np.int64),
+                            np.cumsum(rng.integers(0, 40, (parts, blocks)), axis=1)], axis=1)
+    want = int(np.diff(table, axis=1).sum(axis=0).max())
+    kept = part_offsets(table, table[:, -1].tolist())
+    assert kept is not None and kept is part_offsets(table.tolist(), table[:, -1].tolist())
+    assert chain_rows((), kept) == want
+    assert chain_rows((), table.copy()) == want
 
 
 @pytest.mark.parametrize("sizes, one", [([13, 12, 0, 13], False), ([120, 129, 128, 200, 64], False),
