@@ -16,12 +16,17 @@ from aepar.rows import calls_in_turns, parallel_map, threads, weight_bands
 # calling thread: a hand-off to the other threads and back would cost more than it saves
 # (the CAE's Adam step, about ten thousand elements: docs/performance-notes.md)
 HAND_OFF_ELEMENTS = 1 << 16
+# a parameter of fewer elements than this is stepped whole by one thread, not cut into a
+# band per thread: a band's call costs more Python (run in turn under the interpreter lock)
+# than half its arithmetic saves (a layer's biases: docs/performance-notes.md)
+BAND_ELEMENTS = 1 << 14
 
 
 def in_bands(update, *arrays_per_param, extras=None, more=()):
     """``update(*arrays, *extra)`` on every parameter's arrays, each whole or cut into a
-    band of rows per thread (:func:`aepar.rows.weight_bands`), and ``more`` ((a call of no
-    arguments, the elements it updates) each), all in one hand-off to this rank's threads,
+    band of rows per thread (:func:`aepar.rows.weight_bands`; whole below
+    :data:`BAND_ELEMENTS`), and ``more`` ((a call of no arguments, the elements it
+    updates) each), all in one hand-off to this rank's threads,
     each call given to a thread by :func:`aepar.rows.calls_in_turns` (``extras``: one tuple
     of arguments per parameter). The updates are element-wise, so a band gives the bits the
     whole array would (on one thread Adam's update was a large share of a 2-thread
@@ -36,8 +41,11 @@ def in_bands(update, *arrays_per_param, extras=None, more=()):
     calls = list(more)
     params = list(zip(*arrays_per_param))
     widths = [a[0].size // max(a[0].shape[0], 1) for a in params]
-    for arrays, extra, width, bounds in zip(params, extras, widths,
-                                            weight_bands([(a[0].shape[0], w) for a, w in zip(params, widths)])):
+    cut = [i for i, a in enumerate(params) if a[0].size >= BAND_ELEMENTS]
+    bands = [[0, a[0].shape[0]] for a in params]
+    for i, bounds in zip(cut, weight_bands([(params[i][0].shape[0], widths[i]) for i in cut])):
+        bands[i] = bounds
+    for arrays, extra, width, bounds in zip(params, extras, widths, bands):
         calls += [(functools.partial(update, *(a[lo:hi] for a in arrays), *extra), (hi - lo) * width)
                   for lo, hi in zip(bounds[:-1], bounds[1:])]
     parallel_map(lambda call: call(), calls_in_turns([c for c, _ in calls], [n for _, n in calls]))

@@ -544,7 +544,9 @@ def test_optimiser_steps_over_the_threads_give_one_threads_bits(shapes, n_thread
     import aepar.optim as optim
     from aepar.optim import SGD
     be = _be("numba", "float32")
-    old_small, optim.HAND_OFF_ELEMENTS = optim.HAND_OFF_ELEMENTS, 0
+    # these small steps handed off, and every parameter cut into bands
+    old_small, old_band = optim.HAND_OFF_ELEMENTS, optim.BAND_ELEMENTS
+    optim.HAND_OFF_ELEMENTS = optim.BAND_ELEMENTS = 0
     rng = np.random.default_rng(seed)
     start = {f"p{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
     grads = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in start.items()} for _ in range(2)]
@@ -559,9 +561,33 @@ def test_optimiser_steps_over_the_threads_give_one_threads_bits(shapes, n_thread
                 opt.step(g) if adam else opt.step(g, weight_decay={"p0": 0.01})
             results.append({k: be.to_host(v).tobytes() for k, v in params.items()})
     finally:
-        aepar.THREADS, optim.HAND_OFF_ELEMENTS = old, old_small
+        aepar.THREADS, optim.HAND_OFF_ELEMENTS, optim.BAND_ELEMENTS = old, old_small, old_band
     assert results[0] == results[1]
     assert any(results[0][k] != start[k].tobytes() for k in start)
+
+
+def test_a_small_parameter_is_stepped_whole_by_one_thread(monkeypatch):
+    """On two threads a parameter of at least BAND_ELEMENTS elements is cut into a band of
+    rows per thread and a smaller one (a layer's biases) is one call on one thread: the
+    calls of one SGD step, and their bits, which are the one-thread step's."""
+    import aepar.optim as optim
+    from aepar.optim import SGD
+    be = _be("numba", "float32")
+    monkeypatch.setattr(optim, "HAND_OFF_ELEMENTS", 0)
+    monkeypatch.setattr(optim, "BAND_ELEMENTS", 600)
+    rng = np.random.default_rng(5)
+    start = {"W": rng.standard_normal((40, 15)).astype(np.float32), "b": rng.standard_normal(599).astype(np.float32)}
+    grads = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in start.items()}
+    results, calls, real = [], [], optim.parallel_map
+    monkeypatch.setattr(optim, "parallel_map", lambda fn, items: calls.extend(items) or real(fn, items))
+    for threads in (1, 2):
+        monkeypatch.setattr(aepar, "THREADS", threads)
+        params = {k: v.copy() for k, v in start.items()}
+        SGD(be, params, 0.1, 0.9).step(grads)
+        results.append({k: v.tobytes() for k, v in params.items()})
+    stepped = sorted((c.args[0].shape, c.args[0].base is params["W"]) for c in calls if hasattr(c, "args"))
+    assert stepped == [((20, 15), True), ((20, 15), True), ((599,), False)], stepped
+    assert results[0] == results[1]
 
 
 def _optimiser_handoffs(monkeypatch) -> list:
