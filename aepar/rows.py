@@ -50,12 +50,17 @@ CHUNK = 4096
 def block_bounds(n: int, count: int) -> np.ndarray:
     """Offsets (count + 1,) of ``count`` contiguous blocks of ``n`` rows; sizes differ by
     at most one, the larger ones first."""
+    return np.array(_bounds(n, count), dtype=np.int64)
+
+
+def _bounds(n: int, count: int) -> list[int]:
+    """:func:`block_bounds` as a list of ints (made without NumPy: :func:`thread_bands`
+    asks for them several times a step, on the host's critical path)."""
     n, count = int(n), int(count)
     if count < 1:
         raise ValueError(f"need at least one block, got {count}")
     base, extra = divmod(n, count)
-    i = np.arange(count + 1, dtype=np.int64)
-    return i * base + np.minimum(i, extra)  # block i starts after i blocks, the first ``extra`` one row longer
+    return [i * base + min(i, extra) for i in range(count + 1)]  # the first ``extra`` blocks one row longer
 
 
 def rank_blocks(count: int, rank: int, size: int) -> tuple[int, int]:
@@ -338,13 +343,8 @@ def one_thread():
 
 def thread_bands(n: int) -> list[int]:
     """Offsets of the bands that ``n`` items are cut into, one per thread (at most ``n``,
-    at least one): :func:`block_bounds` of them, as a list made without NumPy: a step asks
-    for these several times, on the host's critical path."""
-    count = max(1, min(threads(), n))
-    if count == 1:
-        return [0, int(n)]
-    base, extra = divmod(int(n), count)  # block_bounds', without NumPy's calls
-    return [i * base + min(i, extra) for i in range(count + 1)]
+    at least one): :func:`block_bounds` of them, as a list."""
+    return _bounds(n, max(1, min(threads(), n)))
 
 
 # a thread's share of whole weights may exceed an even share by this much before the
