@@ -16,13 +16,24 @@ import marshal
 import os
 import sys
 import tempfile
+import types
 
 from numba import njit
 from numba.core import config
 
 from .simd import JIT
 
-__all__ = ["define"]
+__all__ = ["define", "compiled_as"]
+
+
+def compiled_as(py, suffix: str, **flags):
+    """njit(cache=True, nogil=True, **flags) of the plain function ``py`` under the name
+    ``py.__name__ + suffix``: one loop compiled twice (with and without ``parallel``) needs
+    two names, as Numba's cache index keys on the function's name and bytecode, not on
+    its flags."""
+    fn = types.FunctionType(py.__code__, py.__globals__, py.__name__ + suffix, py.__defaults__)
+    fn.__qualname__ = fn.__name__
+    return njit(cache=True, nogil=True, **flags)(fn)
 
 
 def define(name: str, source: str, namespace: dict, filename: str):

@@ -14,13 +14,13 @@ Semantics, shapes and argmax encoding are those of the reference, :mod:`kernels.
 import math
 import os
 import threading
-import types
 
 import numpy as np
 from numba import get_num_threads, njit, prange
 
 from ..ref.conv import (check_bias, check_conv_starts, check_grad_shapes, check_nchw, conv_geometry,
                         transpose_geometry)
+from .codegen import compiled_as
 
 __all__ = ["conv2d_forward", "conv2d_backward", "conv2d_transpose_forward",
            "conv2d_transpose_backward", "maxpool2x2_forward", "maxpool2x2_backward",
@@ -384,16 +384,8 @@ def _col2im_py(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, dx):
                             df[d + wo * stride] += cf[s + wo]
 
 
-def _compiled(py, suffix, **flags):
-    """njit(cache=True) of ``py`` under its own name: numba's cache index keys on the
-    function's name and bytecode, not on flags such as ``parallel``."""
-    fn = types.FunctionType(py.__code__, py.__globals__, py.__name__ + suffix, py.__defaults__)
-    fn.__qualname__ = fn.__name__
-    return njit(cache=True, nogil=True, **flags)(fn)
-
-
-_im2col_par, _col2im_par = (_compiled(f, "_par", parallel=True) for f in (_im2col_py, _col2im_py))
-_im2col, _col2im = (_compiled(f, "_serial") for f in (_im2col_py, _col2im_py))   # prange runs as range
+_im2col_par, _col2im_par = (compiled_as(f, "_par", parallel=True) for f in (_im2col_py, _col2im_py))
+_im2col, _col2im = (compiled_as(f, "_serial") for f in (_im2col_py, _col2im_py))   # prange runs as range
 
 
 @njit(cache=True, nogil=True, parallel=True)

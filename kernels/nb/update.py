@@ -1,16 +1,22 @@
-"""Parameter updates in place (Numba): one fused parallel pass over each parameter."""
+"""Parameter updates in place (Numba): one fused pass over each parameter (parallel over a large one)."""
 import math
 
 import numpy as np
 from numba import njit, prange
 
 from ..ref import update as _ref
+from .codegen import compiled_as
 
 __all__ = ["sgd_momentum_update", "sgd_momentum_update_many", "adam_update", "adam_update_many"]
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _sgd(p, g, v, lr, momentum):
+# arrays of fewer elements than this take the loops compiled without ``parallel``: a
+# parallel region's start (about 2 µs) is more than a layer's biases take, and aepar runs
+# Numba on one thread inside its own threads unless the user sets NUMBA_NUM_THREADS
+PARALLEL_ELEMENTS = 1 << 16
+
+
+def _sgd_loop(p, g, v, lr, momentum):
     """lr and momentum in the arrays' dtype: float32 arithmetic for float32 parameters, the
     same roundings as NumPy's, and faster than with float64 scalars."""
     for i in prange(p.size):
@@ -21,7 +27,7 @@ def _sgd(p, g, v, lr, momentum):
 
 @njit(cache=True, nogil=True)
 def _sgd_decay(p, g, v, lr, momentum, decay):
-    """:func:`_sgd` of g + decay * p: the roundings of weight_decay_backward (float32 dW +=
+    """:func:`_sgd_loop` of g + decay * p: the roundings of weight_decay_backward (float32 dW +=
     decay * W, no contraction) then the step, in one pass over W instead of two."""
     for i in range(p.size):
         gi = g[i] + decay * p[i]
@@ -30,8 +36,7 @@ def _sgd_decay(p, g, v, lr, momentum, decay):
         p[i] += vi
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath={"contract"})
-def _adam(p, g, m, v, beta1, rest1, beta2, rest2, step, root_bc2, eps, keep):
+def _adam_loop(p, g, m, v, beta1, rest1, beta2, rest2, step, root_bc2, eps, keep):
     """The scalars come in the arrays' dtype, so float32 parameters are updated in float32
     arithmetic: with float64 scalars the division and square root ran in float64 and made
     this pass compute-bound, several times slower. ``keep`` = 1 - lr * weight decay shrinks
@@ -43,6 +48,13 @@ def _adam(p, g, m, v, beta1, rest1, beta2, rest2, step, root_bc2, eps, keep):
         m[i] = mi
         v[i] = vi
         p[i] = keep * p[i] - step * mi / (np.sqrt(vi) * root_bc2 + eps)
+
+
+# each loop with prange over a large array, and as a plain loop (prange runs as range)
+# over a small one: the same arithmetic element by element, so the same bits
+_sgd, _sgd_serial = compiled_as(_sgd_loop, "_par", parallel=True), compiled_as(_sgd_loop, "_serial")
+_adam = compiled_as(_adam_loop, "_par", parallel=True, fastmath={"contract"})
+_adam_serial = compiled_as(_adam_loop, "_serial", fastmath={"contract"})
 
 
 def _flat_views(*arrays):
@@ -63,7 +75,7 @@ def sgd_momentum_update(p, g, v, lr, momentum, weight_decay=0.0):
     if weight_decay:
         _sgd_decay(flat[0], flat[1], flat[2], dt(lr), dt(momentum), dt(weight_decay))
     else:
-        _sgd(flat[0], flat[1], flat[2], dt(lr), dt(momentum))
+        (_sgd if p.size >= PARALLEL_ELEMENTS else _sgd_serial)(flat[0], flat[1], flat[2], dt(lr), dt(momentum))
 
 
 def sgd_momentum_update_many(ps, gs, vs, lrs, momentum, weight_decays=None):
@@ -84,8 +96,9 @@ def adam_update(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_deca
     bc2 = 1.0 - float(beta2) ** int(t)
     # lr m / bc1 / (sqrt(v / bc2) + eps), the bias corrections folded into two scalars
     dt = p.dtype.type
-    _adam(*flat, dt(beta1), dt(1.0 - beta1), dt(beta2), dt(1.0 - beta2), dt(lr / bc1), dt(1.0 / math.sqrt(bc2)),
-          dt(eps), dt(1.0 - lr * weight_decay))
+    adam = _adam if p.size >= PARALLEL_ELEMENTS else _adam_serial
+    adam(*flat, dt(beta1), dt(1.0 - beta1), dt(beta2), dt(1.0 - beta2), dt(lr / bc1), dt(1.0 / math.sqrt(bc2)),
+         dt(eps), dt(1.0 - lr * weight_decay))
 
 
 def adam_update_many(ps, gs, ms, vs, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decays=None):

@@ -271,3 +271,25 @@ def test_sgd_momentum_update_many_refuses_lists_that_do_not_match(kset, rng):
         K.sgd_momentum_update_many(p, p, p, [0.1], 0.9)
     with pytest.raises(ValueError, match="2 parameters but 1 weight decays"):
         K.sgd_momentum_update_many(p, p, p, [0.1, 0.1], 0.9, [0.1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+def test_numba_updates_give_the_same_bits_with_or_without_a_parallel_loop(dtype, rng, monkeypatch):
+    """An array under PARALLEL_ELEMENTS takes the loops compiled without ``parallel`` (a
+    parallel region's start costs more than a layer's biases take): SGD with momentum and
+    Adam (AdamW's decay too) give each element the same bits through either loop."""
+    import sys
+    K = kernels.load("numba")
+    update = sys.modules[K.sgd_momentum_update.__module__]
+    p0, g = rng.standard_normal((2, 3001)).astype(dtype)
+    m0, v0 = rng.standard_normal(3001).astype(dtype), rng.random(3001).astype(dtype)
+    results = []
+    for limit in (0, 10**9):  # every array parallel, then none
+        monkeypatch.setattr(update, "PARALLEL_ELEMENTS", limit)
+        p, v = p0.copy(), m0.copy()
+        K.sgd_momentum_update(p, g, v, 0.05, 0.9)
+        pa, ma, va = p0.copy(), m0.copy(), v0.copy()
+        K.adam_update(pa, g, ma, va, 3, 1e-2, weight_decay=0.5)
+        results.append([a.tobytes() for a in (p, v, pa, ma, va)])
+    assert results[0] == results[1]
+    assert results[0][0] != p0.tobytes() and results[0][2] != p0.tobytes()
