@@ -10,7 +10,8 @@ the same count. Same bits as the host draws.
 import cupy as cp
 import numpy as np
 
-from ..ref.draws import MULT, check_uniform_rows, pcg64_skip, pcg64_state, uniform_rows as _host_rows
+from ..ref.draws import (MULT, check_uniform_rows, pcg64_kept, pcg64_moved, pcg64_read, pcg64_skip, pcg64_state,
+                         pcg64_write, uniform_rows as _host_rows)
 
 __all__ = ["uniform_rows"]
 
@@ -80,23 +81,25 @@ def uniform_rows(rngs, starts, out):
     the uniforms ``rngs[i].random(dtype=np.float32)`` would give, each generator moved on
     as that call would; see :func:`kernels.ref.draws.uniform_rows`."""
     check_uniform_rows(rngs, starts, out)
-    states = [pcg64_state(rng) for rng in rngs]
+    kept = [pcg64_kept(rng) for rng in rngs]
+    states = [pcg64_state(rng) if k is None else pcg64_read(k) for rng, k in zip(rngs, kept)]
     if any(s is None for s in states):  # another bit generator: draw on the host
         host = _host_rows(rngs, starts, np.empty(out.shape, np.float32))
         out[...] = cp.asarray(host)
         return out
     width = out.shape[1]
-    job = np.empty((len(rngs), 8), dtype=np.uint64)
-    most = 0
-    for i, ((state, inc, buffered, uinteger), lo, hi) in enumerate(zip(states, starts[:-1], starts[1:])):
-        count = (int(hi) - int(lo)) * width
-        job[i] = (state >> 64, state & _M64, inc >> 64, inc & _M64, int(lo) * width, count,
-                  buffered if count else 0, uinteger)
-        most = max(most, (count + 1) // 2)
+    ends = [int(s) * width for s in starts]  # each stream's first element, and the end
+    job = np.array([(state >> 64, state & _M64, inc >> 64, inc & _M64, lo, hi - lo, buffered if hi > lo else 0,
+                     uinteger) for (state, inc, buffered, uinteger), lo, hi in zip(states, ends[:-1], ends[1:])],
+                   dtype=np.uint64)
+    most = max(((hi - lo + 1) // 2 for lo, hi in zip(ends[:-1], ends[1:])), default=0)
     if most:
         grid = (max(1, -(-most // (_THREADS * _PER_THREAD))), len(rngs))
         more = cp.asarray(job[1:]) if len(rngs) > 1 else out  # (one stream: not read)
         _KERNEL(grid, (_THREADS,), (*job[0], more, out, np.uint64(MULT >> 64), np.uint64(MULT & _M64)))
-    for rng, state, lo, hi in zip(rngs, states, starts[:-1], starts[1:]):
-        pcg64_skip(rng, (int(hi) - int(lo)) * width, state)
+    for rng, k, (state, inc, buffered, uinteger), lo, hi in zip(rngs, kept, states, ends[:-1], ends[1:]):
+        if k is None:
+            pcg64_skip(rng, hi - lo, (state, inc, buffered, uinteger))
+        elif hi > lo:  # each generator moved on as drawing its rows would
+            pcg64_write(k, *pcg64_moved(state, inc, buffered, uinteger, hi - lo))
     return out

@@ -11,8 +11,19 @@ rotr(hi(s') ^ lo(s'), s' >> 122). A float32 takes 32 bits: the low half of an ou
 then its high half (NumPy keeps the high half in ``uinteger`` with ``has_uint32`` set
 until the next draw); the float is (u >> 8) * 2**-24. Jumping n steps ahead is the LCG
 raised to the n-th power: s_n = A_n * s + C_n, found by squaring in O(log n).
+
+A set that draws elsewhere reads each generator's state before its draws and moves it on
+after them, every step and block. Through ``bit_generator.state`` (a dict made and parsed
+each time) that cost a GPU CD-1 step of 8 blocks about a sixth of its host time; so
+:func:`pcg64_state` and :func:`pcg64_skip` read and write the words where NumPy keeps
+them (``bit_generator.ctypes.state_address``: a pointer to the 128-bit state and
+increment, low word first, then the buffered half's flag and value), through NumPy views
+kept per generator (:func:`pcg64_kept`). That layout is NumPy's, not a public interface: the first use checks
+it against the dict (:func:`_views_match`), and the dict is used wherever it differs.
 """
+import ctypes
 import functools
+import threading
 
 import numpy as np
 
@@ -64,6 +75,9 @@ def output(s: int) -> int:
 
 def pcg64_state(rng):
     """(state, inc, buffered, uinteger) of a Generator on PCG64; None for other bit generators."""
+    kept = pcg64_kept(rng)
+    if kept is not None:
+        return pcg64_read(kept)
     st = rng.bit_generator.state
     if st.get("bit_generator") != "PCG64":
         return None
@@ -76,11 +90,93 @@ def pcg64_skip(rng, count: int, state=None) -> None:
     state, inc, buffered, uinteger = state or pcg64_state(rng)
     if count <= 0:
         return
+    state, buffered, uinteger = pcg64_moved(state, inc, buffered, uinteger, count)
+    kept = pcg64_kept(rng)
+    if kept is not None:
+        pcg64_write(kept, state, buffered, uinteger)
+        return
+    rng.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
+                               "has_uint32": buffered, "uinteger": uinteger}
+
+
+def pcg64_moved(state: int, inc: int, buffered: int, uinteger: int, count: int) -> tuple[int, int, int]:
+    """(state, buffered, uinteger) of a PCG64 at (state, inc, buffered, uinteger) once it has
+    drawn ``count`` > 0 float32 uniforms."""
     fresh = count - buffered  # 32-bit halves taken from new outputs
     steps = (fresh + 1) // 2
     if steps:
         a, c = jump(steps, inc)
         state = (a * state + c) & MASK
         uinteger = output(state) >> 32  # NumPy keeps the last output's high half, used or not
-    rng.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
-                               "has_uint32": fresh % 2, "uinteger": uinteger}
+    return state, fresh % 2, uinteger
+
+
+def pcg64_kept(rng):
+    """(the bit generator, a uint64 view of its words [state lo, hi, inc lo, hi], a uint32
+    view of its buffered flag and half) of a Generator on PCG64, kept per bit generator (the
+    entry holds it, so its id is not reused while kept); None for another bit generator,
+    or where NumPy keeps them otherwise (:func:`_views_match`)."""
+    bit_generator = rng.bit_generator
+    kept = _VIEWS.get(id(bit_generator))
+    if kept is not None and kept[0] is bit_generator:
+        return kept
+    if type(bit_generator) is not np.random.PCG64 or not _views_match():
+        return None
+    if len(_VIEWS) >= KEEP_VIEWS:
+        _VIEWS.pop(next(iter(_VIEWS)))  # the oldest
+    kept = _VIEWS[id(bit_generator)] = (bit_generator, *_views_of(bit_generator))
+    return kept
+
+
+def pcg64_read(kept) -> tuple[int, int, int, int]:
+    """:func:`pcg64_state` through a generator's :func:`pcg64_kept` views."""
+    (lo, hi, inc_lo, inc_hi), (buffered, uinteger) = kept[1].tolist(), kept[2].tolist()
+    return hi << 64 | lo, inc_hi << 64 | inc_lo, buffered, uinteger
+
+
+def pcg64_write(kept, state: int, buffered: int, uinteger: int) -> None:
+    """The generator of ``kept`` (:func:`pcg64_kept`) set to ``state`` with its buffered half."""
+    kept[1][:2] = state & _WORD, state >> 64
+    kept[2][:] = buffered, uinteger
+
+
+_WORD = (1 << 64) - 1
+KEEP_VIEWS = 1024  # generators whose views are kept (a run's blocks' streams, epoch after epoch)
+_VIEWS: dict = {}  # id(bit generator) -> pcg64_kept's (the bit generator, its words, its flag and half)
+_MATCH: list = []  # _views_match(), once a process
+_MATCHING = threading.Lock()
+
+
+def _views_of(bit_generator):
+    address = bit_generator.ctypes.state_address
+    pcg = ctypes.c_void_p.from_address(address).value
+    return (np.ctypeslib.as_array((ctypes.c_uint64 * 4).from_address(pcg)),
+            np.ctypeslib.as_array((ctypes.c_uint32 * 2).from_address(address + 8)))
+
+
+def _views_match() -> bool:
+    """Whether this NumPy keeps PCG64's words as :func:`_views_of` reads them: a generator
+    with a buffered half read through the views gives its dict's values, and one moved
+    on through them reads in its dict as moved on."""
+    if not _MATCH:
+        with _MATCHING:
+            if not _MATCH:
+                _MATCH.append(_check_views())
+    return _MATCH[0]
+
+
+def _check_views() -> bool:
+    try:
+        rng = np.random.Generator(np.random.PCG64(20261205))
+        rng.random(3, dtype=np.float32)  # a buffered half
+        words, flags = _views_of(rng.bit_generator)
+        st = rng.bit_generator.state
+        lo, hi, inc_lo, inc_hi = words.tolist()
+        if ((hi << 64 | lo, inc_hi << 64 | inc_lo, *flags.tolist())
+                != (st["state"]["state"], st["state"]["inc"], st["has_uint32"], st["uinteger"])):
+            return False
+        words[:2], flags[:] = (5, 7), (0, 9)
+        st = rng.bit_generator.state
+        return (st["state"]["state"], st["has_uint32"], st["uinteger"]) == (7 << 64 | 5, 0, 9)
+    except Exception:  # noqa: BLE001  (whatever went wrong: the dict)
+        return False

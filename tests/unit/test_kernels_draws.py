@@ -84,6 +84,31 @@ def test_skipping_leaves_the_generator_where_drawing_would(lead, count):
     assert np.array_equal(skipped.random(5, dtype=np.float32), drawn.random(5, dtype=np.float32))
 
 
+@pytest.mark.parametrize("views", [True, False])
+def test_states_read_and_moved_through_the_views_or_the_dict_are_numpys(monkeypatch, views):
+    """pcg64_state and pcg64_skip read and write NumPy's own words (checked once against the
+    dict), or go through ``bit_generator.state`` where that check fails; either way the
+    states are NumPy's. Few views kept: generators whose views were let go read again."""
+    assert draws._views_match() is True, "this NumPy's PCG64 words are not where the views look"
+    monkeypatch.setattr(draws, "_MATCH", [views])
+    monkeypatch.setattr(draws, "_VIEWS", {})
+    monkeypatch.setattr(draws, "KEEP_VIEWS", 2)
+    gens = generators(5, 4, [3, 0, 1, 2])
+    twins = generators(5, 4, [3, 0, 1, 2])
+    for step in range(3):
+        for i, (g, h) in enumerate(zip(gens, twins)):
+            st = h.bit_generator.state
+            assert draws.pcg64_state(g) == (st["state"]["state"], st["state"]["inc"], st["has_uint32"],
+                                            st["uinteger"])
+            count = 2 * i + step
+            draws.pcg64_skip(g, count, draws.pcg64_state(g))
+            h.random(count, dtype=np.float32)
+            assert g.bit_generator.state == h.bit_generator.state
+    assert len(draws._VIEWS) == (2 if views else 0)
+    other = np.random.Generator(np.random.MT19937(1))
+    assert draws.pcg64_state(other) is None and draws.pcg64_kept(other) is None
+
+
 def test_jump_composes_like_steps():
     inc = np.random.default_rng(3).bit_generator.state["state"]["inc"]
     s = 12345
