@@ -37,8 +37,8 @@ tile's panel lies on another page (docs/performance-notes.md has the figures). I
 close to OpenBLAS's one K = 208 product over all the blocks, which would give other bits
 on other ranks.
 
-Blocks longer than :data:`SEGMENT_ROWS` (batch 5000: 8 blocks of 1250 rows of [v0; vk]) go
-a stretch of rows at a time, every tile taking the stretch before the next one, the tiles'
+Blocks longer than :data:`LONG_ROWS` (batch 5000: 8 blocks of 1250 rows of [v0; vk]) go
+a stretch of :data:`SEGMENT_ROWS` rows at a time, every tile taking the stretch before the next one, the tiles'
 unfinished sums waiting on their stacks: the same bits, but D's panel no longer comes from
 L3 for every tile. Each stretch's rows of A are copied transposed, and of D padded, into
 small buffers that stay in cache (instead of whole copies of A.T and of D padded; A's
@@ -121,9 +121,14 @@ KEEP_PANELS_BYTES = 16 << 20
 # 2.8x its 1-block epoch (1.9x with one call per product; docs/performance-notes.md)
 MIN_DOT = 16
 SLOT = OR * OC * LANES32  # floats of one partial sum of a block_outer_sum tile on its stack
-# block_outer_sum takes blocks longer than this in stretches of as many rows (see
-# _segment_source; 64, 128, 256 and 512 ran within the noise of each other at batch 5000)
+# block_outer_sum takes blocks longer than LONG_ROWS in stretches of SEGMENT_ROWS rows (see
+# _segment_source; stretches of 64, 128, 256 and 512 ran within the noise of each other at
+# batch 5000). A whole block's tiles read D's column panel, OC vectors a row, from L1 while
+# it fits there: on the AVX2 path (one 32-byte vector a row) they ran 8-25% faster than the
+# stretches up to 384 rows, alike at 512 and slower from 640 (AMD EPYC Zen 3; the AVX-512
+# panel, three 64-byte vectors a row, was not timed against them past 128)
 SEGMENT_ROWS = 128
+LONG_ROWS = {"avx512": SEGMENT_ROWS, "avx2": 512}[target_isa()]
 # the stretches ask for the stack slots of the tile this many tiles ahead (12 MB of slots
 # at batch 5000 sit in L3; a small gain, within the noise)
 PREFETCH_TILES = 2
@@ -745,9 +750,9 @@ def block_outer_sum(A, D, starts, merges, alphas, out):
 
 
 def _long_blocks(A, starts) -> bool:
-    """Whether a block's chain (its rows of every part of A) is longer than SEGMENT_ROWS:
+    """Whether a block's chain (its rows of every part of A) is longer than LONG_ROWS:
     then it is taken in stretches (:func:`_segment_source`), not by the whole-block tiles."""
-    return chain_rows(A, starts) > SEGMENT_ROWS
+    return chain_rows(A, starts) > LONG_ROWS
 
 
 def _fits(A, D, out, *more):

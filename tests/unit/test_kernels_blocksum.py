@@ -175,15 +175,15 @@ def test_offsets_checked_once_are_checked_against_each_call():
 @given(count=st.integers(1, 5), m=st.integers(1, 40), n=st.integers(1, 90), seed=st.integers(0, 2 ** 16),
        fold=st.booleans(), data=st.data())
 def test_long_blocks_in_stretches_are_the_whole_blocks_bits(count, m, n, seed, fold, data):
-    """Blocks longer than SEGMENT_ROWS are taken a stretch of rows at a time (every tile's
+    """Blocks longer than LONG_ROWS are taken a stretch of rows at a time (every tile's
     sums kept on its stack between stretches, each stretch's rows of A copied transposed):
     the same bits as the kernel that takes each block whole, A's rows contiguous or
     strided, and nothing written past out."""
     from aepar.kernels.nb import rowprod
 
-    most = 3 * rowprod.SEGMENT_ROWS
+    most = rowprod.LONG_ROWS + 3 * rowprod.SEGMENT_ROWS
     sizes = data.draw(st.lists(st.integers(0, most), min_size=count, max_size=count))
-    sizes[data.draw(st.integers(0, count - 1))] = data.draw(st.integers(rowprod.SEGMENT_ROWS + 1, most))
+    sizes[data.draw(st.integers(0, count - 1))] = data.draw(st.integers(rowprod.LONG_ROWS + 1, most))
     rng = np.random.default_rng(seed)
     A, D, starts, alphas = problem(rng, sizes, m, n)
     alphas[0] = 1.0  # the multiply is skipped for 1
@@ -204,6 +204,27 @@ def test_long_blocks_in_stretches_are_the_whole_blocks_bits(count, m, n, seed, f
                       A, D, starts, alphas, "block_outer_sum in stretches")
 
 
+@pytest.mark.parametrize("chain", ["stretch+1", "long", "long+1"])
+def test_blocks_up_to_long_rows_whole_and_past_it_in_stretches_give_the_sums(chain):
+    """Around the bounds of the whole-block tiles: a block one row longer than a stretch,
+    one of LONG_ROWS rows (both whole, on the AVX2 path) and one of LONG_ROWS + 1 (in
+    stretches) against the reference, beside short blocks; the step with the sum too."""
+    from aepar.kernels.nb import rowprod
+
+    rows = {"stretch+1": rowprod.SEGMENT_ROWS + 1, "long": rowprod.LONG_ROWS, "long+1": rowprod.LONG_ROWS + 1}[chain]
+    rng = np.random.default_rng(rows)
+    A, D, starts, alphas = problem(rng, [13, rows, 0, 12], 37, 45)
+    merges = tree_merges(tree_top(4), 0, 4)
+    got = NB.block_outer_sum(A, D, starts, merges, alphas, np.full((37, 45), np.nan, np.float32))
+    assert_sums_close(got, REF.block_outer_sum(A, D, starts, merges, alphas, np.empty((37, 45), np.float32)),
+                      A, D, starts, alphas, f"block_outer_sum, a block of {rows} rows")
+    p, v = rng.standard_normal((2, 37, 45)).astype(np.float32)
+    p2, v2 = p.copy(), v.copy()
+    NB.block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, 0.1, 0.9, 2e-4)
+    NB.sgd_momentum_update(p2, got, v2, 0.1, 0.9, 2e-4)
+    assert p.tobytes() == p2.tobytes() and v.tobytes() == v2.tobytes()
+
+
 @pytest.mark.parametrize("name", ["numpy", "numba"])
 @settings(max_examples=30, deadline=None)
 @given(count=st.integers(1, 8), m=st.integers(1, 40), n=st.integers(1, 90), seed=st.integers(0, 2 ** 16),
@@ -218,7 +239,7 @@ def test_the_step_with_the_sum_is_the_sum_then_the_step(name, count, m, n, seed,
     rng = np.random.default_rng(seed)
     sizes = list(rng.integers(0, 30, count))
     if long:  # a block the numba set takes in stretches: there the sum, then the step
-        sizes[int(rng.integers(count))] = rowprod.SEGMENT_ROWS + 1 + int(rng.integers(60))
+        sizes[int(rng.integers(count))] = rowprod.LONG_ROWS + 1 + int(rng.integers(60))
     A, D, starts, alphas = problem(rng, sizes, m, n)
     A[: max(1, A.shape[0] // 3)] = 0  # some sums -0 or 0
     merges = tree_merges(tree_top(count), 0, count)
@@ -276,7 +297,7 @@ def test_two_parts_are_the_interleaved_arrays(name, count, m, n, seed, long, ban
     rng = np.random.default_rng(seed)
     sizes = list(rng.integers(0, 16, count))
     if long:
-        sizes[int(rng.integers(count))] = rowprod.SEGMENT_ROWS // 2 + 1 + int(rng.integers(40))
+        sizes[int(rng.integers(count))] = rowprod.LONG_ROWS // 2 + 1 + int(rng.integers(40))
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     rows = int(starts[-1])
     wide = [rng.standard_normal((rows, m + extra)).astype(np.float32) for extra in (5, 9)]  # rows apart unlike

@@ -186,8 +186,8 @@ for m, k, n in %r:
     p, vel = rng.standard_normal((k, n), np.float32), rng.standard_normal((k, n), np.float32)
     block_outer_sum_sgd(A, D, starts, tree_merges(2, 0, 4), [0.5, -1.0, 1.0, 3.0], p, vel, 0.1, 0.9, 2e-4)
     out[f"sgd_p{m}x{k}x{n}"], out[f"sgd_v{m}x{k}x{n}"] = p, vel
-# blocks longer than SEGMENT_ROWS: taken in stretches
-starts = np.cumsum([0, 300, 0, 140, 129])
+# blocks longer than LONG_ROWS: taken in stretches (on the AVX2 path longer than the host's)
+starts = np.cumsum([0, 300, 0, 140, 600])
 A, D = rng.standard_normal((starts[-1], 70), np.float32), rng.standard_normal((starts[-1], 37), np.float32)
 out["AtD_long"] = block_outer_sum(A, D, starts, tree_merges(2, 0, 4), [0.5, -1.0, 1.0, 3.0],
                                   np.empty((70, 37), np.float32))
