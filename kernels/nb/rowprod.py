@@ -38,9 +38,9 @@ close to OpenBLAS's one K = 208 product over all the blocks, which would give ot
 on other ranks.
 
 Blocks longer than :data:`LONG_ROWS` (batch 5000: 8 blocks of 1250 rows of [v0; vk]) go
-a stretch of :data:`SEGMENT_ROWS` rows at a time, every tile taking the stretch before the next one, the tiles'
-unfinished sums waiting on their stacks: the same bits, but D's panel no longer comes from
-L3 for every tile. Each stretch's rows of A are copied transposed, and of D padded, into
+a stretch of :data:`SEGMENT_ROWS` rows at a time, every tile taking the stretch before the
+next one, the tiles' unfinished sums waiting on their stacks: the same bits, but D's
+panel no longer comes from L3 for every tile. Each stretch's rows of A are copied transposed, and of D padded, into
 small buffers that stay in cache (instead of whole copies of A.T and of D padded; A's
 through 16 x 16 register transposes), and a run of tiles of one row count is one call.
 Each of these made long blocks faster, the copies included (whole blocks ran far

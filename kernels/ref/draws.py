@@ -13,13 +13,14 @@ until the next draw); the float is (u >> 8) * 2**-24. Jumping n steps ahead is t
 raised to the n-th power: s_n = A_n * s + C_n, found by squaring in O(log n).
 
 A set that draws elsewhere reads each generator's state before its draws and moves it on
-after them, every step and block. Through ``bit_generator.state`` (a dict made and parsed
-each time) that cost a GPU CD-1 step of 8 blocks about a sixth of its host time; so
-:func:`pcg64_state` and :func:`pcg64_skip` read and write the words where NumPy keeps
-them (``bit_generator.ctypes.state_address``: a pointer to the 128-bit state and
-increment, low word first, then the buffered half's flag and value), through NumPy views
-kept per generator (:func:`pcg64_kept`). That layout is NumPy's, not a public interface: the first use checks
-it against the dict (:func:`_views_match`), and the dict is used wherever it differs.
+after them, every step and block, on the host's path of a GPU step. Rather than through
+``bit_generator.state`` (a dict made and parsed each time), :func:`pcg64_state` and
+:func:`pcg64_skip` read and write the words where NumPy keeps them
+(``bit_generator.ctypes.state_address``: a pointer to the 128-bit state and increment, low
+word first, then the buffered half's flag and value), through NumPy views kept per
+generator (:func:`pcg64_kept`). That layout is NumPy's, not a public interface: the first
+use checks it against the dict (:func:`_views_match`), and the dict is used wherever it
+differs.
 """
 import ctypes
 import functools
