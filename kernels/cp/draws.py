@@ -10,8 +10,7 @@ the same count. Same bits as the host draws.
 import cupy as cp
 import numpy as np
 
-from ..ref.draws import (MULT, check_uniform_rows, pcg64_kept, pcg64_moved, pcg64_read, pcg64_skip, pcg64_state,
-                         pcg64_write, uniform_rows as _host_rows)
+from ..ref.draws import MULT, check_uniform_rows, pcg64_skip, pcg64_state, uniform_rows as _host_rows
 
 __all__ = ["uniform_rows"]
 
@@ -81,8 +80,7 @@ def uniform_rows(rngs, starts, out):
     the uniforms ``rngs[i].random(dtype=np.float32)`` would give, each generator moved on
     as that call would; see :func:`kernels.ref.draws.uniform_rows`."""
     check_uniform_rows(rngs, starts, out)
-    kept = [pcg64_kept(rng) for rng in rngs]
-    states = [pcg64_state(rng) if k is None else pcg64_read(k) for rng, k in zip(rngs, kept)]
+    states = [pcg64_state(rng) for rng in rngs]
     if any(s is None for s in states):  # another bit generator: draw on the host
         host = _host_rows(rngs, starts, np.empty(out.shape, np.float32))
         out[...] = cp.asarray(host)
@@ -97,9 +95,6 @@ def uniform_rows(rngs, starts, out):
         grid = (max(1, -(-most // (_THREADS * _PER_THREAD))), len(rngs))
         more = cp.asarray(job[1:]) if len(rngs) > 1 else out  # (one stream: not read)
         _KERNEL(grid, (_THREADS,), (*job[0], more, out, np.uint64(MULT >> 64), np.uint64(MULT & _M64)))
-    for rng, k, (state, inc, buffered, uinteger), lo, hi in zip(rngs, kept, states, ends[:-1], ends[1:]):
-        if k is None:
-            pcg64_skip(rng, hi - lo, (state, inc, buffered, uinteger))
-        elif hi > lo:  # each generator moved on as drawing its rows would
-            pcg64_write(k, *pcg64_moved(state, inc, buffered, uinteger, hi - lo))
+    for rng, state, lo, hi in zip(rngs, states, ends[:-1], ends[1:]):
+        pcg64_skip(rng, hi - lo, state)  # each generator moved on as drawing its rows would
     return out

@@ -78,7 +78,8 @@ def pcg64_state(rng):
     """(state, inc, buffered, uinteger) of a Generator on PCG64; None for other bit generators."""
     kept = pcg64_kept(rng)
     if kept is not None:
-        return pcg64_read(kept)
+        (lo, hi, inc_lo, inc_hi), (buffered, uinteger) = kept[1].tolist(), kept[2].tolist()
+        return hi << 64 | lo, inc_hi << 64 | inc_lo, buffered, uinteger
     st = rng.bit_generator.state
     if st.get("bit_generator") != "PCG64":
         return None
@@ -91,25 +92,19 @@ def pcg64_skip(rng, count: int, state=None) -> None:
     state, inc, buffered, uinteger = state or pcg64_state(rng)
     if count <= 0:
         return
-    state, buffered, uinteger = pcg64_moved(state, inc, buffered, uinteger, count)
-    kept = pcg64_kept(rng)
-    if kept is not None:
-        pcg64_write(kept, state, buffered, uinteger)
-        return
-    rng.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
-                               "has_uint32": buffered, "uinteger": uinteger}
-
-
-def pcg64_moved(state: int, inc: int, buffered: int, uinteger: int, count: int) -> tuple[int, int, int]:
-    """(state, buffered, uinteger) of a PCG64 at (state, inc, buffered, uinteger) once it has
-    drawn ``count`` > 0 float32 uniforms."""
     fresh = count - buffered  # 32-bit halves taken from new outputs
     steps = (fresh + 1) // 2
     if steps:
         a, c = jump(steps, inc)
         state = (a * state + c) & MASK
         uinteger = output(state) >> 32  # NumPy keeps the last output's high half, used or not
-    return state, fresh % 2, uinteger
+    kept = pcg64_kept(rng)
+    if kept is not None:
+        kept[1][:2] = state & _WORD, state >> 64
+        kept[2][:] = fresh % 2, uinteger
+        return
+    rng.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": inc},
+                               "has_uint32": fresh % 2, "uinteger": uinteger}
 
 
 def pcg64_kept(rng):
@@ -127,18 +122,6 @@ def pcg64_kept(rng):
         _VIEWS.pop(next(iter(_VIEWS)))  # the oldest
     kept = _VIEWS[id(bit_generator)] = (bit_generator, *_views_of(bit_generator))
     return kept
-
-
-def pcg64_read(kept) -> tuple[int, int, int, int]:
-    """:func:`pcg64_state` through a generator's :func:`pcg64_kept` views."""
-    (lo, hi, inc_lo, inc_hi), (buffered, uinteger) = kept[1].tolist(), kept[2].tolist()
-    return hi << 64 | lo, inc_hi << 64 | inc_lo, buffered, uinteger
-
-
-def pcg64_write(kept, state: int, buffered: int, uinteger: int) -> None:
-    """The generator of ``kept`` (:func:`pcg64_kept`) set to ``state`` with its buffered half."""
-    kept[1][:2] = state & _WORD, state >> 64
-    kept[2][:] = buffered, uinteger
 
 
 _WORD = (1 << 64) - 1
