@@ -24,7 +24,6 @@ differs.
 """
 import ctypes
 import functools
-import threading
 
 import numpy as np
 
@@ -127,8 +126,6 @@ def pcg64_kept(rng):
 _WORD = (1 << 64) - 1
 KEEP_VIEWS = 1024  # generators whose views are kept (a run's blocks' streams, epoch after epoch)
 _VIEWS: dict = {}  # id(bit generator) -> pcg64_kept's (the bit generator, its words, its flag and half)
-_MATCH: list = []  # _views_match(), once a process
-_MATCHING = threading.Lock()
 
 
 def _views_of(bit_generator):
@@ -138,18 +135,11 @@ def _views_of(bit_generator):
             np.ctypeslib.as_array((ctypes.c_uint32 * 2).from_address(address + 8)))
 
 
+@functools.cache  # once a process (two threads at once would each find the same)
 def _views_match() -> bool:
     """Whether this NumPy keeps PCG64's words as :func:`_views_of` reads them: a generator
     with a buffered half read through the views gives its dict's values, and one moved
     on through them reads in its dict as moved on."""
-    if not _MATCH:
-        with _MATCHING:
-            if not _MATCH:
-                _MATCH.append(_check_views())
-    return _MATCH[0]
-
-
-def _check_views() -> bool:
     try:
         rng = np.random.Generator(np.random.PCG64(20261205))
         rng.random(3, dtype=np.float32)  # a buffered half

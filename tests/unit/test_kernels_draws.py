@@ -90,7 +90,7 @@ def test_states_read_and_moved_through_the_views_or_the_dict_are_numpys(monkeypa
     dict), or go through ``bit_generator.state`` where that check fails; either way the
     states are NumPy's. Few views kept: generators whose views were let go read again."""
     assert draws._views_match() is True, "this NumPy's PCG64 words are not where the views look"
-    monkeypatch.setattr(draws, "_MATCH", [views])
+    monkeypatch.setattr(draws, "_views_match", lambda: views)
     monkeypatch.setattr(draws, "_VIEWS", {})
     monkeypatch.setattr(draws, "KEEP_VIEWS", 2)
     gens = generators(5, 4, [3, 0, 1, 2])
