@@ -13,9 +13,9 @@ Bias, nonlinearity, sampling and the reconstruction error are one fused pass eac
 sigmoid LLVM vectorises: float32 arithmetic for float32 arrays (float64 for float64), no
 libm call (libm's exp is scalar, a call per element) and error_model="numpy" (Python's
 error model tests each division for zero, a branch that kept the loops scalar). The four
-GEMM calls are most of a step. The forward products of a block of at most 32 rows
-(aepar.rows' eight blocks of a batch) go to :mod:`.rowprod` instead: OpenBLAS runs those
-far below its rate.
+GEMM calls are most of a step. The forward products of a block of at most
+``rowprod.MAX_ROWS`` rows (aepar.rows' eight blocks of a batch) go to :mod:`.rowprod`
+instead: OpenBLAS runs those far below its rate.
 
 The passes are serial on purpose: each is short next to the GEMMs, and a numba parallel
 region between BLAS calls cost more than it saved. With 2 threads a CD-1 step took the

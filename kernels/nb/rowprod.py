@@ -22,7 +22,7 @@ FMA chain over row r of h and row i of W in order, as v @ W's. Dot products of h
 W's rows, 16 lanes each added in a tree at the end, ran slower on AVX2 (its 16 registers
 held a 2 x 3 tile of 16-lane sums only as 8-lane halves) and at 50 or more rows on AVX-512.
 
-For a block's rows these tiles beat OpenBLAS; for 100 rows OpenBLAS is faster:
+For a block's rows these tiles beat OpenBLAS; how far up depends on the code path:
 :data:`MAX_ROWS` picks.
 
 :func:`block_outer_sum` is the weight gradient of those blocks: Σ_b alpha_b A_b.T @ D_b
@@ -78,9 +78,13 @@ __all__ = ["rows_times", "rows_times_t", "w_panels", "wt_panel", "thin", "thin_t
 # behind these choices: docs/performance-notes.md.
 TILE_SHAPES = {"avx512": dict(RT=6, CT=4, OR=8, OC=3), "avx2": dict(RT=6, CT=1, OR=6, OC=1)}
 RT, CT, OR, OC = (TILE_SHAPES[target_isa()][k] for k in ("RT", "CT", "OR", "OC"))
-# products with at most this many rows go through these kernels, larger ones through BLAS
-# (a choice made from the shapes alone: a block's rows get the same kernel on any rank)
-MAX_ROWS = 32
+# products with at most this many rows a block go through these kernels, larger ones
+# through BLAS (a choice made from the shapes alone: a block's rows get the same kernel on
+# any rank). On the AVX2 path the tiles beat OpenBLAS up to 128 rows, the GPU set's bound
+# (kernels.cp.rowprod.MAX_ROWS): a block of 33-128 rows (8 blocks of a batch of 264-1024)
+# then has the GPU's products, not OpenBLAS's (whose bits depend on its kernels); the
+# AVX-512 tiles past 32 rows are not timed against OpenBLAS
+MAX_ROWS = {"avx512": 32, "avx2": 128}[target_isa()]
 # rows_times' tiles ask for W's lines this many rows ahead: each row of a tile's panel is
 # a few lines 4 kB from the last (a new page each), which the hardware prefetchers did
 # not keep up with on the AVX2 path (the AVX-512 tiles ran the same either way;

@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
+from aepar.kernels.nb.rowprod import MAX_ROWS as CPU_MAX_ROWS
 from tests.conftest import gpu_rows, kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, scalar_value, to_host
 
@@ -231,14 +232,14 @@ def test_dense_backward_factors_are_the_backward_without_its_product(name, act, 
 
 
 @settings(max_examples=25, deadline=None)
-@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6), act=st.sampled_from(ACTS),
+@given(sizes=st.lists(st.integers(0, CPU_MAX_ROWS + 8), min_size=1, max_size=6), act=st.sampled_from(ACTS),
        shape=st.sampled_from([(70, 96), (100, 40), (40, 20)]), f32=st.booleans(), view=st.booleans(),
        rows=st.booleans(), seed=st.integers(0, 2**16))
 @pytest.mark.parametrize("name", ["numpy", "numba"])
 def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, view, rows, seed):
     """dense_forward_blocks / dense_backward_blocks on stacked rows: bit for bit the blocks
     one by one (the Numba set runs them in one call of the row kernel when every block has
-    at most MAX_ROWS rows: 40 crosses it; 20 columns are too few for rows_times_t), also
+    at most MAX_ROWS rows, which the sizes cross; 20 columns are too few for rows_times_t), also
     with W a transposed view (a tied decoder's weight, which the row kernels take as it is),
     and with the bias gradients as separate arrays or (``rows``) as the trainer gives them,
     the same columns of each row of one buffer (the Numba set's dz one call for all blocks
@@ -362,7 +363,8 @@ def test_tied_ae_update_matches_reference(kset, shape, code_act, dtype, rng):
 
 
 @settings(max_examples=20, deadline=None)
-@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=8), code_act=st.sampled_from(["sigmoid", "identity"]),
+@given(sizes=st.lists(st.integers(1, CPU_MAX_ROWS + 8), min_size=1, max_size=8),
+       code_act=st.sampled_from(["sigmoid", "identity"]),
        shape=st.sampled_from([(70, 40), (100, 20), (40, 12)]), f32=st.booleans(), seed=st.integers(0, 2**16))
 @pytest.mark.parametrize("name", kernel_set_params())
 def test_tied_ae_factors_blocks_are_the_block_kernels_one_by_one(name, sizes, code_act, shape, f32, seed):
@@ -370,7 +372,7 @@ def test_tied_ae_factors_blocks_are_the_block_kernels_one_by_one(name, sizes, co
     after another (``tied_ae_factors_blocks_via``), the bias gradients added into what the
     dbs held; the numba set's one compiled call where every block takes its row kernels
     (float32, sigmoid code units, at most MAX_ROWS rows a block, 20 or more of them), the
-    block kernels for the rest (40 rows, 12 code units, identity, float64); and within
+    block kernels for the rest (more rows, 12 code units, identity, float64); and within
     rounding of the numpy set."""
     from aepar.kernels.ref.dense import tied_ae_factors_blocks_via
 
@@ -397,13 +399,15 @@ def test_tied_ae_factors_blocks_are_the_block_kernels_one_by_one(name, sizes, co
 
 @pytest.mark.parametrize("sizes, shape, code_act, calls", [([13, 12, 13, 12], (784, 100), "sigmoid", 1),
                                                             ([25, 25], (64, 16), "sigmoid", 1),
-                                                            ([40, 10], (64, 16), "sigmoid", 0),
+                                                            ([CPU_MAX_ROWS, CPU_MAX_ROWS - 3], (64, 16), "sigmoid", 1),
+                                                            ([CPU_MAX_ROWS + 8, 10], (64, 16), "sigmoid", 0),
                                                             ([13, 12], (64, 15), "sigmoid", 0),
                                                             ([13, 12], (64, 16), "identity", 0)])
 def test_numba_tied_ae_factors_blocks_in_one_call_where_the_blocks_are_thin(sizes, shape, code_act, calls, monkeypatch):
     """The numba set's one compiled call takes the blocks where each takes its row kernels
     (a thread's share of a batch of 100 of the 784-100 layer; 25 rows, where the AVX2 path
-    copies W's panels and keeps them for dz2 @ W), and gives the block kernels' bits; a
+    copies W's panels and keeps them for dz2 @ W; blocks of MAX_ROWS rows, 128 on the AVX2
+    path: 8 blocks of a batch of 1,000), and gives the block kernels' bits; a
     block of more than MAX_ROWS rows, fewer than MIN_DOT code units or identity code units
     take the block kernels."""
     from aepar.kernels.nb import dense

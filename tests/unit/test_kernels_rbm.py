@@ -17,6 +17,7 @@ from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
+from aepar.kernels.nb.rowprod import MAX_ROWS as CPU_MAX_ROWS
 from tests.conftest import gpu_rows, kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad, scalar_value
 
@@ -361,13 +362,13 @@ def test_rbm_cd_factors_are_the_backward_without_its_product(name, hidden, rng):
 
 
 @settings(max_examples=25, deadline=None)
-@given(sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6), hidden=st.sampled_from(HIDDEN),
+@given(sizes=st.lists(st.integers(0, CPU_MAX_ROWS + 8), min_size=1, max_size=6), hidden=st.sampled_from(HIDDEN),
        nh=st.sampled_from([8, 30, 96]), k=st.sampled_from([1, 1, 2]), f32=st.booleans(), seed=st.integers(0, 2**16))
 @pytest.mark.parametrize("name", CPU_SETS)
 def test_rbm_cd_factors_blocks_give_each_blocks_own_bits(name, sizes, hidden, nh, k, f32, seed):
     """rbm_cd_factors_blocks on stacked rows: bit for bit each block's rbm_cd_factors (the
-    numba set runs CD-1 on every block at once when each block has at most MAX_ROWS rows:
-    40 crosses it; 8 hidden units are too few for rows_times_t, the 30 of the stack's code
+    numba set runs CD-1 on every block at once when each block has at most MAX_ROWS rows,
+    which the sizes cross; 8 hidden units are too few for rows_times_t, the 30 of the stack's code
     layer enough; CD-2 goes block by block)."""
     K, dtype = kernels.load(name), np.float32 if f32 else np.float64
     rng = np.random.default_rng(seed)
@@ -382,6 +383,31 @@ def test_rbm_cd_factors_blocks_give_each_blocks_own_bits(name, sizes, hidden, nh
         A_b, D_b, alpha_b, err_b = K.rbm_cd_factors(v0[lo:hi], W, bv, bh, noise[:, lo:hi], hidden, dbv, dbh, scale)
         assert np.array_equal(A[2 * lo:2 * hi], A_b) and np.array_equal(D[2 * lo:2 * hi], D_b)
         assert alpha == alpha_b and errs[b] == err_b
+        assert np.array_equal(dbvs[b], dbv) and np.array_equal(dbhs[b], dbh)
+
+
+@pytest.mark.parametrize("sizes, calls", [([13, 12, 13], 1), ([CPU_MAX_ROWS, CPU_MAX_ROWS - 3], 1),
+                                          ([CPU_MAX_ROWS + 1, 10], 0)])
+def test_numba_cd_blocks_in_one_call_up_to_max_rows(sizes, calls, monkeypatch):
+    """The numba set runs CD-1 on all blocks in one compiled call (``_cd_blocks``) where
+    each block has at most MAX_ROWS rows (128 on the AVX2 path: 8 blocks of a batch of
+    1,000), block by block past it; each block its own bits either way."""
+    from aepar.kernels.nb import rbm
+
+    taken = []
+    real = rbm._cd_blocks
+    monkeypatch.setattr(rbm, "_cd_blocks", lambda *a: (taken.append(1), real(*a)))
+    K = kernels.load("numba")
+    starts = np.cumsum([0] + sizes)
+    v0, W, bv, bh, noise = rbm_problem(np.random.default_rng(sum(sizes)), "bernoulli", 1, int(starts[-1]), 70, 40,
+                                       np.float32)
+    dbvs, dbhs = [np.zeros_like(bv) for _ in sizes], [np.zeros_like(bh) for _ in sizes]
+    A, D, _, errs = K.rbm_cd_factors_blocks(v0, W, bv, bh, noise, "bernoulli", dbvs, dbhs, starts, 0.01)
+    assert len(taken) == calls
+    for b, (lo, hi) in enumerate(zip(starts[:-1], starts[1:])):
+        dbv, dbh = np.zeros_like(bv), np.zeros_like(bh)
+        A_b, D_b, _, err_b = K.rbm_cd_factors(v0[lo:hi], W, bv, bh, noise[:, lo:hi], "bernoulli", dbv, dbh, 0.01)
+        assert np.array_equal(A[2 * lo:2 * hi], A_b) and np.array_equal(D[2 * lo:2 * hi], D_b) and errs[b] == err_b
         assert np.array_equal(dbvs[b], dbv) and np.array_equal(dbhs[b], dbh)
 
 
