@@ -102,8 +102,8 @@ bench-cae-speed: venv bench-peers  ## one CAE epoch, aepar's Numba kernels vs Py
 	$(BIN)/python -m bench.cae_speed
 
 .PHONY: bench-block-tax
-bench-block-tax: venv bench-peers  ## the price of the same bits per CPU: RBM, autoencoder-layer, fine-tuning, CAE, greedy-stack and each upper stack layer's epochs with 8 blocks vs 1 block vs PyTorch, 1 and 2 threads -> block_tax.{csv,md} (~8 min)
-	$(BIN)/python -m bench.block_tax
+bench-block-tax: venv bench-peers  ## the price of the same bits per CPU: RBM, autoencoder-layer, fine-tuning, CAE, greedy-stack and each upper stack layer's epochs with 8 blocks vs 1 block vs PyTorch, 1 and 2 threads, batch 100 (BATCH=1000: blocks of 125 rows) -> block_tax.{csv,md} (~8 min)
+	$(BIN)/python -m bench.block_tax $(if $(BATCH),--batch $(BATCH))
 
 .PHONY: bench-cpu
 bench-cpu: venv bench-peers  ## every row the speed targets need from this CPU: the block tax, the sparse autoencoder against the textbook (its blocks' tax too), the whole sparse command and whether its BLAS keeps a row's bits among other rows, on its own code path and, where it has AVX-512, again on the AVX2 path -> block_tax.{csv,md}, peers.csv, row_bits.csv (~12 min on 2 cores)

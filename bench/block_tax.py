@@ -12,8 +12,9 @@ that costs and where aepar stands against PyTorch, side by side in one run on on
   on the rows the layer below gives (``greedy``: greedy pre-training's work per epoch;
   Bernoulli hidden units throughout, as the PyTorch peer has no Gaussian layer), and each
   of the stack's upper RBMs alone (``rbm1000x500``, ``rbm500x250``, ``rbm250x30``), float32,
-  batch 100, on the embedded MNIST digits (or the first
-  ``--rows`` Fashion-MNIST images when installed: ``make fashion``);
+  batch 100 (``--batch``: larger batches make longer blocks, 125 rows each at 1000), on the
+  embedded MNIST digits (or the first ``--rows`` Fashion-MNIST images when installed:
+  ``make fashion``);
 - for each: aepar with the default 8 blocks, aepar with the batch as one block (one
   process only: no guarantee across rank counts), and the PyTorch peers of bench/
   (``bench.torch_rbm``'s careful and plain styles for the layers, ``bench.finetune_speed``
@@ -22,10 +23,11 @@ that costs and where aepar stands against PyTorch, side by side in one run on on
 - each thread count in its own process (AEPAR_THREADS, ``torch.set_num_threads``), with an
   SGEMM rate measured before and after the epochs in that process.
 
-Rows (one per workload, thread count and implementation, with the machine: CPU, ISA,
-BLAS) are merged into ``bench/results/block_tax.csv`` per machine; ``block_tax.md`` is
-rebuilt from every machine's rows there: the 8-block/1-block ratio (target <= 1.10) and
-8 blocks against the faster PyTorch peer (target <= 1.00) per workload.
+Rows (one per workload, thread count, batch and implementation, with the machine: CPU,
+ISA, BLAS) are merged into ``bench/results/block_tax.csv`` per machine; ``block_tax.md`` is
+rebuilt from every machine's rows there, a table per machine and batch: the 8-block/1-block
+ratio (target <= 1.10) and 8 blocks against the faster PyTorch peer (target <= 1.00) per
+workload.
 """
 from __future__ import annotations
 
@@ -62,30 +64,31 @@ TITLES = {"rbm": "CD-1 epoch, 784x1000 RBM layer", "ae": "epoch, 784x1000 autoen
 # what the ratios are held to (issue: the 8-block epoch within 1.10x of one block, and at
 # least as fast as the faster PyTorch peer)
 TAX_TARGET, PEER_TARGET = 1.10, 1.00
+BATCH = 100  # the seed's recipe
 EIGHT, ONE = "aepar, 8 blocks", "aepar, 1 block"
 
 
-def workload_epochs(workload: str, x, threads: int, torch: bool) -> tuple[dict, float]:
-    """({implementation: a call that trains one epoch}, FLOPs per image) of one workload,
-    each implementation warmed up by one epoch."""
+def workload_epochs(workload: str, x, threads: int, torch: bool, batch: int = BATCH) -> tuple[dict, float]:
+    """({implementation: a call that trains one epoch}, FLOPs per image) of one workload at
+    ``batch`` rows a step, each implementation warmed up by one epoch."""
     if workload in ("rbm", "ae"):
         from bench.stacked import AEPAR_NAME, ONE_BLOCK_NAME, TORCH_NAMES, layer_epochs
 
-        epochs, model = layer_epochs(x, tuple(TORCH_NAMES) if torch else (), numpy_peer=False, layer=workload,
-                                     threads=threads)
+        epochs, model = layer_epochs(x, tuple(TORCH_NAMES) if torch else (), numpy_peer=False, batch=batch,
+                                     layer=workload, threads=threads)
         names = {AEPAR_NAME: EIGHT, ONE_BLOCK_NAME: ONE}
         names.update({v: f"pytorch {k}" for k, v in TORCH_NAMES.items()})
         return {names[k]: fn for k, fn in epochs.items()}, model.flops_per_sample()
     if workload == "greedy" or workload in LAYERS:
-        return greedy_epochs(x, threads, torch, LAYERS.get(workload))
+        return greedy_epochs(x, threads, torch, LAYERS.get(workload), batch)
     if workload == "finetune":
         from bench.finetune_speed import TorchUnrolled as Peer
         from bench.finetune_speed import aepar_epoch
     else:
         from bench.cae_speed import TorchCAE as Peer
         from bench.cae_speed import aepar_epoch
-    model, eight = aepar_epoch(x, 8)
-    _, one = aepar_epoch(x, 1)
+    model, eight = aepar_epoch(x, 8, batch=batch)
+    _, one = aepar_epoch(x, 1, batch=batch)
     epochs = {EIGHT: eight, ONE: one}
     if torch:
         try:
@@ -99,7 +102,7 @@ def workload_epochs(workload: str, x, threads: int, torch: bool) -> tuple[dict, 
     return epochs, model.flops_per_sample()
 
 
-def greedy_epochs(x, threads: int, torch: bool, only: int | None = None) -> tuple[dict, float]:
+def greedy_epochs(x, threads: int, torch: bool, only: int | None = None, batch: int = BATCH) -> tuple[dict, float]:
     """:func:`workload_epochs` of ``greedy``: one CD-1 epoch of every layer of :data:`STACK`,
     in order, each layer on its own input rows (``only``: of that layer alone, one of
     :data:`LAYERS`). The upper layers' rows are made once, untimed, by the 8-block aepar
@@ -113,8 +116,8 @@ def greedy_epochs(x, threads: int, torch: bool, only: int | None = None) -> tupl
     be = backend.select("cpu", "numba", "float32")
     shapes = list(zip(STACK[:-1], STACK[1:]))
 
-    def layers():  # the RBM's defaults are the seed's recipe (Bernoulli units, batch 100)
-        return [RBM(be, n_in, n_out, seed=i, layer_index=i) for i, (n_in, n_out) in enumerate(shapes)]
+    def layers():  # the RBM's defaults are the seed's recipe (Bernoulli units)
+        return [RBM(be, n_in, n_out, batch=batch, seed=i, layer_index=i) for i, (n_in, n_out) in enumerate(shapes)]
 
     chosen = range(len(shapes)) if only is None else [only]
     stacks = {EIGHT: (layers(), DEFAULT_BLOCKS), ONE: (layers(), 1)}
@@ -137,7 +140,7 @@ def greedy_epochs(x, threads: int, torch: bool, only: int | None = None) -> tupl
         epochs[name] = epoch
     if torch and torch_rbm.available():
         for style in torch_rbm.STYLES:
-            peers = {i: torch_rbm.TorchRBM(*shapes[i], batch=100, threads=threads, seed=i, style=style)
+            peers = {i: torch_rbm.TorchRBM(*shapes[i], batch=batch, threads=threads, seed=i, style=style)
                      for i in chosen}
 
             def epoch(peers=peers):
@@ -156,13 +159,13 @@ def child(args) -> int:
     sgemm0, method = sgemm_gflops(threads)
     results = {}
     for workload in args.workloads.split(","):
-        epochs, flops = workload_epochs(workload, x, threads, args.torch)
+        epochs, flops = workload_epochs(workload, x, threads, args.torch, args.batch)
         times = time_calls(epochs, args.repeats, warmup=0)
         results[workload] = {"times": {k: list(t.samples) for k, t in times.items()}, "flops_per_sample": flops}
     sgemm1, _ = sgemm_gflops(threads)
     machine = machine_columns(mpi=ONE_PROCESS, threads=threads)
     print(CHILD_TAG + json.dumps({
-        "results": results, "data": what, "samples": int(x.shape[0]), "threads": threads,
+        "results": results, "data": what, "samples": int(x.shape[0]), "threads": threads, "batch": args.batch,
         "sgemm": max(sgemm0, sgemm1), "sgemm_method": method,
         "load_1min": [load_before, os.getloadavg()[0]], "machine": machine}), flush=True)
     return 0
@@ -178,7 +181,7 @@ def rows_of(res: dict, date: str, command: str) -> list[dict]:
         for impl, ts in r["times"].items():
             out.append({
                 "workload": workload, "implementation": impl, "data": res["data"], "samples": res["samples"],
-                "batch": 100, "dtype": "float32", "seconds": f"{best[impl]:.4f}",
+                "batch": res["batch"], "dtype": "float32", "seconds": f"{best[impl]:.4f}",
                 "median_seconds": f"{float(np.median(ts)):.4f}", "repeats": len(ts),
                 "all_seconds": " ".join(f"{v:.3f}" for v in ts),
                 "over_aepar_8_blocks": f"{best[impl] / best[EIGHT]:.3f}",
@@ -190,20 +193,21 @@ def rows_of(res: dict, date: str, command: str) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Per machine, workload and thread count: the 8-block and 1-block seconds, the faster
-    PyTorch peer's, and the two ratios with their targets."""
+    """Per machine, batch, workload and thread count: the 8-block and 1-block seconds, the
+    faster PyTorch peer's, and the two ratios with their targets."""
     groups = {}
     for r in rows:
-        groups.setdefault((r["cpu_model"], r["isa"], r["blas"], r["workload"], str(r["threads"])), {})[
+        batch = int(r.get("batch") or BATCH)  # rows written before --batch were all at 100
+        groups.setdefault((r["cpu_model"], r["isa"], r["blas"], batch, r["workload"], str(r["threads"])), {})[
             r["implementation"]] = r
     out = []
-    for (cpu, isa, blas, workload, threads), impls in groups.items():
+    for (cpu, isa, blas, batch, workload, threads), impls in groups.items():
         if EIGHT not in impls or ONE not in impls:
             continue
         eight, one = float(impls[EIGHT]["seconds"]), float(impls[ONE]["seconds"])
         peers = {k: float(v["seconds"]) for k, v in impls.items() if k.startswith("pytorch")}
         peer = min(peers, key=peers.get) if peers else None
-        out.append({"cpu": cpu, "isa": isa, "blas": blas, "workload": workload, "threads": threads,
+        out.append({"cpu": cpu, "isa": isa, "blas": blas, "batch": batch, "workload": workload, "threads": threads,
                     "eight": eight, "one": one, "tax": eight / one, "peer": peer,
                     "peer_seconds": peers.get(peer), "vs_peer": eight / peers[peer] if peer else None,
                     "of_sgemm": float(impls[EIGHT]["fraction_of_sgemm"]),
@@ -227,17 +231,18 @@ def markdown(rows: list[dict]) -> str:
              "`block_tax.csv`). Targets: 8 blocks / 1 block <= "
              f"{TAX_TARGET:.2f}, 8 blocks / PyTorch <= {PEER_TARGET:.2f}. `of SGEMM`: the 8-block epoch's "
              "GFLOP/s over a float32 2000x2000 SGEMM at the same threads in the same process, and the faster "
-             "PyTorch peer's (what batch-100 products and the work between them leave of that rate for any "
-             "implementation). aepar's threads "
+             "PyTorch peer's (what a batch's products and the work between them leave of that rate for any "
+             "implementation). A table per machine and batch (100, the seed's, unless the heading says "
+             "otherwise). aepar's threads "
              "take whole blocks (BLAS single-threaded inside each), so one block runs on one thread at any "
              "thread count.", ""]
     by_machine = {}
     for s in summary(rows):
-        by_machine.setdefault((s["cpu"], s["isa"], s["blas"]), []).append(s)
-    for (cpu, isa, blas), group in by_machine.items():
+        by_machine.setdefault((s["cpu"], s["isa"], s["blas"], s["batch"]), []).append(s)
+    for (cpu, isa, blas, batch), group in sorted(by_machine.items(), key=lambda kv: kv[0][3]):
         dates = sorted({s["date"] for s in group if s["date"]})
         commands = sorted({s["command"] for s in group if s["command"]})
-        lines += [f"## {cpu} ({isa}), {blas}", "",
+        lines += [f"## {cpu} ({isa}), {blas}" + ("" if batch == BATCH else f", batch {batch}"), "",
                   f"Measured {', '.join(dates) or '(date not recorded)'} with "
                   f"`{'`, `'.join(commands) or 'python -m bench.block_tax'}`.", "",
                   "| workload | threads | 8 blocks (s) | 1 block (s) | 8 / 1 | faster PyTorch (s) | 8 / PyTorch "
@@ -265,6 +270,8 @@ def main(argv=None) -> int:
                    + ", ".join(WORKLOADS))
     p.add_argument("--rows", type=positive_int, default=5000, help="images per epoch (at most the data set's)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed epochs per implementation")
+    p.add_argument("--batch", type=positive_int, default=BATCH,
+                   help="rows a step (8 blocks of a batch of 1000 have 125 rows each)")
     p.add_argument("--no-torch", dest="torch", action="store_false", default=argparse.SUPPRESS,
                    help="aepar only (default: the PyTorch peers too, where PyTorch is installed)")
     p.add_argument("--out", default=str(RESULTS / "block_tax.csv"), help="CSV the rows are merged into")
@@ -285,7 +292,8 @@ def main(argv=None) -> int:
 
     date = datetime.date.today().isoformat()
     command = "python -m bench.block_tax " + " ".join((argv if argv is not None else sys.argv[1:]))
-    extra = ["--rows", str(args.rows), "--repeats", str(args.repeats), "--workloads", args.workloads] + \
+    extra = ["--rows", str(args.rows), "--repeats", str(args.repeats), "--workloads", args.workloads,
+             "--batch", str(args.batch)] + \
         ([] if args.torch else ["--no-torch"])
     rows = []
     for t in threads:
@@ -296,7 +304,7 @@ def main(argv=None) -> int:
                       f"({' '.join(f'{v:.3f}' for v in ts)})", flush=True)
         rows += rows_of(res, date, command.strip())
     # a run of some workloads or thread counts replaces those rows of this machine, no others
-    merge_rows(rows, Path(args.out), BENCHMARK, key=KEY + ("workload", "threads"))
+    merge_rows(rows, Path(args.out), BENCHMARK, key=KEY + ("workload", "threads", "batch"))
     text = markdown([r for r in read_rows(args.out) if r.get("benchmark") == BENCHMARK])
     Path(args.md).write_text(text)
     print(text)

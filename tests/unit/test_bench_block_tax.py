@@ -37,9 +37,9 @@ def test_the_ratios_are_8_blocks_over_1_block_and_over_the_faster_peer():
 def test_a_run_writes_its_rows_and_table(tmp_path):
     out, md = tmp_path / "block_tax.csv", tmp_path / "block_tax.md"
 
-    def run(workload):
+    def run(workload, *more):
         assert block_tax.main(["--threads", "1", "--workloads", workload, "--rows", "300", "--repeats", "1",
-                               "--no-torch", "--out", str(out), "--md", str(md)]) == 0
+                               "--no-torch", "--out", str(out), "--md", str(md), *more]) == 0
     run("ae,rbm")
     lines = out.read_text().splitlines()
     assert len(lines) == 1 + 4 and "cpu_model" in lines[0] and "isa" in lines[0] and "blas" in lines[0]
@@ -50,10 +50,18 @@ def test_a_run_writes_its_rows_and_table(tmp_path):
     assert sorted(r["workload"] for r in again) == ["ae", "ae", "rbm", "rbm"]
     assert [r["all_seconds"] for r in again if r["workload"] == "ae"] == kept
     assert "autoencoder layer | 1 |" in md.read_text() and "RBM layer | 1 |" in md.read_text()
+    run("rbm", "--batch", "150")  # another batch: rows and a table of its own, the batch-100 ones kept
+    rows = list(csv.DictReader(open(out)))
+    assert sorted((r["workload"], r["batch"]) for r in rows) == [("ae", "100")] * 2 + [("rbm", "100")] * 2 + \
+        [("rbm", "150")] * 2
+    assert [r["all_seconds"] for r in rows if r["workload"] == "ae"] == kept
+    text = md.read_text()
+    assert text.count("\n## ") == 2 and text.count(", batch 150\n") == 1
+    assert text.index(", batch 150\n") > text.index("autoencoder layer | 1 |")  # after batch 100's table
 
 
 @pytest.mark.parametrize("argv", [["--workloads", "rbm,gan"], ["--threads", "1,x"], ["--repeats", "0"],
-                                  ["--rows", "-3"]])
+                                  ["--rows", "-3"], ["--batch", "0"]])
 def test_impossible_options_are_refused(argv, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         block_tax.main(argv + ["--out", str(tmp_path / "t.csv"), "--md", str(tmp_path / "t.md")])
@@ -93,16 +101,16 @@ def test_a_layer_of_the_stack_alone_trains_that_layer_on_the_rows_below(monkeypa
     calls, real = [], data_parallel.train_epoch
 
     def recording(layer, shard, epoch):
-        calls.append((layer.n_in, layer.n_out, int(shard.x.shape[1]), shard.blocks.count))
+        calls.append((layer.n_in, layer.n_out, int(shard.x.shape[1]), shard.blocks.count, layer.batch))
         return real(layer, shard, epoch)
     monkeypatch.setattr(data_parallel, "train_epoch", recording)
     assert list(block_tax.LAYERS) == ["rbm1000x500", "rbm500x250", "rbm250x30"]
     assert set(block_tax.LAYERS) <= set(block_tax.WORKLOADS) and all(n in block_tax.TITLES for n in block_tax.LAYERS)
     x = np.random.default_rng(0).random((120, 784), dtype=np.float32)
-    epochs, flops = block_tax.workload_epochs("rbm250x30", x, 1, torch=False)
+    epochs, flops = block_tax.workload_epochs("rbm250x30", x, 1, torch=False, batch=40)
     assert set(epochs) == {block_tax.EIGHT, block_tax.ONE}
     assert flops == 10.0 * 250 * 30 + 12.0 * (250 + 30)
     for name, blocks in ((block_tax.EIGHT, 8), (block_tax.ONE, 1)):
         calls.clear()
         epochs[name]()
-        assert calls == [(250, 30, 250, blocks)]
+        assert calls == [(250, 30, 250, blocks, 40)]  # at the batch asked for
