@@ -106,7 +106,7 @@ bench-block-tax: venv bench-peers  ## the price of the same bits per CPU: RBM, a
 	$(BIN)/python -m bench.block_tax $(if $(BATCH),--batch $(BATCH))
 
 .PHONY: bench-cpu
-bench-cpu: venv bench-peers  ## every row the speed targets need from this CPU: the block tax, the sparse autoencoder against the textbook (its blocks' tax too), the whole sparse command and whether its BLAS keeps a row's bits among other rows, on its own code path and, where it has AVX-512, again on the AVX2 path -> block_tax.{csv,md}, peers.csv, row_bits.csv (~12 min on 2 cores)
+bench-cpu: venv bench-peers  ## every row the speed targets need from this CPU: the block tax, the sparse autoencoder against the textbook (its blocks' tax too), the whole sparse command, whether its BLAS keeps a row's bits among other rows and the row kernels against it, on its own code path and, where it has AVX-512, again on the AVX2 path -> block_tax.{csv,md}, peers.csv, row_bits.csv (~12 min on 2 cores)
 	$(MAKE) --no-print-directory bench-block-tax bench-sparse-peer bench-sparse-command bench-row-bits
 	if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then AEPAR_ISA=avx2 $(MAKE) --no-print-directory bench-block-tax bench-sparse-peer bench-sparse-command bench-row-bits; fi
 
@@ -115,7 +115,7 @@ bench-sparse-peer: venv  ## aepar's sparse autoencoder vs the textbook NumPy one
 	$(BIN)/python -m bench.textbook_sparse
 
 .PHONY: bench-row-bits
-bench-row-bits: venv  ## whether the BLAS gives a block's product rows the same bits alone, among other rows and in a batched call, at the stack's shapes (DEVICE=gpu: cuBLAS) -> row_bits.csv (~5 s)
+bench-row-bits: venv  ## whether the BLAS gives a block's product rows the same bits alone, among other rows and in a batched call, at the stack's shapes, and (CPU) the row kernels timed against it by block (DEVICE=gpu: cuBLAS) -> row_bits.csv (~30 s)
 	$(BIN)/python -m bench.row_bits --device $(or $(DEVICE),cpu)
 
 .PHONY: bench-gpu-epoch

@@ -18,6 +18,12 @@ block alone. This measures that for the stacked autoencoder's shapes, float32:
   one batched call against each alone;
 - ``repeat``: the same whole-batch call twice (whether the BLAS is deterministic at all).
 
+On the CPU also aepar's row kernels (``rows_times`` for ``x @ W``, ``rows_times_t`` for
+``h @ W.T``) over a batch in 8 blocks, one call for all its rows as the layers make it,
+timed against the BLAS a call per block and one call for the batch (tests ``cpu
+rows_times``, ``cpu rows_times_t``): up to which rows a block they are the faster, which
+``kernels.nb.rowprod.MAX_ROWS`` (in each row) should follow on this CPU and code path.
+
 With ``--device gpu`` also aepar's own GPU products (``kernels/cp/rowprod.cu``, whose rows
 keep their bits by construction) at batch 100: their bits against the CPU's row kernels
 (the same sums in the same order) and their time against cuBLAS, a call per block and one
@@ -181,6 +187,49 @@ def own_kernels(cp, repeats=20) -> list[dict]:
     return rows
 
 
+def cpu_kernels(repeats=5) -> list[dict]:
+    """CPU only: the row kernels' products of batches of :data:`OWN_BATCHES` rows in 8
+    blocks, all rows in one call (a row's sums do not depend on the others), timed against
+    the BLAS a call per block (what a block past ``rowprod.MAX_ROWS`` gets) and one call for
+    the batch, best of ``repeats`` (µs): ``rows_times`` for each of :data:`FORWARD`'s x @ W,
+    ``rows_times_t`` for the same shapes' h @ W.T (W kept as it is, as a tied decoder's)."""
+    import time
+
+    from aepar.kernels.nb import rowprod as cpu
+    from aepar.rows import block_bounds
+
+    def best_us(fn):
+        fn()
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        return round(best * 1e6, 1)
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for batch in OWN_BATCHES:
+        starts = block_bounds(batch, 8).tolist()
+        blocks = list(zip(starts[:-1], starts[1:]))
+        for k, n in FORWARD:
+            x, w = rng.standard_normal((batch, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+            h, out, back = rng.standard_normal((batch, n)).astype(np.float32), np.empty((batch, n), np.float32), \
+                np.empty((batch, k), np.float32)
+            common = {"shape": f"{k}x{n}", "size": f"{batch} rows in 8 blocks", "max_rows": cpu.MAX_ROWS}
+            rows.append({"test": "cpu rows_times", **common,
+                         "own_us": best_us(lambda: cpu.rows_times(x, w, out)),
+                         "blas_blocks_us": best_us(lambda: [np.matmul(x[lo:hi], w, out=out[lo:hi])
+                                                            for lo, hi in blocks]),
+                         "blas_whole_us": best_us(lambda: np.matmul(x, w, out=out))})
+            rows.append({"test": "cpu rows_times_t", **common,
+                         "own_us": best_us(lambda: cpu.rows_times_t(h, w, back)),
+                         "blas_blocks_us": best_us(lambda: [np.matmul(h[lo:hi], w.T, out=back[lo:hi])
+                                                            for lo, hi in blocks]),
+                         "blas_whole_us": best_us(lambda: np.matmul(h, w.T, out=back))})
+    return rows
+
+
 def summary(rows) -> list[str]:
     """One line per test: how many of its comparisons came out the same bits."""
     lines = []
@@ -213,6 +262,13 @@ def main(argv=None) -> int:
                BENCHMARK, key=(*KEY, "device"))
     for line in summary(rows):
         print(f"bench.row_bits ({opts.device}): {line}")
+    if opts.device == "cpu":  # after the BLAS's rows are written
+        own = cpu_kernels()
+        merge_rows([{**r, "device": opts.device, **machine} for r in rows + own], opts.out, BENCHMARK,
+                   key=(*KEY, "device"))
+        for r in own:
+            print(f"bench.row_bits (cpu): {r['test']} {r['shape']} {r['size']}: {r['own_us']} us against the BLAS "
+                  f"{r['blas_blocks_us']} us by block, {r['blas_whole_us']} us whole (MAX_ROWS {r['max_rows']})")
     if opts.device == "gpu":  # after the BLAS's rows are written
         own = own_kernels(xp)
         merge_rows([{**r, "device": opts.device, "gpu_blas": blas, **machine} for r in rows + own], opts.out,

@@ -39,12 +39,41 @@ def test_a_product_whose_rows_depend_on_the_call_is_found(monkeypatch):
 def test_main_merges_its_rows_per_device(tmp_path, monkeypatch):
     measure = row_bits.measure
     monkeypatch.setattr(row_bits, "measure", lambda xp: measure(xp, **SMALL))
+    monkeypatch.setattr(row_bits, "OWN_BATCHES", (16, 40))
+    monkeypatch.setattr(row_bits, "FORWARD", ((30, 50),))
     out = tmp_path / "row_bits.csv"
     assert row_bits.main(["--out", str(out)]) == 0
     assert row_bits.main(["--out", str(out)]) == 0  # a second run replaces the first's rows
     rows = list(csv.DictReader(out.open()))
-    assert len(rows) == len(measure(np, **SMALL)) and {r["device"] for r in rows} == {"cpu"}
+    timed = [r for r in rows if r["test"].startswith("cpu ")]
+    assert len(rows) - len(timed) == len(measure(np, **SMALL)) and {r["device"] for r in rows} == {"cpu"}
     assert all(r["cpu_model"] and r["benchmark"] == "row_bits" for r in rows)
+    # the row kernels timed on this CPU: x @ W and h @ W.T per batch and shape, each against the BLAS
+    assert [(r["test"], r["shape"], r["size"]) for r in timed] == [
+        (test, "30x50", f"{batch} rows in 8 blocks") for batch in (16, 40)
+        for test in ("cpu rows_times", "cpu rows_times_t")]
+    assert all(float(r[k]) > 0 for r in timed for k in ("own_us", "blas_blocks_us", "blas_whole_us"))
+    from aepar.kernels.nb.rowprod import MAX_ROWS
+    assert {int(r["max_rows"]) for r in timed} == {MAX_ROWS}
+
+
+def test_the_cpu_row_kernels_are_timed_on_their_products(monkeypatch):
+    """What is timed as the row kernels is their product of the batch's rows (x @ W, h @ W.T)."""
+    from aepar.kernels.nb import rowprod
+
+    monkeypatch.setattr(row_bits, "OWN_BATCHES", (24,))
+    monkeypatch.setattr(row_bits, "FORWARD", ((30, 50),))
+    calls = []
+    for name in ("rows_times", "rows_times_t"):
+        real = getattr(rowprod, name)
+
+        def spy(a, W, out, real=real, name=name):
+            calls.append((name, a.shape, W.shape, out.shape))
+            return real(a, W, out)
+        monkeypatch.setattr(rowprod, name, spy)
+    rows = row_bits.cpu_kernels(repeats=1)
+    assert {r["test"] for r in rows} == {"cpu rows_times", "cpu rows_times_t"}
+    assert set(calls) == {("rows_times", (24, 30), (30, 50), (24, 50)), ("rows_times_t", (24, 50), (30, 50), (24, 30))}
 
 
 def test_the_own_kernels_are_timed_against_cublas_a_call_per_block(emulated_cupy, monkeypatch):
