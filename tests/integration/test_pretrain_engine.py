@@ -56,10 +56,12 @@ def test_help_lists_the_six_schemes():
         assert f"  {scheme} " in r.stdout
 
 
-@pytest.mark.parametrize("np_", [2, 4])
-def test_greedy_same_weights_on_any_number_of_ranks(tmp_path, np_):
-    one = run(tmp_path, "one", "greedy")
-    many = run(tmp_path, "many", "greedy", np_)
+@pytest.mark.parametrize("np_, batch", [(2, 100), (4, 100), (2, 400)])
+def test_greedy_same_weights_on_any_number_of_ranks(tmp_path, np_, batch):
+    """Also at a batch of 400: 8 blocks of 50 rows, which the AVX2 path's row kernels take
+    (kernels.nb.rowprod.MAX_ROWS), a rank's blocks in one call."""
+    one = run(tmp_path, "one", "greedy", 1, ["--batch", batch])
+    many = run(tmp_path, "many", "greedy", np_, ["--batch", batch])
     assert_same_bits(one, many)
     s = json.loads((many / "summary.json").read_text())
     assert s["scheme"] == "greedy" and s["ranks"] == np_ and s["machine"]["cpu_model"]
