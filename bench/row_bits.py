@@ -44,7 +44,7 @@ from pathlib import Path
 import aepar  # noqa: F401  (threads before numpy: the BLAS as aepar runs it, one thread a block)
 import numpy as np
 
-from bench.common import KEY, ONE_PROCESS, machine_columns, merge_rows
+from bench.common import KEY, ONE_PROCESS, machine_columns, merge_rows, time_calls
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 BENCHMARK = "row_bits"
@@ -189,23 +189,14 @@ def own_kernels(cp, repeats=20) -> list[dict]:
 
 def cpu_kernels(repeats=5) -> list[dict]:
     """CPU only: the row kernels' products of batches of :data:`OWN_BATCHES` rows in 8
-    blocks, all rows in one call (a row's sums do not depend on the others), timed against
-    the BLAS a call per block (what a block past ``rowprod.MAX_ROWS`` gets) and one call for
-    the batch, best of ``repeats`` (µs): ``rows_times`` for each of :data:`FORWARD`'s x @ W,
-    ``rows_times_t`` for the same shapes' h @ W.T (W kept as it is, as a tied decoder's)."""
-    import time
-
+    blocks, all rows in one call (a row's sums do not depend on the others), timed in turns
+    (:func:`bench.common.time_calls`, at least 2 ms a sample) against the BLAS a call per
+    block (what a block past ``rowprod.MAX_ROWS`` gets) and one call for the batch, the
+    fastest of ``repeats`` samples (µs a product): ``rows_times`` for each of
+    :data:`FORWARD`'s x @ W, ``rows_times_t`` for the same shapes' h @ W.T (W kept as it
+    is, as a tied decoder's)."""
     from aepar.kernels.nb import rowprod as cpu
     from aepar.rows import block_bounds
-
-    def best_us(fn):
-        fn()
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t)
-        return round(best * 1e6, 1)
 
     rng = np.random.default_rng(1)
     rows = []
@@ -214,19 +205,17 @@ def cpu_kernels(repeats=5) -> list[dict]:
         blocks = list(zip(starts[:-1], starts[1:]))
         for k, n in FORWARD:
             x, w = rng.standard_normal((batch, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
-            h, out, back = rng.standard_normal((batch, n)).astype(np.float32), np.empty((batch, n), np.float32), \
-                np.empty((batch, k), np.float32)
-            common = {"shape": f"{k}x{n}", "size": f"{batch} rows in 8 blocks", "max_rows": cpu.MAX_ROWS}
-            rows.append({"test": "cpu rows_times", **common,
-                         "own_us": best_us(lambda: cpu.rows_times(x, w, out)),
-                         "blas_blocks_us": best_us(lambda: [np.matmul(x[lo:hi], w, out=out[lo:hi])
-                                                            for lo, hi in blocks]),
-                         "blas_whole_us": best_us(lambda: np.matmul(x, w, out=out))})
-            rows.append({"test": "cpu rows_times_t", **common,
-                         "own_us": best_us(lambda: cpu.rows_times_t(h, w, back)),
-                         "blas_blocks_us": best_us(lambda: [np.matmul(h[lo:hi], w.T, out=back[lo:hi])
-                                                            for lo, hi in blocks]),
-                         "blas_whole_us": best_us(lambda: np.matmul(h, w.T, out=back))})
+            h = rng.standard_normal((batch, n)).astype(np.float32)
+            out, back = np.empty((batch, n), np.float32), np.empty((batch, k), np.float32)
+            # (test, the row kernel's call, then the same product's operands and result for the BLAS)
+            for test, own, a, b, c in (("cpu rows_times", lambda: cpu.rows_times(x, w, out), x, w, out),
+                                       ("cpu rows_times_t", lambda: cpu.rows_times_t(h, w, back), h, w.T, back)):
+                times = time_calls({"own": own,
+                                    "blas_blocks": lambda: [np.matmul(a[lo:hi], b, out=c[lo:hi]) for lo, hi in blocks],
+                                    "blas_whole": lambda: np.matmul(a, b, out=c)}, repeats, min_time=2e-3)
+                rows.append({"test": test, "shape": f"{k}x{n}", "size": f"{batch} rows in 8 blocks",
+                             "max_rows": cpu.MAX_ROWS,
+                             **{f"{name}_us": round(t.seconds * 1e6, 1) for name, t in times.items()}})
     return rows
 
 

@@ -82,8 +82,9 @@ RT, CT, OR, OC = (TILE_SHAPES[target_isa()][k] for k in ("RT", "CT", "OR", "OC")
 # through BLAS (a choice made from the shapes alone: a block's rows get the same kernel on
 # any rank). On the AVX2 path the tiles beat OpenBLAS up to 128 rows, the GPU set's bound
 # (kernels.cp.rowprod.MAX_ROWS): a block of 33-128 rows (8 blocks of a batch of 264-1024)
-# then has the GPU's products, not OpenBLAS's (whose bits depend on its kernels); the
-# AVX-512 tiles past 32 rows are not timed against OpenBLAS
+# then has the GPU's products, not OpenBLAS's (whose bits depend on its kernels). The
+# AVX-512 tiles past 32 rows are yet to be timed against OpenBLAS (bench.row_bits' rows
+# "cpu rows_times" on such a CPU)
 MAX_ROWS = {"avx512": 32, "avx2": 128}[target_isa()]
 # rows_times' tiles ask for W's lines this many rows ahead: each row of a tile's panel is
 # a few lines 4 kB from the last (a new page each), which the hardware prefetchers did
