@@ -197,7 +197,7 @@ def summary(rows: list[dict]) -> list[dict]:
     faster PyTorch peer's, and the two ratios with their targets."""
     groups = {}
     for r in rows:
-        batch = int(r.get("batch") or BATCH)  # rows written before --batch were all at 100
+        batch = int(r["batch"])
         groups.setdefault((r["cpu_model"], r["isa"], r["blas"], batch, r["workload"], str(r["threads"])), {})[
             r["implementation"]] = r
     out = []

@@ -11,7 +11,7 @@ def _row(cpu, workload, threads, impl, seconds):
     return {"benchmark": "block_tax", "cpu_model": cpu, "isa": "avx2", "blas": "openblas", "workload": workload,
             "threads": threads, "implementation": impl, "seconds": str(seconds),
             "fraction_of_sgemm": str(round(0.6 / seconds, 3)), "date": "2026-11-28",
-            "command": "python -m bench.block_tax"}
+            "command": "python -m bench.block_tax", "batch": "100"}
 
 
 def test_the_ratios_are_8_blocks_over_1_block_and_over_the_faster_peer():
