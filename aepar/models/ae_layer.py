@@ -39,6 +39,16 @@ class AELayer(RBM):
         return (self.be.K.tied_ae_update(x, p["W"], p["bv"], p["bh"], self.code_act, v["W"], v["bv"], v["bh"],
                                          self.lr, self.momentum_at(epoch), self.weight_cost),)
 
+    def fused_blocks_step(self, x, starts, rngs, merges, scale, epoch):
+        """:meth:`group_factors`, the blocks' gradients added in the tree ``merges`` and
+        the step in one kernel call (``tied_ae_update_blocks``), with the bits of the
+        three. No noise: ``rngs`` is not used. Returns [(Σ‖x̂ − x‖²,)] per block."""
+        p, v = self.params, self.optimizer.velocity
+        errs = self.be.K.tied_ae_update_blocks(x, p["W"], p["bv"], p["bh"], self.code_act, starts, merges, v["W"],
+                                               v["bv"], v["bh"], self.lr, self.momentum_at(epoch), self.weight_cost,
+                                               scale)
+        return [(err,) for err in errs]
+
     def leaf_gradient(self, x, rng, scale, grads):
         """Add one block's gradient of ½ Σ(x̂ − x)², scaled by ``scale``, into ``grads``.
         Returns (Σ‖x̂ − x‖²,)."""

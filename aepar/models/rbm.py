@@ -134,6 +134,17 @@ class RBM:
                                  v["bh"], self.lr, self.momentum_at(epoch), self.weight_cost)
         return (err,)
 
+    def fused_blocks_step(self, x, starts, rngs, merges, scale, epoch):
+        """:meth:`group_factors`, the blocks' gradients added in the tree ``merges`` and
+        :meth:`apply`'s step in one kernel call (``rbm_cd_update_blocks``), with the bits
+        of the three. Returns [(Σ‖v1 − v0‖²,)] per block."""
+        p, v = self.params, self.optimizer.velocity
+        noise = self._noise(rngs, starts)
+        errs = self.be.K.rbm_cd_update_blocks(x, p["W"], p["bv"], p["bh"], noise, self.hidden, starts, merges,
+                                              v["W"], v["bv"], v["bh"], self.lr, self.momentum_at(epoch),
+                                              self.weight_cost, scale)
+        return [(err,) for err in errs]
+
     def apply(self, grads, epoch):
         """The step: SGD with the epoch's momentum, the weight cost added to W's gradient
         inside it (one pass over W)."""

@@ -48,7 +48,10 @@ alpha)})`` as well: the same for consecutive blocks stacked in ``x`` (block b: r
 block then takes each batch whose blocks all have rows in one call of it, and the sums
 and the step straight from what it returns: the same kernels in the same order as the
 blocks' own path, so the same bits, without that path's views and wrappers per block and
-thread, which a GPU's host pays on every step.
+thread, which a GPU's host pays on every step. Where the model also provides
+``fused_blocks_step(x, starts, rngs, merges, scale, epoch) -> [sums]`` (the blocks'
+gradients, their sum in the tree ``merges`` and its plain SGD step in one kernel call,
+with those bits) and its optimiser takes plain steps, such a batch is that one call.
 
 Models never see ranks: where one needs a sum over all ranks' rows (an evaluation) it is
 handed ``reducer(comm)``.
@@ -58,10 +61,11 @@ Each epoch also reports where this rank's time went (:attr:`EpochResult.phases`,
 gradients; the layer kernels take forward and backward in one call), ``block sums`` (this
 rank's blocks added in the tree: the factored weight gradients are computed here, inside
 the sum), ``reduction`` (the sum over the ranks and the guard's flags with it: waiting for
-slower ranks shows here), ``update`` (the optimiser's step), or ``fused step`` (one block
-on one process: all of it in one kernel). Five clock reads a step, nothing next to its
-kernels, so the phases are always on. On a GPU the kernels run after the host queued them,
-so the phases would time the queueing: none are reported there.
+slower ranks shows here), ``update`` (the optimiser's step), or ``fused step`` (all of it
+in one kernel call: one block on one process, or every block of a batch on one process and
+thread; an epoch reports the phases its steps went through). Five clock reads a step,
+nothing next to its kernels, so the phases are always on. On a GPU the kernels run after
+the host queued them, so the phases would time the queueing: none are reported there.
 """
 from __future__ import annotations
 
@@ -462,12 +466,16 @@ class _Epoch:
             self.full = self.live.all(axis=1).tolist()
             self.block_rngs = [mb.rngs[b] for b in self.mine]
             self.block_grads = [buf.views(row) for row in buf.rows[:len(self.mine)]]
+        # such a batch's gradients, their tree and a plain SGD step in one kernel call, where
+        # the model has one: the bits of the three, without the Python between them
+        self.fused_blocks = getattr(model, "fused_blocks_step", None) if self.whole and plain else None
         self.seconds = dict.fromkeys(("fused step",) if self.fused is not None else
-                                     ("gradient", "block sums", "reduction", "update"), 0.0)
+                                     ("gradient", "block sums", "reduction", "update", "fused step"), 0.0)
 
     def phases(self) -> dict:
-        """Seconds per phase so far (none on a GPU: see the module docstring)."""
-        return {} if self.be.device == "gpu" else dict(self.seconds)
+        """Seconds per phase so far, of the phases this epoch's steps went through (none on
+        a GPU: see the module docstring)."""
+        return {} if self.be.device == "gpu" else {k: v for k, v in self.seconds.items() if v}
 
     def rows(self, b: int, k: int):
         lo, hi = self.mb.cuts(b)[k:k + 2]
@@ -495,6 +503,8 @@ class _Epoch:
         # written)
         defer = alone and (guard is None or not guard.faults)
         if self.whole and defer and self.full[k]:
+            if self.fused_blocks is not None:
+                return self.fused_blocks_step(k, scale)
             values, deferred, t1 = self.whole_batch(k, scale)
         else:
             factors = self.leaf_gradients(k, scale)
@@ -531,6 +541,26 @@ class _Epoch:
             return False, False
         # one process: its own flags are the sum (reading it would wait for a GPU)
         return guard.decide(flags if comm is None or comm.size == 1 else float(total[flag]))
+
+    def fused_blocks_step(self, k: int, scale: float) -> tuple[bool, bool]:
+        """A batch whose every block is this process's and has rows, on one thread: the
+        model's ``fused_blocks_step`` (gradients, tree and step in one kernel call), then
+        the blocks' sums added in the tree as :meth:`step` adds them."""
+        buf, guard = self.buf, self.guard
+        t0 = perf_counter()
+        if guard is not None:  # flags read before the step, as the fused step does (no faults planted here)
+            flags = guard.flags()
+            guard.step()
+        _, first, merges = buf.groups[0]
+        n = len(self.mine)
+        extras = self.fused_blocks(self.batch_rows(k), self.block_ends[k], self.block_rngs, merges, scale,
+                                   self.epoch)
+        _write_sums(self.be.xp, buf, list(range(n)), extras)
+        sums = buf.leaves[first:first + n, buf.n_grad:self.flag]
+        self.be.K.rows_tree_sum(sums, merges)
+        self.sums += sums[0]
+        self.seconds["fused step"] += perf_counter() - t0
+        return guard.decide(flags) if guard is not None else (False, False)
 
     def batch_rows(self, k: int):
         """Batch k's rows of all own blocks in one gather, block after block (the batched

@@ -1,10 +1,12 @@
 """The blocks' tree-summed outer products on the GPU: small blocks by the row kernels
 (:mod:`.rowprod`), the others one cuBLAS product each."""
+import sys
+
 import cupy as cp
 import numpy as np
 
-from ..ref.blocksum import (as_parts, check_block_outer_sum, check_rows_tree, interleaved, most_rows, outer_term,
-                            tree_of_products)
+from ..ref.blocksum import (as_parts, blocks_sgd_step_via, check_block_outer_sum, check_rows_tree, interleaved,
+                            most_rows, outer_term, tree_of_products)
 from ..ref.blocksum import rows_tree_sum as _rows_by_numpy
 from .rowprod import MAX_ROWS, on_device
 from .rowprod import block_outer_sum as rows_block_outer_sum
@@ -13,7 +15,7 @@ from .c_types import C_TYPE
 from .gemm import matmul
 from .update import sgd_momentum_update
 
-__all__ = ["block_outer_sum", "block_outer_sum_sgd", "rows_tree_sum"]
+__all__ = ["block_outer_sum", "block_outer_sum_sgd", "rows_tree_sum", "blocks_sgd_step"]
 
 # a block's factors stack two of its chains (the RBM's [vk; v0])
 _FACTOR_ROWS = 2 * MAX_ROWS
@@ -66,6 +68,14 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
         return rows_block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay)
     g = block_outer_sum(A, D, starts, merges, alphas, cp.empty_like(p))
     sgd_momentum_update(p, g, v, lr, momentum, weight_decay)
+
+
+def blocks_sgd_step(A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities, lr, momentum, weight_cost=0.0):
+    """See :func:`kernels.ref.blocksum.blocks_sgd_step`: this set's kernels one after
+    another (W's sum and step one launch where the row kernels take every block, each
+    bias's tree one, the biases' steps one)."""
+    blocks_sgd_step_via(sys.modules[__package__], A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities,
+                        lr, momentum, weight_cost)
 
 
 # rows_tree_sum in one launch: a thread per column runs the postfix tree down the blocks'

@@ -16,7 +16,7 @@ import numpy as np
 from ..ref.activation import check_act
 from ..ref.blocksum import check_starts, most_rows
 from ..ref.dense import (_check_backward_shapes, _check_shapes, backward_by_block, check_tied_ae, forward_by_block,
-                         tied_ae_factors_blocks_via, tied_ae_update_via)
+                         tied_ae_factors_blocks_via, tied_ae_update_blocks_via, tied_ae_update_via)
 from .rowprod import MAX_ROWS, on_device, rows_times, rows_times_t
 from .activation import RELU_BODY, SIGMOID_BODY
 from .c_types import C_TYPE
@@ -24,7 +24,7 @@ from .gemm import matmul
 from .loss import _scaled_sum
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
-           "dense_backward_blocks", "tied_ae_update", "tied_ae_factors_blocks"]
+           "dense_backward_blocks", "tied_ae_update", "tied_ae_factors_blocks", "tied_ae_update_blocks"]
 
 # z is read and written: an output argument of an ElementwiseKernel may be read
 _BIAS_ACT = {
@@ -270,6 +270,13 @@ def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_co
     t = dt.type
     _sgd_two_parts(matmul(x.T, dz1), matmul(dz2.T, h), t(lr), t(momentum), t(weight_cost), W, vW)
     return _scaled_sum(ecol, 1.0)  # the columns' errors (double), summed
+
+
+def tied_ae_update_blocks(x, W, bv, bh, code_act, starts, merges, vW, vbv, vbh, lr, momentum, weight_cost, scale):
+    """The blocks' step of a tied autoencoder layer, in place; see
+    :func:`kernels.ref.dense.tied_ae_update_blocks`: this set's kernels one after the other."""
+    return tied_ae_update_blocks_via(sys.modules[__package__], cp, x, W, bv, bh, code_act, starts, merges, vW, vbv,
+                                     vbh, lr, momentum, weight_cost, scale)
 
 
 def tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):

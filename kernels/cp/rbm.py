@@ -19,10 +19,12 @@ products do not depend on the rows beside it, so every block's chain goes throug
 launch per product, and one launch stacks the blocks' factors with their bias gradients
 and errors (``_stack_blocks``), where block by block a step was about ten launches a block.
 """
+import sys
+
 import cupy as cp
 import numpy as np
 
-from ..ref.rbm import cd_factors_by_block, cd_update_via, check_cd, check_cd_blocks, check_rbm
+from ..ref.rbm import cd_factors_by_block, cd_update_blocks_via, cd_update_via, check_cd, check_cd_blocks, check_rbm
 from ..ref.blocksum import most_rows
 from .rowprod import MAX_ROWS, on_device, rows_times, rows_times_t
 from .c_types import C_TYPE
@@ -30,7 +32,7 @@ from .gemm import matmul
 from .loss import _scaled_total
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
-           "rbm_cd_factors_blocks", "rbm_cd_update"]
+           "rbm_cd_factors_blocks", "rbm_cd_update", "rbm_cd_update_blocks"]
 
 # sigmoid from exp of a non-positive argument only: no overflow in float32
 _SIGMOID = "T e = exp(-fabs(a)); h = (a >= 0 ? (T)1 : e) / ((T)1 + e);"
@@ -331,6 +333,14 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
         scale = 1.0 / v0.shape[0] if scale is None else float(scale)
         return _factors_by_rows(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale)
     return cd_factors_by_block(rbm_cd_factors, cp, v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scale)
+
+
+def rbm_cd_update_blocks(v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, vbh, lr, momentum, weight_cost,
+                         scale=None):
+    """The blocks' CD step, in place; see :func:`kernels.ref.rbm.rbm_cd_update_blocks`: this
+    set's kernels one after another (each one launch or a few for all the blocks)."""
+    return cd_update_blocks_via(sys.modules[__package__], cp, v0, W, bv, bh, noise, hidden, starts, merges,
+                                vW, vbv, vbh, lr, momentum, weight_cost, scale)
 
 
 def _by_rows(v0, W, noise, dbvs, dbhs, starts):

@@ -42,7 +42,7 @@ _numba_config.CACHE_DIR = _keyed_cache_dir()
 try:
     from .activation import *  # noqa: F401,F403,E402
     from .conv import *  # noqa: F401,F403,E402
-    from .rowprod import block_outer_sum, block_outer_sum_sgd, rows_tree_sum  # noqa: F401,E402
+    from .rowprod import block_outer_sum, block_outer_sum_sgd, blocks_sgd_step, rows_tree_sum  # noqa: F401,E402
     from .dense import *  # noqa: F401,F403,E402
     from .draws import uniform_rows  # noqa: F401,E402  (drawn on the host, as NumPy does)
     from .loss import *  # noqa: F401,F403,E402

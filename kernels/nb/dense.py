@@ -15,7 +15,7 @@ from numba import njit
 from ..memory import empty
 from ..ref.blocksum import most_rows, offsets
 from ..ref.dense import (_check_backward_shapes, _check_shapes, _check_starts, check_tied_ae,
-                         tied_ae_factors_blocks_via, tied_ae_update_via)
+                         tied_ae_factors_blocks_via, tied_ae_update_blocks_via, tied_ae_update_via)
 # the scalar activations are activation.py's: the package keys Numba's cache on every file
 # here (kernels/nb/__init__.py), so an edit there recompiles these kernels too
 from .activation import IDENTITY, RELU, SIGMOID, act_code
@@ -28,7 +28,7 @@ from .rowprod import (MAX_ROWS, MIN_DOT, _rows_times, _scratch, rows_times, rows
                       wt_panel)
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
-           "dense_backward_blocks", "tied_ae_update", "tied_ae_factors_blocks"]
+           "dense_backward_blocks", "tied_ae_update", "tied_ae_factors_blocks", "tied_ae_update_blocks"]
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 def _bias_act(z, b, code, one):
@@ -181,6 +181,15 @@ def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_co
     check_tied_ae(x, W, bv, bh, code_act, vW, vbv, vbh)
     return tied_ae_update_via(sys.modules[__package__], x, W, bv, bh, code_act, vW, vbv, vbh,
                               lr, momentum, weight_cost)
+
+
+def tied_ae_update_blocks(x, W, bv, bh, code_act, starts, merges, vW, vbv, vbh, lr, momentum, weight_cost, scale):
+    """The blocks' step of a tied autoencoder layer, in place; see
+    :func:`kernels.ref.dense.tied_ae_update_blocks`: its factors in one compiled call where
+    :func:`tied_ae_factors_blocks` takes one, then ``blocks_sgd_step``'s (W's tiles, the
+    biases' tree and steps in one call)."""
+    return tied_ae_update_blocks_via(sys.modules[__package__], np, x, W, bv, bh, code_act, starts, merges, vW, vbv,
+                                     vbh, lr, momentum, weight_cost, scale)
 
 
 def tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):

@@ -27,6 +27,7 @@ OpenBLAS did the forward products a little faster on one thread, but a second po
 2-thread step several times slower).
 """
 import math
+import sys
 import threading
 
 import numpy as np
@@ -34,13 +35,14 @@ from numba import literal_unroll, njit
 
 from ..memory import empty
 from ..ref.blocksum import most_rows
-from ..ref.rbm import cd_update_via, check_cd, check_cd_blocks, check_rbm
+from ..ref.rbm import cd_update_blocks_via, cd_update_via, check_cd, check_cd_blocks, check_cd_update_blocks, check_rbm
 from .blas import gemm
 from .nbmath import sig as _sig
-from .rowprod import _rows_times, rows_times, rows_times_t, thin, thin_t, w_panels, wt_panel
+from .rowprod import (LONG_ROWS, _rows_times, rows_times, rows_times_t, thin, thin_t, tiles_sgd, tree_sgd, w_panels,
+                      wt_panel)
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
-           "rbm_cd_factors_blocks", "rbm_cd_update"]
+           "rbm_cd_factors_blocks", "rbm_cd_update", "rbm_cd_update_blocks"]
 
 
 def rbm_hidden(v, W, bh, hidden):
@@ -163,6 +165,43 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
         _add_rows(tuple(dbvs), gv)
         _add_rows(tuple(dbhs), gh)
     return vs, hs, 1.0, sq_errs.tolist()
+
+
+def rbm_cd_update_blocks(v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, vbh, lr, momentum, weight_cost,
+                         scale=None):
+    """The blocks' CD step, in place; see :func:`kernels.ref.rbm.rbm_cd_update_blocks`. CD-1
+    on float32, C-ordered arrays whose every block takes the row kernels: the chains in one
+    compiled call (:func:`_cd_blocks`, as :func:`rbm_cd_factors_blocks` runs it), W's tree
+    and step in another (``block_outer_sum_sgd``'s tiles), each bias's tree and step in
+    one more (``blocks_sgd_step``'s): those kernels' bits, without their checks and
+    Python around each call (most of a narrow layer's step). Anything else: the kernels
+    one after another."""
+    check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
+    starts, merges = check_cd_update_blocks(v0, W, noise, vW, vbv, vbh, starts, merges)
+    M, nv, nh, dt = v0.shape[0], W.shape[0], W.shape[1], np.dtype(np.float32)
+    arrays = (v0, W, bv, bh, vW, vbv, vbh)
+    most = most_rows(starts)
+    if noise.shape[0] != 1 or 2 * most > LONG_ROWS or \
+            not all(a.dtype == dt and a.flags.c_contiguous and (a is v0 or a.flags.writeable) for a in arrays):
+        return cd_update_blocks_via(sys.modules[__package__], np, v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv,
+                                    vbh, lr, momentum, weight_cost, scale)
+    h0, state, vk, hk = _chain_workspace(M, nv, nh, dt)
+    if not (thin(v0, W, h0, most) and thin_t(state, W, vk, most)):
+        return cd_update_blocks_via(sys.modules[__package__], np, v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv,
+                                    vbh, lr, momentum, weight_cost, scale)
+    scale = 1.0 / M if scale is None else float(scale)
+    blocks = merges.size
+    vs, hs = empty((2 * M, nv), dt), empty((2 * M, nh), dt)
+    sq_errs, gv, gh = np.empty(blocks), np.empty((blocks, nv), dt), np.empty((blocks, nh), dt)
+    panel, keeps = w_panels(M, W, True)
+    _cd_blocks(v0, W, bv, bh, hidden == "gaussian", noise[0], _flush(dt), h0, state, vk, hk, panel, keeps,
+               wt_panel(W), starts, scale, dt.type(-scale), vs, hs, sq_errs, gv, gh)
+    tiles_sgd(vs, hs, 2 * starts, merges, [1.0] * blocks, W, vW, lr, momentum, weight_cost)
+    # each bias's rows straight from gv and gh: the trainer adds them to zeroed rows first,
+    # which keeps their bits (none is -0, each a sum that starts from +0)
+    tree_sgd(gv, merges, [0, nv], (bv,), (vbv,), lr, momentum)
+    tree_sgd(gh, merges, [0, nh], (bh,), (vbh,), lr, momentum)
+    return sq_errs.tolist()
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

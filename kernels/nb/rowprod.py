@@ -62,7 +62,8 @@ from numba import literal_unroll, njit
 
 from ..memory import empty
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
-from ..ref.blocksum import as_parts, chain_rows, check_block_outer_sum, check_rows_tree, interleaved, postfix_tree
+from ..ref.blocksum import (as_parts, chain_rows, check_bias_rows, check_block_outer_sum, check_rows_tree,
+                            interleaved, postfix_tree)
 from .codegen import define
 # the generated tiles (_define) call these by name
 from .simd import JIT, prefetch, prefetch_l2, target_isa  # noqa: F401
@@ -71,7 +72,7 @@ from .simd32 import (LANES32, address32, vadd32, vbcast32, vfma32, vload32, vloa
                      vtranspose32, vzero32)
 
 __all__ = ["rows_times", "rows_times_t", "w_panels", "wt_panel", "thin", "thin_t", "MAX_ROWS", "block_outer_sum",
-           "block_outer_sum_sgd", "rows_tree_sum"]
+           "block_outer_sum_sgd", "rows_tree_sum", "blocks_sgd_step"]
 
 # OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1: the fastest of the 4-8 shapes timed
 # for each ISA, on 1-block and 8-block sums of the stack's eight weight shapes). The figures
@@ -824,6 +825,13 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
         g = empty(p.shape, p.dtype)
         block_outer_sum(A, D, starts, merges, alphas, g)
         return sgd_momentum_update(p, g, v, lr, momentum, weight_decay)
+    tiles_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay)
+
+
+def tiles_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight_decay):
+    """:func:`block_outer_sum_sgd` by its tiles, on arrays its checks have passed (or a
+    caller's own: as :func:`check_block_outer_sum` returns starts and merges, the arrays
+    as :func:`_fits` takes them, no block longer than LONG_ROWS)."""
     if p.size:
         _in_tiles(A, D, starts, merges, _scales(alphas, weight_decay, momentum, lr), p, v, True)
 
@@ -835,6 +843,49 @@ def rows_tree_sum(rows, merges):
     tree = check_rows_tree(rows, merges)
     _rows_tree(rows, tree.array, np.empty(tree.array.size, np.int64))
     return rows[0]
+
+
+def blocks_sgd_step(A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities, lr, momentum, weight_cost=0.0):
+    """See :func:`kernels.ref.blocksum.blocks_sgd_step`: :func:`block_outer_sum_sgd`'s
+    tiles for W; the biases' tree and their steps in one compiled call where the rows,
+    biases and velocities are C-ordered, writeable and of one dtype (the arithmetic of
+    :func:`rows_tree_sum` and :func:`kernels.nb.update.sgd_momentum_update`: their bits,
+    without a call and its checks for each), else those kernels."""
+    bounds = check_bias_rows(merges, bias_rows, biases, velocities)
+    block_outer_sum_sgd(A, D, starts, merges, alphas, W, vW, lr, momentum, weight_cost)
+    arrays = (bias_rows, *biases, *velocities)
+    if not biases or any(a.dtype != bias_rows.dtype or not a.flags.c_contiguous or not a.flags.writeable
+                         for a in arrays):
+        total = rows_tree_sum(bias_rows, merges)
+        for b, v, lo, hi in zip(biases, velocities, bounds, bounds[1:]):
+            sgd_momentum_update(b, total[lo:hi], v, lr, momentum)
+        return
+    tree_sgd(bias_rows, merges, bounds, biases, velocities, lr, momentum)
+
+
+def tree_sgd(rows, merges, bounds, biases, velocities, lr, momentum):
+    """:func:`blocks_sgd_step`'s biases in one compiled call (:func:`_rows_tree_sgd`), on
+    arrays its checks have passed (or a caller's own): ``rows`` C-ordered, the biases'
+    columns from ``bounds``, everything of one dtype, writeable."""
+    tree = postfix_tree(merges).array
+    dt = rows.dtype.type
+    _rows_tree_sgd(rows, tree, np.empty(tree.size, np.int64), np.array(bounds, np.int64), tuple(biases),
+                   tuple(velocities), dt(lr), dt(momentum))
+
+
+@njit(cache=True, nogil=True)
+def _rows_tree_sgd(rows, merges, stack, bounds, biases, velocities, lr, momentum):
+    """:func:`_rows_tree`, then SGD with momentum on bias i (``biases[i]``, ``velocities[i]``)
+    with the sum's columns bounds[i]:bounds[i + 1], element by element as
+    :func:`kernels.nb.update.sgd_momentum_update` (lr and momentum in the arrays' dtype;
+    compiled as it is, without contracting the step into FMAs)."""
+    _rows_tree(rows, merges, stack)
+    for i in range(len(biases)):
+        b, v, lo = biases[i], velocities[i], bounds[i]
+        for j in range(b.size):
+            vj = momentum * v[j] - lr * rows[0, lo + j]
+            v[j] = vj
+            b[j] += vj
 
 
 @njit(**JIT)

@@ -8,13 +8,14 @@ product come ``merges[b]`` additions, each of the newest partial sum into the on
 it on a stack (:func:`aepar.rows.tree_merges`). Computing every block's product apart
 and adding them in that tree with NumPy gives the same bits as one call over all of them.
 """
+import sys
 from typing import NamedTuple
 
 import numpy as np
 
 from .update import sgd_momentum_update
 
-__all__ = ["block_outer_sum", "block_outer_sum_sgd", "rows_tree_sum"]
+__all__ = ["block_outer_sum", "block_outer_sum_sgd", "rows_tree_sum", "blocks_sgd_step"]
 
 
 def check_starts(what, rows, starts):
@@ -316,3 +317,48 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
     g out, with these bits. Returns None."""
     g = block_outer_sum(A, D, starts, merges, alphas, np.empty(p.shape, p.dtype))
     sgd_momentum_update(p, g, v, lr, momentum, weight_decay)
+
+
+
+def blocks_sgd_step(A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities, lr, momentum, weight_cost=0.0):
+    """A layer's SGD-with-momentum step from its blocks' gradients, in place: W's gradient
+    :func:`block_outer_sum` (A, D, starts, merges, alphas) plus ``weight_cost * W``, as
+    :func:`block_outer_sum_sgd` takes it; the biases' the rows of ``bias_rows`` (one per
+    block, in block order, each holding the block's gradient of every bias of
+    ``biases``, one after another) added in the same tree by :func:`rows_tree_sum` (the
+    rows are left as it leaves them), each bias then stepped as
+    :func:`kernels.ref.update.sgd_momentum_update` steps it (``velocities``: theirs).
+    The data-parallel trainer's tree and step for a batch whose every block one process
+    holds, with their bits, in one call: here those kernels one after another; the numba
+    set's is two compiled calls and the biases' steps."""
+    blocks_sgd_step_via(sys.modules[__package__], A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities,
+                        lr, momentum, weight_cost)
+
+
+def blocks_sgd_step_via(K, A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities, lr, momentum,
+                        weight_cost):
+    """:func:`blocks_sgd_step` with the kernel set ``K``'s own kernels."""
+    bounds = check_bias_rows(merges, bias_rows, biases, velocities)
+    K.block_outer_sum_sgd(A, D, starts, merges, alphas, W, vW, lr, momentum, weight_cost)
+    total = K.rows_tree_sum(bias_rows, merges)
+    K.sgd_momentum_update_many(list(biases), [total[lo:hi] for lo, hi in zip(bounds, bounds[1:])], list(velocities),
+                               [lr] * len(biases), momentum)
+
+
+def check_bias_rows(merges, bias_rows, biases, velocities) -> list:
+    """:func:`blocks_sgd_step`'s biases (every set's check): a 2-D table with a row for each
+    block of the tree and a column for each element of the biases, each bias 1-D with a
+    velocity of its shape. Returns where each bias's columns start, and the end."""
+    tree = postfix_tree(merges)
+    if tree is None:
+        raise ValueError(f"blocks_sgd_step: merges {np.ravel(merges).tolist()} are not one postfix tree")
+    if len(biases) != len(velocities) or any(b.ndim != 1 or v.shape != b.shape for b, v in zip(biases, velocities)):
+        raise ValueError(f"blocks_sgd_step: biases {[b.shape for b in biases]} with velocities "
+                         f"{[v.shape for v in velocities]}")
+    bounds = [0]
+    for b in biases:
+        bounds.append(bounds[-1] + b.shape[0])
+    if bias_rows.shape != (tree.array.size, bounds[-1]):
+        raise ValueError(f"blocks_sgd_step: bias rows {bias_rows.shape}, not ({tree.array.size}, {bounds[-1]}): a row "
+                         "per block, a column per element of the biases")
+    return bounds

@@ -6,12 +6,14 @@ The CD-k recipe (docs/architecture.md, "Training recipes"): hidden *states* are 
 negative phase, reconstructions use probabilities, and statistics use hidden
 probabilities (or means). Noise comes from the caller, never from inside the kernel.
 """
+import sys
+
 import numpy as np
 
-from .blocksum import check_starts
+from .blocksum import check_starts, postfix_tree
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
-           "rbm_cd_factors_blocks", "rbm_cd_update"]
+           "rbm_cd_factors_blocks", "rbm_cd_update", "rbm_cd_update_blocks"]
 
 HIDDEN = ("bernoulli", "gaussian")
 
@@ -202,6 +204,48 @@ def cd_update_via(cd_backward, v0, W, bv, bh, noise, hidden, vW, vbv, vbh, lr, m
         v -= lr * g
         p += v
     return sq_err
+
+
+def rbm_cd_update_blocks(v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, vbh, lr, momentum, weight_cost,
+                         scale=None):
+    """One training step of CD-k on blocks of stacked rows, in place: each block's
+    gradient as :func:`rbm_cd_factors_blocks` gives it (block b: rows
+    v0[starts[b]:starts[b + 1]], their noise the same rows of ``noise``; ``scale``
+    defaults to 1 / all rows), the blocks' gradients added in the postfix tree ``merges``
+    and applied with ``weight_cost`` on W by :func:`.blocksum.blocks_sgd_step`. The bits of
+    those kernels one after another (the data-parallel trainer's, for a step whose every
+    block one process holds), in one call: the numba set takes CD-1 in three compiled
+    calls, without the Python between them. Returns the blocks' sq_errs (floats; on the
+    cupy set 0-d float64 device arrays)."""
+    return cd_update_blocks_via(sys.modules[__package__], np, v0, W, bv, bh, noise, hidden, starts, merges,
+                                vW, vbv, vbh, lr, momentum, weight_cost, scale)
+
+
+def cd_update_blocks_via(K, xp, v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, vbh, lr, momentum,
+                         weight_cost, scale):
+    """:func:`rbm_cd_update_blocks` with the kernel set ``K``'s kernels, the bias rows made
+    by ``xp`` (the numpy and cupy sets', and the numba set's where its compiled step does
+    not take the arrays)."""
+    starts, merges = check_cd_update_blocks(v0, W, noise, vW, vbv, vbh, starts, merges)
+    nv = W.shape[0]
+    rows = xp.zeros((merges.size, nv + W.shape[1]), dtype=vbv.dtype)  # block b's gradients of bv and bh, in row b
+    A, D, alpha, sq_errs = K.rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, [r[:nv] for r in rows],
+                                                   [r[nv:] for r in rows], starts, scale)
+    K.blocks_sgd_step(A, D, 2 * starts, merges, [alpha] * merges.size, W, vW, rows, (bv, bh), (vbv, vbh), lr,
+                      momentum, weight_cost)
+    return sq_errs
+
+
+def check_cd_update_blocks(v0, W, noise, vW, vbv, vbh, starts, merges):
+    """:func:`rbm_cd_update_blocks`' shapes, blocks and tree (every set's check); returns
+    (starts, merges) as int64 arrays (kept: read, never written)."""
+    check_cd(v0, W, noise, vW, vbv, vbh, ("vW", "vbv", "vbh"), "rbm_cd_update_blocks")
+    found = check_starts("rbm_cd_update_blocks", v0.shape[0], starts)
+    tree = postfix_tree(merges)
+    if tree is None or tree.array.size != found.size - 1:
+        raise ValueError(f"rbm_cd_update_blocks: merges {np.ravel(merges).tolist()} are not one postfix tree "
+                         f"over the {found.size - 1} blocks")
+    return found, tree.array
 
 
 def _sigmoid(z):

@@ -882,22 +882,30 @@ class Planted:
 @pytest.mark.parametrize("kind", ["rbm", "ae"])
 def test_one_process_steps_its_weights_inside_the_sum(kind, threads, monkeypatch):
     """One process holding every block: the layers' weights take their SGD step inside the
-    blocks' sum (block_outer_sum_sgd), with the weights of the step on the written sum."""
+    blocks' sum (block_outer_sum_sgd), with the weights of the step on the written sum;
+    on one thread each step is one call of the layer's fused blocks step (its kernel
+    ``*_update_blocks``), with those bits too."""
     import aepar.kernels.nb as nb
     monkeypatch.setattr(aepar, "THREADS", threads)
     be = _be("numba", "float32")
     x = _data(n=300, d=40, seed=2).astype(np.float32)
 
-    def trained(guard=None):
+    def trained(guard=None, fused=True):
         model = (RBM if kind == "rbm" else AELayer)(be, 40, 24, batch=100, seed=3)
+        if not fused:
+            model.fused_blocks_step = None
         train_epoch(model, Shard.of(be, x, 8), 0, guard=guard)
         return {k: be.to_host(v).tobytes() for k, v in model.params.items()}
-    calls = []
-    real = nb.block_outer_sum_sgd
+    calls, fused_calls = [], []
+    real, step = nb.block_outer_sum_sgd, "rbm_cd_update_blocks" if kind == "rbm" else "tied_ae_update_blocks"
     monkeypatch.setattr(nb, "block_outer_sum_sgd", lambda *a: calls.append(1) or real(*a))
-    inside = trained()
-    assert len(calls) == 3 * threads  # a call per step and band
-    assert trained(Planted()) == inside and len(calls) == 3 * threads
+    real_step = getattr(nb, step)
+    monkeypatch.setattr(nb, step, lambda *a: fused_calls.append(1) or real_step(*a))
+    inside = trained(fused=False)
+    assert len(calls) == 3 * threads and not fused_calls  # a call per step and band
+    assert trained() == inside and len(fused_calls) == (3 if threads == 1 else 0)
+    calls.clear()
+    assert trained(Planted()) == inside and not calls  # the sum written out, then the step
 
 
 @pytest.mark.parametrize("rows, batch", [(530, 60), (50, 5)], ids=["uneven batches", "empty blocks"])
@@ -906,19 +914,22 @@ def test_one_process_steps_its_weights_inside_the_sum(kind, threads, monkeypatch
 @pytest.mark.parametrize("kernels", ["numpy"] + kernel_set_params())
 def test_one_process_on_one_thread_takes_a_batch_s_blocks_in_one_call(kernels, kind, rows, batch, monkeypatch):
     """One process and one thread holding every block: each batch whose blocks all have
-    rows is one call of the model's group_factors (_Epoch.whole_batch), with the weights,
-    optimiser state and step sums of the per-block path bit for bit (that path taken where a
-    fault is planted, and for a batch with an empty block); a batch without rows is no
-    step."""
+    rows is one call of the model's group_factors (_Epoch.whole_batch), or of its
+    fused_blocks_step where it has one (the layers: gradients, tree and step in one kernel
+    call), with the weights, optimiser state and step sums of the per-block path bit for
+    bit (that path taken where a fault is planted, and for a batch with an empty block); a
+    batch without rows is no step."""
     import aepar.parallel.data_parallel as dp
     from aepar.optim import SGD
     monkeypatch.setattr(aepar, "THREADS", 1)
     be = backend.select("gpu" if kernels == "cupy" else "cpu", kernels, "float32")
     x = _data(n=rows, d=48 if kind == "cae" else 40, seed=4).astype(np.float32)
 
-    whole = []
-    real = dp._Epoch.whole_batch
+    whole, fused = [], []
+    real, real_fused = dp._Epoch.whole_batch, dp._Epoch.fused_blocks_step
     monkeypatch.setattr(dp._Epoch, "whole_batch", lambda self, k, scale: whole.append(k) or real(self, k, scale))
+    monkeypatch.setattr(dp._Epoch, "fused_blocks_step",
+                        lambda self, k, scale: fused.append(k) or real_fused(self, k, scale))
 
     if kind == "classifier":
         x[:, -1] = np.floor(3 * x[:, 0])
@@ -939,11 +950,12 @@ def test_one_process_on_one_thread_takes_a_batch_s_blocks_in_one_call(kernels, k
         sums = [list(train_epoch(model, Shard.of(be, x, 8), epoch, guard=guard).sums) for epoch in range(2)]
         return [be.to_host(v).tobytes() for v in (*model.params.values(), *model.optimizer.state().values())], sums
     per_block = trained(Planted())
-    assert not whole
+    assert not whole and not fused
     assert trained() == per_block
     # 50 rows in blocks of 6 or 7 and 10 batches: batches 0-5 take a row of every block, 6
     # of two blocks (per block), 7-9 of none (no step)
-    assert whole == 2 * list(range(9 if batch == 60 else 6))
+    layer = kind in ("rbm", "gaussian rbm", "ae", "linear ae")
+    assert (fused if layer else whole) == 2 * list(range(9 if batch == 60 else 6)) and not (whole if layer else fused)
 
 
 def test_steps_too_small_to_share_stay_on_the_calling_thread(monkeypatch):

@@ -603,3 +603,66 @@ def test_rows_tree_sum_is_the_rows_added_in_the_tree(name, count, fold, rng):
         assert np.array_equal(after[:, :20], whole[:, :20]) and np.array_equal(after[:, 47:], whole[:, 47:])
     with pytest.raises(ValueError, match="postfix tree"):
         K.rows_tree_sum(xp.zeros((3, 4)), [0, 1])
+
+
+@pytest.mark.parametrize("layout", ["c", "strided"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("count", [1, 3, 8])
+@pytest.mark.parametrize("name", ["numpy"] + kernel_set_params())
+def test_blocks_sgd_step_is_the_trainers_tree_and_step(name, count, dtype, layout, rng):
+    """blocks_sgd_step: the bits of block_outer_sum_sgd for W, then rows_tree_sum of the
+    bias rows and sgd_momentum_update of each bias with its columns of the sum (the
+    data-parallel trainer's calls), signed zeros included; strided biases take the
+    kernels one by one, with the same bits."""
+    K = kernels.load(name)
+    xp = np
+    if name == "cupy":
+        import cupy as xp
+    A, D, starts, alphas = problem(rng, list(rng.integers(1, 20, count)), 30, 12, dtype)
+    merges = tree_merges(tree_top(count), 0, count)
+    rows = rng.standard_normal((count, 30 + 12)).astype(dtype)
+    rows[:, :5] = 0.0  # sums of +0
+    params = [rng.standard_normal(s).astype(dtype) for s in ((30, 12), (30,), (12,))]
+    velocities = [rng.standard_normal(p.shape).astype(dtype) for p in params]
+    velocities[1][:4] = -0.0
+    lr, momentum, decay = 0.1, 0.9, 2e-4
+
+    def on_device(arrays):  # fresh copies; with "strided", the biases every second element of a longer array
+        out = []
+        for a in arrays:
+            if layout == "strided" and a.ndim == 1:
+                wide = xp.zeros((a.shape[0], 2), a.dtype)
+                wide[:, 0] = xp.asarray(a)
+                out.append(wide[:, 0])
+            else:
+                out.append(xp.array(a))
+        return out
+
+    (W, bv, bh), (vW, vbv, vbh) = on_device(params), on_device(velocities)
+    K.blocks_sgd_step(xp.asarray(A), xp.asarray(D), starts, merges, alphas, W, vW, xp.array(rows), (bv, bh),
+                      (vbv, vbh), lr, momentum, decay)
+    (W2, bv2, bh2), (vW2, vbv2, vbh2) = on_device(params), on_device(velocities)
+    K.block_outer_sum_sgd(xp.asarray(A), xp.asarray(D), starts, merges, alphas, W2, vW2, lr, momentum, decay)
+    total = K.rows_tree_sum(xp.array(rows), merges)
+    K.sgd_momentum_update(bv2, total[:30], vbv2, lr, momentum, 0.0)
+    K.sgd_momentum_update(bh2, total[30:], vbh2, lr, momentum, 0.0)
+    for got, want in zip((W, bv, bh, vW, vbv, vbh), (W2, bv2, bh2, vW2, vbv2, vbh2)):
+        assert to_host(got).tobytes() == to_host(want).tobytes()
+
+
+@pytest.mark.parametrize("name", ["numpy", "numba"])
+def test_blocks_sgd_step_refuses_bias_rows_that_do_not_fit(name, rng):
+    K = kernels.load(name)
+    A, D, starts, alphas = problem(rng, [3, 4, 5], 6, 4)
+    merges = tree_merges(tree_top(3), 0, 3)
+    W, vW = np.zeros((6, 4), np.float32), np.zeros((6, 4), np.float32)
+    bv, bh = np.zeros(6, np.float32), np.zeros(4, np.float32)
+    for rows, biases, velocities, match in ((np.zeros((2, 10), np.float32), (bv, bh), (bv, bh), "a row per block"),
+                                            (np.zeros((3, 9), np.float32), (bv, bh), (bv, bh), "a column per element"),
+                                            (np.zeros((3, 10), np.float32), (bv, bh), (bv,), "velocities"),
+                                            (np.zeros((3, 10), np.float32), (bv, bh), (bv, bv), "velocities")):
+        with pytest.raises(ValueError, match=match):
+            K.blocks_sgd_step(A, D, starts, merges, alphas, W, vW, rows, biases, velocities, 0.1, 0.9)
+    with pytest.raises(ValueError, match="postfix tree"):
+        K.blocks_sgd_step(A, D, starts, [0, 1, 1, 0], alphas, W, vW, np.zeros((3, 10), np.float32), (bv, bh),
+                          (bv, bh), 0.1, 0.9)

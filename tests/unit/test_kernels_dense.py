@@ -429,6 +429,57 @@ def test_numba_tied_ae_factors_blocks_in_one_call_where_the_blocks_are_thin(size
         assert np.array_equal(g.view(np.int32), w.view(np.int32))
 
 
+@pytest.mark.parametrize("sizes, shape, code_act, f32", [([13, 12, 13, 12, 13, 12, 13, 12], (64, 16), "sigmoid", True),
+                                                         ([CPU_MAX_ROWS + 8, 10, 3], (64, 16), "sigmoid", True),
+                                                         ([13, 12, 13], (40, 12), "identity", True),
+                                                         ([13, 12, 13], (40, 20), "sigmoid", False)])
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_tied_ae_update_blocks_is_the_trainers_step(kset, sizes, shape, code_act, f32):
+    """tied_ae_update_blocks: bit for bit the trainer's kernels one by one (each block's
+    factors and bias gradients into its zeroed row, the rows' tree, W's sum and step from
+    the two parts, each bias's step), the errors too, in the one-call pass and the block
+    kernels' alike; and within rounding of the numpy set in float64."""
+    from aepar.rows import tree_merges, tree_top
+
+    K, dev = load(kset)
+    xp = importlib.import_module("cupy") if kset == "cupy" else np
+    dtype = np.float32 if f32 else np.float64
+    rng = np.random.default_rng(sum(sizes) + shape[1])
+    starts = np.cumsum([0] + sizes)
+    x, W, bv, bh, velocity = tied_ae_problem(rng, int(starts[-1]), *shape, dtype)
+    merges, blocks, scale = tree_merges(tree_top(len(sizes)), 0, len(sizes)), len(sizes), 1.0 / int(starts[-1])
+    got = [dev(a.copy()) for a in (W, bv, bh, *velocity)]
+    errs = K.tied_ae_update_blocks(dev(x), *got[:3], code_act, starts, merges, *got[3:], 0.1, 0.9, 2e-4, scale)
+    W2, bv2, bh2, vW2, vbv2, vbh2 = want = [dev(a.copy()) for a in (W, bv, bh, *velocity)]
+    rows = xp.zeros((blocks, shape[0] + shape[1]), dtype)
+    want_errs, dz2, dz1, h = K.tied_ae_factors_blocks(dev(x), W2, bv2, bh2, code_act, [r[:shape[0]] for r in rows],
+                                                      [r[shape[0]:] for r in rows], starts, scale)
+    total = K.rows_tree_sum(rows, merges)
+    K.block_outer_sum_sgd((dev(x), dz2), (dz1, h), starts, merges, [1.0] * blocks, W2, vW2, 0.1, 0.9, 2e-4)
+    K.sgd_momentum_update(bv2, total[:shape[0]], vbv2, 0.1, 0.9, 0.0)
+    K.sgd_momentum_update(bh2, total[shape[0]:], vbh2, 0.1, 0.9, 0.0)
+    assert [float(e) for e in errs] == [float(e) for e in want_errs]
+    for g, w in zip(got, want):
+        assert g.dtype == dtype and to_host(g).tobytes() == to_host(w).tobytes()
+    ref = [a.astype(np.float64) for a in (W, bv, bh, *velocity)]
+    ref_errs = REF.tied_ae_update_blocks(x.astype(np.float64), *ref[:3], code_act, starts, merges, *ref[3:], 0.1, 0.9,
+                                         2e-4, scale)
+    np.testing.assert_allclose([float(e) for e in errs], ref_errs, rtol=1e-4 if f32 else 1e-10)
+    for g, w, what in zip(got, ref, ("W", "bv", "bh", "vW", "vbv", "vbh")):
+        assert_close(to_host(g), w, dtype, work=4 * int(starts[-1]), name=what)
+
+
+@pytest.mark.parametrize("kset", ALL_SETS)
+def test_tied_ae_update_blocks_rejects_a_tree_of_other_blocks(kset, rng):
+    K, dev = load(kset)
+    x, W, bv, bh, vel = tied_ae_problem(rng, 6, 5, 3)
+    x, W, bv, bh, vel = dev(x), dev(W), dev(bv), dev(bh), [dev(v) for v in vel]
+    with pytest.raises(ValueError, match="not one postfix tree over the 2 blocks"):
+        K.tied_ae_update_blocks(x, W, bv, bh, "sigmoid", [0, 3, 6], [0, 1, 1], *vel, 0.1, 0.5, 0.0, 0.1)
+    with pytest.raises(ValueError, match="offsets"):
+        K.tied_ae_update_blocks(x, W, bv, bh, "sigmoid", [0, 3, 5], [0, 1], *vel, 0.1, 0.5, 0.0, 0.1)
+
+
 @pytest.mark.parametrize("kset", ALL_SETS)
 def test_tied_ae_update_refuses_what_does_not_fit(kset, rng):
     K, dev = load(kset)

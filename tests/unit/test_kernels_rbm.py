@@ -425,6 +425,85 @@ def test_rbm_cd_factors_blocks_reject_what_does_not_split_the_rows(name, rng):
         K.rbm_cd_factors_blocks(v0, W, bv, bh, noise[:, :5], "bernoulli", [g[0]], [g[1]], [0, 6])
 
 
+def trainer_cd_step(K, xp, v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, vbh, lr, momentum, weight_cost,
+                    scale):
+    """The data-parallel trainer's step for blocks that one process holds, kernel by kernel:
+    each block's bias gradients into its own zeroed row, the rows added in the tree, W's
+    sum and step from the blocks' factors, then each bias's step."""
+    blocks, nv = len(starts) - 1, W.shape[0]
+    rows = xp.zeros((blocks, nv + W.shape[1]), dtype=W.dtype)
+    A, D, alpha, errs = K.rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, [r[:nv] for r in rows],
+                                                [r[nv:] for r in rows], starts, scale)
+    total = K.rows_tree_sum(rows, merges)
+    K.block_outer_sum_sgd(A, D, 2 * np.asarray(starts), merges, [alpha] * blocks, W, vW, lr, momentum, weight_cost)
+    K.sgd_momentum_update(bv, total[:nv], vbv, lr, momentum, 0.0)
+    K.sgd_momentum_update(bh, total[nv:], vbh, lr, momentum, 0.0)
+    return errs
+
+
+@pytest.mark.parametrize("sizes, nh, hidden, k, f32, compiled", [
+    ([13, 12, 13, 12, 13, 12, 13, 12], 30, "bernoulli", 1, True, True),
+    ([CPU_MAX_ROWS, 3, 40], 40, "gaussian", 1, True, True),
+    ([5], 30, "bernoulli", 1, True, True),
+    ([CPU_MAX_ROWS + 1, 7], 30, "bernoulli", 1, True, False),  # a block past the row kernels
+    ([13, 12, 13], 8, "bernoulli", 1, True, False),  # too few hidden units for rows_times_t
+    ([13, 12, 13], 30, "bernoulli", 2, True, False),  # CD-2
+    ([13, 12, 13], 30, "bernoulli", 1, False, False)])  # float64
+@pytest.mark.parametrize("name", ["numpy"] + kernel_set_params())
+def test_rbm_cd_update_blocks_is_the_trainers_step(name, sizes, nh, hidden, k, f32, compiled, monkeypatch):
+    """rbm_cd_update_blocks: bit for bit the trainer's kernels one by one (each block's
+    factors and bias gradients, the tree, W's and the biases' steps), the errors too; the
+    numba set's compiled step where every block takes the row kernels (the kernels one
+    after another for the rest); and within rounding of the numpy set in float64."""
+    from aepar.kernels.nb import rbm as nb_rbm
+    from aepar.rows import tree_merges, tree_top
+
+    if name == "numba":  # which path the numba set took
+        taken = []
+        real = nb_rbm.cd_update_blocks_via
+        monkeypatch.setattr(nb_rbm, "cd_update_blocks_via", lambda *a: (taken.append(1), real(*a))[1])
+    K, dev, host = kit(name)
+    xp = np if name != "cupy" else importlib.import_module("cupy")
+    dtype = np.float32 if f32 else np.float64
+    rng = np.random.default_rng(sum(sizes) + nh)
+    starts = np.cumsum([0] + sizes)
+    v0, W, bv, bh, noise = rbm_problem(rng, hidden, k, int(starts[-1]), 70, nh, dtype)
+    velocity = [(0.1 * rng.standard_normal(a.shape)).astype(dtype) for a in (W, bv, bh)]
+    merges = tree_merges(tree_top(len(sizes)), 0, len(sizes))
+    scale = 1.0 / int(starts[-1])
+    got = [dev(a.copy()) for a in (W, bv, bh, *velocity)]
+    errs = K.rbm_cd_update_blocks(dev(v0), *got[:3], dev(noise), hidden, starts, merges, *got[3:], 0.1, 0.9, 2e-4,
+                                  scale)
+    if name == "numba":
+        assert (not taken) == compiled
+    want = [dev(a.copy()) for a in (W, bv, bh, *velocity)]
+    want_errs = trainer_cd_step(K, xp, dev(v0), *want[:3], dev(noise), hidden, starts, merges, *want[3:], 0.1, 0.9,
+                                2e-4, scale)
+    assert [float(e) for e in errs] == [float(e) for e in want_errs]
+    for g, w in zip(got, want):
+        assert g.dtype == dtype and host(g).tobytes() == host(w).tobytes()
+    ref = [a.astype(np.float64) for a in (W, bv, bh, *velocity)]
+    ref_errs = REF.rbm_cd_update_blocks(v0.astype(np.float64), *ref[:3], noise.astype(np.float64), hidden, starts,
+                                        merges, *ref[3:], 0.1, 0.9, 2e-4, scale)
+    np.testing.assert_allclose([float(e) for e in errs], ref_errs, rtol=1e-4 if f32 else 1e-10)
+    for g, w, what in zip(got, ref, ("W", "bv", "bh", "vW", "vbv", "vbh")):
+        assert_close(host(g), w, dtype, work=4 * int(starts[-1]), name=what)
+
+
+@pytest.mark.parametrize("name", ["numpy"] + kernel_set_params())
+def test_rbm_cd_update_blocks_rejects_a_tree_of_other_blocks(name, rng):
+    K, dev, _ = kit(name)
+    v0, W, bv, bh, noise = (dev(a) for a in rbm_problem(rng, "bernoulli", 1, batch=6))
+    vel = [dev(np.zeros(a.shape)) for a in (W, bv, bh)]
+    with pytest.raises(ValueError, match="not one postfix tree over the 2 blocks"):
+        K.rbm_cd_update_blocks(v0, W, bv, bh, noise, "bernoulli", [0, 3, 6], [0, 1, 1], *vel, 0.1, 0.5, 0.0)
+    with pytest.raises(ValueError, match="offsets"):
+        K.rbm_cd_update_blocks(v0, W, bv, bh, noise, "bernoulli", [0, 3, 5], [0, 1], *vel, 0.1, 0.5, 0.0)
+    with pytest.raises(ValueError, match="vW"):
+        K.rbm_cd_update_blocks(v0, W, bv, bh, noise, "bernoulli", [0, 3, 6], [0, 1], vel[0][:2], *vel[1:], 0.1, 0.5,
+                               0.0)
+
+
 def test_numba_rbm_scratch_is_kept_per_shape_for_the_latest_shapes_only():
     """The numba set's CD-1 scratch: the same arrays again for a shape seen last call, fresh
     ones for a batch too large to keep, and no more than KEEP_SHAPES shapes held per

@@ -46,14 +46,18 @@ def test_the_figure_has_a_bar_per_rank_and_the_prediction(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("blocks", [1, 4])
-def test_an_epoch_reports_where_its_time_went(blocks):
+@pytest.mark.parametrize("blocks, fused", [(1, True), (4, True), (4, False)])
+def test_an_epoch_reports_where_its_time_went(blocks, fused):
+    """One block, or every block on one process with the model's fused_blocks_step: the
+    fused step alone; the blocks' own path: its four phases."""
     be = backend.select("cpu", "numba", "float32")
     x = np.random.default_rng(0).random((400, 20), dtype=np.float32)
     model = RBM(be, 20, 8, hidden="bernoulli", lr=0.1, batch=50, seed=0, layer_index=0)
+    if not fused:
+        model.fused_blocks_step = None
     result = train_epoch(model, Shard.of(be, x, blocks), 0)
     phases = result.phases
-    expected = {"fused step"} if blocks == 1 else {"gradient", "block sums", "reduction", "update"}
+    expected = {"fused step"} if fused else {"gradient", "block sums", "reduction", "update"}
     assert set(phases) == expected and all(v > 0 for v in phases.values()), phases  # each one timed
     assert set(result.phase_args) == {f"{k.replace(' ', '_')}_s" for k in expected}
     assert set(result.phase_args) <= {f"{k}_s" for k, _ in PHASES}  # the report reads every one
