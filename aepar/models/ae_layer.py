@@ -40,14 +40,14 @@ class AELayer(RBM):
                                          self.lr, self.momentum_at(epoch), self.weight_cost),)
 
     def fused_blocks_step(self, x, starts, rngs, merges, scale, epoch):
-        """:meth:`group_factors`, the blocks' gradients added in the tree ``merges`` and
-        the step in one kernel call (``tied_ae_update_blocks``), with the bits of the
-        three. No noise: ``rngs`` is not used. Returns [(Σ‖x̂ − x‖²,)] per block."""
+        """:meth:`group_factors`, the blocks' gradients and sums added in the tree ``merges``
+        and the step in one kernel call (``tied_ae_update_blocks``), with the bits of the
+        three. No noise: ``rngs`` is not used. Returns (Σ‖x̂ − x‖²,), the blocks' added in
+        the tree."""
         p, v = self.params, self.optimizer.velocity
-        errs = self.be.K.tied_ae_update_blocks(x, p["W"], p["bv"], p["bh"], self.code_act, starts, merges, v["W"],
-                                               v["bv"], v["bh"], self.lr, self.momentum_at(epoch), self.weight_cost,
-                                               scale)
-        return [(err,) for err in errs]
+        return (self.be.K.tied_ae_update_blocks(x, p["W"], p["bv"], p["bh"], self.code_act, starts, merges, v["W"],
+                                                v["bv"], v["bh"], self.lr, self.momentum_at(epoch), self.weight_cost,
+                                                scale),)
 
     def leaf_gradient(self, x, rng, scale, grads):
         """Add one block's gradient of ½ Σ(x̂ − x)², scaled by ``scale``, into ``grads``.

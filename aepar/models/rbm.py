@@ -135,15 +135,14 @@ class RBM:
         return (err,)
 
     def fused_blocks_step(self, x, starts, rngs, merges, scale, epoch):
-        """:meth:`group_factors`, the blocks' gradients added in the tree ``merges`` and
-        :meth:`apply`'s step in one kernel call (``rbm_cd_update_blocks``), with the bits
-        of the three. Returns [(Σ‖v1 − v0‖²,)] per block."""
+        """:meth:`group_factors`, the blocks' gradients and sums added in the tree ``merges``
+        and :meth:`apply`'s step in one kernel call (``rbm_cd_update_blocks``), with the
+        bits of the three. Returns (Σ‖v1 − v0‖²,), the blocks' added in the tree."""
         p, v = self.params, self.optimizer.velocity
         noise = self._noise(rngs, starts)
-        errs = self.be.K.rbm_cd_update_blocks(x, p["W"], p["bv"], p["bh"], noise, self.hidden, starts, merges,
-                                              v["W"], v["bv"], v["bh"], self.lr, self.momentum_at(epoch),
-                                              self.weight_cost, scale)
-        return [(err,) for err in errs]
+        return (self.be.K.rbm_cd_update_blocks(x, p["W"], p["bv"], p["bh"], noise, self.hidden, starts, merges,
+                                               v["W"], v["bv"], v["bh"], self.lr, self.momentum_at(epoch),
+                                               self.weight_cost, scale),)
 
     def apply(self, grads, epoch):
         """The step: SGD with the epoch's momentum, the weight cost added to W's gradient

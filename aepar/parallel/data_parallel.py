@@ -49,9 +49,9 @@ block then takes each batch whose blocks all have rows in one call of it, and th
 and the step straight from what it returns: the same kernels in the same order as the
 blocks' own path, so the same bits, without that path's views and wrappers per block and
 thread, which a GPU's host pays on every step. Where the model also provides
-``fused_blocks_step(x, starts, rngs, merges, scale, epoch) -> [sums]`` (the blocks'
-gradients, their sum in the tree ``merges`` and its plain SGD step in one kernel call,
-with those bits) and its optimiser takes plain steps, such a batch is that one call.
+``fused_blocks_step(x, starts, rngs, merges, scale, epoch) -> sums`` (the blocks'
+gradients and sums added in the tree ``merges`` and the plain SGD step in one kernel
+call, with those bits) and its optimiser takes plain steps, such a batch is that one call.
 
 Models never see ranks: where one needs a sum over all ranks' rows (an evaluation) it is
 handed ``reducer(comm)``.
@@ -433,6 +433,9 @@ class _Epoch:
                 raise ValueError(f"resuming epoch {resume.epoch} as epoch {epoch}")
             mb.restore(resume.rng)
             self.start, self.sums = resume.batch, be.xp.asarray(np.array(resume.sums, dtype=np.float64))
+        # each running sum's own view, which a fused step adds its value into in place (an
+        # assignment into a slice would cost a GPU a launch more)
+        self.sum_views = [self.sums[j:j + 1] for j in range(buf.n_extra)]
         self.mine = list(shard.blocks.mine)
         self.flag = buf.n_grad + buf.n_extra
         # one process holds the whole tree
@@ -489,8 +492,8 @@ class _Epoch:
         if guard is not None:  # flags read before the step, as the blocked path's reduction does
             flags = guard.flags()
             guard.step(poison=x)
-        for j, value in enumerate(self.fused(x, self.mb.rngs[0], self.epoch)):
-            self.sums[j:j + 1] += value
+        for total, value in zip(self.sum_views, self.fused(x, self.mb.rngs[0], self.epoch)):
+            total += value
         self.seconds["fused step"] += perf_counter() - t0
         return guard.decide(flags) if guard is not None else (False, False)
 
@@ -544,21 +547,17 @@ class _Epoch:
 
     def fused_blocks_step(self, k: int, scale: float) -> tuple[bool, bool]:
         """A batch whose every block is this process's and has rows, on one thread: the
-        model's ``fused_blocks_step`` (gradients, tree and step in one kernel call), then
-        the blocks' sums added in the tree as :meth:`step` adds them."""
-        buf, guard = self.buf, self.guard
+        model's ``fused_blocks_step`` (gradients, tree and step in one kernel call, the
+        step's sums added in the tree as :meth:`step` adds them)."""
+        guard = self.guard
         t0 = perf_counter()
         if guard is not None:  # flags read before the step, as the fused step does (no faults planted here)
             flags = guard.flags()
             guard.step()
-        _, first, merges = buf.groups[0]
-        n = len(self.mine)
-        extras = self.fused_blocks(self.batch_rows(k), self.block_ends[k], self.block_rngs, merges, scale,
-                                   self.epoch)
-        _write_sums(self.be.xp, buf, list(range(n)), extras)
-        sums = buf.leaves[first:first + n, buf.n_grad:self.flag]
-        self.be.K.rows_tree_sum(sums, merges)
-        self.sums += sums[0]
+        for total, value in zip(self.sum_views, self.fused_blocks(self.batch_rows(k), self.block_ends[k],
+                                                                  self.block_rngs, self.buf.groups[0][2], scale,
+                                                                  self.epoch)):
+            total += value
         self.seconds["fused step"] += perf_counter() - t0
         return guard.decide(flags) if guard is not None else (False, False)
 

@@ -72,10 +72,10 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
 
 def blocks_sgd_step(A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities, lr, momentum, weight_cost=0.0):
     """See :func:`kernels.ref.blocksum.blocks_sgd_step`: this set's kernels one after
-    another (W's sum and step one launch where the row kernels take every block, each
-    bias's tree one, the biases' steps one)."""
-    blocks_sgd_step_via(sys.modules[__package__], A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities,
-                        lr, momentum, weight_cost)
+    another (W's sum and step one launch where the row kernels take every block, the
+    rows' tree one, the biases' steps one)."""
+    return blocks_sgd_step_via(sys.modules[__package__], A, D, starts, merges, alphas, W, vW, bias_rows, biases,
+                               velocities, lr, momentum, weight_cost)
 
 
 # rows_tree_sum in one launch: a thread per column runs the postfix tree down the blocks'

@@ -38,8 +38,8 @@ from ..ref.blocksum import most_rows
 from ..ref.rbm import cd_update_blocks_via, cd_update_via, check_cd, check_cd_blocks, check_cd_update_blocks, check_rbm
 from .blas import gemm
 from .nbmath import sig as _sig
-from .rowprod import (LONG_ROWS, _rows_times, rows_times, rows_times_t, thin, thin_t, tiles_sgd, tree_sgd, w_panels,
-                      wt_panel)
+from .rowprod import (LONG_ROWS, _rows_times, rows_times, rows_times_t, rows_tree_sum, thin, thin_t, tiles_sgd,
+                      tree_sgd, w_panels, wt_panel)
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
            "rbm_cd_factors_blocks", "rbm_cd_update", "rbm_cd_update_blocks"]
@@ -201,7 +201,7 @@ def rbm_cd_update_blocks(v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, 
     # which keeps their bits (none is -0, each a sum that starts from +0)
     tree_sgd(gv, merges, [0, nv], (bv,), (vbv,), lr, momentum)
     tree_sgd(gh, merges, [0, nh], (bh,), (vbh,), lr, momentum)
-    return sq_errs.tolist()
+    return rows_tree_sum(sq_errs.astype(dt).reshape(-1, 1), merges)[0]  # the errors as the trainer's rows hold them
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

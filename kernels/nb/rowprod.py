@@ -847,7 +847,7 @@ def rows_tree_sum(rows, merges):
 
 def blocks_sgd_step(A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities, lr, momentum, weight_cost=0.0):
     """See :func:`kernels.ref.blocksum.blocks_sgd_step`: :func:`block_outer_sum_sgd`'s
-    tiles for W; the biases' tree and their steps in one compiled call where the rows,
+    tiles for W; the rows' tree and the biases' steps in one compiled call where the rows,
     biases and velocities are C-ordered, writeable and of one dtype (the arithmetic of
     :func:`rows_tree_sum` and :func:`kernels.nb.update.sgd_momentum_update`: their bits,
     without a call and its checks for each), else those kernels."""
@@ -859,18 +859,19 @@ def blocks_sgd_step(A, D, starts, merges, alphas, W, vW, bias_rows, biases, velo
         total = rows_tree_sum(bias_rows, merges)
         for b, v, lo, hi in zip(biases, velocities, bounds, bounds[1:]):
             sgd_momentum_update(b, total[lo:hi], v, lr, momentum)
-        return
-    tree_sgd(bias_rows, merges, bounds, biases, velocities, lr, momentum)
+        return total
+    return tree_sgd(bias_rows, merges, bounds, biases, velocities, lr, momentum)
 
 
 def tree_sgd(rows, merges, bounds, biases, velocities, lr, momentum):
     """:func:`blocks_sgd_step`'s biases in one compiled call (:func:`_rows_tree_sgd`), on
     arrays its checks have passed (or a caller's own): ``rows`` C-ordered, the biases'
-    columns from ``bounds``, everything of one dtype, writeable."""
+    columns from ``bounds``, everything of one dtype, writeable. Returns the sum, rows[0]."""
     tree = postfix_tree(merges).array
     dt = rows.dtype.type
     _rows_tree_sgd(rows, tree, np.empty(tree.size, np.int64), np.array(bounds, np.int64), tuple(biases),
                    tuple(velocities), dt(lr), dt(momentum))
+    return rows[0]
 
 
 @njit(cache=True, nogil=True)

@@ -320,19 +320,20 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
 
 
 
+
 def blocks_sgd_step(A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities, lr, momentum, weight_cost=0.0):
     """A layer's SGD-with-momentum step from its blocks' gradients, in place: W's gradient
     :func:`block_outer_sum` (A, D, starts, merges, alphas) plus ``weight_cost * W``, as
     :func:`block_outer_sum_sgd` takes it; the biases' the rows of ``bias_rows`` (one per
-    block, in block order, each holding the block's gradient of every bias of
-    ``biases``, one after another) added in the same tree by :func:`rows_tree_sum` (the
-    rows are left as it leaves them), each bias then stepped as
+    block, in block order, each holding the block's gradient of every bias of ``biases``,
+    one after another, then any other sums of the block, which are added but not
+    stepped) added in the same tree by :func:`rows_tree_sum`, each bias then stepped as
     :func:`kernels.ref.update.sgd_momentum_update` steps it (``velocities``: theirs).
-    The data-parallel trainer's tree and step for a batch whose every block one process
-    holds, with their bits, in one call: here those kernels one after another; the numba
-    set's is two compiled calls and the biases' steps."""
-    blocks_sgd_step_via(sys.modules[__package__], A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities,
-                        lr, momentum, weight_cost)
+    Returns the rows' sum (``bias_rows[0]``). The data-parallel trainer's tree and step
+    for a batch whose every block one process holds, with their bits, in one call: here
+    those kernels one after another; the numba set's biases in one compiled call."""
+    return blocks_sgd_step_via(sys.modules[__package__], A, D, starts, merges, alphas, W, vW, bias_rows, biases,
+                               velocities, lr, momentum, weight_cost)
 
 
 def blocks_sgd_step_via(K, A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities, lr, momentum,
@@ -343,12 +344,14 @@ def blocks_sgd_step_via(K, A, D, starts, merges, alphas, W, vW, bias_rows, biase
     total = K.rows_tree_sum(bias_rows, merges)
     K.sgd_momentum_update_many(list(biases), [total[lo:hi] for lo, hi in zip(bounds, bounds[1:])], list(velocities),
                                [lr] * len(biases), momentum)
+    return total
 
 
 def check_bias_rows(merges, bias_rows, biases, velocities) -> list:
     """:func:`blocks_sgd_step`'s biases (every set's check): a 2-D table with a row for each
-    block of the tree and a column for each element of the biases, each bias 1-D with a
-    velocity of its shape. Returns where each bias's columns start, and the end."""
+    block of the tree and a column for each element of the biases (at least), each bias
+    1-D with a velocity of its shape. Returns where each bias's columns start, and the
+    end of the last."""
     tree = postfix_tree(merges)
     if tree is None:
         raise ValueError(f"blocks_sgd_step: merges {np.ravel(merges).tolist()} are not one postfix tree")
@@ -358,7 +361,13 @@ def check_bias_rows(merges, bias_rows, biases, velocities) -> list:
     bounds = [0]
     for b in biases:
         bounds.append(bounds[-1] + b.shape[0])
-    if bias_rows.shape != (tree.array.size, bounds[-1]):
-        raise ValueError(f"blocks_sgd_step: bias rows {bias_rows.shape}, not ({tree.array.size}, {bounds[-1]}): a row "
-                         "per block, a column per element of the biases")
+    if bias_rows.ndim != 2 or bias_rows.shape[0] != tree.array.size or bias_rows.shape[1] < bounds[-1]:
+        raise ValueError(f"blocks_sgd_step: bias rows {bias_rows.shape} for {tree.array.size} blocks and "
+                         f"{bounds[-1]} bias elements: a row per block, a column per element of the biases")
     return bounds
+
+
+def write_column(xp, values, out):
+    """The blocks' sums ``values`` (floats, or 0-d arrays of ``xp``: the GPU set's) into the
+    column view ``out``, in its dtype, in one operation (one launch on a GPU)."""
+    xp.stack(values, out=out)

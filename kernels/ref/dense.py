@@ -5,7 +5,7 @@ import sys
 import numpy as np
 
 from .activation import BACKWARD, FORWARD, check_act
-from .blocksum import check_starts, postfix_tree
+from .blocksum import check_starts, postfix_tree, write_column
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
            "dense_backward_blocks", "tied_ae_update", "tied_ae_factors_blocks", "tied_ae_update_blocks"]
@@ -126,30 +126,31 @@ def tied_ae_update_blocks(x, W, bv, bh, code_act, starts, merges, vW, vbv, vbh, 
     place: each block's gradient as :func:`tied_ae_factors_blocks` gives it (block k: rows
     x[starts[k]:starts[k + 1]], ``scale`` times), the blocks' gradients added in the
     postfix tree ``merges`` and applied with ``weight_cost`` on W by
-    :func:`.blocksum.blocks_sgd_step`. The bits of those two kernels one after the other
-    (the data-parallel trainer's, for a step whose every block one process holds), in
-    one call. Returns the blocks' Σ‖x̂ − x‖² (as tied_ae_factors_blocks)."""
+    :func:`.blocksum.blocks_sgd_step`. Returns the blocks' Σ‖x̂ − x‖² added in that tree in
+    the parameters' dtype (a NumPy scalar; on the cupy set a 0-d device array). The bits
+    of those two kernels one after the other (the data-parallel trainer's, its step sums
+    too, for a step whose every block one process holds), in one call."""
     return tied_ae_update_blocks_via(sys.modules[__package__], np, x, W, bv, bh, code_act, starts, merges, vW, vbv,
                                      vbh, lr, momentum, weight_cost, scale)
 
 
 def tied_ae_update_blocks_via(K, xp, x, W, bv, bh, code_act, starts, merges, vW, vbv, vbh, lr, momentum, weight_cost,
                               scale):
-    """:func:`tied_ae_update_blocks` with the kernel set ``K``'s kernels, the bias rows made
-    by ``xp``."""
+    """:func:`tied_ae_update_blocks` with the kernel set ``K``'s kernels, its table made by
+    ``xp``: row k holds block k's gradients of bv and bh, then its error."""
     check_tied_ae(x, W, bv, bh, code_act, vW, vbv, vbh)
     starts = check_starts("tied_ae_update_blocks", x.shape[0], starts)
     tree = postfix_tree(merges)
     if tree is None or tree.array.size != starts.size - 1:
         raise ValueError(f"tied_ae_update_blocks: merges {np.ravel(merges).tolist()} are not one postfix tree "
                          f"over the {starts.size - 1} blocks")
-    n_in, blocks = W.shape[0], starts.size - 1
-    rows = xp.zeros((blocks, n_in + W.shape[1]), dtype=vbv.dtype)  # block k's gradients of bv and bh, in row k
+    n_in, n, blocks = W.shape[0], W.shape[0] + W.shape[1], starts.size - 1
+    rows = xp.zeros((blocks, n + 1), dtype=vbv.dtype)
     sq_errs, dz2, dz1, h = K.tied_ae_factors_blocks(x, W, bv, bh, code_act, [r[:n_in] for r in rows],
-                                                    [r[n_in:] for r in rows], starts, scale)
-    K.blocks_sgd_step((x, dz2), (dz1, h), starts, merges, [1.0] * blocks, W, vW, rows, (bv, bh), (vbv, vbh), lr,
-                      momentum, weight_cost)
-    return sq_errs
+                                                    [r[n_in:n] for r in rows], starts, scale)
+    write_column(xp, sq_errs, rows[:, n])
+    return K.blocks_sgd_step((x, dz2), (dz1, h), starts, merges, [1.0] * blocks, W, vW, rows, (bv, bh), (vbv, vbh),
+                             lr, momentum, weight_cost)[n]
 
 
 def tied_ae_update_via(K, x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_cost):

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from .blocksum import check_starts, postfix_tree
+from .blocksum import check_starts, postfix_tree, write_column
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
            "rbm_cd_factors_blocks", "rbm_cd_update", "rbm_cd_update_blocks"]
@@ -212,28 +212,29 @@ def rbm_cd_update_blocks(v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, 
     gradient as :func:`rbm_cd_factors_blocks` gives it (block b: rows
     v0[starts[b]:starts[b + 1]], their noise the same rows of ``noise``; ``scale``
     defaults to 1 / all rows), the blocks' gradients added in the postfix tree ``merges``
-    and applied with ``weight_cost`` on W by :func:`.blocksum.blocks_sgd_step`. The bits of
-    those kernels one after another (the data-parallel trainer's, for a step whose every
-    block one process holds), in one call: the numba set takes CD-1 in three compiled
-    calls, without the Python between them. Returns the blocks' sq_errs (floats; on the
-    cupy set 0-d float64 device arrays)."""
+    and applied with ``weight_cost`` on W by :func:`.blocksum.blocks_sgd_step`. Returns the
+    blocks' sq_errs added in that tree in the parameters' dtype (a NumPy scalar; on the
+    cupy set a 0-d device array). The bits of those kernels one after another (the
+    data-parallel trainer's, its step sums too, for a step whose every block one process
+    holds), in one call: the numba set takes CD-1 in three compiled calls, without the
+    Python between them."""
     return cd_update_blocks_via(sys.modules[__package__], np, v0, W, bv, bh, noise, hidden, starts, merges,
                                 vW, vbv, vbh, lr, momentum, weight_cost, scale)
 
 
 def cd_update_blocks_via(K, xp, v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, vbh, lr, momentum,
                          weight_cost, scale):
-    """:func:`rbm_cd_update_blocks` with the kernel set ``K``'s kernels, the bias rows made
-    by ``xp`` (the numpy and cupy sets', and the numba set's where its compiled step does
-    not take the arrays)."""
+    """:func:`rbm_cd_update_blocks` with the kernel set ``K``'s kernels, its table made by
+    ``xp`` (the numpy and cupy sets', and the numba set's where its compiled step does not
+    take the arrays): row b holds block b's gradients of bv and bh, then its sq_err."""
     starts, merges = check_cd_update_blocks(v0, W, noise, vW, vbv, vbh, starts, merges)
-    nv = W.shape[0]
-    rows = xp.zeros((merges.size, nv + W.shape[1]), dtype=vbv.dtype)  # block b's gradients of bv and bh, in row b
+    nv, n = W.shape[0], W.shape[0] + W.shape[1]
+    rows = xp.zeros((merges.size, n + 1), dtype=vbv.dtype)
     A, D, alpha, sq_errs = K.rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, [r[:nv] for r in rows],
-                                                   [r[nv:] for r in rows], starts, scale)
-    K.blocks_sgd_step(A, D, 2 * starts, merges, [alpha] * merges.size, W, vW, rows, (bv, bh), (vbv, vbh), lr,
-                      momentum, weight_cost)
-    return sq_errs
+                                                   [r[nv:n] for r in rows], starts, scale)
+    write_column(xp, sq_errs, rows[:, n])
+    return K.blocks_sgd_step(A, D, 2 * starts, merges, [alpha] * merges.size, W, vW, rows, (bv, bh), (vbv, vbh), lr,
+                             momentum, weight_cost)[n]
 
 
 def check_cd_update_blocks(v0, W, noise, vW, vbv, vbh, starts, merges):

@@ -611,16 +611,17 @@ def test_rows_tree_sum_is_the_rows_added_in_the_tree(name, count, fold, rng):
 @pytest.mark.parametrize("name", ["numpy"] + kernel_set_params())
 def test_blocks_sgd_step_is_the_trainers_tree_and_step(name, count, dtype, layout, rng):
     """blocks_sgd_step: the bits of block_outer_sum_sgd for W, then rows_tree_sum of the
-    bias rows and sgd_momentum_update of each bias with its columns of the sum (the
-    data-parallel trainer's calls), signed zeros included; strided biases take the
-    kernels one by one, with the same bits."""
+    bias rows (the columns after the biases' too, returned with the rest) and
+    sgd_momentum_update of each bias with its columns of the sum (the data-parallel
+    trainer's calls), signed zeros included; strided biases take the kernels one by one,
+    with the same bits."""
     K = kernels.load(name)
     xp = np
     if name == "cupy":
         import cupy as xp
     A, D, starts, alphas = problem(rng, list(rng.integers(1, 20, count)), 30, 12, dtype)
     merges = tree_merges(tree_top(count), 0, count)
-    rows = rng.standard_normal((count, 30 + 12)).astype(dtype)
+    rows = rng.standard_normal((count, 30 + 12 + 2)).astype(dtype)  # two more columns: sums added, not stepped
     rows[:, :5] = 0.0  # sums of +0
     params = [rng.standard_normal(s).astype(dtype) for s in ((30, 12), (30,), (12,))]
     velocities = [rng.standard_normal(p.shape).astype(dtype) for p in params]
@@ -639,15 +640,16 @@ def test_blocks_sgd_step_is_the_trainers_tree_and_step(name, count, dtype, layou
         return out
 
     (W, bv, bh), (vW, vbv, vbh) = on_device(params), on_device(velocities)
-    K.blocks_sgd_step(xp.asarray(A), xp.asarray(D), starts, merges, alphas, W, vW, xp.array(rows), (bv, bh),
-                      (vbv, vbh), lr, momentum, decay)
+    got = K.blocks_sgd_step(xp.asarray(A), xp.asarray(D), starts, merges, alphas, W, vW, xp.array(rows), (bv, bh),
+                            (vbv, vbh), lr, momentum, decay)
     (W2, bv2, bh2), (vW2, vbv2, vbh2) = on_device(params), on_device(velocities)
     K.block_outer_sum_sgd(xp.asarray(A), xp.asarray(D), starts, merges, alphas, W2, vW2, lr, momentum, decay)
     total = K.rows_tree_sum(xp.array(rows), merges)
     K.sgd_momentum_update(bv2, total[:30], vbv2, lr, momentum, 0.0)
-    K.sgd_momentum_update(bh2, total[30:], vbh2, lr, momentum, 0.0)
-    for got, want in zip((W, bv, bh, vW, vbv, vbh), (W2, bv2, bh2, vW2, vbv2, vbh2)):
-        assert to_host(got).tobytes() == to_host(want).tobytes()
+    K.sgd_momentum_update(bh2, total[30:42], vbh2, lr, momentum, 0.0)
+    assert to_host(got).tobytes() == to_host(total).tobytes()  # the rows' sum, the other sums with it
+    for g, w in zip((W, bv, bh, vW, vbv, vbh), (W2, bv2, bh2, vW2, vbv2, vbh2)):
+        assert to_host(g).tobytes() == to_host(w).tobytes()
 
 
 @pytest.mark.parametrize("name", ["numpy", "numba"])
@@ -659,6 +661,7 @@ def test_blocks_sgd_step_refuses_bias_rows_that_do_not_fit(name, rng):
     bv, bh = np.zeros(6, np.float32), np.zeros(4, np.float32)
     for rows, biases, velocities, match in ((np.zeros((2, 10), np.float32), (bv, bh), (bv, bh), "a row per block"),
                                             (np.zeros((3, 9), np.float32), (bv, bh), (bv, bh), "a column per element"),
+                                            (np.zeros(30, np.float32), (bv, bh), (bv, bh), "a row per block"),
                                             (np.zeros((3, 10), np.float32), (bv, bh), (bv,), "velocities"),
                                             (np.zeros((3, 10), np.float32), (bv, bh), (bv, bv), "velocities")):
         with pytest.raises(ValueError, match=match):

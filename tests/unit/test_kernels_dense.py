@@ -436,8 +436,8 @@ def test_numba_tied_ae_factors_blocks_in_one_call_where_the_blocks_are_thin(size
 @pytest.mark.parametrize("kset", ALL_SETS)
 def test_tied_ae_update_blocks_is_the_trainers_step(kset, sizes, shape, code_act, f32):
     """tied_ae_update_blocks: bit for bit the trainer's kernels one by one (each block's
-    factors and bias gradients into its zeroed row, the rows' tree, W's sum and step from
-    the two parts, each bias's step), the errors too, in the one-call pass and the block
+    factors, bias gradients and error into its zeroed row, the rows' tree, W's sum and
+    step from the two parts, each bias's step), the errors' sum in the tree too, in the one-call pass and the block
     kernels' alike; and within rounding of the numpy set in float64."""
     from aepar.rows import tree_merges, tree_top
 
@@ -449,22 +449,25 @@ def test_tied_ae_update_blocks_is_the_trainers_step(kset, sizes, shape, code_act
     x, W, bv, bh, velocity = tied_ae_problem(rng, int(starts[-1]), *shape, dtype)
     merges, blocks, scale = tree_merges(tree_top(len(sizes)), 0, len(sizes)), len(sizes), 1.0 / int(starts[-1])
     got = [dev(a.copy()) for a in (W, bv, bh, *velocity)]
-    errs = K.tied_ae_update_blocks(dev(x), *got[:3], code_act, starts, merges, *got[3:], 0.1, 0.9, 2e-4, scale)
+    err = K.tied_ae_update_blocks(dev(x), *got[:3], code_act, starts, merges, *got[3:], 0.1, 0.9, 2e-4, scale)
     W2, bv2, bh2, vW2, vbv2, vbh2 = want = [dev(a.copy()) for a in (W, bv, bh, *velocity)]
-    rows = xp.zeros((blocks, shape[0] + shape[1]), dtype)
-    want_errs, dz2, dz1, h = K.tied_ae_factors_blocks(dev(x), W2, bv2, bh2, code_act, [r[:shape[0]] for r in rows],
-                                                      [r[shape[0]:] for r in rows], starts, scale)
+    n_in, n = shape[0], shape[0] + shape[1]
+    rows = xp.zeros((blocks, n + 1), dtype)  # as a block's row of the trainer's: its gradients, its sum
+    errs, dz2, dz1, h = K.tied_ae_factors_blocks(dev(x), W2, bv2, bh2, code_act, [r[:n_in] for r in rows],
+                                                 [r[n_in:n] for r in rows], starts, scale)
+    for k, e in enumerate(errs):
+        rows[k, n] = e
     total = K.rows_tree_sum(rows, merges)
     K.block_outer_sum_sgd((dev(x), dz2), (dz1, h), starts, merges, [1.0] * blocks, W2, vW2, 0.1, 0.9, 2e-4)
-    K.sgd_momentum_update(bv2, total[:shape[0]], vbv2, 0.1, 0.9, 0.0)
-    K.sgd_momentum_update(bh2, total[shape[0]:], vbh2, 0.1, 0.9, 0.0)
-    assert [float(e) for e in errs] == [float(e) for e in want_errs]
+    K.sgd_momentum_update(bv2, total[:n_in], vbv2, 0.1, 0.9, 0.0)
+    K.sgd_momentum_update(bh2, total[n_in:n], vbh2, 0.1, 0.9, 0.0)
+    assert to_host(err).dtype == dtype and to_host(err).tobytes() == to_host(total[n]).tobytes()
     for g, w in zip(got, want):
         assert g.dtype == dtype and to_host(g).tobytes() == to_host(w).tobytes()
     ref = [a.astype(np.float64) for a in (W, bv, bh, *velocity)]
-    ref_errs = REF.tied_ae_update_blocks(x.astype(np.float64), *ref[:3], code_act, starts, merges, *ref[3:], 0.1, 0.9,
-                                         2e-4, scale)
-    np.testing.assert_allclose([float(e) for e in errs], ref_errs, rtol=1e-4 if f32 else 1e-10)
+    ref_err = REF.tied_ae_update_blocks(x.astype(np.float64), *ref[:3], code_act, starts, merges, *ref[3:], 0.1, 0.9,
+                                        2e-4, scale)
+    assert float(err) == pytest.approx(float(ref_err), rel=1e-4 if f32 else 1e-10)
     for g, w, what in zip(got, ref, ("W", "bv", "bh", "vW", "vbv", "vbh")):
         assert_close(to_host(g), w, dtype, work=4 * int(starts[-1]), name=what)
 

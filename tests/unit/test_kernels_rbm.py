@@ -430,15 +430,17 @@ def trainer_cd_step(K, xp, v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv
     """The data-parallel trainer's step for blocks that one process holds, kernel by kernel:
     each block's bias gradients into its own zeroed row, the rows added in the tree, W's
     sum and step from the blocks' factors, then each bias's step."""
-    blocks, nv = len(starts) - 1, W.shape[0]
-    rows = xp.zeros((blocks, nv + W.shape[1]), dtype=W.dtype)
+    blocks, nv, n = len(starts) - 1, W.shape[0], W.shape[0] + W.shape[1]
+    rows = xp.zeros((blocks, n + 1), dtype=W.dtype)  # as a block's row of the trainer's: its gradients, its sum
     A, D, alpha, errs = K.rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, [r[:nv] for r in rows],
-                                                [r[nv:] for r in rows], starts, scale)
+                                                [r[nv:n] for r in rows], starts, scale)
+    for b, err in enumerate(errs):
+        rows[b, n] = err
     total = K.rows_tree_sum(rows, merges)
     K.block_outer_sum_sgd(A, D, 2 * np.asarray(starts), merges, [alpha] * blocks, W, vW, lr, momentum, weight_cost)
     K.sgd_momentum_update(bv, total[:nv], vbv, lr, momentum, 0.0)
-    K.sgd_momentum_update(bh, total[nv:], vbh, lr, momentum, 0.0)
-    return errs
+    K.sgd_momentum_update(bh, total[nv:n], vbh, lr, momentum, 0.0)
+    return total[n]
 
 
 @pytest.mark.parametrize("sizes, nh, hidden, k, f32, compiled", [
@@ -452,7 +454,8 @@ def trainer_cd_step(K, xp, v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv
 @pytest.mark.parametrize("name", ["numpy"] + kernel_set_params())
 def test_rbm_cd_update_blocks_is_the_trainers_step(name, sizes, nh, hidden, k, f32, compiled, monkeypatch):
     """rbm_cd_update_blocks: bit for bit the trainer's kernels one by one (each block's
-    factors and bias gradients, the tree, W's and the biases' steps), the errors too; the
+    factors and bias gradients, the tree, W's and the biases' steps), the errors' sum in
+    the tree too; the
     numba set's compiled step where every block takes the row kernels (the kernels one
     after another for the rest); and within rounding of the numpy set in float64."""
     from aepar.kernels.nb import rbm as nb_rbm
@@ -472,20 +475,20 @@ def test_rbm_cd_update_blocks_is_the_trainers_step(name, sizes, nh, hidden, k, f
     merges = tree_merges(tree_top(len(sizes)), 0, len(sizes))
     scale = 1.0 / int(starts[-1])
     got = [dev(a.copy()) for a in (W, bv, bh, *velocity)]
-    errs = K.rbm_cd_update_blocks(dev(v0), *got[:3], dev(noise), hidden, starts, merges, *got[3:], 0.1, 0.9, 2e-4,
-                                  scale)
+    err = K.rbm_cd_update_blocks(dev(v0), *got[:3], dev(noise), hidden, starts, merges, *got[3:], 0.1, 0.9, 2e-4,
+                                 scale)
     if name == "numba":
         assert (not taken) == compiled
     want = [dev(a.copy()) for a in (W, bv, bh, *velocity)]
-    want_errs = trainer_cd_step(K, xp, dev(v0), *want[:3], dev(noise), hidden, starts, merges, *want[3:], 0.1, 0.9,
-                                2e-4, scale)
-    assert [float(e) for e in errs] == [float(e) for e in want_errs]
+    want_err = trainer_cd_step(K, xp, dev(v0), *want[:3], dev(noise), hidden, starts, merges, *want[3:], 0.1, 0.9,
+                               2e-4, scale)
+    assert host(err).dtype == dtype and host(err).tobytes() == host(want_err).tobytes()
     for g, w in zip(got, want):
         assert g.dtype == dtype and host(g).tobytes() == host(w).tobytes()
     ref = [a.astype(np.float64) for a in (W, bv, bh, *velocity)]
-    ref_errs = REF.rbm_cd_update_blocks(v0.astype(np.float64), *ref[:3], noise.astype(np.float64), hidden, starts,
-                                        merges, *ref[3:], 0.1, 0.9, 2e-4, scale)
-    np.testing.assert_allclose([float(e) for e in errs], ref_errs, rtol=1e-4 if f32 else 1e-10)
+    ref_err = REF.rbm_cd_update_blocks(v0.astype(np.float64), *ref[:3], noise.astype(np.float64), hidden, starts,
+                                       merges, *ref[3:], 0.1, 0.9, 2e-4, scale)
+    assert float(err) == pytest.approx(float(ref_err), rel=1e-4 if f32 else 1e-10)
     for g, w, what in zip(got, ref, ("W", "bv", "bh", "vW", "vbv", "vbh")):
         assert_close(host(g), w, dtype, work=4 * int(starts[-1]), name=what)
 
