@@ -14,7 +14,7 @@ __all__ = ["PHASES", "profile_rows", "profile_csv", "draw_profile", "profile_png
 
 # (key in a row, label) in the order the bars stack
 PHASES = (("gradient", "forward + backward"), ("block_sums", "weight gradients + blocks' tree"),
-          ("fused_step", "fused step (one block)"), ("reduction", "sum over ranks"), ("update", "update"),
+          ("fused_step", "fused step (one kernel call)"), ("reduction", "sum over ranks"), ("update", "update"),
           ("handover", "hand-over"), ("wait", "wait"), ("eval", "validation"), ("other", "other in the epoch"))
 _SPAN_PHASE = {"handover": "handover", "recompute": "handover", "wait": "wait", "eval": "eval"}
 
