@@ -41,9 +41,9 @@ Families (module: functions):
   x.T @ dz1 + dz2.T @ h (the numba set in one compiled call where every block takes its
   row kernels; the others, and the rest, the block kernels below one after another);
   ``tied_ae_update_blocks(x, W, bv, bh, code_act, starts, merges, vW, vbv, vbh, lr,
-  momentum, weight_cost, scale) -> [sq_err]`` is that pass's step: the blocks' gradients
+  momentum, weight_cost, scale) -> sq_err`` is that pass's step: the blocks' gradients
   added in the postfix tree ``merges`` and applied by blocks_sgd_step, the bits of the two
-  kernels in one call
+  kernels in one call; sq_err is the blocks' added in that tree, in the parameters' dtype
 - activation: ``sigmoid_forward(z)``, ``relu_forward(z)``, ``identity_forward(z)``;
   ``sigmoid_backward(da, a)``, ``relu_backward(da, a)``, ``identity_backward(da, a)`` -> dz
 - loss: ``mse_forward(y, t, scale=None) -> loss`` = scale * 0.5 * sum((y - t)**2),
@@ -75,10 +75,11 @@ Families (module: functions):
   ``v = momentum*v - lr*g; p += v`` to W, bv, bh (the numba set stores float32
   probabilities below 2**-100 as 0: subnormals take a slow path on x86).
   ``rbm_cd_update_blocks(v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, vbh, lr,
-  momentum, weight_cost, scale=None) -> sq_errs`` is that step for blocks of stacked rows:
+  momentum, weight_cost, scale=None) -> sq_err`` is that step for blocks of stacked rows:
   each block's gradient as rbm_cd_factors_blocks gives it, added in the postfix tree
   ``merges`` and applied by blocks_sgd_step, those kernels' bits in one call (the numba set's
-  CD-1 in three compiled calls).
+  CD-1 in three compiled calls); sq_err is the blocks' added in that tree, in the
+  parameters' dtype.
 - conv: ``conv2d_forward(x, W, b, stride=1, pad=0) -> y`` (W: Cout, Cin, kh, kw);
   ``conv2d_backward(dy, x, W, stride, pad, dW, db) -> dx``;
   ``conv2d_transpose_forward(x, W, b, stride=1, pad=0) -> y`` (W: Cin, Cout, kh, kw,
@@ -104,10 +105,11 @@ Families (module: functions):
   bias gradients and step sums) in that tree, in place, the sum in ``rows[0]`` (the cupy
   set in one launch, the bits of NumPy's additions row by row).
   ``blocks_sgd_step(A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities, lr,
-  momentum, weight_cost=0.0)`` is a layer's whole step from its blocks: block_outer_sum_sgd
-  for W, rows_tree_sum of ``bias_rows`` (a row per block, the biases' columns one after
-  another) and sgd_momentum_update of each bias with its columns of the sum, the same
-  bits (the numba set's biases in one compiled call).
+  momentum, weight_cost=0.0) -> bias_rows[0]`` is a layer's whole step from its blocks:
+  block_outer_sum_sgd for W, rows_tree_sum of ``bias_rows`` (a row per block, the biases'
+  columns one after another, then any other sums, added but not stepped) and
+  sgd_momentum_update of each bias with its columns of the sum, the same bits (the numba
+  set's tree and biases in one compiled call).
   ``rbm_cd_factors(v0, W, bv, bh, noise,
   hidden, dbv, dbh, scale) -> (A, D, alpha, sq_err)`` is rbm_cd_backward with its W
   gradient left as alpha * A.T @ D for it; ``rbm_cd_factors_blocks(v0, W, bv, bh, noise,

@@ -173,9 +173,9 @@ def rbm_cd_update_blocks(v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, 
     on float32, C-ordered arrays whose every block takes the row kernels: the chains in one
     compiled call (:func:`_cd_blocks`, as :func:`rbm_cd_factors_blocks` runs it), W's tree
     and step in another (``block_outer_sum_sgd``'s tiles), each bias's tree and step in
-    one more (``blocks_sgd_step``'s): those kernels' bits, without their checks and
-    Python around each call (most of a narrow layer's step). Anything else: the kernels
-    one after another."""
+    one more (:func:`.rowprod.tree_sgd`, as ``blocks_sgd_step`` takes them): those kernels'
+    bits, without their checks and Python around each call (most of a narrow layer's
+    step). Anything else: the kernels one after another."""
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
     starts, merges = check_cd_update_blocks(v0, W, noise, vW, vbv, vbh, starts, merges)
     M, nv, nh, dt = v0.shape[0], W.shape[0], W.shape[1], np.dtype(np.float32)
