@@ -217,11 +217,11 @@ def add_reduce_blocks(group):
                        help=f"fixed blocks the rows are cut into; a step adds the blocks' gradients in one "
                             f"fixed tree, so up to R ranks (any number of threads) give bit-identical "
                             f"results (default {DEFAULT_BLOCKS}; 1 allows one rank only and runs on one thread, "
-                            f"as threads take whole blocks: on the CPU about as fast at one thread with AVX-512, "
-                            f"up to a fifth faster without it, and slower at several "
-                            f"(bench/results/block_tax.md); on a GPU the default {DEFAULT_BLOCKS} blocks "
-                            f"trained 1.8-2.4 times slower than 1 at batch 100, the CAE a tenth faster, on an "
-                            f"H200 (aepar 0.8.28, bench/results/gpu/gpu_epoch.csv))")
+                            f"as threads take whole blocks: on the CPU about as fast at one thread (within a "
+                            f"tenth for most layers and CPUs measured; one Xeon's AVX2 path up to a sixth faster "
+                            f"with 1) and slower at several (bench/results/block_tax.md); on a GPU the default "
+                            f"{DEFAULT_BLOCKS} blocks trained 1.8-2.4 times slower than 1 at batch 100, the CAE "
+                            f"a tenth faster, on an H200 (aepar 0.8.28, bench/results/gpu/gpu_epoch.csv))")
 
 
 def default_float32(parser):
