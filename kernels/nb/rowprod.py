@@ -55,6 +55,7 @@ the step.
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -62,8 +63,8 @@ from numba import literal_unroll, njit
 
 from ..memory import empty
 from ..ref.blocksum import block_outer_sum as _ref_block_outer_sum
-from ..ref.blocksum import (as_parts, chain_rows, check_bias_rows, check_block_outer_sum, check_rows_tree,
-                            interleaved, postfix_tree)
+from ..ref.blocksum import (as_parts, blocks_sgd_step_via, chain_rows, check_bias_rows, check_block_outer_sum,
+                            check_rows_tree, interleaved, postfix_tree)
 from .codegen import define
 # the generated tiles (_define) call these by name
 from .simd import JIT, prefetch, prefetch_l2, target_isa  # noqa: F401
@@ -850,16 +851,13 @@ def blocks_sgd_step(A, D, starts, merges, alphas, W, vW, bias_rows, biases, velo
     tiles for W; the rows' tree and the biases' steps in one compiled call where the rows,
     biases and velocities are C-ordered, writeable and of one dtype (the arithmetic of
     :func:`rows_tree_sum` and :func:`kernels.nb.update.sgd_momentum_update`: their bits,
-    without a call and its checks for each), else those kernels."""
+    without a call and its checks for each), else those kernels one after another."""
+    if not biases or any(a.dtype != bias_rows.dtype or not a.flags.c_contiguous or not a.flags.writeable
+                         for a in (bias_rows, *biases, *velocities)):
+        return blocks_sgd_step_via(sys.modules[__package__], A, D, starts, merges, alphas, W, vW, bias_rows, biases,
+                                   velocities, lr, momentum, weight_cost)
     bounds = check_bias_rows(merges, bias_rows, biases, velocities)
     block_outer_sum_sgd(A, D, starts, merges, alphas, W, vW, lr, momentum, weight_cost)
-    arrays = (bias_rows, *biases, *velocities)
-    if not biases or any(a.dtype != bias_rows.dtype or not a.flags.c_contiguous or not a.flags.writeable
-                         for a in arrays):
-        total = rows_tree_sum(bias_rows, merges)
-        for b, v, lo, hi in zip(biases, velocities, bounds, bounds[1:]):
-            sgd_momentum_update(b, total[lo:hi], v, lr, momentum)
-        return total
     return tree_sgd(bias_rows, merges, bounds, biases, velocities, lr, momentum)
 
 

@@ -319,6 +319,15 @@ def block_outer_sum_sgd(A, D, starts, merges, alphas, p, v, lr, momentum, weight
     sgd_momentum_update(p, g, v, lr, momentum, weight_decay)
 
 
+def check_blocks_tree(what, rows, starts, merges):
+    """A blocks' step's offsets (:func:`check_starts`) and its postfix tree over those
+    blocks; returns both as int64 arrays (kept: read, never written)."""
+    found = check_starts(what, rows, starts)
+    tree = postfix_tree(merges)
+    if tree is None or tree.array.size != found.size - 1:
+        raise ValueError(f"{what}: merges {np.ravel(merges).tolist()} are not one postfix tree over the "
+                         f"{found.size - 1} blocks")
+    return found, tree.array
 
 
 def blocks_sgd_step(A, D, starts, merges, alphas, W, vW, bias_rows, biases, velocities, lr, momentum, weight_cost=0.0):

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 
 from .activation import BACKWARD, FORWARD, check_act
-from .blocksum import check_starts, postfix_tree, write_column
+from .blocksum import check_blocks_tree, check_starts, write_column
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
            "dense_backward_blocks", "tied_ae_update", "tied_ae_factors_blocks", "tied_ae_update_blocks"]
@@ -139,11 +139,7 @@ def tied_ae_update_blocks_via(K, xp, x, W, bv, bh, code_act, starts, merges, vW,
     """:func:`tied_ae_update_blocks` with the kernel set ``K``'s kernels, its table made by
     ``xp``: row k holds block k's gradients of bv and bh, then its error."""
     check_tied_ae(x, W, bv, bh, code_act, vW, vbv, vbh)
-    starts = check_starts("tied_ae_update_blocks", x.shape[0], starts)
-    tree = postfix_tree(merges)
-    if tree is None or tree.array.size != starts.size - 1:
-        raise ValueError(f"tied_ae_update_blocks: merges {np.ravel(merges).tolist()} are not one postfix tree "
-                         f"over the {starts.size - 1} blocks")
+    starts, merges = check_blocks_tree("tied_ae_update_blocks", x.shape[0], starts, merges)
     n_in, n, blocks = W.shape[0], W.shape[0] + W.shape[1], starts.size - 1
     rows = xp.zeros((blocks, n + 1), dtype=vbv.dtype)
     sq_errs, dz2, dz1, h = K.tied_ae_factors_blocks(x, W, bv, bh, code_act, [r[:n_in] for r in rows],

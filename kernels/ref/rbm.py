@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from .blocksum import check_starts, postfix_tree, write_column
+from .blocksum import check_blocks_tree, check_starts, write_column
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
            "rbm_cd_factors_blocks", "rbm_cd_update", "rbm_cd_update_blocks"]
@@ -241,12 +241,7 @@ def check_cd_update_blocks(v0, W, noise, vW, vbv, vbh, starts, merges):
     """:func:`rbm_cd_update_blocks`' shapes, blocks and tree (every set's check); returns
     (starts, merges) as int64 arrays (kept: read, never written)."""
     check_cd(v0, W, noise, vW, vbv, vbh, ("vW", "vbv", "vbh"), "rbm_cd_update_blocks")
-    found = check_starts("rbm_cd_update_blocks", v0.shape[0], starts)
-    tree = postfix_tree(merges)
-    if tree is None or tree.array.size != found.size - 1:
-        raise ValueError(f"rbm_cd_update_blocks: merges {np.ravel(merges).tolist()} are not one postfix tree "
-                         f"over the {found.size - 1} blocks")
-    return found, tree.array
+    return check_blocks_tree("rbm_cd_update_blocks", v0.shape[0], starts, merges)
 
 
 def _sigmoid(z):
