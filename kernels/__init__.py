@@ -81,12 +81,13 @@ Families (module: functions):
   CD-1 in three compiled calls); sq_err is the blocks' added in that tree, in the
   parameters' dtype.
 - conv: ``conv2d_forward(x, W, b, stride=1, pad=0) -> y`` (W: Cout, Cin, kh, kw);
-  ``conv2d_backward(dy, x, W, stride, pad, dW, db) -> dx``;
+  ``conv2d_backward(dy, x, W, stride, pad, dW, db, need_dx=True) -> dx`` (None without
+  ``need_dx``: a network's first layer, whose input gradient every set then skips);
   ``conv2d_transpose_forward(x, W, b, stride=1, pad=0) -> y`` (W: Cin, Cout, kh, kw,
   output (H-1)*stride - 2*pad + kh); ``conv2d_transpose_backward(dy, x, W, stride, pad, dW, db) -> dx``;
   ``maxpool2x2_forward(x) -> (y, argmax)``; ``maxpool2x2_backward(dy, argmax, x_shape) -> dx``;
   ``conv2d_forward_blocks(x, W, b, stride, pad, starts)``,
-  ``conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts)`` and the two
+  ``conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts, need_dx=True)`` and the two
   ``conv2d_transpose_*_blocks`` take the blocks of images ``starts[k]:starts[k+1]``
   stacked, block k's gradients into ``dWs[k]``, ``dbs[k]``, each block's results the
   bits of the same call on that block alone (the numba set in one call; the cupy set's

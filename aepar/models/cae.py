@@ -153,7 +153,9 @@ class ConvAutoencoder(TrainedState):
         da2 = K.relu_backward(K.maxpool2x2_backward(dp2, t["i2"], t["a2"].shape), t["a2"])
         dp1 = K.conv2d_backward_blocks(da2, t["p1"], p["W2"], 1, 1, each_block("W2"), each_block("b2"), starts)
         da1 = K.relu_backward(K.maxpool2x2_backward(dp1, t["i1"], t["a1"].shape), t["a1"])
-        K.conv2d_backward_blocks(da1, t["x"], p["W1"], 1, 1, each_block("W1"), each_block("b1"), starts)
+        # the images' own gradient is not wanted: need_dx=False skips its products
+        K.conv2d_backward_blocks(da1, t["x"], p["W1"], 1, 1, each_block("W1"), each_block("b1"), starts,
+                                 need_dx=False)
         return sq_errs
 
     def encode(self, x):

@@ -60,13 +60,14 @@ def conv2d_forward(x, W, b, stride=1, pad=0):
     return y
 
 
-def conv2d_backward(dy, x, W, stride, pad, dW, db):
-    """Backward of :func:`conv2d_forward`: adds into ``dW``, ``db``; returns dx."""
+def conv2d_backward(dy, x, W, stride, pad, dW, db, need_dx=True):
+    """Backward of :func:`conv2d_forward`: adds into ``dW``, ``db``; returns dx (None
+    without ``need_dx``: its products and col2im are not made)."""
     Ho, Wo = conv_geometry(x.shape, W.shape, stride, pad)
     check_grad_shapes(dy, (x.shape[0], W.shape[0], Ho, Wo), W, dW, db, W.shape[0])
     x, W2, dt = _prep(x, W)
     dy = cp.ascontiguousarray(dy, dtype=dt)
-    dx = cp.empty(x.shape, dtype=dt)
+    dx = cp.empty(x.shape, dtype=dt) if need_dx else None
     _cublas_grads(x, dy, W2, W.shape[2], W.shape[3], stride, pad, dW, dx, transpose=False)
     _channel_sums(dy, db)
     return dx
@@ -103,9 +104,9 @@ def conv2d_forward_blocks(x, W, b, stride, pad, starts):
     return _forward_blocks(conv2d_forward, False, x, W, b, stride, pad, starts)
 
 
-def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
+def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts, need_dx=True):
     """See :func:`kernels.ref.conv.conv2d_backward_blocks`."""
-    return _backward_blocks(conv2d_backward, False, dy, x, W, stride, pad, dWs, dbs, starts)
+    return _backward_blocks(conv2d_backward, False, dy, x, W, stride, pad, dWs, dbs, starts, need_dx)
 
 
 def conv2d_transpose_forward_blocks(x, W, b, stride, pad, starts):
@@ -136,16 +137,16 @@ def _forward_blocks(cublas, transpose, x, W, b, stride, pad, starts):
     return forward_by_block(one, cp, x, W, b, stride, pad, s)
 
 
-def _backward_blocks(cublas, transpose, dy, x, W, stride, pad, dWs, dbs, starts):
+def _backward_blocks(cublas, transpose, dy, x, W, stride, pad, dWs, dbs, starts, need_dx=True):
     s = check_conv_starts(x, starts, dWs, dbs)
     dt = np.result_type(x.dtype, W.dtype)
     if _in_rows(dt, most_rows(s)):
-        return _backward_rows(transpose, dy, x, W, stride, pad, dWs, dbs, s)
+        return _backward_rows(transpose, dy, x, W, stride, pad, dWs, dbs, s, need_dx)
 
-    def one(dy, x, W, stride, pad, dW, db):
-        return _backward_rows(transpose, dy, x, W, stride, pad, [dW], [db], [0, x.shape[0]]) \
-            if _in_rows(dt, x.shape[0]) else cublas(dy, x, W, stride, pad, dW, db)
-    return backward_by_block(one, cp, dy, x, W, stride, pad, dWs, dbs, s)
+    def one(dy, x, W, stride, pad, dW, db, *need):  # need: (need_dx,) where it is false
+        return _backward_rows(transpose, dy, x, W, stride, pad, [dW], [db], [0, x.shape[0]], *need) \
+            if _in_rows(dt, x.shape[0]) else cublas(dy, x, W, stride, pad, dW, db, *need)
+    return backward_by_block(one, cp, dy, x, W, stride, pad, dWs, dbs, s, need_dx)
 
 
 def _forward_rows(transpose, x, W, b, stride, pad):
@@ -167,18 +168,19 @@ def _out_shape(transpose, x, W, stride, pad) -> tuple:
     return (x.shape[0], W.shape[0], *conv_geometry(x.shape, W.shape, stride, pad))
 
 
-def _backward_rows(transpose, dy, x, W, stride, pad, dWs, dbs, starts):
+def _backward_rows(transpose, dy, x, W, stride, pad, dWs, dbs, starts, need_dx=True):
     """The backward of :func:`_forward_rows` on blocks of images (offsets ``starts``):
-    dx, and block k's weight and bias gradients added into dWs[k] and dbs[k], each image's
-    weight gradient a chain over its pixels and a block's the sum of its images' in order
-    (one launch for all blocks), so a block's bits are its own in any call."""
+    dx (None without ``need_dx``), and block k's weight and bias gradients added into
+    dWs[k] and dbs[k], each image's weight gradient a chain over its pixels and a block's
+    the sum of its images' in order (one launch for all blocks), so a block's bits are its
+    own in any call."""
     yshape = _out_shape(transpose, x, W, stride, pad)
     channels = yshape[1]
     for dW, db in zip(dWs, dbs):
         check_grad_shapes(dy, yshape, W, dW, db, channels)
     x, W2, dt = _prep(x, W)
     dy = cp.ascontiguousarray(dy, dtype=dt)
-    dx = cp.empty(x.shape, dtype=dt)
+    dx = cp.empty(x.shape, dtype=dt) if need_dx else None
     parts = cp.empty((x.shape[0],) + W2.shape, dtype=dt)
 
     def into_parts(G, cols, n0, nb):  # image by image: (nb, rows, pixels) views of both
@@ -362,14 +364,17 @@ def _conv_adjoint(g, W2, bias, kh, kw, stride, pad, y, times):
 
 def _conv_grads(a, g, W2, kh, kw, stride, pad, da, transpose, weight_grad, times):
     """The input gradient into ``da``: conv2d^T(g) (conv2d backward) or conv2d(a)
-    (conv2d_transpose backward, where a is dy and g the input); ``weight_grad(G, cols, n0,
-    nb)`` takes each chunk's factors of the weight gradient, G @ cols(a).T."""
+    (conv2d_transpose backward, where a is dy and g the input; ``da`` None: none);
+    ``weight_grad(G, cols, n0, nb)`` takes each chunk's factors of the weight gradient,
+    G @ cols(a).T."""
     Ho, Wo = g.shape[2:]
-    zero = _zeros(da.shape[1], da.dtype)
+    zero = None if da is None else _zeros(da.shape[1], da.dtype)
     for n0, nb in _chunks(g.shape[0], W2.shape[1] * Ho * Wo):
         cols = _im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo)
         G = _pack(g, n0, nb)
         weight_grad(G, cols, n0, nb)
+        if da is None:
+            continue
         if transpose:
             _unpack(times(W2, cols), n0, nb, zero, da)
         else:
@@ -379,7 +384,7 @@ def _conv_grads(a, g, W2, kh, kw, stride, pad, da, transpose, weight_grad, times
 def _cublas_grads(a, g, W2, kh, kw, stride, pad, dW, da, transpose):
     """dW += G @ cols(a).T, each chunk's product added straight into dW by its GEMM (beta
     = 1), and the input gradient into ``da`` (:func:`_conv_grads`)."""
-    dW2, stand_in = _into(dW, da.dtype, W2.shape)
+    dW2, stand_in = _into(dW, W2.dtype, W2.shape)
     _conv_grads(a, g, W2, kh, kw, stride, pad, da, transpose,
                 lambda G, cols, n0, nb: matmul(G, cols.T, out=dW2, accumulate=True), matmul)
     _add_back(dW, stand_in)

@@ -40,22 +40,24 @@ def conv2d_forward(x, W, b, stride=1, pad=0):
     return y
 
 
-def conv2d_backward(dy, x, W, stride, pad, dW, db):
-    """Backward of :func:`conv2d_forward`: adds into ``dW``, ``db``; returns dx."""
-    return conv2d_backward_blocks(dy, x, W, stride, pad, [dW], [db], [0, x.shape[0]])
+def conv2d_backward(dy, x, W, stride, pad, dW, db, need_dx=True):
+    """Backward of :func:`conv2d_forward`: adds into ``dW``, ``db``; returns dx (None
+    without ``need_dx``)."""
+    return conv2d_backward_blocks(dy, x, W, stride, pad, [dW], [db], [0, x.shape[0]], need_dx)
 
 
-def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
+def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts, need_dx=True):
     """:func:`kernels.ref.conv.conv2d_backward_blocks` in one call: a block's weight
     gradient is its images' products added in image order from its own first image, as
-    alone; dx is image by image anyway."""
+    alone; dx is image by image anyway (without ``need_dx`` neither its products nor its
+    col2im are made: a network's first layer)."""
     s = check_conv_starts(x, starts, dWs, dbs)
     Ho, Wo = conv_geometry(x.shape, W.shape, stride, pad)
     for dW, db in zip(dWs, dbs):
         check_grad_shapes(dy, (x.shape[0], W.shape[0], Ho, Wo), W, dW, db, W.shape[0])
     x, W2, dt = _prep(x, W)
     dy = np.ascontiguousarray(dy, dtype=dt)
-    dx = np.empty(x.shape, dtype=dt)
+    dx = np.empty(x.shape, dtype=dt) if need_dx else None
     _conv_grads(x, dy, W2, W.shape[2], W.shape[3], stride, pad, dWs, dbs, s, dx, False, _chunk(W2.shape[1], Ho * Wo))
     return dx
 
@@ -222,24 +224,29 @@ def _conv_grads(a, g, W2, kh, kw, stride, pad, dWs, dbs, starts, da, transpose, 
     rows of dy (= g, or a with ``transpose``) summed as over the block alone; and the input
     gradient of every image into ``da``: conv2d^T(g) (conv2d backward) or, with
     ``transpose``, conv2d(a) (conv2d_transpose backward, where a is dy and g is the layer
-    input). What does not depend on the block is set up once."""
+    input); ``da`` None: no input gradient. What does not depend on the block is set up
+    once."""
     im2col, col2im = _copies()
     N, Co, Ho, Wo = g.shape
     P, K = Ho * Wo, W2.shape[1]
     g2 = g.reshape(N, Co, P)
-    da2 = da.reshape(N, da.shape[1], da.shape[2] * da.shape[3])  # also for no images
-    zero = np.zeros(da.shape[1], dtype=a.dtype)
+    need_dx = da is not None
+    if need_dx:
+        da2 = da.reshape(N, da.shape[1], da.shape[2] * da.shape[3])  # also for no images
+        zero = np.zeros(da.shape[1], dtype=a.dtype)
+    else:  # the compiled loop's arrays of the same types, never touched
+        da2 = np.empty((0, 0, 0), a.dtype)
     images = min(chunk, max(hi - lo for lo, hi in zip(starts[:-1], starts[1:])))
     cols = _scratch("cols", (images, K, P), a.dtype)
-    dcols = _scratch("dcols", (1 if transpose else images, K, P), a.dtype)
+    dcols = _scratch("dcols", (1 if transpose or not need_dx else images, K, P), a.dtype)
     dy = a if transpose else g
     for lo, hi, dW, db in zip(starts[:-1], starts[1:], dWs, dbs):
         dW2 = _wgrad_target(dW)
         for n0 in range(lo, hi, chunk):
             nb = min(chunk, hi - n0)
             im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo, cols)
-            _gemm_grads(W2, g2[n0:n0 + nb], cols, dW2, transpose, da2[n0:n0 + nb], dcols)
-            if not transpose:
+            _gemm_grads(W2, g2[n0:n0 + nb], cols, dW2, transpose, need_dx, da2[n0:n0 + nb], dcols)
+            if need_dx and not transpose:
                 col2im(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)
         _wgrad_done(dW, dW2)
         db += dy[lo:hi].sum(axis=(0, 2, 3))
@@ -263,11 +270,13 @@ def _gemm_adjoint(W2, g2, dcols):
 
 
 @njit(cache=True, nogil=True)
-def _gemm_grads(W2, g2, cols, dW2, transpose, da2, dcols):
+def _gemm_grads(W2, g2, cols, dW2, transpose, need_dx, da2, dcols):
     part = np.empty(dW2.shape, dtype=cols.dtype)
     for b in range(g2.shape[0]):
         np.dot(g2[b], cols[b].T, part)
         dW2 += part
+        if not need_dx:
+            continue
         if transpose:
             np.dot(W2, cols[b], da2[b])
         else:

@@ -44,20 +44,21 @@ def conv2d_forward(x, W, b, stride=1, pad=0):
     return y
 
 
-def conv2d_backward(dy, x, W, stride, pad, dW, db):
+def conv2d_backward(dy, x, W, stride, pad, dW, db, need_dx=True):
     """Backward of :func:`conv2d_forward`.
 
     Adds dL/dW into ``dW`` and dL/db into ``db`` (arrays the caller zeroed).
 
     Returns
     -------
-    ndarray (N, Cin, H, W): dL/dx, a new array.
+    ndarray (N, Cin, H, W): dL/dx, a new array; None when ``need_dx`` is false (a
+    network's first layer: its input gradient is not wanted, and every set then skips it).
     """
     Ho, Wo = conv_geometry(x.shape, W.shape, stride, pad)
     check_grad_shapes(dy, (x.shape[0], W.shape[0], Ho, Wo), W, dW, db, W.shape[0])
     dW += _conv_wgrad(x, dy, W.shape, stride, pad)
     db += dy.sum(axis=(0, 2, 3))
-    return _conv_adjoint(dy, W, x.shape, stride, pad)
+    return _conv_adjoint(dy, W, x.shape, stride, pad) if need_dx else None
 
 
 def conv2d_transpose_forward(x, W, b, stride=1, pad=0):
@@ -185,11 +186,12 @@ def conv2d_forward_blocks(x, W, b, stride, pad, starts):
     return forward_by_block(conv2d_forward, np, x, W, b, stride, pad, starts)
 
 
-def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
+def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts, need_dx=True):
     """:func:`conv2d_backward` of the stacked blocks: block k's weight and bias gradients
-    added into ``dWs[k]`` and ``dbs[k]``, dx stacked; every block's bits those of the same
-    call on that block alone (see :func:`conv2d_forward_blocks`)."""
-    return backward_by_block(conv2d_backward, np, dy, x, W, stride, pad, dWs, dbs, starts)
+    added into ``dWs[k]`` and ``dbs[k]``, dx stacked (None without ``need_dx``); every
+    block's bits those of the same call on that block alone (see
+    :func:`conv2d_forward_blocks`)."""
+    return backward_by_block(conv2d_backward, np, dy, x, W, stride, pad, dWs, dbs, starts, need_dx)
 
 
 def conv2d_transpose_forward_blocks(x, W, b, stride, pad, starts):
@@ -210,13 +212,16 @@ def forward_by_block(forward, xp, x, W, b, stride, pad, starts):
     return xp.concatenate([forward(x[lo:hi], W, b, stride, pad) for lo, hi in zip(s[:-1], s[1:])])
 
 
-def backward_by_block(backward, xp, dy, x, W, stride, pad, dWs, dbs, starts):
-    """``backward`` (a set's convolution backward) block by block, dx stacked by ``xp``."""
+def backward_by_block(backward, xp, dy, x, W, stride, pad, dWs, dbs, starts, need_dx=True):
+    """``backward`` (a set's convolution backward) block by block, dx stacked by ``xp``
+    (``need_dx`` false: ``backward`` takes it too, and None is returned)."""
     s = check_conv_starts(x, starts, dWs, dbs)
+    more = () if need_dx else (False,)  # the transposed convolution's backward has no need_dx
     if len(s) == 2:
-        return backward(dy, x, W, stride, pad, dWs[0], dbs[0])
-    return xp.concatenate([backward(dy[lo:hi], x[lo:hi], W, stride, pad, dW, db)
-                           for lo, hi, dW, db in zip(s[:-1], s[1:], dWs, dbs)])
+        return backward(dy, x, W, stride, pad, dWs[0], dbs[0], *more)
+    parts = [backward(dy[lo:hi], x[lo:hi], W, stride, pad, dW, db, *more)
+             for lo, hi, dW, db in zip(s[:-1], s[1:], dWs, dbs)]
+    return xp.concatenate(parts) if need_dx else None
 
 
 def check_conv_starts(x, starts, dWs=None, dbs=None) -> list:

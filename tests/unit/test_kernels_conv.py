@@ -10,6 +10,7 @@ import pytest
 
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar import kernels
+from aepar.kernels.ref.conv import conv_geometry
 from tests.conftest import kernel_set_params
 from tests.gradcheck import assert_close, assert_grad_close, numerical_grad
 
@@ -317,6 +318,39 @@ def test_conv_blocks_give_each_blocks_own_bits(name, transpose, dtype, sizes, mo
         np.testing.assert_array_equal(dx[lo:hi], host(bwd(dev(dy[lo:hi]), dev(x[lo:hi]), dev(W), stride, pad, dW, db)))
         np.testing.assert_array_equal(host(dWs[k]), host(dW))
         np.testing.assert_array_equal(host(dbs[k]), host(db))
+
+
+@pytest.mark.parametrize("sizes", [[3, 0, 5, 1], [2, 7]], ids=["four", "chunked"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ALL_SETS)
+def test_conv_backward_without_dx_gives_the_same_gradients(name, dtype, sizes, monkeypatch, rng):
+    """need_dx=False (a network's first layer, the CAE's): no input gradient (None), and
+    each block's dW and db the bits of the call that makes dx, for the blocks' kernel and
+    the plain one; on the GPU through the row kernels and, with its bound lowered below
+    the five images' block, through cuBLAS too."""
+    K, dev, host = kit(name)
+    if name != "numpy":
+        conv = importlib.import_module(K.__name__ + ".conv")
+        monkeypatch.setattr(conv, "_COLS_ELEMENTS", 500)
+        if name == "cupy":
+            monkeypatch.setattr(conv, "MAX_IMAGES", 4)
+    starts, x, W, b, stride, pad, _ = conv_blocks_case(rng, sizes, False, dtype)
+    dy = randn(rng, x.shape[0], W.shape[0], *conv_geometry(x.shape, W.shape, stride, pad), dtype=dtype)
+
+    def gradients(need_dx, blocks=True):
+        dWs, dbs = [dev(np.zeros_like(W)) for _ in sizes], [dev(np.zeros_like(b)) for _ in sizes]
+        if blocks:
+            dx = K.conv2d_backward_blocks(dev(dy), dev(x), dev(W), stride, pad, dWs, dbs, starts, need_dx=need_dx)
+        else:
+            dx = K.conv2d_backward(dev(dy), dev(x), dev(W), stride, pad, dWs[0], dbs[0], need_dx=need_dx)
+        return dx, [host(g) for g in dWs + dbs]
+
+    for blocks in (True, False):
+        with_dx, want = gradients(True, blocks)
+        without, got = gradients(False, blocks)
+        assert with_dx is not None and without is None
+        for a, c in zip(got, want):
+            np.testing.assert_array_equal(a, c)
 
 
 @pytest.mark.parametrize("transpose", [False, True], ids=["conv2d", "transpose"])
