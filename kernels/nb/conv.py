@@ -1,14 +1,19 @@
 """2-D convolution, transposed convolution and 2x2 max-pooling, NCHW (Numba).
 
-im2col + BLAS GEMM. im2col fills ``cols[b, (c*kh + i)*kw + j, p]`` for a chunk of images
-(P = Ho*Wo output pixels), so per image W2 (Cout, Cin*kh*kw) @ cols[b] lands directly in
-NCHW y[n] (Cout, P) with no repacking, and dy[n] (Cout, P) is already the GEMM operand of
-the backward. For LeNet-sized layers (3x3, 1-64 channels, 28x28, batch 100) this is many
-times faster than direct loops over (n, cout) on one core. Chunks keep cols near 2**20 elements.
+im2col + BLAS GEMM. im2col fills ``cols[(c*kh + i)*kw + j, b*P + p]`` for a chunk of
+images side by side (P = Ho*Wo output pixels), so that each product of a chunk is one
+GEMM of the chunk's columns: W2 (Cout, Cin*kh*kw) @ cols for y, G @ cols.T for the weight
+gradient, W2.T @ G for the input gradient, with G the chunk's dy (Cout, chunk*P), packed
+from NCHW. One product per image instead, at these shapes (at most 64 channels, 49-784
+pixels), ran well below BLAS's rate on the chunk. For LeNet-sized layers (3x3, 1-64
+channels, 28x28, batch 100) this is many times faster than direct loops over (n, cout) on
+one core. Chunks keep cols near 2**20 elements and never span two blocks of images (a
+block's bits must not depend on the blocks beside it).
 
-All GEMMs run inside @njit (numba's np.dot, i.e. scipy's BLAS) so one BLAS thread pool is
-used; the copies (im2col, col2im) are parallel over independent planes when that is safe
-(see ``_copies``).
+The GEMMs are NumPy's (its OpenBLAS, single-threaded like every BLAS here, and without
+the GIL); on AMD Zen 3 it ran these shapes up to half again as fast as the OpenBLAS that
+scipy bundles, which Numba's np.dot calls. The copies (im2col, col2im) are compiled, and
+parallel over independent planes when that is safe (see ``_copies``).
 Semantics, shapes and argmax encoding are those of the reference, :mod:`kernels.ref.conv`.
 """
 import math
@@ -32,12 +37,7 @@ _COLS_ELEMENTS = 1 << 20   # target size of one chunk's im2col matrix (elements)
 
 def conv2d_forward(x, W, b, stride=1, pad=0):
     """y = conv2d(x, W) + b; see :func:`kernels.ref.conv.conv2d_forward`."""
-    Ho, Wo = conv_geometry(x.shape, W.shape, stride, pad)
-    check_bias(b, W.shape[0])
-    x, W2, dt = _prep(x, W)
-    y = np.empty((x.shape[0], W.shape[0], Ho, Wo), dtype=dt)
-    _conv(x, W2, b.astype(dt), W.shape[2], W.shape[3], stride, pad, y, _chunk(W2.shape[1], Ho * Wo))
-    return y
+    return conv2d_forward_blocks(x, W, b, stride, pad, [0, x.shape[0]])
 
 
 def conv2d_backward(dy, x, W, stride, pad, dW, db, need_dx=True):
@@ -64,13 +64,7 @@ def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts, need_dx=True
 
 def conv2d_transpose_forward(x, W, b, stride=1, pad=0):
     """y = conv2d_transpose(x, W) + b; see :func:`kernels.ref.conv.conv2d_transpose_forward`."""
-    yshape = transpose_geometry(x.shape, W.shape, stride, pad)
-    check_bias(b, W.shape[1])
-    x, W2, dt = _prep(x, W)
-    y = np.empty(yshape, dtype=dt)
-    _conv_adjoint(x, W2, b.astype(dt), W.shape[2], W.shape[3], stride, pad, y,
-                  _chunk(W2.shape[1], x.shape[2] * x.shape[3]))
-    return y
+    return conv2d_transpose_forward_blocks(x, W, b, stride, pad, [0, x.shape[0]])
 
 
 def conv2d_transpose_backward(dy, x, W, stride, pad, dW, db):
@@ -95,17 +89,28 @@ def conv2d_transpose_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts):
 
 
 def conv2d_forward_blocks(x, W, b, stride, pad, starts):
-    """:func:`kernels.ref.conv.conv2d_forward_blocks`: one call, each image's output its
-    own product here whatever the batch."""
-    check_conv_starts(x, starts)
-    return conv2d_forward(x, W, b, stride, pad)
+    """:func:`kernels.ref.conv.conv2d_forward_blocks` in one call: each block's images in
+    chunks from its own first image, as alone."""
+    s = check_conv_starts(x, starts)
+    Ho, Wo = conv_geometry(x.shape, W.shape, stride, pad)
+    check_bias(b, W.shape[0])
+    x, W2, dt = _prep(x, W)
+    y = np.empty((x.shape[0], W.shape[0], Ho, Wo), dtype=dt)
+    _conv(x, W2, b.astype(dt), W.shape[2], W.shape[3], stride, pad, y, _chunk(W2.shape[1], Ho * Wo), s)
+    return y
 
 
 def conv2d_transpose_forward_blocks(x, W, b, stride, pad, starts):
-    """:func:`kernels.ref.conv.conv2d_transpose_forward_blocks`: one call (as
+    """:func:`kernels.ref.conv.conv2d_transpose_forward_blocks` in one call (as
     :func:`conv2d_forward_blocks`)."""
-    check_conv_starts(x, starts)
-    return conv2d_transpose_forward(x, W, b, stride, pad)
+    s = check_conv_starts(x, starts)
+    yshape = transpose_geometry(x.shape, W.shape, stride, pad)
+    check_bias(b, W.shape[1])
+    x, W2, dt = _prep(x, W)
+    y = np.empty(yshape, dtype=dt)
+    _conv_adjoint(x, W2, b.astype(dt), W.shape[2], W.shape[3], stride, pad, y,
+                  _chunk(W2.shape[1], x.shape[2] * x.shape[3]), s)
+    return y
 
 
 def maxpool2x2_forward(x):
@@ -193,39 +198,75 @@ def _copies():
     return _im2col, _col2im
 
 
-def _conv(x, W2, bias, kh, kw, stride, pad, y, chunk):
-    """y = conv2d(x) + bias: im2col a chunk, then y[n] (Cout, P) = W2 @ cols[n] per image."""
+def _block_chunks(starts, chunk):
+    """(first image, images) of each chunk: a block's images ``chunk`` at a time from its
+    own first image, so that a block's products never depend on the blocks beside it
+    (BLAS's kernels may sum otherwise for other sizes)."""
+    for lo, hi in zip(starts[:-1], starts[1:]):
+        for n0 in range(lo, hi, chunk):
+            yield n0, min(chunk, hi - n0)
+
+
+def _most_images(starts, chunk):
+    """The most images a chunk of :func:`_block_chunks` has (0 without any)."""
+    return min(chunk, max([hi - lo for lo, hi in zip(starts[:-1], starts[1:])], default=0))
+
+
+def _pack(g2, n0, nb, packed):
+    """Images n0.. of g2 (images, channels, pixels) side by side in ``packed``: (channels,
+    nb * pixels), the operand of one product for the chunk."""
+    _, C, P = g2.shape
+    G = packed[:C * nb * P].reshape(C, nb * P)
+    np.copyto(G.reshape(C, nb, P), g2[n0:n0 + nb].transpose(1, 0, 2))
+    return G
+
+
+def _conv(x, W2, bias, kh, kw, stride, pad, y, chunk, starts):
+    """y = conv2d(x) + bias: per chunk (:func:`_block_chunks`) the im2col of its images
+    side by side, one product W2 @ cols, then each image's (Cout, P) with the bias added
+    into y."""
     im2col, _ = _copies()
     N, (Ho, Wo) = x.shape[0], y.shape[2:]
-    y2 = y.reshape(N, W2.shape[0], Ho * Wo)
-    cols = _scratch("cols", (min(chunk, N), W2.shape[1], Ho * Wo), x.dtype)
-    for n0 in range(0, N, chunk):
-        nb = min(chunk, N - n0)
-        im2col(x, n0, nb, kh, kw, stride, pad, Ho, Wo, cols)
-        _gemm_forward(W2, cols, nb, bias, y2[n0:n0 + nb])
+    (Co, K), P = W2.shape, Ho * Wo
+    y2 = y.reshape(N, Co, P)
+    images = _most_images(starts, chunk)
+    cols = _scratch("cols", (K * images * P,), x.dtype)
+    outs = _scratch("packed", (Co * images * P,), x.dtype)
+    bias3 = bias.reshape(1, Co, 1)
+    for n0, nb in _block_chunks(starts, chunk):
+        c = cols[:K * nb * P].reshape(K, nb * P)
+        im2col(x, n0, nb, kh, kw, stride, pad, Ho, Wo, c, P, nb * P)
+        out = np.matmul(W2, c, out=outs[:Co * nb * P].reshape(Co, nb * P))
+        np.add(out.reshape(Co, nb, P).transpose(1, 0, 2), bias3, out=y2[n0:n0 + nb])
 
 
-def _conv_adjoint(g, W2, bias, kh, kw, stride, pad, y, chunk):
-    """y = conv2d^T(g) + bias (y has the convolved input's shape): GEMM per image, col2im."""
+def _conv_adjoint(g, W2, bias, kh, kw, stride, pad, y, chunk, starts):
+    """y = conv2d^T(g) + bias (y has the convolved input's shape): per chunk
+    (:func:`_block_chunks`) one product W2.T @ G of its images' g side by side, then
+    col2im."""
     _, col2im = _copies()
     N, Co, Ho, Wo = g.shape
-    g2 = g.reshape(N, Co, Ho * Wo)
-    dcols = _scratch("dcols", (min(chunk, N), W2.shape[1], Ho * Wo), g.dtype)
-    for n0 in range(0, N, chunk):
-        nb = min(chunk, N - n0)
-        _gemm_adjoint(W2, g2[n0:n0 + nb], dcols)
-        col2im(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, y)
+    K, P = W2.shape[1], Ho * Wo
+    g2 = g.reshape(N, Co, P)
+    images = _most_images(starts, chunk)
+    packed = _scratch("packed", (Co * images * P,), g.dtype)
+    dcols = _scratch("dcols", (K * images * P,), g.dtype)
+    for n0, nb in _block_chunks(starts, chunk):
+        d = np.matmul(W2.T, _pack(g2, n0, nb, packed), out=dcols[:K * nb * P].reshape(K, nb * P))
+        col2im(d, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, y, P, nb * P)
 
 
 def _conv_grads(a, g, W2, kh, kw, stride, pad, dWs, dbs, starts, da, transpose, chunk):
     """Gradients of conv2d(a) paired with g, block by block (images ``starts[k]`` to
-    ``starts[k + 1]``): ``dWs[k]`` += sum over the block's n of g[n] @ cols(a)[n]^T, in
-    image order from the block's first image, as alone, and ``dbs[k]`` += the block's
+    ``starts[k + 1]``), each chunk of a block's images (from its first image, as alone) in
+    one product of their columns side by side: ``dWs[k]`` += the chunks' G @ cols(a)^T in
+    order, G the chunk's g as (channels, images x pixels), and ``dbs[k]`` += the block's
     rows of dy (= g, or a with ``transpose``) summed as over the block alone; and the input
     gradient of every image into ``da``: conv2d^T(g) (conv2d backward) or, with
     ``transpose``, conv2d(a) (conv2d_transpose backward, where a is dy and g is the layer
-    input); ``da`` None: no input gradient. What does not depend on the block is set up
-    once."""
+    input), a chunk's images in one product too; ``da`` None: no input gradient. A
+    product per image had run these shapes (at most 64 channels, 49-784 pixels) well
+    below BLAS's rate on a longer one. What does not depend on the block is set up once."""
     im2col, col2im = _copies()
     N, Co, Ho, Wo = g.shape
     P, K = Ho * Wo, W2.shape[1]
@@ -234,53 +275,31 @@ def _conv_grads(a, g, W2, kh, kw, stride, pad, dWs, dbs, starts, da, transpose, 
     if need_dx:
         da2 = da.reshape(N, da.shape[1], da.shape[2] * da.shape[3])  # also for no images
         zero = np.zeros(da.shape[1], dtype=a.dtype)
-    else:  # the compiled loop's arrays of the same types, never touched
-        da2 = np.empty((0, 0, 0), a.dtype)
-    images = min(chunk, max(hi - lo for lo, hi in zip(starts[:-1], starts[1:])))
-    cols = _scratch("cols", (images, K, P), a.dtype)
-    dcols = _scratch("dcols", (1 if transpose or not need_dx else images, K, P), a.dtype)
+    images = _most_images(starts, chunk)
+    cols = _scratch("cols", (K * images * P,), a.dtype)
+    packed = _scratch("packed", (Co * images * P,), a.dtype)
+    rows = W2.shape[0] if transpose else K  # of the input gradient's product
+    dcols = _scratch("dcols", (rows * images * P if need_dx else 0,), a.dtype)
+    part = np.empty(W2.shape, a.dtype)
     dy = a if transpose else g
     for lo, hi, dW, db in zip(starts[:-1], starts[1:], dWs, dbs):
         dW2 = _wgrad_target(dW)
-        for n0 in range(lo, hi, chunk):
-            nb = min(chunk, hi - n0)
-            im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo, cols)
-            _gemm_grads(W2, g2[n0:n0 + nb], cols, dW2, transpose, need_dx, da2[n0:n0 + nb], dcols)
-            if need_dx and not transpose:
-                col2im(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)
+        for n0, nb in _block_chunks([lo, hi], chunk):
+            c = cols[:K * nb * P].reshape(K, nb * P)
+            im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo, c, P, nb * P)
+            G = _pack(g2, n0, nb, packed)
+            dW2 += np.matmul(G, c.T, out=part)
+            if not need_dx:
+                continue
+            d = dcols[:rows * nb * P].reshape(rows, nb * P)
+            if transpose:
+                np.matmul(W2, c, out=d)
+                np.copyto(da2[n0:n0 + nb], d.reshape(rows, nb, P).transpose(1, 0, 2))
+            else:
+                np.matmul(W2.T, G, out=d)
+                col2im(d, n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da, P, nb * P)
         _wgrad_done(dW, dW2)
         db += dy[lo:hi].sum(axis=(0, 2, 3))
-
-
-# ---- compiled GEMM blocks (BLAS; serial loops over the chunk's images) ------------------
-
-@njit(cache=True, nogil=True)
-def _gemm_forward(W2, cols, nb, bias, y2):
-    for b in range(nb):
-        np.dot(W2, cols[b], y2[b])
-        for o in range(y2.shape[1]):
-            for p in range(y2.shape[2]):
-                y2[b, o, p] += bias[o]
-
-
-@njit(cache=True, nogil=True)
-def _gemm_adjoint(W2, g2, dcols):
-    for b in range(g2.shape[0]):
-        np.dot(W2.T, g2[b], dcols[b])
-
-
-@njit(cache=True, nogil=True)
-def _gemm_grads(W2, g2, cols, dW2, transpose, need_dx, da2, dcols):
-    part = np.empty(dW2.shape, dtype=cols.dtype)
-    for b in range(g2.shape[0]):
-        np.dot(g2[b], cols[b].T, part)
-        dW2 += part
-        if not need_dx:
-            continue
-        if transpose:
-            np.dot(W2, cols[b], da2[b])
-        else:
-            np.dot(W2.T, g2[b], dcols[b])
 
 
 # ---- compiled copies: prange over independent (image, channel) planes -------------------
@@ -293,12 +312,14 @@ def _valid(n_out, stride, off, n_in):
     return lo, max(lo, min(hi, n_out))
 
 
-def _im2col_py(x, n0, nb, kh, kw, stride, pad, Ho, Wo, cols):
-    """cols[b, (c*kh + i)*kw + j, ho*Wo + wo] = xpad[n0 + b, c, ho*stride + i, wo*stride + j];
-    one (image, channel) plane per task, so its kh*kw rows reuse the plane from cache.
-    Flat indices: rows are short (Wo ~ 7-28), and 4-D indexing cost more than the copy."""
+def _im2col_py(x, n0, nb, kh, kw, stride, pad, Ho, Wo, cols, img_step, row_step):
+    """cols' element b * img_step + ((c*kh + i)*kw + j) * row_step + ho*Wo + wo =
+    xpad[n0 + b, c, ho*stride + i, wo*stride + j]: image by image, (nb, K, P), with steps
+    (K*P, P); or the images side by side in each row, (K, nb*P), with (P, nb*P). One
+    (image, channel) plane per task, so its kh*kw rows reuse the plane from cache. Flat
+    indices: rows are short (Wo ~ 7-28), and 4-D indexing cost more than the copy."""
     C, H, W = x.shape[1], x.shape[2], x.shape[3]
-    P, K = Ho * Wo, C * kh * kw
+    P = Ho * Wo
     xf, cf = x.reshape(-1), cols.reshape(-1)
     # "same" geometry (stride 1, Wo == W): a tap's row is the plane shifted by (i-pad)*W +
     # j-pad, so it is one contiguous copy, then the pad columns the shift wrapped are zeroed
@@ -308,7 +329,7 @@ def _im2col_py(x, n0, nb, kh, kw, stride, pad, Ho, Wo, cols):
         src0 = ((n0 + b) * C + c) * H * W
         for i in range(kh):
             for j in range(kw):
-                dst0 = (b * K + (c * kh + i) * kw + j) * P
+                dst0 = b * img_step + ((c * kh + i) * kw + j) * row_step
                 lo, hi = _valid(Wo, stride, j - pad, W)
                 if same:
                     hlo, hhi = _valid(Ho, 1, i - pad, H)
@@ -346,11 +367,11 @@ def _im2col_py(x, n0, nb, kh, kw, stride, pad, Ho, Wo, cols):
                         cf[d + wo] = 0
 
 
-def _col2im_py(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, dx):
-    """dx[n0 + b] = bias + scatter-add of dcols[b]; one (image, channel) plane per task,
-    so no two tasks write the same element."""
+def _col2im_py(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, dx, img_step, row_step):
+    """dx[n0 + b] = bias + scatter-add of image b's columns of dcols (laid out as
+    :func:`_im2col_py`'s ``cols``, its steps); one (image, channel) plane per task, so no
+    two tasks write the same element."""
     C, H, W = dx.shape[1], dx.shape[2], dx.shape[3]
-    P, K = Ho * Wo, C * kh * kw
     df, cf = dx.reshape(-1), dcols.reshape(-1)
     same = stride == 1 and Wo == W   # as in im2col: one contiguous add per tap
     for r in prange(nb * C):
@@ -360,7 +381,7 @@ def _col2im_py(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, dx):
             df[dst0 + q] = bias[c]
         for i in range(kh):
             for j in range(kw):
-                src0 = (b * K + (c * kh + i) * kw + j) * P
+                src0 = b * img_step + ((c * kh + i) * kw + j) * row_step
                 lo, hi = _valid(Wo, stride, j - pad, W)
                 if same:
                     hlo, hhi = _valid(Ho, 1, i - pad, H)

@@ -320,6 +320,35 @@ def test_conv_blocks_give_each_blocks_own_bits(name, transpose, dtype, sizes, mo
         np.testing.assert_array_equal(host(dbs[k]), host(db))
 
 
+@pytest.mark.parametrize("transpose", [False, True], ids=["conv2d", "transpose"])
+def test_numba_conv_products_never_span_two_blocks(transpose, monkeypatch, rng):
+    """The numba set multiplies a chunk of images' columns side by side in one GEMM, and
+    BLAS may sum an element otherwise at another size: so every chunk of every *_blocks
+    kernel (forward and backward) lies inside one block, starting at its first image."""
+    from aepar.kernels.nb import conv
+
+    monkeypatch.setattr(conv, "_COLS_ELEMENTS", 2000)  # chunks of 2 images (conv2d) and 13 (transpose)
+    seen, chunks = [], conv._block_chunks
+
+    def spy(starts, chunk):
+        for n0, nb in chunks(starts, chunk):
+            seen.append((n0, nb))
+            yield n0, nb
+    monkeypatch.setattr(conv, "_block_chunks", spy)
+    sizes = [3, 0, 5, 1]
+    starts, x, W, b, stride, pad, (fwd, bwd) = conv_blocks_case(rng, sizes, transpose, np.float32)
+    K = kernels.load("numba")
+    y = getattr(K, fwd + "_blocks")(x, W, b, stride, pad, starts)
+    getattr(K, bwd + "_blocks")(np.ones_like(y), x, W, stride, pad, [np.zeros_like(W) for _ in sizes],
+                                [np.zeros_like(b) for _ in sizes], starts)
+    assert len(seen) >= 2 * len([n for n in sizes if n])
+    for n0, nb in seen:
+        block = np.searchsorted(starts, n0, side="right") - 1
+        assert starts[block] <= n0 and n0 + nb <= starts[block + 1], (n0, nb, starts)
+    firsts = {n0 for n0, _ in seen}
+    assert all(lo in firsts for lo, hi in zip(starts[:-1], starts[1:]) if hi > lo)
+
+
 @pytest.mark.parametrize("sizes", [[3, 0, 5, 1], [2, 7]], ids=["four", "chunked"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ALL_SETS)
