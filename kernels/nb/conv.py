@@ -11,9 +11,10 @@ one core. Chunks keep cols near 2**20 elements and never span two blocks of imag
 block's bits must not depend on the blocks beside it).
 
 The GEMMs are NumPy's (its OpenBLAS, single-threaded like every BLAS here, and without
-the GIL); on AMD Zen 3 it ran these shapes up to half again as fast as the OpenBLAS that
-scipy bundles, which Numba's np.dot calls. The copies (im2col, col2im) are compiled, and
-parallel over independent planes when that is safe (see ``_copies``).
+the GIL): at these shapes the faster of the two OpenBLAS builds installed (Numba's np.dot
+calls the one scipy bundles; docs/performance-notes.md has the figures). The copies
+(im2col, col2im) are compiled, and parallel over independent planes when that is safe
+(see ``_copies``).
 Semantics, shapes and argmax encoding are those of the reference, :mod:`kernels.ref.conv`.
 """
 import math
