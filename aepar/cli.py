@@ -90,7 +90,10 @@ def add_common(parser: argparse.ArgumentParser, *, scheme: str):
     g.add_argument("--kernels", choices=["auto", "numpy", "numba", "cupy"], default="auto",
                    help="force a kernel set (numpy = the reference oracle); auto follows --device")
     g.add_argument("--dtype", choices=["float64", "float32"], default="float64",
-                   help="precision of weights and arithmetic (default float64)")
+                   help="precision of weights and arithmetic (default float64)" + (
+                       "; on the CPU float64 runs aepar's own SIMD kernels and float32 BLAS products for "
+                       "each block of 128 patches, the slower of the two on the CPUs measured "
+                       "(docs/schemes/sparse.md)" if scheme == "sparse" else ""))
     g.add_argument("--seed", type=seed, default=0,
                    help="one seed for data, weights and sampling (>= 0; default 0)")
     g.add_argument("--data-dir", default=os.environ.get("AEPAR_DATA"),
