@@ -19,8 +19,8 @@ before and after the epochs (the better counts); GFLOP/s = ``flops_per_sample()`
 samples / seconds, against that rate.
 
 With ``--profile`` (default on) the 1-thread child also times every kernel of one
-block's step (13 images) on its exact shapes, and the part of the first convolution's
-backward that only makes its input gradient, which the model does not use.
+block's step (13 images) on its exact shapes, and the first convolution's backward with
+the input gradient the model does not ask for (``need_dx=True``), beside its own.
 
 Rows go to bench/results/peers.csv (the columns it lacks are added; rows of an earlier
 run of this benchmark on the same host and CPU are replaced); bench/results/cae_speed.md
@@ -110,9 +110,8 @@ def aepar_epoch(x, blocks=8, be=None, batch: int = 100, first_epoch: int = 0):
 
 def kernel_profile(model, block_rows: int, reps: int = 30) -> list[tuple[str, float]]:
     """Seconds per call of every kernel of one block's step (``block_rows`` images), on the
-    exact shapes of the model's forward/backward, and the conv1 input gradient alone."""
-    from aepar.kernels.nb import conv as nbconv
-
+    exact shapes of the model's forward/backward, and conv1's backward with the input
+    gradient the model does not ask for."""
     K, p = model.be.K, model.params
     rng = np.random.default_rng(0)
     x = rng.random((block_rows, 784), dtype=np.float32)
@@ -131,7 +130,10 @@ def kernel_profile(model, block_rows: int, reps: int = 30) -> list[tuple[str, fl
         ("tconv4 backward", lambda: K.conv2d_transpose_backward(dy, t["a3"], p["W4"], 2, 0, g["W4"], g["b4"])),
         ("tconv3 backward", lambda: K.conv2d_transpose_backward(da3, t["p2"], p["W3"], 2, 0, g["W3"], g["b3"])),
         ("conv2 backward", lambda: K.conv2d_backward(da2, t["p1"], p["W2"], 1, 1, g["W2"], g["b2"])),
-        ("conv1 backward", lambda: K.conv2d_backward(da1, t["x"], p["W1"], 1, 1, g["W1"], g["b1"])),
+        ("conv1 backward (no input gradient)", lambda: K.conv2d_backward(da1, t["x"], p["W1"], 1, 1, g["W1"],
+                                                                         g["b1"], need_dx=False)),
+        ("  with its input gradient (not made)", lambda: K.conv2d_backward(da1, t["x"], p["W1"], 1, 1, g["W1"],
+                                                                           g["b1"])),
         ("maxpool forward (both)", lambda: (K.maxpool2x2_forward(t["a1"]), K.maxpool2x2_forward(t["a2"]))),
         ("maxpool backward (both)", lambda: (K.maxpool2x2_backward(dp1, t["i1"], t["a1"].shape),
                                              K.maxpool2x2_backward(dp2, t["i2"], t["a2"].shape))),
@@ -142,18 +144,6 @@ def kernel_profile(model, block_rows: int, reps: int = 30) -> list[tuple[str, fl
             K.sigmoid_backward(K.mse_backward(K.sigmoid_forward(dy), t["x"], scale=0.02), t["y"]),
             K.mse_forward(t["y"], t["x"], scale=2.0))),
     ]
-    # conv1's input gradient: the W1ᵀ·dy products and col2im of conv2d_backward, which the
-    # model discards (its input is the data)
-    W2 = np.ascontiguousarray(p["W1"]).reshape(p["W1"].shape[0], -1)
-    g2 = da1.reshape(block_rows, W2.shape[0], -1)
-    dcols = np.empty((block_rows, W2.shape[1], g2.shape[2]), dtype=np.float32)
-    dx = np.empty(t["x"].shape, dtype=np.float32)
-    zero = np.zeros(1, dtype=np.float32)
-
-    def conv1_dx():
-        nbconv._gemm_adjoint(W2, g2, dcols)
-        nbconv._col2im(dcols, 0, block_rows, 3, 3, 1, 1, 28, 28, zero, dx)
-    cases.append(("  of which conv1 input gradient (unused)", conv1_dx))
     cases.append(("whole block step (loss_and_grad)", lambda: model.loss_and_grad(x, g)))
     return [(name, time_call(fn, 3, calls=reps).seconds) for name, fn in cases]
 
@@ -195,8 +185,8 @@ def markdown(results: list[dict], rows: list[dict]) -> str:
     lines = table_head("One CAE epoch: aepar (Numba kernels) vs PyTorch on the CPU", "bench.cae_speed", m) + [
         f"Network: {NETWORK}; float32, batch 100, Adam lr 1e-3, {m['data']} ({m['samples']} images). "
         f"FLOPs per epoch {float(m['gflop_per_epoch']):.2f} GFLOP (`flops_per_sample()`: 2 forward + 4 backward "
-        "per multiply-add of each convolution, conv1's input gradient included; PyTorch skips that one, "
-        "so its GFLOP/s is slightly flattered).", "",
+        "per multiply-add of each convolution, 2 for conv1's backward: its input gradient is not made, "
+        "nor by PyTorch).", "",
         f"Each thread count in its own process; warm-up epoch each, then {m['repeats']} epochs each in turns; "
         "best shown (all in peers.csv). SGEMM: float32 2000x2000 product at the same thread count, same run.", "",
         "| threads | implementation | seconds / epoch (best) | median | GFLOP/s | SGEMM GFLOP/s | of SGEMM | seconds / aepar's |",

@@ -214,13 +214,14 @@ class ConvAutoencoder(TrainedState):
 
     def flops_per_sample(self) -> float:
         """One forward and backward pass: each convolution's multiply-adds, times 2 for the
-        forward and 4 for the two backward products (the first layer's input gradient,
-        which the kernel computes too, included)."""
+        forward and 4 for the two backward products, but 2 for the first layer's backward
+        (its input gradient, of the data, is not made: ``need_dx=False``)."""
         c, h, w = self.shape
         f1, f2 = self.filters
-        macs = (c * f1 * 9 * h * w + f1 * f2 * 9 * (h // 2) * (w // 2)
+        first = c * f1 * 9 * h * w
+        macs = (first + f1 * f2 * 9 * (h // 2) * (w // 2)
                 + f2 * f1 * 4 * (h // 4) * (w // 4) + f1 * c * 4 * (h // 2) * (w // 2))
-        return 6.0 * macs
+        return 6.0 * macs - 2.0 * first
 
     def __repr__(self):
         c, h, w = self.shape
