@@ -342,12 +342,11 @@ def _im2col_py(x, n0, nb, kh, kw, stride, pad, Ho, Wo, cols, img_step, row_step)
                     cf[dst0:dst0 + q0] = 0
                     cf[dst0 + q0:dst0 + q1] = xf[src0 + shift + q0:src0 + shift + q1]
                     cf[dst0 + q1:dst0 + P] = 0
-                    for ho in range(hlo, hhi):
-                        d = dst0 + ho * Wo
-                        for wo in range(lo):
-                            cf[d + wo] = 0
-                        for wo in range(hi, Wo):
-                            cf[d + wo] = 0
+                    # each wrapped column as one strided slice (a loop over the rows took longer)
+                    for wo in range(lo):
+                        cf[dst0 + hlo * Wo + wo:dst0 + hhi * Wo:Wo] = 0
+                    for wo in range(hi, Wo):
+                        cf[dst0 + hlo * Wo + wo:dst0 + hhi * Wo:Wo] = 0
                     continue
                 for ho in range(Ho):
                     h = ho * stride + i - pad
@@ -390,12 +389,10 @@ def _col2im_py(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, dx, img_step, r
                     shift = (i - pad) * W + j - pad
                     # the columns that wrapped to a neighbouring row hold no tap: skip them
                     # by zeroing them in this scratch (adding 0 leaves dx as it was)
-                    for ho in range(hlo, hhi):
-                        s = src0 + ho * Wo
-                        for wo in range(lo):
-                            cf[s + wo] = 0
-                        for wo in range(hi, Wo):
-                            cf[s + wo] = 0
+                    for wo in range(lo):
+                        cf[src0 + hlo * Wo + wo:src0 + hhi * Wo:Wo] = 0
+                    for wo in range(hi, Wo):
+                        cf[src0 + hlo * Wo + wo:src0 + hhi * Wo:Wo] = 0
                     q0 = max(hlo * Wo, -shift)
                     q1 = min(hhi * Wo, H * W - shift)
                     dst, src = df[dst0 + shift + q0:dst0 + shift + q1], cf[src0 + q0:src0 + q1]
