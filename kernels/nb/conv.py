@@ -438,11 +438,21 @@ def _maxpool_fwd(x, y, argmax):
 
 @njit(cache=True, nogil=True, parallel=True)
 def _maxpool_bwd(dy, argmax, dx):
+    """Each element of dx written once, row by row: dy's where argmax picked it, else 0
+    (zeroing a plane, then scattering dy into it, took twice as long on 28x28 planes)."""
     N, C, Ho, Wo = dy.shape
     for r in prange(N * C):
         n, c = r // C, r % C
-        dx[n, c] = 0
+        g, picked, out = dy[n, c], argmax[n, c], dx[n, c]
         for h in range(Ho):
-            for w in range(Wo):
-                a = argmax[n, c, h, w]
-                dx[n, c, 2 * h + a // 2, 2 * w + a % 2] = dy[n, c, h, w]
+            for i in range(2):
+                row = out[2 * h + i]
+                for w in range(Wo):
+                    a, v = picked[h, w], g[h, w]
+                    row[2 * w] = v if a == 2 * i else 0
+                    row[2 * w + 1] = v if a == 2 * i + 1 else 0
+        if out.shape[0] > 2 * Ho:  # an odd height's last row is in no window
+            out[2 * Ho] = 0
+        if out.shape[1] > 2 * Wo:  # an odd width's last column
+            for h in range(2 * Ho):
+                out[h, 2 * Wo] = 0
