@@ -49,8 +49,8 @@ def conv2d_backward(dy, x, W, stride, pad, dW, db, need_dx=True):
 
 def conv2d_backward_blocks(dy, x, W, stride, pad, dWs, dbs, starts, need_dx=True):
     """:func:`kernels.ref.conv.conv2d_backward_blocks` in one call: a block's weight
-    gradient is its images' products added in image order from its own first image, as
-    alone; dx is image by image anyway (without ``need_dx`` neither its products nor its
+    gradient is its chunks' products added in order from its own first image, as alone,
+    and dx chunk by chunk likewise (without ``need_dx`` neither its products nor its
     col2im are made: a network's first layer)."""
     s = check_conv_starts(x, starts, dWs, dbs)
     Ho, Wo = conv_geometry(x.shape, W.shape, stride, pad)
@@ -236,7 +236,7 @@ def _conv(x, W2, bias, kh, kw, stride, pad, y, chunk, starts):
     bias2 = bias.reshape(Co, 1)
     for n0, nb in _block_chunks(starts, chunk):
         c = cols[:K * nb * P].reshape(K, nb * P)
-        im2col(x, n0, nb, kh, kw, stride, pad, Ho, Wo, c, P, nb * P)
+        im2col(x, n0, nb, kh, kw, stride, pad, Ho, Wo, c)
         out = np.matmul(W2, c, out=outs[:Co * nb * P].reshape(Co, nb * P))
         out += bias2  # where out lies (the add with the copy, over its strides, took longer)
         np.copyto(y2[n0:n0 + nb], out.reshape(Co, nb, P).transpose(1, 0, 2))
@@ -255,7 +255,7 @@ def _conv_adjoint(g, W2, bias, kh, kw, stride, pad, y, chunk, starts):
     dcols = _scratch("dcols", (K * images * P,), g.dtype)
     for n0, nb in _block_chunks(starts, chunk):
         d = np.matmul(W2.T, _pack(g2, n0, nb, packed), out=dcols[:K * nb * P].reshape(K, nb * P))
-        col2im(d, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, y, P, nb * P)
+        col2im(d, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, y)
 
 
 def _conv_grads(a, g, W2, kh, kw, stride, pad, dWs, dbs, starts, da, transpose, chunk):
@@ -288,7 +288,7 @@ def _conv_grads(a, g, W2, kh, kw, stride, pad, dWs, dbs, starts, da, transpose, 
         dW2 = _wgrad_target(dW)
         for n0, nb in _block_chunks([lo, hi], chunk):
             c = cols[:K * nb * P].reshape(K, nb * P)
-            im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo, c, P, nb * P)
+            im2col(a, n0, nb, kh, kw, stride, pad, Ho, Wo, c)
             G = _pack(g2, n0, nb, packed)
             dW2 += np.matmul(G, c.T, out=part)
             if not need_dx:
@@ -299,7 +299,7 @@ def _conv_grads(a, g, W2, kh, kw, stride, pad, dWs, dbs, starts, da, transpose, 
                 np.copyto(da2[n0:n0 + nb], d.reshape(rows, nb, P).transpose(1, 0, 2))
             else:
                 np.matmul(W2.T, G, out=d)
-                col2im(d, n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da, P, nb * P)
+                col2im(d, n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)
         _wgrad_done(dW, dW2)
         db += dy[lo:hi].sum(axis=(0, 2, 3))
 
@@ -314,12 +314,11 @@ def _valid(n_out, stride, off, n_in):
     return lo, max(lo, min(hi, n_out))
 
 
-def _im2col_py(x, n0, nb, kh, kw, stride, pad, Ho, Wo, cols, img_step, row_step):
-    """cols' element b * img_step + ((c*kh + i)*kw + j) * row_step + ho*Wo + wo =
-    xpad[n0 + b, c, ho*stride + i, wo*stride + j]: image by image, (nb, K, P), with steps
-    (K*P, P); or the images side by side in each row, (K, nb*P), with (P, nb*P). One
-    (image, channel) plane per task, so its kh*kw rows reuse the plane from cache. Flat
-    indices: rows are short (Wo ~ 7-28), and 4-D indexing cost more than the copy."""
+def _im2col_py(x, n0, nb, kh, kw, stride, pad, Ho, Wo, cols):
+    """cols[(c*kh + i)*kw + j, b*P + ho*Wo + wo] = xpad[n0 + b, c, ho*stride + i,
+    wo*stride + j]: the chunk's images side by side in each row, (K, nb*P). One (image,
+    channel) plane per task, so its kh*kw rows reuse the plane from cache. Flat indices:
+    rows are short (Wo ~ 7-28), and 4-D indexing cost more than the copy."""
     C, H, W = x.shape[1], x.shape[2], x.shape[3]
     P = Ho * Wo
     xf, cf = x.reshape(-1), cols.reshape(-1)
@@ -331,7 +330,7 @@ def _im2col_py(x, n0, nb, kh, kw, stride, pad, Ho, Wo, cols, img_step, row_step)
         src0 = ((n0 + b) * C + c) * H * W
         for i in range(kh):
             for j in range(kw):
-                dst0 = b * img_step + ((c * kh + i) * kw + j) * row_step
+                dst0 = ((c * kh + i) * kw + j) * nb * P + b * P
                 lo, hi = _valid(Wo, stride, j - pad, W)
                 if same:
                     hlo, hhi = _valid(Ho, 1, i - pad, H)
@@ -368,11 +367,12 @@ def _im2col_py(x, n0, nb, kh, kw, stride, pad, Ho, Wo, cols, img_step, row_step)
                         cf[d + wo] = 0
 
 
-def _col2im_py(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, dx, img_step, row_step):
+def _col2im_py(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, dx):
     """dx[n0 + b] = bias + scatter-add of image b's columns of dcols (laid out as
-    :func:`_im2col_py`'s ``cols``, its steps); one (image, channel) plane per task, so no
-    two tasks write the same element."""
+    :func:`_im2col_py`'s ``cols``); one (image, channel) plane per task, so no two tasks
+    write the same element."""
     C, H, W = dx.shape[1], dx.shape[2], dx.shape[3]
+    P = Ho * Wo
     df, cf = dx.reshape(-1), dcols.reshape(-1)
     same = stride == 1 and Wo == W   # as in im2col: one contiguous add per tap
     for r in prange(nb * C):
@@ -382,7 +382,7 @@ def _col2im_py(dcols, n0, nb, kh, kw, stride, pad, Ho, Wo, bias, dx, img_step, r
             df[dst0 + q] = bias[c]
         for i in range(kh):
             for j in range(kw):
-                src0 = b * img_step + ((c * kh + i) * kw + j) * row_step
+                src0 = ((c * kh + i) * kw + j) * nb * P + b * P
                 lo, hi = _valid(Wo, stride, j - pad, W)
                 if same:
                     hlo, hhi = _valid(Ho, 1, i - pad, H)
