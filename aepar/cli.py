@@ -90,10 +90,7 @@ def add_common(parser: argparse.ArgumentParser, *, scheme: str):
     g.add_argument("--kernels", choices=["auto", "numpy", "numba", "cupy"], default="auto",
                    help="force a kernel set (numpy = the reference oracle); auto follows --device")
     g.add_argument("--dtype", choices=["float64", "float32"], default="float64",
-                   help="precision of weights and arithmetic (default float64)" + (
-                       "; on the CPU float64 runs aepar's own SIMD kernels and float32 BLAS products for "
-                       "each block of 128 patches, the slower of the two on the CPUs measured "
-                       "(docs/schemes/sparse.md)" if scheme == "sparse" else ""))
+                   help="precision of weights and arithmetic (default float64)")
     g.add_argument("--seed", type=seed, default=0,
                    help="one seed for data, weights and sampling (>= 0; default 0)")
     g.add_argument("--data-dir", default=os.environ.get("AEPAR_DATA"),
@@ -231,9 +228,14 @@ def default_float32(parser):
     """float32 unless asked otherwise: on mnist5k it trains to the same errors as float64
     (within the run-to-run spread of CD sampling) with about half the CPU time."""
     parser.set_defaults(dtype="float32")
+    describe_dtype(parser, "precision of weights and arithmetic (default float32 for this scheme)")
+
+
+def describe_dtype(parser, text: str):
+    """--dtype's help as a scheme states it (what its default is, and why)."""
     for action in parser._actions:
         if action.dest == "dtype":
-            action.help = "precision of weights and arithmetic (default float32 for this scheme)"
+            action.help = text
 
 
 def progress(comm, quiet: bool, message: str, *, left: float | None | bool = False):

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from aepar import backend
-from aepar.cli import (ArgumentParser, add_common, non_negative_float, non_negative_int, positive_int, progress,
-                       renamed, unit_interval)
+from aepar.cli import (ArgumentParser, add_common, describe_dtype, non_negative_float, non_negative_int, positive_int,
+                       progress, renamed, unit_interval)
 from aepar.comm import run_main
 from aepar.errors import UserError
 from aepar.finish import finish
@@ -105,6 +105,9 @@ def build_parser() -> ArgumentParser:
                    help="an IMAGES.mat (variable IMAGES, rows x columns x images); default: "
                         "IMAGES.mat or the first CIFAR-10 batch in --data-dir, else the scikit-image photographs")
     add_common(p, scheme="sparse")
+    describe_dtype(p, "precision of weights and arithmetic (default float64); on the CPU float64 runs aepar's own "
+                      "SIMD kernels and float32 BLAS products for each block of 128 patches, the slower of the two "
+                      "on the CPUs measured (docs/schemes/sparse.md)")
     return p
 
 

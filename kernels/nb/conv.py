@@ -222,6 +222,14 @@ def _pack(g2, n0, nb, packed):
     return G
 
 
+def _unpack(G, n0, out2):
+    """:func:`_pack` undone: G's images side by side (channels, nb * pixels) into images
+    n0.. of out2 (images, channels, pixels)."""
+    P = out2.shape[2]
+    nb = G.shape[1] // P
+    np.copyto(out2[n0:n0 + nb], G.reshape(G.shape[0], nb, P).transpose(1, 0, 2))
+
+
 def _conv(x, W2, bias, kh, kw, stride, pad, y, chunk, starts):
     """y = conv2d(x) + bias: per chunk (:func:`_block_chunks`) the im2col of its images
     side by side, one product W2 @ cols, then each image's (Cout, P) with the bias added
@@ -239,7 +247,7 @@ def _conv(x, W2, bias, kh, kw, stride, pad, y, chunk, starts):
         im2col(x, n0, nb, kh, kw, stride, pad, Ho, Wo, c)
         out = np.matmul(W2, c, out=outs[:Co * nb * P].reshape(Co, nb * P))
         out += bias2  # where out lies (the add with the copy, over its strides, took longer)
-        np.copyto(y2[n0:n0 + nb], out.reshape(Co, nb, P).transpose(1, 0, 2))
+        _unpack(out, n0, y2)
 
 
 def _conv_adjoint(g, W2, bias, kh, kw, stride, pad, y, chunk, starts):
@@ -295,8 +303,7 @@ def _conv_grads(a, g, W2, kh, kw, stride, pad, dWs, dbs, starts, da, transpose, 
                 continue
             d = dcols[:rows * nb * P].reshape(rows, nb * P)
             if transpose:
-                np.matmul(W2, c, out=d)
-                np.copyto(da2[n0:n0 + nb], d.reshape(rows, nb, P).transpose(1, 0, 2))
+                _unpack(np.matmul(W2, c, out=d), n0, da2)
             else:
                 np.matmul(W2.T, G, out=d)
                 col2im(d, n0, nb, kh, kw, stride, pad, Ho, Wo, zero, da)
