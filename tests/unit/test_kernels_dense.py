@@ -200,6 +200,42 @@ def test_sigmoid_stable_at_extremes(kset):
         assert np.isnan(to_host(K.sigmoid_forward(dev(np.array([np.nan, 1.0], dtype=dtype))))[0])
 
 
+def test_numba_float32_sigmoid_keeps_its_tails():
+    """The numba set's float32 sigmoid (nbmath.sigmoid32: sigmoid_forward's here, and
+    dense_forward's, which test_sigmoid_stable_at_extremes finds equal) runs in float32
+    arithmetic: within 3 ulp of the float64 sigmoid where
+    that is a normal float32, within one step of the smallest subnormal below (rounded once,
+    down to 0 past -103.3), 0 and 1 at the infinities, NaN for NaN; the RBM passes' capped
+    one (sigmoid32_capped, which they flush below 2**-100) the same bits above -72."""
+    from numba import njit
+
+    from aepar.kernels.nb.nbmath import sigmoid32, sigmoid32_capped
+
+    K = kernels.load("numba")
+    z = np.concatenate([np.linspace(-120, 40, 160001), np.random.default_rng(3).normal(0, 30, 9999),
+                        [-np.inf, np.inf, -1e30, 1e30, 0.0, -0.0, -72.0, -87.3, -103.3, -104.0]]).astype(np.float32)
+    got = K.sigmoid_forward(z).astype(np.float64)
+    with np.errstate(over="ignore"):
+        want = 1 / (1 + np.exp(-z.astype(np.float64)))
+    normal = want >= np.finfo(np.float32).tiny
+    ulp = np.spacing(want[normal].astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(got[normal] - want[normal]) / ulp) <= 3.0
+    assert np.max(np.abs(got[~normal] - want[~normal])) <= 2.0 ** -149
+    assert got[z == -np.inf][0] == 0.0 and got[z == np.inf][0] == 1.0
+    assert np.isnan(K.sigmoid_forward(np.array([np.nan], np.float32))[0])
+
+    @njit(error_model="numpy", fastmath={"contract"})  # as the kernels are compiled
+    def both(z):
+        a, c = np.empty_like(z), np.empty_like(z)
+        for i in range(z.size):
+            a[i], c[i] = sigmoid32(z[i]), sigmoid32_capped(z[i])
+        return a, c
+    full, capped = both(z)
+    above = z >= -72
+    np.testing.assert_array_equal(full[above], capped[above])
+    np.testing.assert_array_equal(full, K.sigmoid_forward(z))
+
+
 @pytest.mark.parametrize("kset", ALL_SETS)
 def test_dense_rejects_bad_arguments(kset, rng):
     K, dev = load(kset)

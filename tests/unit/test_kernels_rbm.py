@@ -527,7 +527,7 @@ def test_numba_rbm_scratch_is_kept_per_shape_for_the_latest_shapes_only():
 
 
 def test_numba_float32_sigmoid_accuracy():
-    """The float32 RBM passes' sigmoid (nbmath.sigmoid32, vectorised in the pass): within
+    """The float32 RBM passes' sigmoid (nbmath.sigmoid32_capped, vectorised in the pass): within
     3 ulp of the float64 sigmoid for |z| <= 72; beyond, 1 above and at most σ(-72) (5e-32,
     which the passes' flush takes to 0) below; no NaN."""
     from aepar.kernels.nb.rbm import _visible_pass
