@@ -175,7 +175,8 @@ class TorchAE(_TorchLayer):
 
     ``"careful"`` writes the gradient by hand into buffers allocated once (five GEMMs, two
     of them ``addmm_`` straight into W's velocity), sums the error in a tensor read once per
-    epoch and flushes subnormals (aepar's float32 sigmoid never makes them); ``"plain"``
+    epoch and flushes subnormals as :class:`TorchRBM` does (aepar's autoencoder layer keeps
+    its sigmoid's subnormal tails, which a pre-activation reaches only below -87); ``"plain"``
     lets autograd take the gradient of the batch's loss, with fresh tensors each step and
     one ``float()`` per batch.
     """
