@@ -203,10 +203,10 @@ def test_sigmoid_stable_at_extremes(kset):
 def test_numba_float32_sigmoid_keeps_its_tails():
     """The numba set's float32 sigmoid (nbmath.sigmoid32: sigmoid_forward's here, and
     dense_forward's, which test_sigmoid_stable_at_extremes finds equal) runs in float32
-    arithmetic: within 3 ulp of the float64 sigmoid where
-    that is a normal float32, within one step of the smallest subnormal below (rounded once,
-    down to 0 past -103.3), 0 and 1 at the infinities, NaN for NaN; the RBM passes' capped
-    one (sigmoid32_capped, which they flush below 2**-100) the same bits above -72."""
+    arithmetic: within 3 ulp of the float64 sigmoid where that is a normal float32, within
+    a step of the smallest subnormal below it (0 past -104), 0 and 1 at the infinities, NaN
+    for NaN; the RBM passes' capped one (sigmoid32_capped, which they flush below 2**-100)
+    the same bits above -72."""
     from numba import njit
 
     from aepar.kernels.nb.nbmath import sigmoid32, sigmoid32_capped
