@@ -27,8 +27,9 @@ from aepar.rows import (Blocks, cover_merges, parallel_map, thread_bands, tree_n
 
 __all__ = ["SparseAutoencoder", "init_theta", "LEAF"]
 
-# Samples per block of the rank-independent sum: a multiple of the float64 kernel's
-# 32-sample panels, small enough that 16 ranks share 10,000 patches evenly.
+# Samples per block of the rank-independent sum: a multiple of the SIMD kernels' panels
+# (32 samples at most, either precision), small enough that 16 ranks share 10,000 patches
+# evenly.
 LEAF = 128
 
 

@@ -1,13 +1,17 @@
-"""Explicit vectors for Numba kernels: the 8-lane float64 type and its intrinsics, and the
-vector ISA Numba compiles for (:func:`target_isa`). The float32 vectors are in :mod:`.simd32`.
+"""Explicit vectors for Numba kernels: one register's worth of float64 (:data:`f64x8`) or
+float32 (:data:`f32x16`) and their intrinsics, and the vector ISA Numba compiles for
+(:func:`target_isa`). :mod:`.simd32` adds float32 loads and stores from addresses and
+masks, for :mod:`.rowprod`.
 
-Numba has no vector type, so :data:`f64x8` is a Numba type whose LLVM value is
-<8 x double> (one AVX-512 register; LLVM splits it in two on AVX2), used through the
-intrinsics below. Kernels written with them keep their register tiles in registers,
-which auto-vectorised loops do not; the tile shapes that fit each CPU's registers are
-chosen in :mod:`.sparse_tiles`. Loads and stores take raw pointers (:func:`dptr`) as well
-as flat arrays, because Numba's reference counting of array arguments (atomic) cost more
-than a small tile.
+Numba has no vector type, so f64x8 and f32x16 are Numba types whose LLVM values are
+<8 x double> and <16 x float> (one AVX-512 register; LLVM splits each in two on AVX2),
+used through the intrinsics below. Kernels written with them keep their register tiles in
+registers, which auto-vectorised loops do not; the tile shapes that fit each CPU's
+registers are chosen in :mod:`.sparse_tiles`. The intrinsics take either kind: a load
+gives the vector of its array's precision (:func:`lanes` says how many), arithmetic keeps
+it, so one kernel's source serves both precisions. Loads and stores take raw pointers
+(:func:`dptr`) as well as flat arrays, because Numba's reference counting of array
+arguments (atomic) cost more than a small tile.
 """
 from __future__ import annotations
 
@@ -16,19 +20,20 @@ from llvmlite import binding as ll
 from llvmlite.binding import llvm_version_info
 from numba import njit, types
 from numba.core import cgutils, config
-from numba.extending import intrinsic, models, register_model
+from numba.extending import intrinsic, models, overload, register_model
 
-from .nbmath import C1, C2, C3, C4, C5, C6, LN2_HI, LN2_LO, LOG2E, SHIFTER
+from .nbmath import (_LN2_HI_F, _LN2_LO_F, _LOG2E_F, _P_F, C1, C2, C3, C4, C5, C6, LN2_HI, LN2_LO, LOG2E,
+                     SHIFTER)
 
-__all__ = ["LANES", "f64x8", "dptr", "rowptr", "vload", "vstore", "vbcast", "prefetch", "prefetch_l2", "vsplat",
-           "vfma", "vfnma", "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vtreesum", "vpow2n", "vsigmoid",
-           "vsigmoid_array", "store_transposed", "JIT", "target_isa"]
+__all__ = ["LANES", "f64x8", "f32x16", "lanes", "dptr", "rowptr", "vload", "vstore", "vbcast", "vfill", "prefetch",
+           "prefetch_l2", "vsplat", "vfma", "vfnma", "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vtreesum",
+           "vpow2n", "vsigmoid", "vsigmoid_array", "store_transposed", "JIT", "target_isa"]
 
 # error_model="numpy": no ZeroDivisionError branch, which would stop LLVM from
 # vectorising; "contract" lets it use FMAs (no reassociation, so rounding tricks survive).
 JIT = dict(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
 
-LANES = 8
+LANES = 8  # float64 lanes of a vector (and float64 numbers of a 64-byte cache line)
 
 
 class _F64x8(types.Type):
@@ -36,9 +41,18 @@ class _F64x8(types.Type):
         super().__init__(name="f64x8")
 
 
-f64x8 = _F64x8()
+class _F32x16(types.Type):
+    def __init__(self):
+        super().__init__(name="f32x16")
+
+
+f64x8, f32x16 = _F64x8(), _F32x16()
 _VEC = ir.VectorType(ir.DoubleType(), LANES)
 _IVEC = ir.VectorType(ir.IntType(64), LANES)
+_VEC32 = ir.VectorType(ir.FloatType(), 2 * LANES)
+# each precision's vector: (Numba type, LLVM type, lanes, LLVM's name for it in intrinsics)
+_KINDS = {types.float64: (f64x8, _VEC, LANES, "v8f64"), types.float32: (f32x16, _VEC32, 2 * LANES, "v16f32")}
+_OF_VECTOR = {kind[0]: kind for kind in _KINDS.values()}
 
 
 @register_model(_F64x8)
@@ -47,11 +61,25 @@ class _F64x8Model(models.PrimitiveModel):
         super().__init__(dmm, fe_type, _VEC)
 
 
+@register_model(_F32x16)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VEC32)
+
+
+def _flat(a):
+    """The element type of a flat C-contiguous float64 or float32 array, or of a raw pointer
+    to either (see :func:`dptr`); None for anything else."""
+    if isinstance(a, types.CPointer):
+        return a.dtype if a.dtype in _KINDS else None
+    if isinstance(a, types.Array) and a.dtype in _KINDS and a.ndim == 1 and a.layout == "C":
+        return a.dtype
+    return None
+
+
 def _flat_f64(a):
     """A flat C-contiguous float64 array, or a raw float64 pointer (see :func:`dptr`)."""
-    if isinstance(a, types.CPointer):
-        return a.dtype == types.float64
-    return isinstance(a, types.Array) and a.dtype == types.float64 and a.ndim == 1 and a.layout == "C"
+    return _flat(a) == types.float64
 
 
 def _flat_f32(a):
@@ -59,7 +87,7 @@ def _flat_f32(a):
 
 
 def _data(context, builder, ty, val):
-    """The float64* behind an array or pointer argument."""
+    """The element pointer behind an array or pointer argument."""
     if isinstance(ty, types.CPointer):
         return val
     return context.make_array(ty)(context, builder, value=val).data
@@ -68,30 +96,42 @@ def _data(context, builder, ty, val):
 def _vec_ptr(context, builder, arrty, arr, idx, idxty):
     data = _data(context, builder, arrty, arr)
     idx = context.cast(builder, idx, idxty, types.intp)
-    return builder.bitcast(builder.gep(data, [idx]), _VEC.as_pointer())
+    return builder.bitcast(builder.gep(data, [idx]), _KINDS[_flat(arrty)][1].as_pointer())
+
+
+def lanes(a):
+    """The lanes of a vector loaded from ``a`` (a flat float64 or float32 array or pointer):
+    8 or 16, a constant where compiled. Also the numbers in a 64-byte cache line."""
+
+
+@overload(lanes, inline="always")
+def _lanes_impl(a):
+    kind = _flat(a)
+    if kind is not None:
+        n = _KINDS[kind][2]
+        return lambda a: n
 
 
 @intrinsic
 def dptr(typingctx, a):
-    """The data pointer of a flat float64 array. Kernels take pointers, not arrays: an
-    array argument costs atomic reference-count updates on every call where Numba
-    cannot prove them redundant, which cost more than a small tile's arithmetic."""
-    if not (isinstance(a, types.Array) and a.dtype == types.float64 and a.ndim == 1 and a.layout == "C"):
+    """The data pointer of a flat float64 or float32 array. Kernels take pointers, not
+    arrays: an array argument costs atomic reference-count updates on every call where
+    Numba cannot prove them redundant, which cost more than a small tile's arithmetic."""
+    if not (isinstance(a, types.Array) and a.dtype in _KINDS and a.ndim == 1 and a.layout == "C"):
         return None
 
     def codegen(context, builder, sig, args):
         return context.make_array(sig.args[0])(context, builder, value=args[0]).data
 
-    return types.CPointer(types.float64)(a), codegen
+    return types.CPointer(a.dtype)(a), codegen
 
 
 @intrinsic
 def rowptr(typingctx, a, i):
-    """The data pointer of row i of a 2-D float64 array of any layout (for rows of a
-    column slice, which Numba types as non-contiguous): the caller makes sure that the
-    row's elements are adjacent (strides[1] == 8)."""
-    if not (isinstance(a, types.Array) and a.dtype == types.float64 and a.ndim == 2
-            and isinstance(i, types.Integer)):
+    """The data pointer of row i of a 2-D float64 or float32 array of any layout (for rows
+    of a column slice, which Numba types as non-contiguous): the caller makes sure that
+    the row's elements are adjacent (strides[1] == itemsize)."""
+    if not (isinstance(a, types.Array) and a.dtype in _KINDS and a.ndim == 2 and isinstance(i, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):
@@ -101,36 +141,39 @@ def rowptr(typingctx, a, i):
         base = builder.ptrtoint(arr.data, ir.IntType(64))
         return builder.inttoptr(builder.add(base, builder.mul(row, stride)), arr.data.type)
 
-    return types.CPointer(types.float64)(a, i), codegen
+    return types.CPointer(a.dtype)(a, i), codegen
 
 
-def _splat_ir(builder, x):
-    v = builder.insert_element(ir.Constant(_VEC, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(v, ir.Constant(_VEC, ir.Undefined),
-                                  ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+def _splat_ir(builder, x, vec=_VEC):
+    v = builder.insert_element(ir.Constant(vec, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(v, ir.Constant(vec, ir.Undefined),
+                                  ir.Constant(ir.VectorType(ir.IntType(32), vec.count), [0] * vec.count))
 
 
 @intrinsic
 def vload(typingctx, a, i):
-    """a[i:i + 8] of a flat float64 array (no bounds check, any alignment)."""
-    if not (_flat_f64(a) and isinstance(i, types.Integer)):
+    """a[i:i + lanes(a)] of a flat float64 or float32 array (no bounds check, any alignment)."""
+    kind = _flat(a)
+    if not (kind is not None and isinstance(i, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.load(_vec_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]), align=8)
+        return builder.load(_vec_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]),
+                            align=kind.bitwidth // 8)
 
-    return f64x8(a, i), codegen
+    return _KINDS[kind][0](a, i), codegen
 
 
 @intrinsic
 def vstore(typingctx, a, i, v):
-    """a[i:i + 8] = v."""
-    if not (_flat_f64(a) and isinstance(i, types.Integer) and v == f64x8):
+    """a[i:i + lanes(a)] = v (v of a's precision)."""
+    kind = _flat(a)
+    if not (kind is not None and isinstance(i, types.Integer) and v == _KINDS[kind][0]):
         return None
 
     def codegen(context, builder, sig, args):
         builder.store(args[2], _vec_ptr(context, builder, sig.args[0], args[0], args[1], sig.args[1]),
-                      align=8)
+                      align=kind.bitwidth // 8)
         return context.get_dummy_value()
 
     return types.none(a, i, v), codegen
@@ -139,15 +182,30 @@ def vstore(typingctx, a, i, v):
 @intrinsic
 def vbcast(typingctx, a, i):
     """a[i] in every lane (a plain load: no negative-index wraparound code)."""
-    if not (_flat_f64(a) and isinstance(i, types.Integer)):
+    kind = _flat(a)
+    if not (kind is not None and isinstance(i, types.Integer)):
         return None
 
     def codegen(context, builder, sig, args):
         data = _data(context, builder, sig.args[0], args[0])
         idx = context.cast(builder, args[1], sig.args[1], types.intp)
-        return _splat_ir(builder, builder.load(builder.gep(data, [idx])))
+        return _splat_ir(builder, builder.load(builder.gep(data, [idx])), _KINDS[kind][1])
 
-    return f64x8(a, i), codegen
+    return _KINDS[kind][0](a, i), codegen
+
+
+@intrinsic
+def vfill(typingctx, a, x):
+    """x in every lane of a vector of a's precision (a: a flat array or pointer, as
+    :func:`vload`'s): the constants of a kernel written for either."""
+    kind = _flat(a)
+    if not (kind is not None and isinstance(x, (types.Float, types.Integer))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _splat_ir(builder, context.cast(builder, args[1], sig.args[1], kind), _KINDS[kind][1])
+
+    return _KINDS[kind][0](a, x), codegen
 
 
 # llvm.prefetch is overloaded on the pointer type: "p0" with opaque pointers (LLVM >= 15)
@@ -160,7 +218,7 @@ def _prefetcher(locality, doc):
     never faults, even past the end)."""
     @intrinsic
     def ask(typingctx, a, i):
-        if not ((_flat_f64(a) or _flat_f32(a)) and isinstance(i, types.Integer)):
+        if not (_flat(a) is not None and isinstance(i, types.Integer)):
             return None
 
         def codegen(context, builder, sig, args):
@@ -195,30 +253,34 @@ def vsplat(typingctx, x):
     return f64x8(x), codegen
 
 
+def _fma_ir(builder, vec_kind, a, b, c):
+    _, vec, _, name = vec_kind
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fma." + name)
+    return builder.call(fma, [a, b, c])
+
+
 @intrinsic
 def vfma(typingctx, a, b, c):
     """a * b + c, rounded once."""
-    if not (a == b == c == f64x8):
+    if not (a == b == c and a in _OF_VECTOR):
         return None
 
     def codegen(context, builder, sig, args):
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
-                                             "llvm.fma.v8f64")
-        return builder.call(fma, args)
+        return _fma_ir(builder, _OF_VECTOR[a], *args)
 
-    return f64x8(a, b, c), codegen
+    return a(a, b, c), codegen
 
 
 def _binary(op):
     @intrinsic
     def _op(typingctx, a, b):
-        if not (a == b == f64x8):
+        if not (a == b and a in _OF_VECTOR):
             return None
 
         def codegen(context, builder, sig, args):
             return getattr(builder, op)(args[0], args[1])
 
-        return f64x8(a, b), codegen
+        return a(a, b), codegen
 
     return _op
 
@@ -242,17 +304,19 @@ def vclamp(typingctx, a, lo, hi):
 
 @intrinsic
 def vhsum(typingctx, v):
-    """Lane 0 + lane 1 + ... + lane 7, in that order (the same result every call)."""
-    if v != f64x8:
+    """Lane 0 + lane 1 + ... + the last lane, in that order (the same result every call),
+    in the vector's precision."""
+    if v not in _OF_VECTOR:
         return None
+    count = _OF_VECTOR[v][2]
 
     def codegen(context, builder, sig, args):
         s = builder.extract_element(args[0], ir.Constant(ir.IntType(32), 0))
-        for i in range(1, LANES):
+        for i in range(1, count):
             s = builder.fadd(s, builder.extract_element(args[0], ir.Constant(ir.IntType(32), i)))
         return s
 
-    return types.float64(v), codegen
+    return (types.float64 if v == f64x8 else types.float32)(v), codegen
 
 
 @intrinsic
@@ -288,19 +352,31 @@ def vpow2n(typingctx, kd):
 @intrinsic
 def vfnma(typingctx, a, b, c):
     """c − a·b, rounded once."""
-    if not (a == b == c == f64x8):
+    if not (a == b == c and a in _OF_VECTOR):
         return None
 
     def codegen(context, builder, sig, args):
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3),
-                                             "llvm.fma.v8f64")
-        return builder.call(fma, [builder.fneg(args[0]), args[1], args[2]])
+        return _fma_ir(builder, _OF_VECTOR[a], builder.fneg(args[0]), args[1], args[2])
 
-    return f64x8(a, b, c), codegen
+    return a(a, b, c), codegen
+
+
+def vsigmoid(z):
+    """σ(z) = 1 / (1 + exp(−z)) on every lane, in the vector's precision: float64 as
+    :func:`.nbmath.sigmoid64` (to a few ulp), float32 as :func:`.nbmath.sigmoid32` (the
+    same bits: tails down to the smallest subnormal, NaN kept)."""
+
+
+@overload(vsigmoid, inline="always")
+def _vsigmoid_impl(z):
+    if z == f64x8:
+        return lambda z: _vsigmoid64(z)
+    if z == f32x16:
+        return lambda z: _vsigmoid32(z)
 
 
 @njit(**JIT, inline="always")
-def vsigmoid(z):
+def _vsigmoid64(z):
     """:func:`.nbmath.sigmoid64` on 8 lanes in two instructions fewer: with u = clamp(z) and
     r = u + n ln2 = −(−u − n ln2), P(∓r) swap, so −z is never formed; the shifter carries
     the exponent bias, so 2^n is one shift. (Results differ from the scalar one only
@@ -316,15 +392,61 @@ def vsigmoid(z):
     return vdiv(den, vfma(vsub(even, odd), vpow2n(kd), den))
 
 
+@intrinsic
+def _vsigmoid32(typingctx, z):
+    """:func:`.nbmath.sigmoid32` on 16 float32 lanes, its operations one for one (each of
+    its contracted products and sums one FMA here), so the same bits."""
+    if z != f32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        n, i32 = 2 * LANES, ir.IntType(32)
+        ivec = ir.VectorType(i32, n)
+
+        def const(x):
+            return ir.Constant(_VEC32, [float(x)] * n)
+
+        def call(name, *values):
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC32, [_VEC32] * len(values)),
+                                                f"llvm.{name}.v16f32")
+            return builder.call(fn, list(values))
+
+        def fma(a, b, c):
+            return call("fma", a, b, c)
+
+        def pow2(k):  # 2^k from its exponent bits, -126 <= k <= 127
+            return builder.bitcast(builder.shl(builder.add(k, ir.Constant(ivec, [127] * n)),
+                                               ir.Constant(ivec, [23] * n)), _VEC32)
+
+        z = args[0]
+        a = call("fabs", z)
+        a = builder.select(builder.fcmp_unordered("<", a, const(104.0)), a, const(104.0))  # NaN stays
+        x = builder.fneg(a)
+        nf = call("floor", fma(x, const(_LOG2E_F), const(0.5)))
+        r = fma(builder.fneg(nf), const(_LN2_LO_F), fma(builder.fneg(nf), const(_LN2_HI_F), x))
+        p = const(_P_F[0])
+        for c in _P_F[1:]:
+            p = fma(p, r, const(c))
+        q = builder.fadd(fma(p, builder.fmul(r, r), r), const(1.0))
+        k = builder.fptosi(nf, ivec)
+        half = builder.ashr(k, ir.Constant(ivec, [1] * n))
+        e = builder.fmul(builder.fmul(q, pow2(half)), pow2(builder.sub(k, half)))
+        top = builder.select(builder.fcmp_ordered(">=", z, const(0.0)), const(1.0), e)
+        return builder.fdiv(top, builder.fadd(const(1.0), e))
+
+    return f32x16(z), codegen
+
+
 @njit(**JIT)
 def vsigmoid_array(z, out):
-    """out = σ(z) through the 8-lane kernel (z.size a multiple of 8; for tests)."""
-    for i in range(0, z.size, LANES):
+    """out = σ(z) through the vector kernel of z's precision (z.size a multiple of
+    lanes(z); for tests)."""
+    for i in range(0, z.size, lanes(z)):
         vstore(out, i, vsigmoid(vload(z, i)))
 
 
 def _transpose_ir(builder, rows):
-    """The 8×8 transpose of 8 <8 x double> values (24 shuffles): out[c][r] = rows[r][c]."""
+    """The 8×8 transpose of 8 vectors of 8 lanes (24 shuffles): out[c][r] = rows[r][c]."""
     def shuf(a, b, mask):
         return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), LANES), mask))
 
@@ -346,20 +468,31 @@ def _transpose_ir(builder, rows):
 
 @intrinsic
 def store_transposed(typingctx, dst, do, dld, v0, v1, v2, v3, v4, v5, v6, v7):
-    """dst[do + c·dld + r] = v_r[c] for r, c < 8: 8 vectors stored as the columns of a
-    block (one register transpose)."""
+    """dst[do + c·dld + r] = v_r[c] for r < 8, c < lanes: 8 vectors stored as the columns
+    of a block (register transposes of 8 x 8; float32's 16 lanes as two such halves)."""
     vs = (v0, v1, v2, v3, v4, v5, v6, v7)
-    if not (_flat_f64(dst) and isinstance(do, types.Integer) and isinstance(dld, types.Integer)
-            and all(v == f64x8 for v in vs)):
+    kind = _flat(dst)
+    if not (kind is not None and isinstance(do, types.Integer) and isinstance(dld, types.Integer)
+            and all(v == _KINDS[kind][0] for v in vs)):
         return None
+    count = _KINDS[kind][2]
 
     def codegen(context, builder, sig, args):
         data = _data(context, builder, sig.args[0], args[0])
         do = context.cast(builder, args[1], sig.args[1], types.intp)
         dld = context.cast(builder, args[2], sig.args[2], types.intp)
-        for c, col in enumerate(_transpose_ir(builder, list(args[3:]))):
+        i32 = ir.IntType(32)
+        columns = []
+        for h in range(0, count, LANES):  # lanes h .. h + 7 of every row: columns h .. h + 7
+            rows = list(args[3:])
+            if count > LANES:
+                rows = [builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, LANES), list(range(h, h + 8))))
+                        for v in rows]
+            columns += _transpose_ir(builder, rows)
+        column = ir.VectorType(data.type.pointee, LANES).as_pointer()
+        for c, col in enumerate(columns):
             off = builder.add(do, builder.mul(dld, ir.Constant(ir.IntType(64), c)))
-            builder.store(col, builder.bitcast(builder.gep(data, [off]), _VEC.as_pointer()), align=8)
+            builder.store(col, builder.bitcast(builder.gep(data, [off]), column), align=kind.bitwidth // 8)
         return context.get_dummy_value()
 
     return types.none(dst, do, dld, *vs), codegen

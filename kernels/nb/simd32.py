@@ -1,6 +1,6 @@
-"""Explicit 16-lane float32 vectors for Numba kernels, with their intrinsics: the float32
-counterparts of :mod:`.simd`'s f64x8, for :mod:`.rowprod`'s tiles (and the 16 x 16
-transpose that copies W's rows into a panel of W.T for them).
+"""Float32 loads and stores for :mod:`.rowprod`'s tiles beyond :mod:`.simd`'s: from an
+address (an int64), masked to the first n lanes, and the 16 x 16 transpose that copies W's
+rows into a panel of W.T for them. The f32x16 type and its arithmetic are :mod:`.simd`'s.
 """
 from __future__ import annotations
 
@@ -8,37 +8,25 @@ from llvmlite import ir
 from llvmlite.binding import llvm_version_info
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic, models, register_model
+from numba.extending import intrinsic
 
-from .simd import _flat_f32, target_isa
+from .simd import _VEC32, _flat_f32, f32x16, target_isa, vadd, vfma
 
 __all__ = ["LANES32", "f32x16", "address32", "vzero32", "vload32", "vload32m", "vstore32", "vstore32m", "vbcast32",
            "vfma32", "vadd32", "vtranspose32"]
 
 
 # ---- 16-lane float32 ---------------------------------------------------------------------------
-# One AVX-512 register (two with AVX2). Same conventions as f64x8, on flat float32 arrays;
-# the masked forms touch only the first n lanes' memory, for rows whose length is not a
+# The masked forms touch only the first n lanes' memory, for rows whose length is not a
 # multiple of 16.
 
 LANES32 = 16
-
-
-class _F32x16(types.Type):
-    def __init__(self):
-        super().__init__(name="f32x16")
-
-
-f32x16 = _F32x16()
-_VEC32 = ir.VectorType(ir.FloatType(), LANES32)
 _I32 = ir.IntType(32)
 _IVEC32 = ir.VectorType(_I32, LANES32)
-
-
-@register_model(_F32x16)
-class _F32x16Model(models.PrimitiveModel):
-    def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, _VEC32)
+# a + b: an LLVM fadd without fast-math flags, so no contraction can fuse it with a
+# product (the same bits as vfma32(a, 1, b)); on CPUs with separate add pipes (AMD Zen)
+# it leaves the FMA pipes to the products
+vfma32, vadd32 = vfma, vadd
 
 
 def _source32(a):
@@ -163,33 +151,6 @@ def vbcast32(typingctx, a, i):
         return builder.shuffle_vector(v, ir.Constant(_VEC32, ir.Undefined), ir.Constant(_IVEC32, [0] * LANES32))
 
     return f32x16(a, i), codegen
-
-
-@intrinsic
-def vfma32(typingctx, a, b, c):
-    """a * b + c, rounded once per lane."""
-    if not (a == b == c == f32x16):
-        return None
-
-    def codegen(context, builder, sig, args):
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC32, [_VEC32] * 3), "llvm.fma.v16f32")
-        return builder.call(fma, args)
-
-    return a(a, b, c), codegen
-
-
-@intrinsic
-def vadd32(typingctx, a, b):
-    """a + b, rounded once per lane: an LLVM fadd without fast-math flags, so no contraction
-    can fuse it with a product. The same bits as vfma32(a, 1, b), but on CPUs with separate
-    add pipes (AMD Zen) it leaves the FMA pipes to the products."""
-    if not (a == b == f32x16):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fadd(args[0], args[1])
-
-    return a(a, b), codegen
 
 
 def _transpose_ir(builder, rows, first=None):

@@ -3,26 +3,28 @@
 Same names, layout and results as :mod:`aepar.kernels.ref.sparse_ae` (read its docstring
 for the formulation). Two implementations behind one entry point:
 
-float64: register-tiled SIMD kernels, no BLAS. The five products have a 25- or 64-wide
+SIMD (float64; float32 in leaves, as the model asks for them): register-tiled kernels, no
+BLAS, one source for both precisions. The five products have a 25- or 64-wide
 side, where OpenBLAS stays well below its own DGEMM rate, and element-wise passes between
 them would stream the (m, ·) arrays through memory again; these kernels keep both in
 registers and cache and take clearly less time per evaluation. The design (the sweeps
 are in :mod:`.sparse_ae_panels`):
 
-- Explicit 8-lane vectors (:mod:`.simd`), so that register tiles stay in registers: the
-  tile kernels (:mod:`.sparse_tiles`) are generated source with one variable per
-  accumulator, in shapes chosen for the target's register file (AVX-512 or AVX2).
-- The workspace packs x once (until x changes) into *panels* of PW samples (32 on
-  AVX-512, 16 on AVX2). Per
-  panel one contiguous block holds x feature-major (v, PW), a2 (h, PW) and x
-  sample-major (PW, v): the next block is prefetched while this one is worked on.
+- Explicit vectors, 8 float64 or 16 float32 lanes (:mod:`.simd`), so that register tiles
+  stay in registers: the tile kernels (:mod:`.sparse_tiles`) are generated source with
+  one variable per accumulator, in shapes chosen for the target's register file (AVX-512
+  or AVX2).
+- The workspace packs x once (until x changes) into *panels* of PW samples (float64: 32
+  on AVX-512, 8 on AVX2; float32: 32 and 16). Per panel one contiguous block holds x
+  feature-major (v, PW), a2 (h, PW) and x sample-major (PW, v): the next block is
+  prefetched while this one is worked on.
 - Each product's element-wise epilogue runs on its accumulators, in registers:
   x W1 (lanes = samples, weights broadcast, RH hidden units × PW): σ and the ρ̂ sums;
-  a2 W2 (lanes = visible units, a2 broadcast, 8 samples × 8 TB units): σ, the error, δ3
+  a2 W2 (lanes = visible units, a2 broadcast, 8 samples × TB vectors of units): σ, the error, δ3
   sample-major, its sums, and δ3 transposed in registers into a feature-major panel;
   δ3 W2ᵀ (like x W1): δ2 = (e + k)(a2 − a2²) and its sums.
 - a2ᵀ δ3 and xᵀ δ2, per group of panels: sums over samples of a broadcast (a2 or δ2 of
-  a sample) times a sample-major row (δ3 or x), tiles of OJ hidden × 8 OV visible units.
+  a sample) times a sample-major row (δ3 or x), tiles of OJ hidden units × OV vectors of visible units.
 
 With ``kl=(rho, beta)`` a first sweep computes a2 of every panel and ρ̂ (one shard = all
 samples), the second folds k into δ2 (five products; no Q = xᵀs); without it one sweep
@@ -35,13 +37,16 @@ deterministic, and they agree with the reference to rounding (not bit for bit ac
 ISAs: the panel width changes the order of the per-lane sums). Such kernels are bound by
 instruction throughput: in the element-wise epilogues, by the sigmoid's ~20 vector
 operations per 8 values (its division runs beside them: a reciprocal and Newton steps
-instead took as long).
+instead took as long). In float32 every sum of a leaf is float32 (as a float32 GEMM's),
+and the leaves are added in float32 in the fixed tree, as rows of the model's precision
+are everywhere else.
 
-Other dtypes: the BLAS path (np.dot on 256-row blocks with fused element-wise passes).
+Float32 without leaves, or in leaves that are not whole panels: the BLAS path (np.dot on
+256-row blocks with fused element-wise passes, the blocks' sums added in float64).
 
-The sigmoid is :func:`.nbmath.sigmoid64` (one division and ~12 FMAs, vectorised), the KL
+The sigmoid is :func:`.nbmath.sigmoid64` or :func:`.nbmath.sigmoid32` (vectorised), the KL
 term's gradient and value come from :mod:`.sparsity`, and the packed offsets from
-``sparse_ae_layout``. Sums are accumulated in float64. All scratch memory lives in a :class:`SparseAEWorkspace` made
+``sparse_ae_layout``. All scratch memory lives in a :class:`SparseAEWorkspace` made
 once per model; an evaluation allocates nothing of size m.
 """
 from __future__ import annotations
@@ -58,7 +63,7 @@ from ..ref.sparse_ae import (check_shapes, leaf_rows, merge_plan, merge_rows, sp
 from .nbmath import sigmoid64
 from .simd import JIT, LANES
 from .sparse_ae_panels import _activations_panels, _pack_panels, _partials_panels, padded_width
-from .sparse_tiles import OJ, OV, PW, RH, TB
+from .sparse_tiles import OJ, OV, RH, TB, panel_samples
 from .sparsity import kl_grad_into, kl_sum
 from .team import finish, forget, shared, wait_for_work
 
@@ -199,11 +204,12 @@ def _round_up(n, k):
 class SparseAEWorkspace:
     """Scratch arrays for :func:`sparse_ae_partials` on ``m`` samples, made once per model.
 
-    float64: x packed into panel blocks (kept until a different or changed x comes) with
-    every panel's hidden activations, one group's δ3/δ2, the accumulators, padded weights
-    and the stack the leaves' sums are written onto (:meth:`leaf_stack`); ``block`` is the
-    group size in samples (default 64). Other dtypes: the
-    shard's hidden activations (m, h) and per-block buffers of ``block`` rows (256).
+    SIMD (float64, or float32 with a ``leaf`` of whole panels): x packed into panel
+    blocks (kept until a different or changed x comes) with every panel's hidden
+    activations, one group's δ3/δ2, the accumulators, padded weights and the stack the
+    leaves' sums are written onto (:meth:`leaf_stack`), all of x's precision; ``block`` is
+    the group size in samples (default 64; a leaf is one group). Otherwise: the shard's
+    hidden activations (m, h) and per-block buffers of ``block`` rows (256).
     """
 
     def __init__(self, m: int, visible: int, hidden: int, dtype=np.float64, block: int | None = None,
@@ -212,9 +218,10 @@ class SparseAEWorkspace:
         v, h = int(visible), int(hidden)
         self.m, self.visible, self.hidden, self.dtype = int(m), v, h, dtype
         self.leaf = None if leaf is None else int(leaf)
-        if self.leaf is not None and dtype == np.float64 and self.leaf % PW:
-            raise ValueError(f"leaf of {self.leaf} samples: the float64 kernel needs a multiple of {PW}")
-        self.simd = dtype == np.float64
+        pw = panel_samples(dtype)
+        if self.leaf is not None and dtype == np.float64 and self.leaf % pw:
+            raise ValueError(f"leaf of {self.leaf} samples: the float64 kernel needs a multiple of {pw}")
+        self.simd = dtype == np.float64 or (dtype == np.float32 and self.leaf is not None and self.leaf % pw == 0)
         self.acc = zeros(sparse_ae_partials_size(v, h))
         layout = sparse_ae_layout(v, h)
         self.views = {name: self.acc[o:o + int(np.prod(s))].reshape(s) for name, (o, s) in layout.items()}
@@ -224,25 +231,28 @@ class SparseAEWorkspace:
             self._init_blocks(block)
 
     def _init_panels(self, block):
-        v, h = self.visible, self.hidden
-        vp = _round_up(v, LANES * np.lcm(TB, OV))
+        v, h, pw = self.visible, self.hidden, panel_samples(self.dtype)
+        lanes = LANES * 8 // self.dtype.itemsize  # a vector's: 8 float64, 16 float32
+        vp = _round_up(v, lanes * np.lcm(TB, OV))
         hp = _round_up(h, np.lcm(RH, OJ))
-        npan = -(-self.m // PW)
+        npan = -(-self.m // pw)
         self.block = int(self.leaf or block or DEFAULT_GROUP)  # a leaf is one group
-        self.group = max(1, -(-self.block // PW))
+        self.group = max(1, -(-self.block // pw))
         g = min(self.group, max(npan, 1))
-        z = zeros
-        self.blocks = z(npan * (2 * vp + hp) * PW)
-        self.zt = z(vp * PW)
-        self.d3, self.d2 = z(g * PW * vp), z(g * 2 * hp * PW)
-        self.act, self.db1 = z(hp * LANES), z(2 * hp * LANES)
+
+        def z(n):
+            return zeros(n, self.dtype)
+        self.blocks = z(npan * (2 * vp + hp) * pw)
+        self.zt = z(vp * pw)
+        self.d3, self.d2 = z(g * pw * vp), z(g * 2 * hp * pw)
+        self.act, self.db1 = z(hp * lanes), z(2 * hp * lanes)
         self.err, self.db2 = z(vp), z(vp)
         self.w1, self.w2, self.w2t = z(vp * hp), z(hp * vp), z(vp * hp)
         self.b1p, self.b2p, self.kv = z(hp), z(vp), z(hp)
         self.cmask = z(vp)
         self.cmask[:v] = 1.0
-        self.mask = z(2 * PW)  # lanes of a full panel, then of the last panel
-        self.mask[:PW + (self.m - (npan - 1) * PW if npan else PW)] = 1.0
+        self.mask = z(2 * pw)  # lanes of a full panel, then of the last panel
+        self.mask[:pw + (self.m - (npan - 1) * pw if npan else pw)] = 1.0
         self.vp, self.hp = vp, hp
         self._packed, self._samples = None, None  # the x packed last, and its values at ~64 places
         # each leaf's Σ a2 from sparse_ae_activations, and the (W1, b1) its a2 in the
@@ -250,15 +260,15 @@ class SparseAEWorkspace:
         self.leaf_act = np.zeros((max(1, -(-self.m // (self.leaf or max(self.m, 1)))), h))
         self._hidden = False
         self._hidden_w1, self._hidden_b1 = np.empty(v * h), np.empty(h)
-        self._stack = zeros((1, padded_width(v, h, vp, hp, True)))
+        self._stack = zeros((1, padded_width(v, h, vp, hp, True)), self.dtype)
 
     def leaf_stack(self, depth, fold):
-        """The float64 stack that a leaf's sums are written onto, padded (see
+        """The stack that a leaf's sums are written onto, padded (see
         :func:`.sparse_ae_panels.padded_width`), ``depth`` rows at least (the leaves'
         tree; one without it), kept for the next call."""
         width = padded_width(self.visible, self.hidden, self.vp, self.hp, fold)
         if self._stack.shape[0] < depth or self._stack.shape[1] != width:
-            self._stack = zeros((max(depth, 1), width))
+            self._stack = zeros((max(depth, 1), width), self.dtype)
         return self._stack[:max(depth, 1)]
 
     def _init_blocks(self, block):
@@ -341,13 +351,13 @@ def sparse_ae_workspace(m: int, visible: int, hidden: int, dtype=np.float64, blo
                         leaf: int | None = None):
     """A :class:`SparseAEWorkspace` for ``m`` samples of a ``visible``-``hidden`` model
     (``leaf``: the samples per leaf the partials will be asked for, a multiple of 32 in
-    float64)."""
+    float64; float32 runs the SIMD kernels in such leaves, else BLAS)."""
     return SparseAEWorkspace(m, visible, hidden, dtype, block, leaf)
 
 
 def sparse_ae_activations(x, W1, b1, out, ws=None, leaf=None):
     """Σ a2 over the shard, or per leaf into the rows of ``out`` (see the reference);
-    returns ``out``. In float64 a2 stays in ``ws`` for ``sparse_ae_partials(...,
+    returns ``out``. In the SIMD path a2 stays in ``ws`` for ``sparse_ae_partials(...,
     rho_hat=...)`` at the same x, W1 and b1."""
     v, h = W1.shape
     m = x.shape[0]
@@ -379,12 +389,13 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
     ``ws`` should be a workspace made once for this shard (one is made per call if not,
     which allocates); ``kl=(rho, beta)`` folds the KL term, with ``rho_hat`` (ρ̂ over every
     shard) or when the shard holds all samples. With ``leaf``, ``out`` is (ceil(m / leaf),
-    size) and row L holds the sums over samples [L leaf, (L + 1) leaf) alone. In float64
-    the workspace keeps x packed between calls: pass the same array again, or a new one
+    size) and row L holds the sums over samples [L leaf, (L + 1) leaf) alone. In the SIMD
+    path the workspace keeps x packed between calls: pass the same array again, or a new one
     (an array changed in place is noticed only at the ~64 places it samples); with
     ``rho_hat`` it uses the a2 that :func:`sparse_ae_activations` left there (made again
     if it was not at these x, W1, b1). ``merges``: the leaves added up as they come (see
-    the reference), in float64 on a small stack in the workspace.
+    the reference), on a small stack in the workspace (SIMD, in x's precision) or in rows of
+    out's.
     """
     v, h = W1.shape
     m = x.shape[0]
@@ -395,7 +406,7 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
     c = np.ascontiguousarray
     fold, given = kl is not None, rho_hat is not None
     rho, beta = (float(kl[0]), float(kl[1])) if fold else (0.0, 0.0)
-    # the KL gradient: in float64 straight into the first h of the kernel's vector (zeros past them)
+    # the KL gradient: straight into the first h of the SIMD kernel's vector (zeros past them)
     k = ws.kv if ws.simd else np.zeros(h)
     if fold and given:
         if np.shape(rho_hat) != (h,):
@@ -430,19 +441,22 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
 def _activations_args(ws, W1, b1, rows, leaf):
     """:func:`_activations_panels`' arguments (W1, b1 C-contiguous, ``rows`` checked)."""
     return (ws.blocks, W1, b1, ws.w1, ws.b1p, ws.act, ws.mask, ws.vp, ws.hp,
-            0 if leaf is None else int(leaf) // PW, rows, ws.leaf_act)
+            0 if leaf is None else int(leaf) // panel_samples(ws.dtype), rows, ws.leaf_act)
 
 
 def _partials_args(ws, W1, b1, W2, b2, rows, fold, given, rho, beta, leaf, merges):
     """:func:`_partials_panels`' arguments (weights C-contiguous, ``rows`` checked)."""
     v, h = W1.shape
+    if rows.dtype != ws.dtype:
+        raise ValueError(f"sparse_ae_partials: out is {rows.dtype}, the samples {ws.dtype}")
     order, depth = _NO_MERGES, 1
     if merges is not None:
         depth, _, order = merge_plan(tuple(merges))
     stack = ws.leaf_stack(depth, fold)
     return (ws.blocks, ws.m, W1, b1, W2, b2, ws.w1, ws.w2, ws.w2t, ws.b1p, ws.b2p, ws.cmask, ws.kv, ws.zt, ws.d3,
             ws.d2, ws.act, ws.err, ws.db1, ws.db2, ws.mask, ws.group, fold, given, rho, beta,
-            0 if leaf is None else int(leaf) // PW, _offsets(v, h), rows, ws.leaf_act, order, stack)
+            0 if leaf is None else int(leaf) // panel_samples(ws.dtype), _offsets(v, h), rows, ws.leaf_act, order,
+            stack)
 
 
 # ---------------------------------------------------------------- several shards at once
@@ -475,7 +489,7 @@ def _same(a: tuple, b: tuple) -> bool:
 
 
 class SparseAEShards(_ref.SparseAEShards):
-    """The reference's shards, with float64 shards' rounds on a :class:`.team.Team`: this
+    """The reference's shards, with SIMD shards' rounds on a :class:`.team.Team`: this
     thread takes shard 0 and helper k shard k + 1, each helper waiting for the next
     round in compiled code, where a hand-off through Python threads (``pmap``) cost tens
     of microseconds a shard and round. The arguments each helper holds are made and
@@ -486,7 +500,7 @@ class SparseAEShards(_ref.SparseAEShards):
         super().__init__(parts, leaf, pmap, (sparse_ae_activations, sparse_ae_partials))
         self.native = len(self.parts) > 1 and leaf is not None and all(
             isinstance(ws, SparseAEWorkspace) and ws.simd and ws.m == x.shape[0] and ws.leaf == int(leaf)
-            and x.dtype == np.float64 for x, ws, _ in self.parts)
+            and x.dtype == ws.dtype for x, ws, _ in self.parts)
         self._act = self._part = None  # (the arrays given, each shard's arguments) of each round
 
     def activations(self, W1, b1, outs):

@@ -1,7 +1,9 @@
-"""The float64 path of :mod:`.sparse_ae`: x packed into panels and swept by the register
+"""The SIMD path of :mod:`.sparse_ae`: x packed into panels and swept by the register
 tiles of :mod:`.sparse_tiles`, every sum in registers and cache (the design is in
 :mod:`.sparse_ae`'s docstring). Kernels take raw pointers (:func:`.simd.dptr`) and the
-padded weights and accumulators of a :class:`.sparse_ae.SparseAEWorkspace`.
+padded weights and accumulators of a :class:`.sparse_ae.SparseAEWorkspace`, all of one
+precision (float64 or float32: each kernel is compiled for the one it is given; L below
+is its vector's lanes, 8 or 16, and PW its panel's samples).
 """
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ import numpy as np
 from numba import njit
 from numba.extending import register_jitable
 
-from .simd import JIT, LANES, dptr, rowptr, store_transposed, vhsum, vload, vstore
-from .sparse_tiles import (OJ, OV, PW, RH, SB, backward_fold, backward_split, hidden_tile, outer_tile, output_full,
-                           output_masked)
+from .simd import JIT, dptr, lanes, rowptr, store_transposed, vhsum, vload, vstore
+from .sparse_tiles import (OJ, OV, RH, SB, backward_fold, backward_split, hidden_tile, outer_tile, output_full,
+                           output_masked, panel_width)
 from .sparsity import kl_grad_into
 
 
@@ -19,40 +21,42 @@ from .sparsity import kl_grad_into
 def _pack_panels(x, blocks, vp, hp):
     """x into the panel blocks (both layouts), zero padding; a2 rows zeroed."""
     m, v = x.shape
-    blk = (2 * vp + hp) * PW
-    so = (vp + hp) * PW
+    pw = panel_width(blocks)
+    blk = (2 * vp + hp) * pw
+    so = (vp + hp) * pw
     blocks[:] = 0.0
     for s in range(m):
-        base = (s // PW) * blk
-        l = s % PW
+        base = (s // pw) * blk
+        lane = s % pw
         for i in range(v):
-            blocks[base + i * PW + l] = x[s, i]
-            blocks[base + so + l * vp + i] = x[s, i]
+            blocks[base + i * pw + lane] = x[s, i]
+            blocks[base + so + lane * vp + i] = x[s, i]
 
 
 @njit(**JIT, inline="always")
-def _tile_prefetch(t, per, lines):
-    """(offset, line pairs) of the next block's lines that call t prefetches, per lines
-    (an even number) to a call."""
+def _tile_prefetch(t, per, lines, L):
+    """(offset, line pairs) of the next block's lines (L numbers each) that call t
+    prefetches, per lines (an even number) to a call."""
     lo = min(t * per, lines)
-    return lo * LANES, (min(lo + per, lines) - lo + 1) >> 1
+    return lo * L, (min(lo + per, lines) - lo + 1) >> 1
 
 
 @njit(**JIT)
 def _hidden_sweep(blocks, npan, p_lo, p_hi, vp, hp, w1, b1p, act, mask, h):
     """Sweep 1 over panels [p_lo, p_hi): a2 into each panel's block, its lanes' sums into
     act (raw pointers), x and a2 of the next block prefetched over the x W1 tiles."""
-    ao, so = vp * PW, (vp + hp) * PW
-    blk = so + PW * vp
+    L, pw = lanes(blocks), panel_width(blocks)
+    ao, so = vp * pw, (vp + hp) * pw
+    blk = so + pw * vp
     ht = hp // RH
-    per1 = -(-so // (LANES * 2 * ht)) * 2
+    per1 = -(-so // (L * 2 * ht)) * 2
     for p in range(p_lo, p_hi):
         base = p * blk
-        lines = so // LANES if p + 1 < npan else 0
+        lines = so // L if p + 1 < npan else 0
         for t in range(ht):
-            pfo, npf = _tile_prefetch(t, per1, lines)
+            pfo, npf = _tile_prefetch(t, per1, lines, L)
             hidden_tile(w1, hp, t * RH, b1p, blocks, base, vp, blocks, base + ao,
-                        blocks, base + blk + pfo, npf, h, act, mask, PW if p == npan - 1 else 0)
+                        blocks, base + blk + pfo, npf, h, act, mask, pw if p == npan - 1 else 0)
 
 
 @njit(**JIT)
@@ -60,21 +64,22 @@ def _sweeps(blocks, npan, p_lo, p_hi, m, v, h, vp, hp, w1, w2, w2t, b1p, b2p, cm
             gw1, gw2, act, err, db1, db2, mask, group, fold, given, rho, beta):
     """The sweeps over panels [p_lo, p_hi) of the npan packed ones (all arrays as raw
     pointers; see _partials_panels); with ``given`` a2 and k are already in place."""
-    ao, so = vp * PW, (vp + hp) * PW       # a2 and sample-major x within a block
-    blk = so + PW * vp
+    L, pw = lanes(blocks), panel_width(blocks)
+    ao, so = vp * pw, (vp + hp) * pw       # a2 and sample-major x within a block
+    blk = so + pw * vp
     nh = hp if fold else 2 * hp            # rows of d2 panels: δ2, or e·s then s
     ht = hp // RH
     # Cache lines of the next block that each call prefetches (an even number): x
     # feature-major (split) over the x W1 tiles and a2 + x sample-major over the PW / SB
     # output-layer calls in sweep 2.
-    per0 = -(-ao // (LANES * 2 * ht)) * 2
-    per2 = -(-(blk - ao) // (LANES * 2 * (PW // SB))) * 2
+    per0 = -(-ao // (L * 2 * ht)) * 2
+    per2 = -(-(blk - ao) // (L * 2 * (pw // SB))) * 2
     if fold and not given:
         # sweep 1: a2 of every panel and ρ̂, so that k is known for sweep 2
         _hidden_sweep(blocks, npan, p_lo, p_hi, vp, hp, w1, b1p, act, mask, h)
         rho_hat, k = np.empty(h), np.empty(h)
         for j in range(h):
-            rho_hat[j] = vhsum(vload(act, j * LANES)) / m
+            rho_hat[j] = vhsum(vload(act, j * L)) / m
         kl_grad_into(rho_hat, rho, beta, k)
         for j in range(h):
             kv[j] = k[j]
@@ -84,21 +89,21 @@ def _sweeps(blocks, npan, p_lo, p_hi, m, v, h, vp, hp, w1, w2, w2t, b1p, b2p, cm
             base = p * blk
             nxt = p + 1 < npan
             last = p == npan - 1
-            mo = PW if last else 0
+            mo = pw if last else 0
             if not fold:
-                lines = ao // LANES if nxt else 0
+                lines = ao // L if nxt else 0
                 for t in range(ht):
-                    pfo, npf = _tile_prefetch(t, per0, lines)
+                    pfo, npf = _tile_prefetch(t, per0, lines, L)
                     hidden_tile(w1, hp, t * RH, b1p, blocks, base, vp, blocks, base + ao,
                                  blocks, base + blk + pfo, npf, h, act, mask, mo)
             # output layer, 8 samples at a time (a3, δ3 both ways, sums); meanwhile the
             # next block's a2 and x rows are prefetched
-            lines = (blk - ao) // LANES if nxt else 0
-            nval = m - p * PW if last else PW
-            do3 = (p - g0) * PW * vp
-            for s0 in range(0, PW, SB):
-                pfo, npf = _tile_prefetch(s0 // SB, per2, lines)
-                if nval < PW or vp > v:
+            lines = (blk - ao) // L if nxt else 0
+            nval = m - p * pw if last else pw
+            do3 = (p - g0) * pw * vp
+            for s0 in range(0, pw, SB):
+                pfo, npf = _tile_prefetch(s0 // SB, per2, lines, L)
+                if nval < pw or vp > v:
                     output_masked(blocks, base + ao + s0, w2, vp, b2p, hp, blocks, base + blk + ao + pfo,
                                    npf, blocks, base + so + s0 * vp, d3, do3 + s0 * vp, zt, s0, err, db2,
                                    cmask, nval - s0)
@@ -107,7 +112,7 @@ def _sweeps(blocks, npan, p_lo, p_hi, m, v, h, vp, hp, w1, w2, w2t, b1p, b2p, cm
                                  npf, blocks, base + so + s0 * vp, d3, do3 + s0 * vp, zt, s0, err, db2,
                                  cmask, nval - s0)
             # hidden layer backward: e = δ3 W2ᵀ from the feature-major δ3, then δ2
-            do2 = (p - g0) * nh * PW
+            do2 = (p - g0) * nh * pw
             for t in range(ht):
                 if fold:
                     backward_fold(w2t, hp, t * RH, zt, vp, blocks, base + ao, kv, h, d2, do2, db1, mask, mo)
@@ -116,12 +121,12 @@ def _sweeps(blocks, npan, p_lo, p_hi, m, v, h, vp, hp, w1, w2, w2t, b1p, b2p, cm
                                     mo)
         # the group's weight gradients: gw2 (hp, vp) += Σ a2 ⊗ δ3, gw1 (nh, vp) += Σ d2 ⊗ x
         fresh = g0 == p_lo
-        for c0 in range(0, vp, LANES * OV):
+        for c0 in range(0, vp, L * OV):
             for j0 in range(0, hp, OJ):
-                outer_tile(blocks, g0 * blk + ao + j0 * PW, blk, d3, c0, PW * vp, vp, g1 - g0,
+                outer_tile(blocks, g0 * blk + ao + j0 * pw, blk, d3, c0, pw * vp, vp, g1 - g0,
                             gw2, j0 * vp + c0, vp, fresh)
             for j0 in range(0, nh, OJ):
-                outer_tile(d2, j0 * PW, nh * PW, blocks, g0 * blk + so + c0, blk, vp, g1 - g0,
+                outer_tile(d2, j0 * pw, nh * pw, blocks, g0 * blk + so + c0, blk, vp, g1 - g0,
                             gw1, j0 * vp + c0, vp, fresh)
 
 
@@ -143,7 +148,7 @@ def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv
     those of the packed rows, so the bits are."""
     v, h = W1.shape
     hp, vp = kv.size, b2p.size
-    npan = blocks.size // ((2 * vp + hp) * PW)
+    npan = blocks.size // ((2 * vp + hp) * panel_width(blocks))
     # zero-padded weights in the layouts the tiles read
     for j in range(h):
         b1p[j] = b1[j]
@@ -154,7 +159,7 @@ def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv
             w2t[i * hp + j] = W2[j, i]
             w2[j * vp + i] = W2[j, i]
     P = dptr
-    if res.shape[1] > 1 and res.strides[1] != 8:
+    if res.shape[1] > 1 and res.strides[1] != res.itemsize:
         raise ValueError("sparse_ae_partials: each output row must be contiguous")
     nh = hp if fold else 2 * hp
     if stack.shape[1] != padded_width(v, h, vp, hp, fold):
@@ -191,9 +196,9 @@ def _partials_panels(blocks, m, W1, b1, W2, b2, w1, w2, w2t, b1p, b2p, cmask, kv
 def padded_width(v, h, vp, hp, fold):
     """A leaf's sums in the padded layout: the weight gradients as the tiles write them,
     (δ2 rows, or e·s then s rows) x vp then hp x vp, then act (h), b1 (h), the s sums (h),
-    b2 (v) and the error, rounded up to whole vectors (so that every row of an aligned stack
-    is aligned too)."""
-    return -(-(((hp if fold else 2 * hp) + hp) * vp + 3 * h + v + 1) // LANES) * LANES
+    b2 (v) and the error, rounded up to 16 numbers, a whole vector of either precision (so
+    that every row of an aligned stack is aligned too)."""
+    return -(-(((hp if fold else 2 * hp) + hp) * vp + 3 * h + v + 1) // 16) * 16
 
 
 @njit(**JIT)
@@ -207,31 +212,33 @@ def _activations_panels(blocks, W1, b1, w1, b1p, act, mask, vp, hp, leaf_panels,
         for j in range(h):
             w1[i * hp + j] = W1[i, j]
     P = dptr
-    npan = blocks.size // ((2 * vp + hp) * PW)
+    npan = blocks.size // ((2 * vp + hp) * panel_width(blocks))
     per = leaf_panels if leaf_panels > 0 else max(npan, 1)
     for leaf in range(res.shape[0]):
         act[:] = 0.0
         p_lo = leaf * per
         _hidden_sweep(P(blocks), npan, p_lo, min(p_lo + per, npan), vp, hp, P(w1), P(b1p), P(act), P(mask), h)
         for j in range(h):
-            s = vhsum(vload(act, j * LANES))
+            s = vhsum(vload(act, j * lanes(act)))
             res[leaf, j] = s
             leaf_act[leaf, j] = s
 
 
 @njit(**JIT)
 def _transpose_into(src, ld, rows, res, ro, ldr, cols, so):
-    """res[ro + i·ldr + j] = src[so + j·ld + i] for j < rows, i < cols (8 × 8 blocks
-    transposed in registers: several times faster than the scalar loop)."""
-    j8 = rows - rows % LANES
-    for i0 in range(0, cols - cols % LANES, LANES):
-        for j0 in range(0, j8, LANES):
+    """res[ro + i·ldr + j] = src[so + j·ld + i] for j < rows, i < cols (blocks of 8 rows of
+    src, one vector each, transposed in registers: several times faster than the scalar
+    loop)."""
+    L = lanes(src)
+    j8 = rows - rows % 8
+    for i0 in range(0, cols - cols % L, L):
+        for j0 in range(0, j8, 8):
             b = so + j0 * ld + i0
             store_transposed(res, ro + i0 * ldr + j0, ldr, vload(src, b), vload(src, b + ld),
                              vload(src, b + 2 * ld), vload(src, b + 3 * ld), vload(src, b + 4 * ld),
                              vload(src, b + 5 * ld), vload(src, b + 6 * ld), vload(src, b + 7 * ld))
     for i in range(cols):
-        for j in range(j8 if i < cols - cols % LANES else 0, rows):
+        for j in range(j8 if i < cols - cols % L else 0, rows):
             res[ro + i * ldr + j] = src[so + j * ld + i]
 
 
@@ -239,10 +246,11 @@ def _transpose_into(src, ld, rows, res, ro, ldr, cols, so):
 def _lane_sums(act, err, db1, db2, v, h, hp, fold, tail):
     """A leaf's per-lane and per-column accumulators summed into the padded row's tail
     (act, b1, the s sums, b2, the error: see :func:`padded_width`)."""
+    L = lanes(act)
     for j in range(h):
-        tail[j] = vhsum(vload(act, j * LANES))
-        tail[h + j] = vhsum(vload(db1, j * LANES))
-        tail[2 * h + j] = 0.0 if fold else vhsum(vload(db1, (hp + j) * LANES))
+        tail[j] = vhsum(vload(act, j * L))
+        tail[h + j] = vhsum(vload(db1, j * L))
+        tail[2 * h + j] = 0.0 if fold else vhsum(vload(db1, (hp + j) * L))
     total = 0.0
     for i in range(v):
         tail[3 * h + i] = db2[i]
@@ -263,10 +271,11 @@ def _unpad(row, v, h, vp, hp, fold, offsets, res):
                 res[o_w1 + i * 2 * h + h + j] = 0.0
     else:
         _transpose_into(row, vp, h, res, o_w1 + h, 2 * h, v, hp * vp)
-    v8 = v - v % LANES
+    L = lanes(row)
+    v8 = v - v % L
     g2 = nh * vp
     for j in range(h):  # explicit vectors: several times faster than the scalar loop
-        for i in range(0, v8, LANES):
+        for i in range(0, v8, L):
             vstore(res, o_w2 + j * v + i, vload(row, g2 + j * vp + i))
         for i in range(v8, v):
             res[o_w2 + j * v + i] = row[g2 + j * vp + i]

@@ -194,33 +194,43 @@ def test_matches_reference_sparse_ae_two_rounds(rng, kset, dtype):
         K.sparse_ae_partials(*args, xp.zeros((n, size), dtype), ws, (RHO, BETA), leaf)
 
 
+def _each_leaf_alone(nb, x, W1, b1, W2, b2, leaf, kl=None, rho_hat=None):
+    """Partials of each leaf of x on its own, a row each: in float32 asked for as one leaf
+    (the SIMD kernels run float32 in leaves), in float64 as a whole shard."""
+    dtype = x.dtype
+    size = nb.sparse_ae_partials_size(*W1.shape)
+    per_leaf = dict(leaf=leaf) if dtype == np.float32 else {}
+    return np.stack([nb.sparse_ae_partials(x[i:i + leaf], W1, b1, W2, b2, np.full((1, size), np.nan, dtype),
+                                           None, kl, rho_hat=rho_hat, **per_leaf)[0] for i in range(0, len(x), leaf)])
+
+
 @settings(max_examples=20, deadline=None)
 @given(m=st.integers(1, 300), v=st.integers(1, 70), h=st.integers(1, 30), leaf=st.sampled_from([32, 64, 128]),
-       seed=st.integers(0, 2 ** 31))
-def test_numba_float64_second_round_is_each_leaf_alone(m, v, h, leaf, seed):
+       seed=st.integers(0, 2 ** 31), dtype=st.sampled_from([np.float64, np.float32]))
+def test_numba_second_round_is_each_leaf_alone(m, v, h, leaf, seed, dtype):
     """Given ρ̂, row L holds bit for bit the sums over leaf L alone; the a2 that the first
     round left in the workspace gives the same bits as a2 made again (a fresh workspace,
-    or one whose a2 belongs to other weights)."""
+    or one whose a2 belongs to other weights). Both precisions run the SIMD kernels."""
     nb = kernels.load("numba")
     rng = np.random.default_rng(seed)
-    x = rng.uniform(0.1, 0.9, size=(m, v))
-    theta = theta_for(rng, v, h, scale=2.0)
+    x = rng.uniform(0.1, 0.9, size=(m, v)).astype(dtype)
+    theta = theta_for(rng, v, h, scale=2.0).astype(dtype)
     W1, b1, W2, b2 = unpack(theta, v, h)
     rho_hat = rng.uniform(0.02, 0.9, h)
     size, n, kl = nb.sparse_ae_partials_size(v, h), -(-m // leaf), (RHO, BETA)
-    alone = np.stack([nb.sparse_ae_partials(x[i:i + leaf], W1, b1, W2, b2, np.full(size, np.nan), None, kl,
-                                            rho_hat=rho_hat) for i in range(0, m, leaf)])
-    ws = nb.sparse_ae_workspace(m, v, h, leaf=leaf)
-    act = nb.sparse_ae_activations(x, W1, b1, np.full((n, h), np.nan), ws, leaf)
-    kept = nb.sparse_ae_partials(x, W1, b1, W2, b2, np.full((n, size), np.nan), ws, kl, leaf, rho_hat)
+    alone = _each_leaf_alone(nb, x, W1, b1, W2, b2, leaf, kl, rho_hat)
+    ws = nb.sparse_ae_workspace(m, v, h, dtype, leaf=leaf)
+    assert ws.simd
+    act = nb.sparse_ae_activations(x, W1, b1, np.full((n, h), np.nan, dtype), ws, leaf)
+    kept = nb.sparse_ae_partials(x, W1, b1, W2, b2, np.full((n, size), np.nan, dtype), ws, kl, leaf, rho_hat)
     np.testing.assert_array_equal(kept, alone)
     np.testing.assert_array_equal(act, alone[:, 3 * v * h + 2 * h + v:3 * v * h + 3 * h + v])
-    fresh = nb.sparse_ae_workspace(m, v, h, leaf=leaf)
+    fresh = nb.sparse_ae_workspace(m, v, h, dtype, leaf=leaf)
     np.testing.assert_array_equal(
-        nb.sparse_ae_partials(x, W1, b1, W2, b2, np.full((n, size), np.nan), fresh, kl, leaf, rho_hat), alone)
-    nb.sparse_ae_activations(x, 2 * W1, b1, np.empty((n, h)), ws, leaf)  # a2 of other weights
+        nb.sparse_ae_partials(x, W1, b1, W2, b2, np.full((n, size), np.nan, dtype), fresh, kl, leaf, rho_hat), alone)
+    nb.sparse_ae_activations(x, 2 * W1, b1, np.empty((n, h), dtype), ws, leaf)  # a2 of other weights
     np.testing.assert_array_equal(
-        nb.sparse_ae_partials(x, W1, b1, W2, b2, np.full((n, size), np.nan), ws, kl, leaf, rho_hat), alone)
+        nb.sparse_ae_partials(x, W1, b1, W2, b2, np.full((n, size), np.nan, dtype), ws, kl, leaf, rho_hat), alone)
 
 
 @settings(max_examples=25, deadline=None)
@@ -306,6 +316,39 @@ def test_numba_vector_sigmoid_accuracy():
     assert np.isnan(edge[6]) and edge[7] == 0.5
 
 
+def test_numba_float32_vector_sigmoid_is_the_scalar_ones_bits():
+    """The 16-lane sigmoid of the float32 panels gives, lane for lane, the bits of
+    nbmath.sigmoid32 compiled as the kernels are (products and sums contracted into FMAs):
+    over the whole range, its subnormal tails (exp(-104) and below round to 0), ±inf, ±0
+    and NaN; and it is within 3 ulp of the float64 sigmoid where that is normal."""
+    from numba import njit
+
+    from aepar.kernels.memory import zeros
+    from aepar.kernels.nb.nbmath import sigmoid32
+    from aepar.kernels.nb.simd import JIT, vsigmoid_array
+
+    @njit(**JIT)
+    def scalar(z, out):
+        for i in range(z.size):
+            out[i] = sigmoid32(z[i])
+
+    edges = [-np.inf, np.inf, np.nan, 0.0, -0.0, -104.0, -103.5, -87.5, 88.7, 1e-30, -1e-30]
+    z = np.concatenate([np.linspace(-110, 110, 44000), np.random.default_rng(2).normal(0, 5, 4000), edges])
+    z = np.concatenate([z, np.zeros(-z.size % 16)]).astype(np.float32)
+    zz, out, want = zeros(z.size, np.float32), zeros(z.size, np.float32), np.empty(z.size, np.float32)
+    zz[:] = z
+    vsigmoid_array(zz, out)
+    scalar(zz, want)
+    nan = np.isnan(want)
+    assert nan.sum() == 1 and np.isnan(out[nan]).all()  # (a NaN's sign and payload may differ)
+    np.testing.assert_array_equal(out[~nan].view(np.int32), want[~nan].view(np.int32))
+    exact = 1 / (1 + np.exp(-z.astype(np.float64)))
+    normal = exact >= np.finfo(np.float32).tiny
+    ulp = np.spacing(exact[normal].astype(np.float32)).astype(np.float64)
+    assert np.all(np.abs(out[normal] - exact[normal]) <= 3 * ulp)
+    assert 0 < out[z == np.float32(-103.5)][0] < 1e-44  # a subnormal kept, not flushed
+
+
 @pytest.mark.parametrize("fold", [False, True], ids=["split", "folded"])
 @pytest.mark.parametrize("m, v, h", [(1, 3, 2), (31, 16, 5), (65, 64, 25), (130, 40, 9)])
 def test_numba_float64_panels_match_reference(rng, m, v, h, fold):
@@ -327,23 +370,23 @@ def test_numba_float64_panels_match_reference(rng, m, v, h, fold):
 
 @settings(max_examples=25, deadline=None)
 @given(m=st.integers(1, 300), v=st.integers(1, 70), h=st.integers(1, 30), leaf=st.sampled_from([32, 64, 128]),
-       seed=st.integers(0, 2 ** 31))
-def test_numba_float64_leaves_are_each_leaf_alone(m, v, h, leaf, seed):
+       seed=st.integers(0, 2 ** 31), dtype=st.sampled_from([np.float64, np.float32]))
+def test_numba_leaves_are_each_leaf_alone(m, v, h, leaf, seed, dtype):
     """Per-leaf partials (the model's rank-independent blocks): row L holds, bit for bit,
     the sums over leaf L's samples taken alone; the same into a C-contiguous buffer and into
     the first columns of a wider one (the root optimiser's, a flags column after them, whose
     rows Numba sees as non-contiguous)."""
     nb = kernels.load("numba")
     rng = np.random.default_rng(seed)
-    x = rng.uniform(0.1, 0.9, size=(m, v))
-    theta = theta_for(rng, v, h, scale=2.0)
+    x = rng.uniform(0.1, 0.9, size=(m, v)).astype(dtype)
+    theta = theta_for(rng, v, h, scale=2.0).astype(dtype)
     W1, b1, W2, b2 = unpack(theta, v, h)
     size, n = nb.sparse_ae_partials_size(v, h), -(-m // leaf)
-    alone = np.stack([nb.sparse_ae_partials(x[i:i + leaf], W1, b1, W2, b2, np.full(size, np.nan))
-                      for i in range(0, m, leaf)])
-    flat = np.full((n, size), np.nan)
-    wide = np.full((n, size + 1), np.nan)
-    ws = nb.sparse_ae_workspace(m, v, h, leaf=leaf)
+    alone = _each_leaf_alone(nb, x, W1, b1, W2, b2, leaf)
+    flat = np.full((n, size), np.nan, dtype)
+    wide = np.full((n, size + 1), np.nan, dtype)
+    ws = nb.sparse_ae_workspace(m, v, h, dtype, leaf=leaf)
+    assert ws.simd
     nb.sparse_ae_partials(x, W1, b1, W2, b2, flat, ws, None, leaf)
     nb.sparse_ae_partials(x, W1, b1, W2, b2, wide[:, :size], ws, None, leaf)
     np.testing.assert_array_equal(flat, alone)
@@ -351,7 +394,8 @@ def test_numba_float64_leaves_are_each_leaf_alone(m, v, h, leaf, seed):
     assert np.isnan(wide[:, size]).all()  # the column after them untouched
 
 
-def test_numba_shards_on_helper_threads_give_each_shards_bits(rng):
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_numba_shards_on_helper_threads_give_each_shards_bits(rng, dtype):
     """The Numba set's shards run a round's shares on helpers waiting in compiled code
     (aepar.kernels.nb.team): every shard's rows are the bits of its own calls, round after
     round as θ changes in place, after another model's shards used the helpers, and into
@@ -363,18 +407,19 @@ def test_numba_shards_on_helper_threads_give_each_shards_bits(rng):
     width = nb.sparse_ae_partials_size(v, h)
 
     def model(seed):
-        x = [np.random.default_rng(seed + i).uniform(0.1, 0.9, size=(m, v)) for i, m in enumerate(sizes)]
+        x = [np.random.default_rng(seed + i).uniform(0.1, 0.9, size=(m, v)).astype(dtype)
+             for i, m in enumerate(sizes)]
         merges = [tuple([0, 1] * (-(-m // leaf) // 2) + [0] * (-(-m // leaf) % 2)) for m in sizes]
-        parts = [(xi, nb.sparse_ae_workspace(len(xi), v, h, leaf=leaf), mi) for xi, mi in zip(x, merges)]
-        alone = [(xi, nb.sparse_ae_workspace(len(xi), v, h, leaf=leaf), mi) for xi, mi in zip(x, merges)]
+        parts = [(xi, nb.sparse_ae_workspace(len(xi), v, h, dtype, leaf=leaf), mi) for xi, mi in zip(x, merges)]
+        alone = [(xi, nb.sparse_ae_workspace(len(xi), v, h, dtype, leaf=leaf), mi) for xi, mi in zip(x, merges)]
         return (nb.sparse_ae_shards(parts, leaf), SparseAEShards(alone, leaf, None, (nb.sparse_ae_activations,
                 nb.sparse_ae_partials))) + buffers()
 
     def buffers():
-        theta = np.empty(2 * v * h + h + v)
+        theta = np.empty(2 * v * h + h + v, dtype)
         W1, b1, W2, b2 = unpack(theta, v, h)  # views of one buffer, written in place below
-        act = [np.full((-(-m // leaf), h), np.nan) for m in sizes]
-        part = [np.full(((-(-m // leaf) + 1) // 2, width + 1), np.nan)[:, :width] for m in sizes]
+        act = [np.full((-(-m // leaf), h), np.nan, dtype) for m in sizes]
+        part = [np.full(((-(-m // leaf) + 1) // 2, width + 1), np.nan, dtype)[:, :width] for m in sizes]
         return theta, (W1, b1, W2, b2), act, part
 
     def evaluate(m, seed):
@@ -382,7 +427,7 @@ def test_numba_shards_on_helper_threads_give_each_shards_bits(rng):
         theta[:] = theta_for(np.random.default_rng(seed), v, h, scale=2.0)
         shards.activations(W1, b1, act)
         want_act = one_by_one.activations(W1, b1, [np.full_like(a, np.nan) for a in act])
-        rho_hat = sum(a.sum(axis=0) for a in act) / sum(sizes)
+        rho_hat = sum(a.sum(axis=0, dtype=np.float64) for a in act) / sum(sizes)
         shards.partials(W1, b1, W2, b2, part, (RHO, BETA), rho_hat)
         want = one_by_one.partials(W1, b1, W2, b2, [np.full_like(p, np.nan) for p in part], (RHO, BETA), rho_hat)
         for got, expected in zip(act + part, want_act + want):
@@ -740,15 +785,21 @@ for m, v, h in ((1000, 64, 25), (517, 36, 13)):  # whole panels; a masked last p
     out[f"rounds{m}"] = K.sparse_ae_partials(x, W1, b1, W2, b2, np.zeros((1, size)), ws, (0.01, 3.0), leaf,
                                              act.sum(axis=0) / m, cover_merges(0, n, n)[1])
     out[f"leaf{m}"] = K.sparse_ae_partials(x, W1, b1, W2, b2, np.zeros((n, size)), ws, None, leaf)
+    f = [a.astype(np.float32) for a in (x, W1, b1, W2, b2)]  # float32 in leaves: the SIMD kernels too
+    ws = K.sparse_ae_workspace(m, v, h, np.float32, leaf=leaf)
+    act = K.sparse_ae_activations(*f[:3], np.zeros((n, h), np.float32), ws, leaf)
+    out[f"rounds32_{m}"] = K.sparse_ae_partials(*f, np.zeros((1, size), np.float32), ws, (0.01, 3.0), leaf,
+                                                act.sum(axis=0, dtype=np.float64) / m, cover_merges(0, n, n)[1])
 np.savez(sys.argv[1], **out)
 """
 
 
 def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
-    """The float64 tiles sum every output in one order whatever their shape on the CPU
-    (AVX-512: 32-sample panels, 8 samples per output pass; AVX2: 16-sample panels, 4 per
-    pass), so the sparse autoencoder's partials, one shard or per leaf, are the same bits
-    on either kind of CPU: the AVX2 build (AEPAR_ISA=avx2, in a child) against this one."""
+    """The tiles sum every output in one order whatever their shape on the CPU (AVX-512:
+    32-sample panels, 8 samples per output pass; AVX2: 8 (float64) or 16-sample (float32)
+    panels, 4 per pass), so the sparse autoencoder's partials, one shard or per leaf, float64
+    or float32 in leaves, are the same bits on either kind of CPU: the AVX2 build
+    (AEPAR_ISA=avx2, in a child) against this one."""
     host, avx2 = host_and_avx2_runs(_ISA_SCRIPT, tmp_path)
     for name, want in host.items():
         np.testing.assert_array_equal(avx2[name].view(np.int64), want.view(np.int64), err_msg=name)
