@@ -257,7 +257,7 @@ def sparse_autoencoder(images=None, *, hidden: int = 25, patch: int = 8, samples
         ``--seed``, ``--out`` and ``--quiet``.
     **options :
         Any other option of ``python -m aepar.sparse``, underscores for dashes:
-        ``rho=0.05``, ``weight_cost=3e-3``, ``dtype="float32"``, ``optimizer="lbfgs"``.
+        ``rho=0.05``, ``weight_cost=3e-3``, ``dtype="float64"``, ``optimizer="lbfgs"``.
 
     Returns
     -------

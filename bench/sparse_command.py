@@ -15,8 +15,9 @@ aepar's default photographs, as ``natural_images()`` gives them):
   ``np.save`` (the seed also drew the features with matplotlib; not done here, which
   favours the textbook);
 - aepar: ``python -m aepar.sparse --images IMAGES.mat --out DIR --quiet`` (its default
-  outputs: weights.h5, features.png, summary files);
-- aepar's start-up: the same command with ``--iterations 1``.
+  outputs: weights.h5, features.png, summary files; its default precision, float32);
+- the same with ``--dtype float64``, the textbook's precision;
+- aepar's start-up: the default command with ``--iterations 1``.
 
 Every command runs once untimed first (Numba's cache, the OS's file cache), then
 ``--repeats`` rounds in turns (textbook, aepar, start-up, ...); the best of each counts,
@@ -46,6 +47,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARK = "sparse_command"
 ONE_BLAS_THREAD = "textbook command, one BLAS thread"  # beside the others with --threads 0
+FLOAT64 = "aepar command, float64"
 COLUMNS = ("implementation", "samples", "iterations", "evaluations", "seconds", "repeats", "all_seconds",
            "final_cost", "speedup_vs_textbook", "thread_setting", "description")
 
@@ -121,9 +123,9 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, threads=1, re
     sizes = ["--patch", str(patch), "--hidden", str(hidden), "--seed", str(seed)]
     runs = itertools.count(1)  # each run writes into a directory of its own
 
-    def aepar_cmd(its):
+    def aepar_cmd(its, *more):
         return [py, "-m", "aepar.sparse", "--limit", str(samples), *sizes, "--iterations", str(its), "--images", mat,
-                "--quiet", "--out", str(Path(work) / f"aepar-{next(runs)}")]
+                *more, "--quiet", "--out", str(Path(work) / f"aepar-{next(runs)}")]
 
     def textbook_cmd():
         out = Path(work) / f"textbook-{next(runs)}"
@@ -132,6 +134,7 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, threads=1, re
                 "--iterations", str(iterations), "--child-out", str(out)]
 
     commands = {"textbook command": textbook_cmd, "aepar command": lambda: aepar_cmd(iterations),
+                FLOAT64: lambda: aepar_cmd(iterations, "--dtype", "float64"),
                 "aepar start-up (1 iteration)": lambda: aepar_cmd(1)}
     envs = dict.fromkeys(commands, env)
     if not threads:  # OpenBLAS's default threads can slow the textbook down: its one-thread time beside it
@@ -156,7 +159,8 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, threads=1, re
         "textbook command": "python -m bench.sparse_command --textbook-child: numpy+scipy only, seed-style sampling, "
                             "scipy.optimize.minimize L-BFGS-B, np.save(W1)",
         "aepar command": "python -m aepar.sparse --images IMAGES.mat --quiet --out DIR (weights.h5, features.png, "
-                         "summaries)",
+                         "summaries; float32, the default)",
+        FLOAT64: "the aepar command with --dtype float64",
         "aepar start-up (1 iteration)": "python -m aepar.sparse --iterations 1, same inputs",
         ONE_BLAS_THREAD: "the textbook command with every thread variable set to 1"}
     rows = []

@@ -1,25 +1,33 @@
-"""bench.sparse_command times the three whole commands and writes their rows and table."""
+"""bench.sparse_command times the whole commands (the textbook's, aepar's in float32 and
+float64, aepar's start-up) and writes their rows and table."""
 import csv
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_three_commands_timed_from_the_same_images(tmp_path):
+def test_the_commands_timed_from_the_same_images(tmp_path):
     out, md = tmp_path / "peers.csv", tmp_path / "command.md"
     cmd = [sys.executable, "-m", "bench.sparse_command", "--samples", "300", "--iterations", "5", "--repeats", "1",
            "--out", str(out), "--md", str(md)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["implementation"]: r for r in csv.DictReader(open(out))}
-    assert sorted(rows) == ["aepar command", "aepar start-up (1 iteration)", "textbook command"]
+    assert sorted(rows) == ["aepar command", "aepar command, float64", "aepar start-up (1 iteration)",
+                            "textbook command"]
     for r in rows.values():
         assert r["benchmark"] == "sparse_command" and r["samples"] == "300" and r["cpu_model"]
         assert float(r["seconds"]) > 0 and len(r["all_seconds"].split()) == 1
         assert r["thread_setting"] == "1" and r["threads"] == r["blas_threads"] == "1"
     assert rows["textbook command"]["iterations"] == rows["aepar command"]["iterations"] == "5"
+    assert rows["aepar command, float64"]["iterations"] == "5"
+    # float32 (the default) and float64 start alike and part by their rounding only
+    cost32, cost64 = (float(rows[k]["final_cost"]) for k in ("aepar command", "aepar command, float64"))
+    assert cost32 != cost64 and cost32 == pytest.approx(cost64, rel=1e-3)
     assert rows["aepar start-up (1 iteration)"]["iterations"] == "1"
     # the same problem on both sides: a cost of the same size after the same iterations
     assert 0.5 < float(rows["aepar command"]["final_cost"]) / float(rows["textbook command"]["final_cost"]) < 2
@@ -51,7 +59,7 @@ def test_defaults_time_the_textbook_both_ways_and_compare_with_the_faster(tmp_pa
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["implementation"]: r for r in csv.DictReader(open(out))}
     both = [rows["textbook command"], rows["textbook command, one BLAS thread"]]
-    assert {r["thread_setting"] for r in rows.values()} == {"defaults"} and len(rows) == 4
+    assert {r["thread_setting"] for r in rows.values()} == {"defaults"} and len(rows) == 5
     aepar = rows["aepar command"]
     assert rows["textbook command, one BLAS thread"]["blas_threads"] == aepar["blas_threads"] == "1"
     faster = min(float(r["seconds"]) for r in both)
