@@ -255,7 +255,9 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
                                                                              if optimizer else [])
             if wait:
                 log.write("\n# with " + " ".join(f"{k}={v}" for k, v in WAITS[wait].items()))
+            # float64, as the committed grid (scaling_16core) and the scaling model's compute
             rc, _, seconds = log.run(with_usage(usage, out.name, "aepar.sparse", ["--limit", patches, *extra,
+                                                                               "--dtype", "float64",
                                                                                "--quiet", "--out", out],
                                                 ranks, threads),
                                      env=dict(env, AEPAR_THREADS=str(threads), **WAITS.get(wait, {})), timeout=300)
@@ -329,8 +331,9 @@ def independent_copies(log: Log, opts, scratch: Path, env: dict, folder: Path) -
     processes started together (each alone in MPI's terms: what the machine allows, against
     the same work under mpirun), then every process's usage in ``folder`` as
     OUT/rank_usage.csv, one row per process."""
-    copies = [with_usage(folder, f"copy{i}", "aepar.sparse", ["--limit", USAGE_PATCHES, "--quiet", "--out",
-                                                              scratch / f"copy{i}"]) for i in range(opts.sixteen)]
+    copies = [with_usage(folder, f"copy{i}", "aepar.sparse", ["--limit", USAGE_PATCHES, "--dtype", "float64",
+                                                              "--quiet", "--out", scratch / f"copy{i}"])
+              for i in range(opts.sixteen)]
     log.write(f"\n$ ({opts.sixteen} at once) " + " ".join(map(str, copies[0])) + "\n")
     t0 = time.monotonic()
     errs = [scratch / f"copy{i}.err" for i in range(opts.sixteen)]

@@ -56,6 +56,8 @@ def scaling(grid: str, python: str, results: Path) -> int:
     # Waiting ranks yield the CPU instead of spinning: on a shared machine a spinning rank
     # steals the core its partner (or someone else's job) computes on.
     env.setdefault("MPI_ARGS", "--mca mpi_yield_when_idle 1")
+    # the paper's precision, that of the committed tables and of the scaling model's compute
+    env.setdefault("ARGS", "--dtype float64")
     for var in ("PROCS", "SAMPLES", "WEAK", "ITERS"):
         env.pop(var, None)  # the grid file decides; the job scripts take overrides
     load_before = _load()

@@ -510,8 +510,9 @@ def measure_sparse(out: Path, samples=(10000, 40000, 160000), procs=(1, 2), iter
             runs = []
             for k in range(repeats):
                 d = work / f"sparse-{p}-{s_}-{k}"
-                cmd = python_command("aepar.sparse", ["--limit", s_, "--iterations", iterations, "--out", d,
-                                                      "--quiet"], p)
+                # float64: the precision the model's compute is measured in (_sparse_optimiser)
+                cmd = python_command("aepar.sparse", ["--limit", s_, "--iterations", iterations, "--dtype", "float64",
+                                                      "--out", d, "--quiet"], p)
                 t0 = time.time()
                 summ = _run_summary(cmd, d, "measure-sparse")
                 summ["_wall"] = time.time() - t0

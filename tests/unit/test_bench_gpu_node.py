@@ -67,7 +67,12 @@ def test_the_sixteen_step_keeps_a_row_per_run_with_the_ranks_compute_spread(tmp_
         written.append(len(rows))
         return real_write(path, rows)
     monkeypatch.setattr(gpu_node, "write_rows", write)
-    monkeypatch.setattr(gpu_node.Log, "run", lambda self, cmd, env=None, timeout=600.0, cwd=None: (0, "", 0.5))
+    commands = []
+
+    def run(self, cmd, env=None, timeout=600.0, cwd=None):
+        commands.append([str(c) for c in cmd])
+        return 0, "", 0.5
+    monkeypatch.setattr(gpu_node.Log, "run", run)
     monkeypatch.setattr(gpu_node, "summary_of", lambda out: {"total_s": 1.0, "compute_s": 0.9, "comm_s": 0.1,
                                                              "compute_per_rank_s": [0.9, 0.5, 0.7, 0.6]})
     monkeypatch.setattr(gpu_node, "independent_copies", lambda *args: True)
@@ -81,3 +86,6 @@ def test_the_sixteen_step_keeps_a_row_per_run_with_the_ranks_compute_spread(tmp_
                           for r in sparse)
     assert rows[-1]["what"].startswith("pretrain") and not any(r["what"].startswith("sparse")
                                                                for r in rows[len(sparse):])
+    # the sparse runs in float64, the precision of the committed grid and of the scaling model
+    runs = [c for c in commands if "aepar.sparse" in c]
+    assert runs and all("--dtype" in c and c[c.index("--dtype") + 1] == "float64" for c in runs)
