@@ -28,7 +28,7 @@
 #   MAXPROCS=N                  plain bash only: skip points with more ranks (default: none)
 #   REPEATS=1                   runs per point (the fastest is kept)
 #   RESUME=1                    OUT names a sweep with the same settings: keep its finished points
-#   SCHEME=aepar.sparse         module run per point; ARGS="--dtype float32 ..." extra options
+#   SCHEME=aepar.sparse         module run per point; ARGS="--dtype float64 ..." extra options
 #   SEED=0                      --seed for every point (same data and initial weights)
 #   REPORT=1                    plots and scaling.md after the CSVs
 #
