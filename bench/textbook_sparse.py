@@ -6,10 +6,12 @@ cost and gradient written out formula by formula with new temporaries on every c
 scipy's L-BFGS-B. aepar's is :class:`aepar.models.sparse_ae.SparseAutoencoder` on the
 Numba kernel set (fused, blocked, no allocations per evaluation), driven by the same
 L-BFGS-B (:class:`aepar.optim.LBFGSB`), and the same model driven by aepar's L-BFGS
-without bounds (:class:`aepar.optim.LBFGS`, ``--optimizer lbfgs``: its own iterates). All
-run here in turns on the same patches (aepar's sampler on the natural images) and the
-same initial θ, 400 iterations, one process, float64; the time outside the cost/gradient
-(``seconds`` - ``seconds_in_cost_gradient``) is the optimiser's own.
+without bounds (:class:`aepar.optim.LBFGS`, ``--optimizer lbfgs``: its own iterates), and
+the same model in float32 (``aepar float32``: the sparse command's default precision) with
+L-BFGS-B. All run here in turns on the same patches (aepar's sampler on the natural
+images) and the same initial θ, 400 iterations, one process, float64 but for that row; the
+time outside the cost/gradient (``seconds`` - ``seconds_in_cost_gradient``) is the
+optimiser's own.
 
     python -m bench.textbook_sparse [--samples 10000] [--iterations 400] [--threads 1]
                                     [--out bench/results/peers.csv]
@@ -19,7 +21,7 @@ FLOPs: each evaluation's five matrix products (x W1, a2 W2, δ3 W2ᵀ, a2ᵀ δ3
 counted). Achieved GFLOP/s = 16,000·m·evaluations / seconds / 1e9 over the whole run
 (L-BFGS-B's own work included; the time inside the cost/gradient is reported beside it),
 against the DGEMM rate of a 1000×1000 matrix product timed in the same run with the same
-thread count.
+thread count (the float32 row: against SGEMM's).
 """
 from __future__ import annotations
 
@@ -121,13 +123,13 @@ def flops_per_evaluation(m: int, visible: int, hidden: int) -> int:
     return 10 * m * visible * hidden
 
 
-def dgemm_gflops(n: int = 1000, repeats: int = 5) -> float:
-    """The rate of an n×n float64 matrix product (2n³ FLOPs) in GFLOP/s, its fastest of
-    ``repeats`` after a warm-up (thread pool, pages)."""
+def gemm_gflops(dtype="float64", n: int = 1000, repeats: int = 5) -> float:
+    """The rate of an n×n matrix product (2n³ FLOPs) in ``dtype`` in GFLOP/s, its fastest
+    of ``repeats`` after a warm-up (thread pool, pages)."""
     import numpy as np
     rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
-    c = np.empty((n, n))
+    a, b = (rng.standard_normal((n, n)).astype(dtype) for _ in range(2))
+    c = np.empty((n, n), dtype)
     return 2.0 * n ** 3 / time_call(lambda: np.matmul(a, b, out=c), repeats).seconds / 1e9
 
 
@@ -152,6 +154,7 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numb
     # aepar: the model the scheme uses, in one process (every block: the fixed-tree sum)
     be = select("cpu", kernels, "float64")
     model = SparseAutoencoder(be, v, hidden).attach(x)
+    model32 = SparseAutoencoder(select("cpu", kernels, "float32"), v, hidden).attach(x)
     # textbook: its own layout (samples as columns), the same θ0 permuted to it
     tb = TextbookSparseAutoencoder(v, hidden)
     xt = np.ascontiguousarray(x.T)
@@ -164,11 +167,15 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numb
         raise RuntimeError(f"implementations disagree at theta0: {c_aepar!r} vs {c_tb!r}")
     if not np.allclose(to_textbook_theta(g_aepar, v, hidden), g_tb, rtol=1e-7, atol=1e-12):
         raise RuntimeError("implementations' gradients disagree at theta0")
+    c32 = model32.cost_grad(theta0)[0]
+    if not np.isclose(c32, c_tb, rtol=1e-5, atol=0):  # float32's sums
+        raise RuntimeError(f"aepar float32 disagrees at theta0: {c32!r} vs {c_tb!r}")
 
     # each implementation: its objective, its start and its optimiser
     objectives = {"textbook": (lambda theta: tb.cost(theta, xt), theta0_tb, LBFGSB),
                   "aepar": (model.cost_grad, theta0, LBFGSB),
-                  "aepar lbfgs": (model.cost_grad, theta0, LBFGS)}
+                  "aepar lbfgs": (model.cost_grad, theta0, LBFGS),
+                  "aepar float32": (model32.cost_grad, theta0, LBFGSB)}
 
     runs = {key: [] for key in objectives}  # what each run produced, in order
 
@@ -186,10 +193,11 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numb
         res = optimizer(counted, start, iterations).run()
         runs[key].append({"res": res, "evals": count, "inside": inside})
 
-    peak = dgemm_gflops()
+    peak, peak32 = gemm_gflops(), gemm_gflops("float32")
     # textbook first, then aepar: neither gets a warmer cache from the other's data
     timings = time_calls({key: (lambda key=key: one_run(key)) for key in runs}, repeats, warmup=0)
-    peak = max(peak, dgemm_gflops())  # the better of before and after: a busy box varies
+    # the better of before and after: a busy box varies
+    peak, peak32 = max(peak, gemm_gflops()), max(peak32, gemm_gflops("float32"))
     results = {key: dict(runs[key][t.fastest_index], seconds=t.seconds) for key, t in timings.items()}
 
     flop = flops_per_evaluation(samples, v, hidden)
@@ -197,7 +205,9 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numb
     t_text = results["textbook"]["seconds"]
     names = {"textbook": "textbook NumPy (seed style: UFLDL formulas, new temporaries, scipy L-BFGS-B)",
              "aepar": f"aepar SparseAutoencoder ({be.kernel_set} kernels, scipy L-BFGS-B)",
-             "aepar lbfgs": f"aepar SparseAutoencoder ({be.kernel_set} kernels, aepar's L-BFGS, --optimizer lbfgs)"}
+             "aepar lbfgs": f"aepar SparseAutoencoder ({be.kernel_set} kernels, aepar's L-BFGS, --optimizer lbfgs)",
+             "aepar float32": f"aepar SparseAutoencoder in float32 ({be.kernel_set} kernels, scipy L-BFGS-B; "
+                              f"fraction_of_peak against SGEMM)"}
     for key in objectives:
         res, seconds, evals = results[key]["res"], results[key]["seconds"], results[key]["evals"]
         # the optimiser's own time per evaluation, every run's (the fastest run is picked by
@@ -213,7 +223,8 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numb
             "repeats": repeats, "all_seconds": " ".join(f"{t:.3f}" for t in timings[key].samples),
             "final_cost": f"{float(res.fun):.10g}",
             "gflop_per_evaluation": f"{flop / 1e9:.4f}", "gflops": f"{gflops:.2f}",
-            "dgemm_peak_gflops": f"{peak:.2f}", "fraction_of_peak": f"{gflops / peak:.3f}",
+            "dgemm_peak_gflops": f"{peak:.2f}", "sgemm_peak_gflops": f"{peak32:.2f}",
+            "fraction_of_peak": f"{gflops / (peak32 if key == 'aepar float32' else peak):.3f}",
             "speedup_vs_textbook": f"{t_text / seconds:.2f}",
         })
     blocked, whole = leaf_tax(be.K, x, theta0, v, hidden, repeats)
@@ -229,7 +240,8 @@ def run(samples=10000, iterations=400, patch=8, hidden=25, seed=0, kernels="numb
                            f"the other: the model's blocks of 128 patches ({what})"
                            if "128" in key else f"the kernels' two rounds at theta0, {timing.calls} evaluations a "
                            f"sample, in turns with the other: every patch one block ({what})"})
-    info = {"source": source, "peak": peak, "flop_per_evaluation": flop, "leaf_tax": blocked.seconds / whole.seconds}
+    info = {"source": source, "peak": peak, "peak32": peak32, "flop_per_evaluation": flop,
+            "leaf_tax": blocked.seconds / whole.seconds}
     return rows, info
 
 
@@ -267,7 +279,7 @@ BENCHMARK = "sparse_ae"  # its rows in peers.csv
 PEER_COLUMNS = ("implementation", "samples", "iterations", "evaluations", "seconds", "repeats", "all_seconds",
                 "seconds_per_evaluation", "seconds_in_cost_gradient", "optimizer_ms_per_evaluation", "final_cost",
                 "gflop_per_evaluation", "gflops",
-                "dgemm_peak_gflops", "fraction_of_peak", "speedup_vs_textbook", "description")
+                "dgemm_peak_gflops", "sgemm_peak_gflops", "fraction_of_peak", "speedup_vs_textbook", "description")
 
 
 def write(rows, path, machine):
@@ -278,15 +290,16 @@ def write(rows, path, machine):
 
 def markdown(rows, info) -> str:
     """A small markdown table of the comparison (bench.run appends it to scaling.md)."""
-    lines = [f"## Side by side at {rows[0]['samples']} patches, 1 process, float64", "",
+    lines = [f"## Side by side at {rows[0]['samples']} patches, 1 process, float64 (and aepar in float32)", "",
              f"Best of {rows[0]['repeats']} runs each, taken in turns (all runs in peers.csv).", "",
              f"FLOPs per evaluation = 10·m·v·h = {info['flop_per_evaluation'] / 1e9:.3f} GFLOP "
-             f"(five matrix products); DGEMM 1000×1000 in the same run: {info['peak']:.1f} GFLOP/s. "
+             f"(five matrix products); DGEMM 1000×1000 in the same run: {info['peak']:.1f} GFLOP/s "
+             f"(SGEMM {info['peak32']:.1f}: the float32 row's). "
              f"The same bits on any number of processes (blocks of 128 patches in a fixed tree) cost one "
              f"process {info['leaf_tax']:.3f}x one block per evaluation (the cost/gradient rows).",
              "",
              "| implementation | iterations | evaluations | seconds | in cost/gradient | optimiser ms/evaluation "
-             "(median) | GFLOP/s | of DGEMM | speedup | final cost |",
+             "(median) | GFLOP/s | of DGEMM (float32: SGEMM) | speedup | final cost |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "iterations" not in r:  # the cost/gradient alone

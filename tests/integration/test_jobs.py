@@ -466,7 +466,7 @@ def test_textbook_peer_agrees_and_writes_peers_csv(tmp_path):
         assert float(r["gflop_per_evaluation"]) == pytest.approx(0.016)
         runs = [float(t) for t in r["all_seconds"].split()]
         assert len(runs) == int(r["repeats"]) == 3 and float(r["seconds_per_evaluation"]) > 0
-    assert set(rows) == {"textbook", "aepar", "aepar lbfgs"}
+    assert set(rows) == {"textbook", "aepar", "aepar lbfgs", "aepar float32"}
     for r in rows.values():
         assert float(r["seconds"]) > 0 and float(r["dgemm_peak_gflops"]) > 0
         assert 0 < float(r["optimizer_ms_per_evaluation"]) * 1e-3 * int(r["evaluations"]) < float(r["seconds"])
@@ -478,6 +478,9 @@ def test_textbook_peer_agrees_and_writes_peers_csv(tmp_path):
     assert float(rows["aepar"]["final_cost"]) == pytest.approx(float(rows["textbook"]["final_cost"]), rel=1e-3)
     # aepar's L-BFGS takes its own steps to about the same cost
     assert float(rows["aepar lbfgs"]["final_cost"]) == pytest.approx(float(rows["aepar"]["final_cost"]), rel=0.05)
+    # float32 (the sparse command's default) parts from float64 by its rounding only
+    assert float(rows["aepar float32"]["final_cost"]) == pytest.approx(float(rows["aepar"]["final_cost"]), rel=1e-2)
+    assert float(rows["aepar float32"]["sgemm_peak_gflops"]) > 0
 
 
 @pytest.mark.parametrize("script, prefix, wanted", [
