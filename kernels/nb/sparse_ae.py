@@ -61,7 +61,7 @@ from ..ref import sparse_ae as _ref
 from ..ref.sparse_ae import (check_shapes, leaf_rows, merge_plan, merge_rows, sparse_ae_layout,
                              sparse_ae_partials_size, sparse_ae_theta_layout, sparse_ae_theta_size)
 from .nbmath import sigmoid64
-from .simd import JIT, LANES
+from .simd import JIT
 from .sparse_ae_panels import _activations_panels, _pack_panels, _partials_panels, padded_width
 from .sparse_tiles import OJ, OV, RH, TB, panel_samples
 from .sparsity import kl_grad_into, kl_sum
@@ -232,7 +232,7 @@ class SparseAEWorkspace:
 
     def _init_panels(self, block):
         v, h, pw = self.visible, self.hidden, panel_samples(self.dtype)
-        lanes = LANES * 8 // self.dtype.itemsize  # a vector's: 8 float64, 16 float32
+        lanes = 64 // self.dtype.itemsize  # a vector's numbers (64 bytes): 8 float64, 16 float32
         vp = _round_up(v, lanes * np.lcm(TB, OV))
         hp = _round_up(h, np.lcm(RH, OJ))
         npan = -(-self.m // pw)

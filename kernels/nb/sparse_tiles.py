@@ -35,6 +35,7 @@ either CPU. Each tile below is one name that takes either precision's pointers.
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import types
 from numba.extending import overload
 
@@ -54,7 +55,7 @@ _PANEL = {types.float64: PW, types.float32: PW32}
 
 def panel_samples(dtype) -> int:
     """Samples per panel of x in ``dtype`` (float64 or float32)."""
-    return PW32 if str(dtype) == "float32" else PW
+    return PW32 if np.dtype(dtype) == np.float32 else PW
 
 
 def panel_width(a):
