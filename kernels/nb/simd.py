@@ -77,12 +77,8 @@ def _flat(a):
     return None
 
 
-def _flat_f64(a):
-    """A flat C-contiguous float64 array, or a raw float64 pointer (see :func:`dptr`)."""
-    return _flat(a) == types.float64
-
-
 def _flat_f32(a):
+    """A flat C-contiguous float32 array (no pointer: :mod:`.simd32`'s loads take arrays or addresses)."""
     return isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1 and a.layout == "C"
 
 
