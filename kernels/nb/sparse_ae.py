@@ -222,6 +222,7 @@ class SparseAEWorkspace:
         if self.leaf is not None and dtype == np.float64 and self.leaf % pw:
             raise ValueError(f"leaf of {self.leaf} samples: the float64 kernel needs a multiple of {pw}")
         self.simd = dtype == np.float64 or (dtype == np.float32 and self.leaf is not None and self.leaf % pw == 0)
+        self.leaf_panels = (self.leaf or 0) // pw  # the SIMD kernels' panels a leaf
         self.acc = zeros(sparse_ae_partials_size(v, h))
         layout = sparse_ae_layout(v, h)
         self.views = {name: self.acc[o:o + int(np.prod(s))].reshape(s) for name, (o, s) in layout.items()}
@@ -441,7 +442,7 @@ def sparse_ae_partials(x, W1, b1, W2, b2, out, ws=None, kl=None, leaf=None, rho_
 def _activations_args(ws, W1, b1, rows, leaf):
     """:func:`_activations_panels`' arguments (W1, b1 C-contiguous, ``rows`` checked)."""
     return (ws.blocks, W1, b1, ws.w1, ws.b1p, ws.act, ws.mask, ws.vp, ws.hp,
-            0 if leaf is None else int(leaf) // panel_samples(ws.dtype), rows, ws.leaf_act)
+            0 if leaf is None else ws.leaf_panels, rows, ws.leaf_act)
 
 
 def _partials_args(ws, W1, b1, W2, b2, rows, fold, given, rho, beta, leaf, merges):
@@ -455,8 +456,7 @@ def _partials_args(ws, W1, b1, W2, b2, rows, fold, given, rho, beta, leaf, merge
     stack = ws.leaf_stack(depth, fold)
     return (ws.blocks, ws.m, W1, b1, W2, b2, ws.w1, ws.w2, ws.w2t, ws.b1p, ws.b2p, ws.cmask, ws.kv, ws.zt, ws.d3,
             ws.d2, ws.act, ws.err, ws.db1, ws.db2, ws.mask, ws.group, fold, given, rho, beta,
-            0 if leaf is None else int(leaf) // panel_samples(ws.dtype), _offsets(v, h), rows, ws.leaf_act, order,
-            stack)
+            0 if leaf is None else ws.leaf_panels, _offsets(v, h), rows, ws.leaf_act, order, stack)
 
 
 # ---------------------------------------------------------------- several shards at once
