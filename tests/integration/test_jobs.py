@@ -474,6 +474,9 @@ def test_textbook_peer_agrees_and_writes_peers_csv(tmp_path):
         assert float(r["gflop_per_evaluation"]) == pytest.approx(0.016)
         runs = [float(t) for t in r["all_seconds"].split()]
         assert len(runs) == int(r["repeats"]) == 3 and float(r["seconds"]) == pytest.approx(min(runs), abs=6e-4)
+        # the speedup is the ratio of the seconds as written (not of unrounded times)
+        speedup = float(rows["textbook"]["seconds"]) / float(r["seconds"])
+        assert float(r["speedup_vs_textbook"]) == round(speedup, 2)
     # same function, same start, same optimiser: the same minimum to a few digits
     assert float(rows["aepar"]["final_cost"]) == pytest.approx(float(rows["textbook"]["final_cost"]), rel=1e-3)
     # aepar's L-BFGS takes its own steps to about the same cost
