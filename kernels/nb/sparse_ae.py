@@ -494,11 +494,13 @@ class SparseAEShards(_ref.SparseAEShards):
     round in compiled code, where a hand-off through Python threads (``pmap``) cost tens
     of microseconds a shard and round. The arguments each helper holds are made and
     handed over when the arrays given change (the first time, and for another model):
-    callers pass the same array objects every round (views kept, not made anew)."""
+    callers pass the same array objects every round (views kept, not made anew). One shard
+    (one thread) keeps its arguments the same way and needs no helper: the checks and the
+    arguments' making are then not repeated every round on every rank."""
 
     def __init__(self, parts, leaf=None, pmap=None):
         super().__init__(parts, leaf, pmap, (sparse_ae_activations, sparse_ae_partials))
-        self.native = len(self.parts) > 1 and leaf is not None and all(
+        self.native = leaf is not None and all(
             isinstance(ws, SparseAEWorkspace) and ws.simd and ws.m == x.shape[0] and ws.leaf == int(leaf)
             and x.dtype == ws.dtype for x, ws, _ in self.parts)
         self._act = self._part = None  # (the arrays given, each shard's arguments) of each round
@@ -564,7 +566,8 @@ class SparseAEShards(_ref.SparseAEShards):
         # this thread's shares go through the kernels' dispatchers (a compiled _rounds_job
         # would be one more copy of both kernels to load from the cache)
         job = _rounds_job.py_func
-        helpers = shared(len(self.parts) - 1, _rounds_serve, job) if acts and parts else None
+        helpers = shared(len(self.parts) - 1, _rounds_serve, job) if acts and parts and len(self.parts) > 1 \
+            else None
         if helpers is None or not helpers.busy.acquire(blocking=False):
             for i in range(len(self.parts)):
                 job(op, acts and acts[i], parts and parts[i])

@@ -394,16 +394,17 @@ def test_numba_leaves_are_each_leaf_alone(m, v, h, leaf, seed, dtype):
     assert np.isnan(wide[:, size]).all()  # the column after them untouched
 
 
+@pytest.mark.parametrize("sizes", [(300, 256, 130), (300,)], ids=["three shards", "one shard"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_numba_shards_on_helper_threads_give_each_shards_bits(rng, dtype):
+def test_numba_shards_on_helper_threads_give_each_shards_bits(rng, dtype, sizes):
     """The Numba set's shards run a round's shares on helpers waiting in compiled code
-    (aepar.kernels.nb.team): every shard's rows are the bits of its own calls, round after
-    round as θ changes in place, after another model's shards used the helpers, and into
-    other arrays."""
+    (aepar.kernels.nb.team), one shard on this thread alone, with the arguments kept from
+    round to round: every shard's rows are the bits of its own calls, round after round as
+    θ changes in place, after another model's shards used the helpers, and into other
+    arrays."""
     from aepar.kernels.ref.sparse_ae import SparseAEShards
     nb = kernels.load("numba")
     v, h, leaf = 64, 25, 64
-    sizes = (300, 256, 130)
     width = nb.sparse_ae_partials_size(v, h)
 
     def model(seed):
