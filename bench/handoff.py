@@ -134,8 +134,9 @@ def main(argv=None) -> int:
             print(f"bench.handoff: {way}: not measured ({last})", file=sys.stderr)
             continue
         r = json.loads(done.stdout.strip().splitlines()[-1])
-        r = {"way": way, "threads": args.threads, **r, "overhead_us": r["round_median_us"] - r["share_us"]}
         r = {k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()}
+        # from the columns as written, so that it is their difference
+        r = {"way": way, "threads": args.threads, **r, "overhead_us": round(r["round_median_us"] - r["share_us"], 1)}
         rows.append(r)
         print(f"{way:16s} share {r['share_us']:7.1f} us   round median {r['round_median_us']:7.1f} us "
               f"(p90 {r['round_p90_us']:7.1f})   overhead {r['overhead_us']:6.1f} us")
