@@ -566,8 +566,9 @@ class SparseAEShards(_ref.SparseAEShards):
         # this thread's shares go through the kernels' dispatchers (a compiled _rounds_job
         # would be one more copy of both kernels to load from the cache)
         job = _rounds_job.py_func
-        helpers = shared(len(self.parts) - 1, _rounds_serve, job) if acts and parts and len(self.parts) > 1 \
-            else None
+        helpers = None  # one shard has none; several, once both rounds' arguments are bound
+        if acts and parts and len(self.parts) > 1:
+            helpers = shared(len(self.parts) - 1, _rounds_serve, job)
         if helpers is None or not helpers.busy.acquire(blocking=False):
             for i in range(len(self.parts)):
                 job(op, acts and acts[i], parts and parts[i])
