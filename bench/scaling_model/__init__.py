@@ -36,13 +36,15 @@ Three layers, each a place where the figures can be wrong:
    step) + the collectives the scheme issues, with their message sizes; model-parallel
    and the pipelines through aepar.parallel.planner's schedules, fed these costs.
 
-Collectives over P ranks (``ranks_per_node`` per node): inside a node a binomial tree of
-ceil(log2) levels, each the operation as measured at np 2 (its fastest trial per size,
-log-log between the sizes: one line misses the switches from eager to rendezvous and from
-cache to memory); across nodes the smaller of that tree with the profile's levels added
-(alpha + n/beta [+ n gamma for a sum]) and the bandwidth-optimal form (scatter or
-reduce-scatter + allgather: twice the latency, 2(P-1)/P n / beta) - what MPI libraries
-switch between by message size. At P = 2 on one node that is the measured operation itself.
+Collectives over P ranks (``ranks_per_node`` per node): the smaller of a binomial tree and
+the bandwidth-optimal form (scatter or reduce-scatter + allgather: twice the tree's
+latencies, 2(P-1)/P of the bytes) - what MPI libraries switch between by message size.
+Inside a node the tree is ceil(log2) levels, each the operation as measured at np 2 (its
+fastest trial per size, log-log between the sizes: one line misses the switches from eager
+to rendezvous and from cache to memory), and the bandwidth-optimal form's bytes take
+2(P-1)/P of what they took at np 2; across nodes the tree adds the profile's levels (alpha +
+n/beta [+ n gamma for a sum]) and the bandwidth-optimal form moves its bytes at the
+profile's beta. At P = 2 on one node that is the measured operation itself.
 Point-to-point messages inside a node are the one-way Send/Recv as measured (what TreeSum and
 the hand-overs do), not half a ping-pong.
 aepar's fixed tree is not an MPI collective: it is simulated message by message along

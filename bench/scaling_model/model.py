@@ -194,26 +194,32 @@ def _levels(p: int, net: Network) -> tuple[int, int]:
 
 
 def collective_s(net: Network, op: str, nbytes: float, p: int) -> float:
-    """One MPI collective (``bcast``, ``reduce``, ``allreduce``) of ``nbytes`` over ``p`` ranks.
+    """One MPI collective (``bcast``, ``reduce``, ``allreduce``) of ``nbytes`` over ``p`` ranks:
+    the faster of a tree and the bandwidth-optimal form, as MPI libraries switch from one to
+    the other with the size (Open MPI's allreduce from recursive doubling to a ring).
 
-    Inside one node: a tree, Li t_i(n), t_i the operation as measured at np 2 (a
-    :class:`Curve`). Across nodes: min(tree, bandwidth-optimal), tree = Li t_i(n) + Le (a_e +
-    n/b_e + n g), bandwidth-optimal = 2 (Li a_i + Le a_e) + 2 (P-1)/P n / b_e + (P-1)/P n g.
-    Inside a node the bandwidth-optimal form priced from the np 2 line came out far too fast
-    for the 16-vCPU machine's collectives at 16 ranks, the tree on the measured points much
-    closer (bench/results/scaling_model.md, section 4).
+    Inside one node, t_i the operation as measured at np 2 (a :class:`Curve`): tree = Li
+    t_i(n); bandwidth-optimal (reduce-scatter or scatter, then allgather) = 2 Li a_i +
+    2 (P-1)/P (t_i(n) - t_i(0)), what one np 2 call's bytes took (their adds and the
+    memory a level's copies share included, :func:`relinked`) for the 2 (P-1)/P of the
+    bytes each rank moves. Across nodes: tree = Li t_i(n) + Le (a_e + n/b_e + n g),
+    bandwidth-optimal = 2 (Li a_i + Le a_e) + 2 (P-1)/P n / b_e + (P-1)/P n g. Priced
+    from the np 2 line's bandwidth instead of the points, the form inside a node came out
+    far too fast for the 16-vCPU machine's collectives at 16 ranks; the tree alone, 2-3x
+    too slow for its large allreduces (bench/results/scaling_model.md, section 4).
     """
     if p <= 1:
         return 0.0
     li, le = _levels(p, net)
     a = net.intra[op]
     tree = li * a.t(nbytes)
-    if not le:
-        return tree
+    share = 2.0 * (p - 1) / p
+    if not le:  # at two ranks both forms are the one call measured
+        return tree if li < 2 else min(tree, 2.0 * li * a.alpha + share * (a.t(nbytes) - a.t(0)))
     e = net.inter
     g = net.gamma if op in ("reduce", "allreduce") else 0.0
     tree += le * (e.t(nbytes) + nbytes * g)
-    pipe = 2.0 * (li * a.alpha + le * e.alpha) + 2.0 * (p - 1) / p * nbytes * (1.0 / e.beta + 0.5 * g)
+    pipe = 2.0 * (li * a.alpha + le * e.alpha) + share * nbytes * (1.0 / e.beta + 0.5 * g)
     return min(tree, pipe)
 
 

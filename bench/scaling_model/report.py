@@ -171,7 +171,7 @@ def _communication(links, resid, mpi_rows, tree_o) -> list:
     L += ["", "One Hockney line per operation misses the protocol switches (eager to rendezvous, cache "
           "to memory): the max residual says by how much. Inside a node the model takes each operation's "
           "measured points instead (its fastest trial per size, log-log between the sizes); the lines give "
-          "the latencies of the bandwidth-optimal form across nodes.", "",
+          "the latencies of the bandwidth-optimal form.", "",
           "aepar's fixed tree adds its own time to each message: the tree_reduce rows of 2 KB and less "
           f"(one message and one add at np 2) took {tree_o * 1e6:.2f} us (median) more than the send fit "
           "and the add explain. That is TreeSum's Python around the message (its steps' loop, the receive "
@@ -249,9 +249,10 @@ def _models(comp, tree_o) -> list:
          "over the stage's replicas (+ validation rows), hand-overs = transform of the stage's rows + "
          "Send/Recv of its activations (data mode) or the consumer's recompute (weights mode; the weights' "
          "message is not charged), the faster mode as `auto` picks.",
-         "- Collectives: inside a node a tree of Li levels, each that operation as measured at np 2 (its points, "
-         "section 1); across nodes Le more levels at the profile's link (+ an add per byte for sums), "
-         "min(that tree, 2x latency + 2 (P-1)/P n / beta). The fixed tree: TreeSum's own plan simulated "
+         "- Collectives: inside a node min(a tree of Li levels, each that operation as measured at np 2 (its "
+         "points, section 1); 2 Li latencies + 2 (P-1)/P of what the bytes took at np 2); across nodes Le more "
+         "levels at the profile's link (+ an add per byte for sums), min(that tree, 2x latency + 2 (P-1)/P n / "
+         "beta). The fixed tree: TreeSum's own plan simulated "
          "message by message, each "
          f"message + {tree_o * 1e6:.2f} us of TreeSum's own time (section 1). On the 16-vCPU machine the "
          "bytes of those points move on its own link and memory (section 4). "
@@ -271,12 +272,12 @@ def _own_links(links, here_send) -> list:
         L = [f"**The 16-vCPU machine's links** ({SIXTEEN}; Intel Xeon family 6 model 207). Its collectives "
              "at 16 ranks (mpi_16ranks.csv: measure-mpi under `mpirun -np 16`) are predicted from that "
              f"machine's own np 2 points ({pair}: measure-mpi under `mpirun -np 2` there, fastest trials, in "
-             "place of this machine's) over log2 16 = 4 levels, their bytes slowed as a level's copies share "
+             "place of this machine's), as section 3 prices collectives, their bytes slowed as a level's copies share "
              "its memory. The inputs, measured there and not validated:", ""]
     else:
         L = [f"**The 16-vCPU machine's links** ({SIXTEEN}; Intel Xeon family 6 model 207). Its collectives "
              "at 16 ranks (mpi_16ranks.csv: measure-mpi under `mpirun -np 16`) are predicted from this "
-             "machine's np 2 points over log2 16 = 4 levels, with their bytes moved as that machine moves "
+             "machine's np 2 points as section 3 prices collectives, with their bytes moved as that machine moves "
              f"them ({pair}, that machine's own np 2 points, was not measured). Two inputs, measured there "
              "and not validated:", "",
              f"- its one-way `send` under `mpirun -np 16` ({mpi}'s send rows, fastest trials) over this "

@@ -312,7 +312,7 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
         pts.add("determinism.csv", f"{r['what']}: {r['variant']}", "collective", p, float(r["seconds"]),
                 (local + comm) * oversubscription(p, 2), kind="collective", row=r, over=p > 2,
                 note="copies and local adds of the rank's blocks + the sum")
-    # measure-mpi there, one block per rank: this machine's np 2 points over log2 P levels, on that
+    # measure-mpi there, one block per rank: priced from np 2 points as collective_s does, on that
     # machine's links (its send rows are their input, so not validated; sendrecv is unused)
     src = f"{SIXTEEN}/mpi_16ranks.csv"
     for r in read_rows(RESULTS / src):
@@ -324,7 +324,7 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
             _tree_op_s(comp, there, op, n_, p)
         pts.add(src, f"{op} {n_} B at {p} ranks", "collective", p, float(r["seconds"]), pred, kind="collective",
                 row=r, series=f"{src}: {op}",
-                note="measured there; predicted from np 2 points over log2 P levels"
+                note="measured there; predicted from np 2 points (a tree or the bandwidth-optimal form)"
                      + (", on that machine's own links and memory" if there is not net else ""))
     for r in mpi_rows:
         if r["op"] in ("tree_reduce", "tree_allreduce"):

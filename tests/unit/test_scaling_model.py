@@ -1,5 +1,6 @@
 """bench.scaling_model: the pure model functions (no MPI, no timing)."""
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -109,18 +110,30 @@ def test_the_fixed_trees_own_time_is_fitted_at_two_ranks_and_paid_once_per_level
     assert tree_allreduce_s(own, 512, 8, 8) == pytest.approx(tree_allreduce_s(plain, 512, 8, 8) + 3 * o)
 
 
-def test_inside_a_node_a_collective_is_a_tree_of_the_measured_points():
+def test_inside_a_node_a_collective_is_the_faster_of_a_tree_and_the_bandwidth_optimal_form():
     """A Curve is its points (log-log between them, the smallest's time below, the
-    largest's seconds per byte beyond), and inside one node a collective over P ranks is
-    log2 P of them, whatever the line's bandwidth-optimal form would price."""
-    c = Curve(1e-6, 1e10, (8.0, 1024.0, 2.0 ** 20), (2e-6, 3e-6, 4e-4))
+    largest's seconds per byte beyond). Inside one node a collective over P ranks is
+    log2 P of them (a tree) or 2 log2 P latencies and 2 (P-1)/P of what the bytes took at
+    np 2 (reduce-scatter or scatter, then allgather), whichever is faster; at two ranks the
+    one call measured."""
+    c = Curve(2e-6, 1e10, (8.0, 1024.0, 2.0 ** 20), (2e-6, 3e-6, 4e-4))
     assert c.t(1) == c.t(8) == 2e-6 and c.t(1024) == pytest.approx(3e-6)
     assert c.t(32768) == pytest.approx(math.exp(np.interp(math.log(32768), np.log([1024, 2 ** 20]),
                                                           np.log([3e-6, 4e-4]))))
     assert c.t(2 ** 21) == pytest.approx(8e-4)
     node = Network("node", {op: c for op in OPS}, None, 16, 1e-10)
     for op in ("bcast", "reduce", "allreduce"):
-        assert collective_s(node, op, 2 ** 20, 16) == pytest.approx(4 * 4e-4)
+        # large: the bytes dominate, 15/8 of one call's instead of 4 calls
+        assert collective_s(node, op, 2 ** 20, 16) == pytest.approx(2 * 4 * 2e-6 + 15 / 8 * (4e-4 - 2e-6))
+        assert collective_s(node, op, 2 ** 20, 4) == pytest.approx(2 * 2 * 2e-6 + 3 / 2 * (4e-4 - 2e-6))
+        # small: latency-bound, the tree's 4 calls (8 latencies would take longer)
+        assert collective_s(node, op, 1024, 16) == pytest.approx(4 * 3e-6)
+    # at two ranks the point itself, even where the line's latency is below the smallest point's
+    low = replace(c, alpha=1e-7)
+    pair = Network("pair", {op: low for op in OPS}, None, 16, 1e-10)
+    for op in ("bcast", "reduce", "allreduce"):
+        for n in (8, 1024, 2 ** 20):
+            assert collective_s(pair, op, n, 2) == pytest.approx(low.t(n))
 
 
 def test_slower_network_costs_more():
