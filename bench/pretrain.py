@@ -42,7 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import Records, dates_text, machine_columns, mpi_env, over_seeds, python_command, run_to_end
+from bench.common import (ONE_PROCESS, Records, dates_text, machine_columns, mpi_env, over_seeds, python_command,
+                          run_to_end)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -116,7 +117,9 @@ def provenance(rows) -> tuple[str, str]:
     if len(machines) > 1:
         return "Machines (each row's is in the CSV): " + "; ".join(machines), when
     m = rows[0] if rows and rows[0].get("cpu") else machine_fields()
-    return f"Machine: {m['cpu']} ({m['isa']}), {m['cores']} cores, BLAS {m['blas']}, {m['mpi']}", when
+    # the MPI any of the runs used (a table's first run may be a single process)
+    mpi = next((r["mpi"] for r in rows if r.get("mpi") and r["mpi"] != ONE_PROCESS), m["mpi"])
+    return f"Machine: {m['cpu']} ({m['isa']}), {m['cores']} cores, BLAS {m['blas']}, {mpi}", when
 
 
 def pct(x):

@@ -166,3 +166,14 @@ def test_ctrl_c_waits_for_the_run_and_ends_in_one_line(tmp_path, monkeypatch, ca
     monkeypatch.setattr(_FakeRun, "code", 1)
     with pytest.raises(SystemExit, match=r"failed \(exit 1\): no message on stderr"):
         bp.launch("aepar.pretrain", ["--scheme", "greedy"], 1, tmp_path, "acc-greedy")
+
+
+def test_a_table_names_the_mpi_its_runs_used_even_when_its_first_run_is_one_process():
+    from bench.common import ONE_PROCESS
+    from bench.pretrain import provenance
+
+    machine = {"cpu": "AMD EPYC", "isa": "avx2", "blas": "openblas", "cores": 2, "date": "2026-12-06"}
+    rows = [dict(machine, mpi=ONE_PROCESS), dict(machine, mpi="Open MPI v5.0.11")]
+    where, when = provenance(rows)
+    assert where.endswith(", Open MPI v5.0.11") and "2026-12-06" in when
+    assert provenance(rows[:1])[0].endswith(", " + ONE_PROCESS)  # no run used MPI: it says so
