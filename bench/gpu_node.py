@@ -30,8 +30,8 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   and, where ``perf stat`` counts, their counters, beside ``--sixteen`` independent
   processes of one rank's share, 10k patches (OUT/rank_usage.csv); the scaling model's
   inputs for this machine: ``measure-contention`` (one process per core against one alone,
-  a memory triad too: OUT/contention.csv) and ``measure-mpi --quick`` under 2 and
-  ``--sixteen`` ranks (OUT/mpi_2ranks.csv, OUT/mpi_16ranks.csv); last, the longest runs,
+  a memory triad too: OUT/contention.csv) and ``measure-mpi --quick`` under 2, 4, 8 and
+  ``--sixteen`` ranks (OUT/mpi_2ranks.csv ... OUT/mpi_16ranks.csv); last, the longest runs,
   the pre-training schemes (autoencoder layers 784-500-250-100-30, 2 epochs of the 60k
   training images): greedy on 1, 4 and ``--sixteen`` ranks, data on 4 and ``--sixteen``,
   model and sync on 4 (a rank per layer), hybrid on ``--sixteen``, greedy as a quarter of
@@ -83,7 +83,7 @@ STEPS = ("tests", "bits", "epochs", "shared", "sixteen", "tax")
 # rounded up (epochs a fifth more since 0.8.30, which times the 8 blocks with the mid tiles
 # too); tax: bench.block_tax --repeats 3 took 80 s on a 2-vCPU Xeon (family 6 model 167)
 # before its fifth workload (greedy, about a quarter more)
-ESTIMATE_S = {"tests": 140, "bits": 30, "epochs": 80, "shared": 80, "sixteen": 480, "tax": 150}
+ESTIMATE_S = {"tests": 140, "bits": 30, "epochs": 80, "shared": 80, "sixteen": 520, "tax": 150}
 # the runs of the shared step: (scheme, module, arguments), small enough for seconds a run
 SHARED_RUNS = (
     ("greedy", "aepar.pretrain", ["--scheme", "greedy", "--layers", "784-500-250-100-30", "--epochs", 2,
@@ -269,10 +269,12 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
     # that a pass cut short loses schemes (measured before) rather than these
     ok &= independent_copies(log, opts, scratch, env, usage)
     # the scaling model's missing inputs on this machine: ranks sharing its cores and memory,
-    # and its own collectives at 2 ranks (the points its trees are made of) and at 16
+    # and its own collectives at 2 ranks (the points its trees are made of), at 16, and at
+    # 4 and 8 between (how Open MPI's small collectives grow level by level, which the
+    # model over-prices at 16)
     model_rc, _, _ = log.run([PY, "-m", "bench.scaling_model", "measure-contention", "--out",
                               opts.out / "contention.csv"], env=env, timeout=180)
-    for ranks in (2, big):
+    for ranks in sorted({r for r in (2, 4, 8) if r < big} | {big}):
         done, _, _ = log.run(python_command("bench.scaling_model", ["measure-mpi", "--quick", "--out",
                                                                     opts.out / f"mpi_{ranks}ranks.csv"], ranks),
                              env=env, timeout=120)

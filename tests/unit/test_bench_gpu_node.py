@@ -2,6 +2,7 @@
 as not run, a step with too little time left is skipped, and ranks whose weights differ
 from one rank's fail the shared step."""
 import csv
+from pathlib import Path
 
 import pytest
 
@@ -57,7 +58,8 @@ def test_each_measured_process_runs_through_rank_usage_under_the_launcher_python
     assert perf[perf.index("sh") + 3] == tmp_path / "run-perf" and perf[-4:] == ["-m", "aepar.sparse", "--limit", "10"]
 
 
-def test_the_sixteen_step_keeps_a_row_per_run_with_the_ranks_compute_spread(tmp_path, monkeypatch):
+@pytest.mark.parametrize("big, collectives", [(4, [2, 4]), (16, [2, 4, 8, 16])])
+def test_the_sixteen_step_keeps_a_row_per_run_with_the_ranks_compute_spread(tmp_path, monkeypatch, big, collectives):
     """Every run's row is written as it ends (a pass cut short keeps them), the sparse runs'
     with the least and median compute per rank beside the slowest's, and the schemes last."""
     written = []
@@ -77,7 +79,7 @@ def test_the_sixteen_step_keeps_a_row_per_run_with_the_ranks_compute_spread(tmp_
                                                              "compute_per_rank_s": [0.9, 0.5, 0.7, 0.6]})
     monkeypatch.setattr(gpu_node, "independent_copies", lambda *args: True)
     monkeypatch.setattr(gpu_node, "machine", lambda: "m")
-    opts = type("Opts", (), {"out": tmp_path, "sixteen": 4, "data_dir": None, "commit": "abc"})()
+    opts = type("Opts", (), {"out": tmp_path, "sixteen": big, "data_dir": None, "commit": "abc"})()
     assert gpu_node.step_sixteen(gpu_node.Log(tmp_path / "sixteen.log", "sixteen", "abc"), opts, tmp_path)
     rows = list(csv.DictReader((tmp_path / "sixteen.csv").open()))
     assert written[:3] == [1, 2, 3] and len(rows) == written[-1]
@@ -89,3 +91,6 @@ def test_the_sixteen_step_keeps_a_row_per_run_with_the_ranks_compute_spread(tmp_
     # the sparse runs in float64, the precision of the committed grid and of the scaling model
     runs = [c for c in commands if "aepar.sparse" in c]
     assert runs and all("--dtype" in c and c[c.index("--dtype") + 1] == "float64" for c in runs)
+    # the collectives at 2 ranks and at every power of two up to the ranks asked for
+    outs = [Path(c[c.index("--out") + 1]).name for c in commands if "measure-mpi" in c]
+    assert outs == [f"mpi_{r}ranks.csv" for r in collectives]
