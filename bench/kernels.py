@@ -572,8 +572,9 @@ def build_parser():
                    help=f"directory for kernels.csv/.md/_roofline.png (default {RESULTS.relative_to(ROOT)})")
     p.add_argument("--list", action="store_true", help="print the cases (kernel, shape, dtype, FLOPs, bytes) and exit")
     p.add_argument("--warm", action="store_true",
-                   help="run every numba kernel once at small shapes so that Numba caches its machine code, and exit "
-                        "(make venv does this; nothing is checked, timed or written)")
+                   help="run every numba kernel once at small shapes, then each command once on a few hundred rows "
+                        "at 1 thread and at this machine's threads, so that Numba caches its machine code, and exit "
+                        "(make venv does this; nothing is checked, timed or kept)")
     return p
 
 
@@ -586,10 +587,11 @@ def _split(value, allowed, what, parser):
 
 
 def warm(log) -> int:
-    """``--warm``: run every kernel of the numba set once at the small shapes, and the host's
-    L-BFGS (``--optimizer lbfgs``) for a few iterations, so that Numba
-    compiles and caches them now (``make venv`` does this once), not in every rank of a
-    first run at the same moment. No checks, no timings, no files."""
+    """``--warm``: run every kernel of the numba set once at the small shapes, the host's
+    L-BFGS (``--optimizer lbfgs``) for a few iterations, and the commands once each, tiny
+    (:func:`warm_commands`), so that Numba compiles and caches them now (``make venv``
+    does this once), not in every rank of a first run at the same moment. No checks, no
+    timings, no files kept."""
     from aepar import kernels
     from aepar.optim import LBFGS
     K = kernels.load("numba")
@@ -602,7 +604,53 @@ def warm(log) -> int:
         case.run(K, a)
     LBFGS.warm_up()  # the host's L-BFGS kernels (--optimizer lbfgs), not a set's
     log(f"bench.kernels --warm: {len(cases)} kernel cases compiled and cached in {time.perf_counter() - started:.0f} s")
+    started = time.perf_counter()
+    runs = warm_commands()
+    log(f"bench.kernels --warm: {runs} tiny command runs compiled what they add in "
+        f"{time.perf_counter() - started:.0f} s")
     return 0
+
+
+# The commands' own paths, tiny: each compiles specializations the catalog's cases do not
+# give (the sparse autoencoder's float32 tiles, a layer's blocks as tuples as long as a
+# thread's group of blocks, the fine-tuning's Adam, ...). Numba's cache holds them by type,
+# not by size, so a few hundred rows give what a full run needs.
+WARM_COMMANDS = (
+    ("aepar.sparse", ["--iterations", "3", "--limit", "1280"]),
+    ("aepar.pretrain", ["--scheme", "greedy", "--pretrainer", "rbm", "--dataset", "mnist5k", "--limit", "400",
+                        "--epochs", "1", "--finetune-epochs", "1"]),
+    ("aepar.pretrain", ["--scheme", "greedy", "--pretrainer", "ae", "--dataset", "mnist5k", "--limit", "400",
+                        "--epochs", "1", "--finetune-epochs", "1"]),
+    ("aepar.eager", ["--preset", "small", "--limit", "300", "--epochs", "1", "--mono-epochs", "1",
+                     "--classify-epochs", "1"]),
+)
+
+
+def warm_commands(threads=None) -> int:
+    """Each of :data:`WARM_COMMANDS` once at one thread (a rank per core under mpirun) and
+    once at this machine's default (one process on every core): a thread's group of a
+    batch's 8 blocks is a tuple whose length Numba compiles for. Runs in a temporary
+    directory it removes; returns the number of runs. A failed run ends the warm-up with
+    its command and the end of its error output."""
+    import subprocess
+    import tempfile
+
+    from aepar._threads import usable_cores
+
+    counts = threads or sorted({1, usable_cores()})
+    done = 0
+    with tempfile.TemporaryDirectory(prefix="aepar-warm-") as tmp:
+        for n in counts:
+            env = dict(os.environ, AEPAR_THREADS=str(n))
+            for i, (module, args) in enumerate(WARM_COMMANDS):
+                out = Path(tmp) / f"{i}-{n}"
+                cmd = [sys.executable, "-m", module, *args, "--quiet", "--no-plot", "--out", str(out)]
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"bench.kernels --warm: {' '.join(cmd[1:])} failed (exit {proc.returncode}):\n"
+                                     f"{proc.stderr[-2000:]}")
+                done += 1
+    return done
 
 
 def main(argv=None) -> int:

@@ -66,9 +66,42 @@ def test_conv_flops_count_only_taps_on_the_image():
 
 def test_warm_runs_every_small_case_and_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, "warm_commands", lambda: 8)  # below, without running the commands
     assert bench.main(["--warm"]) == 0
     assert list(tmp_path.iterdir()) == []
-    assert f"{len(kernel_cases.catalog(quick=True))} kernel cases compiled" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"{len(kernel_cases.catalog(quick=True))} kernel cases compiled" in out and "8 tiny command runs" in out
+
+
+def test_warm_runs_each_command_at_one_thread_and_at_the_machines_in_a_directory_it_removes(monkeypatch):
+    import subprocess
+    from pathlib import Path
+
+    ran = []
+
+    class Done:
+        returncode, stderr = 0, ""
+
+    def run(cmd, env, **kw):
+        out = Path(cmd[cmd.index("--out") + 1])
+        assert not out.exists() and out.parent.is_dir()  # a fresh directory under the warm-up's own
+        ran.append((cmd[2], env["AEPAR_THREADS"], out.parent))
+        return Done()
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr("aepar._threads.usable_cores", lambda: 4)
+    assert bench.warm_commands() == 2 * len(bench.WARM_COMMANDS)
+    assert [(m, t) for m, t, _ in ran] == [(m, t) for t in ("1", "4") for m, _ in bench.WARM_COMMANDS]
+    assert {"aepar.sparse", "aepar.pretrain", "aepar.eager"} <= {m for m, _, _ in ran}
+    assert not ran[0][2].exists()  # removed afterwards
+    ran.clear()
+    monkeypatch.setattr("aepar._threads.usable_cores", lambda: 1)
+    assert bench.warm_commands() == len(bench.WARM_COMMANDS)  # one core: one pass
+
+    class Failed:
+        returncode, stderr = 2, "aepar.eager: error: unknown option"
+    monkeypatch.setattr(subprocess, "run", lambda cmd, env, **kw: Failed())
+    with pytest.raises(SystemExit, match=r"aepar.sparse .* failed \(exit 2\):\naepar.eager: error"):
+        bench.warm_commands()
 
 
 def test_roofline_draws_every_family_of_this_code_path_from_the_csv():
