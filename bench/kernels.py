@@ -626,7 +626,7 @@ WARM_COMMANDS = (
 )
 
 
-def warm_commands(threads=None) -> int:
+def warm_commands() -> int:
     """Each of :data:`WARM_COMMANDS` once at one thread (a rank per core under mpirun) and
     once at this machine's default (one process on every core): a thread's group of a
     batch's 8 blocks is a tuple whose length Numba compiles for. Runs in a temporary
@@ -637,10 +637,9 @@ def warm_commands(threads=None) -> int:
 
     from aepar._threads import usable_cores
 
-    counts = threads or sorted({1, usable_cores()})
     done = 0
     with tempfile.TemporaryDirectory(prefix="aepar-warm-") as tmp:
-        for n in counts:
+        for n in sorted({1, usable_cores()}):
             env = dict(os.environ, AEPAR_THREADS=str(n))
             for i, (module, args) in enumerate(WARM_COMMANDS):
                 out = Path(tmp) / f"{i}-{n}"
