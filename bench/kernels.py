@@ -116,7 +116,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bench.common import ONE_PROCESS, machine_columns, time_call
+from bench.common import ONE_PROCESS, machine_columns, mpi_env, python_command, time_call
 from bench.kernel_cases import FAMILIES, Case, case_rng, catalog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -640,11 +640,9 @@ def warm_commands() -> int:
     done = 0
     with tempfile.TemporaryDirectory(prefix="aepar-warm-") as tmp:
         for n in sorted({1, usable_cores()}):
-            env = dict(os.environ, AEPAR_THREADS=str(n))
             for i, (module, args) in enumerate(WARM_COMMANDS):
-                out = Path(tmp) / f"{i}-{n}"
-                cmd = [sys.executable, "-m", module, *args, "--quiet", "--no-plot", "--out", str(out)]
-                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                cmd = python_command(module, [*args, "--quiet", "--no-plot", "--out", Path(tmp) / f"{i}-{n}"])
+                proc = subprocess.run(cmd, env=mpi_env(AEPAR_THREADS=n), capture_output=True, text=True)
                 if proc.returncode != 0:
                     raise SystemExit(f"bench.kernels --warm: {' '.join(cmd[1:])} failed (exit {proc.returncode}):\n"
                                      f"{proc.stderr[-2000:]}")
