@@ -26,7 +26,8 @@ Three layers, each a place where the figures can be wrong:
    evaluation (partials of every block of 128 patches + the root's assembly and L-BFGS-B
    step), and per layer of the stacked networks one block's gradient at 1..1024 rows
    (RBM CD-1 / autoencoder layer, the gather of the rows included), the fused one-block
-   RBM step, 8 blocks in one training step (the factored sum the code does), the optimiser
+   RBM step, 8 blocks in one training step as a rank of several takes it (the factored
+   sum the code does) and as one process alone does (one kernel call a step), the optimiser
    step, the transform and reconstruction per row, and the memory rates of the adds and
    copies the sums do. And how ranks sharing the machine slow each other: the same work in
    one process per core at once against one alone (measure-contention), applied to this

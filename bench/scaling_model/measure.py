@@ -256,24 +256,39 @@ def _measure_epochs(row, budget, quick, be32, layer_cls, x_all, rng):
             row("epoch_step", key, b, _seconds(lambda: train_epoch(layer, shard, 1), budget * 4, min_reps=3) / steps)
     # several blocks in one step, as the fixed decomposition takes them: every block's factors,
     # then one sum of their products per weight (data_parallel._local_sum), a cost that no
-    # one-block measurement composes; 8 blocks on one process, per layer and batch
+    # one-block measurement composes; 8 blocks on one process, per layer and batch. A rank
+    # of several takes the gradients, their sum and the step apart (allreduce=True on one
+    # process goes that way: the other ranks' sum is all it leaves out); one process and
+    # one thread holding every block takes the three in one kernel call where the layer
+    # has one (alone_blocked_step)
     for kind, n_in, n_out, hidden in LAYERS:
         key = layer_key(kind, n_in, n_out, hidden)
         for b in (100, 1000):
             layer = layer_cls[kind](be32, n_in, n_out, hidden=hidden, batch=b)
-            shard = Shard.of(be32, x_all[:2000, :n_in], BLOCKED)
-            train_epoch(layer, shard, 0)  # warm-up
-            steps = -(-2000 // b)
-            row("blocked_step", key, b, _seconds(lambda: train_epoch(layer, shard, 1), budget * 4, min_reps=3) / steps,
-                blocks=BLOCKED)
-            # the optimiser step as the loop pays it, after the gradients (not the isolated one)
-            row("update_in_loop", key, b, train_epoch(layer, shard, 1).phases["update"] / steps)
+            _measure_blocked_steps(row, budget * 4, layer, key, Shard.of(be32, x_all[:2000, :n_in], BLOCKED))
     n = 10000 if quick else 20000
     layer = RBM(be32, 784, 1000, batch=100)
     train_epoch(layer, Shard.of(be32, x_all[:min(n, 4096), :784], 1), 0)  # warm-up
     shard = Shard.of(be32, be32.asarray(rng.random((n, 784)).astype(np.float32)), 1)
     epoch = time_call(lambda: train_epoch(layer, shard, 0), 1, warmup=0).seconds
     row("rbm_epoch_50k", "rbm:784-1000:bernoulli:float32", 50000, epoch * 50000 / n)
+
+
+def _measure_blocked_steps(row, budget, layer, key, shard):
+    """A step of ``shard``'s blocks at ``layer.batch`` rows inside train_epoch: as a rank of
+    several takes it (``blocked_step``; ``update_in_loop`` its optimiser step) and as one
+    process alone on one thread does (``alone_blocked_step``)."""
+    from aepar.parallel.data_parallel import train_epoch
+
+    steps = -(-shard.n // layer.batch)
+    train_epoch(layer, shard, 0, allreduce=True)  # warm-up
+    row("blocked_step", key, layer.batch, _seconds(lambda: train_epoch(layer, shard, 1, allreduce=True), budget,
+                                                   min_reps=3) / steps, blocks=shard.blocks.count)
+    # the optimiser step as the loop pays it, after the gradients (not the isolated one)
+    row("update_in_loop", key, layer.batch, train_epoch(layer, shard, 1, allreduce=True).phases["update"] / steps)
+    train_epoch(layer, shard, 0)  # warm-up
+    row("alone_blocked_step", key, layer.batch,
+        _seconds(lambda: train_epoch(layer, shard, 1), budget, min_reps=3) / steps, blocks=shard.blocks.count)
 
 
 def measure_compute(out: Path, quick: bool = False) -> int:
@@ -462,6 +477,9 @@ def load_compute(path: Path, contention: Path | None = None) -> Compute:
             blocked.append((key, int(r["rows"]), int(r["blocks"]), s))
         elif what == "update_in_loop":
             updates.setdefault(key, []).append(s)
+        elif what == "alone_blocked_step":
+            comp.layers.setdefault(key, {"leaf": {}, "fused": {}}).setdefault("alone", {}) \
+                .setdefault(int(r["blocks"]), {})[int(r["rows"])] = s
         else:
             _layer_entry(comp, what, key, r)
     for key, seconds in updates.items():

@@ -351,6 +351,13 @@ class Compute:
     def fused(self, key, rows) -> float:
         return self.in_loop * self._rows(self.layers[key]["fused"], rows)
 
+    def alone(self, key, blocks: int, batch: float) -> float | None:
+        """A whole step of ``blocks`` blocks at ``batch`` rows on one process and one thread
+        (gradients, tree and optimiser step, in one kernel call where the layer has one),
+        as measured in train_epoch; None where not measured at that block count."""
+        table = self.layers[key].get("alone", {}).get(blocks)
+        return self._rows(table, batch) if table else None
+
     def blocks(self, key, k: int, rows: float) -> float | None:
         """``k`` blocks of ``rows`` rows each in one step on one rank (their gradients and
         their local sum), from the measured multi-block steps; None where not measured."""
@@ -446,7 +453,9 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
     aepar.parallel.data_parallel.train_epoch on ``p`` ranks sharing ``blocks`` blocks.
 
     One block on one process takes the fused step (RBM) or one block's gradient + the copy
-    of the sum + the optimiser step. Otherwise the busiest rank computes ceil(blocks/p)
+    of the sum + the optimiser step; several blocks on one process and one thread, the
+    whole step as measured so (one kernel call for all three, where the layer has one),
+    where the record has it. Otherwise the busiest rank computes ceil(blocks/p)
     blocks' gradients (ceil(batch/blocks) rows each, spread over ``threads``) and their
     local sum: as the measured multi-block step prices them (every block's factors, one sum
     of their products), or, where a compute record lacks it, as that many one-block
@@ -460,6 +469,9 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
         if st.kind == "rbm":
             return comp.fused(key, st.batch) * f, 0.0
         return (comp.leaf(key, st.batch) + comp.mem_s("copy", gb) + lay["apply"]) * f, 0.0
+    alone = comp.alone(key, blocks, st.batch) if p == 1 and threads == 1 else None
+    if alone is not None:  # one process and thread holding every block: the step measured whole
+        return alone * f, 0.0
     k = -(-blocks // p)
     rows = -(-st.batch // blocks)
     several = comp.blocks(key, k, rows) if k > 1 else None

@@ -215,6 +215,58 @@ def test_a_ranks_blocks_cost_what_the_measured_multi_block_step_says():
     assert step_s(comp, free, half, 0, 1, blocks=8, allreduce=False)[0] == pytest.approx(8 * 3.5e-4)
 
 
+def test_one_process_on_one_thread_takes_its_blocks_whole_step_as_measured_so(tmp_path):
+    """One process and one thread holding every block takes the gradients, the tree and
+    the step in one kernel call, which a rank of several does not: where measure-compute
+    timed that whole step (alone_blocked_step), it is the step of one process at one
+    thread with those blocks, and of nothing else (two threads, two ranks, another
+    block count take the rank's path)."""
+    from bench.scaling_model.measure import load_compute
+    from bench.scaling_model.model import step_s
+
+    stack = Stack("t", "ae", (64, 32, 8), n_train=8192, batch=800, epochs=1, blocks=8)
+    comp = linear_layer_compute(stack, per_row=1e-5)
+    free = free_network()
+    for key in comp.layers:
+        comp.layers[key]["block"] = {10.0: 2e-4, 100.0: 5e-4}
+    rank_path = step_s(comp, free, stack, 0, 1, blocks=8, allreduce=False)[0]
+    assert rank_path == pytest.approx(8 * 5e-4)
+    key = stack.keys()[0]
+    (tmp_path / "c.csv").write_text("what,key,rows,seconds,blocks\n" f"alone_blocked_step,{key},100,0.001,8\n"
+                                    f"alone_blocked_step,{key},1000,0.002,8\n")
+    comp.layers[key]["alone"] = load_compute(tmp_path / "c.csv").layers[key]["alone"]
+    whole = 0.001 + 0.001 * 700 / 900  # batch 800, between the measured 100 and 1000
+    assert step_s(comp, free, stack, 0, 1, blocks=8, allreduce=False)[0] == pytest.approx(whole)
+    assert step_s(comp, free, stack, 0, 1, blocks=8, allreduce=False, f=2.0)[0] == pytest.approx(2 * whole)
+    assert step_s(comp, free, stack, 0, 1, blocks=8, allreduce=False, threads=2)[0] == pytest.approx(4 * 5e-4)
+    assert step_s(comp, free, stack, 0, 2, blocks=8, allreduce=False)[0] == pytest.approx(4 * 5e-4)
+    assert step_s(comp, free, stack, 0, 1, blocks=4, allreduce=False)[0] == pytest.approx(comp.blocks(key, 4, 200))
+
+
+@pytest.mark.parametrize("kind", ["rbm", "ae"])
+def test_measure_compute_times_a_ranks_blocked_step_with_its_update_and_one_process_alone(kind):
+    """measure-compute's blocked steps run on today's train_epoch: one process alone on
+    one thread takes a step's gradients, tree and update in one kernel call (no update
+    phase of its own), so the rank's path (with its update) must be asked for."""
+    import aepar  # noqa: F401
+    from aepar import backend
+    from aepar.models.ae_layer import AELayer
+    from aepar.models.rbm import RBM
+    from aepar.rows import Shard
+    from bench.scaling_model.measure import _measure_blocked_steps
+
+    be = backend.select("cpu", "auto", "float32")
+    layer = {"rbm": RBM, "ae": AELayer}[kind](be, 24, 16, hidden="bernoulli", batch=32)
+    x = np.random.default_rng(0).random((128, 24)).astype(np.float32)
+    rows = []
+    _measure_blocked_steps(lambda what, key, n, seconds, **kw: rows.append((what, n, seconds, kw)), 0.01, layer,
+                           "k", Shard.of(be, x, 8))
+    assert [(what, n, kw) for what, n, _, kw in rows] == [("blocked_step", 32, {"blocks": 8}),
+                                                          ("update_in_loop", 32, {}),
+                                                          ("alone_blocked_step", 32, {"blocks": 8})]
+    assert all(seconds > 0 for _, _, seconds, _ in rows)
+
+
 def test_serial_part_bounds_the_speedup():
     comp, free = sparse_compute(block_s=1e-4, serial_s=1e-3), free_network()
     samples = 128 * 1024
