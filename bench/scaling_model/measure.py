@@ -194,6 +194,11 @@ def _measure_sparse_evaluation(row, budget, quick, rng):
     res = opt.run(theta64, 15 if quick else 60)
     row("sparse_eval", "64-25 float64", m, res.total_s / res.evaluations, evaluations=res.evaluations,
         iterations=res.iterations, blocks=count)
+    # the serial part from the same run (what its evaluations took beyond the blocks' two
+    # rounds and their sums): the difference of two runs timed apart would carry the VM's
+    # drift between them, several times this part on a 2-vCPU VM
+    row("sparse_serial", "64-25 float64", m, (res.total_s - opt.blocks_s - res.comm_s) / res.evaluations,
+        evaluations=res.evaluations)
 
 
 def _gradient_views(flat, shapes) -> dict:
@@ -465,6 +470,8 @@ def load_compute(path: Path, contention: Path | None = None) -> Compute:
             comp.mem.setdefault(key, {})[int(r["rows"])] = s
         elif what == "sparse_eval":
             ev["eval"] = (s, int(r["evaluations"]), int(r["iterations"]))
+        elif what == "sparse_serial":
+            ev["serial"] = s
         elif what == "sparse_local":
             ev["local"], ev["blocks"] = s, int(r["blocks"])
         elif what == "sparse_assemble":
@@ -503,8 +510,10 @@ def load_compute(path: Path, contention: Path | None = None) -> Compute:
         lay.setdefault("block", {})[b / k] = max(t - comp.mem_s("copy", lay["grad_bytes"]) - lay["apply"], 0.0) / k
     if "eval" in ev:
         (t_eval, evals, iters), local, blocks = ev["eval"], ev["local"], ev["blocks"]
-        # serial: what an evaluation costs beyond its blocks (L-BFGS-B, assembly, Python)
-        comp.sparse = {"serial_s": max(t_eval - local, 0.0), "block_s": local / blocks,
+        # serial: what an evaluation costs beyond its blocks (L-BFGS-B, assembly, Python),
+        # from one run where measured so (older records: the difference of two timings)
+        serial = ev["serial"] if "serial" in ev else t_eval - local
+        comp.sparse = {"serial_s": max(serial, 0.0), "block_s": local / blocks,
                        "evals_per_iter": evals / iters, "cg_10k_s": local + ev["assemble"]}
     return comp
 

@@ -284,6 +284,35 @@ def test_schemes_refuse_what_the_code_refuses():
     assert layerwise_s(linear_layer_compute(stack), net(), stack, 16, scheme="greedy") is None  # 8 blocks
 
 
+def test_the_sparse_serial_part_comes_from_one_run_where_measured_so(tmp_path):
+    """The root's serial part is what one run's evaluations took beyond their blocks
+    (``sparse_serial``), not the difference of that run and a timing taken apart; a
+    record without the row keeps the difference."""
+    from bench.scaling_model.measure import load_compute
+
+    rows = ("what,key,rows,seconds,evaluations,iterations,blocks\n"
+            "sparse_local,64-25 float64,10000,0.005,,,79\n" "sparse_assemble,64-25 float64,10000,0.00001,,,\n"
+            "sparse_eval,64-25 float64,10000,0.007,63,60,79\n")
+    (tmp_path / "old.csv").write_text(rows)
+    (tmp_path / "new.csv").write_text(rows + "sparse_serial,64-25 float64,10000,0.0003,63,,\n")
+    assert load_compute(tmp_path / "old.csv").sparse["serial_s"] == pytest.approx(0.002)
+    new = load_compute(tmp_path / "new.csv").sparse
+    assert new["serial_s"] == pytest.approx(0.0003)
+    assert new["block_s"] == pytest.approx(0.005 / 79)
+
+
+def test_measure_compute_times_the_sparse_serial_part_in_the_run_it_times_the_evaluation_in():
+    """The serial row is that run's evaluations less their blocks' own time and sums."""
+    import aepar  # noqa: F401
+    from bench.scaling_model.measure import _measure_sparse_evaluation
+
+    rows = {}
+    _measure_sparse_evaluation(lambda what, key, n, seconds, **kw: rows.setdefault(what, seconds), 0.01, True,
+                               np.random.default_rng(0))
+    # the root's L-BFGS-B step and assembly, a small part beside the 79 blocks' two rounds
+    assert 0 < rows["sparse_serial"] < 0.5 * rows["sparse_local"]
+
+
 def test_run_multiplies_the_evaluation():
     comp = sparse_compute()
     e = sparse_eval_s(comp, net(), 4, 40000)
