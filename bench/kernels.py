@@ -626,12 +626,19 @@ WARM_COMMANDS = (
 )
 
 
+# A thread's (or a rank's) group of a batch's 8 blocks is a tuple whose length Numba compiles
+# for: 8 at one thread, 4 at two, 3 and 2 at three (and on 3 ranks), 1 at eight or more;
+# no layout of 8 blocks gives 5-7
+GROUP_THREADS = (1, 2, 3, 8)
+
+
 def warm_commands() -> int:
     """Each of :data:`WARM_COMMANDS` once at one thread (a rank per core under mpirun) and
-    once at this machine's default (one process on every core): a thread's group of a
-    batch's 8 blocks is a tuple whose length Numba compiles for. Runs in a temporary
-    directory it removes; returns the number of runs. A failed run ends the warm-up with
-    its command and the end of its error output."""
+    once at this machine's default (one process on every core), and the pre-training ones
+    also at :data:`GROUP_THREADS`, so that a first run on other ranks or threads finds its
+    block groups compiled. Runs in a temporary directory it removes; returns the number
+    of runs. A failed run ends the warm-up with its command and the end of its error
+    output."""
     import subprocess
     import tempfile
 
@@ -639,8 +646,9 @@ def warm_commands() -> int:
 
     done = 0
     with tempfile.TemporaryDirectory(prefix="aepar-warm-") as tmp:
-        for n in sorted({1, usable_cores()}):
-            for i, (module, args) in enumerate(WARM_COMMANDS):
+        for i, (module, args) in enumerate(WARM_COMMANDS):
+            groups = GROUP_THREADS if module == "aepar.pretrain" else ()
+            for n in sorted({1, usable_cores(), *groups}):
                 cmd = python_command(module, [*args, "--quiet", "--no-plot", "--out", Path(tmp) / f"{i}-{n}"])
                 proc = subprocess.run(cmd, env=mpi_env(AEPAR_THREADS=n), capture_output=True, text=True)
                 if proc.returncode != 0:

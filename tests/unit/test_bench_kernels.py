@@ -73,7 +73,7 @@ def test_warm_runs_every_small_case_and_writes_nothing(tmp_path, monkeypatch, ca
     assert f"{len(kernel_cases.catalog(quick=True))} kernel cases compiled" in out and "8 tiny command runs" in out
 
 
-def test_warm_runs_each_command_at_one_thread_and_at_the_machines_in_a_directory_it_removes(monkeypatch):
+def test_warm_runs_each_command_at_one_thread_the_machines_and_pretraining_at_each_group_length(monkeypatch):
     import subprocess
     from pathlib import Path
 
@@ -89,13 +89,18 @@ def test_warm_runs_each_command_at_one_thread_and_at_the_machines_in_a_directory
         return Done()
     monkeypatch.setattr(subprocess, "run", run)
     monkeypatch.setattr("aepar._threads.usable_cores", lambda: 4)
-    assert bench.warm_commands() == 2 * len(bench.WARM_COMMANDS)
-    assert [(m, t) for m, t, _ in ran] == [(m, t) for t in ("1", "4") for m, _ in bench.WARM_COMMANDS]
+    # pre-training at every group length of 8 blocks (8, 4, 3 and 2, 1) and the machine's threads
+    pretrain = ("1", "2", "3", "4", "8")
+    expected = [(m, t) for m, _ in bench.WARM_COMMANDS for t in (pretrain if m == "aepar.pretrain" else ("1", "4"))]
+    assert bench.warm_commands() == len(expected)
+    assert [(m, t) for m, t, _ in ran] == expected
     assert {"aepar.sparse", "aepar.pretrain", "aepar.eager"} <= {m for m, _, _ in ran}
     assert not ran[0][2].exists()  # removed afterwards
     ran.clear()
     monkeypatch.setattr("aepar._threads.usable_cores", lambda: 1)
-    assert bench.warm_commands() == len(bench.WARM_COMMANDS)  # one core: one pass
+    bench.warm_commands()  # one core: one pass of the others
+    assert [(m, t) for m, t, _ in ran if m != "aepar.pretrain"] == [(m, "1") for m, _ in bench.WARM_COMMANDS
+                                                                    if m != "aepar.pretrain"]
 
     class Failed:
         returncode, stderr = 2, "aepar.eager: error: unknown option"
