@@ -282,12 +282,13 @@ def contention_factor(contention: dict, family: str, copies: int) -> float:
     """How much slower a rank computes while ``copies`` ranks share a machine's cores and
     memory (1 alone), from measure-contention's table (family -> {copies at once: the
     slowest copy's seconds}): measured for one copy and one per core, linear between, the
-    last beyond; 1 where not measured."""
+    last beyond; 1 where not measured, and never below 1: sharing the machine cannot make
+    a rank faster, so a measured ratio below 1 is the VM's drift between the rounds."""
     t = contention.get(family)
     if not t or copies <= 1 or 1 not in t:
         return 1.0
     n = np.array(sorted(t), dtype=float)
-    return float(np.interp(copies, n, [t[k] for k in sorted(t)])) / t[1]
+    return max(1.0, float(np.interp(copies, n, [t[k] for k in sorted(t)])) / t[1])
 
 
 @dataclass
