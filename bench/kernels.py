@@ -573,8 +573,8 @@ def build_parser():
     p.add_argument("--list", action="store_true", help="print the cases (kernel, shape, dtype, FLOPs, bytes) and exit")
     p.add_argument("--warm", action="store_true",
                    help="run every numba kernel once at small shapes, then each command once on a few hundred rows "
-                        "at 1 thread and at this machine's threads, so that Numba caches its machine code, and exit "
-                        "(make venv does this; nothing is checked, timed or kept)")
+                        "at 1 thread and at this machine's threads (pre-training also at 2, 3 and 8), so that Numba "
+                        "caches its machine code, and exit (make venv does this; nothing is checked, timed or kept)")
     return p
 
 
