@@ -31,7 +31,10 @@ Three layers, each a place where the figures can be wrong:
    step, the transform and reconstruction per row, and the memory rates of the adds and
    copies the sums do. And how ranks sharing the machine slow each other: the same work in
    one process per core at once against one alone (measure-contention), applied to this
-   machine's points and, at the ranks per node, to the predictions.
+   machine's points and, at the ranks per node, to the predictions. A rank's threads gain
+   what a second thread gained on the point's machine in bench.block_tax's layer-wise
+   epochs (validation only; evenly split where not measured), and small steps stay on one
+   thread as aepar keeps them.
 3. **Schemes** composed from those (:mod:`.model`): per step or evaluation, compute of
    the busiest rank + the serial parts (root assembly and L-BFGS, every rank's optimiser
    step) + the collectives the scheme issues, with their message sizes; model-parallel

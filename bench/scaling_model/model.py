@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from aepar.parallel import planner
+from aepar.parallel.data_parallel import SHARED_STEP_FLOPS
 
 
 OPS = ("bcast", "reduce", "allreduce", "sendrecv", "send", "tree_reduce", "tree_allreduce")
@@ -449,7 +450,7 @@ def sparse_run_s(comp, net, p, samples, iterations=400, evaluations=None, **kw) 
 
 
 def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: int, allreduce: bool,
-           threads: int = 1, f: float = 1.0) -> tuple[float, float]:
+           threads: int = 1, f: float = 1.0, speedup: float | None = None) -> tuple[float, float]:
     """(compute, comm) seconds of one optimiser step of layer ``i`` in
     aepar.parallel.data_parallel.train_epoch on ``p`` ranks sharing ``blocks`` blocks.
 
@@ -462,6 +463,12 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
     of their products), or, where a compute record lacks it, as that many one-block
     gradients and adds. Then the ranks sum either in the fixed tree then Bcast
     (``allreduce`` False) or with one MPI Allreduce, and every rank takes the optimiser step.
+
+    ``speedup``: what ``threads`` threads gain over one on the rank's whole step, as
+    measured on the machine (:func:`~bench.scaling_model.validate.thread_speedups`); the
+    step at one thread (the whole step of one process, or the rank's path) is divided by
+    it. Without it the blocks' gradients are split evenly over the threads, a thread
+    taking whole blocks, with no cost for the hand-offs.
     """
     key = st.keys()[i]
     lay = comp.layers[key]
@@ -470,17 +477,22 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
         if st.kind == "rbm":
             return comp.fused(key, st.batch) * f, 0.0
         return (comp.leaf(key, st.batch) + comp.mem_s("copy", gb) + lay["apply"]) * f, 0.0
-    alone = comp.alone(key, blocks, st.batch) if p == 1 and threads == 1 else None
-    if alone is not None:  # one process and thread holding every block: the step measured whole
-        return alone * f, 0.0
+    shared = threads > 1 and speedup is not None
+    alone = comp.alone(key, blocks, st.batch) if p == 1 and (threads == 1 or shared) else None
+    if alone is not None:  # one process holding every block: its one-thread step measured whole
+        return alone / (speedup if shared else 1.0) * f, 0.0
     k = -(-blocks // p)
     rows = -(-st.batch // blocks)
     several = comp.blocks(key, k, rows) if k > 1 else None
     if several is not None:  # the rank's blocks in one factored sum (measured as such)
-        work = several * -(-k // threads) / k + comp.mem_s("copy", gb) + lay["apply"]
+        gradients, rest = several, comp.mem_s("copy", gb) + lay["apply"]
     else:
-        work = -(-k // threads) * comp.leaf(key, rows) + max(k - 1, 0) * comp.mem_s("add", gb) \
-            + comp.mem_s("copy", gb) + lay["apply"]
+        gradients = k * comp.leaf(key, rows)
+        rest = max(k - 1, 0) * comp.mem_s("add", gb) + comp.mem_s("copy", gb) + lay["apply"]
+    if shared:  # the measured gain is the whole step's
+        work = (gradients + rest) / speedup
+    else:
+        work = gradients * -(-k // threads) / k + rest
     if allreduce:
         comm = collective_s(net, "allreduce", gb, p)
     else:
@@ -489,24 +501,32 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
 
 
 def layerwise_s(comp, net, st: Stack, p: int, *, scheme: str, threads: int = 1, cores=None,
-                scale: float = 1.0) -> dict | None:
+                scale: float = 1.0, speedup: float | None = None) -> dict | None:
     """greedy (fixed tree over ``st.blocks``, at least one per rank) or data (one block per
     rank, Allreduce) pre-training: every layer's epochs, then its transform of the
     training and test rows (split over the ranks), as aepar.parallel.layerwise times them
-    (``pretrain_time_s``: the per-epoch test reconstruction error is left out of it)."""
+    (``pretrain_time_s``: the per-epoch test reconstruction error is left out of it).
+
+    A layer whose rank's step is below aepar's ``SHARED_STEP_FLOPS`` trains on one thread,
+    as aepar does; ``speedup`` is what ``threads`` threads gain over one, measured on the
+    machine (:func:`step_s`), also on the transforms (split over the threads by blocks)."""
     blocks = p if scheme == "data" else st.blocks
     if p > blocks or p > st.batch or p > st.n_train:
         return None
     threads = max(1, min(threads, -(-blocks // p)))  # a thread takes whole blocks
     f = oversubscription(p * threads, cores) * scale
+    mine = st.batch * -(-blocks // p) / blocks  # the busiest rank's rows of a batch
     compute = comm = 0.0
     for i in range(st.n_layers):
-        c, m = step_s(comp, net, st, i, p, blocks=blocks, allreduce=scheme == "data", threads=threads, f=f)
+        layer_threads = 1 if st.flops(i) * mine < SHARED_STEP_FLOPS else threads
+        c, m = step_s(comp, net, st, i, p, blocks=blocks, allreduce=scheme == "data", threads=layer_threads, f=f,
+                      speedup=speedup)
         compute += st.epochs * st.steps * c
         comm += st.epochs * st.steps * m
         if i + 1 < st.n_layers:
             rows = -(-(st.n_train + st.n_test) // p)
-            compute += comp.layers[st.keys()[i]]["transform_row"] * rows / threads * f
+            split = speedup if threads > 1 and speedup is not None else threads
+            compute += comp.layers[st.keys()[i]]["transform_row"] * rows / split * f
     return {"seconds": compute + comm, "compute_s": compute, "comm_s": comm, "serial_s": 0.0}
 
 def layer_costs(st: Stack, epoch_s, transform_s, blocks: int | None = None) -> planner.LayerCosts:
@@ -626,7 +646,8 @@ def stack_scheme_s(comp, net, st, scheme, p, **kw) -> dict | None:
     """Pre-training seconds of ``scheme`` (greedy, data, model, sync, hybrid) on ``p`` ranks."""
     common = dict(cores=kw.get("cores"), scale=kw.get("scale", 1.0))
     if scheme in ("greedy", "data"):
-        return layerwise_s(comp, net, st, p, scheme=scheme, threads=kw.get("threads", 1), **common)
+        return layerwise_s(comp, net, st, p, scheme=scheme, threads=kw.get("threads", 1),
+                           speedup=kw.get("speedup"), **common)
     if scheme == "model":
         return model_parallel_s(comp, net, st, p, **common)
     if scheme in ("sync", "hybrid"):

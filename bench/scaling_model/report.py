@@ -239,7 +239,11 @@ def _models(comp, tree_o) -> list:
          "- **greedy** (fixed tree, per step): blocks(k, ceil(B / blocks)) ceil(k / threads) / k + "
          "TreeReduce(g) + Bcast(g) + copy(g) + step(g), k = ceil(blocks / P) (blocks raised to P beyond 8); "
          "blocks(k, r) = k times one block's share of the measured 8-block step at r rows per block "
-         "(one block: leaf(r)).",
+         "(one block: leaf(r)). Threads: a layer whose rank's step is below aepar's SHARED_STEP_FLOPS "
+         "trains on one thread, as aepar does; on more, the step and the transform are divided by what a "
+         "second thread gained on that machine (block_tax.csv: 8-block layer-wise epochs at one thread over "
+         "two, the median of CD-1, the autoencoder layer and greedy, its last day), or split evenly where "
+         "it was not measured.",
          "- **model-parallel** (per epoch slot; the slots are aepar.parallel.planner's): max over ranks "
          "(refresh of its input through the changed layers below + one one-block epoch of its layer) + one "
          "Bcast per trained layer's weights + 3 small Allreduces; between groups every rank passes the "

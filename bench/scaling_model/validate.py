@@ -4,9 +4,12 @@ size) and the relative error.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from bench.common import read_rows
 from bench.scaling_model.measure import (MPI_CSV, RESULTS, SPARSE_CSV, STACKED_CSV, load_mpi, memory_bandwidth,
@@ -102,12 +105,40 @@ def kernel_scales(comp: Compute, here: tuple, results: Path = RESULTS) -> dict:
     return out
 
 
+LAYERWISE_EPOCHS = ("rbm", "ae", "greedy")  # bench.block_tax's layer-wise workloads
+
+
+def thread_speedups(results: Path = RESULTS) -> dict:
+    """Per machine of bench/results (:func:`machine_of`), per batch: what a second thread
+    gains on a layer-wise epoch of 8 blocks on one process, one thread's epoch over two
+    threads' (block_tax.csv: its CD-1, autoencoder-layer and greedy workloads, the median),
+    from that machine's last day of runs, on the host's own code path. Between 1 and 2:
+    drift may not make a second thread cost, nor gain more than a thread."""
+    runs: dict = {}  # (machine, day, workload, batch) -> threads -> seconds
+    for r in read_rows(results / "block_tax.csv"):
+        if r.get("implementation") == "aepar, 8 blocks" and r.get("workload") in LAYERWISE_EPOCHS \
+                and "[" not in r.get("isa", ""):
+            day = (r.get("date") or "")[:10]
+            runs.setdefault((machine_of(r), day, r["workload"], int(r["batch"])), {})[int(r["threads"])] = \
+                float(r["seconds"])
+    last: dict = {}
+    for key, day, _, _ in runs:
+        last[key] = max(last.get(key, ""), day)
+    gains: dict = {}
+    for (key, day, _, batch), seconds in runs.items():
+        if day == last[key] and 1 in seconds and 2 in seconds:
+            gains.setdefault(key, {}).setdefault(batch, []).append(seconds[1] / seconds[2])
+    return {key: {batch: min(2.0, max(1.0, float(np.median(g)))) for batch, g in per.items()}
+            for key, per in gains.items()}
+
+
 class Points:
     """The validation rows, added one measured point at a time, each on its own machine."""
 
     def __init__(self, here: dict, scales: dict, comp: Compute, folders: dict | None = None,
-                 links: dict | None = None):
+                 links: dict | None = None, speedups: dict | None = None):
         self.here, self.scales, self.rows, self.comp = machine_of(here), scales, [], comp
+        self.speedups = speedups or {}  # :func:`thread_speedups`
         self.cores = int(here.get("cores") or 1)
         self.skipped: dict = {}  # (source, machine) -> points left out: no kernel of theirs timed there
         # a results folder of one other machine -> its measure-contention table (contention.csv there)
@@ -143,6 +174,15 @@ class Points:
             self.skipped[where] = self.skipped.get(where, 0) + 1
             return None
         return sc * contention_factor(self.folders.get(folder_of(source), {}), family, ranks)
+
+    def speedup(self, row: dict, batch: int, threads: int) -> float | None:
+        """What ``threads`` threads gain over one on ``row``'s machine, at the measured batch
+        nearest ``batch`` (:func:`thread_speedups`, two threads only); None where it was not
+        measured (the model then splits the blocks evenly over the threads)."""
+        per_batch = self.speedups.get(machine_of(row))
+        if threads != 2 or not per_batch:
+            return None
+        return per_batch[min(per_batch, key=lambda b: (abs(math.log(b / batch)), b))]
 
     def shared(self, family: str, ranks: int) -> float:
         """This machine's contention factor for ``ranks`` ranks on its cores."""
@@ -214,7 +254,8 @@ def _sweep_points(pts: Points, comp, net):
             continue
         st = Stack("sweep", "ae", (784, 2000, 1000), n_train=2000, n_test=1000, batch=b, epochs=2, blocks=blocks)
         threads = 2 if p == 1 else 1  # bench.pretrain lets a lone process use both cores
-        pred = stack_scheme_s(comp, net, st, r["scheme"], p, threads=threads, cores=2, scale=sc)
+        pred = stack_scheme_s(comp, net, st, r["scheme"], p, threads=threads, cores=2, scale=sc,
+                              speedup=pts.speedup(r, b, threads))
         pts.add("pretrain_sweep.csv", f"{r['scheme']} AE 784-2000-1000, 2000 rows, batch {b}, {blocks} block(s), "
                                       f"s per epoch", r["scheme"], p, float(r["epoch_s"]),
                 pred["seconds"] / 2 if pred else None, row=r, scale=sc)
@@ -248,8 +289,9 @@ def _engine_points(pts: Points, comp, net):
         if sc is None:
             continue
         blocks = {"data": p, "model": 1}.get(scheme, 8)
+        threads = 2 if p == 1 else 1
         pred = stack_scheme_s(comp, net, Stack(**{**acc.__dict__, "blocks": blocks}), scheme, p,
-                              threads=2 if p == 1 else 1, cores=2, scale=sc)
+                              threads=threads, cores=2, scale=sc, speedup=pts.speedup(r, acc.batch, threads))
         pts.add("pretrain_accuracy.csv", f"{scheme} AE 784-2000-1000-500-100, 4000 rows, 10 epochs, batch 100, "
                                          f"pre-training s", scheme, p, float(r["pretrain_s"]),
                 pred["seconds"] if pred else None, row=r, scale=sc, over=p > 2)
@@ -340,7 +382,8 @@ def validate(comp: Compute, net: Network, mpi_rows: list, here: dict) -> Points:
     """Every measured point: its ``rows`` (what was measured, the model's figure on that
     point's machine, the relative error), the ``scales`` used and the points ``skipped``."""
     pts = Points(here, kernel_scales(comp, machine_of(here)), comp,
-                 folders={SIXTEEN: read_contention(RESULTS / SIXTEEN / "contention.csv")}, links=own_links())
+                 folders={SIXTEEN: read_contention(RESULTS / SIXTEEN / "contention.csv")}, links=own_links(),
+                 speedups=thread_speedups())
     _sparse_points(pts, comp, net)
     _xeon_sync_points(pts, comp, net)
     _sweep_points(pts, comp, net)

@@ -243,6 +243,83 @@ def test_one_process_on_one_thread_takes_its_blocks_whole_step_as_measured_so(tm
     assert step_s(comp, free, stack, 0, 1, blocks=4, allreduce=False)[0] == pytest.approx(comp.blocks(key, 4, 200))
 
 
+def test_a_second_thread_gains_what_was_measured_on_the_machine_and_small_steps_keep_one():
+    """Two threads divide a step by the gain measured on the machine (one process's whole
+    step, or a rank's path, sum and update included), not by two; without a measured gain
+    the blocks split evenly as before. A layer whose rank's step is below aepar's
+    SHARED_STEP_FLOPS trains on one thread, as aepar does; the transforms take the gain."""
+    from aepar.parallel.data_parallel import SHARED_STEP_FLOPS
+    from bench.scaling_model.model import step_s
+
+    free = free_network()
+    stack = Stack("t", "ae", (64, 32, 8), n_train=8192, batch=800, epochs=1, blocks=8)
+    comp = linear_layer_compute(stack, per_row=1e-5)
+    key = stack.keys()[0]
+    for k in comp.layers:
+        comp.layers[k]["block"] = {10.0: 2e-4, 100.0: 5e-4}
+        comp.layers[k]["apply"] = 1e-4
+    rank_path = step_s(comp, free, stack, 0, 1, blocks=8, allreduce=False)[0]
+    assert step_s(comp, free, stack, 0, 1, blocks=8, allreduce=False, threads=2)[0] == \
+        pytest.approx(4 * 5e-4 + 1e-4)  # even split of the blocks, the update whole
+    assert step_s(comp, free, stack, 0, 1, blocks=8, allreduce=False, threads=2, speedup=1.6)[0] == \
+        pytest.approx(rank_path / 1.6)
+    assert step_s(comp, free, stack, 0, 1, blocks=8, allreduce=False, speedup=1.6)[0] == pytest.approx(rank_path)
+    comp.layers[key]["alone"] = {8: {100.0: 3e-3, 1000.0: 4e-3}}
+    assert step_s(comp, free, stack, 0, 1, blocks=8, allreduce=False, threads=2, speedup=1.6)[0] == \
+        pytest.approx((3e-3 + 1e-3 * 700 / 900) / 1.6)  # one process's whole step measured, divided
+
+    # layers 4096-256 (big steps, shared) and 256-4 (small steps: one thread whatever the threads)
+    big = Stack("b", "ae", (4096, 256, 4), n_train=1600, batch=800, epochs=1, blocks=8)
+    assert big.flops(0) * 800 >= SHARED_STEP_FLOPS > big.flops(1) * 800
+    comp = linear_layer_compute(big, per_row=1e-5)
+    for k in comp.layers:
+        comp.layers[k]["transform_row"] = 1e-6
+    one = layerwise_s(comp, free, big, 1, scheme="greedy")
+    two = layerwise_s(comp, free, big, 1, scheme="greedy", threads=2, speedup=1.6)
+    step = 8 * 100 * 1e-5  # a step of 8 one-block gradients of 100 rows
+    steps = 2
+    transform = 1e-6 * 1600
+    assert one["seconds"] == pytest.approx(2 * steps * step + transform)
+    assert two["seconds"] == pytest.approx(steps * step / 1.6 + steps * step + transform / 1.6)
+    even = layerwise_s(comp, free, big, 1, scheme="greedy", threads=2)
+    assert even["seconds"] == pytest.approx(steps * step / 2 + steps * step + transform / 2)
+
+
+def test_thread_speedups_come_from_each_machines_last_block_tax_run(tmp_path):
+    """A machine's gain from a second thread: bench.block_tax's 8-block epochs at one thread
+    over two, the median over its layer-wise workloads (CD-1, autoencoder layer, greedy),
+    per batch, from its last day only, on the host's own code path, kept between 1 and 2;
+    a point takes the measured batch nearest its own, and two threads only."""
+    from bench.scaling_model.validate import Points, thread_speedups
+
+    head = "workload,implementation,batch,threads,seconds,date,cpu_model,isa,cores\n"
+
+    def row(w, t, s, day="2026-12-05", batch=100, impl="aepar, 8 blocks", isa="avx2"):
+        return f'{w},"{impl}",{batch},{t},{s},{day} 10:00,EPYC,{isa},2\n'
+
+    haswell = "avx2 [numba target: haswell]"
+    rows = [row("rbm", 1, 1.0), row("rbm", 2, 0.6), row("ae", 1, 1.0), row("ae", 2, 0.5),
+            row("greedy", 1, 1.0), row("greedy", 2, 0.8),
+            row("finetune", 1, 1.0), row("finetune", 2, 0.9),  # not a layer-wise epoch
+            row("rbm", 1, 1.0, impl="aepar, 1 block"), row("rbm", 2, 0.99, impl="aepar, 1 block"),
+            row("ae", 1, 1.0, isa=haswell), row("ae", 2, 0.99, isa=haswell),  # another code path
+            row("rbm", 1, 1.0, day="2026-12-01"), row("rbm", 2, 0.9, day="2026-12-01"),  # an older day
+            row("rbm", 1, 1.0, batch=1000), row("rbm", 2, 0.4, batch=1000),  # faster than two threads could be
+            row("rbm", 1, 1.0, day="2026-12-01", batch=5000)]  # no two-thread partner
+    (tmp_path / "block_tax.csv").write_text(head + "".join(rows))
+    gains = thread_speedups(tmp_path)
+    machine = ("EPYC", "avx2", "2")
+    assert gains == {machine: {100: pytest.approx(1 / 0.6), 1000: 2.0}}
+    pts = Points({"cpu_model": "other", "isa": "x", "cores": "2"}, {}, Compute(), speedups=gains)
+    on_it = {"cpu_model": "EPYC", "isa": "avx2", "cores": "2"}
+    assert pts.speedup(on_it, 100, 2) == pytest.approx(1 / 0.6)
+    assert pts.speedup(on_it, 200, 2) == pytest.approx(1 / 0.6)
+    assert pts.speedup(on_it, 500, 2) == 2.0
+    assert pts.speedup(on_it, 100, 4) is None
+    assert pts.speedup({"cpu_model": "other", "isa": "x", "cores": "2"}, 100, 2) is None
+    assert thread_speedups(tmp_path / "missing") == {}
+
+
 @pytest.mark.parametrize("kind", ["rbm", "ae"])
 def test_measure_compute_times_a_ranks_blocked_step_with_its_update_and_one_process_alone(kind):
     """measure-compute's blocked steps run on today's train_epoch: one process alone on
