@@ -65,11 +65,17 @@ def scaled_label(key: tuple) -> str:
     return machine_label(key) + ", scaled"
 
 
+LAYERWISE_EPOCHS = ("rbm", "ae", "greedy")  # bench.block_tax's layer-wise workloads (rbm... its RBM sizes)
+
+
 def kernel_scales(comp: Compute, here: tuple, results: Path = RESULTS) -> dict:
     """Per machine of bench/results (:func:`machine_of`), the same kernels timed there over
     here, one thread each: ``sparse`` (aepar's cost+gradient of 10k patches per evaluation,
     peers.csv) and ``layers`` (one fused CD-1 epoch 784x1000 over 50,000 rows, batch 100,
-    float32, rbm_epoch.csv).
+    float32, rbm_epoch.csv; and where both machines ran bench.block_tax, the median of that
+    ratio and of each layer-wise epoch's there, CD-1, the autoencoder layer and greedy, in
+    one block and in 8, per batch, each machine's last day: one epoch's ratio moves with a
+    VM's drift, several timed on other days hold the middle).
 
     One factor per kernel family and machine, because two CPUs' ratio differs by kernel (a
     DGEMM or clock ratio would give one number for both). Like is divided by like: where
@@ -102,10 +108,30 @@ def kernel_scales(comp: Compute, here: tuple, results: Path = RESULTS) -> dict:
         for key, seconds in per_machine.items():
             if key != here:
                 out.setdefault(key, {})[family] = seconds / base
+    for key, ratios in _block_tax_ratios(here, results).items():
+        if key != here:
+            own = out.setdefault(key, {})
+            own["layers"] = float(np.median([own["layers"], *ratios] if "layers" in own else ratios))
     return out
 
 
-LAYERWISE_EPOCHS = ("rbm", "ae", "greedy")  # bench.block_tax's layer-wise workloads
+def _block_tax_ratios(here: tuple, results: Path) -> dict:
+    """Per machine, block_tax.csv's layer-wise epochs at one thread over ``here``'s same
+    epoch (workload, one block or 8, batch), each machine's last day, on the host's own
+    code path; {} where ``here`` never ran it."""
+    last: dict = {}  # (workload, implementation, batch) -> machine -> (day, seconds)
+    for r in read_rows(results / "block_tax.csv"):
+        if r.get("implementation", "").startswith("aepar") and r.get("threads") == "1" \
+                and r.get("workload", "").startswith(LAYERWISE_EPOCHS) and "[" not in r.get("isa", ""):
+            case, key, day = (r["workload"], r["implementation"], r["batch"]), machine_of(r), (r.get("date") or "")[:10]
+            if day >= last.get(case, {}).get(key, ("",))[0]:
+                last.setdefault(case, {})[key] = (day, float(r["seconds"]))
+    ratios: dict = {}
+    for per_machine in last.values():
+        if here in per_machine:
+            for key, (_, seconds) in per_machine.items():
+                ratios.setdefault(key, []).append(seconds / per_machine[here][1])
+    return ratios
 
 
 def thread_speedups(results: Path = RESULTS) -> dict:

@@ -465,6 +465,48 @@ def test_machine_scales_come_from_that_exact_machine_and_the_hosts_own_code_path
     assert pts.skipped == {("a.csv", "Intel Xeon (AVX-512, 2 cores)"): 1}
 
 
+def test_the_layers_factor_is_the_median_of_every_like_for_like_epoch(tmp_path):
+    """Where both machines ran bench.block_tax, a machine's layers factor is the median of
+    rbm_epoch.csv's CD-1 ratio and block_tax.csv's: each layer-wise epoch at one thread (CD-1,
+    the autoencoder layer, greedy; one block and 8; per batch) over here's same epoch, each
+    machine's last day, on the host's own code path; fine-tuning, the CAE, two threads, an
+    AEPAR_ISA row and an epoch here never ran do not count. Without rbm_epoch's row the
+    block_tax ratios alone."""
+    from bench.scaling_model.validate import kernel_scales
+
+    comp = sparse_compute()
+    comp.rbm_epoch_50k = 5.0
+    (tmp_path / "rbm_epoch.csv").write_text(
+        "implementation,samples,seconds,threads,layer,batch,cpu_model,isa,cores\n"
+        '"aepar (numba kernels, 1 block: one process only)",50000,5.0,1,784x1000 bernoulli,100,Zen4,avx512f,2\n'
+        '"aepar (numba kernels, 1 block: one process only)",50000,6.0,1,784x1000 bernoulli,100,Zen3,avx2,2\n')
+    head = "workload,implementation,batch,threads,seconds,date,cpu_model,isa,cores\n"
+
+    def row(cpu, w, s, impl="aepar, 8 blocks", t=1, day="2026-12-05", batch=100, isa=None):
+        isa = isa or {"Zen4": "avx512f", "Zen3": "avx2", "Xeon": "avx512f"}[cpu]
+        return f'{w},"{impl}",{batch},{t},{s},{day} 09:00,{cpu},{isa},2\n'
+
+    rows = [row("Zen4", "rbm", 1.0), row("Zen3", "rbm", 1.3),
+            row("Zen4", "ae", 1.0, impl="aepar, 1 block"), row("Zen3", "ae", 1.4, impl="aepar, 1 block"),
+            row("Zen4", "greedy", 2.0, batch=1000), row("Zen3", "greedy", 2.6, batch=1000),
+            row("Zen4", "rbm250x30", 0.1), row("Zen3", "rbm250x30", 0.15),
+            row("Zen3", "rbm", 9.0, day="2026-12-01"),  # an older day of Zen 3's
+            row("Zen4", "finetune", 1.0), row("Zen3", "finetune", 9.0),  # not a layer-wise epoch
+            row("Zen4", "ae", 1.0, t=2), row("Zen3", "ae", 9.0, t=2),  # two threads
+            row("Zen3", "rbm", 9.0, isa="avx2 [numba target: haswell]"),  # another code path
+            row("Zen3", "cae", 9.0), row("Zen3", "ae", 9.0, batch=5000),  # here never ran these
+            row("Xeon", "rbm", 0.5), row("Xeon", "ae", 0.7, impl="aepar, 1 block")]
+    (tmp_path / "block_tax.csv").write_text(head + "".join(rows))
+    scales = kernel_scales(comp, ("Zen4", "avx512f", "2"), tmp_path)
+    assert scales[("Zen3", "avx2", "2")]["layers"] == pytest.approx(float(np.median([1.2, 1.3, 1.4, 1.3, 1.5])))
+    assert scales[("Xeon", "avx512f", "2")] == {"layers": pytest.approx(0.6)}
+    assert set(scales) == {("Zen3", "avx2", "2"), ("Xeon", "avx512f", "2")}  # no AEPAR_ISA row's machine
+    # here without block_tax rows: rbm_epoch's ratio alone, as before
+    (tmp_path / "block_tax.csv").write_text(head + "".join(r for r in rows if ",Zen4," not in r))
+    assert kernel_scales(comp, ("Zen4", "avx512f", "2"), tmp_path)[("Zen3", "avx2", "2")] == \
+        {"layers": pytest.approx(1.2)}
+
+
 def test_the_optimiser_step_is_the_one_the_loop_pays(tmp_path):
     """Where measure-compute timed the update inside train_epoch (after the gradients, at
     each batch), that median is the model's step; the isolated one is kept beside it."""
