@@ -21,7 +21,10 @@ Three layers, each a place where the figures can be wrong:
    schemes call: ``Comm.bcast/reduce/allreduce/send/recv`` and the fixed-tree sums of
    aepar.parallel.blocks.TreeSum) for 8 B .. 64 MB, fitted per operation to Hockney's
    t = alpha + n / beta (least squares on the *relative* error, so that 8 B and 64 MB weigh
-   alike; both parameters kept >= 0). np 2 is the only honest count on 2 cores.
+   alike; both parameters kept >= 0). np 2 is the only honest count on 2 cores. And the
+   sums as a training loop issues them (each step a fixed compute, then the sum), over the
+   same op alone, with each rank's wait for the slower one: what a step's sum costs in a
+   run beyond the collective timed alone (validation only).
 2. **Compute**, measured in one process with one thread: the sparse autoencoder's
    evaluation (partials of every block of 128 patches + the root's assembly and L-BFGS-B
    step), and per layer of the stacked networks one block's gradient at 1..1024 rows

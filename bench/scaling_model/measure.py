@@ -73,7 +73,8 @@ def measure_mpi(out: Path, quick: bool = False, target_s: float = 0.15) -> int:
     buffers). A trial times ``reps`` calls (the same count on every rank), each alone
     after a barrier, takes per call the slowest rank's time and of those the fastest
     (:func:`bench.common.fastest`); rank 0 writes one row per (op, size): the median,
-    minimum and maximum over the trials."""
+    minimum and maximum over the trials. At np 2 also a training step's sums
+    (:func:`_step_sums`)."""
     import aepar  # noqa: F401  (threads configured before NumPy's BLAS loads)
     from aepar.comm import world
     from aepar.parallel.blocks import TreeSum
@@ -98,12 +99,14 @@ def measure_mpi(out: Path, quick: bool = False, target_s: float = 0.15) -> int:
                 got = [_collective_timing(comm, fn, reps).seconds / half for _ in range(trials)]
                 per.setdefault((op, nbytes), []).extend(got)
                 per[(op, nbytes, "reps")] = reps
+    steps = _step_sums(comm, tree, quick) if comm.size == 2 else []  # the model reads them at np 2
     if comm.is_root:
         machine = machine_columns()
         rows = [_row(machine, op=op, bytes=nbytes, seconds=float(np.median(per[(op, nbytes)])),
                      min_seconds=fastest(per[(op, nbytes)]), max_seconds=max(per[(op, nbytes)]),
                      reps=per[(op, nbytes, "reps")], trials=len(per[(op, nbytes)]), ranks=comm.size)
                 for nbytes in sizes for op in OPS]
+        rows += [_row(machine, **r, ranks=comm.size) for r in steps]
         write_rows(out, rows)
         print(f"measure-mpi: {len(rows)} rows -> {out}", flush=True)
     comm.barrier()
@@ -115,6 +118,88 @@ def fastest_times(rows: list, op: str) -> dict:
     operation varies 2-4x from one minute to the next and other jobs' time slices hit whole
     trials; the fastest is the figure a rerun reproduces (what every fit reads)."""
     return {int(r["bytes"]): float(r.get("min_seconds") or r["seconds"]) for r in rows if r["op"] == op}
+
+
+STEP_OPS = ("allreduce", "tree_allreduce")  # the sums a training step ends with (data; greedy and the replicas)
+STEP_WORK_S = 0.005  # a step's compute before its sum: about a layer's step at batch 100
+
+
+def _step_work(comm):
+    """About :data:`STEP_WORK_S` of a step's kind of compute, the same on every rank: float32
+    products of 50 rows through a 784x1000 layer, as many as rank 0 takes for that long."""
+    rng = np.random.default_rng(comm.rank)
+    x, w = rng.random((50, 784), dtype=np.float32), rng.random((784, 1000), dtype=np.float32)
+    t0, calls = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 0.05:
+        x @ w
+        calls += 1
+    count = int(comm.bcast(max(1, round(STEP_WORK_S / ((time.perf_counter() - t0) / calls)))))
+
+    def work():
+        for _ in range(count):
+            x @ w
+    return work
+
+
+def _step_sums(comm, tree, quick: bool) -> list:
+    """The sums as a training loop issues them: each step a fixed compute, the buffer
+    written, a barrier, then the sum (:data:`STEP_OPS`). Per step, the slowest rank's time
+    in the sum after the barrier, and each rank's wait at the barrier for the slower ranks
+    (what a step's sum waits beyond itself). A trial is the mean over its steps (a run pays
+    every step), a row the fastest trial: ``<op>_step`` rows (per size) and one ``straggle``
+    row, the mean wait over the mean compute of a step (``seconds``: the wait,
+    ``compute_seconds``: the compute)."""
+    work = _step_work(comm)
+    sizes = (2 ** 15, 2 ** 20, 2 ** 23) if quick else (2 ** 15, 2 ** 17, 2 ** 19, 2 ** 21, 2 ** 23, 2 ** 24)
+    n_steps, trials = (30, 2) if quick else (60, 3)
+    rows, waits, computes = [], [], []
+    for nbytes in sizes:
+        buf, out_buf = np.zeros(nbytes // 8), np.zeros(nbytes // 8)
+        calls = {"allreduce": lambda: comm.Allreduce(buf), "tree_allreduce": lambda: tree.allreduce([buf], out_buf)}
+        for op in STEP_OPS:
+            means = []
+            for _ in range(trials):
+                times = np.zeros((3, n_steps))  # compute, wait, sum
+                for k in range(n_steps + 2):  # two untimed steps first
+                    t0 = time.perf_counter()
+                    work()
+                    buf[:] = 0.0  # written by the step (sums of zeros stay zeros)
+                    t1 = time.perf_counter()
+                    comm.barrier()
+                    t2 = time.perf_counter()
+                    calls[op]()
+                    if k >= 2:
+                        times[:, k - 2] = t1 - t0, t2 - t1, time.perf_counter() - t2
+                slowest = times[2].copy()
+                comm.Allreduce(slowest, op="max")
+                means.append(float(slowest.mean()))
+                waits.append(float(times[1].mean()))
+                computes.append(float(times[0].mean()))
+            rows.append(dict(op=f"{op}_step", bytes=nbytes, seconds=fastest(means), min_seconds=fastest(means),
+                             max_seconds=max(means), reps=n_steps, trials=trials))
+    wait = comm.allreduce(float(np.mean(waits))) / comm.size
+    compute = comm.allreduce(float(np.mean(computes))) / comm.size
+    rows.append(dict(op="straggle", bytes=0, seconds=wait, compute_seconds=compute, reps=n_steps,
+                     trials=len(waits)))
+    return rows
+
+
+def load_steps(rows: list) -> tuple[dict, float]:
+    """(op of :data:`STEP_OPS` -> {bytes: the sum's seconds in a step / its fastest alone},
+    the straggle fraction: a step's wait for the slower ranks over its compute) from
+    measure-mpi's rows ({}, 0 where they were not measured)."""
+    ratios = {}
+    for op in STEP_OPS:
+        alone = fastest_times(rows, op)
+        in_step = {int(r["bytes"]): float(r["seconds"]) for r in rows if r["op"] == f"{op}_step"}
+        if alone and in_step:
+            sizes = np.array(sorted(alone), dtype=float)
+            times = np.array([alone[int(n)] for n in sizes])
+            ratios[op] = {n: t / float(np.exp(np.interp(np.log(n), np.log(sizes), np.log(times))))
+                          for n, t in sorted(in_step.items())}
+    straggle = next((float(r["seconds"]) / float(r["compute_seconds"]) for r in rows
+                     if r["op"] == "straggle" and float(r.get("compute_seconds") or 0) > 0), 0.0)
+    return ratios, straggle
 
 
 def load_mpi(path: Path) -> tuple[dict, dict, list]:

@@ -116,6 +116,10 @@ class Network:
     ``tree_o``: aepar's own seconds per fixed-tree message beyond the message and the add
     (TreeSum's Python: its plan's loop, the receive buffer, the add's call), the same on
     any network (:func:`fit_tree_overhead`).
+    ``step_sums``: op -> {bytes: a training step's sum as measured in a loop of steps over
+    the same op timed alone at its fastest}, at np 2 (measure-mpi's ``<op>_step`` rows;
+    empty where not measured); ``straggle``: a step's wait for the slower of 2 ranks over
+    its compute (measure-mpi's ``straggle`` row; 0 where not measured). See :func:`step_s`.
     """
 
     name: str
@@ -124,6 +128,18 @@ class Network:
     ranks_per_node: int
     gamma: float
     tree_o: float = 0.0
+    step_sums: dict = field(default_factory=dict)
+    straggle: float = 0.0
+
+    def in_step(self, op: str, nbytes: float) -> float:
+        """How much longer ``op`` of ``nbytes`` takes at the end of a training step than alone
+        at its fastest: measured at np 2, log-log in the bytes between the measured sizes,
+        the nearest beyond them; 1 where not measured."""
+        table = self.step_sums.get(op)
+        if not table:
+            return 1.0
+        sizes = sorted(table)
+        return float(np.interp(math.log(max(nbytes, 1.0)), np.log(sizes), [table[n] for n in sizes]))
 
     def node(self, rank: int) -> int:
         return rank // self.ranks_per_node if self.inter is not None else 0
@@ -367,6 +383,19 @@ class Compute:
         return k * self._rows(table, rows) if table else None
 
 
+@lru_cache(maxsize=None)
+def expected_max(p: int) -> float:
+    """The expected largest of ``p`` independent standard normal draws (0 for one; 0.564 for
+    two): how a step's wait for its slowest rank grows with the ranks, at a given spread of
+    each rank's step (numerically, over -10..10 standard deviations)."""
+    if p <= 1:
+        return 0.0
+    x = np.linspace(-10.0, 10.0, 20001)
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2)) for v in x]))
+    return float(np.trapezoid(x * p * pdf * cdf ** (p - 1), x))
+
+
 def layer_key(kind: str, n_in: int, n_out: int, hidden: str, dtype: str = "float32") -> str:
     return f"{kind}:{n_in}-{n_out}:{hidden}:{dtype}"
 
@@ -469,6 +498,12 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
     step at one thread (the whole step of one process, or the rank's path) is divided by
     it. Without it the blocks' gradients are split evenly over the threads, a thread
     taking whole blocks, with no cost for the hand-offs.
+
+    On more than one rank the step's sum is priced as it is paid in a loop of steps, where
+    measured (``net.step_sums``, ``net.straggle``, at np 2): the collective times how much
+    longer it took there than alone, plus the wait for the slowest rank, the measured
+    fraction of the step's compute times :func:`expected_max` of the ranks over that of two
+    (each rank's step spread alike and independently).
     """
     key = st.keys()[i]
     lay = comp.layers[key]
@@ -493,11 +528,12 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
         work = (gradients + rest) / speedup
     else:
         work = gradients * -(-k // threads) / k + rest
-    if allreduce:
-        comm = collective_s(net, "allreduce", gb, p)
-    else:
-        comm = tree_allreduce_s(net, gb, p, blocks)
-    return work * f, comm
+    op = "allreduce" if allreduce else "tree_allreduce"
+    comm = collective_s(net, op, gb, p) if allreduce else tree_allreduce_s(net, gb, p, blocks)
+    work *= f
+    if p > 1:
+        comm = comm * net.in_step(op, gb) + net.straggle * expected_max(p) / expected_max(2) * work
+    return work, comm
 
 
 def layerwise_s(comp, net, st: Stack, p: int, *, scheme: str, threads: int = 1, cores=None,

@@ -11,6 +11,7 @@ import numpy as np
 
 from bench.common import write_rows
 from bench.scaling_model.measure import (COMPUTE_CSV, CONTENTION_CSV, MPI_CSV, RESULTS, fastest_times, load_compute,
+                                         load_steps,
                                          load_mpi, measured_on)
 from bench.scaling_model.model import (OPS, PROFILES, RANKS, Compute, Network, Stack, efficiency,
                                        fit_tree_overhead, level_slowdowns, memory_slowdown, networks, sparse_run_s,
@@ -100,6 +101,14 @@ def _stats(rows) -> tuple:
     return (len(errs), max(errs) if errs else None, float(np.median(errs)) if errs else None)
 
 
+def _size(nbytes: int) -> str:
+    """8 B, 32 KB, 8 MB: a message size for a table's head."""
+    for unit, scale in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
 def _pct(x):
     return f"{100 * x:.1f}%" if x is not None else "–"
 
@@ -180,6 +189,18 @@ def _communication(links, resid, mpi_rows, tree_o) -> list:
           "charges it once per fixed-tree message, on every network. "
           "So the np 2 tree rows of section 4 are no longer independent of the model below 2 KB; the "
           "16-vCPU machine's tree rows (4 levels) still are.", ""]
+    step_sums, straggle = load_steps(mpi_rows)
+    if step_sums:
+        L += ["A training step's sum, measured as a loop of steps issues it (each step about 5 ms of "
+              "float32 products, the buffer written, a barrier, the sum): its time over the same operation "
+              "alone at its fastest, and each rank's wait at the barrier for the slower one over the step's "
+              "compute. The validation (section 4) prices every step's sum so, the wait growing with the "
+              "ranks as the expected largest of that many normal draws; the predictions (section 5) do not.",
+              "", "| operation | " + " | ".join(_size(n) for n in sorted(next(iter(step_sums.values())))) + " |",
+              "| --- |" + " ---: |" * len(next(iter(step_sums.values())))]
+        for op, table in step_sums.items():
+            L.append(f"| {op} | " + " | ".join(f"{table[n]:.2f}x" for n in sorted(table)) + " |")
+        L += ["", f"The wait for the slower rank: {straggle:.1%} of a step's compute.", ""]
     return L
 
 
@@ -320,7 +341,7 @@ def _own_links(links, here_send) -> list:
     return L
 
 
-def _validation(valid, machine, scales, skipped, links=None, here_send=None) -> list:
+def _validation(valid, machine, scales, skipped, links=None, here_send=None, steps=None) -> list:
     """Section 4: the model against every measured point."""
     here = machine_of(machine)
     scaled = {r["machine"] for r in valid if not r["machine_match"] and r["kind"] != "collective"}
@@ -341,6 +362,15 @@ def _validation(valid, machine, scales, skipped, links=None, here_send=None) -> 
     if skipped:
         L += ["", "Left out, because that machine never timed the kernel its factor needs:", ""]
         L += [f"- {src}: {n} point(s) on {m}" for (src, m), n in sorted(skipped.items())]
+    if steps:
+        L += ["", "A training step's sums measured on the point's machine (measure-mpi's step rows there, "
+              "np 2; section 1), in place of this machine's:", ""]
+        for (cpu, isa), (ratios, straggle, src) in sorted(steps.items()):
+            spans = ", ".join(f"{op} {min(t.values()):.2f}-{max(t.values()):.2f}x" for op, t in sorted(ratios.items()))
+            vector = "AVX-512" if "avx512f" in isa else "AVX2" if "avx2" in isa else isa
+            L.append(f"- {cpu} ({vector}; `{src}`): a step's sum over the same "
+                     f"op alone at its fastest, by size: {spans}; the wait for the slower rank {straggle:.1%} of a "
+                     "step's compute")
     L += [""] + _own_links(links or {}, here_send)
     L += ["Time and code drift: a row records its machine but not the code it ran, so a point measured "
           "before a kernel change is held against today's compute (pretrain_accuracy.csv's greedy ran "
@@ -449,9 +479,9 @@ def _left_out(links, own=None) -> list:
 
 
 def write_markdown(path, links, resid, mpi_rows, valid, pred, comp, machine, contended, scales, skipped,
-                   ranks_per_node, how="python -m bench.scaling_model", tree_o=0.0, own=None):
+                   ranks_per_node, how="python -m bench.scaling_model", tree_o=0.0, own=None, steps=None):
     sections = (_head(machine, contended, how), _communication(links, resid, mpi_rows, tree_o), _compute(comp),
-                _models(comp, tree_o), _validation(valid, machine, scales, skipped, own, links.get("send")),
+                _models(comp, tree_o), _validation(valid, machine, scales, skipped, own, links.get("send"), steps),
                 _stops(pred, ranks_per_node), _left_out(links, own))
     Path(path).write_text("\n".join(line for section in sections for line in section) + "\n")
 
@@ -530,7 +560,8 @@ def report(mpi_csv=MPI_CSV, compute_csv=COMPUTE_CSV, ranks_per_node: int = 2, co
     machine = measured_on(Path(compute_csv))
     gamma = comp.gamma()
     tree_o = fit_tree_overhead(links["send"], fastest_times(mpi_rows, "tree_reduce"), gamma)
-    here = Network("this machine", links, None, ranks_per_node, gamma, tree_o)
+    step_sums, straggle = load_steps(mpi_rows)
+    here = Network("this machine", links, None, ranks_per_node, gamma, tree_o, step_sums, straggle)
     points = validate(comp, here, mpi_rows, machine)
     valid = points.rows
     write_rows(VALID_CSV, valid)
@@ -538,7 +569,7 @@ def report(mpi_csv=MPI_CSV, compute_csv=COMPUTE_CSV, ranks_per_node: int = 2, co
     write_rows(PRED_CSV, pred)
     plot(PNG, valid, pred)
     write_markdown(MD, links, resid, mpi_rows, valid, pred, comp, machine, contended, points.scales, points.skipped,
-                   ranks_per_node, how, tree_o, points.links)
+                   ranks_per_node, how, tree_o, points.links, points.steps)
     for op in OPS:
         if op in links:
             print(f"{op:15s} alpha {links[op].alpha * 1e6:8.2f} us  beta {links[op].beta / 1e9:7.2f} GB/s  "

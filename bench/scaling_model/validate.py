@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import read_rows
-from bench.scaling_model.measure import (MPI_CSV, RESULTS, SPARSE_CSV, STACKED_CSV, load_mpi, memory_bandwidth,
-                                         read_bandwidth, read_contention)
+from bench.scaling_model.measure import (MPI_CSV, RESULTS, SPARSE_CSV, STACKED_CSV, load_mpi, load_steps,
+                                         memory_bandwidth, read_bandwidth, read_contention)
 from bench.scaling_model.model import (Compute, Network, Stack, collective_s, contention_factor, memory_slowdown,
                                        oversubscription, pipeline_s, relinked, sparse_run_s, stack_scheme_s,
                                        tree_allreduce_s, tree_reduce_s)
@@ -158,25 +158,46 @@ def thread_speedups(results: Path = RESULTS) -> dict:
             for key, per in gains.items()}
 
 
+def own_steps(results: Path = RESULTS) -> dict:
+    """Per machine, by its CPU name and ISA (:func:`machine_of` but the cores: under mpirun
+    a row names the cores its rank may use, one, not the machine's), a training step's sums
+    measured there: measure-mpi's ``<op>_step`` and ``straggle`` rows in a results folder's
+    mpi_2ranks.csv (:func:`~bench.scaling_model.measure.load_steps`: the ratios, the
+    straggle fraction, and the file)."""
+    out = {}
+    for path in sorted(results.glob("*/mpi_2ranks.csv")):
+        rows = read_rows(path)
+        ratios, straggle = load_steps(rows)
+        if rows and (ratios or straggle):
+            out[machine_of(rows[0])[:2]] = (ratios, straggle, f"{path.parent.name}/{path.name}")
+    return out
+
+
 class Points:
     """The validation rows, added one measured point at a time, each on its own machine."""
 
     def __init__(self, here: dict, scales: dict, comp: Compute, folders: dict | None = None,
-                 links: dict | None = None, speedups: dict | None = None):
+                 links: dict | None = None, speedups: dict | None = None, steps: dict | None = None):
         self.here, self.scales, self.rows, self.comp = machine_of(here), scales, [], comp
         self.speedups = speedups or {}  # :func:`thread_speedups`
+        self.steps = steps or {}  # :func:`own_steps`
         self.cores = int(here.get("cores") or 1)
         self.skipped: dict = {}  # (source, machine) -> points left out: no kernel of theirs timed there
         # a results folder of one other machine -> its measure-contention table (contention.csv there)
         self.folders = folders or {}
         self.links = links or {}  # a results folder of one other machine -> :func:`own_links`' entry
 
-    def network(self, source: str, net: Network, ranks: int) -> Network:
+    def network(self, source: str, net: Network, ranks: int, row: dict | None = None) -> Network:
         """The links of ``source``'s machine at ``ranks`` ranks: this machine's (``net``), or
         where that machine's own send and memory bandwidth were measured (``links``), those
         :func:`~bench.scaling_model.model.relinked` to them; where its own np 2 points were
         measured too, those in place of this machine's (its link is in them; the memory
-        shared by a level's copies is not)."""
+        shared by a level's copies is not). A training step's sums as measured on ``row``'s
+        machine where they were (``steps``, :func:`own_steps`), else this machine's."""
+        key = machine_of(row) if row is not None else None
+        if key is not None and key != self.here and key[:2] in self.steps:
+            ratios, straggle, _ = self.steps[key[:2]]
+            net = replace(net, step_sums=ratios, straggle=straggle)
         own = self.links.get(folder_of(source))
         if own is None:
             return net
@@ -263,7 +284,8 @@ def _xeon_sync_points(pts: Points, comp, net):
             sc = pts.scale(src, r, "layers", p)
             if sc is None:
                 continue
-            pred = pipeline_s(comp, net, quick, p, replicas=p > quick.n_layers, mode=r["mode"], cores=2, scale=sc)
+            pred = pipeline_s(comp, pts.network(src, net, p, r), quick, p, replicas=p > quick.n_layers, mode=r["mode"],
+                              cores=2, scale=sc)
             pts.add(src, f"aepar.sync RBM 784-1000-500-250-30, 3599 rows, 10 epochs + 0,5,20,40, hand-over "
                          f"{r['mode']}", "sync", p, float(r["sync_s"]), pred["seconds"] if pred else None,
                     row=r, scale=sc, over=p > 2,
@@ -280,8 +302,8 @@ def _sweep_points(pts: Points, comp, net):
             continue
         st = Stack("sweep", "ae", (784, 2000, 1000), n_train=2000, n_test=1000, batch=b, epochs=2, blocks=blocks)
         threads = 2 if p == 1 else 1  # bench.pretrain lets a lone process use both cores
-        pred = stack_scheme_s(comp, net, st, r["scheme"], p, threads=threads, cores=2, scale=sc,
-                              speedup=pts.speedup(r, b, threads))
+        pred = stack_scheme_s(comp, pts.network("pretrain_sweep.csv", net, p, r), st, r["scheme"], p,
+                              threads=threads, cores=2, scale=sc, speedup=pts.speedup(r, b, threads))
         pts.add("pretrain_sweep.csv", f"{r['scheme']} AE 784-2000-1000, 2000 rows, batch {b}, {blocks} block(s), "
                                       f"s per epoch", r["scheme"], p, float(r["epoch_s"]),
                 pred["seconds"] / 2 if pred else None, row=r, scale=sc)
@@ -296,7 +318,8 @@ def _sweep_points(pts: Points, comp, net):
         one = pts.scale("pretrain_speedup.csv", r, "layers")  # both runs on the row's machine
         base = stack_scheme_s(comp, net, st, "greedy", 1, cores=2, scale=one)
         blocks = p if r["scheme"] == "data" else 1
-        pr = stack_scheme_s(comp, net, Stack(**{**st.__dict__, "blocks": blocks}), r["scheme"], p, cores=2, scale=sc)
+        pr = stack_scheme_s(comp, pts.network("pretrain_speedup.csv", net, p, r),
+                            Stack(**{**st.__dict__, "blocks": blocks}), r["scheme"], p, cores=2, scale=sc)
         pts.add("pretrain_speedup.csv", f"{r['scheme']} speed-up over greedy (1 process, 1 block), batch {b}",
                 r["scheme"], p, float(r["measured_speedup"]), base["seconds"] / pr["seconds"] if pr else None,
                 row=r, kind="speedup", note="ratio of pretrain_sweep.csv's runs")
@@ -316,7 +339,8 @@ def _engine_points(pts: Points, comp, net):
             continue
         blocks = {"data": p, "model": 1}.get(scheme, 8)
         threads = 2 if p == 1 else 1
-        pred = stack_scheme_s(comp, net, Stack(**{**acc.__dict__, "blocks": blocks}), scheme, p,
+        pred = stack_scheme_s(comp, pts.network("pretrain_accuracy.csv", net, p, r),
+                              Stack(**{**acc.__dict__, "blocks": blocks}), scheme, p,
                               threads=threads, cores=2, scale=sc, speedup=pts.speedup(r, acc.batch, threads))
         pts.add("pretrain_accuracy.csv", f"{scheme} AE 784-2000-1000-500-100, 4000 rows, 10 epochs, batch 100, "
                                          f"pre-training s", scheme, p, float(r["pretrain_s"]),
@@ -329,7 +353,8 @@ def _engine_points(pts: Points, comp, net):
         epochs = int(r["epochs"].split("+")[0])
         st = Stack("largebatch", "rbm", (784, 1000, 500, 250, 30), n_train=60000, n_test=10000, batch=batch,
                    epochs=epochs, blocks=int(r["ranks"]))
-        pred = stack_scheme_s(comp, net, st, "data", int(r["ranks"]), cores=2, scale=sc)
+        pred = stack_scheme_s(comp, pts.network("pretrain_largebatch.csv", net, int(r["ranks"]), r), st, "data",
+                              int(r["ranks"]), cores=2, scale=sc)
         pts.add("pretrain_largebatch.csv", f"data RBM 784-1000-500-250-30, Fashion-MNIST 60k, {epochs} epochs, "
                                            f"{r['config']}", "data", int(r["ranks"]), float(r["pretrain_s"]),
                 pred["seconds"] if pred else None, row=r, scale=sc)
@@ -409,7 +434,7 @@ def validate(comp: Compute, net: Network, mpi_rows: list, here: dict) -> Points:
     point's machine, the relative error), the ``scales`` used and the points ``skipped``."""
     pts = Points(here, kernel_scales(comp, machine_of(here)), comp,
                  folders={SIXTEEN: read_contention(RESULTS / SIXTEEN / "contention.csv")}, links=own_links(),
-                 speedups=thread_speedups())
+                 speedups=thread_speedups(), steps=own_steps())
     _sparse_points(pts, comp, net)
     _xeon_sync_points(pts, comp, net)
     _sweep_points(pts, comp, net)

@@ -507,6 +507,104 @@ def test_the_layers_factor_is_the_median_of_every_like_for_like_epoch(tmp_path):
         {"layers": pytest.approx(1.2)}
 
 
+def test_a_steps_sum_is_priced_as_measured_in_a_loop_of_steps():
+    """Where measure-mpi timed a training step's sums (np 2), a rank's step pays its sum times
+    how much longer it took in the loop than alone (log-log between the measured sizes, the
+    nearest beyond), plus the measured wait for the slower rank, a fraction of the step's
+    compute, growing with the ranks as the expected largest of that many normal draws; on
+    one rank, or where nothing was measured, nothing changes."""
+    from bench.scaling_model.model import expected_max, step_s
+
+    assert expected_max(1) == 0.0
+    assert expected_max(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
+    assert expected_max(4) == pytest.approx(1.0294, abs=1e-4)
+    assert [expected_max(p) for p in (2, 4, 8, 16)] == sorted(expected_max(p) for p in (2, 4, 8, 16))
+
+    stack = Stack("t", "ae", (64, 32, 8), n_train=8192, batch=800, epochs=1, blocks=8)
+    comp = linear_layer_compute(stack, per_row=1e-5)
+    gb = comp.layers[stack.keys()[0]]["grad_bytes"]  # 4 MB
+    plain = net(alpha=1e-5, beta=1e9)
+    loop = replace(plain, step_sums={"allreduce": {2 ** 20: 2.0, 2 ** 24: 4.0}, "tree_allreduce": {2 ** 22: 1.5}},
+                   straggle=0.1)
+    assert loop.in_step("allreduce", 2 ** 22) == pytest.approx(3.0)  # halfway in log bytes
+    assert loop.in_step("allreduce", 10) == 2.0 and loop.in_step("allreduce", 2 ** 30) == 4.0
+    assert loop.in_step("bcast", 2 ** 22) == 1.0 and plain.in_step("allreduce", 2 ** 22) == 1.0
+    for p in (2, 4):
+        work, comm = step_s(comp, plain, stack, 0, p, blocks=8, allreduce=True)
+        work_l, comm_l = step_s(comp, loop, stack, 0, p, blocks=8, allreduce=True)
+        assert work_l == work
+        ratio = loop.in_step("allreduce", gb)
+        assert comm_l == pytest.approx(comm * ratio + 0.1 * expected_max(p) / expected_max(2) * work)
+    work, comm = step_s(comp, plain, stack, 0, 2, blocks=8, allreduce=False)
+    assert step_s(comp, loop, stack, 0, 2, blocks=8, allreduce=False)[1] == pytest.approx(comm * 1.5 + 0.1 * work)
+    assert step_s(comp, loop, stack, 0, 1, blocks=8, allreduce=False) == step_s(comp, plain, stack, 0, 1, blocks=8,
+                                                                                allreduce=False)
+
+
+def test_load_steps_divides_each_sum_in_a_step_by_the_same_op_alone():
+    from bench.scaling_model.measure import load_steps
+
+    rows = [{"op": "allreduce", "bytes": "1024", "seconds": "1", "min_seconds": "1e-5"},
+            {"op": "allreduce", "bytes": "1048576", "seconds": "1", "min_seconds": "1e-3"},
+            {"op": "allreduce_step", "bytes": "1024", "seconds": "3e-5"},
+            {"op": "allreduce_step", "bytes": "32768", "seconds": "1e-4"},  # alone: 1e-4 (log-log between)
+            {"op": "tree_allreduce_step", "bytes": "1024", "seconds": "3e-5"},  # its op alone was not timed
+            {"op": "straggle", "bytes": "0", "seconds": "2e-4", "compute_seconds": "5e-3"}]
+    ratios, straggle = load_steps(rows)
+    assert ratios == {"allreduce": {1024: pytest.approx(3.0), 32768: pytest.approx(1.0)}}
+    assert straggle == pytest.approx(0.04)
+    assert load_steps(rows[:2]) == ({}, 0.0)
+
+
+def test_step_sums_are_timed_as_a_loop_issues_them(monkeypatch):
+    """measure-mpi's step rows: every size, both sums, and the straggle row (on one process:
+    its sums and waits are all but free, its compute is not)."""
+    from aepar.comm import Comm
+    from aepar.parallel.blocks import TreeSum
+    from bench.scaling_model import measure
+
+    monkeypatch.setattr(measure, "STEP_WORK_S", 0.0002)
+    comm = Comm.serial()
+    rows = measure._step_sums(comm, TreeSum(comm, 1), quick=True)
+    steps = [r for r in rows if r["op"].endswith("_step")]
+    assert {(r["op"], r["bytes"]) for r in steps} == {(f"{op}_step", n) for op in ("allreduce", "tree_allreduce")
+                                                       for n in (2 ** 15, 2 ** 20, 2 ** 23)}
+    assert all(0 < r["seconds"] <= r["max_seconds"] for r in steps)
+    straggle = [r for r in rows if r["op"] == "straggle"]
+    assert len(straggle) == 1 and straggle[0]["compute_seconds"] > 0 <= straggle[0]["seconds"]
+
+
+def test_a_machines_own_step_sums_serve_its_points_whatever_cores_its_ranks_saw(tmp_path):
+    """own_steps reads every results folder's mpi_2ranks.csv with step rows, keyed by the CPU
+    and ISA (a rank under mpirun sees one core); a point on that machine takes them, a
+    point here or elsewhere keeps this machine's network."""
+    from bench.scaling_model.validate import Points, own_steps
+
+    (tmp_path / "zen3").mkdir()
+    (tmp_path / "zen3" / "mpi_2ranks.csv").write_text(
+        "op,bytes,seconds,min_seconds,compute_seconds,cpu_model,isa,cores\n"
+        "allreduce,1024,1,1e-5,,Zen3,avx2,1\n" "allreduce,1048576,1,1e-3,,Zen3,avx2,1\n"
+        "allreduce_step,1024,2e-5,2e-5,,Zen3,avx2,1\n" "straggle,0,1e-4,,2e-3,Zen3,avx2,1\n")
+    (tmp_path / "zen4").mkdir()  # this machine's own: its network has them already, as measured with its record
+    (tmp_path / "zen4" / "mpi_2ranks.csv").write_text(
+        "op,bytes,seconds,min_seconds,compute_seconds,cpu_model,isa,cores\n"
+        "allreduce,1024,1,1e-5,,Zen4,avx512f,1\n" "allreduce_step,1024,9e-5,9e-5,,Zen4,avx512f,1\n")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "mpi_2ranks.csv").write_text("op,bytes,seconds,min_seconds,cpu_model,isa,cores\n"
+                                                       "allreduce,1024,1,1e-5,Xeon,avx512f,1\n")
+    steps = own_steps(tmp_path)
+    assert steps[("Zen3", "avx2")] == ({"allreduce": {1024: pytest.approx(2.0)}}, pytest.approx(0.05),
+                                       "zen3/mpi_2ranks.csv")
+    assert set(steps) == {("Zen3", "avx2"), ("Zen4", "avx512f")}
+    pts = Points({"cpu_model": "Zen4", "isa": "avx512f", "cores": "2"}, {}, Compute(), steps=steps)
+    base = net()
+    there = pts.network("a.csv", base, 2, {"cpu": "Zen3", "isa": "avx2", "cores": "2"})
+    assert there.step_sums == {"allreduce": {1024: pytest.approx(2.0)}} and there.straggle == pytest.approx(0.05)
+    assert pts.network("a.csv", base, 2, {"cpu_model": "Zen4", "isa": "avx512f", "cores": "2"}) == base
+    assert pts.network("a.csv", base, 2, {"cpu_model": "Xeon", "isa": "avx512f", "cores": "2"}) == base
+    assert pts.network("a.csv", base, 2) == base
+
+
 def test_the_optimiser_step_is_the_one_the_loop_pays(tmp_path):
     """Where measure-compute timed the update inside train_epoch (after the gradients, at
     each batch), that median is the model's step; the isolated one is kept beside it."""
