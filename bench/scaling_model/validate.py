@@ -115,45 +115,46 @@ def kernel_scales(comp: Compute, here: tuple, results: Path = RESULTS) -> dict:
     return out
 
 
+def _layerwise_epochs(results: Path) -> dict:
+    """block_tax.csv's layer-wise epochs (:data:`LAYERWISE_EPOCHS`: CD-1 at its layer sizes,
+    the autoencoder layer, greedy) by aepar, from each machine's last day, on the host's own
+    code path (not an ``AEPAR_ISA`` row): (machine, workload, implementation, batch,
+    threads) -> seconds."""
+    rows = [r for r in read_rows(results / "block_tax.csv")
+            if r.get("implementation", "").startswith("aepar") and r.get("workload", "").startswith(LAYERWISE_EPOCHS)
+            and "[" not in r.get("isa", "")]
+    last: dict = {}
+    for r in rows:
+        last[machine_of(r)] = max(last.get(machine_of(r), ""), (r.get("date") or "")[:10])
+    return {(machine_of(r), r["workload"], r["implementation"], int(r["batch"]), int(r["threads"])): float(r["seconds"])
+            for r in rows if (r.get("date") or "")[:10] == last[machine_of(r)]}
+
+
 def _block_tax_ratios(here: tuple, results: Path) -> dict:
-    """Per machine, block_tax.csv's layer-wise epochs at one thread over ``here``'s same
-    epoch (workload, one block or 8, batch), each machine's last day, on the host's own
-    code path; {} where ``here`` never ran it."""
-    last: dict = {}  # (workload, implementation, batch) -> machine -> (day, seconds)
-    for r in read_rows(results / "block_tax.csv"):
-        if r.get("implementation", "").startswith("aepar") and r.get("threads") == "1" \
-                and r.get("workload", "").startswith(LAYERWISE_EPOCHS) and "[" not in r.get("isa", ""):
-            case, key, day = (r["workload"], r["implementation"], r["batch"]), machine_of(r), (r.get("date") or "")[:10]
-            if day >= last.get(case, {}).get(key, ("",))[0]:
-                last.setdefault(case, {})[key] = (day, float(r["seconds"]))
+    """Per machine, its layer-wise epochs at one thread (:func:`_layerwise_epochs`) over
+    ``here``'s same epoch (workload, one block or 8, batch); {} where ``here`` never ran it."""
+    epochs = _layerwise_epochs(results)
     ratios: dict = {}
-    for per_machine in last.values():
-        if here in per_machine:
-            for key, (_, seconds) in per_machine.items():
-                ratios.setdefault(key, []).append(seconds / per_machine[here][1])
+    for (key, *case, threads), seconds in epochs.items():
+        base = epochs.get((here, *case, threads))
+        if threads == 1 and base:
+            ratios.setdefault(key, []).append(seconds / base)
     return ratios
 
 
 def thread_speedups(results: Path = RESULTS) -> dict:
     """Per machine of bench/results (:func:`machine_of`), per batch: what a second thread
     gains on a layer-wise epoch of 8 blocks on one process, one thread's epoch over two
-    threads' (block_tax.csv: its CD-1, autoencoder-layer and greedy workloads, the median),
-    from that machine's last day of runs, on the host's own code path. Between 1 and 2:
-    drift may not make a second thread cost, nor gain more than a thread."""
-    runs: dict = {}  # (machine, day, workload, batch) -> threads -> seconds
-    for r in read_rows(results / "block_tax.csv"):
-        if r.get("implementation") == "aepar, 8 blocks" and r.get("workload") in LAYERWISE_EPOCHS \
-                and "[" not in r.get("isa", ""):
-            day = (r.get("date") or "")[:10]
-            runs.setdefault((machine_of(r), day, r["workload"], int(r["batch"])), {})[int(r["threads"])] = \
-                float(r["seconds"])
-    last: dict = {}
-    for key, day, _, _ in runs:
-        last[key] = max(last.get(key, ""), day)
+    threads' (:func:`_layerwise_epochs`: the median of CD-1 and the autoencoder layer at
+    784x1000, and greedy, whose steps aepar shares between its threads; not the smaller RBMs
+    of the RBM sizes' workloads, which it partly keeps on one). Between 1 and 2: drift may
+    not make a second thread cost, nor gain more than a thread."""
+    epochs = _layerwise_epochs(results)
     gains: dict = {}
-    for (key, day, _, batch), seconds in runs.items():
-        if day == last[key] and 1 in seconds and 2 in seconds:
-            gains.setdefault(key, {}).setdefault(batch, []).append(seconds[1] / seconds[2])
+    for (key, workload, implementation, batch, threads), seconds in epochs.items():
+        two = epochs.get((key, workload, implementation, batch, 2))
+        if workload in LAYERWISE_EPOCHS and implementation == "aepar, 8 blocks" and threads == 1 and two:
+            gains.setdefault(key, {}).setdefault(batch, []).append(seconds / two)
     return {key: {batch: min(2.0, max(1.0, float(np.median(g)))) for batch, g in per.items()}
             for key, per in gains.items()}
 

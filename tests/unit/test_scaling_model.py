@@ -301,6 +301,7 @@ def test_thread_speedups_come_from_each_machines_last_block_tax_run(tmp_path):
     rows = [row("rbm", 1, 1.0), row("rbm", 2, 0.6), row("ae", 1, 1.0), row("ae", 2, 0.5),
             row("greedy", 1, 1.0), row("greedy", 2, 0.8),
             row("finetune", 1, 1.0), row("finetune", 2, 0.9),  # not a layer-wise epoch
+            row("rbm250x30", 1, 1.0), row("rbm250x30", 2, 1.0),  # a small RBM, which aepar keeps on one thread
             row("rbm", 1, 1.0, impl="aepar, 1 block"), row("rbm", 2, 0.99, impl="aepar, 1 block"),
             row("ae", 1, 1.0, isa=haswell), row("ae", 2, 0.99, isa=haswell),  # another code path
             row("rbm", 1, 1.0, day="2026-12-01"), row("rbm", 2, 0.9, day="2026-12-01"),  # an older day
