@@ -8,6 +8,7 @@ every row carries the machine and the 1-minute load average at its time.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import time
@@ -192,11 +193,11 @@ def load_steps(rows: list) -> tuple[dict, float]:
     for op in STEP_OPS:
         alone = fastest_times(rows, op)
         in_step = {int(r["bytes"]): float(r["seconds"]) for r in rows if r["op"] == f"{op}_step"}
-        if alone and in_step:
-            sizes = np.array(sorted(alone), dtype=float)
-            times = np.array([alone[int(n)] for n in sizes])
-            ratios[op] = {n: t / float(np.exp(np.interp(np.log(n), np.log(sizes), np.log(times))))
-                          for n, t in sorted(in_step.items())}
+        if alone and in_step:  # the op alone as the model reads it: its fastest points, log-log between
+            sizes = sorted(alone)
+            # (alpha: the one size's time, where only one was measured)
+            curve = Curve(alone[sizes[0]], math.inf, tuple(map(float, sizes)), tuple(alone[n] for n in sizes))
+            ratios[op] = {n: t / curve.t(n) for n, t in sorted(in_step.items())}
     straggle = next((float(r["seconds"]) / float(r["compute_seconds"]) for r in rows
                      if r["op"] == "straggle" and float(r.get("compute_seconds") or 0) > 0), 0.0)
     return ratios, straggle
