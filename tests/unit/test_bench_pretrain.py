@@ -177,3 +177,23 @@ def test_a_table_names_the_mpi_its_runs_used_even_when_its_first_run_is_one_proc
     where, when = provenance(rows)
     assert where.endswith(", Open MPI v5.0.11") and "2026-12-06" in when
     assert provenance(rows[:1])[0].endswith(", " + ONE_PROCESS)  # no run used MPI: it says so
+
+
+def test_repeated_runs_go_in_rounds_and_a_row_keeps_the_fastest(tmp_path, monkeypatch):
+    """--repeats: the whole grid once per round (a slow minute of a shared machine then hits
+    one round, not one configuration's every run), each run under its own name; a row is
+    the fastest run's, with every run's seconds beside it."""
+    import bench.pretrain as bp
+    launched = []
+    seconds = iter([3.0, 5.0, 2.0, 6.0, 4.0, 4.5])
+
+    def fake_launch(module, args, np_, work, name):
+        launched.append((args[0], name))
+        return {"pretrain_time_s": next(seconds), "name": name}
+    monkeypatch.setattr(bp, "launch", fake_launch)
+    grid = {"a": (["a"], 1, "run-a"), "b": (["b"], 2, "run-b")}
+    runs = bp.in_rounds(grid, 3, tmp_path)
+    assert [args for args, _ in launched] == ["a", "b"] * 3
+    assert len({name for _, name in launched}) == 6  # no run read back in place of another
+    assert runs["a"][0]["name"] == "run-a-r1" and runs["a"][1] == {"repeats": 3, "all_seconds": "3.000 2.000 4.000"}
+    assert runs["b"][0]["pretrain_time_s"] == 4.5 and runs["b"][1]["all_seconds"] == "5.000 6.000 4.500"
