@@ -333,8 +333,9 @@ def largebatch(work, epochs, dataset, repeats: int = 3):
     ax.axvline(small_s, color="0.5", ls="--", lw=1, label="batch 100's time")
     ax.set_xlabel("seconds (pre-training, then each classification epoch)")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"Time to accuracy, data scheme on 2 ranks, each the fastest of its runs\n{short_cpu(rows[0]['cpu'])}, "
-                 f"{time.strftime('%Y-%m-%d')}, python -m bench.pretrain --stages largebatch", fontsize=9)
+    ax.set_title("Time to accuracy, data scheme on 2 ranks, each the fastest of its runs\n"
+                 f"{short_cpu(rows[0]['cpu'])}, {time.strftime('%Y-%m-%d')}, "
+                 "python -m bench.pretrain --stages largebatch", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
