@@ -1,5 +1,6 @@
 """The front page and the documentation site: the site builds with no warning, README.md
-stays a front page, and what the pages name exists.
+stays a front page, what the pages name exists, and the scaling model's figures they quote
+are the committed validation's.
 
 The build needs MkDocs (`make docs` installs the `docs` extra into the venv). Without it the
 build test is skipped, except under CI (CI set), where a missing MkDocs is a failure: CI
@@ -144,3 +145,44 @@ def test_named_make_targets_and_modules_exist():
     finally:
         sys.path.remove(str(ROOT))
     assert not bad, "pages name commands that do not exist:\n" + "\n".join(bad)
+
+
+# ---- figures quoted from bench/results -------------------------------------------------------
+RESULTS = ROOT / "bench" / "results"
+# docs/performance.md's scaling-model table: each row's label -> which validation points it counts
+MODEL_ROWS = {
+    "every machine": lambda r: True,
+    "Zen 4": lambda r: r["machine"] == "same as here",
+    "the 16-vCPU Xeon": lambda r: r["source"].startswith("scaling_16core/"),
+    "Zen 3": lambda r: "family 25 model 1 " in r["machine"],
+    "the 2-vCPU Intel Xeon": lambda r: r["source"] in ("strong.csv", "weak.csv"),
+}
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def test_the_scaling_models_figures_in_the_docs_are_the_committed_validations():
+    """docs/performance.md quotes the scaling model's validation (whole runs per machine:
+    points, median error, worst) and its target row: the figures of
+    bench/results/scaling_model_validation.csv and scaling_model.md, not a run's before."""
+    import csv
+    import statistics
+
+    rows = [r for r in csv.DictReader(open(RESULTS / "scaling_model_validation.csv"))
+            if r["kind"] == "run" and not r["duplicate_of"] and r["abs_rel_error"]]
+    text = (DOCS / "performance.md").read_text()
+    model = (RESULTS / "scaling_model.md").read_text()
+    every = re.search(r"\| whole runs, all machines \| (\d+) \| ([\d.]+%) \| ([\d.]+%) \|", model)
+    assert every, "scaling_model.md has no row for every machine's whole runs"
+    for label, counts in MODEL_ROWS.items():
+        errors = [float(r["abs_rel_error"]) for r in rows if counts(r)]
+        quoted = re.search(r"^\| " + re.escape(label) + r"\b[^|]*\| (\d+) \| \**([\d.]+%)\** \| ([\d.]+%) \|$", text,
+                           re.MULTILINE)
+        assert quoted, f"docs/performance.md's scaling-model table has no row for {label}"
+        assert quoted.groups() == (str(len(errors)), _percent(statistics.median(errors)), _percent(max(errors))), \
+            label
+    errors = [float(r["abs_rel_error"]) for r in rows]
+    assert every.groups() == (str(len(rows)), _percent(max(errors)), _percent(statistics.median(errors)))
+    assert f"over every machine: {every.group(3)}" in text  # the targets' table
