@@ -26,7 +26,7 @@
 #   MPI_BIND=none, MPI_ARGS=""  mpirun --bind-to value and extra mpirun options
 #   THREADS=1|N|auto            BLAS threads per rank (default 1; auto: node cores / its ranks)
 #   MAXPROCS=N                  plain bash only: skip points with more ranks (default: none)
-#   REPEATS=1                   runs per point (the fastest is kept)
+#   REPEATS=1                   runs per point, the grid once per round (the fastest is kept)
 #   RESUME=1                    OUT names a sweep with the same settings: keep its finished points
 #   SCHEME=aepar.sparse         module run per point; ARGS="--dtype float64 ..." extra options
 #   SEED=0                      --seed for every point (same data and initial weights)
@@ -363,20 +363,23 @@ aepar_sweep() {
     echo "$SWEEP_HEADER" >"$sweep"
   fi
 
-  # the plan: points of the grid this allocation can run and this run has not finished
+  # the plan: points of the grid this allocation can run and this run has not finished;
+  # with REPEATS the whole grid once per round, so that a slow minute of a shared machine
+  # hits one round and not every run of one point
   local p s it r name d plan=() clipped=() kept=0 pmax=0
-  while read -r p s it; do
-    [ -n "$p" ] || continue
-    if [ "$ALLOC" -gt 0 ] && [ "$p" -gt "$ALLOC" ]; then
-      clipped+=("$p"); echo "p${p}_s${s},$scheme,$p,$s,$it,,,,,,skipped: $ALLOC tasks,,$RUN_ID," >>"$sweep"
-      continue
-    fi
-    for ((r = 1; r <= repeats; r++)); do
+  for ((r = 1; r <= repeats; r++)); do
+    while read -r p s it; do
+      [ -n "$p" ] || continue
+      if [ "$ALLOC" -gt 0 ] && [ "$p" -gt "$ALLOC" ]; then
+        [ "$r" = 1 ] || continue
+        clipped+=("$p"); echo "p${p}_s${s},$scheme,$p,$s,$it,,,,,,skipped: $ALLOC tasks,,$RUN_ID," >>"$sweep"
+        continue
+      fi
       name=p${p}_s${s}; [ "$repeats" -gt 1 ] && name=${name}_r$r
       if d=$(aepar_kept "$name"); then kept=$((kept + 1)); continue; fi
       plan+=("$name $p $s $it $r"); [ "$p" -gt "$pmax" ] && pmax=$p
-    done
-  done <<<"$points"
+    done <<<"$points"
+  done
   if [ "${#clipped[@]}" -gt 0 ]; then
     aepar_log "the grid is clipped to the allocation's $ALLOC tasks: ${#clipped[@]} point(s) with" \
       "$(printf '%s\n' "${clipped[@]}" | sort -nu | paste -sd' ') processes are skipped" \

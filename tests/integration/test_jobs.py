@@ -530,3 +530,17 @@ def test_train_script_refuses_an_unknown_scheme_or_resume(tmp_path, args, messag
     r = _train(tmp_path, *args)
     assert r.returncode == 2 and message in r.stderr, r.stdout + r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.mpi
+def test_repeats_run_the_grid_in_rounds(fake, tmp_path):
+    """REPEATS=2: the whole grid once per round (a slow minute of a shared machine then hits
+    one round, not both runs of one point); strong.csv has a row per point from both runs."""
+    out = tmp_path / "run"
+    proc = fake(out, ARGS="--sleep 0.05", REPEATS="2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, rows = _rows(out)
+    assert [r["name"] for r in rows] == ["p1_s1000_r1", "p2_s1000_r1", "p2_s2000_r1",
+                                         "p1_s1000_r2", "p2_s1000_r2", "p2_s2000_r2"]
+    strong = _csv(out / "strong.csv")
+    assert {r["repeats"] for r in strong} == {"2"} and len(strong) == 2
