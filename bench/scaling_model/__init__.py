@@ -63,8 +63,9 @@ memory were measured (the 16-vCPU machine: its one-way send under mpirun -np 16,
 1..16 processes at once) the part of each point beyond its latency moves at that link's speed
 and slows as a tree level's copies share the memory (:func:`.model.relinked`); where its own
 np 2 points were measured too (bench.gpu_node), those replace this machine's and only the
-memory's slowdown is added; elsewhere they are this machine's, faster or slower than that
-machine's own.
+memory's slowdown is added; where a results folder holds a machine's own measure-mpi at np 2
+with its step sums (bench/results/scaling_zen3), its points replace this machine's for that
+machine's runs; elsewhere they are this machine's, faster or slower than that machine's own.
 
 Not modelled (each makes the predictions optimistic): contention for memory on machines
 where measure-contention did not run, network congestion and topology, OS noise and stragglers (the model's

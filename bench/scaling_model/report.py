@@ -355,17 +355,18 @@ def _validation(valid, machine, scales, skipped, links=None, here_send=None, ste
           "stacked schemes. "
           "Two CPUs' ratio differs by kernel, so a DGEMM or clock ratio would not do. Communication "
           "uses this machine's np 2 points (section 1) on every machine, on the 16-vCPU machine with "
-          "their bytes on its own link and memory (below); elsewhere the model knows nothing of another "
-          "machine's links, memory bandwidth or ranks sharing it. The factors used:", ""]
+          "their bytes on its own link and memory, and where a machine measured its own np 2 points those "
+          "(below); elsewhere the model knows nothing of another machine's links, memory bandwidth or ranks "
+          "sharing it. The factors used:", ""]
     L += [f"- {machine_label(k)}: " + ", ".join(f"{fam} {v:.3f}" for fam, v in sorted(f.items()))
           for k, f in sorted(scales.items()) if scaled_label(k) in scaled]
     if skipped:
         L += ["", "Left out, because that machine never timed the kernel its factor needs:", ""]
         L += [f"- {src}: {n} point(s) on {m}" for (src, m), n in sorted(skipped.items())]
     if steps:
-        L += ["", "A training step's sums measured on the point's machine (measure-mpi's step rows there, "
-              "np 2; section 1), in place of this machine's:", ""]
-        for (cpu, isa), (ratios, straggle, src) in sorted(steps.items()):
+        L += ["", "The np 2 points and a training step's sums measured on the point's machine (measure-mpi "
+              "there, its step rows included; section 1), in place of this machine's:", ""]
+        for (cpu, isa), (ratios, straggle, _, src) in sorted(steps.items()):
             spans = ", ".join(f"{op} {min(t.values()):.2f}-{max(t.values()):.2f}x" for op, t in sorted(ratios.items()))
             vector = "AVX-512" if "avx512f" in isa else "AVX2" if "avx2" in isa else isa
             L.append(f"- {cpu} ({vector}; `{src}`): a step's sum over the same "

@@ -161,16 +161,17 @@ def thread_speedups(results: Path = RESULTS) -> dict:
 
 def own_steps(results: Path = RESULTS) -> dict:
     """Per machine, by its CPU name and ISA (:func:`machine_of` but the cores: under mpirun
-    a row names the cores its rank may use, one, not the machine's), a training step's sums
-    measured there: measure-mpi's ``<op>_step`` and ``straggle`` rows in a results folder's
-    mpi_2ranks.csv (:func:`~bench.scaling_model.measure.load_steps`: the ratios, the
-    straggle fraction, and the file)."""
+    a row names the cores its rank may use, one, not the machine's), its links and a
+    training step's sums measured there: a results folder's mpi_2ranks.csv with
+    measure-mpi's ``<op>_step`` and ``straggle`` rows (the ratios and the straggle fraction
+    of :func:`~bench.scaling_model.measure.load_steps`; that machine's own np 2 points, op
+    -> Curve, of :func:`~bench.scaling_model.measure.load_mpi`; the file)."""
     out = {}
     for path in sorted(results.glob("*/mpi_2ranks.csv")):
         rows = read_rows(path)
         ratios, straggle = load_steps(rows)
         if rows and (ratios or straggle):
-            out[machine_of(rows[0])[:2]] = (ratios, straggle, f"{path.parent.name}/{path.name}")
+            out[machine_of(rows[0])[:2]] = (ratios, straggle, load_mpi(path)[0], f"{path.parent.name}/{path.name}")
     return out
 
 
@@ -193,12 +194,13 @@ class Points:
         where that machine's own send and memory bandwidth were measured (``links``), those
         :func:`~bench.scaling_model.model.relinked` to them; where its own np 2 points were
         measured too, those in place of this machine's (its link is in them; the memory
-        shared by a level's copies is not). A training step's sums as measured on ``row``'s
-        machine where they were (``steps``, :func:`own_steps`), else this machine's."""
+        shared by a level's copies is not). Where ``row``'s machine measured its np 2 points
+        and a training step's sums (``steps``, :func:`own_steps`), those in place of this
+        machine's."""
         key = machine_of(row) if row is not None else None
         if key is not None and key != self.here and key[:2] in self.steps:
-            ratios, straggle, _ = self.steps[key[:2]]
-            net = replace(net, step_sums=ratios, straggle=straggle)
+            ratios, straggle, intra, _ = self.steps[key[:2]]
+            net = replace(net, intra={**net.intra, **intra}, step_sums=ratios, straggle=straggle)
         own = self.links.get(folder_of(source))
         if own is None:
             return net

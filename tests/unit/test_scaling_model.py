@@ -577,8 +577,8 @@ def test_step_sums_are_timed_as_a_loop_issues_them(monkeypatch):
 
 def test_a_machines_own_step_sums_serve_its_points_whatever_cores_its_ranks_saw(tmp_path):
     """own_steps reads every results folder's mpi_2ranks.csv with step rows, keyed by the CPU
-    and ISA (a rank under mpirun sees one core); a point on that machine takes them, a
-    point here or elsewhere keeps this machine's network."""
+    and ISA (a rank under mpirun sees one core); a point on that machine takes them and
+    that machine's own np 2 points, a point here or elsewhere keeps this machine's network."""
     from bench.scaling_model.validate import Points, own_steps
 
     (tmp_path / "zen3").mkdir()
@@ -594,13 +594,16 @@ def test_a_machines_own_step_sums_serve_its_points_whatever_cores_its_ranks_saw(
     (tmp_path / "other" / "mpi_2ranks.csv").write_text("op,bytes,seconds,min_seconds,cpu_model,isa,cores\n"
                                                        "allreduce,1024,1,1e-5,Xeon,avx512f,1\n")
     steps = own_steps(tmp_path)
-    assert steps[("Zen3", "avx2")] == ({"allreduce": {1024: pytest.approx(2.0)}}, pytest.approx(0.05),
+    ratios, straggle, links, src = steps[("Zen3", "avx2")]
+    assert (ratios, straggle, src) == ({"allreduce": {1024: pytest.approx(2.0)}}, pytest.approx(0.05),
                                        "zen3/mpi_2ranks.csv")
+    assert links["allreduce"].t(1024) == pytest.approx(1e-5) and links["allreduce"].t(1048576) == pytest.approx(1e-3)
     assert set(steps) == {("Zen3", "avx2"), ("Zen4", "avx512f")}
     pts = Points({"cpu_model": "Zen4", "isa": "avx512f", "cores": "2"}, {}, Compute(), steps=steps)
     base = net()
     there = pts.network("a.csv", base, 2, {"cpu": "Zen3", "isa": "avx2", "cores": "2"})
     assert there.step_sums == {"allreduce": {1024: pytest.approx(2.0)}} and there.straggle == pytest.approx(0.05)
+    assert there.intra["allreduce"] is links["allreduce"] and there.intra["send"] is base.intra["send"]
     assert pts.network("a.csv", base, 2, {"cpu_model": "Zen4", "isa": "avx512f", "cores": "2"}) == base
     assert pts.network("a.csv", base, 2, {"cpu_model": "Xeon", "isa": "avx512f", "cores": "2"}) == base
     assert pts.network("a.csv", base, 2) == base
