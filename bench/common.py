@@ -194,6 +194,17 @@ def fastest_run(runs, seconds: Callable = lambda run: run["seconds"]):
     return min(runs, key=seconds)
 
 
+def in_rounds(keys, repeats: int, run: Callable) -> dict:
+    """Every one of ``keys`` run ``repeats`` times, ``run(key, k)`` for round k, all the keys
+    once per round: a slow minute of a shared machine then hits one round, not every run of
+    one key. key -> the runs' results in round order (for :func:`fastest_run`)."""
+    runs: dict = {}
+    for k in range(repeats):
+        for key in keys:
+            runs.setdefault(key, []).append(run(key, k))
+    return runs
+
+
 @dataclass(frozen=True)
 class Timing:
     """Seconds per call of every timed sample, ``calls`` calls in each."""

@@ -47,8 +47,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import (ONE_PROCESS, Records, dates_text, fastest_run, machine_columns, mpi_env, over_seeds,
-                          python_command, run_to_end)
+from bench.common import (ONE_PROCESS, Records, dates_text, fastest_run, in_rounds, machine_columns, mpi_env,
+                          over_seeds, python_command, run_to_end)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -286,7 +286,7 @@ def largebatch(work, epochs, dataset, repeats: int = 3):
                 ["--batch", 2000, "--classify-batch", 2000, "--lr-scaling", "sqrt", "--warmup-epochs", 2])]
     grid = {i: (base + ["--epochs", n, "--classify-epochs", m] + args, 2, f"lb-{i}-{n}-{m}")
             for i, (label, n, m, args) in enumerate(configs)}
-    runs = in_rounds(grid, repeats, work, seconds=lambda run: run["pretrain_time_s"] + run["classify"]["time_s"])
+    runs = launch_in_rounds(grid, repeats, work, seconds=lambda run: run["pretrain_time_s"] + run["classify"]["time_s"])
     rows, curves = [], []
     for i, (label, n, m, args) in enumerate(configs):
         s, times = runs[i]
@@ -342,23 +342,21 @@ def largebatch(work, epochs, dataset, repeats: int = 3):
     fig.savefig(RESULTS / "pretrain_largebatch.png", format="png", dpi=100)
 
 
-def in_rounds(grid: dict, repeats: int, work: Path, seconds=lambda run: run["pretrain_time_s"]) -> dict:
+def launch_in_rounds(grid: dict, repeats: int, work: Path, seconds=lambda run: run["pretrain_time_s"]) -> dict:
     """``python -m aepar.pretrain`` for each of ``grid`` (key -> (arguments, ranks, run
-    name)) ``repeats`` times, the whole grid once per round, so that a slow minute of a
-    shared machine hits one round and not every run of one configuration: key -> (the
-    summary of its fastest run, as bench/results times every figure; the columns ``repeats``
-    and ``all_seconds``, each run's seconds)."""
-    timed: dict = {}
-    for k in range(repeats):
-        for key, (args, np_, name) in grid.items():
-            timed.setdefault(key, []).append(launch("aepar.pretrain", args, np_, work, name + (f"-r{k}" if k else "")))
+    name)) ``repeats`` times (:func:`~bench.common.in_rounds`): key -> (the summary of its
+    fastest run, as bench/results times every figure; the columns ``repeats`` and
+    ``all_seconds``, each run's seconds)."""
+    def one(key, k):
+        args, np_, name = grid[key]
+        return launch("aepar.pretrain", args, np_, work, name + (f"-r{k}" if k else ""))
     return {key: (fastest_run(runs, seconds=seconds),
                   {"repeats": len(runs), "all_seconds": " ".join(f"{seconds(run):.3f}" for run in runs)})
-            for key, runs in timed.items()}
+            for key, runs in in_rounds(grid, repeats, one).items()}
 
 
 def sweep(work, repeats: int = 3):
-    """The batch sweep, each configuration the fastest of ``repeats`` runs (:func:`in_rounds`)."""
+    """The batch sweep, each configuration the fastest of ``repeats`` runs (:func:`launch_in_rounds`)."""
     from aepar.parallel.planner import LayerCosts, greedy_s, predict
 
     net = ["--layers", "784-2000-1000", "--pretrainer", "ae", "--dataset", "mnist5k", "--limit", 2000,
@@ -370,7 +368,7 @@ def sweep(work, repeats: int = 3):
                                                  f"sw-{scheme}-{np_}-{batch}" + ("-1block" if extra else ""))
             for batch in (100, 500, 1000, 2000) for scheme, np_, extra in runs}
     rows = []
-    for (batch, scheme, np_, one_block), (s, times) in in_rounds(grid, repeats, work).items():
+    for (batch, scheme, np_, one_block), (s, times) in launch_in_rounds(grid, repeats, work).items():
         rows.append(dict(machine_fields(s), scheme=scheme, ranks=np_, blocks=1 if one_block else
                          {"data": np_, "model": 1}.get(scheme, 8), batch=batch, pretrain_s=s["pretrain_time_s"],
                          epoch_s=s["pretrain_time_s"] / 2, **times))

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import (across_ranks, fastest, fastest_run, machine_columns, mpi_env, python_command, read_rows,
-                          time_call, with_machine, write_rows)
+from bench.common import (across_ranks, fastest, fastest_run, in_rounds, machine_columns, mpi_env, python_command,
+                          read_rows, time_call, with_machine, write_rows)
 from bench.scaling_model.model import Curve, OPS, Compute, fit_alpha_beta, layer_key
 
 REPO = Path(__file__).resolve().parents[2]
@@ -615,28 +615,29 @@ def _run_summary(cmd, out_dir: Path, what: str) -> dict:
 
 def measure_sparse(out: Path, samples=(10000, 40000, 160000), procs=(1, 2), iterations=400, repeats=3) -> int:
     """``python -m aepar.sparse`` at each (processes, samples), one thread per rank, as
-    jobs/lib.sh runs a point (mpirun for P > 1); the fastest of ``repeats`` counts."""
+    jobs/lib.sh runs a point (mpirun for P > 1); the fastest of ``repeats`` counts, the
+    points run once per round (:func:`~bench.common.in_rounds`)."""
     work = REPO / "runs" / f"scaling-model-{time.strftime('%Y%m%d-%H%M%S')}"
     rows, machine = [], machine_columns()
-    for s_ in samples:
-        for p in procs:
-            runs = []
-            for k in range(repeats):
-                d = work / f"sparse-{p}-{s_}-{k}"
-                # float64: the precision the model's compute is measured in (_sparse_optimiser)
-                cmd = python_command("aepar.sparse", ["--limit", s_, "--iterations", iterations, "--dtype", "float64",
-                                                      "--out", d, "--quiet"], p)
-                t0 = time.time()
-                summ = _run_summary(cmd, d, "measure-sparse")
-                summ["_wall"] = time.time() - t0
-                print(f"measure-sparse: np {p} {s_} patches: {summ['total_s']:.3f} s "
-                      f"({summ['evaluations']} evaluations)", flush=True)
-                runs.append(summ)
-            best = fastest_run(runs, seconds=lambda run: run["total_s"])
-            rows.append(_row(machine, scheme="aepar.sparse", processes=p, samples=s_, iterations=best["iterations"],
-                             evaluations=best["evaluations"], seconds=best["total_s"],
-                             seconds_compute=best["compute_s"], seconds_comm=best["comm_s"],
-                             repeats=repeats, wall_seconds=best["_wall"]))
+
+    def one(point, k):
+        s_, p = point
+        d = work / f"sparse-{p}-{s_}-{k}"
+        # float64: the precision the model's compute is measured in (_sparse_optimiser)
+        cmd = python_command("aepar.sparse", ["--limit", s_, "--iterations", iterations, "--dtype", "float64",
+                                              "--out", d, "--quiet"], p)
+        t0 = time.time()
+        summ = _run_summary(cmd, d, "measure-sparse")
+        summ["_wall"] = time.time() - t0
+        print(f"measure-sparse: np {p} {s_} patches: {summ['total_s']:.3f} s "
+              f"({summ['evaluations']} evaluations)", flush=True)
+        return summ
+    for (s_, p), runs in in_rounds([(s_, p) for s_ in samples for p in procs], repeats, one).items():
+        best = fastest_run(runs, seconds=lambda run: run["total_s"])
+        rows.append(_row(machine, scheme="aepar.sparse", processes=p, samples=s_, iterations=best["iterations"],
+                         evaluations=best["evaluations"], seconds=best["total_s"],
+                         seconds_compute=best["compute_s"], seconds_comm=best["comm_s"],
+                         repeats=repeats, wall_seconds=best["_wall"]))
     write_rows(out, rows)
     print(f"measure-sparse: {len(rows)} rows -> {out} (runs in {work})", flush=True)
     return 0
@@ -656,26 +657,29 @@ SYNC_NET = ["--dataset", "mnist5k", "--epochs", "10", "--finetune-epochs", "0", 
 
 def measure_stacked(out: Path, repeats: int = 3) -> int:
     """``python -m aepar.pretrain`` for :data:`STACKED_RUNS`, one thread per rank: the
-    engine's points of bench/results measured again here, now; the fastest of ``repeats``
-    (the same run varies 2x from one minute to the next on this VM)."""
+    engine's points of bench/results measured again here, now; the fastest of ``repeats``,
+    the runs once per round (the same run varies 2x from one minute to the next on this VM)."""
     work = REPO / "runs" / f"scaling-model-stacked-{time.strftime('%Y%m%d-%H%M%S')}"
     rows, machine = [], machine_columns()
-    for scheme, p, extra, batch in STACKED_RUNS:
+
+    def one(i, k):
+        scheme, p, extra, batch = STACKED_RUNS[i]
+        d = work / f"{scheme}-{p}-{batch}-{'-'.join(extra).strip('-') or 'default'}-{k}"
+        cmd = python_command("aepar.pretrain", ["--scheme", scheme, *(SYNC_NET if scheme == "sync" else SWEEP_NET),
+                                                "--batch", batch, *extra, "--out", d, "--quiet"], p)
+        summ = _run_summary(cmd, d, "measure-stacked")
+        print(f"measure-stacked: {scheme} np {p} batch {batch} {' '.join(extra)}, round {k + 1}: "
+              f"{summ['pretrain_time_s']:.3f} s", flush=True)
+        return summ
+    for i, times in in_rounds(range(len(STACKED_RUNS)), repeats, one).items():
+        scheme, p, extra, batch = STACKED_RUNS[i]
         net_args = SYNC_NET if scheme == "sync" else SWEEP_NET
-        times = []
-        for k in range(repeats):
-            d = work / f"{scheme}-{p}-{batch}-{'-'.join(extra).strip('-') or 'default'}-{k}"
-            cmd = python_command("aepar.pretrain", ["--scheme", scheme, *net_args, "--batch", batch, *extra,
-                                                    "--out", d, "--quiet"], p)
-            times.append(_run_summary(cmd, d, "measure-stacked"))
         summ = fastest_run(times, seconds=lambda run: run["pretrain_time_s"])
         blocks = 1 if extra[:1] == ["--reduce-blocks"] else {"data": p, "model": 1}.get(scheme, 8)
         rows.append(_row(machine, scheme=scheme, ranks=p, blocks=blocks, batch=batch,
                          mode=extra[1] if scheme == "sync" else "", net=" ".join(net_args),
                          pretrain_s=summ["pretrain_time_s"], n_train=summ.get("n_train", ""),
                          all_seconds=" ".join(f"{x['pretrain_time_s']:.3f}" for x in times), repeats=repeats))
-        print(f"measure-stacked: {scheme} np {p} batch {batch} {' '.join(extra)}: {summ['pretrain_time_s']:.3f} s",
-              flush=True)
     write_rows(out, rows)
     print(f"measure-stacked: {len(rows)} rows -> {out} (runs in {work})", flush=True)
     return 0

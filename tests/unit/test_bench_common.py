@@ -71,6 +71,15 @@ def test_the_statistic_is_the_fastest_sample_not_the_median(monkeypatch):
     assert common.fastest_run([{"seconds": 3.0, "k": "a"}, {"seconds": 2.0, "k": "b"}])["k"] == "b"
 
 
+def test_whole_runs_are_repeated_in_rounds():
+    """in_rounds: every key once per round (a slow minute hits one round, not one key's every
+    run), each key's results in round order."""
+    calls = []
+    runs = common.in_rounds(["a", "b"], 3, lambda key, k: calls.append((key, k)) or f"{key}{k}")
+    assert calls == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    assert runs == {"a": ["a0", "a1", "a2"], "b": ["b0", "b1", "b2"]}
+
+
 def test_calls_are_taken_in_turns_with_state_restored_and_the_device_drained_around_each():
     log = []
     fns = {name: (lambda name=name: log.append(name)) for name in "ab"}

@@ -192,7 +192,7 @@ def test_repeated_runs_go_in_rounds_and_a_row_keeps_the_fastest(tmp_path, monkey
         return {"pretrain_time_s": next(seconds), "name": name}
     monkeypatch.setattr(bp, "launch", fake_launch)
     grid = {"a": (["a"], 1, "run-a"), "b": (["b"], 2, "run-b")}
-    runs = bp.in_rounds(grid, 3, tmp_path)
+    runs = bp.launch_in_rounds(grid, 3, tmp_path)
     assert [args for args, _ in launched] == ["a", "b"] * 3
     assert len({name for _, name in launched}) == 6  # no run read back in place of another
     assert runs["a"][0]["name"] == "run-a-r1" and runs["a"][1] == {"repeats": 3, "all_seconds": "3.000 2.000 4.000"}

@@ -787,3 +787,26 @@ def test_only_the_machine_whose_links_were_measured_takes_them(tmp_path):
     assert there["reduce"].times[-1] == pytest.approx(4e-6 + (6e-4 - 4e-6) * 20.0 / (20.0 - 10.0 / 15))
     # not measured there: this machine's points, with the memory's slowdown alone
     assert there["bcast"].times[-1] == pytest.approx(2e-6 + (2e-4 - 2e-6) * 20.0 / (20.0 - 10.0 / 15))
+
+
+def test_measure_sparse_and_stacked_run_their_points_in_rounds_and_keep_the_fastest(tmp_path, monkeypatch):
+    """measure-sparse and measure-stacked: every point once per round, a row from its
+    fastest run."""
+    from bench.common import read_rows
+    from bench.scaling_model import measure as M
+
+    calls, seconds = [], iter([3.0, 5.0, 2.0, 6.0] + [1.0] * 100)
+
+    def fake(cmd, out_dir, what):
+        calls.append(str(out_dir).rsplit("/", 1)[1])
+        t = next(seconds)
+        return {"total_s": t, "compute_s": t, "comm_s": 0.0, "iterations": 4, "evaluations": 5, "pretrain_time_s": t}
+    monkeypatch.setattr(M, "_run_summary", fake)
+    monkeypatch.setattr(M, "REPO", tmp_path)
+    M.measure_sparse(tmp_path / "s.csv", samples=(100,), procs=(1, 2), iterations=4, repeats=2)
+    assert calls == ["sparse-1-100-0", "sparse-2-100-0", "sparse-1-100-1", "sparse-2-100-1"]
+    assert [float(r["seconds"]) for r in read_rows(tmp_path / "s.csv")] == [2.0, 5.0]
+    calls.clear()
+    M.measure_stacked(tmp_path / "t.csv", repeats=2)
+    n = len(M.STACKED_RUNS)
+    assert [c.rsplit("-", 1)[1] for c in calls] == ["0"] * n + ["1"] * n and calls[0][:-1] == calls[n][:-1]
