@@ -662,22 +662,24 @@ def measure_stacked(out: Path, repeats: int = 3) -> int:
     work = REPO / "runs" / f"scaling-model-stacked-{time.strftime('%Y%m%d-%H%M%S')}"
     rows, machine = [], machine_columns()
 
+    def net_args(scheme):
+        return SYNC_NET if scheme == "sync" else SWEEP_NET
+
     def one(i, k):
         scheme, p, extra, batch = STACKED_RUNS[i]
         d = work / f"{scheme}-{p}-{batch}-{'-'.join(extra).strip('-') or 'default'}-{k}"
-        cmd = python_command("aepar.pretrain", ["--scheme", scheme, *(SYNC_NET if scheme == "sync" else SWEEP_NET),
-                                                "--batch", batch, *extra, "--out", d, "--quiet"], p)
+        cmd = python_command("aepar.pretrain", ["--scheme", scheme, *net_args(scheme), "--batch", batch, *extra,
+                                                "--out", d, "--quiet"], p)
         summ = _run_summary(cmd, d, "measure-stacked")
         print(f"measure-stacked: {scheme} np {p} batch {batch} {' '.join(extra)}, round {k + 1}: "
               f"{summ['pretrain_time_s']:.3f} s", flush=True)
         return summ
     for i, times in in_rounds(range(len(STACKED_RUNS)), repeats, one).items():
         scheme, p, extra, batch = STACKED_RUNS[i]
-        net_args = SYNC_NET if scheme == "sync" else SWEEP_NET
         summ = fastest_run(times, seconds=lambda run: run["pretrain_time_s"])
         blocks = 1 if extra[:1] == ["--reduce-blocks"] else {"data": p, "model": 1}.get(scheme, 8)
         rows.append(_row(machine, scheme=scheme, ranks=p, blocks=blocks, batch=batch,
-                         mode=extra[1] if scheme == "sync" else "", net=" ".join(net_args),
+                         mode=extra[1] if scheme == "sync" else "", net=" ".join(net_args(scheme)),
                          pretrain_s=summ["pretrain_time_s"], n_train=summ.get("n_train", ""),
                          all_seconds=" ".join(f"{x['pretrain_time_s']:.3f}" for x in times), repeats=repeats))
     write_rows(out, rows)

@@ -168,10 +168,10 @@ def own_steps(results: Path = RESULTS) -> dict:
     -> Curve, of :func:`~bench.scaling_model.measure.load_mpi`; the file)."""
     out = {}
     for path in sorted(results.glob("*/mpi_2ranks.csv")):
-        rows = read_rows(path)
+        links, _, rows = load_mpi(path)
         ratios, straggle = load_steps(rows)
         if rows and (ratios or straggle):
-            out[machine_of(rows[0])[:2]] = (ratios, straggle, load_mpi(path)[0], f"{path.parent.name}/{path.name}")
+            out[machine_of(rows[0])[:2]] = (ratios, straggle, links, f"{path.parent.name}/{path.name}")
     return out
 
 

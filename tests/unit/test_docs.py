@@ -159,16 +159,14 @@ MODEL_ROWS = {
 }
 
 
-def _percent(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
-
 def test_the_scaling_models_figures_in_the_docs_are_the_committed_validations():
     """docs/performance.md quotes the scaling model's validation (whole runs per machine:
     points, median error, worst) and its target row: the figures of
     bench/results/scaling_model_validation.csv and scaling_model.md, not a run's before."""
     import csv
     import statistics
+
+    from bench.scaling_model.report import _pct as _percent  # as scaling_model.md writes a percentage
 
     rows = [r for r in csv.DictReader(open(RESULTS / "scaling_model_validation.csv"))
             if r["kind"] == "run" and not r["duplicate_of"] and r["abs_rel_error"]]
