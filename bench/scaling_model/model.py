@@ -292,6 +292,18 @@ def tree_allreduce_s(net: Network, nbytes: float, p: int, count: int) -> float:
     return tree_reduce_s(net, nbytes, p, count) + collective_s(net, "bcast", nbytes, p)
 
 
+def step_tree_allreduce_s(net: Network, nbytes: float, p: int, count: int, copy_s: float) -> float:
+    """The fixed-tree sum a greedy step ends with. Two ranks on one node: the call itself as
+    measure-mpi timed it at np 2 (one message, the add and the Bcast of the sum just
+    written, which took longer than those parts timed alone), less the root's copy of the
+    sum (``copy_s``), which the step's own work counts; elsewhere composed from the parts
+    (:func:`tree_allreduce_s`)."""
+    measured = net.intra.get("tree_allreduce")
+    if p == 2 and _levels(p, net) == (1, 0) and measured is not None:
+        return max(measured.t(nbytes) - copy_s, 0.0)
+    return tree_allreduce_s(net, nbytes, p, count)
+
+
 # =============================================================================================
 # Compute record (measured, then pure lookups)
 # =============================================================================================
@@ -530,7 +542,8 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
     else:
         work = gradients * -(-k // threads) / k + rest
     op = "allreduce" if allreduce else "tree_allreduce"
-    comm = collective_s(net, op, gb, p) if allreduce else tree_allreduce_s(net, gb, p, blocks)
+    comm = collective_s(net, op, gb, p) if allreduce else \
+        step_tree_allreduce_s(net, gb, p, blocks, comp.mem_s("copy", gb))
     work *= f
     if p > 1:
         comm = comm * net.in_step(op, gb) + net.straggle * expected_max(p) / expected_max(2) * work

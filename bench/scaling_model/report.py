@@ -471,7 +471,8 @@ def _left_out(links, own=None) -> list:
          "measurement keeps warm: greedy with 8 blocks is the most under-predicted scheme.",
          "- TreeSum.allreduce's Bcast of a freshly written buffer took 2-4x the Bcast fit for "
          "64 KB-2 MB here (cache and single-copy state): the composed tree_allreduce is optimistic "
-         "there (scaling_model_mpi.csv rows in the validation).",
+         "there (scaling_model_mpi.csv rows in the validation). A greedy step's sum at 2 ranks on one "
+         "node is therefore the call as measured, less the root's copy; beyond 2 ranks it is composed.",
          "- Fresh allocations: determinism.csv's RBM rows copy 4 leaves of 3 MB into new arrays "
          "each repetition (page faults); the model charges cache-speed copies and misses ~8 ms.",
          "- Oversubscription (validation only): compute x active ranks / cores; the pipeline's "

@@ -542,6 +542,28 @@ def test_a_steps_sum_is_priced_as_measured_in_a_loop_of_steps():
                                                                                 allreduce=False)
 
 
+def test_a_greedy_steps_sum_at_two_ranks_is_the_call_measure_mpi_timed():
+    """At np 2 on one node a greedy step's fixed-tree sum costs the whole call as measured
+    (the Bcast of a sum just written costs more than a Bcast timed alone), less the root's
+    copy that the step's own work already counts; beyond two ranks, or across nodes, it is
+    composed from the parts."""
+    from bench.scaling_model.model import step_s, step_tree_allreduce_s
+
+    stack = Stack("t", "ae", (64, 32, 8), n_train=8192, batch=800, epochs=1, blocks=8)
+    comp = linear_layer_compute(stack)
+    comp.mem = {"copy": {2 ** 10: 1e-6, 2 ** 30: 1e-3}}
+    gb = comp.layers[stack.keys()[0]]["grad_bytes"]
+    parts = net(alpha=1e-5, beta=1e9)
+    slow = Link(1e-5, 1e8)  # the whole call: ten times the parts' bandwidth
+    whole = replace(parts, intra=parts.intra | {"tree_allreduce": slow})
+    copy = comp.mem_s("copy", gb)
+    assert step_tree_allreduce_s(whole, gb, 2, 8, copy) == pytest.approx(slow.t(gb) - copy)
+    assert step_s(comp, whole, stack, 0, 2, blocks=8, allreduce=False)[1] == pytest.approx(slow.t(gb) - copy)
+    for p, n in ((4, whole), (2, replace(whole, inter=Link(3e-5, 1e9), ranks_per_node=1))):
+        assert step_tree_allreduce_s(n, gb, p, 8, copy) == tree_allreduce_s(n, gb, p, 8)
+    assert step_tree_allreduce_s(whole, 8, 2, 8, 1.0) == 0.0  # never negative
+
+
 def test_load_steps_divides_each_sum_in_a_step_by_the_same_op_alone():
     from bench.scaling_model.measure import load_steps
 
