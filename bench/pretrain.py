@@ -535,7 +535,8 @@ def profile(work, runs=PROFILE_RUNS, epochs=3):
         labels = sorted(legend, key=lambda label: order.index(label) if label in order else len(order))
         fig.legend([legend[label] for label in labels], labels, fontsize="small", loc="center right")
         fig.suptitle(f"Seconds per operation, {p} ranks ({sizes}, {epochs} epochs per layer)\n"
-                     f"{time.strftime('%Y-%m-%d')}, python -m bench.pretrain --stages profile", fontsize=9)
+                     f"{short_cpu(rows[0]['cpu'])}, {time.strftime('%Y-%m-%d')}, "
+                     "python -m bench.pretrain --stages profile", fontsize=9)
         fig.tight_layout(rect=(0, 0, 1 - 3.2 / width, 1))
         fig.savefig(RESULTS / f"pretrain_profile_np{p}.png", format="png", dpi=100)
 
