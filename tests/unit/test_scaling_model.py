@@ -554,7 +554,7 @@ def test_a_greedy_steps_sum_at_two_ranks_is_the_call_measure_mpi_timed():
     comp.mem = {"copy": {2 ** 10: 1e-6, 2 ** 30: 1e-3}}
     gb = comp.layers[stack.keys()[0]]["grad_bytes"]
     parts = net(alpha=1e-5, beta=1e9)
-    slow = Link(1e-5, 1e8)  # the whole call: ten times the parts' bandwidth
+    slow = Link(1e-5, 1e8)  # the whole call: a tenth of the parts' bandwidth
     whole = replace(parts, intra=parts.intra | {"tree_allreduce": slow})
     copy = comp.mem_s("copy", gb)
     assert step_tree_allreduce_s(whole, gb, 2, 8, copy) == pytest.approx(slow.t(gb) - copy)
