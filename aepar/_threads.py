@@ -10,6 +10,7 @@ MKL_NUM_THREADS or NUMBA_NUM_THREADS yourself is respected, but then the results
 depend on it. This module must not import numpy.
 """
 import os
+import socket
 import sys
 
 _LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE",
@@ -34,18 +35,78 @@ def local_rank() -> int:
     return 0
 
 
-def usable_cores() -> int:
+def usable_cpus() -> tuple:
+    """The CPUs this process may run on (its binding), by number."""
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux: every CPU
+        return tuple(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    return len(usable_cpus())
 
 
 def threads_per_rank() -> int:
+    """The thread count at import, before MPI: this rank's CPUs divided among the ranks the
+    launcher says share its node (:func:`fit_to_layout` corrects it for a bound rank)."""
     chosen = os.environ.get("AEPAR_THREADS")
     if chosen:
         return max(1, int(chosen))
     return max(1, usable_cores() // local_ranks())
+
+
+def placement() -> tuple:
+    """(host, CPUs) of this process: what :func:`node_layout` gathers from every rank."""
+    return socket.gethostname(), usable_cpus()
+
+
+def node_layout(comm) -> list:
+    """Every rank's :func:`placement`, in rank order (collective)."""
+    return comm.allgather(placement())
+
+
+def share_of_node(layout, rank: int) -> int:
+    """Threads for ``rank`` from every rank's (host, CPUs): its CPUs divided among the ranks
+    on its host whose CPUs overlap its own, itself included. Unbound ranks all see the
+    node's CPUs and share them; a launcher's binding (a core each, ``--map-by slot:PE=4``,
+    a socket for several ranks) has already given each rank its share, which it keeps."""
+    host, mine = layout[rank]
+    own = set(mine)
+    sharing = sum(1 for h, cpus in layout if h == host and own.intersection(cpus))
+    return max(1, len(own) // max(sharing, 1))
+
+
+def node_cores(layout) -> int:
+    """The distinct CPUs that the ranks of ``layout`` may run on, over all their hosts:
+    what they share, however the launcher bound them."""
+    per_host = {}
+    for host, cpus in layout:
+        per_host.setdefault(host, set()).update(cpus)
+    return sum(len(cpus) for cpus in per_host.values())
+
+
+_PINNED = [False]  # aepar.THREADS fixed by the backend (one thread queues a GPU's work)
+
+
+def pin(threads: int):
+    """Fix aepar.THREADS at ``threads``, which :func:`fit_to_layout` then leaves alone."""
+    import aepar
+
+    aepar.THREADS = int(threads)
+    _PINNED[0] = True
+
+
+def fit_to_layout(layout, rank: int):
+    """aepar.THREADS from every rank's binding (:func:`share_of_node`), once MPI has
+    started: at import only this rank's CPUs and the launcher's count of ranks on the node
+    were known, which leave a bound rank (``mpirun --map-by slot:PE=4``) one thread on its
+    four cores. ``AEPAR_THREADS`` and :func:`pin` take precedence."""
+    if os.environ.get("AEPAR_THREADS") or _PINNED[0]:
+        return
+    import aepar
+
+    aepar.THREADS = share_of_node(layout, rank)
 
 
 def crowded_note(threads: int, cores: int) -> str | None:

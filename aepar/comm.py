@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 
+from aepar import _threads
 from aepar.errors import UserError
 
 # What MPI launchers (mpirun/mpiexec of Open MPI, MPICH, Intel MPI, MVAPICH; srun; Cray's
@@ -364,6 +365,8 @@ def world() -> Comm:
     global _WORLD
     if _WORLD is None:
         _WORLD = Comm(MPI.COMM_WORLD.Dup()) if MPI is not None else Comm()
+        if _WORLD.size > 1:  # the thread count, now that every rank's binding can be seen
+            _threads.fit_to_layout(_threads.node_layout(_WORLD), _WORLD.rank)
     return _WORLD
 
 

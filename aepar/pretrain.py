@@ -207,7 +207,7 @@ def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
     """``auto``: rank 0 times the layers, the planner predicts every scheme on these ranks;
     the fastest that can run here (never one predicted slower than data) and the table."""
     n_layers = len(parse_layers(args.layers, digits.train_x.shape[1])) - 1
-    cores = comm.allgather(_threads.usable_cores())[0]
+    cores = _threads.node_cores(_threads.node_layout(comm))  # however the launcher bound the ranks
     predictions = None
     if comm.is_root:
         costs = measure_costs(be, args, digits.train_x, comm.size)

@@ -115,8 +115,8 @@ def mpirun_cmd():
 LAUNCH_FAILED = "The PMIx server's listener thread failed to start"
 
 
-def run_mpi(np_, args, timeout=300, env=None):
-    """Run ``python args...`` under ``mpirun -np np_``; returns CompletedProcess."""
+def run_mpi(np_, args, timeout=300, env=None, launcher_args=()):
+    """Run ``python args...`` under ``mpirun -np np_ launcher_args``; returns CompletedProcess."""
     launcher = mpirun_cmd()
     if launcher is None:
         pytest.skip("no mpirun found (not next to this Python, not on PATH; MPIRUN unset)")
@@ -124,7 +124,7 @@ def run_mpi(np_, args, timeout=300, env=None):
                     **(env or {}))
     # one BLAS/Numba thread per rank: ranks x threads must not exceed the 2 cores
     full_env.setdefault("AEPAR_THREADS", "1")
-    cmd = launcher + ["-np", str(np_), sys.executable] + [str(a) for a in args]
+    cmd = launcher + ["-np", str(np_), *launcher_args, sys.executable] + [str(a) for a in args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
     if proc.returncode != 0 and LAUNCH_FAILED in proc.stdout + proc.stderr:
         # Open MPI's launcher failed before any rank ran: not the test's subject, so once more

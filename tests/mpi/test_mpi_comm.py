@@ -1,6 +1,7 @@
 """aepar.comm under mpirun -np 1, 2 and 4."""
 import pytest
 
+from aepar import _threads
 from tests.conftest import run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -36,3 +37,26 @@ def test_internal_error_aborts_not_hangs(ranks):
     assert p.returncode != 0
     assert f"rank {ranks - 1}/{ranks}: internal error" in p.stderr and "RuntimeError: boom" in p.stderr
     assert "finished" not in p.stdout
+
+
+@pytest.mark.skipif(_threads.usable_cores() < 2, reason="binding two ranks to a core each needs two cores")
+def test_ranks_bound_to_a_core_each_have_both_cores():
+    """``mpirun -np 2`` binds each rank to a core by default: each sees one CPU, but the two
+    ranks have two cores between them, so both take part in data-parallel fine-tuning (with
+    the cores of rank 0 alone, only rank 0 did) and the planner counts two cores."""
+    p = run_mpi(2, ["tests/mpi/mpi_binding.py"], timeout=60, env={"AEPAR_THREADS": ""},
+                launcher_args=["--bind-to", "core"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert sorted(p.stdout.splitlines()) == [f"rank {r} cpus 1 threads 1 cores 2 members [0, 1]" for r in (0, 1)]
+
+
+@pytest.mark.skipif(_threads.usable_cores() < 2, reason="binding two ranks to a core each needs two cores")
+def test_the_planner_counts_the_cores_of_ranks_bound_to_one_each(tmp_path):
+    """``--scheme auto`` under ``mpirun -np 2 --bind-to core``: the table's two ranks have
+    two cores, not the one that rank 0 sees, and nothing is called oversubscribed."""
+    p = run_mpi(2, ["-m", "aepar.pretrain", "--scheme", "auto", "--layers", "784-16-8", "--pretrainer", "ae",
+                    "--dataset", "mnist5k", "--limit", "200", "--epochs", "1", "--finetune-epochs", "0", "--no-plot",
+                    "--out", tmp_path / "run"], timeout=120, env={"AEPAR_THREADS": ""},
+                launcher_args=["--bind-to", "core"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "on 2 rank(s) on 2 core(s)" in p.stdout and "oversubscribed" not in p.stdout, p.stdout

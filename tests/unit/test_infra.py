@@ -77,6 +77,44 @@ def test_threads_split_cores_between_local_ranks(monkeypatch):
     assert _threads.threads_per_rank() == 3
 
 
+# (host, CPUs) per rank, as aepar._threads.node_layout gathers them
+UNBOUND_4_ON_16 = [("n1", tuple(range(16)))] * 4
+CORE_EACH_2_ON_2 = [("n1", (0,)), ("n1", (1,))]
+PE4_4_ON_16 = [("n1", tuple(range(4 * r, 4 * r + 4))) for r in range(4)]  # mpirun --map-by slot:PE=4
+SOCKETS_2_2 = [("n1", tuple(range(8)))] * 2 + [("n1", tuple(range(8, 16)))] * 2  # --bind-to socket, spread
+ONE_SOCKET_4 = [("n1", tuple(range(8)))] * 4  # all four ranks bound to the first socket
+TWO_HOSTS = [("a", (0,)), ("a", (1,)), ("b", (0, 1, 2, 3))]
+
+
+@pytest.mark.parametrize("layout, threads, cores", [
+    (UNBOUND_4_ON_16, [4] * 4, 16), (CORE_EACH_2_ON_2, [1, 1], 2), (PE4_4_ON_16, [4] * 4, 16),
+    (SOCKETS_2_2, [4] * 4, 16), (ONE_SOCKET_4, [2] * 4, 8), (TWO_HOSTS, [1, 1, 4], 6)])
+def test_threads_and_cores_follow_every_ranks_binding(layout, threads, cores):
+    """A rank's threads are its CPUs shared among the ranks on its host bound over them; the
+    ranks' cores are all their CPUs together. Bound to one core each, two ranks have two
+    cores (not the one each sees: the planner's "oversubscribed", fine-tuning on one rank);
+    bound to four each (PE=4), a rank has four threads (not 4 cores / 4 ranks = 1)."""
+    assert [_threads.share_of_node(layout, r) for r in range(len(layout))] == threads
+    assert _threads.node_cores(layout) == cores
+
+
+def test_fit_to_layout_leaves_a_chosen_or_pinned_count(monkeypatch):
+    import aepar
+
+    monkeypatch.setattr(aepar, "THREADS", 1)
+    monkeypatch.setattr(_threads, "_PINNED", [False])
+    monkeypatch.setenv("AEPAR_THREADS", "1")
+    _threads.fit_to_layout(PE4_4_ON_16, 0)
+    assert aepar.THREADS == 1  # the user's AEPAR_THREADS stands
+    monkeypatch.delenv("AEPAR_THREADS")
+    _threads.pin(1)  # the GPU backend's one thread
+    _threads.fit_to_layout(PE4_4_ON_16, 0)
+    assert aepar.THREADS == 1
+    monkeypatch.setattr(_threads, "_PINNED", [False])
+    _threads.fit_to_layout(PE4_4_ON_16, 2)
+    assert aepar.THREADS == 4
+
+
 def test_more_threads_than_cores_is_said_once_per_node():
     """A rank bound to one core with AEPAR_THREADS=2 (mpirun's binding, here sched_setaffinity)
     gets one line naming the fix, from the node's first rank only; enough cores, none."""
