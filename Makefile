@@ -148,6 +148,10 @@ bench-sparse-command: venv  ## python -m aepar.sparse vs the textbook program as
 bench-handoff: venv  ## a round of shares handed to 2 threads: aepar's thread map, its compiled-code team and Numba's prange layers, the cost beyond the work -> handoff.csv (~10 s)
 	$(BIN)/python -m bench.handoff
 
+.PHONY: bench-tree-sum
+bench-tree-sum: venv  ## the fixed-tree sum on every rank of 2 (RANKS=4, 8 on a machine with the cores): tree + Bcast against halving, for the stack's gradients -> tree_sum.{csv,md} (~5 s)
+	$(BIN)/python -m bench.tree_sum $(if $(RANKS),--ranks $(RANKS))
+
 .PHONY: bench-finetune-speed
 bench-finetune-speed: venv bench-peers  ## one fine-tuning epoch of the unrolled 784-...-30 autoencoder, aepar (8 blocks and 1) vs PyTorch at 1 and 2 threads -> peers.csv, finetune_speed.md (~2 min)
 	$(BIN)/python -m bench.finetune_speed

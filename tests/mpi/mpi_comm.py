@@ -111,4 +111,22 @@ for count in sorted({n, n + 1, 2 * n + 3, 8, 13}):
     got = TreeSum(comm, count).reduce(np.stack(mine))
     assert (np.array_equal(got, want) if comm.is_root else got is None), count
 
+# long vectors (from blocks.HALVING_BYTES): a power-of-two number of ranks with one node each
+# take the halving exchange, the others the tree and the Bcast; the same bits either way,
+# on every rank (an odd length splits unevenly at every level)
+for count in sorted({n, 2 * n, 8, 16, 6}):
+    if count < n:
+        continue
+    share = count // n
+    tree = TreeSum(comm, count)
+    assert tree.butterfly == (n > 1 and n & (n - 1) == 0 and count % n == 0 and share & (share - 1) == 0), count
+    rng = np.random.default_rng(100 + count)
+    every = [rng.standard_normal(20001) * 10.0 ** rng.integers(-8, 8, 20001) for _ in range(count)]
+    want = tree_sum([v.copy() for v in every])
+    first, stop = rank_blocks(count, r, n)
+    out = np.empty(20001)
+    tree.allreduce(np.stack([every[b] for b in range(first, stop)]), out)
+    assert np.array_equal(out, want), (count, np.flatnonzero(out != want)[:5])
+    assert all(np.array_equal(out, o) for o in comm.allgather(out)), count
+
 print(f"ok rank {r} of {n}", flush=True)
