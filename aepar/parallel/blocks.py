@@ -26,12 +26,20 @@ from aepar.comm import TAG_TREE
 
 from aepar.rows import rank_blocks, tree_cover, tree_node, tree_node_from, tree_sum_rows, tree_top
 
-__all__ = ["TreeSum"]
+__all__ = ["TreeSum", "halving_pairs", "HALVING_BYTES"]
 
 # allreduce by halving from vectors of this many bytes: shorter ones, whose time is the
 # messages' latency, take the tree and the Bcast (twice log2(ranks) messages either way;
 # 64 KB on 2 ranks of Zen 3: 31 us against 34, 4 KB 11 against 12, 100 B 10 against 4)
 HALVING_BYTES = 64 << 10
+
+
+def halving_pairs(count: int, ranks: int) -> bool:
+    """Whether ``ranks`` holding equal shares of ``count`` blocks each hold one node of the
+    tree, so that the nodes above theirs pair off as a butterfly's (rank r's sibling at
+    distance d is rank r ^ d): a power-of-two number of ranks, a power-of-two share each."""
+    share = count // ranks if ranks > 0 else 0
+    return ranks > 1 and not ranks & (ranks - 1) and share * ranks == count and not share & (share - 1)
 
 
 class TreeSum:
@@ -73,11 +81,9 @@ class TreeSum:
                        for level, start in self._local]
         self._steps = self._schedule()
         self._scratch = None
-        # a power-of-two number of ranks, one node of the same size each: the tree above
-        # their nodes is a butterfly's pairs (rank r's sibling at distance d is rank r ^ d)
-        size, share = comm.size, count // comm.size
-        self.butterfly = size > 1 and not size & (size - 1) and not share & (share - 1) and \
-            self.ranges == [(r * share, (r + 1) * share) for r in range(size)]
+        # equal shares of one node each (not the ranges a rebalanced run gives its ranks)
+        self.butterfly = halving_pairs(count, comm.size) and \
+            self.ranges == [rank_blocks(count, r, comm.size) for r in range(comm.size)]
 
     def _plan(self, level, start, owner):
         """Owner rank of node (level, start), recording the cross-rank additions below it."""

@@ -61,6 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from aepar import schemes
+from aepar.parallel.blocks import HALVING_BYTES, halving_pairs
 from aepar.parallel.pipeline import choose_mode, make_layout, mode_costs, plan_schedule, replay_plan
 
 __all__ = ["SCHEMES", "SPLIT", "LayerCosts", "allreduce_s", "tree_sum_s", "allgather_s", "greedy_s", "greedy_dp_s",
@@ -239,12 +240,16 @@ def allreduce_s(nbytes: float, n: int, alpha=5e-6, beta=5e9) -> float:
     return 2 * math.log2(n) * alpha + 2.0 * (n - 1) / n * nbytes / beta
 
 
-def tree_sum_s(nbytes: float, n: int, alpha=5e-6, beta=5e9) -> float:
+def tree_sum_s(nbytes: float, n: int, alpha=5e-6, beta=5e9, blocks=None) -> float:
     """aepar's fixed-tree sum over ``n`` ranks: n-1 messages of ``nbytes`` up a tree
     ceil(log2 n) deep (one message per level on the critical path), then a Bcast of the
-    sum (scatter + allgather: ceil(log2 n) alpha + 2 (n-1)/n nbytes / beta)."""
+    sum (scatter + allgather: ceil(log2 n) alpha + 2 (n-1)/n nbytes / beta). Where the
+    ranks hold one node each of ``blocks`` (:func:`aepar.parallel.blocks.halving_pairs`)
+    and the vector is long, it halves and doubles instead: :func:`allreduce_s`."""
     if n <= 1:
         return 0.0
+    if blocks is not None and halving_pairs(int(blocks), n) and nbytes >= HALVING_BYTES:
+        return allreduce_s(nbytes, n, alpha, beta)
     d = _depth(n)
     return d * (alpha + nbytes / beta) + d * alpha + 2.0 * (n - 1) / n * nbytes / beta
 
@@ -292,7 +297,7 @@ def _layerwise_dp(costs, ranks, reduce_s, cores):
 def greedy_dp_s(costs: LayerCosts, ranks: int, alpha=5e-6, beta=5e9, cores=None) -> float:
     """aepar.greedy on ``ranks``: epoch_s / P + steps x the fixed-tree sum of the
     parameters per epoch, the transforms between layers split P ways."""
-    return _layerwise_dp(costs, ranks, lambda b: tree_sum_s(b, ranks, alpha, beta), cores)
+    return _layerwise_dp(costs, ranks, lambda b: tree_sum_s(b, ranks, alpha, beta, costs.blocks), cores)
 
 
 def data_parallel_s(costs: LayerCosts, ranks: int, alpha=5e-6, beta=5e9, cores=None) -> float:
@@ -384,13 +389,15 @@ def pipeline_s(costs: LayerCosts, ranks: int, *, replicas: bool, mode=None, end_
     _, hand, receive = mode_costs(plan, layout, [t * f for t in costs.epoch_s],
                                   [t * f for t in costs.transform_s], mode)
     epoch = [costs.epoch_s[l] * f / reps[l]
-             + costs.steps_per_epoch[l] * tree_sum_s(costs.param_bytes[l], reps[l], alpha, beta) for l in range(n)]
+             + costs.steps_per_epoch[l] * tree_sum_s(costs.param_bytes[l], reps[l], alpha, beta, costs.blocks)
+             for l in range(n)]
     replay = replay_plan(plan, epoch, hand, layout, receive)
     # the split, per group of ranks (stages on one group run in turn), then the mean over ranks
     parts = dict.fromkeys(SPLIT, 0.0)
     for stages, ranks_g in zip(layout.groups, layout.ranks):
         reduction = sum(plan.epochs(l) * costs.steps_per_epoch[l] * tree_sum_s(costs.param_bytes[l], reps[l],
-                                                                              alpha, beta) for l in stages)
+                                                                              alpha, beta, costs.blocks)
+                        for l in stages)
         training = sum(plan.epochs(l) * epoch[l] for l in stages) - reduction
         handover = sum(replay["busy"][l] for l in stages) - training - reduction
         for k, v in zip(SPLIT, (training, reduction, handover,
@@ -467,7 +474,7 @@ def predict(costs: LayerCosts, ranks: int, *, cores=None, alpha=5e-6, beta=5e9, 
     why = _cannot_run_dp(costs, p)
     out["greedy"] = {"seconds": None, "note": why} if why else {
         "seconds": greedy_dp_s(costs, p, **kw),
-        "split": _layerwise_dp_split(costs, p, lambda b: tree_sum_s(b, p, alpha, beta), cores),
+        "split": _layerwise_dp_split(costs, p, lambda b: tree_sum_s(b, p, alpha, beta, costs.blocks), cores),
         "note": ("one rank" if p == 1 else f"layer by layer, fixed-tree gradient sum ({comm})") + over(p)}
     why = _cannot_run_dp(costs, p, blocks=False)
     out["data"] = {"seconds": None, "note": why} if why else {

@@ -35,6 +35,23 @@ def test_collectives_by_hand():
     assert tree_sum_s(0.0, 3, 1.0, 1e9) == pytest.approx(4.0)
 
 
+@pytest.mark.parametrize("ranks, blocks, halves", [(2, 8, True), (4, 8, True), (8, 8, True), (16, 16, True),
+                                                    (4, 16, True), (3, 8, False), (2, 6, False), (4, 12, False),
+                                                    (2, None, False)])
+def test_the_tree_prices_halving_where_the_ranks_hold_a_node_each(ranks, blocks, halves):
+    """aepar.parallel.blocks.TreeSum halves and doubles long vectors where a power-of-two
+    number of ranks hold one node each of the blocks: then the tree costs an Allreduce."""
+    long, short = 1e6, 1e3  # either side of blocks.HALVING_BYTES
+    tree, old = tree_sum_s(long, ranks, blocks=blocks), tree_sum_s(long, ranks)
+    assert (tree == pytest.approx(allreduce_s(long, ranks)) and tree < old) if halves else tree == old
+    assert tree_sum_s(short, ranks, blocks=blocks) == tree_sum_s(short, ranks)  # latency: the tree
+
+
+def test_greedy_costs_data_where_the_tree_halves():
+    c = costs([2.0, 1.0], epochs=3, nbytes=4e6, batch=100, blocks=8)
+    assert greedy_dp_s(c, 2) == pytest.approx(data_parallel_s(c, 2)) and greedy_dp_s(c, 3) > data_parallel_s(c, 3)
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 16, 64])
 def test_the_tree_is_never_cheaper_than_allreduce(n):
     for m in (0.0, 1e3, 1e7):
