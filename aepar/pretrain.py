@@ -25,6 +25,7 @@ classifier on the encoder (``--task classify``, test accuracy: higher is better)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -185,7 +186,7 @@ def measure_costs(be, args, x, ranks):
     warm_up(be, args.pretrainer)
     probes = layers_from_args(be, args, x.shape[1])
     n = x.shape[0]
-    rows = min(n, args.batch * max(3, -(-512 // args.batch)))
+    rows = probe_rows(n, args.batch)
     h = Shard.of(be, x[:rows], 1)
     epoch_s, transform_s = [], []
     for layer in probes:
@@ -203,6 +204,44 @@ def measure_costs(be, args, x, ranks):
                                blocks=args.reduce_blocks)
 
 
+def probe_rows(n: int, batch: int) -> int:
+    """The rows the planner's probes train on: a few batches, at least 512 rows."""
+    return min(n, batch * max(3, -(-512 // batch)))
+
+
+def measure_on_ranks(be, args, x, comm, schemes_here) -> tuple[dict, dict]:
+    """Planner input from every rank (collective): each layer's data-parallel epoch on
+    these ranks, timed on throw-away probes of the layers as :func:`measure_costs` times
+    one rank's, the sums over the ranks included, for ``schemes_here`` of greedy (the
+    ``--reduce-blocks`` fixed blocks, their tree) and data (a block per rank, one Allreduce
+    a step). A rank's step on its share of a batch takes more than that share of one
+    process's step (its weights' sums written out, summed over the ranks, then the
+    update), so these are measured, not divided. Each epoch is the faster of two, its
+    slowest rank's seconds, scaled to all the rows. Returns ({scheme: seconds per layer},
+    {scheme: of those, the sums over the ranks, the mean over the ranks})."""
+    n = x.shape[0]
+    rows = probe_rows(n, args.batch)
+    epoch_s, reduction_s = {}, {}
+    for scheme, blocks, allreduce in (("greedy", args.reduce_blocks, False), ("data", comm.size, True)):
+        if scheme not in schemes_here:
+            continue
+        h = Shard.of(be, x[:rows], blocks, comm.rank, comm.size)
+        epoch_s[scheme], reduction_s[scheme] = [], []
+        for layer in layers_from_args(be, args, x.shape[1]):
+            best = None
+            for epoch in range(2):
+                comm.barrier()
+                t0 = be_time(be)
+                phases = train_epoch(layer, h, epoch, comm, batch=args.batch, allreduce=allreduce).phases
+                seconds = comm.allreduce(be_time(be) - t0, op="max")
+                summing = comm.allreduce(phases.get("reduction", 0.0)) / comm.size
+                best = min(best or (seconds, summing), (seconds, summing))
+            epoch_s[scheme].append(best[0] * n / rows)
+            reduction_s[scheme].append(min(best[1], best[0]) * n / rows)
+            h = layer.transform(h)
+    return epoch_s, reduction_s
+
+
 def be_time(be) -> float:
     be.synchronize()
     return time.perf_counter()
@@ -213,9 +252,16 @@ def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
     the fastest that can run here (never one predicted slower than data) and the table."""
     n_layers = len(parse_layers(args.layers, digits.train_x.shape[1])) - 1
     cores = _threads.node_cores(_threads.node_layout(comm))  # however the launcher bound the ranks
-    predictions = None
+    predictions = costs = None
     if comm.is_root:
         costs = measure_costs(be, args, digits.train_x, comm.size)
+    if comm.size > 1:  # every rank: greedy's and data's epochs on these ranks, where they can run
+        here = [s for s in ("greedy", "data") if _runs_here(args, comm, n_layers, digits.train_x.shape[0], s)]
+        if here:
+            epochs, sums = measure_on_ranks(be, args, digits.train_x, comm, here)
+            if comm.is_root:
+                costs = dataclasses.replace(costs, dp_ranks=comm.size, dp_epoch_s=epochs, dp_reduction_s=sums)
+    if comm.is_root:
         predictions = predict(costs, comm.size, cores=cores)
         for scheme, entry in predictions.items():  # what this run could not do with these options
             try:
@@ -228,6 +274,15 @@ def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
     # summary.json names seconds with the _s suffix, as every run file does (the planner: "seconds")
     written = {k: {("time_s" if f == "seconds" else f): v for f, v in e.items()} for k, e in predictions.items()}
     return chosen, {"auto": {"chosen": chosen, "predicted": written, "table": format_table(predictions)}}
+
+
+def _runs_here(args, comm, n_layers, n_rows, scheme) -> bool:
+    """Whether ``scheme`` can run with these options on these ranks (:func:`_check`)."""
+    try:
+        _check(args, comm, n_layers, n_rows, scheme)
+    except UserError:
+        return False
+    return True
 
 
 def _resumed_scheme(comm, run, n_layers) -> str:

@@ -105,6 +105,12 @@ class LayerCosts:
         The logical costs the synchronized executor plans with (its FLOP clock,
         :func:`aepar.parallel.pipeline.stage_costs`); None: plan with ``epoch_s`` and
         ``transform_s``.
+    dp_ranks : int, optional
+        The rank count ``dp_epoch_s`` was measured on.
+    dp_epoch_s, dp_reduction_s : dict, optional
+        scheme ("greedy", "data") -> seconds of one epoch of each layer, data-parallel on
+        ``dp_ranks`` ranks (the sums over the ranks included), and of those the sums'
+        (:func:`aepar.pretrain.measure_on_ranks`); None: simulated from ``epoch_s``.
     """
 
     epoch_s: tuple
@@ -118,6 +124,9 @@ class LayerCosts:
     blocks: int | None = None
     plan_epoch: tuple | None = None
     plan_handover: tuple | None = None
+    dp_ranks: int | None = None
+    dp_epoch_s: dict | None = None
+    dp_reduction_s: dict | None = None
 
     def __post_init__(self):
         fix = object.__setattr__
@@ -157,6 +166,22 @@ class LayerCosts:
                 fix(self, name, v)
         if (self.plan_epoch is None) != (self.plan_handover is None):
             raise ValueError("give both plan_epoch and plan_handover, or neither")
+        if (self.dp_epoch_s is None) != (self.dp_reduction_s is None) or \
+                (self.dp_epoch_s is not None) != (self.dp_ranks is not None):
+            raise ValueError("give dp_ranks, dp_epoch_s and dp_reduction_s together, or none of them")
+        if self.dp_epoch_s is not None:
+            if int(self.dp_ranks) < 2 or set(self.dp_epoch_s) != set(self.dp_reduction_s):
+                raise ValueError("dp_ranks must be 2 or more, and dp_epoch_s and dp_reduction_s name the same schemes")
+            fix(self, "dp_ranks", int(self.dp_ranks))
+            for name in ("dp_epoch_s", "dp_reduction_s"):
+                table = {k: _floats(v, f"{name}[{k}]") for k, v in getattr(self, name).items()}
+                if any(len(v) != n for v in table.values()):
+                    raise ValueError(f"{name} needs a value per layer ({n})")
+                fix(self, name, table)
+            if any(min(v) <= 0 for v in self.dp_epoch_s.values()) or \
+                    any(r < 0 or r > e for k in self.dp_epoch_s for e, r in zip(self.dp_epoch_s[k],
+                                                                           self.dp_reduction_s[k])):
+                raise ValueError("measured epochs must be positive, their sums between 0 and the epoch")
 
     @property
     def n_layers(self) -> int:
@@ -280,30 +305,46 @@ def _split(training=0.0, reduction=0.0, handover=0.0, wait=0.0) -> dict:
     return {k: max(0.0, v) for k, v in parts.items()}  # a difference of sums may round below 0
 
 
-def _layerwise_dp_split(costs, ranks, reduce_s, cores) -> dict:
+def _measured_on(costs, ranks, scheme):
+    """(epoch seconds, of them the sums') per layer of ``scheme`` as measured on these
+    ``ranks``, or None where not measured (or on another rank count)."""
+    if costs.dp_epoch_s is None or costs.dp_ranks != int(ranks) or scheme not in costs.dp_epoch_s:
+        return None
+    return costs.dp_epoch_s[scheme], costs.dp_reduction_s[scheme]
+
+
+def _layerwise_dp_split(costs, ranks, reduce_s, cores, scheme=None) -> dict:
     """Every rank alike: its share of each epoch, the sums per step, and its share of the
-    transforms that make the next layer's input (the greedy schemes' hand-over)."""
+    transforms that make the next layer's input (the greedy schemes' hand-over). Where the
+    epochs of ``scheme`` were measured on these ranks, those epochs and their sums."""
     f = _slowdown(ranks, cores)
+    measured = _measured_on(costs, ranks, scheme)
+    if measured is not None:
+        epochs, sums = measured
+        return _split(training=sum(e * (t - r) for e, t, r in zip(costs.epochs, epochs, sums)),
+                      reduction=sum(e * r for e, r in zip(costs.epochs, sums)),
+                      handover=sum(costs.transform_s[:-1]) / ranks * f)
     return _split(training=sum(e * t / ranks * f for e, t in zip(costs.epochs, costs.epoch_s)),
                   reduction=sum(e * s * reduce_s(b) for e, s, b in
                                 zip(costs.epochs, costs.steps_per_epoch, costs.param_bytes)),
                   handover=sum(costs.transform_s[:-1]) / ranks * f)
 
 
-def _layerwise_dp(costs, ranks, reduce_s, cores):
-    return sum(_layerwise_dp_split(costs, ranks, reduce_s, cores).values())
+def _layerwise_dp(costs, ranks, reduce_s, cores, scheme):
+    return sum(_layerwise_dp_split(costs, ranks, reduce_s, cores, scheme).values())
 
 
 def greedy_dp_s(costs: LayerCosts, ranks: int, alpha=5e-6, beta=5e9, cores=None) -> float:
     """aepar.greedy on ``ranks``: epoch_s / P + steps x the fixed-tree sum of the
-    parameters per epoch, the transforms between layers split P ways."""
-    return _layerwise_dp(costs, ranks, lambda b: tree_sum_s(b, ranks, alpha, beta, costs.blocks), cores)
+    parameters per epoch, the transforms between layers split P ways (the epochs as
+    measured on these ranks where ``costs`` has them)."""
+    return _layerwise_dp(costs, ranks, lambda b: tree_sum_s(b, ranks, alpha, beta, costs.blocks), cores, "greedy")
 
 
 def data_parallel_s(costs: LayerCosts, ranks: int, alpha=5e-6, beta=5e9, cores=None) -> float:
     """The 15-618 data-parallel scheme on ``ranks``: greedy's order, one Allreduce of the
-    packed gradient per step."""
-    return _layerwise_dp(costs, ranks, lambda b: allreduce_s(b, ranks, alpha, beta), cores)
+    packed gradient per step (the epochs as measured on these ranks where ``costs`` has them)."""
+    return _layerwise_dp(costs, ranks, lambda b: allreduce_s(b, ranks, alpha, beta), cores, "data")
 
 
 def model_parallel_s(costs: LayerCosts, ranks: int, alpha=5e-6, beta=5e9, cores=None) -> dict:
@@ -470,17 +511,23 @@ def predict(costs: LayerCosts, ranks: int, *, cores=None, alpha=5e-6, beta=5e9, 
         return f"; oversubscribed: {active} ranks on {cores} cores, compute x{active / cores:.2g}" \
             if cores and active > cores else ""
 
+    def how(scheme, summed):  # measured epochs need no communication model
+        if _measured_on(costs, p, scheme) is not None:
+            return f"layer by layer, {summed}; epochs measured on these ranks"
+        return f"layer by layer, {summed} ({comm})" + over(p)
+
     out = {}
     why = _cannot_run_dp(costs, p)
     out["greedy"] = {"seconds": None, "note": why} if why else {
         "seconds": greedy_dp_s(costs, p, **kw),
-        "split": _layerwise_dp_split(costs, p, lambda b: tree_sum_s(b, p, alpha, beta, costs.blocks), cores),
-        "note": ("one rank" if p == 1 else f"layer by layer, fixed-tree gradient sum ({comm})") + over(p)}
+        "split": _layerwise_dp_split(costs, p, lambda b: tree_sum_s(b, p, alpha, beta, costs.blocks), cores,
+                                     "greedy"),
+        "note": "one rank" if p == 1 else how("greedy", "fixed-tree gradient sum")}
     why = _cannot_run_dp(costs, p, blocks=False)
     out["data"] = {"seconds": None, "note": why} if why else {
         "seconds": data_parallel_s(costs, p, **kw),
-        "split": _layerwise_dp_split(costs, p, lambda b: allreduce_s(b, p, alpha, beta), cores),
-        "note": ("one rank: greedy" if p == 1 else f"layer by layer, Allreduce per step ({comm})") + over(p)}
+        "split": _layerwise_dp_split(costs, p, lambda b: allreduce_s(b, p, alpha, beta), cores, "data"),
+        "note": "one rank: greedy" if p == 1 else how("data", "Allreduce per step")}
     if min(p, n) < 2:
         out["model"] = {"seconds": None, "note": "needs 2+ ranks and 2+ layers (a group of 1 is greedy)"}
     else:
@@ -544,8 +591,10 @@ def format_table(predictions: dict) -> str:
     except ValueError:
         chosen = None
     where = f"{ranks} rank(s)" + (f" on {cores} core(s)" if cores else ", one core each")
-    lines = [f"Predicted pre-training time on {where} - simulated from one-rank layer times, not measured; "
-             "lower is better.", "",
+    measured = any("measured on these ranks" in str(v.get("note", "")) for v in predictions.values())
+    how = ("greedy's and data's layer epochs measured on these ranks, the rest simulated from one-rank layer "
+           "times" if measured else "simulated from one-rank layer times, not measured")
+    lines = [f"Predicted pre-training time on {where} - {how}; lower is better.", "",
              "| scheme | predicted s | x greedy on 1 rank | note |", "| --- | ---: | ---: | --- |"]
     for k, v in predictions.items():
         name = f"**{k}** (auto)" if k == chosen else k

@@ -1,5 +1,6 @@
 """aepar.parallel.planner: hand-computable makespans, the choice rule, the two input paths."""
 import csv
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -50,6 +51,36 @@ def test_the_tree_prices_halving_where_the_ranks_hold_a_node_each(ranks, blocks,
 def test_greedy_costs_data_where_the_tree_halves():
     c = costs([2.0, 1.0], epochs=3, nbytes=4e6, batch=100, blocks=8)
     assert greedy_dp_s(c, 2) == pytest.approx(data_parallel_s(c, 2)) and greedy_dp_s(c, 3) > data_parallel_s(c, 3)
+
+
+def test_epochs_measured_on_the_ranks_replace_the_division():
+    """Where greedy's and data's layer epochs were measured on these ranks (sums included),
+    their predictions are those epochs, split into the sums and the rest; on another rank
+    count, or for the other schemes, the one-rank times as before."""
+    c = costs([2.0, 1.0], [0.5, 0.1], epochs=3, batch=100, blocks=8)
+    m = dataclasses.replace(c, dp_ranks=2, dp_epoch_s={"greedy": (1.5, 0.8), "data": (1.2, 0.7)},
+                            dp_reduction_s={"greedy": (0.3, 0.2), "data": (0.1, 0.1)})
+    p = predict(m, 2, cores=2)
+    assert p["greedy"]["seconds"] == pytest.approx(3 * (1.5 + 0.8) + 0.5 / 2)
+    assert p["data"]["seconds"] == pytest.approx(3 * (1.2 + 0.7) + 0.5 / 2)
+    assert p["greedy"]["split"]["reduction"] == pytest.approx(3 * 0.5)
+    assert sum(p["greedy"]["split"].values()) == pytest.approx(p["greedy"]["seconds"])
+    assert "measured on these ranks" in p["greedy"]["note"] and "measured on these ranks" in format_table(p)
+    same = predict(c, 2, cores=2)
+    assert p["model"] == same["model"] and p["sync"]["seconds"] == same["sync"]["seconds"]
+    assert predict(m, 4, cores=4)["greedy"]["seconds"] == predict(c, 4, cores=4)["greedy"]["seconds"]
+    assert "not measured" in format_table(same)
+
+
+def _measured(ranks, epochs, sums, other="data"):
+    return dict(dp_ranks=ranks, dp_epoch_s={"data": epochs}, dp_reduction_s={other: sums})
+
+
+@pytest.mark.parametrize("bad", [dict(dp_ranks=2), _measured(1, (1.0, 1.0), (0.1, 0.1)), _measured(2, (1.0,), (0.1,)),
+                                 _measured(2, (1.0, 1.0), (2.0, 0.1)), _measured(2, (1.0, 1.0), (0.1, 0.1), "greedy")])
+def test_measured_epochs_are_checked(bad):
+    with pytest.raises(ValueError):
+        dataclasses.replace(costs([2.0, 1.0]), **bad)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 16, 64])
