@@ -455,29 +455,22 @@ PROFILE_RUNS = tuple((scheme, p) for p in (2, 4) for scheme in PROFILE_SCHEMES[:
 
 
 def profile(work, runs=PROFILE_RUNS, epochs=3):
-    import os
-
     import numpy as np
 
-    from aepar.parallel.planner import SPLIT, LayerCosts, predict
+    from aepar.parallel.planner import SPLIT
     from aepar.report.profile import PHASES, draw_profile
 
     sizes = "-".join(map(str, PROFILE_LAYERS))
     net = ["--layers", sizes, "--pretrainer", "ae", "--dataset", "mnist5k", "--limit", 2000, "--epochs", epochs,
            "--finetune-epochs", 0, "--no-plot"]
-    # the planner's inputs: each layer's epoch and transform on one rank, one block
-    s = launch("aepar.pretrain", ["--scheme", "greedy", *net, "--reduce-blocks", 1], 1, work, "prof-costs-1block")
-    layers = s["pretrain"]["layers"]
-    pairs = list(zip(PROFILE_LAYERS, PROFILE_LAYERS[1:]))
-    costs = LayerCosts(epoch_s=tuple(min(l["epoch_times_s"]) for l in layers),
-                       transform_s=tuple(l.get("transform_s", 0.0) for l in layers),
-                       param_bytes=tuple(4 * (a * b + a + b) for a, b in pairs),
-                       steps_per_epoch=(-(-s["n_train"] // 100),) * len(pairs), epochs=(epochs,) * len(pairs),
-                       extras=(0,) * len(pairs), n_train=s["n_train"], batch=100, blocks=None)
+    # the planner's predictions as `--scheme auto` makes them on each rank count (what its
+    # run's summary.json records), beside what each scheme then measured
+    plans = {p: launch("aepar.pretrain", ["--scheme", "auto", *net], p, work, f"prof-auto-{p}")["auto"]["predicted"]
+             for p in sorted({p for _, p in runs})}
     rows, panels = [], {}
     for scheme, p in runs:
-        plan = predict(costs, p, cores=os.cpu_count())[scheme]
-        predicted, split = plan["seconds"], plan.get("split")
+        plan = plans[p].get(scheme, {})
+        predicted, split = plan.get("time_s"), plan.get("split")
         r = launch("aepar.pretrain", ["--scheme", scheme, *net], p, work, f"prof-{scheme}-{p}")
         panels[(scheme, p)] = (r["profile"], split, r["pretrain_time_s"], predicted)
         for rank in r["profile"]:
@@ -510,9 +503,10 @@ def profile(work, runs=PROFILE_RUNS, epochs=3):
            "gradients inside that sum), the sum over ranks (waiting for slower ranks included), the update "
            "(or the fused step: all of it in one kernel call, where one block, or every block on one "
            "thread, is a rank's), hand-overs (sending and recomputing inputs), waiting, validation, and "
-           "the rest of the epochs. The planner predicts a rank's time "
-           "(from this machine's one-rank layer times, one core per rank unless the ranks outnumber the "
-           "cores) split into training (the epochs' whole work), the sum over ranks, hand-overs (for "
+           "the rest of the epochs. The planner predicts a rank's time as `--scheme auto` does on those "
+           "ranks (from one-rank layer times, one core per rank unless the ranks outnumber the cores; "
+           "greedy's and data's layer epochs measured on the ranks, sums included), recorded in that auto "
+           "run's summary.json, split into training (the epochs' whole work), the sum over ranks, hand-overs (for "
            "greedy and data the transforms that make the next layer's input; for model the weight "
            "exchanges too) and waiting, the mean over the ranks: the hatched bar in "
            "pretrain_profile_np*.png. "
