@@ -30,17 +30,22 @@ Assumptions (each one a place where the prediction can be wrong):
 
 1. Compute scales perfectly: an epoch on P data-parallel ranks takes epoch_s / P (no
    load imbalance, no smaller-GEMM slowdown), a transform of all rows split P ways
-   transform_s / P.
+   transform_s / P. Not for greedy and data where their epochs were measured on the P
+   ranks (``dp_epoch_s``: ``--scheme auto`` on several ranks), which are taken as they are.
 2. Communication follows the alpha-beta model (latency ``alpha`` s, bandwidth ``beta``
    bytes/s; defaults 5 us and 5 GB/s, shared memory), is not overlapped with compute and
    is not slowed by the ranks' compute. Allreduce: 2 log2(P) alpha + 2 (P-1)/P m / beta
    (reduce-scatter + allgather); the fixed tree: ceil(log2 P) levels of one m-byte
-   message each, then a Bcast of the sum (ceil(log2 P) alpha + 2 (P-1)/P m / beta);
+   message each, then a Bcast of the sum (ceil(log2 P) alpha + 2 (P-1)/P m / beta), or an
+   Allreduce where P ranks hold one node each of the blocks and m >= 64 KB (the tree's
+   halving, :func:`aepar.parallel.blocks.halving_pairs`);
    allgather: ceil(log2 P) alpha + (P-1)/P m / beta. m = the packed gradient = the
    parameters' bytes (the few extra sums are ignored).
 3. One core per rank unless ``cores`` says fewer: then compute (not communication) is
    slowed by active ranks / cores, active ranks being those that compute (model and sync
-   leave ranks beyond L idle).
+   leave ranks beyond L idle). model's slots share the cores by their work: a slot lasts
+   its slowest rank's work, or all its ranks' work over the cores if longer (its ranks
+   that finish early wait asleep, leaving their core to the others).
 4. Per-step overheads other than the reduction (sampling a batch, Python) are inside
    epoch_s and split P ways like the rest: small batches per rank make this optimistic.
 5. Test-set evaluation, checkpoints and start-up are not counted; the transform of the
@@ -290,6 +295,14 @@ def _slowdown(active: int, cores) -> float:
     return max(1.0, active / cores) if cores else 1.0
 
 
+def _shared(busy, cores) -> float:
+    """Seconds for ranks with ``busy`` seconds of work each, all started at once, on
+    ``cores`` cores shared by their work (None: a core each): the longest, or all of the
+    work spread over the cores if that takes longer."""
+    busy = list(busy)
+    return max(max(busy), sum(busy) / cores) if cores else max(busy)
+
+
 # ==== the schemes ===========================================================================
 def greedy_s(costs: LayerCosts) -> float:
     """Greedy on one rank: every layer's epochs, then its transform (not the code layer's)."""
@@ -365,7 +378,7 @@ def model_parallel_s(costs: LayerCosts, ranks: int, alpha=5e-6, beta=5e9, cores=
     """
     n, p = costs.n_layers, int(ranks)
     g_size = min(p, n)
-    f = _slowdown(g_size, cores)
+    f = _slowdown(g_size, cores)  # the group's output, computed by all of them at once
     total, comm, slots_per_group = 0.0, 0.0, []
     trained, refreshed, passed_on = 0.0, 0.0, 0.0  # summed over the ranks, for the split
     for first in range(0, n, g_size):
@@ -375,16 +388,19 @@ def model_parallel_s(costs: LayerCosts, ranks: int, alpha=5e-6, beta=5e9, cores=
         seen = {}  # layer -> versions of the group's layers below it its input was computed from
         for t in range(n_slots):
             active = [(j, t - (j - first)) for j in members if 0 <= t - (j - first) < costs.epochs[j]]
-            busy = {}
+            busy, work, refreshes = {}, 0.0, 0.0
             for j, _ in active:
                 versions = tuple(done[i] for i in range(first, j))
                 refresh = sum(costs.transform_s[first:j]) if seen.get(j) != versions else 0.0
                 seen[j] = versions
                 rank = (j - first) % p
-                busy[rank] = busy.get(rank, 0.0) + (costs.epoch_s[j] + refresh) * f
-                trained, refreshed = trained + costs.epoch_s[j] * f, refreshed + refresh * f
+                busy[rank] = busy.get(rank, 0.0) + costs.epoch_s[j] + refresh
+                work, refreshes = work + costs.epoch_s[j], refreshes + refresh
+            slot = _shared(busy.values(), cores)
+            stretch = slot / max(busy.values()) if max(busy.values()) > 0 else 1.0
+            trained, refreshed = trained + work * stretch, refreshed + refreshes * stretch
             exchange = allgather_s(sum(costs.param_bytes[j] for j, _ in active), p, alpha, beta)
-            total += max(busy.values()) + exchange
+            total += slot + exchange
             comm += exchange
             for j, e in active:
                 done[j] = e + 1
