@@ -181,8 +181,8 @@ def measure_costs(be, args, x, ranks):
     """Planner input from this process: every layer's epoch and transform timed on a few
     batches of throw-away copies of the layers (the run's own are untouched), scaled to all
     the rows; an epoch the faster of two (a process's first epoch of a layer's shape also
-    loads its compiled tiles, which the warm-up's tiny layer does not take: 784x500's
-    probe took 1.4 times its second). Timed on one process while the others wait."""
+    loads its compiled tiles, which the warm-up's tiny layer does not take). Timed on one
+    process while the others wait."""
     warm_up(be, args.pretrainer)
     probes = layers_from_args(be, args, x.shape[1])
     n = x.shape[0]
@@ -248,8 +248,10 @@ def be_time(be) -> float:
 
 
 def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
-    """``auto``: rank 0 times the layers, the planner predicts every scheme on these ranks;
-    the fastest that can run here (never one predicted slower than data) and the table."""
+    """``auto``: rank 0 times the layers, on several ranks all of them time greedy's and
+    data's layer epochs together (:func:`measure_on_ranks`), and the planner predicts every
+    scheme on these ranks; the fastest that can run here (never one predicted slower than
+    data) and the table."""
     n_layers = len(parse_layers(args.layers, digits.train_x.shape[1])) - 1
     cores = _threads.node_cores(_threads.node_layout(comm))  # however the launcher bound the ranks
     predictions = costs = None

@@ -13,8 +13,8 @@ number of ranks each hold one node of the same size (8 blocks on 2, 4 or 8 ranks
 vector is long: there the nodes above the ranks' are the pairs of a butterfly, and the
 sum is taken by recursive halving, then doubling (Rabenseifner's Allreduce), each rank
 adding its part of every pair of siblings. Each rank then sends about twice its vector in
-all, where the messages up the tree and the Bcast send a vector per level (2 ranks, 1.6 MB:
-0.31 against 0.49-0.58 ms, the 2-vCPU AMD EPYC Zen 3, docs/performance-notes.md).
+all, where the messages up the tree and the Bcast send a vector per level (the figures:
+docs/performance-notes.md, `make bench-tree-sum`).
 """
 from __future__ import annotations
 
