@@ -49,7 +49,7 @@ def usable_cores() -> int:
 
 def threads_per_rank() -> int:
     """The thread count at import, before MPI: this rank's CPUs divided among the ranks the
-    launcher says share its node (:func:`fit_to_layout` corrects it for a bound rank)."""
+    launcher says share its node (:func:`threads_for_layout` corrects it for a bound rank)."""
     chosen = os.environ.get("AEPAR_THREADS")
     if chosen:
         return max(1, int(chosen))
@@ -86,27 +86,23 @@ def node_cores(layout) -> int:
     return sum(len(cpus) for cpus in per_host.values())
 
 
-_PINNED = [False]  # aepar.THREADS fixed by the backend (one thread queues a GPU's work)
+_FIXED = [False]  # aepar.THREADS fixed by the backend (one thread queues a GPU's work)
 
 
-def pin(threads: int):
-    """Fix aepar.THREADS at ``threads``, which :func:`fit_to_layout` then leaves alone."""
-    import aepar
-
-    aepar.THREADS = int(threads)
-    _PINNED[0] = True
+def fix_threads():
+    """Mark aepar.THREADS as fixed by the backend: :func:`threads_for_layout` leaves it."""
+    _FIXED[0] = True
 
 
-def fit_to_layout(layout, rank: int):
-    """aepar.THREADS from every rank's binding (:func:`share_of_node`), once MPI has
-    started: at import only this rank's CPUs and the launcher's count of ranks on the node
-    were known, which leave a bound rank (``mpirun --map-by slot:PE=4``) one thread on its
-    four cores. ``AEPAR_THREADS`` and :func:`pin` take precedence."""
-    if os.environ.get("AEPAR_THREADS") or _PINNED[0]:
-        return
-    import aepar
-
-    aepar.THREADS = share_of_node(layout, rank)
+def threads_for_layout(layout, rank: int) -> int | None:
+    """aepar.THREADS for ``rank`` from every rank's binding (:func:`share_of_node`), once
+    MPI has started: at import only this rank's CPUs and the launcher's count of ranks on
+    the node were known, which leave a bound rank (``mpirun --map-by slot:PE=4``) one
+    thread on its four cores. None where ``AEPAR_THREADS`` chose the count or the backend
+    fixed it (:func:`fix_threads`)."""
+    if os.environ.get("AEPAR_THREADS") or _FIXED[0]:
+        return None
+    return share_of_node(layout, rank)
 
 
 def crowded_note(threads: int, cores: int) -> str | None:

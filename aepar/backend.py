@@ -79,7 +79,9 @@ def select(device: str | None = None, kernel_set: str = "auto", dtype="float64",
         # one host thread queues a GPU's work: aepar's block threads (aepar.rows) would only
         # contend for the GIL and CuPy's launches (many of them made the autoencoder layer's
         # step several times slower). The bits do not depend on the thread count.
-        _threads.pin(1)
+        import aepar
+        aepar.THREADS = 1
+        _threads.fix_threads()
     else:
         xp = np
     chosen = Backend(device, kernel_set, xp, kernels.load(kernel_set), np.dtype(dtype))

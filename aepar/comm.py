@@ -366,7 +366,10 @@ def world() -> Comm:
     if _WORLD is None:
         _WORLD = Comm(MPI.COMM_WORLD.Dup()) if MPI is not None else Comm()
         if _WORLD.size > 1:  # the thread count, now that every rank's binding can be seen
-            _threads.fit_to_layout(_threads.node_layout(_WORLD), _WORLD.rank)
+            threads = _threads.threads_for_layout(_threads.node_layout(_WORLD), _WORLD.rank)
+            if threads is not None:
+                import aepar
+                aepar.THREADS = threads
     return _WORLD
 
 

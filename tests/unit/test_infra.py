@@ -98,21 +98,14 @@ def test_threads_and_cores_follow_every_ranks_binding(layout, threads, cores):
     assert _threads.node_cores(layout) == cores
 
 
-def test_fit_to_layout_leaves_a_chosen_or_pinned_count(monkeypatch):
-    import aepar
-
-    monkeypatch.setattr(aepar, "THREADS", 1)
-    monkeypatch.setattr(_threads, "_PINNED", [False])
+def test_the_layouts_threads_leave_a_chosen_or_fixed_count(monkeypatch):
+    monkeypatch.setattr(_threads, "_FIXED", [False])
     monkeypatch.setenv("AEPAR_THREADS", "1")
-    _threads.fit_to_layout(PE4_4_ON_16, 0)
-    assert aepar.THREADS == 1  # the user's AEPAR_THREADS stands
+    assert _threads.threads_for_layout(PE4_4_ON_16, 0) is None  # the user's AEPAR_THREADS stands
     monkeypatch.delenv("AEPAR_THREADS")
-    _threads.pin(1)  # the GPU backend's one thread
-    _threads.fit_to_layout(PE4_4_ON_16, 0)
-    assert aepar.THREADS == 1
-    monkeypatch.setattr(_threads, "_PINNED", [False])
-    _threads.fit_to_layout(PE4_4_ON_16, 2)
-    assert aepar.THREADS == 4
+    assert _threads.threads_for_layout(PE4_4_ON_16, 2) == 4
+    _threads.fix_threads()  # the GPU backend's one thread
+    assert _threads.threads_for_layout(PE4_4_ON_16, 0) is None
 
 
 def test_more_threads_than_cores_is_said_once_per_node():
