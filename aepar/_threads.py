@@ -77,13 +77,18 @@ def share_of_node(layout, rank: int) -> int:
     return max(1, len(own) // max(sharing, 1))
 
 
-def node_cores(layout) -> int:
-    """The distinct CPUs that the ranks of ``layout`` may run on, over all their hosts:
-    what they share, however the launcher bound them."""
+def host_cores(layout) -> dict:
+    """{host: the distinct CPUs that its ranks in ``layout`` may run on}: what they share,
+    however the launcher bound them."""
     per_host = {}
     for host, cpus in layout:
         per_host.setdefault(host, set()).update(cpus)
-    return sum(len(cpus) for cpus in per_host.values())
+    return {host: len(cpus) for host, cpus in per_host.items()}
+
+
+def node_cores(layout) -> int:
+    """:func:`host_cores` over all the hosts of ``layout``."""
+    return sum(host_cores(layout).values())
 
 
 _FIXED = [False]  # aepar.THREADS fixed by the backend (one thread queues a GPU's work)

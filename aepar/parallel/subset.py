@@ -22,15 +22,14 @@ def data_parallel_ranks(comm, requested=None) -> list[int]:
     `make run`) mostly times the spinning; the pipeline's waiting stages sleep instead.
     Collective.
     """
-    layout = _threads.node_layout(comm)
-    threads = comm.allgather(int(aepar.THREADS))
+    info = comm.allgather((_threads.placement(), int(aepar.THREADS)))
     if requested:
         return list(range(min(int(requested), comm.size)))
     # a host's cores: all its ranks' CPUs together (a rank bound to one core sees only its own)
-    cores = {host: _threads.node_cores([(h, cpus) for h, cpus in layout if h == host]) for host, _ in layout}
+    cores = _threads.host_cores([place for place, _ in info])
     used, members = {}, []
-    for rank, (host, _) in enumerate(layout):
-        if used.get(host, 0) < max(1, cores[host] // max(threads[rank], 1)):
+    for rank, ((host, _), threads) in enumerate(info):
+        if used.get(host, 0) < max(1, cores[host] // max(threads, 1)):
             members.append(rank)
             used[host] = used.get(host, 0) + 1
     return members

@@ -96,6 +96,7 @@ def test_threads_and_cores_follow_every_ranks_binding(layout, threads, cores):
     bound to four each (PE=4), a rank has four threads (not 4 cores / 4 ranks = 1)."""
     assert [_threads.share_of_node(layout, r) for r in range(len(layout))] == threads
     assert _threads.node_cores(layout) == cores
+    assert _threads.host_cores(TWO_HOSTS) == {"a": 2, "b": 4}
 
 
 def test_the_layouts_threads_leave_a_chosen_or_fixed_count(monkeypatch):
