@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         print(f"bench.tree_sum: not measured ({last})", file=sys.stderr)
         return 1
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    machine = machine_columns()
+    machine = machine_columns(threads=1)  # the ranks' (AEPAR_THREADS=1), not this process's
     rows = [{**r, "ranks": result["ranks"], "halving_over_tree": r["halving_ms"] / r["tree_bcast_ms"],
              "date": time.strftime("%Y-%m-%d"), "command": f"python -m bench.tree_sum --ranks {args.ranks}",
              **{k: v for k, v in machine.items() if k not in r}} for r in result["rows"]]
