@@ -54,14 +54,15 @@ def _child(rounds: int, reps: int) -> dict:
     tree = TreeSum(comm, 8)
     if not tree.butterfly:
         raise SystemExit(f"bench.tree_sum: {comm.size} ranks holding 8 blocks do not halve (a power of two up to 8)")
+    blocks.HALVING_BYTES = 0  # every size halves when asked to
+    rng = np.random.default_rng(comm.rank)
+    given = {name: rng.random(floats).astype(np.float32) for name, floats in vectors().items()}
     best = {}
     for _ in range(rounds):
-        for name, floats in vectors().items():
-            v0 = np.random.default_rng(comm.rank).random(floats).astype(np.float32)
+        for name, v0 in given.items():
             v, out = v0.copy(), np.empty_like(v0)
             for way, halves in (("tree_bcast", False), ("halving", True)):
                 tree.butterfly = halves
-                blocks.HALVING_BYTES = 0  # every size halves when asked to
                 for _ in range(reps):
                     v[...] = v0
                     comm.barrier()
