@@ -10,7 +10,6 @@ MKL_NUM_THREADS or NUMBA_NUM_THREADS yourself is respected, but then the results
 depend on it. This module must not import numpy.
 """
 import os
-import socket
 import sys
 
 _LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE",
@@ -56,39 +55,41 @@ def threads_per_rank() -> int:
     return max(1, usable_cores() // local_ranks())
 
 
-def placement() -> tuple:
-    """(host, CPUs) of this process: what :func:`node_layout` gathers from every rank."""
-    return socket.gethostname(), usable_cpus()
+def placement(comm) -> tuple:
+    """(node, CPUs) of this process: its node among ``comm``'s ranks (``comm.node()``, MPI's
+    shared-memory grouping; collective) and the CPUs it may run on. What :func:`node_layout`
+    gathers from every rank."""
+    return comm.node(), usable_cpus()
 
 
 def node_layout(comm) -> list:
     """Every rank's :func:`placement`, in rank order (collective)."""
-    return comm.allgather(placement())
+    return comm.allgather(placement(comm))
 
 
 def share_of_node(layout, rank: int) -> int:
-    """Threads for ``rank`` from every rank's (host, CPUs): its CPUs divided among the ranks
-    on its host whose CPUs overlap its own, itself included. Unbound ranks all see the
+    """Threads for ``rank`` from every rank's (node, CPUs): its CPUs divided among the ranks
+    on its node whose CPUs overlap its own, itself included. Unbound ranks all see the
     node's CPUs and share them; a launcher's binding (a core each, ``--map-by slot:PE=4``,
     a socket for several ranks) has already given each rank its share, which it keeps."""
-    host, mine = layout[rank]
+    node, mine = layout[rank]
     own = set(mine)
-    sharing = sum(1 for h, cpus in layout if h == host and own.intersection(cpus))
+    sharing = sum(1 for n, cpus in layout if n == node and own.intersection(cpus))
     return max(1, len(own) // max(sharing, 1))
 
 
-def host_cores(layout) -> dict:
-    """{host: the distinct CPUs that its ranks in ``layout`` may run on}: what they share,
+def cores_per_node(layout) -> dict:
+    """{node: the distinct CPUs that its ranks in ``layout`` may run on}: what they share,
     however the launcher bound them."""
-    per_host = {}
-    for host, cpus in layout:
-        per_host.setdefault(host, set()).update(cpus)
-    return {host: len(cpus) for host, cpus in per_host.items()}
+    per_node = {}
+    for node, cpus in layout:
+        per_node.setdefault(node, set()).update(cpus)
+    return {node: len(cpus) for node, cpus in per_node.items()}
 
 
 def node_cores(layout) -> int:
-    """:func:`host_cores` over all the hosts of ``layout``."""
-    return sum(host_cores(layout).values())
+    """:func:`cores_per_node` added over all the nodes of ``layout``."""
+    return sum(cores_per_node(layout).values())
 
 
 _FIXED = [False]  # aepar.THREADS fixed by the backend (one thread queues a GPU's work)

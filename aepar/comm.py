@@ -168,6 +168,7 @@ class Comm:
         self.rank = mpi_comm.Get_rank() if mpi_comm is not None else 0
         self.size = mpi_comm.Get_size() if mpi_comm is not None else 1
         self._cuda_aware = cuda_aware() if mpi_comm is not None else False
+        self._node = None  # node(): asked collectively once, then kept
         self.collectives = 0  # buffer collectives issued, for the reports
 
     @property
@@ -260,6 +261,23 @@ class Comm:
             return Comm.serial()
         return Comm(self._c.Split(color, self.rank if key is None else key))
 
+    def node(self) -> int:
+        """This rank's node: the lowest rank of this communicator among those sharing its
+        memory (MPI_Comm_split_type SHARED), so the same on every rank of a node and on
+        no rank of another, whatever the host names say (machines cloned from one image
+        may all be called "localhost"). Collective on a communicator's first call; kept."""
+        if self._node is None:
+            if self.size == 1:
+                self._node = 0
+            else:
+                with _Blocking("split_type"):
+                    shared = self._c.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+                    try:
+                        self._node = shared.allreduce(self.rank, op=MPI.MIN)
+                    finally:
+                        shared.Free()
+        return self._node
+
     def barrier(self):
         if self.size > 1:
             with _Blocking("barrier"):
@@ -346,7 +364,7 @@ class Comm:
     @staticmethod
     def serial() -> "Comm":
         comm = Comm.__new__(Comm)
-        comm._c, comm.rank, comm.size, comm._cuda_aware, comm.collectives = None, 0, 1, False, 0
+        comm._c, comm.rank, comm.size, comm._cuda_aware, comm.collectives, comm._node = None, 0, 1, False, 0, None
         return comm
 
 

@@ -22,16 +22,16 @@ def data_parallel_ranks(comm, requested=None) -> list[int]:
     `make run`) mostly times the spinning; the pipeline's waiting stages sleep instead.
     Collective.
     """
-    info = comm.allgather((_threads.placement(), int(aepar.THREADS)))
+    info = comm.allgather((_threads.placement(comm), int(aepar.THREADS)))
     if requested:
         return list(range(min(int(requested), comm.size)))
-    # a host's cores: all its ranks' CPUs together (a rank bound to one core sees only its own)
-    cores = _threads.host_cores([place for place, _ in info])
+    # a node's cores: all its ranks' CPUs together (a rank bound to one core sees only its own)
+    cores = _threads.cores_per_node([place for place, _ in info])
     used, members = {}, []
-    for rank, ((host, _), threads) in enumerate(info):
-        if used.get(host, 0) < max(1, cores[host] // max(threads, 1)):
+    for rank, ((node, _), threads) in enumerate(info):
+        if used.get(node, 0) < max(1, cores[node] // max(threads, 1)):
             members.append(rank)
-            used[host] = used.get(host, 0) + 1
+            used[node] = used.get(node, 0) + 1
     return members
 
 

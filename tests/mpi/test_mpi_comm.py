@@ -50,6 +50,21 @@ def test_ranks_bound_to_a_core_each_have_both_cores():
     assert sorted(p.stdout.splitlines()) == [f"rank {r} cpus 1 threads 1 cores 2 members [0, 1]" for r in (0, 1)]
 
 
+def test_ranks_are_grouped_into_nodes_by_mpi_not_by_host_name():
+    """Two unbound ranks of one machine whose host names differ are still one node (MPI's
+    shared-memory grouping): they split its cores (one thread each on two) and have its
+    cores once, not two "hosts" of all the cores each (four cores, two threads a rank).
+    Host names do not tell machines apart (clones of one image may all be "localhost")."""
+    p = run_mpi(2, ["tests/mpi/mpi_binding.py"], timeout=60,
+                env={"AEPAR_THREADS": "", "AEPAR_TEST_HOST_PER_RANK": "1"}, launcher_args=["--bind-to", "none"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    cores = _threads.usable_cores()
+    threads = max(1, cores // 2)
+    members = list(range(min(2, max(1, cores // threads))))
+    assert sorted(p.stdout.splitlines()) == [f"rank {r} cpus {cores} threads {threads} cores {cores} members {members}"
+                                             for r in (0, 1)]
+
+
 @pytest.mark.skipif(_threads.usable_cores() < 2, reason="binding two ranks to a core each needs two cores")
 def test_the_planner_counts_the_cores_of_ranks_bound_to_one_each(tmp_path):
     """``--scheme auto`` under ``mpirun -np 2 --bind-to core``: the table's two ranks have

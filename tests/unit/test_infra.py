@@ -77,7 +77,7 @@ def test_threads_split_cores_between_local_ranks(monkeypatch):
     assert _threads.threads_per_rank() == 3
 
 
-# (host, CPUs) per rank, as aepar._threads.node_layout gathers them
+# (node, CPUs) per rank, as aepar._threads.node_layout gathers them
 UNBOUND_4_ON_16 = [("n1", tuple(range(16)))] * 4
 CORE_EACH_2_ON_2 = [("n1", (0,)), ("n1", (1,))]
 PE4_4_ON_16 = [("n1", tuple(range(4 * r, 4 * r + 4))) for r in range(4)]  # mpirun --map-by slot:PE=4
@@ -90,13 +90,13 @@ TWO_HOSTS = [("a", (0,)), ("a", (1,)), ("b", (0, 1, 2, 3))]
     (UNBOUND_4_ON_16, [4] * 4, 16), (CORE_EACH_2_ON_2, [1, 1], 2), (PE4_4_ON_16, [4] * 4, 16),
     (SOCKETS_2_2, [4] * 4, 16), (ONE_SOCKET_4, [2] * 4, 8), (TWO_HOSTS, [1, 1, 4], 6)])
 def test_threads_and_cores_follow_every_ranks_binding(layout, threads, cores):
-    """A rank's threads are its CPUs shared among the ranks on its host bound over them; the
+    """A rank's threads are its CPUs shared among the ranks on its node bound over them; the
     ranks' cores are all their CPUs together. Bound to one core each, two ranks have two
     cores (not the one each sees: the planner's "oversubscribed", fine-tuning on one rank);
     bound to four each (PE=4), a rank has four threads (not 4 cores / 4 ranks = 1)."""
     assert [_threads.share_of_node(layout, r) for r in range(len(layout))] == threads
     assert _threads.node_cores(layout) == cores
-    assert _threads.host_cores(TWO_HOSTS) == {"a": 2, "b": 4}
+    assert _threads.cores_per_node(TWO_HOSTS) == {"a": 2, "b": 4}
 
 
 def test_the_layouts_threads_leave_a_chosen_or_fixed_count(monkeypatch):
