@@ -20,7 +20,7 @@ from aepar import _threads
 
 #: The columns :func:`describe` returns, in the order benchmark CSVs write them.
 FIELDS = ("hostname", "cores", "cpu_model", "isa", "blas", "blas_coretype", "threads", "blas_threads", "mpi",
-          "python", "numpy", "numba")
+          "python", "numpy", "numba", "aepar")
 
 #: The ``mpi`` field of a process that runs alone and never starts MPI (a serial run's
 #: summary, a one-process benchmark's rows).
@@ -201,9 +201,13 @@ def describe(mpi: str | None = None, threads: int | None = None) -> dict:
     dict
         Keys :data:`FIELDS`: hostname, cores (usable by this process), cpu_model, isa (vector
         instruction sets), blas (name + version), blas_coretype, threads (aepar's, per
-        rank), blas_threads (inside each), mpi, python, numpy, numba.
+        rank), blas_threads (inside each), mpi, python, numpy, numba, aepar (the version
+        that ran: a model of the code, such as bench.scaling_model's, prices a record as
+        the code of its day ran it).
     """
     import numpy as np
+
+    import aepar
 
     if mpi is None:
         from aepar.comm import library
@@ -222,6 +226,7 @@ def describe(mpi: str | None = None, threads: int | None = None) -> dict:
         "python": platform.python_version(),
         "numpy": np.__version__,
         "numba": _numba_version(),
+        "aepar": aepar.__version__,
     }
 
 

@@ -59,11 +59,13 @@ RECORDS = Records("bench.pretrain")  # --records: runs kept in, and read back fr
 
 
 def machine_fields(summary: dict | None = None) -> dict:
-    """The machine columns these tables have always had: five of them, the CPU as ``cpu``;
-    the run's own (``summary``: one read back from a record may come from another machine),
-    else this one's."""
+    """The machine columns these tables have always had: five of them, the CPU as ``cpu``,
+    and the aepar version that ran (empty for a record from before it was kept); the run's
+    own (``summary``: one read back from a record may come from another machine), else
+    this one's."""
     m = (summary or {}).get("machine") or machine_columns()
-    return {"cpu": m["cpu_model"], "isa": m["isa"], "blas": m["blas"], "cores": m["cores"], "mpi": m["mpi"]}
+    return {"cpu": m["cpu_model"], "isa": m["isa"], "blas": m["blas"], "cores": m["cores"], "mpi": m["mpi"],
+            "aepar": m.get("aepar", "")}
 
 
 def launch(module, args, np_, work: Path, name: str) -> dict:
