@@ -9,6 +9,7 @@ collectives, per-replica epochs, hand-over messages); see each one.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from types import SimpleNamespace
@@ -120,6 +121,9 @@ class Network:
     the same op timed alone at its fastest}, at np 2 (measure-mpi's ``<op>_step`` rows;
     empty where not measured); ``straggle``: a step's wait for the slower of 2 ranks over
     its compute (measure-mpi's ``straggle`` row; 0 where not measured). See :func:`step_s`.
+    ``halving``: the fixed-tree sums on every rank are taken as aepar has since
+    :data:`HALVING_FROM`, by halving where TreeSum does (:func:`tree_allreduce_s`); False
+    for a record of older code, whose sums all went up the tree and back by Bcast.
     """
 
     name: str
@@ -130,6 +134,7 @@ class Network:
     tree_o: float = 0.0
     step_sums: dict = field(default_factory=dict)
     straggle: float = 0.0
+    halving: bool = True
 
     def in_step(self, op: str, nbytes: float) -> float:
         """How much longer ``op`` of ``nbytes`` takes at the end of a training step than alone
@@ -287,19 +292,59 @@ def fit_tree_overhead(send: Link, tree_reduce: dict, gamma: float, small: int = 
     return max(0.0, float(np.median(gaps))) if gaps else 0.0
 
 
+# the first aepar whose TreeSum.allreduce halves (aepar.parallel.blocks: power-of-two ranks
+# holding one node each, vectors of HALVING_BYTES and more); a record names its version
+# (aepar.machine's ``aepar`` column), older records have none
+HALVING_FROM = (0, 8, 51)
+
+
+def sums_by_halving(version: str | None) -> bool:
+    """Whether aepar ``version`` (a record's ``aepar`` column, empty before the column was
+    kept) took its fixed-tree sums on every rank by halving where TreeSum does."""
+    parts = tuple(int(x) for x in re.findall(r"\d+", version or "")[:3])
+    return bool(parts) and parts >= HALVING_FROM
+
+
+def halves(nbytes: float, p: int, count: int) -> bool:
+    """Whether TreeSum.allreduce of ``count`` blocks over ``p`` ranks takes ``nbytes`` by
+    halving (aepar.parallel.blocks.halving_pairs and HALVING_BYTES)."""
+    from aepar.parallel.blocks import HALVING_BYTES, halving_pairs
+
+    return halving_pairs(int(count), int(p)) and nbytes >= HALVING_BYTES
+
+
+def halving_allreduce_s(net: Network, nbytes: float, p: int) -> float:
+    """TreeSum.allreduce by recursive halving, then doubling (``TreeSum._halving``, p a power
+    of two): at distance d = 1, 2, .. p/2 every rank swaps half of the piece it holds with
+    rank r ^ d and adds the half it keeps; then the finished pieces travel back the same
+    way, without adds. A swap is a message each way at once, each priced as a one-way send
+    (the two copies share the node's memory; priced as one, bench.tree_sum's halving at np 2
+    came out 36-69% too fast for vectors of 0.5 MB and more), after aepar's own ``tree_o``."""
+    t, piece, d = 0.0, float(nbytes), 1
+    while d < p:
+        piece /= 2
+        t += 2.0 * (net.tree_o + 2.0 * net.p2p(piece, 0, d)) + piece * net.gamma
+        d *= 2
+    return t
+
+
 def tree_allreduce_s(net: Network, nbytes: float, p: int, count: int) -> float:
-    """TreeSum.allreduce: the fixed-tree sum to rank 0, then a Bcast of it."""
+    """TreeSum.allreduce: the fixed-tree sum to rank 0, then a Bcast of it; by halving
+    where the code of ``net`` (``net.halving``) takes it so (:func:`halves`)."""
+    if net.halving and halves(nbytes, p, count):
+        return halving_allreduce_s(net, nbytes, p)
     return tree_reduce_s(net, nbytes, p, count) + collective_s(net, "bcast", nbytes, p)
 
 
 def step_tree_allreduce_s(net: Network, nbytes: float, p: int, count: int, copy_s: float) -> float:
-    """The fixed-tree sum a greedy step ends with. Two ranks on one node: the call itself as
-    measure-mpi timed it at np 2 (one message, the add and the Bcast of the sum just
-    written, which took longer than those parts timed alone), less the root's copy of the
-    sum (``copy_s``), which the step's own work counts; elsewhere composed from the parts
-    (:func:`tree_allreduce_s`)."""
+    """The fixed-tree sum a greedy step ends with. Two ranks on one node, up the tree and
+    back by Bcast: the call itself as measure-mpi timed it at np 2 (one message, the add
+    and the Bcast of the sum just written, which took longer than those parts timed alone),
+    less the root's copy of the sum (``copy_s``), which the step's own work counts;
+    elsewhere, and by halving, composed from the parts (:func:`tree_allreduce_s`)."""
     measured = net.intra.get("tree_allreduce")
-    if p == 2 and _levels(p, net) == (1, 0) and measured is not None:
+    if p == 2 and _levels(p, net) == (1, 0) and measured is not None and not (net.halving and
+                                                                            halves(nbytes, p, count)):
         return max(measured.t(nbytes) - copy_s, 0.0)
     return tree_allreduce_s(net, nbytes, p, count)
 

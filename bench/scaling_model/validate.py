@@ -14,9 +14,9 @@ import numpy as np
 from bench.common import read_rows
 from bench.scaling_model.measure import (MPI_CSV, RESULTS, SPARSE_CSV, STACKED_CSV, load_mpi, load_steps,
                                          memory_bandwidth, read_bandwidth, read_contention)
-from bench.scaling_model.model import (Compute, Network, Stack, collective_s, contention_factor, memory_slowdown,
-                                       oversubscription, pipeline_s, relinked, sparse_run_s, stack_scheme_s,
-                                       tree_allreduce_s, tree_reduce_s)
+from bench.scaling_model.model import (Compute, Network, Stack, collective_s, contention_factor,
+                                       halving_allreduce_s, memory_slowdown, oversubscription, pipeline_s, relinked,
+                                       sparse_run_s, stack_scheme_s, sums_by_halving, tree_allreduce_s, tree_reduce_s)
 
 SIXTEEN = "scaling_16core"  # the seed's grid on the GPU machine's 16 vCPUs (its own peers.csv)
 # machines with their own links measured, by results folder: measure-mpi under mpirun there (its
@@ -198,6 +198,8 @@ class Points:
         and a training step's sums (``steps``, :func:`own_steps`), those in place of this
         machine's."""
         key = machine_of(row) if row is not None else None
+        if row is not None:  # its sums as the code of its day took them
+            net = replace(net, halving=sums_by_halving(row.get("aepar")))
         if key is not None and key != self.here and key[:2] in self.steps:
             ratios, straggle, intra, _ = self.steps[key[:2]]
             net = replace(net, intra={**net.intra, **intra}, step_sums=ratios, straggle=straggle)
@@ -402,7 +404,8 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
         k = -(-count // p)
         local = k * comp.mem_s("copy", nbytes) + (k - 1) * comp.mem_s("add", nbytes)
         if "fixed tree" in r["variant"]:
-            comm = tree_allreduce_s(net, nbytes, p, count) if rbm else tree_reduce_s(net, nbytes, p, count)
+            comm = tree_allreduce_s(pts.network("determinism.csv", net, p, r), nbytes, p, count) if rbm else \
+                tree_reduce_s(net, nbytes, p, count)
         else:
             comm = collective_s(net, "allreduce" if rbm else "reduce", nbytes, p)
         pts.add("determinism.csv", f"{r['what']}: {r['variant']}", "collective", p, float(r["seconds"]),
@@ -415,7 +418,7 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
         p, n_, op = int(r["ranks"]), int(r["bytes"]), r["op"]
         if op not in ("bcast", "reduce", "allreduce", "tree_reduce", "tree_allreduce"):
             continue
-        there = pts.network(src, net, p)
+        there = pts.network(src, net, p, r)
         pred = collective_s(there, op, n_, p) if op in ("bcast", "reduce", "allreduce") else \
             _tree_op_s(comp, there, op, n_, p)
         pts.add(src, f"{op} {n_} B at {p} ranks", "collective", p, float(r["seconds"]), pred, kind="collective",
@@ -432,9 +435,26 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
                          "+ TreeSum's own time per message (fitted on the tree_reduce rows <= 2 KB)")
 
 
+def _tree_sum_points(pts: Points, comp, net):
+    """bench.tree_sum: the fixed-tree sum on every rank both ways, timed side by side (up the
+    tree and back by Bcast, and by halving, which the bench takes at every size)."""
+    src = "tree_sum.csv"
+    for r in read_rows(RESULTS / src):
+        p, n_ = int(r["ranks"]), int(r["bytes"])
+        there = pts.network(src, net, p, r)
+        for way, pred in (("tree_bcast", _tree_op_s(comp, replace(there, halving=False), "tree_allreduce", n_, p)),
+                          ("halving", halving_allreduce_s(there, n_, p))):
+            pts.add(src, f"fixed-tree sum on every rank, {way.replace('_', ' + ')}, {r['vector']}", "collective", p,
+                    float(r[f"{way}_ms"]) / 1e3, pred, kind="collective", row=r, series=f"{src}: {way}",
+                    note="8 blocks, one node of the tree per rank; composed from the np 2 points")
+
+
 def validate(comp: Compute, net: Network, mpi_rows: list, here: dict) -> Points:
     """Every measured point: its ``rows`` (what was measured, the model's figure on that
-    point's machine, the relative error), the ``scales`` used and the points ``skipped``."""
+    point's machine, the relative error), the ``scales`` used and the points ``skipped``.
+    Each is priced as the code of its day ran (``Network.halving`` from its row's ``aepar``
+    version; older code for a point without one)."""
+    net = replace(net, halving=False)
     pts = Points(here, kernel_scales(comp, machine_of(here)), comp,
                  folders={SIXTEEN: read_contention(RESULTS / SIXTEEN / "contention.csv")}, links=own_links(),
                  speedups=thread_speedups(), steps=own_steps())
@@ -444,4 +464,5 @@ def validate(comp: Compute, net: Network, mpi_rows: list, here: dict) -> Points:
     _engine_points(pts, comp, net)
     _this_run_points(pts, comp, net)
     _sum_points(pts, comp, net, mpi_rows)
+    _tree_sum_points(pts, comp, net)
     return pts

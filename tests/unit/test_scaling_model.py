@@ -90,7 +90,8 @@ def test_collectives_never_cheaper_with_more_ranks(nbytes, count_extra):
         aligned = tree_reduce_s(n, nbytes, p, 1024)
         assert aligned == pytest.approx(min(k, 1) * intra + max(k - 1, 0) * inter + k * add)
         assert tree_reduce_s(n, nbytes, p, 1024 + count_extra) >= aligned * (1 - 1e-12)
-    assert tree_allreduce_s(n, nbytes, 8, 64) >= tree_reduce_s(n, nbytes, 8, 64)
+    # up the tree and back costs the tree and more (by halving it may cost less: Rabenseifner)
+    assert tree_allreduce_s(replace(n, halving=False), nbytes, 8, 64) >= tree_reduce_s(n, nbytes, 8, 64)
 
 
 def test_the_fixed_trees_own_time_is_fitted_at_two_ranks_and_paid_once_per_level():
@@ -553,7 +554,7 @@ def test_a_greedy_steps_sum_at_two_ranks_is_the_call_measure_mpi_timed():
     comp = linear_layer_compute(stack)
     comp.mem = {"copy": {2 ** 10: 1e-6, 2 ** 30: 1e-3}}
     gb = comp.layers[stack.keys()[0]]["grad_bytes"]
-    parts = net(alpha=1e-5, beta=1e9)
+    parts = replace(net(alpha=1e-5, beta=1e9), halving=False)  # up the tree and back, as before 0.8.51
     slow = Link(1e-5, 1e8)  # the whole call: a tenth of the parts' bandwidth
     whole = replace(parts, intra=parts.intra | {"tree_allreduce": slow})
     copy = comp.mem_s("copy", gb)
@@ -562,6 +563,44 @@ def test_a_greedy_steps_sum_at_two_ranks_is_the_call_measure_mpi_timed():
     for p, n in ((4, whole), (2, replace(whole, inter=Link(3e-5, 1e9), ranks_per_node=1))):
         assert step_tree_allreduce_s(n, gb, p, 8, copy) == tree_allreduce_s(n, gb, p, 8)
     assert step_tree_allreduce_s(whole, 8, 2, 8, 1.0) == 0.0  # never negative
+
+
+def test_a_sum_on_every_rank_is_priced_as_the_code_of_its_record_took_it():
+    """Since 0.8.51 TreeSum.allreduce halves where a power-of-two number of ranks hold one
+    node of the tree each and the vector is 64 KB or more: log2 P swaps of halving pieces
+    (two one-way sends at once and an add each), then the pieces back. A record of older
+    code, or naming no aepar version, went up the tree and back by Bcast and is priced so;
+    validation takes the version from each point's row."""
+    from bench.scaling_model.model import halving_allreduce_s, step_tree_allreduce_s, sums_by_halving
+    from bench.scaling_model.validate import Points
+
+    assert all(sums_by_halving(v) for v in ("0.8.51", "0.8.60", "0.9.0", "1.0.0"))
+    assert not any(sums_by_halving(v) for v in ("0.8.50", "0.7.99", "", None))
+    link, o, gamma, big = Link(1e-5, 1e9), 3e-6, 1e-10, 4e6
+    new = net(alpha=1e-5, beta=1e9, gamma=gamma, tree_o=o)
+    old = replace(new, halving=False)
+    assert halving_allreduce_s(new, big, 2) == pytest.approx(2 * (o + 2 * link.t(big / 2)) + big / 2 * gamma)
+    assert halving_allreduce_s(new, big, 4) == pytest.approx(halving_allreduce_s(new, big, 2) + 2 * (
+        o + 2 * link.t(big / 4)) + big / 4 * gamma)
+    for p in (2, 4, 8, 16):
+        count = max(8, p)
+        assert tree_allreduce_s(new, big, p, count) == halving_allreduce_s(new, big, p)
+        assert tree_allreduce_s(old, big, p, count) == tree_reduce_s(old, big, p, count) + \
+            collective_s(old, "bcast", big, p)
+    assert halving_allreduce_s(new, big, 16) < tree_allreduce_s(old, big, 16, 16)  # about 4 n against 4 levels of n
+    # where TreeSum does not halve: under 64 KB, ranks not a power of two
+    for nbytes, p in ((60e3, 4), (big, 6), (big, 3)):
+        assert tree_allreduce_s(new, nbytes, p, 8) == tree_allreduce_s(old, nbytes, p, 8)
+    # the np 2 call measure-mpi timed is the tree and the Bcast: a halving record's is composed
+    slow = Link(1e-5, 1e8)
+    whole = replace(new, intra=new.intra | {"tree_allreduce": slow})
+    assert step_tree_allreduce_s(whole, big, 2, 8, 0.0) == halving_allreduce_s(whole, big, 2)
+    assert step_tree_allreduce_s(replace(whole, halving=False), big, 2, 8, 0.0) == pytest.approx(slow.t(big))
+    # validation: each point's row says which code it ran
+    pts = Points({"cpu_model": "Zen4", "isa": "avx512f", "cores": "2"}, {}, Compute())
+    assert pts.network("a.csv", old, 2, {"cpu_model": "Zen4", "isa": "avx512f", "aepar": "0.8.51"}).halving
+    assert not pts.network("a.csv", new, 2, {"cpu_model": "Zen4", "isa": "avx512f", "aepar": "0.8.50"}).halving
+    assert not pts.network("a.csv", new, 2, {"cpu_model": "Zen4", "isa": "avx512f"}).halving
 
 
 def test_load_steps_divides_each_sum_in_a_step_by_the_same_op_alone():
@@ -622,7 +661,7 @@ def test_a_machines_own_step_sums_serve_its_points_whatever_cores_its_ranks_saw(
     assert links["allreduce"].t(1024) == pytest.approx(1e-5) and links["allreduce"].t(1048576) == pytest.approx(1e-3)
     assert set(steps) == {("Zen3", "avx2"), ("Zen4", "avx512f")}
     pts = Points({"cpu_model": "Zen4", "isa": "avx512f", "cores": "2"}, {}, Compute(), steps=steps)
-    base = net()
+    base = replace(net(), halving=False)  # these rows name no aepar version: older code's sums
     there = pts.network("a.csv", base, 2, {"cpu": "Zen3", "isa": "avx2", "cores": "2"})
     assert there.step_sums == {"allreduce": {1024: pytest.approx(2.0)}} and there.straggle == pytest.approx(0.05)
     assert there.intra["allreduce"] is links["allreduce"] and there.intra["send"] is base.intra["send"]
