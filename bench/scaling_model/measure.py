@@ -43,8 +43,29 @@ def _row(machine: dict, **columns) -> dict:
 
 
 # ==== communication ==============================================================================
+def _tree_way(tree, buf, out_buf, halving: bool):
+    """``TreeSum.allreduce`` of ``buf`` taken one way whatever the code would choose for its
+    size: up the tree and back by Bcast (``tree_allreduce``: every aepar before 0.8.51), or
+    by halving at every size (``tree_halving``: the code's way from HALVING_BYTES on, for a
+    power-of-two number of ranks). Each op's points then stand for one way, whichever
+    version measured them."""
+    from aepar.parallel import blocks
+
+    def call():
+        tree.butterfly, bound = halving, blocks.HALVING_BYTES
+        blocks.HALVING_BYTES = 0
+        try:
+            return tree.allreduce([buf], out_buf)
+        finally:
+            blocks.HALVING_BYTES = bound
+    return call
+
+
 def _mpi_ops(comm, tree, buf, out_buf) -> dict:
-    """Every op of :data:`OPS` as a call on ``buf`` (``out_buf``: where a one-way message lands)."""
+    """Every op of :data:`OPS` as a call on ``buf`` (``out_buf``: where a one-way message lands);
+    ``tree_halving`` only where the ranks can halve (a power of two of them)."""
+    from aepar.parallel.blocks import halving_pairs
+
     def pingpong():
         if comm.rank == 0:
             comm.Send(buf, 1)
@@ -59,9 +80,12 @@ def _mpi_ops(comm, tree, buf, out_buf) -> dict:
         elif comm.rank == 0:
             comm.Recv(out_buf, 1)
 
-    return {"bcast": lambda: comm.Bcast(buf), "reduce": lambda: comm.Reduce(buf),
-            "allreduce": lambda: comm.Allreduce(buf), "sendrecv": pingpong, "send": oneway,
-            "tree_reduce": lambda: tree.reduce([buf]), "tree_allreduce": lambda: tree.allreduce([buf], out_buf)}
+    ops = {"bcast": lambda: comm.Bcast(buf), "reduce": lambda: comm.Reduce(buf),
+           "allreduce": lambda: comm.Allreduce(buf), "sendrecv": pingpong, "send": oneway,
+           "tree_reduce": lambda: tree.reduce([buf]), "tree_allreduce": _tree_way(tree, buf, out_buf, False)}
+    if halving_pairs(comm.size, comm.size):
+        ops["tree_halving"] = _tree_way(tree, buf, out_buf, True)
+    return ops
 
 
 def _collective_timing(comm, fn, repeats: int, warmup: int = 0):
@@ -70,7 +94,7 @@ def _collective_timing(comm, fn, repeats: int, warmup: int = 0):
 
 
 def measure_mpi(out: Path, quick: bool = False, target_s: float = 0.15) -> int:
-    """Under mpirun: every op of :data:`OPS` through aepar.comm for 8 B .. 64 MB (float64
+    """Under mpirun: every op of :data:`OPS` (:func:`_mpi_ops`) through aepar.comm for 8 B .. 64 MB (float64
     buffers). A trial times ``reps`` calls (the same count on every rank), each alone
     after a barrier, takes per call the slowest rank's time and of those the fastest
     (:func:`bench.common.fastest`); rank 0 writes one row per (op, size): the median,
@@ -106,7 +130,7 @@ def measure_mpi(out: Path, quick: bool = False, target_s: float = 0.15) -> int:
         rows = [_row(machine, op=op, bytes=nbytes, seconds=float(np.median(per[(op, nbytes)])),
                      min_seconds=fastest(per[(op, nbytes)]), max_seconds=max(per[(op, nbytes)]),
                      reps=per[(op, nbytes, "reps")], trials=len(per[(op, nbytes)]), ranks=comm.size)
-                for nbytes in sizes for op in OPS]
+                for nbytes in sizes for op in OPS if (op, nbytes) in per]
         rows += [_row(machine, **r, ranks=comm.size) for r in steps]
         write_rows(out, rows)
         print(f"measure-mpi: {len(rows)} rows -> {out}", flush=True)
@@ -156,7 +180,7 @@ def _step_sums(comm, tree, quick: bool) -> list:
     rows, waits, computes = [], [], []
     for nbytes in sizes:
         buf, out_buf = np.zeros(nbytes // 8), np.zeros(nbytes // 8)
-        calls = {"allreduce": lambda: comm.Allreduce(buf), "tree_allreduce": lambda: tree.allreduce([buf], out_buf)}
+        calls = {"allreduce": lambda: comm.Allreduce(buf), "tree_allreduce": _tree_way(tree, buf, out_buf, False)}
         for op in STEP_OPS:
             means = []
             for _ in range(trials):

@@ -20,7 +20,7 @@ from aepar.parallel import planner
 from aepar.parallel.data_parallel import SHARED_STEP_FLOPS
 
 
-OPS = ("bcast", "reduce", "allreduce", "sendrecv", "send", "tree_reduce", "tree_allreduce")
+OPS = ("bcast", "reduce", "allreduce", "sendrecv", "send", "tree_reduce", "tree_allreduce", "tree_halving")
 RANKS = tuple(2 ** k for k in range(11))  # 1 .. 1024
 
 # Network profiles for the links *between* nodes: typical MPI figures, not measured here.
@@ -337,15 +337,16 @@ def tree_allreduce_s(net: Network, nbytes: float, p: int, count: int) -> float:
 
 
 def step_tree_allreduce_s(net: Network, nbytes: float, p: int, count: int, copy_s: float) -> float:
-    """The fixed-tree sum a greedy step ends with. Two ranks on one node, up the tree and
-    back by Bcast: the call itself as measure-mpi timed it at np 2 (one message, the add
-    and the Bcast of the sum just written, which took longer than those parts timed alone),
-    less the root's copy of the sum (``copy_s``), which the step's own work counts;
-    elsewhere, and by halving, composed from the parts (:func:`tree_allreduce_s`)."""
-    measured = net.intra.get("tree_allreduce")
-    if p == 2 and _levels(p, net) == (1, 0) and measured is not None and not (net.halving and
-                                                                            halves(nbytes, p, count)):
-        return max(measured.t(nbytes) - copy_s, 0.0)
+    """The fixed-tree sum a greedy step ends with. Two ranks on one node: the call itself as
+    measure-mpi timed it at np 2, the way the code took it (``tree_allreduce``: one message,
+    the add and the Bcast of the sum just written, which took longer than those parts timed
+    alone, less the root's copy of the sum, ``copy_s``, which the step's own work counts;
+    ``tree_halving``, where the record has it); elsewhere composed from the parts
+    (:func:`tree_allreduce_s`)."""
+    halving = net.halving and halves(nbytes, p, count)
+    measured = net.intra.get("tree_halving" if halving else "tree_allreduce")
+    if p == 2 and _levels(p, net) == (1, 0) and measured is not None:
+        return measured.t(nbytes) if halving else max(measured.t(nbytes) - copy_s, 0.0)
     return tree_allreduce_s(net, nbytes, p, count)
 
 

@@ -167,7 +167,8 @@ def _communication(links, resid, mpi_rows, tree_o) -> list:
                "sendrecv": "(half a ping-pong round trip: the textbook latency; not used by the model)",
                "send": "one-way Send/Recv: every fixed-tree node, pipeline hand-overs (the model's p2p)",
                "tree_reduce": "root-optimiser (partials to the root)",
-               "tree_allreduce": "greedy, sync/hybrid replicas per step"}
+               "tree_allreduce": "greedy, sync/hybrid replicas per step: up the tree and back by Bcast",
+               "tree_halving": "the same by halving (0.8.51 on: power-of-two ranks, 64 KB and more)"}
     meas = {(r["op"], int(r["bytes"])): float(r["seconds"]) for r in mpi_rows}
     for op in OPS:
         if op not in links:

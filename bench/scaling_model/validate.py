@@ -385,11 +385,14 @@ def _this_run_points(pts: Points, comp, net):
 
 
 def _tree_op_s(comp, net, op, nbytes, p):
-    """measure-mpi's ``tree_reduce`` (one block per rank) or ``tree_allreduce``: the
-    latter is the reduction, the root's copy of the sum into the output, and its Bcast."""
+    """measure-mpi's ``tree_reduce`` (one block per rank), ``tree_allreduce`` (the
+    reduction, the root's copy of the sum into the output, and its Bcast: measure-mpi takes
+    that way whatever the code would, as the code did before 0.8.51) or ``tree_halving``."""
     if op == "tree_reduce":
         return tree_reduce_s(net, nbytes, p, p)
-    return tree_allreduce_s(net, nbytes, p, p) + comp.mem_s("copy", nbytes)
+    if op == "tree_halving":
+        return halving_allreduce_s(net, nbytes, p)
+    return tree_allreduce_s(replace(net, halving=False), nbytes, p, p) + comp.mem_s("copy", nbytes)
 
 
 def _sum_points(pts: Points, comp, net, mpi_rows):
@@ -416,7 +419,7 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
     src = f"{SIXTEEN}/mpi_16ranks.csv"
     for r in read_rows(RESULTS / src):
         p, n_, op = int(r["ranks"]), int(r["bytes"]), r["op"]
-        if op not in ("bcast", "reduce", "allreduce", "tree_reduce", "tree_allreduce"):
+        if op not in ("bcast", "reduce", "allreduce", "tree_reduce", "tree_allreduce", "tree_halving"):
             continue
         there = pts.network(src, net, p, r)
         pred = collective_s(there, op, n_, p) if op in ("bcast", "reduce", "allreduce") else \
@@ -426,7 +429,7 @@ def _sum_points(pts: Points, comp, net, mpi_rows):
                 note="measured there; predicted from np 2 points (a tree or the bandwidth-optimal form)"
                      + (", on that machine's own links and memory" if there is not net else ""))
     for r in mpi_rows:
-        if r["op"] in ("tree_reduce", "tree_allreduce"):
+        if r["op"] in ("tree_reduce", "tree_allreduce", "tree_halving"):
             n_ = int(r["bytes"])
             pred = _tree_op_s(comp, net, r["op"], n_, 2)
             pts.add(MPI_CSV.name, f"{r['op']} {n_} B (modelled from Send/Recv + add + Bcast fits)", "collective", 2,
@@ -442,8 +445,8 @@ def _tree_sum_points(pts: Points, comp, net):
     for r in read_rows(RESULTS / src):
         p, n_ = int(r["ranks"]), int(r["bytes"])
         there = pts.network(src, net, p, r)
-        for way, pred in (("tree_bcast", _tree_op_s(comp, replace(there, halving=False), "tree_allreduce", n_, p)),
-                          ("halving", halving_allreduce_s(there, n_, p))):
+        for way, op in (("tree_bcast", "tree_allreduce"), ("halving", "tree_halving")):
+            pred = _tree_op_s(comp, there, op, n_, p)
             pts.add(src, f"fixed-tree sum on every rank, {way.replace('_', ' + ')}, {r['vector']}", "collective", p,
                     float(r[f"{way}_ms"]) / 1e3, pred, kind="collective", row=r, series=f"{src}: {way}",
                     note="8 blocks, one node of the tree per rank; composed from the np 2 points")

@@ -578,6 +578,7 @@ def test_a_sum_on_every_rank_is_priced_as_the_code_of_its_record_took_it():
     assert not any(sums_by_halving(v) for v in ("0.8.50", "0.7.99", "", None))
     link, o, gamma, big = Link(1e-5, 1e9), 3e-6, 1e-10, 4e6
     new = net(alpha=1e-5, beta=1e9, gamma=gamma, tree_o=o)
+    new = replace(new, intra={op: link for op, link in new.intra.items() if op != "tree_halving"})  # not timed
     old = replace(new, halving=False)
     assert halving_allreduce_s(new, big, 2) == pytest.approx(2 * (o + 2 * link.t(big / 2)) + big / 2 * gamma)
     assert halving_allreduce_s(new, big, 4) == pytest.approx(halving_allreduce_s(new, big, 2) + 2 * (
@@ -596,11 +597,46 @@ def test_a_sum_on_every_rank_is_priced_as_the_code_of_its_record_took_it():
     whole = replace(new, intra=new.intra | {"tree_allreduce": slow})
     assert step_tree_allreduce_s(whole, big, 2, 8, 0.0) == halving_allreduce_s(whole, big, 2)
     assert step_tree_allreduce_s(replace(whole, halving=False), big, 2, 8, 0.0) == pytest.approx(slow.t(big))
+    # a record with the halving timed at np 2 (measure-mpi's tree_halving) serves it there
+    timed = replace(whole, intra=whole.intra | {"tree_halving": Link(2e-5, 2e8)})
+    assert step_tree_allreduce_s(timed, big, 2, 8, 1.0) == pytest.approx(Link(2e-5, 2e8).t(big))
+    assert step_tree_allreduce_s(replace(timed, halving=False), big, 2, 8, 0.0) == pytest.approx(slow.t(big))
     # validation: each point's row says which code it ran
     pts = Points({"cpu_model": "Zen4", "isa": "avx512f", "cores": "2"}, {}, Compute())
     assert pts.network("a.csv", old, 2, {"cpu_model": "Zen4", "isa": "avx512f", "aepar": "0.8.51"}).halving
     assert not pts.network("a.csv", new, 2, {"cpu_model": "Zen4", "isa": "avx512f", "aepar": "0.8.50"}).halving
     assert not pts.network("a.csv", new, 2, {"cpu_model": "Zen4", "isa": "avx512f"}).halving
+
+
+def test_measure_mpi_times_each_way_of_the_sum_on_every_rank_whatever_the_code_would_take():
+    """measure-mpi's tree_allreduce is up the tree and back by Bcast at every size, and
+    tree_halving by halving at every size (only where the ranks can halve), so that each
+    op's points stand for one way whichever aepar measured them; the code's own bound is
+    left as it was."""
+    from types import SimpleNamespace
+
+    from aepar.parallel import blocks
+    from bench.scaling_model.measure import _mpi_ops
+
+    taken = []
+
+    class Tree:
+        butterfly = None
+
+        def allreduce(self, vectors, out):
+            taken.append((self.butterfly, blocks.HALVING_BYTES))
+
+        def reduce(self, vectors):
+            pass
+
+    bound = blocks.HALVING_BYTES
+    buf = np.zeros(4)
+    ops = _mpi_ops(SimpleNamespace(size=2, rank=0), Tree(), buf, buf)
+    assert set(ops) == set(OPS)
+    ops["tree_allreduce"]()
+    ops["tree_halving"]()
+    assert taken == [(False, 0), (True, 0)] and blocks.HALVING_BYTES == bound
+    assert "tree_halving" not in _mpi_ops(SimpleNamespace(size=3, rank=0), Tree(), buf, buf)
 
 
 def test_load_steps_divides_each_sum_in_a_step_by_the_same_op_alone():
