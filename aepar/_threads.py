@@ -14,6 +14,10 @@ import sys
 
 _LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE",
                     "SLURM_NTASKS_PER_NODE", "PMI_LOCAL_SIZE")
+# each launcher's variable for this rank's index on its node (Open MPI, SLURM, Intel MPI and
+# MPICH's hydra, PMI, MVAPICH2), as _LOCAL_SIZE_VARS are for the count
+_LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
+                    "MV2_COMM_WORLD_LOCAL_RANK")
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
@@ -28,7 +32,7 @@ def local_ranks() -> int:
 
 def local_rank() -> int:
     """This rank's index among the ranks of its node, from the launcher's environment (0 if unknown)."""
-    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"):
+    for var in _LOCAL_RANK_VARS:
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
     return 0

@@ -109,12 +109,24 @@ def test_the_layouts_threads_leave_a_chosen_or_fixed_count(monkeypatch):
     assert _threads.threads_for_layout(PE4_4_ON_16, 0) is None
 
 
+@pytest.mark.parametrize("var", _threads._LOCAL_RANK_VARS)
+def test_every_launchers_local_rank_is_read(monkeypatch, var):
+    """A rank's index on its node (its GPU, the one rank per node that speaks) from whichever
+    launcher started it, MVAPICH2's included, whose count of ranks on the node was read
+    already; 0 where none says."""
+    for other in _threads._LOCAL_RANK_VARS:
+        monkeypatch.delenv(other, raising=False)
+    assert _threads.local_rank() == 0
+    monkeypatch.setenv(var, "3")
+    assert _threads.local_rank() == 3
+
+
 def test_more_threads_than_cores_is_said_once_per_node():
     """A rank bound to one core with AEPAR_THREADS=2 (mpirun's binding, here sched_setaffinity)
     gets one line naming the fix, from the node's first rank only; enough cores, none."""
     code = "import aepar; print(aepar.THREADS)"
     base = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS") and k != "AEPAR_THREADS"
-            and k not in ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")}
+            and k not in _threads._LOCAL_RANK_VARS}
     core = min(os.sched_getaffinity(0))
 
     def run(**env):
