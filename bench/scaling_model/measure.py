@@ -145,7 +145,9 @@ def fastest_times(rows: list, op: str) -> dict:
     return {int(r["bytes"]): float(r.get("min_seconds") or r["seconds"]) for r in rows if r["op"] == op}
 
 
-STEP_OPS = ("allreduce", "tree_allreduce")  # the sums a training step ends with (data; greedy and the replicas)
+# the sums a training step ends with (data; greedy and the replicas, either way: tree_halving
+# where the ranks can halve)
+STEP_OPS = ("allreduce", "tree_allreduce", "tree_halving")
 STEP_WORK_S = 0.005  # a step's compute before its sum: about a layer's step at batch 100
 
 
@@ -174,6 +176,8 @@ def _step_sums(comm, tree, quick: bool) -> list:
     every step), a row the fastest trial: ``<op>_step`` rows (per size) and one ``straggle``
     row, the mean wait over the mean compute of a step (``seconds``: the wait,
     ``compute_seconds``: the compute)."""
+    from aepar.parallel.blocks import halving_pairs
+
     work = _step_work(comm)
     sizes = (2 ** 15, 2 ** 20, 2 ** 23) if quick else (2 ** 15, 2 ** 17, 2 ** 19, 2 ** 21, 2 ** 23, 2 ** 24)
     n_steps, trials = (30, 2) if quick else (60, 3)
@@ -181,7 +185,9 @@ def _step_sums(comm, tree, quick: bool) -> list:
     for nbytes in sizes:
         buf, out_buf = np.zeros(nbytes // 8), np.zeros(nbytes // 8)
         calls = {"allreduce": lambda: comm.Allreduce(buf), "tree_allreduce": _tree_way(tree, buf, out_buf, False)}
-        for op in STEP_OPS:
+        if halving_pairs(comm.size, comm.size):
+            calls["tree_halving"] = _tree_way(tree, buf, out_buf, True)
+        for op in (op for op in STEP_OPS if op in calls):
             means = []
             for _ in range(trials):
                 times = np.zeros((3, n_steps))  # compute, wait, sum

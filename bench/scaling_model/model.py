@@ -139,8 +139,9 @@ class Network:
     def in_step(self, op: str, nbytes: float) -> float:
         """How much longer ``op`` of ``nbytes`` takes at the end of a training step than alone
         at its fastest: measured at np 2, log-log in the bytes between the measured sizes,
-        the nearest beyond them; 1 where not measured."""
-        table = self.step_sums.get(op)
+        the nearest beyond them; for ``tree_halving`` where only the tree way was measured,
+        the tree's; 1 where not measured."""
+        table = self.step_sums.get(op) or (self.step_sums.get("tree_allreduce") if op == "tree_halving" else None)
         if not table:
             return 1.0
         sizes = sorted(table)
@@ -559,7 +560,8 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
     taking whole blocks, with no cost for the hand-offs.
 
     On more than one rank the step's sum is priced as it is paid in a loop of steps, where
-    measured (``net.step_sums``, ``net.straggle``, at np 2): the collective times how much
+    measured (``net.step_sums``, ``net.straggle``, at np 2; the fixed tree's by the way
+    the code takes it, :meth:`Network.in_step`): the collective times how much
     longer it took there than alone, plus the wait for the slowest rank, the measured
     fraction of the step's compute times :func:`expected_max` of the ranks over that of two
     (each rank's step spread alike and independently).
@@ -587,7 +589,7 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
         work = (gradients + rest) / speedup
     else:
         work = gradients * -(-k // threads) / k + rest
-    op = "allreduce" if allreduce else "tree_allreduce"
+    op = "allreduce" if allreduce else "tree_halving" if net.halving and halves(gb, p, blocks) else "tree_allreduce"
     comm = collective_s(net, op, gb, p) if allreduce else \
         step_tree_allreduce_s(net, gb, p, blocks, comp.mem_s("copy", gb))
     work *= f

@@ -670,6 +670,29 @@ def test_step_sums_are_timed_as_a_loop_issues_them(monkeypatch):
     assert all(0 < r["seconds"] <= r["max_seconds"] for r in steps)
     straggle = [r for r in rows if r["op"] == "straggle"]
     assert len(straggle) == 1 and straggle[0]["compute_seconds"] > 0 <= straggle[0]["seconds"]
+    # where the ranks can halve, the halving's sum in a step too
+    monkeypatch.setattr("aepar.parallel.blocks.halving_pairs", lambda count, ranks: True)
+    rows = measure._step_sums(comm, TreeSum(comm, 1), quick=True)
+    assert {r["bytes"] for r in rows if r["op"] == "tree_halving_step"} == {2 ** 15, 2 ** 20, 2 ** 23}
+
+
+def test_a_halving_sum_in_a_step_takes_the_halvings_measured_ratio_else_the_trees():
+    """A greedy step's sum costs the measured ratio of its own way in a loop of steps over
+    alone: the halving's where measure-mpi timed it, else the tree's (what the records of
+    older code have)."""
+    from bench.scaling_model.model import step_s
+
+    stack = Stack("t", "ae", (64, 32, 8), n_train=8192, batch=800, epochs=1, blocks=8)
+    comp = linear_layer_compute(stack)
+    plain = net(alpha=1e-5, beta=1e9)
+    tree_only = replace(plain, step_sums={"tree_allreduce": {1: 2.0, 2 ** 30: 2.0}})
+    both = replace(plain, step_sums={"tree_allreduce": {1: 2.0, 2 ** 30: 2.0}, "tree_halving": {1: 3.0, 2 ** 30: 3.0}})
+    base = step_s(comp, plain, stack, 0, 4, blocks=8, allreduce=False)[1]
+    assert step_s(comp, tree_only, stack, 0, 4, blocks=8, allreduce=False)[1] == pytest.approx(2 * base)
+    assert step_s(comp, both, stack, 0, 4, blocks=8, allreduce=False)[1] == pytest.approx(3 * base)
+    old = replace(both, halving=False)  # a record of older code: the tree's way and its ratio
+    assert step_s(comp, old, stack, 0, 4, blocks=8, allreduce=False)[1] == pytest.approx(
+        2 * step_s(comp, replace(plain, halving=False), stack, 0, 4, blocks=8, allreduce=False)[1])
 
 
 def test_a_machines_own_step_sums_serve_its_points_whatever_cores_its_ranks_saw(tmp_path):
