@@ -306,12 +306,13 @@ def sums_by_halving(version: str | None) -> bool:
     return bool(parts) and parts >= HALVING_FROM
 
 
-def halves(nbytes: float, p: int, count: int) -> bool:
+def halves(net: Network, nbytes: float, p: int, count: int) -> bool:
     """Whether TreeSum.allreduce of ``count`` blocks over ``p`` ranks takes ``nbytes`` by
-    halving (aepar.parallel.blocks.halving_pairs and HALVING_BYTES)."""
+    halving, in the code of ``net``'s record (``net.halving``; then
+    aepar.parallel.blocks.halving_pairs and HALVING_BYTES)."""
     from aepar.parallel.blocks import HALVING_BYTES, halving_pairs
 
-    return halving_pairs(int(count), int(p)) and nbytes >= HALVING_BYTES
+    return net.halving and halving_pairs(int(count), int(p)) and nbytes >= HALVING_BYTES
 
 
 def halving_allreduce_s(net: Network, nbytes: float, p: int) -> float:
@@ -331,8 +332,8 @@ def halving_allreduce_s(net: Network, nbytes: float, p: int) -> float:
 
 def tree_allreduce_s(net: Network, nbytes: float, p: int, count: int) -> float:
     """TreeSum.allreduce: the fixed-tree sum to rank 0, then a Bcast of it; by halving
-    where the code of ``net`` (``net.halving``) takes it so (:func:`halves`)."""
-    if net.halving and halves(nbytes, p, count):
+    where the code of ``net``'s record takes it so (:func:`halves`)."""
+    if halves(net, nbytes, p, count):
         return halving_allreduce_s(net, nbytes, p)
     return tree_reduce_s(net, nbytes, p, count) + collective_s(net, "bcast", nbytes, p)
 
@@ -344,7 +345,7 @@ def step_tree_allreduce_s(net: Network, nbytes: float, p: int, count: int, copy_
     alone, less the root's copy of the sum, ``copy_s``, which the step's own work counts;
     ``tree_halving``, where the record has it); elsewhere composed from the parts
     (:func:`tree_allreduce_s`)."""
-    halving = net.halving and halves(nbytes, p, count)
+    halving = halves(net, nbytes, p, count)
     measured = net.intra.get("tree_halving" if halving else "tree_allreduce")
     if p == 2 and _levels(p, net) == (1, 0) and measured is not None:
         return measured.t(nbytes) if halving else max(measured.t(nbytes) - copy_s, 0.0)
@@ -589,7 +590,7 @@ def step_s(comp: Compute, net: Network, st: Stack, i: int, p: int, *, blocks: in
         work = (gradients + rest) / speedup
     else:
         work = gradients * -(-k // threads) / k + rest
-    op = "allreduce" if allreduce else "tree_halving" if net.halving and halves(gb, p, blocks) else "tree_allreduce"
+    op = "allreduce" if allreduce else "tree_halving" if halves(net, gb, p, blocks) else "tree_allreduce"
     comm = collective_s(net, op, gb, p) if allreduce else \
         step_tree_allreduce_s(net, gb, p, blocks, comp.mem_s("copy", gb))
     work *= f
