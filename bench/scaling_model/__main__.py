@@ -16,19 +16,30 @@ from bench.scaling_model.report import report
 PROG = "python -m bench.scaling_model"
 STEPS = {"measure-mpi": MPI_CSV, "measure-compute": COMPUTE_CSV, "measure-contention": CONTENTION_CSV,
          "measure-sparse": SPARSE_CSV, "measure-stacked": STACKED_CSV}  # each step and where it writes
+ABOUT = {  # what each step measures, for its --help and the overview's
+    "measure-mpi": "the collectives through aepar.comm, 8 B to 64 MB, each way a sum can take, and at 2 ranks a "
+                   "training step's sums (run it under mpirun, one thread per rank)",
+    "measure-compute": "one process on one thread: every scheme's compute terms (layer steps, optimiser, "
+                       "sparse evaluations)",
+    "measure-contention": "one process per core started together against one alone: how ranks sharing a "
+                          "machine slow each other",
+    "measure-sparse": "python -m aepar.sparse at 1 and 2 processes for each number of patches",
+    "measure-stacked": "python -m aepar.pretrain at the engine's points of bench/results, measured again here",
+}
 
 
 def _measure(argv) -> int:
     """One measurement step (``measure-mpi``, ``measure-compute``, ...) with its own options."""
     step = argv[0]
-    p = argparse.ArgumentParser(prog=f"{PROG} {step}")
-    p.add_argument("--out", default=str(STEPS[step]))
+    p = argparse.ArgumentParser(prog=f"{PROG} {step}", description=f"Measures {ABOUT[step]}.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default=str(STEPS[step]), help="the CSV to write (replaced)")
     if step in ("measure-mpi", "measure-compute"):
-        p.add_argument("--quick", action="store_true")
+        p.add_argument("--quick", action="store_true", help="fewer sizes and shorter timings")
     if step == "measure-sparse":
-        p.add_argument("--samples", default="10000,40000,160000")
+        p.add_argument("--samples", default="10000,40000,160000", help="numbers of patches, comma-separated")
     if step in ("measure-sparse", "measure-stacked"):
-        p.add_argument("--repeats", type=int, default=3)
+        p.add_argument("--repeats", type=int, default=3, help="rounds; each point's fastest counts")
     a = p.parse_args(argv[1:])
     if step == "measure-mpi":
         return measure_mpi(Path(a.out), a.quick, 0.03 if a.quick else 0.15)
@@ -60,7 +71,10 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in STEPS:
         return _measure(argv)
-    p = argparse.ArgumentParser(prog=PROG, description=OVERVIEW.split("\n\n")[0])
+    steps = "\n".join(f"  {step:<20}{ABOUT[step]} -> {STEPS[step].name}" for step in STEPS)
+    p = argparse.ArgumentParser(prog=PROG, description=OVERVIEW.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=f"one measurement step alone: {PROG} STEP [--help]\n{steps}")
     p.add_argument("--reuse", action="store_true", help="fit, validate and predict from the measurement CSVs "
                                                         "already in bench/results (no measuring)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (a few minutes less)")
