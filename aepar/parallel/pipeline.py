@@ -297,7 +297,7 @@ def plan_schedule(epoch_cost, handover_cost, epochs, extras, end_with_first=Fals
 
 
 def replay_plan(plan: Plan, epoch_cost, handover_cost, layout: Layout | None = None,
-                receive_cost=None) -> dict:
+                receive_cost=None, cores=None) -> dict:
     """Time the execution of ``plan`` when epochs really take ``epoch_cost`` (per stage).
 
     What :class:`Pipeline` does with ``handover="plan"``: an epoch starts when its rank
@@ -308,11 +308,18 @@ def replay_plan(plan: Plan, epoch_cost, handover_cost, layout: Layout | None = N
     None, new version) -> seconds. Stages that share a group (``layout``; default one
     group per stage) run one at a time in plan order.
 
+    ``cores`` fewer than the layout's ranks: the ranks whose groups are running an epoch at
+    a moment share the cores equally (each runs at min(1, cores / running ranks)), and a
+    rank waiting for its input sleeps, leaving its core to the others; the costs are one
+    rank's on a core of its own.
+
     Returns
     -------
     dict
-        ``makespan``, ``stage_end`` (per stage), ``busy`` (per stage: epochs + hand-overs),
-        ``wait`` (per stage: time between its first epoch's start and its end not spent busy).
+        ``makespan``, ``stage_end`` (per stage), ``busy`` (per stage: the time its epochs and
+        hand-overs ran), ``work`` (per stage: what they cost on a core of their own; ``busy``
+        where no core is shared), ``wait`` (per stage: time between its first epoch's start
+        and its end not spent busy).
     """
     n = len(plan.stages)
     if receive_cost is None:
@@ -322,28 +329,79 @@ def replay_plan(plan: Plan, epoch_cost, handover_cost, layout: Layout | None = N
 
         def receive_cost(stage, old, new):
             return per_stage[stage]
-    groups = layout.groups if layout is not None else tuple((i,) for i in range(n))
-    group_of = {s: g for g, stages in enumerate(groups) for s in stages}
-    free = [0.0] * len(groups)
-    ready = [dict() for _ in range(n)]  # ready[l][v]: time stage l's output version v is available
-    busy, first, end, last_version = [0.0] * n, [None] * n, [0.0] * n, [None] * n
+    layout = layout if layout is not None else Layout(tuple((i,) for i in range(n)), tuple((i,) for i in range(n)))
+    group_of = {s: g for g, stages in enumerate(layout.groups) for s in stages}
+    works, last_version = [], [None] * n  # each epoch's cost in plan order
     for e in plan.order:
-        g = group_of[e.stage]
-        start = free[g] if e.version == 0 else max(free[g], ready[e.stage - 1][e.version])
         work = float(epoch_cost[e.stage])
         if e.version != last_version[e.stage] and e.stage > 0:
             work += float(receive_cost(e.stage, last_version[e.stage], e.version))
         last_version[e.stage] = e.version
         if e.stage + 1 < n and (e.epoch + 1) in plan.needed(e.stage):
             work += float(handover_cost[e.stage])
-        stop = start + work
-        busy[e.stage] += work
-        ready[e.stage][e.epoch + 1] = stop
-        free[g] = stop
+        works.append(work)
+    shared = cores is not None and int(cores) < layout.n_ranks
+    spans = _shared_spans(plan, works, layout, group_of, int(cores)) if shared \
+        else _dedicated_spans(plan, works, layout, group_of)
+    busy, work, first, end = [0.0] * n, [0.0] * n, [None] * n, [0.0] * n
+    for e, w, (start, stop) in zip(plan.order, works, spans):
+        busy[e.stage] += stop - start if shared else w  # the same sum either way where no core is shared
+        work[e.stage] += w
         first[e.stage] = start if first[e.stage] is None else first[e.stage]
         end[e.stage] = stop
     wait = [end[l] - first[l] - busy[l] for l in range(n)]
-    return {"makespan": max(end), "stage_end": end, "busy": busy, "wait": wait}
+    return {"makespan": max(end), "stage_end": end, "busy": busy, "work": work, "wait": wait}
+
+
+def _dedicated_spans(plan: Plan, works, layout: Layout, group_of) -> list:
+    """(start, stop) of each epoch of ``plan.order`` with a core per rank: in plan order,
+    each as soon as its group is free and its input version has arrived."""
+    free = [0.0] * len(layout.groups)
+    ready = {}  # (stage, version): when that stage's output version is available
+    spans = []
+    for e, work in zip(plan.order, works):
+        g = group_of[e.stage]
+        start = free[g] if e.version == 0 else max(free[g], ready[e.stage - 1, e.version])
+        stop = start + work
+        ready[e.stage, e.epoch + 1] = free[g] = stop
+        spans.append((start, stop))
+    return spans
+
+
+def _shared_spans(plan: Plan, works, layout: Layout, group_of, cores: int) -> list:
+    """(start, stop) of each epoch of ``plan.order`` when the running groups' ranks share
+    ``cores``: each group runs its epochs in plan order, one starts once the previous is
+    done and its input version has arrived, and between two events every running rank
+    advances at min(1, cores / running ranks)."""
+    queues = [[] for _ in layout.groups]  # each group's epochs, as indices into plan.order
+    for i, e in enumerate(plan.order):
+        queues[group_of[e.stage]].append(i)
+    heads = [0] * len(queues)
+    ready, running, left, spans = {}, {}, {}, [None] * len(works)  # running: group -> epoch index
+    now = 0.0
+    while True:
+        for g, q in enumerate(queues):
+            if g not in running and heads[g] < len(q):
+                e = plan.order[q[heads[g]]]
+                if e.version == 0 or (e.stage - 1, e.version) in ready:
+                    i = running[g] = q[heads[g]]
+                    heads[g] += 1
+                    left[i], spans[i] = works[i], (now, None)
+        if not running:
+            break
+        speed = min(1.0, cores / sum(len(layout.ranks[g]) for g in running))
+        step = min(left[i] for i in running.values())
+        now += step / speed
+        for g, i in list(running.items()):
+            left[i] -= step
+            if left[i] <= 1e-12 * max(works[i], 1e-30):  # the one(s) that set the step
+                e = plan.order[i]
+                ready[e.stage, e.epoch + 1] = now
+                spans[i] = (spans[i][0], now)
+                del running[g]
+    if any(h < len(q) for h, q in zip(heads, queues)):
+        raise RuntimeError("replay_plan: the plan waits on an input version no epoch makes")
+    return spans
 
 
 def mode_costs(plan: Plan, layout: Layout, epoch_cost, transform_cost, mode: str):

@@ -161,6 +161,28 @@ def test_replay_matches_plan_and_measures_grouping():
     assert faster["makespan"] == pytest.approx(plan.makespan / 3)
 
 
+@pytest.mark.parametrize("extras", [[0, 0, 0, 0], [0, 2, 4, 8]])
+@pytest.mark.parametrize("hand", [[0, 0, 0, 0], HAND])
+def test_replay_on_shared_cores_keeps_them_busy_and_sleeps_the_waiting(extras, hand):
+    """Ranks sharing cores: on one core the run lasts all the ranks' work (the core never
+    idles while an epoch can run: stage 1 always can); on as many cores as ranks it is the
+    dedicated replay; in between it sits between that and the dedicated replay slowed by
+    ranks / cores (every running rank gets at least cores / ranks of a core)."""
+    plan = plan_schedule(FLOPS, HAND, [3] * 4, extras)
+    layouts = [None, Layout(((0,), (1,), (2, 3)), ((0, 1, 2), (3,), (4,)))]  # one rank a stage; replicas
+    for layout in layouts:
+        base = replay_plan(plan, FLOPS, hand, layout)
+        ranks = layout.n_ranks if layout else 4
+        sizes = [len(layout.ranks[layout.group_of_stage(l)]) for l in range(4)] if layout else [1] * 4
+        one = replay_plan(plan, FLOPS, hand, layout, cores=1)
+        assert one["makespan"] == pytest.approx(sum(w * r for w, r in zip(one["work"], sizes)))
+        assert one["work"] == pytest.approx(base["work"]) and base["busy"] == base["work"]
+        assert replay_plan(plan, FLOPS, hand, layout, cores=ranks)["makespan"] == base["makespan"]
+        for cores in range(2, ranks):
+            shared = replay_plan(plan, FLOPS, hand, layout, cores=cores)["makespan"]
+            assert base["makespan"] < shared <= base["makespan"] * ranks / cores * (1 + 1e-12)
+
+
 def test_synchronized_bound_for_the_paper_stack():
     # one rank per layer cannot beat total / heaviest; the plan without hand-over cost
     # and ending with layer 1 sits at that bound (layer 1 ~55% of the work)

@@ -205,6 +205,18 @@ def test_oversubscribed_cores_slow_compute_and_say_so():
     assert sum(one_core["split"].values()) == pytest.approx(10.5)
 
 
+def test_sync_on_shared_cores_lasts_its_ranks_work_not_the_dedicated_run_times_ranks_per_core():
+    """sync's 2 ranks on 1 core: the core runs whichever stage can run, and a rank waiting
+    for its input sleeps, so the run lasts both ranks' work (epochs and hand-overs), less
+    than the run on a core each slowed twice (its waits slept through, not stretched)."""
+    c = costs([2.0, 1.0], [0.5, 0.1], epochs=3)
+    own = pipeline_s(c, 2, replicas=False, mode="data", **FREE)
+    one_core = pipeline_s(c, 2, replicas=False, mode="data", cores=1, **FREE)
+    assert one_core["seconds"] == pytest.approx(sum(own["busy"]))
+    assert own["seconds"] < one_core["seconds"] < 2 * own["seconds"]
+    assert predict(c, 2, cores=1, **FREE)["sync"]["seconds"] == pytest.approx(one_core["seconds"])
+
+
 @pytest.mark.parametrize("cores", [None, 1, 2, 4])
 def test_more_ranks_never_slow_data_when_communication_is_free(cores):
     c = costs([2.0, 1.0, 0.3], [0.5, 0.1, 0.0], epochs=3, batch=64)
