@@ -114,7 +114,7 @@ def run_scheme(be, comm, args, digits, run, guard, name, *, prog, extra=None) ->
     compare_position = position if position.get("stage") == "compare" else None
     if compare_position is not None:  # the main stage is done: its record and weights are in the checkpoint
         position = dict(position["main"], phase="done")
-    warm_up(be, args.pretrainer)
+    warm_up(be, args.pretrainer, layers_from_args(be, args, digits.train_x.shape[1]), args.reduce_blocks)
     trace = Trace(comm)
     dp = Subset(comm, data_parallel_ranks(comm, args.dp_ranks)[:args.reduce_blocks])
     job = Job(be, comm, argparse.Namespace(**vars(args)), name, prog, layers_from_args(be, args, digits.train_x.shape[1]),

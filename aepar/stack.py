@@ -95,12 +95,22 @@ def layers_from_args(be, args, n_input: int) -> list:
                        momentum_switch_epoch=args.momentum_switch)
 
 
-def warm_up(be, pretrainer="rbm"):
+def warm_up(be, pretrainer="rbm", layers=(), blocks=1):
     """Run every kernel the layers use once on a few rows, so that compiling (or loading
-    compiled) kernels is not charged to the first timed epoch."""
+    compiled) kernels is not charged to the first timed epoch.
+
+    ``layers``: throw-away copies of a run's own layers, each then trained for one step of
+    its batch of random rows cut into ``blocks``: the kernels a shape picks (wide layers'
+    compiled tiles, the narrow code layer's path) load here, on every rank at once, and not
+    in each rank's first epoch, where in a pipeline every later stage would pay them one
+    after the other."""
     x = Shard.of(be, np.random.default_rng(0).random((3, 5)), 1)
     for hidden in ("bernoulli", "gaussian"):
         layer = PRETRAINERS[pretrainer](be, 5, 2, hidden=hidden, batch=3, seed=0)
+        warm_up_model(be, layer, x, lambda rows: (layer.recon_error(rows), layer.transform(rows)))
+    rng = np.random.default_rng(0)
+    for layer in layers:
+        x = Shard.of(be, rng.random((max(layer.batch, blocks), layer.n_in)), blocks)
         warm_up_model(be, layer, x, lambda rows: (layer.recon_error(rows), layer.transform(rows)))
 
 

@@ -1,0 +1,50 @@
+"""aepar.stack.warm_up: every kernel a run's layers take is loaded before the first timed
+epoch, on every rank at once (in a pipeline each later stage would otherwise load them in
+its first epoch, one after the other)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# a fresh process: warm up (the run's shapes, or the tiny layer alone), note every kernel's
+# compiled signatures, train the run's layers for one epoch, print what it loaded afterwards
+PROBE = """
+import sys
+import aepar, numpy as np
+from aepar import backend
+from aepar.parallel.data_parallel import train_epoch
+from aepar.rows import Shard
+from aepar.stack import make_layers, warm_up
+from numba.core.dispatcher import Dispatcher
+be = backend.select("cpu", "numba", "float32")
+sizes = [784, 64, 8]
+def layers():
+    return make_layers(be, sizes, sys.argv[1], 0, 1, batch=100)
+warm_up(be, sys.argv[1], layers() if sys.argv[2] == "shapes" else (), 8)
+def loaded():
+    kernels = {(m, n): f for m, mod in list(sys.modules.items()) if m.startswith(("aepar.kernels.nb", "kernels.nb"))
+               for n, f in vars(mod).items() if isinstance(f, Dispatcher)}
+    return {(k, str(s)) for k, f in kernels.items() for s in f.signatures}
+before = loaded()
+h = Shard.of(be, np.random.default_rng(1).random((300, sizes[0])), 8)
+for layer in layers():
+    train_epoch(layer, h, 0)
+    layer.recon_error(h)
+    h = layer.transform(h)
+print(sorted(loaded() - before))
+"""
+
+
+@pytest.mark.parametrize("pretrainer", ["ae", "rbm"])
+def test_after_the_warm_up_a_runs_first_epoch_loads_no_kernel(pretrainer):
+    """The warm-up with the run's own layers (copies, one step each) leaves nothing to load;
+    the tiny layer alone leaves the wide layers' kernels (the check can fail)."""
+    def run(how):
+        p = subprocess.run([sys.executable, "-c", PROBE, pretrainer, how], cwd=ROOT, capture_output=True, text=True,
+                           timeout=600, env={**__import__("os").environ, "AEPAR_THREADS": "1"})
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p.stdout.strip().splitlines()[-1]
+    assert run("shapes") == "[]"
+    assert run("tiny") != "[]"
