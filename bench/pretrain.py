@@ -30,9 +30,10 @@ Stages (each runs the real command line; figures are read back from the runs' su
     python -m bench.pretrain [--stages accuracy,largebatch,sweep,profile] [--epochs N]
                              [--accuracy-dataset fashion] [--seeds 0,1,2] [--repeats 3] [--work DIR]
 
-The sweep and largebatch stages time each configuration ``--repeats`` times, the stage's
-whole list once per round, and keep the fastest run, as bench/results times every figure
-(a single run on a shared VM moves by up to 50% from one minute to the next).
+The sweep, largebatch and profile stages time each configuration ``--repeats`` times, the
+stage's whole list once per round, and keep the fastest run, as bench/results times every
+figure (a single run on a shared VM moves by up to 50% from one minute to the next); the
+profile's predictions are the least of as many `--scheme auto` runs'.
 
 Writes bench/results/pretrain_{accuracy,largebatch,sweep,speedup,profile}.{csv,md},
 pretrain_accuracy.png (pretrain_accuracy_fashion.* with ``--accuracy-dataset fashion``),
@@ -347,14 +348,17 @@ def largebatch(work, epochs, dataset, repeats: int = 3):
     fig.savefig(RESULTS / "pretrain_largebatch.png", format="png", dpi=100)
 
 
-def launch_in_rounds(grid: dict, repeats: int, work: Path, seconds=lambda run: run["pretrain_time_s"]) -> dict:
+def launch_in_rounds(grid: dict, repeats: int, work: Path, seconds=lambda run: run["pretrain_time_s"],
+                     keep_all=False) -> dict:
     """``python -m aepar.pretrain`` for each of ``grid`` (key -> (arguments, ranks, run
     name)) ``repeats`` times (:func:`~bench.common.in_rounds`): key -> (the summary of its
     fastest run, as bench/results times every figure; the columns ``repeats`` and
-    ``all_seconds``, each run's seconds)."""
+    ``all_seconds``, each run's seconds); ``keep_all``: key -> every run's summary."""
     def one(key, k):
         args, np_, name = grid[key]
         return launch("aepar.pretrain", args, np_, work, name + (f"-r{k}" if k else ""))
+    if keep_all:
+        return in_rounds(grid, repeats, one)
     return {key: (fastest_run(runs, seconds=seconds),
                   {"repeats": len(runs), "all_seconds": " ".join(f"{seconds(run):.3f}" for run in runs)})
             for key, runs in in_rounds(grid, repeats, one).items()}
@@ -456,7 +460,10 @@ PROFILE_SCHEMES = ("greedy", "data", "model", "sync", "hybrid")
 PROFILE_RUNS = tuple((scheme, p) for p in (2, 4) for scheme in PROFILE_SCHEMES[:4]) + (("hybrid", 5),)
 
 
-def profile(work, runs=PROFILE_RUNS, epochs=3):
+def profile(work, runs=PROFILE_RUNS, epochs=3, repeats: int = 3):
+    """Each scheme's run on its ranks and `--scheme auto`'s prediction there, each point the
+    fastest of ``repeats`` runs in rounds and each prediction the least of ``repeats`` auto
+    runs' (the planner's own timings, like every figure here, at the machine's quiet moments)."""
     import numpy as np
 
     from aepar.parallel.planner import SPLIT
@@ -467,13 +474,17 @@ def profile(work, runs=PROFILE_RUNS, epochs=3):
            "--finetune-epochs", 0, "--no-plot"]
     # the planner's predictions as `--scheme auto` makes them on each rank count (what its
     # run's summary.json records), beside what each scheme then measured
-    plans = {p: launch("aepar.pretrain", ["--scheme", "auto", *net], p, work, f"prof-auto-{p}")["auto"]["predicted"]
-             for p in sorted({p for _, p in runs})}
+    autos = {p: (["--scheme", "auto", *net], p, f"prof-auto-{p}") for p in sorted({p for _, p in runs})}
+    plans = {p: [r["auto"]["predicted"] for r in made] for p, made in
+             launch_in_rounds(autos, repeats, work, keep_all=True).items()}
+    measured = launch_in_rounds({(scheme, p): (["--scheme", scheme, *net], p, f"prof-{scheme}-{p}")
+                                 for scheme, p in runs}, repeats, work)
     rows, panels = [], {}
     for scheme, p in runs:
-        plan = plans[p].get(scheme, {})
+        made = [plan[scheme] for plan in plans[p] if plan.get(scheme, {}).get("time_s") is not None]
+        plan = min(made, key=lambda e: e["time_s"]) if made else {}
         predicted, split = plan.get("time_s"), plan.get("split")
-        r = launch("aepar.pretrain", ["--scheme", scheme, *net], p, work, f"prof-{scheme}-{p}")
+        r, _ = measured[(scheme, p)]
         panels[(scheme, p)] = (r["profile"], split, r["pretrain_time_s"], predicted)
         for rank in r["profile"]:
             rows.append(dict(machine_fields(r), scheme=scheme, ranks=p, rank=rank["rank"],
@@ -556,8 +567,8 @@ def main(argv=None) -> int:
     ap.add_argument("--largebatch-dataset", default="fashion",
                     help="the largebatch stage's data (default fashion: Fashion-MNIST, `make fashion`)")
     ap.add_argument("--repeats", type=int, default=3,
-                    help="runs of each configuration of the sweep and largebatch stages, all of a stage's "
-                         "once per round; a row keeps the fastest (default 3)")
+                    help="runs of each configuration of the sweep, largebatch and profile stages, all of a "
+                         "stage's once per round; a row keeps the fastest (default 3)")
     ap.add_argument("--records", default=None, metavar="DIR",
                     help="keep every finished run's summary in DIR (one JSON per run, to commit) and read a run "
                          "recorded there back instead of repeating it: a study of many hours done in pieces, on "
@@ -578,7 +589,7 @@ def main(argv=None) -> int:
     if "largebatch" in stages:
         largebatch(work, args.largebatch_epochs, args.largebatch_dataset, args.repeats)
     if "profile" in stages:
-        profile(work)
+        profile(work, repeats=args.repeats)
     return 0
 
 

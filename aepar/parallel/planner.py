@@ -45,10 +45,11 @@ Assumptions (each one a place where the prediction can be wrong):
    slowed by active ranks / cores, active ranks being those that compute (model and sync
    leave ranks beyond L idle). model's slots share the cores by their work: a slot lasts
    its slowest rank's work, or all its ranks' work over the cores if longer (its ranks
-   that finish early wait asleep, leaving their core to the others). sync and hybrid: the
-   plan is replayed with the ranks running at a moment sharing the cores equally and the
-   waiting ones asleep (:func:`aepar.parallel.pipeline.replay_plan` with ``cores``); a
-   replica's sum counts as its rank running.
+   that finish early wait asleep, leaving their core to the others). sync: the plan is
+   replayed with the ranks running at a moment sharing the cores equally and the waiting
+   ones asleep (:func:`aepar.parallel.pipeline.replay_plan` with ``cores``). hybrid: every
+   rank slowed by ranks / cores, as its replicas sum every step and wait for each other's
+   turns on the cores.
 4. Per-step overheads other than the reduction (sampling a batch, Python) are inside
    epoch_s and split P ways like the rest: small batches per rank make this optimistic.
 5. Test-set evaluation, checkpoints and start-up are not counted; the transform of the
@@ -446,12 +447,16 @@ def pipeline_s(costs: LayerCosts, ranks: int, *, replicas: bool, mode=None, end_
     if mode is None:
         mode = choose_mode(plan, layout, plan_e, plan_h, oversubscribed=f > 1)[0]
     reps = [layout.replicas(l) for l in range(n)]
-    _, hand, receive = mode_costs(plan, layout, costs.epoch_s, costs.transform_s, mode)
-    epoch = [costs.epoch_s[l] / reps[l]
+    # oversubscribed: the stages running at a moment share the cores and the waiting ones
+    # sleep; but replicas sum every step, each waiting (polling) for the others' turns on
+    # the cores, so with replicas every rank counts as busy: compute slowed by ranks / cores
+    slow = f if f > 1 and max(reps) > 1 else 1.0
+    _, hand, receive = mode_costs(plan, layout, [t * slow for t in costs.epoch_s],
+                                  [t * slow for t in costs.transform_s], mode)
+    epoch = [costs.epoch_s[l] * slow / reps[l]
              + costs.steps_per_epoch[l] * tree_sum_s(costs.param_bytes[l], reps[l], alpha, beta, costs.blocks)
              for l in range(n)]
-    # oversubscribed: the stages running at a moment share the cores, the waiting ones sleep
-    replay = replay_plan(plan, epoch, hand, layout, receive, cores=cores if f > 1 else None)
+    replay = replay_plan(plan, epoch, hand, layout, receive, cores=cores if f > 1 and slow == 1.0 else None)
     stretch = [b / w if w > 0 else 1.0 for b, w in zip(replay["busy"], replay["work"])]
     # the split, per group of ranks (stages on one group run in turn), then the mean over ranks
     parts = dict.fromkeys(SPLIT, 0.0)

@@ -197,3 +197,30 @@ def test_repeated_runs_go_in_rounds_and_a_row_keeps_the_fastest(tmp_path, monkey
     assert len({name for _, name in launched}) == 6  # no run read back in place of another
     assert runs["a"][0]["name"] == "run-a-r1" and runs["a"][1] == {"repeats": 3, "all_seconds": "3.000 2.000 4.000"}
     assert runs["b"][0]["pretrain_time_s"] == 4.5 and runs["b"][1]["all_seconds"] == "5.000 6.000 4.500"
+
+
+def test_the_profile_keeps_each_points_fastest_run_and_the_least_prediction(tmp_path, monkeypatch):
+    """--stages profile with --repeats: every auto run and scheme run once per round; a row
+    is its scheme's fastest run, beside the least of the auto runs' predictions (the
+    planner's own timings taken at the machine's quiet moments, as every other figure)."""
+    import bench.pretrain as bp
+    from aepar.parallel.planner import SPLIT
+    from aepar.report.profile import PHASES
+    launched, measured = [], iter([0.9, 0.7, 0.8])
+    predicted = iter([1.5, 1.1, 1.3])
+
+    def fake_launch(module, args, np_, work, name):
+        launched.append(name)
+        scheme = args[args.index("--scheme") + 1]
+        if scheme == "auto":
+            t = next(predicted)
+            return {"auto": {"predicted": {"sync": {"time_s": t, "split": dict.fromkeys(SPLIT, t / 4)}}}}
+        rank = {"rank": 0, **{f"{k}_s": 0.1 for k, _ in PHASES}}
+        return {"pretrain_time_s": next(measured), "profile": [rank], "name": name}
+    monkeypatch.setattr(bp, "launch", fake_launch)
+    monkeypatch.setattr(bp, "RESULTS", tmp_path)
+    bp.profile(tmp_path / "work", runs=(("sync", 4),), repeats=3)
+    assert launched == ["prof-auto-4", "prof-auto-4-r1", "prof-auto-4-r2", "prof-sync-4", "prof-sync-4-r1",
+                        "prof-sync-4-r2"]
+    row = next(line for line in (tmp_path / "pretrain_profile.md").read_text().splitlines() if line.startswith("| sync"))
+    assert "| 0.70 | 1.10 | 0.28 / 0.28 / 0.28 / 0.28 |" in row, row

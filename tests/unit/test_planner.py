@@ -215,6 +215,11 @@ def test_sync_on_shared_cores_lasts_its_ranks_work_not_the_dedicated_run_times_r
     assert one_core["seconds"] == pytest.approx(sum(own["busy"]))
     assert own["seconds"] < one_core["seconds"] < 2 * own["seconds"]
     assert predict(c, 2, cores=1, **FREE)["sync"]["seconds"] == pytest.approx(one_core["seconds"])
+    # hybrid's replicas sum every step, waiting for each other's turns on the cores: every
+    # rank busy, each cost slowed by ranks / cores
+    tripled = dataclasses.replace(c, epoch_s=[3 * t for t in c.epoch_s], transform_s=[3 * t for t in c.transform_s])
+    assert predict(c, 3, cores=1, **FREE)["hybrid"]["seconds"] == pytest.approx(
+        pipeline_s(tripled, 3, replicas=True, mode="data", **FREE)["seconds"])
 
 
 @pytest.mark.parametrize("cores", [None, 1, 2, 4])
