@@ -85,7 +85,7 @@ bench: venv bench-peers  ## quick scaling grid, textbook and PyTorch peers -> ru
 bench-full: venv bench-peers  ## the paper's full grids (hours on 2 cores)
 	$(BIN)/python -m bench.run --full $(if $(PUBLISH),--publish)
 
-bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per scheme, large batches, batch sweep, speed-ups, seconds per operation per scheme and rank; the sweep and large batches each the fastest of 3 runs (~80 min on 2 cores)
+bench-pretrain: venv  ## CMU 15-618's tables with the engine: accuracy per scheme, large batches, batch sweep, speed-ups, seconds per operation per scheme and rank; the sweep, large batches and profile each the fastest of 3 runs (~85 min on 2 cores)
 	$(BIN)/python -m bench.pretrain
 
 .PHONY: bench-pretrain-full
