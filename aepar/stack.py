@@ -110,7 +110,7 @@ def warm_up(be, pretrainer="rbm", layers=(), blocks=1):
         warm_up_model(be, layer, x, lambda rows: (layer.recon_error(rows), layer.transform(rows)))
     rng = np.random.default_rng(0)
     for layer in layers:
-        x = Shard.of(be, rng.random((max(layer.batch, blocks), layer.n_in)), blocks)
+        x = Shard.of(be, rng.random((max(layer.batch, blocks), layer.n_in), dtype=np.float32), blocks)
         warm_up_model(be, layer, x, lambda rows: (layer.recon_error(rows), layer.transform(rows)))
 
 
