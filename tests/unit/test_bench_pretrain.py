@@ -222,5 +222,6 @@ def test_the_profile_keeps_each_points_fastest_run_and_the_least_prediction(tmp_
     bp.profile(tmp_path / "work", runs=(("sync", 4),), repeats=3)
     assert launched == ["prof-auto-4", "prof-auto-4-r1", "prof-auto-4-r2", "prof-sync-4", "prof-sync-4-r1",
                         "prof-sync-4-r2"]
-    row = next(line for line in (tmp_path / "pretrain_profile.md").read_text().splitlines() if line.startswith("| sync"))
+    table = (tmp_path / "pretrain_profile.md").read_text().splitlines()
+    row = next(line for line in table if line.startswith("| sync"))
     assert "| 0.70 | 1.10 | 0.28 / 0.28 / 0.28 / 0.28 |" in row, row
