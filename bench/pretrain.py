@@ -348,20 +348,22 @@ def largebatch(work, epochs, dataset, repeats: int = 3):
     fig.savefig(RESULTS / "pretrain_largebatch.png", format="png", dpi=100)
 
 
-def launch_in_rounds(grid: dict, repeats: int, work: Path, seconds=lambda run: run["pretrain_time_s"],
-                     keep_all=False) -> dict:
+def launch_rounds(grid: dict, repeats: int, work: Path) -> dict:
     """``python -m aepar.pretrain`` for each of ``grid`` (key -> (arguments, ranks, run
-    name)) ``repeats`` times (:func:`~bench.common.in_rounds`): key -> (the summary of its
-    fastest run, as bench/results times every figure; the columns ``repeats`` and
-    ``all_seconds``, each run's seconds); ``keep_all``: key -> every run's summary."""
+    name)) ``repeats`` times (:func:`~bench.common.in_rounds`), each run under its own name:
+    key -> the runs' summaries in round order."""
     def one(key, k):
         args, np_, name = grid[key]
         return launch("aepar.pretrain", args, np_, work, name + (f"-r{k}" if k else ""))
-    if keep_all:
-        return in_rounds(grid, repeats, one)
+    return in_rounds(grid, repeats, one)
+
+
+def launch_in_rounds(grid: dict, repeats: int, work: Path, seconds=lambda run: run["pretrain_time_s"]) -> dict:
+    """:func:`launch_rounds`: key -> (the summary of its fastest run, as bench/results times
+    every figure; the columns ``repeats`` and ``all_seconds``, each run's seconds)."""
     return {key: (fastest_run(runs, seconds=seconds),
                   {"repeats": len(runs), "all_seconds": " ".join(f"{seconds(run):.3f}" for run in runs)})
-            for key, runs in in_rounds(grid, repeats, one).items()}
+            for key, runs in launch_rounds(grid, repeats, work).items()}
 
 
 def sweep(work, repeats: int = 3):
@@ -475,8 +477,7 @@ def profile(work, runs=PROFILE_RUNS, epochs=3, repeats: int = 3):
     # the planner's predictions as `--scheme auto` makes them on each rank count (what its
     # run's summary.json records), beside what each scheme then measured
     autos = {p: (["--scheme", "auto", *net], p, f"prof-auto-{p}") for p in sorted({p for _, p in runs})}
-    plans = {p: [r["auto"]["predicted"] for r in made] for p, made in
-             launch_in_rounds(autos, repeats, work, keep_all=True).items()}
+    plans = {p: [r["auto"]["predicted"] for r in made] for p, made in launch_rounds(autos, repeats, work).items()}
     measured = launch_in_rounds({(scheme, p): (["--scheme", scheme, *net], p, f"prof-{scheme}-{p}")
                                  for scheme, p in runs}, repeats, work)
     rows, panels = [], {}

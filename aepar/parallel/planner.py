@@ -450,13 +450,14 @@ def pipeline_s(costs: LayerCosts, ranks: int, *, replicas: bool, mode=None, end_
     # oversubscribed: the stages running at a moment share the cores and the waiting ones
     # sleep; but replicas sum every step, each waiting (polling) for the others' turns on
     # the cores, so with replicas every rank counts as busy: compute slowed by ranks / cores
-    slow = f if f > 1 and max(reps) > 1 else 1.0
+    replicated = max(reps) > 1
+    slow = f if replicated else 1.0
     _, hand, receive = mode_costs(plan, layout, [t * slow for t in costs.epoch_s],
                                   [t * slow for t in costs.transform_s], mode)
     epoch = [costs.epoch_s[l] * slow / reps[l]
              + costs.steps_per_epoch[l] * tree_sum_s(costs.param_bytes[l], reps[l], alpha, beta, costs.blocks)
              for l in range(n)]
-    replay = replay_plan(plan, epoch, hand, layout, receive, cores=cores if f > 1 and slow == 1.0 else None)
+    replay = replay_plan(plan, epoch, hand, layout, receive, cores=None if replicated else cores)
     stretch = [b / w if w > 0 else 1.0 for b, w in zip(replay["busy"], replay["work"])]
     # the split, per group of ranks (stages on one group run in turn), then the mean over ranks
     parts = dict.fromkeys(SPLIT, 0.0)
