@@ -176,17 +176,13 @@ def _step_sums(comm, tree, quick: bool) -> list:
     every step), a row the fastest trial: ``<op>_step`` rows (per size) and one ``straggle``
     row, the mean wait over the mean compute of a step (``seconds``: the wait,
     ``compute_seconds``: the compute)."""
-    from aepar.parallel.blocks import halving_pairs
-
     work = _step_work(comm)
     sizes = (2 ** 15, 2 ** 20, 2 ** 23) if quick else (2 ** 15, 2 ** 17, 2 ** 19, 2 ** 21, 2 ** 23, 2 ** 24)
     n_steps, trials = (30, 2) if quick else (60, 3)
     rows, waits, computes = [], [], []
     for nbytes in sizes:
         buf, out_buf = np.zeros(nbytes // 8), np.zeros(nbytes // 8)
-        calls = {"allreduce": lambda: comm.Allreduce(buf), "tree_allreduce": _tree_way(tree, buf, out_buf, False)}
-        if halving_pairs(comm.size, comm.size):
-            calls["tree_halving"] = _tree_way(tree, buf, out_buf, True)
+        calls = _mpi_ops(comm, tree, buf, out_buf)  # the sums among them, each way the ranks can take
         for op in (op for op in STEP_OPS if op in calls):
             means = []
             for _ in range(trials):
