@@ -39,7 +39,7 @@ from aepar.errors import UserError
 from aepar.guard import Guard
 from aepar.parallel.data_parallel import train_epoch
 from aepar.parallel.planner import LayerCosts, choose, format_table, predict
-from aepar.parallel.synchronized import FULL_SIZE_EXTRAS, add_sync_args, parse_extras
+from aepar.parallel.synchronized import FULL_SIZE_EXTRAS, add_sync_args, parse_extras, validation_split
 from aepar.rows import Shard
 from aepar.rundir import parse_and_open
 from aepar.stack import BASE_BATCH, FULL_SIZE_RBMS, add_pretrain_args, layers_from_args, parse_layers, warm_up
@@ -177,18 +177,20 @@ def _setup(args, comm, data=None):
     return be, digits
 
 
-def measure_costs(be, args, x, ranks):
+def measure_costs(be, args, x, ranks, held_out=0):
     """Planner input from this process: every layer's epoch and transform timed on a few
     batches of throw-away copies of the layers (the run's own are untouched), scaled to all
     the rows; an epoch the faster of two (a process's first epoch of a layer's shape also
-    loads its compiled tiles, which the warm-up's tiny layer does not take). Timed on one
-    process while the others wait."""
+    loads its compiled tiles, which the warm-up's tiny layer does not take). With
+    ``held_out`` rows (those sync and hybrid keep for validation), also the reconstruction
+    of that many rows, which their stages add to every epoch. Timed on one process while
+    the others wait."""
     warm_up(be, args.pretrainer)
     probes = layers_from_args(be, args, x.shape[1])
     n = x.shape[0]
     rows = probe_rows(n, args.batch)
     h = Shard.of(be, x[:rows], 1)
-    epoch_s, transform_s = [], []
+    epoch_s, transform_s, validation_s = [], [], []
     for layer in probes:
         seconds = []
         for epoch in range(2):
@@ -196,12 +198,17 @@ def measure_costs(be, args, x, ranks):
             train_epoch(layer, h, epoch, batch=args.batch)
             seconds.append(be_time(be) - t0)
         epoch_s.append(min(seconds) * n / rows)
+        if held_out:
+            t0 = be_time(be)
+            layer.recon_error(h)
+            validation_s.append((be_time(be) - t0) * held_out / rows)
         t0 = be_time(be)
         h = layer.transform(h)
         transform_s.append((be_time(be) - t0) * n / rows)
     return LayerCosts.measured(probes, epoch_s, transform_s, n, args.batch,
                                parse_extras(args.extra, len(probes)), dtype=be.dtype,
-                               blocks=args.reduce_blocks)
+                               n_val=held_out, blocks=args.reduce_blocks, held_out=held_out,
+                               validation_s=validation_s if held_out else None)
 
 
 def probe_rows(n: int, batch: int) -> int:
@@ -256,7 +263,7 @@ def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
     cores = _threads.node_cores(_threads.node_layout(comm))  # however the launcher bound the ranks
     predictions = costs = None
     if comm.is_root:
-        costs = measure_costs(be, args, digits.train_x, comm.size)
+        costs = measure_costs(be, args, digits.train_x, comm.size, validation_split(digits, args)[1].size)
     if comm.size > 1:  # every rank: greedy's and data's epochs on these ranks, where they can run
         here = [s for s in ("greedy", "data") if _runs_here(args, comm, n_layers, digits.train_x.shape[0], s)]
         if here:

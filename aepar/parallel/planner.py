@@ -53,7 +53,10 @@ Assumptions (each one a place where the prediction can be wrong):
 4. Per-step overheads other than the reduction (sampling a batch, Python) are inside
    epoch_s and split P ways like the rest: small batches per rank make this optimistic.
 5. Test-set evaluation, checkpoints and start-up are not counted; the transform of the
-   last layer (the code) is not needed by pre-training and not counted.
+   last layer (the code) is not needed by pre-training and not counted. sync's and
+   hybrid's validation is: their stages train on the rows not held out and reconstruct
+   the held-out ones every epoch (``held_out``, ``validation_s``; ``--scheme auto`` times
+   that reconstruction on its probes).
 6. model: refreshes are charged only when a layer below in its group changed since the
    last refresh (the implementation's cache); at a group's end every rank computes the
    group's output once, only if a next group needs it.
@@ -120,6 +123,14 @@ class LayerCosts:
         scheme ("greedy", "data") -> seconds of one epoch of each layer, data-parallel on
         ``dp_ranks`` ranks (the sums over the ranks included), and of those the sums'
         (:func:`aepar.pretrain.measure_on_ranks`); None: simulated from ``epoch_s``.
+    held_out : int, optional
+        Of the ``n_train`` rows ``epoch_s`` covers, those sync and hybrid hold out for
+        validation (``--val-fraction``): their epochs train on the rest (``--scheme auto``
+        times the epochs on every row; 0 where the rows are already sync's, as in a
+        stage-times file).
+    validation_s : tuple of float, optional
+        Seconds to reconstruct the held-out rows through layer l once, one rank: what
+        sync's and hybrid's stages add to every epoch; None: not counted.
     """
 
     epoch_s: tuple
@@ -136,6 +147,8 @@ class LayerCosts:
     dp_ranks: int | None = None
     dp_epoch_s: dict | None = None
     dp_reduction_s: dict | None = None
+    held_out: int = 0
+    validation_s: tuple | None = None
 
     def __post_init__(self):
         fix = object.__setattr__
@@ -191,6 +204,14 @@ class LayerCosts:
                     any(r < 0 or r > e for k in self.dp_epoch_s for e, r in zip(self.dp_epoch_s[k],
                                                                            self.dp_reduction_s[k])):
                 raise ValueError("measured epochs must be positive, their sums between 0 and the epoch")
+        if not 0 <= int(self.held_out) < self.n_train:
+            raise ValueError(f"held_out must be between 0 and n_train - 1, not {self.held_out}")
+        fix(self, "held_out", int(self.held_out))
+        if self.validation_s is not None:
+            v = _floats(self.validation_s, "validation_s")
+            if len(v) != n or min(v) < 0:
+                raise ValueError(f"validation_s needs a non-negative value per layer ({n}): {v}")
+            fix(self, "validation_s", v)
 
     @property
     def n_layers(self) -> int:
@@ -203,7 +224,7 @@ class LayerCosts:
 
     @classmethod
     def measured(cls, layers, epoch_s, transform_s, n_train, batch, extras=None, *, dtype=np.float32,
-                 n_val=0, blocks=None) -> "LayerCosts":
+                 n_val=0, blocks=None, held_out=0, validation_s=None) -> "LayerCosts":
         """From in-run measurements.
 
         Parameters
@@ -220,17 +241,22 @@ class LayerCosts:
             Of the parameters: param bytes = itemsize x (n_in n_out + n_in + n_out).
         n_val : int
             Validation rows the executor's FLOP clock charges each epoch.
+        held_out, validation_s
+            As the attributes: sync's plan is then made for the ``n_train - held_out``
+            rows it trains on.
         """
         itemsize = np.dtype(dtype).itemsize
         n = len(layers)
         plan_e = plan_h = None
         if all(callable(getattr(l, "flops_per_sample", None)) for l in layers):
-            plan_e, plan_h = _flop_clock([(l.n_in, l.n_out, l.flops_per_sample()) for l in layers], n_train, n_val)
+            plan_e, plan_h = _flop_clock([(l.n_in, l.n_out, l.flops_per_sample()) for l in layers],
+                                         int(n_train) - int(held_out), n_val)
         return cls(epoch_s=tuple(epoch_s), transform_s=tuple(transform_s),
                    param_bytes=tuple(itemsize * (l.n_in * l.n_out + l.n_in + l.n_out) for l in layers),
                    steps_per_epoch=(-(-int(n_train) // int(batch)),) * n, epochs=tuple(l.epochs for l in layers),
                    extras=tuple(extras) if extras is not None else (0,) * n, n_train=n_train, batch=batch,
-                   blocks=blocks, plan_epoch=plan_e, plan_handover=plan_h)
+                   blocks=blocks, plan_epoch=plan_e, plan_handover=plan_h,
+                   held_out=held_out, validation_s=validation_s)
 
     @classmethod
     def from_stage_times(cls, st) -> "LayerCosts":
@@ -426,8 +452,9 @@ def pipeline_s(costs: LayerCosts, ranks: int, *, replicas: bool, mode=None, end_
     ``replicas`` False (``sync``): at most one rank per layer, ranks beyond L idle; True
     (``hybrid``): :func:`aepar.parallel.pipeline.make_layout` gives the costly layers
     data-parallel replicas (capped by the batch and blocks), each replica epoch
-    epoch_s / n + steps x :func:`tree_sum_s`. ``mode`` None: the hand-over mode
-    ``--handover-mode auto`` picks.
+    epoch_s / n + steps x :func:`tree_sum_s`. A stage's epoch trains the rows not
+    ``held_out`` and reconstructs the held-out ones (``validation_s``). ``mode`` None: the
+    hand-over mode ``--handover-mode auto`` picks.
 
     Returns
     -------
@@ -436,7 +463,11 @@ def pipeline_s(costs: LayerCosts, ranks: int, *, replicas: bool, mode=None, end_
         extras included), ``busy`` (per stage), ``ranks_used``.
     """
     n = costs.n_layers
-    plan_e = costs.plan_epoch or costs.epoch_s
+    # the stages train on the rows not held out, and reconstruct the held-out ones every epoch
+    kept = costs.n_train - costs.held_out
+    epoch_s = [t * kept / costs.n_train + v for t, v in zip(costs.epoch_s, costs.validation_s or (0.0,) * n)]
+    steps = (-(-kept // costs.batch),) * n if costs.held_out and costs.batch else costs.steps_per_epoch
+    plan_e = costs.plan_epoch or epoch_s
     plan_h = costs.plan_handover or costs.transform_s
     plan = plan_schedule(plan_e, plan_h, costs.epochs, costs.extras, end_with_first)
     totals = [plan_e[l] * plan.epochs(l) for l in range(n)]
@@ -452,17 +483,17 @@ def pipeline_s(costs: LayerCosts, ranks: int, *, replicas: bool, mode=None, end_
     # the cores, so with replicas every rank counts as busy: compute slowed by ranks / cores
     replicated = max(reps) > 1
     slow = f if replicated else 1.0
-    _, hand, receive = mode_costs(plan, layout, [t * slow for t in costs.epoch_s],
+    _, hand, receive = mode_costs(plan, layout, [t * slow for t in epoch_s],
                                   [t * slow for t in costs.transform_s], mode)
-    epoch = [costs.epoch_s[l] * slow / reps[l]
-             + costs.steps_per_epoch[l] * tree_sum_s(costs.param_bytes[l], reps[l], alpha, beta, costs.blocks)
+    epoch = [epoch_s[l] * slow / reps[l]
+             + steps[l] * tree_sum_s(costs.param_bytes[l], reps[l], alpha, beta, costs.blocks)
              for l in range(n)]
     replay = replay_plan(plan, epoch, hand, layout, receive, cores=None if replicated else cores)
     stretch = [b / w if w > 0 else 1.0 for b, w in zip(replay["busy"], replay["work"])]
     # the split, per group of ranks (stages on one group run in turn), then the mean over ranks
     parts = dict.fromkeys(SPLIT, 0.0)
     for stages, ranks_g in zip(layout.groups, layout.ranks):
-        reduction = sum(stretch[l] * plan.epochs(l) * costs.steps_per_epoch[l]
+        reduction = sum(stretch[l] * plan.epochs(l) * steps[l]
                         * tree_sum_s(costs.param_bytes[l], reps[l], alpha, beta, costs.blocks) for l in stages)
         training = sum(stretch[l] * plan.epochs(l) * epoch[l] for l in stages) - reduction
         handover = sum(replay["busy"][l] for l in stages) - training - reduction

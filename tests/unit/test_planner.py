@@ -222,6 +222,27 @@ def test_sync_on_shared_cores_lasts_its_ranks_work_not_the_dedicated_run_times_r
         pipeline_s(tripled, 3, replicas=True, mode="data", **FREE)["seconds"])
 
 
+def test_sync_trains_the_rows_not_held_out_and_validates_the_rest_every_epoch():
+    """sync and hybrid hold out 100 of the 1,000 rows the one-rank epochs were timed on:
+    their stages train 900 rows (9 steps) and reconstruct the 100 every epoch, which is the
+    same prediction as epochs timed on 900 rows with the reconstruction added; the other
+    schemes keep every row."""
+    held = costs([2.0, 1.0, 0.5], [0.2, 0.1, 0.0], epochs=3, extras=[0, 1, 2], batch=100, steps=10, held_out=100,
+                 validation_s=[0.1, 0.05, 0.02])
+    by_hand = costs([2.0 * 0.9 + 0.1, 1.0 * 0.9 + 0.05, 0.5 * 0.9 + 0.02], [0.2, 0.1, 0.0], epochs=3,
+                    extras=[0, 1, 2], batch=100, steps=9)
+    every_row = costs([2.0, 1.0, 0.5], [0.2, 0.1, 0.0], epochs=3, extras=[0, 1, 2], batch=100, steps=10)
+    for ranks, replicas in ((1, False), (2, False), (3, False), (5, True), (8, True)):
+        for cores in (None, 2):
+            a, b = (pipeline_s(c, ranks, replicas=replicas, cores=cores) for c in (held, by_hand))
+            assert (a["layout"], a["mode"], a["epochs"]) == (b["layout"], b["mode"], b["epochs"])
+            assert a["seconds"] == pytest.approx(b["seconds"]) and a["busy"] == pytest.approx(b["busy"])
+            assert a["split"] == pytest.approx(b["split"])
+            assert a["seconds"] != pipeline_s(every_row, ranks, replicas=replicas, cores=cores)["seconds"]
+    for scheme in ("greedy", "data", "model"):
+        assert predict(held, 4)[scheme] == predict(every_row, 4)[scheme]
+
+
 @pytest.mark.parametrize("cores", [None, 1, 2, 4])
 def test_more_ranks_never_slow_data_when_communication_is_free(cores):
     c = costs([2.0, 1.0, 0.3], [0.5, 0.1, 0.0], epochs=3, batch=64)

@@ -291,3 +291,41 @@ def test_the_planners_layer_epoch_is_the_faster_of_two_probes(monkeypatch):
     monkeypatch.setattr(pretrain, "warm_up", lambda be, kind: None)
     costs = pretrain.measure_costs(be, args, np.random.default_rng(0).random((2000, 20)), 2)
     assert costs.epoch_s == pytest.approx((1.0 * 2000 / 600,) * 2)
+
+
+def test_the_planner_times_syncs_validation_on_the_rows_it_holds_out(monkeypatch):
+    """With rows held out (sync's and hybrid's validation), measure_costs also times the
+    reconstruction of the probe rows and scales it to the held-out rows (here 0.25 s on
+    600 rows, for 200 held out); auto asks for the rows sync's own split holds out."""
+    from aepar import pretrain
+    from aepar.comm import Comm
+    from aepar.data.sources import Digits
+    from aepar.parallel import synchronized
+
+    be = backend.select("cpu", "numpy", "float32")
+    args = pretrain.parse_args(["--layers", "20-8-4", "--pretrainer", "ae", "--batch", "100", "--epochs", "1"])
+    clock, ticks = iter(np.cumsum([0.0, 3.0, 0.0, 1.0, 0.0, 0.25, 0.0, 0.5] * 2)), []
+
+    def fake_time(be):
+        ticks.append(next(clock))
+        return ticks[-1]
+    monkeypatch.setattr(pretrain, "be_time", fake_time)
+    monkeypatch.setattr(pretrain, "train_epoch", lambda layer, h, epoch, batch: None)
+    monkeypatch.setattr(pretrain, "warm_up", lambda be, kind: None)
+    x = np.random.default_rng(0).random((2000, 20)).astype(np.float32)
+    costs = pretrain.measure_costs(be, args, x, 2, held_out=200)
+    assert costs.epoch_s == pytest.approx((1.0 * 2000 / 600,) * 2)
+    assert costs.validation_s == pytest.approx((0.25 * 200 / 600,) * 2)
+    assert costs.transform_s == pytest.approx((0.5 * 2000 / 600,) * 2)
+    assert (costs.held_out, costs.n_train) == (200, 2000)
+
+    labels = np.arange(2000) % 10
+    digits = Digits(x, labels, x[:10], labels[:10], "test", "test")
+    asked = []
+
+    def measure(be, args, x, ranks, held_out=0):
+        asked.append(held_out)
+        return costs
+    monkeypatch.setattr(pretrain, "measure_costs", measure)
+    pretrain.choose_scheme(be, Comm(None), args, digits)
+    assert asked == [synchronized.prepare(digits, args)[1].shape[0]] == [200]
