@@ -156,14 +156,15 @@ def add_data_options(group):
     """--data PATH, the user's own file, and what describes it (aepar.data.files)."""
     group.add_argument("--data", default=None, metavar="PATH",
                        help="your own data instead of --dataset: a .npy (X), .npz (x and optional y), .h5/.hdf5 "
-                            "(--data-x, --data-y) or a folder of PNG/JPEG images (one sub-folder per class for "
-                            "labels); uint8 is scaled to [0, 1] (docs/data.md)")
+                            "(--data-x, --data-y), a .csv/.tsv table (labels: --data-y) or a folder of PNG/JPEG "
+                            "images (one sub-folder per class for labels); uint8 is scaled to [0, 1] (docs/data.md)")
     group.add_argument("--data-x", default=None, metavar="NAME",
                        help="the samples' array in --data's .npz or HDF5 file (default x, X, data or images; in "
                             "HDF5 x, else its only dataset of 2+ dimensions)")
     group.add_argument("--data-y", default=None, metavar="NAME",
-                       help="the labels' array in --data's .npz or HDF5 file (default for .npz: y, Y, labels or "
-                            "targets; HDF5: none)")
+                       help="the labels' array in --data's .npz or HDF5 file, or column of its .csv/.tsv (a name "
+                            "from its first line, or a number from 0) (default for .npz: y, Y, labels or targets; "
+                            "HDF5 and tables: none)")
     group.add_argument("--test-data", default=None, metavar="PATH",
                        help="the test set, in --data's format (default: the file's test part, else "
                             "--test-fraction of its rows)")

@@ -10,6 +10,9 @@ What PATH may be (the format is told by its name):
   as the test set; read whole;
 - ``.h5`` / ``.hdf5``: the dataset ``--data-x`` (default ``x``, else the file's only
   dataset of two or more dimensions) and ``--data-y`` (optional); read by row slices;
+- ``.csv`` / ``.tsv``: a table of numbers, one sample per line, comma- or tab-separated;
+  a first line with a field that is not a number names the columns. ``--data-y COLUMN``
+  (a name, or a number from 0) is the labels' column, the others are X; read whole;
 - a folder of PNG/JPEG images, all of one size (``--image-size HxW`` resizes them); with
   one sub-folder per class the sub-folders' sorted names are the classes; read whole.
 
@@ -309,6 +312,82 @@ def _read_h5(path: Path, x_name, y_name):
     return UserData(x, y, sets[tk] if tk else None, sets[tyk][()] if tyk else None, what)
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_table(path: Path, x_name, y_name):
+    """A .csv (commas) or .tsv (tabs): X float64 from every column but ``y_name``'s, the
+    labels (integers where every one is, else names) from that one."""
+    import warnings
+
+    if x_name is not None:
+        raise UserError(f"{path}: a table's samples are its columns other than --data-y: --data-x is for .npz and "
+                        "HDF5 files")
+    sep = "\t" if path.suffix.lower() == ".tsv" else ","
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(path, f"not a readable text table ({type(e).__name__}: {e})") from None
+    fields = [c.strip() for c in first.split(sep)]
+    header = not all(_is_number(c) for c in fields)
+    column = None
+    if y_name is not None:
+        if header and y_name in fields:
+            column = fields.index(y_name)
+        elif y_name.isdigit() and int(y_name) < len(fields):
+            column = int(y_name)
+        else:
+            named = f"named {', '.join(fields)}" if header else "unnamed"
+            raise DataError(path, f"no column {y_name!r} (--data-y): its {len(fields)} columns are {named} "
+                                  f"(or give a column's number from 0)")
+    cols = [i for i in range(len(fields)) if i != column]
+    if not cols:
+        raise DataError(path, "no sample columns besides the labels' (--data-y)")
+    read = dict(delimiter=sep, skiprows=int(header), encoding="utf-8", comments=None)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "input contained no data": _check_samples says so
+            # every column parsed (the labels' as 0), so that a line of another width is refused
+            x = np.loadtxt(path, dtype=np.float64, ndmin=2, converters=None if column is None else
+                           {column: lambda text: 0.0}, **read)[:, cols]
+            y = None if column is None else np.loadtxt(path, usecols=[column], dtype=str, ndmin=1, **read)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise DataError(path, _first_bad_line(path, sep, len(fields), cols) or f"not a table of numbers ({e})") \
+            from None
+    if y is not None and y.size and all(_is_integer(v) for v in y):
+        y = y.astype(np.int64)
+    what = f"{'TSV' if sep == chr(9) else 'CSV'} X {x.shape}" + (", columns named on its first line" if header else "")
+    if column is not None:
+        what += f", labels from column {fields[column]!r}" if header else f", labels from column {column}"
+    return UserData(x, y, what=what)
+
+
+def _first_bad_line(path: Path, sep: str, width: int, cols) -> str | None:
+    """What is wrong on the first line of a table that numpy could not read, counted as an
+    editor counts (numpy's own message counts rows in more than one way)."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            fields = line.rstrip("\r\n").split(sep)
+            if number == 1 and not all(_is_number(c.strip()) for c in fields):
+                continue  # the columns' names
+            if len(fields) != width:
+                return f"line {number} has {len(fields)} columns, the first line {width}"
+            for c in cols:
+                if not _is_number(fields[c].strip()):
+                    return f"line {number}, column {c + 1}: {fields[c].strip()!r} is not a number"
+    return None
+
+
+def _is_integer(text: str) -> bool:
+    return text.strip().lstrip("+-").isdigit()
+
+
 def _image_files(folder: Path):
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
 
@@ -377,10 +456,11 @@ def read_data(path, *, x_name=None, y_name=None, image_size=None, check=True) ->
         data = _read_folder(path, image_size)
     else:
         suffix = path.suffix.lower()
-        readers = {".npy": _read_npy, ".npz": _read_npz, ".h5": _read_h5, ".hdf5": _read_h5}
+        readers = {".npy": _read_npy, ".npz": _read_npz, ".h5": _read_h5, ".hdf5": _read_h5, ".csv": _read_table,
+                   ".tsv": _read_table}
         if suffix not in readers:
-            raise UserError(f"{path}: unknown format {suffix or '(no suffix)'}: give a .npy, .npz, .h5/.hdf5 file "
-                            "or a folder of PNG/JPEG images")
+            raise UserError(f"{path}: unknown format {suffix or '(no suffix)'}: give a .npy, .npz, .h5/.hdf5, "
+                            ".csv/.tsv file or a folder of PNG/JPEG images")
         data = readers[suffix](path, x_name, y_name)
         if image_size is not None:
             raise UserError(f"{path}: --image-size resizes the images of a folder, not the arrays of a file")

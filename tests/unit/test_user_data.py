@@ -99,7 +99,13 @@ def test_image_folder_labels_sizes_and_resize(tmp_path):
     (lambda p: np.savez(p / "a.npz", x=np.ones((10, 2)), y=np.arange(9)), r"a\.npz: 9 labels for 10 samples"),
     (lambda p: np.savez(p / "a.npz", x=np.ones((10, 2)), y=np.ones(10) / 2), r"a\.npz: labels must be integers"),
     (lambda p: np.savez(p / "a.npz", z=np.ones((10, 2))), r"a\.npz: no samples"),
-    (lambda p: (p / "a.csv").write_text("1,2\n"), r"a\.csv: unknown format"),
+    (lambda p: (p / "a.json").write_text("[[1, 2]]\n"), r"a\.json: unknown format .json: give a .npy, .npz, "
+                                                          r"\.h5/\.hdf5, \.csv/\.tsv file"),
+    (lambda p: (p / "a.csv").write_text("1,2,3\n4,x,6\n"), r"a\.csv: line 2, column 2: 'x' is not a number"),
+    (lambda p: (p / "a.csv").write_text("a,b,c\n1,2,3\n4,5\n"), r"a\.csv: line 3 has 2 columns, the first line 3"),
+    (lambda p: (p / "a.csv").write_text("1,2\n3,4,5\n"), r"a\.csv: line 2 has 3 columns, the first line 2"),
+    (lambda p: (p / "a.tsv").write_text("1\tnan\n2\t3\n"), r"a\.tsv: NaN or Inf"),
+    (lambda p: (p / "a.csv").write_text(""), r"a\.csv: X has shape \(0, 1\): no samples"),
 ])
 def test_refusals_name_the_file(tmp_path, bad, match):
     bad(tmp_path)
@@ -107,6 +113,36 @@ def test_refusals_name_the_file(tmp_path, bad, match):
     with pytest.raises(UserError, match=match) as e:
         load_user(path)
     assert "\n" not in str(e.value)
+
+
+def test_csv_and_tsv_tables_with_labels_by_name_or_number(tmp_path):
+    """A table's samples are its columns other than --data-y's; a first line that is not
+    all numbers names the columns; integer labels keep their numeric order, names sort as
+    names; a line of another width or a value that is not a number is refused."""
+    rng = np.random.default_rng(0)
+    x = rng.random((40, 5)).round(4)
+    y = np.array([2, 10, 7])[np.arange(40) % 3]
+    lines = ["p0,p1,label,p2,p3,p4"] + [",".join(f"{v:g}" for v in (*r[:2], lab, *r[2:])) for r, lab in zip(x, y)]
+    (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
+    for y_name in ("label", "2"):
+        d = load_user(tmp_path / "d.csv", y_name=y_name, test_fraction=0.25)
+        assert d.classes == ["2", "7", "10"] and d.train_x.shape == (30, 5)  # numbers, not names, in order
+        assert np.array_equal(np.asarray(d.train_x), x[d.train_x.index])
+        assert np.array_equal(d.train_y, np.searchsorted([2, 7, 10], y[d.train_x.index]))
+        assert "CSV X (40, 5), columns named on its first line" in d.source
+    unlabelled = load_user(tmp_path / "d.csv")
+    assert unlabelled.train_y is None and unlabelled.train_x.shape == (32, 6)
+    np.savetxt(tmp_path / "plain.tsv", x, delimiter="\t")
+    d = load_user(tmp_path / "plain.tsv", test_fraction=0.25)
+    assert "TSV X (40, 5)" in d.source and "named" not in d.source
+    assert np.array_equal(np.asarray(d.test_x), x[d.test_x.index])
+    (tmp_path / "names.csv").write_text("".join(f"{c},{i}.5\n" for i, c in enumerate("bacb" * 5)))
+    d = load_user(tmp_path / "names.csv", y_name="0")
+    assert d.classes == ["a", "b", "c"] and d.train_x.shape[1] == 1
+    with pytest.raises(DataError, match=r"d\.csv: no column 'nope' \(--data-y\): its 6 columns are named p0, p1"):
+        load_user(tmp_path / "d.csv", y_name="nope")
+    with pytest.raises(UserError, match=r"plain\.tsv: a table's samples are its columns other than --data-y"):
+        load_user(tmp_path / "plain.tsv", x_name="x")
 
 
 def test_labels_required_and_two_sources(tmp_path):
