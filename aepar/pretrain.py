@@ -39,7 +39,7 @@ from aepar.errors import UserError
 from aepar.guard import Guard
 from aepar.parallel.data_parallel import train_epoch
 from aepar.parallel.planner import LayerCosts, choose, format_table, predict
-from aepar.parallel.synchronized import FULL_SIZE_EXTRAS, add_sync_args, parse_extras, validation_split
+from aepar.parallel.synchronized import FULL_SIZE_EXTRAS, add_sync_args, parse_extras, sync_split
 from aepar.rows import Shard
 from aepar.rundir import parse_and_open
 from aepar.stack import BASE_BATCH, FULL_SIZE_RBMS, add_pretrain_args, layers_from_args, parse_layers, warm_up
@@ -263,7 +263,7 @@ def choose_scheme(be, comm, args, digits) -> tuple[str, dict]:
     cores = _threads.node_cores(_threads.node_layout(comm))  # however the launcher bound the ranks
     predictions = costs = None
     if comm.is_root:
-        costs = measure_costs(be, args, digits.train_x, comm.size, validation_split(digits, args)[1].size)
+        costs = measure_costs(be, args, digits.train_x, comm.size, sync_split(digits, args)[1].size)
     if comm.size > 1:  # every rank: greedy's and data's epochs on these ranks, where they can run
         here = [s for s in ("greedy", "data") if _runs_here(args, comm, n_layers, digits.train_x.shape[0], s)]
         if here:

@@ -53,6 +53,7 @@ TEST_FRACTION = 0.2
 _SPAN_BYTES = 1 << 25
 _CHANNELS = (1, 3, 4)
 _ALIGNMENT = 64  # aepar.kernels.memory.ALIGNMENT
+TAB = "\t"  # a .tsv's separator
 
 
 class Rows:
@@ -328,7 +329,7 @@ def _read_table(path: Path, x_name, y_name):
     if x_name is not None:
         raise UserError(f"{path}: a table's samples are its columns other than --data-y: --data-x is for .npz and "
                         "HDF5 files")
-    sep = "\t" if path.suffix.lower() == ".tsv" else ","
+    sep = TAB if path.suffix.lower() == ".tsv" else ","
     try:
         with open(path, encoding="utf-8") as f:
             first = f.readline().rstrip("\r\n")
@@ -362,7 +363,7 @@ def _read_table(path: Path, x_name, y_name):
             from None
     if y is not None and y.size and all(_is_integer(v) for v in y):
         y = y.astype(np.int64)
-    what = f"{'TSV' if sep == chr(9) else 'CSV'} X {x.shape}" + (", columns named on its first line" if header else "")
+    what = f"{'TSV' if sep == TAB else 'CSV'} X {x.shape}" + (", columns named on its first line" if header else "")
     if column is not None:
         what += f", labels from column {fields[column]!r}" if header else f", labels from column {column}"
     return UserData(x, y, what=what)

@@ -35,7 +35,7 @@ from aepar.report.spacetime import plot_spacetime
 from aepar.rows import check_blocks
 
 __all__ = ["PAPER_EXTRAS", "FULL_SIZE_EXTRAS", "DEFAULT_HANDOVER_MODE", "default_extras", "parse_extras",
-           "validation_split", "split_validation", "add_sync_args", "check", "prepare", "setup", "pretrain",
+           "sync_split", "split_validation", "add_sync_args", "check", "prepare", "setup", "pretrain",
            "summarize", "tables", "handover_stats"]
 
 # The paper's extra epochs for layers 1-4; deeper stacks repeat the last value.
@@ -59,7 +59,7 @@ def check(args, n_layers: int, n_rows: int):
 def prepare(digits, args):
     """The training digits less a stratified ``--val-fraction`` held out to watch the stages
     on (the space-time diagram's validation curves), and the held-out rows."""
-    train_idx, val_idx = validation_split(digits, args)
+    train_idx, val_idx = sync_split(digits, args)
     if train_idx.size == 0:
         raise UserError(f"--val-fraction {args.val_fraction} leaves no training digits")
     note = f", {val_idx.size} of them held out for validation" if val_idx.size else ""
@@ -178,7 +178,7 @@ def parse_extras(text, n_layers: int) -> list[int]:
     return values
 
 
-def validation_split(digits, args):
+def sync_split(digits, args):
     """(train indices, validation indices) of ``digits``' training rows as sync and hybrid
     split them (:func:`split_validation` with ``--val-fraction`` and ``--seed``); the
     user's unlabelled rows (--data) are one class, a plain random hold-out."""
