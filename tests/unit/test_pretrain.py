@@ -273,22 +273,24 @@ def test_ae_layer_one_block_step_is_one_kernel_call_with_the_blocked_bits(kernel
         assert np.array_equal(fused.optimizer.velocity[k], blocked.optimizer.velocity[k]), k
 
 
+def _probes_on_a_fake_clock(monkeypatch, seconds):
+    """(aepar.pretrain, a backend, the options) with measure_costs' clock stepping by
+    ``seconds`` in turn, its epochs and warm-up doing nothing (a 20-8-4 stack, batch 100)."""
+    from aepar import pretrain
+
+    clock = iter(np.cumsum(seconds))
+    monkeypatch.setattr(pretrain, "be_time", lambda be: next(clock))
+    monkeypatch.setattr(pretrain, "train_epoch", lambda layer, h, epoch, batch: None)
+    monkeypatch.setattr(pretrain, "warm_up", lambda be, kind: None)
+    args = pretrain.parse_args(["--layers", "20-8-4", "--pretrainer", "ae", "--batch", "100", "--epochs", "1"])
+    return pretrain, backend.select("cpu", "numpy", "float32"), args
+
+
 def test_the_planners_layer_epoch_is_the_faster_of_two_probes(monkeypatch):
     """measure_costs times each probe layer's epoch twice and keeps the faster: a process's
     first epoch of a shape also loads its compiled tiles (here the first takes 3 s, the
     second 1 s, on 600 of 2000 rows)."""
-    from aepar import pretrain
-
-    be = backend.select("cpu", "numpy", "float32")
-    args = pretrain.parse_args(["--layers", "20-8-4", "--pretrainer", "ae", "--batch", "100", "--epochs", "1"])
-    clock, ticks = iter(np.cumsum([0.0, 3.0, 0.0, 1.0, 0.0, 0.5] * 2)), []
-
-    def fake_time(be):
-        ticks.append(next(clock))
-        return ticks[-1]
-    monkeypatch.setattr(pretrain, "be_time", fake_time)
-    monkeypatch.setattr(pretrain, "train_epoch", lambda layer, h, epoch, batch: None)
-    monkeypatch.setattr(pretrain, "warm_up", lambda be, kind: None)
+    pretrain, be, args = _probes_on_a_fake_clock(monkeypatch, [0.0, 3.0, 0.0, 1.0, 0.0, 0.5] * 2)
     costs = pretrain.measure_costs(be, args, np.random.default_rng(0).random((2000, 20)), 2)
     assert costs.epoch_s == pytest.approx((1.0 * 2000 / 600,) * 2)
 
@@ -297,21 +299,11 @@ def test_the_planner_times_syncs_validation_on_the_rows_it_holds_out(monkeypatch
     """With rows held out (sync's and hybrid's validation), measure_costs also times the
     reconstruction of the probe rows and scales it to the held-out rows (here 0.25 s on
     600 rows, for 200 held out); auto asks for the rows sync's own split holds out."""
-    from aepar import pretrain
     from aepar.comm import Comm
     from aepar.data.sources import Digits
     from aepar.parallel import synchronized
 
-    be = backend.select("cpu", "numpy", "float32")
-    args = pretrain.parse_args(["--layers", "20-8-4", "--pretrainer", "ae", "--batch", "100", "--epochs", "1"])
-    clock, ticks = iter(np.cumsum([0.0, 3.0, 0.0, 1.0, 0.0, 0.25, 0.0, 0.5] * 2)), []
-
-    def fake_time(be):
-        ticks.append(next(clock))
-        return ticks[-1]
-    monkeypatch.setattr(pretrain, "be_time", fake_time)
-    monkeypatch.setattr(pretrain, "train_epoch", lambda layer, h, epoch, batch: None)
-    monkeypatch.setattr(pretrain, "warm_up", lambda be, kind: None)
+    pretrain, be, args = _probes_on_a_fake_clock(monkeypatch, [0.0, 3.0, 0.0, 1.0, 0.0, 0.25, 0.0, 0.5] * 2)
     x = np.random.default_rng(0).random((2000, 20)).astype(np.float32)
     costs = pretrain.measure_costs(be, args, x, 2, held_out=200)
     assert costs.epoch_s == pytest.approx((1.0 * 2000 / 600,) * 2)
