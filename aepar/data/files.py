@@ -29,6 +29,7 @@ keep the stored order of their rows, so a rank's contiguous block of training ro
 """
 from __future__ import annotations
 
+import csv
 import hashlib
 import mmap
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ _SPAN_BYTES = 1 << 25
 _CHANNELS = (1, 3, 4)
 _ALIGNMENT = 64  # aepar.kernels.memory.ALIGNMENT
 TAB = "\t"  # a .tsv's separator
+TABLE_ENCODING = "utf-8-sig"  # UTF-8, without the byte-order mark some spreadsheets write first
 
 
 class Rows:
@@ -331,11 +333,10 @@ def _read_table(path: Path, x_name, y_name):
                         "HDF5 files")
     sep = TAB if path.suffix.lower() == ".tsv" else ","
     try:
-        with open(path, encoding="utf-8") as f:
-            first = f.readline().rstrip("\r\n")
-    except (OSError, UnicodeDecodeError) as e:
+        with open(path, encoding=TABLE_ENCODING, newline="") as f:
+            fields = [c.strip() for c in next(csv.reader(f, delimiter=sep), [""])]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise DataError(path, f"not a readable text table ({type(e).__name__}: {e})") from None
-    fields = [c.strip() for c in first.split(sep)]
     header = not all(_is_number(c) for c in fields)
     column = None
     if y_name is not None:
@@ -350,7 +351,7 @@ def _read_table(path: Path, x_name, y_name):
     cols = [i for i in range(len(fields)) if i != column]
     if not cols:
         raise DataError(path, "no sample columns besides the labels' (--data-y)")
-    read = dict(delimiter=sep, skiprows=int(header), encoding="utf-8", comments=None)
+    read = dict(delimiter=sep, skiprows=int(header), encoding=TABLE_ENCODING, comments=None, quotechar='"')
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "input contained no data": _check_samples says so
@@ -372,16 +373,20 @@ def _read_table(path: Path, x_name, y_name):
 def _first_bad_line(path: Path, sep: str, width: int, cols) -> str | None:
     """What is wrong on the first line of a table that numpy could not read, counted as an
     editor counts (numpy's own message counts rows in more than one way)."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            fields = line.rstrip("\r\n").split(sep)
+    with open(path, encoding=TABLE_ENCODING, newline="") as f:
+        for number, fields in enumerate(csv.reader(f, delimiter=sep), 1):
+            if not fields:
+                continue  # a blank line, which numpy skips too
             if number == 1 and not all(_is_number(c.strip()) for c in fields):
                 continue  # the columns' names
             if len(fields) != width:
                 return f"line {number} has {len(fields)} columns, the first line {width}"
             for c in cols:
-                if not _is_number(fields[c].strip()):
-                    return f"line {number}, column {c + 1}: {fields[c].strip()!r} is not a number"
+                value = fields[c].strip()
+                if not _is_number(value):
+                    other = next((o for o in (";", TAB, ",") if o != sep and o in value), None)
+                    hint = f" (separated by {other!r}? a {path.suffix} is read at {sep!r})" if other else ""
+                    return f"line {number}, column {c + 1}: {value!r} is not a number{hint}"
     return None
 
 

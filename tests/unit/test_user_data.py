@@ -105,6 +105,8 @@ def test_image_folder_labels_sizes_and_resize(tmp_path):
     (lambda p: (p / "a.csv").write_text("a,b,c\n1,2,3\n4,5\n"), r"a\.csv: line 3 has 2 columns, the first line 3"),
     (lambda p: (p / "a.csv").write_text("1,2\n3,4,5\n"), r"a\.csv: line 2 has 3 columns, the first line 2"),
     (lambda p: (p / "a.tsv").write_text("1\tnan\n2\t3\n"), r"a\.tsv: NaN or Inf"),
+    (lambda p: (p / "a.csv").write_text("1;2\n3;4\n"), r"a\.csv: line 2, column 1: '3;4' is not a number "
+                                                       r"\(separated by ';'\? a \.csv is read at ','\)"),
     (lambda p: (p / "a.csv").write_text(""), r"a\.csv: X has shape \(0, 1\): no samples"),
 ])
 def test_refusals_name_the_file(tmp_path, bad, match):
@@ -139,6 +141,15 @@ def test_csv_and_tsv_tables_with_labels_by_name_or_number(tmp_path):
     (tmp_path / "names.csv").write_text("".join(f"{c},{i}.5\n" for i, c in enumerate("bacb" * 5)))
     d = load_user(tmp_path / "names.csv", y_name="0")
     assert d.classes == ["a", "b", "c"] and d.train_x.shape[1] == 1
+    # as spreadsheets write them: a byte-order mark first, quoted names and values, Windows line ends
+    (tmp_path / "sheet.csv").write_bytes(b'\xef\xbb\xbf"p0","label"\r\n"0.5","b"\r\n1.5,a\r\n' * 1
+                                         + b"".join(b'%d.5,"c"\r\n' % i for i in range(8)))
+    d = load_user(tmp_path / "sheet.csv", y_name="label", test_fraction=0.2)
+    assert d.classes == ["a", "b", "c"] and "labels from column 'label'" in d.source
+    assert sorted(np.concatenate([np.asarray(d.train_x), np.asarray(d.test_x)]).ravel()) == \
+        [0.5, 0.5, 1.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5]
+    (tmp_path / "marked.csv").write_bytes(b"\xef\xbb\xbf" + b"".join(b"%d,%d\n" % (i, -i) for i in range(10)))
+    assert read_data(tmp_path / "marked.csv").x.shape == (10, 2)  # the mark is no column name
     with pytest.raises(DataError, match=r"d\.csv: no column 'nope' \(--data-y\): its 6 columns are named p0, p1"):
         load_user(tmp_path / "d.csv", y_name="nope")
     with pytest.raises(UserError, match=r"plain\.tsv: a table's samples are its columns other than --data-y"):
