@@ -198,13 +198,14 @@ def measure_costs(be, args, x, ranks, held_out=0):
             train_epoch(layer, h, epoch, batch=args.batch)
             seconds.append(be_time(be) - t0)
         epoch_s.append(min(seconds) * n / rows)
-        if held_out:
+        t0 = be_time(be)
+        h_next = layer.transform(h)
+        transform_s.append((be_time(be) - t0) * n / rows)
+        if held_out:  # after the transform, which the other schemes' prices have always taken first
             t0 = be_time(be)
             layer.recon_error(h)
             validation_s.append((be_time(be) - t0) * held_out / rows)
-        t0 = be_time(be)
-        h = layer.transform(h)
-        transform_s.append((be_time(be) - t0) * n / rows)
+        h = h_next
     return LayerCosts.measured(probes, epoch_s, transform_s, n, args.batch,
                                parse_extras(args.extra, len(probes)), dtype=be.dtype,
                                n_val=held_out, blocks=args.reduce_blocks, held_out=held_out,

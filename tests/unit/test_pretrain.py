@@ -303,7 +303,7 @@ def test_the_planner_times_syncs_validation_on_the_rows_it_holds_out(monkeypatch
     from aepar.data.sources import Digits
     from aepar.parallel import synchronized
 
-    pretrain, be, args = _probes_on_a_fake_clock(monkeypatch, [0.0, 3.0, 0.0, 1.0, 0.0, 0.25, 0.0, 0.5] * 2)
+    pretrain, be, args = _probes_on_a_fake_clock(monkeypatch, [0.0, 3.0, 0.0, 1.0, 0.0, 0.5, 0.0, 0.25] * 2)
     x = np.random.default_rng(0).random((2000, 20)).astype(np.float32)
     costs = pretrain.measure_costs(be, args, x, 2, held_out=200)
     assert costs.epoch_s == pytest.approx((1.0 * 2000 / 600,) * 2)
