@@ -351,17 +351,22 @@ def _read_table(path: Path, x_name, y_name):
     cols = [i for i in range(len(fields)) if i != column]
     if not cols:
         raise DataError(path, "no sample columns besides the labels' (--data-y)")
-    read = dict(delimiter=sep, skiprows=int(header), encoding=TABLE_ENCODING, comments=None, quotechar='"')
+    labels = []
+
+    def label(text):  # the labels' column, kept as text row by row in the one pass over the file
+        labels.append(text.strip())
+        return 0.0
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "input contained no data": _check_samples says so
-            # every column parsed (the labels' as 0), so that a line of another width is refused
-            x = np.loadtxt(path, dtype=np.float64, ndmin=2, converters=None if column is None else
-                           {column: lambda text: 0.0}, **read)[:, cols]
-            y = None if column is None else np.loadtxt(path, usecols=[column], dtype=str, ndmin=1, **read)
+            # every column parsed, so that a line of another width is refused
+            x = np.loadtxt(path, dtype=np.float64, ndmin=2, delimiter=sep, skiprows=int(header),
+                           encoding=TABLE_ENCODING, comments=None, quotechar='"',
+                           converters=None if column is None else {column: label})[:, cols]
     except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise DataError(path, _first_bad_line(path, sep, len(fields), cols) or f"not a table of numbers ({e})") \
-            from None
+        raise DataError(path, _first_bad_line(path, sep, header, len(fields), cols)
+                        or f"not a table of numbers ({e})") from None
+    y = None if column is None else np.array(labels, dtype=str)
     if y is not None and y.size and all(_is_integer(v) for v in y):
         y = y.astype(np.int64)
     what = f"{'TSV' if sep == TAB else 'CSV'} X {x.shape}" + (", columns named on its first line" if header else "")
@@ -370,15 +375,16 @@ def _read_table(path: Path, x_name, y_name):
     return UserData(x, y, what=what)
 
 
-def _first_bad_line(path: Path, sep: str, width: int, cols) -> str | None:
+def _first_bad_line(path: Path, sep: str, header: bool, width: int, cols) -> str | None:
     """What is wrong on the first line of a table that numpy could not read, counted as an
-    editor counts (numpy's own message counts rows in more than one way)."""
+    editor counts (numpy's own message counts rows in more than one way); ``header``: the
+    first line names the columns."""
     with open(path, encoding=TABLE_ENCODING, newline="") as f:
         for number, fields in enumerate(csv.reader(f, delimiter=sep), 1):
             if not fields:
                 continue  # a blank line, which numpy skips too
-            if number == 1 and not all(_is_number(c.strip()) for c in fields):
-                continue  # the columns' names
+            if number == 1 and header:
+                continue
             if len(fields) != width:
                 return f"line {number} has {len(fields)} columns, the first line {width}"
             for c in cols:
