@@ -421,6 +421,7 @@ class LBFGS:
         self.rho = np.zeros(self.MEMORY)
         self.pairs = 0  # pairs stored so far: pair k in row k % MEMORY
         self.iterations = self.evaluations = 0
+        self._trial = np.empty(n)  # the points the line search evaluates: one array, whose views fun may keep
 
     _STATE = ("x", "f", "g", "S", "Y", "rho")
 
@@ -462,14 +463,12 @@ class LBFGS:
         d = np.empty_like(self.x)
         status, paused = "STOP: iterations", False
         while self.iterations < self.maxiter:
-            if self.kernel.max_abs(self.g) <= self.GTOL:
+            # d = -H g and its slope; -g, the pairs forgotten, where rounding made d no descent
+            top, slope, self.pairs = self.kernel.direction(self.S, self.Y, self.rho, self.pairs, self.g, d,
+                                                           self.GTOL)
+            if top <= self.GTOL:
                 status = "CONVERGENCE: the gradient"
                 break
-            self.kernel.two_loop(self.S, self.Y, self.rho, self.pairs, self.g, d)
-            slope = self.kernel.dot(self.g, d)
-            if not slope < 0:  # no descent along it (rounding): forget the pairs, go downhill
-                self.pairs, d[:] = 0, -self.g
-                slope = -self.kernel.dot(self.g, self.g)
             # the first step scaled to a unit move (minFunc's), later ones the quasi-Newton step
             t = min(1.0, 1.0 / np.sum(np.abs(self.g))) if self.pairs == 0 else 1.0
             found = self._line_search(d, float(self.f), slope, t)
@@ -500,7 +499,7 @@ class LBFGS:
     def _line_search(self, d, f0, slope, t):
         """A step t along ``d`` with the strong Wolfe conditions: (t, f, g) or None."""
         prev = (0.0, f0, slope, self.g)
-        trial = np.empty_like(self.x)
+        trial = self._trial
         for k in range(self.MAXLS):
             self.kernel.step_to(self.x, t, d, trial)
             f, g = self._evaluate(trial)

@@ -89,7 +89,7 @@ class SparseAutoencoder:
         self.blocks = None
         self._chunks = []
         self._theta_buf = None  # for cost_grad
-        self._round_views = (None, None)  # (the θ array both rounds were given last, its views)
+        self._kept_views = {}   # id of a θ array -> (it, its views)
         self._shards = None     # the kernels' evaluation of every chunk, a round at a time
         self._round_rows = {}   # (id, width, nodes) of an output buffer -> (it, each chunk's rows of it)
 
@@ -144,12 +144,16 @@ class SparseAutoencoder:
         return {name: theta[start:end].reshape(shape) for name, start, end, shape in self._slices}
 
     def _views_of(self, theta) -> dict:
-        """:meth:`views` of the θ array the rounds are given, kept while it is the same
-        array (the root optimiser's buffer, cost_grad's): each round's views cost a few
-        NumPy calls, and a small shard's evaluation is short."""
-        if self._round_views[0] is not theta:
-            self._round_views = (theta, self.views(theta))
-        return self._round_views[1]
+        """:meth:`views` of ``theta``, kept while it is the same array: the root optimiser's
+        buffer that the rounds are given, the optimiser's trial point that the root
+        assembles at (cost_grad's). Each set of views costs a few NumPy calls, and every
+        rank waits for the root's part of an evaluation."""
+        kept = self._kept_views.get(id(theta))
+        if kept is None or kept[0] is not theta:
+            if len(self._kept_views) > 4:  # arrays of earlier callers
+                self._kept_views.clear()
+            kept = self._kept_views[id(theta)] = (theta, self.views(theta))
+        return kept[1]
 
     def init_theta(self, seed) -> np.ndarray:
         return init_theta(self.visible, self.hidden, seed)
@@ -202,7 +206,7 @@ class SparseAutoencoder:
 
     def assemble(self, partials, theta64, grad=None):
         """(J, ∂J/∂θ) from the partials summed over every block; float64 on the host."""
-        p = self.views(np.asarray(theta64, dtype=np.float64))
+        p = self._views_of(np.asarray(theta64, dtype=np.float64))
         return self.K.sparse_ae_assemble(partials, p["W1"], p["W2"], self.m_total,
                                          self.rho, self.beta, self.lam, grad)
 

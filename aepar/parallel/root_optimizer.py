@@ -31,11 +31,13 @@ reduction it still takes part in both sums first, so the communications stay mat
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from aepar import errors
+from aepar.backend import host_kernels
 from aepar.parallel.blocks import TreeSum
 from aepar.rows import weighted_ranges
 
@@ -125,6 +127,7 @@ class RootOptimizer:
         self.reattach = reattach
         self.flags = 0.0
         self.optimizer = None
+        self._largest = host_kernels().lbfgs.max_abs
         self._reset()
 
     def _share(self, blocks, ranges=None):
@@ -188,7 +191,7 @@ class RootOptimizer:
     def warm_up(self):
         """Both rounds on this rank's blocks alone, without messages: loads the compiled
         kernels and touches every buffer (at the θ buffer as it is); on the root also the
-        optimiser's own code (its class's ``warm_up``)."""
+        optimiser's own code (its class's ``warm_up``) and the gradient's check."""
         theta = self.theta
         self.model.shared_sums(theta, self.shared_rows)
         self.shared[...] = self.shared_rows.sum(axis=0)  # not the total, but a ρ̂ in (0, 1)
@@ -196,6 +199,7 @@ class RootOptimizer:
         if self.comm.is_root:
             from aepar import optim
             getattr(optim, OPTIMIZERS[self.method]).warm_up()
+            self._largest(np.zeros(self.n_theta))
 
     def evaluate(self, theta64):
         """J(θ), ∂J/∂θ over every rank's samples (root only; workers must be serving)."""
@@ -217,7 +221,9 @@ class RootOptimizer:
         cost, grad = self.model.assemble(total[:self.n], theta64)
         self.compute_s += wtime() - t3
         self.evaluations += 1
-        if self.guard is not None:
+        # one compiled pass finds a non-finite gradient (NaN or infinity: the largest |g_i| is
+        # then not finite); only then is the error named, element by element
+        if self.guard is not None and not (math.isfinite(cost) and math.isfinite(self._largest(grad))):
             where = f"sparse autoencoder, iteration {self.optimizer.iterations + 1} (evaluation {self.evaluations})"
             self.guard.check(cost, "the cost", where, self.run_dir, self.comm)
             self.guard.check(grad, "the gradient", where, self.run_dir, self.comm)

@@ -12,7 +12,7 @@ from numba import njit
 from ..ref.lbfgs import check_two_loop
 from .simd import LANES, vadd, vload, vmul, vsplat, vstore, vsub, vtreesum
 
-__all__ = ["two_loop", "dot", "step_to", "keep_pair", "max_abs"]
+__all__ = ["two_loop", "direction", "dot", "step_to", "keep_pair", "max_abs"]
 
 # no fastmath "contract": a * y + d must round the product first, as the reference does
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
@@ -139,3 +139,23 @@ def max_abs(a):
             if v != v:
                 return v
     return top
+
+
+@njit(**_JIT)
+def direction(S, Y, rho, count, g, d, gtol):
+    """An iteration's start in one call (the root's serial step, which every other rank
+    waits for): the largest |g_i| and, unless that is at most ``gtol`` (converged), the
+    direction d = -H g of :func:`two_loop` and its slope g·d. A d that is no descent
+    direction (rounding) becomes -g, the pairs forgotten. Returns (largest |g_i|, g·d
+    (0 where converged), the pairs kept)."""
+    top = max_abs(g)
+    if top <= gtol:
+        return top, 0.0, count
+    _two_loop(S, Y, rho, count, g, d)
+    slope = _dot(g, d)
+    if not slope < 0:
+        count = 0
+        for i in range(g.size):
+            d[i] = -g[i]
+        slope = -_dot(g, g)
+    return top, slope, count

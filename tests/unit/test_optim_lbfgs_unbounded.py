@@ -91,6 +91,27 @@ def test_the_largest_gradient_element_is_numpys_nan_included():
     assert np.isnan(nb.max_abs(np.r_[g[:5], np.nan, g[5:]]))
 
 
+@pytest.mark.parametrize("count", [0, 3, 12])
+def test_one_call_starts_an_iteration_as_the_two_loop_and_its_slope_would(count):
+    """``direction``: the largest |g_i|, d of the two-loop and g·d, bit for bit, the pairs
+    kept; converged (the largest |g_i| at most gtol), d is left alone; a d that is no
+    descent direction becomes -g with slope -g·g and no pairs."""
+    rng = np.random.default_rng(count)
+    S, Y, rho = _pairs(rng, 3289, 10, count)
+    g = rng.standard_normal(3289)
+    want, d = np.empty(3289), np.full(3289, np.nan)
+    nb.two_loop(S, Y, rho, count, g, want)
+    assert nb.direction(S, Y, rho, count, g, d, 1e-5) == (nb.max_abs(g), nb.dot(g, want), count)
+    assert np.array_equal(d, want)
+    d[:] = 7.0
+    assert nb.direction(S, Y, rho, count, g, d, 10.0) == (nb.max_abs(g), 0.0, count) and np.all(d == 7.0)
+    if count:  # the newest pair with s·y < 0 (y = -s, rho < 0): the two-loop gives d = 0
+        newest = (count - 1) % 10
+        S[newest], Y[newest], rho[newest] = g, -g, -1.0 / (g @ g)
+        assert nb.direction(S, Y, rho, count, g, d, 1e-5) == (nb.max_abs(g), -nb.dot(g, g), 0)
+        assert np.array_equal(d, -g)
+
+
 @pytest.mark.parametrize("count", [1, 3, 12])
 def test_the_direction_meets_the_newest_secant_equation(count):
     """H y = s for the newest pair (s, y), whatever came before: d(g = y) = -s."""
@@ -167,17 +188,14 @@ def test_the_callback_sees_every_iteration_the_last_included():
 
 def test_the_warm_up_loads_every_kernel_the_iterations_call():
     """In a process of its own (cached kernels load once per process): after LBFGS.warm_up
-    every compiled function that kernels/nb/lbfgs.py's API calls from Python (``two_loop``
-    through ``_two_loop``) has a signature, so a run's first iteration loads none of them
-    inside its timed iterations."""
+    every compiled function that LBFGS.run calls from Python has a signature, so a run's
+    first iteration loads none of them inside its timed iterations."""
     import subprocess
     import sys
 
-    code = ("from aepar.optim import LBFGS; LBFGS.warm_up(); from numba.core.registry import CPUDispatcher; "
+    code = ("from aepar.optim import LBFGS; LBFGS.warm_up(); "
             "from aepar.kernels.nb import lbfgs as k; "
-            "fns = {n: getattr(k, n) if isinstance(getattr(k, n), CPUDispatcher) else getattr(k, '_' + n) "
-            "for n in k.__all__}; "
-            "print(sorted(n for n, f in fns.items() if not f.signatures))")
+            "print(sorted(n for n in ('direction', 'dot', 'step_to', 'keep_pair') if not getattr(k, n).signatures))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -588,6 +588,51 @@ def test_the_warm_up_loads_the_roots_own_optimiser(rng, monkeypatch, method, nam
     assert loaded == [name]
 
 
+@pytest.mark.parametrize("bad, named", [("cost", "the cost is nan"), ("one gradient element", "the gradient is"),
+                                        ("infinite gradient element", "the gradient is"), (None, None)])
+def test_the_root_names_a_cost_or_gradient_that_is_not_finite(rng, bad, named):
+    """The root's check of each evaluation (one compiled pass over the gradient) stops at
+    a cost, or at any one gradient element, that is NaN or infinite, and names which."""
+    from aepar.errors import Diverged
+    from aepar.guard import Guard
+
+    be = backend.select("cpu", "numba", "float64")
+    model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(data(rng, m=300))
+    assemble = model.assemble
+
+    def spoilt(partials, theta64, grad=None):
+        cost, grad = assemble(partials, theta64, grad)
+        if bad == "cost":
+            return float("nan"), grad
+        if bad is not None:
+            grad[17] = np.inf if bad.startswith("infinite") else np.nan
+        return cost, grad
+    model.assemble = spoilt
+    opt = RootOptimizer(Comm.serial(), model, guard=Guard(Comm.serial(), "test", faults=[]), optimizer="lbfgs")
+    opt.warm_up()
+    if bad is None:
+        assert opt.run(model.init_theta(0), 3).iterations == 3
+        return
+    with pytest.raises(Diverged, match=f"diverged: sparse autoencoder, iteration 1 \\(evaluation 1\\): {named}"):
+        opt.run(model.init_theta(0), 3)
+
+
+def test_the_roots_warm_up_loads_the_gradients_check():
+    """In a process of its own (cached kernels load once per process): after the root's
+    warm-up the compiled check of the gradient has a signature, so the first timed
+    evaluation loads nothing."""
+    code = ("import aepar; import numpy as np; from aepar import backend; from aepar.comm import Comm; "
+            "from aepar.models.sparse_ae import SparseAutoencoder; "
+            "from aepar.parallel.root_optimizer import RootOptimizer; "
+            "from aepar.kernels.nb import lbfgs as k; "
+            "model = SparseAutoencoder(backend.select('cpu', 'numba', 'float64'), 16, 5).attach("
+            "np.random.default_rng(0).uniform(0.1, 0.9, (300, 16))); "
+            "RootOptimizer(Comm.serial(), model).warm_up(); print(bool(k.max_abs.signatures))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+
+
 @pytest.mark.parametrize("kset", ["numpy", "numba"])
 def test_model_attach_keeps_a_private_copy(rng, kset):
     """Rewriting the caller's array after attach() changes nothing: the model (and the
