@@ -224,7 +224,10 @@ def run_program(argv: list, comm, images=None) -> tuple:
                  f"(bcast of θ, fixed-tree sum of Σ a2 and its bcast, fixed-tree reduction); "
                  f"{summary['total_s']:.2f} s total, "
                  f"compute {summary['compute_s']:.2f} s, comm {summary['comm_s']:.2f} s "
-                 f"(max over {comm.size} rank{'s' if comm.size > 1 else ''}{_spread(summary)}); wrote {run.path}")
+                 f"(max over {comm.size} rank{'s' if comm.size > 1 else ''}{_spread(summary)}); "
+                 f"the root's own step {summary['root_step_s']:.2f} s "
+                 f"({1e6 * summary['root_step_s'] / max(summary['evaluations'], 1):.0f} µs an evaluation); "
+                 f"wrote {run.path}")
     return summary, run.path
 
 

@@ -76,6 +76,9 @@ class RootResult:
     success: bool | None = None
     paused: bool = False
     rebalances: int = 0            # times the blocks were shared anew (balance_every)
+    # the root: its seconds outside its own blocks and the messages (the assembly, the
+    # optimiser's step, the checks), which every other rank waits for; 0 elsewhere
+    step_s: float = 0.0
 
     @property
     def collectives_per_evaluation(self) -> float:
@@ -244,6 +247,7 @@ class RootOptimizer:
         start = self.comm.wtime()
         total_before = self.comm.collectives
         res = self._run_root(theta0, maxiter, on_iteration, state) if self.comm.is_root else self._serve()
+        total_s = self.comm.wtime() - start
         return RootResult(
             theta=None if res is None or res is PAUSE else np.asarray(res.x, dtype=np.float64),
             cost=None if res is None or res is PAUSE else float(res.fun),
@@ -251,10 +255,11 @@ class RootOptimizer:
             evaluations=self.evaluations, collectives=self.collectives,
             collectives_total=self.comm.collectives - total_before,
             compute_s=self.compute_s, comm_s=self.comm_s,
-            total_s=self.comm.wtime() - start,
+            total_s=total_s,
             message="" if res is None or res is PAUSE else str(res.message),
             success=None if res is None or res is PAUSE else bool(res.success),
-            paused=res is PAUSE or bool(getattr(res, "paused", False)), rebalances=self.rebalances)
+            paused=res is PAUSE or bool(getattr(res, "paused", False)), rebalances=self.rebalances,
+            step_s=max(total_s - self.blocks_s - self.comm_s, 0.0) if self.comm.is_root else 0.0)
 
     def _run_root(self, theta0, maxiter, on_iteration, state):
         from aepar import optim

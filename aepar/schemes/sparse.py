@@ -102,7 +102,7 @@ def train(args, comm, setup, *, resume=None, run=None, guard=None):
     if not comm.is_root:
         return {}, model, None
     times = {"total_s": total_s, "compute_s": max(per_rank), "comm_s": comm_s, "compute_per_rank_s": per_rank,
-             "blocks_per_rank": shares, "rebalances": result.rebalances}
+             "root_step_s": result.step_s, "blocks_per_rank": shares, "rebalances": result.rebalances}
     return _summary(args, comm, setup, opt, result, times, resume), model, result.theta
 
 

@@ -617,6 +617,30 @@ def test_the_root_names_a_cost_or_gradient_that_is_not_finite(rng, bad, named):
         opt.run(model.init_theta(0), 3)
 
 
+def test_the_roots_own_step_is_its_time_outside_its_blocks_and_the_messages(rng):
+    """RootResult.step_s (summary.json's root_step_s): what every other rank waits for at
+    each evaluation, the assembly and the optimiser's step; not the root's own blocks."""
+    import time
+
+    be = backend.select("cpu", "numba", "float64")
+    model = SparseAutoencoder(be, V, H, rho=RHO, beta=BETA, lam=LAM).attach(data(rng, m=300))
+    assemble, partials = model.assemble, model.partials
+
+    def slow_assemble(*args):
+        time.sleep(0.004)
+        return assemble(*args)
+
+    def slow_partials(*args):
+        time.sleep(0.010)
+        return partials(*args)
+    model.assemble, model.partials = slow_assemble, slow_partials
+    opt = RootOptimizer(Comm.serial(), model, optimizer="lbfgs")
+    opt.warm_up()
+    res = opt.run(model.init_theta(0), 5)
+    assert 0.004 * res.evaluations < res.step_s < 0.008 * res.evaluations
+    assert res.step_s < res.total_s - 0.010 * res.evaluations
+
+
 def test_the_roots_warm_up_loads_the_gradients_check():
     """In a process of its own (cached kernels load once per process): after the root's
     warm-up the compiled check of the gradient has a signature, so the first timed
