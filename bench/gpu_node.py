@@ -37,7 +37,8 @@ Steps (each skipped, and its log says so, when the time left is below its estima
   model and sync on 4 (a rank per layer), hybrid on ``--sixteen``, greedy as a quarter of
   the ranks with 4 threads each (OUT/sixteen.csv, a row written after each run: the runs'
   seconds, compute (the slowest rank's, and the sparse runs' least and median: what the
-  others wait for) and communication, and sync's planned makespan over greedy's work).
+  others wait for), communication and the sparse root's own step, and sync's planned
+  makespan over greedy's work).
   Copied to bench/results/scaling_16core, the model prices that machine's collectives
   with its own points.
 - ``tax``: ``bench.block_tax`` on this machine's CPU at 1 and 2 threads (8 blocks against
@@ -228,8 +229,8 @@ def step_sixteen(log: Log, opts, scratch: Path) -> bool:
         # the sparse runs' compute per rank: its spread is what the ranks wait for
         per_rank = sorted(s.get("compute_per_rank_s") or [])
         rows.append({"what": what, "ranks": ranks, "threads": threads, "exit": rc, "wall_s": round(seconds, 2),
-                     **{k: s.get(k) for k in ("total_s", "compute_s", "comm_s", "evaluations", "rebalances",
-                                              "pretrain_time_s",
+                     **{k: s.get(k) for k in ("total_s", "compute_s", "comm_s", "root_step_s", "evaluations",
+                                              "rebalances", "pretrain_time_s",
                                               "planned_vs_greedy", "replay_one_core_per_stage_s")},
                      "compute_min_s": per_rank[0] if per_rank else None,
                      "compute_median_s": per_rank[len(per_rank) // 2] if per_rank else None,

@@ -76,6 +76,7 @@ def test_the_sixteen_step_keeps_a_row_per_run_with_the_ranks_compute_spread(tmp_
         return 0, "", 0.5
     monkeypatch.setattr(gpu_node.Log, "run", run)
     monkeypatch.setattr(gpu_node, "summary_of", lambda out: {"total_s": 1.0, "compute_s": 0.9, "comm_s": 0.1,
+                                                             "root_step_s": 0.04,
                                                              "compute_per_rank_s": [0.9, 0.5, 0.7, 0.6]})
     monkeypatch.setattr(gpu_node, "independent_copies", lambda *args: True)
     monkeypatch.setattr(gpu_node, "machine", lambda: "m")
@@ -84,8 +85,8 @@ def test_the_sixteen_step_keeps_a_row_per_run_with_the_ranks_compute_spread(tmp_
     rows = list(csv.DictReader((tmp_path / "sixteen.csv").open()))
     assert written[:3] == [1, 2, 3] and len(rows) == written[-1]
     sparse = [r for r in rows if r["what"].startswith("sparse")]
-    assert sparse and all((r["compute_min_s"], r["compute_median_s"], r["compute_s"]) == ("0.5", "0.7", "0.9")
-                          for r in sparse)
+    assert sparse and all((r["compute_min_s"], r["compute_median_s"], r["compute_s"], r["root_step_s"])
+                          == ("0.5", "0.7", "0.9", "0.04") for r in sparse)
     assert rows[-1]["what"].startswith("pretrain") and not any(r["what"].startswith("sparse")
                                                                for r in rows[len(sparse):])
     # the sparse runs in float64, the precision of the committed grid and of the scaling model
