@@ -40,7 +40,7 @@ from aepar.guard import Guard
 from aepar.parallel.data_parallel import train_epoch
 from aepar.parallel.planner import LayerCosts, choose, format_table, predict
 from aepar.parallel.synchronized import FULL_SIZE_EXTRAS, add_sync_args, parse_extras, sync_split
-from aepar.rows import Shard
+from aepar.rows import Blocks, Shard
 from aepar.rundir import parse_and_open
 from aepar.stack import BASE_BATCH, FULL_SIZE_RBMS, add_pretrain_args, layers_from_args, parse_layers, warm_up
 from aepar.tasks.classify import add_classify_args, check_labels
@@ -181,23 +181,31 @@ def measure_costs(be, args, x, ranks, held_out=0):
     """Planner input from this process: every layer's epoch and transform timed on a few
     batches of throw-away copies of the layers (the run's own are untouched), scaled to all
     the rows; an epoch the faster of two (a process's first epoch of a layer's shape also
-    loads its compiled tiles, which the warm-up's tiny layer does not take). With
-    ``held_out`` rows (those sync and hybrid keep for validation), also the reconstruction
-    of that many rows, which their stages add to every epoch. Timed on one process while
-    the others wait."""
+    loads its compiled tiles, which the warm-up's tiny layer does not take), as one block
+    (model, data on one rank) and in the ``--reduce-blocks`` fixed blocks (greedy on one
+    rank, sync's and hybrid's stages: a narrow layer's blocks cost more than their rows).
+    With ``held_out`` rows (those sync and hybrid keep for validation), also the
+    reconstruction of that many rows, which their stages add to every epoch. Timed on one
+    process while the others wait."""
     warm_up(be, args.pretrainer)
     probes = layers_from_args(be, args, x.shape[1])
     n = x.shape[0]
     rows = probe_rows(n, args.batch)
     h = Shard.of(be, x[:rows], 1)
-    epoch_s, transform_s, validation_s = [], [], []
-    for layer in probes:
+    in_blocks = Blocks.of(rows, min(args.reduce_blocks, rows))
+    epoch_s, blocked_s, transform_s, validation_s = [], [], [], []
+
+    def epoch_of(layer, shard):
         seconds = []
         for epoch in range(2):
             t0 = be_time(be)
-            train_epoch(layer, h, epoch, batch=args.batch)
+            train_epoch(layer, shard, epoch, batch=args.batch)
             seconds.append(be_time(be) - t0)
-        epoch_s.append(min(seconds) * n / rows)
+        return min(seconds) * n / rows
+
+    for layer in probes:
+        epoch_s.append(epoch_of(layer, h))
+        blocked_s.append(epoch_of(layer, Shard(h.x, in_blocks)))
         t0 = be_time(be)
         h_next = layer.transform(h)
         transform_s.append((be_time(be) - t0) * n / rows)
@@ -209,7 +217,7 @@ def measure_costs(be, args, x, ranks, held_out=0):
     return LayerCosts.measured(probes, epoch_s, transform_s, n, args.batch,
                                parse_extras(args.extra, len(probes)), dtype=be.dtype,
                                n_val=held_out, blocks=args.reduce_blocks, held_out=held_out,
-                               validation_s=validation_s if held_out else None)
+                               validation_s=validation_s if held_out else None, blocked_epoch_s=blocked_s)
 
 
 def probe_rows(n: int, batch: int) -> int:

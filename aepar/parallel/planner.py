@@ -131,6 +131,12 @@ class LayerCosts:
     validation_s : tuple of float, optional
         Seconds to reconstruct the held-out rows through layer l once, one rank: what
         sync's and hybrid's stages add to every epoch; None: not counted.
+    blocked_epoch_s : tuple of float, optional
+        ``epoch_s`` with the rows in the ``blocks`` fixed blocks (each block's sums apart,
+        then the fixed tree), as greedy on one rank and sync's and hybrid's stages train:
+        on a narrow layer each block's share of a step costs more than its rows (the
+        calls per block); None: ``epoch_s``. ``epoch_s`` is the epoch as one block, as
+        model and data on one rank train.
     """
 
     epoch_s: tuple
@@ -149,6 +155,7 @@ class LayerCosts:
     dp_reduction_s: dict | None = None
     held_out: int = 0
     validation_s: tuple | None = None
+    blocked_epoch_s: tuple | None = None
 
     def __post_init__(self):
         fix = object.__setattr__
@@ -212,10 +219,20 @@ class LayerCosts:
             if len(v) != n or min(v) < 0:
                 raise ValueError(f"validation_s needs a non-negative value per layer ({n}): {v}")
             fix(self, "validation_s", v)
+        if self.blocked_epoch_s is not None:
+            v = _floats(self.blocked_epoch_s, "blocked_epoch_s")
+            if len(v) != n or min(v) <= 0:
+                raise ValueError(f"blocked_epoch_s needs a positive value per layer ({n}): {v}")
+            fix(self, "blocked_epoch_s", v)
 
     @property
     def n_layers(self) -> int:
         return len(self.epoch_s)
+
+    @property
+    def blocked(self) -> tuple:
+        """Each layer's epoch in the fixed blocks (``blocked_epoch_s``, else ``epoch_s``)."""
+        return self.blocked_epoch_s or self.epoch_s
 
     def with_epochs(self, epochs) -> "LayerCosts":
         """The same costs, every layer training ``epochs`` (an int or one per layer)."""
@@ -224,7 +241,7 @@ class LayerCosts:
 
     @classmethod
     def measured(cls, layers, epoch_s, transform_s, n_train, batch, extras=None, *, dtype=np.float32,
-                 n_val=0, blocks=None, held_out=0, validation_s=None) -> "LayerCosts":
+                 n_val=0, blocks=None, held_out=0, validation_s=None, blocked_epoch_s=None) -> "LayerCosts":
         """From in-run measurements.
 
         Parameters
@@ -244,6 +261,8 @@ class LayerCosts:
         held_out, validation_s
             As the attributes: sync's plan is then made for the ``n_train - held_out``
             rows it trains on.
+        blocked_epoch_s
+            As the attribute (one rank, all ``n_train`` rows in ``blocks`` blocks).
         """
         itemsize = np.dtype(dtype).itemsize
         n = len(layers)
@@ -256,7 +275,7 @@ class LayerCosts:
                    steps_per_epoch=(-(-int(n_train) // int(batch)),) * n, epochs=tuple(l.epochs for l in layers),
                    extras=tuple(extras) if extras is not None else (0,) * n, n_train=n_train, batch=batch,
                    blocks=blocks, plan_epoch=plan_e, plan_handover=plan_h,
-                   held_out=held_out, validation_s=validation_s)
+                   held_out=held_out, validation_s=validation_s, blocked_epoch_s=blocked_epoch_s)
 
     @classmethod
     def from_stage_times(cls, st) -> "LayerCosts":
@@ -335,8 +354,9 @@ def _shared(busy, cores) -> float:
 
 # ==== the schemes ===========================================================================
 def greedy_s(costs: LayerCosts) -> float:
-    """Greedy on one rank: every layer's epochs, then its transform (not the code layer's)."""
-    return sum(e * t for e, t in zip(costs.epochs, costs.epoch_s)) + sum(costs.transform_s[:-1])
+    """Greedy on one rank: every layer's epochs in the fixed blocks, then its transform
+    (not the code layer's)."""
+    return sum(e * t for e, t in zip(costs.epochs, costs.blocked)) + sum(costs.transform_s[:-1])
 
 
 SPLIT = ("training", "reduction", "handover", "wait")  # a prediction's parts, as the profile's phases
@@ -367,7 +387,9 @@ def _layerwise_dp_split(costs, ranks, reduce_s, cores, scheme=None) -> dict:
         return _split(training=sum(e * (t - r) for e, t, r in zip(costs.epochs, epochs, sums)),
                       reduction=sum(e * r for e, r in zip(costs.epochs, sums)),
                       handover=sum(costs.transform_s[:-1]) / ranks * f)
-    return _split(training=sum(e * t / ranks * f for e, t in zip(costs.epochs, costs.epoch_s)),
+    # greedy's rows are the fixed blocks; data's a block per rank, one block on one rank
+    one_rank = costs.blocked if scheme == "greedy" else costs.epoch_s
+    return _split(training=sum(e * t / ranks * f for e, t in zip(costs.epochs, one_rank)),
                   reduction=sum(e * s * reduce_s(b) for e, s, b in
                                 zip(costs.epochs, costs.steps_per_epoch, costs.param_bytes)),
                   handover=sum(costs.transform_s[:-1]) / ranks * f)
@@ -378,7 +400,7 @@ def _layerwise_dp(costs, ranks, reduce_s, cores, scheme):
 
 
 def greedy_dp_s(costs: LayerCosts, ranks: int, alpha=5e-6, beta=5e9, cores=None) -> float:
-    """aepar.greedy on ``ranks``: epoch_s / P + steps x the fixed-tree sum of the
+    """aepar.greedy on ``ranks``: blocked_epoch_s / P + steps x the fixed-tree sum of the
     parameters per epoch, the transforms between layers split P ways (the epochs as
     measured on these ranks where ``costs`` has them)."""
     return _layerwise_dp(costs, ranks, lambda b: tree_sum_s(b, ranks, alpha, beta, costs.blocks), cores, "greedy")
@@ -452,9 +474,9 @@ def pipeline_s(costs: LayerCosts, ranks: int, *, replicas: bool, mode=None, end_
     ``replicas`` False (``sync``): at most one rank per layer, ranks beyond L idle; True
     (``hybrid``): :func:`aepar.parallel.pipeline.make_layout` gives the costly layers
     data-parallel replicas (capped by the batch and blocks), each replica epoch
-    epoch_s / n + steps x :func:`tree_sum_s`. A stage's epoch trains the rows not
-    ``held_out`` and reconstructs the held-out ones (``validation_s``). ``mode`` None: the
-    hand-over mode ``--handover-mode auto`` picks.
+    blocked_epoch_s / n + steps x :func:`tree_sum_s`. A stage's epoch (in the fixed
+    blocks) trains the rows not ``held_out`` and reconstructs the held-out ones
+    (``validation_s``). ``mode`` None: the hand-over mode ``--handover-mode auto`` picks.
 
     Returns
     -------
@@ -465,7 +487,7 @@ def pipeline_s(costs: LayerCosts, ranks: int, *, replicas: bool, mode=None, end_
     n = costs.n_layers
     # the stages train on the rows not held out, and reconstruct the held-out ones every epoch
     kept = costs.n_train - costs.held_out
-    epoch_s = [t * kept / costs.n_train + v for t, v in zip(costs.epoch_s, costs.validation_s or (0.0,) * n)]
+    epoch_s = [t * kept / costs.n_train + v for t, v in zip(costs.blocked, costs.validation_s or (0.0,) * n)]
     steps = (-(-kept // costs.batch),) * n if costs.held_out and costs.batch else costs.steps_per_epoch
     plan_e = costs.plan_epoch or epoch_s
     plan_h = costs.plan_handover or costs.transform_s
@@ -511,7 +533,7 @@ def newest_s(costs: LayerCosts, mode="data", end_with_first=False) -> float:
     itself run on the measured costs; ``weights`` charges every epoch the recompute of the
     whole chain below (an upper bound)."""
     n = costs.n_layers
-    epoch = list(costs.epoch_s)
+    epoch = list(costs.blocked)
     hand = list(costs.transform_s) if mode == "data" else [0.0] * n
     if mode == "weights":
         epoch = [epoch[l] + sum(costs.transform_s[:l]) for l in range(n)]

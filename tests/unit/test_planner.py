@@ -243,6 +243,35 @@ def test_sync_trains_the_rows_not_held_out_and_validates_the_rest_every_epoch():
         assert predict(held, 4)[scheme] == predict(every_row, 4)[scheme]
 
 
+def test_the_schemes_that_train_in_the_fixed_blocks_are_priced_with_the_blocked_epochs():
+    """greedy and sync's and hybrid's stages train the rows in the fixed blocks: their
+    predictions are those of costs whose one-block epochs were the blocked ones; model, and
+    data on one rank, train one block; greedy measured on the ranks keeps its measured
+    epochs."""
+    one, blocked = [2.0, 1.0, 0.5], [2.1, 1.2, 0.9]
+    common = dict(transform=[0.2, 0.1, 0.0], epochs=3, extras=[0, 1, 2], batch=100, blocks=8, held_out=100,
+                  validation_s=[0.1, 0.05, 0.02])
+    both, as_blocked, as_one = (costs(one, blocked_epoch_s=blocked, **common), costs(blocked, **common),
+                                costs(one, **common))
+    assert both.blocked == tuple(blocked) and as_one.blocked == tuple(one)
+    assert greedy_s(both) == pytest.approx(greedy_s(as_blocked))
+    for ranks in (1, 2, 3, 5, 8):
+        for cores in (None, 2):
+            got, want, other = (predict(c, ranks, cores=cores) for c in (both, as_blocked, as_one))
+            for scheme in ("sync", "hybrid", "greedy"):
+                assert got[scheme]["seconds"] == want[scheme]["seconds"], (scheme, ranks)
+                assert got[scheme].get("split") == want[scheme].get("split")
+                assert got[scheme]["seconds"] is None or got[scheme]["seconds"] != other[scheme]["seconds"]
+            for scheme in ("model", "data"):
+                assert got[scheme]["seconds"] == other[scheme]["seconds"], (scheme, ranks)
+    measured = dict(dp_ranks=2, dp_epoch_s={"greedy": [1.5, 0.7, 0.3]}, dp_reduction_s={"greedy": [0.1, 0.1, 0.1]})
+    got, want = (predict(costs(one, **common, **measured, **more), 2)["greedy"]
+                 for more in ({"blocked_epoch_s": blocked}, {}))
+    assert (got["seconds"], got["split"]) == (want["seconds"], want["split"])
+    with pytest.raises(ValueError, match="blocked_epoch_s"):
+        costs(one, blocked_epoch_s=[1.0, 0.0, 1.0])
+
+
 @pytest.mark.parametrize("cores", [None, 1, 2, 4])
 def test_more_ranks_never_slow_data_when_communication_is_free(cores):
     c = costs([2.0, 1.0, 0.3], [0.5, 0.1, 0.0], epochs=3, batch=64)

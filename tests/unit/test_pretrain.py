@@ -273,26 +273,34 @@ def test_ae_layer_one_block_step_is_one_kernel_call_with_the_blocked_bits(kernel
         assert np.array_equal(fused.optimizer.velocity[k], blocked.optimizer.velocity[k]), k
 
 
-def _probes_on_a_fake_clock(monkeypatch, seconds):
+def _probes_on_a_fake_clock(monkeypatch, seconds, blocks=None):
     """(aepar.pretrain, a backend, the options) with measure_costs' clock stepping by
-    ``seconds`` in turn, its epochs and warm-up doing nothing (a 20-8-4 stack, batch 100)."""
+    ``seconds`` in turn, its epochs and warm-up doing nothing (a 20-8-4 stack, batch 100);
+    each epoch's count of blocks appended to ``blocks``."""
     from aepar import pretrain
 
     clock = iter(np.cumsum(seconds))
     monkeypatch.setattr(pretrain, "be_time", lambda be: next(clock))
-    monkeypatch.setattr(pretrain, "train_epoch", lambda layer, h, epoch, batch: None)
+    monkeypatch.setattr(pretrain, "train_epoch",
+                        lambda layer, h, epoch, batch: (blocks if blocks is not None else []).append(h.blocks.count))
     monkeypatch.setattr(pretrain, "warm_up", lambda be, kind: None)
     args = pretrain.parse_args(["--layers", "20-8-4", "--pretrainer", "ae", "--batch", "100", "--epochs", "1"])
     return pretrain, backend.select("cpu", "numpy", "float32"), args
 
 
-def test_the_planners_layer_epoch_is_the_faster_of_two_probes(monkeypatch):
+def test_the_planners_layer_epoch_is_the_faster_of_two_probes_as_one_block_and_in_the_fixed_blocks(monkeypatch):
     """measure_costs times each probe layer's epoch twice and keeps the faster: a process's
     first epoch of a shape also loads its compiled tiles (here the first takes 3 s, the
-    second 1 s, on 600 of 2000 rows)."""
-    pretrain, be, args = _probes_on_a_fake_clock(monkeypatch, [0.0, 3.0, 0.0, 1.0, 0.0, 0.5] * 2)
+    second 1 s, on 600 of 2000 rows); once as one block (model's, data's on one rank),
+    once in the --reduce-blocks fixed blocks (greedy's, sync's, hybrid's: here 2 s)."""
+    blocks = []
+    pretrain, be, args = _probes_on_a_fake_clock(monkeypatch, [0.0, 3.0, 0.0, 1.0, 0.0, 2.5, 0.0, 2.0, 0.0, 0.5] * 2,
+                                                 blocks)
     costs = pretrain.measure_costs(be, args, np.random.default_rng(0).random((2000, 20)), 2)
     assert costs.epoch_s == pytest.approx((1.0 * 2000 / 600,) * 2)
+    assert costs.blocked_epoch_s == pytest.approx((2.0 * 2000 / 600,) * 2)
+    assert costs.transform_s == pytest.approx((0.5 * 2000 / 600,) * 2)
+    assert blocks == [1, 1, args.reduce_blocks, args.reduce_blocks] * 2 and args.reduce_blocks == 8
 
 
 def test_the_planner_times_syncs_validation_on_the_rows_it_holds_out(monkeypatch):
@@ -303,7 +311,8 @@ def test_the_planner_times_syncs_validation_on_the_rows_it_holds_out(monkeypatch
     from aepar.data.sources import Digits
     from aepar.parallel import synchronized
 
-    pretrain, be, args = _probes_on_a_fake_clock(monkeypatch, [0.0, 3.0, 0.0, 1.0, 0.0, 0.5, 0.0, 0.25] * 2)
+    pretrain, be, args = _probes_on_a_fake_clock(monkeypatch,
+                                                 [0.0, 3.0, 0.0, 1.0, 0.0, 2.5, 0.0, 2.0, 0.0, 0.5, 0.0, 0.25] * 2)
     x = np.random.default_rng(0).random((2000, 20)).astype(np.float32)
     costs = pretrain.measure_costs(be, args, x, 2, held_out=200)
     assert costs.epoch_s == pytest.approx((1.0 * 2000 / 600,) * 2)
