@@ -605,7 +605,7 @@ def predict(costs: LayerCosts, ranks: int, *, cores=None, alpha=5e-6, beta=5e9, 
     out["data"] = {"seconds": None, "note": why} if why else {
         "seconds": data_parallel_s(costs, p, **kw),
         "split": _layerwise_dp_split(costs, p, lambda b: allreduce_s(b, p, alpha, beta), cores, "data"),
-        "note": "one rank: greedy" if p == 1 else how("data", "Allreduce per step")}
+        "note": "one rank: greedy's order, the rows as one block" if p == 1 else how("data", "Allreduce per step")}
     if min(p, n) < 2:
         out["model"] = {"seconds": None, "note": "needs 2+ ranks and 2+ layers (a group of 1 is greedy)"}
     else:
