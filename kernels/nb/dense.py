@@ -194,8 +194,8 @@ def tied_ae_update_blocks(x, W, bv, bh, code_act, starts, merges, vW, vbv, vbh, 
 
 def tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):
     """:func:`kernels.ref.dense.tied_ae_factors_blocks`. Where every block takes the row
-    kernels (float32, C-contiguous, at most MAX_ROWS rows a block, sigmoid code units, at
-    least MIN_DOT of them, each block's bias gradients of one type), the whole pass is one
+    kernels (float32, C-contiguous, at most MAX_ROWS rows a block, sigmoid or identity code
+    units, at least MIN_DOT of them, each block's bias gradients of one type), the whole pass is one
     compiled call (:func:`_tied_ae_blocks`) of the kernels the block kernels call, in
     their order: the same bits, without the Python between five kernel calls (which a
     second thread's group waits for, under the interpreter lock) and with W's column
@@ -211,8 +211,8 @@ def tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):
                                                                                    ("dh", n_out)))
     panel, keeps = w_panels(m, W, True)
     sums = np.empty(s.size - 1)
-    _tied_ae_blocks(x, W, bv, bh, s, s * n_in, float(scale), dbvs, dbhs, h, y, dy, dz2, dh, dz1, sums, panel, keeps,
-                    wt_panel(W))
+    _tied_ae_blocks(x, W, bv, bh, act_code(code_act), s, s * n_in, float(scale), dbvs, dbhs, h, y, dy, dz2, dh, dz1,
+                    sums, panel, keeps, wt_panel(W))
     return [2.0 * 0.5 * float(total) for total in sums.tolist()], dz2, dz1, h  # as mse_forward_blocks(scale=2.0)
 
 
@@ -220,8 +220,8 @@ def _one_call_offsets(x, W, bv, bh, code_act, dbvs, dbhs, starts):
     """The blocks' offsets (int64) where :func:`tied_ae_factors_blocks` takes one compiled
     call, else None (the block kernels then check the arguments and raise)."""
     arrays = (x, W, bv, bh)
-    if code_act != "sigmoid" or not all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous
-                                        for a in arrays):
+    if code_act not in ("sigmoid", "identity") or not all(isinstance(a, np.ndarray) and a.dtype == np.float32
+                                                          and a.flags.c_contiguous for a in arrays):
         return None
     if x.ndim != 2 or W.ndim != 2 or x.shape[1] != W.shape[0] or 0 in x.shape or W.shape[1] < MIN_DOT:
         return None
@@ -240,17 +240,17 @@ def _one_call_offsets(x, W, bv, bh, code_act, dbvs, dbhs, starts):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _tied_ae_blocks(x, W, bv, bh, starts, bounds, scale, dbvs, dbhs, h, y, dy, dz2, dh, dz1, sums, panel, keeps,
+def _tied_ae_blocks(x, W, bv, bh, code, starts, bounds, scale, dbvs, dbhs, h, y, dy, dz2, dh, dz1, sums, panel, keeps,
                     tpanel):
     """The blocks' pass of :func:`tied_ae_factors_blocks` in one call: what
     dense_forward_blocks (encoder, decoder), mse_forward_blocks, mse_backward and
-    dense_backward_blocks (decoder, then encoder without dx) run, in that order. ``panel``
-    is W's column panels' room for x @ W and dz2 @ W (:func:`kernels.nb.rowprod.w_panels`:
-    with ``keeps`` the second reads what the first copied), ``tpanel`` W.T's for h @ W.T;
-    y, dy and dh are scratch."""
+    dense_backward_blocks (decoder, then encoder without dx) run, in that order, with
+    ``code`` units (SIGMOID or IDENTITY). ``panel`` is W's column panels' room for x @ W
+    and dz2 @ W (:func:`kernels.nb.rowprod.w_panels`: with ``keeps`` the second reads what
+    the first copied), ``tpanel`` W.T's for h @ W.T; y, dy and dh are scratch."""
     one = np.float32(1)
     _rows_times(x, W, h, panel, False, False)
-    _bias_act(h, bh, SIGMOID, one)
+    _bias_act(h, bh, code, one)
     _rows_times(h, W, y, tpanel, True, False)
     _bias_act(y, bv, SIGMOID, one)
     yf, xf, df = y.reshape(-1), x.reshape(-1), dy.reshape(-1)
@@ -258,8 +258,28 @@ def _tied_ae_blocks(x, W, bv, bh, starts, bounds, scale, dbvs, dbhs, h, y, dy, d
     for i in range(yf.size):  # mse_backward's scaled difference
         df[i] = scale * (yf[i] - xf[i])
     _act_grad_colsum_blocks(dy, y, SIGMOID, one, starts, dz2, dbvs)
-    _rows_times(dz2, W, dh, panel, False, keeps)
-    _act_grad_colsum_blocks(dh, h, SIGMOID, one, starts, dz1, dbhs)
+    if code == IDENTITY:  # act' = 1: dz1 is dz2 @ W itself, and _dz's column sums
+        _rows_times(dz2, W, dz1, panel, False, keeps)
+        _colsum64_blocks(dz1, starts, dbhs)
+    else:
+        _rows_times(dz2, W, dh, panel, False, keeps)
+        _act_grad_colsum_blocks(dh, h, code, one, starts, dz1, dbhs)
+
+
+@njit(cache=True, nogil=True)
+def _colsum64_blocks(dz, starts, dbs):
+    """dbs[k] += the column sums of block k's rows of dz as :func:`_dz` adds them for
+    identity units: NumPy's ``sum(axis=0, dtype=float64)``, which adds the rows one after
+    another in float64, then added into the float32 dbs[k] (rounded once)."""
+    total = np.empty(dz.shape[1])
+    for k in range(starts.size - 1):
+        total[:] = 0.0
+        for i in range(starts[k], starts[k + 1]):
+            for j in range(dz.shape[1]):
+                total[j] += np.float64(dz[i, j])
+        db = dbs[k]
+        for j in range(dz.shape[1]):
+            db[j] = np.float64(db[j]) + total[j]
 
 
 def _dz(da, a, code, dbs, starts):

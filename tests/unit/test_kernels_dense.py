@@ -407,9 +407,8 @@ def test_tied_ae_factors_blocks_are_the_block_kernels_one_by_one(name, sizes, co
     """A tied layer's pass over stacked blocks: the bits of the set's own block kernels one
     after another (``tied_ae_factors_blocks_via``), the bias gradients added into what the
     dbs held; the numba set's one compiled call where every block takes its row kernels
-    (float32, sigmoid code units, at most MAX_ROWS rows a block, 20 or more of them), the
-    block kernels for the rest (more rows, 12 code units, identity, float64); and within
-    rounding of the numpy set."""
+    (float32, at most MAX_ROWS rows a block, 20 or more code units), the block kernels for
+    the rest (more rows, 12 code units, float64); and within rounding of the numpy set."""
     from aepar.kernels.ref.dense import tied_ae_factors_blocks_via
 
     K, dev = load(name)
@@ -433,19 +432,40 @@ def test_tied_ae_factors_blocks_are_the_block_kernels_one_by_one(name, sizes, co
     np.testing.assert_allclose([float(e) for e in got[0]], ref[0], rtol=1e-10 if dtype == np.float64 else 1e-4)
 
 
+def test_numba_one_calls_identity_column_sums_are_dzs_in_its_order():
+    """The one compiled call's bias gradient for identity code units adds each block's rows
+    as _dz does (NumPy's float64 sum over axis 0: the rows in order), bit for bit, also
+    where the order decides the sum (1e20, then -1e20, then 1 is 1; in any other order 0)."""
+    from aepar.kernels.nb import dense
+    from aepar.kernels.nb.activation import IDENTITY
+
+    rng = np.random.default_rng(3)
+    dz = (rng.standard_normal((40, 24)) * np.exp(rng.uniform(-20, 20, (40, 24)))).astype(np.float32)
+    dz[3:6, :4] = np.array([[1e20], [-1e20], [1.0]], np.float32)
+    starts = np.array([0, 3, 6, 19, 40])
+    before = rng.standard_normal((4, 24)).astype(np.float32)
+    got, want = [b.copy() for b in before], [b.copy() for b in before]
+    dense._colsum64_blocks(dz, starts, tuple(got))
+    dense._dz(dz, None, IDENTITY, want, starts)
+    assert all(np.array_equal(g.view(np.int32), w.view(np.int32)) for g, w in zip(got, want))
+    assert got[1][0] == np.float32(before[1][0] + 1.0)
+
+
 @pytest.mark.parametrize("sizes, shape, code_act, calls", [([13, 12, 13, 12], (784, 100), "sigmoid", 1),
                                                             ([25, 25], (64, 16), "sigmoid", 1),
                                                             ([CPU_MAX_ROWS, CPU_MAX_ROWS - 3], (64, 16), "sigmoid", 1),
                                                             ([CPU_MAX_ROWS + 8, 10], (64, 16), "sigmoid", 0),
                                                             ([13, 12], (64, 15), "sigmoid", 0),
-                                                            ([13, 12], (64, 16), "identity", 0)])
+                                                            ([13, 12], (64, 16), "identity", 1),
+                                                            ([13, 12, 13, 12, 13, 12, 13, 12], (100, 30), "identity", 1),
+                                                            ([CPU_MAX_ROWS + 8, 10], (64, 16), "identity", 0)])
 def test_numba_tied_ae_factors_blocks_in_one_call_where_the_blocks_are_thin(sizes, shape, code_act, calls, monkeypatch):
     """The numba set's one compiled call takes the blocks where each takes its row kernels
     (a thread's share of a batch of 100 of the 784-100 layer; 25 rows, where the AVX2 path
     copies W's panels and keeps them for dz2 @ W; blocks of MAX_ROWS rows, 128 on the AVX2
-    path: 8 blocks of a batch of 1,000), and gives the block kernels' bits; a
-    block of more than MAX_ROWS rows, fewer than MIN_DOT code units or identity code units
-    take the block kernels."""
+    path: 8 blocks of a batch of 1,000; identity code units, as a stack's top layer, the
+    100-30 one's 8 blocks of a batch of 100), and gives the block kernels' bits; a block of
+    more than MAX_ROWS rows or fewer than MIN_DOT code units take the block kernels."""
     from aepar.kernels.nb import dense
     from aepar.kernels.ref.dense import tied_ae_factors_blocks_via
 
