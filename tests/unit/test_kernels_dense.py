@@ -457,7 +457,7 @@ def test_numba_one_calls_identity_column_sums_are_dzs_in_its_order():
                                                             ([CPU_MAX_ROWS + 8, 10], (64, 16), "sigmoid", 0),
                                                             ([13, 12], (64, 15), "sigmoid", 0),
                                                             ([13, 12], (64, 16), "identity", 1),
-                                                            ([13, 12, 13, 12, 13, 12, 13, 12], (100, 30), "identity", 1),
+                                                            ([13, 12] * 4, (100, 30), "identity", 1),
                                                             ([CPU_MAX_ROWS + 8, 10], (64, 16), "identity", 0)])
 def test_numba_tied_ae_factors_blocks_in_one_call_where_the_blocks_are_thin(sizes, shape, code_act, calls, monkeypatch):
     """The numba set's one compiled call takes the blocks where each takes its row kernels
