@@ -268,9 +268,10 @@ def _tied_ae_blocks(x, W, bv, bh, code, starts, bounds, scale, dbvs, dbhs, h, y,
 
 @njit(cache=True, nogil=True)
 def _colsum64_blocks(dz, starts, dbs):
-    """dbs[k] += the column sums of block k's rows of dz as :func:`_dz` adds them for
-    identity units: NumPy's ``sum(axis=0, dtype=float64)``, which adds the rows one after
-    another in float64, then added into the float32 dbs[k] (rounded once)."""
+    """dbs[k] += the column sums of block k's rows of dz (the bias gradient of identity
+    units): the rows added one after another in float64 (as NumPy's ``sum(axis=0,
+    dtype=float64)``, which these bits were before), then added into dbs[k] (rounded
+    once to its dtype)."""
     total = np.empty(dz.shape[1])
     for k in range(starts.size - 1):
         total[:] = 0.0
@@ -287,8 +288,8 @@ def _dz(da, a, code, dbs, starts):
     bounds = zip(starts[:-1], starts[1:], dbs)
     if code == IDENTITY:
         dz = np.ascontiguousarray(da)  # act' = 1: no copy of da needed
-        for lo, hi, db in bounds:
-            db += dz[lo:hi].sum(axis=0, dtype=np.float64)
+        for lo, hi, db in bounds:  # a call per block: the dbs may differ in type
+            _colsum64_blocks(dz, np.array([lo, hi], np.int64), (db,))
         return dz
     dtype = np.result_type(da, a)
     dz = empty(da.shape, dtype)  # rows_times_t and block_outer_sum load it as vectors

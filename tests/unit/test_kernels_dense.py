@@ -432,23 +432,29 @@ def test_tied_ae_factors_blocks_are_the_block_kernels_one_by_one(name, sizes, co
     np.testing.assert_allclose([float(e) for e in got[0]], ref[0], rtol=1e-10 if dtype == np.float64 else 1e-4)
 
 
-def test_numba_one_calls_identity_column_sums_are_dzs_in_its_order():
-    """The one compiled call's bias gradient for identity code units adds each block's rows
-    as _dz does (NumPy's float64 sum over axis 0: the rows in order), bit for bit, also
-    where the order decides the sum (1e20, then -1e20, then 1 is 1; in any other order 0)."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numba_identity_units_bias_gradient_is_numpys_float64_column_sum_in_row_order(dtype):
+    """The bias gradient of identity code units (the one compiled call's and _dz's, one
+    helper): each block's rows added in order in float64, as NumPy's ``sum(axis=0,
+    dtype=float64)`` adds them, then into db, bit for bit; also where the order decides
+    the sum (1e20, then -1e20, then 1 is 1; in any other order 0)."""
     from aepar.kernels.nb import dense
     from aepar.kernels.nb.activation import IDENTITY
 
     rng = np.random.default_rng(3)
-    dz = (rng.standard_normal((40, 24)) * np.exp(rng.uniform(-20, 20, (40, 24)))).astype(np.float32)
-    dz[3:6, :4] = np.array([[1e20], [-1e20], [1.0]], np.float32)
+    dz = (rng.standard_normal((40, 24)) * np.exp(rng.uniform(-20, 20, (40, 24)))).astype(dtype)
+    dz[3:6, :4] = np.array([[1e20], [-1e20], [1.0]], dtype)
     starts = np.array([0, 3, 6, 19, 40])
-    before = rng.standard_normal((4, 24)).astype(np.float32)
-    got, want = [b.copy() for b in before], [b.copy() for b in before]
+    before = rng.standard_normal((4, 24)).astype(dtype)
+    want = [b.copy() for b in before]
+    for lo, hi, db in zip(starts[:-1], starts[1:], want):
+        db += dz[lo:hi].sum(axis=0, dtype=np.float64)
+    got, each = [b.copy() for b in before], [b.copy() for b in before]
     dense._colsum64_blocks(dz, starts, tuple(got))
-    dense._dz(dz, None, IDENTITY, want, starts)
-    assert all(np.array_equal(g.view(np.int32), w.view(np.int32)) for g, w in zip(got, want))
-    assert got[1][0] == np.float32(before[1][0] + 1.0)
+    dense._dz(dz, None, IDENTITY, each, starts)
+    for g, e, w in zip(got, each, want):
+        assert np.array_equal(g, w) and np.array_equal(e, w) and g.tobytes() == w.tobytes() == e.tobytes()
+    assert got[1][0] == dtype(before[1][0] + 1.0)
 
 
 @pytest.mark.parametrize("sizes, shape, code_act, calls", [([13, 12, 13, 12], (784, 100), "sigmoid", 1),
