@@ -11,7 +11,9 @@ that costs and where aepar stands against PyTorch, side by side in one run on on
   autoencoder (``cae``) and one CD-1 epoch of every RBM of the 784-1000-500-250-30 stack, each
   on the rows the layer below gives (``greedy``: greedy pre-training's work per epoch;
   Bernoulli hidden units throughout, as the PyTorch peer has no Gaussian layer), and each
-  of the stack's upper RBMs alone (``rbm1000x500``, ``rbm500x250``, ``rbm250x30``), float32,
+  of the stack's upper RBMs alone (``rbm1000x500``, ``rbm500x250``, ``rbm250x30``), and the
+  top layer of the stack of autoencoder layers alone (``ae250x30``, identity code units, on
+  the rows the autoencoder layers below give), float32,
   batch 100 (``--batch``: larger batches make longer blocks, 125 rows each at 1000), on the
   embedded MNIST digits (or the first ``--rows`` Fashion-MNIST images when installed:
   ``make fashion``);
@@ -56,11 +58,14 @@ STACK = (784, 1000, 500, 250, 30)  # the greedy workload's layers
 # the stack's upper RBMs one at a time, each on the rows the layers below give (the first is "rbm"):
 # a narrow layer's epoch is mostly the work around its small products, which the whole stack hides
 LAYERS = {f"rbm{a}x{b}": i for i, (a, b) in enumerate(zip(STACK[:-1], STACK[1:])) if i}
-WORKLOADS = ("rbm", "ae", "finetune", "cae", "greedy", *LAYERS)
+# the autoencoder stack's top layer: its identity code units take other kernels than the sigmoid ones
+AE_LAYERS = {f"ae{STACK[-2]}x{STACK[-1]}": len(STACK) - 2}
+WORKLOADS = ("rbm", "ae", "finetune", "cae", "greedy", *LAYERS, *AE_LAYERS)
 TITLES = {"rbm": "CD-1 epoch, 784x1000 RBM layer", "ae": "epoch, 784x1000 autoencoder layer",
           "finetune": "fine-tuning epoch, 784-1000-500-250-30 unrolled", "cae": "CAE epoch, 28x28 16/32 filters",
           "greedy": "greedy pre-training epoch, 784-1000-500-250-30 RBMs",
-          **{name: f"CD-1 epoch, {name[3:]} RBM layer of the stack" for name in LAYERS}}
+          **{name: f"CD-1 epoch, {name[3:]} RBM layer of the stack" for name in LAYERS},
+          **{name: f"epoch, {name[2:]} autoencoder top layer of the stack (identity code)" for name in AE_LAYERS}}
 # what the ratios are held to (issue: the 8-block epoch within 1.10x of one block, and at
 # least as fast as the faster PyTorch peer)
 TAX_TARGET, PEER_TARGET = 1.10, 1.00
@@ -81,6 +86,8 @@ def workload_epochs(workload: str, x, threads: int, torch: bool, batch: int = BA
         return {names[k]: fn for k, fn in epochs.items()}, model.flops_per_sample()
     if workload == "greedy" or workload in LAYERS:
         return greedy_epochs(x, threads, torch, LAYERS.get(workload), batch)
+    if workload in AE_LAYERS:
+        return greedy_epochs(x, threads, torch, AE_LAYERS[workload], batch, kind="ae")
     if workload == "finetune":
         from bench.finetune_speed import TorchUnrolled as Peer
         from bench.finetune_speed import aepar_epoch
@@ -102,12 +109,16 @@ def workload_epochs(workload: str, x, threads: int, torch: bool, batch: int = BA
     return epochs, model.flops_per_sample()
 
 
-def greedy_epochs(x, threads: int, torch: bool, only: int | None = None, batch: int = BATCH) -> tuple[dict, float]:
+def greedy_epochs(x, threads: int, torch: bool, only: int | None = None, batch: int = BATCH,
+                  kind: str = "rbm") -> tuple[dict, float]:
     """:func:`workload_epochs` of ``greedy``: one CD-1 epoch of every layer of :data:`STACK`,
     in order, each layer on its own input rows (``only``: of that layer alone, one of
-    :data:`LAYERS`). The upper layers' rows are made once, untimed, by the 8-block aepar
-    layers after their warm-up epoch, and every implementation trains on the same rows."""
+    :data:`LAYERS`; ``kind="ae"``: autoencoder layers, the top one with identity code units,
+    as ``--pretrainer ae`` stacks them). The upper layers' rows are made once, untimed, by
+    the 8-block aepar layers after their warm-up epoch, and every implementation trains on
+    the same rows."""
     from aepar import backend
+    from aepar.models.ae_layer import AELayer
     from aepar.models.rbm import RBM
     from aepar.parallel.data_parallel import train_epoch
     from aepar.rows import DEFAULT_BLOCKS, Shard
@@ -115,9 +126,13 @@ def greedy_epochs(x, threads: int, torch: bool, only: int | None = None, batch: 
 
     be = backend.select("cpu", "numba", "float32")
     shapes = list(zip(STACK[:-1], STACK[1:]))
+    top = len(shapes) - 1
 
     def layers():  # the RBM's defaults are the seed's recipe (Bernoulli units)
-        return [RBM(be, n_in, n_out, batch=batch, seed=i, layer_index=i) for i, (n_in, n_out) in enumerate(shapes)]
+        if kind == "rbm":
+            return [RBM(be, n_in, n_out, batch=batch, seed=i, layer_index=i) for i, (n_in, n_out) in enumerate(shapes)]
+        return [AELayer(be, n_in, n_out, batch=batch, seed=i, layer_index=i,
+                        hidden="gaussian" if i == top else "bernoulli") for i, (n_in, n_out) in enumerate(shapes)]
 
     chosen = range(len(shapes)) if only is None else [only]
     stacks = {EIGHT: (layers(), DEFAULT_BLOCKS), ONE: (layers(), 1)}
@@ -141,6 +156,9 @@ def greedy_epochs(x, threads: int, torch: bool, only: int | None = None, batch: 
     if torch and torch_rbm.available():
         for style in torch_rbm.STYLES:
             peers = {i: torch_rbm.TorchRBM(*shapes[i], batch=batch, threads=threads, seed=i, style=style)
+                     if kind == "rbm" else
+                     torch_rbm.TorchAE(*shapes[i], batch=batch, threads=threads, seed=i, style=style,
+                                       code="identity" if i == top else "sigmoid")
                      for i in chosen}
 
             def epoch(peers=peers):

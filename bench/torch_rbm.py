@@ -169,9 +169,10 @@ class TorchRBM(_TorchLayer):
 
 class TorchAE(_TorchLayer):
     """The tied-weight autoencoder layer of :class:`aepar.models.ae_layer.AELayer` in PyTorch:
-    h = sigmoid(x W + bh), x^ = sigmoid(h W' + bv), the gradient of 1/2 sum (x^ - x)^2 over
-    the batch divided by its size, v = momentum v - lr (g + weight_cost W) for W (no cost on
-    the biases), p += v; the same recipe and W init as :class:`TorchRBM`.
+    h = sigmoid(x W + bh) (``code="identity"``: x W + bh, a stack's top layer), x^ =
+    sigmoid(h W' + bv), the gradient of 1/2 sum (x^ - x)^2 over the batch divided by its
+    size, v = momentum v - lr (g + weight_cost W) for W (no cost on the biases), p += v; the
+    same recipe and W init as :class:`TorchRBM`.
 
     ``"careful"`` writes the gradient by hand into buffers allocated once (five GEMMs, two
     of them ``addmm_`` straight into W's velocity), sums the error in a tensor read once per
@@ -180,6 +181,12 @@ class TorchAE(_TorchLayer):
     lets autograd take the gradient of the batch's loss, with fresh tensors each step and
     one ``float()`` per batch.
     """
+
+    def __init__(self, n_in, n_out, *, code="sigmoid", **recipe):
+        if code not in ("sigmoid", "identity"):
+            raise ValueError(f"code must be sigmoid or identity, not {code!r}")
+        self.sigmoid_code = code == "sigmoid"
+        super().__init__(n_in, n_out, **recipe)
 
     def _buffers(self, batch, n_in, n_out):
         torch, dev = self.torch, self.device
@@ -210,12 +217,16 @@ class TorchAE(_TorchLayer):
             b = rows.shape[0]
             xb, y, dy, h, dh = self._x[:b], self._y[:b], self._dy[:b], self._h[:b], self._dh[:b]
             torch.index_select(x, 0, rows, out=xb)
-            torch.addmm(self.bh, xb, W, out=h).sigmoid_()
+            torch.addmm(self.bh, xb, W, out=h)
+            if self.sigmoid_code:
+                h.sigmoid_()
             torch.addmm(self.bv, h, W.t(), out=y).sigmoid_()
             torch.sub(y, xb, out=dy)
             err += torch.dot(dy.view(-1), dy.view(-1))
             dy.mul_(y).mul_(1.0 - y)                      # d(loss)/d(pre-activation) of x^
-            torch.mm(dy, W, out=dh).mul_(h).mul_(1.0 - h)  # ... of h
+            torch.mm(dy, W, out=dh)                       # ... of h
+            if self.sigmoid_code:
+                dh.mul_(h).mul_(1.0 - h)
             # vW = m vW - lr ((x' dh + dy' h) / b + wc W); W += vW
             vW.mul_(m).add_(W, alpha=-lr * self.wc)
             vW.addmm_(xb.t(), dh, alpha=-lr / b)
@@ -237,7 +248,8 @@ class TorchAE(_TorchLayer):
             perm = torch.randperm(n, generator=self.gen, device=self.device)
             for start in range(0, n, self.batch):
                 xb = x[perm[start:start + self.batch]]
-                h = torch.sigmoid(xb @ self.W + self.bh)
+                h = xb @ self.W + self.bh
+                h = torch.sigmoid(h) if self.sigmoid_code else h
                 y = torch.sigmoid(h @ self.W.t() + self.bv)
                 sq = ((y - xb) ** 2).sum()
                 for p in params:

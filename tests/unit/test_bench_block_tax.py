@@ -114,3 +114,31 @@ def test_a_layer_of_the_stack_alone_trains_that_layer_on_the_rows_below(monkeypa
         calls.clear()
         epochs[name]()
         assert calls == [(250, 30, 250, blocks, 40)]  # at the batch asked for
+
+
+def test_the_autoencoder_stacks_top_layer_trains_alone_with_identity_code_units(monkeypatch):
+    """``ae250x30`` times an epoch of the autoencoder stack's top layer alone (identity code
+    units, as --pretrainer ae stacks it), on the rows its sigmoid layers below give, with 8
+    blocks and with one."""
+    import numpy as np
+    from aepar.parallel import data_parallel
+
+    calls, real = [], data_parallel.train_epoch
+
+    def recording(layer, shard, epoch):
+        calls.append((layer.kind, layer.code_act, layer.n_in, layer.n_out, shard.blocks.count, layer.batch))
+        return real(layer, shard, epoch)
+    monkeypatch.setattr(data_parallel, "train_epoch", recording)
+    assert list(block_tax.AE_LAYERS) == ["ae250x30"] and "ae250x30" in block_tax.WORKLOADS
+    x = np.random.default_rng(0).random((120, 784), dtype=np.float32)
+    epochs, flops = block_tax.workload_epochs("ae250x30", x, 1, torch=False, batch=40)
+    assert [c[:4] for c in calls[:3]] == [("ae", "sigmoid", 784, 1000), ("ae", "sigmoid", 1000, 500),
+                                          ("ae", "sigmoid", 500, 250)]  # the rows below, once
+    assert set(epochs) == {block_tax.EIGHT, block_tax.ONE}
+    from aepar.models.ae_layer import AELayer
+    from aepar import backend
+    assert flops == AELayer(backend.select("cpu", "numpy", "float32"), 250, 30).flops_per_sample()
+    for name, blocks in ((block_tax.EIGHT, 8), (block_tax.ONE, 1)):
+        calls.clear()
+        epochs[name]()
+        assert calls == [("ae", "identity", 250, 30, blocks, 40)]

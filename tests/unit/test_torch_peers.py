@@ -11,15 +11,19 @@ from aepar.parallel.data_parallel import train_epoch
 from aepar.rows import Shard
 
 
+@pytest.mark.parametrize("code", ["sigmoid", "identity"])
 @pytest.mark.parametrize("style", ["careful", "plain"])
-def test_torch_ae_takes_the_steps_of_aepars_layer(style):
+def test_torch_ae_takes_the_steps_of_aepars_layer(style, code):
+    """Sigmoid code units, and identity ones (AELayer's hidden="gaussian", a stack's top)."""
     torch = pytest.importorskip("torch")
     from bench.torch_rbm import TorchAE
 
     x = np.random.default_rng(0).random((64, 30))
     be = backend.select("cpu", "numpy", "float64")
-    ours = AELayer(be, 30, 20, batch=64, seed=0)   # one batch: the shuffle cannot differ
-    peer = TorchAE(30, 20, batch=64, style=style)
+    ours = AELayer(be, 30, 20, batch=64, seed=0,   # one batch: the shuffle cannot differ
+                   hidden="bernoulli" if code == "sigmoid" else "gaussian")
+    assert ours.code_act == code
+    peer = TorchAE(30, 20, batch=64, style=style, code=code)
     peer.W.copy_(torch.from_numpy(ours.params["W"].astype(np.float32)))
     start = ours.params["W"].copy()
     for epoch in range(6, 9):   # momentum 0.9, as the peer's
