@@ -117,17 +117,21 @@ def kernel_scales(comp: Compute, here: tuple, results: Path = RESULTS) -> dict:
 
 def _layerwise_epochs(results: Path) -> dict:
     """block_tax.csv's layer-wise epochs (:data:`LAYERWISE_EPOCHS`: CD-1 at its layer sizes,
-    the autoencoder layer, greedy) by aepar, from each machine's last day, on the host's own
-    code path (not an ``AEPAR_ISA`` row): (machine, workload, implementation, batch,
-    threads) -> seconds."""
+    the autoencoder layers, greedy) by aepar, each workload and batch from its last day on
+    its machine (a later run of some workloads alone leaves the others' as they were), on
+    the host's own code path (not an ``AEPAR_ISA`` row): (machine, workload,
+    implementation, batch, threads) -> seconds."""
     rows = [r for r in read_rows(results / "block_tax.csv")
             if r.get("implementation", "").startswith("aepar") and r.get("workload", "").startswith(LAYERWISE_EPOCHS)
             and "[" not in r.get("isa", "")]
+
+    def run_of(r):
+        return machine_of(r), r["workload"], int(r["batch"])
     last: dict = {}
     for r in rows:
-        last[machine_of(r)] = max(last.get(machine_of(r), ""), (r.get("date") or "")[:10])
+        last[run_of(r)] = max(last.get(run_of(r), ""), (r.get("date") or "")[:10])
     return {(machine_of(r), r["workload"], r["implementation"], int(r["batch"]), int(r["threads"])): float(r["seconds"])
-            for r in rows if (r.get("date") or "")[:10] == last[machine_of(r)]}
+            for r in rows if (r.get("date") or "")[:10] == last[run_of(r)]}
 
 
 def _block_tax_ratios(here: tuple, results: Path) -> dict:

@@ -289,7 +289,7 @@ def test_a_second_thread_gains_what_was_measured_on_the_machine_and_small_steps_
 def test_thread_speedups_come_from_each_machines_last_block_tax_run(tmp_path):
     """A machine's gain from a second thread: bench.block_tax's 8-block epochs at one thread
     over two, the median over its layer-wise workloads (CD-1, autoencoder layer, greedy),
-    per batch, from its last day only, on the host's own code path, kept between 1 and 2;
+    per batch, each from its last day only, on the host's own code path, kept between 1 and 2;
     a point takes the measured batch nearest its own, and two threads only."""
     from bench.scaling_model.validate import Points, thread_speedups
 
@@ -307,7 +307,9 @@ def test_thread_speedups_come_from_each_machines_last_block_tax_run(tmp_path):
             row("ae", 1, 1.0, isa=haswell), row("ae", 2, 0.99, isa=haswell),  # another code path
             row("rbm", 1, 1.0, day="2026-12-01"), row("rbm", 2, 0.9, day="2026-12-01"),  # an older day
             row("rbm", 1, 1.0, batch=1000), row("rbm", 2, 0.4, batch=1000),  # faster than two threads could be
-            row("rbm", 1, 1.0, day="2026-12-01", batch=5000)]  # no two-thread partner
+            row("rbm", 1, 1.0, day="2026-12-01", batch=5000),  # no two-thread partner
+            # a later run of one workload alone leaves the others' last day as it was
+            row("ae250x30", 1, 1.0, day="2026-12-07"), row("ae250x30", 2, 1.0, day="2026-12-07")]
     (tmp_path / "block_tax.csv").write_text(head + "".join(rows))
     gains = thread_speedups(tmp_path)
     machine = ("EPYC", "avx2", "2")
