@@ -264,8 +264,8 @@ def _models(comp, tree_o) -> list:
          "(one block: leaf(r)). Threads: a layer whose rank's step is below aepar's SHARED_STEP_FLOPS "
          "trains on one thread, as aepar does; on more, the step and the transform are divided by what a "
          "second thread gained on that machine (block_tax.csv: 8-block layer-wise epochs at one thread over "
-         "two, the median of CD-1, the autoencoder layer and greedy, its last day), or split evenly where "
-         "it was not measured.",
+         "two, the median of CD-1, the autoencoder layer and greedy, each from its last day there), or split "
+         "evenly where it was not measured.",
          "- **model-parallel** (per epoch slot; the slots are aepar.parallel.planner's): max over ranks "
          "(refresh of its input through the changed layers below + one one-block epoch of its layer) + one "
          "Bcast per trained layer's weights + 3 small Allreduces; between groups every rank passes the "

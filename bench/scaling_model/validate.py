@@ -74,8 +74,8 @@ def kernel_scales(comp: Compute, here: tuple, results: Path = RESULTS) -> dict:
     peers.csv) and ``layers`` (one fused CD-1 epoch 784x1000 over 50,000 rows, batch 100,
     float32, rbm_epoch.csv; and where both machines ran bench.block_tax, the median of that
     ratio and of each layer-wise epoch's there, CD-1, the autoencoder layer and greedy, in
-    one block and in 8, per batch, each machine's last day: one epoch's ratio moves with a
-    VM's drift, several timed on other days hold the middle).
+    one block and in 8, per batch, each from its last day on its machine: one epoch's ratio
+    moves with a VM's drift, several timed on other days hold the middle).
 
     One factor per kernel family and machine, because two CPUs' ratio differs by kernel (a
     DGEMM or clock ratio would give one number for both). Like is divided by like: where
