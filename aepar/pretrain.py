@@ -205,7 +205,8 @@ def measure_costs(be, args, x, ranks, held_out=0):
 
     for layer in probes:
         epoch_s.append(epoch_of(layer, h))
-        blocked_s.append(epoch_of(layer, Shard(h.x, in_blocks)))
+        if in_blocks.count > 1:  # with --reduce-blocks 1 the blocked epoch is this one
+            blocked_s.append(epoch_of(layer, Shard(h.x, in_blocks)))
         t0 = be_time(be)
         h_next = layer.transform(h)
         transform_s.append((be_time(be) - t0) * n / rows)
@@ -217,7 +218,8 @@ def measure_costs(be, args, x, ranks, held_out=0):
     return LayerCosts.measured(probes, epoch_s, transform_s, n, args.batch,
                                parse_extras(args.extra, len(probes)), dtype=be.dtype,
                                n_val=held_out, blocks=args.reduce_blocks, held_out=held_out,
-                               validation_s=validation_s if held_out else None, blocked_epoch_s=blocked_s)
+                               validation_s=validation_s if held_out else None,
+                               blocked_epoch_s=blocked_s or None)
 
 
 def probe_rows(n: int, batch: int) -> int:

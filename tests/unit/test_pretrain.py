@@ -301,6 +301,13 @@ def test_the_planners_layer_epoch_is_the_faster_of_two_probes_as_one_block_and_i
     assert costs.blocked_epoch_s == pytest.approx((2.0 * 2000 / 600,) * 2)
     assert costs.transform_s == pytest.approx((0.5 * 2000 / 600,) * 2)
     assert blocks == [1, 1, args.reduce_blocks, args.reduce_blocks] * 2 and args.reduce_blocks == 8
+    # --reduce-blocks 1: the blocked epoch is the one-block epoch, timed once
+    blocks.clear()
+    pretrain, be, args = _probes_on_a_fake_clock(monkeypatch, [0.0, 3.0, 0.0, 1.0, 0.0, 0.5] * 2, blocks)
+    args.reduce_blocks = 1
+    costs = pretrain.measure_costs(be, args, np.random.default_rng(0).random((2000, 20)), 2)
+    assert blocks == [1, 1] * 2 and costs.blocked_epoch_s is None
+    assert costs.blocked == costs.epoch_s == pytest.approx((1.0 * 2000 / 600,) * 2)
 
 
 def test_the_planner_times_syncs_validation_on_the_rows_it_holds_out(monkeypatch):
