@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from ..memory import empty
-from ..ref.blocksum import most_rows, offsets
+from ..ref.blocksum import check_blocks_tree, most_rows, offsets
 from ..ref.dense import (_check_backward_shapes, _check_shapes, _check_starts, check_tied_ae,
                          tied_ae_factors_blocks_via, tied_ae_update_blocks_via, tied_ae_update_via)
 # the scalar activations are activation.py's: the package keys Numba's cache on every file
@@ -24,8 +24,8 @@ from .activation import relu_grad as _relu_grad
 from .activation import sigmoid as _sigmoid
 from .blas import gemm
 from .loss import _sq_diff_sums
-from .rowprod import (MAX_ROWS, MIN_DOT, _rows_times, _scratch, rows_times, rows_times_t, thin, thin_t, w_panels,
-                      wt_panel)
+from .rowprod import (LONG_ROWS, MAX_ROWS, MIN_DOT, _rows_times, _scratch, rows_times, rows_times_t, rows_tree_sum,
+                      thin, thin_t, tiles_sgd, tree_sgd, w_panels, wt_panel)
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
            "dense_backward_blocks", "tied_ae_update", "tied_ae_factors_blocks", "tied_ae_update_blocks"]
@@ -185,11 +185,31 @@ def tied_ae_update(x, W, bv, bh, code_act, vW, vbv, vbh, lr, momentum, weight_co
 
 def tied_ae_update_blocks(x, W, bv, bh, code_act, starts, merges, vW, vbv, vbh, lr, momentum, weight_cost, scale):
     """The blocks' step of a tied autoencoder layer, in place; see
-    :func:`kernels.ref.dense.tied_ae_update_blocks`: its factors in one compiled call where
-    :func:`tied_ae_factors_blocks` takes one, then ``blocks_sgd_step``'s (W's tiles, the
-    biases' tree and steps in one call)."""
-    return tied_ae_update_blocks_via(sys.modules[__package__], np, x, W, bv, bh, code_act, starts, merges, vW, vbv,
-                                     vbh, lr, momentum, weight_cost, scale)
+    :func:`kernels.ref.dense.tied_ae_update_blocks`. Where every block takes the row kernels
+    (as :func:`tied_ae_factors_blocks`' one call) and the parameters are float32, C-ordered
+    and writeable, as :func:`kernels.nb.rbm.rbm_cd_update_blocks` takes CD-1: the blocks'
+    pass in one compiled call (:func:`_tied_ae_blocks`, the bias gradients into two tables,
+    a row a block), W's tree and step in another (``block_outer_sum_sgd``'s tiles), each
+    bias's tree and step in one more (:func:`.rowprod.tree_sgd`). The bits of
+    ``tied_ae_update_blocks_via``, without its table of views, each kernel's checks and the
+    Python around each call (most of a narrow layer's step). Anything else: that."""
+    check_tied_ae(x, W, bv, bh, code_act, vW, vbv, vbh)
+    starts, merges = check_blocks_tree("tied_ae_update_blocks", x.shape[0], starts, merges)
+    found = _one_call_blocks(x, W, bv, bh, code_act, starts)
+    if found is None or 2 * found.most_rows > LONG_ROWS or not all(
+            a.dtype == np.float32 and a.flags.c_contiguous and a.flags.writeable for a in (W, bv, bh, vW, vbv, vbh)):
+        return tied_ae_update_blocks_via(sys.modules[__package__], np, x, W, bv, bh, code_act, starts, merges, vW,
+                                         vbv, vbh, lr, momentum, weight_cost, scale)
+    s, blocks = found.array, found.array.size - 1
+    (n_in, n_out), f32 = W.shape, np.float32
+    # each block's bias gradients summed into its zeroed row, as into the trainer's rows
+    gv, gh = np.zeros((blocks, n_in), f32), np.zeros((blocks, n_out), f32)
+    sums, dz2, dz1, h = _factors_in_one_call(x, W, bv, bh, code_act, gv, gh, s, scale)
+    tiles_sgd((x, dz2), (dz1, h), s, merges, [1.0] * blocks, W, vW, lr, momentum, weight_cost)
+    tree_sgd(gv, merges, [0, n_in], (bv,), (vbv,), lr, momentum)
+    tree_sgd(gh, merges, [0, n_out], (bh,), (vbh,), lr, momentum)
+    # the errors rounded to float32 in their rows, as the trainer's table holds them, then its tree
+    return rows_tree_sum(sums.astype(f32).reshape(-1, 1), merges)[0]
 
 
 def tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):
@@ -201,9 +221,18 @@ def tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):
     second thread's group waits for, under the interpreter lock) and with W's column
     panels copied once for its two products. Anything else: the block kernels one by one."""
     dbvs, dbhs = tuple(dbvs), tuple(dbhs)
-    s = _one_call_offsets(x, W, bv, bh, code_act, dbvs, dbhs, starts)
-    if s is None:
+    found = _one_call_blocks(x, W, bv, bh, code_act, starts)
+    if found is None or not _bias_rows_fit(found, dbvs, dbhs, W.shape):
         return tied_ae_factors_blocks_via(sys.modules[__package__], x, W, bv, bh, code_act, dbvs, dbhs, starts, scale)
+    sums, dz2, dz1, h = _factors_in_one_call(x, W, bv, bh, code_act, dbvs, dbhs, found.array, scale)
+    return [2.0 * 0.5 * float(total) for total in sums.tolist()], dz2, dz1, h  # as mse_forward_blocks(scale=2.0)
+
+
+def _factors_in_one_call(x, W, bv, bh, code_act, dbvs, dbhs, s, scale):
+    """:func:`_tied_ae_blocks` on arrays :func:`_one_call_blocks` took, the blocks'
+    offsets ``s``: block k's bias gradients added into ``dbvs[k]`` and ``dbhs[k]`` (a
+    tuple of arrays or the rows of one). Returns (each block's Σ‖x̂ − x‖² as float64 sums,
+    dz2, dz1, h)."""
     (m, n_in), n_out = x.shape, W.shape[1]
     h, dz2, dz1 = empty((m, n_out), np.float32), empty((m, n_in), np.float32), empty((m, n_out), np.float32)
     # what no result refers to: this thread's scratch
@@ -213,12 +242,13 @@ def tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):
     sums = np.empty(s.size - 1)
     _tied_ae_blocks(x, W, bv, bh, act_code(code_act), s, s * n_in, float(scale), dbvs, dbhs, h, y, dy, dz2, dh, dz1,
                     sums, panel, keeps, wt_panel(W))
-    return [2.0 * 0.5 * float(total) for total in sums.tolist()], dz2, dz1, h  # as mse_forward_blocks(scale=2.0)
+    return sums, dz2, dz1, h
 
 
-def _one_call_offsets(x, W, bv, bh, code_act, dbvs, dbhs, starts):
-    """The blocks' offsets (int64) where :func:`tied_ae_factors_blocks` takes one compiled
-    call, else None (the block kernels then check the arguments and raise)."""
+def _one_call_blocks(x, W, bv, bh, code_act, starts):
+    """The blocks' offsets (:func:`kernels.ref.blocksum.offsets`: ``.array``, int64, and
+    ``.most_rows``) where the layer's pass is one compiled call (:func:`_tied_ae_blocks`),
+    else None (the block kernels then check the arguments and raise)."""
     arrays = (x, W, bv, bh)
     if code_act not in ("sigmoid", "identity") or not all(isinstance(a, np.ndarray) and a.dtype == np.float32
                                                           and a.flags.c_contiguous for a in arrays):
@@ -230,13 +260,19 @@ def _one_call_offsets(x, W, bv, bh, code_act, dbvs, dbhs, starts):
     found = offsets(starts)
     if found is None or found.rows != x.shape[0] or found.most_rows > MAX_ROWS:
         return None
-    for dbs, n in ((dbvs, W.shape[0]), (dbhs, W.shape[1])):
+    return found
+
+
+def _bias_rows_fit(found, dbvs, dbhs, shape) -> bool:
+    """Whether each tuple of bias gradients holds one array a block, all of one Numba type
+    (a tuple of them is then one type), float32 and of the bias's shape."""
+    for dbs, n in ((dbvs, shape[0]), (dbhs, shape[1])):
         kinds = {(type(db), db.dtype, db.shape, db.flags.c_contiguous, db.flags.writeable, db.flags.aligned)
                  for db in dbs}
         if len(dbs) != found.array.size - 1 or len(kinds) != 1 \
                 or next(iter(kinds))[:3] != (np.ndarray, np.dtype(np.float32), (n,)):
-            return None
-    return found.array
+            return False
+    return True
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -491,18 +491,26 @@ def test_numba_tied_ae_factors_blocks_in_one_call_where_the_blocks_are_thin(size
         assert np.array_equal(g.view(np.int32), w.view(np.int32))
 
 
-@pytest.mark.parametrize("sizes, shape, code_act, f32", [([13, 12, 13, 12, 13, 12, 13, 12], (64, 16), "sigmoid", True),
-                                                         ([CPU_MAX_ROWS + 8, 10, 3], (64, 16), "sigmoid", True),
-                                                         ([13, 12, 13], (40, 12), "identity", True),
-                                                         ([13, 12, 13], (40, 20), "sigmoid", False)])
+@pytest.mark.parametrize("sizes, shape, code_act, f32, compiled", [
+    ([13, 12, 13, 12, 13, 12, 13, 12], (64, 16), "sigmoid", True, True),
+    ([CPU_MAX_ROWS, 5, 3], (64, 16), "identity", True, True),
+    ([CPU_MAX_ROWS + 8, 10, 3], (64, 16), "sigmoid", True, False),  # a block past the row kernels
+    ([13, 12, 13], (40, 12), "identity", True, False),  # too few code units for the row kernels
+    ([13, 12, 13], (40, 20), "sigmoid", False, False)])  # float64
 @pytest.mark.parametrize("kset", ALL_SETS)
-def test_tied_ae_update_blocks_is_the_trainers_step(kset, sizes, shape, code_act, f32):
+def test_tied_ae_update_blocks_is_the_trainers_step(kset, sizes, shape, code_act, f32, compiled, monkeypatch):
     """tied_ae_update_blocks: bit for bit the trainer's kernels one by one (each block's
     factors, bias gradients and error into its zeroed row, the rows' tree, W's sum and
-    step from the two parts, each bias's step), the errors' sum in the tree too, in the one-call pass and the block
-    kernels' alike; and within rounding of the numpy set in float64."""
+    step from the two parts, each bias's step), the errors' sum in the tree too; the numba
+    set's compiled step where every block takes the row kernels (the kernels one after
+    another for the rest); and within rounding of the numpy set in float64."""
+    from aepar.kernels.nb import dense as nb_dense
     from aepar.rows import tree_merges, tree_top
 
+    if kset == "numba":  # which path the numba set took
+        taken = []
+        real = nb_dense.tied_ae_update_blocks_via
+        monkeypatch.setattr(nb_dense, "tied_ae_update_blocks_via", lambda *a: (taken.append(1), real(*a))[1])
     K, dev = load(kset)
     xp = importlib.import_module("cupy") if kset == "cupy" else np
     dtype = np.float32 if f32 else np.float64
@@ -512,6 +520,8 @@ def test_tied_ae_update_blocks_is_the_trainers_step(kset, sizes, shape, code_act
     merges, blocks, scale = tree_merges(tree_top(len(sizes)), 0, len(sizes)), len(sizes), 1.0 / int(starts[-1])
     got = [dev(a.copy()) for a in (W, bv, bh, *velocity)]
     err = K.tied_ae_update_blocks(dev(x), *got[:3], code_act, starts, merges, *got[3:], 0.1, 0.9, 2e-4, scale)
+    if kset == "numba":
+        assert (not taken) == compiled
     W2, bv2, bh2, vW2, vbv2, vbh2 = want = [dev(a.copy()) for a in (W, bv, bh, *velocity)]
     n_in, n = shape[0], shape[0] + shape[1]
     rows = xp.zeros((blocks, n + 1), dtype)  # as a block's row of the trainer's: its gradients, its sum
