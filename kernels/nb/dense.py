@@ -344,7 +344,8 @@ def _dz(da, a, code, dbs, starts):
 @njit(cache=True, nogil=True)
 def _act_grad_colsum_blocks(da, a, code, one, starts, dz, dbs):
     """:func:`_act_grad_colsum` of each block of rows ``starts[k]:starts[k + 1]`` into
-    ``dbs[k]`` (a tuple of arrays of one type), as a call per block would."""
+    ``dbs[k]`` (a tuple of arrays of one type, or the rows of a 2-D array), as a call per
+    block would."""
     for k in range(starts.size - 1):
         lo, hi = starts[k], starts[k + 1]
         _act_grad_colsum(da[lo:hi], a[lo:hi], code, one, max(1, min(COLSUM_BLOCKS, hi - lo)), dz[lo:hi], dbs[k])
