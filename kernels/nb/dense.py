@@ -24,8 +24,8 @@ from .activation import relu_grad as _relu_grad
 from .activation import sigmoid as _sigmoid
 from .blas import gemm
 from .loss import _sq_diff_sums
-from .rowprod import (LONG_ROWS, MAX_ROWS, MIN_DOT, _rows_times, _scratch, rows_times, rows_times_t, rows_tree_sum,
-                      thin, thin_t, tiles_sgd, tree_sgd, w_panels, wt_panel)
+from .rowprod import (LONG_ROWS, MAX_ROWS, MIN_DOT, _rows_times, _scratch, rows_times, rows_times_t,
+                      tables_sgd_step, thin, thin_t, w_panels, wt_panel)
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
            "dense_backward_blocks", "tied_ae_update", "tied_ae_factors_blocks", "tied_ae_update_blocks"]
@@ -190,7 +190,7 @@ def tied_ae_update_blocks(x, W, bv, bh, code_act, starts, merges, vW, vbv, vbh, 
     and writeable, as :func:`kernels.nb.rbm.rbm_cd_update_blocks` takes CD-1: the blocks'
     pass in one compiled call (:func:`_tied_ae_blocks`, the bias gradients into two tables,
     a row a block), W's tree and step in another (``block_outer_sum_sgd``'s tiles), each
-    bias's tree and step in one more (:func:`.rowprod.tree_sgd`). The bits of
+    bias's tree and step in one more (:func:`.rowprod.tables_sgd_step`). The bits of
     ``tied_ae_update_blocks_via``, without its table of views, each kernel's checks and the
     Python around each call (most of a narrow layer's step). Anything else: that."""
     check_tied_ae(x, W, bv, bh, code_act, vW, vbv, vbh)
@@ -201,15 +201,11 @@ def tied_ae_update_blocks(x, W, bv, bh, code_act, starts, merges, vW, vbv, vbh, 
         return tied_ae_update_blocks_via(sys.modules[__package__], np, x, W, bv, bh, code_act, starts, merges, vW,
                                          vbv, vbh, lr, momentum, weight_cost, scale)
     s, blocks = found.array, found.array.size - 1
-    (n_in, n_out), f32 = W.shape, np.float32
     # each block's bias gradients summed into its zeroed row, as into the trainer's rows
-    gv, gh = np.zeros((blocks, n_in), f32), np.zeros((blocks, n_out), f32)
+    gv, gh = np.zeros((blocks, W.shape[0]), np.float32), np.zeros((blocks, W.shape[1]), np.float32)
     sums, dz2, dz1, h = _factors_in_one_call(x, W, bv, bh, code_act, gv, gh, s, scale)
-    tiles_sgd((x, dz2), (dz1, h), s, merges, [1.0] * blocks, W, vW, lr, momentum, weight_cost)
-    tree_sgd(gv, merges, [0, n_in], (bv,), (vbv,), lr, momentum)
-    tree_sgd(gh, merges, [0, n_out], (bh,), (vbh,), lr, momentum)
-    # the errors rounded to float32 in their rows, as the trainer's table holds them, then its tree
-    return rows_tree_sum(sums.astype(f32).reshape(-1, 1), merges)[0]
+    return tables_sgd_step((x, dz2), (dz1, h), s, merges, W, vW, (gv, gh), (bv, bh), (vbv, vbh), sums, lr, momentum,
+                           weight_cost)
 
 
 def tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):

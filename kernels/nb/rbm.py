@@ -38,8 +38,7 @@ from ..ref.blocksum import most_rows
 from ..ref.rbm import cd_update_blocks_via, cd_update_via, check_cd, check_cd_blocks, check_cd_update_blocks, check_rbm
 from .blas import gemm
 from .nbmath import sig as _sig
-from .rowprod import (LONG_ROWS, _rows_times, rows_times, rows_times_t, rows_tree_sum, thin, thin_t, tiles_sgd,
-                      tree_sgd, w_panels, wt_panel)
+from .rowprod import LONG_ROWS, _rows_times, rows_times, rows_times_t, tables_sgd_step, thin, thin_t, w_panels, wt_panel
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
            "rbm_cd_factors_blocks", "rbm_cd_update", "rbm_cd_update_blocks"]
@@ -173,7 +172,7 @@ def rbm_cd_update_blocks(v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, 
     on float32, C-ordered arrays whose every block takes the row kernels: the chains in one
     compiled call (:func:`_cd_blocks`, as :func:`rbm_cd_factors_blocks` runs it), W's tree
     and step in another (``block_outer_sum_sgd``'s tiles), each bias's tree and step in
-    one more (:func:`.rowprod.tree_sgd`, as ``blocks_sgd_step`` takes them): those kernels'
+    one more (:func:`.rowprod.tables_sgd_step`, as ``blocks_sgd_step`` takes them): those kernels'
     bits, without their checks and Python around each call (most of a narrow layer's
     step). Anything else: the kernels one after another."""
     check_rbm(v0, W, bv=bv, bh=bh, hidden=hidden)
@@ -196,12 +195,10 @@ def rbm_cd_update_blocks(v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, 
     panel, keeps = w_panels(M, W, True)
     _cd_blocks(v0, W, bv, bh, hidden == "gaussian", noise[0], _flush(dt), h0, state, vk, hk, panel, keeps,
                wt_panel(W), starts, scale, dt.type(-scale), vs, hs, sq_errs, gv, gh)
-    tiles_sgd(vs, hs, 2 * starts, merges, [1.0] * blocks, W, vW, lr, momentum, weight_cost)
     # each bias's rows straight from gv and gh: the trainer adds them to zeroed rows first,
     # which keeps their bits (none is -0, each a sum that starts from +0)
-    tree_sgd(gv, merges, [0, nv], (bv,), (vbv,), lr, momentum)
-    tree_sgd(gh, merges, [0, nh], (bh,), (vbh,), lr, momentum)
-    return rows_tree_sum(sq_errs.astype(dt).reshape(-1, 1), merges)[0]  # the errors as the trainer's rows hold them
+    return tables_sgd_step(vs, hs, 2 * starts, merges, W, vW, (gv, gh), (bv, bh), (vbv, vbh), sq_errs, lr, momentum,
+                           weight_cost)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -872,6 +872,19 @@ def tree_sgd(rows, merges, bounds, biases, velocities, lr, momentum):
     return rows[0]
 
 
+def tables_sgd_step(A, D, starts, merges, W, vW, tables, biases, velocities, errors, lr, momentum, weight_cost):
+    """:func:`blocks_sgd_step` for a layer's fused step (``rbm_cd_update_blocks``,
+    ``tied_ae_update_blocks``) on arrays it made and checked itself: W's tiles
+    (:func:`tiles_sgd`, every alpha 1), each bias's tree and step from its own table of a
+    row a block (:func:`tree_sgd`; a table's columns are added as one table's would be),
+    then the blocks' float64 ``errors`` rounded to the tables' dtype, as the trainer's rows
+    hold them, and added in the tree. Returns that sum."""
+    tiles_sgd(A, D, starts, merges, [1.0] * merges.size, W, vW, lr, momentum, weight_cost)
+    for table, bias, velocity in zip(tables, biases, velocities):
+        tree_sgd(table, merges, [0, bias.size], (bias,), (velocity,), lr, momentum)
+    return rows_tree_sum(errors.astype(tables[0].dtype).reshape(-1, 1), merges)[0]
+
+
 @njit(cache=True, nogil=True)
 def _rows_tree_sgd(rows, merges, stack, bounds, biases, velocities, lr, momentum):
     """:func:`_rows_tree`, then SGD with momentum on bias i (``biases[i]``, ``velocities[i]``)
