@@ -194,13 +194,17 @@ class RootOptimizer:
     def warm_up(self):
         """Both rounds on this rank's blocks alone, without messages: loads the compiled
         kernels and touches every buffer (at the θ buffer as it is); on the root also the
-        optimiser's own code (its class's ``warm_up``) and the gradient's check."""
+        assembly of J and ∂J/∂θ (from one block's sums: loading its kernel took the first
+        evaluation about 14 ms, which every other rank waited for), the optimiser's own code
+        (its class's ``warm_up``) and the gradient's check."""
         theta = self.theta
         self.model.shared_sums(theta, self.shared_rows)
         self.shared[...] = self.shared_rows.sum(axis=0)  # not the total, but a ρ̂ in (0, 1)
         self.model.partials(theta, self.leaves, self.shared)
         if self.comm.is_root:
             from aepar import optim
+            if self.leaves.shape[0]:
+                self.model.assemble(self.leaves[0, :self.n], np.zeros(self.n_theta))
             getattr(optim, OPTIMIZERS[self.method]).warm_up()
             self._largest(np.zeros(self.n_theta))
 

@@ -641,20 +641,23 @@ def test_the_roots_own_step_is_its_time_outside_its_blocks_and_the_messages(rng)
     assert res.step_s < res.total_s - 0.010 * res.evaluations
 
 
-def test_the_roots_warm_up_loads_the_gradients_check():
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_roots_warm_up_loads_the_assembly_and_the_gradients_check(dtype):
     """In a process of its own (cached kernels load once per process): after the root's
-    warm-up the compiled check of the gradient has a signature, so the first timed
-    evaluation loads nothing."""
+    warm-up the compiled assembly of J and ∂J/∂θ and the check of the gradient have a
+    signature, so the first timed evaluation, which every other rank waits for, loads
+    nothing."""
     code = ("import aepar; import numpy as np; from aepar import backend; from aepar.comm import Comm; "
             "from aepar.models.sparse_ae import SparseAutoencoder; "
             "from aepar.parallel.root_optimizer import RootOptimizer; "
-            "from aepar.kernels.nb import lbfgs as k; "
-            "model = SparseAutoencoder(backend.select('cpu', 'numba', 'float64'), 16, 5).attach("
+            "from aepar.kernels.nb import lbfgs as k, sparse_ae as s; "
+            f"model = SparseAutoencoder(backend.select('cpu', 'numba', '{dtype}'), 16, 5).attach("
             "np.random.default_rng(0).uniform(0.1, 0.9, (300, 16))); "
-            "RootOptimizer(Comm.serial(), model).warm_up(); print(bool(k.max_abs.signatures))")
+            f"RootOptimizer(Comm.serial(), model, dtype=np.{dtype}).warm_up(); "
+            "print(bool(k.max_abs.signatures), bool(s._assemble.signatures))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "True"
+    assert done.stdout.strip() == "True True"
 
 
 @pytest.mark.parametrize("kset", ["numpy", "numba"])
