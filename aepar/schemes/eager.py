@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from aepar import metrics
 from aepar.errors import Diverged
 
@@ -82,6 +84,8 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
 
     sub, count = ens.sub, args.reduce_blocks
     members = _members(be, ens, make, args, saved)
+    if members:  # this rank's CAEs are alike: one throw-away copy loads their kernels
+        warm_up(be, make(next(iter(members))), split.train_x, count, args)
     train = Shard.of(be, split.train_x, count, sub.rank, sub.size)
     val = Shard.of(be, split.val_x, min(count, len(split.val_y)), sub.rank, sub.size)
     reduce, steps = reducer(sub), StepsOnly(guard, "the end of this round (every model's current epoch)")
@@ -120,6 +124,23 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
     if unsaved:  # what follows (the next phase, the evaluations) resumes from here, not from rounds ago
         _save(ckpt, latest, outer, f"{epoch} epochs", "end of training")
     return latest
+
+
+def warm_up(be, made, like, blocks, args):
+    """One step of a throw-away copy of a run's CAE (``made``: ``make``'s (name, model)) on
+    a batch of random images (rows of ``like``'s width and dtype) cut into the run's
+    ``blocks``, with its own Adam, and its reconstruction error: the kernels its shapes
+    take are compiled, or loaded from Numba's cache, here and not in the first timed
+    epoch, which the budgets (``--budget``, ``--pick-by-budget``) and the figures of loss
+    against seconds count."""
+    from aepar.optim import Adam
+    from aepar.resume import warm_up as warm_up_model
+    from aepar.rows import Shard
+
+    model = made[1]
+    rows = np.random.default_rng(0).random((max(model.batch, blocks), like.shape[1])).astype(like.dtype)
+    x = Shard.of(be, rows, blocks)
+    warm_up_model(be, model, x, model.recon_error, optimizer=Adam(be, model.params, lr=args.cae_lr))
 
 
 def _members(be, ens, make, args, saved) -> dict:
