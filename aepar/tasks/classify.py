@@ -69,12 +69,17 @@ def check_labels(digits, n_classes: int = CLASSES, what: str = "the data"):
                             f"{y.dtype} in [{y.min()}, {y.max()}]")
 
 
-def _warm_up(be, args):
-    """A tiny classifier with the same optimiser, once (aepar.resume.warm_up)."""
-    tiny = Classifier(be, [5, 3], 2)
+def _warm_up(be, args, model, count):
+    """A throw-away copy of the classifier ``model`` (its sizes, units and classes) trained
+    one step on a batch of random labelled rows in the run's ``count`` blocks, with the
+    run's optimiser, and its evaluation (aepar.resume.warm_up): the kernels its shapes take
+    load (or compile) here, not in the first timed epoch."""
+    copy = Classifier(be, model.sizes, model.n_classes, model.acts[:-1], batch=model.batch)
+    rows = max(model.batch, count)
     rng = np.random.default_rng(0)
-    x = Shard.of(be, with_labels(rng.random((4, 5)), np.array([0, 1, 1, 0]), be.dtype), 1)
-    warm_up(be, tiny, x, tiny.evaluate, batch=4, optimizer=classify_optimizer(be, tiny.params, args))
+    x = Shard.of(be, with_labels(rng.random((rows, model.sizes[0])), np.arange(rows) % model.n_classes, be.dtype),
+                 count)
+    warm_up(be, copy, x, copy.evaluate, batch=model.batch, optimizer=classify_optimizer(be, copy.params, args))
 
 
 def _shards(be, comm, train_x, train_y, test_x, test_y, count):
@@ -220,9 +225,9 @@ def classify_and_evaluate(be, comm, layers, digits, args, *, trace=None, ckpt=No
     n_in = int(digits.train_x.shape[1])
     if layers is not None and int(layers[0].params["W"].shape[0]) != n_in:
         raise UserError(f"the first layer takes {layers[0].params['W'].shape[0]} inputs but the data have {n_in}")
-    _warm_up(be, args)
     count = int(reduce_blocks or args.reduce_blocks)
     model = build_model(be, layers, n_in, args, digits.n_classes)
+    _warm_up(be, args, model, count)
     train, test = _shards(be, comm, digits.train_x, digits.train_y, digits.test_x, digits.test_y, count)
     result = _fit(be, comm, model, train, test, args, what="classification", trace=trace, ckpt=ckpt,
                   resume=resume, outer=outer, guard=guard, prefix=prefix)
@@ -251,10 +256,10 @@ def fit_on_features(be, comm, train, test, args, *, what, hidden=(), count=None,
         As :func:`classify_and_evaluate` (``before``, ``after``, ``epochs``, ``time_s``, ...,
         ``"model"``); "test" there is ``test``'s accuracy.
     """
-    _warm_up(be, args)
     sizes = [int(np.shape(train[0])[1])] + [int(h) for h in hidden]
     model = Classifier(be, sizes, n_classes, ["relu"] * len(hidden), seed=args.seed, batch=args.classify_batch)
     count = int(count or args.reduce_blocks)
+    _warm_up(be, args, model, count)
     train_shard, test_shard = _shards(be, comm, train[0], train[1], test[0], test[1], count)
     return _fit(be, comm, model, train_shard, test_shard, args, what=what, trace=trace, ckpt=ckpt, resume=resume,
                 outer=outer, guard=guard, prefix=prefix)

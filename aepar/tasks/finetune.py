@@ -88,11 +88,16 @@ def finetune_rate(args):
 
 
 
-def _warm_up(be, args):
-    """A tiny model with the same loss and optimiser, once (aepar.resume.warm_up)."""
-    tiny = StackedAutoencoder(be, [5, 3, 2], loss=args.loss)
-    x = Shard.of(be, np.random.default_rng(0).random((4, 5)), 1)
-    warm_up(be, tiny, x, tiny.error_per_digit, batch=4, optimizer=finetune_optimizer(be, tiny.params, args))
+def _warm_up(be, args, model, count):
+    """A throw-away copy of the network ``model`` (its sizes and loss) trained one step on a
+    batch of random rows in the run's ``count`` blocks, with the run's optimiser, and its
+    error (aepar.resume.warm_up): the kernels its shapes take load (or compile) here, not in
+    the first timed epoch. A tiny network loaded the element-wise kernels only, not the
+    wide layers' row kernels nor the optimiser's for their arrays."""
+    copy = StackedAutoencoder(be, model.sizes, loss=model.loss, batch=args.finetune_batch)
+    x = Shard.of(be, np.random.default_rng(0).random((max(args.finetune_batch, count), model.sizes[0])), count)
+    warm_up(be, copy, x, copy.error_per_digit, batch=args.finetune_batch,
+            optimizer=finetune_optimizer(be, copy.params, args))
 
 
 def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=None, resume=None,
@@ -130,12 +135,12 @@ def finetune_and_evaluate(be, comm, layers, digits, args, trace=None, *, ckpt=No
         :class:`StackedAutoencoder` (pop it before writing the dict as JSON).
     """
     quiet = getattr(args, "quiet", False)
-    _warm_up(be, args)
     count = args.reduce_blocks
     train = Shard.of(be, digits.train_x, count, comm.rank, comm.size)
     test = Shard.of(be, digits.test_x, min(count, max(1, digits.test_x.shape[0])), comm.rank, comm.size)
     if model is None:
         model = StackedAutoencoder.from_layers(be, layers, loss=args.loss)
+    _warm_up(be, args, model, count)
     model.seed = int(args.seed)
     reduce = reducer(comm)
     fit = BackpropRun(be, comm, model, finetune_optimizer(be, model.params, args), train, batch=args.finetune_batch,

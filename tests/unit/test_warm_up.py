@@ -91,3 +91,60 @@ def test_after_the_eager_warm_up_a_caes_first_epoch_loads_no_kernel():
         return p.stdout.strip().splitlines()[-1]
     assert run("warm") == "[]"
     assert run("none") != "[]"
+
+
+# fine-tuning's and the classifier's warm-ups (a copy of the run's network, one step), or none
+TASK_PROBE = """
+import sys
+import aepar, numpy as np
+from types import SimpleNamespace
+from aepar import backend
+from aepar.models.classifier import Classifier, with_labels
+from aepar.models.stacked import StackedAutoencoder
+from aepar.parallel.data_parallel import train_epoch
+from aepar.rows import Shard
+from aepar.tasks import classify, finetune
+from numba.core.dispatcher import Dispatcher
+be = backend.select("cpu", "numba", "float32")
+args = SimpleNamespace(loss="xent", optimizer="adam", finetune_lr=0.004, finetune_momentum=0.9,
+                       finetune_weight_decay=0.05, finetune_batch=100, classify_optimizer="adam", classify_lr=1e-3,
+                       classify_momentum=0.9, classify_batch=100)
+rng = np.random.default_rng(1)
+if sys.argv[1] == "finetune":
+    def network():
+        return StackedAutoencoder(be, [784, 256, 64, 8], loss="xent")
+    rows, task, optimizer = rng.random((300, 784)), finetune, finetune.finetune_optimizer
+    evaluate = "error_per_digit"
+else:
+    def network():
+        return Classifier(be, [784, 256, 64], 10)
+    rows, task, optimizer = with_labels(rng.random((300, 784)), np.arange(300) % 10, be.dtype), classify, \\
+        classify.classify_optimizer
+    evaluate = "evaluate"
+if sys.argv[2] == "warm":
+    task._warm_up(be, args, network(), 8)
+def loaded():
+    kernels = {(m, n): f for m, mod in list(sys.modules.items()) if m.startswith(("aepar.kernels.nb", "kernels.nb"))
+               for n, f in vars(mod).items() if isinstance(f, Dispatcher)}
+    return {(k, str(s)) for k, f in kernels.items() for s in f.signatures}
+before = loaded()
+model = network()
+x = Shard.of(be, rows, 8)
+train_epoch(model, x, 0, batch=100, optimizer=optimizer(be, model.params, args))
+getattr(model, evaluate)(x)
+print(sorted(loaded() - before))
+"""
+
+
+@pytest.mark.parametrize("task", ["finetune", "classify"])
+def test_after_a_tasks_warm_up_its_first_epoch_loads_no_kernel(task):
+    """Fine-tuning's and the classifier's warm-ups (a copy of the run's network, one step in
+    the run's blocks) leave nothing for the first timed epoch to load; without one that
+    epoch loads the network's kernels (the check can fail)."""
+    def run(how):
+        p = subprocess.run([sys.executable, "-c", TASK_PROBE, task, how], cwd=ROOT, capture_output=True, text=True,
+                           timeout=600, env={**__import__("os").environ, "AEPAR_THREADS": "1"})
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p.stdout.strip().splitlines()[-1]
+    assert run("warm") == "[]"
+    assert run("none") != "[]"
