@@ -194,9 +194,9 @@ class RootOptimizer:
     def warm_up(self):
         """Both rounds on this rank's blocks alone, without messages: loads the compiled
         kernels and touches every buffer (at the θ buffer as it is); on the root also the
-        assembly of J and ∂J/∂θ (from one block's sums: loading its kernel took the first
-        evaluation about 14 ms, which every other rank waited for), the optimiser's own code
-        (its class's ``warm_up``) and the gradient's check."""
+        assembly of J and ∂J/∂θ (from one block's sums: else the first evaluation loads its
+        kernel while every other rank waits), the optimiser's own code (its class's
+        ``warm_up``) and the gradient's check."""
         theta = self.theta
         self.model.shared_sums(theta, self.shared_rows)
         self.shared[...] = self.shared_rows.sum(axis=0)  # not the total, but a ρ̂ in (0, 1)
