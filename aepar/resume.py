@@ -13,7 +13,7 @@ import numpy as np
 from aepar.errors import CheckpointError, Diverged, Interrupted
 from aepar.parallel.data_parallel import EpochState, train_epoch
 
-__all__ = ["Checkpointer", "BackpropRun", "timed", "warm_up"]
+__all__ = ["Checkpointer", "BackpropRun", "timed", "warm_up", "warm_up_rows"]
 
 
 class Checkpointer:
@@ -260,9 +260,18 @@ def timed(comm, be, fn, *args):
 
 
 def warm_up(be, model, x, evaluate, **train):
-    """One epoch of a tiny ``model`` on the rows ``x`` (``train``: train_epoch's options,
-    e.g. its optimiser) and ``evaluate(x)``: the kernels are compiled, or loaded from Numba's
-    cache, before the first timed epoch."""
+    """One epoch of a throw-away ``model`` on the rows ``x`` (``train``: train_epoch's
+    options, e.g. its optimiser) and ``evaluate(x)``: the kernels are compiled, or loaded
+    from Numba's cache, before the first timed epoch. The kernels a layer takes depend on
+    its shapes, so ``model`` is a copy of the run's own network and ``x`` rows of its width
+    in the run's blocks (:func:`warm_up_rows`)."""
     train_epoch(model, x, 0, **train)
     evaluate(x)
     be.synchronize()
+
+
+def warm_up_rows(batch: int, width: int, blocks: int) -> np.ndarray:
+    """Random host rows for :func:`warm_up`: one step of ``batch`` rows of ``width``, and at
+    least one row in each of the run's ``blocks`` (the blocked kernels run only where a
+    block has rows)."""
+    return np.random.default_rng(0).random((max(int(batch), int(blocks)), int(width)))

@@ -10,6 +10,7 @@ from aepar.errors import UserError
 from aepar.models.ae_layer import AELayer
 from aepar.models.rbm import RBM
 from aepar.resume import warm_up as warm_up_model
+from aepar.resume import warm_up_rows
 from aepar.rows import Shard
 
 __all__ = ["parse_layers", "make_layers", "layers_from_args", "add_pretrain_args", "warm_up",
@@ -108,9 +109,8 @@ def warm_up(be, pretrainer="rbm", layers=(), blocks=1):
     for hidden in ("bernoulli", "gaussian"):
         layer = PRETRAINERS[pretrainer](be, 5, 2, hidden=hidden, batch=3, seed=0)
         warm_up_model(be, layer, x, lambda rows: (layer.recon_error(rows), layer.transform(rows)))
-    rng = np.random.default_rng(0)
     for layer in layers:
-        x = Shard.of(be, rng.random((max(layer.batch, blocks), layer.n_in), dtype=np.float32), blocks)
+        x = Shard.of(be, warm_up_rows(layer.batch, layer.n_in, blocks), blocks)
         warm_up_model(be, layer, x, lambda rows: (layer.recon_error(rows), layer.transform(rows)))
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from aepar import metrics
 from aepar.errors import Diverged
 
@@ -128,18 +126,18 @@ def train_members(be, ens, split, make, rules: dict, *, args, guard, ckpt, run, 
 
 def warm_up(be, made, like, blocks, args):
     """One step of a throw-away copy of a run's CAE (``made``: ``make``'s (name, model)) on
-    a batch of random images (rows of ``like``'s width and dtype) cut into the run's
+    a batch of random images (rows of ``like``'s width) cut into the run's
     ``blocks``, with its own Adam, and its reconstruction error: the kernels its shapes
     take are compiled, or loaded from Numba's cache, here and not in the first timed
     epoch, which the budgets (``--budget``, ``--pick-by-budget``) and the figures of loss
     against seconds count."""
     from aepar.optim import Adam
     from aepar.resume import warm_up as warm_up_model
+    from aepar.resume import warm_up_rows
     from aepar.rows import Shard
 
     model = made[1]
-    rows = np.random.default_rng(0).random((max(model.batch, blocks), like.shape[1])).astype(like.dtype)
-    x = Shard.of(be, rows, blocks)
+    x = Shard.of(be, warm_up_rows(model.batch, like.shape[1], blocks), blocks)
     warm_up_model(be, model, x, model.recon_error, optimizer=Adam(be, model.params, lr=args.cae_lr))
 
 

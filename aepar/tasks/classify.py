@@ -20,7 +20,7 @@ from aepar.models.classifier import Classifier, with_labels
 from aepar.optim import make_optimizer
 from aepar.parallel.data_parallel import reducer
 from aepar.report.stacked import hms
-from aepar.resume import BackpropRun, timed, warm_up
+from aepar.resume import BackpropRun, timed, warm_up, warm_up_rows
 from aepar.rows import Shard
 from aepar.stack import parse_layers
 
@@ -75,10 +75,8 @@ def _warm_up(be, args, model, count):
     run's optimiser, and its evaluation (aepar.resume.warm_up): the kernels its shapes take
     load (or compile) here, not in the first timed epoch."""
     copy = Classifier(be, model.sizes, model.n_classes, model.acts[:-1], batch=model.batch)
-    rows = max(model.batch, count)
-    rng = np.random.default_rng(0)
-    x = Shard.of(be, with_labels(rng.random((rows, model.sizes[0])), np.arange(rows) % model.n_classes, be.dtype),
-                 count)
+    rows = warm_up_rows(model.batch, model.sizes[0], count)
+    x = Shard.of(be, with_labels(rows, np.arange(len(rows)) % model.n_classes, be.dtype), count)
     warm_up(be, copy, x, copy.evaluate, batch=model.batch, optimizer=classify_optimizer(be, copy.params, args))
 
 

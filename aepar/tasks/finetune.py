@@ -11,15 +11,13 @@ squared error (``--optimizer sgd --loss mse --finetune-lr 0.001 --finetune-lr-de
 """
 from __future__ import annotations
 
-import numpy as np
-
 from aepar import metrics
 from aepar.cli import (add_reduce_blocks, learning_rate, momentum, non_negative_float, non_negative_int, positive_int,
                        progress, renamed)
 from aepar.models.stacked import LOSSES, StackedAutoencoder
 from aepar.optim import cosine, make_optimizer
 from aepar.parallel.data_parallel import reducer
-from aepar.resume import BackpropRun, timed, warm_up
+from aepar.resume import BackpropRun, timed, warm_up, warm_up_rows
 from aepar.rows import Shard
 
 __all__ = ["add_finetune_args", "finetune_optimizer", "finetune_decay", "finetune_rate", "finetune_and_evaluate"]
@@ -95,7 +93,7 @@ def _warm_up(be, args, model, count):
     the first timed epoch. A tiny network loaded the element-wise kernels only, not the
     wide layers' row kernels nor the optimiser's for their arrays."""
     copy = StackedAutoencoder(be, model.sizes, loss=model.loss, batch=args.finetune_batch)
-    x = Shard.of(be, np.random.default_rng(0).random((max(args.finetune_batch, count), model.sizes[0])), count)
+    x = Shard.of(be, warm_up_rows(args.finetune_batch, model.sizes[0], count), count)
     warm_up(be, copy, x, copy.error_per_digit, batch=args.finetune_batch,
             optimizer=finetune_optimizer(be, copy.params, args))
 
