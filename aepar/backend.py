@@ -6,6 +6,7 @@ they never ask which device they are on.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +51,26 @@ class Backend:
             self.xp.cuda.get_current_stream().synchronize()
 
 
+_FMA_NOTED = [False]
+
+
+def _note_software_fma():
+    """One line, once a process and on a node's first rank, where Numba compiles for a CPU
+    without FMA instructions (:func:`aepar.kernels.nb.simd.hardware_fma`): the kernels'
+    bits there are not those of the CPUs with FMA that every figure and check in the docs
+    came from, which a user comparing results across machines needs to know."""
+    from aepar.kernels.nb.simd import hardware_fma
+
+    if _FMA_NOTED[0] or hardware_fma() is not False:
+        return
+    _FMA_NOTED[0] = True
+    if _threads.local_rank() == 0:
+        print("aepar: note: Numba compiles for a CPU without fused multiply-add (FMA) instructions here: the "
+              "kernels round each product before its sum, so results differ in their last bits from those of a "
+              "CPU with FMA (they are the same on any number of ranks of CPUs without FMA), and products run "
+              "slower (docs/performance.md, \"CPUs without FMA\")", file=sys.stderr, flush=True)
+
+
 def host_kernels():
     """The CPU's kernel set (Numba) for work that runs on the host whatever the run's
     device: the root optimiser's L-BFGS direction, float64 (``host_kernels().lbfgs``,
@@ -85,6 +106,8 @@ def select(device: str | None = None, kernel_set: str = "auto", dtype="float64",
     else:
         xp = np
     chosen = Backend(device, kernel_set, xp, kernels.load(kernel_set), np.dtype(dtype))
+    if kernel_set == "numba":
+        _note_software_fma()
     from aepar.comm import resume_collector
 
     resume_collector()  # a command's heavy imports are done (aepar.comm.run_main)

@@ -15,6 +15,8 @@ arguments (atomic) cost more than a small tile.
 """
 from __future__ import annotations
 
+import functools
+
 from llvmlite import ir
 from llvmlite import binding as ll
 from llvmlite.binding import llvm_version_info
@@ -27,7 +29,7 @@ from .nbmath import (_LN2_HI_F, _LN2_LO_F, _LOG2E_F, _P_F, C1, C2, C3, C4, C5, C
 
 __all__ = ["LANES", "f64x8", "f32x16", "lanes", "dptr", "rowptr", "vload", "vstore", "vbcast", "vfill", "prefetch",
            "prefetch_l2", "vsplat", "vfma", "vfnma", "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vtreesum",
-           "vpow2n", "vsigmoid", "vsigmoid_array", "store_transposed", "JIT", "target_isa"]
+           "vpow2n", "vsigmoid", "vsigmoid_array", "store_transposed", "JIT", "target_isa", "hardware_fma"]
 
 # error_model="numpy": no ZeroDivisionError branch, which would stop LLVM from
 # vectorising; "contract" lets it use FMAs (no reassociation, so rounding tricks survive).
@@ -250,7 +252,13 @@ def vsplat(typingctx, x):
 
 
 def _fma_ir(builder, vec_kind, a, b, c):
+    """a * b + c: LLVM's fma, one instruction where the target has FMA; on an x86 target
+    without it (:func:`hardware_fma`) a multiply, then an add, each rounded, as Numba's
+    contracted loops compute there (LLVM's fma would be a library call per lane: tens of
+    times slower, and other bits than those loops')."""
     _, vec, _, name = vec_kind
+    if hardware_fma() is False:
+        return builder.fadd(builder.fmul(a, b), c)
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fma." + name)
     return builder.call(fma, [a, b, c])
 
@@ -408,7 +416,7 @@ def _vsigmoid32(typingctx, z):
             return builder.call(fn, list(values))
 
         def fma(a, b, c):
-            return call("fma", a, b, c)
+            return _fma_ir(builder, _OF_VECTOR[f32x16], a, b, c)
 
         def pow2(k):  # 2^k from its exponent bits, -126 <= k <= 127
             return builder.bitcast(builder.shl(builder.add(k, ir.Constant(ivec, [127] * n)),
@@ -507,12 +515,32 @@ def target_isa() -> str:
     (default: this host's features, even when NUMBA_CPU_NAME names another CPU: on an
     AVX-512 host, NUMBA_CPU_NAME=haswell alone still emits AVX-512 code;
     NUMBA_CPU_FEATURES=-avx512f is needed as well)."""
-    features = config.CPU_FEATURES
-    if features is None:
-        features = ll.get_host_cpu_features().flatten()
+    features = _target_features()
     if "+avx512f" in features:
         return "avx512"
     if "-avx512f" in features:
         return "avx2"
     name = (config.CPU_NAME or ll.get_host_cpu_name()).lower()
     return "avx512" if name in _AVX512_CPUS else "avx2"
+
+
+def hardware_fma(features: str | None = None) -> bool | None:
+    """Whether the code Numba generates (or would for the LLVM ``features`` given) has
+    fused multiply-add instructions: x86's FMA3, or AMD's older FMA4. False on an x86 target
+    without them (CPUs before Intel's Haswell and AMD's Piledriver, low-power ones without
+    AVX, virtual machines that show a generic CPU model): :func:`vfma` is then a multiply
+    and an add. None where the features do not say: other architectures (FMA is part of
+    AArch64's and POWER's base instruction sets), or a NUMBA_CPU_FEATURES that leaves it
+    to NUMBA_CPU_NAME."""
+    named = set((_target_features() if features is None else features).split(","))
+    if named & {"+fma", "+fma4"}:
+        return True
+    return False if "-fma" in named else None
+
+
+@functools.cache
+def _target_features() -> str:
+    """The LLVM features Numba compiles for: NUMBA_CPU_FEATURES, else this host's (asked
+    once: every FMA a kernel compiles asks)."""
+    features = config.CPU_FEATURES
+    return ll.get_host_cpu_features().flatten() if features is None else features

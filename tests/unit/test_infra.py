@@ -141,6 +141,34 @@ def test_more_threads_than_cores_is_said_once_per_node():
     assert _threads.crowded_note(4, 4) is None and _threads.crowded_note(5, 4) is not None
 
 
+def test_a_cpu_without_fma_is_said_once_per_node_when_the_cpu_kernels_are_chosen(tmp_path):
+    """Numba compiling for an x86 CPU without FMA (as on a Sandy Bridge, or in a VM showing
+    a generic CPU model) gives other bits than a CPU with FMA: one line says so, once a
+    process, from the node's first rank, when the Numba kernels are chosen; with FMA, or
+    with the NumPy kernels, nothing."""
+    from aepar.kernels.nb.simd import hardware_fma
+
+    code = ("import aepar; from aepar import backend; backend.select('cpu', 'numpy'); print('numpy'); "
+            "backend.select('cpu', 'numba', 'float32'); backend.select('cpu', 'numba', 'float64')")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU") and k != "AEPAR_ISA"
+            and k not in _threads._LOCAL_RANK_VARS}
+    base["NUMBA_CACHE_DIR"] = str(tmp_path)  # a foreign target's kernels never land in the checkout's cache
+
+    def run(**env):
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env={**base, **env})
+    without = dict(NUMBA_CPU_NAME="sandybridge", NUMBA_CPU_FEATURES="-avx512f,-avx2,-fma")
+    said = run(**without)
+    assert said.stdout.split() == ["numpy"]
+    assert len(said.stderr.strip().splitlines()) == 1
+    assert "without fused multiply-add (FMA)" in said.stderr and "last bits" in said.stderr
+    assert run(**without, OMPI_COMM_WORLD_LOCAL_RANK="1").stderr == ""  # the node's other ranks
+    assert run(NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="-avx512f").stderr == ""  # Haswell's FMA
+    assert run(NUMBA_CPU_NAME="bdver1", NUMBA_CPU_FEATURES="-fma,+fma4").stderr == ""  # Bulldozer's FMA4
+    assert (hardware_fma("+avx2,+fma"), hardware_fma("-fma,+fma4"), hardware_fma("-avx512f,-fma"),
+            hardware_fma("+neon,+fp-armv8"), hardware_fma("-avx512ifma,-avxifma")) == (True, True, False, None, None)
+
+
 def test_blas_is_single_threaded_and_aepar_takes_the_cores():
     """BLAS and Numba run one thread per rank (their results change with their thread
     count); aepar's own threads take the rank's share of the cores."""

@@ -3,13 +3,17 @@
 Against float64 products within float32 rounding; each row's result the same whatever
 other rows share the call (what makes it safe for the fixed blocks of aepar.rows); no
 memory past a row's end read or written (masked last vectors); refusals."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar.kernels.nb.rowprod import COPY_PANELS, COPY_ROWS, MAX_ROWS, MIN_DOT, rows_times, rows_times_t, thin, thin_t
-from tests.conftest import host_and_avx2_runs
+from tests.conftest import ROOT, host_and_avx2_runs
 
 EPS32 = np.finfo(np.float32).eps
 
@@ -205,6 +209,57 @@ def test_the_avx2_tiles_give_the_same_bits_as_the_hosts(tmp_path):
     host, avx2 = host_and_avx2_runs(_ISA_SCRIPT, tmp_path)
     for name, want in host.items():
         np.testing.assert_array_equal(avx2[name].view(np.int32), want.view(np.int32), err_msg=name)
+
+
+_NO_FMA_SCRIPT = """
+import sys, numpy as np
+import aepar
+from numba import njit
+from aepar.kernels.memory import zeros
+from aepar.kernels.nb.nbmath import sigmoid32
+from aepar.kernels.nb.rowprod import rows_times
+from aepar.kernels.nb.simd import JIT, hardware_fma, vsigmoid_array
+
+@njit(**{**JIT, "cache": False})  # compiled as the kernels are; a script has no file to cache for
+def scalar(z, out):
+    for i in range(z.size):
+        out[i] = sigmoid32(z[i])
+
+rng = np.random.default_rng(0)
+z, vector, want = (zeros(4096, np.float32) for _ in range(3))
+z[:] = rng.normal(0, 8, z.size)
+vsigmoid_array(z, vector)
+scalar(z, want)
+v, W = rng.standard_normal((13, 70), np.float32), rng.standard_normal((70, 100), np.float32)
+np.savez(sys.argv[1], fma=np.array(str(hardware_fma())), vector=vector, scalar=want, v=v, W=W,
+         vW=rows_times(v, W, np.empty((13, 100), np.float32)))
+"""
+
+
+def test_without_fma_each_kernel_fma_is_a_multiply_then_an_add(tmp_path):
+    """Numba compiling for an x86 CPU without FMA instructions (a Sandy Bridge, in a child)
+    leaves its contracted loops as a multiply and an add, each rounded; the kernels' own
+    FMAs are the same there (not a library call per lane: the same bits as those loops,
+    and no slower than they are). So a row of v @ W is that chain over its products in
+    order, and the 16-lane sigmoid keeps the scalar one's bits."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("a target without FMA is an x86-64 one")
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "AEPAR_ISA")}
+    env.update(NUMBA_CPU_NAME="sandybridge", NUMBA_CPU_FEATURES="-avx512f,-avx2,-fma",
+               NUMBA_CACHE_DIR=str(tmp_path))  # a foreign target's kernels stay out of the checkout's cache
+    done = subprocess.run([sys.executable, "-c", _NO_FMA_SCRIPT, str(tmp_path / "out.npz")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = np.load(tmp_path / "out.npz")
+    assert str(got["fma"]) == "False"
+    np.testing.assert_array_equal(got["vector"].view(np.int32), got["scalar"].view(np.int32))
+    v, W = got["v"], got["W"]
+    chain = np.zeros((v.shape[0], W.shape[1]), np.float32)
+    for k in range(v.shape[1]):  # float32 throughout: the product rounded, then the sum
+        chain = chain + v[:, k:k + 1] * W[k]
+    np.testing.assert_array_equal(got["vW"].view(np.int32), chain.view(np.int32))
 
 
 def _copied(monkeypatch, rows, n) -> list:
