@@ -5,6 +5,7 @@ import csv
 import numpy as np
 
 from bench import row_bits
+from tests.conftest import needs_cpu_fma
 
 SMALL = dict(forward=((40, 24),), gradient=((16, 24),), rows=(26, 100), batches=(2, 8))
 
@@ -76,6 +77,7 @@ def test_the_cpu_row_kernels_are_timed_on_their_products(monkeypatch):
     assert set(calls) == {("rows_times", (24, 30), (30, 50), (24, 50)), ("rows_times_t", (24, 50), (30, 50), (24, 30))}
 
 
+@needs_cpu_fma
 def test_the_own_kernels_are_timed_against_cublas_a_call_per_block(emulated_cupy, monkeypatch):
     """On the emulated GPU (its timings mean nothing): every batch and shape gets a row with
     the CPU's bits, and the per-block side is cuBLAS's calls, not the set's block_outer_sum

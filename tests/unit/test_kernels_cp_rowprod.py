@@ -16,7 +16,7 @@ import pytest
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
 from aepar.kernels.nb.rowprod import block_outer_sum, rows_times, rows_times_t
 from aepar.rows import tree_merges, tree_top
-from tests.conftest import HAVE_GPU
+from tests.conftest import HAVE_GPU, needs_cpu_fma
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "kernels" / "cp" / "rowprod.cu"
@@ -54,6 +54,7 @@ def draw(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
+@needs_cpu_fma
 @pytest.mark.parametrize("tiles", TILES, ids=["wide", "mid", "thin"])
 @pytest.mark.parametrize("M, K, N", [(13, 40, 70), (100, 33, 20), (1, 16, 64), (70, 5, 130), (17, 130, 33)])
 def test_rows_times_has_the_cpu_kernels_bits(gpu, M, K, N, tiles):
@@ -67,6 +68,7 @@ def test_rows_times_has_the_cpu_kernels_bits(gpu, M, K, N, tiles):
     assert np.array_equal(got_t.view(np.uint32), want_t.view(np.uint32))
 
 
+@needs_cpu_fma
 @pytest.mark.parametrize("tiles", TILES, ids=["wide", "mid", "thin"])
 def test_views_and_stacks_have_the_bits_of_their_copies(gpu, tiles, monkeypatch):
     """Either operand as a transposed view or a band of a wider array, and a stack of
@@ -124,6 +126,7 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(gpu):
         assert np.array_equal(part.view(np.uint32), whole[lo:hi].view(np.uint32))
 
 
+@needs_cpu_fma
 @pytest.mark.parametrize("tiles", TILES, ids=["wide", "mid", "thin"])
 @pytest.mark.parametrize("sizes", [(25,) * 8, (7, 6, 12, 1, 14, 10), (40,), (3, 17), (70, 130)])
 def test_block_outer_sum_has_the_cpu_kernels_bits(gpu, sizes, tiles):
@@ -145,6 +148,7 @@ def test_block_outer_sum_has_the_cpu_kernels_bits(gpu, sizes, tiles):
     assert np.array_equal(p.get().view(np.uint32), (p0 + v_want).view(np.uint32))
 
 
+@needs_cpu_fma
 @pytest.mark.parametrize("tiles", TILES, ids=["wide", "mid", "thin"])
 @pytest.mark.parametrize("sizes", [(25,) * 8, (7, 6, 12, 1, 14, 10), (3,)])
 def test_a_tied_autoencoders_two_parts_have_the_bits_of_their_interleaving(gpu, sizes, tiles):
@@ -171,6 +175,7 @@ def test_a_tied_autoencoders_two_parts_have_the_bits_of_their_interleaving(gpu, 
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+@needs_cpu_fma
 def test_block_outer_sum_adds_in_the_tree_given(gpu):
     # the same blocks in two trees: other sums, each the CPU's
     rng = np.random.default_rng(9)
@@ -192,6 +197,7 @@ def test_the_kernels_compile_for_a_gpu(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+@needs_cpu_fma
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAVE_GPU, reason="no CUDA GPU/CuPy on this machine")
 @pytest.mark.parametrize("M, K, N", [(13, 784, 1000), (100, 1000, 500), (100, 250, 30)])
