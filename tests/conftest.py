@@ -74,8 +74,9 @@ def _cpu_fma() -> bool:
 
 # the CPU kernels' bits are the GPU's (the same FMA chains) only where the CPU has FMA:
 # without it each product is rounded before its sum (kernels.nb.simd.hardware_fma)
-needs_cpu_fma = pytest.mark.skipif(not _cpu_fma(), reason="this CPU has no FMA: its kernels round each product "
-                                                         "before its sum, the GPU's do not")
+CPU_FMA = _cpu_fma()
+needs_cpu_fma = pytest.mark.skipif(not CPU_FMA, reason="this CPU has no FMA: its kernels round each product "
+                                                      "before its sum, the GPU's do not")
 
 # The kernel sets checked against the NumPy oracle; cupy only where a GPU is present.
 COMPARED_SETS = ["numba"] + (["cupy"] if HAVE_GPU else [])
