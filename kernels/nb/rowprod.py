@@ -5,7 +5,8 @@ OpenBLAS runs such thin products far below its rate on the whole batch, and the 
 blocks per batch that make results bit-identical on 1-8 ranks made the CD-1 and
 fine-tuning epochs much slower than PyTorch's. Here every out[r, j] is
 fma(v[r, K-1], W[K-1, j], ... fma(v[r, 0], W[0, j], 0)), in that order, whatever the
-number of rows in the call or the row's place in it, and W streams through the register
+number of rows in the call or the row's place in it (on a CPU without FMA each fma a
+multiply, then an add: :func:`.simd.hardware_fma`), and W streams through the register
 tiles once per tile of rows, without OpenBLAS's packing. The tiles hold RT rows x CT
 vectors of 16 columns in registers (named variables, as in :mod:`.sparse_tiles`); the
 last vector of a row is masked, so no memory past a row's end is read or written.
