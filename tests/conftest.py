@@ -78,6 +78,12 @@ CPU_FMA = _cpu_fma()
 needs_cpu_fma = pytest.mark.skipif(not CPU_FMA, reason="this CPU has no FMA: its kernels round each product "
                                                       "before its sum, the GPU's do not")
 
+
+def is_note(line: str) -> bool:
+    """Whether a line of a command's output is aepar's note on the machine (crowded threads,
+    a CPU without FMA): not one of the lines a refusal of bad input is counted by."""
+    return line.startswith("aepar: note:")
+
 # The kernel sets checked against the NumPy oracle; cupy only where a GPU is present.
 COMPARED_SETS = ["numba"] + (["cupy"] if HAVE_GPU else [])
 

@@ -254,8 +254,8 @@ def vsplat(typingctx, x):
 def _fma_ir(builder, vec_kind, a, b, c):
     """a * b + c: LLVM's fma, one instruction where the target has FMA; on an x86 target
     without it (:func:`hardware_fma`) a multiply, then an add, each rounded, as Numba's
-    contracted loops compute there (LLVM's fma would be a library call per lane: tens of
-    times slower, and other bits than those loops')."""
+    contracted loops compute there (LLVM's fma would be a library call per lane: exact,
+    but far slower, and other bits than those loops')."""
     _, vec, _, name = vec_kind
     if hardware_fma() is False:
         return builder.fadd(builder.fmul(a, b), c)

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, run_mpi
+from tests.conftest import ROOT, is_note, run_mpi
 from tests.integration.run_json import assert_run_json
 from tests.integration.test_outputs import assert_describes_itself
 
@@ -23,7 +23,7 @@ def run_cli(*args, timeout=180):
 
 def error_lines(stderr):
     """stderr's lines, less a note on the machine (a CPU without FMA), which is not about the input."""
-    return [line for line in stderr.splitlines() if line.strip() and not line.startswith("aepar: note:")]
+    return [line for line in stderr.splitlines() if line.strip() and not is_note(line)]
 
 
 def test_small_run_writes_every_output(tmp_path):

@@ -5,7 +5,7 @@ import struct
 import pytest
 
 from aepar.trace import validate_chrome
-from tests.conftest import run_mpi
+from tests.conftest import is_note, run_mpi
 from tests.integration.run_json import assert_run_json
 from tests.integration.test_outputs import assert_describes_itself
 
@@ -89,7 +89,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, args, np_,
     # mpirun adds its own banner about the exit code; the ranks' output is one line in all
     # (besides a note on the machine, such as a CPU without FMA, which is not about the input)
     lines = [line for line in (r.stdout + r.stderr).splitlines()
-             if ("aepar" in line or "Traceback" in line) and not line.startswith("aepar: note:")]
+             if ("aepar" in line or "Traceback" in line) and not is_note(line)]
     assert len(lines) == 1 and lines[0].startswith("aepar.sync: error: ") and message in lines[0], r.stderr
     assert r.stdout.strip() == ""
     assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -239,9 +239,9 @@ np.savez(sys.argv[1], fma=np.array(str(hardware_fma())), vector=vector, scalar=w
 def test_without_fma_each_kernel_fma_is_a_multiply_then_an_add(tmp_path):
     """Numba compiling for an x86 CPU without FMA instructions (a Sandy Bridge, in a child)
     leaves its contracted loops as a multiply and an add, each rounded; the kernels' own
-    FMAs are the same there (not a library call per lane: the same bits as those loops,
-    and no slower than they are). So a row of v @ W is that chain over its products in
-    order, and the 16-lane sigmoid keeps the scalar one's bits."""
+    FMAs are the same there (not an exact library call per lane, which gave other bits than
+    those loops). So a row of v @ W is that chain over its products in order, and the
+    16-lane sigmoid keeps the scalar one's bits."""
     import platform
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
