@@ -58,17 +58,24 @@ def _note_software_fma():
     """One line, once a process and on a node's first rank, where Numba compiles for a CPU
     without FMA instructions (:func:`aepar.kernels.nb.simd.hardware_fma`): the kernels'
     bits there are not those of the CPUs with FMA that every figure and check in the docs
-    came from, which a user comparing results across machines needs to know."""
-    from aepar.kernels.nb.simd import hardware_fma
+    came from, which a user comparing results across machines needs to know. Where this
+    CPU has FMA and NUMBA_CPU_NAME or NUMBA_CPU_FEATURES took it away (``generic``, which
+    Numba's docs suggest for a cache shared by different machines), the line names them:
+    Numba's cache keeps a copy of the kernels for each CPU already."""
+    from aepar.kernels.nb.simd import hardware_fma, host_fma
 
-    if _FMA_NOTED[0] or hardware_fma() is not False:
+    if _FMA_NOTED[0] or hardware_fma():
         return
     _FMA_NOTED[0] = True
-    if _threads.local_rank() == 0:
-        print("aepar: note: Numba compiles for a CPU without fused multiply-add (FMA) instructions here: the "
-              "kernels round each product before its sum, so results differ in their last bits from those of a "
-              "CPU with FMA (they are the same on any number of ranks of CPUs without FMA), and products run "
-              "slower (docs/performance.md, \"CPUs without FMA\")", file=sys.stderr, flush=True)
+    if _threads.local_rank() != 0:
+        return
+    asked = [f"{name}={os.environ[name]}" for name in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES") if name in os.environ]
+    why = (f" ({' '.join(asked)} asks for it; this CPU has FMA: unset, Numba compiles for each machine's CPU and "
+           f"keeps a copy for each in one cache)") if asked and host_fma() else ""
+    print(f"aepar: note: Numba compiles for a CPU without fused multiply-add (FMA) instructions here{why}: the "
+          "kernels round each product before its sum, so results differ in their last bits from those of a "
+          "CPU with FMA (they are the same on any number of ranks of CPUs without FMA), and products run "
+          "slower (docs/performance.md, \"CPUs without FMA\")", file=sys.stderr, flush=True)
 
 
 def host_kernels():

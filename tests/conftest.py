@@ -69,7 +69,7 @@ HAVE_GPU = _have_gpu()
 def _cpu_fma() -> bool:
     from aepar.kernels.nb.simd import hardware_fma
 
-    return hardware_fma() is not False
+    return hardware_fma()
 
 
 # the CPU kernels' bits are the GPU's (the same FMA chains) only where the CPU has FMA:

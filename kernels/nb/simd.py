@@ -16,6 +16,7 @@ arguments (atomic) cost more than a small tile.
 from __future__ import annotations
 
 import functools
+import re
 
 from llvmlite import ir
 from llvmlite import binding as ll
@@ -29,7 +30,7 @@ from .nbmath import (_LN2_HI_F, _LN2_LO_F, _LOG2E_F, _P_F, C1, C2, C3, C4, C5, C
 
 __all__ = ["LANES", "f64x8", "f32x16", "lanes", "dptr", "rowptr", "vload", "vstore", "vbcast", "vfill", "prefetch",
            "prefetch_l2", "vsplat", "vfma", "vfnma", "vadd", "vsub", "vmul", "vdiv", "vclamp", "vhsum", "vtreesum",
-           "vpow2n", "vsigmoid", "vsigmoid_array", "store_transposed", "JIT", "target_isa", "hardware_fma"]
+           "vpow2n", "vsigmoid", "vsigmoid_array", "store_transposed", "JIT", "target_isa", "hardware_fma", "host_fma"]
 
 # error_model="numpy": no ZeroDivisionError branch, which would stop LLVM from
 # vectorising; "contract" lets it use FMAs (no reassociation, so rounding tricks survive).
@@ -257,7 +258,7 @@ def _fma_ir(builder, vec_kind, a, b, c):
     contracted loops compute there (LLVM's fma would be a library call per lane: exact,
     but far slower, and other bits than those loops')."""
     _, vec, _, name = vec_kind
-    if hardware_fma() is False:
+    if not hardware_fma():
         return builder.fadd(builder.fmul(a, b), c)
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fma." + name)
     return builder.call(fma, [a, b, c])
@@ -524,18 +525,41 @@ def target_isa() -> str:
     return "avx512" if name in _AVX512_CPUS else "avx2"
 
 
-def hardware_fma(features: str | None = None) -> bool | None:
-    """Whether the code Numba generates (or would for the LLVM ``features`` given) has
-    fused multiply-add instructions: x86's FMA3, or AMD's older FMA4. False on an x86 target
-    without them (CPUs before Intel's Haswell and AMD's Piledriver, low-power ones without
-    AVX, virtual machines that show a generic CPU model): :func:`vfma` is then a multiply
-    and an add. None where the features do not say: other architectures (FMA is part of
-    AArch64's and POWER's base instruction sets), or a NUMBA_CPU_FEATURES that leaves it
-    to NUMBA_CPU_NAME."""
-    named = set((_target_features() if features is None else features).split(","))
-    if named & {"+fma", "+fma4"}:
-        return True
-    return False if "-fma" in named else None
+def hardware_fma(features: str | None = None, cpu: str | None = None) -> bool:
+    """Whether the code Numba generates (or would for the LLVM ``features`` and ``cpu``
+    given) has fused multiply-add instructions (x86's FMA3 or AMD's FMA4, AArch64's and
+    POWER's own). LLVM is asked: its fma compiled for that target is one instruction, or a
+    call to libm's fmaf where the target has none. False on an x86 CPU before Intel's
+    Haswell and AMD's Piledriver, a low-power one without AVX, a virtual machine that shows
+    a generic CPU model, or NUMBA_CPU_NAME=generic (which Numba's docs suggest for a cache
+    shared by different machines): :func:`vfma` is then a multiply and an add. Named
+    features alone do not say it: a CPU name brings its own unless a feature list turns
+    them off (``generic`` with Numba's empty list has none; ``bdver2`` without ``fma``
+    keeps ``fma4``)."""
+    name = (config.CPU_NAME or ll.get_host_cpu_name()) if cpu is None else cpu
+    return _fma_is_an_instruction(name, _target_features() if features is None else features)
+
+
+def host_fma() -> bool:
+    """Whether this host's CPU has FMA instructions, whatever Numba is told to compile for."""
+    return _fma_is_an_instruction(ll.get_host_cpu_name(), ll.get_host_cpu_features().flatten())
+
+
+_FMA_PROBE = """
+declare <4 x float> @llvm.fma.v4f32(<4 x float>, <4 x float>, <4 x float>)
+define <4 x float> @probe(<4 x float> %a, <4 x float> %b, <4 x float> %c) {
+  %r = call <4 x float> @llvm.fma.v4f32(<4 x float> %a, <4 x float> %b, <4 x float> %c)
+  ret <4 x float> %r
+}
+"""
+
+
+@functools.cache
+def _fma_is_an_instruction(cpu: str, features: str) -> bool:
+    """Whether LLVM compiles an fma for this CPU name and feature list without a call to
+    libm (asked once a process for each: every FMA a kernel compiles asks)."""
+    machine = ll.Target.from_triple(ll.get_process_triple()).create_target_machine(cpu=cpu, features=features)
+    return re.search(r"\bfmaf\b", machine.emit_assembly(ll.parse_assembly(_FMA_PROBE))) is None
 
 
 @functools.cache

@@ -142,11 +142,12 @@ def test_more_threads_than_cores_is_said_once_per_node():
 
 
 def test_a_cpu_without_fma_is_said_once_per_node_when_the_cpu_kernels_are_chosen(tmp_path):
-    """Numba compiling for an x86 CPU without FMA (as on a Sandy Bridge, or in a VM showing
-    a generic CPU model) gives other bits than a CPU with FMA: one line says so, once a
-    process, from the node's first rank, when the Numba kernels are chosen; with FMA, or
-    with the NumPy kernels, nothing."""
-    from aepar.kernels.nb.simd import hardware_fma
+    """Numba compiling for an x86 CPU without FMA (as on a Sandy Bridge, in a VM showing a
+    generic CPU model, or told NUMBA_CPU_NAME=generic) gives other bits than a CPU with FMA:
+    one line says so, once a process, from the node's first rank, when the Numba kernels
+    are chosen, naming the variables where they took this CPU's FMA away; with FMA, or with
+    the NumPy kernels, nothing."""
+    from aepar.kernels.nb.simd import host_fma
 
     code = ("import aepar; from aepar import backend; backend.select('cpu', 'numpy'); print('numpy'); "
             "backend.select('cpu', 'numba', 'float32'); backend.select('cpu', 'numba', 'float64')")
@@ -158,15 +159,32 @@ def test_a_cpu_without_fma_is_said_once_per_node_when_the_cpu_kernels_are_chosen
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               env={**base, **env})
     without = dict(NUMBA_CPU_NAME="sandybridge", NUMBA_CPU_FEATURES="-avx512f,-avx2,-fma")
-    said = run(**without)
-    assert said.stdout.split() == ["numpy"]
-    assert len(said.stderr.strip().splitlines()) == 1
-    assert "without fused multiply-add (FMA)" in said.stderr and "last bits" in said.stderr
+    for env in (without, dict(NUMBA_CPU_NAME="generic")):  # generic: Numba's own empty feature list
+        said = run(**env)
+        assert said.stdout.split() == ["numpy"]
+        assert len(said.stderr.strip().splitlines()) == 1, env
+        assert "without fused multiply-add (FMA)" in said.stderr and "last bits" in said.stderr
+        # where this CPU has FMA, the line names the variables that took it away
+        assert all((f"{k}={v}" in said.stderr) == host_fma() for k, v in env.items())
     assert run(**without, OMPI_COMM_WORLD_LOCAL_RANK="1").stderr == ""  # the node's other ranks
     assert run(NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="-avx512f").stderr == ""  # Haswell's FMA
     assert run(NUMBA_CPU_NAME="bdver1", NUMBA_CPU_FEATURES="-fma,+fma4").stderr == ""  # Bulldozer's FMA4
-    assert (hardware_fma("+avx2,+fma"), hardware_fma("-fma,+fma4"), hardware_fma("-avx512f,-fma"),
-            hardware_fma("+neon,+fp-armv8"), hardware_fma("-avx512ifma,-avxifma")) == (True, True, False, None, None)
+
+
+@pytest.mark.parametrize("cpu,features,fma", [
+    ("haswell", "+avx2,+fma", True), ("bdver1", "-fma,+fma4", True), ("sandybridge", "-avx512f,-avx2,-fma", False),
+    ("generic", "", False), ("x86-64", "", False), ("sandybridge", "", False),  # the names' own features
+    ("haswell", "", True), ("x86-64-v3", "", True), ("bdver2", "-fma", True)])  # bdver2 keeps its FMA4
+def test_whether_the_target_has_fma_is_what_llvm_compiles_for_it(cpu, features, fma):
+    """The kernels' FMAs follow the target's instructions, which a CPU name brings unless
+    the feature list turns them off: LLVM compiles an fma for it and is taken at its word."""
+    import platform
+
+    from aepar.kernels.nb.simd import hardware_fma
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("these are x86-64 CPUs")
+    assert hardware_fma(features, cpu) is fma
 
 
 def test_blas_is_single_threaded_and_aepar_takes_the_cores():
