@@ -40,7 +40,13 @@ def _adam_loop(p, g, m, v, beta1, rest1, beta2, rest2, step, root_bc2, eps, keep
     """The scalars come in the arrays' dtype, so float32 parameters are updated in float32
     arithmetic: with float64 scalars the division and square root ran in float64 and made
     this pass compute-bound, several times slower. ``keep`` = 1 - lr * weight decay shrinks
-    p in the same pass (1 leaves the bits of no decay: keep * p - s rounds once, as p - s)."""
+    p in the same pass (1 leaves the bits of no decay: 1 * p is p).
+
+    Compiled without contraction: every operation rounds on its own, as NumPy's. Which
+    products a compiler fuses into FMAs depends on the target and on the loop's form (on
+    AArch64 the vector loop left keep * p - s unfused, which NEON has no one instruction
+    for, where the scalar loop and x86 fused it), so the bits had depended on the CPU and
+    on whether the parameter was large enough for the parallel loop."""
     for i in prange(p.size):
         gi = g[i]
         mi = beta1 * m[i] + rest1 * gi
@@ -53,8 +59,8 @@ def _adam_loop(p, g, m, v, beta1, rest1, beta2, rest2, step, root_bc2, eps, keep
 # each loop with prange over a large array, and as a plain loop (prange runs as range)
 # over a small one: the same arithmetic element by element, so the same bits
 _sgd, _sgd_serial = compiled_as(_sgd_loop, "_par", parallel=True), compiled_as(_sgd_loop, "_serial")
-_adam = compiled_as(_adam_loop, "_par", parallel=True, fastmath={"contract"})
-_adam_serial = compiled_as(_adam_loop, "_serial", fastmath={"contract"})
+_adam = compiled_as(_adam_loop, "_par", parallel=True)
+_adam_serial = compiled_as(_adam_loop, "_serial")
 
 
 def _flat_views(*arrays):

@@ -273,6 +273,31 @@ def test_sgd_momentum_update_many_refuses_lists_that_do_not_match(kset, rng):
         K.sgd_momentum_update_many(p, p, p, [0.1, 0.1], 0.9, [0.1])
 
 
+@pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "serial"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
+def test_numba_adam_rounds_each_operation_on_its_own(dtype, parallel, rng, monkeypatch):
+    """The CPU's Adam is its formula with one rounding per operation, as NumPy computes it:
+    no product fused into an FMA, whose choice differs between CPUs and between a loop's
+    vector and scalar forms (AArch64's vector loop had kept keep * p - s apart). So its
+    bits are the same on every CPU and through either loop."""
+    import math
+    import sys
+    K = kernels.load("numba")
+    update = sys.modules[K.adam_update.__module__]
+    monkeypatch.setattr(update, "PARALLEL_ELEMENTS", 0 if parallel else 10**9)
+    dt = np.dtype(dtype).type
+    p, g, m = rng.standard_normal((3, 3001)).astype(dtype)
+    v = rng.random(3001).astype(dtype)
+    t, lr, decay, beta1, beta2, eps = 3, 1e-2, 0.5, 0.9, 0.999, 1e-8
+    bc1, bc2 = 1.0 - beta1 ** t, 1.0 - beta2 ** t
+    want_m = dt(beta1) * m + dt(1.0 - beta1) * g
+    want_v = dt(beta2) * v + dt(1.0 - beta2) * g * g
+    want_p = dt(1.0 - lr * decay) * p - dt(lr / bc1) * want_m / (np.sqrt(want_v) * dt(1.0 / math.sqrt(bc2)) + dt(eps))
+    K.adam_update(p, g, m, v, t, lr, beta1, beta2, eps, weight_decay=decay)
+    for got, want in ((m, want_m), (v, want_v), (p, want_p)):
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f64", "f32"])
 def test_numba_updates_give_the_same_bits_with_or_without_a_parallel_loop(dtype, rng, monkeypatch):
     """An array under PARALLEL_ELEMENTS takes the loops compiled without ``parallel`` (a
