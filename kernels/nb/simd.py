@@ -521,8 +521,7 @@ def target_isa() -> str:
         return "avx512"
     if "-avx512f" in features:
         return "avx2"
-    name = (config.CPU_NAME or ll.get_host_cpu_name()).lower()
-    return "avx512" if name in _AVX512_CPUS else "avx2"
+    return "avx512" if _target_cpu().lower() in _AVX512_CPUS else "avx2"
 
 
 def hardware_fma(features: str | None = None, cpu: str | None = None) -> bool:
@@ -536,8 +535,8 @@ def hardware_fma(features: str | None = None, cpu: str | None = None) -> bool:
     features alone do not say it: a CPU name brings its own unless a feature list turns
     them off (``generic`` with Numba's empty list has none; ``bdver2`` without ``fma``
     keeps ``fma4``)."""
-    name = (config.CPU_NAME or ll.get_host_cpu_name()) if cpu is None else cpu
-    return _fma_is_an_instruction(name, _target_features() if features is None else features)
+    return _fma_is_an_instruction(_target_cpu() if cpu is None else cpu,
+                                  _target_features() if features is None else features)
 
 
 def host_fma() -> bool:
@@ -560,6 +559,13 @@ def _fma_is_an_instruction(cpu: str, features: str) -> bool:
     libm (asked once a process for each: every FMA a kernel compiles asks)."""
     machine = ll.Target.from_triple(ll.get_process_triple()).create_target_machine(cpu=cpu, features=features)
     return re.search(r"\bfmaf\b", machine.emit_assembly(ll.parse_assembly(_FMA_PROBE))) is None
+
+
+@functools.cache
+def _target_cpu() -> str:
+    """The LLVM CPU name Numba compiles for: NUMBA_CPU_NAME, else this host's (asked once,
+    as :func:`_target_features`)."""
+    return config.CPU_NAME or ll.get_host_cpu_name()
 
 
 @functools.cache
