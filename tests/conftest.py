@@ -155,42 +155,38 @@ def run_mpi(np_, args, timeout=300, env=None, launcher_args=()):
 def host_and_avx2_runs(script, tmp_path):
     """Run ``python -c script OUT.npz`` twice, with this CPU's own build and with an AVX2
     one, and return both saved dicts, ``isa`` checked and dropped: what the tests of "the
-    same bits on either kind of CPU" compare. On an AVX-512 CPU the second is the AVX2
-    build (AEPAR_ISA=avx2); where this CPU's own build is already AVX2's, it is compiled
-    for another CPU model (NUMBA_CPU_NAME, this CPU's features): LLVM then schedules and
-    picks instructions as for that CPU, which must not change a bit either. Skipped where
-    the target is not x86-64."""
+    same bits on either kind of CPU" compare. Where this CPU's own build is AVX-512's, the
+    second is the AVX2 build (AEPAR_ISA=avx2); where it is already AVX2's, the second is
+    compiled for another CPU model (NUMBA_CPU_NAME, this CPU's features): LLVM then
+    schedules and picks instructions as for that CPU, which must not change a bit either.
+    Skipped where the target is not x86-64."""
     import platform
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the AVX2 build is an x86-64 target")
-    from aepar.kernels.nb.simd import target_isa
-
-    runs = {}
-    for isa in ("host", "avx2"):
-        env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "AEPAR_ISA")}
-        if isa == "avx2":
-            env.update(_another_avx2_build())
-        path = tmp_path / f"{isa}.npz"
-        done = subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
-        runs[isa] = dict(np.load(path))
-    assert str(runs["avx2"].pop("isa")) == "avx2"
-    assert str(runs["host"].pop("isa")) == target_isa()
-    assert runs["host"].keys() == runs["avx2"].keys()
-    return runs["host"], runs["avx2"]
+    own = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "AEPAR_ISA")}
+    host = _saved_run(script, tmp_path / "host.npz", own)
+    avx2 = _saved_run(script, tmp_path / "avx2.npz", {**own, **_another_avx2_build(str(host.pop("isa")))})
+    assert str(avx2.pop("isa")) == "avx2"
+    assert host.keys() == avx2.keys()
+    return host, avx2
 
 
-def _another_avx2_build() -> dict:
-    """The environment of an AVX2 build other than this process's: AEPAR_ISA=avx2 on an
-    AVX-512 CPU; on an AVX2 one, Numba compiling for another CPU model's tuning with this
-    CPU's own features (Haswell's, or Zen 3's on a Haswell)."""
+def _saved_run(script, path, env) -> dict:
+    done = subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return dict(np.load(path))
+
+
+def _another_avx2_build(own_isa: str) -> dict:
+    """The environment of an AVX2 build other than this CPU's own (``own_isa``, its
+    ``target_isa()``): AEPAR_ISA=avx2 where that is AVX-512; else Numba compiling for
+    another CPU model's tuning with this CPU's own features (Haswell's, or Zen 3's on a
+    Haswell)."""
     from llvmlite import binding as ll
 
-    from aepar.kernels.nb.simd import target_isa
-
-    if target_isa() == "avx512":
+    if own_isa == "avx512":
         return {"AEPAR_ISA": "avx2"}
     return {"NUMBA_CPU_NAME": "znver3" if ll.get_host_cpu_name() == "haswell" else "haswell"}
 
