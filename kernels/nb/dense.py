@@ -24,8 +24,8 @@ from .activation import relu_grad as _relu_grad
 from .activation import sigmoid as _sigmoid
 from .blas import gemm
 from .loss import _sq_diff_sums
-from .rowprod import (LONG_ROWS, MAX_ROWS, MIN_DOT, _rows_times, _scratch, rows_times, rows_times_t,
-                      tables_sgd_step, thin, thin_t, w_panels, wt_panel)
+from .rowprod import (LONG_ROWS, MAX_ROWS, _rows_times, _scratch, rows_times, rows_times_t, tables_sgd_step, thin,
+                      w_panels, wt_panel)
 
 __all__ = ["dense_forward", "dense_backward", "dense_backward_factors", "dense_forward_blocks",
            "dense_backward_blocks", "tied_ae_update", "tied_ae_factors_blocks", "tied_ae_update_blocks"]
@@ -210,12 +210,12 @@ def tied_ae_update_blocks(x, W, bv, bh, code_act, starts, merges, vW, vbv, vbh, 
 
 def tied_ae_factors_blocks(x, W, bv, bh, code_act, dbvs, dbhs, starts, scale):
     """:func:`kernels.ref.dense.tied_ae_factors_blocks`. Where every block takes the row
-    kernels (float32, C-contiguous, at most MAX_ROWS rows a block, sigmoid or identity code
-    units, at least MIN_DOT of them, each block's bias gradients of one type), the whole pass is one
-    compiled call (:func:`_tied_ae_blocks`) of the kernels the block kernels call, in
-    their order: the same bits, without the Python between five kernel calls (which a
-    second thread's group waits for, under the interpreter lock) and with W's column
-    panels copied once for its two products. Anything else: the block kernels one by one."""
+    kernels (float32, C-contiguous, at most MAX_ROWS rows a block, sigmoid or identity
+    code units, each block's bias gradients of one type), the whole pass is one compiled
+    call (:func:`_tied_ae_blocks`) of the kernels the block kernels call, in their
+    order: the same bits, without the Python between five kernel calls (which a second
+    thread's group waits for, under the interpreter lock) and with W's column panels
+    copied once for its two products. Anything else: the block kernels one by one."""
     dbvs, dbhs = tuple(dbvs), tuple(dbhs)
     found = _one_call_blocks(x, W, bv, bh, code_act, starts)
     if found is None or not _bias_rows_fit(found, dbvs, dbhs, W.shape):
@@ -249,7 +249,7 @@ def _one_call_blocks(x, W, bv, bh, code_act, starts):
     if code_act not in ("sigmoid", "identity") or not all(isinstance(a, np.ndarray) and a.dtype == np.float32
                                                           and a.flags.c_contiguous for a in arrays):
         return None
-    if x.ndim != 2 or W.ndim != 2 or x.shape[1] != W.shape[0] or 0 in x.shape or W.shape[1] < MIN_DOT:
+    if x.ndim != 2 or W.ndim != 2 or x.shape[1] != W.shape[0] or 0 in x.shape:
         return None
     if bv.shape != (W.shape[0],) or bh.shape != (W.shape[1],):
         return None
@@ -354,7 +354,7 @@ def _row_product(a, W, out, rows=None):
     no copy."""
     if thin(a, W, out, rows):
         return rows_times(a, W, out)
-    if W.ndim == 2 and thin_t(a, W.T, out, rows):
+    if W.ndim == 2 and thin(a, W.T, out, rows):
         return rows_times_t(a, W.T, out)
     return None
 

@@ -38,7 +38,7 @@ from ..ref.blocksum import most_rows
 from ..ref.rbm import cd_update_blocks_via, cd_update_via, check_cd, check_cd_blocks, check_cd_update_blocks, check_rbm
 from .blas import gemm
 from .nbmath import sig as _sig
-from .rowprod import LONG_ROWS, _rows_times, rows_times, rows_times_t, tables_sgd_step, thin, thin_t, w_panels, wt_panel
+from .rowprod import LONG_ROWS, _rows_times, rows_times, rows_times_t, tables_sgd_step, thin, w_panels, wt_panel
 
 __all__ = ["rbm_hidden", "rbm_visible", "rbm_free_energy", "rbm_cd_backward", "rbm_cd_factors",
            "rbm_cd_factors_blocks", "rbm_cd_update", "rbm_cd_update_blocks"]
@@ -145,7 +145,7 @@ def rbm_cd_factors_blocks(v0, W, bv, bh, noise, hidden, dbvs, dbhs, starts, scal
     most = most_rows(starts)
     bv, bh = bv.astype(dt, copy=False), bh.astype(dt, copy=False)
     vs, hs = empty((2 * M, nv), dt), empty((2 * M, nh), dt)
-    if noise.shape[0] != 1 or not (thin(v0, W, h0, most) and thin_t(state, W, vk, most)):
+    if noise.shape[0] != 1 or not (thin(v0, W, h0, most) and thin(state, W, vk, most)):
         # block by block, each chain written where the stacked factors want it (stacking
         # fresh ones costs a copy of both, a sizeable part of a CD-1 step at large batches)
         sq_errs = []
@@ -185,7 +185,7 @@ def rbm_cd_update_blocks(v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv, 
         return cd_update_blocks_via(sys.modules[__package__], np, v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv,
                                     vbh, lr, momentum, weight_cost, scale)
     h0, state, vk, hk = _chain_workspace(M, nv, nh, dt)
-    if not (thin(v0, W, h0, most) and thin_t(state, W, vk, most)):
+    if not (thin(v0, W, h0, most) and thin(state, W, vk, most)):
         return cd_update_blocks_via(sys.modules[__package__], np, v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv,
                                     vbh, lr, momentum, weight_cost, scale)
     scale = 1.0 / M if scale is None else float(scale)
@@ -415,7 +415,7 @@ def _vW(v, W, out):
 def _hWt(h, W, out):
     """out = h @ W.T: a block's few rows through :mod:`.rowprod`, else BLAS with
     out.T = W @ h.T."""
-    if thin_t(h, W, out):
+    if thin(h, W, out):
         rows_times_t(h, W, out)
     else:
         _gemm_into(out.T, 1.0, W.T, h.T, trans_a=1)

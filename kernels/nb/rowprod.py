@@ -73,7 +73,7 @@ from .update import sgd_momentum_update
 from .simd32 import (LANES32, address32, vadd32, vbcast32, vfma32, vload32, vload32m, vstore32, vstore32m,  # noqa: F401
                      vtranspose32, vzero32)
 
-__all__ = ["rows_times", "rows_times_t", "w_panels", "wt_panel", "thin", "thin_t", "MAX_ROWS", "block_outer_sum",
+__all__ = ["rows_times", "rows_times_t", "w_panels", "wt_panel", "thin", "MAX_ROWS", "block_outer_sum",
            "block_outer_sum_sgd", "rows_tree_sum", "blocks_sgd_step"]
 
 # OR x OC: block_outer_sum's tiles (8 x 3 and 6 x 1: the fastest of the 4-8 shapes timed
@@ -122,12 +122,6 @@ _NO_PANEL = np.empty(0, np.float32)  # rows_times reads W in place
 # w_panels keeps all of a W's column panels for a second product up to this size of W (the
 # room stays with each thread that used it; the stack's largest W, 784 x 1000, is 3 MB)
 KEEP_PANELS_BYTES = 16 << 20
-# rows_times_t's rows shorter than this are left to BLAS. The 30-unit code's rows take the
-# row kernel: one block alone runs slower there than in BLAS (250x30 at 13 rows: 9 us
-# against 5), but then CD-1 on 8 blocks takes one call per product for all of them, where
-# a chain of BLAS calls per block, with its Python, made the 250-30 layer's 8-block epoch
-# 2.8x its 1-block epoch (1.9x with one call per product; docs/performance-notes.md)
-MIN_DOT = 16
 SLOT = OR * OC * LANES32  # floats of one partial sum of a block_outer_sum tile on its stack
 # block_outer_sum takes blocks longer than LONG_ROWS in stretches of SEGMENT_ROWS rows (see
 # _segment_source; stretches of 64, 128, 256 and 512 ran within the noise of each other at
@@ -938,15 +932,13 @@ def _aliased(row: int) -> bool:
 
 
 def thin(a, W, out, rows=None) -> bool:
-    """Whether :func:`rows_times` takes ``out = a @ W``: float32, C-contiguous, at most
-    :data:`MAX_ROWS` rows. ``rows``: ``a`` stacks blocks of at most this many rows, each of
-    which would take it alone; one call then gives every block its own bits."""
+    """Whether :func:`rows_times` takes ``out = a @ W`` (and :func:`rows_times_t` ``out = a
+    @ W.T``): float32, C-contiguous, at most :data:`MAX_ROWS` rows, whatever their length.
+    ``rows``: ``a`` stacks blocks of at most this many rows, each of which would take it
+    alone; one call then gives every block its own bits. A short row too (a softmax layer's
+    10 classes in dz @ W.T): OpenBLAS's product there had another CPU's bits on 64-bit ARM,
+    the row kernel's are the same on every CPU with FMA (a few microseconds more a call)."""
     rows = a.shape[0] if rows is None else rows
     return (a.dtype == W.dtype == out.dtype == np.float32 and a.ndim == 2 and rows <= MAX_ROWS
             and a.flags.c_contiguous and W.flags.c_contiguous and out.flags.c_contiguous)
 
-
-def thin_t(h, W, out, rows=None) -> bool:
-    """Whether :func:`rows_times_t` takes ``out = h @ W.T`` (as :func:`thin`, and rows of
-    at least :data:`MIN_DOT` columns)."""
-    return thin(h, W, out, rows) and h.shape[1] >= MIN_DOT

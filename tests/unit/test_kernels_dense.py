@@ -275,7 +275,7 @@ def test_dense_backward_factors_are_the_backward_without_its_product(name, act, 
 def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, view, rows, seed):
     """dense_forward_blocks / dense_backward_blocks on stacked rows: bit for bit the blocks
     one by one (the Numba set runs them in one call of the row kernel when every block has
-    at most MAX_ROWS rows, which the sizes cross; 20 columns are too few for rows_times_t), also
+    at most MAX_ROWS rows, which the sizes cross; 20 columns, rows of any length), also
     with W a transposed view (a tied decoder's weight, which the row kernels take as it is),
     and with the bias gradients as separate arrays or (``rows``) as the trainer gives them,
     the same columns of each row of one buffer (the Numba set's dz one call for all blocks
@@ -457,11 +457,35 @@ def test_numba_identity_units_bias_gradient_is_numpys_float64_column_sum_in_row_
     assert got[1][0] == dtype(before[1][0] + 1.0)
 
 
+@pytest.mark.parametrize("starts", [[0, 13], [0, 13, 25, 38, 50, 63, 75, 88, 100]])
+def test_numba_dx_of_a_softmax_layer_takes_the_row_kernel(starts, monkeypatch):
+    """dx = dz @ W.T of a layer of 10 outputs (a classifier's softmax layer: rows of dz
+    shorter than a vector) goes through the row kernel, for one block and for a batch's 8
+    blocks in one call: its bits are the same on every CPU with FMA, where OpenBLAS's
+    product, which such short rows took before, had other bits on 64-bit ARM."""
+    from aepar.kernels.nb import dense
+
+    taken = []
+    real = dense.rows_times_t
+    monkeypatch.setattr(dense, "rows_times_t", lambda *a: (taken.append(a[0].shape), real(*a))[1])
+    K = kernels.load("numba")
+    rng = np.random.default_rng(10)
+    rows = starts[-1]
+    x, W = rng.standard_normal((rows, 30), np.float32), rng.standard_normal((30, 10), np.float32)
+    a = K.dense_forward(x, W, np.zeros(10, np.float32), "identity")
+    da = rng.standard_normal(a.shape, np.float32)
+    dbs = [np.zeros(10, np.float32) for _ in starts[1:]]
+    dx, dz = K.dense_backward_blocks(da, x, W, a, "identity", dbs, np.array(starts))
+    assert taken == [(rows, 10)]
+    want = real(np.ascontiguousarray(dz), W, np.empty((rows, 30), np.float32))
+    np.testing.assert_array_equal(dx.view(np.int32), want.view(np.int32))
+
+
 @pytest.mark.parametrize("sizes, shape, code_act, calls", [([13, 12, 13, 12], (784, 100), "sigmoid", 1),
                                                             ([25, 25], (64, 16), "sigmoid", 1),
                                                             ([CPU_MAX_ROWS, CPU_MAX_ROWS - 3], (64, 16), "sigmoid", 1),
                                                             ([CPU_MAX_ROWS + 8, 10], (64, 16), "sigmoid", 0),
-                                                            ([13, 12], (64, 15), "sigmoid", 0),
+                                                            ([13, 12], (64, 10), "sigmoid", 1),
                                                             ([13, 12], (64, 16), "identity", 1),
                                                             ([13, 12] * 4, (100, 30), "identity", 1),
                                                             ([CPU_MAX_ROWS + 8, 10], (64, 16), "identity", 0)])
@@ -470,8 +494,9 @@ def test_numba_tied_ae_factors_blocks_in_one_call_where_the_blocks_are_thin(size
     (a thread's share of a batch of 100 of the 784-100 layer; 25 rows, where the AVX2 path
     copies W's panels and keeps them for dz2 @ W; blocks of MAX_ROWS rows, 128 on the AVX2
     path: 8 blocks of a batch of 1,000; identity code units, as a stack's top layer, the
-    100-30 one's 8 blocks of a batch of 100), and gives the block kernels' bits; a block of
-    more than MAX_ROWS rows or fewer than MIN_DOT code units take the block kernels."""
+    100-30 one's 8 blocks of a batch of 100; 10 code units, rows shorter than a vector),
+    and gives the block kernels' bits; a block of more than MAX_ROWS rows takes the
+    block kernels."""
     from aepar.kernels.nb import dense
     from aepar.kernels.ref.dense import tied_ae_factors_blocks_via
 
@@ -495,7 +520,7 @@ def test_numba_tied_ae_factors_blocks_in_one_call_where_the_blocks_are_thin(size
     ([13, 12, 13, 12, 13, 12, 13, 12], (64, 16), "sigmoid", True, True),
     ([CPU_MAX_ROWS, 5, 3], (64, 16), "identity", True, True),
     ([CPU_MAX_ROWS + 8, 10, 3], (64, 16), "sigmoid", True, False),  # a block past the row kernels
-    ([13, 12, 13], (40, 12), "identity", True, False),  # too few code units for the row kernels
+    ([13, 12, 13], (40, 12), "identity", True, True),  # 12 code units: rows shorter than a vector
     ([13, 12, 13], (40, 20), "sigmoid", False, False)])  # float64
 @pytest.mark.parametrize("kset", ALL_SETS)
 def test_tied_ae_update_blocks_is_the_trainers_step(kset, sizes, shape, code_act, f32, compiled, monkeypatch):

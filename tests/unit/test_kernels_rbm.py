@@ -368,8 +368,8 @@ def test_rbm_cd_factors_are_the_backward_without_its_product(name, hidden, rng):
 def test_rbm_cd_factors_blocks_give_each_blocks_own_bits(name, sizes, hidden, nh, k, f32, seed):
     """rbm_cd_factors_blocks on stacked rows: bit for bit each block's rbm_cd_factors (the
     numba set runs CD-1 on every block at once when each block has at most MAX_ROWS rows,
-    which the sizes cross; 8 hidden units are too few for rows_times_t, the 30 of the stack's code
-    layer enough; CD-2 goes block by block)."""
+    which the sizes cross; 8 hidden units, rows shorter than a vector in rows_times_t, as
+    the 30 of the stack's code layer; CD-2 goes block by block)."""
     K, dtype = kernels.load(name), np.float32 if f32 else np.float64
     rng = np.random.default_rng(seed)
     starts = np.cumsum([0] + sizes)
@@ -448,7 +448,7 @@ def trainer_cd_step(K, xp, v0, W, bv, bh, noise, hidden, starts, merges, vW, vbv
     ([CPU_MAX_ROWS, 3, 40], 40, "gaussian", 1, True, True),
     ([5], 30, "bernoulli", 1, True, True),
     ([CPU_MAX_ROWS + 1, 7], 30, "bernoulli", 1, True, False),  # a block past the row kernels
-    ([13, 12, 13], 8, "bernoulli", 1, True, False),  # too few hidden units for rows_times_t
+    ([13, 12, 13], 8, "bernoulli", 1, True, True),  # 8 hidden units: rows shorter than a vector
     ([13, 12, 13], 30, "bernoulli", 2, True, False),  # CD-2
     ([13, 12, 13], 30, "bernoulli", 1, False, False)])  # float64
 @pytest.mark.parametrize("name", ["numpy"] + kernel_set_params())

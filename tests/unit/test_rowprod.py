@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import aepar  # noqa: F401  (fixes thread counts before numpy loads)
-from aepar.kernels.nb.rowprod import COPY_PANELS, COPY_ROWS, MAX_ROWS, MIN_DOT, rows_times, rows_times_t, thin, thin_t
+from aepar.kernels.nb.rowprod import COPY_PANELS, COPY_ROWS, MAX_ROWS, rows_times, rows_times_t, thin
 from tests.conftest import ROOT, host_and_avx2_runs
 
 EPS32 = np.finfo(np.float32).eps
@@ -87,12 +87,12 @@ def test_refusals_and_which_products_it_takes():
         rows_times(f32, np.zeros((6, 2), np.float32), np.zeros((4, 2), np.float32))
     with pytest.raises(ValueError, match="C-contiguous"):
         rows_times_t(np.zeros((5, 4), np.float32).T, np.zeros((3, 5), np.float32), np.zeros((4, 3), np.float32))
-    W = np.zeros((5, MIN_DOT), np.float32)
+    W = np.zeros((5, 16), np.float32)
     assert thin(f32, np.zeros((5, 2), np.float32), np.zeros((4, 2), np.float32))
-    assert not thin(np.zeros((MAX_ROWS + 1, 5), np.float32), W, np.zeros((MAX_ROWS + 1, MIN_DOT), np.float32))
-    assert not thin(f32.astype(np.float64), W.astype(np.float64), np.zeros((4, MIN_DOT)))
-    assert thin_t(np.zeros((4, MIN_DOT), np.float32), W, np.zeros((4, 5), np.float32))
-    assert not thin_t(np.zeros((4, MIN_DOT - 1), np.float32), W[:, 1:].copy(), np.zeros((4, 5), np.float32))
+    assert not thin(np.zeros((MAX_ROWS + 1, 5), np.float32), W, np.zeros((MAX_ROWS + 1, 16), np.float32))
+    assert not thin(f32.astype(np.float64), W.astype(np.float64), np.zeros((4, 16)))
+    # h @ W.T with rows of any length, a softmax layer's 10 classes too
+    assert thin(np.zeros((4, 10), np.float32), W[:, :10].copy(), np.zeros((4, 5), np.float32))
 
 
 def test_rows_times_t_adds_in_order_along_the_row():
@@ -113,7 +113,7 @@ def test_rows_times_t_adds_in_order_along_the_row():
 
 
 @settings(max_examples=40, deadline=None)
-@given(m=st.integers(1, 20), k=st.integers(1, 90), n=st.integers(MIN_DOT, 150), seed=st.integers(0, 2**16))
+@given(m=st.integers(1, 20), k=st.integers(1, 90), n=st.integers(1, 150), seed=st.integers(0, 2**16))
 def test_rows_times_t_is_rows_times_on_the_transpose_bit_for_bit(m, k, n, seed):
     """W's rows copied transposed into each column panel (16 x 16 blocks in registers, a
     width or row count not a multiple of 16 one float at a time): the same bits as
@@ -166,8 +166,9 @@ def test_panels_kept_only_for_a_small_w(monkeypatch):
 # Odd shapes on purpose: masked last vectors (n % 16 of 4, 8 and 11 columns: a tail in
 # the first half only, exactly one half, and both halves), row counts that leave short tiles,
 # W's rows 2 KiB apart (512 columns: the tiles copy its column panels first), and enough
-# rows for the AVX2 path to copy every panel (COPY_ROWS) where the host's reads W in place.
-_ISA_SHAPES = ((13, 70, 37), (12, 75, 100), (7, 88, 72), (13, 130, 1000), (13, 40, 512), (30, 70, 100))
+# rows for the AVX2 path to copy every panel (COPY_ROWS) where the host's reads W in place, and
+# rows of h shorter than a vector in h @ W.T (a softmax layer's 10 classes).
+_ISA_SHAPES = ((13, 70, 37), (12, 75, 100), (7, 88, 72), (13, 130, 1000), (13, 40, 512), (30, 70, 100), (13, 30, 10))
 _ISA_SCRIPT = """
 import sys, numpy as np
 import aepar
