@@ -935,9 +935,9 @@ def thin(a, W, out, rows=None) -> bool:
     """Whether :func:`rows_times` takes ``out = a @ W`` (and :func:`rows_times_t` ``out = a
     @ W.T``): float32, C-contiguous, at most :data:`MAX_ROWS` rows, whatever their length.
     ``rows``: ``a`` stacks blocks of at most this many rows, each of which would take it
-    alone; one call then gives every block its own bits. A short row too (a softmax layer's
-    10 classes in dz @ W.T): OpenBLAS's product there had another CPU's bits on 64-bit ARM,
-    the row kernel's are the same on every CPU with FMA (a few microseconds more a call)."""
+    alone; one call then gives every block its own bits. Short rows too (a softmax layer's
+    10 classes in dz @ W.T): OpenBLAS's product there gave 64-bit ARM other bits than x86,
+    the row kernel's are the same on every CPU with FMA."""
     rows = a.shape[0] if rows is None else rows
     return (a.dtype == W.dtype == out.dtype == np.float32 and a.ndim == 2 and rows <= MAX_ROWS
             and a.flags.c_contiguous and W.flags.c_contiguous and out.flags.c_contiguous)

@@ -275,7 +275,7 @@ def test_dense_backward_factors_are_the_backward_without_its_product(name, act, 
 def test_dense_blocks_give_each_blocks_own_bits(name, sizes, act, shape, f32, view, rows, seed):
     """dense_forward_blocks / dense_backward_blocks on stacked rows: bit for bit the blocks
     one by one (the Numba set runs them in one call of the row kernel when every block has
-    at most MAX_ROWS rows, which the sizes cross; 20 columns, rows of any length), also
+    at most MAX_ROWS rows, which the sizes cross; rows of 20 columns too), also
     with W a transposed view (a tied decoder's weight, which the row kernels take as it is),
     and with the bias gradients as separate arrays or (``rows``) as the trainer gives them,
     the same columns of each row of one buffer (the Numba set's dz one call for all blocks
