@@ -6,4 +6,4 @@ Importing aepar fixes the BLAS/Numba thread count per rank before NumPy loads
 from aepar import _threads
 
 THREADS = _threads.configure()
-__version__ = "0.8.59"
+__version__ = "0.8.60"

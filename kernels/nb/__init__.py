@@ -12,11 +12,9 @@ by ``import kernels.nb`` from a checkout's root could not be loaded as ``aepar.k
 The same directory keeps the compiled code of the generated tile sources (``generated/``,
 see :mod:`.codegen`).
 
-These kernels load from that cache without Numba's registries. Before its first cache
-hit Numba refreshes its compiler's registries, importing the implementations of all of
-Python and NumPy it can compile; machine code loaded from the cache calls none of them,
-only Numba's runtime (NRT), which is started instead. A miss compiles as usual (the
-compiler refreshes then).
+Every kernel's cache is adapted (:mod:`.caching`): loads skip the compiler's registries,
+and saves hold a lock, so that processes compiling one kernel for different types at
+once keep each one's entry.
 """
 import hashlib
 import os
@@ -55,31 +53,18 @@ finally:
     _numba_config.CACHE_DIR = _user_cache_dir
 
 
-def _load_without_registries(cache, sig, target_context):
-    """Numba's ``Cache.load_overload`` less its ``target_context.refresh()``."""
-    from numba.core.runtime import rtsys
-
-    rtsys.initialize(target_context)  # what loaded code needs: the runtime's functions
-    with cache._guard_against_spurious_io_errors():
-        return cache._load_overload(sig, target_context)
-
-
-def _lean_cache_loads():
-    """Give every kernel of this package :func:`_load_without_registries` (Numba's own
-    load where its cache object is not laid out as expected)."""
-    from functools import partial
-
-    from numba.core.caching import FunctionCache
+def _adapt_caches():
+    """:func:`.caching.adapt` every kernel of this package's modules."""
     from numba.core.dispatcher import Dispatcher
+
+    from .caching import adapt
 
     for name, module in list(sys.modules.items()):
         if name != __name__ and not name.startswith(__name__ + "."):
             continue
         for kernel in list(vars(module).values()):
-            cache = getattr(kernel, "_cache", None) if isinstance(kernel, Dispatcher) else None
-            if (isinstance(cache, FunctionCache) and hasattr(cache, "_load_overload")
-                    and hasattr(cache, "_guard_against_spurious_io_errors")):
-                cache.load_overload = partial(_load_without_registries, cache)
+            if isinstance(kernel, Dispatcher):
+                adapt(kernel)
 
 
-_lean_cache_loads()
+_adapt_caches()

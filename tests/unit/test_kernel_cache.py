@@ -47,3 +47,61 @@ def test_cached_kernels_load_without_numbas_registries(tmp_path):
     assert (hits, registries) == ("0", "True")  # compiled: the compiler loads them
     hits, registries, *again = second.stdout.split()
     assert (hits, registries) == ("1", "False") and again == numbers
+
+
+# one process of the race below: Numba's index write held back (so that the other process
+# reads the index in the meantime), the two started together, then one signature of the
+# Adam step compiled and saved
+RACER = """
+import os, sys, time
+import numpy as np
+import aepar.kernels.nb as k
+from numba.core import caching
+
+save_index = caching.IndexDataCacheFile._save_index
+def held_back(self, overloads):
+    time.sleep(2.0)
+    save_index(self, overloads)
+caching.IndexDataCacheFile._save_index = held_back
+
+mine, other = sys.argv[1:3]
+open(mine, "w").close()
+while not os.path.exists(other):
+    time.sleep(0.01)
+dtype = np.float32 if sys.argv[3] == "float32" else np.float64
+p, g, m, v = (np.linspace(0.5, 1.5, 7).astype(dtype) for _ in range(4))
+k.adam_update(p, g, m, v, 1, 1e-3)
+"""
+# afterwards: both signatures from the cache, each computing its own dtype's step
+LOADER = ("import numpy as np, aepar.kernels.nb as k, aepar.kernels.ref as ref\n"
+          "for dtype in (np.float32, np.float64):\n"
+          "    p, g, m, v = (np.linspace(0.5, 1.5, 7).astype(dtype) for _ in range(4))\n"
+          "    q, h, n, w = (a.copy() for a in (p, g, m, v))\n"
+          "    k.adam_update(p, g, m, v, 1, 1e-3); ref.adam_update(q, h, n, w, 1, 1e-3)\n"
+          "    assert p.dtype == dtype and np.allclose(p, q, rtol=1e-6), (dtype, p, q)\n"
+          "stats = k.update._adam_serial.stats\n"
+          "print(sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))\n")
+
+
+def test_two_processes_compiling_one_kernel_for_different_types_keep_both_cache_entries(tmp_path):
+    """Numba saves a new signature by reading the kernel's index, taking the first free data
+    file number and writing both back, unlocked: two processes saving different signatures
+    at once both took number 1, and the index sent one signature to the other's machine code
+    (seen on this kernel's float32 and float64 steps: a later run then failed with "can't
+    unbox array" or recompiled). aepar's saves hold a lock (kernels/nb/caching.py), so the
+    second reads the first's entry; here the index write is held back 2 s to make the two
+    overlap every time."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    script = tmp_path / "racer.py"
+    script.write_text(RACER)
+    a, b = tmp_path / "a.ready", tmp_path / "b.ready"
+    racers = [subprocess.Popen([sys.executable, str(script), str(mine), str(other), dtype], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for mine, other, dtype in ((a, b, "float32"), (b, a, "float64"))]
+    for racer in racers:
+        _, err = racer.communicate(timeout=300)
+        assert racer.returncode == 0, err[-2000:]
+    loaded = subprocess.run([sys.executable, "-c", LOADER], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.split() == ["2", "0"]  # both signatures loaded, none compiled again
