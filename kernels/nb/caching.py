@@ -14,7 +14,9 @@ number 1: the index then sent one signature to the other's machine code, and a l
 run loaded it for the wrong types. Under the lock the second process reads the first's
 entry and takes the next number.
 """
+import errno
 import os
+import time
 from functools import partial
 
 try:
@@ -27,6 +29,9 @@ __all__ = ["adapt", "LOCK_NAME"]
 # one lock file per cache directory: a save takes milliseconds, so one kernel's save
 # waiting for another's costs nothing worth a file per kernel
 LOCK_NAME = "aepar-saves.lock"
+# how long a save waits for the lock before it saves unlocked, as Numba does: a holder
+# stuck on a file system (not a dead process: its locks go with it) never stops a run
+LOCK_WAIT_S = 60.0
 
 
 def adapt(kernel) -> None:
@@ -58,16 +63,24 @@ def _load_without_registries(cache, sig, target_context):
 def _locked_save(save, cache_path, key, data):
     """Numba's ``IndexDataCacheFile.save`` under an exclusive lock on its directory's
     :data:`LOCK_NAME`: the index is read, given its new entry and written by one process
-    at a time."""
+    at a time. After :data:`LOCK_WAIT_S` without the lock, or where the file system has
+    no locks, the save goes on unlocked."""
     try:
         fd = os.open(os.path.join(cache_path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o666)
     except OSError:
         return save(key, data)  # an unwritable directory: Numba's own save, which fails there as before
     try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass  # a file system without locks (NFS without its lock daemon): unlocked, as Numba saves
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EACCES, errno.EAGAIN):
+                    break  # a file system without locks (NFS without its lock daemon): unlocked, as Numba saves
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)  # another process saves: a few milliseconds
         return save(key, data)
     finally:
         os.close(fd)  # and with it the lock

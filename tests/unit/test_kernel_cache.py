@@ -3,6 +3,7 @@ sources and on the name the package was imported under."""
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,3 +106,29 @@ def test_two_processes_compiling_one_kernel_for_different_types_keep_both_cache_
                             timeout=300)
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert loaded.stdout.split() == ["2", "0"]  # both signatures loaded, none compiled again
+
+
+# holds the save lock of a directory until its stdin closes
+HOLDER = ("import fcntl, os, sys; fd = os.open(os.path.join(sys.argv[1], sys.argv[2]), os.O_RDWR | os.O_CREAT); "
+          "fcntl.lockf(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()")
+
+
+def test_a_save_waits_for_the_lock_then_goes_on_without_it(tmp_path, monkeypatch):
+    """A save waits while another process holds the directory's lock, and after
+    LOCK_WAIT_S saves anyway (unlocked, as Numba's own save): a holder stuck on a file
+    system must not stop a run."""
+    from aepar.kernels.nb import caching
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path), caching.LOCK_NAME],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(caching, "LOCK_WAIT_S", 0.3)
+        saved = []
+        started = time.monotonic()
+        caching._locked_save(lambda key, data: saved.append((key, data)), str(tmp_path), "key", "data")
+        waited = time.monotonic() - started
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert saved == [("key", "data")] and 0.3 <= waited < 5
