@@ -1,5 +1,6 @@
 """Numba's cache of the CPU kernels (kernels/nb/__init__.py): a directory keyed on the
-sources and on the name the package was imported under."""
+sources and on the name the package was imported under, loads without the compiler's
+registries and saves under a lock (kernels/nb/caching.py)."""
 import os
 import subprocess
 import sys
@@ -87,9 +88,10 @@ LOADER = ("import numpy as np, aepar.kernels.nb as k, aepar.kernels.ref as ref\n
 def test_two_processes_compiling_one_kernel_for_different_types_keep_both_cache_entries(tmp_path):
     """Numba saves a new signature by reading the kernel's index, taking the first free data
     file number and writing both back, unlocked: two processes saving different signatures
-    at once both took number 1, and the index sent one signature to the other's machine code
-    (seen on this kernel's float32 and float64 steps: a later run then failed with "can't
-    unbox array" or recompiled). aepar's saves hold a lock (kernels/nb/caching.py), so the
+    at once both took number 1, and the index lost one signature's entry or sent it to the
+    other's machine code (four processes compiling a small kernel for four types at once:
+    a later run failed with "can't unbox array", summed wrongly without an error, or
+    compiled again). aepar's saves hold a lock (kernels/nb/caching.py), so the
     second reads the first's entry; here the index write is held back 2 s to make the two
     overlap every time."""
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
