@@ -81,11 +81,13 @@ for p in p1_s2000 p2_s2000 p2_s4000; do
   [ -s "$WORK/run/points/$p.2/summary.json" ] || fail "$p was not run again into points/$p.2"
 done
 
-# T. the soft time limit: SIGUSR1 from Grid Engine
-PROCS=1 SAMPLES="20000 40000 80000" ITERS=3000 OUT=$WORK/t REPORT=0 qsubmit T -pe orte 1 -l s_rt=0:0:10
+# T. the soft time limit: SIGUSR1 from Grid Engine. The first point (80k patches) runs well
+# past the 10 s, so the signal finds it running (with 20k first, one run's point ended just
+# as the signal came, and no point was running to be told)
+PROCS=1 SAMPLES="80000 160000" ITERS=3000 OUT=$WORK/t REPORT=0 qsubmit T -pe orte 1 -l s_rt=0:0:10
 grep -q 'exit code 75' "$WORK/T.qsub" || fail "job T: $(tail -1 "$WORK/T.qsub"), expected exit code 75"
 need "SIGUSR1: no new points; sending SIGUSR1 to the running point"
 need "stopped by SIGUSR1: [0-9]+ point run\(s\) not finished; resubmit with OUT=$WORK/t"
-grep -q '^p1_s80000,' "$WORK/t/sweep.csv" && fail "job T started a point after SIGUSR1"
+grep -q '^p1_s160000,' "$WORK/t/sweep.csv" && fail "job T started a point after SIGUSR1"
 
 RESULT=0
