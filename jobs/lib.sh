@@ -188,7 +188,8 @@ aepar_mpirun_opts() {
   local v
   # shellcheck disable=SC2206  # MPI_ARGS is a list of options
   MPI_OPTS=(-np "$1" --bind-to "${MPI_BIND:-none}" ${MPI_ARGS:-})
-  for v in $AEPAR_THREAD_VARS PYTHONPATH; do MPI_OPTS+=(-x "$v"); done
+  # the variables set here (Open MPI warns in every rank's log about one that is not)
+  for v in $AEPAR_THREAD_VARS PYTHONPATH; do [ -n "${!v+set}" ] && MPI_OPTS+=(-x "$v"); done
   if [ -n "$HOSTFILE" ]; then MPI_OPTS+=(--hostfile "$HOSTFILE")
   elif [ "$1" -gt "$CORES" ]; then MPI_OPTS+=(--oversubscribe); fi # plain bash, more ranks than cores
 }
