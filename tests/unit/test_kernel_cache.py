@@ -134,3 +134,21 @@ def test_a_save_waits_for_the_lock_then_goes_on_without_it(tmp_path, monkeypatch
         holder.stdin.close()
         holder.wait(timeout=60)
     assert saved == [("key", "data")] and 0.3 <= waited < 5
+
+
+def test_every_cached_kernel_of_the_set_saves_under_the_lock():
+    """Every cached kernel of the numba set's modules, the generated tiles included, has
+    the locked save (a kernel module the package's import did not reach would not)."""
+    from functools import partial
+
+    from numba.core.caching import FunctionCache
+    from numba.core.dispatcher import Dispatcher
+
+    import aepar.kernels.nb as nb
+
+    kernels = [(name, kernel) for module_name, module in list(sys.modules.items())
+               if module_name == nb.__name__ or module_name.startswith(nb.__name__ + ".")
+               for name, kernel in vars(module).items()
+               if isinstance(kernel, Dispatcher) and isinstance(kernel._cache, FunctionCache)]
+    unlocked = [name for name, kernel in kernels if not isinstance(kernel._cache._cache_file.save, partial)]
+    assert len(kernels) > 100 and not unlocked
