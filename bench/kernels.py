@@ -630,32 +630,47 @@ WARM_COMMANDS = (
 # for: 8 at one thread, 4 at two, 3 and 2 at three (and on 3 ranks), 1 at eight or more;
 # no layout of 8 blocks gives 5-7
 GROUP_THREADS = (1, 2, 3, 8)
+# command runs at once, at most (one a core below that): each holds about 1 GB while it compiles
+WARM_PROCESSES = 4
 
 
 def warm_commands() -> int:
     """Each of :data:`WARM_COMMANDS` once at one thread (a rank per core under mpirun) and
     once at this machine's default (one process on every core), and the pre-training ones
     also at :data:`GROUP_THREADS`, so that a first run on other ranks or threads finds its
-    block groups compiled. Runs in a temporary directory it removes; returns the number
-    of runs. A failed run ends the warm-up with its command and the end of its error
-    output."""
+    block groups compiled. As many runs at once as there are cores (at most
+    :data:`WARM_PROCESSES`), the one-thread runs, which compile the most, first: the
+    kernels' cache saves hold a lock (kernels/nb/caching.py), so runs compiling one kernel
+    for different types keep each type's entry. Runs in a temporary directory it removes;
+    returns the number of runs. A failed run ends the warm-up (the runs not yet started
+    are dropped) with its command and the end of its error output."""
     import subprocess
     import tempfile
+    from concurrent.futures import ThreadPoolExecutor
 
     from aepar._threads import usable_cores
 
-    done = 0
+    cores = usable_cores()
+    runs = sorted(((n, i) for i, (module, _) in enumerate(WARM_COMMANDS)
+                   for n in {1, cores, *(GROUP_THREADS if module == "aepar.pretrain" else ())}),
+                  key=lambda run: (run[0] != 1, run[1], run[0]))
+
+    def one(tmp, n, i):
+        module, args = WARM_COMMANDS[i]
+        cmd = python_command(module, [*args, "--quiet", "--no-plot", "--out", Path(tmp) / f"{i}-{n}"])
+        proc = subprocess.run(cmd, env=mpi_env(AEPAR_THREADS=n), capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"bench.kernels --warm: {' '.join(cmd[1:])} failed (exit {proc.returncode}):\n"
+                             f"{proc.stderr[-2000:]}")
+
     with tempfile.TemporaryDirectory(prefix="aepar-warm-") as tmp:
-        for i, (module, args) in enumerate(WARM_COMMANDS):
-            groups = GROUP_THREADS if module == "aepar.pretrain" else ()
-            for n in sorted({1, usable_cores(), *groups}):
-                cmd = python_command(module, [*args, "--quiet", "--no-plot", "--out", Path(tmp) / f"{i}-{n}"])
-                proc = subprocess.run(cmd, env=mpi_env(AEPAR_THREADS=n), capture_output=True, text=True)
-                if proc.returncode != 0:
-                    raise SystemExit(f"bench.kernels --warm: {' '.join(cmd[1:])} failed (exit {proc.returncode}):\n"
-                                     f"{proc.stderr[-2000:]}")
-                done += 1
-    return done
+        pool = ThreadPoolExecutor(max_workers=max(1, min(cores, WARM_PROCESSES)))
+        try:
+            for started in [pool.submit(one, tmp, n, i) for n, i in runs]:
+                started.result()
+        finally:
+            pool.shutdown(cancel_futures=True)
+    return len(runs)
 
 
 def main(argv=None) -> int:

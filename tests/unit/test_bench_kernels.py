@@ -75,9 +75,12 @@ def test_warm_runs_every_small_case_and_writes_nothing(tmp_path, monkeypatch, ca
 
 def test_warm_runs_each_command_at_one_thread_the_machines_and_pretraining_at_each_group_length(monkeypatch):
     import subprocess
+    import threading
+    import time
     from pathlib import Path
 
-    ran = []
+    ran, running, most = [], [0], [0]
+    lock = threading.Lock()
 
     class Done:
         returncode, stderr = 0, ""
@@ -85,7 +88,13 @@ def test_warm_runs_each_command_at_one_thread_the_machines_and_pretraining_at_ea
     def run(cmd, env, **kw):
         out = Path(cmd[cmd.index("--out") + 1])
         assert not out.exists() and out.parent.is_dir()  # a fresh directory under the warm-up's own
-        ran.append((cmd[2], env["AEPAR_THREADS"], out.parent))
+        with lock:
+            ran.append((cmd[2], env["AEPAR_THREADS"], out.parent))
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)  # long enough for the other workers to start theirs
+        with lock:
+            running[0] -= 1
         return Done()
     monkeypatch.setattr(subprocess, "run", run)
     monkeypatch.setattr("aepar._threads.usable_cores", lambda: 4)
@@ -93,14 +102,18 @@ def test_warm_runs_each_command_at_one_thread_the_machines_and_pretraining_at_ea
     pretrain = ("1", "2", "3", "4", "8")
     expected = [(m, t) for m, _ in bench.WARM_COMMANDS for t in (pretrain if m == "aepar.pretrain" else ("1", "4"))]
     assert bench.warm_commands() == len(expected)
-    assert [(m, t) for m, t, _ in ran] == expected
+    assert sorted((m, t) for m, t, _ in ran) == sorted(expected)
     assert {"aepar.sparse", "aepar.pretrain", "aepar.eager"} <= {m for m, _, _ in ran}
+    assert most[0] == 4  # a run a core at once (Numba's cache saves hold a lock)
+    assert [t for _, t, _ in ran[:len(bench.WARM_COMMANDS)]] == ["1"] * len(bench.WARM_COMMANDS)  # these first
     assert not ran[0][2].exists()  # removed afterwards
     ran.clear()
+    most[0] = 0
     monkeypatch.setattr("aepar._threads.usable_cores", lambda: 1)
-    bench.warm_commands()  # one core: one pass of the others
-    assert [(m, t) for m, t, _ in ran if m != "aepar.pretrain"] == [(m, "1") for m, _ in bench.WARM_COMMANDS
-                                                                    if m != "aepar.pretrain"]
+    bench.warm_commands()  # one core: one pass of the others, one run at a time
+    assert sorted((m, t) for m, t, _ in ran if m != "aepar.pretrain") == sorted(
+        (m, "1") for m, _ in bench.WARM_COMMANDS if m != "aepar.pretrain")
+    assert most[0] == 1
 
     class Failed:
         returncode, stderr = 2, "aepar.eager: error: unknown option"
