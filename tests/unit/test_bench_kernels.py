@@ -76,11 +76,10 @@ def test_warm_runs_every_small_case_and_writes_nothing(tmp_path, monkeypatch, ca
 def test_warm_runs_each_command_at_one_thread_the_machines_and_pretraining_at_each_group_length(monkeypatch):
     import subprocess
     import threading
-    import time
     from pathlib import Path
 
-    ran, running, most = [], [0], [0]
-    lock = threading.Lock()
+    ran, running, most, wanted = [], [0], [0], [4]
+    lock, all_running = threading.Lock(), threading.Event()
 
     class Done:
         returncode, stderr = 0, ""
@@ -92,7 +91,9 @@ def test_warm_runs_each_command_at_one_thread_the_machines_and_pretraining_at_ea
             ran.append((cmd[2], env["AEPAR_THREADS"], out.parent))
             running[0] += 1
             most[0] = max(most[0], running[0])
-        time.sleep(0.02)  # long enough for the other workers to start theirs
+            if running[0] >= wanted[0]:
+                all_running.set()
+        all_running.wait(timeout=1)  # the first runs wait for the others to start theirs
         with lock:
             running[0] -= 1
         return Done()
@@ -108,7 +109,8 @@ def test_warm_runs_each_command_at_one_thread_the_machines_and_pretraining_at_ea
     assert [t for _, t, _ in ran[:len(bench.WARM_COMMANDS)]] == ["1"] * len(bench.WARM_COMMANDS)  # these first
     assert not ran[0][2].exists()  # removed afterwards
     ran.clear()
-    most[0] = 0
+    most[0], wanted[0] = 0, 1
+    all_running.clear()
     monkeypatch.setattr("aepar._threads.usable_cores", lambda: 1)
     bench.warm_commands()  # one core: one pass of the others, one run at a time
     assert sorted((m, t) for m, t, _ in ran if m != "aepar.pretrain") == sorted(
